@@ -1,0 +1,279 @@
+//! Events: everything a trading core says in answer to commands.
+//!
+//! Events are small `Copy` values with no heap data, so that the engine can write them into a
+//! reused buffer without allocating. In JSON Lines they are flat objects tagged by `event`.
+
+use crate::command::Side;
+use crate::ids::{AccountId, ClOrdId, FirmId, InstrumentId, OrderId, TradeId};
+use crate::instrument::Phase;
+use crate::num::{Cash, Price, Qty};
+use serde::{Deserialize, Serialize};
+
+/// Why a command was refused. Each reason is specific, so that a client can act on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[repr(u16)]
+pub enum RejectReason {
+    UnknownInstrument = 1,
+    UnknownAccount = 2,
+    /// No live order with that id belongs to the account (never existed, already filled,
+    /// cancelled or expired).
+    UnknownOrder = 3,
+    DuplicateInstrument = 4,
+    DuplicateAccount = 5,
+    /// The client order id is already used by a live order of the account.
+    DuplicateClOrdId = 6,
+    QtyNotPositive = 7,
+    QtyTooLarge = 8,
+    PriceNotPositive = 9,
+    PriceOffTick = 10,
+    PriceTooLarge = 11,
+    PriceOutsideBand = 12,
+    /// Market orders may only be IOC or FOK (Day is read as IOC), never GTC or GTD.
+    InvalidTimeInForce = 13,
+    ExpireTimeMissing = 14,
+    ExpireTimeInPast = 15,
+    /// The iceberg display quantity is negative, larger than the order, or used with IOC/FOK
+    /// or a market order.
+    DisplayQtyInvalid = 16,
+    InstrumentHalted = 17,
+    InstrumentClosed = 18,
+    /// Free cash does not cover the order's reservation (or its margin, for futures).
+    InsufficientCollateral = 19,
+    /// A sell of equities or FX larger than the account's free position, by an account that
+    /// may not go short.
+    InsufficientPosition = 20,
+    /// The order could take the account's position past the position limit.
+    PositionLimit = 21,
+    /// An amount does not fit the arithmetic (a deliberately huge value).
+    Overflow = 22,
+    /// A replace asks for a total quantity at or below what is already filled.
+    ReplaceQtyNotAboveFilled = 23,
+    /// A replace that changes nothing.
+    ReplaceNoChange = 24,
+    /// A cancel or replace names neither an order id nor an original client id, or both.
+    OrderRefInvalid = 25,
+    AmountNotPositive = 26,
+    /// A withdrawal larger than the account's free cash.
+    InsufficientFreeCash = 27,
+    /// A collateral setting below what the account's orders and positions already lock.
+    CollateralBelowLocked = 28,
+    /// An instrument definition with an impossible value (see the event's detail in docs).
+    InvalidInstrument = 29,
+    /// The core's fixed capacity (orders, instruments, accounts) is used up.
+    CapacityExceeded = 30,
+    /// A mass cancel with no filter at all is refused, to protect the whole market from a
+    /// mistaken request.
+    MassCancelUnfiltered = 31,
+    /// A GTD order needs an expiry; other orders must not carry one.
+    ExpireTimeUnexpected = 32,
+}
+
+impl RejectReason {
+    pub fn code(self) -> u16 {
+        self as u16
+    }
+}
+
+/// Why an order left the book other than by trading.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelReason {
+    /// The owner asked.
+    Requested,
+    MassCancel,
+    SelfTradePrevention,
+    /// What an IOC order could not trade at once.
+    ImmediateOrCancelRemainder,
+    /// A FOK order that could not be filled in full.
+    FillOrKillUnfilled,
+    /// What a market order could not trade within the band.
+    MarketRemainder,
+}
+
+/// What answered a cancel or replace request that was refused (FIX CxlRejResponseTo).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelRejectTo {
+    Cancel,
+    Replace,
+}
+
+/// The state of an order as the order log reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OrderStatus {
+    New,
+    PartiallyFilled,
+    Filled,
+    Cancelled,
+    Replaced,
+    Expired,
+}
+
+impl OrderStatus {
+    pub fn is_live(self) -> bool {
+        matches!(
+            self,
+            OrderStatus::New | OrderStatus::PartiallyFilled | OrderStatus::Replaced
+        )
+    }
+}
+
+/// What an order-log record says happened to the order's presence in the book.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OrderLogAction {
+    /// The order entered the book (or was seen for the first time, if it never rested).
+    New,
+    /// The order changed (fill, replace, iceberg refill) and is still in the book.
+    Change,
+    /// The order left the book (filled, cancelled, expired, or never rested).
+    Delete,
+}
+
+/// One record of the full order log: the latest state of an order after a change.
+///
+/// `rec` numbers records: every new order takes the next `rec` when it is accepted, and keeps it.
+/// `seq` numbers changes: every change to any order takes the next `seq`. A client that
+/// remembers the highest (`seq`) it saw can ask for everything after it (the delivery cursor
+/// of seed 003), and the market data order log is built from these records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderLog {
+    pub rec: u64,
+    pub seq: u64,
+    pub action: OrderLogAction,
+    pub status: OrderStatus,
+    pub order_id: OrderId,
+    pub instrument: InstrumentId,
+    pub account: AccountId,
+    pub firm: FirmId,
+    pub cl_ord_id: ClOrdId,
+    pub side: Side,
+    pub price: Price,
+    /// Quantity visible in the book (the iceberg's shown part; 0 once the order left).
+    pub qty_display: Qty,
+    /// Quantity still open (0 once the order left the book).
+    pub qty_leaves: Qty,
+    /// Quantity filled so far.
+    pub qty_filled: Qty,
+    /// The order's total quantity (filled plus open plus cancelled).
+    pub qty_total: Qty,
+    pub ts_ns: u64,
+}
+
+/// One side of a trade.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fill {
+    pub order_id: OrderId,
+    pub account: AccountId,
+    pub cl_ord_id: ClOrdId,
+    /// Quantity of the order still open after this trade.
+    pub qty_leaves: Qty,
+    /// Quantity of the order filled so far, this trade included.
+    pub qty_filled: Qty,
+}
+
+/// Why an account's cash changed outside trading.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CashReason {
+    Deposit,
+    Withdraw,
+    SetCollateral,
+}
+
+/// Everything a core says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// A new order passed validation and risk and was registered.
+    OrderAccepted {
+        order_id: OrderId,
+        account: AccountId,
+        cl_ord_id: ClOrdId,
+        instrument: InstrumentId,
+        side: Side,
+        price: Price,
+        qty: Qty,
+        ts_ns: u64,
+    },
+    /// A new order was refused; nothing changed.
+    OrderRejected {
+        account: AccountId,
+        cl_ord_id: ClOrdId,
+        instrument: InstrumentId,
+        reason: RejectReason,
+        ts_ns: u64,
+    },
+    /// A cancel or replace was refused; nothing changed.
+    CancelRejected {
+        account: AccountId,
+        cl_ord_id: ClOrdId,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        order_id: Option<OrderId>,
+        response_to: CancelRejectTo,
+        reason: RejectReason,
+        ts_ns: u64,
+    },
+    /// A control command (instrument, account, cash, phase, mass cancel) was refused.
+    CommandRejected { reason: RejectReason, ts_ns: u64 },
+    Trade {
+        trade_id: TradeId,
+        instrument: InstrumentId,
+        price: Price,
+        qty: Qty,
+        aggressor: Side,
+        buy: Fill,
+        sell: Fill,
+        ts_ns: u64,
+    },
+    OrderCancelled {
+        order_id: OrderId,
+        account: AccountId,
+        cl_ord_id: ClOrdId,
+        instrument: InstrumentId,
+        side: Side,
+        qty_cancelled: Qty,
+        reason: CancelReason,
+        ts_ns: u64,
+    },
+    OrderReplaced {
+        order_id: OrderId,
+        account: AccountId,
+        cl_ord_id: ClOrdId,
+        orig_cl_ord_id: ClOrdId,
+        instrument: InstrumentId,
+        price: Price,
+        qty_total: Qty,
+        qty_leaves: Qty,
+        priority_kept: bool,
+        ts_ns: u64,
+    },
+    OrderExpired {
+        order_id: OrderId,
+        account: AccountId,
+        cl_ord_id: ClOrdId,
+        instrument: InstrumentId,
+        qty_expired: Qty,
+        ts_ns: u64,
+    },
+    MassCancelDone {
+        cl_ord_id: ClOrdId,
+        orders_cancelled: u64,
+        ts_ns: u64,
+    },
+    OrderLog(OrderLog),
+    InstrumentAdded { instrument: InstrumentId, ts_ns: u64 },
+    AccountAdded { account: AccountId, firm: FirmId, ts_ns: u64 },
+    PhaseChanged { instrument: InstrumentId, phase: Phase, ts_ns: u64 },
+    CashChanged {
+        account: AccountId,
+        reason: CashReason,
+        amount: Cash,
+        cash: Cash,
+        cash_free: Cash,
+        ts_ns: u64,
+    },
+    EndOfDayDone { orders_expired: u64, ts_ns: u64 },
+}

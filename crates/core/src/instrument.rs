@@ -1,0 +1,254 @@
+//! Instruments and accounts: what trades and who trades.
+
+use crate::ids::{AccountId, FirmId, InstrumentId};
+use crate::num::{Cash, Price, Qty, CASH_SCALE, PRICE_MAX};
+use serde::{Deserialize, Serialize};
+
+/// The largest symbol length, in bytes.
+pub const SYMBOL_LEN_MAX: usize = 32;
+/// The largest price scale (decimals) an instrument may use.
+pub const PRICE_SCALE_MAX: u8 = 12;
+/// Price bands are given in basis points; 10,000 bps = 100%.
+pub const BAND_BPS_MAX: u32 = 10_000;
+
+/// The three markets of the seeds: equities and FX (ASTS), derivatives (SPECTRA).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Market {
+    /// Cash equities: a buy pays cash, a sell delivers a position.
+    Equity,
+    /// FX pairs, settled in the venue's one settlement currency: the position is in the base
+    /// currency, the price is the quote. (One settlement currency is a simplification stated in
+    /// ARCHITECTURE.md; multi-currency accounts are future work.)
+    Fx,
+    /// Futures: no premium changes hands on a trade; each contract locks initial margin.
+    Futures,
+}
+
+/// Trading phase of an instrument.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Continuous trading: orders are accepted and matched.
+    Open,
+    /// Trading is suspended: new orders and replaces are rejected, cancels are accepted.
+    Halted,
+    /// The instrument is closed for the day: new orders and replaces are rejected, cancels are
+    /// accepted.
+    Closed,
+}
+
+/// Self-trade prevention: what happens when an incoming order would trade against a resting
+/// order of the same account (or firm, by [`StpScope`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StpMode {
+    /// Self-trades are allowed.
+    #[default]
+    None,
+    /// The resting order is cancelled and matching continues.
+    CancelResting,
+    /// The incoming order's remainder is cancelled; the resting order stays.
+    CancelIncoming,
+    /// Both the resting order and the incoming remainder are cancelled.
+    CancelBoth,
+}
+
+/// Whether self-trade prevention compares accounts or firms.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StpScope {
+    #[default]
+    Account,
+    Firm,
+}
+
+/// The definition of an instrument, given by `AddInstrument`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Instrument {
+    pub instrument: InstrumentId,
+    pub symbol: String,
+    pub market: Market,
+    /// Decimals of the price: a raw price of 10125 with scale 2 means 101.25.
+    pub price_scale: u8,
+    /// Minimum price increment, in raw price units.
+    pub tick: Price,
+    /// Units of the underlying per lot (quantities are counted in lots).
+    #[serde(default = "one")]
+    pub lot_size: i64,
+    /// Contract multiplier (futures); 1 for equities and FX.
+    #[serde(default = "one")]
+    pub multiplier: i64,
+    /// Initial margin per contract (futures only), in cash units.
+    #[serde(default)]
+    pub initial_margin: Cash,
+    /// Price band: limit prices outside reference ± band_bps/10,000 are rejected, and market
+    /// orders trade no further than the band.
+    pub band_bps: u32,
+    /// The reference price the band is centred on; it follows the last trade.
+    pub reference_price: Price,
+}
+
+fn one() -> i64 {
+    1
+}
+
+impl Instrument {
+    /// Checks the definition. Returns a description of the first problem.
+    pub fn validate(&self) -> Result<(), &'static str> {
+        if self.symbol.is_empty() || self.symbol.len() > SYMBOL_LEN_MAX {
+            return Err("symbol must have 1 to 32 bytes");
+        }
+        if self.price_scale > PRICE_SCALE_MAX {
+            return Err("price_scale must be at most 12");
+        }
+        if self.tick.0 <= 0 || self.tick.0 > PRICE_MAX {
+            return Err("tick must be positive");
+        }
+        if self.lot_size <= 0 || self.lot_size > 1_000_000_000 {
+            return Err("lot_size must be in 1..=10^9");
+        }
+        if self.multiplier <= 0 || self.multiplier > 1_000_000_000 {
+            return Err("multiplier must be in 1..=10^9");
+        }
+        if self.band_bps == 0 || self.band_bps > BAND_BPS_MAX {
+            return Err("band_bps must be in 1..=10000");
+        }
+        if self.reference_price.0 <= 0 || self.reference_price.0 > PRICE_MAX {
+            return Err("reference_price must be positive");
+        }
+        if self.reference_price.0 % self.tick.0 != 0 {
+            return Err("reference_price must be on the tick");
+        }
+        match self.market {
+            Market::Futures => {
+                if self.initial_margin.0 <= 0 || self.initial_margin.0 > 1_000_000_000_000_000 {
+                    return Err("futures need a positive initial_margin");
+                }
+            }
+            Market::Equity | Market::Fx => {
+                if self.initial_margin.0 != 0 {
+                    return Err("initial_margin applies to futures only");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The value of `qty` lots at `price`, in cash units, rounded down (what changes hands in
+    /// a trade). None if the product does not fit the arithmetic (never for valid orders).
+    pub fn notional_floor(&self, price: Price, qty: Qty) -> Option<i128> {
+        let (num, div) = self.notional_parts(price, qty)?;
+        Some(num.div_euclid(div))
+    }
+
+    /// The value of `qty` lots at `price`, in cash units, rounded up (what a reservation holds,
+    /// so that it always covers the trade it stands for).
+    pub fn notional_ceil(&self, price: Price, qty: Qty) -> Option<i128> {
+        let (num, div) = self.notional_parts(price, qty)?;
+        let q = num.div_euclid(div);
+        Some(if num.rem_euclid(div) == 0 { q } else { q + 1 })
+    }
+
+    fn notional_parts(&self, price: Price, qty: Qty) -> Option<(i128, i128)> {
+        let raw = (price.0 as i128)
+            .checked_mul(qty.0 as i128)?
+            .checked_mul(self.lot_size as i128)?
+            .checked_mul(self.multiplier as i128)?;
+        if self.price_scale <= CASH_SCALE {
+            let mul = 10i128.pow((CASH_SCALE - self.price_scale) as u32);
+            Some((raw.checked_mul(mul)?, 1))
+        } else {
+            Some((raw, 10i128.pow((self.price_scale - CASH_SCALE) as u32)))
+        }
+    }
+
+    /// The band's lowest and highest acceptable prices, snapped inwards to the tick.
+    pub fn band(&self) -> (Price, Price) {
+        let reference = self.reference_price.0 as i128;
+        let width = reference * self.band_bps as i128 / BAND_BPS_MAX as i128;
+        let tick = self.tick.0 as i128;
+        let mut low = reference - width;
+        let mut high = reference + width;
+        // Snap inwards so the band never admits a price a tick beyond its percentage.
+        low = (low + tick - 1).div_euclid(tick) * tick;
+        high = high.div_euclid(tick) * tick;
+        low = low.max(tick);
+        high = high.min(PRICE_MAX as i128 / tick * tick);
+        (Price(low as i64), Price(high as i64))
+    }
+}
+
+/// The definition of an account, given by `AddAccount`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccountSpec {
+    pub account: AccountId,
+    pub firm: FirmId,
+    /// May the account sell equities or FX it does not hold? Uncovered sells then reserve their
+    /// notional in cash as collateral.
+    #[serde(default)]
+    pub may_short: bool,
+    #[serde(default)]
+    pub stp: StpMode,
+    #[serde(default)]
+    pub stp_scope: StpScope,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn equity() -> Instrument {
+        Instrument {
+            instrument: InstrumentId(1),
+            symbol: "SBER".into(),
+            market: Market::Equity,
+            price_scale: 2,
+            tick: Price(1),
+            lot_size: 10,
+            multiplier: 1,
+            initial_margin: Cash(0),
+            band_bps: 1000,
+            reference_price: Price(10000),
+        }
+    }
+
+    #[test]
+    fn notional_is_exact_when_price_scale_is_below_cash_scale() {
+        let i = equity();
+        // 100.00 * 3 lots * 10 = 3000.00 = 30_000_000 cash units at scale 4.
+        assert_eq!(i.notional_floor(Price(10000), Qty(3)), Some(30_000_000));
+        assert_eq!(i.notional_ceil(Price(10000), Qty(3)), Some(30_000_000));
+    }
+
+    #[test]
+    fn notional_rounds_down_for_trades_and_up_for_reservations() {
+        let mut i = equity();
+        i.price_scale = 6;
+        i.lot_size = 1;
+        // 1.083451 * 1 = 1.0834 (floor) or 1.0835 (ceil) at scale 4.
+        assert_eq!(i.notional_floor(Price(1_083_451), Qty(1)), Some(10_834));
+        assert_eq!(i.notional_ceil(Price(1_083_451), Qty(1)), Some(10_835));
+    }
+
+    #[test]
+    fn band_is_snapped_inside_to_the_tick() {
+        let mut i = equity();
+        i.tick = Price(7);
+        i.reference_price = Price(10003);
+        let (low, high) = i.band();
+        assert!(low.0 % 7 == 0 && high.0 % 7 == 0);
+        assert!(low.0 >= 10003 - 1000 && high.0 <= 10003 + 1000);
+    }
+
+    #[test]
+    fn invalid_definitions_are_refused() {
+        let mut i = equity();
+        assert!(i.validate().is_ok());
+        i.tick = Price(0);
+        assert!(i.validate().is_err());
+        let mut i = equity();
+        i.market = Market::Futures;
+        assert!(i.validate().is_err(), "futures need margin");
+    }
+}

@@ -1,0 +1,292 @@
+//! The order book of one instrument: price levels on each side, each a FIFO of orders.
+//!
+//! Orders live in one [`OrderPool`] per core (a slab with a free list, sized once at start), and
+//! levels link them with `prev`/`next` slot indices, so that adding, cancelling and moving an
+//! order allocates nothing. Each side keeps its levels in a `Vec` sorted so that the best price
+//! is the *last* element: almost all activity happens near the best price, so inserting or
+//! removing a level moves only the few levels behind it.
+
+use bourse_core::{ClOrdId, Instrument, OrderId, Phase, Side, TimeInForce};
+
+/// "No slot": the end of a list.
+pub const NIL: u32 = u32::MAX;
+
+/// An order in the pool. Sizes are in lots, prices in raw units, cash in cash units.
+#[derive(Clone, Copy, Debug)]
+pub struct Order {
+    pub id: OrderId,
+    pub cl_ord_id: ClOrdId,
+    /// Index of the owning account in the engine's account table.
+    pub account: u32,
+    /// Index of the book (instrument) in the engine's book table.
+    pub book: u32,
+    pub side: Side,
+    pub tif: TimeInForce,
+    /// The limit price; for a market order, the band edge fixed when it arrived.
+    pub price: i64,
+    pub qty_total: i64,
+    pub qty_filled: i64,
+    pub qty_leaves: i64,
+    /// The iceberg's display size; 0 for an ordinary order.
+    pub display_size: i64,
+    /// The part of `qty_leaves` visible in the book now.
+    pub qty_display: i64,
+    pub expire_ts_ns: u64,
+    pub rec: u64,
+    /// Cash this order holds back from its account's free cash.
+    pub reserved_cash: i128,
+    /// Position this (sell) order holds back from its account's free position.
+    pub reserved_pos: i64,
+    pub prev: u32,
+    pub next: u32,
+    /// True while the order sits in a level's list.
+    pub resting: bool,
+}
+
+impl Order {
+    pub fn is_iceberg(&self) -> bool {
+        self.display_size > 0
+    }
+    /// The visible size the order shows when (re)entering the book with `qty_leaves` open.
+    pub fn display_for(&self, qty_leaves: i64) -> i64 {
+        if self.display_size > 0 {
+            self.display_size.min(qty_leaves)
+        } else {
+            qty_leaves
+        }
+    }
+}
+
+/// A fixed-capacity slab of orders with a free list.
+pub struct OrderPool {
+    slots: Vec<Order>,
+    free: Vec<u32>,
+    capacity: usize,
+}
+
+impl OrderPool {
+    pub fn with_capacity(capacity: usize) -> OrderPool {
+        assert!(capacity > 0 && capacity < NIL as usize);
+        OrderPool {
+            slots: Vec::with_capacity(capacity),
+            free: Vec::with_capacity(capacity),
+            capacity,
+        }
+    }
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+    pub fn live(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+    pub fn is_full(&self) -> bool {
+        self.live() >= self.capacity
+    }
+    /// Stores `order` and returns its slot. The caller checks `is_full` first.
+    pub fn insert(&mut self, order: Order) -> u32 {
+        if let Some(slot) = self.free.pop() {
+            self.slots[slot as usize] = order;
+            slot
+        } else {
+            assert!(self.slots.len() < self.capacity, "order pool overflow");
+            self.slots.push(order);
+            (self.slots.len() - 1) as u32
+        }
+    }
+    pub fn remove(&mut self, slot: u32) {
+        debug_assert!(!self.slots[slot as usize].resting);
+        self.free.push(slot);
+    }
+    #[inline]
+    pub fn get(&self, slot: u32) -> &Order {
+        &self.slots[slot as usize]
+    }
+    #[inline]
+    pub fn get_mut(&mut self, slot: u32) -> &mut Order {
+        &mut self.slots[slot as usize]
+    }
+}
+
+/// One price level: a FIFO of resting orders at the same price.
+#[derive(Clone, Copy, Debug)]
+pub struct Level {
+    pub price: i64,
+    pub head: u32,
+    pub tail: u32,
+    /// Sum of the open quantity of the level's orders (hidden iceberg parts included).
+    pub qty_leaves: i64,
+    /// Sum of the visible quantity: what the aggregated book shows.
+    pub qty_display: i64,
+    pub orders: u32,
+}
+
+/// The book and state of one instrument.
+pub struct Book {
+    pub def: Instrument,
+    pub phase: Phase,
+    pub bids: Vec<Level>,
+    pub asks: Vec<Level>,
+    /// Band limits derived from the reference price, kept to avoid recomputing per order.
+    pub band_low: i64,
+    pub band_high: i64,
+}
+
+/// Is `a` a better price than `b` for resting orders of `side`?
+#[inline]
+pub fn better(side: Side, a: i64, b: i64) -> bool {
+    match side {
+        Side::Buy => a > b,
+        Side::Sell => a < b,
+    }
+}
+
+/// Does a resting price `resting` satisfy an incoming order of `side` with limit `limit`?
+#[inline]
+pub fn crosses(incoming: Side, limit: i64, resting: i64) -> bool {
+    match incoming {
+        Side::Buy => resting <= limit,
+        Side::Sell => resting >= limit,
+    }
+}
+
+impl Book {
+    pub fn new(def: Instrument, levels_per_side_hint: usize) -> Book {
+        let (low, high) = def.band();
+        Book {
+            def,
+            phase: Phase::Open,
+            bids: Vec::with_capacity(levels_per_side_hint),
+            asks: Vec::with_capacity(levels_per_side_hint),
+            band_low: low.0,
+            band_high: high.0,
+        }
+    }
+
+    pub fn side(&self, side: Side) -> &Vec<Level> {
+        match side {
+            Side::Buy => &self.bids,
+            Side::Sell => &self.asks,
+        }
+    }
+
+    pub fn side_mut(&mut self, side: Side) -> &mut Vec<Level> {
+        match side {
+            Side::Buy => &mut self.bids,
+            Side::Sell => &mut self.asks,
+        }
+    }
+
+    pub fn set_reference(&mut self, price: i64) {
+        self.def.reference_price = bourse_core::Price(price);
+        let (low, high) = self.def.band();
+        self.band_low = low.0;
+        self.band_high = high.0;
+    }
+
+    /// Finds the level of `side` at `price`: Ok(index) if present, Err(insert index) if not.
+    #[inline]
+    pub fn find_level(levels: &[Level], side: Side, price: i64) -> Result<usize, usize> {
+        // Levels are sorted worst to best: bids ascending, asks descending.
+        match side {
+            Side::Buy => levels.binary_search_by(|l| l.price.cmp(&price)),
+            Side::Sell => levels.binary_search_by(|l| price.cmp(&l.price)),
+        }
+    }
+
+    /// Appends the order in `slot` to the tail of its price level, creating the level if needed.
+    pub fn push_back(&mut self, pool: &mut OrderPool, slot: u32) {
+        let (side, price, leaves, display) = {
+            let o = pool.get(slot);
+            debug_assert!(!o.resting && o.qty_leaves > 0);
+            (o.side, o.price, o.qty_leaves, o.qty_display)
+        };
+        let levels = self.side_mut(side);
+        let index = match Book::find_level(levels, side, price) {
+            Ok(i) => i,
+            Err(i) => {
+                levels.insert(
+                    i,
+                    Level {
+                        price,
+                        head: NIL,
+                        tail: NIL,
+                        qty_leaves: 0,
+                        qty_display: 0,
+                        orders: 0,
+                    },
+                );
+                i
+            }
+        };
+        let level = &mut levels[index];
+        let old_tail = level.tail;
+        {
+            let o = pool.get_mut(slot);
+            o.prev = old_tail;
+            o.next = NIL;
+            o.resting = true;
+        }
+        if old_tail == NIL {
+            level.head = slot;
+        } else {
+            pool.get_mut(old_tail).next = slot;
+        }
+        level.tail = slot;
+        level.qty_leaves += leaves;
+        level.qty_display += display;
+        level.orders += 1;
+    }
+
+    /// Takes the order in `slot` out of its level, removing the level if it empties.
+    /// `level_index` may be given when the caller already knows it.
+    pub fn unlink(&mut self, pool: &mut OrderPool, slot: u32, level_index: Option<usize>) {
+        let (side, price, prev, next, leaves, display) = {
+            let o = pool.get(slot);
+            debug_assert!(o.resting);
+            (o.side, o.price, o.prev, o.next, o.qty_leaves, o.qty_display)
+        };
+        let levels = self.side_mut(side);
+        let index = match level_index {
+            Some(i) => i,
+            None => Book::find_level(levels, side, price).expect("resting order without level"),
+        };
+        let level = &mut levels[index];
+        debug_assert_eq!(level.price, price);
+        if prev == NIL {
+            level.head = next;
+        } else {
+            pool.get_mut(prev).next = next;
+        }
+        if next == NIL {
+            level.tail = prev;
+        } else {
+            pool.get_mut(next).prev = prev;
+        }
+        level.qty_leaves -= leaves;
+        level.qty_display -= display;
+        level.orders -= 1;
+        if level.orders == 0 {
+            debug_assert!(level.head == NIL && level.qty_leaves == 0 && level.qty_display == 0);
+            levels.remove(index);
+        }
+        let o = pool.get_mut(slot);
+        o.resting = false;
+        o.prev = NIL;
+        o.next = NIL;
+    }
+
+    /// The best level of `side`, if any.
+    #[inline]
+    pub fn best(&self, side: Side) -> Option<&Level> {
+        self.side(side).last()
+    }
+}
+
+/// Whether a day-end sweep expires an order with this time in force and expiry.
+pub fn expires_at_end_of_day(tif: TimeInForce, expire_ts_ns: u64, now_ns: u64) -> bool {
+    match tif {
+        TimeInForce::Day => true,
+        TimeInForce::Gtd => expire_ts_ns <= now_ns,
+        _ => false,
+    }
+}

@@ -1,0 +1,1329 @@
+//! # bourse-engine: one trading core
+//!
+//! [`Engine`] is the state machine of one trading core: the order books of a set of
+//! instruments, the accounts that trade them, their cash, reservations and positions. It is
+//! fed [`Command`]s one at a time by [`Engine::apply`] and answers with [`Event`]s written
+//! into a caller-owned buffer.
+//!
+//! The engine is deterministic: it reads no clock (time comes on the command), does no I/O,
+//! never iterates a hash map (they are used for lookups only; every sweep walks the books or
+//! the account table in their fixed order), uses no randomness and no floating point. The
+//! same commands in the same order therefore give the same events and the same
+//! [`Engine::state_hash`] on every replica, on replay, and after [`Engine::snapshot`] and
+//! [`Engine::restore`].
+//!
+//! In steady state it allocates nothing per order: orders live in a pre-sized
+//! [`book::OrderPool`], price levels in pre-sized vectors, and the lookup tables are reserved
+//! up front for the configured capacity ([`EngineConfig`]).
+//!
+//! Modules: [`book`] (levels and the order pool), [`risk`] (accounts, positions,
+//! reservations), `snapshot` (bytes and hash), `invariants` (a full consistency check used by
+//! the tests).
+
+pub mod book;
+pub mod fixtures;
+mod invariants;
+pub mod risk;
+mod snapshot;
+
+pub use snapshot::RestoreError;
+
+use book::{crosses, expires_at_end_of_day, Book, Order, OrderPool, NIL};
+use bourse_core::*;
+use risk::{cash_required, is_self_trade, Account};
+use rustc_hash::FxHashMap;
+
+/// Fixed limits of one core. Every table is sized from these once, at start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Live orders the core can hold at once (resting plus the one being matched).
+    pub orders_max: u32,
+    /// Instruments the core can hold.
+    pub instruments_max: u32,
+    /// Accounts the core can hold.
+    pub accounts_max: u32,
+    /// Price levels reserved per book side up front (more are added if needed).
+    pub levels_per_side_hint: u32,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            orders_max: 1 << 20,
+            instruments_max: 10_000,
+            accounts_max: 10_000_000,
+            levels_per_side_hint: 64,
+        }
+    }
+}
+
+/// Running totals the engine keeps (they are part of the state and of the hash).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub commands: u64,
+    pub orders_accepted: u64,
+    pub orders_rejected: u64,
+    pub trades: u64,
+    pub cancels: u64,
+    pub replaces: u64,
+    pub expiries: u64,
+    pub volume_lots: u128,
+}
+
+/// How matching an incoming order ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MatchEnd {
+    /// No more quantity to match, or no crossing price.
+    Done,
+    /// Self-trade prevention cancels the incoming remainder.
+    StpCancelIncoming,
+}
+
+/// One trading core's state machine.
+pub struct Engine {
+    config: EngineConfig,
+    books: Vec<Book>,
+    book_index: FxHashMap<InstrumentId, u32>,
+    accounts: Vec<Account>,
+    account_index: FxHashMap<AccountId, u32>,
+    pool: OrderPool,
+    /// Live orders by exchange id.
+    order_index: FxHashMap<OrderId, u32>,
+    /// Live orders by (account index, client order id).
+    clord_index: FxHashMap<(u32, ClOrdId), u32>,
+    next_order_id: u64,
+    next_trade_id: u64,
+    next_rec: u64,
+    next_seq: u64,
+    counters: Counters,
+    /// Reused buffer of slots for sweeps (mass cancel, end of day).
+    scratch: Vec<u32>,
+}
+
+impl Engine {
+    pub fn new(config: EngineConfig) -> Engine {
+        assert!(config.orders_max > 0 && config.orders_max < NIL);
+        assert!(config.instruments_max > 0 && config.accounts_max > 0);
+        let orders = config.orders_max as usize;
+        let mut order_index = FxHashMap::default();
+        order_index.reserve(orders);
+        let mut clord_index = FxHashMap::default();
+        clord_index.reserve(orders);
+        Engine {
+            config,
+            books: Vec::new(),
+            book_index: FxHashMap::default(),
+            accounts: Vec::new(),
+            account_index: FxHashMap::default(),
+            pool: OrderPool::with_capacity(orders),
+            order_index,
+            clord_index,
+            next_order_id: 1,
+            next_trade_id: 1,
+            next_rec: 1,
+            next_seq: 1,
+            counters: Counters::default(),
+            scratch: Vec::with_capacity(orders),
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+    pub fn live_orders(&self) -> usize {
+        self.pool.live()
+    }
+    pub fn instrument_count(&self) -> usize {
+        self.books.len()
+    }
+    pub fn account_count(&self) -> usize {
+        self.accounts.len()
+    }
+
+    /// Applies one command and appends its events to `out`.
+    pub fn apply(&mut self, cmd: &Command, out: &mut Vec<Event>) {
+        self.counters.commands += 1;
+        let ts = cmd.ts_ns;
+        match &cmd.body {
+            CommandBody::NewOrder(o) => self.new_order(o, ts, out),
+            CommandBody::Cancel(c) => self.cancel(c, ts, out),
+            CommandBody::Replace(r) => self.replace(r, ts, out),
+            CommandBody::MassCancel(m) => self.mass_cancel(m, ts, out),
+            CommandBody::SetPhase { instrument, phase } => {
+                self.set_phase(*instrument, *phase, ts, out)
+            }
+            CommandBody::AddInstrument(def) => self.add_instrument(def, ts, out),
+            CommandBody::AddAccount(spec) => self.add_account(spec, ts, out),
+            CommandBody::Deposit { account, amount } => {
+                self.cash_op(*account, CashReason::Deposit, *amount, ts, out)
+            }
+            CommandBody::Withdraw { account, amount } => {
+                self.cash_op(*account, CashReason::Withdraw, *amount, ts, out)
+            }
+            CommandBody::SetCollateral { account, amount } => {
+                self.cash_op(*account, CashReason::SetCollateral, *amount, ts, out)
+            }
+            CommandBody::EndOfDay => self.end_of_day(ts, out),
+        }
+    }
+
+    // ----- queries (for tests, market data snapshots, tools) -----
+
+    /// The definition of an instrument, with its current reference price.
+    pub fn instrument(&self, id: InstrumentId) -> Option<&Instrument> {
+        self.book_index
+            .get(&id)
+            .map(|&b| &self.books[b as usize].def)
+    }
+
+    pub fn phase(&self, id: InstrumentId) -> Option<Phase> {
+        self.book_index
+            .get(&id)
+            .map(|&b| self.books[b as usize].phase)
+    }
+
+    /// Instruments in the order they were added.
+    pub fn instruments(&self) -> impl Iterator<Item = &Instrument> {
+        self.books.iter().map(|b| &b.def)
+    }
+
+    /// Aggregated levels of one side, best first: (price, visible qty, order count), at most
+    /// `depth` of them.
+    pub fn depth(&self, id: InstrumentId, side: Side, depth: usize) -> Vec<(Price, Qty, u32)> {
+        let Some(&b) = self.book_index.get(&id) else {
+            return Vec::new();
+        };
+        self.books[b as usize]
+            .side(side)
+            .iter()
+            .rev()
+            .take(depth)
+            .map(|l| (Price(l.price), Qty(l.qty_display), l.orders))
+            .collect()
+    }
+
+    /// Every resting order of an instrument in priority order (best price first, then time):
+    /// bids then asks. Used to build market data snapshots and by tests.
+    pub fn resting_orders(&self, id: InstrumentId) -> Vec<OrderView> {
+        let mut v = Vec::new();
+        let Some(&b) = self.book_index.get(&id) else {
+            return v;
+        };
+        let book = &self.books[b as usize];
+        for side in [Side::Buy, Side::Sell] {
+            for level in book.side(side).iter().rev() {
+                let mut slot = level.head;
+                while slot != NIL {
+                    let o = self.pool.get(slot);
+                    v.push(self.view(o));
+                    slot = o.next;
+                }
+            }
+        }
+        v
+    }
+
+    /// A live order by exchange id.
+    pub fn order(&self, id: OrderId) -> Option<OrderView> {
+        self.order_index
+            .get(&id)
+            .map(|&s| self.view(self.pool.get(s)))
+    }
+
+    /// An account's balances.
+    pub fn account(&self, id: AccountId) -> Option<AccountView> {
+        self.account_index.get(&id).map(|&a| {
+            let acc = &self.accounts[a as usize];
+            AccountView {
+                account: acc.id,
+                firm: acc.firm,
+                cash: Cash(acc.cash),
+                cash_reserved: Cash(acc.reserved_cash),
+                margin_locked: Cash(acc.margin_locked),
+                cash_free: Cash(acc.free_cash()),
+            }
+        })
+    }
+
+    /// An account's position in an instrument: (net qty, net cost).
+    pub fn position(&self, account: AccountId, instrument: InstrumentId) -> Option<(Qty, Cash)> {
+        let a = *self.account_index.get(&account)?;
+        let b = *self.book_index.get(&instrument)?;
+        let p = self.accounts[a as usize].position(b)?;
+        Some((Qty(p.qty), Cash(p.cost)))
+    }
+
+    /// Every (account, instrument, qty, cost) position, in account then instrument order.
+    pub fn positions(&self) -> impl Iterator<Item = (AccountId, InstrumentId, Qty, Cash)> + '_ {
+        self.accounts.iter().flat_map(move |a| {
+            a.positions.iter().map(move |p| {
+                (
+                    a.id,
+                    self.books[p.book as usize].def.instrument,
+                    Qty(p.qty),
+                    Cash(p.cost),
+                )
+            })
+        })
+    }
+
+    fn view(&self, o: &Order) -> OrderView {
+        OrderView {
+            order_id: o.id,
+            cl_ord_id: o.cl_ord_id,
+            account: self.accounts[o.account as usize].id,
+            instrument: self.books[o.book as usize].def.instrument,
+            side: o.side,
+            price: Price(o.price),
+            qty_total: Qty(o.qty_total),
+            qty_filled: Qty(o.qty_filled),
+            qty_leaves: Qty(o.qty_leaves),
+            qty_display: Qty(o.qty_display),
+            tif: o.tif,
+            rec: o.rec,
+        }
+    }
+
+    // ----- new orders -----
+
+    fn new_order(&mut self, o: &NewOrder, ts: u64, out: &mut Vec<Event>) {
+        match self.admit_new(o, ts) {
+            Err(reason) => {
+                self.counters.orders_rejected += 1;
+                out.push(Event::OrderRejected {
+                    account: o.account,
+                    cl_ord_id: o.cl_ord_id,
+                    instrument: o.instrument,
+                    reason,
+                    ts_ns: ts,
+                });
+            }
+            Ok(slot) => {
+                self.counters.orders_accepted += 1;
+                let order = *self.pool.get(slot);
+                out.push(Event::OrderAccepted {
+                    order_id: order.id,
+                    account: o.account,
+                    cl_ord_id: o.cl_ord_id,
+                    instrument: o.instrument,
+                    side: o.side,
+                    price: Price(order.price),
+                    qty: o.qty,
+                    ts_ns: ts,
+                });
+                let end = if o.tif == TimeInForce::Fok && !self.fok_fillable(slot) {
+                    None
+                } else {
+                    Some(self.match_incoming(slot, ts, out))
+                };
+                let is_market = o.ord_type == OrdType::Market;
+                self.finish_incoming(slot, end, is_market, true, ts, out);
+            }
+        }
+    }
+
+    /// Validates a new order and, if it passes, registers it with its reservations.
+    fn admit_new(&mut self, o: &NewOrder, ts: u64) -> Result<u32, RejectReason> {
+        let &book_idx = self
+            .book_index
+            .get(&o.instrument)
+            .ok_or(RejectReason::UnknownInstrument)?;
+        let &acct_idx = self
+            .account_index
+            .get(&o.account)
+            .ok_or(RejectReason::UnknownAccount)?;
+        let book = &self.books[book_idx as usize];
+        match book.phase {
+            Phase::Open => {}
+            Phase::Halted => return Err(RejectReason::InstrumentHalted),
+            Phase::Closed => return Err(RejectReason::InstrumentClosed),
+        }
+        if o.qty.0 <= 0 {
+            return Err(RejectReason::QtyNotPositive);
+        }
+        if o.qty.0 > QTY_MAX {
+            return Err(RejectReason::QtyTooLarge);
+        }
+        let limit = match o.ord_type {
+            OrdType::Market => {
+                if matches!(o.tif, TimeInForce::Gtc | TimeInForce::Gtd) {
+                    return Err(RejectReason::InvalidTimeInForce);
+                }
+                // A market order is a limit order at the band edge: it can never trade
+                // outside the band, and its reservation is bounded.
+                match o.side {
+                    Side::Buy => book.band_high,
+                    Side::Sell => book.band_low,
+                }
+            }
+            OrdType::Limit => {
+                check_price(book, o.price.0)?;
+                o.price.0
+            }
+        };
+        match o.tif {
+            TimeInForce::Gtd => {
+                if o.expire_ts_ns == 0 {
+                    return Err(RejectReason::ExpireTimeMissing);
+                }
+                if o.expire_ts_ns <= ts {
+                    return Err(RejectReason::ExpireTimeInPast);
+                }
+            }
+            _ => {
+                if o.expire_ts_ns != 0 {
+                    return Err(RejectReason::ExpireTimeUnexpected);
+                }
+            }
+        }
+        let display_size = o.display_qty.0;
+        if display_size != 0
+            && (display_size < 0
+                || display_size > o.qty.0
+                || o.ord_type == OrdType::Market
+                || matches!(o.tif, TimeInForce::Ioc | TimeInForce::Fok))
+        {
+            return Err(RejectReason::DisplayQtyInvalid);
+        }
+        if self.clord_index.contains_key(&(acct_idx, o.cl_ord_id)) {
+            return Err(RejectReason::DuplicateClOrdId);
+        }
+        if self.pool.is_full() {
+            return Err(RejectReason::CapacityExceeded);
+        }
+
+        // Pre-trade risk: position limit, covered sells, collateral.
+        let account = &self.accounts[acct_idx as usize];
+        let def = &book.def;
+        let qty = o.qty.0;
+        let pos = account.position(book_idx).copied().unwrap_or_default();
+        match o.side {
+            Side::Buy => {
+                if pos.qty as i128 + pos.buy_open as i128 + qty as i128 > POSITION_MAX as i128 {
+                    return Err(RejectReason::PositionLimit);
+                }
+            }
+            Side::Sell => {
+                if (pos.qty as i128 - pos.sell_open as i128 - qty as i128)
+                    < -(POSITION_MAX as i128)
+                {
+                    return Err(RejectReason::PositionLimit);
+                }
+            }
+        }
+        let reserved_pos = match (def.market, o.side) {
+            (Market::Equity | Market::Fx, Side::Sell) => {
+                let covered = pos.free_qty().min(qty);
+                if covered < qty && !account.may_short {
+                    return Err(RejectReason::InsufficientPosition);
+                }
+                covered
+            }
+            _ => 0,
+        };
+        let reserved_cash = cash_required(def, o.side, limit, qty, reserved_pos)
+            .filter(|c| *c <= CASH_AMOUNT_MAX)
+            .ok_or(RejectReason::Overflow)?;
+        if reserved_cash > account.free_cash() {
+            return Err(RejectReason::InsufficientCollateral);
+        }
+
+        // Admitted: register the order and its reservations.
+        let order = Order {
+            id: OrderId(self.next_order_id),
+            cl_ord_id: o.cl_ord_id,
+            account: acct_idx,
+            book: book_idx,
+            side: o.side,
+            tif: if o.ord_type == OrdType::Market && o.tif == TimeInForce::Day {
+                TimeInForce::Ioc
+            } else {
+                o.tif
+            },
+            price: limit,
+            qty_total: qty,
+            qty_filled: 0,
+            qty_leaves: qty,
+            display_size,
+            qty_display: if display_size > 0 {
+                display_size
+            } else {
+                qty
+            },
+            expire_ts_ns: o.expire_ts_ns,
+            rec: self.next_rec,
+            reserved_cash,
+            reserved_pos,
+            prev: NIL,
+            next: NIL,
+            resting: false,
+        };
+        self.next_order_id += 1;
+        self.next_rec += 1;
+        let slot = self.pool.insert(order);
+        self.order_index.insert(order.id, slot);
+        self.clord_index.insert((acct_idx, o.cl_ord_id), slot);
+        let account = &mut self.accounts[acct_idx as usize];
+        account.reserved_cash += reserved_cash;
+        let p = account.position_mut(book_idx);
+        p.sell_reserved += reserved_pos;
+        match o.side {
+            Side::Buy => p.buy_open += qty,
+            Side::Sell => p.sell_open += qty,
+        }
+        Ok(slot)
+    }
+
+    /// Can the FOK order in `slot` be filled in full right now? Walks the opposite side in
+    /// priority order as matching would, honouring self-trade prevention.
+    fn fok_fillable(&self, slot: u32) -> bool {
+        let o = self.pool.get(slot);
+        let book = &self.books[o.book as usize];
+        let incoming_acct = &self.accounts[o.account as usize];
+        let mut needed = o.qty_leaves;
+        for level in book.side(o.side.opposite()).iter().rev() {
+            if !crosses(o.side, o.price, level.price) {
+                break;
+            }
+            if incoming_acct.stp == StpMode::None {
+                needed -= level.qty_leaves;
+                if needed <= 0 {
+                    return true;
+                }
+                continue;
+            }
+            let mut s = level.head;
+            while s != NIL {
+                let r = self.pool.get(s);
+                if is_self_trade(incoming_acct, &self.accounts[r.account as usize]) {
+                    if incoming_acct.stp != StpMode::CancelResting {
+                        return false;
+                    }
+                } else {
+                    needed -= r.qty_leaves;
+                    if needed <= 0 {
+                        return true;
+                    }
+                }
+                s = r.next;
+            }
+        }
+        false
+    }
+
+    /// Matches the (not resting) order in `slot` against the opposite side.
+    fn match_incoming(&mut self, slot: u32, ts: u64, out: &mut Vec<Event>) -> MatchEnd {
+        let (book_idx, side, limit, acct_idx) = {
+            let o = self.pool.get(slot);
+            debug_assert!(!o.resting);
+            (o.book, o.side, o.price, o.account)
+        };
+        let opposite = side.opposite();
+        loop {
+            let leaves = self.pool.get(slot).qty_leaves;
+            if leaves == 0 {
+                return MatchEnd::Done;
+            }
+            let book = &self.books[book_idx as usize];
+            let levels = book.side(opposite);
+            let Some(level) = levels.last() else {
+                return MatchEnd::Done;
+            };
+            if !crosses(side, limit, level.price) {
+                return MatchEnd::Done;
+            }
+            let level_index = levels.len() - 1;
+            let level_price = level.price;
+            let resting = level.head;
+            debug_assert!(resting != NIL);
+            let resting_acct = self.pool.get(resting).account;
+            let incoming_account = &self.accounts[acct_idx as usize];
+            if is_self_trade(incoming_account, &self.accounts[resting_acct as usize]) {
+                match incoming_account.stp {
+                    StpMode::CancelResting => {
+                        self.cancel_order(resting, CancelReason::SelfTradePrevention, ts, out);
+                        continue;
+                    }
+                    StpMode::CancelIncoming => return MatchEnd::StpCancelIncoming,
+                    StpMode::CancelBoth => {
+                        self.cancel_order(resting, CancelReason::SelfTradePrevention, ts, out);
+                        return MatchEnd::StpCancelIncoming;
+                    }
+                    StpMode::None => unreachable!("is_self_trade is false without STP"),
+                }
+            }
+            let qty = leaves.min(self.pool.get(resting).qty_display);
+            debug_assert!(qty > 0);
+            self.execute(slot, resting, level_index, level_price, qty, ts, out);
+        }
+    }
+
+    /// One trade of `qty` lots at `price` between the incoming order and the resting order at
+    /// the head of level `level_index` of the opposite side.
+    #[allow(clippy::too_many_arguments)]
+    fn execute(
+        &mut self,
+        incoming: u32,
+        resting: u32,
+        level_index: usize,
+        price: i64,
+        qty: i64,
+        ts: u64,
+        out: &mut Vec<Event>,
+    ) {
+        let book_idx = self.pool.get(incoming).book;
+        // Fill both orders and the level's totals.
+        {
+            let r = self.pool.get_mut(resting);
+            r.qty_filled += qty;
+            r.qty_leaves -= qty;
+            r.qty_display -= qty;
+            debug_assert!(r.qty_display >= 0 && r.qty_leaves >= 0);
+            let side = r.side;
+            let level = &mut self.books[book_idx as usize].side_mut(side)[level_index];
+            level.qty_leaves -= qty;
+            level.qty_display -= qty;
+        }
+        {
+            let i = self.pool.get_mut(incoming);
+            i.qty_filled += qty;
+            i.qty_leaves -= qty;
+            i.qty_display = i.display_for(i.qty_leaves);
+        }
+        self.settle(incoming, price, qty);
+        self.settle(resting, price, qty);
+
+        let trade_id = TradeId(self.next_trade_id);
+        self.next_trade_id += 1;
+        self.counters.trades += 1;
+        self.counters.volume_lots += qty as u128;
+        let book = &mut self.books[book_idx as usize];
+        book.set_reference(price);
+        let (i, r) = (*self.pool.get(incoming), *self.pool.get(resting));
+        let fill = |o: &Order, accounts: &[Account]| Fill {
+            order_id: o.id,
+            account: accounts[o.account as usize].id,
+            cl_ord_id: o.cl_ord_id,
+            qty_leaves: Qty(o.qty_leaves),
+            qty_filled: Qty(o.qty_filled),
+        };
+        let (buy, sell) = match i.side {
+            Side::Buy => (fill(&i, &self.accounts), fill(&r, &self.accounts)),
+            Side::Sell => (fill(&r, &self.accounts), fill(&i, &self.accounts)),
+        };
+        out.push(Event::Trade {
+            trade_id,
+            instrument: book.def.instrument,
+            price: Price(price),
+            qty: Qty(qty),
+            aggressor: i.side,
+            buy,
+            sell,
+            ts_ns: ts,
+        });
+
+        // The resting order leaves, refills its iceberg, or stays with less.
+        if r.qty_leaves == 0 {
+            self.books[book_idx as usize].unlink(&mut self.pool, resting, Some(level_index));
+            self.order_log(resting, OrderLogAction::Delete, OrderStatus::Filled, ts, out);
+            self.forget(resting);
+        } else if r.qty_display == 0 {
+            // An iceberg shows its next part and goes to the back of the queue.
+            let book = &mut self.books[book_idx as usize];
+            book.unlink(&mut self.pool, resting, Some(level_index));
+            let o = self.pool.get_mut(resting);
+            o.qty_display = o.display_for(o.qty_leaves);
+            book.push_back(&mut self.pool, resting);
+            self.order_log(
+                resting,
+                OrderLogAction::Change,
+                OrderStatus::PartiallyFilled,
+                ts,
+                out,
+            );
+        } else {
+            self.order_log(
+                resting,
+                OrderLogAction::Change,
+                OrderStatus::PartiallyFilled,
+                ts,
+                out,
+            );
+        }
+    }
+
+    /// Moves cash, positions and reservations for one side of a trade.
+    fn settle(&mut self, slot: u32, price: i64, qty: i64) {
+        let o = *self.pool.get(slot);
+        let def = &self.books[o.book as usize].def;
+        let value = def
+            .notional_floor(Price(price), Qty(qty))
+            .expect("notional of an admitted order fits");
+        let from_pos = match o.side {
+            Side::Sell => o.reserved_pos.min(qty),
+            Side::Buy => 0,
+        };
+        let new_reserved_pos = o.reserved_pos - from_pos;
+        let new_reserved_cash = cash_required(def, o.side, o.price, o.qty_leaves, new_reserved_pos)
+            .expect("reservation of an admitted order fits");
+        let market = def.market;
+        let margin_per_lot = def.initial_margin.0;
+        let account = &mut self.accounts[o.account as usize];
+        account.reserved_cash += new_reserved_cash - o.reserved_cash;
+        let pos = account.position_mut(o.book);
+        let qty_before = pos.qty;
+        match o.side {
+            Side::Buy => {
+                pos.qty += qty;
+                pos.cost += value;
+                pos.buy_open -= qty;
+            }
+            Side::Sell => {
+                pos.qty -= qty;
+                pos.cost -= value;
+                pos.sell_open -= qty;
+                pos.sell_reserved -= from_pos;
+            }
+        }
+        let qty_after = pos.qty;
+        match market {
+            Market::Equity | Market::Fx => match o.side {
+                Side::Buy => account.cash -= value,
+                Side::Sell => account.cash += value,
+            },
+            Market::Futures => {
+                let before = qty_before.unsigned_abs() as i128 * margin_per_lot;
+                let after = qty_after.unsigned_abs() as i128 * margin_per_lot;
+                account.margin_locked += after - before;
+            }
+        }
+        debug_assert!(account.free_cash() >= 0, "a fill made free cash negative");
+        let o = self.pool.get_mut(slot);
+        o.reserved_cash = new_reserved_cash;
+        o.reserved_pos = new_reserved_pos;
+    }
+
+    /// Decides the fate of an order after matching: rest it, or take it away.
+    /// `end` is None for a FOK order that could not be filled.
+    fn finish_incoming(
+        &mut self,
+        slot: u32,
+        end: Option<MatchEnd>,
+        is_market: bool,
+        is_new: bool,
+        ts: u64,
+        out: &mut Vec<Event>,
+    ) {
+        let o = *self.pool.get(slot);
+        if o.qty_leaves == 0 {
+            self.order_log(slot, OrderLogAction::Delete, OrderStatus::Filled, ts, out);
+            self.forget(slot);
+            return;
+        }
+        let reason = match end {
+            None => Some(CancelReason::FillOrKillUnfilled),
+            Some(MatchEnd::StpCancelIncoming) => Some(CancelReason::SelfTradePrevention),
+            Some(MatchEnd::Done) if is_market => Some(CancelReason::MarketRemainder),
+            Some(MatchEnd::Done) => match o.tif {
+                TimeInForce::Ioc => Some(CancelReason::ImmediateOrCancelRemainder),
+                TimeInForce::Fok => Some(CancelReason::FillOrKillUnfilled),
+                _ => None,
+            },
+        };
+        match reason {
+            Some(reason) => self.cancel_order(slot, reason, ts, out),
+            None => {
+                self.books[o.book as usize].push_back(&mut self.pool, slot);
+                let status = if o.qty_filled > 0 {
+                    OrderStatus::PartiallyFilled
+                } else if is_new {
+                    OrderStatus::New
+                } else {
+                    OrderStatus::Replaced
+                };
+                let action = if is_new {
+                    OrderLogAction::New
+                } else {
+                    OrderLogAction::Change
+                };
+                self.order_log(slot, action, status, ts, out);
+            }
+        }
+    }
+
+    /// Takes a live order away (cancel of any kind), releasing its reservations.
+    fn cancel_order(&mut self, slot: u32, reason: CancelReason, ts: u64, out: &mut Vec<Event>) {
+        let o = *self.pool.get(slot);
+        if o.resting {
+            self.books[o.book as usize].unlink(&mut self.pool, slot, None);
+        }
+        self.counters.cancels += 1;
+        out.push(Event::OrderCancelled {
+            order_id: o.id,
+            account: self.accounts[o.account as usize].id,
+            cl_ord_id: o.cl_ord_id,
+            instrument: self.books[o.book as usize].def.instrument,
+            side: o.side,
+            qty_cancelled: Qty(o.qty_leaves),
+            reason,
+            ts_ns: ts,
+        });
+        self.release(slot);
+        self.order_log(slot, OrderLogAction::Delete, OrderStatus::Cancelled, ts, out);
+        self.forget(slot);
+    }
+
+    /// Returns an order's reservations and open quantity to its account; leaves it empty.
+    fn release(&mut self, slot: u32) {
+        let o = *self.pool.get(slot);
+        let account = &mut self.accounts[o.account as usize];
+        account.reserved_cash -= o.reserved_cash;
+        let p = account.position_mut(o.book);
+        p.sell_reserved -= o.reserved_pos;
+        match o.side {
+            Side::Buy => p.buy_open -= o.qty_leaves,
+            Side::Sell => p.sell_open -= o.qty_leaves,
+        }
+        let o = self.pool.get_mut(slot);
+        o.reserved_cash = 0;
+        o.reserved_pos = 0;
+        o.qty_leaves = 0;
+        o.qty_display = 0;
+    }
+
+    /// Drops a finished order (not resting, nothing reserved) from the indexes and the pool.
+    fn forget(&mut self, slot: u32) {
+        let o = *self.pool.get(slot);
+        debug_assert!(!o.resting && o.qty_leaves == 0 && o.reserved_cash == 0);
+        self.order_index.remove(&o.id);
+        self.clord_index.remove(&(o.account, o.cl_ord_id));
+        self.pool.remove(slot);
+    }
+
+    /// Writes the order-log record of the order's current state, with the next `seq`.
+    fn order_log(
+        &mut self,
+        slot: u32,
+        action: OrderLogAction,
+        status: OrderStatus,
+        ts: u64,
+        out: &mut Vec<Event>,
+    ) {
+        let o = self.pool.get(slot);
+        let account = &self.accounts[o.account as usize];
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let gone = action == OrderLogAction::Delete;
+        out.push(Event::OrderLog(OrderLog {
+            rec: o.rec,
+            seq,
+            action,
+            status,
+            order_id: o.id,
+            instrument: self.books[o.book as usize].def.instrument,
+            account: account.id,
+            firm: account.firm,
+            cl_ord_id: o.cl_ord_id,
+            side: o.side,
+            price: Price(o.price),
+            qty_display: Qty(if gone { 0 } else { o.qty_display }),
+            qty_leaves: Qty(if gone { 0 } else { o.qty_leaves }),
+            qty_filled: Qty(o.qty_filled),
+            qty_total: Qty(o.qty_total),
+            ts_ns: ts,
+        }));
+    }
+
+    // ----- cancel and replace -----
+
+    /// Finds a live order of `account` by exchange or client id.
+    fn lookup(&self, account: AccountId, target: &OrderRef) -> Result<u32, RejectReason> {
+        let &acct_idx = self
+            .account_index
+            .get(&account)
+            .ok_or(RejectReason::UnknownAccount)?;
+        match (target.order_id, target.orig_cl_ord_id) {
+            (Some(id), None) => {
+                let &slot = self
+                    .order_index
+                    .get(&id)
+                    .ok_or(RejectReason::UnknownOrder)?;
+                if self.pool.get(slot).account != acct_idx {
+                    // Another account's order is reported as unknown: its existence is not
+                    // this account's business.
+                    return Err(RejectReason::UnknownOrder);
+                }
+                Ok(slot)
+            }
+            (None, Some(cl)) => self
+                .clord_index
+                .get(&(acct_idx, cl))
+                .copied()
+                .ok_or(RejectReason::UnknownOrder),
+            _ => Err(RejectReason::OrderRefInvalid),
+        }
+    }
+
+    fn cancel(&mut self, c: &Cancel, ts: u64, out: &mut Vec<Event>) {
+        match self.lookup(c.account, &c.target) {
+            Ok(slot) => self.cancel_order(slot, CancelReason::Requested, ts, out),
+            Err(reason) => out.push(Event::CancelRejected {
+                account: c.account,
+                cl_ord_id: c.cl_ord_id,
+                order_id: c.target.order_id,
+                response_to: CancelRejectTo::Cancel,
+                reason,
+                ts_ns: ts,
+            }),
+        }
+    }
+
+    fn replace(&mut self, r: &Replace, ts: u64, out: &mut Vec<Event>) {
+        if let Err(reason) = self.try_replace(r, ts, out) {
+            out.push(Event::CancelRejected {
+                account: r.account,
+                cl_ord_id: r.cl_ord_id,
+                order_id: r.target.order_id,
+                response_to: CancelRejectTo::Replace,
+                reason,
+                ts_ns: ts,
+            });
+        }
+    }
+
+    fn try_replace(&mut self, r: &Replace, ts: u64, out: &mut Vec<Event>) -> Result<(), RejectReason> {
+        let slot = self.lookup(r.account, &r.target)?;
+        let o = *self.pool.get(slot);
+        let book = &self.books[o.book as usize];
+        match book.phase {
+            Phase::Open => {}
+            Phase::Halted => return Err(RejectReason::InstrumentHalted),
+            Phase::Closed => return Err(RejectReason::InstrumentClosed),
+        }
+        let new_price = r.price.map_or(o.price, |p| p.0);
+        let new_total = r.qty.map_or(o.qty_total, |q| q.0);
+        if new_price == o.price && new_total == o.qty_total {
+            return Err(RejectReason::ReplaceNoChange);
+        }
+        if new_price != o.price {
+            check_price(book, new_price)?;
+        }
+        if new_total <= 0 {
+            return Err(RejectReason::QtyNotPositive);
+        }
+        if new_total > QTY_MAX {
+            return Err(RejectReason::QtyTooLarge);
+        }
+        if new_total <= o.qty_filled {
+            return Err(RejectReason::ReplaceQtyNotAboveFilled);
+        }
+        if r.cl_ord_id != o.cl_ord_id && self.clord_index.contains_key(&(o.account, r.cl_ord_id)) {
+            return Err(RejectReason::DuplicateClOrdId);
+        }
+        let new_leaves = new_total - o.qty_filled;
+        let account = &self.accounts[o.account as usize];
+        let pos = account.position(o.book).copied().unwrap_or_default();
+        let def = &book.def;
+        match o.side {
+            Side::Buy => {
+                if pos.qty as i128 + (pos.buy_open - o.qty_leaves + new_leaves) as i128
+                    > POSITION_MAX as i128
+                {
+                    return Err(RejectReason::PositionLimit);
+                }
+            }
+            Side::Sell => {
+                if (pos.qty as i128 - (pos.sell_open - o.qty_leaves + new_leaves) as i128)
+                    < -(POSITION_MAX as i128)
+                {
+                    return Err(RejectReason::PositionLimit);
+                }
+            }
+        }
+        let new_reserved_pos = match (def.market, o.side) {
+            (Market::Equity | Market::Fx, Side::Sell) => {
+                // The position this order holds counts as free for its own replacement.
+                let available = (pos.qty - pos.sell_reserved + o.reserved_pos).max(0);
+                let covered = available.min(new_leaves);
+                if covered < new_leaves && !account.may_short {
+                    return Err(RejectReason::InsufficientPosition);
+                }
+                covered
+            }
+            _ => 0,
+        };
+        let new_reserved_cash = cash_required(def, o.side, new_price, new_leaves, new_reserved_pos)
+            .filter(|c| *c <= CASH_AMOUNT_MAX)
+            .ok_or(RejectReason::Overflow)?;
+        if new_reserved_cash - o.reserved_cash > account.free_cash() {
+            return Err(RejectReason::InsufficientCollateral);
+        }
+
+        // Admitted. Move the reservations, then the order.
+        let acct_idx = o.account;
+        let book_idx = o.book;
+        let account = &mut self.accounts[acct_idx as usize];
+        account.reserved_cash += new_reserved_cash - o.reserved_cash;
+        let p = account.position_mut(book_idx);
+        p.sell_reserved += new_reserved_pos - o.reserved_pos;
+        match o.side {
+            Side::Buy => p.buy_open += new_leaves - o.qty_leaves,
+            Side::Sell => p.sell_open += new_leaves - o.qty_leaves,
+        }
+        if r.cl_ord_id != o.cl_ord_id {
+            self.clord_index.remove(&(acct_idx, o.cl_ord_id));
+            self.clord_index.insert((acct_idx, r.cl_ord_id), slot);
+        }
+        self.counters.replaces += 1;
+        let priority_kept = new_price == o.price && new_leaves <= o.qty_leaves;
+        let new_display = {
+            let x = self.pool.get(slot);
+            if x.display_size > 0 {
+                // Keep what is shown unless the order no longer has that much.
+                x.qty_display.min(new_leaves)
+            } else {
+                new_leaves
+            }
+        };
+        if priority_kept {
+            let book = &mut self.books[book_idx as usize];
+            let levels = book.side_mut(o.side);
+            let li = Book::find_level(levels, o.side, o.price).expect("resting order without level");
+            levels[li].qty_leaves += new_leaves - o.qty_leaves;
+            levels[li].qty_display += new_display - o.qty_display;
+        } else {
+            self.books[book_idx as usize].unlink(&mut self.pool, slot, None);
+        }
+        {
+            let x = self.pool.get_mut(slot);
+            x.cl_ord_id = r.cl_ord_id;
+            x.price = new_price;
+            x.qty_total = new_total;
+            x.qty_leaves = new_leaves;
+            x.qty_display = if priority_kept {
+                new_display
+            } else {
+                x.display_for(new_leaves)
+            };
+            x.reserved_cash = new_reserved_cash;
+            x.reserved_pos = new_reserved_pos;
+        }
+        out.push(Event::OrderReplaced {
+            order_id: o.id,
+            account: r.account,
+            cl_ord_id: r.cl_ord_id,
+            orig_cl_ord_id: o.cl_ord_id,
+            instrument: def_id(&self.books[book_idx as usize]),
+            price: Price(new_price),
+            qty_total: Qty(new_total),
+            qty_leaves: Qty(new_leaves),
+            priority_kept,
+            ts_ns: ts,
+        });
+        if priority_kept {
+            let status = if o.qty_filled > 0 {
+                OrderStatus::PartiallyFilled
+            } else {
+                OrderStatus::Replaced
+            };
+            self.order_log(slot, OrderLogAction::Change, status, ts, out);
+        } else {
+            // A new price may cross: the order trades as an aggressor, then rests.
+            let end = self.match_incoming(slot, ts, out);
+            self.finish_incoming(slot, Some(end), false, false, ts, out);
+        }
+        Ok(())
+    }
+
+    // ----- sweeps -----
+
+    /// Collects into `scratch` the slots of resting orders that `keep` selects, walking
+    /// books, sides, levels and queues in their fixed order.
+    fn collect(&mut self, book_filter: Option<u32>, side: Option<Side>, keep: impl Fn(&Order, &[Account]) -> bool) {
+        self.scratch.clear();
+        for (b, book) in self.books.iter().enumerate() {
+            if book_filter.is_some_and(|f| f != b as u32) {
+                continue;
+            }
+            for s in [Side::Buy, Side::Sell] {
+                if side.is_some_and(|f| f != s) {
+                    continue;
+                }
+                for level in book.side(s).iter().rev() {
+                    let mut slot = level.head;
+                    while slot != NIL {
+                        let o = self.pool.get(slot);
+                        if keep(o, &self.accounts) {
+                            self.scratch.push(slot);
+                        }
+                        slot = o.next;
+                    }
+                }
+            }
+        }
+    }
+
+    fn mass_cancel(&mut self, m: &MassCancel, ts: u64, out: &mut Vec<Event>) {
+        if m.account.is_none() && m.firm.is_none() && m.instrument.is_none() && m.side.is_none() {
+            out.push(Event::CommandRejected {
+                reason: RejectReason::MassCancelUnfiltered,
+                ts_ns: ts,
+            });
+            return;
+        }
+        let acct_filter = match m.account {
+            None => None,
+            Some(a) => match self.account_index.get(&a) {
+                Some(&i) => Some(i),
+                None => {
+                    out.push(Event::CommandRejected {
+                        reason: RejectReason::UnknownAccount,
+                        ts_ns: ts,
+                    });
+                    return;
+                }
+            },
+        };
+        let book_filter = match m.instrument {
+            None => None,
+            Some(i) => match self.book_index.get(&i) {
+                Some(&b) => Some(b),
+                None => {
+                    out.push(Event::CommandRejected {
+                        reason: RejectReason::UnknownInstrument,
+                        ts_ns: ts,
+                    });
+                    return;
+                }
+            },
+        };
+        let firm = m.firm;
+        self.collect(book_filter, m.side, |o, accounts| {
+            acct_filter.is_none_or(|a| a == o.account)
+                && firm.is_none_or(|f| f == accounts[o.account as usize].firm)
+        });
+        let slots = std::mem::take(&mut self.scratch);
+        for &slot in &slots {
+            self.cancel_order(slot, CancelReason::MassCancel, ts, out);
+        }
+        self.scratch = slots;
+        out.push(Event::MassCancelDone {
+            cl_ord_id: m.cl_ord_id,
+            orders_cancelled: self.scratch.len() as u64,
+            ts_ns: ts,
+        });
+    }
+
+    fn end_of_day(&mut self, ts: u64, out: &mut Vec<Event>) {
+        self.collect(None, None, |o, _| {
+            expires_at_end_of_day(o.tif, o.expire_ts_ns, ts)
+        });
+        let slots = std::mem::take(&mut self.scratch);
+        for &slot in &slots {
+            let o = *self.pool.get(slot);
+            self.books[o.book as usize].unlink(&mut self.pool, slot, None);
+            self.counters.expiries += 1;
+            out.push(Event::OrderExpired {
+                order_id: o.id,
+                account: self.accounts[o.account as usize].id,
+                cl_ord_id: o.cl_ord_id,
+                instrument: self.books[o.book as usize].def.instrument,
+                qty_expired: Qty(o.qty_leaves),
+                ts_ns: ts,
+            });
+            self.release(slot);
+            self.order_log(slot, OrderLogAction::Delete, OrderStatus::Expired, ts, out);
+            self.forget(slot);
+        }
+        out.push(Event::EndOfDayDone {
+            orders_expired: slots.len() as u64,
+            ts_ns: ts,
+        });
+        self.scratch = slots;
+    }
+
+    // ----- administration -----
+
+    fn set_phase(&mut self, instrument: Option<InstrumentId>, phase: Phase, ts: u64, out: &mut Vec<Event>) {
+        match instrument {
+            Some(id) => match self.book_index.get(&id) {
+                Some(&b) => {
+                    self.books[b as usize].phase = phase;
+                    out.push(Event::PhaseChanged {
+                        instrument: id,
+                        phase,
+                        ts_ns: ts,
+                    });
+                }
+                None => out.push(Event::CommandRejected {
+                    reason: RejectReason::UnknownInstrument,
+                    ts_ns: ts,
+                }),
+            },
+            None => {
+                for book in &mut self.books {
+                    book.phase = phase;
+                    out.push(Event::PhaseChanged {
+                        instrument: book.def.instrument,
+                        phase,
+                        ts_ns: ts,
+                    });
+                }
+            }
+        }
+    }
+
+    fn add_instrument(&mut self, def: &Instrument, ts: u64, out: &mut Vec<Event>) {
+        let reject = |reason| Event::CommandRejected { reason, ts_ns: ts };
+        if def.validate().is_err() {
+            out.push(reject(RejectReason::InvalidInstrument));
+        } else if self.book_index.contains_key(&def.instrument) {
+            out.push(reject(RejectReason::DuplicateInstrument));
+        } else if self.books.len() >= self.config.instruments_max as usize {
+            out.push(reject(RejectReason::CapacityExceeded));
+        } else {
+            self.book_index
+                .insert(def.instrument, self.books.len() as u32);
+            self.books.push(Book::new(
+                def.clone(),
+                self.config.levels_per_side_hint as usize,
+            ));
+            out.push(Event::InstrumentAdded {
+                instrument: def.instrument,
+                ts_ns: ts,
+            });
+        }
+    }
+
+    fn add_account(&mut self, spec: &AccountSpec, ts: u64, out: &mut Vec<Event>) {
+        let reject = |reason| Event::CommandRejected { reason, ts_ns: ts };
+        if self.account_index.contains_key(&spec.account) {
+            out.push(reject(RejectReason::DuplicateAccount));
+        } else if self.accounts.len() >= self.config.accounts_max as usize {
+            out.push(reject(RejectReason::CapacityExceeded));
+        } else {
+            self.account_index
+                .insert(spec.account, self.accounts.len() as u32);
+            self.accounts.push(Account {
+                id: spec.account,
+                firm: spec.firm,
+                may_short: spec.may_short,
+                stp: spec.stp,
+                stp_scope: spec.stp_scope,
+                cash: 0,
+                reserved_cash: 0,
+                margin_locked: 0,
+                positions: Vec::new(),
+            });
+            out.push(Event::AccountAdded {
+                account: spec.account,
+                firm: spec.firm,
+                ts_ns: ts,
+            });
+        }
+    }
+
+    fn cash_op(&mut self, account: AccountId, reason: CashReason, amount: Cash, ts: u64, out: &mut Vec<Event>) {
+        let result = (|| {
+            let &a = self
+                .account_index
+                .get(&account)
+                .ok_or(RejectReason::UnknownAccount)?;
+            let acc = &mut self.accounts[a as usize];
+            let amount = amount.0;
+            if amount > CASH_AMOUNT_MAX {
+                return Err(RejectReason::Overflow);
+            }
+            match reason {
+                CashReason::Deposit => {
+                    if amount <= 0 {
+                        return Err(RejectReason::AmountNotPositive);
+                    }
+                    acc.cash += amount;
+                }
+                CashReason::Withdraw => {
+                    if amount <= 0 {
+                        return Err(RejectReason::AmountNotPositive);
+                    }
+                    if amount > acc.free_cash() {
+                        return Err(RejectReason::InsufficientFreeCash);
+                    }
+                    acc.cash -= amount;
+                }
+                CashReason::SetCollateral => {
+                    if amount < 0 {
+                        return Err(RejectReason::AmountNotPositive);
+                    }
+                    if amount < acc.reserved_cash + acc.margin_locked {
+                        return Err(RejectReason::CollateralBelowLocked);
+                    }
+                    acc.cash = amount;
+                }
+            }
+            Ok((acc.cash, acc.free_cash()))
+        })();
+        match result {
+            Ok((cash, free)) => out.push(Event::CashChanged {
+                account,
+                reason,
+                amount,
+                cash: Cash(cash),
+                cash_free: Cash(free),
+                ts_ns: ts,
+            }),
+            Err(reason) => out.push(Event::CommandRejected { reason, ts_ns: ts }),
+        }
+    }
+}
+
+fn def_id(book: &Book) -> InstrumentId {
+    book.def.instrument
+}
+
+/// Checks a limit price against the instrument's limits, tick and band.
+fn check_price(book: &Book, price: i64) -> Result<(), RejectReason> {
+    if price <= 0 {
+        return Err(RejectReason::PriceNotPositive);
+    }
+    if price > PRICE_MAX {
+        return Err(RejectReason::PriceTooLarge);
+    }
+    if price % book.def.tick.0 != 0 {
+        return Err(RejectReason::PriceOffTick);
+    }
+    if price < book.band_low || price > book.band_high {
+        return Err(RejectReason::PriceOutsideBand);
+    }
+    Ok(())
+}
+
+/// A read-only copy of a live order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OrderView {
+    pub order_id: OrderId,
+    pub cl_ord_id: ClOrdId,
+    pub account: AccountId,
+    pub instrument: InstrumentId,
+    pub side: Side,
+    pub price: Price,
+    pub qty_total: Qty,
+    pub qty_filled: Qty,
+    pub qty_leaves: Qty,
+    pub qty_display: Qty,
+    pub tif: TimeInForce,
+    pub rec: u64,
+}
+
+/// A read-only copy of an account's balances.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AccountView {
+    pub account: AccountId,
+    pub firm: FirmId,
+    pub cash: Cash,
+    pub cash_reserved: Cash,
+    pub margin_locked: Cash,
+    pub cash_free: Cash,
+}

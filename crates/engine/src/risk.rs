@@ -1,0 +1,119 @@
+//! Accounts, positions and the reservations that pre-trade risk makes against them.
+//!
+//! An account's free cash is `cash - reserved_cash - margin_locked`. Every live order holds a
+//! reservation that covers the worst the order can cost if it fills completely at its limit
+//! price (equities and FX: the notional, rounded up; futures: initial margin per contract),
+//! and sells of equities or FX hold back position instead of cash where the account has it.
+//! The engine keeps the invariant that free cash is never negative: a new order or a replace
+//! is admitted only if its extra reservation fits, and every fill releases at least as much
+//! as it costs (trades settle at the resting price, rounded down, which is never more than
+//! the reservation made at the limit price, rounded up).
+
+use bourse_core::{AccountId, FirmId, Instrument, Market, Side, StpMode, StpScope};
+
+/// One account's holding of one instrument.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Position {
+    /// Index of the book (instrument) in the engine's book table.
+    pub book: u32,
+    /// Net quantity in lots: positive long, negative short.
+    pub qty: i64,
+    /// Lots held back by open sell orders (covered sells).
+    pub sell_reserved: i64,
+    /// Open quantity of the account's buy orders in this instrument (for the position limit).
+    pub buy_open: i64,
+    /// Open quantity of the account's sell orders in this instrument.
+    pub sell_open: i64,
+    /// Net cash paid for the position (negative when proceeds exceed cost), in cash units.
+    pub cost: i128,
+}
+
+impl Position {
+    /// Lots an additional sell may use without going short.
+    pub fn free_qty(&self) -> i64 {
+        (self.qty - self.sell_reserved).max(0)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Account {
+    pub id: AccountId,
+    pub firm: FirmId,
+    pub may_short: bool,
+    pub stp: StpMode,
+    pub stp_scope: StpScope,
+    pub cash: i128,
+    pub reserved_cash: i128,
+    /// Initial margin locked by open futures positions.
+    pub margin_locked: i128,
+    /// Positions sorted by book index.
+    pub positions: Vec<Position>,
+}
+
+impl Account {
+    pub fn free_cash(&self) -> i128 {
+        self.cash - self.reserved_cash - self.margin_locked
+    }
+
+    pub fn position(&self, book: u32) -> Option<&Position> {
+        self.positions
+            .binary_search_by_key(&book, |p| p.book)
+            .ok()
+            .map(|i| &self.positions[i])
+    }
+
+    /// The position in `book`, created empty on first use. Creating one allocates only when
+    /// an account trades an instrument for the first time, not per order.
+    pub fn position_mut(&mut self, book: u32) -> &mut Position {
+        let index = match self.positions.binary_search_by_key(&book, |p| p.book) {
+            Ok(i) => i,
+            Err(i) => {
+                self.positions.insert(
+                    i,
+                    Position {
+                        book,
+                        ..Position::default()
+                    },
+                );
+                i
+            }
+        };
+        &mut self.positions[index]
+    }
+}
+
+/// Whether two accounts count as "self" for the incoming account's self-trade prevention.
+pub fn is_self_trade(incoming: &Account, resting: &Account) -> bool {
+    if incoming.stp == StpMode::None {
+        return false;
+    }
+    match incoming.stp_scope {
+        StpScope::Account => incoming.id == resting.id,
+        StpScope::Firm => incoming.firm == resting.firm,
+    }
+}
+
+/// Cash an order must hold for `leaves` open lots at `price`, of which `reserved_pos` lots are
+/// covered by position (sells of equities or FX). None if the amount overflows.
+pub fn cash_required(
+    def: &Instrument,
+    side: Side,
+    price: i64,
+    leaves: i64,
+    reserved_pos: i64,
+) -> Option<i128> {
+    debug_assert!(leaves >= 0 && reserved_pos >= 0 && reserved_pos <= leaves);
+    match def.market {
+        Market::Futures => def.initial_margin.0.checked_mul(leaves as i128),
+        Market::Equity | Market::Fx => {
+            let uncovered = match side {
+                Side::Buy => leaves,
+                Side::Sell => leaves - reserved_pos,
+            };
+            if uncovered == 0 {
+                return Some(0);
+            }
+            def.notional_ceil(bourse_core::Price(price), bourse_core::Qty(uncovered))
+        }
+    }
+}

@@ -1,0 +1,423 @@
+//! Snapshot to bytes, restore from bytes, and the state hash.
+//!
+//! The snapshot is canonical: it writes the state in a fixed order (books, accounts, then every
+//! resting order book by book, side by side, worst level to best, queue head to tail) and
+//! leaves out everything derived (slot numbers, lookup tables, level totals). Restoring
+//! rebuilds the derived parts, so `restore(snapshot(x))` snapshots to the very same bytes,
+//! and the state hash is simply the hash of those bytes.
+
+use crate::book::{Book, Order, NIL};
+use crate::risk::{Account, Position};
+use crate::{Counters, Engine, EngineConfig};
+use bourse_core::codec::{DecodeError, Reader, Writer};
+use bourse_core::*;
+use std::fmt;
+
+const MAGIC: &[u8; 8] = b"BOURSE01";
+const FORMAT_VERSION: u32 = 1;
+
+/// Why a snapshot could not be restored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestoreError {
+    /// The bytes are not a snapshot of this format.
+    Format(DecodeError),
+    /// The bytes decode but describe an impossible state.
+    Inconsistent(String),
+}
+
+impl fmt::Display for RestoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RestoreError::Format(e) => write!(f, "snapshot is damaged or of another format: {e}"),
+            RestoreError::Inconsistent(what) => write!(f, "snapshot state is inconsistent: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for RestoreError {}
+
+impl From<DecodeError> for RestoreError {
+    fn from(e: DecodeError) -> Self {
+        RestoreError::Format(e)
+    }
+}
+
+fn side_code(s: Side) -> u8 {
+    match s {
+        Side::Buy => 0,
+        Side::Sell => 1,
+    }
+}
+fn tif_code(t: TimeInForce) -> u8 {
+    match t {
+        TimeInForce::Day => 0,
+        TimeInForce::Gtc => 1,
+        TimeInForce::Gtd => 2,
+        TimeInForce::Ioc => 3,
+        TimeInForce::Fok => 4,
+    }
+}
+fn phase_code(p: Phase) -> u8 {
+    match p {
+        Phase::Open => 0,
+        Phase::Halted => 1,
+        Phase::Closed => 2,
+    }
+}
+fn market_code(m: Market) -> u8 {
+    match m {
+        Market::Equity => 0,
+        Market::Fx => 1,
+        Market::Futures => 2,
+    }
+}
+fn stp_code(m: StpMode) -> u8 {
+    match m {
+        StpMode::None => 0,
+        StpMode::CancelResting => 1,
+        StpMode::CancelIncoming => 2,
+        StpMode::CancelBoth => 3,
+    }
+}
+
+fn read_enum<T>(r: &mut Reader, values: &[T], what: &'static str) -> Result<T, DecodeError>
+where
+    T: Copy,
+{
+    let code = r.u8()? as usize;
+    values.get(code).copied().ok_or_else(|| r.error(what))
+}
+
+impl Engine {
+    /// The whole state as canonical bytes.
+    pub fn snapshot(&self) -> Vec<u8> {
+        let mut w = Writer::with_capacity(
+            64 + self.books.len() * 128 + self.accounts.len() * 96 + self.pool.live() * 128,
+        );
+        w.buf.extend_from_slice(MAGIC);
+        w.u32(FORMAT_VERSION);
+        let c = &self.config;
+        w.u32(c.orders_max);
+        w.u32(c.instruments_max);
+        w.u32(c.accounts_max);
+        w.u32(c.levels_per_side_hint);
+        w.u64(self.next_order_id);
+        w.u64(self.next_trade_id);
+        w.u64(self.next_rec);
+        w.u64(self.next_seq);
+        let n = &self.counters;
+        for v in [
+            n.commands,
+            n.orders_accepted,
+            n.orders_rejected,
+            n.trades,
+            n.cancels,
+            n.replaces,
+            n.expiries,
+        ] {
+            w.u64(v);
+        }
+        w.i128(n.volume_lots as i128);
+
+        w.u64(self.books.len() as u64);
+        for book in &self.books {
+            let d = &book.def;
+            w.u32(d.instrument.0);
+            w.bytes(d.symbol.as_bytes());
+            w.u8(market_code(d.market));
+            w.u8(d.price_scale);
+            w.i64(d.tick.0);
+            w.i64(d.lot_size);
+            w.i64(d.multiplier);
+            w.i128(d.initial_margin.0);
+            w.u32(d.band_bps);
+            w.i64(d.reference_price.0);
+            w.u8(phase_code(book.phase));
+        }
+
+        w.u64(self.accounts.len() as u64);
+        for a in &self.accounts {
+            w.u32(a.id.0);
+            w.u32(a.firm.0);
+            w.bool(a.may_short);
+            w.u8(stp_code(a.stp));
+            w.u8(match a.stp_scope {
+                StpScope::Account => 0,
+                StpScope::Firm => 1,
+            });
+            w.i128(a.cash);
+            w.i128(a.reserved_cash);
+            w.i128(a.margin_locked);
+            w.u64(a.positions.len() as u64);
+            for p in &a.positions {
+                w.u32(p.book);
+                w.i64(p.qty);
+                w.i64(p.sell_reserved);
+                w.i64(p.buy_open);
+                w.i64(p.sell_open);
+                w.i128(p.cost);
+            }
+        }
+
+        w.u64(self.pool.live() as u64);
+        for book in &self.books {
+            for side in [Side::Buy, Side::Sell] {
+                for level in book.side(side) {
+                    let mut slot = level.head;
+                    while slot != NIL {
+                        let o = self.pool.get(slot);
+                        write_order(&mut w, o);
+                        slot = o.next;
+                    }
+                }
+            }
+        }
+        w.finish()
+    }
+
+    /// A 64-bit hash of the whole state (xxh3 of the snapshot bytes). Replicas compare it.
+    pub fn state_hash(&self) -> u64 {
+        xxhash_rust::xxh3::xxh3_64(&self.snapshot())
+    }
+
+    /// Rebuilds an engine from [`Engine::snapshot`] bytes. Damaged or inconsistent bytes give an
+    /// error, never a panic or a half-built engine.
+    pub fn restore(bytes: &[u8]) -> Result<Engine, RestoreError> {
+        let mut r = Reader::new(bytes);
+        if r.remaining() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
+            return Err(r.error("not a bourse engine snapshot (bad magic)").into());
+        }
+        for _ in 0..MAGIC.len() {
+            r.u8()?;
+        }
+        if r.u32()? != FORMAT_VERSION {
+            return Err(r.error("unsupported snapshot format version").into());
+        }
+        let config = EngineConfig {
+            orders_max: r.u32()?,
+            instruments_max: r.u32()?,
+            accounts_max: r.u32()?,
+            levels_per_side_hint: r.u32()?,
+        };
+        if config.orders_max == 0
+            || config.orders_max >= NIL
+            || config.instruments_max == 0
+            || config.accounts_max == 0
+            || config.levels_per_side_hint > 1 << 20
+        {
+            return Err(RestoreError::Inconsistent("impossible engine limits".into()));
+        }
+        // Guard the pre-allocation against a damaged limit: the pool and lookup tables are
+        // sized from orders_max, so refuse sizes that the snapshot itself could not justify.
+        if config.orders_max as u64 > (1 << 28) {
+            return Err(RestoreError::Inconsistent("orders_max above 2^28".into()));
+        }
+        let mut e = Engine::new(config);
+        e.next_order_id = r.u64()?;
+        e.next_trade_id = r.u64()?;
+        e.next_rec = r.u64()?;
+        e.next_seq = r.u64()?;
+        e.counters = Counters {
+            commands: r.u64()?,
+            orders_accepted: r.u64()?,
+            orders_rejected: r.u64()?,
+            trades: r.u64()?,
+            cancels: r.u64()?,
+            replaces: r.u64()?,
+            expiries: r.u64()?,
+            volume_lots: {
+                let v = r.i128()?;
+                u128::try_from(v).map_err(|_| r.error("negative volume"))?
+            },
+        };
+
+        let books = r.count(40)?;
+        if books > config.instruments_max as usize {
+            return Err(RestoreError::Inconsistent("more books than instruments_max".into()));
+        }
+        for _ in 0..books {
+            let instrument = InstrumentId(r.u32()?);
+            let symbol = String::from_utf8(r.bytes(SYMBOL_LEN_MAX)?.to_vec())
+                .map_err(|_| r.error("symbol is not UTF-8"))?;
+            let def = Instrument {
+                instrument,
+                symbol,
+                market: read_enum(&mut r, &[Market::Equity, Market::Fx, Market::Futures], "bad market")?,
+                price_scale: r.u8()?,
+                tick: Price(r.i64()?),
+                lot_size: r.i64()?,
+                multiplier: r.i64()?,
+                initial_margin: Cash(r.i128()?),
+                band_bps: r.u32()?,
+                reference_price: Price(r.i64()?),
+            };
+            let phase = read_enum(&mut r, &[Phase::Open, Phase::Halted, Phase::Closed], "bad phase")?;
+            def.validate()
+                .map_err(|why| RestoreError::Inconsistent(format!("instrument {instrument}: {why}")))?;
+            if e.book_index.insert(instrument, e.books.len() as u32).is_some() {
+                return Err(RestoreError::Inconsistent(format!("instrument {instrument} twice")));
+            }
+            let mut book = Book::new(def, config.levels_per_side_hint as usize);
+            book.phase = phase;
+            e.books.push(book);
+        }
+
+        let accounts = r.count(60)?;
+        if accounts > config.accounts_max as usize {
+            return Err(RestoreError::Inconsistent("more accounts than accounts_max".into()));
+        }
+        e.accounts.reserve(accounts);
+        e.account_index.reserve(accounts);
+        for _ in 0..accounts {
+            let id = AccountId(r.u32()?);
+            let firm = FirmId(r.u32()?);
+            let may_short = r.bool()?;
+            let stp = read_enum(
+                &mut r,
+                &[StpMode::None, StpMode::CancelResting, StpMode::CancelIncoming, StpMode::CancelBoth],
+                "bad stp mode",
+            )?;
+            let stp_scope = read_enum(&mut r, &[StpScope::Account, StpScope::Firm], "bad stp scope")?;
+            let cash = r.i128()?;
+            let reserved_cash = r.i128()?;
+            let margin_locked = r.i128()?;
+            let n = r.count(52)?;
+            let mut positions = Vec::with_capacity(n);
+            for _ in 0..n {
+                let p = Position {
+                    book: r.u32()?,
+                    qty: r.i64()?,
+                    sell_reserved: r.i64()?,
+                    buy_open: r.i64()?,
+                    sell_open: r.i64()?,
+                    cost: r.i128()?,
+                };
+                if p.book as usize >= e.books.len()
+                    || positions.last().is_some_and(|q: &Position| q.book >= p.book)
+                {
+                    return Err(RestoreError::Inconsistent(format!(
+                        "account {id}: positions out of order or of an unknown book"
+                    )));
+                }
+                positions.push(p);
+            }
+            if e.account_index.insert(id, e.accounts.len() as u32).is_some() {
+                return Err(RestoreError::Inconsistent(format!("account {id} twice")));
+            }
+            e.accounts.push(Account {
+                id,
+                firm,
+                may_short,
+                stp,
+                stp_scope,
+                cash,
+                reserved_cash,
+                margin_locked,
+                positions,
+            });
+        }
+
+        let orders = r.count(100)?;
+        if orders > config.orders_max as usize {
+            return Err(RestoreError::Inconsistent("more orders than orders_max".into()));
+        }
+        let mut previous: Option<(u32, Side, i64)> = None;
+        for _ in 0..orders {
+            let o = read_order(&mut r)?;
+            if o.book as usize >= e.books.len() || o.account as usize >= e.accounts.len() {
+                return Err(RestoreError::Inconsistent(format!("order {}: unknown book or account", o.id)));
+            }
+            if o.qty_leaves <= 0
+                || o.qty_display <= 0
+                || o.qty_display > o.qty_leaves
+                || o.qty_filled < 0
+                || o.qty_total != o.qty_filled + o.qty_leaves
+                || o.reserved_pos < 0
+                || o.reserved_pos > o.qty_leaves
+                || o.price <= 0
+                || o.rec == 0
+            {
+                return Err(RestoreError::Inconsistent(format!("order {}: impossible quantities", o.id)));
+            }
+            // Orders must come in canonical order, so that restoring rebuilds the same queues.
+            let key = (o.book, o.side, o.price);
+            if let Some(prev) = previous {
+                let ordered = prev.0 < key.0
+                    || (prev.0 == key.0 && side_code(prev.1) < side_code(key.1))
+                    || (prev.0 == key.0
+                        && prev.1 == key.1
+                        && (prev.2 == key.2 || crate::book::better(key.1, key.2, prev.2)));
+                if !ordered {
+                    return Err(RestoreError::Inconsistent(format!("order {}: out of book order", o.id)));
+                }
+            }
+            previous = Some(key);
+            if e.order_index.contains_key(&o.id)
+                || e.clord_index.contains_key(&(o.account, o.cl_ord_id))
+                || o.id.0 >= e.next_order_id
+            {
+                return Err(RestoreError::Inconsistent(format!("order {}: duplicate id", o.id)));
+            }
+            let slot = e.pool.insert(o);
+            e.order_index.insert(o.id, slot);
+            e.clord_index.insert((o.account, o.cl_ord_id), slot);
+            e.books[o.book as usize].push_back(&mut e.pool, slot);
+        }
+        r.expect_end()?;
+        e.check_invariants().map_err(RestoreError::Inconsistent)?;
+        Ok(e)
+    }
+}
+
+fn write_order(w: &mut Writer, o: &Order) {
+    w.u32(o.book);
+    w.u8(side_code(o.side));
+    w.i64(o.price);
+    w.u64(o.id.0);
+    w.u64(o.cl_ord_id.0);
+    w.u32(o.account);
+    w.u8(tif_code(o.tif));
+    w.i64(o.qty_total);
+    w.i64(o.qty_filled);
+    w.i64(o.qty_leaves);
+    w.i64(o.display_size);
+    w.i64(o.qty_display);
+    w.u64(o.expire_ts_ns);
+    w.u64(o.rec);
+    w.i128(o.reserved_cash);
+    w.i64(o.reserved_pos);
+}
+
+fn read_order(r: &mut Reader) -> Result<Order, DecodeError> {
+    Ok(Order {
+        book: r.u32()?,
+        side: read_enum(r, &[Side::Buy, Side::Sell], "bad side")?,
+        price: r.i64()?,
+        id: OrderId(r.u64()?),
+        cl_ord_id: ClOrdId(r.u64()?),
+        account: r.u32()?,
+        tif: read_enum(
+            r,
+            &[
+                TimeInForce::Day,
+                TimeInForce::Gtc,
+                TimeInForce::Gtd,
+                TimeInForce::Ioc,
+                TimeInForce::Fok,
+            ],
+            "bad time in force",
+        )?,
+        qty_total: r.i64()?,
+        qty_filled: r.i64()?,
+        qty_leaves: r.i64()?,
+        display_size: r.i64()?,
+        qty_display: r.i64()?,
+        expire_ts_ns: r.u64()?,
+        rec: r.u64()?,
+        reserved_cash: r.i128()?,
+        reserved_pos: r.i64()?,
+        prev: NIL,
+        next: NIL,
+        resting: false,
+    })
+}
