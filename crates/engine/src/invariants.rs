@@ -15,7 +15,8 @@ impl Engine {
     ///   iceberg's display size, total = filled + open, no IOC or FOK order resting, each
     ///   order reachable from exactly one lookup entry of each kind.
     /// - Accounts: reservations equal to the sum over their orders and never negative, free
-    ///   cash never negative, futures margin equal to |position| times initial margin,
+    ///   cash never negative, futures margin equal to [`crate::risk::futures_margin`] summed over
+    ///   the account's futures positions,
     ///   open buy and sell quantities equal to the sums over the orders.
     pub fn check_invariants(&self) -> Result<(), String> {
         // Expected per-account and per-position sums, rebuilt from the orders.
@@ -133,7 +134,7 @@ impl Engine {
             for p in &acc.positions {
                 let def = &self.books[p.book as usize].def;
                 if def.market == Market::Futures {
-                    margin += p.qty.unsigned_abs() as i128 * def.initial_margin.0;
+                    margin += crate::risk::futures_margin(def.initial_margin.0, p);
                 }
                 let expected = pos_sums
                     .binary_search_by_key(&(a as u32, p.book), |e| e.0)

@@ -30,7 +30,7 @@ pub use snapshot::RestoreError;
 
 use book::{crosses, expires_at_end_of_day, Book, Order, OrderPool, NIL};
 use bourse_core::*;
-use risk::{cash_required, is_self_trade, Account};
+use risk::{cash_required, futures_margin, is_self_trade, Account};
 use rustc_hash::FxHashMap;
 
 /// Fixed limits of one core. Every table is sized from these once, at start.
@@ -427,7 +427,17 @@ impl Engine {
         let reserved_cash = cash_required(def, o.side, limit, qty, reserved_pos)
             .filter(|c| *c <= CASH_AMOUNT_MAX)
             .ok_or(RejectReason::Overflow)?;
-        if reserved_cash > account.free_cash() {
+        let margin_delta = if def.market == Market::Futures {
+            let mut after = pos;
+            match o.side {
+                Side::Buy => after.buy_open += qty,
+                Side::Sell => after.sell_open += qty,
+            }
+            futures_margin(def.initial_margin.0, &after) - futures_margin(def.initial_margin.0, &pos)
+        } else {
+            0
+        };
+        if reserved_cash + margin_delta > account.free_cash() {
             return Err(RejectReason::InsufficientCollateral);
         }
 
@@ -466,14 +476,15 @@ impl Engine {
         let slot = self.pool.insert(order);
         self.order_index.insert(order.id, slot);
         self.clord_index.insert((acct_idx, o.cl_ord_id), slot);
-        let account = &mut self.accounts[acct_idx as usize];
-        account.reserved_cash += reserved_cash;
-        let p = account.position_mut(book_idx);
-        p.sell_reserved += reserved_pos;
-        match o.side {
-            Side::Buy => p.buy_open += qty,
-            Side::Sell => p.sell_open += qty,
-        }
+        self.accounts[acct_idx as usize].reserved_cash += reserved_cash;
+        let side = o.side;
+        self.change_position(acct_idx, book_idx, |p| {
+            p.sell_reserved += reserved_pos;
+            match side {
+                Side::Buy => p.buy_open += qty,
+                Side::Sell => p.sell_open += qty,
+            }
+        });
         Ok(slot)
     }
 
@@ -674,7 +685,7 @@ impl Engine {
         let account = &mut self.accounts[o.account as usize];
         account.reserved_cash += new_reserved_cash - o.reserved_cash;
         let pos = account.position_mut(o.book);
-        let qty_before = pos.qty;
+        let margin_before = futures_margin(margin_per_lot, pos);
         match o.side {
             Side::Buy => {
                 pos.qty += qty;
@@ -688,16 +699,15 @@ impl Engine {
                 pos.sell_reserved -= from_pos;
             }
         }
-        let qty_after = pos.qty;
         match market {
             Market::Equity | Market::Fx => match o.side {
                 Side::Buy => account.cash -= value,
                 Side::Sell => account.cash += value,
             },
             Market::Futures => {
-                let before = qty_before.unsigned_abs() as i128 * margin_per_lot;
-                let after = qty_after.unsigned_abs() as i128 * margin_per_lot;
-                account.margin_locked += after - before;
+                let after = futures_margin(margin_per_lot, pos);
+                debug_assert!(after <= margin_before, "a fill raised futures margin");
+                account.margin_locked += after - margin_before;
             }
         }
         debug_assert!(account.free_cash() >= 0, "a fill made free cash negative");
@@ -779,19 +789,35 @@ impl Engine {
     /// Returns an order's reservations and open quantity to its account; leaves it empty.
     fn release(&mut self, slot: u32) {
         let o = *self.pool.get(slot);
-        let account = &mut self.accounts[o.account as usize];
-        account.reserved_cash -= o.reserved_cash;
-        let p = account.position_mut(o.book);
-        p.sell_reserved -= o.reserved_pos;
-        match o.side {
-            Side::Buy => p.buy_open -= o.qty_leaves,
-            Side::Sell => p.sell_open -= o.qty_leaves,
-        }
+        self.accounts[o.account as usize].reserved_cash -= o.reserved_cash;
+        self.change_position(o.account, o.book, |p| {
+            p.sell_reserved -= o.reserved_pos;
+            match o.side {
+                Side::Buy => p.buy_open -= o.qty_leaves,
+                Side::Sell => p.sell_open -= o.qty_leaves,
+            }
+        });
         let o = self.pool.get_mut(slot);
         o.reserved_cash = 0;
         o.reserved_pos = 0;
         o.qty_leaves = 0;
         o.qty_display = 0;
+    }
+
+    /// Applies `change` to an account's position and keeps its futures margin in step.
+    fn change_position(&mut self, acct: u32, book: u32, change: impl FnOnce(&mut risk::Position)) {
+        let def = &self.books[book as usize].def;
+        let im = if def.market == Market::Futures {
+            def.initial_margin.0
+        } else {
+            0
+        };
+        let account = &mut self.accounts[acct as usize];
+        let p = account.position_mut(book);
+        let before = futures_margin(im, p);
+        change(p);
+        let after = futures_margin(im, p);
+        account.margin_locked += after - before;
     }
 
     /// Drops a finished order (not resting, nothing reserved) from the indexes and the pool.
@@ -958,21 +984,33 @@ impl Engine {
         let new_reserved_cash = cash_required(def, o.side, new_price, new_leaves, new_reserved_pos)
             .filter(|c| *c <= CASH_AMOUNT_MAX)
             .ok_or(RejectReason::Overflow)?;
-        if new_reserved_cash - o.reserved_cash > account.free_cash() {
+        let open_delta = new_leaves - o.qty_leaves;
+        let margin_delta = if def.market == Market::Futures {
+            let mut after = pos;
+            match o.side {
+                Side::Buy => after.buy_open += open_delta,
+                Side::Sell => after.sell_open += open_delta,
+            }
+            futures_margin(def.initial_margin.0, &after) - futures_margin(def.initial_margin.0, &pos)
+        } else {
+            0
+        };
+        if new_reserved_cash - o.reserved_cash + margin_delta > account.free_cash() {
             return Err(RejectReason::InsufficientCollateral);
         }
 
         // Admitted. Move the reservations, then the order.
         let acct_idx = o.account;
         let book_idx = o.book;
-        let account = &mut self.accounts[acct_idx as usize];
-        account.reserved_cash += new_reserved_cash - o.reserved_cash;
-        let p = account.position_mut(book_idx);
-        p.sell_reserved += new_reserved_pos - o.reserved_pos;
-        match o.side {
-            Side::Buy => p.buy_open += new_leaves - o.qty_leaves,
-            Side::Sell => p.sell_open += new_leaves - o.qty_leaves,
-        }
+        self.accounts[acct_idx as usize].reserved_cash += new_reserved_cash - o.reserved_cash;
+        let side = o.side;
+        self.change_position(acct_idx, book_idx, |p| {
+            p.sell_reserved += new_reserved_pos - o.reserved_pos;
+            match side {
+                Side::Buy => p.buy_open += open_delta,
+                Side::Sell => p.sell_open += open_delta,
+            }
+        });
         if r.cl_ord_id != o.cl_ord_id {
             self.clord_index.remove(&(acct_idx, o.cl_ord_id));
             self.clord_index.insert((acct_idx, r.cl_ord_id), slot);

@@ -7,7 +7,8 @@
 //! The engine keeps the invariant that free cash is never negative: a new order or a replace
 //! is admitted only if its extra reservation fits, and every fill releases at least as much
 //! as it costs (trades settle at the resting price, rounded down, which is never more than
-//! the reservation made at the limit price, rounded up).
+//! the reservation made at the limit price, rounded up). Futures are margined per position,
+//! open orders included ([`futures_margin`]), rather than per order.
 
 use bourse_core::{AccountId, FirmId, Instrument, Market, Side, StpMode, StpScope};
 
@@ -82,6 +83,16 @@ impl Account {
     }
 }
 
+/// Initial margin a futures position locks, open orders included: enough for the worse of
+/// "every open buy fills" and "every open sell fills". Netting this way lets an order that
+/// reduces the position go in without extra margin, and a fill can never raise the figure
+/// (the position after a fill lies between the two extremes).
+pub fn futures_margin(initial_margin: i128, p: &Position) -> i128 {
+    let if_buys_fill = (p.qty as i128 + p.buy_open as i128).abs();
+    let if_sells_fill = (p.qty as i128 - p.sell_open as i128).abs();
+    initial_margin * if_buys_fill.max(if_sells_fill)
+}
+
 /// Whether two accounts count as "self" for the incoming account's self-trade prevention.
 pub fn is_self_trade(incoming: &Account, resting: &Account) -> bool {
     if incoming.stp == StpMode::None {
@@ -104,7 +115,9 @@ pub fn cash_required(
 ) -> Option<i128> {
     debug_assert!(leaves >= 0 && reserved_pos >= 0 && reserved_pos <= leaves);
     match def.market {
-        Market::Futures => def.initial_margin.0.checked_mul(leaves as i128),
+        // Futures orders hold no cash of their own: their margin is counted per position by
+        // [`futures_margin`], which nets buys against sells.
+        Market::Futures => Some(0),
         Market::Equity | Market::Fx => {
             let uncovered = match side {
                 Side::Buy => leaves,
