@@ -24,6 +24,7 @@ pub mod book;
 pub mod fixtures;
 mod invariants;
 pub mod risk;
+pub mod workload;
 mod snapshot;
 
 pub use snapshot::RestoreError;
@@ -506,20 +507,28 @@ impl Engine {
                 }
                 continue;
             }
+            // With CancelIncoming or CancelBoth the first self order in a level ends matching.
+            // An iceberg ahead of it trades only its visible part there: its refill goes to the
+            // back of the level, behind the self order. So orders ahead of a self order count
+            // with their visible quantity, and all of them only if no self order follows.
+            let blocking = incoming_acct.stp != StpMode::CancelResting;
+            let (mut visible, mut leaves) = (0i64, 0i64);
             let mut s = level.head;
             while s != NIL {
                 let r = self.pool.get(s);
                 if is_self_trade(incoming_acct, &self.accounts[r.account as usize]) {
-                    if incoming_acct.stp != StpMode::CancelResting {
-                        return false;
+                    if blocking {
+                        return needed <= visible;
                     }
                 } else {
-                    needed -= r.qty_leaves;
-                    if needed <= 0 {
-                        return true;
-                    }
+                    visible += r.qty_display;
+                    leaves += r.qty_leaves;
                 }
                 s = r.next;
+            }
+            needed -= leaves;
+            if needed <= 0 {
+                return true;
             }
         }
         false

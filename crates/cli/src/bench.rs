@@ -1,0 +1,489 @@
+//! `bourse bench engine` and `bourse bench capacity`.
+//!
+//! The engine benchmark measures one core on one thread with no I/O. It first generates the
+//! command stream against a shadow engine (so generating flow costs nothing in the measured
+//! runs), then replays the identical stream from the same starting snapshot three ways:
+//! back to back for throughput; with a clock read around each command for its service time;
+//! and open loop at fixed offered rates, where each command's latency counts from the moment
+//! it was *scheduled*, so a stall cannot hide itself (no coordinated omission). Every replay
+//! must end in the shadow's state hash, which proves the measured runs did the same work.
+
+use crate::report::{self, histogram, record, Latency, Machine};
+use anyhow::{bail, Result};
+use bourse_core::*;
+use bourse_engine::workload::{Flow, FlowConfig};
+use bourse_engine::{Engine, EngineConfig};
+use clap::Args;
+use hdrhistogram::Histogram;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+#[derive(Args)]
+pub struct EngineBenchArgs {
+    /// Which mix: exchange-core (a), moex (b), or all.
+    #[arg(long, default_value = "all")]
+    scenario: String,
+    /// Commands measured per run.
+    #[arg(long, default_value_t = 2_000_000)]
+    ops: usize,
+    /// Commands run before measuring, to reach a steady book.
+    #[arg(long, default_value_t = 200_000)]
+    warmup: usize,
+    /// Offered rates for the open-loop runs, commands per second (comma separated).
+    #[arg(long, value_delimiter = ',', default_value = "1000000")]
+    rates: Vec<u64>,
+    /// Seconds of each open-loop run at most.
+    #[arg(long, default_value_t = 2)]
+    open_loop_seconds: u64,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Print one JSON object per scenario and mode instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A recorded stream: the starting snapshot and the measured commands.
+struct Workload {
+    name: &'static str,
+    start: Vec<u8>,
+    commands: Vec<Command>,
+    final_hash: u64,
+    trades: u64,
+    orders_accepted: u64,
+    live_orders: usize,
+}
+
+fn generate(name: &'static str, config: FlowConfig, warmup: usize, ops: usize) -> Workload {
+    let mut engine = Engine::new(EngineConfig {
+        orders_max: 1 << 20,
+        ..EngineConfig::default()
+    });
+    let mut flow = Flow::new(config);
+    let mut events = Vec::with_capacity(1024);
+    let mut ts = 1_000_000_000u64;
+    for body in flow.setup() {
+        events.clear();
+        engine.apply(&Command::new(ts, body), &mut events);
+        assert!(
+            !events.iter().any(|e| matches!(e, Event::CommandRejected { .. })),
+            "setup rejected: {events:?}"
+        );
+    }
+    for _ in 0..warmup {
+        ts += 1_000;
+        events.clear();
+        engine.apply(&Command::new(ts, flow.next_command()), &mut events);
+        flow.observe(&events);
+    }
+    let start = engine.snapshot();
+    let before = *engine.counters();
+    let mut commands = Vec::with_capacity(ops);
+    for _ in 0..ops {
+        ts += 1_000;
+        let cmd = Command::new(ts, flow.next_command());
+        events.clear();
+        engine.apply(&cmd, &mut events);
+        flow.observe(&events);
+        commands.push(cmd);
+    }
+    Workload {
+        name,
+        start,
+        commands,
+        final_hash: engine.state_hash(),
+        trades: engine.counters().trades - before.trades,
+        orders_accepted: engine.counters().orders_accepted - before.orders_accepted,
+        live_orders: engine.live_orders(),
+    }
+}
+
+fn kind_index(k: CommandKind) -> usize {
+    CommandKind::ALL.iter().position(|x| *x == k).unwrap()
+}
+
+struct Histograms {
+    all: Histogram<u64>,
+    by_kind: Vec<Histogram<u64>>,
+}
+
+impl Histograms {
+    fn new() -> Histograms {
+        Histograms {
+            all: histogram(),
+            by_kind: CommandKind::ALL.iter().map(|_| histogram()).collect(),
+        }
+    }
+    fn record(&mut self, kind: CommandKind, ns: u64) {
+        record(&mut self.all, ns);
+        record(&mut self.by_kind[kind_index(kind)], ns);
+    }
+    fn by_command(&self) -> BTreeMap<&'static str, Latency> {
+        CommandKind::ALL
+            .iter()
+            .zip(&self.by_kind)
+            .filter(|(_, h)| !h.is_empty())
+            .map(|(k, h)| (k.name(), Latency::of(h)))
+            .collect()
+    }
+}
+
+fn check_hash(engine: &Engine, w: &Workload) -> Result<()> {
+    if engine.state_hash() != w.final_hash {
+        bail!("{}: the replay ended in another state than the generator: the engine is not deterministic", w.name);
+    }
+    Ok(())
+}
+
+/// Back to back, no clock reads inside the loop.
+fn throughput(w: &Workload) -> Result<f64> {
+    let mut engine = Engine::restore(&w.start)?;
+    let mut events = Vec::with_capacity(1024);
+    let t0 = Instant::now();
+    for cmd in &w.commands {
+        events.clear();
+        engine.apply(cmd, &mut events);
+    }
+    let elapsed = t0.elapsed();
+    check_hash(&engine, w)?;
+    Ok(w.commands.len() as f64 / elapsed.as_secs_f64())
+}
+
+/// A clock read before and after each command: the service time of each.
+fn service_time(w: &Workload) -> Result<Histograms> {
+    let mut engine = Engine::restore(&w.start)?;
+    let mut events = Vec::with_capacity(1024);
+    let mut h = Histograms::new();
+    for cmd in &w.commands {
+        events.clear();
+        let t0 = Instant::now();
+        engine.apply(cmd, &mut events);
+        let ns = t0.elapsed().as_nanos() as u64;
+        h.record(cmd.kind(), ns);
+    }
+    check_hash(&engine, w)?;
+    Ok(h)
+}
+
+/// Open loop at `rate` commands per second: latency from each command's scheduled time.
+fn open_loop(w: &Workload, rate: u64, seconds_max: u64) -> Result<(Histograms, f64, usize)> {
+    let mut engine = Engine::restore(&w.start)?;
+    let mut events = Vec::with_capacity(1024);
+    let mut h = Histograms::new();
+    let n = w
+        .commands
+        .len()
+        .min((rate.saturating_mul(seconds_max)) as usize)
+        .max(1);
+    let interval_ns = 1e9 / rate as f64;
+    let start = Instant::now() + Duration::from_millis(1);
+    for (i, cmd) in w.commands[..n].iter().enumerate() {
+        let scheduled = start + Duration::from_nanos((i as f64 * interval_ns) as u64);
+        // Wait for the scheduled time; a command that is already late goes at once and its
+        // lateness counts in its latency.
+        while Instant::now() < scheduled {
+            std::hint::spin_loop();
+        }
+        events.clear();
+        engine.apply(cmd, &mut events);
+        let done = Instant::now();
+        h.record(cmd.kind(), done.duration_since(scheduled).as_nanos() as u64);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    Ok((h, n as f64 / elapsed, n))
+}
+
+/// What one clock read costs here: it is inside every service-time figure.
+fn clock_read_ns() -> u64 {
+    let mut h = histogram();
+    for _ in 0..100_000 {
+        let t0 = Instant::now();
+        let ns = t0.elapsed().as_nanos() as u64;
+        record(&mut h, ns);
+    }
+    h.value_at_quantile(0.5)
+}
+
+pub fn engine(args: EngineBenchArgs) -> Result<()> {
+    let scenarios: Vec<(&'static str, FlowConfig)> = match args.scenario.as_str() {
+        "exchange-core" | "a" => vec![("exchange-core", FlowConfig::exchange_core(args.seed))],
+        "moex" | "b" => vec![("moex", FlowConfig::moex(args.seed))],
+        "all" => vec![
+            ("exchange-core", FlowConfig::exchange_core(args.seed)),
+            ("moex", FlowConfig::moex(args.seed)),
+        ],
+        other => bail!("unknown scenario '{other}': use exchange-core, moex or all"),
+    };
+    if args.ops == 0 {
+        bail!("--ops must be positive");
+    }
+    if args.rates.contains(&0) {
+        bail!("--rates must be positive");
+    }
+    let machine = Machine::this();
+    let clock_ns = clock_read_ns();
+    if !args.json {
+        println!(
+            "bourse bench engine — one core, one thread, no I/O; {} ({} cpus), version {}",
+            machine.model,
+            machine.cpus,
+            report::version()
+        );
+        println!("  includes: Engine::apply (validation, risk, matching, events into a reused buffer)");
+        println!("  excludes: generating the flow (done beforehand), I/O, replication, serialisation");
+        println!("  a clock read costs {clock_ns} ns here and is inside every service-time figure\n");
+    }
+    for (name, config) in scenarios {
+        let w = generate(name, config, args.warmup, args.ops);
+        let tput = throughput(&w)?;
+        let service = service_time(&w)?;
+        let base = json!({
+            "bench": "engine",
+            "scenario": name,
+            "commands": w.commands.len(),
+            "orders_accepted": w.orders_accepted,
+            "trades": w.trades,
+            "live_orders_at_end": w.live_orders,
+            "machine": machine,
+            "version": report::version(),
+        });
+        if args.json {
+            let mut o = base.clone();
+            o["mode"] = json!("service-time");
+            o["offered_per_s"] = json!(null);
+            o["throughput_per_s"] = json!(tput.round() as u64);
+            o["latency_ns"] = json!(Latency::of(&service.all));
+            o["by_command"] = json!(service.by_command());
+            o["clock_read_ns"] = json!(clock_ns);
+            println!("{o}");
+        } else {
+            println!(
+                "scenario {name}: {} commands, {} orders accepted, {} trades, {} orders live at the end",
+                report::count(w.commands.len() as u64),
+                report::count(w.orders_accepted),
+                report::count(w.trades),
+                report::count(w.live_orders as u64)
+            );
+            println!("  throughput, back to back: {} commands/s", report::count(tput as u64));
+            println!("  service time per command (clock read around each):");
+            println!("{}", report::latency_header());
+            println!("{}", report::latency_row("all", &Latency::of(&service.all)));
+            for (k, l) in service.by_command() {
+                println!("{}", report::latency_row(k, &l));
+            }
+        }
+        for &rate in &args.rates {
+            let (h, achieved, n) = open_loop(&w, rate, args.open_loop_seconds)?;
+            if args.json {
+                let mut o = base.clone();
+                o["mode"] = json!("open-loop");
+                o["commands"] = json!(n);
+                o["offered_per_s"] = json!(rate);
+                o["throughput_per_s"] = json!(achieved.round() as u64);
+                o["latency_ns"] = json!(Latency::of(&h.all));
+                o["by_command"] = json!(h.by_command());
+                println!("{o}");
+            } else {
+                println!(
+                    "  open loop at {} commands/s offered ({} achieved, {} commands), latency from the scheduled time:",
+                    report::count(rate),
+                    report::count(achieved as u64),
+                    report::count(n as u64)
+                );
+                println!("{}", report::latency_header());
+                println!("{}", report::latency_row("all", &Latency::of(&h.all)));
+                for (k, l) in h.by_command() {
+                    println!("{}", report::latency_row(k, &l));
+                }
+            }
+        }
+        if !args.json {
+            println!();
+        }
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct CapacityArgs {
+    /// Accounts to create.
+    #[arg(long, default_value_t = 1_000_000)]
+    accounts: u32,
+    /// Positions per account (each in a different instrument).
+    #[arg(long, default_value_t = 10)]
+    positions_per_account: u32,
+    /// Instruments (at least positions-per-account).
+    #[arg(long, default_value_t = 100)]
+    instruments: u32,
+    /// Resting orders to add at the end.
+    #[arg(long, default_value_t = 1_000_000)]
+    orders: u32,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn capacity(args: CapacityArgs) -> Result<()> {
+    if args.instruments == 0 || args.positions_per_account > args.instruments {
+        bail!("--instruments must be at least --positions-per-account and positive");
+    }
+    if args.accounts == 0 {
+        bail!("--accounts must be positive");
+    }
+    let mut engine = Engine::new(EngineConfig {
+        orders_max: args.orders.max(1) + 16,
+        accounts_max: args.accounts,
+        instruments_max: args.instruments,
+        levels_per_side_hint: 64,
+    });
+    let mut events = Vec::with_capacity(64);
+    let mut ts = 1u64;
+    let mut apply = |engine: &mut Engine, body: CommandBody, events: &mut Vec<Event>| {
+        ts += 1;
+        events.clear();
+        engine.apply(&Command::new(ts, body), events);
+    };
+    let t0 = Instant::now();
+    let rss_empty = report::rss_bytes();
+    for i in 0..args.instruments {
+        apply(
+            &mut engine,
+            CommandBody::AddInstrument(bourse_engine::fixtures::equity(i + 1, &format!("I{i}"), 100_000)),
+            &mut events,
+        );
+    }
+    let rss_instruments = report::rss_bytes();
+    for a in 0..args.accounts {
+        apply(
+            &mut engine,
+            CommandBody::AddAccount(AccountSpec {
+                account: AccountId(a + 1),
+                firm: FirmId(a / 100 + 1),
+                may_short: false,
+                stp: StpMode::None,
+                stp_scope: StpScope::Account,
+            }),
+            &mut events,
+        );
+        apply(
+            &mut engine,
+            CommandBody::Deposit {
+                account: AccountId(a + 1),
+                amount: Cash(1_000_000_0000),
+            },
+            &mut events,
+        );
+    }
+    let rss_accounts = report::rss_bytes();
+    // A position record is created the first time an account orders an instrument; an order
+    // placed and cancelled leaves an empty position behind, as a day of trading would.
+    for a in 0..args.accounts {
+        for p in 0..args.positions_per_account {
+            let instrument = InstrumentId((a + p) % args.instruments + 1);
+            apply(
+                &mut engine,
+                CommandBody::NewOrder(NewOrder {
+                    account: AccountId(a + 1),
+                    cl_ord_id: ClOrdId(1),
+                    instrument,
+                    side: Side::Buy,
+                    ord_type: OrdType::Limit,
+                    price: Price(90_000),
+                    qty: Qty(1),
+                    tif: TimeInForce::Day,
+                    expire_ts_ns: 0,
+                    display_qty: Qty(0),
+                }),
+                &mut events,
+            );
+            let Some(id) = bourse_engine::fixtures::accepted_id(&events) else {
+                bail!("capacity order rejected: {events:?}");
+            };
+            apply(
+                &mut engine,
+                CommandBody::Cancel(Cancel {
+                    account: AccountId(a + 1),
+                    cl_ord_id: ClOrdId(0),
+                    target: OrderRef {
+                        order_id: Some(id),
+                        orig_cl_ord_id: None,
+                    },
+                }),
+                &mut events,
+            );
+        }
+    }
+    let rss_positions = report::rss_bytes();
+    for n in 0..args.orders {
+        let a = n % args.accounts;
+        apply(
+            &mut engine,
+            CommandBody::NewOrder(NewOrder {
+                account: AccountId(a + 1),
+                cl_ord_id: ClOrdId(10 + n as u64),
+                instrument: InstrumentId(n % args.instruments + 1),
+                side: Side::Buy,
+                ord_type: OrdType::Limit,
+                price: Price(90_000 + (n as i64 / args.instruments as i64) % 9_000),
+                qty: Qty(1),
+                tif: TimeInForce::Gtc,
+                expire_ts_ns: 0,
+                display_qty: Qty(0),
+            }),
+            &mut events,
+        );
+    }
+    let rss_orders = report::rss_bytes();
+    let elapsed = t0.elapsed();
+    if engine.live_orders() != args.orders as usize {
+        bail!("only {} of {} orders rest", engine.live_orders(), args.orders);
+    }
+    let positions = args.accounts as u64 * args.positions_per_account as u64;
+    let per = |bytes: u64, n: u64| if n == 0 { 0.0 } else { bytes as f64 / n as f64 };
+    let per_account = per(rss_accounts.saturating_sub(rss_instruments), args.accounts as u64);
+    let per_position = per(rss_positions.saturating_sub(rss_accounts), positions);
+    let per_order = per(rss_orders.saturating_sub(rss_positions), args.orders as u64);
+    let snapshot_t0 = Instant::now();
+    let snapshot = engine.snapshot();
+    let snapshot_ms = snapshot_t0.elapsed().as_millis() as u64;
+    let result = json!({
+        "bench": "capacity",
+        "accounts": args.accounts,
+        "positions": positions,
+        "resting_orders": args.orders,
+        "instruments": args.instruments,
+        "bytes_per_account": per_account.round() as u64,
+        "bytes_per_position": per_position.round() as u64,
+        "bytes_per_resting_order": per_order.round() as u64,
+        "rss_bytes": rss_orders,
+        "rss_bytes_empty": rss_empty,
+        "snapshot_bytes": snapshot.len(),
+        "snapshot_ms": snapshot_ms,
+        "build_seconds": elapsed.as_secs_f64(),
+        "machine": Machine::this(),
+        "version": report::version(),
+    });
+    if args.json {
+        println!("{result}");
+        return Ok(());
+    }
+    let gib = |b: f64| b / (1u64 << 30) as f64;
+    println!("bourse bench capacity — memory measured as growth of resident memory (RSS)");
+    println!(
+        "  {} accounts, {} positions, {} resting orders over {} instruments, built in {:.1} s",
+        report::count(args.accounts as u64),
+        report::count(positions),
+        report::count(args.orders as u64),
+        args.instruments,
+        elapsed.as_secs_f64()
+    );
+    println!("  per account:        {per_account:>8.0} bytes   (4,000,000 accounts, SPECTRA: {:.2} GiB)", gib(per_account * 4e6));
+    println!("  per position:       {per_position:>8.0} bytes   (100,000,000 positions, LTP: {:.2} GiB)", gib(per_position * 1e8));
+    println!("  per resting order:  {per_order:>8.0} bytes   (1,000,000 orders: {:.2} GiB)", gib(per_order * 1e6));
+    println!(
+        "  resident in all: {:.2} GiB; snapshot {:.1} MiB written in {} ms",
+        gib(rss_orders as f64),
+        snapshot.len() as f64 / (1 << 20) as f64,
+        snapshot_ms
+    );
+    Ok(())
+}

@@ -1,0 +1,94 @@
+//! # bourse: the one binary
+//!
+//! Subcommands in the style of `tigerbeetle` or `cockroach`: `demo` (the main job), `engine`
+//! (the batch interface of one trading core), `bench` (benchmarks that print HDR percentiles
+//! and, with `--json`, one JSON object per scenario). Each subcommand lives in its own module;
+//! this file only parses arguments and dispatches.
+
+mod bench;
+mod demo;
+mod engine_run;
+mod report;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "bourse",
+    version = env!("BOURSE_GIT_DESCRIBE"),
+    about = "bourse: an exchange trading-clearing system"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a trading core with simulated participants on equities, FX and futures, printing
+    /// the rates every second and a summary at the end.
+    Demo(demo::DemoArgs),
+    /// The batch interface of one trading core.
+    Engine {
+        #[command(subcommand)]
+        command: EngineCommand,
+    },
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum EngineCommand {
+    /// Feed commands from a JSON Lines file through one core and write every event as JSON
+    /// Lines (see docs/engine-jsonl.md).
+    Run {
+        /// Commands, one JSON object per line ("-" for standard input).
+        #[arg(long)]
+        input: PathBuf,
+        /// Events, one JSON object per line ("-" for standard output).
+        #[arg(long)]
+        output: PathBuf,
+        /// Also write the final state hash and counters to standard error.
+        #[arg(long)]
+        summary: bool,
+        /// Live orders the core can hold.
+        #[arg(long, default_value_t = 1 << 20)]
+        orders_max: u32,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// One core in-process on one thread, no I/O: throughput and latency per command type.
+    Engine(bench::EngineBenchArgs),
+    /// Memory per account, per position and per resting order at the seeds' scale.
+    Capacity(bench::CapacityArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(args) => demo::run(args),
+        Command::Engine {
+            command:
+                EngineCommand::Run {
+                    input,
+                    output,
+                    summary,
+                    orders_max,
+                },
+        } => engine_run::run(&input, &output, summary, orders_max),
+        Command::Bench { command } => match command {
+            BenchCommand::Engine(args) => bench::engine(args),
+            BenchCommand::Capacity(args) => bench::capacity(args),
+        },
+    };
+    if let Err(e) = result {
+        eprintln!("bourse: {e:#}");
+        std::process::exit(1);
+    }
+}

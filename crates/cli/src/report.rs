@@ -1,0 +1,162 @@
+//! Shared pieces of every benchmark and summary: HDR histograms summarised as percentiles, the
+//! machine's description, and the JSON shape DESIGN.md gives for benchmark results.
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Latencies are recorded in nanoseconds from 1 ns to 100 s with 3 significant digits.
+pub fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("valid histogram bounds")
+}
+
+/// Records `ns`, clamped into the histogram's range (a value past 100 s is recorded as 100 s,
+/// so that a stall is never dropped from the figures).
+pub fn record(h: &mut Histogram<u64>, ns: u64) {
+    let v = ns.clamp(1, h.high());
+    h.record(v).expect("value clamped into range");
+}
+
+/// Percentiles of a latency histogram, in nanoseconds.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Latency {
+    pub count: u64,
+    pub mean: u64,
+    pub p50: u64,
+    pub p90: u64,
+    pub p99: u64,
+    pub p999: u64,
+    pub p9999: u64,
+    pub max: u64,
+}
+
+impl Latency {
+    pub fn of(h: &Histogram<u64>) -> Latency {
+        Latency {
+            count: h.len(),
+            mean: h.mean() as u64,
+            p50: h.value_at_quantile(0.50),
+            p90: h.value_at_quantile(0.90),
+            p99: h.value_at_quantile(0.99),
+            p999: h.value_at_quantile(0.999),
+            p9999: h.value_at_quantile(0.9999),
+            max: h.max(),
+        }
+    }
+}
+
+/// The machine a figure was measured on.
+#[derive(Clone, Debug, Serialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub model: String,
+    pub kernel: String,
+}
+
+impl Machine {
+    pub fn this() -> Machine {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let model = cpuinfo
+            .lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split(':').nth(1))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|| "unknown".into());
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "unknown".into());
+        Machine {
+            cpus: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            model,
+            kernel,
+        }
+    }
+}
+
+pub fn version() -> &'static str {
+    env!("BOURSE_GIT_DESCRIBE")
+}
+
+/// Formats nanoseconds for people: "850 ns", "12.3 µs", "4.56 ms".
+pub fn ns(v: u64) -> String {
+    if v < 1_000 {
+        format!("{v} ns")
+    } else if v < 1_000_000 {
+        format!("{:.1} µs", v as f64 / 1e3)
+    } else if v < 1_000_000_000 {
+        format!("{:.2} ms", v as f64 / 1e6)
+    } else {
+        format!("{:.2} s", v as f64 / 1e9)
+    }
+}
+
+/// Formats a count with thousands separators: 1234567 → "1,234,567".
+pub fn count(v: u64) -> String {
+    let s = v.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// One row of a latency table: name, count, p50 … max.
+pub fn latency_row(name: &str, l: &Latency) -> String {
+    format!(
+        "  {:<12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        name,
+        count(l.count),
+        ns(l.p50),
+        ns(l.p90),
+        ns(l.p99),
+        ns(l.p999),
+        ns(l.p9999),
+        ns(l.max)
+    )
+}
+
+pub fn latency_header() -> String {
+    format!(
+        "  {:<12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "command", "count", "p50", "p90", "p99", "p99.9", "p99.99", "max"
+    )
+}
+
+/// Resident memory of this process in bytes (Linux), or 0 where unknown.
+pub fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
+        .map(|pages| pages * 4096)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_read_well() {
+        assert_eq!(count(1_234_567), "1,234,567");
+        assert_eq!(count(12), "12");
+        assert_eq!(ns(850), "850 ns");
+        assert_eq!(ns(12_300), "12.3 µs");
+    }
+
+    #[test]
+    fn percentiles_come_from_the_histogram() {
+        let mut h = histogram();
+        for v in 1..=1000 {
+            record(&mut h, v);
+        }
+        let l = Latency::of(&h);
+        assert_eq!(l.count, 1000);
+        assert!((495..=505).contains(&l.p50));
+        assert!((985..=995).contains(&l.p99));
+        assert_eq!(l.max, 1000);
+    }
+}

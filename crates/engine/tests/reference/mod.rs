@@ -1,0 +1,683 @@
+//! A deliberately simple reference model of one trading core's matching, for differential
+//! testing against `bourse_engine::Engine`.
+//!
+//! Everything here is chosen to be obviously right rather than fast: each book is a plain
+//! `Vec` of resting orders, and every match re-scans it for the best price and, at that price,
+//! the smallest arrival stamp. Priority is nothing but that stamp: an order takes a fresh one
+//! whenever it (re)enters the book (arrival, a replace that loses priority, an iceberg refill).
+//!
+//! The model leaves out cash and risk: the differential test gives every account huge cash and
+//! lets it go short, so the engine's risk checks never refuse anything and need no mirror.
+//! Everything else is modelled: validation (in the engine's documented order), limit and
+//! market orders (a market order is a limit at the band edge fixed on arrival, the remainder
+//! cancelled), Day/GTC/GTD/IOC/FOK, icebergs, self-trade prevention, the price band following
+//! the last trade, replace, cancel, mass cancel, phases and end of day.
+//!
+//! The model speaks in [`Out`], a projection of the engine's events that keeps what the
+//! differential test compares (outcomes, trades, cancels) and drops what the model does not
+//! track (order-log numbering, cash).
+#![allow(dead_code)]
+
+pub mod gen;
+
+use bourse_core::*;
+
+/// What happened, as both the model and the (projected) engine report it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Out {
+    Accepted { order_id: u64 },
+    Rejected { reason: RejectReason },
+    CancelRejected { to: CancelRejectTo, reason: RejectReason },
+    CommandRejected { reason: RejectReason },
+    Trade { price: i64, qty: i64, buy: u64, sell: u64, aggressor: Side },
+    Cancelled { order_id: u64, qty: i64, reason: CancelReason },
+    Replaced { order_id: u64, price: i64, total: i64, leaves: i64, priority_kept: bool },
+    Expired { order_id: u64, qty: i64 },
+    MassCancelDone { n: u64 },
+    EndOfDayDone { n: u64 },
+    PhaseChanged { instrument: u32, phase: Phase },
+    InstrumentAdded { instrument: u32 },
+    AccountAdded { account: u32 },
+    CashChanged { account: u32 },
+}
+
+/// Projects engine events onto [`Out`]; order-log records are dropped.
+pub fn project(events: &[Event]) -> Vec<Out> {
+    events
+        .iter()
+        .filter_map(|e| {
+            Some(match *e {
+                Event::OrderAccepted { order_id, .. } => Out::Accepted { order_id: order_id.0 },
+                Event::OrderRejected { reason, .. } => Out::Rejected { reason },
+                Event::CancelRejected { response_to, reason, .. } => {
+                    Out::CancelRejected { to: response_to, reason }
+                }
+                Event::CommandRejected { reason, .. } => Out::CommandRejected { reason },
+                Event::Trade { price, qty, aggressor, buy, sell, .. } => Out::Trade {
+                    price: price.0,
+                    qty: qty.0,
+                    buy: buy.order_id.0,
+                    sell: sell.order_id.0,
+                    aggressor,
+                },
+                Event::OrderCancelled { order_id, qty_cancelled, reason, .. } => Out::Cancelled {
+                    order_id: order_id.0,
+                    qty: qty_cancelled.0,
+                    reason,
+                },
+                Event::OrderReplaced { order_id, price, qty_total, qty_leaves, priority_kept, .. } => {
+                    Out::Replaced {
+                        order_id: order_id.0,
+                        price: price.0,
+                        total: qty_total.0,
+                        leaves: qty_leaves.0,
+                        priority_kept,
+                    }
+                }
+                Event::OrderExpired { order_id, qty_expired, .. } => Out::Expired {
+                    order_id: order_id.0,
+                    qty: qty_expired.0,
+                },
+                Event::MassCancelDone { orders_cancelled, .. } => Out::MassCancelDone { n: orders_cancelled },
+                Event::EndOfDayDone { orders_expired, .. } => Out::EndOfDayDone { n: orders_expired },
+                Event::PhaseChanged { instrument, phase, .. } => Out::PhaseChanged {
+                    instrument: instrument.0,
+                    phase,
+                },
+                Event::InstrumentAdded { instrument, .. } => Out::InstrumentAdded { instrument: instrument.0 },
+                Event::AccountAdded { account, .. } => Out::AccountAdded { account: account.0 },
+                Event::CashChanged { account, .. } => Out::CashChanged { account: account.0 },
+                Event::OrderLog(_) => return None,
+            })
+        })
+        .collect()
+}
+
+/// A resting order as the model keeps it (and as the test compares it with `OrderView`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ROrder {
+    pub id: u64,
+    pub cl: u64,
+    pub account: u32,
+    pub side: Side,
+    pub price: i64,
+    pub total: i64,
+    pub filled: i64,
+    pub leaves: i64,
+    /// The iceberg's display size, 0 for an ordinary order.
+    pub display_size: i64,
+    /// The quantity visible now.
+    pub display: i64,
+    pub tif: TimeInForce,
+    pub expire: u64,
+    /// Arrival stamp: the only source of time priority.
+    pub stamp: u64,
+}
+
+impl ROrder {
+    fn show(&self, leaves: i64) -> i64 {
+        if self.display_size > 0 {
+            self.display_size.min(leaves)
+        } else {
+            leaves
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct RBook {
+    pub id: u32,
+    pub tick: i64,
+    pub band_bps: i64,
+    pub reference: i64,
+    pub phase: Phase,
+    /// Resting orders in no particular order.
+    pub resting: Vec<ROrder>,
+}
+
+impl RBook {
+    /// The band's lowest and highest acceptable prices, snapped inwards to the tick.
+    pub fn band(&self) -> (i64, i64) {
+        let width = self.reference as i128 * self.band_bps as i128 / 10_000;
+        let (lo, hi) = (self.reference as i128 - width, self.reference as i128 + width);
+        let t = self.tick as i128;
+        // Smallest multiple of the tick at or above lo; largest at or below hi.
+        let mut low = if lo % t == 0 { lo } else { (lo / t + 1) * t };
+        if lo < 0 {
+            low = 0;
+        }
+        let low = low.max(t);
+        let high = (hi / t * t).min(PRICE_MAX as i128 / t * t);
+        (low as i64, high as i64)
+    }
+
+    /// Resting orders in priority order: bids best price first, then asks best price first;
+    /// within a price, by arrival stamp.
+    pub fn in_priority(&self) -> Vec<&ROrder> {
+        let mut bids: Vec<&ROrder> = self.resting.iter().filter(|o| o.side == Side::Buy).collect();
+        bids.sort_by_key(|o| (std::cmp::Reverse(o.price), o.stamp));
+        let mut asks: Vec<&ROrder> = self.resting.iter().filter(|o| o.side == Side::Sell).collect();
+        asks.sort_by_key(|o| (o.price, o.stamp));
+        bids.extend(asks);
+        bids
+    }
+
+    /// The index of the best resting order an incoming order of `side` with limit `limit`
+    /// may trade with, if any.
+    fn best_against(&self, side: Side, limit: i64) -> Option<usize> {
+        let mut best: Option<usize> = None;
+        for (i, o) in self.resting.iter().enumerate() {
+            if o.side == side {
+                continue;
+            }
+            let crosses = match side {
+                Side::Buy => o.price <= limit,
+                Side::Sell => o.price >= limit,
+            };
+            if !crosses {
+                continue;
+            }
+            best = match best {
+                None => Some(i),
+                Some(b) => {
+                    let cur = &self.resting[b];
+                    let better_price = match side {
+                        Side::Buy => o.price < cur.price,
+                        Side::Sell => o.price > cur.price,
+                    };
+                    if better_price || (o.price == cur.price && o.stamp < cur.stamp) {
+                        Some(i)
+                    } else {
+                        Some(b)
+                    }
+                }
+            };
+        }
+        best
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct RAccount {
+    pub id: u32,
+    pub firm: u32,
+    pub stp: StpMode,
+    pub scope: StpScope,
+}
+
+#[derive(PartialEq, Eq, Debug, Clone, Copy)]
+enum End {
+    Done,
+    Stp,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Model {
+    pub books: Vec<RBook>,
+    pub accounts: Vec<RAccount>,
+    next_order_id: u64,
+    next_stamp: u64,
+}
+
+impl Model {
+    pub fn new() -> Model {
+        Model {
+            next_order_id: 1,
+            ..Model::default()
+        }
+    }
+
+    pub fn book(&self, id: u32) -> Option<&RBook> {
+        self.books.iter().find(|b| b.id == id)
+    }
+
+    fn book_index(&self, id: InstrumentId) -> Option<usize> {
+        self.books.iter().position(|b| b.id == id.0)
+    }
+
+    fn account(&self, id: AccountId) -> Option<RAccount> {
+        self.accounts.iter().copied().find(|a| a.id == id.0)
+    }
+
+    fn firm_of(&self, account: u32) -> u32 {
+        self.account(AccountId(account)).expect("known account").firm
+    }
+
+    fn stamp(&mut self) -> u64 {
+        self.next_stamp += 1;
+        self.next_stamp
+    }
+
+    /// Is there a live order of `account` with client id `cl`?
+    fn live_cl(&self, account: u32, cl: u64) -> bool {
+        self.books
+            .iter()
+            .any(|b| b.resting.iter().any(|o| o.account == account && o.cl == cl))
+    }
+
+    /// Every live order, wherever it rests: (book index, index in the book).
+    pub fn live_orders(&self) -> impl Iterator<Item = &ROrder> {
+        self.books.iter().flat_map(|b| b.resting.iter())
+    }
+
+    pub fn live_count(&self) -> usize {
+        self.books.iter().map(|b| b.resting.len()).sum()
+    }
+
+    pub fn apply(&mut self, cmd: &Command) -> Vec<Out> {
+        let mut out = Vec::new();
+        let ts = cmd.ts_ns;
+        match &cmd.body {
+            CommandBody::NewOrder(o) => self.new_order(o, ts, &mut out),
+            CommandBody::Cancel(c) => match self.lookup(c.account, &c.target) {
+                Err(reason) => out.push(Out::CancelRejected { to: CancelRejectTo::Cancel, reason }),
+                Ok((b, i)) => {
+                    let o = self.books[b].resting.remove(i);
+                    out.push(Out::Cancelled { order_id: o.id, qty: o.leaves, reason: CancelReason::Requested });
+                }
+            },
+            CommandBody::Replace(r) => {
+                if let Err(reason) = self.replace(r, &mut out) {
+                    out.push(Out::CancelRejected { to: CancelRejectTo::Replace, reason });
+                }
+            }
+            CommandBody::MassCancel(m) => self.mass_cancel(m, &mut out),
+            CommandBody::SetPhase { instrument, phase } => match instrument {
+                Some(id) => match self.book_index(*id) {
+                    Some(b) => {
+                        self.books[b].phase = *phase;
+                        out.push(Out::PhaseChanged { instrument: id.0, phase: *phase });
+                    }
+                    None => out.push(Out::CommandRejected { reason: RejectReason::UnknownInstrument }),
+                },
+                None => {
+                    for b in &mut self.books {
+                        b.phase = *phase;
+                        out.push(Out::PhaseChanged { instrument: b.id, phase: *phase });
+                    }
+                }
+            },
+            CommandBody::AddInstrument(def) => {
+                if def.validate().is_err() {
+                    out.push(Out::CommandRejected { reason: RejectReason::InvalidInstrument });
+                } else if self.book_index(def.instrument).is_some() {
+                    out.push(Out::CommandRejected { reason: RejectReason::DuplicateInstrument });
+                } else {
+                    self.books.push(RBook {
+                        id: def.instrument.0,
+                        tick: def.tick.0,
+                        band_bps: def.band_bps as i64,
+                        reference: def.reference_price.0,
+                        phase: Phase::Open,
+                        resting: Vec::new(),
+                    });
+                    out.push(Out::InstrumentAdded { instrument: def.instrument.0 });
+                }
+            }
+            CommandBody::AddAccount(spec) => {
+                if self.account(spec.account).is_some() {
+                    out.push(Out::CommandRejected { reason: RejectReason::DuplicateAccount });
+                } else {
+                    assert!(spec.may_short, "the model does not model risk: accounts must be allowed to short");
+                    self.accounts.push(RAccount {
+                        id: spec.account.0,
+                        firm: spec.firm.0,
+                        stp: spec.stp,
+                        scope: spec.stp_scope,
+                    });
+                    out.push(Out::AccountAdded { account: spec.account.0 });
+                }
+            }
+            CommandBody::Deposit { account, amount } => {
+                // Cash is not modelled; the test deposits only valid amounts.
+                assert!(amount.0 > 0 && amount.0 <= CASH_AMOUNT_MAX);
+                match self.account(*account) {
+                    Some(_) => out.push(Out::CashChanged { account: account.0 }),
+                    None => out.push(Out::CommandRejected { reason: RejectReason::UnknownAccount }),
+                }
+            }
+            CommandBody::Withdraw { .. } | CommandBody::SetCollateral { .. } => {
+                panic!("the reference model does not model cash")
+            }
+            CommandBody::EndOfDay => {
+                let expired: Vec<u64> = self
+                    .books
+                    .iter()
+                    .flat_map(|b| b.in_priority())
+                    .filter(|o| match o.tif {
+                        TimeInForce::Day => true,
+                        TimeInForce::Gtd => o.expire <= ts,
+                        _ => false,
+                    })
+                    .map(|o| o.id)
+                    .collect();
+                for id in &expired {
+                    let (b, i) = self.find(*id).expect("live");
+                    let o = self.books[b].resting.remove(i);
+                    out.push(Out::Expired { order_id: o.id, qty: o.leaves });
+                }
+                out.push(Out::EndOfDayDone { n: expired.len() as u64 });
+            }
+        }
+        out
+    }
+
+    fn find(&self, id: u64) -> Option<(usize, usize)> {
+        for (b, book) in self.books.iter().enumerate() {
+            if let Some(i) = book.resting.iter().position(|o| o.id == id) {
+                return Some((b, i));
+            }
+        }
+        None
+    }
+
+    fn lookup(&self, account: AccountId, target: &OrderRef) -> Result<(usize, usize), RejectReason> {
+        self.account(account).ok_or(RejectReason::UnknownAccount)?;
+        let found = match (target.order_id, target.orig_cl_ord_id) {
+            (Some(id), None) => self.find(id.0).filter(|&(b, i)| self.books[b].resting[i].account == account.0),
+            (None, Some(cl)) => {
+                let mut hit = None;
+                for (b, book) in self.books.iter().enumerate() {
+                    for (i, o) in book.resting.iter().enumerate() {
+                        if o.account == account.0 && o.cl == cl.0 {
+                            hit = Some((b, i));
+                        }
+                    }
+                }
+                hit
+            }
+            _ => return Err(RejectReason::OrderRefInvalid),
+        };
+        found.ok_or(RejectReason::UnknownOrder)
+    }
+
+    fn check_price(book: &RBook, price: i64) -> Result<(), RejectReason> {
+        if price <= 0 {
+            return Err(RejectReason::PriceNotPositive);
+        }
+        if price > PRICE_MAX {
+            return Err(RejectReason::PriceTooLarge);
+        }
+        if price % book.tick != 0 {
+            return Err(RejectReason::PriceOffTick);
+        }
+        let (low, high) = book.band();
+        if price < low || price > high {
+            return Err(RejectReason::PriceOutsideBand);
+        }
+        Ok(())
+    }
+
+    fn validate_new(&self, o: &NewOrder, ts: u64) -> Result<(usize, i64), RejectReason> {
+        let b = self.book_index(o.instrument).ok_or(RejectReason::UnknownInstrument)?;
+        self.account(o.account).ok_or(RejectReason::UnknownAccount)?;
+        let book = &self.books[b];
+        match book.phase {
+            Phase::Open => {}
+            Phase::Halted => return Err(RejectReason::InstrumentHalted),
+            Phase::Closed => return Err(RejectReason::InstrumentClosed),
+        }
+        if o.qty.0 <= 0 {
+            return Err(RejectReason::QtyNotPositive);
+        }
+        if o.qty.0 > QTY_MAX {
+            return Err(RejectReason::QtyTooLarge);
+        }
+        let limit = match o.ord_type {
+            OrdType::Market => {
+                if matches!(o.tif, TimeInForce::Gtc | TimeInForce::Gtd) {
+                    return Err(RejectReason::InvalidTimeInForce);
+                }
+                let (low, high) = book.band();
+                match o.side {
+                    Side::Buy => high,
+                    Side::Sell => low,
+                }
+            }
+            OrdType::Limit => {
+                Self::check_price(book, o.price.0)?;
+                o.price.0
+            }
+        };
+        if o.tif == TimeInForce::Gtd {
+            if o.expire_ts_ns == 0 {
+                return Err(RejectReason::ExpireTimeMissing);
+            }
+            if o.expire_ts_ns <= ts {
+                return Err(RejectReason::ExpireTimeInPast);
+            }
+        } else if o.expire_ts_ns != 0 {
+            return Err(RejectReason::ExpireTimeUnexpected);
+        }
+        let d = o.display_qty.0;
+        if d != 0
+            && (d < 0
+                || d > o.qty.0
+                || o.ord_type == OrdType::Market
+                || matches!(o.tif, TimeInForce::Ioc | TimeInForce::Fok))
+        {
+            return Err(RejectReason::DisplayQtyInvalid);
+        }
+        if self.live_cl(o.account.0, o.cl_ord_id.0) {
+            return Err(RejectReason::DuplicateClOrdId);
+        }
+        Ok((b, limit))
+    }
+
+    fn new_order(&mut self, o: &NewOrder, ts: u64, out: &mut Vec<Out>) {
+        let (b, limit) = match self.validate_new(o, ts) {
+            Ok(x) => x,
+            Err(reason) => {
+                out.push(Out::Rejected { reason });
+                return;
+            }
+        };
+        let id = self.next_order_id;
+        self.next_order_id += 1;
+        out.push(Out::Accepted { order_id: id });
+        let is_market = o.ord_type == OrdType::Market;
+        let mut order = ROrder {
+            id,
+            cl: o.cl_ord_id.0,
+            account: o.account.0,
+            side: o.side,
+            price: limit,
+            total: o.qty.0,
+            filled: 0,
+            leaves: o.qty.0,
+            display_size: o.display_qty.0,
+            display: 0,
+            // A market order is never resting; Day reads as IOC.
+            tif: if is_market && o.tif == TimeInForce::Day { TimeInForce::Ioc } else { o.tif },
+            expire: o.expire_ts_ns,
+            stamp: 0,
+        };
+        order.display = order.show(order.leaves);
+        if order.tif == TimeInForce::Fok {
+            // Fill or kill: try the whole match on a copy; if it would not fill completely,
+            // nothing at all happens.
+            let mut trial_model = self.clone();
+            let mut trial = order.clone();
+            let mut scratch = Vec::new();
+            let end = trial_model.match_incoming(b, &mut trial, &mut scratch);
+            if !(end == End::Done && trial.leaves == 0) {
+                out.push(Out::Cancelled { order_id: id, qty: order.leaves, reason: CancelReason::FillOrKillUnfilled });
+                return;
+            }
+        }
+        let end = self.match_incoming(b, &mut order, out);
+        self.finish(b, order, end, is_market, out);
+    }
+
+    /// Matches `inc` (not resting) against the opposite side of book `b`.
+    fn match_incoming(&mut self, b: usize, inc: &mut ROrder, out: &mut Vec<Out>) -> End {
+        let me = self.account(AccountId(inc.account)).expect("known account");
+        loop {
+            if inc.leaves == 0 {
+                return End::Done;
+            }
+            let Some(i) = self.books[b].best_against(inc.side, inc.price) else {
+                return End::Done;
+            };
+            let r = self.books[b].resting[i].clone();
+            let same = match me.stp {
+                StpMode::None => false,
+                _ => match me.scope {
+                    StpScope::Account => r.account == me.id,
+                    StpScope::Firm => self.firm_of(r.account) == me.firm,
+                },
+            };
+            if same {
+                match me.stp {
+                    StpMode::CancelResting | StpMode::CancelBoth => {
+                        self.books[b].resting.remove(i);
+                        out.push(Out::Cancelled { order_id: r.id, qty: r.leaves, reason: CancelReason::SelfTradePrevention });
+                        if me.stp == StpMode::CancelBoth {
+                            return End::Stp;
+                        }
+                        continue;
+                    }
+                    StpMode::CancelIncoming => return End::Stp,
+                    StpMode::None => unreachable!(),
+                }
+            }
+            // Only the visible part of the resting order trades at a time.
+            let qty = inc.leaves.min(r.display);
+            inc.leaves -= qty;
+            inc.filled += qty;
+            inc.display = inc.show(inc.leaves);
+            let (buy, sell) = match inc.side {
+                Side::Buy => (inc.id, r.id),
+                Side::Sell => (r.id, inc.id),
+            };
+            out.push(Out::Trade { price: r.price, qty, buy, sell, aggressor: inc.side });
+            self.books[b].reference = r.price;
+            let stamp = self.stamp();
+            let ro = &mut self.books[b].resting[i];
+            ro.leaves -= qty;
+            ro.filled += qty;
+            ro.display -= qty;
+            if ro.leaves == 0 {
+                self.books[b].resting.remove(i);
+            } else if ro.display == 0 {
+                // The iceberg shows its next part and goes to the back of its level.
+                ro.display = ro.show(ro.leaves);
+                ro.stamp = stamp;
+            }
+        }
+    }
+
+    /// After matching: the order rests, or what is left of it is cancelled.
+    fn finish(&mut self, b: usize, mut o: ROrder, end: End, is_market: bool, out: &mut Vec<Out>) {
+        if o.leaves == 0 {
+            return;
+        }
+        let reason = if end == End::Stp {
+            Some(CancelReason::SelfTradePrevention)
+        } else if is_market {
+            Some(CancelReason::MarketRemainder)
+        } else {
+            match o.tif {
+                TimeInForce::Ioc => Some(CancelReason::ImmediateOrCancelRemainder),
+                TimeInForce::Fok => Some(CancelReason::FillOrKillUnfilled),
+                _ => None,
+            }
+        };
+        match reason {
+            Some(reason) => out.push(Out::Cancelled { order_id: o.id, qty: o.leaves, reason }),
+            None => {
+                o.stamp = self.stamp();
+                self.books[b].resting.push(o);
+            }
+        }
+    }
+
+    fn replace(&mut self, r: &Replace, out: &mut Vec<Out>) -> Result<(), RejectReason> {
+        let (b, i) = self.lookup(r.account, &r.target)?;
+        let book = &self.books[b];
+        match book.phase {
+            Phase::Open => {}
+            Phase::Halted => return Err(RejectReason::InstrumentHalted),
+            Phase::Closed => return Err(RejectReason::InstrumentClosed),
+        }
+        let o = &book.resting[i];
+        let new_price = r.price.map_or(o.price, |p| p.0);
+        let new_total = r.qty.map_or(o.total, |q| q.0);
+        if new_price == o.price && new_total == o.total {
+            return Err(RejectReason::ReplaceNoChange);
+        }
+        if new_price != o.price {
+            Self::check_price(book, new_price)?;
+        }
+        if new_total <= 0 {
+            return Err(RejectReason::QtyNotPositive);
+        }
+        if new_total > QTY_MAX {
+            return Err(RejectReason::QtyTooLarge);
+        }
+        if new_total <= o.filled {
+            return Err(RejectReason::ReplaceQtyNotAboveFilled);
+        }
+        if r.cl_ord_id.0 != o.cl && self.live_cl(o.account, r.cl_ord_id.0) {
+            return Err(RejectReason::DuplicateClOrdId);
+        }
+        let new_leaves = new_total - o.filled;
+        let kept = new_price == o.price && new_leaves <= o.leaves;
+        let mut o = self.books[b].resting.remove(i);
+        o.cl = r.cl_ord_id.0;
+        o.total = new_total;
+        out.push(Out::Replaced { order_id: o.id, price: new_price, total: new_total, leaves: new_leaves, priority_kept: kept });
+        if kept {
+            // A decrease keeps the place in the queue (and the stamp); the visible part
+            // shrinks only if the order no longer has that much.
+            o.display = if o.display_size > 0 { o.display.min(new_leaves) } else { new_leaves };
+            o.leaves = new_leaves;
+            self.books[b].resting.push(o);
+        } else {
+            // Priority lost: the order re-enters as an aggressor at its new price.
+            o.price = new_price;
+            o.leaves = new_leaves;
+            o.display = o.show(new_leaves);
+            let end = self.match_incoming(b, &mut o, out);
+            self.finish(b, o, end, false, out);
+        }
+        Ok(())
+    }
+
+    fn mass_cancel(&mut self, m: &MassCancel, out: &mut Vec<Out>) {
+        if m.account.is_none() && m.firm.is_none() && m.instrument.is_none() && m.side.is_none() {
+            out.push(Out::CommandRejected { reason: RejectReason::MassCancelUnfiltered });
+            return;
+        }
+        if let Some(a) = m.account {
+            if self.account(a).is_none() {
+                out.push(Out::CommandRejected { reason: RejectReason::UnknownAccount });
+                return;
+            }
+        }
+        if let Some(i) = m.instrument {
+            if self.book_index(i).is_none() {
+                out.push(Out::CommandRejected { reason: RejectReason::UnknownInstrument });
+                return;
+            }
+        }
+        let victims: Vec<u64> = self
+            .books
+            .iter()
+            .filter(|b| m.instrument.is_none_or(|i| i.0 == b.id))
+            .flat_map(|b| b.in_priority())
+            .filter(|o| {
+                m.side.is_none_or(|s| s == o.side)
+                    && m.account.is_none_or(|a| a.0 == o.account)
+                    && m.firm.is_none_or(|f| f.0 == self.firm_of(o.account))
+            })
+            .map(|o| o.id)
+            .collect();
+        for id in &victims {
+            let (b, i) = self.find(*id).expect("live");
+            let o = self.books[b].resting.remove(i);
+            out.push(Out::Cancelled { order_id: o.id, qty: o.leaves, reason: CancelReason::MassCancel });
+        }
+        out.push(Out::MassCancelDone { n: victims.len() as u64 });
+    }
+}
