@@ -36,11 +36,42 @@ pub struct Qty(pub i64);
 /// An amount of money in units of `10^-CASH_SCALE`. i128 so that balances that accumulate
 /// the proceeds of many trades can never overflow; single movements are bounded by
 /// [`CASH_AMOUNT_MAX`].
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
-#[serde(transparent)]
+///
+/// In JSON it is a plain integer while it fits 64 bits and a decimal string of the raw units
+/// beyond (serde's tagged enums cannot carry 128-bit integers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Cash(pub i128);
+
+impl Serialize for Cash {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match i64::try_from(self.0) {
+            Ok(v) => s.serialize_i64(v),
+            Err(_) => s.serialize_str(&self.0.to_string()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Cash {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Cash, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Cash;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an integer amount of cash units, or such an integer as a string")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Cash, E> {
+                Ok(Cash(v as i128))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Cash, E> {
+                Ok(Cash(v as i128))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Cash, E> {
+                v.trim().parse::<i128>().map(Cash).map_err(|_| E::custom(format!("'{v}' is not an integer amount")))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
 
 impl Price {
     pub const ZERO: Price = Price(0);
@@ -128,6 +159,16 @@ pub fn parse_scaled(text: &str, scale: u8) -> Result<i64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cash_reads_and_writes_as_json_integers_or_strings() {
+        assert_eq!(serde_json::to_string(&Cash(42)).unwrap(), "42");
+        let big = Cash(i64::MAX as i128 * 4);
+        let text = serde_json::to_string(&big).unwrap();
+        assert_eq!(serde_json::from_str::<Cash>(&text).unwrap(), big);
+        assert_eq!(serde_json::from_str::<Cash>("-7").unwrap(), Cash(-7));
+        assert!(serde_json::from_str::<Cash>("1.5").is_err());
+    }
 
     #[test]
     fn scaled_numbers_round_trip_through_text() {
