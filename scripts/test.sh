@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The test command of bourse (README.md): everything CI checks, in one run.
+#   scripts/test.sh           full run (about 10-20 minutes on 2 cores, most of it compiling)
+# Environment knobs:
+#   BOURSE_DIFF_COMMANDS      random commands in the engine's differential test (default 1,000,000)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export BOURSE_DIFF_COMMANDS="${BOURSE_DIFF_COMMANDS:-1000000}"
+
+step() { printf '\n== %s\n' "$*"; }
+
+if cargo fmt --version >/dev/null 2>&1; then
+  step "formatting (cargo fmt --check)"
+  cargo fmt --all -- --check
+fi
+
+if [ -x scripts/gen-sbe.sh ]; then
+  step "generated SBE codecs match the schemas (scripts/gen-sbe.sh --check)"
+  scripts/gen-sbe.sh --check
+fi
+
+step "unit, property, differential and conformance tests (release build)"
+cargo test --workspace --release
+
+step "the batch interface replays the example trading day"
+./target/release/bourse engine run --input examples/trading-day.jsonl --output /tmp/bourse-events.jsonl --summary
+grep -q '"event":"trade"' /tmp/bourse-events.jsonl
+
+step "the main job runs end to end (bourse demo, 3 seconds)"
+./target/release/bourse demo --seconds 3 --rate 20000 --accounts 1000
+
+step "benchmarks run (smoke sizes; figures are in BENCHMARKS.md)"
+./target/release/bourse bench engine --ops 20000 --warmup 2000 --rates 100000 --open-loop-seconds 1 --json >/dev/null
+./target/release/bourse bench capacity --accounts 10000 --positions-per-account 3 --instruments 10 --orders 10000 --json >/dev/null
+
+echo
+echo "scripts/test.sh: all checks passed"
