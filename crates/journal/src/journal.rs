@@ -1,0 +1,1114 @@
+//! The log: [`Journal`] appends entries to segment files, reads them back, truncates
+//! conflicting suffixes, purges what a snapshot covers, and keeps raft's vote file.
+
+use std::ops::{Bound, RangeBounds};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+
+use crate::error::{JournalError, Result};
+use crate::format::{
+    chain_hash, decode_frame, encode_record, frame_payload, genesis_hash, segment_file_name, Frame,
+    Identity, SegmentHeader, PAYLOAD_SIZE_BYTES_LIMIT, RECORD_HEADER_SIZE_BYTES,
+    SEGMENT_HEADER_SIZE_BYTES, SEGMENT_SIZE_BYTES_LIMIT, SEGMENT_SIZE_BYTES_MIN,
+};
+use crate::meta::{write_meta, ChainPoint, LogPosition, Meta, MetaRecord};
+use crate::recovery::{analyze, ScannedSegment};
+use crate::storage::{OpenMode, RealStorage, SegmentFile, Storage};
+
+/// The most entries one `append` call may carry.
+pub const ENTRIES_PER_APPEND_LIMIT: u32 = 1 << 20;
+/// The largest latency the fsync histogram tracks (an hour); longer ones are clamped.
+pub const LATENCY_NS_MAX: u64 = 3_600_000_000_000;
+/// The longest a `Batch` fsync interval may be: longer would make "batch" mean "never".
+pub const FSYNC_INTERVAL_MS_LIMIT: u32 = 10_000;
+
+/// When appended data is made durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fsync {
+    /// `append` returns Ok only after the data is fdatasync'ed: an appended entry survives
+    /// power loss.
+    Always,
+    /// `append` fsyncs when `interval_ms` passed since the last fsync or `bytes_max` bytes are
+    /// waiting, whichever comes first; `flush` forces it. A crash can lose the last interval.
+    Batch { interval_ms: u32, bytes_max: u64 },
+    /// `append` never fsyncs; the operating system writes back when it likes. `flush` still
+    /// fsyncs, because the caller asked for it by name.
+    Never,
+}
+
+/// How a journal is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub cluster_id: u128,
+    pub node_id: u64,
+    pub fsync: Fsync,
+    /// A segment is sealed and a new one started before it would grow past this size.
+    pub segment_size_bytes_max: u64,
+    pub payload_size_bytes_max: u32,
+    pub entries_per_append_max: u32,
+}
+
+impl Config {
+    /// A configuration with the defaults: fsync always, 64 MiB segments, 1 MiB payloads.
+    pub fn new(cluster_id: u128, node_id: u64) -> Config {
+        Config {
+            cluster_id,
+            node_id,
+            fsync: Fsync::Always,
+            segment_size_bytes_max: 64 * 1024 * 1024,
+            payload_size_bytes_max: 1024 * 1024,
+            entries_per_append_max: 64 * 1024,
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let fail = |m: String| Err(JournalError::Config(m));
+        if !(SEGMENT_SIZE_BYTES_MIN..=SEGMENT_SIZE_BYTES_LIMIT)
+            .contains(&self.segment_size_bytes_max)
+        {
+            return fail(format!(
+                "segment_size_bytes_max {} is outside {SEGMENT_SIZE_BYTES_MIN}..={SEGMENT_SIZE_BYTES_LIMIT}",
+                self.segment_size_bytes_max
+            ));
+        }
+        if self.payload_size_bytes_max > PAYLOAD_SIZE_BYTES_LIMIT {
+            return fail(format!(
+                "payload_size_bytes_max {} exceeds the limit {PAYLOAD_SIZE_BYTES_LIMIT}",
+                self.payload_size_bytes_max
+            ));
+        }
+        let record_size_bytes_max =
+            RECORD_HEADER_SIZE_BYTES + u64::from(self.payload_size_bytes_max);
+        if SEGMENT_HEADER_SIZE_BYTES + record_size_bytes_max > self.segment_size_bytes_max {
+            return fail(format!(
+                "a record of payload_size_bytes_max {} does not fit a segment of {} bytes",
+                self.payload_size_bytes_max, self.segment_size_bytes_max
+            ));
+        }
+        if self.entries_per_append_max == 0
+            || self.entries_per_append_max > ENTRIES_PER_APPEND_LIMIT
+        {
+            return fail(format!(
+                "entries_per_append_max {} is outside 1..={ENTRIES_PER_APPEND_LIMIT}",
+                self.entries_per_append_max
+            ));
+        }
+        if let Fsync::Batch {
+            interval_ms,
+            bytes_max,
+        } = self.fsync
+        {
+            if interval_ms > FSYNC_INTERVAL_MS_LIMIT || bytes_max == 0 {
+                return fail(format!(
+                    "Fsync::Batch needs interval_ms <= {FSYNC_INTERVAL_MS_LIMIT} and bytes_max > 0"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn identity(&self) -> Identity {
+        Identity {
+            cluster_id: self.cluster_id,
+            node_id: self.node_id,
+        }
+    }
+}
+
+/// One log entry: a raft log id and an opaque payload (a batch of commands).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub index: u64,
+    pub term: u64,
+    pub payload: Vec<u8>,
+}
+
+/// A torn write recovery cut away.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TornTail {
+    pub file: PathBuf,
+    pub offset: u64,
+    pub bytes_dropped: u64,
+    pub reason: String,
+}
+
+/// What `open` found and repaired.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// True if the directory held no journal and a new one was created.
+    pub created: bool,
+    pub segments: usize,
+    pub records: u64,
+    pub first_index: Option<u64>,
+    pub last: Option<LogPosition>,
+    pub torn_tail: Option<TornTail>,
+    pub removed_temp_files: Vec<PathBuf>,
+    /// Segments wholly below the purge point, left by an interrupted purge or reset.
+    pub removed_stale_segments: Vec<PathBuf>,
+    /// Files in the directory that are not the journal's; they are left alone.
+    pub foreign_files: Vec<PathBuf>,
+    /// Set when the vote file's committed index is beyond the log's end and the fsync mode
+    /// allowed that loss (`Batch` or `Never`); with `Always` this is an error instead.
+    pub committed_lost: Option<String>,
+}
+
+/// A segment file as the journal holds it open.
+#[derive(Debug)]
+struct Segment {
+    path: PathBuf,
+    base_index: u64,
+    prev_term: u64,
+    prev_hash: u64,
+    file: Box<dyn SegmentFile>,
+    /// Byte offset of each record, by `index - base_index`.
+    offsets: Vec<u32>,
+    len_bytes: u64,
+}
+
+impl Segment {
+    fn next_index(&self) -> u64 {
+        self.base_index + self.offsets.len() as u64
+    }
+
+    fn record_range(&self, index: u64) -> (u64, u64) {
+        let i = (index - self.base_index) as usize;
+        let start = u64::from(self.offsets[i]);
+        let end = self
+            .offsets
+            .get(i + 1)
+            .map_or(self.len_bytes, |&o| u64::from(o));
+        (start, end)
+    }
+}
+
+/// Enough of the journal's state to undo an append that failed half way.
+struct Rollback {
+    segments: usize,
+    offsets: usize,
+    len_bytes: u64,
+    next_index: u64,
+    tip_term: u64,
+    tip_hash: u64,
+}
+
+/// An append-only, hash-chained, CRC-framed log in a directory of segment files.
+///
+/// Invariants: segments are contiguous (each starts where its predecessor ends and links to
+/// its last chain hash); only the last segment is written; `next_index`, `tip_term` and
+/// `tip_hash` describe the last record (or the chain point before the first segment).
+#[derive(Debug)]
+pub struct Journal {
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    config: Config,
+    segments: Vec<Segment>,
+    next_index: u64,
+    tip_term: u64,
+    tip_hash: u64,
+    meta: MetaRecord,
+    poisoned: Option<String>,
+    /// Index of the first segment holding data not yet fsynced, if any.
+    unsynced_segment: Option<usize>,
+    unsynced_bytes: u64,
+    last_sync: Instant,
+    durable_next_index: u64,
+    encode_buffer: Vec<u8>,
+    fsync_latency_ns: Histogram<u64>,
+}
+
+impl Journal {
+    /// Opens (or creates) the journal in `dir` on the real file system.
+    pub fn open(dir: impl AsRef<Path>, config: Config) -> Result<(Journal, RecoveryReport)> {
+        Journal::open_with_storage(Arc::new(RealStorage), dir, config)
+    }
+
+    /// Opens (or creates) the journal in `dir` through `storage`.
+    ///
+    /// Recovery reads and checks every segment. A torn record at the very end of the last
+    /// segment is cut away and reported; any other damage fails the open with an error naming
+    /// the file and byte offset.
+    pub fn open_with_storage(
+        storage: Arc<dyn Storage>,
+        dir: impl AsRef<Path>,
+        config: Config,
+    ) -> Result<(Journal, RecoveryReport)> {
+        config.validate()?;
+        let dir = dir.as_ref().to_path_buf();
+        let identity = config.identity();
+        storage
+            .create_dir_all(&dir)
+            .map_err(|error| JournalError::io("create directory", &dir, error))?;
+        let mut analysis = analyze(&storage, &dir, Some(identity))?;
+        let mut report = RecoveryReport::default();
+        match analysis.problem.take() {
+            None => {}
+            Some(JournalError::CommittedMissing {
+                committed, last, ..
+            }) if config.fsync != Fsync::Always => {
+                report.committed_lost = Some(format!(
+                    "the vote file records index {committed} as committed but the log ends at \
+                     {last}; with fsync {:?} the tail was not yet durable",
+                    config.fsync
+                ));
+            }
+            Some(problem) => return Err(problem),
+        }
+        report.foreign_files = analysis.listing.foreign_files.clone();
+
+        // Repairs, each one safe to repeat if we crash in the middle of it.
+        for temp in &analysis.listing.temp_files {
+            storage
+                .remove_file(temp)
+                .map_err(|error| JournalError::io("remove", temp, error))?;
+            report.removed_temp_files.push(temp.clone());
+        }
+        for stale in &analysis.stale_segments {
+            storage
+                .remove_file(stale)
+                .map_err(|error| JournalError::io("remove", stale, error))?;
+            report.removed_stale_segments.push(stale.clone());
+        }
+        if let Some((path, len_bytes)) = &analysis.torn_last_segment {
+            storage
+                .remove_file(path)
+                .map_err(|error| JournalError::io("remove", path, error))?;
+            report.torn_tail = Some(TornTail {
+                file: path.clone(),
+                offset: 0,
+                bytes_dropped: *len_bytes,
+                reason: "segment file without a header (interrupted creation)".to_string(),
+            });
+        }
+        let mut segments = Vec::with_capacity(analysis.segments.len());
+        for scanned in &analysis.segments {
+            let mut file = storage
+                .open_file(&scanned.path, OpenMode::ReadWrite)
+                .map_err(|error| JournalError::io("open", &scanned.path, error))?;
+            if let Some((offset, reason)) = &scanned.torn_tail {
+                assert_eq!(*offset, scanned.valid_len_bytes);
+                file.set_len(scanned.valid_len_bytes)
+                    .map_err(|error| JournalError::io("truncate", &scanned.path, error))?;
+                file.sync_data()
+                    .map_err(|error| JournalError::io("fsync", &scanned.path, error))?;
+                assert!(report.torn_tail.is_none(), "one torn tail at most");
+                report.torn_tail = Some(TornTail {
+                    file: scanned.path.clone(),
+                    offset: *offset,
+                    bytes_dropped: scanned.file_len_bytes - scanned.valid_len_bytes,
+                    reason: reason.clone(),
+                });
+            }
+            if config.fsync != Fsync::Never {
+                // A previous process may have died with this data still in the page cache;
+                // it is reported durable from now on, so make it so.
+                file.sync_data()
+                    .map_err(|error| JournalError::io("fsync", &scanned.path, error))?;
+            }
+            segments.push(open_segment(scanned, file)?);
+        }
+        let dir_changed = !report.removed_temp_files.is_empty()
+            || !report.removed_stale_segments.is_empty()
+            || analysis.torn_last_segment.is_some();
+
+        let mut journal = Journal {
+            storage: storage.clone(),
+            dir: dir.clone(),
+            config,
+            segments,
+            next_index: 0,
+            tip_term: 0,
+            tip_hash: genesis_hash(config.cluster_id),
+            meta: analysis.meta.unwrap_or_default(),
+            poisoned: None,
+            unsynced_segment: None,
+            unsynced_bytes: 0,
+            last_sync: Instant::now(),
+            durable_next_index: 0,
+            encode_buffer: Vec::new(),
+            fsync_latency_ns: Histogram::new_with_bounds(1, LATENCY_NS_MAX, 3)
+                .map_err(|e| JournalError::Config(e.to_string()))?,
+        };
+        if analysis.meta.is_none() {
+            report.created = true;
+            journal.write_meta_record(MetaRecord::default())?;
+        }
+        if let Some(scanned) = analysis.segments.last() {
+            let tip = scanned.tip();
+            journal.next_index = scanned.next_index();
+            journal.tip_term = tip.term;
+            journal.tip_hash = tip.hash;
+        } else {
+            // No segments: start one at the purge point, or at genesis.
+            if let Some(purged) = journal.meta.purged {
+                journal.next_index = purged.index + 1;
+                journal.tip_term = purged.term;
+                journal.tip_hash = purged.hash;
+            }
+            journal.create_segment()?;
+        }
+        if dir_changed {
+            storage
+                .sync_dir(&dir)
+                .map_err(|error| JournalError::io("fsync directory", &dir, error))?;
+        }
+        journal.durable_next_index = journal.next_index;
+        journal.assert_invariants();
+        report.segments = journal.segments.len();
+        report.first_index = journal.first_index();
+        report.last = journal.last_position();
+        report.records = match (report.first_index, report.last) {
+            (Some(first), Some(last)) => last.index + 1 - first,
+            _ => 0,
+        };
+        Ok((journal, report))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The reason the journal stopped accepting writes, if it did.
+    pub fn poisoned(&self) -> Option<&str> {
+        self.poisoned.as_deref()
+    }
+
+    /// The index the next appended entry must carry.
+    pub fn next_index(&self) -> u64 {
+        self.next_index
+    }
+
+    /// The first entry still readable, if the log holds any.
+    pub fn first_index(&self) -> Option<u64> {
+        let first = self.logical_first_index();
+        (first < self.next_index).then_some(first)
+    }
+
+    /// The last entry's log id, or the purge point if every entry was purged (what openraft's
+    /// `LogState::last_log_id` wants), or None for an empty new log.
+    pub fn last_position(&self) -> Option<LogPosition> {
+        let index = self.next_index.checked_sub(1)?;
+        Some(LogPosition {
+            index,
+            term: self.tip_term,
+        })
+    }
+
+    pub fn last_index(&self) -> Option<u64> {
+        self.last_position().map(|p| p.index)
+    }
+
+    pub fn last_term(&self) -> Option<u64> {
+        self.last_position().map(|p| p.term)
+    }
+
+    /// The chain hash of the last entry (or of the chain point before the log).
+    pub fn last_hash(&self) -> u64 {
+        self.tip_hash
+    }
+
+    /// The last purged entry's log id (openraft's `LogState::last_purged_log_id`).
+    pub fn last_purged(&self) -> Option<LogPosition> {
+        self.meta.purged.map(|p| p.position())
+    }
+
+    /// Entries below this index are known durable.
+    pub fn durable_next_index(&self) -> u64 {
+        self.durable_next_index
+    }
+
+    /// The raft hard state last saved.
+    pub fn meta(&self) -> Meta {
+        self.meta.meta
+    }
+
+    /// fsync latencies of this journal's appends, in nanoseconds.
+    pub fn fsync_latency_ns(&self) -> &Histogram<u64> {
+        &self.fsync_latency_ns
+    }
+
+    fn logical_first_index(&self) -> u64 {
+        let physical = self
+            .segments
+            .first()
+            .map_or(self.next_index, |s| s.base_index);
+        match self.meta.purged {
+            Some(purged) => physical.max(purged.index + 1),
+            None => physical,
+        }
+    }
+
+    fn range_text(&self) -> String {
+        match self.first_index() {
+            Some(first) => format!("{first}..={}", self.next_index - 1),
+            None => format!("(empty, next index {})", self.next_index),
+        }
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        match &self.poisoned {
+            Some(cause) => Err(JournalError::Poisoned {
+                cause: cause.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a write-path failure: from now on every write is refused.
+    fn poison(&mut self, error: JournalError) -> JournalError {
+        if self.poisoned.is_none() {
+            self.poisoned = Some(error.to_string());
+        }
+        error
+    }
+
+    /// Appends entries. Their indexes must continue the log without a gap and their terms
+    /// must not decrease. Under `Fsync::Always` they are durable when this returns Ok.
+    pub fn append(&mut self, entries: &[Entry]) -> Result<()> {
+        self.check_writable()?;
+        if entries.is_empty() {
+            return Ok(());
+        }
+        if entries.len() > self.config.entries_per_append_max as usize {
+            return Err(JournalError::Invalid(format!(
+                "{} entries in one append, the limit is {}",
+                entries.len(),
+                self.config.entries_per_append_max
+            )));
+        }
+        let mut term = self.tip_term;
+        for (i, entry) in entries.iter().enumerate() {
+            let expected = self.next_index + i as u64;
+            if entry.index != expected {
+                return Err(JournalError::Invalid(format!(
+                    "entry index {} does not continue the log, expected {expected}",
+                    entry.index
+                )));
+            }
+            if entry.term < term {
+                return Err(JournalError::Invalid(format!(
+                    "entry {} has term {} below the previous entry's term {term}",
+                    entry.index, entry.term
+                )));
+            }
+            if entry.payload.len() > self.config.payload_size_bytes_max as usize {
+                return Err(JournalError::Invalid(format!(
+                    "entry {} payload is {} bytes, the limit is {}",
+                    entry.index,
+                    entry.payload.len(),
+                    self.config.payload_size_bytes_max
+                )));
+            }
+            term = entry.term;
+        }
+
+        let rollback = self.rollback_point();
+        match self.append_checked(entries) {
+            Ok(()) => {
+                self.assert_invariants();
+                Ok(())
+            }
+            Err(error) => {
+                self.roll_back(rollback);
+                Err(self.poison(error))
+            }
+        }
+    }
+
+    fn rollback_point(&self) -> Rollback {
+        let last = self.segments.last();
+        Rollback {
+            segments: self.segments.len(),
+            offsets: last.map_or(0, |s| s.offsets.len()),
+            len_bytes: last.map_or(0, |s| s.len_bytes),
+            next_index: self.next_index,
+            tip_term: self.tip_term,
+            tip_hash: self.tip_hash,
+        }
+    }
+
+    fn roll_back(&mut self, rollback: Rollback) {
+        // The files may hold some of the failed bytes; recovery on the next open decides what
+        // of them is valid. In memory we forget them so no reader sees an unacknowledged entry.
+        self.segments.truncate(rollback.segments);
+        if let Some(last) = self.segments.last_mut() {
+            last.offsets.truncate(rollback.offsets);
+            last.len_bytes = rollback.len_bytes;
+        }
+        self.next_index = rollback.next_index;
+        self.tip_term = rollback.tip_term;
+        self.tip_hash = rollback.tip_hash;
+        self.durable_next_index = self.durable_next_index.min(self.next_index);
+        let last = self.segments.len().saturating_sub(1);
+        self.unsynced_segment = self.unsynced_segment.map(|s| s.min(last));
+    }
+
+    fn append_checked(&mut self, entries: &[Entry]) -> Result<()> {
+        let mut buffer = std::mem::take(&mut self.encode_buffer);
+        buffer.clear();
+        let mut pending_offsets: Vec<u32> = Vec::with_capacity(entries.len());
+        let mut result = Ok(());
+        for entry in entries {
+            let record_size = RECORD_HEADER_SIZE_BYTES + entry.payload.len() as u64;
+            let segment = self.segments.last().expect("journal always has a segment");
+            let segment_len = segment.len_bytes + buffer.len() as u64;
+            let has_records = !segment.offsets.is_empty() || !pending_offsets.is_empty();
+            if has_records && segment_len + record_size > self.config.segment_size_bytes_max {
+                if let Err(error) = self.write_pending(&mut buffer, &mut pending_offsets) {
+                    result = Err(error);
+                    break;
+                }
+                if let Err(error) = self.roll_over() {
+                    result = Err(error);
+                    break;
+                }
+            }
+            let segment = self.segments.last().expect("journal always has a segment");
+            let offset = segment.len_bytes + buffer.len() as u64;
+            assert!(offset + record_size <= SEGMENT_SIZE_BYTES_LIMIT);
+            let hash = chain_hash(self.tip_hash, entry.index, entry.term, &entry.payload);
+            encode_record(&mut buffer, entry.index, entry.term, hash, &entry.payload);
+            pending_offsets.push(offset as u32);
+            self.tip_hash = hash;
+            self.tip_term = entry.term;
+        }
+        if result.is_ok() {
+            result = self.write_pending(&mut buffer, &mut pending_offsets);
+        }
+        self.encode_buffer = buffer;
+        result?;
+        debug_assert_eq!(self.next_index, entries[entries.len() - 1].index + 1);
+        match self.config.fsync {
+            Fsync::Always => self.sync(),
+            Fsync::Batch {
+                interval_ms,
+                bytes_max,
+            } => {
+                if self.unsynced_bytes >= bytes_max
+                    || self.last_sync.elapsed() >= Duration::from_millis(u64::from(interval_ms))
+                {
+                    self.sync()
+                } else {
+                    Ok(())
+                }
+            }
+            Fsync::Never => Ok(()),
+        }
+    }
+
+    /// Writes the encoded records to the last segment with one write call.
+    fn write_pending(&mut self, buffer: &mut Vec<u8>, offsets: &mut Vec<u32>) -> Result<()> {
+        if buffer.is_empty() {
+            return Ok(());
+        }
+        let segment_index = self.segments.len() - 1;
+        let segment = &mut self.segments[segment_index];
+        segment
+            .file
+            .write_all_at(buffer, segment.len_bytes)
+            .map_err(|error| JournalError::io("write", &segment.path, error))?;
+        segment.len_bytes += buffer.len() as u64;
+        segment.offsets.extend_from_slice(offsets);
+        self.next_index += offsets.len() as u64;
+        self.unsynced_bytes += buffer.len() as u64;
+        self.unsynced_segment.get_or_insert(segment_index);
+        buffer.clear();
+        offsets.clear();
+        Ok(())
+    }
+
+    /// fsyncs every segment holding unsynced data.
+    fn sync(&mut self) -> Result<()> {
+        if let Some(first) = self.unsynced_segment {
+            for segment in &mut self.segments[first..] {
+                let start = Instant::now();
+                segment
+                    .file
+                    .sync_data()
+                    .map_err(|error| JournalError::io("fsync", &segment.path, error))?;
+                let ns = start.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+                self.fsync_latency_ns.saturating_record(ns.max(1));
+            }
+        }
+        self.unsynced_segment = None;
+        self.unsynced_bytes = 0;
+        self.last_sync = Instant::now();
+        self.durable_next_index = self.next_index;
+        Ok(())
+    }
+
+    /// Makes everything appended so far durable, in every fsync mode.
+    pub fn flush(&mut self) -> Result<()> {
+        self.check_writable()?;
+        self.sync().map_err(|error| self.poison(error))
+    }
+
+    /// Seals the last segment and starts a new one at `next_index`.
+    fn roll_over(&mut self) -> Result<()> {
+        if self.config.fsync != Fsync::Never {
+            // A sealed segment must be durable before its successor exists, or a crash could
+            // leave a hole in the middle of the log that recovery must call corruption.
+            self.sync()?;
+        }
+        self.create_segment()
+    }
+
+    /// Creates a segment starting at `next_index` atomically: header into a temporary file,
+    /// fsync, rename into place, fsync the directory. A crash leaves either no segment or a
+    /// complete header, never a half-written one.
+    fn create_segment(&mut self) -> Result<()> {
+        let name = segment_file_name(self.next_index);
+        let path = self.dir.join(&name);
+        let temp = self.dir.join(format!("{name}.tmp"));
+        let header = SegmentHeader {
+            identity: self.config.identity(),
+            base_index: self.next_index,
+            prev_term: self.tip_term,
+            prev_hash: self.tip_hash,
+        };
+        let durable = self.config.fsync != Fsync::Never;
+        let storage = self.storage.clone();
+        match storage.remove_file(&temp) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(JournalError::io("remove", &temp, error)),
+        }
+        let mut file = storage
+            .open_file(&temp, OpenMode::CreateNew)
+            .map_err(|error| JournalError::io("create", &temp, error))?;
+        file.write_all_at(&header.encode(), 0)
+            .map_err(|error| JournalError::io("write", &temp, error))?;
+        if durable {
+            file.sync_data()
+                .map_err(|error| JournalError::io("fsync", &temp, error))?;
+        }
+        storage
+            .rename(&temp, &path)
+            .map_err(|error| JournalError::io("rename", &temp, error))?;
+        if durable {
+            storage
+                .sync_dir(&self.dir)
+                .map_err(|error| JournalError::io("fsync directory", &self.dir, error))?;
+        }
+        self.segments.push(Segment {
+            path,
+            base_index: header.base_index,
+            prev_term: header.prev_term,
+            prev_hash: header.prev_hash,
+            file,
+            offsets: Vec::new(),
+            len_bytes: SEGMENT_HEADER_SIZE_BYTES,
+        });
+        Ok(())
+    }
+
+    fn segment_of(&self, index: u64) -> Option<usize> {
+        if index < self.logical_first_index() || index >= self.next_index {
+            return None;
+        }
+        let position = self.segments.partition_point(|s| s.base_index <= index);
+        let candidate = position.checked_sub(1)?;
+        (index < self.segments[candidate].next_index()).then_some(candidate)
+    }
+
+    /// Reads one record from disk and checks it again: bit rot after open is still caught.
+    fn read_frame(&self, index: u64) -> Result<(Frame, Vec<u8>)> {
+        let Some(s) = self.segment_of(index) else {
+            return Err(JournalError::OutOfRange {
+                index,
+                range: self.range_text(),
+            });
+        };
+        let segment = &self.segments[s];
+        let (start, end) = segment.record_range(index);
+        let mut buf = vec![0u8; (end - start) as usize];
+        segment
+            .file
+            .read_exact_at(&mut buf, start)
+            .map_err(|error| JournalError::io("read", &segment.path, error))?;
+        let corrupt = |reason: String| JournalError::Corrupt {
+            file: segment.path.clone(),
+            offset: start,
+            reason,
+        };
+        let frame = decode_frame(&buf, 0).map_err(|e| corrupt(e.message().to_string()))?;
+        if frame.index != index || frame.size_bytes() != buf.len() as u64 {
+            return Err(corrupt(format!(
+                "record read for index {index} has index {} and {} bytes",
+                frame.index,
+                frame.size_bytes()
+            )));
+        }
+        Ok((frame, buf))
+    }
+
+    fn read_record(&self, index: u64) -> Result<Entry> {
+        let (frame, buf) = self.read_frame(index)?;
+        Ok(Entry {
+            index,
+            term: frame.term,
+            payload: frame_payload(&buf, 0, &frame).to_vec(),
+        })
+    }
+
+    /// The chain point of entry `index`; the point before the log if `index` is just below it.
+    fn chain_point(&self, index: u64) -> Result<ChainPoint> {
+        if index.checked_add(1) == Some(self.next_index) {
+            return Ok(ChainPoint {
+                index,
+                term: self.tip_term,
+                hash: self.tip_hash,
+            });
+        }
+        if let Some(purged) = self.meta.purged {
+            if purged.index == index {
+                return Ok(purged);
+            }
+        }
+        if let Some(segment) = self
+            .segments
+            .iter()
+            .find(|s| Some(s.base_index) == index.checked_add(1))
+        {
+            return Ok(ChainPoint {
+                index,
+                term: segment.prev_term,
+                hash: segment.prev_hash,
+            });
+        }
+        let (frame, _) = self.read_frame(index)?;
+        Ok(ChainPoint {
+            index,
+            term: frame.term,
+            hash: frame.hash,
+        })
+    }
+
+    /// The chain hash after entry `index` (for a snapshot to record, so a follower that
+    /// installs it can continue the same chain).
+    pub fn hash_at(&self, index: u64) -> Result<u64> {
+        self.chain_point(index).map(|p| p.hash)
+    }
+
+    pub fn term_at(&self, index: u64) -> Result<u64> {
+        self.chain_point(index).map(|p| p.term)
+    }
+
+    pub fn entry(&self, index: u64) -> Result<Entry> {
+        self.read_record(index)
+    }
+
+    /// Reads the entries in `range`, which must lie inside the log.
+    pub fn read(&self, range: impl RangeBounds<u64>) -> Result<Vec<Entry>> {
+        self.entries(range)?.collect()
+    }
+
+    /// Iterates over the entries in `range`, reading each from disk as it goes.
+    pub fn entries(&self, range: impl RangeBounds<u64>) -> Result<Entries<'_>> {
+        let start = match range.start_bound() {
+            Bound::Included(&s) => s,
+            Bound::Excluded(&s) => s.saturating_add(1),
+            Bound::Unbounded => self.logical_first_index(),
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&e) => e.saturating_add(1),
+            Bound::Excluded(&e) => e,
+            Bound::Unbounded => self.next_index,
+        };
+        if start < end && (start < self.logical_first_index() || end > self.next_index) {
+            let index = if start < self.logical_first_index() {
+                start
+            } else {
+                end - 1
+            };
+            return Err(JournalError::OutOfRange {
+                index,
+                range: self.range_text(),
+            });
+        }
+        Ok(Entries {
+            journal: self,
+            next: start,
+            end,
+        })
+    }
+
+    /// Drops every entry after `index` (raft: a conflicting suffix from an old leader) and
+    /// makes the cut durable before returning, so the dropped entries cannot reappear.
+    pub fn truncate_after(&mut self, index: u64) -> Result<()> {
+        self.check_writable()?;
+        let keep_next = index.saturating_add(1);
+        if keep_next >= self.next_index {
+            return Ok(());
+        }
+        let first = self.logical_first_index();
+        if keep_next < first {
+            return Err(JournalError::Invalid(format!(
+                "cannot truncate after {index}: entries up to {} were purged",
+                first - 1
+            )));
+        }
+        if let Some(committed) = self.meta.meta.committed {
+            if committed.index > index {
+                return Err(JournalError::Invalid(format!(
+                    "cannot truncate after {index}: index {} is committed",
+                    committed.index
+                )));
+            }
+        }
+        let tip = self.chain_point(index)?;
+        self.truncate_checked(keep_next, tip)
+            .map_err(|error| self.poison(error))?;
+        self.assert_invariants();
+        Ok(())
+    }
+
+    fn truncate_checked(&mut self, keep_next: u64, tip: ChainPoint) -> Result<()> {
+        let durable = self.config.fsync != Fsync::Never;
+        let mut removed = false;
+        // Newest first, so a crash leaves a contiguous prefix.
+        while self.segments.len() > 1 {
+            let last = self.segments.last().expect("more than one segment");
+            if last.base_index < keep_next {
+                break;
+            }
+            let path = last.path.clone();
+            self.storage
+                .remove_file(&path)
+                .map_err(|error| JournalError::io("remove", &path, error))?;
+            self.segments.pop();
+            removed = true;
+        }
+        if removed && durable {
+            self.storage
+                .sync_dir(&self.dir)
+                .map_err(|error| JournalError::io("fsync directory", &self.dir, error))?;
+        }
+        let segment = self
+            .segments
+            .last_mut()
+            .expect("journal always has a segment");
+        if keep_next < segment.next_index() {
+            let keep = (keep_next - segment.base_index) as usize;
+            let len_bytes = segment
+                .offsets
+                .get(keep)
+                .map_or(segment.len_bytes, |&o| u64::from(o));
+            segment
+                .file
+                .set_len(len_bytes)
+                .map_err(|error| JournalError::io("truncate", &segment.path, error))?;
+            if durable {
+                segment
+                    .file
+                    .sync_data()
+                    .map_err(|error| JournalError::io("fsync", &segment.path, error))?;
+            }
+            segment.offsets.truncate(keep);
+            segment.len_bytes = len_bytes;
+        }
+        self.next_index = keep_next;
+        self.tip_term = tip.term;
+        self.tip_hash = tip.hash;
+        self.durable_next_index = self.durable_next_index.min(keep_next);
+        self.unsynced_segment = self
+            .unsynced_segment
+            .map(|s| s.min(self.segments.len() - 1));
+        Ok(())
+    }
+
+    /// Forgets every entry up to and including `index` (covered by a snapshot) and deletes the
+    /// segments that hold nothing else. Returns how many segment files were deleted.
+    pub fn purge_upto(&mut self, index: u64) -> Result<usize> {
+        self.check_writable()?;
+        if index < self.logical_first_index() {
+            return Ok(0);
+        }
+        if index >= self.next_index {
+            return Err(JournalError::Invalid(format!(
+                "cannot purge up to {index}: the log ends at {}; install the snapshot with \
+                 reset() instead",
+                self.range_text()
+            )));
+        }
+        let point = self.chain_point(index)?;
+        self.purge_checked(point)
+            .map_err(|error| self.poison(error))
+    }
+
+    fn purge_checked(&mut self, point: ChainPoint) -> Result<usize> {
+        // The vote file records the new start first: if we crash while deleting, recovery
+        // knows the remaining old segments are below it.
+        let mut record = self.meta;
+        record.purged = Some(point);
+        self.write_meta_record(record)?;
+        if point.index + 1 == self.next_index
+            && !self.segments.last().is_some_and(|s| s.offsets.is_empty())
+        {
+            // Everything is purged: start an empty segment so the old ones can all go.
+            if self.config.fsync != Fsync::Never {
+                self.sync()?;
+            }
+            self.create_segment()?;
+        }
+        let mut removed = 0;
+        while self.segments.len() > 1 && self.segments[0].next_index() <= point.index + 1 {
+            let path = self.segments[0].path.clone();
+            self.storage
+                .remove_file(&path)
+                .map_err(|error| JournalError::io("remove", &path, error))?;
+            self.segments.remove(0);
+            self.unsynced_segment = self.unsynced_segment.map(|s| s.saturating_sub(1));
+            removed += 1;
+        }
+        if removed > 0 {
+            self.storage
+                .sync_dir(&self.dir)
+                .map_err(|error| JournalError::io("fsync directory", &self.dir, error))?;
+        }
+        Ok(removed)
+    }
+
+    /// Discards the whole log and restarts it after `point`, the last entry covered by an
+    /// installed snapshot (its index, term and chain hash). Used when a follower receives a
+    /// snapshot beyond its log.
+    pub fn reset(&mut self, point: ChainPoint) -> Result<()> {
+        self.check_writable()?;
+        if point.index == u64::MAX {
+            return Err(JournalError::Invalid("reset to index u64::MAX".to_string()));
+        }
+        self.reset_checked(point)
+            .map_err(|error| self.poison(error))
+    }
+
+    fn reset_checked(&mut self, point: ChainPoint) -> Result<()> {
+        let mut record = self.meta;
+        record.purged = Some(point);
+        self.write_meta_record(record)?;
+        while let Some(segment) = self.segments.pop() {
+            self.storage
+                .remove_file(&segment.path)
+                .map_err(|error| JournalError::io("remove", &segment.path, error))?;
+        }
+        self.unsynced_segment = None;
+        self.unsynced_bytes = 0;
+        self.next_index = point.index + 1;
+        self.tip_term = point.term;
+        self.tip_hash = point.hash;
+        self.durable_next_index = self.next_index;
+        // create_segment fsyncs the directory unless fsync is Never; do it here regardless,
+        // since the deletions must not come back.
+        self.create_segment()?;
+        self.storage
+            .sync_dir(&self.dir)
+            .map_err(|error| JournalError::io("fsync directory", &self.dir, error))
+    }
+
+    /// Saves raft's hard state atomically and durably (in every fsync mode: a forgotten vote
+    /// could let this node vote twice in one term).
+    pub fn save_meta(&mut self, meta: Meta) -> Result<()> {
+        self.check_writable()?;
+        let mut record = self.meta;
+        record.meta = meta;
+        self.write_meta_record(record)
+            .map_err(|error| self.poison(error))
+    }
+
+    fn write_meta_record(&mut self, record: MetaRecord) -> Result<()> {
+        write_meta(
+            self.storage.as_ref(),
+            &self.dir,
+            self.config.identity(),
+            &record,
+        )?;
+        self.meta = record;
+        Ok(())
+    }
+}
+
+impl Journal {
+    /// Checks the in-memory invariants; cheap enough to run after every mutation in debug
+    /// builds, where a broken invariant should stop the test that caused it.
+    fn assert_invariants(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        assert!(!self.segments.is_empty(), "journal always has a segment");
+        for pair in self.segments.windows(2) {
+            assert_eq!(
+                pair[0].next_index(),
+                pair[1].base_index,
+                "segments contiguous"
+            );
+        }
+        for segment in &self.segments {
+            // A segment may exceed today's configured size if an older configuration
+            // allowed more, but never the format's limit.
+            assert!(segment.len_bytes <= SEGMENT_SIZE_BYTES_LIMIT);
+            assert!(segment.offsets.windows(2).all(|w| w[0] < w[1]));
+            assert!(segment
+                .offsets
+                .first()
+                .is_none_or(|&o| u64::from(o) == SEGMENT_HEADER_SIZE_BYTES));
+        }
+        let last = self.segments.last().expect("journal always has a segment");
+        assert_eq!(last.next_index(), self.next_index);
+        assert!(self.durable_next_index <= self.next_index);
+        if let Some(purged) = self.meta.purged {
+            assert!(purged.index < self.next_index);
+        }
+    }
+}
+
+fn open_segment(scanned: &ScannedSegment, file: Box<dyn SegmentFile>) -> Result<Segment> {
+    let offsets = scanned
+        .records
+        .iter()
+        .map(|r| u32::try_from(r.offset))
+        .collect::<std::result::Result<Vec<u32>, _>>()
+        .map_err(|_| JournalError::Corrupt {
+            file: scanned.path.clone(),
+            offset: SEGMENT_SIZE_BYTES_LIMIT,
+            reason: "segment larger than the segment size limit".to_string(),
+        })?;
+    Ok(Segment {
+        path: scanned.path.clone(),
+        base_index: scanned.header.base_index,
+        prev_term: scanned.header.prev_term,
+        prev_hash: scanned.header.prev_hash,
+        file,
+        offsets,
+        len_bytes: scanned.valid_len_bytes,
+    })
+}
+
+/// Entries of a [`Journal`], read lazily.
+#[derive(Debug)]
+pub struct Entries<'a> {
+    journal: &'a Journal,
+    next: u64,
+    end: u64,
+}
+
+impl Iterator for Entries<'_> {
+    type Item = Result<Entry>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.next >= self.end {
+            return None;
+        }
+        let result = self.journal.read_record(self.next);
+        self.next = if result.is_ok() {
+            self.next + 1
+        } else {
+            self.end
+        };
+        Some(result)
+    }
+}
