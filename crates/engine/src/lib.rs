@@ -34,6 +34,9 @@ use bourse_core::*;
 use risk::{cash_required, futures_margin, is_self_trade, Account};
 use rustc_hash::FxHashMap;
 
+/// Entries the order lookup tables hold before their first growth.
+const LOOKUP_CAPACITY_INITIAL: usize = 16 * 1024;
+
 /// Fixed limits of one core. Every table is sized from these once, at start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EngineConfig {
@@ -106,10 +109,15 @@ impl Engine {
         assert!(config.orders_max > 0 && config.orders_max < NIL);
         assert!(config.instruments_max > 0 && config.accounts_max > 0);
         let orders = config.orders_max as usize;
+        // The lookup tables start small and grow with the largest number of orders ever live
+        // at once (growth is the only allocation, and it stops once that peak is reached).
+        // Reserving `orders_max` up front would spread a few thousand live orders over
+        // megabytes of table and make every lookup a cache miss.
+        let initial = orders.min(LOOKUP_CAPACITY_INITIAL);
         let mut order_index = FxHashMap::default();
-        order_index.reserve(orders);
+        order_index.reserve(initial);
         let mut clord_index = FxHashMap::default();
-        clord_index.reserve(orders);
+        clord_index.reserve(initial);
         Engine {
             config,
             books: Vec::new(),
@@ -254,7 +262,7 @@ impl Engine {
         let a = *self.account_index.get(&account)?;
         let b = *self.book_index.get(&instrument)?;
         let p = self.accounts[a as usize].position(b)?;
-        Some((Qty(p.qty), Cash(p.cost)))
+        Some((Qty(p.qty), Cash(p.cost())))
     }
 
     /// Every (account, instrument, qty, cost) position, in account then instrument order.
@@ -265,7 +273,7 @@ impl Engine {
                     a.id,
                     self.books[p.book as usize].def.instrument,
                     Qty(p.qty),
-                    Cash(p.cost),
+                    Cash(p.cost()),
                 )
             })
         })
@@ -698,12 +706,12 @@ impl Engine {
         match o.side {
             Side::Buy => {
                 pos.qty += qty;
-                pos.cost += value;
+                pos.add_cost(value);
                 pos.buy_open -= qty;
             }
             Side::Sell => {
                 pos.qty -= qty;
-                pos.cost -= value;
+                pos.add_cost(-value);
                 pos.sell_open -= qty;
                 pos.sell_reserved -= from_pos;
             }

@@ -155,7 +155,7 @@ impl Engine {
                 w.i64(p.sell_reserved);
                 w.i64(p.buy_open);
                 w.i64(p.sell_open);
-                w.i128(p.cost);
+                w.i128(p.cost());
             }
         }
 
@@ -284,14 +284,12 @@ impl Engine {
             let n = r.count(52)?;
             let mut positions = Vec::with_capacity(n);
             for _ in 0..n {
-                let p = Position {
-                    book: r.u32()?,
-                    qty: r.i64()?,
-                    sell_reserved: r.i64()?,
-                    buy_open: r.i64()?,
-                    sell_open: r.i64()?,
-                    cost: r.i128()?,
-                };
+                let mut p = Position::new(r.u32()?);
+                p.qty = r.i64()?;
+                p.sell_reserved = r.i64()?;
+                p.buy_open = r.i64()?;
+                p.sell_open = r.i64()?;
+                p.set_cost(r.i128()?);
                 if p.book as usize >= e.books.len()
                     || positions.last().is_some_and(|q: &Position| q.book >= p.book)
                 {

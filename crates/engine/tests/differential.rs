@@ -131,6 +131,7 @@ struct Stats {
     cancels: u64,
     live_sum: u64,
     live_max: usize,
+    reasons: std::collections::BTreeMap<String, u64>,
 }
 
 impl Stats {
@@ -142,8 +143,9 @@ impl Stats {
         for o in outs {
             match o {
                 Out::Accepted { .. } => self.accepted += 1,
-                Out::Rejected { .. } | Out::CancelRejected { .. } | Out::CommandRejected { .. } => {
-                    self.rejected += 1
+                Out::Rejected { reason } | Out::CancelRejected { reason, .. } | Out::CommandRejected { reason } => {
+                    self.rejected += 1;
+                    *self.reasons.entry(format!("{reason:?}")).or_default() += 1;
                 }
                 Out::Trade { .. } => self.trades += 1,
                 Out::Cancelled { .. } => self.cancels += 1,
@@ -234,6 +236,7 @@ fn engine_agrees_with_the_reference_model_on_random_flow() {
         stats.live_sum / stats.commands.max(1),
         stats.live_max
     );
+    eprintln!("rejects by reason: {:?}", stats.reasons);
     assert_eq!(stats.commands, total, "every command was run");
 }
 

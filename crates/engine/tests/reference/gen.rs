@@ -197,6 +197,16 @@ impl Gen {
         if self.rng.below(3_000) == 0 {
             return self.stamp(CommandBody::EndOfDay);
         }
+        // Halts and closes are short: reopen soon.
+        if let Some(b) = m.books.iter().find(|b| b.phase != Phase::Open) {
+            if self.rng.chance(30) {
+                let body = CommandBody::SetPhase {
+                    instrument: Some(InstrumentId(b.id)),
+                    phase: Phase::Open,
+                };
+                return self.stamp(body);
+            }
+        }
         let roll = self.rng.below(1000);
         let body = if roll < 4 {
             self.phase(m)
@@ -365,7 +375,8 @@ impl Gen {
             _ => 0,
         };
         // Icebergs: mostly on resting TIFs with a small display; sometimes invalid.
-        let display_qty = if self.rng.chance(150) {
+        let resting_tif = matches!(tif, TimeInForce::Day | TimeInForce::Gtc | TimeInForce::Gtd);
+        let display_qty = if self.rng.chance(if resting_tif { 200 } else { 10 }) {
             match self.rng.below(10) {
                 0 => -1,
                 1 => qty + 1,
