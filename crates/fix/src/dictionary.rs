@@ -1,0 +1,768 @@
+//! A FIX data dictionary in QuickFIX's XML format, loaded at run time, and
+//! message validation against it.
+//!
+//! [`Dictionary::structure`] sorts a decoded message's fields into header,
+//! body and trailer and parses repeating groups (a [`Structure`] of indices
+//! into the [`RawMessage`]'s fields, so nothing is copied).
+//! [`Dictionary::validate`] then applies the checks QuickFIX applies, in the
+//! same order, so that the first problem found, and hence the reject sent,
+//! is the one a QuickFIX peer would report.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+use crate::codec::RawMessage;
+use crate::tags::{SessionRejectReason, Tag};
+use crate::time;
+
+/// How deep components may nest in a dictionary before we call it cyclic.
+const COMPONENT_DEPTH_MAX: usize = 32;
+
+/// Tags at or above this are user defined.
+pub const USER_DEFINED_TAG_MIN: Tag = 5000;
+
+/// The value syntax a field's type implies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FieldKind {
+    String,
+    Char,
+    Int,
+    Decimal,
+    Boolean,
+    UtcTimestamp,
+    UtcDateOnly,
+    UtcTimeOnly,
+}
+
+#[derive(Clone, Debug)]
+pub struct FieldDef {
+    pub tag: Tag,
+    pub name: String,
+    /// The dictionary's type name, such as `PRICE` or `NUMINGROUP`.
+    pub type_name: String,
+    pub kind: FieldKind,
+    /// Allowed values; empty if the field is not enumerated.
+    pub enums: HashSet<Vec<u8>>,
+    /// Whether the value is a space-separated list of enumerated values.
+    pub multiple_values: bool,
+}
+
+/// The fields allowed in a message, header, trailer or group entry.
+#[derive(Clone, Debug, Default)]
+pub struct MapSpec {
+    pub fields: HashSet<Tag>,
+    /// Field order as the dictionary lists it (components flattened).
+    pub order: Vec<Tag>,
+    /// Required fields in ascending tag order: QuickFIX reports the lowest
+    /// missing tag first.
+    pub required: Vec<Tag>,
+    pub groups: HashMap<Tag, MapSpec>,
+    /// For a group, the tag that must open every entry; 0 otherwise.
+    pub delimiter: Tag,
+}
+
+impl MapSpec {
+    fn add_field(&mut self, tag: Tag, required: bool) {
+        if required && !self.required.contains(&tag) {
+            self.required.push(tag);
+        }
+        if self.fields.insert(tag) {
+            self.order.push(tag);
+        }
+    }
+
+    fn finish(&mut self) {
+        self.required.sort_unstable();
+        for group in self.groups.values_mut() {
+            group.finish();
+        }
+    }
+}
+
+/// Switches matching QuickFIX's `Validate*` settings.
+#[derive(Clone, Copy, Debug)]
+pub struct ValidationOptions {
+    pub check_fields_out_of_order: bool,
+    pub check_fields_have_values: bool,
+    pub check_user_defined_fields: bool,
+    pub allow_unknown_message_fields: bool,
+}
+
+impl Default for ValidationOptions {
+    fn default() -> Self {
+        ValidationOptions {
+            check_fields_out_of_order: true,
+            check_fields_have_values: true,
+            check_user_defined_fields: true,
+            allow_unknown_message_fields: false,
+        }
+    }
+}
+
+/// A validation failure: the SessionRejectReason, the tag to quote in
+/// RefTagID (371) if any, and the Text (58).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reject {
+    pub reason: SessionRejectReason,
+    pub ref_tag: Option<Tag>,
+    pub text: String,
+}
+
+impl Reject {
+    pub fn new(reason: SessionRejectReason, ref_tag: Option<Tag>) -> Self {
+        Reject {
+            reason,
+            ref_tag,
+            text: reason.text().to_string(),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum DictionaryError {
+    Io(std::io::Error),
+    Xml(String),
+    Invalid(String),
+}
+
+impl std::fmt::Display for DictionaryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DictionaryError::Io(e) => write!(f, "cannot read data dictionary: {e}"),
+            DictionaryError::Xml(e) => write!(f, "data dictionary is not well-formed XML: {e}"),
+            DictionaryError::Invalid(e) => write!(f, "invalid data dictionary: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for DictionaryError {}
+
+impl From<DictionaryError> for std::io::Error {
+    fn from(e: DictionaryError) -> Self {
+        match e {
+            DictionaryError::Io(e) => e,
+            other => std::io::Error::new(std::io::ErrorKind::InvalidData, other.to_string()),
+        }
+    }
+}
+
+/// Field, header, trailer and message definitions of one FIX version.
+#[derive(Clone, Debug)]
+pub struct Dictionary {
+    /// `FIX.4.4` and the like.
+    pub begin_string: String,
+    pub fields: HashMap<Tag, FieldDef>,
+    pub fields_by_name: HashMap<String, Tag>,
+    pub header: MapSpec,
+    pub trailer: MapSpec,
+    pub messages: HashMap<String, MapSpec>,
+    pub options: ValidationOptions,
+}
+
+/// Header fields every FIX version has, whatever the dictionary says.
+const BUILTIN_HEADER_TAGS: &[Tag] = &[
+    8, 9, 35, 49, 56, 115, 128, 90, 91, 34, 50, 142, 57, 143, 116, 144, 129, 145, 43, 97, 52, 122,
+    212, 213, 347, 369,
+];
+const BUILTIN_TRAILER_TAGS: &[Tag] = &[93, 89, 10];
+
+impl Dictionary {
+    pub fn from_file(path: &Path) -> Result<Self, DictionaryError> {
+        let text = std::fs::read_to_string(path).map_err(DictionaryError::Io)?;
+        Self::from_xml(&text)
+    }
+
+    pub fn from_xml(text: &str) -> Result<Self, DictionaryError> {
+        let doc =
+            roxmltree::Document::parse(text).map_err(|e| DictionaryError::Xml(e.to_string()))?;
+        let root = doc.root_element();
+        if root.tag_name().name() != "fix" {
+            return Err(DictionaryError::Invalid(
+                "root element must be <fix>".into(),
+            ));
+        }
+        let major = root
+            .attribute("major")
+            .ok_or_else(|| DictionaryError::Invalid("missing major".into()))?;
+        let minor = root
+            .attribute("minor")
+            .ok_or_else(|| DictionaryError::Invalid("missing minor".into()))?;
+        let kind = root.attribute("type").unwrap_or("FIX");
+        let begin_string = format!("{kind}.{major}.{minor}");
+
+        let section = |name: &str| {
+            root.children()
+                .find(|n| n.is_element() && n.tag_name().name() == name)
+        };
+
+        let mut fields = HashMap::new();
+        let mut fields_by_name = HashMap::new();
+        if let Some(fields_node) = section("fields") {
+            for node in fields_node
+                .children()
+                .filter(|n| n.is_element() && n.tag_name().name() == "field")
+            {
+                let def = parse_field_def(node)?;
+                fields_by_name.insert(def.name.clone(), def.tag);
+                fields.insert(def.tag, def);
+            }
+        }
+        let mut components = HashMap::new();
+        if let Some(components_node) = section("components") {
+            for node in components_node.children().filter(|n| n.is_element()) {
+                if let Some(name) = node.attribute("name") {
+                    components.insert(name.to_string(), node);
+                }
+            }
+        }
+        let loader = Loader {
+            fields_by_name: &fields_by_name,
+            components: &components,
+        };
+
+        let mut header = MapSpec::default();
+        if let Some(node) = section("header") {
+            loader.parse_map(node, &mut header, None, 0)?;
+        }
+        let mut trailer = MapSpec::default();
+        if let Some(node) = section("trailer") {
+            loader.parse_map(node, &mut trailer, None, 0)?;
+        }
+        header.finish();
+        trailer.finish();
+        let mut messages = HashMap::new();
+        if let Some(messages_node) = section("messages") {
+            for node in messages_node
+                .children()
+                .filter(|n| n.is_element() && n.tag_name().name() == "message")
+            {
+                let msg_type = node
+                    .attribute("msgtype")
+                    .ok_or_else(|| DictionaryError::Invalid("message without msgtype".into()))?;
+                let mut spec = MapSpec::default();
+                loader.parse_map(node, &mut spec, None, 0)?;
+                spec.finish();
+                messages.insert(msg_type.to_string(), spec);
+            }
+        }
+        if messages.is_empty() {
+            return Err(DictionaryError::Invalid("no messages defined".into()));
+        }
+        Ok(Dictionary {
+            begin_string,
+            fields,
+            fields_by_name,
+            header,
+            trailer,
+            messages,
+            options: ValidationOptions::default(),
+        })
+    }
+
+    pub fn field(&self, tag: Tag) -> Option<&FieldDef> {
+        self.fields.get(&tag)
+    }
+
+    pub fn is_data_field(&self, tag: Tag) -> bool {
+        self.fields
+            .get(&tag)
+            .is_some_and(|f| f.type_name == "DATA" || f.type_name == "XMLDATA")
+    }
+
+    pub fn is_length_field(&self, tag: Tag) -> bool {
+        self.fields
+            .get(&tag)
+            .is_some_and(|f| f.type_name == "LENGTH")
+    }
+
+    pub fn is_header_field(&self, tag: Tag) -> bool {
+        self.header.fields.contains(&tag) || BUILTIN_HEADER_TAGS.contains(&tag)
+    }
+
+    pub fn is_trailer_field(&self, tag: Tag) -> bool {
+        self.trailer.fields.contains(&tag) || BUILTIN_TRAILER_TAGS.contains(&tag)
+    }
+
+    pub fn message(&self, msg_type: &[u8]) -> Option<&MapSpec> {
+        std::str::from_utf8(msg_type)
+            .ok()
+            .and_then(|t| self.messages.get(t))
+    }
+
+    /// Sorts the fields of `raw` into header, body and trailer and parses
+    /// repeating groups. A header field after the body, or a body field after
+    /// the trailer, is remembered in `out_of_order_tag` (rejected by
+    /// [`Dictionary::validate`]). A group entry that does not start with the
+    /// group's delimiter is rejected here, as the message cannot be read on.
+    pub fn structure(&self, raw: &RawMessage<'_>) -> Result<Structure, Reject> {
+        let msg_spec = self.message(raw.msg_type());
+        let mut st = Structure::default();
+        let mut expecting_header = true;
+        let mut expecting_body = true;
+        let n = raw.fields.len();
+        let mut i = 0;
+        while i < n {
+            let tag = raw.fields[i].tag;
+            if self.is_header_field(tag) {
+                if !expecting_header && st.out_of_order_tag.is_none() {
+                    st.out_of_order_tag = Some(tag);
+                }
+                st.header.fields.push(i);
+                i += 1;
+                if let Some(group) = self.header.groups.get(&tag) {
+                    i = parse_group(raw, i, tag, i - 1, group, &mut st.header)?;
+                }
+            } else if self.is_trailer_field(tag) {
+                expecting_header = false;
+                expecting_body = false;
+                st.trailer.fields.push(i);
+                i += 1;
+            } else {
+                if !expecting_body && st.out_of_order_tag.is_none() {
+                    st.out_of_order_tag = Some(tag);
+                }
+                expecting_header = false;
+                st.body.fields.push(i);
+                i += 1;
+                if let Some(group) = msg_spec.and_then(|s| s.groups.get(&tag)) {
+                    i = parse_group(raw, i, tag, i - 1, group, &mut st.body)?;
+                }
+            }
+        }
+        Ok(st)
+    }
+
+    /// Checks a structured message against the dictionary: field order,
+    /// known MsgType, required fields, then every field's value, format,
+    /// tag number, enumeration, membership and group counts.
+    pub fn validate(&self, raw: &RawMessage<'_>, st: &Structure) -> Result<(), Reject> {
+        if self.options.check_fields_out_of_order {
+            if let Some(tag) = st.out_of_order_tag {
+                return Err(Reject::new(
+                    SessionRejectReason::TagSpecifiedOutOfRequiredOrder,
+                    Some(tag),
+                ));
+            }
+        }
+        let Some(spec) = self.message(raw.msg_type()) else {
+            return Err(Reject::new(SessionRejectReason::InvalidMsgType, None));
+        };
+        check_required(raw, &st.header, &self.header)?;
+        check_required(raw, &st.trailer, &self.trailer)?;
+        check_required(raw, &st.body, spec)?;
+        self.iterate(raw, &st.header, &self.header, Section::Header)?;
+        self.iterate(raw, &st.trailer, &self.trailer, Section::Trailer)?;
+        self.iterate(raw, &st.body, spec, Section::Body)?;
+        Ok(())
+    }
+
+    fn iterate(
+        &self,
+        raw: &RawMessage<'_>,
+        map: &FieldMap,
+        spec: &MapSpec,
+        section: Section,
+    ) -> Result<(), Reject> {
+        // A tag may appear once per field map; repeats are only legal as
+        // separate group entries, which live in their own maps.
+        let mut seen = HashSet::with_capacity(map.fields.len());
+        for &index in &map.fields {
+            let tag = raw.fields[index].tag;
+            if !seen.insert(tag) {
+                return Err(Reject::new(
+                    SessionRejectReason::TagAppearsMoreThanOnce,
+                    Some(tag),
+                ));
+            }
+        }
+        let mut sorted = map.fields.clone();
+        sorted.sort_by_key(|&index| raw.fields[index].tag);
+        for index in sorted {
+            let field = raw.fields[index];
+            let tag = field.tag;
+            if self.options.check_fields_have_values && field.value.is_empty() {
+                return Err(Reject::new(
+                    SessionRejectReason::TagSpecifiedWithoutValue,
+                    Some(tag),
+                ));
+            }
+            let def = self.fields.get(&tag);
+            if let Some(def) = def {
+                if !value_has_valid_format(def.kind, field.value) {
+                    return Err(Reject::new(
+                        SessionRejectReason::IncorrectDataFormat,
+                        Some(tag),
+                    ));
+                }
+            }
+            if !self.options.check_user_defined_fields && tag >= USER_DEFINED_TAG_MIN {
+                continue;
+            }
+            let Some(def) = def else {
+                if self.options.allow_unknown_message_fields {
+                    continue;
+                }
+                return Err(Reject::new(
+                    SessionRejectReason::InvalidTagNumber,
+                    Some(tag),
+                ));
+            };
+            if !def.enums.is_empty() {
+                let ok = if def.multiple_values {
+                    field
+                        .value
+                        .split(|&b| b == b' ')
+                        .all(|v| def.enums.contains(v))
+                } else {
+                    def.enums.contains(field.value)
+                };
+                if !ok {
+                    return Err(Reject::new(
+                        SessionRejectReason::ValueIsIncorrect,
+                        Some(tag),
+                    ));
+                }
+            }
+            let check_membership = match section {
+                Section::Header | Section::Trailer => false,
+                Section::Body => !self.is_header_field(tag) && !self.is_trailer_field(tag),
+                Section::Group => true,
+            };
+            if check_membership {
+                if !spec.fields.contains(&tag) && !self.options.allow_unknown_message_fields {
+                    return Err(Reject::new(
+                        SessionRejectReason::TagNotDefinedForMessageType,
+                        Some(tag),
+                    ));
+                }
+                if spec.groups.contains_key(&tag) {
+                    let declared = crate::codec::parse_u64(field.value);
+                    let actual = map
+                        .groups
+                        .iter()
+                        .find(|g| g.count_field == index)
+                        .map_or(0, |g| g.entries.len() as u64);
+                    if declared != Some(actual) {
+                        return Err(Reject::new(
+                            SessionRejectReason::IncorrectNumInGroupCount,
+                            Some(tag),
+                        ));
+                    }
+                }
+            }
+        }
+        let mut groups: Vec<&GroupInstance> = map.groups.iter().collect();
+        groups.sort_by_key(|g| g.count_tag);
+        for group in groups {
+            let Some(group_spec) = spec.groups.get(&group.count_tag) else {
+                continue;
+            };
+            for entry in &group.entries {
+                self.iterate(raw, entry, group_spec, Section::Group)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Section {
+    Header,
+    Trailer,
+    Body,
+    Group,
+}
+
+fn check_required(raw: &RawMessage<'_>, map: &FieldMap, spec: &MapSpec) -> Result<(), Reject> {
+    for &tag in &spec.required {
+        if !map.fields.iter().any(|&i| raw.fields[i].tag == tag) {
+            return Err(Reject::new(
+                SessionRejectReason::RequiredTagMissing,
+                Some(tag),
+            ));
+        }
+    }
+    for group in &map.groups {
+        if let Some(group_spec) = spec.groups.get(&group.count_tag) {
+            for entry in &group.entries {
+                check_required(raw, entry, group_spec)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn parse_group(
+    raw: &RawMessage<'_>,
+    mut pos: usize,
+    count_tag: Tag,
+    count_field: usize,
+    spec: &MapSpec,
+    parent: &mut FieldMap,
+) -> Result<usize, Reject> {
+    assert!(spec.delimiter != 0, "a group spec always has a delimiter");
+    let mut instance = GroupInstance {
+        count_tag,
+        count_field,
+        entries: Vec::new(),
+    };
+    let mut current: Option<FieldMap> = None;
+    while pos < raw.fields.len() {
+        let tag = raw.fields[pos].tag;
+        if tag == spec.delimiter {
+            if let Some(entry) = current.take() {
+                instance.entries.push(entry);
+            }
+            current = Some(FieldMap::default());
+        } else if !spec.fields.contains(&tag) {
+            break;
+        }
+        let Some(entry) = current.as_mut() else {
+            return Err(Reject {
+                reason: SessionRejectReason::Other,
+                ref_tag: Some(count_tag),
+                text: format!(
+                    "Group {count_tag}'s first entry does not start with delimiter {}",
+                    spec.delimiter
+                ),
+            });
+        };
+        entry.fields.push(pos);
+        pos += 1;
+        if let Some(nested) = spec.groups.get(&tag) {
+            pos = parse_group(raw, pos, tag, pos - 1, nested, entry)?;
+        }
+    }
+    if let Some(entry) = current {
+        instance.entries.push(entry);
+    }
+    parent.groups.push(instance);
+    Ok(pos)
+}
+
+/// Whether `value` is well formed for a field of `kind`.
+pub fn value_has_valid_format(kind: FieldKind, value: &[u8]) -> bool {
+    match kind {
+        FieldKind::String => true,
+        FieldKind::Char => value.len() == 1,
+        FieldKind::Int => {
+            let digits = value.strip_prefix(b"-").unwrap_or(value);
+            !digits.is_empty() && digits.iter().all(u8::is_ascii_digit)
+        }
+        FieldKind::Decimal => {
+            let body = value.strip_prefix(b"-").unwrap_or(value);
+            let dots = body.iter().filter(|&&b| b == b'.').count();
+            let digit_count = body.iter().filter(|b| b.is_ascii_digit()).count();
+            dots <= 1 && digit_count > 0 && digit_count + dots == body.len()
+        }
+        FieldKind::Boolean => value == b"Y" || value == b"N",
+        FieldKind::UtcTimestamp => time::parse_utc_timestamp_ms(value).is_some(),
+        FieldKind::UtcDateOnly => time::parse_utc_date(value).is_some(),
+        FieldKind::UtcTimeOnly => time::parse_utc_time_only(value).is_some(),
+    }
+}
+
+fn kind_of(type_name: &str) -> FieldKind {
+    match type_name {
+        "CHAR" => FieldKind::Char,
+        "INT" | "LENGTH" | "NUMINGROUP" | "SEQNUM" | "DAYOFMONTH" | "TAGNUM" => FieldKind::Int,
+        "FLOAT" | "QTY" | "PRICE" | "PRICEOFFSET" | "AMT" | "PERCENTAGE" => FieldKind::Decimal,
+        "BOOLEAN" => FieldKind::Boolean,
+        "UTCTIMESTAMP" | "TIME" => FieldKind::UtcTimestamp,
+        "UTCDATEONLY" | "UTCDATE" => FieldKind::UtcDateOnly,
+        "UTCTIMEONLY" => FieldKind::UtcTimeOnly,
+        _ => FieldKind::String,
+    }
+}
+
+fn parse_field_def(node: roxmltree::Node<'_, '_>) -> Result<FieldDef, DictionaryError> {
+    let name = node
+        .attribute("name")
+        .ok_or_else(|| DictionaryError::Invalid("field without name".into()))?;
+    let number = node
+        .attribute("number")
+        .and_then(|n| n.parse::<Tag>().ok())
+        .ok_or_else(|| DictionaryError::Invalid(format!("field {name} has no valid number")))?;
+    let type_name = node
+        .attribute("type")
+        .unwrap_or("STRING")
+        .to_ascii_uppercase();
+    let enums = node
+        .children()
+        .filter(|c| c.is_element() && c.tag_name().name() == "value")
+        .filter_map(|c| c.attribute("enum"))
+        .map(|e| e.as_bytes().to_vec())
+        .collect();
+    let multiple_values = matches!(
+        type_name.as_str(),
+        "MULTIPLEVALUESTRING" | "MULTIPLESTRINGVALUE" | "MULTIPLECHARVALUE"
+    );
+    Ok(FieldDef {
+        tag: number,
+        name: name.to_string(),
+        kind: kind_of(&type_name),
+        type_name,
+        enums,
+        multiple_values,
+    })
+}
+
+struct Loader<'d, 'a, 'input> {
+    fields_by_name: &'d HashMap<String, Tag>,
+    components: &'d HashMap<String, roxmltree::Node<'a, 'input>>,
+}
+
+impl Loader<'_, '_, '_> {
+    /// Adds the children of a message, group or component node to `spec`.
+    /// As in QuickFIX, a field inside a component is required only if it is
+    /// marked required and the component itself is required; a group opens
+    /// a fresh scope in which its own required marks apply to each entry.
+    fn parse_map(
+        &self,
+        node: roxmltree::Node<'_, '_>,
+        spec: &mut MapSpec,
+        component_required: Option<bool>,
+        depth: usize,
+    ) -> Result<(), DictionaryError> {
+        if depth > COMPONENT_DEPTH_MAX {
+            return Err(DictionaryError::Invalid(
+                "components nest too deeply (cycle?)".into(),
+            ));
+        }
+        for child in node.children().filter(|c| c.is_element()) {
+            let kind = child.tag_name().name();
+            let name = child
+                .attribute("name")
+                .ok_or_else(|| DictionaryError::Invalid(format!("<{kind}> without name")))?;
+            let marked_required = child.attribute("required") == Some("Y");
+            match kind {
+                "field" | "group" => {
+                    let tag = *self.fields_by_name.get(name).ok_or_else(|| {
+                        DictionaryError::Invalid(format!("field {name} is not defined in <fields>"))
+                    })?;
+                    let required = marked_required && component_required.unwrap_or(true);
+                    spec.add_field(tag, required);
+                    if spec.delimiter == -1 {
+                        // A group's first field opens every entry.
+                        spec.delimiter = tag;
+                    }
+                    if kind == "group" {
+                        let mut group = MapSpec {
+                            delimiter: -1,
+                            ..MapSpec::default()
+                        };
+                        self.parse_map(child, &mut group, None, depth + 1)?;
+                        if group.delimiter <= 0 {
+                            return Err(DictionaryError::Invalid(format!(
+                                "group {name} has no fields"
+                            )));
+                        }
+                        spec.groups.insert(tag, group);
+                    }
+                }
+                "component" => {
+                    let component = self.components.get(name).ok_or_else(|| {
+                        DictionaryError::Invalid(format!("component {name} is not defined"))
+                    })?;
+                    self.parse_map(*component, spec, Some(marked_required), depth + 1)?;
+                }
+                other => {
+                    return Err(DictionaryError::Invalid(format!(
+                        "unexpected <{other}> in <{}>",
+                        node.tag_name().name()
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Indices into a [`RawMessage`]'s fields making up one field map (header,
+/// body, trailer or a group entry), with the groups it contains.
+#[derive(Clone, Debug, Default)]
+pub struct FieldMap {
+    /// Indices of this map's own fields, group count fields included, in wire order.
+    pub fields: Vec<usize>,
+    pub groups: Vec<GroupInstance>,
+}
+
+/// One occurrence of a repeating group: its count field and its entries.
+#[derive(Clone, Debug)]
+pub struct GroupInstance {
+    pub count_tag: Tag,
+    /// Index of the NumInGroup field in the raw message.
+    pub count_field: usize,
+    pub entries: Vec<FieldMap>,
+}
+
+/// A message's fields sorted into header, body and trailer.
+#[derive(Clone, Debug, Default)]
+pub struct Structure {
+    pub header: FieldMap,
+    pub body: FieldMap,
+    pub trailer: FieldMap,
+    /// The first header field found after the body began, or body field
+    /// found after the trailer began.
+    pub out_of_order_tag: Option<Tag>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMALL: &str = r#"<fix major="4" minor="4">
+      <header>
+        <field name="BeginString" required="Y"/><field name="BodyLength" required="Y"/>
+        <field name="MsgType" required="Y"/><field name="MsgSeqNum" required="Y"/>
+      </header>
+      <trailer><field name="CheckSum" required="Y"/></trailer>
+      <messages>
+        <message name="Order" msgtype="D" msgcat="app">
+          <field name="ClOrdID" required="Y"/>
+          <component name="Parties" required="N"/>
+        </message>
+      </messages>
+      <components>
+        <component name="Parties">
+          <group name="NoPartyIDs" required="N">
+            <field name="PartyID" required="Y"/><field name="PartyRole" required="N"/>
+          </group>
+        </component>
+      </components>
+      <fields>
+        <field number="8" name="BeginString" type="STRING"/>
+        <field number="9" name="BodyLength" type="LENGTH"/>
+        <field number="35" name="MsgType" type="STRING"/>
+        <field number="34" name="MsgSeqNum" type="SEQNUM"/>
+        <field number="10" name="CheckSum" type="STRING"/>
+        <field number="11" name="ClOrdID" type="STRING"/>
+        <field number="453" name="NoPartyIDs" type="NUMINGROUP"/>
+        <field number="448" name="PartyID" type="STRING"/>
+        <field number="452" name="PartyRole" type="INT"><value enum="1" description="X"/></field>
+      </fields>
+    </fix>"#;
+
+    #[test]
+    fn loads_groups_inside_components() {
+        let d = Dictionary::from_xml(SMALL).expect("loads");
+        assert_eq!(d.begin_string, "FIX.4.4");
+        let order = d.messages.get("D").expect("D");
+        let group = order.groups.get(&453).expect("group");
+        assert_eq!(group.delimiter, 448);
+        assert_eq!(group.required, vec![448]);
+        assert_eq!(order.required, vec![11]);
+        assert_eq!(d.header.required, vec![8, 9, 34, 35]);
+    }
+
+    #[test]
+    fn format_checks() {
+        assert!(value_has_valid_format(FieldKind::Decimal, b"002000.00"));
+        assert!(value_has_valid_format(FieldKind::Decimal, b"-1"));
+        assert!(!value_has_valid_format(FieldKind::Decimal, b"1.2.3"));
+        assert!(!value_has_valid_format(FieldKind::Decimal, b"."));
+        assert!(!value_has_valid_format(FieldKind::Int, b"failboat"));
+        assert!(!value_has_valid_format(FieldKind::Char, b"failboat"));
+        assert!(value_has_valid_format(FieldKind::Char, b"B"));
+    }
+}

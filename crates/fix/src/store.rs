@@ -1,0 +1,363 @@
+//! Session stores: the next sender and target sequence numbers and the
+//! outbound messages kept for resending.
+//!
+//! [`MemoryStore`] is for tests and for sessions that reset on every
+//! connection; [`FileStore`] keeps the same state in a directory so that a
+//! restarted process resumes the session where it stopped.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+/// Default bound on stored outbound messages; older ones are forgotten and
+/// a resend request for them is answered with a gap fill.
+pub const STORED_MESSAGES_MAX_DEFAULT: usize = 100_000;
+
+/// One stored message may not exceed this; a record claiming more is
+/// treated as a corrupt tail.
+const STORED_MESSAGE_SIZE_MAX_BYTES: usize = 16 * 1024 * 1024;
+
+pub trait MessageStore: Send {
+    fn next_sender_seq_num(&self) -> u64;
+    fn next_target_seq_num(&self) -> u64;
+    fn set_next_sender_seq_num(&mut self, seq_num: u64) -> io::Result<()>;
+    fn set_next_target_seq_num(&mut self, seq_num: u64) -> io::Result<()>;
+    /// Keeps an outbound message for resending.
+    fn store_message(&mut self, seq_num: u64, bytes: &[u8]) -> io::Result<()>;
+    /// Appends the stored messages with `begin <= seq_num <= end`, in order.
+    fn messages_in_range(
+        &self,
+        begin: u64,
+        end: u64,
+        out: &mut Vec<(u64, Vec<u8>)>,
+    ) -> io::Result<()>;
+    /// Forgets all messages and sets both sequence numbers back to 1.
+    fn reset(&mut self) -> io::Result<()>;
+}
+
+/// A store held in memory only.
+#[derive(Debug)]
+pub struct MemoryStore {
+    next_sender_seq_num: u64,
+    next_target_seq_num: u64,
+    messages: BTreeMap<u64, Vec<u8>>,
+    stored_messages_max: usize,
+}
+
+impl MemoryStore {
+    pub fn new(stored_messages_max: usize) -> Self {
+        assert!(stored_messages_max > 0);
+        MemoryStore {
+            next_sender_seq_num: 1,
+            next_target_seq_num: 1,
+            messages: BTreeMap::new(),
+            stored_messages_max,
+        }
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new(STORED_MESSAGES_MAX_DEFAULT)
+    }
+}
+
+fn insert_bounded(messages: &mut BTreeMap<u64, Vec<u8>>, max: usize, seq_num: u64, bytes: &[u8]) {
+    messages.insert(seq_num, bytes.to_vec());
+    while messages.len() > max {
+        messages.pop_first();
+    }
+}
+
+fn collect_range(
+    messages: &BTreeMap<u64, Vec<u8>>,
+    begin: u64,
+    end: u64,
+    out: &mut Vec<(u64, Vec<u8>)>,
+) {
+    if begin > end {
+        return;
+    }
+    out.extend(messages.range(begin..=end).map(|(k, v)| (*k, v.clone())));
+}
+
+impl MessageStore for MemoryStore {
+    fn next_sender_seq_num(&self) -> u64 {
+        self.next_sender_seq_num
+    }
+    fn next_target_seq_num(&self) -> u64 {
+        self.next_target_seq_num
+    }
+    fn set_next_sender_seq_num(&mut self, seq_num: u64) -> io::Result<()> {
+        assert!(seq_num >= 1);
+        self.next_sender_seq_num = seq_num;
+        Ok(())
+    }
+    fn set_next_target_seq_num(&mut self, seq_num: u64) -> io::Result<()> {
+        assert!(seq_num >= 1);
+        self.next_target_seq_num = seq_num;
+        Ok(())
+    }
+    fn store_message(&mut self, seq_num: u64, bytes: &[u8]) -> io::Result<()> {
+        insert_bounded(&mut self.messages, self.stored_messages_max, seq_num, bytes);
+        Ok(())
+    }
+    fn messages_in_range(
+        &self,
+        begin: u64,
+        end: u64,
+        out: &mut Vec<(u64, Vec<u8>)>,
+    ) -> io::Result<()> {
+        collect_range(&self.messages, begin, end, out);
+        Ok(())
+    }
+    fn reset(&mut self) -> io::Result<()> {
+        self.messages.clear();
+        self.next_sender_seq_num = 1;
+        self.next_target_seq_num = 1;
+        Ok(())
+    }
+}
+
+/// A store in a directory: `seqnums` holds the two sequence numbers as text
+/// (replaced atomically by rename), `messages` is an append-only log of
+/// records `seq_num: u64 LE, len: u32 LE, bytes`. A torn last record, left by
+/// a crash in mid-append, is cut off when the store is opened.
+#[derive(Debug)]
+pub struct FileStore {
+    dir: PathBuf,
+    next_sender_seq_num: u64,
+    next_target_seq_num: u64,
+    messages: BTreeMap<u64, Vec<u8>>,
+    log: File,
+    log_records: usize,
+    stored_messages_max: usize,
+    /// Whether to fsync after each write; off trades durability on power
+    /// loss for speed, process crashes lose nothing either way.
+    sync: bool,
+}
+
+impl FileStore {
+    pub fn open(dir: &Path, stored_messages_max: usize, sync: bool) -> io::Result<Self> {
+        assert!(stored_messages_max > 0);
+        fs::create_dir_all(dir)?;
+        let (next_sender_seq_num, next_target_seq_num) =
+            match fs::read_to_string(dir.join("seqnums")) {
+                Ok(text) => parse_seqnums(&text).ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidData, "corrupt seqnums file")
+                })?,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => (1, 1),
+                Err(e) => return Err(e),
+            };
+        let log_path = dir.join("messages");
+        let mut messages = BTreeMap::new();
+        let mut log_records = 0;
+        let mut good_len: u64 = 0;
+        if let Ok(mut file) = File::open(&log_path) {
+            let mut data = Vec::new();
+            file.read_to_end(&mut data)?;
+            let mut pos = 0usize;
+            while pos + 12 <= data.len() {
+                let seq = u64::from_le_bytes(data[pos..pos + 8].try_into().expect("8 bytes"));
+                let len = u32::from_le_bytes(data[pos + 8..pos + 12].try_into().expect("4 bytes"))
+                    as usize;
+                if len > STORED_MESSAGE_SIZE_MAX_BYTES || pos + 12 + len > data.len() {
+                    break;
+                }
+                insert_bounded(
+                    &mut messages,
+                    stored_messages_max,
+                    seq,
+                    &data[pos + 12..pos + 12 + len],
+                );
+                log_records += 1;
+                pos += 12 + len;
+            }
+            good_len = pos as u64;
+        }
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)?;
+        if log.metadata()?.len() != good_len {
+            log.set_len(good_len)?;
+        }
+        Ok(FileStore {
+            dir: dir.to_path_buf(),
+            next_sender_seq_num,
+            next_target_seq_num,
+            messages,
+            log,
+            log_records,
+            stored_messages_max,
+            sync,
+        })
+    }
+
+    fn write_seqnums(&self) -> io::Result<()> {
+        let tmp = self.dir.join("seqnums.tmp");
+        {
+            let mut f = File::create(&tmp)?;
+            writeln!(
+                f,
+                "{} {}",
+                self.next_sender_seq_num, self.next_target_seq_num
+            )?;
+            if self.sync {
+                f.sync_all()?;
+            }
+        }
+        fs::rename(&tmp, self.dir.join("seqnums"))
+    }
+
+    /// Rewrites the log with only the messages still kept, once it holds
+    /// twice as many records as the bound, so the file stays bounded too.
+    fn compact_if_needed(&mut self) -> io::Result<()> {
+        if self.log_records <= self.stored_messages_max.saturating_mul(2) {
+            return Ok(());
+        }
+        let tmp = self.dir.join("messages.tmp");
+        {
+            let mut f = File::create(&tmp)?;
+            for (seq, bytes) in &self.messages {
+                f.write_all(&record(*seq, bytes))?;
+            }
+            if self.sync {
+                f.sync_all()?;
+            }
+        }
+        fs::rename(&tmp, self.dir.join("messages"))?;
+        self.log = OpenOptions::new()
+            .append(true)
+            .open(self.dir.join("messages"))?;
+        self.log_records = self.messages.len();
+        Ok(())
+    }
+}
+
+fn record(seq_num: u64, bytes: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(bytes.len()).expect("stored messages are bounded far below 4 GiB");
+    let mut out = Vec::with_capacity(12 + bytes.len());
+    out.extend_from_slice(&seq_num.to_le_bytes());
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(bytes);
+    out
+}
+
+fn parse_seqnums(text: &str) -> Option<(u64, u64)> {
+    let mut parts = text.split_whitespace();
+    let sender = parts.next()?.parse().ok()?;
+    let target = parts.next()?.parse().ok()?;
+    if sender == 0 || target == 0 {
+        return None;
+    }
+    Some((sender, target))
+}
+
+impl MessageStore for FileStore {
+    fn next_sender_seq_num(&self) -> u64 {
+        self.next_sender_seq_num
+    }
+    fn next_target_seq_num(&self) -> u64 {
+        self.next_target_seq_num
+    }
+    fn set_next_sender_seq_num(&mut self, seq_num: u64) -> io::Result<()> {
+        assert!(seq_num >= 1);
+        self.next_sender_seq_num = seq_num;
+        self.write_seqnums()
+    }
+    fn set_next_target_seq_num(&mut self, seq_num: u64) -> io::Result<()> {
+        assert!(seq_num >= 1);
+        self.next_target_seq_num = seq_num;
+        self.write_seqnums()
+    }
+    fn store_message(&mut self, seq_num: u64, bytes: &[u8]) -> io::Result<()> {
+        if bytes.len() > STORED_MESSAGE_SIZE_MAX_BYTES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "message too large to store",
+            ));
+        }
+        self.log.write_all(&record(seq_num, bytes))?;
+        if self.sync {
+            self.log.sync_data()?;
+        }
+        self.log_records += 1;
+        insert_bounded(&mut self.messages, self.stored_messages_max, seq_num, bytes);
+        self.compact_if_needed()
+    }
+    fn messages_in_range(
+        &self,
+        begin: u64,
+        end: u64,
+        out: &mut Vec<(u64, Vec<u8>)>,
+    ) -> io::Result<()> {
+        collect_range(&self.messages, begin, end, out);
+        Ok(())
+    }
+    fn reset(&mut self) -> io::Result<()> {
+        self.messages.clear();
+        self.log.set_len(0)?;
+        self.log_records = 0;
+        self.next_sender_seq_num = 1;
+        self.next_target_seq_num = 1;
+        self.write_seqnums()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("bourse-fix-store-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn file_store_survives_reopen_and_torn_tail() {
+        let dir = temp_dir("reopen");
+        {
+            let mut s = FileStore::open(&dir, 10, false).expect("open");
+            s.set_next_sender_seq_num(3).expect("set");
+            s.set_next_target_seq_num(7).expect("set");
+            s.store_message(1, b"one").expect("store");
+            s.store_message(2, b"two").expect("store");
+        }
+        // Simulate a crash in mid-append.
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(dir.join("messages"))
+            .expect("open log");
+        f.write_all(&[9, 0, 0]).expect("write");
+        drop(f);
+        let s = FileStore::open(&dir, 10, false).expect("reopen");
+        assert_eq!((s.next_sender_seq_num(), s.next_target_seq_num()), (3, 7));
+        let mut out = Vec::new();
+        s.messages_in_range(1, 10, &mut out).expect("range");
+        assert_eq!(out, vec![(1, b"one".to_vec()), (2, b"two".to_vec())]);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn bounded_and_compacted() {
+        let dir = temp_dir("bounded");
+        let mut s = FileStore::open(&dir, 2, false).expect("open");
+        for seq in 1..=10 {
+            s.store_message(seq, format!("m{seq}").as_bytes())
+                .expect("store");
+        }
+        let mut out = Vec::new();
+        s.messages_in_range(1, 10, &mut out).expect("range");
+        assert_eq!(out.iter().map(|(k, _)| *k).collect::<Vec<_>>(), vec![9, 10]);
+        drop(s);
+        let s = FileStore::open(&dir, 2, false).expect("reopen");
+        let mut out = Vec::new();
+        s.messages_in_range(1, 10, &mut out).expect("range");
+        assert_eq!(out.len(), 2);
+        let _ = fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,162 @@
+//! UTC timestamps in FIX text form (`YYYYMMDD-HH:MM:SS[.sss]`), converted to
+//! and from milliseconds since the Unix epoch.
+//!
+//! The session layer never reads a clock: callers pass `now_ms` in, so these
+//! helpers are pure functions of their arguments.
+
+/// Milliseconds since 1970-01-01T00:00:00Z.
+pub type UnixMs = i64;
+
+/// The wall clock, for drivers (never called by the session itself).
+pub fn system_now_ms() -> UnixMs {
+    let elapsed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Days since 1970-01-01 for a proleptic Gregorian date (Howard Hinnant's
+/// algorithm, which is exact over the whole i64 range we use).
+fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = if y >= 0 { y } else { y - 399 } / 400;
+    let yoe = y - era * 400;
+    let m = i64::from(month);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(day) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+fn is_leap(year: i64) -> bool {
+    (year % 4 == 0 && year % 100 != 0) || year % 400 == 0
+}
+
+fn days_in_month(year: i64, month: u32) -> u32 {
+    match month {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if is_leap(year) => 29,
+        2 => 28,
+        _ => 0,
+    }
+}
+
+/// Formats `unix_ms` as `YYYYMMDD-HH:MM:SS.sss`.
+pub fn format_utc_timestamp_ms(unix_ms: UnixMs) -> String {
+    let days = unix_ms.div_euclid(86_400_000);
+    let ms_of_day = unix_ms.rem_euclid(86_400_000);
+    let (y, m, d) = civil_from_days(days);
+    let hh = ms_of_day / 3_600_000;
+    let mm = (ms_of_day / 60_000) % 60;
+    let ss = (ms_of_day / 1000) % 60;
+    let ms = ms_of_day % 1000;
+    format!("{y:04}{m:02}{d:02}-{hh:02}:{mm:02}:{ss:02}.{ms:03}")
+}
+
+fn digits(bytes: &[u8]) -> Option<u32> {
+    if bytes.is_empty() || !bytes.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let mut value: u32 = 0;
+    for &b in bytes {
+        value = value.checked_mul(10)?.checked_add(u32::from(b - b'0'))?;
+    }
+    Some(value)
+}
+
+/// Parses `YYYYMMDD` into days since the epoch, checking month and day ranges.
+pub fn parse_utc_date(bytes: &[u8]) -> Option<i64> {
+    if bytes.len() != 8 {
+        return None;
+    }
+    let year = i64::from(digits(&bytes[0..4])?);
+    let month = digits(&bytes[4..6])?;
+    let day = digits(&bytes[6..8])?;
+    if !(1..=12).contains(&month) || day == 0 || day > days_in_month(year, month) {
+        return None;
+    }
+    Some(days_from_civil(year, month, day))
+}
+
+/// Parses `HH:MM:SS[.f]` (fraction of 1 to 9 digits) into milliseconds of the
+/// day. Leap second 60 is accepted, as the FIX specification allows it.
+pub fn parse_utc_time_only(bytes: &[u8]) -> Option<i64> {
+    if bytes.len() < 8 || bytes[2] != b':' || bytes[5] != b':' {
+        return None;
+    }
+    let hh = digits(&bytes[0..2])?;
+    let mm = digits(&bytes[3..5])?;
+    let ss = digits(&bytes[6..8])?;
+    if hh > 23 || mm > 59 || ss > 60 {
+        return None;
+    }
+    let mut ms: i64 = 0;
+    if bytes.len() > 8 {
+        let frac = &bytes[8..];
+        if frac[0] != b'.' || frac.len() < 2 || frac.len() > 10 {
+            return None;
+        }
+        let frac_digits = &frac[1..];
+        if !frac_digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        // Only the first three digits matter at millisecond resolution.
+        for i in 0..3 {
+            ms = ms * 10 + frac_digits.get(i).map_or(0, |b| i64::from(b - b'0'));
+        }
+    }
+    Some(i64::from(hh) * 3_600_000 + i64::from(mm) * 60_000 + i64::from(ss) * 1000 + ms)
+}
+
+/// Parses `YYYYMMDD-HH:MM:SS[.f]` into milliseconds since the epoch.
+pub fn parse_utc_timestamp_ms(bytes: &[u8]) -> Option<UnixMs> {
+    if bytes.len() < 17 || bytes[8] != b'-' {
+        return None;
+    }
+    let days = parse_utc_date(&bytes[0..8])?;
+    let ms_of_day = parse_utc_time_only(&bytes[9..])?;
+    days.checked_mul(86_400_000)?.checked_add(ms_of_day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        for ms in [
+            0,
+            1_000,
+            1_700_000_000_123,
+            951_782_400_000, /* 2000-02-29 */
+        ] {
+            let text = format_utc_timestamp_ms(ms);
+            assert_eq!(parse_utc_timestamp_ms(text.as_bytes()), Some(ms), "{text}");
+        }
+        assert_eq!(format_utc_timestamp_ms(0), "19700101-00:00:00.000");
+    }
+
+    #[test]
+    fn rejects_bad_forms() {
+        assert!(parse_utc_timestamp_ms(b"20040415").is_none());
+        assert!(parse_utc_timestamp_ms(b"20041315-00:00:00").is_none());
+        assert!(parse_utc_timestamp_ms(b"20040230-00:00:00").is_none());
+        assert!(parse_utc_timestamp_ms(b"20040415-24:00:00").is_none());
+        assert!(parse_utc_timestamp_ms(b"20040415-23:00:00.").is_none());
+        assert!(parse_utc_timestamp_ms(b"20010101-00:00:00").is_some());
+        assert!(parse_utc_timestamp_ms(b"20010101-00:00:00.123456").is_some());
+    }
+}

@@ -1,0 +1,249 @@
+//! Property tests for the decoder and the session's inbound path: arbitrary
+//! and mutated input never panics, and encoding then decoding gives back the
+//! fields that were encoded.
+
+use std::sync::Arc;
+
+use bourse_fix::codec::{decode, FrameBuffer, OutMessage, MESSAGE_SIZE_MAX_BYTES_DEFAULT};
+use bourse_fix::session::{Application, Inbound, Role, Session, SessionConfig};
+use bourse_fix::store::MemoryStore;
+use bourse_fix::tags::{self, BusinessRejectReason, Tag};
+use bourse_fix::testing::small_dictionary;
+use bourse_fix::time::format_utc_timestamp_ms;
+use bourse_fix::Dictionary;
+use proptest::prelude::*;
+
+const NOW_MS: i64 = 1_700_000_000_000;
+
+struct Sink;
+
+impl Application for Sink {
+    fn on_app_message(
+        &mut self,
+        _m: &Inbound<'_>,
+        _r: &mut Vec<OutMessage>,
+    ) -> Result<(), BusinessRejectReason> {
+        Ok(())
+    }
+}
+
+/// Decodes, structures and validates whatever frames `bytes` holds.
+fn exercise_decoder(dictionary: &Dictionary, bytes: &[u8], chunk: usize) {
+    let _ = decode(bytes, Some(dictionary), MESSAGE_SIZE_MAX_BYTES_DEFAULT);
+    let _ = decode(bytes, None, MESSAGE_SIZE_MAX_BYTES_DEFAULT);
+    let mut frames = FrameBuffer::new(4096);
+    for piece in bytes.chunks(chunk.max(1)) {
+        frames.push(piece);
+        loop {
+            match frames.next_frame() {
+                Ok(Some(frame)) => {
+                    if let Ok(raw) = decode(&frame, Some(dictionary), 4096) {
+                        if let Ok(structure) = dictionary.structure(&raw) {
+                            let _ = dictionary.validate(&raw, &structure);
+                        }
+                    }
+                }
+                Ok(None) => break,
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+fn logon_bytes() -> Vec<u8> {
+    let mut logon = OutMessage::new("A");
+    logon.push(98, "0").push(108, "30");
+    logon
+        .set_header(tags::SENDER_COMP_ID, "TW")
+        .set_header(tags::TARGET_COMP_ID, "ISLD");
+    logon.set_header(tags::MSG_SEQ_NUM, "1");
+    logon.set_header(tags::SENDING_TIME, format_utc_timestamp_ms(NOW_MS));
+    logon.encode("FIX.4.4")
+}
+
+fn order_bytes(seq: u64, fields: &[(Tag, Vec<u8>)]) -> Vec<u8> {
+    let mut order = OutMessage::new("D");
+    order
+        .set_header(tags::SENDER_COMP_ID, "TW")
+        .set_header(tags::TARGET_COMP_ID, "ISLD");
+    order.set_header(tags::MSG_SEQ_NUM, seq.to_string());
+    order.set_header(tags::SENDING_TIME, format_utc_timestamp_ms(NOW_MS));
+    order
+        .push(11, "id")
+        .push(453, "1")
+        .push(448, "p")
+        .push(54, "1")
+        .push(55, "ABC");
+    for (tag, value) in fields {
+        order.push(*tag, value);
+    }
+    order.encode("FIX.4.4")
+}
+
+/// Tags for generated fields: anything but the envelope and the fields the
+/// decoder treats as length-prefixed data, whose values must be numeric.
+fn plain_tag() -> impl Strategy<Value = Tag> {
+    (1..10_000i32).prop_filter("not envelope or data-length tags", |t| {
+        ![
+            8, 9, 10, 35, 89, 90, 91, 93, 95, 96, 212, 213, 348, 349, 350, 351, 352, 353, 354, 355,
+            356, 357, 358, 359, 360, 361, 362, 363, 364, 365, 445, 446, 618, 619, 621, 622,
+        ]
+        .contains(t)
+    })
+}
+
+fn plain_value() -> impl Strategy<Value = Vec<u8>> {
+    proptest::collection::vec(0x20u8..0x7f, 1..24)
+}
+
+#[derive(Debug, Clone)]
+enum Mutation {
+    Flip(usize, u8),
+    Insert(usize, u8),
+    Delete(usize),
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::Flip(i, b)),
+        (
+            any::<usize>(),
+            prop_oneof![Just(1u8), Just(b'='), any::<u8>()]
+        )
+            .prop_map(|(i, b)| Mutation::Insert(i, b)),
+        any::<usize>().prop_map(Mutation::Delete),
+    ]
+}
+
+fn apply(bytes: &mut Vec<u8>, mutations: &[Mutation]) {
+    for m in mutations {
+        if bytes.is_empty() {
+            return;
+        }
+        match *m {
+            Mutation::Flip(i, b) => {
+                let n = bytes.len();
+                bytes[i % n] ^= b | 1;
+            }
+            Mutation::Insert(i, b) => {
+                let n = bytes.len();
+                bytes.insert(i % (n + 1), b);
+            }
+            Mutation::Delete(i) => {
+                let n = bytes.len();
+                bytes.remove(i % n);
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..2048), chunk in 1usize..64) {
+        let dictionary = small_dictionary();
+        exercise_decoder(&dictionary, &bytes, chunk);
+        let mut prefixed = b"8=FIX.4.4\x019=".to_vec();
+        prefixed.extend_from_slice(&bytes);
+        exercise_decoder(&dictionary, &prefixed, chunk);
+    }
+
+    #[test]
+    fn mutated_valid_messages_never_panic(
+        extra in proptest::collection::vec((plain_tag(), plain_value()), 0..8),
+        mutations in proptest::collection::vec(mutation(), 1..6),
+        chunk in 1usize..128,
+    ) {
+        let dictionary = small_dictionary();
+        let mut bytes = order_bytes(2, &extra);
+        apply(&mut bytes, &mutations);
+        exercise_decoder(&dictionary, &bytes, chunk);
+
+        // The whole inbound path of a logged-on acceptor.
+        let config = SessionConfig::new("FIX.4.4", "ISLD", "TW", Role::Acceptor);
+        let mut session = Session::new(config, Arc::new(dictionary), Box::new(MemoryStore::default()));
+        let mut app = Sink;
+        session.on_connect(NOW_MS);
+        session.on_bytes(NOW_MS, &logon_bytes(), &mut app);
+        prop_assert!(session.is_logged_on());
+        for piece in bytes.chunks(chunk) {
+            session.on_bytes(NOW_MS, piece, &mut app);
+        }
+        session.on_tick(NOW_MS + 1000, &mut app);
+        prop_assert!(session.next_target_seq_num() >= 2);
+        while session.poll_action().is_some() {}
+    }
+
+    #[test]
+    fn encode_then_decode_round_trips(
+        header in proptest::collection::btree_map(
+            prop_oneof![Just(34), Just(49), Just(50), Just(52), Just(56), Just(57), Just(115), Just(128)],
+            plain_value(), 0..6),
+        body in proptest::collection::vec((plain_tag(), plain_value()), 0..16),
+        msg_type in "[0-9A-Za-z]{1,2}",
+    ) {
+        let mut m = OutMessage::new(&msg_type);
+        for (tag, value) in &header {
+            m.set_header(*tag, value);
+        }
+        for (tag, value) in &body {
+            m.push(*tag, value);
+        }
+        let bytes = m.encode("FIX.4.4");
+        let raw = decode(&bytes, None, usize::MAX).expect("what we encode decodes");
+        let mut expected: Vec<(Tag, Vec<u8>)> = vec![(8, b"FIX.4.4".to_vec())];
+        expected.push((9, raw.fields[1].value.to_vec()));
+        expected.push((35, msg_type.as_bytes().to_vec()));
+        expected.extend(header.iter().map(|(t, v)| (*t, v.clone())));
+        expected.extend(body.iter().cloned());
+        let decoded: Vec<(Tag, Vec<u8>)> = raw.fields.iter().map(|f| (f.tag, f.value.to_vec())).collect();
+        prop_assert_eq!(&decoded[..decoded.len() - 1], &expected[..]);
+        prop_assert_eq!(decoded.last().map(|f| f.0), Some(10));
+        // Framing the same bytes, split anywhere, yields the same frame.
+        let mut frames = FrameBuffer::new(MESSAGE_SIZE_MAX_BYTES_DEFAULT);
+        let cut = bytes.len() / 2;
+        frames.push(&bytes[..cut]);
+        prop_assert_eq!(frames.next_frame().expect("within limit"), None);
+        frames.push(&bytes[cut..]);
+        prop_assert_eq!(frames.next_frame().expect("within limit"), Some(bytes.clone()));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Many messages pushed in arbitrary pieces, with garbage between some,
+    /// come out as the same frames in the same order.
+    #[test]
+    fn stream_of_messages_frames_back(
+        bodies in proptest::collection::vec(proptest::collection::vec((plain_tag(), plain_value()), 0..6), 1..40),
+        garbage in proptest::collection::vec(proptest::collection::vec(0x20u8..0x7f, 0..8), 40),
+        chunk in 1usize..300,
+    ) {
+        let mut stream = Vec::new();
+        let mut expected = Vec::new();
+        for (i, body) in bodies.iter().enumerate() {
+            let mut m = OutMessage::new("0");
+            for (tag, value) in body {
+                m.push(*tag, value);
+            }
+            let bytes = m.encode("FIX.4.4");
+            // Garbage without "8=" cannot be mistaken for a message start.
+            let junk: Vec<u8> = garbage[i].iter().copied().filter(|&b| b != b'8').collect();
+            stream.extend_from_slice(&junk);
+            stream.extend_from_slice(&bytes);
+            expected.push(bytes);
+        }
+        let mut frames = FrameBuffer::new(MESSAGE_SIZE_MAX_BYTES_DEFAULT);
+        let mut got = Vec::new();
+        for piece in stream.chunks(chunk) {
+            frames.push(piece);
+            while let Some(frame) = frames.next_frame().expect("within limit") {
+                got.push(frame);
+            }
+        }
+        prop_assert_eq!(got, expected);
+        prop_assert_eq!(frames.buffered_bytes(), 0);
+    }
+}
