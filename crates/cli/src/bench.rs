@@ -66,7 +66,9 @@ fn generate(name: &'static str, config: FlowConfig, warmup: usize, ops: usize) -
         events.clear();
         engine.apply(&Command::new(ts, body), &mut events);
         assert!(
-            !events.iter().any(|e| matches!(e, Event::CommandRejected { .. })),
+            !events
+                .iter()
+                .any(|e| matches!(e, Event::CommandRejected { .. })),
             "setup rejected: {events:?}"
         );
     }
@@ -229,9 +231,15 @@ pub fn engine(args: EngineBenchArgs) -> Result<()> {
             machine.cpus,
             report::version()
         );
-        println!("  includes: Engine::apply (validation, risk, matching, events into a reused buffer)");
-        println!("  excludes: generating the flow (done beforehand), I/O, replication, serialisation");
-        println!("  a clock read costs {clock_ns} ns here and is inside every service-time figure\n");
+        println!(
+            "  includes: Engine::apply (validation, risk, matching, events into a reused buffer)"
+        );
+        println!(
+            "  excludes: generating the flow (done beforehand), I/O, replication, serialisation"
+        );
+        println!(
+            "  a clock read costs {clock_ns} ns here and is inside every service-time figure\n"
+        );
     }
     for (name, config) in scenarios {
         let w = generate(name, config, args.warmup, args.ops);
@@ -264,7 +272,10 @@ pub fn engine(args: EngineBenchArgs) -> Result<()> {
                 report::count(w.trades),
                 report::count(w.live_orders as u64)
             );
-            println!("  throughput, back to back: {} commands/s", report::count(tput as u64));
+            println!(
+                "  throughput, back to back: {} commands/s",
+                report::count(tput as u64)
+            );
             println!("  service time per command (clock read around each):");
             println!("{}", report::latency_header());
             println!("{}", report::latency_row("all", &Latency::of(&service.all)));
@@ -347,7 +358,11 @@ pub fn capacity(args: CapacityArgs) -> Result<()> {
     for i in 0..args.instruments {
         apply(
             &mut engine,
-            CommandBody::AddInstrument(bourse_engine::fixtures::equity(i + 1, &format!("I{i}"), 100_000)),
+            CommandBody::AddInstrument(bourse_engine::fixtures::equity(
+                i + 1,
+                &format!("I{i}"),
+                100_000,
+            )),
             &mut events,
         );
     }
@@ -435,11 +450,18 @@ pub fn capacity(args: CapacityArgs) -> Result<()> {
     let rss_orders = report::rss_bytes();
     let elapsed = t0.elapsed();
     if engine.live_orders() != args.orders as usize {
-        bail!("only {} of {} orders rest", engine.live_orders(), args.orders);
+        bail!(
+            "only {} of {} orders rest",
+            engine.live_orders(),
+            args.orders
+        );
     }
     let positions = args.accounts as u64 * args.positions_per_account as u64;
     let per = |bytes: u64, n: u64| if n == 0 { 0.0 } else { bytes as f64 / n as f64 };
-    let per_account = per(rss_accounts.saturating_sub(rss_instruments), args.accounts as u64);
+    let per_account = per(
+        rss_accounts.saturating_sub(rss_instruments),
+        args.accounts as u64,
+    );
     let per_position = per(rss_positions.saturating_sub(rss_accounts), positions);
     let per_order = per(rss_orders.saturating_sub(rss_positions), args.orders as u64);
     let snapshot_t0 = Instant::now();
@@ -476,9 +498,18 @@ pub fn capacity(args: CapacityArgs) -> Result<()> {
         args.instruments,
         elapsed.as_secs_f64()
     );
-    println!("  per account:        {per_account:>8.0} bytes   (4,000,000 accounts, SPECTRA: {:.2} GiB)", gib(per_account * 4e6));
-    println!("  per position:       {per_position:>8.0} bytes   (100,000,000 positions, LTP: {:.2} GiB)", gib(per_position * 1e8));
-    println!("  per resting order:  {per_order:>8.0} bytes   (1,000,000 orders: {:.2} GiB)", gib(per_order * 1e6));
+    println!(
+        "  per account:        {per_account:>8.0} bytes   (4,000,000 accounts, SPECTRA: {:.2} GiB)",
+        gib(per_account * 4e6)
+    );
+    println!(
+        "  per position:       {per_position:>8.0} bytes   (100,000,000 positions, LTP: {:.2} GiB)",
+        gib(per_position * 1e8)
+    );
+    println!(
+        "  per resting order:  {per_order:>8.0} bytes   (1,000,000 orders: {:.2} GiB)",
+        gib(per_order * 1e6)
+    );
     println!(
         "  resident in all: {:.2} GiB; snapshot {:.1} MiB written in {} ms",
         gib(rss_orders as f64),

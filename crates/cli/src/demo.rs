@@ -116,7 +116,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
         events.clear();
         engine.apply(&Command::new(now_ns(), body), &mut events);
     }
-    println!("bourse demo — one trading core, in process, {} participant accounts", report::count(args.accounts as u64));
+    println!(
+        "bourse demo — one trading core, in process, {} participant accounts",
+        report::count(args.accounts as u64)
+    );
     println!("  markets:");
     for i in engine.instruments() {
         println!(
@@ -130,15 +133,34 @@ pub fn run(args: DemoArgs) -> Result<()> {
         );
     }
     match args.seconds {
-        Some(s) => println!("  {} commands/s offered for {s} s (Ctrl-C stops early)\n", report::count(args.rate)),
-        None => println!("  {} commands/s offered until Ctrl-C\n", report::count(args.rate)),
+        Some(s) => println!(
+            "  {} commands/s offered for {s} s (Ctrl-C stops early)\n",
+            report::count(args.rate)
+        ),
+        None => println!(
+            "  {} commands/s offered until Ctrl-C\n",
+            report::count(args.rate)
+        ),
     }
     println!(
         "  {:>4}  {:>10}  {:>12}  {:>10}  {:>10}  {:>10}  {:>10}  {:>12}",
-        "sec", "commands/s", "successful/s", "orders/s", "trades/s", "cancels/s", "live", "p99 service"
+        "sec",
+        "commands/s",
+        "successful/s",
+        "orders/s",
+        "trades/s",
+        "cancels/s",
+        "live",
+        "p99 service"
     );
 
-    let mut service = [histogram(), histogram(), histogram(), histogram(), histogram()];
+    let mut service = [
+        histogram(),
+        histogram(),
+        histogram(),
+        histogram(),
+        histogram(),
+    ];
     let mut second_service = histogram();
     let mut total = Tally::default();
     let mut peak = Tally::default();
@@ -192,7 +214,13 @@ pub fn run(args: DemoArgs) -> Result<()> {
             let t0 = Instant::now();
             engine.apply(&cmd, &mut events);
             let ns = t0.elapsed().as_nanos() as u64;
-            record(&mut service[CommandKind::ALL.iter().position(|k| *k == cmd.kind()).unwrap()], ns);
+            record(
+                &mut service[CommandKind::ALL
+                    .iter()
+                    .position(|k| *k == cmd.kind())
+                    .unwrap()],
+                ns,
+            );
             record(&mut second_service, ns);
             flow.observe(&events);
             second.add(&events);
@@ -224,9 +252,18 @@ pub fn run(args: DemoArgs) -> Result<()> {
         report::count(total.trades),
         report::count(peak.trades)
     );
-    println!("  cancels:                   {:>12}", report::count(total.cancels));
-    println!("  rejects:                   {:>12}", report::count(total.rejects));
-    println!("  orders live at the end:    {:>12}", report::count(engine.live_orders() as u64));
+    println!(
+        "  cancels:                   {:>12}",
+        report::count(total.cancels)
+    );
+    println!(
+        "  rejects:                   {:>12}",
+        report::count(total.rejects)
+    );
+    println!(
+        "  orders live at the end:    {:>12}",
+        report::count(engine.live_orders() as u64)
+    );
     println!("\n  service time of the core per command (Engine::apply, clock read around it):");
     println!("{}", report::latency_header());
     for (k, h) in CommandKind::ALL.iter().zip(&service) {
@@ -241,7 +278,9 @@ pub fn run(args: DemoArgs) -> Result<()> {
         "\n  state hash {hash:016x}; snapshot restored to {} hash",
         if same { "the same" } else { "A DIFFERENT" }
     );
-    engine.check_invariants().map_err(|e| anyhow::anyhow!("invariant broken: {e}"))?;
+    engine
+        .check_invariants()
+        .map_err(|e| anyhow::anyhow!("invariant broken: {e}"))?;
     println!("  invariants hold: no crossed book, reservations and positions consistent");
     if !same {
         bail!("snapshot restore changed the state hash");

@@ -24,9 +24,9 @@ pub fn run(input: &Path, output: &Path, summary: bool, orders_max: u32) -> Resul
     let writer: Box<dyn Write> = if output == Path::new("-") {
         Box::new(BufWriter::new(io::stdout()))
     } else {
-        Box::new(BufWriter::new(
-            File::create(output).with_context(|| format!("cannot create {}", output.display()))?,
-        ))
+        Box::new(BufWriter::new(File::create(output).with_context(|| {
+            format!("cannot create {}", output.display())
+        })?))
     };
     let engine = Engine::new(EngineConfig {
         orders_max,

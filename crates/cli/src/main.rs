@@ -8,6 +8,7 @@
 mod bench;
 mod demo;
 mod engine_run;
+mod fix_acceptor;
 mod report;
 
 use clap::{Parser, Subcommand};
@@ -39,6 +40,18 @@ enum Command {
         #[command(subcommand)]
         command: BenchCommand,
     },
+    /// The FIX 4.4 session layer on its own.
+    Fix {
+        #[command(subcommand)]
+        command: FixCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum FixCommand {
+    /// Run a FIX 4.4 acceptor (the session layer with the echo application, as QuickFIX's
+    /// acceptance-test server) until killed.
+    Acceptor(fix_acceptor::AcceptorArgs),
 }
 
 #[derive(Subcommand)]
@@ -86,6 +99,9 @@ fn main() {
             BenchCommand::Engine(args) => bench::engine(args),
             BenchCommand::Capacity(args) => bench::capacity(args),
         },
+        Command::Fix {
+            command: FixCommand::Acceptor(args),
+        } => fix_acceptor::run(args),
     };
     if let Err(e) = result {
         eprintln!("bourse: {e:#}");

@@ -130,7 +130,11 @@ pub fn latency_header() -> String {
 pub fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
         .ok()
-        .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<u64>().ok())
+        })
         .map(|pages| pages * 4096)
         .unwrap_or(0)
 }

@@ -40,7 +40,10 @@ impl Engine {
                         if o.prev != prev {
                             return Err(format!("order {}: broken back link", o.id));
                         }
-                        if !o.resting || o.book != b as u32 || o.side != side || o.price != level.price
+                        if !o.resting
+                            || o.book != b as u32
+                            || o.side != side
+                            || o.price != level.price
                         {
                             return Err(format!("order {}: in the wrong level", o.id));
                         }
@@ -62,8 +65,12 @@ impl Engine {
                         {
                             return Err(format!("order {}: lookup tables disagree", o.id));
                         }
-                        let expected = cash_required(&book.def, o.side, o.price, o.qty_leaves, o.reserved_pos);
-                        if expected != Some(o.reserved_cash) || o.reserved_pos < 0 || o.reserved_pos > o.qty_leaves {
+                        let expected =
+                            cash_required(&book.def, o.side, o.price, o.qty_leaves, o.reserved_pos);
+                        if expected != Some(o.reserved_cash)
+                            || o.reserved_pos < 0
+                            || o.reserved_pos > o.qty_leaves
+                        {
                             return Err(format!(
                                 "order {}: reservation {} (pos {}) but {:?} required",
                                 o.id, o.reserved_cash, o.reserved_pos, expected
@@ -96,7 +103,9 @@ impl Engine {
                     if level.tail != prev || count == 0 {
                         return Err(format!("book {b} level {}: bad tail or empty", level.price));
                     }
-                    if leaves != level.qty_leaves || display != level.qty_display || count != level.orders
+                    if leaves != level.qty_leaves
+                        || display != level.qty_display
+                        || count != level.orders
                     {
                         return Err(format!("book {b} level {}: totals disagree", level.price));
                     }
@@ -104,7 +113,10 @@ impl Engine {
             }
             if let (Some(bid), Some(ask)) = (book.best(Side::Buy), book.best(Side::Sell)) {
                 if bid.price >= ask.price {
-                    return Err(format!("book {b}: crossed ({} >= {})", bid.price, ask.price));
+                    return Err(format!(
+                        "book {b}: crossed ({} >= {})",
+                        bid.price, ask.price
+                    ));
                 }
             }
         }
@@ -150,7 +162,10 @@ impl Engine {
                     ));
                 }
                 if !acc.may_short && p.sell_reserved > p.qty.max(0) {
-                    return Err(format!("account {}: sells reserve more than it holds", acc.id));
+                    return Err(format!(
+                        "account {}: sells reserve more than it holds",
+                        acc.id
+                    ));
                 }
                 if !acc.may_short && def.market != Market::Futures && p.qty < 0 {
                     return Err(format!("account {}: short without permission", acc.id));

@@ -24,8 +24,8 @@ pub mod book;
 pub mod fixtures;
 mod invariants;
 pub mod risk;
-pub mod workload;
 mod snapshot;
+pub mod workload;
 
 pub use snapshot::RestoreError;
 
@@ -34,8 +34,13 @@ use bourse_core::*;
 use risk::{cash_required, futures_margin, is_self_trade, Account};
 use rustc_hash::FxHashMap;
 
+/// An iceberg may be split into at most this many visible parts: its display size must be at
+/// least 1/1000 of its total quantity. Each refill is a separate trade, so without a bound one
+/// order (10^12 lots showing 1) could make a single command emit 10^12 trades and stall the core.
+pub const ICEBERG_PARTS_MAX: i64 = 1_000;
+
 /// Entries the order lookup tables hold before their first growth.
-const LOOKUP_CAPACITY_INITIAL: usize = 16 * 1024;
+const LOOKUP_CAPACITY_INITIAL: usize = 1024;
 
 /// Fixed limits of one core. Every table is sized from these once, at start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -392,6 +397,7 @@ impl Engine {
         if display_size != 0
             && (display_size < 0
                 || display_size > o.qty.0
+                || (display_size as i128) * (ICEBERG_PARTS_MAX as i128) < o.qty.0 as i128
                 || o.ord_type == OrdType::Market
                 || matches!(o.tif, TimeInForce::Ioc | TimeInForce::Fok))
         {
@@ -416,8 +422,7 @@ impl Engine {
                 }
             }
             Side::Sell => {
-                if (pos.qty as i128 - pos.sell_open as i128 - qty as i128)
-                    < -(POSITION_MAX as i128)
+                if (pos.qty as i128 - pos.sell_open as i128 - qty as i128) < -(POSITION_MAX as i128)
                 {
                     return Err(RejectReason::PositionLimit);
                 }
@@ -442,7 +447,8 @@ impl Engine {
                 Side::Buy => after.buy_open += qty,
                 Side::Sell => after.sell_open += qty,
             }
-            futures_margin(def.initial_margin.0, &after) - futures_margin(def.initial_margin.0, &pos)
+            futures_margin(def.initial_margin.0, &after)
+                - futures_margin(def.initial_margin.0, &pos)
         } else {
             0
         };
@@ -467,11 +473,7 @@ impl Engine {
             qty_filled: 0,
             qty_leaves: qty,
             display_size,
-            qty_display: if display_size > 0 {
-                display_size
-            } else {
-                qty
-            },
+            qty_display: if display_size > 0 { display_size } else { qty },
             expire_ts_ns: o.expire_ts_ns,
             rec: self.next_rec,
             reserved_cash,
@@ -656,7 +658,13 @@ impl Engine {
         // The resting order leaves, refills its iceberg, or stays with less.
         if r.qty_leaves == 0 {
             self.books[book_idx as usize].unlink(&mut self.pool, resting, Some(level_index));
-            self.order_log(resting, OrderLogAction::Delete, OrderStatus::Filled, ts, out);
+            self.order_log(
+                resting,
+                OrderLogAction::Delete,
+                OrderStatus::Filled,
+                ts,
+                out,
+            );
             self.forget(resting);
         } else if r.qty_display == 0 {
             // An iceberg shows its next part and goes to the back of the queue.
@@ -799,7 +807,13 @@ impl Engine {
             ts_ns: ts,
         });
         self.release(slot);
-        self.order_log(slot, OrderLogAction::Delete, OrderStatus::Cancelled, ts, out);
+        self.order_log(
+            slot,
+            OrderLogAction::Delete,
+            OrderStatus::Cancelled,
+            ts,
+            out,
+        );
         self.forget(slot);
     }
 
@@ -937,7 +951,12 @@ impl Engine {
         }
     }
 
-    fn try_replace(&mut self, r: &Replace, ts: u64, out: &mut Vec<Event>) -> Result<(), RejectReason> {
+    fn try_replace(
+        &mut self,
+        r: &Replace,
+        ts: u64,
+        out: &mut Vec<Event>,
+    ) -> Result<(), RejectReason> {
         let slot = self.lookup(r.account, &r.target)?;
         let o = *self.pool.get(slot);
         let book = &self.books[o.book as usize];
@@ -962,6 +981,11 @@ impl Engine {
         }
         if new_total <= o.qty_filled {
             return Err(RejectReason::ReplaceQtyNotAboveFilled);
+        }
+        if o.display_size > 0
+            && (o.display_size as i128) * (ICEBERG_PARTS_MAX as i128) < new_total as i128
+        {
+            return Err(RejectReason::DisplayQtyInvalid);
         }
         if r.cl_ord_id != o.cl_ord_id && self.clord_index.contains_key(&(o.account, r.cl_ord_id)) {
             return Err(RejectReason::DuplicateClOrdId);
@@ -1008,7 +1032,8 @@ impl Engine {
                 Side::Buy => after.buy_open += open_delta,
                 Side::Sell => after.sell_open += open_delta,
             }
-            futures_margin(def.initial_margin.0, &after) - futures_margin(def.initial_margin.0, &pos)
+            futures_margin(def.initial_margin.0, &after)
+                - futures_margin(def.initial_margin.0, &pos)
         } else {
             0
         };
@@ -1046,7 +1071,9 @@ impl Engine {
         if priority_kept {
             let book = &mut self.books[book_idx as usize];
             let levels = book.side_mut(o.side);
-            let li = Book::find_level(levels, o.side, o.price).expect("resting order without level");
+            let li = levels
+                .find(o.side, o.price)
+                .expect("resting order without level");
             levels[li].qty_leaves += new_leaves - o.qty_leaves;
             levels[li].qty_display += new_display - o.qty_display;
         } else {
@@ -1097,7 +1124,12 @@ impl Engine {
 
     /// Collects into `scratch` the slots of resting orders that `keep` selects, walking
     /// books, sides, levels and queues in their fixed order.
-    fn collect(&mut self, book_filter: Option<u32>, side: Option<Side>, keep: impl Fn(&Order, &[Account]) -> bool) {
+    fn collect(
+        &mut self,
+        book_filter: Option<u32>,
+        side: Option<Side>,
+        keep: impl Fn(&Order, &[Account]) -> bool,
+    ) {
         self.scratch.clear();
         for (b, book) in self.books.iter().enumerate() {
             if book_filter.is_some_and(|f| f != b as u32) {
@@ -1202,7 +1234,13 @@ impl Engine {
 
     // ----- administration -----
 
-    fn set_phase(&mut self, instrument: Option<InstrumentId>, phase: Phase, ts: u64, out: &mut Vec<Event>) {
+    fn set_phase(
+        &mut self,
+        instrument: Option<InstrumentId>,
+        phase: Phase,
+        ts: u64,
+        out: &mut Vec<Event>,
+    ) {
         match instrument {
             Some(id) => match self.book_index.get(&id) {
                 Some(&b) => {
@@ -1281,7 +1319,14 @@ impl Engine {
         }
     }
 
-    fn cash_op(&mut self, account: AccountId, reason: CashReason, amount: Cash, ts: u64, out: &mut Vec<Event>) {
+    fn cash_op(
+        &mut self,
+        account: AccountId,
+        reason: CashReason,
+        amount: Cash,
+        ts: u64,
+        out: &mut Vec<Event>,
+    ) {
         let result = (|| {
             let &a = self
                 .account_index

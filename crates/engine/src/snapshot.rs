@@ -162,7 +162,7 @@ impl Engine {
         w.u64(self.pool.live() as u64);
         for book in &self.books {
             for side in [Side::Buy, Side::Sell] {
-                for level in book.side(side) {
+                for level in book.side(side).iter() {
                     let mut slot = level.head;
                     while slot != NIL {
                         let o = self.pool.get(slot);
@@ -205,7 +205,9 @@ impl Engine {
             || config.accounts_max == 0
             || config.levels_per_side_hint > 1 << 20
         {
-            return Err(RestoreError::Inconsistent("impossible engine limits".into()));
+            return Err(RestoreError::Inconsistent(
+                "impossible engine limits".into(),
+            ));
         }
         // Guard the pre-allocation against a damaged limit: the pool and lookup tables are
         // sized from orders_max, so refuse sizes that the snapshot itself could not justify.
@@ -233,7 +235,9 @@ impl Engine {
 
         let books = r.count(40)?;
         if books > config.instruments_max as usize {
-            return Err(RestoreError::Inconsistent("more books than instruments_max".into()));
+            return Err(RestoreError::Inconsistent(
+                "more books than instruments_max".into(),
+            ));
         }
         for _ in 0..books {
             let instrument = InstrumentId(r.u32()?);
@@ -242,7 +246,11 @@ impl Engine {
             let def = Instrument {
                 instrument,
                 symbol,
-                market: read_enum(&mut r, &[Market::Equity, Market::Fx, Market::Futures], "bad market")?,
+                market: read_enum(
+                    &mut r,
+                    &[Market::Equity, Market::Fx, Market::Futures],
+                    "bad market",
+                )?,
                 price_scale: r.u8()?,
                 tick: Price(r.i64()?),
                 lot_size: r.i64()?,
@@ -251,11 +259,21 @@ impl Engine {
                 band_bps: r.u32()?,
                 reference_price: Price(r.i64()?),
             };
-            let phase = read_enum(&mut r, &[Phase::Open, Phase::Halted, Phase::Closed], "bad phase")?;
-            def.validate()
-                .map_err(|why| RestoreError::Inconsistent(format!("instrument {instrument}: {why}")))?;
-            if e.book_index.insert(instrument, e.books.len() as u32).is_some() {
-                return Err(RestoreError::Inconsistent(format!("instrument {instrument} twice")));
+            let phase = read_enum(
+                &mut r,
+                &[Phase::Open, Phase::Halted, Phase::Closed],
+                "bad phase",
+            )?;
+            def.validate().map_err(|why| {
+                RestoreError::Inconsistent(format!("instrument {instrument}: {why}"))
+            })?;
+            if e.book_index
+                .insert(instrument, e.books.len() as u32)
+                .is_some()
+            {
+                return Err(RestoreError::Inconsistent(format!(
+                    "instrument {instrument} twice"
+                )));
             }
             let mut book = Book::new(def, config.levels_per_side_hint as usize);
             book.phase = phase;
@@ -264,7 +282,9 @@ impl Engine {
 
         let accounts = r.count(60)?;
         if accounts > config.accounts_max as usize {
-            return Err(RestoreError::Inconsistent("more accounts than accounts_max".into()));
+            return Err(RestoreError::Inconsistent(
+                "more accounts than accounts_max".into(),
+            ));
         }
         e.accounts.reserve(accounts);
         e.account_index.reserve(accounts);
@@ -274,10 +294,19 @@ impl Engine {
             let may_short = r.bool()?;
             let stp = read_enum(
                 &mut r,
-                &[StpMode::None, StpMode::CancelResting, StpMode::CancelIncoming, StpMode::CancelBoth],
+                &[
+                    StpMode::None,
+                    StpMode::CancelResting,
+                    StpMode::CancelIncoming,
+                    StpMode::CancelBoth,
+                ],
                 "bad stp mode",
             )?;
-            let stp_scope = read_enum(&mut r, &[StpScope::Account, StpScope::Firm], "bad stp scope")?;
+            let stp_scope = read_enum(
+                &mut r,
+                &[StpScope::Account, StpScope::Firm],
+                "bad stp scope",
+            )?;
             let cash = r.i128()?;
             let reserved_cash = r.i128()?;
             let margin_locked = r.i128()?;
@@ -291,7 +320,9 @@ impl Engine {
                 p.sell_open = r.i64()?;
                 p.set_cost(r.i128()?);
                 if p.book as usize >= e.books.len()
-                    || positions.last().is_some_and(|q: &Position| q.book >= p.book)
+                    || positions
+                        .last()
+                        .is_some_and(|q: &Position| q.book >= p.book)
                 {
                     return Err(RestoreError::Inconsistent(format!(
                         "account {id}: positions out of order or of an unknown book"
@@ -299,7 +330,10 @@ impl Engine {
                 }
                 positions.push(p);
             }
-            if e.account_index.insert(id, e.accounts.len() as u32).is_some() {
+            if e.account_index
+                .insert(id, e.accounts.len() as u32)
+                .is_some()
+            {
                 return Err(RestoreError::Inconsistent(format!("account {id} twice")));
             }
             e.accounts.push(Account {
@@ -317,13 +351,18 @@ impl Engine {
 
         let orders = r.count(100)?;
         if orders > config.orders_max as usize {
-            return Err(RestoreError::Inconsistent("more orders than orders_max".into()));
+            return Err(RestoreError::Inconsistent(
+                "more orders than orders_max".into(),
+            ));
         }
         let mut previous: Option<(u32, Side, i64)> = None;
         for _ in 0..orders {
             let o = read_order(&mut r)?;
             if o.book as usize >= e.books.len() || o.account as usize >= e.accounts.len() {
-                return Err(RestoreError::Inconsistent(format!("order {}: unknown book or account", o.id)));
+                return Err(RestoreError::Inconsistent(format!(
+                    "order {}: unknown book or account",
+                    o.id
+                )));
             }
             if o.qty_leaves <= 0
                 || o.qty_display <= 0
@@ -335,7 +374,10 @@ impl Engine {
                 || o.price <= 0
                 || o.rec == 0
             {
-                return Err(RestoreError::Inconsistent(format!("order {}: impossible quantities", o.id)));
+                return Err(RestoreError::Inconsistent(format!(
+                    "order {}: impossible quantities",
+                    o.id
+                )));
             }
             // Orders must come in canonical order, so that restoring rebuilds the same queues.
             let key = (o.book, o.side, o.price);
@@ -346,7 +388,10 @@ impl Engine {
                         && prev.1 == key.1
                         && (prev.2 == key.2 || crate::book::better(key.1, key.2, prev.2)));
                 if !ordered {
-                    return Err(RestoreError::Inconsistent(format!("order {}: out of book order", o.id)));
+                    return Err(RestoreError::Inconsistent(format!(
+                        "order {}: out of book order",
+                        o.id
+                    )));
                 }
             }
             previous = Some(key);
@@ -354,7 +399,10 @@ impl Engine {
                 || e.clord_index.contains_key(&(o.account, o.cl_ord_id))
                 || o.id.0 >= e.next_order_id
             {
-                return Err(RestoreError::Inconsistent(format!("order {}: duplicate id", o.id)));
+                return Err(RestoreError::Inconsistent(format!(
+                    "order {}: duplicate id",
+                    o.id
+                )));
             }
             let slot = e.pool.insert(o);
             e.order_index.insert(o.id, slot);

@@ -129,7 +129,9 @@ impl FlowConfig {
     pub fn moex(seed: u64) -> FlowConfig {
         FlowConfig {
             instruments: (0..100)
-                .map(|i| fixtures::equity(i + 1, &format!("EQ{:03}", i + 1), 10_000 + 100 * i as i64))
+                .map(|i| {
+                    fixtures::equity(i + 1, &format!("EQ{:03}", i + 1), 10_000 + 100 * i as i64)
+                })
                 .collect(),
             first_account: 1,
             accounts: 10_000,
@@ -197,7 +199,11 @@ pub struct Flow {
 impl Flow {
     pub fn new(config: FlowConfig) -> Flow {
         assert!(!config.instruments.is_empty() && config.accounts > 0);
-        assert_eq!(config.mix.total(), 1000, "mix must add up to 1000 per mille");
+        assert_eq!(
+            config.mix.total(),
+            1000,
+            "mix must add up to 1000 per mille"
+        );
         let mid = config
             .instruments
             .iter()
@@ -330,7 +336,11 @@ impl Flow {
     fn new_passive(&mut self) -> CommandBody {
         let i = self.rng.below(self.config.instruments.len() as u64) as usize;
         let tick = self.config.instruments[i].tick.0;
-        let side = if self.rng.coin() { Side::Buy } else { Side::Sell };
+        let side = if self.rng.coin() {
+            Side::Buy
+        } else {
+            Side::Sell
+        };
         let away = self.rng.range(1, self.config.spread_ticks) * tick;
         let price = match side {
             Side::Buy => (self.mid[i] - away).max(tick),
@@ -362,7 +372,11 @@ impl Flow {
     fn new_aggressive(&mut self, ord_type: OrdType) -> CommandBody {
         let i = self.rng.below(self.config.instruments.len() as u64) as usize;
         let tick = self.config.instruments[i].tick.0;
-        let side = if self.rng.coin() { Side::Buy } else { Side::Sell };
+        let side = if self.rng.coin() {
+            Side::Buy
+        } else {
+            Side::Sell
+        };
         let through = self.rng.range(1, (self.config.spread_ticks / 4).max(1)) * tick;
         let price = match (ord_type, side) {
             (OrdType::Market, _) => 0,
@@ -443,7 +457,12 @@ mod tests {
             engine.apply(&Command::new(1_000_000 + n as u64, body), &mut events);
             rejects += events
                 .iter()
-                .filter(|e| matches!(e, Event::OrderRejected { .. } | Event::CancelRejected { .. }))
+                .filter(|e| {
+                    matches!(
+                        e,
+                        Event::OrderRejected { .. } | Event::CancelRejected { .. }
+                    )
+                })
                 .count();
             flow.observe(&events);
         }
@@ -468,8 +487,14 @@ mod tests {
     fn the_moex_mix_trades_a_few_percent_of_orders() {
         let (engine, rejects, trades) = run(FlowConfig::moex(7), 50_000);
         let accepted = engine.counters().orders_accepted;
-        assert!(trades * 100 > accepted, "{trades} trades for {accepted} orders");
-        assert!(trades * 100 < accepted * 30, "{trades} trades for {accepted} orders");
+        assert!(
+            trades * 100 > accepted,
+            "{trades} trades for {accepted} orders"
+        );
+        assert!(
+            trades * 100 < accepted * 30,
+            "{trades} trades for {accepted} orders"
+        );
         assert!(rejects < 2_500, "{rejects} rejects");
         engine.check_invariants().unwrap();
     }

@@ -8,8 +8,8 @@
 //! the aggregated depth, reference prices and phases are compared and `check_invariants()` runs.
 //!
 //! Knobs (environment):
-//! - `BOURSE_DIFF_COMMANDS`: total random commands (default 60,000, which keeps a debug
-//!   `cargo test` short; CI runs `--release` with 1,000,000).
+//! - `BOURSE_DIFF_COMMANDS`: total random commands (default 1,000,000: about 4 s in the test
+//!   profile, 2 s in `--release`; raise it for a longer soak).
 //! - `BOURSE_DIFF_SEED`: base seed (default below); run `i` uses `base + i`. A failure prints
 //!   the seed and the command index, so that it can be replayed with `BOURSE_DIFF_SEED=<seed>`.
 
@@ -22,7 +22,7 @@ use reference::{project, Model, ROrder};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 const DEFAULT_SEED: u64 = 0x00B0_0125_0000_0000;
-const DEFAULT_COMMANDS: u64 = 60_000;
+const DEFAULT_COMMANDS: u64 = 1_000_000;
 /// Commands per run; each run starts from a fresh engine and model with its own seed.
 const RUN_LEN: u64 = 100_000;
 const CHECK_EVERY: u64 = 1_000;
@@ -66,7 +66,10 @@ fn model_rows(m: &Model, instrument: u32) -> Vec<Row> {
             b.in_priority()
                 .into_iter()
                 .map(|o: &ROrder| {
-                    (o.id, o.cl, o.account, o.side, o.price, o.total, o.filled, o.leaves, o.display, o.tif)
+                    (
+                        o.id, o.cl, o.account, o.side, o.price, o.total, o.filled, o.leaves,
+                        o.display, o.tif,
+                    )
                 })
                 .collect()
         })
@@ -94,27 +97,46 @@ fn model_depth(m: &Model, instrument: u32, side: Side, depth: usize) -> Vec<(Pri
 
 /// Compares everything observable about the books of the model and the engine.
 fn compare_all(e: &Engine, m: &Model) -> Result<(), String> {
-    e.check_invariants().map_err(|why| format!("invariant broken: {why}"))?;
+    e.check_invariants()
+        .map_err(|why| format!("invariant broken: {why}"))?;
     if e.live_orders() != m.live_count() {
-        return Err(format!("engine has {} live orders, model {}", e.live_orders(), m.live_count()));
+        return Err(format!(
+            "engine has {} live orders, model {}",
+            e.live_orders(),
+            m.live_count()
+        ));
     }
     for b in &m.books {
         let id = InstrumentId(b.id);
         let def = e.instrument(id).ok_or("instrument missing")?;
         if def.reference_price.0 != b.reference {
-            return Err(format!("instrument {}: reference {} vs model {}", b.id, def.reference_price, b.reference));
+            return Err(format!(
+                "instrument {}: reference {} vs model {}",
+                b.id, def.reference_price, b.reference
+            ));
         }
         if e.phase(id) != Some(b.phase) {
-            return Err(format!("instrument {}: phase {:?} vs model {:?}", b.id, e.phase(id), b.phase));
+            return Err(format!(
+                "instrument {}: phase {:?} vs model {:?}",
+                b.id,
+                e.phase(id),
+                b.phase
+            ));
         }
         let (got, want) = (engine_rows(e, b.id), model_rows(m, b.id));
         if got != want {
-            return Err(format!("instrument {}: resting orders differ\nengine {got:?}\nmodel  {want:?}", b.id));
+            return Err(format!(
+                "instrument {}: resting orders differ\nengine {got:?}\nmodel  {want:?}",
+                b.id
+            ));
         }
         for side in [Side::Buy, Side::Sell] {
             let (got, want) = (e.depth(id, side, 5), model_depth(m, b.id, side, 5));
             if got != want {
-                return Err(format!("instrument {} {side:?}: depth {got:?} vs model {want:?}", b.id));
+                return Err(format!(
+                    "instrument {} {side:?}: depth {got:?} vs model {want:?}",
+                    b.id
+                ));
             }
         }
     }
@@ -143,7 +165,9 @@ impl Stats {
         for o in outs {
             match o {
                 Out::Accepted { .. } => self.accepted += 1,
-                Out::Rejected { reason } | Out::CancelRejected { reason, .. } | Out::CommandRejected { reason } => {
+                Out::Rejected { reason }
+                | Out::CancelRejected { reason, .. }
+                | Out::CommandRejected { reason } => {
                     self.rejected += 1;
                     *self.reasons.entry(format!("{reason:?}")).or_default() += 1;
                 }
@@ -179,7 +203,10 @@ fn run(seed: u64, n: u64, stats: &mut Stats) -> Result<(), String> {
         stats.count(&got, model.live_count());
         let at = || format!("seed {seed:#x} command #{i} {cmd:?}");
         if got != want {
-            return Err(format!("{}: outcomes differ\nengine {got:?}\nmodel  {want:?}", at()));
+            return Err(format!(
+                "{}: outcomes differ\nengine {got:?}\nmodel  {want:?}",
+                at()
+            ));
         }
         // The books the command changed (every change of an order writes an order-log
         // record naming its instrument), plus the one a new order named.
@@ -194,7 +221,10 @@ fn run(seed: u64, n: u64, stats: &mut Stats) -> Result<(), String> {
         for &b in &touched {
             let (got, want) = (engine_rows(&engine, b), model_rows(&model, b));
             if got != want {
-                return Err(format!("{}: instrument {b} resting orders differ\nengine {got:?}\nmodel  {want:?}", at()));
+                return Err(format!(
+                    "{}: instrument {b} resting orders differ\nengine {got:?}\nmodel  {want:?}",
+                    at()
+                ));
             }
         }
         if (i + 1) % CHECK_EVERY == 0 || i + 1 == n {
@@ -219,14 +249,21 @@ fn engine_agrees_with_the_reference_model_on_random_flow() {
         // An engine panic is a failure too: report its seed before passing it on.
         match catch_unwind(AssertUnwindSafe(|| run(seed, n, &mut stats))) {
             Ok(Ok(())) => {}
-            Ok(Err(why)) => panic!("{why}\nreplay: BOURSE_DIFF_SEED={seed:#x} BOURSE_DIFF_COMMANDS={n}"),
+            Ok(Err(why)) => {
+                panic!("{why}\nreplay: BOURSE_DIFF_SEED={seed:#x} BOURSE_DIFF_COMMANDS={n}")
+            }
             Err(panic) => {
-                eprintln!("engine panicked; replay: BOURSE_DIFF_SEED={seed:#x} BOURSE_DIFF_COMMANDS={n}");
+                eprintln!(
+                    "engine panicked; replay: BOURSE_DIFF_SEED={seed:#x} BOURSE_DIFF_COMMANDS={n}"
+                );
                 std::panic::resume_unwind(panic);
             }
         }
     }
-    eprintln!("{done} random commands in {runs} runs agreed in {:.1?}", started.elapsed());
+    eprintln!(
+        "{done} random commands in {runs} runs agreed in {:.1?}",
+        started.elapsed()
+    );
     eprintln!(
         "{} accepted, {} rejected, {} trades, {} cancels; live orders {} on average, {} at most",
         stats.accepted,
@@ -262,8 +299,12 @@ fn random_flow_exercises_every_outcome() {
                 }
                 reference::Out::Cancelled { reason, .. } => format!("cancelled {reason:?}"),
                 reference::Out::Rejected { reason } => format!("rejected {reason:?}"),
-                reference::Out::CancelRejected { reason, .. } => format!("cancel rejected {reason:?}"),
-                reference::Out::Replaced { priority_kept, .. } => format!("replaced kept={priority_kept}"),
+                reference::Out::CancelRejected { reason, .. } => {
+                    format!("cancel rejected {reason:?}")
+                }
+                reference::Out::Replaced { priority_kept, .. } => {
+                    format!("replaced kept={priority_kept}")
+                }
                 reference::Out::Expired { .. } => "expired".to_string(),
                 _ => continue,
             };
@@ -292,7 +333,10 @@ fn random_flow_exercises_every_outcome() {
         "replaced kept=false",
         "expired",
     ] {
-        assert!(seen.contains(want), "the flow never produced '{want}'; seen {seen:?}");
+        assert!(
+            seen.contains(want),
+            "the flow never produced '{want}'; seen {seen:?}"
+        );
     }
     assert!(trades > 5_000, "only {trades} trades in 50,000 commands");
 }

@@ -142,7 +142,11 @@ fn market_orders_trade_within_the_band_and_cancel_the_rest() {
     assert_eq!(trades(&ev), vec![(10_100, 2), (11_900, 2)]);
     assert!(ev.iter().any(|e| matches!(
         e,
-        Event::OrderCancelled { reason: CancelReason::MarketRemainder, qty_cancelled: Qty(6), .. }
+        Event::OrderCancelled {
+            reason: CancelReason::MarketRemainder,
+            qty_cancelled: Qty(6),
+            ..
+        }
     )));
     assert!(d.engine.depth(InstrumentId(EQ), Side::Buy, 5).is_empty());
     d.engine.check_invariants().unwrap();
@@ -158,7 +162,11 @@ fn ioc_cancels_what_does_not_trade_at_once() {
     assert_eq!(trades(&ev), vec![(10_000, 4)]);
     assert!(ev.iter().any(|e| matches!(
         e,
-        Event::OrderCancelled { reason: CancelReason::ImmediateOrCancelRemainder, qty_cancelled: Qty(6), .. }
+        Event::OrderCancelled {
+            reason: CancelReason::ImmediateOrCancelRemainder,
+            qty_cancelled: Qty(6),
+            ..
+        }
     )));
     assert_eq!(d.engine.live_orders(), 0);
 }
@@ -189,7 +197,10 @@ fn fok_fills_in_full_or_not_at_all() {
     assert!(trades(&ev).is_empty());
     assert!(ev.iter().any(|e| matches!(
         e,
-        Event::OrderCancelled { reason: CancelReason::FillOrKillUnfilled, .. }
+        Event::OrderCancelled {
+            reason: CancelReason::FillOrKillUnfilled,
+            ..
+        }
     )));
     o.cl_ord_id = ClOrdId(2);
     o.qty = Qty(8);
@@ -268,7 +279,10 @@ fn self_trade_prevention_cancels_resting_incoming_or_both() {
 #[test]
 fn self_trade_prevention_by_firm_spans_the_firms_accounts() {
     let mut d = driver();
-    d.add_account_spec(stp_account(10, 7, StpMode::CancelIncoming, StpScope::Firm), RICH);
+    d.add_account_spec(
+        stp_account(10, 7, StpMode::CancelIncoming, StpScope::Firm),
+        RICH,
+    );
     d.add_account_spec(stp_account(11, 7, StpMode::None, StpScope::Account), RICH);
     give_shares(&mut d, 11, 5);
     d.limit(11, 1, EQ, Side::Sell, 10_000, 5);
@@ -276,7 +290,10 @@ fn self_trade_prevention_by_firm_spans_the_firms_accounts() {
     assert!(trades(&ev).is_empty());
     assert!(ev.iter().any(|e| matches!(
         e,
-        Event::OrderCancelled { reason: CancelReason::SelfTradePrevention, .. }
+        Event::OrderCancelled {
+            reason: CancelReason::SelfTradePrevention,
+            ..
+        }
     )));
 }
 
@@ -360,7 +377,13 @@ fn halted_and_closed_instruments_refuse_orders_but_accept_cancels() {
             },
         }))
         .to_vec();
-    assert!(matches!(ev[0], Event::OrderCancelled { reason: CancelReason::Requested, .. }));
+    assert!(matches!(
+        ev[0],
+        Event::OrderCancelled {
+            reason: CancelReason::Requested,
+            ..
+        }
+    ));
 }
 
 fn replace(account: u32, cl: u64, orig: u64, price: Option<i64>, qty: Option<i64>) -> CommandBody {
@@ -382,7 +405,13 @@ fn replace_keeps_priority_on_a_decrease_and_loses_it_otherwise() {
     d.limit(1, 1, EQ, Side::Buy, 9_990, 5);
     d.limit(2, 1, EQ, Side::Buy, 9_990, 5);
     let ev = d.run(replace(1, 2, 1, None, Some(3))).to_vec();
-    assert!(matches!(ev[0], Event::OrderReplaced { priority_kept: true, .. }));
+    assert!(matches!(
+        ev[0],
+        Event::OrderReplaced {
+            priority_kept: true,
+            ..
+        }
+    ));
     let queue: Vec<u32> = d
         .engine
         .resting_orders(InstrumentId(EQ))
@@ -391,7 +420,13 @@ fn replace_keeps_priority_on_a_decrease_and_loses_it_otherwise() {
         .collect();
     assert_eq!(queue, vec![1, 2]);
     let ev = d.run(replace(1, 3, 2, None, Some(4))).to_vec();
-    assert!(matches!(ev[0], Event::OrderReplaced { priority_kept: false, .. }));
+    assert!(matches!(
+        ev[0],
+        Event::OrderReplaced {
+            priority_kept: false,
+            ..
+        }
+    ));
     let queue: Vec<u32> = d
         .engine
         .resting_orders(InstrumentId(EQ))
@@ -418,12 +453,19 @@ fn replace_below_the_filled_quantity_or_of_a_filled_order_is_refused() {
     d.limit(1, 1, EQ, Side::Sell, 10_000, 2);
     d.limit(2, 1, EQ, Side::Buy, 10_000, 2);
     let ev = d.run(replace(2, 2, 1, None, Some(3))).to_vec();
-    assert_eq!(reject_reason(&ev), Some(RejectReason::UnknownOrder), "filled");
+    assert_eq!(
+        reject_reason(&ev),
+        Some(RejectReason::UnknownOrder),
+        "filled"
+    );
     d.limit(1, 5, EQ, Side::Sell, 10_050, 5);
     d.limit(2, 3, EQ, Side::Buy, 10_050, 3);
     // Order 5 of account 1 is now 3 filled of 5.
     let ev = d.run(replace(1, 6, 5, None, Some(3))).to_vec();
-    assert_eq!(reject_reason(&ev), Some(RejectReason::ReplaceQtyNotAboveFilled));
+    assert_eq!(
+        reject_reason(&ev),
+        Some(RejectReason::ReplaceQtyNotAboveFilled)
+    );
     let ev = d.run(replace(1, 6, 5, None, None)).to_vec();
     assert_eq!(reject_reason(&ev), Some(RejectReason::ReplaceNoChange));
 }
@@ -440,9 +482,17 @@ fn mass_cancel_by_firm_takes_only_that_firms_orders() {
             ..MassCancel::default()
         }))
         .to_vec();
-    assert!(matches!(ev.last(), Some(Event::MassCancelDone { orders_cancelled: 2, .. })));
+    assert!(matches!(
+        ev.last(),
+        Some(Event::MassCancelDone {
+            orders_cancelled: 2,
+            ..
+        })
+    ));
     assert_eq!(d.engine.live_orders(), 1);
-    let ev = d.run(CommandBody::MassCancel(MassCancel::default())).to_vec();
+    let ev = d
+        .run(CommandBody::MassCancel(MassCancel::default()))
+        .to_vec();
     assert_eq!(reject_reason(&ev), Some(RejectReason::MassCancelUnfiltered));
 }
 
@@ -468,7 +518,13 @@ fn end_of_day_expires_day_orders_and_due_gtd_orders_only() {
     });
     d.ts_ns += 1_000_000;
     let ev = d.run(CommandBody::EndOfDay).to_vec();
-    assert!(matches!(ev.last(), Some(Event::EndOfDayDone { orders_expired: 2, .. })));
+    assert!(matches!(
+        ev.last(),
+        Some(Event::EndOfDayDone {
+            orders_expired: 2,
+            ..
+        })
+    ));
     let left: Vec<u64> = d
         .engine
         .resting_orders(InstrumentId(EQ))
@@ -482,7 +538,7 @@ fn end_of_day_expires_day_orders_and_due_gtd_orders_only() {
 fn a_buy_reserves_its_notional_and_settles_at_the_trade_price() {
     let mut d = driver();
     d.add_account(20, 3, 1_000_0000); // 1,000.0000
-    // 100.00 × 1 lot × 10 shares = 1,000.00: exactly the account's cash.
+                                      // 100.00 × 1 lot × 10 shares = 1,000.00: exactly the account's cash.
     assert!(accepted_id(&d.limit(20, 1, EQ, Side::Buy, 10_000, 1)).is_some());
     let acc = d.engine.account(AccountId(20)).unwrap();
     assert_eq!(acc.cash_reserved, Cash(1_000_0000));
@@ -552,13 +608,19 @@ fn futures_lock_initial_margin_per_contract() {
     assert_eq!(acc.margin_locked, Cash(10_000_0000));
     assert_eq!(acc.cash, Cash(10_000_0000), "no premium changes hands");
     assert_eq!(
-        d.engine.position(AccountId(31), InstrumentId(FUT)).unwrap().0,
+        d.engine
+            .position(AccountId(31), InstrumentId(FUT))
+            .unwrap()
+            .0,
         Qty(-2)
     );
     // Closing the position needs no extra margin, and frees it all once done.
     d.limit(31, 2, FUT, Side::Buy, 100_000, 2);
     assert!(accepted_id(&d.limit(30, 3, FUT, Side::Sell, 100_000, 2)).is_some());
-    assert_eq!(d.engine.account(AccountId(30)).unwrap().margin_locked, Cash(0));
+    assert_eq!(
+        d.engine.account(AccountId(30)).unwrap().margin_locked,
+        Cash(0)
+    );
     d.engine.check_invariants().unwrap();
 }
 
@@ -592,14 +654,23 @@ fn cash_movements_never_take_free_cash_below_zero() {
             amount: Cash(800_0000),
         })
         .to_vec();
-    assert_eq!(reject_reason(&ev), Some(RejectReason::CollateralBelowLocked));
+    assert_eq!(
+        reject_reason(&ev),
+        Some(RejectReason::CollateralBelowLocked)
+    );
     let ev = d
         .run(CommandBody::Withdraw {
             account: AccountId(20),
             amount: Cash(100_0000),
         })
         .to_vec();
-    assert!(matches!(ev[0], Event::CashChanged { cash_free: Cash(0), .. }));
+    assert!(matches!(
+        ev[0],
+        Event::CashChanged {
+            cash_free: Cash(0),
+            ..
+        }
+    ));
     let ev = d
         .run(CommandBody::Deposit {
             account: AccountId(20),

@@ -167,7 +167,13 @@ impl Gen {
             let edge = if self.rng.chance(500) { low } else { high };
             edge + tick * self.rng.range(-1, 1)
         } else if roll < 985 {
-            reference + tick * self.rng.range(-30, 30) + if tick > 1 { self.rng.range(1, tick - 1) } else { 0 }
+            reference
+                + tick * self.rng.range(-30, 30)
+                + if tick > 1 {
+                    self.rng.range(1, tick - 1)
+                } else {
+                    0
+                }
         } else if roll < 995 {
             self.rng.range(-5, 0)
         } else {
@@ -280,12 +286,19 @@ impl Gen {
 
     /// A reference to `target`, by exchange id or client id; sometimes to a wrong account,
     /// an unknown order, or with both or neither ids.
-    fn order_ref(&mut self, target: Option<(u64, u64, u32, u32, i64, i64, i64)>) -> (AccountId, OrderRef) {
+    fn order_ref(
+        &mut self,
+        target: Option<(u64, u64, u32, u32, i64, i64, i64)>,
+    ) -> (AccountId, OrderRef) {
         let roll = self.rng.below(1000);
         let (id, cl, account) = match target {
             Some((id, cl, account, ..)) if roll < 940 => (id, cl, account),
             Some((id, cl, _, ..)) if roll < 970 => (id, cl, self.account()),
-            _ => (self.rng.range(1, 1_000_000) as u64, self.rng.range(1, 1_000_000) as u64, self.account()),
+            _ => (
+                self.rng.range(1, 1_000_000) as u64,
+                self.rng.range(1, 1_000_000) as u64,
+                self.account(),
+            ),
         };
         let r = match self.rng.below(100) {
             0 => OrderRef::default(),
@@ -320,7 +333,10 @@ impl Gen {
         let (account, target) = self.order_ref(t);
         let (instrument, price, total, filled, cl, side) = match t {
             Some((id, cl, _, i, p, total, filled)) => {
-                let side = m.live_orders().find(|o| o.id == id).map_or(Side::Buy, |o| o.side);
+                let side = m
+                    .live_orders()
+                    .find(|o| o.id == id)
+                    .map_or(Side::Buy, |o| o.side);
                 (i, p, total, filled, cl, side)
             }
             None => (1, 10_000, 10, 0, 0, Side::Buy),
@@ -354,7 +370,11 @@ impl Gen {
 
     fn new_order(&mut self, m: &Model) -> CommandBody {
         let instrument = self.instrument(m);
-        let ord_type = if self.rng.chance(100) { OrdType::Market } else { OrdType::Limit };
+        let ord_type = if self.rng.chance(100) {
+            OrdType::Market
+        } else {
+            OrdType::Limit
+        };
         let tif = match self.rng.below(100) {
             0..=39 => TimeInForce::Day,
             40..=61 => TimeInForce::Gtc,
@@ -363,8 +383,16 @@ impl Gen {
             _ => TimeInForce::Fok,
         };
         let qty = self.qty();
-        let side = if self.rng.chance(500) { Side::Buy } else { Side::Sell };
-        let price = if ord_type == OrdType::Market { 0 } else { self.price(m, instrument, side) };
+        let side = if self.rng.chance(500) {
+            Side::Buy
+        } else {
+            Side::Sell
+        };
+        let price = if ord_type == OrdType::Market {
+            0
+        } else {
+            self.price(m, instrument, side)
+        };
         let expire_ts_ns = match tif {
             TimeInForce::Gtd => match self.rng.below(50) {
                 0 => 0,

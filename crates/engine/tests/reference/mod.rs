@@ -25,20 +25,61 @@ use bourse_core::*;
 /// What happened, as both the model and the (projected) engine report it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Out {
-    Accepted { order_id: u64 },
-    Rejected { reason: RejectReason },
-    CancelRejected { to: CancelRejectTo, reason: RejectReason },
-    CommandRejected { reason: RejectReason },
-    Trade { price: i64, qty: i64, buy: u64, sell: u64, aggressor: Side },
-    Cancelled { order_id: u64, qty: i64, reason: CancelReason },
-    Replaced { order_id: u64, price: i64, total: i64, leaves: i64, priority_kept: bool },
-    Expired { order_id: u64, qty: i64 },
-    MassCancelDone { n: u64 },
-    EndOfDayDone { n: u64 },
-    PhaseChanged { instrument: u32, phase: Phase },
-    InstrumentAdded { instrument: u32 },
-    AccountAdded { account: u32 },
-    CashChanged { account: u32 },
+    Accepted {
+        order_id: u64,
+    },
+    Rejected {
+        reason: RejectReason,
+    },
+    CancelRejected {
+        to: CancelRejectTo,
+        reason: RejectReason,
+    },
+    CommandRejected {
+        reason: RejectReason,
+    },
+    Trade {
+        price: i64,
+        qty: i64,
+        buy: u64,
+        sell: u64,
+        aggressor: Side,
+    },
+    Cancelled {
+        order_id: u64,
+        qty: i64,
+        reason: CancelReason,
+    },
+    Replaced {
+        order_id: u64,
+        price: i64,
+        total: i64,
+        leaves: i64,
+        priority_kept: bool,
+    },
+    Expired {
+        order_id: u64,
+        qty: i64,
+    },
+    MassCancelDone {
+        n: u64,
+    },
+    EndOfDayDone {
+        n: u64,
+    },
+    PhaseChanged {
+        instrument: u32,
+        phase: Phase,
+    },
+    InstrumentAdded {
+        instrument: u32,
+    },
+    AccountAdded {
+        account: u32,
+    },
+    CashChanged {
+        account: u32,
+    },
 }
 
 /// Projects engine events onto [`Out`]; order-log records are dropped.
@@ -47,44 +88,82 @@ pub fn project(events: &[Event]) -> Vec<Out> {
         .iter()
         .filter_map(|e| {
             Some(match *e {
-                Event::OrderAccepted { order_id, .. } => Out::Accepted { order_id: order_id.0 },
+                Event::OrderAccepted { order_id, .. } => Out::Accepted {
+                    order_id: order_id.0,
+                },
                 Event::OrderRejected { reason, .. } => Out::Rejected { reason },
-                Event::CancelRejected { response_to, reason, .. } => {
-                    Out::CancelRejected { to: response_to, reason }
-                }
+                Event::CancelRejected {
+                    response_to,
+                    reason,
+                    ..
+                } => Out::CancelRejected {
+                    to: response_to,
+                    reason,
+                },
                 Event::CommandRejected { reason, .. } => Out::CommandRejected { reason },
-                Event::Trade { price, qty, aggressor, buy, sell, .. } => Out::Trade {
+                Event::Trade {
+                    price,
+                    qty,
+                    aggressor,
+                    buy,
+                    sell,
+                    ..
+                } => Out::Trade {
                     price: price.0,
                     qty: qty.0,
                     buy: buy.order_id.0,
                     sell: sell.order_id.0,
                     aggressor,
                 },
-                Event::OrderCancelled { order_id, qty_cancelled, reason, .. } => Out::Cancelled {
+                Event::OrderCancelled {
+                    order_id,
+                    qty_cancelled,
+                    reason,
+                    ..
+                } => Out::Cancelled {
                     order_id: order_id.0,
                     qty: qty_cancelled.0,
                     reason,
                 },
-                Event::OrderReplaced { order_id, price, qty_total, qty_leaves, priority_kept, .. } => {
-                    Out::Replaced {
-                        order_id: order_id.0,
-                        price: price.0,
-                        total: qty_total.0,
-                        leaves: qty_leaves.0,
-                        priority_kept,
-                    }
-                }
-                Event::OrderExpired { order_id, qty_expired, .. } => Out::Expired {
+                Event::OrderReplaced {
+                    order_id,
+                    price,
+                    qty_total,
+                    qty_leaves,
+                    priority_kept,
+                    ..
+                } => Out::Replaced {
+                    order_id: order_id.0,
+                    price: price.0,
+                    total: qty_total.0,
+                    leaves: qty_leaves.0,
+                    priority_kept,
+                },
+                Event::OrderExpired {
+                    order_id,
+                    qty_expired,
+                    ..
+                } => Out::Expired {
                     order_id: order_id.0,
                     qty: qty_expired.0,
                 },
-                Event::MassCancelDone { orders_cancelled, .. } => Out::MassCancelDone { n: orders_cancelled },
-                Event::EndOfDayDone { orders_expired, .. } => Out::EndOfDayDone { n: orders_expired },
-                Event::PhaseChanged { instrument, phase, .. } => Out::PhaseChanged {
+                Event::MassCancelDone {
+                    orders_cancelled, ..
+                } => Out::MassCancelDone {
+                    n: orders_cancelled,
+                },
+                Event::EndOfDayDone { orders_expired, .. } => {
+                    Out::EndOfDayDone { n: orders_expired }
+                }
+                Event::PhaseChanged {
+                    instrument, phase, ..
+                } => Out::PhaseChanged {
                     instrument: instrument.0,
                     phase,
                 },
-                Event::InstrumentAdded { instrument, .. } => Out::InstrumentAdded { instrument: instrument.0 },
+                Event::InstrumentAdded { instrument, .. } => Out::InstrumentAdded {
+                    instrument: instrument.0,
+                },
                 Event::AccountAdded { account, .. } => Out::AccountAdded { account: account.0 },
                 Event::CashChanged { account, .. } => Out::CashChanged { account: account.0 },
                 Event::OrderLog(_) => return None,
@@ -139,7 +218,10 @@ impl RBook {
     /// The band's lowest and highest acceptable prices, snapped inwards to the tick.
     pub fn band(&self) -> (i64, i64) {
         let width = self.reference as i128 * self.band_bps as i128 / 10_000;
-        let (lo, hi) = (self.reference as i128 - width, self.reference as i128 + width);
+        let (lo, hi) = (
+            self.reference as i128 - width,
+            self.reference as i128 + width,
+        );
         let t = self.tick as i128;
         // Smallest multiple of the tick at or above lo; largest at or below hi.
         let mut low = if lo % t == 0 { lo } else { (lo / t + 1) * t };
@@ -154,9 +236,17 @@ impl RBook {
     /// Resting orders in priority order: bids best price first, then asks best price first;
     /// within a price, by arrival stamp.
     pub fn in_priority(&self) -> Vec<&ROrder> {
-        let mut bids: Vec<&ROrder> = self.resting.iter().filter(|o| o.side == Side::Buy).collect();
+        let mut bids: Vec<&ROrder> = self
+            .resting
+            .iter()
+            .filter(|o| o.side == Side::Buy)
+            .collect();
         bids.sort_by_key(|o| (std::cmp::Reverse(o.price), o.stamp));
-        let mut asks: Vec<&ROrder> = self.resting.iter().filter(|o| o.side == Side::Sell).collect();
+        let mut asks: Vec<&ROrder> = self
+            .resting
+            .iter()
+            .filter(|o| o.side == Side::Sell)
+            .collect();
         asks.sort_by_key(|o| (o.price, o.stamp));
         bids.extend(asks);
         bids
@@ -240,7 +330,9 @@ impl Model {
     }
 
     fn firm_of(&self, account: u32) -> u32 {
-        self.account(AccountId(account)).expect("known account").firm
+        self.account(AccountId(account))
+            .expect("known account")
+            .firm
     }
 
     fn stamp(&mut self) -> u64 {
@@ -270,15 +362,25 @@ impl Model {
         match &cmd.body {
             CommandBody::NewOrder(o) => self.new_order(o, ts, &mut out),
             CommandBody::Cancel(c) => match self.lookup(c.account, &c.target) {
-                Err(reason) => out.push(Out::CancelRejected { to: CancelRejectTo::Cancel, reason }),
+                Err(reason) => out.push(Out::CancelRejected {
+                    to: CancelRejectTo::Cancel,
+                    reason,
+                }),
                 Ok((b, i)) => {
                     let o = self.books[b].resting.remove(i);
-                    out.push(Out::Cancelled { order_id: o.id, qty: o.leaves, reason: CancelReason::Requested });
+                    out.push(Out::Cancelled {
+                        order_id: o.id,
+                        qty: o.leaves,
+                        reason: CancelReason::Requested,
+                    });
                 }
             },
             CommandBody::Replace(r) => {
                 if let Err(reason) = self.replace(r, &mut out) {
-                    out.push(Out::CancelRejected { to: CancelRejectTo::Replace, reason });
+                    out.push(Out::CancelRejected {
+                        to: CancelRejectTo::Replace,
+                        reason,
+                    });
                 }
             }
             CommandBody::MassCancel(m) => self.mass_cancel(m, &mut out),
@@ -286,22 +388,34 @@ impl Model {
                 Some(id) => match self.book_index(*id) {
                     Some(b) => {
                         self.books[b].phase = *phase;
-                        out.push(Out::PhaseChanged { instrument: id.0, phase: *phase });
+                        out.push(Out::PhaseChanged {
+                            instrument: id.0,
+                            phase: *phase,
+                        });
                     }
-                    None => out.push(Out::CommandRejected { reason: RejectReason::UnknownInstrument }),
+                    None => out.push(Out::CommandRejected {
+                        reason: RejectReason::UnknownInstrument,
+                    }),
                 },
                 None => {
                     for b in &mut self.books {
                         b.phase = *phase;
-                        out.push(Out::PhaseChanged { instrument: b.id, phase: *phase });
+                        out.push(Out::PhaseChanged {
+                            instrument: b.id,
+                            phase: *phase,
+                        });
                     }
                 }
             },
             CommandBody::AddInstrument(def) => {
                 if def.validate().is_err() {
-                    out.push(Out::CommandRejected { reason: RejectReason::InvalidInstrument });
+                    out.push(Out::CommandRejected {
+                        reason: RejectReason::InvalidInstrument,
+                    });
                 } else if self.book_index(def.instrument).is_some() {
-                    out.push(Out::CommandRejected { reason: RejectReason::DuplicateInstrument });
+                    out.push(Out::CommandRejected {
+                        reason: RejectReason::DuplicateInstrument,
+                    });
                 } else {
                     self.books.push(RBook {
                         id: def.instrument.0,
@@ -311,21 +425,30 @@ impl Model {
                         phase: Phase::Open,
                         resting: Vec::new(),
                     });
-                    out.push(Out::InstrumentAdded { instrument: def.instrument.0 });
+                    out.push(Out::InstrumentAdded {
+                        instrument: def.instrument.0,
+                    });
                 }
             }
             CommandBody::AddAccount(spec) => {
                 if self.account(spec.account).is_some() {
-                    out.push(Out::CommandRejected { reason: RejectReason::DuplicateAccount });
+                    out.push(Out::CommandRejected {
+                        reason: RejectReason::DuplicateAccount,
+                    });
                 } else {
-                    assert!(spec.may_short, "the model does not model risk: accounts must be allowed to short");
+                    assert!(
+                        spec.may_short,
+                        "the model does not model risk: accounts must be allowed to short"
+                    );
                     self.accounts.push(RAccount {
                         id: spec.account.0,
                         firm: spec.firm.0,
                         stp: spec.stp,
                         scope: spec.stp_scope,
                     });
-                    out.push(Out::AccountAdded { account: spec.account.0 });
+                    out.push(Out::AccountAdded {
+                        account: spec.account.0,
+                    });
                 }
             }
             CommandBody::Deposit { account, amount } => {
@@ -333,7 +456,9 @@ impl Model {
                 assert!(amount.0 > 0 && amount.0 <= CASH_AMOUNT_MAX);
                 match self.account(*account) {
                     Some(_) => out.push(Out::CashChanged { account: account.0 }),
-                    None => out.push(Out::CommandRejected { reason: RejectReason::UnknownAccount }),
+                    None => out.push(Out::CommandRejected {
+                        reason: RejectReason::UnknownAccount,
+                    }),
                 }
             }
             CommandBody::Withdraw { .. } | CommandBody::SetCollateral { .. } => {
@@ -354,9 +479,14 @@ impl Model {
                 for id in &expired {
                     let (b, i) = self.find(*id).expect("live");
                     let o = self.books[b].resting.remove(i);
-                    out.push(Out::Expired { order_id: o.id, qty: o.leaves });
+                    out.push(Out::Expired {
+                        order_id: o.id,
+                        qty: o.leaves,
+                    });
                 }
-                out.push(Out::EndOfDayDone { n: expired.len() as u64 });
+                out.push(Out::EndOfDayDone {
+                    n: expired.len() as u64,
+                });
             }
         }
         out
@@ -371,10 +501,16 @@ impl Model {
         None
     }
 
-    fn lookup(&self, account: AccountId, target: &OrderRef) -> Result<(usize, usize), RejectReason> {
+    fn lookup(
+        &self,
+        account: AccountId,
+        target: &OrderRef,
+    ) -> Result<(usize, usize), RejectReason> {
         self.account(account).ok_or(RejectReason::UnknownAccount)?;
         let found = match (target.order_id, target.orig_cl_ord_id) {
-            (Some(id), None) => self.find(id.0).filter(|&(b, i)| self.books[b].resting[i].account == account.0),
+            (Some(id), None) => self
+                .find(id.0)
+                .filter(|&(b, i)| self.books[b].resting[i].account == account.0),
             (None, Some(cl)) => {
                 let mut hit = None;
                 for (b, book) in self.books.iter().enumerate() {
@@ -409,8 +545,11 @@ impl Model {
     }
 
     fn validate_new(&self, o: &NewOrder, ts: u64) -> Result<(usize, i64), RejectReason> {
-        let b = self.book_index(o.instrument).ok_or(RejectReason::UnknownInstrument)?;
-        self.account(o.account).ok_or(RejectReason::UnknownAccount)?;
+        let b = self
+            .book_index(o.instrument)
+            .ok_or(RejectReason::UnknownInstrument)?;
+        self.account(o.account)
+            .ok_or(RejectReason::UnknownAccount)?;
         let book = &self.books[b];
         match book.phase {
             Phase::Open => {}
@@ -453,6 +592,7 @@ impl Model {
         if d != 0
             && (d < 0
                 || d > o.qty.0
+                || (d as i128) * 1000 < o.qty.0 as i128
                 || o.ord_type == OrdType::Market
                 || matches!(o.tif, TimeInForce::Ioc | TimeInForce::Fok))
         {
@@ -488,7 +628,11 @@ impl Model {
             display_size: o.display_qty.0,
             display: 0,
             // A market order is never resting; Day reads as IOC.
-            tif: if is_market && o.tif == TimeInForce::Day { TimeInForce::Ioc } else { o.tif },
+            tif: if is_market && o.tif == TimeInForce::Day {
+                TimeInForce::Ioc
+            } else {
+                o.tif
+            },
             expire: o.expire_ts_ns,
             stamp: 0,
         };
@@ -501,7 +645,11 @@ impl Model {
             let mut scratch = Vec::new();
             let end = trial_model.match_incoming(b, &mut trial, &mut scratch);
             if !(end == End::Done && trial.leaves == 0) {
-                out.push(Out::Cancelled { order_id: id, qty: order.leaves, reason: CancelReason::FillOrKillUnfilled });
+                out.push(Out::Cancelled {
+                    order_id: id,
+                    qty: order.leaves,
+                    reason: CancelReason::FillOrKillUnfilled,
+                });
                 return;
             }
         }
@@ -531,7 +679,11 @@ impl Model {
                 match me.stp {
                     StpMode::CancelResting | StpMode::CancelBoth => {
                         self.books[b].resting.remove(i);
-                        out.push(Out::Cancelled { order_id: r.id, qty: r.leaves, reason: CancelReason::SelfTradePrevention });
+                        out.push(Out::Cancelled {
+                            order_id: r.id,
+                            qty: r.leaves,
+                            reason: CancelReason::SelfTradePrevention,
+                        });
                         if me.stp == StpMode::CancelBoth {
                             return End::Stp;
                         }
@@ -550,7 +702,13 @@ impl Model {
                 Side::Buy => (inc.id, r.id),
                 Side::Sell => (r.id, inc.id),
             };
-            out.push(Out::Trade { price: r.price, qty, buy, sell, aggressor: inc.side });
+            out.push(Out::Trade {
+                price: r.price,
+                qty,
+                buy,
+                sell,
+                aggressor: inc.side,
+            });
             self.books[b].reference = r.price;
             let stamp = self.stamp();
             let ro = &mut self.books[b].resting[i];
@@ -584,7 +742,11 @@ impl Model {
             }
         };
         match reason {
-            Some(reason) => out.push(Out::Cancelled { order_id: o.id, qty: o.leaves, reason }),
+            Some(reason) => out.push(Out::Cancelled {
+                order_id: o.id,
+                qty: o.leaves,
+                reason,
+            }),
             None => {
                 o.stamp = self.stamp();
                 self.books[b].resting.push(o);
@@ -618,6 +780,10 @@ impl Model {
         if new_total <= o.filled {
             return Err(RejectReason::ReplaceQtyNotAboveFilled);
         }
+        // An iceberg is shown in at most 1,000 parts.
+        if o.display_size > 0 && (o.display_size as i128) * 1000 < new_total as i128 {
+            return Err(RejectReason::DisplayQtyInvalid);
+        }
         if r.cl_ord_id.0 != o.cl && self.live_cl(o.account, r.cl_ord_id.0) {
             return Err(RejectReason::DuplicateClOrdId);
         }
@@ -626,11 +792,21 @@ impl Model {
         let mut o = self.books[b].resting.remove(i);
         o.cl = r.cl_ord_id.0;
         o.total = new_total;
-        out.push(Out::Replaced { order_id: o.id, price: new_price, total: new_total, leaves: new_leaves, priority_kept: kept });
+        out.push(Out::Replaced {
+            order_id: o.id,
+            price: new_price,
+            total: new_total,
+            leaves: new_leaves,
+            priority_kept: kept,
+        });
         if kept {
             // A decrease keeps the place in the queue (and the stamp); the visible part
             // shrinks only if the order no longer has that much.
-            o.display = if o.display_size > 0 { o.display.min(new_leaves) } else { new_leaves };
+            o.display = if o.display_size > 0 {
+                o.display.min(new_leaves)
+            } else {
+                new_leaves
+            };
             o.leaves = new_leaves;
             self.books[b].resting.push(o);
         } else {
@@ -646,18 +822,24 @@ impl Model {
 
     fn mass_cancel(&mut self, m: &MassCancel, out: &mut Vec<Out>) {
         if m.account.is_none() && m.firm.is_none() && m.instrument.is_none() && m.side.is_none() {
-            out.push(Out::CommandRejected { reason: RejectReason::MassCancelUnfiltered });
+            out.push(Out::CommandRejected {
+                reason: RejectReason::MassCancelUnfiltered,
+            });
             return;
         }
         if let Some(a) = m.account {
             if self.account(a).is_none() {
-                out.push(Out::CommandRejected { reason: RejectReason::UnknownAccount });
+                out.push(Out::CommandRejected {
+                    reason: RejectReason::UnknownAccount,
+                });
                 return;
             }
         }
         if let Some(i) = m.instrument {
             if self.book_index(i).is_none() {
-                out.push(Out::CommandRejected { reason: RejectReason::UnknownInstrument });
+                out.push(Out::CommandRejected {
+                    reason: RejectReason::UnknownInstrument,
+                });
                 return;
             }
         }
@@ -676,8 +858,14 @@ impl Model {
         for id in &victims {
             let (b, i) = self.find(*id).expect("live");
             let o = self.books[b].resting.remove(i);
-            out.push(Out::Cancelled { order_id: o.id, qty: o.leaves, reason: CancelReason::MassCancel });
+            out.push(Out::Cancelled {
+                order_id: o.id,
+                qty: o.leaves,
+                reason: CancelReason::MassCancel,
+            });
         }
-        out.push(Out::MassCancelDone { n: victims.len() as u64 });
+        out.push(Out::MassCancelDone {
+            n: victims.len() as u64,
+        });
     }
 }
