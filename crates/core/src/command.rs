@@ -143,12 +143,21 @@ pub enum CommandBody {
     AddInstrument(Instrument),
     AddAccount(AccountSpec),
     /// Add cash to an account.
-    Deposit { account: AccountId, amount: Cash },
+    Deposit {
+        account: AccountId,
+        amount: Cash,
+    },
     /// Take cash from an account; never more than its free cash.
-    Withdraw { account: AccountId, amount: Cash },
+    Withdraw {
+        account: AccountId,
+        amount: Cash,
+    },
     /// Set an account's cash to the collateral clearing allocated to this core; never below
     /// what its orders and positions already lock.
-    SetCollateral { account: AccountId, amount: Cash },
+    SetCollateral {
+        account: AccountId,
+        amount: Cash,
+    },
     /// Close the trading day: expire Day orders, and GTD orders whose time has come.
     EndOfDay,
 }

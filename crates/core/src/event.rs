@@ -217,7 +217,10 @@ pub enum Event {
         ts_ns: u64,
     },
     /// A control command (instrument, account, cash, phase, mass cancel) was refused.
-    CommandRejected { reason: RejectReason, ts_ns: u64 },
+    CommandRejected {
+        reason: RejectReason,
+        ts_ns: u64,
+    },
     Trade {
         trade_id: TradeId,
         instrument: InstrumentId,
@@ -264,9 +267,20 @@ pub enum Event {
         ts_ns: u64,
     },
     OrderLog(OrderLog),
-    InstrumentAdded { instrument: InstrumentId, ts_ns: u64 },
-    AccountAdded { account: AccountId, firm: FirmId, ts_ns: u64 },
-    PhaseChanged { instrument: InstrumentId, phase: Phase, ts_ns: u64 },
+    InstrumentAdded {
+        instrument: InstrumentId,
+        ts_ns: u64,
+    },
+    AccountAdded {
+        account: AccountId,
+        firm: FirmId,
+        ts_ns: u64,
+    },
+    PhaseChanged {
+        instrument: InstrumentId,
+        phase: Phase,
+        ts_ns: u64,
+    },
     CashChanged {
         account: AccountId,
         reason: CashReason,
@@ -275,5 +289,8 @@ pub enum Event {
         cash_free: Cash,
         ts_ns: u64,
     },
-    EndOfDayDone { orders_expired: u64, ts_ns: u64 },
+    EndOfDayDone {
+        orders_expired: u64,
+        ts_ns: u64,
+    },
 }

@@ -66,7 +66,10 @@ impl<'de> Deserialize<'de> for Cash {
                 Ok(Cash(v as i128))
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Cash, E> {
-                v.trim().parse::<i128>().map(Cash).map_err(|_| E::custom(format!("'{v}' is not an integer amount")))
+                v.trim()
+                    .parse::<i128>()
+                    .map(Cash)
+                    .map_err(|_| E::custom(format!("'{v}' is not an integer amount")))
             }
         }
         d.deserialize_any(V)
