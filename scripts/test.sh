@@ -32,6 +32,7 @@ step "the main job runs end to end (bourse demo, 3 seconds)"
 step "benchmarks run (smoke sizes; figures are in BENCHMARKS.md)"
 ./target/release/bourse bench engine --ops 20000 --warmup 2000 --rates 100000 --open-loop-seconds 1 --json >/dev/null
 ./target/release/bourse bench capacity --accounts 10000 --positions-per-account 3 --instruments 10 --orders 10000 --json >/dev/null
+./target/release/bourse bench journal --records 2000 --json >/dev/null
 
 echo
 echo "scripts/test.sh: all checks passed"

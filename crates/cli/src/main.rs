@@ -9,6 +9,7 @@ mod bench;
 mod demo;
 mod engine_run;
 mod fix_acceptor;
+mod journal_cmd;
 mod report;
 
 use clap::{Parser, Subcommand};
@@ -39,6 +40,11 @@ enum Command {
     Bench {
         #[command(subcommand)]
         command: BenchCommand,
+    },
+    /// Operator views of a journal directory (read only).
+    Journal {
+        #[command(subcommand)]
+        command: journal_cmd::JournalCommand,
     },
     /// The FIX 4.4 session layer on its own.
     Fix {
@@ -80,6 +86,8 @@ enum BenchCommand {
     Engine(bench::EngineBenchArgs),
     /// Memory per account, per position and per resting order at the seeds' scale.
     Capacity(bench::CapacityArgs),
+    /// Journal appends per fsync mode: records/s, MB/s and fsync latency.
+    Journal(journal_cmd::JournalBenchArgs),
 }
 
 fn main() {
@@ -98,7 +106,9 @@ fn main() {
         Command::Bench { command } => match command {
             BenchCommand::Engine(args) => bench::engine(args),
             BenchCommand::Capacity(args) => bench::capacity(args),
+            BenchCommand::Journal(args) => journal_cmd::bench(args),
         },
+        Command::Journal { command } => journal_cmd::run(command),
         Command::Fix {
             command: FixCommand::Acceptor(args),
         } => fix_acceptor::run(args),
