@@ -11,6 +11,17 @@ pub const PRICE_SCALE_MAX: u8 = 12;
 /// Price bands are given in basis points; 10,000 bps = 100%.
 pub const BAND_BPS_MAX: u32 = 10_000;
 
+/// Powers of ten up to the largest scale difference between prices and cash.
+const POW10: [i128; PRICE_SCALE_MAX as usize + 1] = {
+    let mut t = [1i128; PRICE_SCALE_MAX as usize + 1];
+    let mut i = 1;
+    while i < t.len() {
+        t[i] = t[i - 1] * 10;
+        i += 1;
+    }
+    t
+};
+
 /// The three markets of the seeds: equities and FX (ASTS), derivatives (SPECTRA).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -156,10 +167,10 @@ impl Instrument {
             .checked_mul(self.lot_size as i128)?
             .checked_mul(self.multiplier as i128)?;
         if self.price_scale <= CASH_SCALE {
-            let mul = 10i128.pow((CASH_SCALE - self.price_scale) as u32);
+            let mul = POW10[(CASH_SCALE - self.price_scale) as usize];
             Some((raw.checked_mul(mul)?, 1))
         } else {
-            Some((raw, 10i128.pow((self.price_scale - CASH_SCALE) as u32)))
+            Some((raw, POW10[(self.price_scale - CASH_SCALE) as usize]))
         }
     }
 

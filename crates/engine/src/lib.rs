@@ -838,17 +838,18 @@ impl Engine {
     /// Applies `change` to an account's position and keeps its futures margin in step.
     fn change_position(&mut self, acct: u32, book: u32, change: impl FnOnce(&mut risk::Position)) {
         let def = &self.books[book as usize].def;
-        let im = if def.market == Market::Futures {
-            def.initial_margin.0
-        } else {
-            0
-        };
+        let futures = def.market == Market::Futures;
+        let im = def.initial_margin.0;
         let account = &mut self.accounts[acct as usize];
         let p = account.position_mut(book);
-        let before = futures_margin(im, p);
-        change(p);
-        let after = futures_margin(im, p);
-        account.margin_locked += after - before;
+        if futures {
+            let before = futures_margin(im, p);
+            change(p);
+            let after = futures_margin(im, p);
+            account.margin_locked += after - before;
+        } else {
+            change(p);
+        }
     }
 
     /// Drops a finished order (not resting, nothing reserved) from the indexes and the pool.
