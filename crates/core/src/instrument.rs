@@ -162,6 +162,24 @@ impl Instrument {
     }
 
     fn notional_parts(&self, price: Price, qty: Qty) -> Option<(i128, i128)> {
+        // Fast path for the usual case (every order the engine admits): non-negative values
+        // whose products fit 64 bits each, so one widening multiply does it with no overflow
+        // checks on 128-bit values, which cost several multiplies each.
+        if price.0 >= 0 && qty.0 >= 0 {
+            let units = (self.lot_size as u64).checked_mul(self.multiplier as u64);
+            let pq = (price.0 as u64).checked_mul(qty.0 as u64);
+            if let (Some(units), Some(pq)) = (units, pq) {
+                let raw = pq as u128 * units as u128;
+                if raw <= i128::MAX as u128 / POW10[PRICE_SCALE_MAX as usize] as u128 {
+                    let raw = raw as i128;
+                    return Some(if self.price_scale <= CASH_SCALE {
+                        (raw * POW10[(CASH_SCALE - self.price_scale) as usize], 1)
+                    } else {
+                        (raw, POW10[(self.price_scale - CASH_SCALE) as usize])
+                    });
+                }
+            }
+        }
         let raw = (price.0 as i128)
             .checked_mul(qty.0 as i128)?
             .checked_mul(self.lot_size as i128)?
@@ -240,6 +258,25 @@ mod tests {
         // 1.083451 * 1 = 1.0834 (floor) or 1.0835 (ceil) at scale 4.
         assert_eq!(i.notional_floor(Price(1_083_451), Qty(1)), Some(10_834));
         assert_eq!(i.notional_ceil(Price(1_083_451), Qty(1)), Some(10_835));
+    }
+
+    #[test]
+    fn the_fast_and_the_checked_notional_agree() {
+        let mut i = equity();
+        for (scale, price, qty) in [(2u8, 10_000i64, 3i64), (6, 1_083_451, 7), (0, 1, 1), (12, i64::MAX / 3, 2)] {
+            i.price_scale = scale;
+            let fast = i.notional_parts(Price(price), Qty(qty));
+            let raw = (price as i128).checked_mul(qty as i128 * 10);
+            let slow = raw.map(|r| {
+                if scale <= CASH_SCALE {
+                    (r * 10i128.pow((CASH_SCALE - scale) as u32), 1)
+                } else {
+                    (r, 10i128.pow((scale - CASH_SCALE) as u32))
+                }
+            });
+            assert_eq!(fast, slow, "scale {scale} price {price} qty {qty}");
+        }
+        assert_eq!(i.notional_floor(Price(-5), Qty(2)).map(|v| v.signum()), Some(-1));
     }
 
     #[test]

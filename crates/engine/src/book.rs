@@ -123,17 +123,84 @@ pub struct Level {
 /// The levels of one side, sorted worst to best (best last), with their prices repeated in a
 /// dense array: a binary search then touches 8 bytes per probe instead of a whole level, so a
 /// ladder of hundreds of levels stays in the first-level cache.
+///
+/// A level that empties in the middle of the ladder stays as an empty placeholder (no orders,
+/// no quantity) instead of being removed: removing and re-inserting levels shifts every level
+/// behind them, which was the largest single cost of the order path. Placeholders are reused
+/// when their price comes back, the best level is never a placeholder (trailing empties are
+/// trimmed), and the ladder is compacted when placeholders outnumber live levels. Readers skip
+/// levels with no orders.
 pub struct Ladder {
     prices: Vec<i64>,
     levels: Vec<Level>,
+    /// Placeholders currently in the ladder.
+    empty: usize,
 }
+
+/// Compaction waits until there are at least this many placeholders.
+const LADDER_EMPTY_MIN: usize = 64;
 
 impl Ladder {
     fn with_capacity(levels: usize) -> Ladder {
         Ladder {
             prices: Vec::with_capacity(levels),
             levels: Vec::with_capacity(levels),
+            empty: 0,
         }
+    }
+
+    /// Levels with orders.
+    pub fn live_levels(&self) -> usize {
+        self.levels.len() - self.empty
+    }
+
+    /// The index of the level at `price`, making one (or reviving a placeholder) if needed.
+    fn level_for(&mut self, side: Side, price: i64) -> usize {
+        match self.find(side, price) {
+            Ok(i) => {
+                if self.levels[i].orders == 0 {
+                    self.empty -= 1;
+                }
+                i
+            }
+            Err(i) => {
+                self.insert(
+                    i,
+                    Level {
+                        price,
+                        head: NIL,
+                        tail: NIL,
+                        qty_leaves: 0,
+                        qty_display: 0,
+                        orders: 0,
+                    },
+                );
+                i
+            }
+        }
+    }
+
+    /// The level at `index` has just lost its last order.
+    fn emptied(&mut self, index: usize) {
+        debug_assert_eq!(self.levels[index].orders, 0);
+        self.empty += 1;
+        // Keep the best level live: trim placeholders from the end.
+        while self.levels.last().is_some_and(|l| l.orders == 0) {
+            self.prices.pop();
+            self.levels.pop();
+            self.empty -= 1;
+        }
+        if self.empty >= LADDER_EMPTY_MIN && self.empty > self.live_levels() {
+            self.compact();
+        }
+    }
+
+    /// Drops every placeholder, keeping the order of the live levels.
+    fn compact(&mut self) {
+        self.levels.retain(|l| l.orders > 0);
+        self.prices.clear();
+        self.prices.extend(self.levels.iter().map(|l| l.price));
+        self.empty = 0;
     }
 
     /// Finds the level at `price`: Ok(index) if present, Err(insert index) if not.
@@ -151,10 +218,6 @@ impl Ladder {
         self.levels.insert(index, level);
     }
 
-    fn remove(&mut self, index: usize) {
-        self.prices.remove(index);
-        self.levels.remove(index);
-    }
 }
 
 impl std::ops::Deref for Ladder {
@@ -242,23 +305,7 @@ impl Book {
             (o.side, o.price, o.qty_leaves, o.qty_display)
         };
         let levels = self.side_mut(side);
-        let index = match levels.find(side, price) {
-            Ok(i) => i,
-            Err(i) => {
-                levels.insert(
-                    i,
-                    Level {
-                        price,
-                        head: NIL,
-                        tail: NIL,
-                        qty_leaves: 0,
-                        qty_display: 0,
-                        orders: 0,
-                    },
-                );
-                i
-            }
-        };
+        let index = levels.level_for(side, price);
         let level = &mut levels[index];
         let old_tail = level.tail;
         {
@@ -278,7 +325,7 @@ impl Book {
         level.orders += 1;
     }
 
-    /// Takes the order in `slot` out of its level, removing the level if it empties.
+    /// Takes the order in `slot` out of its level (which may become a placeholder).
     /// `level_index` may be given when the caller already knows it.
     pub fn unlink(&mut self, pool: &mut OrderPool, slot: u32, level_index: Option<usize>) {
         let (side, price, prev, next, leaves, display) = {
@@ -310,7 +357,7 @@ impl Book {
         level.orders -= 1;
         if level.orders == 0 {
             debug_assert!(level.head == NIL && level.qty_leaves == 0 && level.qty_display == 0);
-            levels.remove(index);
+            levels.emptied(index);
         }
         let o = pool.get_mut(slot);
         o.resting = false;
@@ -331,5 +378,15 @@ pub fn expires_at_end_of_day(tif: TimeInForce, expire_ts_ns: u64, now_ns: u64) -
         TimeInForce::Day => true,
         TimeInForce::Gtd => expire_ts_ns <= now_ns,
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_order_fits_two_cache_lines_and_a_level_is_small() {
+        // The pool's memory per order and the ladder's search speed rest on these sizes.
+        assert!(std::mem::size_of::<super::Order>() <= 128);
+        assert!(std::mem::size_of::<super::Level>() <= 40);
     }
 }

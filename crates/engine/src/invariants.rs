@@ -9,7 +9,8 @@ use bourse_core::{Market, Side, TimeInForce};
 impl Engine {
     /// Checks every invariant of the state; returns a description of the first violation.
     ///
-    /// - Books: levels strictly sorted, best bid below best ask (never crossed), level totals
+    /// - Books: levels strictly sorted, the best level of each side live (placeholders only
+    ///   behind it), best bid below best ask (never crossed), level totals
     ///   equal to the sums over their queues, queues doubly linked without breaks.
     /// - Orders: open quantity positive, visible quantity within the open quantity and the
     ///   iceberg's display size, total = filled + open, no IOC or FOK order resting, each
@@ -28,6 +29,7 @@ impl Engine {
         for (b, book) in self.books.iter().enumerate() {
             for side in [Side::Buy, Side::Sell] {
                 let levels = book.side(side);
+                let mut empty = 0usize;
                 for (i, level) in levels.iter().enumerate() {
                     if i > 0 && !better(side, level.price, levels[i - 1].price) {
                         return Err(format!("book {b} {side:?}: levels not strictly sorted"));
@@ -100,8 +102,14 @@ impl Engine {
                         prev = slot;
                         slot = o.next;
                     }
-                    if level.tail != prev || count == 0 {
-                        return Err(format!("book {b} level {}: bad tail or empty", level.price));
+                    if level.tail != prev {
+                        return Err(format!("book {b} level {}: bad tail", level.price));
+                    }
+                    if count == 0 {
+                        empty += 1;
+                        if i + 1 == levels.len() {
+                            return Err(format!("book {b} {side:?}: the best level is empty"));
+                        }
                     }
                     if leaves != level.qty_leaves
                         || display != level.qty_display
@@ -109,6 +117,9 @@ impl Engine {
                     {
                         return Err(format!("book {b} level {}: totals disagree", level.price));
                     }
+                }
+                if empty != levels.len() - levels.live_levels() {
+                    return Err(format!("book {b} {side:?}: placeholder count disagrees"));
                 }
             }
             if let (Some(bid), Some(ask)) = (book.best(Side::Buy), book.best(Side::Sell)) {

@@ -214,6 +214,7 @@ impl Engine {
             .side(side)
             .iter()
             .rev()
+            .filter(|l| l.orders > 0)
             .take(depth)
             .map(|l| (Price(l.price), Qty(l.qty_display), l.orders))
             .collect()
@@ -441,6 +442,12 @@ impl Engine {
         let reserved_cash = cash_required(def, o.side, limit, qty, reserved_pos)
             .filter(|c| *c <= CASH_AMOUNT_MAX)
             .ok_or(RejectReason::Overflow)?;
+        // The order's whole value at its limit must fit too: futures and covered sells reserve
+        // no notional, yet settlement computes each trade's value, which is at most this (a
+        // trade is at the resting order's price for no more than its quantity).
+        def.notional_ceil(Price(limit), Qty(qty))
+            .filter(|v| *v <= CASH_AMOUNT_MAX)
+            .ok_or(RejectReason::Overflow)?;
         let margin_delta = if def.market == Market::Futures {
             let mut after = pos;
             match o.side {
@@ -632,31 +639,33 @@ impl Engine {
         self.counters.volume_lots += qty as u128;
         let book = &mut self.books[book_idx as usize];
         book.set_reference(price);
-        let (i, r) = (*self.pool.get(incoming), *self.pool.get(resting));
-        let fill = |o: &Order, accounts: &[Account]| Fill {
+        let fill = |o: &Order| Fill {
             order_id: o.id,
-            account: accounts[o.account as usize].id,
+            account: self.accounts[o.account as usize].id,
             cl_ord_id: o.cl_ord_id,
             qty_leaves: Qty(o.qty_leaves),
             qty_filled: Qty(o.qty_filled),
         };
-        let (buy, sell) = match i.side {
-            Side::Buy => (fill(&i, &self.accounts), fill(&r, &self.accounts)),
-            Side::Sell => (fill(&r, &self.accounts), fill(&i, &self.accounts)),
+        let (i, r) = (self.pool.get(incoming), self.pool.get(resting));
+        let aggressor = i.side;
+        let (r_leaves, r_display) = (r.qty_leaves, r.qty_display);
+        let (buy, sell) = match aggressor {
+            Side::Buy => (fill(i), fill(r)),
+            Side::Sell => (fill(r), fill(i)),
         };
         out.push(Event::Trade {
             trade_id,
             instrument: book.def.instrument,
             price: Price(price),
             qty: Qty(qty),
-            aggressor: i.side,
+            aggressor,
             buy,
             sell,
             ts_ns: ts,
         });
 
         // The resting order leaves, refills its iceberg, or stays with less.
-        if r.qty_leaves == 0 {
+        if r_leaves == 0 {
             self.books[book_idx as usize].unlink(&mut self.pool, resting, Some(level_index));
             self.order_log(
                 resting,
@@ -666,7 +675,7 @@ impl Engine {
                 out,
             );
             self.forget(resting);
-        } else if r.qty_display == 0 {
+        } else if r_display == 0 {
             // An iceberg shows its next part and goes to the back of the queue.
             let book = &mut self.books[book_idx as usize];
             book.unlink(&mut self.pool, resting, Some(level_index));
@@ -693,25 +702,34 @@ impl Engine {
 
     /// Moves cash, positions and reservations for one side of a trade.
     fn settle(&mut self, slot: u32, price: i64, qty: i64) {
-        let o = *self.pool.get(slot);
-        let def = &self.books[o.book as usize].def;
+        let o = self.pool.get(slot);
+        let (account_idx, book_idx, side, limit, leaves, reserved_cash, reserved_pos) = (
+            o.account,
+            o.book,
+            o.side,
+            o.price,
+            o.qty_leaves,
+            o.reserved_cash,
+            o.reserved_pos,
+        );
+        let def = &self.books[book_idx as usize].def;
         let value = def
             .notional_floor(Price(price), Qty(qty))
             .expect("notional of an admitted order fits");
-        let from_pos = match o.side {
-            Side::Sell => o.reserved_pos.min(qty),
+        let from_pos = match side {
+            Side::Sell => reserved_pos.min(qty),
             Side::Buy => 0,
         };
-        let new_reserved_pos = o.reserved_pos - from_pos;
-        let new_reserved_cash = cash_required(def, o.side, o.price, o.qty_leaves, new_reserved_pos)
+        let new_reserved_pos = reserved_pos - from_pos;
+        let new_reserved_cash = cash_required(def, side, limit, leaves, new_reserved_pos)
             .expect("reservation of an admitted order fits");
         let market = def.market;
         let margin_per_lot = def.initial_margin.0;
-        let account = &mut self.accounts[o.account as usize];
-        account.reserved_cash += new_reserved_cash - o.reserved_cash;
-        let pos = account.position_mut(o.book);
+        let account = &mut self.accounts[account_idx as usize];
+        account.reserved_cash += new_reserved_cash - reserved_cash;
+        let pos = account.position_mut(book_idx);
         let margin_before = futures_margin(margin_per_lot, pos);
-        match o.side {
+        match side {
             Side::Buy => {
                 pos.qty += qty;
                 pos.add_cost(value);
@@ -725,7 +743,7 @@ impl Engine {
             }
         }
         match market {
-            Market::Equity | Market::Fx => match o.side {
+            Market::Equity | Market::Fx => match side {
                 Side::Buy => account.cash -= value,
                 Side::Sell => account.cash += value,
             },
@@ -752,8 +770,13 @@ impl Engine {
         ts: u64,
         out: &mut Vec<Event>,
     ) {
-        let o = *self.pool.get(slot);
-        if o.qty_leaves == 0 {
+        // Read the few fields needed rather than copying the whole order (this is the path
+        // of every new order and every moved order).
+        let (leaves, filled, tif, book) = {
+            let o = self.pool.get(slot);
+            (o.qty_leaves, o.qty_filled, o.tif, o.book)
+        };
+        if leaves == 0 {
             self.order_log(slot, OrderLogAction::Delete, OrderStatus::Filled, ts, out);
             self.forget(slot);
             return;
@@ -762,7 +785,7 @@ impl Engine {
             None => Some(CancelReason::FillOrKillUnfilled),
             Some(MatchEnd::StpCancelIncoming) => Some(CancelReason::SelfTradePrevention),
             Some(MatchEnd::Done) if is_market => Some(CancelReason::MarketRemainder),
-            Some(MatchEnd::Done) => match o.tif {
+            Some(MatchEnd::Done) => match tif {
                 TimeInForce::Ioc => Some(CancelReason::ImmediateOrCancelRemainder),
                 TimeInForce::Fok => Some(CancelReason::FillOrKillUnfilled),
                 _ => None,
@@ -771,8 +794,8 @@ impl Engine {
         match reason {
             Some(reason) => self.cancel_order(slot, reason, ts, out),
             None => {
-                self.books[o.book as usize].push_back(&mut self.pool, slot);
-                let status = if o.qty_filled > 0 {
+                self.books[book as usize].push_back(&mut self.pool, slot);
+                let status = if filled > 0 {
                     OrderStatus::PartiallyFilled
                 } else if is_new {
                     OrderStatus::New
@@ -819,13 +842,16 @@ impl Engine {
 
     /// Returns an order's reservations and open quantity to its account; leaves it empty.
     fn release(&mut self, slot: u32) {
-        let o = *self.pool.get(slot);
-        self.accounts[o.account as usize].reserved_cash -= o.reserved_cash;
-        self.change_position(o.account, o.book, |p| {
-            p.sell_reserved -= o.reserved_pos;
-            match o.side {
-                Side::Buy => p.buy_open -= o.qty_leaves,
-                Side::Sell => p.sell_open -= o.qty_leaves,
+        let (account, book, side, leaves, reserved_cash, reserved_pos) = {
+            let o = self.pool.get(slot);
+            (o.account, o.book, o.side, o.qty_leaves, o.reserved_cash, o.reserved_pos)
+        };
+        self.accounts[account as usize].reserved_cash -= reserved_cash;
+        self.change_position(account, book, |p| {
+            p.sell_reserved -= reserved_pos;
+            match side {
+                Side::Buy => p.buy_open -= leaves,
+                Side::Sell => p.sell_open -= leaves,
             }
         });
         let o = self.pool.get_mut(slot);
@@ -854,10 +880,13 @@ impl Engine {
 
     /// Drops a finished order (not resting, nothing reserved) from the indexes and the pool.
     fn forget(&mut self, slot: u32) {
-        let o = *self.pool.get(slot);
-        debug_assert!(!o.resting && o.qty_leaves == 0 && o.reserved_cash == 0);
-        self.order_index.remove(&o.id);
-        self.clord_index.remove(&(o.account, o.cl_ord_id));
+        let (id, account, cl_ord_id) = {
+            let o = self.pool.get(slot);
+            debug_assert!(!o.resting && o.qty_leaves == 0 && o.reserved_cash == 0);
+            (o.id, o.account, o.cl_ord_id)
+        };
+        self.order_index.remove(&id);
+        self.clord_index.remove(&(account, cl_ord_id));
         self.pool.remove(slot);
     }
 
@@ -1025,6 +1054,10 @@ impl Engine {
         };
         let new_reserved_cash = cash_required(def, o.side, new_price, new_leaves, new_reserved_pos)
             .filter(|c| *c <= CASH_AMOUNT_MAX)
+            .ok_or(RejectReason::Overflow)?;
+        // As for a new order: the value of what can still trade must fit the arithmetic.
+        def.notional_ceil(Price(new_price), Qty(new_leaves))
+            .filter(|v| *v <= CASH_AMOUNT_MAX)
             .ok_or(RejectReason::Overflow)?;
         let open_delta = new_leaves - o.qty_leaves;
         let margin_delta = if def.market == Market::Futures {
