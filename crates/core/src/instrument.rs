@@ -22,6 +22,10 @@ const POW10: [i128; PRICE_SCALE_MAX as usize + 1] = {
     t
 };
 
+/// The largest raw notional the fast path takes: scaling it by any power of ten up to the
+/// largest price scale cannot overflow an i128.
+const NOTIONAL_FAST_RAW_MAX: u128 = i128::MAX as u128 / POW10[PRICE_SCALE_MAX as usize] as u128;
+
 /// The three markets of the seeds: equities and FX (ASTS), derivatives (SPECTRA).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -150,6 +154,9 @@ impl Instrument {
     /// a trade). None if the product does not fit the arithmetic (never for valid orders).
     pub fn notional_floor(&self, price: Price, qty: Qty) -> Option<i128> {
         let (num, div) = self.notional_parts(price, qty)?;
+        if div == 1 {
+            return Some(num);
+        }
         Some(num.div_euclid(div))
     }
 
@@ -157,10 +164,15 @@ impl Instrument {
     /// so that it always covers the trade it stands for).
     pub fn notional_ceil(&self, price: Price, qty: Qty) -> Option<i128> {
         let (num, div) = self.notional_parts(price, qty)?;
+        if div == 1 {
+            // 128-bit division is a library call even by one; most instruments never divide.
+            return Some(num);
+        }
         let q = num.div_euclid(div);
         Some(if num.rem_euclid(div) == 0 { q } else { q + 1 })
     }
 
+    #[inline]
     fn notional_parts(&self, price: Price, qty: Qty) -> Option<(i128, i128)> {
         // Fast path for the usual case (every order the engine admits): non-negative values
         // whose products fit 64 bits each, so one widening multiply does it with no overflow
@@ -170,7 +182,7 @@ impl Instrument {
             let pq = (price.0 as u64).checked_mul(qty.0 as u64);
             if let (Some(units), Some(pq)) = (units, pq) {
                 let raw = pq as u128 * units as u128;
-                if raw <= i128::MAX as u128 / POW10[PRICE_SCALE_MAX as usize] as u128 {
+                if raw <= NOTIONAL_FAST_RAW_MAX {
                     let raw = raw as i128;
                     return Some(if self.price_scale <= CASH_SCALE {
                         (raw * POW10[(CASH_SCALE - self.price_scale) as usize], 1)
