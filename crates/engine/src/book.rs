@@ -217,7 +217,6 @@ impl Ladder {
         self.prices.insert(index, level.price);
         self.levels.insert(index, level);
     }
-
 }
 
 impl std::ops::Deref for Ladder {

@@ -67,12 +67,22 @@ impl Engine {
                         {
                             return Err(format!("order {}: lookup tables disagree", o.id));
                         }
+                        // Only sells of equities and FX hold position back. Checked before the
+                        // reservation is recomputed, which assumes it (restore runs this check on
+                        // untrusted bytes).
+                        let holds_pos = o.side == Side::Sell && book.def.market != Market::Futures;
+                        if o.reserved_pos < 0
+                            || o.reserved_pos > o.qty_leaves
+                            || (!holds_pos && o.reserved_pos != 0)
+                        {
+                            return Err(format!(
+                                "order {}: holds {} lots of position",
+                                o.id, o.reserved_pos
+                            ));
+                        }
                         let expected =
                             cash_required(&book.def, o.side, o.price, o.qty_leaves, o.reserved_pos);
-                        if expected != Some(o.reserved_cash)
-                            || o.reserved_pos < 0
-                            || o.reserved_pos > o.qty_leaves
-                        {
+                        if expected != Some(o.reserved_cash) {
                             return Err(format!(
                                 "order {}: reservation {} (pos {}) but {:?} required",
                                 o.id, o.reserved_cash, o.reserved_pos, expected

@@ -31,7 +31,7 @@ pub use snapshot::RestoreError;
 
 use book::{crosses, expires_at_end_of_day, Book, Order, OrderPool, NIL};
 use bourse_core::*;
-use risk::{cash_required, futures_margin, is_self_trade, Account};
+use risk::{cash_required, futures_margin, is_self_trade, Account, Holding};
 use rustc_hash::FxHashMap;
 
 /// An iceberg may be split into at most this many visible parts: its display size must be at
@@ -413,55 +413,18 @@ impl Engine {
 
         // Pre-trade risk: position limit, covered sells, collateral.
         let account = &self.accounts[acct_idx as usize];
-        let def = &book.def;
-        let qty = o.qty.0;
         let pos = account.position(book_idx).copied().unwrap_or_default();
-        match o.side {
-            Side::Buy => {
-                if pos.qty as i128 + pos.buy_open as i128 + qty as i128 > POSITION_MAX as i128 {
-                    return Err(RejectReason::PositionLimit);
-                }
-            }
-            Side::Sell => {
-                if (pos.qty as i128 - pos.sell_open as i128 - qty as i128) < -(POSITION_MAX as i128)
-                {
-                    return Err(RejectReason::PositionLimit);
-                }
-            }
-        }
-        let reserved_pos = match (def.market, o.side) {
-            (Market::Equity | Market::Fx, Side::Sell) => {
-                let covered = pos.free_qty().min(qty);
-                if covered < qty && !account.may_short {
-                    return Err(RejectReason::InsufficientPosition);
-                }
-                covered
-            }
-            _ => 0,
-        };
-        let reserved_cash = cash_required(def, o.side, limit, qty, reserved_pos)
-            .filter(|c| *c <= CASH_AMOUNT_MAX)
-            .ok_or(RejectReason::Overflow)?;
-        // The order's whole value at its limit must fit too: futures and covered sells reserve
-        // no notional, yet settlement computes each trade's value, which is at most this (a
-        // trade is at the resting order's price for no more than its quantity).
-        def.notional_ceil(Price(limit), Qty(qty))
-            .filter(|v| *v <= CASH_AMOUNT_MAX)
-            .ok_or(RejectReason::Overflow)?;
-        let margin_delta = if def.market == Market::Futures {
-            let mut after = pos;
-            match o.side {
-                Side::Buy => after.buy_open += qty,
-                Side::Sell => after.sell_open += qty,
-            }
-            futures_margin(def.initial_margin.0, &after)
-                - futures_margin(def.initial_margin.0, &pos)
-        } else {
-            0
-        };
-        if reserved_cash + margin_delta > account.free_cash() {
-            return Err(RejectReason::InsufficientCollateral);
-        }
+        let qty = o.qty.0;
+        let holding = risk::admit(
+            &book.def,
+            account,
+            &pos,
+            o.side,
+            limit,
+            qty,
+            Holding::default(),
+        )?;
+        let (reserved_cash, reserved_pos) = (holding.reserved_cash, holding.reserved_pos);
 
         // Admitted: register the order and its reservations.
         let order = Order {
@@ -844,7 +807,14 @@ impl Engine {
     fn release(&mut self, slot: u32) {
         let (account, book, side, leaves, reserved_cash, reserved_pos) = {
             let o = self.pool.get(slot);
-            (o.account, o.book, o.side, o.qty_leaves, o.reserved_cash, o.reserved_pos)
+            (
+                o.account,
+                o.book,
+                o.side,
+                o.qty_leaves,
+                o.reserved_cash,
+                o.reserved_pos,
+            )
         };
         self.accounts[account as usize].reserved_cash -= reserved_cash;
         self.change_position(account, book, |p| {
@@ -1023,57 +993,14 @@ impl Engine {
         let new_leaves = new_total - o.qty_filled;
         let account = &self.accounts[o.account as usize];
         let pos = account.position(o.book).copied().unwrap_or_default();
-        let def = &book.def;
-        match o.side {
-            Side::Buy => {
-                if pos.qty as i128 + (pos.buy_open - o.qty_leaves + new_leaves) as i128
-                    > POSITION_MAX as i128
-                {
-                    return Err(RejectReason::PositionLimit);
-                }
-            }
-            Side::Sell => {
-                if (pos.qty as i128 - (pos.sell_open - o.qty_leaves + new_leaves) as i128)
-                    < -(POSITION_MAX as i128)
-                {
-                    return Err(RejectReason::PositionLimit);
-                }
-            }
-        }
-        let new_reserved_pos = match (def.market, o.side) {
-            (Market::Equity | Market::Fx, Side::Sell) => {
-                // The position this order holds counts as free for its own replacement.
-                let available = (pos.qty - pos.sell_reserved + o.reserved_pos).max(0);
-                let covered = available.min(new_leaves);
-                if covered < new_leaves && !account.may_short {
-                    return Err(RejectReason::InsufficientPosition);
-                }
-                covered
-            }
-            _ => 0,
+        let old = Holding {
+            reserved_cash: o.reserved_cash,
+            reserved_pos: o.reserved_pos,
+            leaves: o.qty_leaves,
         };
-        let new_reserved_cash = cash_required(def, o.side, new_price, new_leaves, new_reserved_pos)
-            .filter(|c| *c <= CASH_AMOUNT_MAX)
-            .ok_or(RejectReason::Overflow)?;
-        // As for a new order: the value of what can still trade must fit the arithmetic.
-        def.notional_ceil(Price(new_price), Qty(new_leaves))
-            .filter(|v| *v <= CASH_AMOUNT_MAX)
-            .ok_or(RejectReason::Overflow)?;
+        let holding = risk::admit(&book.def, account, &pos, o.side, new_price, new_leaves, old)?;
+        let (new_reserved_cash, new_reserved_pos) = (holding.reserved_cash, holding.reserved_pos);
         let open_delta = new_leaves - o.qty_leaves;
-        let margin_delta = if def.market == Market::Futures {
-            let mut after = pos;
-            match o.side {
-                Side::Buy => after.buy_open += open_delta,
-                Side::Sell => after.sell_open += open_delta,
-            }
-            futures_margin(def.initial_margin.0, &after)
-                - futures_margin(def.initial_margin.0, &pos)
-        } else {
-            0
-        };
-        if new_reserved_cash - o.reserved_cash + margin_delta > account.free_cash() {
-            return Err(RejectReason::InsufficientCollateral);
-        }
 
         // Admitted. Move the reservations, then the order.
         let acct_idx = o.account;

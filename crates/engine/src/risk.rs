@@ -10,7 +10,10 @@
 //! the reservation made at the limit price, rounded up). Futures are margined per position,
 //! open orders included ([`futures_margin`]), rather than per order.
 
-use bourse_core::{AccountId, FirmId, Instrument, Market, Side, StpMode, StpScope};
+use bourse_core::{
+    AccountId, FirmId, Instrument, Market, Price, Qty, RejectReason, Side, StpMode, StpScope,
+    CASH_AMOUNT_MAX, POSITION_MAX,
+};
 
 /// One account's holding of one instrument.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -109,6 +112,84 @@ pub fn futures_margin(initial_margin: i128, p: &Position) -> i128 {
     let if_buys_fill = (p.qty as i128 + p.buy_open as i128).abs();
     let if_sells_fill = (p.qty as i128 - p.sell_open as i128).abs();
     initial_margin * if_buys_fill.max(if_sells_fill)
+}
+
+/// What a live order holds back from its account.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Holding {
+    pub reserved_cash: i128,
+    pub reserved_pos: i64,
+    /// Open quantity (counted in the position's open buys or sells).
+    pub leaves: i64,
+}
+
+/// Pre-trade risk for an order of `side` with `leaves` open lots at `price` that replaces
+/// `old` (all zero for a new order): the position limit, covered sells, the arithmetic bounds
+/// and collateral. Returns what the order must hold, or the reason it cannot go in. Changes
+/// nothing: the caller moves the reservations (futures margin follows the position's open
+/// quantities through `Engine::change_position`).
+#[allow(clippy::too_many_arguments)]
+pub fn admit(
+    def: &Instrument,
+    account: &Account,
+    pos: &Position,
+    side: Side,
+    price: i64,
+    leaves: i64,
+    old: Holding,
+) -> Result<Holding, RejectReason> {
+    let open_delta = leaves - old.leaves;
+    match side {
+        Side::Buy => {
+            if pos.qty as i128 + (pos.buy_open + open_delta) as i128 > POSITION_MAX as i128 {
+                return Err(RejectReason::PositionLimit);
+            }
+        }
+        Side::Sell => {
+            if (pos.qty as i128 - (pos.sell_open + open_delta) as i128) < -(POSITION_MAX as i128) {
+                return Err(RejectReason::PositionLimit);
+            }
+        }
+    }
+    let reserved_pos = match (def.market, side) {
+        (Market::Equity | Market::Fx, Side::Sell) => {
+            // The position the order already holds counts as free for its own replacement.
+            let available = (pos.qty - pos.sell_reserved + old.reserved_pos).max(0);
+            let covered = available.min(leaves);
+            if covered < leaves && !account.may_short {
+                return Err(RejectReason::InsufficientPosition);
+            }
+            covered
+        }
+        _ => 0,
+    };
+    let reserved_cash = cash_required(def, side, price, leaves, reserved_pos)
+        .filter(|c| *c <= CASH_AMOUNT_MAX)
+        .ok_or(RejectReason::Overflow)?;
+    // The whole value of what can still trade must fit too: futures and covered sells reserve
+    // no notional, yet settlement computes each trade's value, which is at most this (a trade
+    // is at the resting order's price for no more than the open quantity).
+    def.notional_ceil(Price(price), Qty(leaves))
+        .filter(|v| *v <= CASH_AMOUNT_MAX)
+        .ok_or(RejectReason::Overflow)?;
+    let margin_delta = if def.market == Market::Futures {
+        let mut after = *pos;
+        match side {
+            Side::Buy => after.buy_open += open_delta,
+            Side::Sell => after.sell_open += open_delta,
+        }
+        futures_margin(def.initial_margin.0, &after) - futures_margin(def.initial_margin.0, pos)
+    } else {
+        0
+    };
+    if reserved_cash - old.reserved_cash + margin_delta > account.free_cash() {
+        return Err(RejectReason::InsufficientCollateral);
+    }
+    Ok(Holding {
+        reserved_cash,
+        reserved_pos,
+        leaves,
+    })
 }
 
 /// Whether two accounts count as "self" for the incoming account's self-trade prevention.

@@ -214,6 +214,15 @@ impl Engine {
         if config.orders_max as u64 > (1 << 28) {
             return Err(RestoreError::Inconsistent("orders_max above 2^28".into()));
         }
+        // A damaged limit under that bound may still ask for more memory than there is, and an
+        // allocation failure aborts the process instead of returning an error: reserve the
+        // space the order pool and sweep buffer take first (address space only, untouched).
+        let pool_bytes = config.orders_max as usize * (std::mem::size_of::<Order>() + 8);
+        if Vec::<u8>::new().try_reserve_exact(pool_bytes).is_err() {
+            return Err(RestoreError::Inconsistent(
+                "orders_max needs more memory than there is".into(),
+            ));
+        }
         let mut e = Engine::new(config);
         e.next_order_id = r.u64()?;
         e.next_trade_id = r.u64()?;
@@ -232,6 +241,26 @@ impl Engine {
                 u128::try_from(v).map_err(|_| r.error("negative volume"))?
             },
         };
+        // Damaged numbers must give an error here, not an overflow later when they count on.
+        let c = &e.counters;
+        let numbers = [
+            e.next_order_id,
+            e.next_trade_id,
+            e.next_rec,
+            e.next_seq,
+            c.commands,
+            c.orders_accepted,
+            c.orders_rejected,
+            c.trades,
+            c.cancels,
+            c.replaces,
+            c.expiries,
+        ];
+        if numbers.iter().any(|&v| v > u64::MAX / 2) || c.volume_lots > u128::MAX / 2 {
+            return Err(RestoreError::Inconsistent(
+                "a sequence number or counter near its limit".into(),
+            ));
+        }
 
         let books = r.count(40)?;
         if books > config.instruments_max as usize {
@@ -310,6 +339,17 @@ impl Engine {
             let cash = r.i128()?;
             let reserved_cash = r.i128()?;
             let margin_locked = r.i128()?;
+            // Balances far beyond anything deposits can build (10^21 per deposit) are damage;
+            // refusing them keeps free cash and later deposits clear of overflow.
+            const BALANCE_MAX: i128 = i128::MAX / 4;
+            if !(-BALANCE_MAX..=BALANCE_MAX).contains(&cash)
+                || !(0..=BALANCE_MAX).contains(&reserved_cash)
+                || !(0..=BALANCE_MAX).contains(&margin_locked)
+            {
+                return Err(RestoreError::Inconsistent(format!(
+                    "account {id}: impossible balances"
+                )));
+            }
             let n = r.count(52)?;
             let mut positions = Vec::with_capacity(n);
             for _ in 0..n {
@@ -319,6 +359,18 @@ impl Engine {
                 p.buy_open = r.i64()?;
                 p.sell_open = r.i64()?;
                 p.set_cost(r.i128()?);
+                // Admission keeps every position within POSITION_MAX and open quantities are
+                // sums of order quantities: anything else is damage (and would overflow).
+                if p.qty.unsigned_abs() > POSITION_MAX as u64
+                    || p.sell_reserved < 0
+                    || p.buy_open < 0
+                    || p.sell_open < 0
+                    || !(-(i128::MAX / 4)..=i128::MAX / 4).contains(&p.cost())
+                {
+                    return Err(RestoreError::Inconsistent(format!(
+                        "account {id}: impossible position"
+                    )));
+                }
                 if p.book as usize >= e.books.len()
                     || positions
                         .last()
@@ -368,7 +420,9 @@ impl Engine {
                 || o.qty_display <= 0
                 || o.qty_display > o.qty_leaves
                 || o.qty_filled < 0
-                || o.qty_total != o.qty_filled + o.qty_leaves
+                || o.qty_total > QTY_MAX
+                || o.qty_filled.checked_add(o.qty_leaves) != Some(o.qty_total)
+                || o.price > PRICE_MAX
                 || o.reserved_pos < 0
                 || o.reserved_pos > o.qty_leaves
                 || o.price <= 0
