@@ -1,0 +1,198 @@
+//! # bourse-marketdata: the market data feeds of one trading core
+//!
+//! What the core says (committed [`bourse_core::Event`] batches) goes out as SIMBA-like SBE
+//! packets over UDP, in two identical copies (feeds A and B), on six channels
+//! ([`Channel`]): the full order log, trades, the aggregated top-20 book, statistics,
+//! instrument definitions and the snapshot loop. The wire format is `bourse-wire`'s
+//! (`docs/protocol-market-data.md`); this crate decides what to say and when.
+//!
+//! Principal types:
+//!
+//! - [`Publisher`] (sans-I/O): fed committed event batches, builds its own view of every book
+//!   ([`OrderBook`]) and encodes packets into reused buffers; hands finished packets to a
+//!   [`PacketSink`]. [`Publisher::tick`] drives the 1 ms / 15 ms publication modes, heartbeats,
+//!   the snapshot loop and the instrument loop. A standby publisher (not active) does all the
+//!   same work without sending, which is how a new leader continues the sequence
+//!   ([`Publisher::set_active`], [`Publisher::state`], [`Publisher::from_state`]).
+//! - [`History`]: the recent order-log packets a [`replay::ReplayServer`] resends over TCP.
+//! - [`udp::UdpSink`] / [`udp::UdpFeeds`]: sockets for feeds A and B (127.0.0.1 by default;
+//!   a multicast group only inside a network namespace a test created).
+//! - [`Subscriber`] (sans-I/O): A/B arbitration, gap detection, recovery by replay or from the
+//!   snapshot loop, per-instrument books, late join, and counting of everything it skipped
+//!   ([`SubscriberStats`]). [`udp::UdpSubscriber`] runs one over real sockets.
+//! - [`pcap`]: a classic pcap writer (Ethernet/IPv4/UDP) so tshark and Wireshark read a
+//!   recorded feed; [`describe`] prints decoded messages one per line.
+//!
+//! Nothing here panics on input from the network: every datagram passes
+//! `bourse_wire::market_data::parse_packet` before any field is read, and everything the
+//! subscriber cannot use is counted and skipped.
+
+#![forbid(unsafe_code)]
+
+pub mod book;
+pub mod describe;
+mod history;
+pub mod pcap;
+mod publisher;
+pub mod replay;
+mod subscriber;
+pub mod udp;
+
+/// The wire codecs this crate speaks, re-exported so tools need no second dependency.
+pub use bourse_wire as wire;
+
+pub use book::{BookOrder, LevelView, OrderBook};
+pub use history::History;
+pub use publisher::{PacketSink, Publisher, PublisherState, VecSink};
+pub use subscriber::{
+    InstrumentView, RecoveryRequest, Subscriber, SubscriberConfig, SubscriberStats,
+};
+
+/// Default largest packet the publisher builds (the seeds' MTU-safe figure).
+pub const PACKET_BYTES_DEFAULT: usize = 1_400;
+/// Levels per side in the aggregated book.
+pub const TOP_LEVELS: usize = 20;
+
+/// The channels of one core. Each has its own MsgSeqNum sequence and its own pair of UDP
+/// destinations (feed A and feed B).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Channel {
+    /// Order log: OrderUpdate, OrderExecution, EmptyBook, SecurityStatus,
+    /// TradingSessionStatus. Incremental; has a replay service.
+    Orders = 0,
+    /// Trade messages. Incremental.
+    Trades = 1,
+    /// AggregatedBook (top 20 levels per side), for instruments whose top 20 changed.
+    Book = 2,
+    /// Statistics: last, volume, turnover, open/high/low, VWAP, best bid/ask, trade count.
+    Statistics = 3,
+    /// SecurityDefinition loop (and nothing else).
+    Instruments = 4,
+    /// OrderBookSnapshot loop.
+    Snapshot = 5,
+}
+
+/// Number of channels.
+pub const CHANNEL_COUNT: usize = 6;
+
+impl Channel {
+    pub const ALL: [Channel; CHANNEL_COUNT] = [
+        Channel::Orders,
+        Channel::Trades,
+        Channel::Book,
+        Channel::Statistics,
+        Channel::Instruments,
+        Channel::Snapshot,
+    ];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Whether packets carry an IncrementalPacketHeader (and a subscriber must see every one).
+    pub fn is_incremental(self) -> bool {
+        !matches!(self, Channel::Instruments | Channel::Snapshot)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Channel::Orders => "orders",
+            Channel::Trades => "trades",
+            Channel::Book => "book",
+            Channel::Statistics => "statistics",
+            Channel::Instruments => "instruments",
+            Channel::Snapshot => "snapshot",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Channel> {
+        Channel::ALL.into_iter().find(|c| c.name() == name)
+    }
+}
+
+/// When a channel's packets leave: after every committed batch, or at most once per interval
+/// (the seeds' three modes). Coalesced channels (book, statistics) publish only the latest
+/// state of each instrument per interval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PublicationMode {
+    Online,
+    Every1Ms,
+    Every15Ms,
+}
+
+impl PublicationMode {
+    pub fn interval_ns(self) -> u64 {
+        match self {
+            PublicationMode::Online => 0,
+            PublicationMode::Every1Ms => 1_000_000,
+            PublicationMode::Every15Ms => 15_000_000,
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<PublicationMode> {
+        match text {
+            "online" => Some(PublicationMode::Online),
+            "1ms" => Some(PublicationMode::Every1Ms),
+            "15ms" => Some(PublicationMode::Every15Ms),
+            _ => None,
+        }
+    }
+}
+
+/// Which feed a packet came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Feed {
+    A,
+    B,
+    /// Resent by the TCP replay service.
+    Replay,
+}
+
+/// The publisher's settings.
+#[derive(Clone, Debug)]
+pub struct PublisherConfig {
+    /// Largest packet, in bytes (at most `bourse_wire::market_data::PACKET_BYTES_MAX`).
+    pub packet_bytes_max: usize,
+    /// Publication mode per channel, indexed by [`Channel::index`]. The instrument and
+    /// snapshot loops ignore it (they run on their own intervals below).
+    pub modes: [PublicationMode; CHANNEL_COUNT],
+    /// ExchangeTradingSessionId stamped on incremental packets and snapshots.
+    pub session_id: u32,
+    /// Order-log packets kept for the replay service.
+    pub replay_history_packets: usize,
+    /// A channel with nothing sent for this long sends a Heartbeat.
+    pub heartbeat_interval_ns: u64,
+    /// The snapshot loop sends one instrument's snapshot every this many ns.
+    pub snapshot_interval_ns: u64,
+    /// The instrument loop sends a full pass of definitions every this many ns.
+    pub instruments_interval_ns: u64,
+}
+
+/// Packets kept for replay by default. The protocol document names 1,000,000
+/// (`REPLAY_HISTORY_PACKETS`); at up to 1,400 bytes each that is 1.4 GB, so the default here is
+/// smaller and the figure is a setting.
+pub const REPLAY_HISTORY_PACKETS_DEFAULT: usize = 100_000;
+
+impl Default for PublisherConfig {
+    fn default() -> Self {
+        PublisherConfig {
+            packet_bytes_max: PACKET_BYTES_DEFAULT,
+            modes: [PublicationMode::Online; CHANNEL_COUNT],
+            session_id: 1,
+            replay_history_packets: REPLAY_HISTORY_PACKETS_DEFAULT,
+            heartbeat_interval_ns: u64::from(bourse_wire::market_data::HEARTBEAT_INTERVAL_MS)
+                * 1_000_000,
+            snapshot_interval_ns: 1_000_000,
+            instruments_interval_ns: 100_000_000,
+        }
+    }
+}
+
+/// Wall clock in ns since the epoch, for packet SendingTime and tools. The publisher itself
+/// takes `now` from its caller (read once per duty cycle).
+pub fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}

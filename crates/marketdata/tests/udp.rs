@@ -1,0 +1,256 @@
+//! The feeds over real sockets: UDP to 127.0.0.1 with loss on both feeds recovered by the TCP
+//! replay service; the replay service's bounds; multicast inside a private network namespace;
+//! a recorded pcap read back by tshark.
+
+mod common;
+
+use bourse_marketdata::pcap::PcapWriter;
+use bourse_marketdata::replay::{self, ReplayServer};
+use bourse_marketdata::udp::{FeedAddrs, UdpSink, UdpSubscriber};
+use bourse_marketdata::{now_ns, Channel, PacketSink, SubscriberConfig, VecSink};
+use bourse_wire::market_data::codec::replay_status::ReplayStatus;
+use common::*;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Drops every `every`-th order-log packet on both feeds.
+struct Dropping {
+    inner: UdpSink,
+    every: u64,
+    n: u64,
+    dropped: u64,
+}
+
+impl PacketSink for Dropping {
+    fn send(&mut self, channel: Channel, packet: &[u8]) {
+        if channel == Channel::Orders {
+            self.n += 1;
+            if self.n.is_multiple_of(self.every) {
+                self.dropped += 1;
+                return;
+            }
+        }
+        self.inner.send(channel, packet);
+    }
+}
+
+fn run_over_udp(addrs: FeedAddrs, allow_multicast: bool, mut sub: UdpSubscriber, steps: u32) {
+    let mut h = Harness::new(5, test_publisher_config());
+    let server = ReplayServer::spawn(
+        SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        h.publisher.history(),
+    )
+    .unwrap();
+    sub.set_replay(Some(server.local_addr()));
+    let mut sink = Dropping {
+        inner: UdpSink::with_multicast(addrs, allow_multicast).unwrap(),
+        every: 97,
+        n: 0,
+        dropped: 0,
+    };
+    let mut ignore = |_: Channel, _: bourse_marketdata::Feed, _: &[u8], _: u64| {};
+    for _ in 0..steps {
+        h.batch(20);
+        let events = std::mem::take(&mut h.events);
+        let now = now_ns();
+        h.publisher.publish(&events, now, &mut sink);
+        h.publisher.tick(now, &mut sink);
+        h.events = events;
+        sub.poll_once(&mut ignore);
+    }
+    assert!(sink.dropped > 0);
+    // Keep the publisher ticking (snapshots, heartbeats) until the subscriber is in step.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut synced = false;
+    while Instant::now() < deadline {
+        h.publisher.tick(now_ns(), &mut sink);
+        sub.poll_once(&mut ignore);
+        if sub.sub.is_synced()
+            && sub.sub.expected(Channel::Orders) == Some(h.publisher.next_seq(Channel::Orders))
+        {
+            synced = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    let s = *sub.sub.stats();
+    assert!(synced, "not in step: {s:?}");
+    assert!(
+        s.replays_requested > 0 && s.replay_packets_used > 0,
+        "{s:?}"
+    );
+    assert_eq!(s.book_errors, 0, "{s:?}");
+    assert!(
+        server
+            .stats()
+            .packets_sent
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0,
+        "the TCP replay service resent packets"
+    );
+    assert_books_equal(&h.engine, &sub.sub, &h.defs);
+}
+
+#[test]
+fn udp_feeds_on_loopback_with_loss_on_both_feeds_recover_by_tcp_replay() {
+    let (sub, addrs) = UdpSubscriber::bind_ephemeral(SubscriberConfig::default()).unwrap();
+    run_over_udp(addrs, false, sub, 3_000);
+}
+
+#[test]
+fn replay_service_refuses_ranges_past_its_bound_or_its_history() {
+    let mut h = Harness::new(9, test_publisher_config());
+    let mut sink = VecSink::default();
+    for _ in 0..200 {
+        h.step(20, &mut sink);
+    }
+    let last = h.publisher.next_seq(Channel::Orders) - 1;
+    let server = ReplayServer::spawn(
+        SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        h.publisher.history(),
+    )
+    .unwrap();
+    let t = Duration::from_secs(2);
+    let ok = replay::request(server.local_addr(), 1, last, t).unwrap();
+    assert_eq!(ok.status, ReplayStatus::Complete);
+    assert_eq!(ok.packets.len(), last as usize);
+    let first = bourse_wire::market_data::parse_packet(&ok.packets[0]).unwrap();
+    assert!(first
+        .header
+        .msg_flags
+        .contains(bourse_wire::market_data::MsgFlags::POSS_DUP));
+    let too_many = replay::request(server.local_addr(), 1, 10_001, t).unwrap();
+    assert_eq!(too_many.status, ReplayStatus::TooManyRequested);
+    assert!(too_many.packets.is_empty());
+    let future = replay::request(server.local_addr(), last, 2, t).unwrap();
+    assert_eq!(future.status, ReplayStatus::OutOfRange);
+    let zero = replay::request(server.local_addr(), 1, 0, t).unwrap();
+    assert_eq!(zero.status, ReplayStatus::InvalidRequest);
+    // One client asking too often is throttled (the window is one second).
+    let mut throttled = false;
+    for _ in 0..2 * replay::REQUESTS_PER_CLIENT_PER_S_MAX {
+        let r = replay::request(server.local_addr(), 1, 1, t).unwrap();
+        if r.status == ReplayStatus::Throttled {
+            assert!(r.packets.is_empty());
+            throttled = true;
+            break;
+        }
+    }
+    assert!(throttled, "a flood of requests is throttled");
+}
+
+/// Runs inside the namespace made by `multicast_feed_inside_a_private_network_namespace`.
+fn multicast_inner() {
+    let addrs = FeedAddrs::on(
+        Ipv4Addr::new(239, 192, 77, 1),
+        Ipv4Addr::new(239, 192, 77, 2),
+        32_000,
+    );
+    let sub = UdpSubscriber::bind(&addrs, &[], SubscriberConfig::default(), true).unwrap();
+    run_over_udp(addrs, true, sub, 1_000);
+}
+
+#[test]
+fn multicast_feed_inside_a_private_network_namespace() {
+    if std::env::var_os("BOURSE_MD_NETNS_INNER").is_some() {
+        return multicast_inner();
+    }
+    let ns = format!("bourse-md-test-{}", std::process::id());
+    let add = Command::new("ip").args(["netns", "add", &ns]).output();
+    match add {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            eprintln!(
+                "SKIPPED multicast test: `ip netns add` failed (needs root): {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            );
+            return;
+        }
+        Err(e) => {
+            eprintln!("SKIPPED multicast test: `ip` is not available: {e}");
+            return;
+        }
+    }
+    struct Cleanup(String);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+    let _cleanup = Cleanup(ns.clone());
+    for args in [
+        vec!["link", "set", "lo", "up"],
+        vec!["link", "set", "lo", "multicast", "on"],
+        vec!["route", "add", "224.0.0.0/4", "dev", "lo"],
+    ] {
+        let st = Command::new("ip")
+            .arg("-n")
+            .arg(&ns)
+            .args(&args)
+            .status()
+            .unwrap();
+        assert!(st.success(), "ip -n {ns} {args:?}");
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns])
+        .arg(exe)
+        .args([
+            "multicast_feed_inside_a_private_network_namespace",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("BOURSE_MD_NETNS_INNER", "1")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "inner test failed:\n{text}");
+    assert!(text.contains("1 passed"), "inner test did not run:\n{text}");
+}
+
+#[test]
+fn recorded_pcap_opens_in_tshark_with_every_packet() {
+    let mut h = Harness::new(13, test_publisher_config());
+    let mut sink = VecSink::default();
+    for _ in 0..100 {
+        h.step(10, &mut sink);
+    }
+    let addrs = FeedAddrs::localhost(31_400);
+    let path = std::env::temp_dir().join(format!("bourse-md-{}.pcap", std::process::id()));
+    let mut w = PcapWriter::new(std::io::BufWriter::new(
+        std::fs::File::create(&path).unwrap(),
+    ))
+    .unwrap();
+    let src = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 40_000);
+    for (i, (c, p)) in sink.packets.iter().enumerate() {
+        w.write_udp(
+            T0_NS + i as u64 * 1_000,
+            src,
+            addrs.channels[c.index()].a,
+            p,
+        )
+        .unwrap();
+    }
+    w.flush().unwrap();
+    let written = w.packets;
+    drop(w);
+    let tshark = Command::new("tshark")
+        .args(["-n", "-r"])
+        .arg(&path)
+        .args(["-T", "fields", "-e", "udp.dstport"])
+        .output();
+    let _ = std::fs::remove_file(&path);
+    match tshark {
+        Err(e) => eprintln!(
+            "SKIPPED tshark check: tshark not installed ({e}); run scripts/install-test-tools.sh"
+        ),
+        Ok(o) => {
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let lines = String::from_utf8_lossy(&o.stdout).lines().count() as u64;
+            assert_eq!(lines, written, "tshark read every packet");
+        }
+    }
+}
