@@ -340,3 +340,84 @@ fn random_flow_exercises_every_outcome() {
     }
     assert!(trades > 5_000, "only {trades} trades in 50,000 commands");
 }
+
+/// Regression (found by the differential test, seed 0xb0012500000001): a FOK order whose
+/// account prevents self-trades with CancelIncoming/CancelBoth counted the hidden part of an
+/// iceberg that rests ahead of a self order as fillable. But the iceberg trades only its
+/// visible part there; its refill goes to the back, behind the self order, where matching
+/// stops. The FOK then traded in part and had its remainder cancelled for self-trade
+/// prevention, which a fill-or-kill order must never do.
+#[test]
+fn fill_or_kill_does_not_count_iceberg_refills_behind_a_self_order() {
+    let mut engine = Engine::new(test_config());
+    let mut model = Model::new();
+    let mut gen = Gen::new(1);
+    let mut events = Vec::new();
+    let mut run = |body: CommandBody, engine: &mut Engine, model: &mut Model| {
+        let cmd = gen.stamp(body);
+        events.clear();
+        engine.apply(&cmd, &mut events);
+        let got = project(&events);
+        assert_eq!(got, model.apply(&cmd), "{cmd:?}");
+        got
+    };
+    for body in setup() {
+        run(body, &mut engine, &mut model);
+    }
+    let order = |account: u32, cl: u64, side, qty, tif, display| {
+        CommandBody::NewOrder(NewOrder {
+            account: AccountId(account),
+            cl_ord_id: ClOrdId(cl),
+            instrument: InstrumentId(1),
+            side,
+            ord_type: OrdType::Limit,
+            price: Price(10_000),
+            qty: Qty(qty),
+            tif,
+            expire_ts_ns: 0,
+            display_qty: Qty(display),
+        })
+    };
+    // Account 6 (firm 3) rests an iceberg of 10 showing 2; account 1 (firm 1) rests 5 behind.
+    run(
+        order(6, 1, Side::Sell, 10, TimeInForce::Day, 2),
+        &mut engine,
+        &mut model,
+    );
+    run(
+        order(1, 1, Side::Sell, 5, TimeInForce::Day, 0),
+        &mut engine,
+        &mut model,
+    );
+    // Account 3 (firm 1, CancelIncoming by firm) wants 5 at once: only 2 are reachable.
+    let out = run(
+        order(3, 1, Side::Buy, 5, TimeInForce::Fok, 0),
+        &mut engine,
+        &mut model,
+    );
+    assert!(
+        matches!(
+            out[..],
+            [
+                reference::Out::Accepted { .. },
+                reference::Out::Cancelled {
+                    qty: 5,
+                    reason: CancelReason::FillOrKillUnfilled,
+                    ..
+                }
+            ]
+        ),
+        "{out:?}"
+    );
+    // Wanting only the visible 2, it fills.
+    let out = run(
+        order(3, 2, Side::Buy, 2, TimeInForce::Fok, 0),
+        &mut engine,
+        &mut model,
+    );
+    assert!(
+        matches!(out[1], reference::Out::Trade { qty: 2, .. }),
+        "{out:?}"
+    );
+    engine.check_invariants().unwrap();
+}

@@ -18,7 +18,16 @@
 //!   moves by exactly its trades' values (equities and FX) plus its deposits and withdrawals,
 //!   each position by exactly its trades, positions of every instrument sum to zero;
 //! - reservations and free cash are never negative, and accounts that may not short never do;
-//! - order-log `seq` numbers grow by one per record, with no gaps.
+//! - order-log `seq` numbers, order ids and trade ids grow by one, with no gaps (a rejected
+//!   command uses none up);
+//! - at the end of each case: the state survives snapshot and restore byte for byte, and a
+//!   replay of the same commands gives the same events.
+//!
+//! The same checks also run over the differential test's realistic flow, and over that flow
+//! against real risk (accounts that may not short, modest cash, cash operations mixed in).
+//!
+//! Knob: `BOURSE_PROP_CASES` (default 256) sets the number of hostile cases; the realistic
+//! properties run a tenth as many (default 24), each of 2,000-3,000 commands.
 
 mod reference;
 
@@ -41,6 +50,9 @@ enum PriceSpec {
 
 #[derive(Clone, Debug)]
 enum RefSpec {
+    /// The k-th live order (modulo their number), named by its owner, by exchange id if the
+    /// flag is set, else by client id.
+    Live(u16, bool),
     ById(u64),
     ByCl(u64),
     Both(u64, u64),
@@ -58,8 +70,9 @@ enum Op {
         price: PriceSpec,
         qty: i64,
         tif: TimeInForce,
-        /// Expiry relative to now (may be zero or negative).
-        expire: i64,
+        /// Expiry relative to now (may be zero or negative); None: what the time in force
+        /// wants (a future instant for GTD, none otherwise).
+        expire: Option<i64>,
         display: i64,
     },
     Cancel {
@@ -106,9 +119,20 @@ fn side() -> impl Strategy<Value = Side> {
     prop_oneof![Just(Side::Buy), Just(Side::Sell)]
 }
 
+/// Mostly the accounts that exist at the start (1 to 5), sometimes one that does not (yet).
+fn account() -> impl Strategy<Value = u32> {
+    prop_oneof![9 => 1u32..=5, 1 => 0u32..=8]
+}
+
+/// Mostly the instruments that exist at the start (1 to 4), sometimes one that may have been
+/// added since (5, 6), sometimes one that does not exist.
+fn instrument() -> impl Strategy<Value = u32> {
+    prop_oneof![7 => 1u32..=4, 2 => 4u32..=6, 1 => 0u32..=7]
+}
+
 fn price_spec() -> impl Strategy<Value = PriceSpec> {
     prop_oneof![
-        8 => (-12i8..=12).prop_map(PriceSpec::Ticks),
+        8 => (-6i8..=6).prop_map(PriceSpec::Ticks),
         1 => (any::<bool>(), -2i8..=2).prop_map(|(high, k)| PriceSpec::Edge(high, k)),
         1 => prop_oneof![
             Just(0i64),
@@ -126,7 +150,8 @@ fn price_spec() -> impl Strategy<Value = PriceSpec> {
 
 fn qty() -> impl Strategy<Value = i64> {
     prop_oneof![
-        8 => 1i64..=20,
+        6 => 1i64..=20,
+        2 => 1i64..=1_000,
         1 => prop_oneof![Just(0i64), Just(-1), Just(i64::MIN), Just(i64::MAX), Just(QTY_MAX), Just(QTY_MAX + 1), any::<i64>()],
     ]
 }
@@ -148,7 +173,8 @@ fn amount() -> impl Strategy<Value = i128> {
 
 fn order_ref() -> impl Strategy<Value = RefSpec> {
     prop_oneof![
-        6 => (1u64..40).prop_map(RefSpec::ById),
+        8 => (any::<u16>(), any::<bool>()).prop_map(|(k, by_id)| RefSpec::Live(k, by_id)),
+        4 => (1u64..40).prop_map(RefSpec::ById),
         4 => (1u64..12).prop_map(RefSpec::ByCl),
         1 => (1u64..40, 1u64..12).prop_map(|(a, b)| RefSpec::Both(a, b)),
         1 => Just(RefSpec::Neither),
@@ -157,12 +183,13 @@ fn order_ref() -> impl Strategy<Value = RefSpec> {
 }
 
 fn tif() -> impl Strategy<Value = TimeInForce> {
+    // Mostly orders that rest, so that books build up and later orders trade with them.
     prop_oneof![
-        Just(TimeInForce::Day),
-        Just(TimeInForce::Gtc),
-        Just(TimeInForce::Gtd),
-        Just(TimeInForce::Ioc),
-        Just(TimeInForce::Fok),
+        4 => Just(TimeInForce::Day),
+        2 => Just(TimeInForce::Gtc),
+        1 => Just(TimeInForce::Gtd),
+        2 => Just(TimeInForce::Ioc),
+        1 => Just(TimeInForce::Fok),
     ]
 }
 
@@ -170,48 +197,50 @@ fn tif() -> impl Strategy<Value = TimeInForce> {
 /// bands of 0 or 100%, reference prices at the limit), some of them valid.
 fn instrument_def() -> impl Strategy<Value = Instrument> {
     (
-        1u32..=6,
-        prop_oneof![
-            Just(Market::Equity),
-            Just(Market::Fx),
-            Just(Market::Futures)
-        ],
-        0u8..=14,
-        prop_oneof![Just(1i64), Just(10), Just(0), Just(-1), Just(PRICE_MAX)],
-        prop_oneof![
-            Just(1i64),
-            Just(1_000_000_000),
-            Just(0),
-            Just(1_000_000_001)
-        ],
-        prop_oneof![Just(1i64), Just(1_000_000_000), Just(0)],
-        prop_oneof![
-            Just(0i128),
-            Just(1),
-            Just(5_000_0000),
-            Just(1_000_000_000_000_000_000)
-        ],
-        prop_oneof![Just(0u32), Just(1), Just(1000), Just(10_000), Just(10_001)],
-        prop_oneof![
-            Just(100i64),
-            Just(10_000),
-            Just(PRICE_MAX),
-            Just(0),
-            Just(PRICE_MAX / 3)
-        ],
+        (
+            4u32..=6,
+            prop_oneof![
+                Just(Market::Equity),
+                Just(Market::Fx),
+                Just(Market::Futures)
+            ],
+            0u8..=14,
+            prop_oneof![4 => Just(1i64), 4 => Just(10), 1 => Just(0), 1 => Just(-1), 1 => Just(PRICE_MAX)],
+        ),
+        (
+            prop_oneof![4 => Just(1i64), 4 => Just(1_000_000_000), 1 => Just(0), 1 => Just(1_000_000_001)],
+            prop_oneof![4 => Just(1i64), 4 => Just(1_000_000_000), 1 => Just(0)],
+            // A margin that suits the market (none for equities and FX, positive for
+            // futures), or one that does not.
+            prop_oneof![9 => Just(true), 1 => Just(false)],
+            prop_oneof![Just(1i128), Just(5_000_0000), Just(1_000_000_000_000_000_000)],
+        ),
+        (
+            prop_oneof![1 => Just(0u32), 3 => Just(1), 3 => Just(1000), 3 => Just(10_000), 1 => Just(10_001)],
+            prop_oneof![
+                3 => Just(100i64),
+                3 => Just(10_000),
+                3 => Just(PRICE_MAX),
+                3 => Just(300_000_000_000_000),
+                1 => Just(0),
+            ],
+        ),
     )
         .prop_map(
-            |(id, market, price_scale, tick, lot, mult, margin, band, reference)| Instrument {
-                instrument: InstrumentId(id),
-                symbol: format!("X{id}"),
-                market,
-                price_scale,
-                tick: Price(tick),
-                lot_size: lot,
-                multiplier: mult,
-                initial_margin: Cash(margin),
-                band_bps: band,
-                reference_price: Price(reference),
+            |((id, market, price_scale, tick), (lot, mult, margin_fits, margin), (band, reference))| {
+                let futures = market == Market::Futures;
+                Instrument {
+                    instrument: InstrumentId(id),
+                    symbol: format!("X{id}"),
+                    market,
+                    price_scale,
+                    tick: Price(tick),
+                    lot_size: lot,
+                    multiplier: mult,
+                    initial_margin: Cash(if futures == margin_fits { margin } else { 0 }),
+                    band_bps: band,
+                    reference_price: Price(reference),
+                }
             },
         )
 }
@@ -228,9 +257,9 @@ fn stp() -> impl Strategy<Value = StpMode> {
 fn op() -> impl Strategy<Value = Op> {
     let new = (
         (
-            0u32..=7,
+            account(),
             1u64..12,
-            0u32..=6,
+            instrument(),
             side(),
             prop::bool::weighted(0.1),
         ),
@@ -238,9 +267,9 @@ fn op() -> impl Strategy<Value = Op> {
             price_spec(),
             qty(),
             tif(),
-            prop_oneof![Just(0i64), 1i64..5_000, Just(-1), any::<i64>()],
+            prop_oneof![8 => Just(None), 1 => any::<i64>().prop_map(Some)],
         ),
-        prop_oneof![6 => Just(0i64), 1 => 1i64..=4, 1 => Just(-1), 1 => any::<i64>()],
+        prop_oneof![12 => Just(0i64), 2 => 1i64..=4, 1 => Just(-1), 1 => any::<i64>()],
     )
         .prop_map(
             |((account, cl, instrument, side, market), (price, qty, tif, expire), display)| {
@@ -259,9 +288,9 @@ fn op() -> impl Strategy<Value = Op> {
             },
         );
     prop_oneof![
-        30 => new,
-        8 => (0u32..=7, order_ref()).prop_map(|(account, target)| Op::Cancel { account, target }),
-        8 => (0u32..=7, 1u64..12, order_ref(), prop::option::of(price_spec()), prop::option::of(qty()))
+        45 => new,
+        8 => (account(), order_ref()).prop_map(|(account, target)| Op::Cancel { account, target }),
+        8 => (account(), 1u64..12, order_ref(), prop::option::of(price_spec()), prop::option::of(qty()))
             .prop_map(|(account, cl, target, price, qty)| Op::Replace { account, cl, target, price, qty }),
         2 => (
             prop::option::of(0u32..=7),
@@ -270,15 +299,15 @@ fn op() -> impl Strategy<Value = Op> {
             prop::option::of(side())
         )
             .prop_map(|(account, firm, instrument, side)| Op::Mass { account, firm, instrument, side }),
-        2 => (
+        1 => (
             prop::option::of(0u32..=6),
-            prop_oneof![Just(Phase::Open), Just(Phase::Halted), Just(Phase::Closed)]
+            prop_oneof![5 => Just(Phase::Open), 1 => Just(Phase::Halted), 1 => Just(Phase::Closed)]
         )
             .prop_map(|(instrument, phase)| Op::Phase { instrument, phase }),
-        2 => (0u32..=7, amount()).prop_map(|(account, amount)| Op::Deposit { account, amount }),
-        2 => (0u32..=7, amount()).prop_map(|(account, amount)| Op::Withdraw { account, amount }),
-        2 => (0u32..=7, amount()).prop_map(|(account, amount)| Op::Collateral { account, amount }),
-        1 => instrument_def().prop_map(Op::AddInstrument),
+        2 => (account(), amount()).prop_map(|(account, amount)| Op::Deposit { account, amount }),
+        2 => (account(), amount()).prop_map(|(account, amount)| Op::Withdraw { account, amount }),
+        2 => (account(), amount()).prop_map(|(account, amount)| Op::Collateral { account, amount }),
+        2 => instrument_def().prop_map(Op::AddInstrument),
         1 => (5u32..=8, 1u32..=3, any::<bool>(), stp(), any::<bool>()).prop_map(|(id, firm, may_short, stp, firm_scope)| {
             Op::AddAccount(AccountSpec {
                 account: AccountId(id),
@@ -315,22 +344,46 @@ fn resolve_price(e: &Engine, instrument: u32, p: &PriceSpec) -> i64 {
     }
 }
 
-fn resolve_ref(t: &RefSpec) -> OrderRef {
-    match *t {
-        RefSpec::ById(id) => OrderRef {
-            order_id: Some(OrderId(id)),
-            orig_cl_ord_id: None,
-        },
-        RefSpec::ByCl(cl) => OrderRef {
-            order_id: None,
-            orig_cl_ord_id: Some(ClOrdId(cl)),
-        },
-        RefSpec::Both(id, cl) => OrderRef {
-            order_id: Some(OrderId(id)),
-            orig_cl_ord_id: Some(ClOrdId(cl)),
-        },
-        RefSpec::Neither => OrderRef::default(),
-    }
+/// The account, order reference and instrument a cancel or replace names.
+fn resolve_target(e: &Engine, account: u32, t: &RefSpec) -> (AccountId, OrderRef, u32) {
+    let by_id = |id| OrderRef {
+        order_id: Some(OrderId(id)),
+        orig_cl_ord_id: None,
+    };
+    let by_cl = |cl| OrderRef {
+        order_id: None,
+        orig_cl_ord_id: Some(ClOrdId(cl)),
+    };
+    let live: Vec<bourse_engine::OrderView> = e
+        .instruments()
+        .flat_map(|i| e.resting_orders(i.instrument))
+        .collect();
+    let (r, instrument) = match *t {
+        RefSpec::Live(k, id) if !live.is_empty() => {
+            let o = live[k as usize % live.len()];
+            let r = if id {
+                by_id(o.order_id.0)
+            } else {
+                by_cl(o.cl_ord_id.0)
+            };
+            return (o.account, r, o.instrument.0);
+        }
+        RefSpec::Live(k, _) => (by_id(k as u64), 1),
+        RefSpec::ById(id) => (
+            by_id(id),
+            e.order(OrderId(id)).map_or(1, |o| o.instrument.0),
+        ),
+        RefSpec::ByCl(cl) => (by_cl(cl), 1),
+        RefSpec::Both(id, cl) => (
+            OrderRef {
+                order_id: Some(OrderId(id)),
+                orig_cl_ord_id: Some(ClOrdId(cl)),
+            },
+            1,
+        ),
+        RefSpec::Neither => (OrderRef::default(), 1),
+    };
+    (AccountId(account), r, instrument)
 }
 
 /// The concrete command for `op` at time `ts`, or None for a pause.
@@ -364,18 +417,21 @@ fn concrete(e: &Engine, op: &Op, ts: u64) -> Option<CommandBody> {
             }),
             qty: Qty(*qty),
             tif: *tif,
-            expire_ts_ns: if *expire == 0 {
-                0
-            } else {
-                (ts as i64).saturating_add(*expire) as u64
+            expire_ts_ns: match (expire, tif) {
+                (None, TimeInForce::Gtd) => ts + 3_000_000,
+                (None, _) => 0,
+                (Some(dt), _) => (ts as i64).saturating_add(*dt) as u64,
             },
             display_qty: Qty(*display),
         }),
-        Op::Cancel { account, target } => CommandBody::Cancel(Cancel {
-            account: AccountId(*account),
-            cl_ord_id: ClOrdId(999),
-            target: resolve_ref(target),
-        }),
+        Op::Cancel { account, target } => {
+            let (account, target, _) = resolve_target(e, *account, target);
+            CommandBody::Cancel(Cancel {
+                account,
+                cl_ord_id: ClOrdId(999),
+                target,
+            })
+        }
         Op::Replace {
             account,
             cl,
@@ -383,15 +439,12 @@ fn concrete(e: &Engine, op: &Op, ts: u64) -> Option<CommandBody> {
             price,
             qty,
         } => {
-            // Aim the price at the instrument of the order named, if it lives.
-            let instrument = match target {
-                RefSpec::ById(id) => e.order(OrderId(*id)).map_or(1, |o| o.instrument.0),
-                _ => 1,
-            };
+            // The price is aimed at the instrument of the order named, if it lives.
+            let (account, target, instrument) = resolve_target(e, *account, target);
             CommandBody::Replace(Replace {
-                account: AccountId(*account),
+                account,
                 cl_ord_id: ClOrdId(*cl),
-                target: resolve_ref(target),
+                target,
                 price: price
                     .as_ref()
                     .map(|p| Price(resolve_price(e, instrument, p))),
@@ -435,13 +488,21 @@ fn concrete(e: &Engine, op: &Op, ts: u64) -> Option<CommandBody> {
 
 // ----- the starting market -----
 
-/// Three instruments and four accounts: 1 rich and allowed to short, 2 modest and covered
-/// only, 3 with no cash at all, 4 rich with firm-wide self-trade prevention in 1's firm.
+/// Four instruments (an equity, an FX pair, a future, an extreme future) and five accounts: 1 rich and allowed to short, 2 modest and covered
+/// only, 3 with no cash at all, 4 rich with firm-wide self-trade prevention in 1's firm, 5 with
+/// some cash, allowed to short, in a firm of its own.
 fn start() -> (Engine, u64) {
     let mut d = fixtures::Driver::new(test_config());
     d.add_instrument(fixtures::equity(1, "EQ", 10_000));
     d.add_instrument(fixtures::fx(2, "FX", 108_345));
     d.add_instrument(fixtures::future(3, "FUT", 100_000));
+    // Valid but extreme: the largest lot and multiplier, a high price, margin of one unit.
+    // The value of a trade of a few hundred lots here does not fit 128 bits.
+    let mut big = fixtures::future(4, "BIG", 100_000_000_000_000);
+    big.lot_size = 1_000_000_000;
+    big.multiplier = 1_000_000_000;
+    big.initial_margin = Cash(1);
+    d.add_instrument(big);
     let spec = |id, firm, may_short, stp, stp_scope| AccountSpec {
         account: AccountId(id),
         firm: FirmId(firm),
@@ -464,6 +525,10 @@ fn start() -> (Engine, u64) {
     d.add_account_spec(
         spec(4, 1, true, StpMode::CancelBoth, StpScope::Firm),
         1_000_000_000_000_000,
+    );
+    d.add_account_spec(
+        spec(5, 3, true, StpMode::None, StpScope::Account),
+        50_000_000_000_000,
     );
     (d.engine, d.ts_ns)
 }
@@ -518,6 +583,10 @@ struct Checker {
     orders: BTreeMap<u64, Tracked>,
     next_stamp: u64,
     last_seq: u64,
+    /// Exchange order ids and trade ids are handed out one by one: a rejected command must
+    /// not use one up, and none may be skipped or repeated.
+    last_order_id: u64,
+    last_trade_id: u64,
     /// Sum of all deposits minus withdrawals plus collateral changes: what the total cash of
     /// all accounts must equal, since trades only move cash between accounts.
     external_cash: i128,
@@ -537,6 +606,7 @@ impl Checker {
                 (AccountId(2), false),
                 (AccountId(3), false),
                 (AccountId(4), true),
+                (AccountId(5), true),
             ]
             .into(),
             ..Checker::default()
@@ -621,6 +691,10 @@ impl Checker {
                     if self.orders.contains_key(&order_id.0) {
                         return Err(format!("order id {order_id} accepted twice"));
                     }
+                    if order_id.0 != self.last_order_id + 1 {
+                        return Err(format!("order id {order_id} after {}", self.last_order_id));
+                    }
+                    self.last_order_id = order_id.0;
                     accepted_now.push(order_id.0);
                     self.orders.insert(
                         order_id.0,
@@ -636,6 +710,7 @@ impl Checker {
                     );
                 }
                 Event::Trade {
+                    trade_id,
                     instrument,
                     price,
                     qty,
@@ -644,6 +719,10 @@ impl Checker {
                     sell,
                     ..
                 } => {
+                    if trade_id.0 != self.last_trade_id + 1 {
+                        return Err(format!("trade id {trade_id} after {}", self.last_trade_id));
+                    }
+                    self.last_trade_id = trade_id.0;
                     if qty.0 <= 0 {
                         return Err(format!("trade of {qty} lots"));
                     }
@@ -915,11 +994,27 @@ impl Checker {
     }
 }
 
-/// Runs `ops` from the starting market, checking after every command.
+/// Applies `cmd` and checks everything after it.
+fn step(
+    e: &mut Engine,
+    checker: &mut Checker,
+    cmd: &Command,
+    events: &mut Vec<Event>,
+) -> Result<(), String> {
+    let before = observe(e);
+    let counters = *e.counters();
+    events.clear();
+    e.apply(cmd, events);
+    checker.after(cmd, &before, counters, e, events)
+}
+
+/// Runs `ops` from the starting market, checking after every command; at the end, checks
+/// that the state survives a snapshot and restore and that a replay reproduces it.
 fn run(ops: &[Op]) -> Result<(), TestCaseError> {
     let (mut e, mut ts) = start();
     let mut checker = Checker::new(&e);
     let mut events = Vec::new();
+    let mut history = Vec::new();
     for (n, op) in ops.iter().enumerate() {
         ts += 1_000;
         if let Op::Sleep(dt) = op {
@@ -928,15 +1023,88 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
         }
         let body = concrete(&e, op, ts).expect("not a pause");
         let cmd = Command::new(ts, body);
-        let before = observe(&e);
-        let counters = *e.counters();
-        events.clear();
-        e.apply(&cmd, &mut events);
-        if let Err(why) = checker.after(&cmd, &before, counters, &e, &events) {
+        if let Err(why) = step(&mut e, &mut checker, &cmd, &mut events) {
             return Err(TestCaseError::fail(format!(
                 "after command #{n} {cmd:?}:\n{why}\nevents {events:?}"
             )));
         }
+        history.push((cmd, events.clone()));
+    }
+    // Whatever hostile state was reached, a snapshot restores to the same bytes and hash...
+    let bytes = e.snapshot();
+    let restored =
+        Engine::restore(&bytes).map_err(|w| TestCaseError::fail(format!("restore: {w}")))?;
+    prop_assert_eq!(restored.snapshot(), bytes.clone());
+    prop_assert_eq!(restored.state_hash(), e.state_hash());
+    // ...and the same commands from the same start give the same events and the same state.
+    let (mut again, _) = start();
+    for (n, (cmd, expected)) in history.iter().enumerate() {
+        events.clear();
+        again.apply(cmd, &mut events);
+        prop_assert_eq!(&events, expected, "replay differs at command #{}", n);
+    }
+    prop_assert_eq!(again.snapshot(), bytes);
+    Ok(())
+}
+
+/// Generates and checks `n` commands of realistic flow under real risk (see
+/// `reference::gen::setup_with_risk`), aiming each at the engine's current books; returns
+/// an error if a check fails, or if risk never refused anything (the run would prove little).
+fn run_risky(seed: u64, n: usize) -> Result<(), String> {
+    use reference::gen::{setup_with_risk, Gen, ACCOUNTS};
+    let mut e = Engine::new(test_config());
+    let mut checker = Checker::new(&e);
+    let mut gen = Gen::new(seed);
+    let mut events = Vec::new();
+    let mut risk_rejects = 0;
+    for i in 0..setup_with_risk().len() + n {
+        let cmd = match setup_with_risk().get(i) {
+            Some(body) => gen.stamp(body.clone()),
+            None if gen.rng.chance(20) => {
+                let account = AccountId(gen.rng.pick(&ACCOUNTS).0);
+                let amount = Cash(gen.rng.range(1, 2_000_000_000) as i128);
+                let body = match gen.rng.below(3) {
+                    0 => CommandBody::Deposit { account, amount },
+                    1 => CommandBody::Withdraw { account, amount },
+                    _ => CommandBody::SetCollateral {
+                        account,
+                        amount: Cash(amount.0 * 3),
+                    },
+                };
+                gen.stamp(body)
+            }
+            None => gen.next(&reference::Model::from_engine(&e)),
+        };
+        step(&mut e, &mut checker, &cmd, &mut events)
+            .map_err(|why| format!("after command #{i} {cmd:?}:\n{why}\nevents {events:?}"))?;
+        risk_rejects += events
+            .iter()
+            .filter(|ev| {
+                matches!(
+                    ev,
+                    Event::OrderRejected {
+                        reason: RejectReason::InsufficientCollateral
+                            | RejectReason::InsufficientPosition,
+                        ..
+                    }
+                )
+            })
+            .count();
+    }
+    if risk_rejects == 0 {
+        return Err("risk never refused an order".into());
+    }
+    Ok(())
+}
+
+/// Runs a whole command stream from an empty engine, checking after every command.
+fn run_stream(cmds: &[Command]) -> Result<(), String> {
+    let mut e = Engine::new(test_config());
+    let mut checker = Checker::new(&e);
+    let mut events = Vec::new();
+    for (n, cmd) in cmds.iter().enumerate() {
+        step(&mut e, &mut checker, cmd, &mut events)
+            .map_err(|why| format!("after command #{n} {cmd:?}:\n{why}\nevents {events:?}"))?;
     }
     Ok(())
 }
@@ -956,6 +1124,31 @@ proptest! {
         ops in prop::collection::vec(op(), 1..200)
     ) {
         run(&ops)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("BOURSE_PROP_CASES").ok().and_then(|v| v.parse::<u32>().ok()).map_or(24, |c| (c / 10).max(1)),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Realistic flow against real risk: accounts that may not short and have modest cash,
+    /// so that collateral, covered sells and futures margin all refuse orders along the way,
+    /// with deposits, withdrawals and collateral settings mixed in.
+    #[test]
+    fn flow_under_real_risk_conserves_quantities_cash_and_positions(seed in any::<u64>()) {
+        run_risky(seed, 2_000).map_err(|why| TestCaseError::fail(format!("seed {seed}: {why}")))?;
+    }
+
+    /// The hostile sequences above trade little; the differential test's realistic flow
+    /// trades a lot (every order type, icebergs, self-trade prevention, replaces), so the
+    /// bookkeeping checks are run over it too.
+    #[test]
+    fn realistic_flow_conserves_quantities_cash_and_positions(seed in any::<u64>()) {
+        let cmds = reference::gen::stream(seed, 3_000);
+        run_stream(&cmds).map_err(|why| TestCaseError::fail(format!("seed {seed}: {why}")))?;
     }
 }
 
@@ -1071,4 +1264,72 @@ fn an_iceberg_cannot_be_cut_into_more_than_a_thousand_parts() {
     });
     assert_eq!(fixtures::trades(&ev).len(), 1_000);
     assert!(d.engine.order(id).is_none());
+}
+
+/// Regression: a future whose contract is huge (lot and multiplier at their limits) and whose
+/// price is high has trades whose value does not fit the arithmetic. Futures reserve margin,
+/// not notional, so such orders were admitted and the engine panicked ("notional of an
+/// admitted order fits") when they traded. They must be refused up front with Overflow.
+#[test]
+fn an_order_whose_trade_value_cannot_be_computed_is_refused_not_a_panic() {
+    let (e, ts) = start();
+    let mut d = fixtures::Driver {
+        engine: e,
+        events: Vec::new(),
+        ts_ns: ts,
+    };
+    let mut def = fixtures::future(9, "HUGE", PRICE_MAX / 10 * 10);
+    def.lot_size = 1_000_000_000;
+    def.multiplier = 1_000_000_000;
+    def.initial_margin = Cash(1);
+    def.band_bps = 10;
+    d.add_instrument(def.clone());
+    let order = |account, side| NewOrder {
+        account: AccountId(account),
+        cl_ord_id: ClOrdId(900),
+        instrument: InstrumentId(9),
+        side,
+        ord_type: OrdType::Limit,
+        price: def.reference_price,
+        qty: Qty(1_000),
+        tif: TimeInForce::Day,
+        expire_ts_ns: 0,
+        display_qty: Qty(0),
+    };
+    let sell = d.order(order(1, Side::Sell));
+    let buy = d.order(order(5, Side::Buy));
+    assert_eq!(fixtures::reject_reason(&sell), Some(RejectReason::Overflow));
+    assert_eq!(fixtures::reject_reason(&buy), Some(RejectReason::Overflow));
+    // With 12 decimals of price one lot's value fits; raising the order by a replace to a
+    // size whose value does not is refused too.
+    let mut fine = def.clone();
+    fine.instrument = InstrumentId(10);
+    fine.symbol = "FINE".into();
+    fine.price_scale = 12;
+    fine.reference_price = Price(10_000_000_000);
+    d.add_instrument(fine.clone());
+    let small = |account, side| NewOrder {
+        instrument: InstrumentId(10),
+        price: fine.reference_price,
+        qty: Qty(1),
+        ..order(account, side)
+    };
+    let id = fixtures::accepted_id(&d.order(small(1, Side::Sell))).expect("one lot's value fits");
+    let ev = d
+        .run(CommandBody::Replace(Replace {
+            account: AccountId(1),
+            cl_ord_id: ClOrdId(901),
+            target: OrderRef {
+                order_id: Some(id),
+                orig_cl_ord_id: None,
+            },
+            price: None,
+            qty: Some(Qty(1_000)),
+        }))
+        .to_vec();
+    assert_eq!(fixtures::reject_reason(&ev), Some(RejectReason::Overflow));
+    // And the lot that rests trades without trouble.
+    let ev = d.order(small(5, Side::Buy));
+    assert_eq!(fixtures::trades(&ev).len(), 1);
+    d.engine.check_invariants().unwrap();
 }

@@ -8,7 +8,7 @@
 //!
 //! The model leaves out cash and risk: the differential test gives every account huge cash and
 //! lets it go short, so the engine's risk checks never refuse anything and need no mirror.
-//! Everything else is modelled: validation (in the engine's documented order), limit and
+//! Everything else is modelled: validation (in the engine's documented order; an iceberg shows at least 1/1000 of its total, an order's value must fit the arithmetic), limit and
 //! market orders (a market order is a limit at the band edge fixed on arrival, the remainder
 //! cancelled), Day/GTC/GTD/IOC/FOK, icebergs, self-trade prevention, the price band following
 //! the last trade, replace, cancel, mass cancel, phases and end of day.
@@ -206,6 +206,10 @@ impl ROrder {
 #[derive(Clone, Debug)]
 pub struct RBook {
     pub id: u32,
+    /// For the value of an order: decimals of the price, lot size, multiplier.
+    pub price_scale: u8,
+    pub lot_size: i64,
+    pub multiplier: i64,
     pub tick: i64,
     pub band_bps: i64,
     pub reference: i64,
@@ -215,6 +219,26 @@ pub struct RBook {
 }
 
 impl RBook {
+    /// Does the value of `qty` lots at `price` (rounded up to whole cash units of 10^-4) fit
+    /// what one order may move? The engine refuses orders whose value does not.
+    pub fn value_fits(&self, price: i64, qty: i64) -> bool {
+        let raw = (price as i128)
+            .checked_mul(qty as i128)
+            .and_then(|v| v.checked_mul(self.lot_size as i128))
+            .and_then(|v| v.checked_mul(self.multiplier as i128));
+        let value = match raw {
+            None => return false,
+            Some(raw) if self.price_scale <= 4 => {
+                raw.checked_mul(10i128.pow(4 - self.price_scale as u32))
+            }
+            Some(raw) => {
+                let div = 10i128.pow(self.price_scale as u32 - 4);
+                Some((raw + div - 1) / div)
+            }
+        };
+        value.is_some_and(|v| v <= CASH_AMOUNT_MAX)
+    }
+
     /// The band's lowest and highest acceptable prices, snapped inwards to the tick.
     pub fn band(&self) -> (i64, i64) {
         let width = self.reference as i128 * self.band_bps as i128 / 10_000;
@@ -315,6 +339,49 @@ impl Model {
             next_order_id: 1,
             ..Model::default()
         }
+    }
+
+    /// A model holding the engine's current books (priority as the engine has it), to aim
+    /// generated flow at an engine the model cannot follow, such as one with real risk.
+    pub fn from_engine(e: &bourse_engine::Engine) -> Model {
+        let mut m = Model::new();
+        for def in e.instruments() {
+            let mut resting = Vec::new();
+            for v in e.resting_orders(def.instrument) {
+                m.next_stamp += 1;
+                resting.push(ROrder {
+                    id: v.order_id.0,
+                    cl: v.cl_ord_id.0,
+                    account: v.account.0,
+                    side: v.side,
+                    price: v.price.0,
+                    total: v.qty_total.0,
+                    filled: v.qty_filled.0,
+                    leaves: v.qty_leaves.0,
+                    display_size: if v.qty_display == v.qty_leaves {
+                        0
+                    } else {
+                        v.qty_display.0
+                    },
+                    display: v.qty_display.0,
+                    tif: v.tif,
+                    expire: 0,
+                    stamp: m.next_stamp,
+                });
+            }
+            m.books.push(RBook {
+                id: def.instrument.0,
+                price_scale: def.price_scale,
+                lot_size: def.lot_size,
+                multiplier: def.multiplier,
+                tick: def.tick.0,
+                band_bps: def.band_bps as i64,
+                reference: def.reference_price.0,
+                phase: e.phase(def.instrument).expect("listed instrument"),
+                resting,
+            });
+        }
+        m
     }
 
     pub fn book(&self, id: u32) -> Option<&RBook> {
@@ -419,6 +486,9 @@ impl Model {
                 } else {
                     self.books.push(RBook {
                         id: def.instrument.0,
+                        price_scale: def.price_scale,
+                        lot_size: def.lot_size,
+                        multiplier: def.multiplier,
                         tick: def.tick.0,
                         band_bps: def.band_bps as i64,
                         reference: def.reference_price.0,
@@ -600,6 +670,9 @@ impl Model {
         }
         if self.live_cl(o.account.0, o.cl_ord_id.0) {
             return Err(RejectReason::DuplicateClOrdId);
+        }
+        if !book.value_fits(limit, o.qty.0) {
+            return Err(RejectReason::Overflow);
         }
         Ok((b, limit))
     }
@@ -788,6 +861,9 @@ impl Model {
             return Err(RejectReason::DuplicateClOrdId);
         }
         let new_leaves = new_total - o.filled;
+        if !book.value_fits(new_price, new_leaves) {
+            return Err(RejectReason::Overflow);
+        }
         let kept = new_price == o.price && new_leaves <= o.leaves;
         let mut o = self.books[b].resting.remove(i);
         o.cl = r.cl_ord_id.0;
