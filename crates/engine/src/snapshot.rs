@@ -14,7 +14,10 @@ use bourse_core::*;
 use std::fmt;
 
 const MAGIC: &[u8; 8] = b"BOURSE01";
-const FORMAT_VERSION: u32 = 1;
+/// Version 2 added the checksum trailer.
+const FORMAT_VERSION: u32 = 2;
+/// Bytes of the trailer: xxh3-64 of everything before it.
+const CHECKSUM_BYTES: usize = 8;
 
 /// Why a snapshot could not be restored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,6 +175,10 @@ impl Engine {
                 }
             }
         }
+        // A checksum over everything before it, so that restore refuses any damage rather
+        // than rebuilding a different but self-consistent state from a flipped bit.
+        let checksum = xxhash_rust::xxh3::xxh3_64(&w.buf);
+        w.u64(checksum);
         w.finish()
     }
 
@@ -183,6 +190,20 @@ impl Engine {
     /// Rebuilds an engine from [`Engine::snapshot`] bytes. Damaged or inconsistent bytes give an
     /// error, never a panic or a half-built engine.
     pub fn restore(bytes: &[u8]) -> Result<Engine, RestoreError> {
+        if bytes.len() < MAGIC.len() + CHECKSUM_BYTES || &bytes[..MAGIC.len()] != MAGIC {
+            return Err(Reader::new(bytes)
+                .error("not a bourse engine snapshot (bad magic)")
+                .into());
+        }
+        let (body, trailer) = bytes.split_at(bytes.len() - CHECKSUM_BYTES);
+        let stored = u64::from_le_bytes(trailer.try_into().expect("8 bytes"));
+        if xxhash_rust::xxh3::xxh3_64(body) != stored {
+            return Err(RestoreError::Format(DecodeError {
+                offset: body.len(),
+                what: "checksum mismatch: the snapshot is damaged",
+            }));
+        }
+        let bytes = body;
         let mut r = Reader::new(bytes);
         if r.remaining() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
             return Err(r.error("not a bourse engine snapshot (bad magic)").into());
