@@ -1,0 +1,423 @@
+//! The order flow of one market as one generator worker sends it.
+//!
+//! Modelled on `bourse_engine::workload::Flow` (and built on its [`Rng`] and fixtures), but
+//! with what a load profile asks for that the benchmark flow does not offer: fill-or-kill
+//! orders, mass cancels, limit orders that cross on arrival, and a choice of instrument that
+//! can concentrate on a few hot ones. Like the engine's flow it reads no clock and learns
+//! which orders are live from the answers ([`MarketFlow::observe`]), so its cancels and
+//! replaces name real orders (some of them will have traded away by the time the cancel
+//! arrives, as in real markets: those come back rejected and do not count as transactions).
+
+use crate::profile::{MarketKind, MarketSpec, MixSpec};
+use bourse_core::*;
+use bourse_engine::fixtures;
+use bourse_engine::workload::Rng;
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+
+/// Cash each generated account starts with, in cash units (10^-4): enough that collateral
+/// never limits the flow (the load test measures the core, not a shortage of money).
+pub const CASH_PER_ACCOUNT: i128 = 10_000_000_000_000_000;
+/// Order sizes are 1 to this many lots.
+pub const QTY_LOTS_MAX: i64 = 10;
+/// The middle of each instrument walks by a tick with this chance per command, per million.
+const WALK_PER_MILLION: u64 = 5_000;
+
+/// The kinds of command a profile mixes; the report gives latencies per op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    Limit,
+    Market,
+    Ioc,
+    Fok,
+    Cancel,
+    Replace,
+    MassCancel,
+}
+
+impl Op {
+    pub const ALL: [Op; 7] = [
+        Op::Limit,
+        Op::Market,
+        Op::Ioc,
+        Op::Fok,
+        Op::Cancel,
+        Op::Replace,
+        Op::MassCancel,
+    ];
+    pub fn index(self) -> usize {
+        self as usize
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Limit => "limit",
+            Op::Market => "market",
+            Op::Ioc => "ioc",
+            Op::Fok => "fok",
+            Op::Cancel => "cancel",
+            Op::Replace => "replace",
+            Op::MassCancel => "mass_cancel",
+        }
+    }
+    pub fn is_new_order(self) -> bool {
+        matches!(self, Op::Limit | Op::Market | Op::Ioc | Op::Fok)
+    }
+}
+
+/// The instruments of a market, numbered from 1 in its own core.
+pub fn instruments(m: &MarketSpec) -> Vec<Instrument> {
+    (0..m.instruments)
+        .map(|i| {
+            let id = i + 1;
+            // Spread the reference prices so that books differ; every price stays far inside
+            // the core's limits.
+            let spread = (i as i64 % 50) * 37;
+            match m.kind {
+                MarketKind::Equity => {
+                    fixtures::equity(id, &format!("EQ{id:04}"), 10_000 + spread * 100)
+                }
+                MarketKind::Fx => fixtures::fx(id, &format!("FX{id:04}"), 100_000 + spread * 10),
+                MarketKind::Futures => {
+                    fixtures::future(id, &format!("FU{id:04}"), 100_000 + spread * 100)
+                }
+            }
+        })
+        .collect()
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Live {
+    order_id: OrderId,
+    account: AccountId,
+    instrument_index: u32,
+    price: i64,
+}
+
+/// Cumulative thresholds of the mix, in parts per million.
+#[derive(Clone, Copy, Debug)]
+struct Thresholds {
+    limit: u64,
+    market: u64,
+    ioc: u64,
+    fok: u64,
+    cancel: u64,
+    replace: u64,
+}
+
+impl Thresholds {
+    fn of(mix: &MixSpec) -> Thresholds {
+        let total = mix.total();
+        let mut acc = 0.0;
+        let mut next = |w: f64| {
+            acc += w / total;
+            (acc * 1e6).round() as u64
+        };
+        Thresholds {
+            limit: next(mix.limit),
+            market: next(mix.market),
+            ioc: next(mix.ioc),
+            fok: next(mix.fok),
+            cancel: next(mix.cancel),
+            replace: next(mix.replace),
+        }
+    }
+}
+
+/// Hot instruments in force: the first `instruments` take `share_ppm` of the new orders.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hot {
+    pub instruments: u32,
+    pub share_ppm: u64,
+}
+
+/// One worker's flow on one market.
+pub struct MarketFlow {
+    instruments: Vec<Instrument>,
+    first_account: u32,
+    accounts: u32,
+    thresholds: Thresholds,
+    crossing_ppm: u64,
+    live_orders_target: usize,
+    spread_ticks: i64,
+    rng: Rng,
+    mid: Vec<i64>,
+    instrument_index: FxHashMap<InstrumentId, u32>,
+    live: Vec<Live>,
+    live_index: FxHashMap<OrderId, usize>,
+    next_cl_ord_id: u64,
+    hot: Option<Hot>,
+}
+
+impl MarketFlow {
+    /// The flow of worker `worker` of `workers` on market `m`: the worker owns a disjoint
+    /// slice of the market's accounts, so workers never cancel each other's orders.
+    pub fn new(m: &MarketSpec, mix: &MixSpec, worker: u32, workers: u32, seed: u64) -> MarketFlow {
+        let per_worker = m.accounts / workers.max(1);
+        let first_account = 1 + worker * per_worker;
+        let accounts = if worker + 1 == workers {
+            m.accounts - worker * per_worker
+        } else {
+            per_worker
+        };
+        let instruments = instruments(m);
+        let mid = instruments.iter().map(|i| i.reference_price.0).collect();
+        let instrument_index = instruments
+            .iter()
+            .enumerate()
+            .map(|(n, i)| (i.instrument, n as u32))
+            .collect();
+        let live_orders_target = (m.live_orders_target / workers.max(1)).max(1) as usize;
+        MarketFlow {
+            instruments,
+            first_account,
+            accounts: accounts.max(1),
+            thresholds: Thresholds::of(mix),
+            crossing_ppm: (mix.crossing_share * 1e6).round() as u64,
+            live_orders_target,
+            spread_ticks: m.spread_ticks as i64,
+            rng: Rng::new(seed ^ ((worker as u64) << 32)),
+            mid,
+            instrument_index,
+            live: Vec::with_capacity(live_orders_target * 2),
+            live_index: FxHashMap::default(),
+            next_cl_ord_id: 1,
+            hot: None,
+        }
+    }
+
+    /// The commands that create the market's instruments and this worker's funded accounts
+    /// (worker 0 also adds the instruments).
+    pub fn setup(&self, with_instruments: bool) -> Vec<CommandBody> {
+        let mut v: Vec<CommandBody> = Vec::new();
+        if with_instruments {
+            v.extend(
+                self.instruments
+                    .iter()
+                    .cloned()
+                    .map(CommandBody::AddInstrument),
+            );
+        }
+        for n in 0..self.accounts {
+            let account = AccountId(self.first_account + n);
+            v.push(CommandBody::AddAccount(AccountSpec {
+                account,
+                firm: FirmId(1 + account.0 / 10),
+                may_short: true,
+                stp: StpMode::None,
+                stp_scope: StpScope::Account,
+            }));
+            v.push(CommandBody::Deposit {
+                account,
+                amount: Cash(CASH_PER_ACCOUNT),
+            });
+        }
+        v
+    }
+
+    pub fn set_hot(&mut self, hot: Option<Hot>) {
+        self.hot = hot;
+    }
+
+    pub fn live_orders(&self) -> usize {
+        self.live.len()
+    }
+
+    fn account(&mut self) -> AccountId {
+        AccountId(self.first_account + self.rng.below(self.accounts as u64) as u32)
+    }
+
+    fn instrument(&mut self) -> usize {
+        let n = self.instruments.len() as u64;
+        if let Some(h) = self.hot {
+            if self.rng.below(1_000_000) < h.share_ppm {
+                return self.rng.below((h.instruments as u64).min(n)) as usize;
+            }
+        }
+        self.rng.below(n) as usize
+    }
+
+    fn cl_ord_id(&mut self) -> ClOrdId {
+        let c = self.next_cl_ord_id;
+        self.next_cl_ord_id += 1;
+        ClOrdId(c)
+    }
+
+    /// The next command and its op.
+    pub fn next_command(&mut self) -> (Op, CommandBody) {
+        if self.rng.below(1_000_000) < WALK_PER_MILLION {
+            let i = self.rng.below(self.mid.len() as u64) as usize;
+            let tick = self.instruments[i].tick.0;
+            let reference = self.instruments[i].reference_price.0;
+            let step = if self.rng.coin() { tick } else { -tick };
+            // Keep the middle within 2% of where it started, well inside every band.
+            let m = self.mid[i] + step;
+            if (m - reference).abs() * 50 < reference {
+                self.mid[i] = m;
+            }
+        }
+        let t = self.thresholds;
+        let mut pick = self.rng.below(1_000_000);
+        let below_target = self.live.len() < self.live_orders_target;
+        // Keep the book near its target size: below it, cancels become limit orders; above
+        // twice the target, limit orders become cancels.
+        if (t.fok..t.cancel).contains(&pick) && below_target {
+            pick = 0;
+        }
+        if pick < t.limit && self.live.len() > 2 * self.live_orders_target && t.cancel > t.fok {
+            pick = t.fok;
+        }
+        if self.live.is_empty() && pick >= t.fok {
+            pick = 0;
+        }
+        if pick < t.limit {
+            let crossing = self.rng.below(1_000_000) < self.crossing_ppm;
+            (
+                Op::Limit,
+                self.new_order(OrdType::Limit, crossing, TimeInForce::Day),
+            )
+        } else if pick < t.market {
+            (
+                Op::Market,
+                self.new_order(OrdType::Market, true, TimeInForce::Ioc),
+            )
+        } else if pick < t.ioc {
+            (
+                Op::Ioc,
+                self.new_order(OrdType::Limit, true, TimeInForce::Ioc),
+            )
+        } else if pick < t.fok {
+            (
+                Op::Fok,
+                self.new_order(OrdType::Limit, true, TimeInForce::Fok),
+            )
+        } else if pick < t.cancel {
+            let l = self.live[self.rng.below(self.live.len() as u64) as usize];
+            (
+                Op::Cancel,
+                CommandBody::Cancel(Cancel {
+                    account: l.account,
+                    cl_ord_id: ClOrdId(0),
+                    target: OrderRef {
+                        order_id: Some(l.order_id),
+                        orig_cl_ord_id: None,
+                    },
+                }),
+            )
+        } else if pick < t.replace {
+            let l = self.live[self.rng.below(self.live.len() as u64) as usize];
+            let tick = self.instruments[l.instrument_index as usize].tick.0;
+            let mut step = self.rng.range(1, 3) * tick;
+            if self.rng.coin() {
+                step = -step;
+            }
+            let price = (l.price + step).max(tick);
+            let cl_ord_id = self.cl_ord_id();
+            (
+                Op::Replace,
+                CommandBody::Replace(Replace {
+                    account: l.account,
+                    cl_ord_id,
+                    target: OrderRef {
+                        order_id: Some(l.order_id),
+                        orig_cl_ord_id: None,
+                    },
+                    price: Some(Price(price)),
+                    qty: None,
+                }),
+            )
+        } else {
+            let l = self.live[self.rng.below(self.live.len() as u64) as usize];
+            let cl_ord_id = self.cl_ord_id();
+            (
+                Op::MassCancel,
+                CommandBody::MassCancel(MassCancel {
+                    cl_ord_id,
+                    account: Some(l.account),
+                    firm: None,
+                    instrument: Some(self.instruments[l.instrument_index as usize].instrument),
+                    side: None,
+                }),
+            )
+        }
+    }
+
+    fn new_order(&mut self, ord_type: OrdType, crossing: bool, tif: TimeInForce) -> CommandBody {
+        let i = self.instrument();
+        let tick = self.instruments[i].tick.0;
+        let side = if self.rng.coin() {
+            Side::Buy
+        } else {
+            Side::Sell
+        };
+        let price = if ord_type == OrdType::Market {
+            0
+        } else if crossing {
+            // Through the middle by up to a quarter of the spread: it meets resting orders.
+            let through = self.rng.range(1, (self.spread_ticks / 4).max(1)) * tick;
+            match side {
+                Side::Buy => self.mid[i] + through,
+                Side::Sell => (self.mid[i] - through).max(tick),
+            }
+        } else {
+            let away = self.rng.range(1, self.spread_ticks) * tick;
+            match side {
+                Side::Buy => (self.mid[i] - away).max(tick),
+                Side::Sell => self.mid[i] + away,
+            }
+        };
+        let qty = Qty(self.rng.range(1, QTY_LOTS_MAX));
+        let account = self.account();
+        let cl_ord_id = self.cl_ord_id();
+        CommandBody::NewOrder(NewOrder {
+            account,
+            cl_ord_id,
+            instrument: self.instruments[i].instrument,
+            side,
+            ord_type,
+            price: Price(price),
+            qty,
+            tif,
+            expire_ts_ns: 0,
+            display_qty: Qty(0),
+        })
+    }
+
+    /// Learns from a core's events which orders are live and where.
+    pub fn observe(&mut self, events: &[Event]) {
+        for e in events {
+            let Event::OrderLog(log) = e else { continue };
+            match log.action {
+                OrderLogAction::New => {
+                    let Some(&instrument_index) = self.instrument_index.get(&log.instrument) else {
+                        continue;
+                    };
+                    if self.live_index.contains_key(&log.order_id) {
+                        continue;
+                    }
+                    self.live_index.insert(log.order_id, self.live.len());
+                    self.live.push(Live {
+                        order_id: log.order_id,
+                        account: log.account,
+                        instrument_index,
+                        price: log.price.0,
+                    });
+                }
+                OrderLogAction::Change => {
+                    if let Some(&i) = self.live_index.get(&log.order_id) {
+                        self.live[i].price = log.price.0;
+                    }
+                }
+                OrderLogAction::Delete => {
+                    if let Some(i) = self.live_index.remove(&log.order_id) {
+                        self.live.swap_remove(i);
+                        if i < self.live.len() {
+                            let moved = self.live[i].order_id;
+                            self.live_index.insert(moved, i);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

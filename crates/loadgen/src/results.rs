@@ -1,0 +1,612 @@
+//! Every figure of a run, as one serialisable value: `results.json` in the output directory.
+//! The report (HTML, Markdown) is rendered from this alone, so `bourse report DIR` can
+//! re-render an old run and compare it with another.
+
+use crate::flow::Op;
+use crate::generator::{peaks_ns, Record, SearchStep, Second, SECOND_NS, WINDOW_NS};
+use crate::profile::Profile;
+use crate::target::CoreTotals;
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+/// Bumped when the shape of `results.json` changes incompatibly.
+pub const RESULTS_FORMAT: u32 = 1;
+/// Latency distribution bins: this many per decade, from 100 ns to 10 s.
+pub const BINS_PER_DECADE: u32 = 20;
+const BIN_DECADE_LOW: i32 = 2;
+const BIN_DECADE_HIGH: i32 = 10;
+/// After a peak, latency counts as recovered when a window's mean is within this factor of
+/// the mean before the peak (or within the slack below, whichever is larger) ...
+const RECOVERY_FACTOR: f64 = 1.5;
+const RECOVERY_SLACK_NS: f64 = 50_000.0;
+/// ... for this many windows in a row.
+const RECOVERY_WINDOWS: usize = 3;
+/// The mean before a peak is taken over this long.
+const BASELINE_NS: u64 = 5 * SECOND_NS;
+
+/// Percentiles of a latency histogram, in nanoseconds.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Latency {
+    pub count: u64,
+    pub mean: u64,
+    pub p50: u64,
+    pub p90: u64,
+    pub p99: u64,
+    pub p999: u64,
+    pub max: u64,
+}
+
+impl Latency {
+    pub fn of(h: &Histogram<u64>) -> Latency {
+        if h.is_empty() {
+            return Latency::default();
+        }
+        Latency {
+            count: h.len(),
+            mean: h.mean() as u64,
+            p50: h.value_at_quantile(0.50),
+            p90: h.value_at_quantile(0.90),
+            p99: h.value_at_quantile(0.99),
+            p999: h.value_at_quantile(0.999),
+            max: h.max(),
+        }
+    }
+}
+
+/// The machine a run was measured on.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub model: String,
+    pub kernel: String,
+    /// Load average (1 minute) when the run started and ended: a shared machine shows here.
+    pub load_average_start: f64,
+    pub load_average_end: f64,
+}
+
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0.0)
+}
+
+impl Machine {
+    pub fn this() -> Machine {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let model = cpuinfo
+            .lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split(':').nth(1))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|| "unknown".into());
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "unknown".into());
+        Machine {
+            cpus: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            model,
+            kernel,
+            load_average_start: load_average(),
+            load_average_end: 0.0,
+        }
+    }
+
+    pub fn finish(&mut self) {
+        self.load_average_end = load_average();
+    }
+}
+
+/// The seeds' first table: what was done, and the most in any one second.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct Totals {
+    pub commands_sent: u64,
+    pub answers: u64,
+    pub unanswered: u64,
+    /// New orders registered plus cancels, replaces and mass cancels that succeeded.
+    pub transactions: u64,
+    /// New orders registered.
+    pub orders: u64,
+    pub trades: u64,
+    pub cancels: u64,
+    pub replaces: u64,
+    pub mass_cancels: u64,
+    pub orders_rejected: u64,
+    pub cancels_rejected: u64,
+    pub transactions_max_per_s: u64,
+    pub orders_max_per_s: u64,
+    pub trades_max_per_s: u64,
+    /// Successful transactions per second over the measured phases.
+    pub transactions_mean_per_s: f64,
+    /// Times the generator found a core's queue full and held a command back.
+    pub queue_full: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SecondRow {
+    pub t_s: u64,
+    pub phase: String,
+    pub warmup: bool,
+    pub offered: u64,
+    pub answered: u64,
+    pub transactions: u64,
+    pub orders: u64,
+    pub cancels: u64,
+    pub trades: u64,
+    pub rejects: u64,
+    pub latency_mean_ns: u64,
+    pub latency_p50_ns: u64,
+    pub latency_p99_ns: u64,
+}
+
+/// Latency of one op: summary and distribution.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OpLatency {
+    pub op: String,
+    pub sent: u64,
+    pub succeeded: u64,
+    pub latency: Latency,
+    /// Counts per bin of [`Results::bin_edges_ns`].
+    pub bins: Vec<u64>,
+}
+
+/// Latency over the seconds whose successful transactions fell in a range.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LoadRange {
+    pub from_per_s: f64,
+    /// `None`: no upper bound.
+    pub to_per_s: Option<f64>,
+    pub seconds: u64,
+    pub transactions_mean_per_s: f64,
+    pub latency: Latency,
+}
+
+/// One row of LTP's stage table.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Stage {
+    pub name: String,
+    /// Mean per command, where this target measures it.
+    pub mean_ns: Option<f64>,
+    /// Share of the measured door-to-door mean.
+    pub share: Option<f64>,
+    /// LTP's share for the same stage (3×3 configuration), for comparison.
+    pub ltp_share: Option<f64>,
+    pub note: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Recovery {
+    pub peak: usize,
+    pub peak_start_s: f64,
+    pub peak_end_s: f64,
+    pub baseline_mean_ns: f64,
+    pub peak_mean_ns: f64,
+    /// Time from the end of the peak until latency was back near the baseline; `None`: not
+    /// within the time before the next peak (or the end of the run).
+    pub recovery_ms: Option<f64>,
+}
+
+/// A figure measured on a cross-check against what the cores themselves counted.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Check {
+    pub name: String,
+    pub expected: u64,
+    pub actual: u64,
+    pub ok: bool,
+}
+
+/// The target as the report describes it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TargetInfo {
+    pub kind: String,
+    pub protocol: String,
+    pub sessions: u32,
+    pub workers: u32,
+    pub pacing: String,
+    pub note: String,
+}
+
+/// Every figure of one run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Results {
+    pub format: u32,
+    pub profile_name: String,
+    pub profile: Profile,
+    pub started_unix_s: u64,
+    pub elapsed_s: f64,
+    pub version: String,
+    pub machine: Machine,
+    pub target: TargetInfo,
+    pub totals: Totals,
+    pub per_second: Vec<SecondRow>,
+    pub latency_all: Latency,
+    pub bin_edges_ns: Vec<u64>,
+    pub by_op: Vec<OpLatency>,
+    pub load_ranges: Vec<LoadRange>,
+    pub stages: Vec<Stage>,
+    /// Market data publication delay after the order's acknowledgement (`None`: not measured
+    /// by this target).
+    pub market_data_delay: Option<Latency>,
+    /// Replication lag of the followers (`None`: no replication in this target).
+    pub replication_lag: Option<Latency>,
+    pub recovery: Vec<Recovery>,
+    pub search: Vec<SearchStep>,
+    /// The highest offered rate a search step sustained, commands per second.
+    pub sustainable_per_s: Option<f64>,
+    pub cores: Vec<CoreTotals>,
+    pub checks: Vec<Check>,
+}
+
+/// Bin edges: `BINS_PER_DECADE` per decade from 100 ns to 10 s (the last bin takes the rest).
+pub fn bin_edges_ns() -> Vec<u64> {
+    let n = ((BIN_DECADE_HIGH - BIN_DECADE_LOW) as u32 * BINS_PER_DECADE) as usize;
+    (0..=n)
+        .map(|i| {
+            10f64
+                .powf(BIN_DECADE_LOW as f64 + i as f64 / BINS_PER_DECADE as f64)
+                .round() as u64
+        })
+        .collect()
+}
+
+fn bins_of(h: &Histogram<u64>, edges: &[u64]) -> Vec<u64> {
+    let mut bins = vec![0u64; edges.len() - 1];
+    for v in h.iter_recorded() {
+        let x = v.value_iterated_to();
+        let i = match edges.binary_search(&x) {
+            Ok(i) => i,
+            Err(0) => 0,
+            Err(i) => i - 1,
+        };
+        let last = bins.len() - 1;
+        bins[i.min(last)] += v.count_at_value();
+    }
+    bins
+}
+
+fn mean_over(windows: &[crate::generator::Window]) -> Option<f64> {
+    let (c, s) = windows.iter().fold((0u64, 0u64), |(c, s), w| {
+        (c + w.count, s + w.latency_ns_sum)
+    });
+    (c > 0).then(|| s as f64 / c as f64)
+}
+
+impl Results {
+    /// Builds the figures from the merged record of every worker and the cores' own counts.
+    pub fn build(
+        profile: &Profile,
+        rec: &Record,
+        cores: Vec<CoreTotals>,
+        machine: Machine,
+        version: String,
+        started_unix_s: u64,
+    ) -> Results {
+        let c = rec.counts;
+        let measured: Vec<&Second> = rec.seconds.iter().filter(|s| !s.warmup).collect();
+        let max_of = |f: fn(&Second) -> u64| rec.seconds.iter().map(f).max().unwrap_or(0);
+        // The last second is usually partial (the drain): leave it out of the mean.
+        let full_measured: Vec<&Second> =
+            measured.iter().copied().filter(|s| s.offered > 0).collect();
+        let transactions_mean_per_s = if full_measured.is_empty() {
+            0.0
+        } else {
+            full_measured.iter().map(|s| s.transactions).sum::<u64>() as f64
+                / full_measured.len() as f64
+        };
+        let totals = Totals {
+            commands_sent: c.sent,
+            answers: c.answered,
+            unanswered: c.unanswered,
+            transactions: c.transactions,
+            orders: c.orders_accepted,
+            trades: c.trades,
+            cancels: c.cancels_ok,
+            replaces: c.replaces_ok,
+            mass_cancels: c.mass_cancels_ok,
+            orders_rejected: c.orders_rejected,
+            cancels_rejected: c.cancel_rejects,
+            transactions_max_per_s: max_of(|s| s.transactions),
+            orders_max_per_s: max_of(|s| s.orders),
+            trades_max_per_s: max_of(|s| s.trades),
+            transactions_mean_per_s,
+            queue_full: c.queue_full,
+        };
+        let per_second = rec
+            .seconds
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let l = s.latency.as_ref().map(Latency::of).unwrap_or_default();
+                SecondRow {
+                    t_s: i as u64,
+                    // A second with nothing scheduled is the drain after the last phase.
+                    phase: if s.offered == 0 {
+                        "(drain)".to_string()
+                    } else {
+                        profile
+                            .phases
+                            .get(s.phase as usize)
+                            .map(|p| p.name.clone())
+                            .unwrap_or_default()
+                    },
+                    warmup: s.warmup,
+                    offered: s.offered,
+                    answered: s.answered,
+                    transactions: s.transactions,
+                    orders: s.orders,
+                    cancels: s.cancels,
+                    trades: s.trades,
+                    rejects: s.rejects,
+                    latency_mean_ns: l.mean,
+                    latency_p50_ns: l.p50,
+                    latency_p99_ns: l.p99,
+                }
+            })
+            .collect();
+        let edges = bin_edges_ns();
+        let by_op = Op::ALL
+            .iter()
+            .filter(|op| c.sent_by_op[op.index()] > 0)
+            .map(|op| {
+                let h = &rec.by_op[op.index()];
+                OpLatency {
+                    op: op.name().into(),
+                    sent: c.sent_by_op[op.index()],
+                    succeeded: c.ok_by_op[op.index()],
+                    latency: Latency::of(h),
+                    bins: bins_of(h, &edges),
+                }
+            })
+            .collect();
+        let load_ranges = load_ranges(profile, &measured, totals.transactions_max_per_s);
+        let stages = stages(rec);
+        let recovery = recovery(profile, rec);
+        // Each worker searches with its own share of the rate; the figure is the mean of the
+        // workers' best sustained rates (each stated for all workers together).
+        let mut best_by_worker: Vec<f64> = Vec::new();
+        for s in rec.search.iter().filter(|s| s.kept_up) {
+            let w = s.worker as usize;
+            if best_by_worker.len() <= w {
+                best_by_worker.resize(w + 1, 0.0);
+            }
+            best_by_worker[w] = best_by_worker[w].max(s.offered_per_s);
+        }
+        let sustainable_per_s = (!best_by_worker.is_empty())
+            .then(|| best_by_worker.iter().sum::<f64>() / best_by_worker.len() as f64);
+        let mut search = rec.search.clone();
+        search.sort_by(|a, b| {
+            a.start_s
+                .total_cmp(&b.start_s)
+                .then(a.worker.cmp(&b.worker))
+        });
+        let checks = checks(&c, &cores);
+        Results {
+            format: RESULTS_FORMAT,
+            profile_name: profile.name.clone(),
+            profile: profile.clone(),
+            started_unix_s,
+            elapsed_s: rec.elapsed_ns as f64 / 1e9,
+            version,
+            machine,
+            target: TargetInfo {
+                kind: profile.target.kind.name().into(),
+                protocol: profile.target.protocol.name().into(),
+                sessions: profile.target.sessions,
+                workers: profile.generator.workers,
+                pacing: format!("{:?}", profile.generator.pacing).to_lowercase(),
+                note: "one engine per market on its own thread behind bounded queues; no \
+                       network, no gateway, no replication, no market data"
+                    .into(),
+            },
+            totals,
+            per_second,
+            latency_all: Latency::of(&rec.all),
+            bin_edges_ns: edges,
+            by_op,
+            load_ranges,
+            stages,
+            market_data_delay: None,
+            replication_lag: None,
+            recovery,
+            search,
+            sustainable_per_s,
+            cores,
+            checks,
+        }
+    }
+
+    pub fn checks_pass(&self) -> bool {
+        self.checks.iter().all(|c| c.ok)
+    }
+}
+
+fn load_ranges(profile: &Profile, measured: &[&Second], max_per_s: u64) -> Vec<LoadRange> {
+    let bounds: Vec<f64> = if profile.report.load_ranges_per_s.is_empty() {
+        let m = max_per_s.max(1) as f64;
+        vec![0.25 * m, 0.5 * m, 0.75 * m, 0.9 * m]
+    } else {
+        profile.report.load_ranges_per_s.clone()
+    };
+    let mut out = Vec::new();
+    for i in 0..=bounds.len() {
+        let from = if i == 0 { 0.0 } else { bounds[i - 1] };
+        let to = bounds.get(i).copied();
+        let mut h = crate::generator::second_histogram();
+        let mut seconds = 0u64;
+        let mut tx = 0u64;
+        for s in measured {
+            let r = s.transactions as f64;
+            if r >= from && to.is_none_or(|t| r < t) && s.offered > 0 {
+                seconds += 1;
+                tx += s.transactions;
+                if let Some(l) = &s.latency {
+                    let _ = h.add(l);
+                }
+            }
+        }
+        out.push(LoadRange {
+            from_per_s: from,
+            to_per_s: to,
+            seconds,
+            transactions_mean_per_s: if seconds > 0 {
+                tx as f64 / seconds as f64
+            } else {
+                0.0
+            },
+            latency: Latency::of(&h),
+        });
+    }
+    out
+}
+
+fn stages(rec: &Record) -> Vec<Stage> {
+    let n = rec.stage_samples.max(1) as f64;
+    let mean = |i: usize| rec.stage_ns_sums[i] as f64 / n;
+    let measured = rec.stage_samples > 0;
+    let lateness = mean(0);
+    let ipc = mean(1) + mean(3);
+    let matching = mean(2);
+    let total = lateness + ipc + matching;
+    let share = |v: f64| (measured && total > 0.0).then(|| v / total);
+    let some = |v: f64| measured.then_some(v);
+    vec![
+        Stage {
+            name: "network (client ↔ gateway ↔ core)".into(),
+            mean_ns: None,
+            share: None,
+            ltp_share: Some(0.75),
+            note: "n/a: the in-process target has no network".into(),
+        },
+        Stage {
+            name: "IPC (queues into and out of the core)".into(),
+            mean_ns: some(ipc),
+            share: share(ipc),
+            ltp_share: Some(0.18),
+            note: "bounded queues between the generator and each core's thread".into(),
+        },
+        Stage {
+            name: "sequencing / replication".into(),
+            mean_ns: None,
+            share: None,
+            ltp_share: None,
+            note: "n/a: no sequencer or replication in the in-process target (LTP counts its \
+                   sequencing hops as network)"
+                .into(),
+        },
+        Stage {
+            name: "matching (Engine::apply)".into(),
+            mean_ns: some(matching),
+            share: share(matching),
+            ltp_share: Some(0.07),
+            note: "validation, risk, matching, events".into(),
+        },
+        Stage {
+            name: "generator behind schedule".into(),
+            mean_ns: some(lateness),
+            share: share(lateness),
+            ltp_share: None,
+            note: "time a command waited in the generator past its scheduled send (open loop: \
+                   it counts in the latency)"
+                .into(),
+        },
+    ]
+}
+
+fn recovery(profile: &Profile, rec: &Record) -> Vec<Recovery> {
+    let peaks = peaks_ns(profile);
+    let w = |ns: u64| (ns / WINDOW_NS) as usize;
+    let end_of_run = rec.windows.len();
+    let mut out = Vec::new();
+    // Recovery is looked for until the next peak starts, and never past the end of the
+    // peak's own phase (the next phase's load is another experiment).
+    let phase_ends: Vec<u64> = crate::generator::phase_starts_ns(profile)
+        .iter()
+        .zip(&profile.phases)
+        .map(|(s, p)| s + (p.duration_s * 1e9) as u64)
+        .collect();
+    for (i, &(start, end)) in peaks.iter().enumerate() {
+        let phase_end = phase_ends
+            .iter()
+            .copied()
+            .find(|&e| e >= end)
+            .unwrap_or(u64::MAX);
+        let slice = |a: usize, b: usize| &rec.windows[a.min(end_of_run)..b.min(end_of_run)];
+        let baseline = mean_over(slice(w(start.saturating_sub(BASELINE_NS)), w(start)));
+        let peak = mean_over(slice(w(start), w(end)));
+        let (Some(baseline), Some(peak)) = (baseline, peak) else {
+            continue;
+        };
+        let limit = (baseline * RECOVERY_FACTOR).max(baseline + RECOVERY_SLACK_NS);
+        let until = peaks
+            .get(i + 1)
+            .map_or(end_of_run, |&(next, _)| w(next))
+            .min(w(phase_end))
+            .min(end_of_run);
+        let mut recovery_ms = None;
+        let mut run = 0;
+        for k in w(end)..until {
+            let window = &rec.windows[k];
+            let calm =
+                window.count > 0 && (window.latency_ns_sum as f64 / window.count as f64) <= limit;
+            if calm {
+                run += 1;
+                if run == RECOVERY_WINDOWS {
+                    let first = k + 1 - RECOVERY_WINDOWS;
+                    let ns = (first as u64 * WINDOW_NS).saturating_sub(end);
+                    recovery_ms = Some(ns as f64 / 1e6);
+                    break;
+                }
+            } else {
+                run = 0;
+            }
+        }
+        out.push(Recovery {
+            peak: i + 1,
+            peak_start_s: start as f64 / 1e9,
+            peak_end_s: end as f64 / 1e9,
+            baseline_mean_ns: baseline,
+            peak_mean_ns: peak,
+            recovery_ms,
+        });
+    }
+    out
+}
+
+fn checks(c: &crate::generator::Counts, cores: &[CoreTotals]) -> Vec<Check> {
+    let sum = |f: fn(&CoreTotals) -> u64| cores.iter().map(f).sum::<u64>();
+    let check = |name: &str, expected: u64, actual: u64| Check {
+        name: name.into(),
+        expected,
+        actual,
+        ok: expected == actual,
+    };
+    vec![
+        check(
+            "every command sent was answered (answers = commands sent)",
+            c.sent,
+            c.answered,
+        ),
+        check(
+            "the cores applied every command sent",
+            c.sent,
+            sum(|t| t.commands),
+        ),
+        check(
+            "trades in the report = trades the cores executed",
+            sum(|t| t.trades),
+            c.trades,
+        ),
+        check(
+            "orders acknowledged = orders the cores accepted",
+            sum(|t| t.orders_accepted),
+            c.orders_accepted,
+        ),
+        check(
+            "every acknowledged order accounted for (= still live + left the book)",
+            c.orders_accepted,
+            sum(|t| t.live_orders_at_end) + c.order_log_delete,
+        ),
+    ]
+}
