@@ -33,8 +33,8 @@ pub enum RejectReason {
     InvalidTimeInForce = 13,
     ExpireTimeMissing = 14,
     ExpireTimeInPast = 15,
-    /// The iceberg display quantity is negative, larger than the order, or used with IOC/FOK
-    /// or a market order.
+    /// The iceberg display quantity is negative, larger than the order, smaller than 1/1000 of
+    /// it (at most 1,000 parts), or used with IOC/FOK or a market order.
     DisplayQtyInvalid = 16,
     InstrumentHalted = 17,
     InstrumentClosed = 18,
