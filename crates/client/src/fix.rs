@@ -1,0 +1,374 @@
+//! A FIX 4.4 initiator over a blocking TCP stream.
+
+use bourse_fix::echo::QueueingApplication;
+use bourse_fix::session::{Action, Role, Session, SessionConfig};
+use bourse_fix::time::system_now_ms;
+use bourse_fix::{Dictionary, FileStore, MemoryStore, MessageStore, OutMessage, OwnedMessage, Tag};
+use std::io::{self, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Application messages received and not yet taken, at most.
+const INBOX_MESSAGES_MAX: usize = 1_000_000;
+
+pub type FixMessage = OwnedMessage;
+
+#[derive(Clone, Debug)]
+pub struct FixClientConfig {
+    pub addr: SocketAddr,
+    /// Our CompID (the gateway's `client_comp_id`).
+    pub sender_comp_id: String,
+    /// The gateway's CompID.
+    pub target_comp_id: String,
+    pub heart_bt_int_s: u32,
+    /// Keep sequence numbers and sent messages here, to resume the session after a
+    /// disconnect or restart; none keeps them in memory.
+    pub store_dir: Option<PathBuf>,
+    /// Start both sequence numbers from 1 at logon (ResetSeqNumFlag=Y).
+    pub reset_on_logon: bool,
+    pub logon_timeout: Duration,
+}
+
+impl FixClientConfig {
+    pub fn new(addr: SocketAddr, sender_comp_id: &str, target_comp_id: &str) -> FixClientConfig {
+        FixClientConfig {
+            addr,
+            sender_comp_id: sender_comp_id.into(),
+            target_comp_id: target_comp_id.into(),
+            heart_bt_int_s: 30,
+            store_dir: None,
+            reset_on_logon: false,
+            logon_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A logged-on FIX session to the gateway.
+pub struct FixClient {
+    stream: TcpStream,
+    session: Session,
+    app: QueueingApplication,
+    scratch: Vec<u8>,
+    nonblocking: bool,
+    closed: Option<String>,
+}
+
+pub fn dictionary() -> Dictionary {
+    Dictionary::from_xml(crate::GATEWAY_FIX44_XML).expect("the gateway dictionary is valid")
+}
+
+impl FixClient {
+    /// Connects, logs on and waits for the gateway's Logon.
+    pub fn connect(config: &FixClientConfig) -> io::Result<FixClient> {
+        let store: Box<dyn MessageStore> = match &config.store_dir {
+            Some(dir) => Box::new(FileStore::open(dir, 1_000_000, false)?),
+            None => Box::new(MemoryStore::new(1_000_000)),
+        };
+        let mut sc = SessionConfig::new(
+            "FIX.4.4",
+            &config.sender_comp_id,
+            &config.target_comp_id,
+            Role::Initiator {
+                heart_bt_int_s: config.heart_bt_int_s,
+            },
+        );
+        sc.reset_on_logon = config.reset_on_logon;
+        let session = Session::new(sc, Arc::new(dictionary()), store);
+        let stream = TcpStream::connect_timeout(&config.addr, config.logon_timeout)?;
+        stream.set_nodelay(true)?;
+        let mut client = FixClient {
+            stream,
+            session,
+            app: QueueingApplication::new(INBOX_MESSAGES_MAX),
+            scratch: vec![0u8; 64 * 1024],
+            nonblocking: false,
+            closed: None,
+        };
+        client.session.on_connect(system_now_ms());
+        client.pump()?;
+        let deadline = Instant::now() + config.logon_timeout;
+        while !client.session.is_logged_on() {
+            if let Some(reason) = &client.closed {
+                return Err(io::Error::new(ErrorKind::ConnectionRefused, reason.clone()));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(
+                    ErrorKind::TimedOut,
+                    "no Logon from the gateway",
+                ));
+            }
+            client.read_once(Some(left.min(Duration::from_millis(100))))?;
+        }
+        Ok(client)
+    }
+
+    pub fn is_logged_on(&self) -> bool {
+        self.session.is_logged_on() && self.closed.is_none()
+    }
+
+    /// Why the connection ended, once it has.
+    pub fn closed_reason(&self) -> Option<&str> {
+        self.closed.as_deref()
+    }
+
+    pub fn next_sender_seq_num(&self) -> u64 {
+        self.session.next_sender_seq_num()
+    }
+
+    /// Reads without blocking from now on (for open-loop drivers).
+    pub fn set_nonblocking(&mut self, on: bool) -> io::Result<()> {
+        self.stream.set_nonblocking(on)?;
+        self.nonblocking = on;
+        Ok(())
+    }
+
+    /// Sends an application message; returns its MsgSeqNum.
+    pub fn send(&mut self, message: OutMessage) -> io::Result<u64> {
+        let seq = self
+            .session
+            .send_app(system_now_ms(), message)
+            .map_err(|e| io::Error::new(ErrorKind::NotConnected, e.to_string()))?;
+        self.pump()?;
+        Ok(seq)
+    }
+
+    /// NewOrderSingle: `qty` in units, `price` as decimal text (none: market order).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new_order(
+        &mut self,
+        cl_ord_id: &str,
+        account: Option<u32>,
+        symbol: &str,
+        buy: bool,
+        qty: i64,
+        price: Option<&str>,
+        tif: char,
+    ) -> io::Result<u64> {
+        let mut m = OutMessage::new("D");
+        m.push(11, cl_ord_id);
+        if let Some(a) = account {
+            m.push(1, a.to_string());
+        }
+        m.push(55, symbol);
+        m.push(54, if buy { "1" } else { "2" });
+        m.push(
+            60,
+            bourse_fix::time::format_utc_timestamp_ms(system_now_ms()),
+        );
+        m.push(38, qty.to_string());
+        match price {
+            Some(p) => {
+                m.push(40, "2");
+                m.push(44, p);
+            }
+            None => {
+                m.push(40, "1");
+            }
+        }
+        m.push(59, tif.to_string());
+        self.send(m)
+    }
+
+    pub fn cancel(
+        &mut self,
+        cl_ord_id: &str,
+        orig_cl_ord_id: &str,
+        symbol: &str,
+        buy: bool,
+    ) -> io::Result<u64> {
+        let mut m = OutMessage::new("F");
+        m.push(41, orig_cl_ord_id);
+        m.push(11, cl_ord_id);
+        m.push(55, symbol);
+        m.push(54, if buy { "1" } else { "2" });
+        m.push(
+            60,
+            bourse_fix::time::format_utc_timestamp_ms(system_now_ms()),
+        );
+        self.send(m)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn replace(
+        &mut self,
+        cl_ord_id: &str,
+        orig_cl_ord_id: &str,
+        symbol: &str,
+        buy: bool,
+        qty: i64,
+        price: &str,
+    ) -> io::Result<u64> {
+        let mut m = OutMessage::new("G");
+        m.push(41, orig_cl_ord_id);
+        m.push(11, cl_ord_id);
+        m.push(55, symbol);
+        m.push(54, if buy { "1" } else { "2" });
+        m.push(
+            60,
+            bourse_fix::time::format_utc_timestamp_ms(system_now_ms()),
+        );
+        m.push(38, qty.to_string());
+        m.push(40, "2");
+        m.push(44, price);
+        self.send(m)
+    }
+
+    /// OrderMassCancelRequest: all orders (`symbol` none) or those of one symbol.
+    pub fn mass_cancel(&mut self, cl_ord_id: &str, symbol: Option<&str>) -> io::Result<u64> {
+        let mut m = OutMessage::new("q");
+        m.push(11, cl_ord_id);
+        match symbol {
+            Some(s) => {
+                m.push(530, "1");
+                m.push(55, s);
+            }
+            None => {
+                m.push(530, "7");
+            }
+        }
+        m.push(
+            60,
+            bourse_fix::time::format_utc_timestamp_ms(system_now_ms()),
+        );
+        self.send(m)
+    }
+
+    /// The next application message, waiting at most `timeout` (none: only what is buffered
+    /// or readable without blocking, in non-blocking mode).
+    pub fn recv(&mut self, timeout: Duration) -> io::Result<Option<FixMessage>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(m) = self.app.inbox.pop_front() {
+                return Ok(Some(m));
+            }
+            if self.closed.is_some() {
+                return Ok(None);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() && !self.nonblocking {
+                return Ok(None);
+            }
+            let got = self.read_once(Some(left.min(Duration::from_millis(100))))?;
+            if self.nonblocking && got == 0 {
+                if let Some(m) = self.app.inbox.pop_front() {
+                    return Ok(Some(m));
+                }
+                if left.is_zero() {
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    /// Waits for the next message of `msg_type`, keeping others in arrival order for later.
+    pub fn recv_type(
+        &mut self,
+        msg_type: &str,
+        timeout: Duration,
+    ) -> io::Result<Option<FixMessage>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(pos) = self.app.inbox.iter().position(|m| m.msg_type == msg_type) {
+                return Ok(self.app.inbox.remove(pos));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.closed.is_some() {
+                return Ok(None);
+            }
+            self.read_once(Some(left.min(Duration::from_millis(100))))?;
+        }
+    }
+
+    /// Lets the session's timers run (heartbeats, test requests) without reading.
+    pub fn tick(&mut self) -> io::Result<()> {
+        self.session.on_tick(system_now_ms(), &mut self.app);
+        self.pump()
+    }
+
+    /// Sends Logout and waits (bounded) for the answer.
+    pub fn logout(&mut self, timeout: Duration) -> io::Result<()> {
+        self.session.logout(system_now_ms(), None);
+        self.pump()?;
+        let deadline = Instant::now() + timeout;
+        while self.closed.is_none() && Instant::now() < deadline {
+            self.read_once(Some(Duration::from_millis(50)))?;
+        }
+        Ok(())
+    }
+
+    /// Reads once (bounded by `timeout` when blocking) and drives the session. Returns the
+    /// bytes read.
+    fn read_once(&mut self, timeout: Option<Duration>) -> io::Result<usize> {
+        if self.closed.is_some() {
+            return Ok(0);
+        }
+        if !self.nonblocking {
+            self.stream.set_read_timeout(Some(
+                timeout
+                    .unwrap_or(Duration::from_millis(100))
+                    .max(Duration::from_micros(1)),
+            ))?;
+        }
+        let now = system_now_ms();
+        let n = match self.stream.read(&mut self.scratch) {
+            Ok(0) => {
+                self.session.on_disconnect(now, &mut self.app);
+                self.closed = Some("connection closed by the gateway".into());
+                return Ok(0);
+            }
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) =>
+            {
+                self.session.on_tick(now, &mut self.app);
+                self.pump()?;
+                return Ok(0);
+            }
+            Err(e) => {
+                self.session.on_disconnect(now, &mut self.app);
+                self.closed = Some(e.to_string());
+                return Ok(0);
+            }
+        };
+        let bytes = self.scratch[..n].to_vec();
+        self.session.on_bytes(now, &bytes, &mut self.app);
+        self.session.on_tick(now, &mut self.app);
+        self.pump()?;
+        Ok(n)
+    }
+
+    fn pump(&mut self) -> io::Result<()> {
+        while let Some(action) = self.session.poll_action() {
+            match action {
+                Action::Send(bytes) => {
+                    if self.nonblocking {
+                        // Writes are small; wait out a full socket buffer rather than lose bytes.
+                        self.stream.set_nonblocking(false)?;
+                        let r = self.stream.write_all(&bytes);
+                        self.stream.set_nonblocking(true)?;
+                        r?;
+                    } else {
+                        self.stream.write_all(&bytes)?;
+                    }
+                }
+                Action::Disconnect { reason } => {
+                    let _ = self.stream.shutdown(std::net::Shutdown::Both);
+                    self.closed = Some(reason);
+                }
+            }
+        }
+        while self.session.poll_event().is_some() {}
+        Ok(())
+    }
+
+    /// A field of a message as text.
+    pub fn field(m: &FixMessage, tag: Tag) -> Option<&str> {
+        m.get(tag).and_then(|v| std::str::from_utf8(v).ok())
+    }
+}

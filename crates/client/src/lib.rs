@@ -1,0 +1,26 @@
+//! # bourse-client: order entry SDK
+//!
+//! Rust clients for bourse's two order entry protocols, used by the tests, the `bourse order`
+//! command and the load generator:
+//!
+//! - [`FixClient`]: a FIX 4.4 initiator. It drives `bourse_fix::Session` (sequence numbers,
+//!   heartbeats, resend, optional durable store) over a blocking `std::net::TcpStream` and
+//!   hands back verified application messages ([`FixMessage`]). [`FixClient::new_order`],
+//!   [`FixClient::cancel`], [`FixClient::replace`] and [`FixClient::mass_cancel`] build the
+//!   gateway's messages; [`FixClient::send`] sends any other.
+//! - [`BinaryClient`]: the binary (SBE) protocol: Establish, requests, and every server
+//!   response decoded into an owned [`binary::Response`] with its sequence number;
+//!   retransmission on request.
+//!
+//! Both read with a timeout the caller chooses (or without blocking) and never panic on what
+//! the server sends: a malformed byte stream ends the connection with an error.
+
+pub mod binary;
+pub mod fix;
+
+pub use binary::{BinaryClient, Received, Response};
+pub use fix::{FixClient, FixClientConfig, FixMessage};
+
+/// The FIX 4.4 dictionary the gateway speaks (its own compact one, shared with the client so
+/// both validate the same messages).
+pub const GATEWAY_FIX44_XML: &str = include_str!("../../gateway/src/fix44-gateway.xml");

@@ -1,0 +1,235 @@
+//! FIX order entry through the gateway, end to end with an in-process engine.
+
+mod common;
+
+use bourse_client::{FixClient, FixClientConfig, FixMessage};
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(5);
+
+fn login(gw: &common::TestGateway, comp_id: &str) -> FixClient {
+    let cfg = FixClientConfig::new(gw.handle.fix_addr().unwrap(), comp_id, "BOURSE");
+    FixClient::connect(&cfg).unwrap()
+}
+
+fn f(m: &FixMessage, tag: u32) -> &str {
+    FixClient::field(m, tag as _).unwrap_or("")
+}
+
+fn exec(c: &mut FixClient) -> FixMessage {
+    c.recv_type("8", WAIT)
+        .unwrap()
+        .expect("an execution report")
+}
+
+#[test]
+fn two_sessions_trade_and_each_gets_its_fill() {
+    let gw = common::start();
+    let mut alpha = login(&gw, "ALPHA");
+    let mut beta = login(&gw, "BETA");
+    alpha
+        .new_order("a1", None, "SBER", false, 100, Some("100.50"), '0')
+        .unwrap();
+    let new = exec(&mut alpha);
+    assert_eq!((f(&new, 150), f(&new, 39), f(&new, 11)), ("0", "0", "a1"));
+    assert_eq!(
+        (f(&new, 44), f(&new, 38), f(&new, 151)),
+        ("100.50", "100", "100")
+    );
+
+    beta.new_order("b1", Some(201), "SBER", true, 30, Some("101"), '0')
+        .unwrap();
+    assert_eq!(f(&exec(&mut beta), 150), "0");
+    let fill_b = exec(&mut beta);
+    assert_eq!((f(&fill_b, 150), f(&fill_b, 39)), ("F", "2"));
+    assert_eq!(
+        (f(&fill_b, 31), f(&fill_b, 32), f(&fill_b, 14)),
+        ("100.50", "30", "30")
+    );
+    assert_eq!(f(&fill_b, 6), "100.500000");
+
+    let fill_a = exec(&mut alpha);
+    assert_eq!(
+        (f(&fill_a, 150), f(&fill_a, 39), f(&fill_a, 11)),
+        ("F", "1", "a1")
+    );
+    assert_eq!((f(&fill_a, 151), f(&fill_a, 14)), ("70", "30"));
+}
+
+#[test]
+fn cancel_replace_and_mass_cancel_answer_with_their_reports() {
+    let gw = common::start();
+    let mut alpha = login(&gw, "ALPHA");
+    alpha
+        .new_order("o1", None, "SBER", true, 50, Some("99"), '0')
+        .unwrap();
+    let new = exec(&mut alpha);
+    let order_id = f(&new, 37).to_string();
+
+    alpha
+        .replace("o2", "o1", "SBER", true, 80, "98.50")
+        .unwrap();
+    let rep = exec(&mut alpha);
+    assert_eq!((f(&rep, 150), f(&rep, 11), f(&rep, 41)), ("5", "o2", "o1"));
+    assert_eq!(
+        (f(&rep, 44), f(&rep, 38), f(&rep, 37)),
+        ("98.50", "80", order_id.as_str())
+    );
+
+    // The old id is gone: cancelling it is refused with OrderCancelReject.
+    alpha.cancel("c0", "o1", "SBER", true).unwrap();
+    let rej = alpha.recv_type("9", WAIT).unwrap().unwrap();
+    assert_eq!((f(&rej, 434), f(&rej, 102), f(&rej, 11)), ("1", "1", "c0"));
+
+    alpha.cancel("c1", "o2", "SBER", true).unwrap();
+    let can = exec(&mut alpha);
+    assert_eq!(
+        (f(&can, 150), f(&can, 39), f(&can, 11), f(&can, 41)),
+        ("4", "4", "c1", "o2")
+    );
+
+    for i in 0..3 {
+        alpha
+            .new_order(&format!("m{i}"), None, "SBER", false, 10, Some("105"), '0')
+            .unwrap();
+        exec(&mut alpha);
+    }
+    alpha.mass_cancel("mc1", Some("SBER")).unwrap();
+    let report = alpha.recv_type("r", WAIT).unwrap().unwrap();
+    assert_eq!(
+        (f(&report, 531), f(&report, 533), f(&report, 11)),
+        ("1", "3", "mc1")
+    );
+    for _ in 0..3 {
+        assert_eq!(f(&exec(&mut alpha), 150), "4");
+    }
+    // Nothing is left behind in the gateway's tables (the stats are refreshed by its timer,
+    // so wait for the snapshot that has counted all 8 requests).
+    let stats = gw.handle.stats();
+    use std::sync::atomic::Ordering::Relaxed;
+    let clean = common::eventually(WAIT, || {
+        stats.requests_in.load(Relaxed) == 8
+            && stats.orders_tracked.load(Relaxed) == 0
+            && stats.requests_pending.load(Relaxed) == 0
+    });
+    assert!(
+        clean,
+        "requests {}, orders tracked {}, requests pending {}",
+        stats.requests_in.load(Relaxed),
+        stats.orders_tracked.load(Relaxed),
+        stats.requests_pending.load(Relaxed)
+    );
+}
+
+#[test]
+fn a_reject_names_the_core_reason() {
+    let gw = common::start();
+    let mut poor = login(&gw, "POOR");
+    poor.new_order("p1", None, "SBER", true, 1000, Some("100"), '0')
+        .unwrap();
+    let rej = exec(&mut poor);
+    assert_eq!((f(&rej, 150), f(&rej, 39), f(&rej, 103)), ("8", "8", "3"));
+    assert_eq!(f(&rej, 58), "InsufficientCollateral");
+
+    // Not a multiple of the lot (10): refused by the gateway itself.
+    poor.new_order("p2", None, "SBER", true, 15, Some("100"), '0')
+        .unwrap();
+    let rej = exec(&mut poor);
+    assert_eq!(f(&rej, 39), "8");
+    assert!(f(&rej, 58).contains("lot"), "{rej:?}");
+
+    // An account the session may not trade.
+    poor.new_order("p3", Some(101), "SBER", true, 10, Some("100"), '0')
+        .unwrap();
+    let rej = exec(&mut poor);
+    assert!(f(&rej, 58).contains("not authorized"), "{rej:?}");
+}
+
+#[test]
+fn an_excess_message_is_throttled_and_the_session_stays_up() {
+    let gw = common::start();
+    let mut slow = login(&gw, "SLOW");
+    for i in 0..5 {
+        slow.new_order(&format!("s{i}"), None, "SBER", true, 10, Some("90"), '0')
+            .unwrap();
+    }
+    let reject = slow
+        .recv_type("j", WAIT)
+        .unwrap()
+        .expect("a business reject");
+    assert!(f(&reject, 58).contains("throttle"), "{reject:?}");
+    assert_eq!(f(&reject, 372), "D");
+    std::thread::sleep(Duration::from_millis(1100));
+    slow.new_order("later", None, "SBER", true, 10, Some("90"), '0')
+        .unwrap();
+    let mut saw_later = false;
+    for _ in 0..6 {
+        match slow.recv_type("8", WAIT).unwrap() {
+            Some(m) if f(&m, 11) == "later" => {
+                saw_later = true;
+                break;
+            }
+            Some(_) => {}
+            None => break,
+        }
+    }
+    assert!(saw_later);
+    assert!(slow.is_logged_on());
+}
+
+#[test]
+fn a_drop_copy_session_receives_every_execution_report_of_its_firm() {
+    let gw = common::start();
+    let mut dc = login(&gw, "ALPHA-DC");
+    let mut alpha = login(&gw, "ALPHA");
+    let mut beta = login(&gw, "BETA");
+    alpha
+        .new_order("x1", None, "SBER", false, 20, Some("100"), '0')
+        .unwrap();
+    beta.new_order("y1", None, "SBER", true, 20, Some("100"), '0')
+        .unwrap();
+    let mut kinds = Vec::new();
+    for _ in 0..2 {
+        let m = exec(&mut dc);
+        assert_eq!(f(&m, 1), "101");
+        kinds.push(f(&m, 150).to_string());
+    }
+    assert_eq!(kinds, ["0", "F"]);
+    // Beta's reports (firm 2) never reach firm 1's drop copy.
+    assert!(dc
+        .recv_type("8", Duration::from_millis(300))
+        .unwrap()
+        .is_none());
+    // A drop-copy session may not trade.
+    dc.new_order("z", None, "SBER", true, 10, Some("100"), '0')
+        .unwrap();
+    let rej = exec(&mut dc);
+    assert_eq!(f(&rej, 39), "8");
+}
+
+#[test]
+fn fills_while_logged_off_arrive_after_the_next_logon() {
+    let gw = common::start();
+    let store = tempfile::tempdir().unwrap();
+    let mut cfg = FixClientConfig::new(gw.handle.fix_addr().unwrap(), "ALPHA", "BOURSE");
+    cfg.store_dir = Some(store.path().to_path_buf());
+    let mut alpha = FixClient::connect(&cfg).unwrap();
+    alpha
+        .new_order("r1", None, "SBER", false, 10, Some("100"), '0')
+        .unwrap();
+    exec(&mut alpha);
+    alpha.logout(WAIT).unwrap();
+    drop(alpha);
+    let mut beta = login(&gw, "BETA");
+    beta.new_order("q1", None, "SBER", true, 10, Some("100"), '0')
+        .unwrap();
+    exec(&mut beta);
+    exec(&mut beta);
+    let mut alpha = FixClient::connect(&cfg).unwrap();
+    let fill = exec(&mut alpha);
+    assert_eq!((f(&fill, 150), f(&fill, 11)), ("F", "r1"));
+    assert!(alpha
+        .recv_type("8", Duration::from_millis(300))
+        .unwrap()
+        .is_none());
+}

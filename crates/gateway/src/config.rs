@@ -1,0 +1,262 @@
+//! The gateway's configuration, read from TOML (see `examples/gateway.toml`).
+
+use bourse_core::{AccountId, FirmId, Instrument, InstrumentId};
+use serde::Deserialize;
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Hard ceilings that no configuration can raise: they bound what one process may hold.
+pub const SESSIONS_MAX: usize = 1_000;
+pub const CONNECTIONS_MAX_CEILING: usize = 10_000;
+pub const ACCOUNTS_PER_SESSION_MAX: usize = 255;
+pub const FIX_MESSAGE_SIZE_MAX_BYTES_CEILING: usize = 1 << 20;
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayConfig {
+    #[serde(default)]
+    pub gateway: Limits,
+    #[serde(default)]
+    pub core: CoreConfig,
+    #[serde(default)]
+    pub instruments: Vec<Instrument>,
+    #[serde(default)]
+    pub accounts: Vec<AccountConfig>,
+    #[serde(default)]
+    pub fix_sessions: Vec<FixSessionConfig>,
+    #[serde(default)]
+    pub binary_sessions: Vec<BinarySessionConfig>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Where FIX clients connect; none: no FIX listener.
+    pub fix_listen: Option<SocketAddr>,
+    /// Where binary clients connect; none: no binary listener.
+    pub binary_listen: Option<SocketAddr>,
+    /// FIX session stores (sequence numbers and sent messages), one directory per session.
+    pub store_dir: PathBuf,
+    /// fsync the FIX stores on every write.
+    pub store_sync: bool,
+    /// Open TCP connections at once, both protocols; more are accepted and closed at once.
+    pub connections_max: usize,
+    /// Default throttle of every session, application messages per second.
+    pub throttle_msgs_per_s: u32,
+    pub fix_message_size_max_bytes: usize,
+    /// A connection whose unsent output exceeds this is a slow consumer and is closed.
+    pub outbound_buffer_max_bytes: usize,
+    /// A connection that has not logged on / established within this long is closed.
+    pub logon_timeout_ms: u64,
+    /// Commands waiting for the core; beyond it requests are refused as "system busy".
+    pub core_queue_depth: usize,
+    /// Messages kept per session for retransmission (binary) or resend (FIX store).
+    pub stored_messages_max: usize,
+    /// Messages queued for a FIX session while it is logged off.
+    pub offline_messages_max: usize,
+    /// FIX SendingTime accuracy, as QuickFIX's MaxLatency.
+    pub sending_time_tolerance_ms: i64,
+    /// Live orders the gateway tracks for all sessions together.
+    pub orders_max: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            fix_listen: None,
+            binary_listen: None,
+            store_dir: PathBuf::from("gateway-store"),
+            store_sync: false,
+            connections_max: 256,
+            throttle_msgs_per_s: 10_000,
+            fix_message_size_max_bytes: 8 * 1024,
+            outbound_buffer_max_bytes: 8 << 20,
+            logon_timeout_ms: 5_000,
+            core_queue_depth: 16_384,
+            stored_messages_max: 100_000,
+            offline_messages_max: 100_000,
+            sending_time_tolerance_ms: 120_000,
+            orders_max: 1 << 20,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CoreConfig {
+    /// Create the instruments and accounts of this file in the core at start (an in-process
+    /// core starts empty; a replicated core already has them).
+    pub bootstrap: bool,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccountConfig {
+    pub account: AccountId,
+    pub firm: FirmId,
+    /// Cash deposited at bootstrap, in cash units (10^-4).
+    #[serde(default)]
+    pub cash: i64,
+    #[serde(default)]
+    pub may_short: bool,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FixSessionConfig {
+    /// The client's CompID (its SenderCompID, our TargetCompID).
+    pub client_comp_id: String,
+    /// Our CompID on this session (the client's TargetCompID).
+    #[serde(default = "default_gateway_comp_id")]
+    pub gateway_comp_id: String,
+    pub firm: FirmId,
+    /// Accounts the session may trade; the first is used when a message names none.
+    #[serde(default)]
+    pub accounts: Vec<AccountId>,
+    /// A drop-copy session receives every execution report of its firm and may not trade.
+    #[serde(default)]
+    pub drop_copy: bool,
+    /// Overrides the default throttle.
+    pub throttle_msgs_per_s: Option<u32>,
+}
+
+fn default_gateway_comp_id() -> String {
+    "BOURSE".into()
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BinarySessionConfig {
+    /// Sent in Establish (at most 32 ASCII bytes).
+    pub credentials: String,
+    pub firm: FirmId,
+    pub accounts: Vec<AccountId>,
+    pub throttle_msgs_per_s: Option<u32>,
+}
+
+impl GatewayConfig {
+    pub fn from_toml(text: &str) -> Result<GatewayConfig, String> {
+        let config: GatewayConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn from_file(path: &std::path::Path) -> Result<GatewayConfig, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        Self::from_toml(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Checks everything that would otherwise fail later, with a message naming the entry.
+    pub fn validate(&self) -> Result<(), String> {
+        let g = &self.gateway;
+        if g.fix_listen.is_none() && g.binary_listen.is_none() {
+            return Err("gateway: set fix_listen and/or binary_listen".into());
+        }
+        if g.connections_max == 0 || g.connections_max > CONNECTIONS_MAX_CEILING {
+            return Err(format!(
+                "gateway.connections_max must be in 1..={CONNECTIONS_MAX_CEILING}"
+            ));
+        }
+        if g.fix_message_size_max_bytes < 256
+            || g.fix_message_size_max_bytes > FIX_MESSAGE_SIZE_MAX_BYTES_CEILING
+        {
+            return Err(format!(
+                "gateway.fix_message_size_max_bytes must be in 256..={FIX_MESSAGE_SIZE_MAX_BYTES_CEILING}"
+            ));
+        }
+        if g.throttle_msgs_per_s == 0 || g.core_queue_depth == 0 || g.stored_messages_max == 0 {
+            return Err(
+                "gateway: throttle, queue depth and stored messages must be positive".into(),
+            );
+        }
+        if g.outbound_buffer_max_bytes < 64 * 1024 {
+            return Err("gateway.outbound_buffer_max_bytes must be at least 65536".into());
+        }
+        if self.fix_sessions.len() + self.binary_sessions.len() > SESSIONS_MAX {
+            return Err(format!("at most {SESSIONS_MAX} sessions"));
+        }
+        let mut symbols = HashSet::new();
+        let mut ids: HashSet<InstrumentId> = HashSet::new();
+        for i in &self.instruments {
+            i.validate()
+                .map_err(|e| format!("instrument {}: {e}", i.symbol))?;
+            if !symbols.insert(i.symbol.clone()) || !ids.insert(i.instrument) {
+                return Err(format!("instrument {} defined twice", i.symbol));
+            }
+        }
+        let mut comp_ids = HashSet::new();
+        for s in &self.fix_sessions {
+            if s.client_comp_id.is_empty() || s.client_comp_id.len() > 64 {
+                return Err("fix_sessions: client_comp_id must have 1 to 64 bytes".into());
+            }
+            if !comp_ids.insert((s.client_comp_id.clone(), s.gateway_comp_id.clone())) {
+                return Err(format!("fix session {} defined twice", s.client_comp_id));
+            }
+            if !s.drop_copy && s.accounts.is_empty() {
+                return Err(format!("fix session {}: no accounts", s.client_comp_id));
+            }
+            if s.accounts.len() > ACCOUNTS_PER_SESSION_MAX {
+                return Err(format!(
+                    "fix session {}: too many accounts",
+                    s.client_comp_id
+                ));
+            }
+            if s.throttle_msgs_per_s == Some(0) {
+                return Err(format!("fix session {}: throttle 0", s.client_comp_id));
+            }
+        }
+        let mut creds = HashSet::new();
+        for s in &self.binary_sessions {
+            if s.credentials.is_empty()
+                || s.credentials.len() > bourse_wire::order_entry::CREDENTIALS_BYTES
+                || !s.credentials.bytes().all(|b| (0x21..0x7f).contains(&b))
+            {
+                return Err(
+                    "binary_sessions: credentials must be 1 to 32 printable ASCII bytes".into(),
+                );
+            }
+            if !creds.insert(s.credentials.clone()) {
+                return Err(format!("binary session {} defined twice", s.credentials));
+            }
+            if s.accounts.is_empty() || s.accounts.len() > ACCOUNTS_PER_SESSION_MAX {
+                return Err(format!(
+                    "binary session {}: 1 to 255 accounts",
+                    s.credentials
+                ));
+            }
+            if s.throttle_msgs_per_s == Some(0) {
+                return Err(format!("binary session {}: throttle 0", s.credentials));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_config_is_valid() {
+        let text = include_str!("../../../examples/gateway.toml");
+        let c = GatewayConfig::from_toml(text).unwrap();
+        assert_eq!(c.fix_sessions.len(), 3);
+        assert_eq!(c.binary_sessions.len(), 2);
+        assert!(c.fix_sessions[2].drop_copy);
+    }
+
+    #[test]
+    fn a_trading_session_without_accounts_is_refused() {
+        let text = r#"
+[gateway]
+fix_listen = "127.0.0.1:0"
+[[fix_sessions]]
+client_comp_id = "X"
+firm = 1
+"#;
+        let err = GatewayConfig::from_toml(text).unwrap_err();
+        assert!(err.contains("no accounts"), "{err}");
+    }
+}

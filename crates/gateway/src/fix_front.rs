@@ -1,0 +1,550 @@
+//! The FIX 4.4 front end: application messages (D, F, G, q) parsed into router requests, and
+//! reports rendered as ExecutionReport (8), OrderCancelReject (9), BusinessMessageReject (j)
+//! and OrderMassCancelReport (r).
+
+use crate::convert::{format_decimal, parse_decimal};
+use crate::router::{
+    ClientId, ExecKind, ExecReport, GatewayReject, NewOrderRequest, RejectCause, Report, Router,
+    SessionRef,
+};
+use bourse_core::*;
+use bourse_fix::session::Inbound;
+use bourse_fix::tags::BusinessRejectReason;
+use bourse_fix::{Application, Dictionary, OutMessage};
+
+/// The gateway's own FIX 4.4 dictionary (QuickFIX XML format).
+pub const GATEWAY_FIX44_XML: &str = include_str!("fix44-gateway.xml");
+
+/// The dictionary both the gateway and the client SDK validate with.
+pub fn dictionary() -> Dictionary {
+    Dictionary::from_xml(GATEWAY_FIX44_XML).expect("the built-in FIX 4.4 dictionary is valid")
+}
+
+/// Longest ClOrdID accepted, in bytes: ids are kept per live order.
+pub const CL_ORD_ID_BYTES_MAX: usize = 64;
+
+pub mod tag {
+    pub const ACCOUNT: bourse_fix::Tag = 1;
+    pub const AVG_PX: bourse_fix::Tag = 6;
+    pub const CL_ORD_ID: bourse_fix::Tag = 11;
+    pub const CUM_QTY: bourse_fix::Tag = 14;
+    pub const EXEC_ID: bourse_fix::Tag = 17;
+    pub const LAST_PX: bourse_fix::Tag = 31;
+    pub const LAST_QTY: bourse_fix::Tag = 32;
+    pub const ORDER_ID: bourse_fix::Tag = 37;
+    pub const ORDER_QTY: bourse_fix::Tag = 38;
+    pub const ORD_STATUS: bourse_fix::Tag = 39;
+    pub const ORD_TYPE: bourse_fix::Tag = 40;
+    pub const ORIG_CL_ORD_ID: bourse_fix::Tag = 41;
+    pub const PRICE: bourse_fix::Tag = 44;
+    pub const REF_SEQ_NUM: bourse_fix::Tag = 45;
+    pub const SIDE: bourse_fix::Tag = 54;
+    pub const SYMBOL: bourse_fix::Tag = 55;
+    pub const TEXT: bourse_fix::Tag = 58;
+    pub const TIME_IN_FORCE: bourse_fix::Tag = 59;
+    pub const TRANSACT_TIME: bourse_fix::Tag = 60;
+    pub const CXL_REJ_REASON: bourse_fix::Tag = 102;
+    pub const ORD_REJ_REASON: bourse_fix::Tag = 103;
+    pub const MAX_FLOOR: bourse_fix::Tag = 111;
+    pub const EXPIRE_TIME: bourse_fix::Tag = 126;
+    pub const EXEC_TYPE: bourse_fix::Tag = 150;
+    pub const LEAVES_QTY: bourse_fix::Tag = 151;
+    pub const REF_MSG_TYPE: bourse_fix::Tag = 372;
+    pub const BUSINESS_REJECT_REF_ID: bourse_fix::Tag = 379;
+    pub const BUSINESS_REJECT_REASON: bourse_fix::Tag = 380;
+    pub const CXL_REJ_RESPONSE_TO: bourse_fix::Tag = 434;
+    pub const MASS_CANCEL_REQUEST_TYPE: bourse_fix::Tag = 530;
+    pub const MASS_CANCEL_RESPONSE: bourse_fix::Tag = 531;
+    pub const MASS_CANCEL_REJECT_REASON: bourse_fix::Tag = 532;
+    pub const TOTAL_AFFECTED_ORDERS: bourse_fix::Tag = 533;
+}
+
+/// The application behind one FIX session during one `on_bytes` call.
+pub struct FixApp<'a> {
+    pub router: &'a mut Router,
+    pub sref: SessionRef,
+    pub now_ms: u64,
+    pub now_ns: u64,
+}
+
+fn text_of<'a>(m: &Inbound<'a>, t: bourse_fix::Tag) -> Option<&'a str> {
+    m.get(t).and_then(|v| std::str::from_utf8(v).ok())
+}
+
+fn client_id(m: &Inbound<'_>, t: bourse_fix::Tag) -> Option<ClientId> {
+    let v = text_of(m, t)?;
+    (!v.is_empty() && v.len() <= CL_ORD_ID_BYTES_MAX).then(|| ClientId::Text(v.into()))
+}
+
+fn side_of(v: Option<&[u8]>) -> Option<Side> {
+    match v {
+        Some(b"1") => Some(Side::Buy),
+        Some(b"2") => Some(Side::Sell),
+        _ => None,
+    }
+}
+
+fn account_of(m: &Inbound<'_>) -> Result<Option<AccountId>, ()> {
+    match m.get(tag::ACCOUNT) {
+        None => Ok(None),
+        Some(v) => std::str::from_utf8(v)
+            .ok()
+            .and_then(|s| s.parse::<u32>().ok())
+            .map(|a| Some(AccountId(a)))
+            .ok_or(()),
+    }
+}
+
+impl FixApp<'_> {
+    fn business_reject(
+        &mut self,
+        m: &Inbound<'_>,
+        id: Option<ClientId>,
+        text: String,
+        retry: Option<u32>,
+    ) {
+        let report = Report::BusinessReject {
+            ref_msg_type: String::from_utf8_lossy(m.msg_type()).into_owned(),
+            ref_seq_num: m.seq_num(),
+            ref_id: id,
+            ref_template_id: 0,
+            throttled_retry_ms: retry,
+            text,
+            ts_ns: self.now_ns,
+        };
+        self.router.business_reject(self.sref, report);
+    }
+
+    fn new_order(&mut self, m: &Inbound<'_>) {
+        let Some(client) = client_id(m, tag::CL_ORD_ID) else {
+            return self.business_reject(m, None, "ClOrdID must have 1 to 64 bytes".into(), None);
+        };
+        let side = side_of(m.get(tag::SIDE));
+        let ord_type = match m.get(tag::ORD_TYPE) {
+            Some(b"1") => Some(OrdType::Market),
+            Some(b"2") => Some(OrdType::Limit),
+            _ => None,
+        };
+        let tif = match m.get(tag::TIME_IN_FORCE) {
+            None | Some(b"0") => Some(TimeInForce::Day),
+            Some(b"1") => Some(TimeInForce::Gtc),
+            Some(b"3") => Some(TimeInForce::Ioc),
+            Some(b"4") => Some(TimeInForce::Fok),
+            Some(b"6") => Some(TimeInForce::Gtd),
+            _ => None,
+        };
+        let instrument = self
+            .router
+            .instrument_by_symbol(m.get(tag::SYMBOL).unwrap_or(b""))
+            .cloned();
+        let account = account_of(m);
+        let mut req = NewOrderRequest {
+            client,
+            account: account.ok().flatten(),
+            instrument: instrument.as_ref().map_or(InstrumentId(0), |i| i.id),
+            side: side.unwrap_or(Side::Buy),
+            ord_type: ord_type.unwrap_or(OrdType::Limit),
+            price: Price(0),
+            qty_lots: 0,
+            tif: tif.unwrap_or(TimeInForce::Day),
+            expire_ts_ns: 0,
+            display_lots: 0,
+        };
+        let reject = |r: &mut Router, req: &NewOrderRequest, g: GatewayReject, ts| {
+            r.reject_new(self.sref, req, RejectCause::Gateway(g), ts)
+        };
+        let ts = self.now_ns;
+        let Some(instrument) = instrument else {
+            return reject(self.router, &req, GatewayReject::UnknownSymbol, ts);
+        };
+        if account.is_err() {
+            return reject(self.router, &req, GatewayReject::NotAuthorized, ts);
+        }
+        if side.is_none() || ord_type.is_none() || tif.is_none() {
+            return reject(self.router, &req, GatewayReject::UnsupportedValue, ts);
+        }
+        if let Some(qty) = m.get(tag::ORDER_QTY).and_then(|v| parse_decimal(v, 0)) {
+            req.qty_lots = instrument.lots(qty).unwrap_or(0);
+        }
+        if let Some(p) = m.get(tag::PRICE) {
+            match parse_decimal(p, instrument.price_scale) {
+                Some(p) => req.price = Price(p),
+                None => return reject(self.router, &req, GatewayReject::InvalidPrice, ts),
+            }
+        }
+        if req.qty_lots <= 0 {
+            return reject(self.router, &req, GatewayReject::InvalidQty, ts);
+        }
+        if req.ord_type == OrdType::Limit && m.get(tag::PRICE).is_none() {
+            return reject(self.router, &req, GatewayReject::InvalidPrice, ts);
+        }
+        if let Some(v) = m.get(tag::MAX_FLOOR) {
+            match parse_decimal(v, 0).and_then(|u| instrument.lots(u)) {
+                Some(l) => req.display_lots = l,
+                None => return reject(self.router, &req, GatewayReject::InvalidQty, ts),
+            }
+        }
+        if let Some(v) = m.get(tag::EXPIRE_TIME) {
+            match bourse_fix::time::parse_utc_timestamp_ms(v) {
+                Some(ms) if ms > 0 => req.expire_ts_ns = (ms as u64).saturating_mul(1_000_000),
+                _ => return reject(self.router, &req, GatewayReject::InvalidField, ts),
+            }
+        }
+        self.router.new_order(self.sref, req, ts);
+    }
+
+    fn cancel_or_replace(&mut self, m: &Inbound<'_>, replace: bool) {
+        let to = if replace {
+            CancelRejectTo::Replace
+        } else {
+            CancelRejectTo::Cancel
+        };
+        let (Some(client), Some(orig)) = (
+            client_id(m, tag::CL_ORD_ID),
+            client_id(m, tag::ORIG_CL_ORD_ID),
+        ) else {
+            return self.business_reject(
+                m,
+                None,
+                "ClOrdID and OrigClOrdID must have 1 to 64 bytes".into(),
+                None,
+            );
+        };
+        let order_id = text_of(m, tag::ORDER_ID)
+            .and_then(|s| s.parse::<u64>().ok())
+            .map(OrderId);
+        let ts = self.now_ns;
+        let reject = |r: &mut Router, g: GatewayReject| {
+            r.outbox.push((
+                self.sref,
+                Report::CancelReject {
+                    client: client.clone(),
+                    orig: orig.clone(),
+                    order_id,
+                    to,
+                    cause: RejectCause::Gateway(g),
+                    ts_ns: ts,
+                },
+            ))
+        };
+        if self.router.sessions[self.sref.0 as usize].drop_copy {
+            return reject(self.router, GatewayReject::NotAuthorized);
+        }
+        if !replace {
+            return self.router.cancel(self.sref, client, orig, order_id, ts);
+        }
+        let Some(instrument) = self
+            .router
+            .instrument_by_symbol(m.get(tag::SYMBOL).unwrap_or(b""))
+            .cloned()
+        else {
+            return reject(self.router, GatewayReject::UnknownSymbol);
+        };
+        let price = match m.get(tag::PRICE) {
+            None => None,
+            Some(p) => match parse_decimal(p, instrument.price_scale) {
+                Some(p) => Some(Price(p)),
+                None => return reject(self.router, GatewayReject::InvalidPrice),
+            },
+        };
+        let qty_lots = match m
+            .get(tag::ORDER_QTY)
+            .and_then(|v| parse_decimal(v, 0))
+            .and_then(|u| instrument.lots(u))
+        {
+            Some(l) => l,
+            None => return reject(self.router, GatewayReject::InvalidQty),
+        };
+        self.router
+            .replace(self.sref, client, orig, order_id, price, Some(qty_lots), ts);
+    }
+
+    fn mass_cancel(&mut self, m: &Inbound<'_>) {
+        let Some(client) = client_id(m, tag::CL_ORD_ID) else {
+            return self.business_reject(m, None, "ClOrdID must have 1 to 64 bytes".into(), None);
+        };
+        let ts = self.now_ns;
+        let request_type = m
+            .get(tag::MASS_CANCEL_REQUEST_TYPE)
+            .and_then(|v| v.first().copied())
+            .unwrap_or(b'0');
+        let reject = |r: &mut Router, g: GatewayReject| {
+            r.outbox.push((
+                self.sref,
+                Report::MassCancel {
+                    client: client.clone(),
+                    request_type,
+                    total: 0,
+                    reject: Some(RejectCause::Gateway(g)),
+                    ts_ns: ts,
+                },
+            ))
+        };
+        let instrument = match request_type {
+            b'1' => match self
+                .router
+                .instrument_by_symbol(m.get(tag::SYMBOL).unwrap_or(b""))
+            {
+                Some(i) => Some(i.id),
+                None => return reject(self.router, GatewayReject::UnknownSymbol),
+            },
+            b'7' => None,
+            _ => return reject(self.router, GatewayReject::UnsupportedValue),
+        };
+        let Ok(account) = account_of(m) else {
+            return reject(self.router, GatewayReject::NotAuthorized);
+        };
+        let side = side_of(m.get(tag::SIDE));
+        self.router.mass_cancel(
+            self.sref,
+            client.clone(),
+            request_type,
+            account,
+            instrument,
+            side,
+            ts,
+        );
+    }
+}
+
+impl Application for FixApp<'_> {
+    fn on_app_message(
+        &mut self,
+        m: &Inbound<'_>,
+        _replies: &mut Vec<OutMessage>,
+    ) -> Result<(), BusinessRejectReason> {
+        let msg_type = m.msg_type();
+        self.router.requests_in += 1;
+        if !matches!(msg_type, b"D" | b"F" | b"G" | b"q") {
+            return Err(BusinessRejectReason::UnsupportedMessageType);
+        }
+        let meta = &mut self.router.sessions[self.sref.0 as usize];
+        if let Err(retry_ms) = meta.throttle.take(self.now_ms) {
+            let text = format!(
+                "throttle: more than {} messages/s; retry after {retry_ms} ms",
+                meta.throttle.msgs_per_s()
+            );
+            let id = client_id(m, tag::CL_ORD_ID);
+            self.business_reject(m, id, text, Some(retry_ms));
+            return Ok(());
+        }
+        match msg_type {
+            b"D" => self.new_order(m),
+            b"F" => self.cancel_or_replace(m, false),
+            b"G" => self.cancel_or_replace(m, true),
+            _ => self.mass_cancel(m),
+        }
+        Ok(())
+    }
+}
+
+fn ord_rej_reason(cause: RejectCause) -> u32 {
+    use RejectReason::*;
+    match cause {
+        RejectCause::Core(r) => match r {
+            UnknownInstrument => 1,
+            InstrumentHalted | InstrumentClosed => 2,
+            InsufficientCollateral | InsufficientPosition | PositionLimit => 3,
+            UnknownOrder => 5,
+            DuplicateClOrdId => 6,
+            QtyNotPositive | QtyTooLarge => 13,
+            InvalidTimeInForce | DisplayQtyInvalid | ExpireTimeMissing | ExpireTimeInPast
+            | ExpireTimeUnexpected => 11,
+            _ => 99,
+        },
+        RejectCause::Gateway(g) => match g {
+            GatewayReject::UnknownSymbol => 1,
+            GatewayReject::DuplicateClOrdId => 6,
+            GatewayReject::UnknownOrder => 5,
+            GatewayReject::InvalidQty => 13,
+            GatewayReject::UnsupportedValue => 11,
+            _ => 99,
+        },
+    }
+}
+
+fn cxl_rej_reason(cause: RejectCause) -> u32 {
+    match cause {
+        RejectCause::Core(RejectReason::UnknownOrder)
+        | RejectCause::Gateway(GatewayReject::UnknownOrder) => 1,
+        RejectCause::Core(RejectReason::DuplicateClOrdId)
+        | RejectCause::Gateway(GatewayReject::DuplicateClOrdId) => 6,
+        _ => 99,
+    }
+}
+
+fn side_code(side: Side) -> &'static str {
+    match side {
+        Side::Buy => "1",
+        Side::Sell => "2",
+    }
+}
+
+/// Renders the parts of an execution report every kind shares.
+pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage {
+    let info = router.instrument(r.instrument);
+    let scale = info.map_or(0, |i| i.price_scale);
+    let lot = info.map_or(1, |i| i.lot_size);
+    let symbol = info.map_or("?", |i| i.symbol.as_str());
+    let units = |lots: i64| (i128::from(lots) * i128::from(lot)).to_string();
+    let mut m = OutMessage::new("8");
+    m.push(
+        tag::ORDER_ID,
+        r.order_id
+            .map_or_else(|| "NONE".to_string(), |o| o.0.to_string()),
+    );
+    let (exec_type, status): (&str, &str) = match &r.kind {
+        ExecKind::New => ("0", "0"),
+        ExecKind::Trade { .. } => ("F", if r.leaves_lots == 0 { "2" } else { "1" }),
+        ExecKind::Canceled { .. } => ("4", "4"),
+        ExecKind::Replaced { .. } => ("5", if r.cum_lots > 0 { "1" } else { "0" }),
+        ExecKind::Expired => ("C", "C"),
+        ExecKind::Rejected(_) => ("8", "8"),
+    };
+    match &r.kind {
+        ExecKind::Canceled { by: Some(by), .. } => {
+            m.push(tag::CL_ORD_ID, by.to_string());
+            m.push(tag::ORIG_CL_ORD_ID, r.client.to_string());
+        }
+        ExecKind::Replaced { orig } => {
+            m.push(tag::CL_ORD_ID, r.client.to_string());
+            m.push(tag::ORIG_CL_ORD_ID, orig.to_string());
+        }
+        _ => {
+            m.push(tag::CL_ORD_ID, r.client.to_string());
+        }
+    }
+    m.push(tag::EXEC_ID, exec_id);
+    m.push(tag::EXEC_TYPE, exec_type);
+    m.push(tag::ORD_STATUS, status);
+    if let ExecKind::Rejected(cause) = &r.kind {
+        m.push(tag::ORD_REJ_REASON, ord_rej_reason(*cause).to_string());
+        m.push(tag::TEXT, cause.text());
+    }
+    if let ExecKind::Canceled { reason, .. } = &r.kind {
+        m.push(tag::TEXT, format!("{reason:?}"));
+    }
+    m.push(tag::ACCOUNT, r.account.0.to_string());
+    m.push(tag::SYMBOL, symbol);
+    m.push(tag::SIDE, side_code(r.side));
+    m.push(tag::ORDER_QTY, units(r.qty_lots));
+    m.push(
+        tag::ORD_TYPE,
+        if r.ord_type == OrdType::Market {
+            "1"
+        } else {
+            "2"
+        },
+    );
+    if r.ord_type == OrdType::Limit {
+        m.push(tag::PRICE, format_decimal(i128::from(r.price.0), scale));
+    }
+    // TradeID (1003) is not an ExecutionReport field in FIX 4.4 (QuickFIX/J rejects it); the
+    // trade is identified by ExecID, unique per report.
+    if let ExecKind::Trade {
+        last_px, last_lots, ..
+    } = &r.kind
+    {
+        m.push(tag::LAST_QTY, units(*last_lots));
+        m.push(tag::LAST_PX, format_decimal(i128::from(last_px.0), scale));
+    }
+    m.push(tag::LEAVES_QTY, units(r.leaves_lots));
+    m.push(tag::CUM_QTY, units(r.cum_lots));
+    // AvgPx with four decimals more than the price, truncated: exact enough to reconcile.
+    let avg = if r.cum_lots > 0 {
+        r.notional * 10_000 / i128::from(r.cum_lots)
+    } else {
+        0
+    };
+    m.push(tag::AVG_PX, format_decimal(avg, scale + 4));
+    m.push(
+        tag::TRANSACT_TIME,
+        bourse_fix::time::format_utc_timestamp_ms((r.ts_ns / 1_000_000) as i64),
+    );
+    m
+}
+
+/// Renders a report as a FIX message. Execution reports need a unique ExecID.
+pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
+    match report {
+        Report::Exec(r) => render_exec(router, r, exec_id),
+        Report::CancelReject {
+            client,
+            orig,
+            order_id,
+            to,
+            cause,
+            ts_ns,
+        } => {
+            let mut m = OutMessage::new("9");
+            m.push(
+                tag::ORDER_ID,
+                order_id.map_or_else(|| "NONE".to_string(), |o| o.0.to_string()),
+            );
+            m.push(tag::CL_ORD_ID, client.to_string());
+            m.push(tag::ORIG_CL_ORD_ID, orig.to_string());
+            m.push(tag::ORD_STATUS, if order_id.is_some() { "0" } else { "8" });
+            m.push(tag::TEXT, cause.text());
+            m.push(
+                tag::TRANSACT_TIME,
+                bourse_fix::time::format_utc_timestamp_ms((ts_ns / 1_000_000) as i64),
+            );
+            m.push(tag::CXL_REJ_REASON, cxl_rej_reason(*cause).to_string());
+            m.push(
+                tag::CXL_REJ_RESPONSE_TO,
+                if *to == CancelRejectTo::Cancel {
+                    "1"
+                } else {
+                    "2"
+                },
+            );
+            m
+        }
+        Report::MassCancel {
+            client,
+            request_type,
+            total,
+            reject,
+            ts_ns,
+        } => {
+            let mut m = OutMessage::new("r");
+            m.push(tag::CL_ORD_ID, client.to_string());
+            m.push(tag::ORDER_ID, format!("MASS-{client}"));
+            m.push(tag::MASS_CANCEL_REQUEST_TYPE, [*request_type]);
+            match reject {
+                Some(cause) => {
+                    m.push(tag::MASS_CANCEL_RESPONSE, "0");
+                    m.push(tag::MASS_CANCEL_REJECT_REASON, "99");
+                    m.push(tag::TEXT, cause.text());
+                }
+                None => {
+                    m.push(tag::MASS_CANCEL_RESPONSE, [*request_type]);
+                }
+            }
+            m.push(tag::TOTAL_AFFECTED_ORDERS, total.to_string());
+            m.push(
+                tag::TRANSACT_TIME,
+                bourse_fix::time::format_utc_timestamp_ms((ts_ns / 1_000_000) as i64),
+            );
+            m
+        }
+        Report::BusinessReject {
+            ref_msg_type,
+            ref_seq_num,
+            ref_id,
+            text,
+            ..
+        } => {
+            let mut m = OutMessage::new("j");
+            m.push(tag::REF_SEQ_NUM, ref_seq_num.to_string());
+            m.push(tag::TEXT, text);
+            m.push(tag::REF_MSG_TYPE, ref_msg_type);
+            if let Some(id) = ref_id {
+                m.push(tag::BUSINESS_REJECT_REF_ID, id.to_string());
+            }
+            // 0 = Other: FIX 4.4 has no code for a throttle; Text says what happened.
+            m.push(tag::BUSINESS_REJECT_REASON, "0");
+            m
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! # bourse-gateway: the access servers
+//!
+//! Clients reach a trading core through the gateway: FIX 4.4 sessions (QuickFIX-compatible,
+//! driven by `bourse_fix::Session`) and binary SBE sessions (TWIME-like, see
+//! `docs/protocol-binary-order-entry.md`). The gateway maps each session to its firm and the
+//! accounts it may trade (from TOML config), throttles it, turns its requests into core
+//! commands and the core's events into execution reports, and copies every execution report
+//! of a firm to the firm's drop-copy sessions.
+//!
+//! Principal types:
+//!
+//! - [`CoreLink`]: *the core behind me*, the one seam between the gateway and whatever runs
+//!   the trading core. It has three methods: [`CoreLink::submit`] hands over a command with
+//!   an idempotency key ([`RequestKey`]: session number + per-session request sequence) and
+//!   never blocks (a full queue is answered "system busy"); [`CoreLink::try_recv`] returns
+//!   the core's outputs ([`CoreOutput`]): every event tagged with the key of the command that
+//!   caused it, then `Done`; [`CoreLink::set_notify`] registers the wake-up the link calls
+//!   when output is ready. Unsolicited events (the resting side of a trade, orders removed by
+//!   someone else's mass cancel) arrive under the causing command's key and the gateway routes
+//!   them by order id to the owning session. A core must apply a key at most once, so a
+//!   gateway may resubmit after a failover. [`InProcessCore`] implements it with a state
+//!   machine (the engine) on its own thread behind bounded crossbeam queues; the cluster
+//!   client (leader of a replicated core) is meant to implement the same trait.
+//! - [`router::Router`]: protocol-neutral order identity and routing: client order ids per
+//!   session to gateway-wide core ids and back, order ownership, fills, average prices,
+//!   mass-cancel aggregation, and the [`router::Report`]s each session is owed.
+//! - [`fix_front`] and [`binary_front`]: parse requests and render reports for each protocol;
+//!   [`fix_front::dictionary`] is the gateway's own compact FIX 4.4 dictionary.
+//! - [`server::spawn`]: the event loop (mio, one thread) that owns all sockets and sessions;
+//!   [`server::GatewayHandle`] and [`server::GatewayStats`] to watch and stop it.
+//! - [`GatewayConfig`]: sessions, instruments, accounts and limits.
+//! - [`store::GatewayStore`]: the FIX session store (sequence numbers overwritten in place,
+//!   sent messages appended), cheap enough for the order path.
+//!
+//! Limits: connections (`connections_max`), FIX message size, unsent output per connection
+//! (a client that does not read is closed as a slow consumer), queue depth to the core,
+//! messages kept for resend/retransmission, messages queued for a logged-off FIX session,
+//! live orders tracked; each has a ceiling in [`config`].
+//!
+//! Not yet: order state survives neither a gateway restart (FIX sequence numbers and sent
+//! messages do, in the FIX store) nor a failover; routing by instrument to several cores.
+
+pub mod binary_front;
+pub mod config;
+pub mod convert;
+pub mod core_link;
+pub mod fix_front;
+pub mod router;
+pub mod server;
+pub mod store;
+pub mod throttle;
+
+pub use config::GatewayConfig;
+pub use core_link::{CoreLink, CoreOutput, InProcessCore, RequestKey, SubmitError};
+pub use server::{spawn, GatewayHandle, GatewayStats};
