@@ -1,0 +1,56 @@
+//! bourse-cluster: a trading core replicated on openraft 0.9 across three nodes.
+//!
+//! Principal types:
+//!
+//! - [`LogCommand`] and [`ClientRequest`] (`batch`): a log entry is a batch of client
+//!   requests, each with its idempotency key `(client_id, request_seq)`, or a hash check; a
+//!   compact binary encoding with limits on every length.
+//! - [`ReplicatedState`] (`state`): the engine plus the idempotency table, applied only from
+//!   committed entries; snapshot and state hash cover both; hash checkpoints that replicas
+//!   compare with the leader's hash entries.
+//! - [`LogStore`] and [`StateMachineStore`] (`storage`): openraft's `RaftLogStorage` over a
+//!   `bourse_journal::Journal` and `RaftStateMachine` with snapshots in a `SnapshotStore`.
+//! - [`net`]: length-prefixed bincode frames over TCP on 127.0.0.1, the node-to-node RPCs
+//!   (openraft's `RaftNetwork`) and the client protocol on the same port.
+//! - [`ClusterConfig`], [`Node`] (`node`): a node's configuration (TOML), its start-up, its
+//!   smart batcher (requests that arrive while earlier batches are in flight form the next
+//!   batch), its hash-check proposer, and its server.
+//! - [`sim`]: a seeded fault-injecting network between nodes (partitions, loss, delay,
+//!   duplication) for the simulation tests.
+//! - [`Client`] (`client`): submits requests to the leader, follows redirects, retries with
+//!   the same idempotency key across failover.
+//!
+//! Acknowledgement rule: a node answers a request only with the outcome openraft returns
+//! after the entry holding it was committed on a quorum (each member's journal append counted
+//! under its fsync mode) and applied by the leader's state machine.
+
+pub mod batch;
+pub mod client;
+pub mod net;
+pub mod node;
+pub mod sim;
+pub mod state;
+pub mod storage;
+
+pub use batch::{ClientRequest, LogCommand};
+pub use client::{Acknowledged, Client, ClientError};
+pub use node::{ClusterConfig, FsyncSetting, Node, NodeAddr};
+pub use state::{Outcome, OutcomeKind, ReplicatedState};
+pub use storage::{LogStore, StateMachineStore};
+
+pub type NodeId = u64;
+
+use std::io::Cursor;
+
+openraft::declare_raft_types!(
+    /// The cluster's openraft types: log entries carry [`LogCommand`]s and answer with one
+    /// [`Outcome`] per request.
+    pub TypeConfig:
+        D = LogCommand,
+        R = Vec<Outcome>,
+);
+
+pub type Raft = openraft::Raft<TypeConfig>;
+
+/// The runtime the nodes run on, for callers that embed them (the CLI).
+pub use tokio;

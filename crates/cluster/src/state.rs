@@ -1,0 +1,369 @@
+//! The replicated state: one trading core plus the idempotency table, applied only from
+//! committed log entries.
+//!
+//! The idempotency table (per client: the last applied `request_seq` and the encoded events it
+//! produced) is part of the state, of its snapshot and of its hash, so every replica, a
+//! restarted node and a node that installed a snapshot answer a retried request the same way:
+//! from the table, without applying it again.
+//!
+//! Snapshot bytes (the state hash is xxh3-64 of them):
+//!
+//! ```text
+//! magic "BRSTATE1", engine_len u32, engine snapshot, session count u64,
+//! sessions sorted by client id: client_id u64, last_seq u64, events_len u32, events
+//! ```
+
+use std::collections::{BTreeMap, VecDeque};
+
+use bourse_core::codec::{DecodeError, Reader, Writer};
+use bourse_core::Event;
+use bourse_engine::{Engine, EngineConfig};
+use serde::{Deserialize, Serialize};
+
+use crate::batch::{encode_events, ClientRequest, EVENTS_SIZE_BYTES_MAX};
+
+/// Clients the table remembers; requests from further new clients are refused (a fixed limit
+/// keeps the refusal deterministic, unlike eviction by time).
+pub const SESSIONS_MAX: usize = 100_000;
+/// Hash checkpoints a replica keeps to compare with the leader's hash entries.
+pub const CHECKPOINTS_KEPT_MAX: usize = 64;
+/// The largest engine snapshot accepted inside a state snapshot.
+pub const ENGINE_SNAPSHOT_SIZE_BYTES_MAX: usize = 1 << 31;
+
+const MAGIC: &[u8; 8] = b"BRSTATE1";
+
+/// How one request of a batch was answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OutcomeKind {
+    /// Applied now, in this entry.
+    Applied,
+    /// Applied earlier under the same key; `events` are the ones it produced then.
+    Duplicate,
+    /// Older than the client's last applied request: its answer is no longer kept. The command
+    /// was applied once, earlier.
+    Stale,
+    /// The session table is full; the command was not applied.
+    Refused,
+}
+
+/// The answer to one request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub client_id: u64,
+    pub request_seq: u64,
+    pub kind: OutcomeKind,
+    /// MessagePack of the command's `Vec<Event>` (see `batch::decode_events`).
+    pub events: Vec<u8>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Session {
+    last_seq: u64,
+    events: Vec<u8>,
+}
+
+/// A hash entry disagreed with this replica's own hash at the same index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Divergence {
+    pub index: u64,
+    pub local_hash: u64,
+    pub leader_hash: u64,
+}
+
+impl std::fmt::Display for Divergence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "state hash mismatch after log index {}: this replica {:016x}, leader {:016x}",
+            self.index, self.local_hash, self.leader_hash
+        )
+    }
+}
+
+/// The engine and the idempotency table.
+pub struct ReplicatedState {
+    engine: Engine,
+    sessions: BTreeMap<u64, Session>,
+    /// (log index, state hash) taken every `checkpoint_every_entries`; not part of the state.
+    checkpoints: VecDeque<(u64, u64)>,
+    checkpoint_every_entries: u64,
+    events: Vec<Event>,
+    commands_applied: u64,
+    /// Hash entries this process compared with its own checkpoint (and found equal).
+    hash_checks_passed: u64,
+}
+
+impl ReplicatedState {
+    pub fn new(config: EngineConfig, checkpoint_every_entries: u64) -> ReplicatedState {
+        assert!(checkpoint_every_entries > 0);
+        ReplicatedState {
+            engine: Engine::new(config),
+            sessions: BTreeMap::new(),
+            checkpoints: VecDeque::new(),
+            checkpoint_every_entries,
+            events: Vec::with_capacity(256),
+            commands_applied: 0,
+            hash_checks_passed: 0,
+        }
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Commands this process applied to the engine (not counting duplicates).
+    pub fn commands_applied(&self) -> u64 {
+        self.commands_applied
+    }
+
+    /// Hash entries compared with this replica's own checkpoint and found equal.
+    pub fn hash_checks_passed(&self) -> u64 {
+        self.hash_checks_passed
+    }
+
+    /// The last request applied for `client_id`, if any.
+    pub fn last_seq(&self, client_id: u64) -> Option<u64> {
+        self.sessions.get(&client_id).map(|s| s.last_seq)
+    }
+
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Applies the requests of one committed batch, each at most once per idempotency key.
+    pub fn apply_batch(&mut self, requests: &[ClientRequest], out: &mut Vec<Outcome>) {
+        for request in requests {
+            out.push(self.apply_request(request));
+        }
+    }
+
+    fn apply_request(&mut self, request: &ClientRequest) -> Outcome {
+        let outcome = |kind, events| Outcome {
+            client_id: request.client_id,
+            request_seq: request.request_seq,
+            kind,
+            events,
+        };
+        match self.sessions.get(&request.client_id) {
+            Some(s) if request.request_seq == s.last_seq => {
+                return outcome(OutcomeKind::Duplicate, s.events.clone())
+            }
+            Some(s) if request.request_seq < s.last_seq => {
+                return outcome(OutcomeKind::Stale, Vec::new())
+            }
+            None if self.sessions.len() >= SESSIONS_MAX => {
+                return outcome(OutcomeKind::Refused, Vec::new())
+            }
+            _ => {}
+        }
+        self.events.clear();
+        self.engine.apply(&request.command, &mut self.events);
+        self.commands_applied += 1;
+        let events = encode_events(&self.events);
+        assert!(events.len() <= EVENTS_SIZE_BYTES_MAX);
+        self.sessions.insert(
+            request.client_id,
+            Session {
+                last_seq: request.request_seq,
+                events: events.clone(),
+            },
+        );
+        outcome(OutcomeKind::Applied, events)
+    }
+
+    /// Called after every applied log entry (of any kind): takes a hash checkpoint at every
+    /// multiple of `checkpoint_every_entries`, the same indexes on every replica.
+    pub fn entry_applied(&mut self, index: u64) {
+        if index % self.checkpoint_every_entries == 0 {
+            let hash = self.state_hash();
+            if self.checkpoints.len() == CHECKPOINTS_KEPT_MAX {
+                self.checkpoints.pop_front();
+            }
+            self.checkpoints.push_back((index, hash));
+        }
+    }
+
+    /// The newest checkpoint, which a leader puts in a hash entry.
+    pub fn last_checkpoint(&self) -> Option<(u64, u64)> {
+        self.checkpoints.back().copied()
+    }
+
+    /// Compares a leader's hash with this replica's hash at the same index, if it has one.
+    pub fn check_hash(&mut self, index: u64, leader_hash: u64) -> Result<bool, Divergence> {
+        match self.checkpoints.iter().find(|(i, _)| *i == index) {
+            Some(&(_, local_hash)) if local_hash != leader_hash => Err(Divergence {
+                index,
+                local_hash,
+                leader_hash,
+            }),
+            Some(_) => {
+                self.hash_checks_passed += 1;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// The state's canonical bytes.
+    pub fn snapshot(&self) -> Vec<u8> {
+        let engine = self.engine.snapshot();
+        let mut w = Writer::with_capacity(engine.len() + 64 + self.sessions.len() * 64);
+        w.buf.extend_from_slice(MAGIC);
+        w.bytes(&engine);
+        w.u64(self.sessions.len() as u64);
+        for (client_id, s) in &self.sessions {
+            w.u64(*client_id);
+            w.u64(s.last_seq);
+            w.bytes(&s.events);
+        }
+        w.finish()
+    }
+
+    /// xxh3-64 of the snapshot bytes: equal on every replica after the same log prefix.
+    pub fn state_hash(&self) -> u64 {
+        xxhash_rust::xxh3::xxh3_64(&self.snapshot())
+    }
+
+    /// Rebuilds the state from [`ReplicatedState::snapshot`] bytes.
+    pub fn restore(
+        bytes: &[u8],
+        checkpoint_every_entries: u64,
+    ) -> Result<ReplicatedState, DecodeError> {
+        assert!(checkpoint_every_entries > 0);
+        let r = Reader::new(bytes);
+        if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
+            return Err(r.error("not a replicated state snapshot"));
+        }
+        let mut r = Reader::new(&bytes[MAGIC.len()..]);
+        let engine_bytes = r.bytes(ENGINE_SNAPSHOT_SIZE_BYTES_MAX)?;
+        let engine = Engine::restore(engine_bytes).map_err(|_| DecodeError {
+            offset: MAGIC.len(),
+            what: "engine snapshot does not restore",
+        })?;
+        let count = r.count(20)?;
+        if count > SESSIONS_MAX {
+            return Err(r.error("more sessions than allowed"));
+        }
+        let mut sessions = BTreeMap::new();
+        let mut previous: Option<u64> = None;
+        for _ in 0..count {
+            let client_id = r.u64()?;
+            if previous.is_some_and(|p| p >= client_id) {
+                return Err(r.error("sessions out of order"));
+            }
+            previous = Some(client_id);
+            let last_seq = r.u64()?;
+            let events = r.bytes(EVENTS_SIZE_BYTES_MAX)?.to_vec();
+            sessions.insert(client_id, Session { last_seq, events });
+        }
+        r.expect_end()?;
+        Ok(ReplicatedState {
+            engine,
+            sessions,
+            checkpoints: VecDeque::new(),
+            checkpoint_every_entries,
+            events: Vec::with_capacity(256),
+            commands_applied: 0,
+            hash_checks_passed: 0,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bourse_core::{AccountId, AccountSpec, Cash, Command, CommandBody, FirmId};
+    use bourse_core::{StpMode, StpScope};
+
+    fn config() -> EngineConfig {
+        EngineConfig {
+            orders_max: 1024,
+            instruments_max: 16,
+            accounts_max: 1024,
+            levels_per_side_hint: 8,
+        }
+    }
+
+    fn add_account(client_id: u64, request_seq: u64, account: u32) -> ClientRequest {
+        ClientRequest {
+            client_id,
+            request_seq,
+            command: Command::new(
+                request_seq,
+                CommandBody::AddAccount(AccountSpec {
+                    account: AccountId(account),
+                    firm: FirmId(1),
+                    may_short: false,
+                    stp: StpMode::None,
+                    stp_scope: StpScope::Account,
+                }),
+            ),
+        }
+    }
+
+    #[test]
+    fn a_retried_request_is_answered_from_the_table_not_applied_twice() {
+        let mut s = ReplicatedState::new(config(), 10);
+        let mut out = Vec::new();
+        s.apply_batch(&[add_account(7, 1, 100)], &mut out);
+        let deposit = ClientRequest {
+            client_id: 7,
+            request_seq: 2,
+            command: Command::new(
+                2,
+                CommandBody::Deposit {
+                    account: AccountId(100),
+                    amount: Cash(50),
+                },
+            ),
+        };
+        s.apply_batch(&[deposit.clone(), deposit.clone()], &mut out);
+        assert_eq!(out[1].kind, OutcomeKind::Applied);
+        assert_eq!(out[2].kind, OutcomeKind::Duplicate);
+        assert_eq!(out[1].events, out[2].events);
+        assert_eq!(s.engine().account(AccountId(100)).unwrap().cash, Cash(50));
+        assert_eq!(s.commands_applied(), 2);
+        s.apply_batch(&[add_account(7, 1, 101)], &mut out);
+        assert_eq!(out[3].kind, OutcomeKind::Stale);
+        assert!(s.engine().account(AccountId(101)).is_none());
+    }
+
+    #[test]
+    fn snapshot_restore_keeps_the_table_and_the_hash() {
+        let mut s = ReplicatedState::new(config(), 10);
+        let mut out = Vec::new();
+        for c in 1..5u64 {
+            s.apply_batch(&[add_account(c, 1, c as u32)], &mut out);
+        }
+        let bytes = s.snapshot();
+        let restored = ReplicatedState::restore(&bytes, 10).unwrap();
+        assert_eq!(restored.state_hash(), s.state_hash());
+        assert_eq!(restored.last_seq(3), Some(1));
+        for cut in [0, 5, bytes.len() / 2, bytes.len() - 1] {
+            assert!(ReplicatedState::restore(&bytes[..cut], 10).is_err());
+        }
+    }
+
+    #[test]
+    fn the_table_is_part_of_the_hash() {
+        let mut a = ReplicatedState::new(config(), 10);
+        let mut b = ReplicatedState::new(config(), 10);
+        let mut out = Vec::new();
+        a.apply_batch(&[add_account(1, 1, 5)], &mut out);
+        b.apply_batch(&[add_account(2, 1, 5)], &mut out);
+        assert_eq!(a.engine().state_hash(), b.engine().state_hash());
+        assert_ne!(a.state_hash(), b.state_hash());
+    }
+
+    #[test]
+    fn a_different_hash_at_a_checkpoint_is_a_divergence() {
+        let mut s = ReplicatedState::new(config(), 2);
+        s.entry_applied(1);
+        s.entry_applied(2);
+        let (index, hash) = s.last_checkpoint().unwrap();
+        assert_eq!(index, 2);
+        assert_eq!(s.check_hash(2, hash), Ok(true));
+        assert_eq!(s.check_hash(4, hash), Ok(false));
+        assert!(s.check_hash(2, hash ^ 1).is_err());
+    }
+}

@@ -1,0 +1,625 @@
+//! openraft's storage over bourse's journal and snapshot store.
+//!
+//! - [`LogStore`] implements `RaftLogStorage` on a [`Journal`] (the mapping table is in
+//!   `bourse_journal`'s lib.rs). A journal record's payload is the bincode of openraft's whole
+//!   `Entry` (log id, and a blank, membership or [`LogCommand`] payload). openraft's append
+//!   callback fires only when the journal says the entries are durable under its fsync mode:
+//!   at once under `always` (append fsyncs) and `never` (the operator chose to count written
+//!   as appended), and under `batch` when the flusher task's fsync has covered them.
+//! - [`StateMachineStore`] implements `RaftStateMachine` on a [`ReplicatedState`], with
+//!   snapshots in a [`SnapshotStore`]. Snapshot data = `membership_len u32, bincode of the
+//!   StoredMembership, state snapshot bytes`.
+//!
+//! Journal and snapshot calls are blocking file I/O made from async functions; they are short
+//! (an fsync at most) and openraft runs storage on its own tasks, so we accept the stall rather
+//! than pay a thread hop per append.
+
+use std::collections::VecDeque;
+use std::fmt::Debug;
+use std::io::Cursor;
+use std::ops::{Bound, RangeBounds};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bourse_engine::EngineConfig;
+use bourse_journal::{
+    ChainPoint, Entry as JournalEntry, Fsync, Journal, Meta, SnapshotMeta as JournalSnapshotMeta,
+    SnapshotStore,
+};
+use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
+use openraft::{
+    AnyError, CommittedLeaderId, Entry, EntryPayload, LeaderId, LogId, LogState, RaftLogReader,
+    RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError, StorageIOError, StoredMembership,
+    Vote,
+};
+
+use crate::batch::LogCommand;
+use crate::state::{Outcome, ReplicatedState};
+use crate::{NodeId, TypeConfig};
+
+/// Largest membership record inside a snapshot.
+const MEMBERSHIP_SIZE_BYTES_MAX: usize = 1 << 20;
+
+fn io_err<E: std::error::Error + 'static>(e: &E) -> AnyError {
+    AnyError::new(e)
+}
+
+fn log_id(term: u64, index: u64) -> LogId<NodeId> {
+    LogId::new(CommittedLeaderId::new(term, 0), index)
+}
+
+/// Everything the flusher and appenders share.
+struct LogInner {
+    journal: Journal,
+    /// Callbacks waiting for an fsync (only under `Fsync::Batch`): the last index each covers.
+    waiting: VecDeque<(u64, LogFlushed<TypeConfig>)>,
+}
+
+impl LogInner {
+    /// Fires every waiting callback the journal's durable point has passed.
+    fn release_durable(&mut self) {
+        let durable = self.journal.durable_next_index();
+        while self
+            .waiting
+            .front()
+            .is_some_and(|(last, _)| *last < durable)
+        {
+            let (_, callback) = self.waiting.pop_front().expect("front exists");
+            callback.log_io_completed(Ok(()));
+        }
+    }
+
+    fn fail_waiting(&mut self, why: &str) {
+        for (_, callback) in self.waiting.drain(..) {
+            callback.log_io_completed(Err(std::io::Error::other(why.to_string())));
+        }
+    }
+}
+
+/// openraft's log storage on a journal. Clones share the journal (the reader is a clone).
+#[derive(Clone)]
+pub struct LogStore {
+    inner: Arc<Mutex<LogInner>>,
+}
+
+impl LogStore {
+    pub fn new(journal: Journal) -> LogStore {
+        let fsync = journal.config().fsync;
+        let store = LogStore {
+            inner: Arc::new(Mutex::new(LogInner {
+                journal,
+                waiting: VecDeque::new(),
+            })),
+        };
+        if let Fsync::Batch { interval_ms, .. } = fsync {
+            // Under `batch` nothing fsyncs while no appends arrive, so a timer must, or the
+            // last appends would never be acknowledged.
+            let weak = Arc::downgrade(&store.inner);
+            tokio::spawn(async move {
+                let period = Duration::from_millis(u64::from(interval_ms.max(1)));
+                loop {
+                    tokio::time::sleep(period).await;
+                    let Some(inner) = weak.upgrade() else { return };
+                    let mut inner = inner.lock().expect("log lock");
+                    if inner.waiting.is_empty() {
+                        continue;
+                    }
+                    match inner.journal.flush() {
+                        Ok(()) => inner.release_durable(),
+                        Err(e) => inner.fail_waiting(&e.to_string()),
+                    }
+                }
+            });
+        }
+        store
+    }
+
+    /// The last log index and term in the journal, for status reports.
+    pub fn last_position(&self) -> Option<(u64, u64)> {
+        let inner = self.inner.lock().expect("log lock");
+        inner.journal.last_position().map(|p| (p.index, p.term))
+    }
+
+    fn read_entries(
+        &self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
+        let inner = self.inner.lock().expect("log lock");
+        let first = inner
+            .journal
+            .first_index()
+            .unwrap_or(inner.journal.next_index());
+        let start = start.max(first);
+        let end = end.min(inner.journal.next_index());
+        if start >= end {
+            return Ok(Vec::new());
+        }
+        let mut entries = Vec::with_capacity((end - start) as usize);
+        let iter = inner
+            .journal
+            .entries(start..end)
+            .map_err(|e| StorageIOError::read_logs(io_err(&e)))?;
+        for record in iter {
+            let record = record.map_err(|e| StorageIOError::read_logs(io_err(&e)))?;
+            let entry: Entry<TypeConfig> = bincode::deserialize(&record.payload)
+                .map_err(|e| StorageIOError::read_log_at_index(record.index, io_err(&*e)))?;
+            if entry.log_id.index != record.index || entry.log_id.leader_id.term != record.term {
+                return Err(StorageIOError::read_log_at_index(
+                    record.index,
+                    AnyError::error("journal record and entry disagree on the log id"),
+                )
+                .into());
+            }
+            entries.push(entry);
+        }
+        Ok(entries)
+    }
+}
+
+fn bounds(range: &impl RangeBounds<u64>) -> (u64, u64) {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.saturating_add(1),
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => u64::MAX,
+    };
+    (start, end)
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
+        let (start, end) = bounds(&range);
+        self.read_entries(start, end)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<NodeId>> {
+        let inner = self.inner.lock().expect("log lock");
+        Ok(LogState {
+            last_purged_log_id: inner.journal.last_purged().map(|p| log_id(p.term, p.index)),
+            last_log_id: inner
+                .journal
+                .last_position()
+                .map(|p| log_id(p.term, p.index)),
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> LogStore {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
+        let mut inner = self.inner.lock().expect("log lock");
+        let meta = Meta {
+            term: vote.leader_id.term,
+            voted_for: vote.leader_id.voted_for,
+            vote_committed: vote.committed,
+            committed: inner.journal.meta().committed,
+        };
+        inner
+            .journal
+            .save_meta(meta)
+            .map_err(|e| StorageIOError::write_vote(io_err(&e)).into())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
+        let inner = self.inner.lock().expect("log lock");
+        let meta = inner.journal.meta();
+        if meta.term == 0 && meta.voted_for.is_none() && !meta.vote_committed {
+            return Ok(None);
+        }
+        Ok(Some(Vote {
+            leader_id: LeaderId {
+                term: meta.term,
+                voted_for: meta.voted_for,
+            },
+            committed: meta.vote_committed,
+        }))
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let mut records = Vec::new();
+        for entry in entries {
+            let payload = bincode::serialize(&entry)
+                .map_err(|e| StorageIOError::write_log_entry(entry.log_id, io_err(&*e)))?;
+            records.push(JournalEntry {
+                index: entry.log_id.index,
+                term: entry.log_id.leader_id.term,
+                payload,
+            });
+        }
+        let mut inner = self.inner.lock().expect("log lock");
+        let Some(last) = records.last().map(|r| r.index) else {
+            callback.log_io_completed(Ok(()));
+            return Ok(());
+        };
+        if let Err(e) = inner.journal.append(&records) {
+            // The journal is poisoned now (fail-stop): it refuses every later write, so this
+            // node stops acknowledging; openraft shuts the node down on this error.
+            callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+            return Err(StorageIOError::write_logs(io_err(&e)).into());
+        }
+        match inner.journal.config().fsync {
+            Fsync::Always | Fsync::Never => callback.log_io_completed(Ok(())),
+            Fsync::Batch { .. } => {
+                inner.waiting.push_back((last, callback));
+                inner.release_durable();
+            }
+        }
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        let mut inner = self.inner.lock().expect("log lock");
+        let Some(keep_last) = log_id.index.checked_sub(1) else {
+            return Err(StorageIOError::write_logs(AnyError::error(
+                "refusing to truncate the whole log (a conflict at index 0)",
+            ))
+            .into());
+        };
+        inner
+            .journal
+            .truncate_after(keep_last)
+            .map_err(|e| StorageIOError::write_logs(io_err(&e)).into())
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        let mut inner = self.inner.lock().expect("log lock");
+        let result = if log_id.index < inner.journal.next_index() {
+            inner.journal.purge_upto(log_id.index).map(|_| ())
+        } else {
+            // An installed snapshot lies beyond this log: restart the log after it. Chain
+            // hashes are this node's own file chain, so a fresh point starts it anew.
+            inner.journal.reset(ChainPoint {
+                index: log_id.index,
+                term: log_id.leader_id.term,
+                hash: 0,
+            })
+        };
+        result.map_err(|e| StorageIOError::write_logs(io_err(&e)).into())
+    }
+}
+
+/// Divergence alarms raised by hash checks; shared with the node for status reports.
+pub type Alarm = Arc<Mutex<Option<String>>>;
+
+struct SmInner {
+    state: ReplicatedState,
+    last_applied: Option<LogId<NodeId>>,
+    membership: StoredMembership<NodeId, openraft::BasicNode>,
+    snapshots: SnapshotStore,
+    cluster_id: u128,
+    checkpoint_every_entries: u64,
+    alarm: Alarm,
+    outcomes: Vec<Outcome>,
+}
+
+/// openraft's state machine: the replicated state and its snapshots.
+#[derive(Clone)]
+pub struct StateMachineStore {
+    inner: Arc<tokio::sync::Mutex<SmInner>>,
+}
+
+/// What a state-machine store reports to the node's status.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AppliedStatus {
+    pub last_applied_index: Option<u64>,
+    pub state_hash: u64,
+    pub commands_applied: u64,
+    /// The engine's own count of applied commands: part of the replicated state, so it
+    /// survives restarts and tells whether each acknowledged command was applied exactly once.
+    pub engine_commands: u64,
+    pub hash_checks_passed: u64,
+}
+
+fn encode_snapshot_data(
+    membership: &StoredMembership<NodeId, openraft::BasicNode>,
+    state: &[u8],
+) -> Vec<u8> {
+    let m = bincode::serialize(membership).expect("membership encodes");
+    let mut data = Vec::with_capacity(4 + m.len() + state.len());
+    data.extend_from_slice(&(m.len() as u32).to_le_bytes());
+    data.extend_from_slice(&m);
+    data.extend_from_slice(state);
+    data
+}
+
+fn decode_snapshot_data(
+    data: &[u8],
+) -> Result<(StoredMembership<NodeId, openraft::BasicNode>, &[u8]), String> {
+    let len = data
+        .get(..4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        .ok_or("snapshot shorter than its header")?;
+    if len > MEMBERSHIP_SIZE_BYTES_MAX || data.len() < 4 + len {
+        return Err("snapshot membership length out of range".to_string());
+    }
+    let membership =
+        bincode::deserialize(&data[4..4 + len]).map_err(|e| format!("snapshot membership: {e}"))?;
+    Ok((membership, &data[4 + len..]))
+}
+
+impl StateMachineStore {
+    /// Opens the state machine, restoring the newest valid snapshot in `snapshots` if any.
+    pub fn open(
+        snapshots: SnapshotStore,
+        cluster_id: u128,
+        engine: EngineConfig,
+        checkpoint_every_entries: u64,
+        alarm: Alarm,
+    ) -> Result<StateMachineStore, String> {
+        let latest = snapshots.latest().map_err(|e| e.to_string())?;
+        for skipped in &latest.skipped {
+            eprintln!(
+                "bourse-cluster: skipped damaged snapshot {}: {}",
+                skipped.file.display(),
+                skipped.reason
+            );
+        }
+        let (state, last_applied, membership) = match latest.snapshot {
+            Some(snap) => {
+                let (membership, state_bytes) = decode_snapshot_data(&snap.data)?;
+                let state = ReplicatedState::restore(state_bytes, checkpoint_every_entries)
+                    .map_err(|e| format!("snapshot {}: {e}", snap.file.display()))?;
+                let hash = state.state_hash();
+                if hash != snap.meta.state_hash {
+                    return Err(format!(
+                        "snapshot {}: state hash {hash:016x} differs from the recorded {:016x}",
+                        snap.file.display(),
+                        snap.meta.state_hash
+                    ));
+                }
+                (
+                    state,
+                    Some(log_id(snap.meta.last_term, snap.meta.last_index)),
+                    membership,
+                )
+            }
+            None => (
+                ReplicatedState::new(engine, checkpoint_every_entries),
+                None,
+                StoredMembership::default(),
+            ),
+        };
+        Ok(StateMachineStore {
+            inner: Arc::new(tokio::sync::Mutex::new(SmInner {
+                state,
+                last_applied,
+                membership,
+                snapshots,
+                cluster_id,
+                checkpoint_every_entries,
+                alarm,
+                outcomes: Vec::new(),
+            })),
+        })
+    }
+
+    pub async fn status(&self) -> AppliedStatus {
+        let inner = self.inner.lock().await;
+        AppliedStatus {
+            last_applied_index: inner.last_applied.map(|l| l.index),
+            state_hash: inner.state.state_hash(),
+            commands_applied: inner.state.commands_applied(),
+            engine_commands: inner.state.engine().counters().commands,
+            hash_checks_passed: inner.state.hash_checks_passed(),
+        }
+    }
+
+    /// The newest hash checkpoint, for the leader to put in a hash entry.
+    pub async fn last_checkpoint(&self) -> Option<(u64, u64)> {
+        self.inner.lock().await.state.last_checkpoint()
+    }
+
+    /// Runs `f` on the state (tests and tools).
+    pub async fn with_state<R>(&self, f: impl FnOnce(&ReplicatedState) -> R) -> R {
+        f(&self.inner.lock().await.state)
+    }
+}
+
+impl SmInner {
+    fn build(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        let state = self.state.snapshot();
+        let state_hash = xxhash_rust::xxh3::xxh3_64(&state);
+        let data = encode_snapshot_data(&self.membership, &state);
+        let (last_index, last_term) = self
+            .last_applied
+            .map_or((0, 0), |l| (l.index, l.leader_id.term));
+        if self.last_applied.is_some() {
+            self.snapshots
+                .write(
+                    JournalSnapshotMeta {
+                        cluster_id: self.cluster_id,
+                        last_index,
+                        last_term,
+                        state_hash,
+                        chain_hash: 0,
+                    },
+                    &data,
+                )
+                .map_err(|e| StorageIOError::write_snapshot(None, io_err(&e)))?;
+        }
+        let meta = SnapshotMeta {
+            last_log_id: self.last_applied,
+            last_membership: self.membership.clone(),
+            snapshot_id: format!("{last_index}-{last_term}-{state_hash:016x}"),
+        };
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        self.inner.lock().await.build()
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = StateMachineStore;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<
+        (
+            Option<LogId<NodeId>>,
+            StoredMembership<NodeId, openraft::BasicNode>,
+        ),
+        StorageError<NodeId>,
+    > {
+        let inner = self.inner.lock().await;
+        Ok((inner.last_applied, inner.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<Outcome>>, StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let mut inner = self.inner.lock().await;
+        let inner = &mut *inner;
+        let mut responses = Vec::new();
+        for entry in entries {
+            assert!(
+                inner
+                    .last_applied
+                    .map_or(true, |l| l.index < entry.log_id.index),
+                "entries are applied in log order, once"
+            );
+            inner.last_applied = Some(entry.log_id);
+            let mut outcomes = std::mem::take(&mut inner.outcomes);
+            outcomes.clear();
+            match entry.payload {
+                EntryPayload::Blank => {}
+                EntryPayload::Membership(m) => {
+                    inner.membership = StoredMembership::new(Some(entry.log_id), m);
+                }
+                EntryPayload::Normal(LogCommand::Batch(requests)) => {
+                    inner.state.apply_batch(&requests, &mut outcomes);
+                }
+                EntryPayload::Normal(LogCommand::HashCheck { index, state_hash }) => {
+                    if let Err(divergence) = inner.state.check_hash(index, state_hash) {
+                        let text = format!("ALARM: {divergence}; taking this node out");
+                        eprintln!("bourse-cluster: {text}");
+                        *inner.alarm.lock().expect("alarm lock") = Some(text.clone());
+                        // A storage error is fatal to openraft: the node stops serving.
+                        return Err(
+                            StorageIOError::apply(entry.log_id, AnyError::error(text)).into()
+                        );
+                    }
+                }
+            }
+            inner.state.entry_applied(entry.log_id.index);
+            responses.push(outcomes.clone());
+            inner.outcomes = outcomes;
+        }
+        Ok(responses)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> StateMachineStore {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, openraft::BasicNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        let mut inner = self.inner.lock().await;
+        let data = snapshot.into_inner();
+        let bad = |why: String| {
+            StorageError::from(StorageIOError::read_snapshot(
+                Some(meta.signature()),
+                AnyError::error(why),
+            ))
+        };
+        let (membership, state_bytes) = decode_snapshot_data(&data).map_err(bad)?;
+        let state = ReplicatedState::restore(state_bytes, inner.checkpoint_every_entries)
+            .map_err(|e| bad(e.to_string()))?;
+        inner.state = state;
+        inner.membership = membership;
+        inner.last_applied = meta.last_log_id;
+        if let Some(last) = meta.last_log_id {
+            let state_hash = xxhash_rust::xxh3::xxh3_64(state_bytes);
+            let cluster_id = inner.cluster_id;
+            inner
+                .snapshots
+                .write(
+                    JournalSnapshotMeta {
+                        cluster_id,
+                        last_index: last.index,
+                        last_term: last.leader_id.term,
+                        state_hash,
+                        chain_hash: 0,
+                    },
+                    &data,
+                )
+                .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), io_err(&e)))?;
+        }
+        Ok(())
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        let inner = self.inner.lock().await;
+        let latest = inner
+            .snapshots
+            .latest()
+            .map_err(|e| StorageIOError::read_snapshot(None, io_err(&e)))?;
+        let Some(snap) = latest.snapshot else {
+            return Ok(None);
+        };
+        let (membership, _) = decode_snapshot_data(&snap.data).map_err(|why| {
+            StorageError::from(StorageIOError::read_snapshot(None, AnyError::error(why)))
+        })?;
+        Ok(Some(Snapshot {
+            meta: SnapshotMeta {
+                last_log_id: Some(log_id(snap.meta.last_term, snap.meta.last_index)),
+                last_membership: membership,
+                snapshot_id: format!(
+                    "{}-{}-{:016x}",
+                    snap.meta.last_index, snap.meta.last_term, snap.meta.state_hash
+                ),
+            },
+            snapshot: Box::new(Cursor::new(snap.data)),
+        }))
+    }
+}
+
+/// The application command in a journal record's payload (None for blank and membership
+/// entries): what replay and operator tools need without openraft's types.
+pub fn entry_command(payload: &[u8]) -> Result<Option<LogCommand>, String> {
+    let entry: Entry<TypeConfig> = bincode::deserialize(payload).map_err(|e| e.to_string())?;
+    Ok(match entry.payload {
+        EntryPayload::Normal(command) => Some(command),
+        _ => None,
+    })
+}
