@@ -13,6 +13,7 @@ use anyhow::{bail, Result};
 use bourse_core::*;
 use bourse_engine::workload::{Flow, FlowConfig};
 use bourse_engine::{Engine, EngineConfig};
+use bourse_monitor::{clock, CoreMonitor, DashboardServer, Monitor, MonitorConfig, Stage, Trace};
 use clap::Args;
 use hdrhistogram::Histogram;
 use serde_json::json;
@@ -41,6 +42,13 @@ pub struct EngineBenchArgs {
     /// Print one JSON object per scenario and mode instead of tables.
     #[arg(long)]
     json: bool,
+    /// Monitoring (probes, counters, dashboard server) during the measured runs: off, on, or
+    /// both (adds a side-by-side comparison, runs interleaved).
+    #[arg(long, default_value = "off")]
+    monitor: String,
+    /// With monitoring on, probes record one command in this many.
+    #[arg(long, default_value_t = 16)]
+    monitor_sample_every: u32,
 }
 
 /// A recorded stream: the starting snapshot and the measured commands.
@@ -137,14 +145,20 @@ fn check_hash(engine: &Engine, w: &Workload) -> Result<()> {
     Ok(())
 }
 
-/// Back to back, no clock reads inside the loop.
-fn throughput(w: &Workload) -> Result<f64> {
+/// Back to back, no clock reads inside the loop (with monitoring: sampled ones only).
+fn throughput(w: &Workload, monitor: Option<&Monitor>) -> Result<f64> {
     let mut engine = Engine::restore(&w.start)?;
     let mut events = Vec::with_capacity(1024);
+    let mut core = monitor.map(|m| m.core(w.name));
     let t0 = Instant::now();
-    for cmd in &w.commands {
-        events.clear();
-        engine.apply(cmd, &mut events);
+    match core.as_mut() {
+        None => {
+            for cmd in &w.commands {
+                events.clear();
+                engine.apply(cmd, &mut events);
+            }
+        }
+        Some(core) => monitored_run(&mut engine, &mut events, &w.commands, core),
     }
     let elapsed = t0.elapsed();
     check_hash(&engine, w)?;
@@ -168,7 +182,12 @@ fn service_time(w: &Workload) -> Result<Histograms> {
 }
 
 /// Open loop at `rate` commands per second: latency from each command's scheduled time.
-fn open_loop(w: &Workload, rate: u64, seconds_max: u64) -> Result<(Histograms, f64, usize)> {
+fn open_loop(
+    w: &Workload,
+    rate: u64,
+    seconds_max: u64,
+    monitor: Option<&Monitor>,
+) -> Result<(Histograms, f64, usize)> {
     let mut engine = Engine::restore(&w.start)?;
     let mut events = Vec::with_capacity(1024);
     let mut h = Histograms::new();
@@ -178,6 +197,7 @@ fn open_loop(w: &Workload, rate: u64, seconds_max: u64) -> Result<(Histograms, f
         .min((rate.saturating_mul(seconds_max)) as usize)
         .max(1);
     let interval_ns = 1e9 / rate as f64;
+    let mut core = monitor.map(|m| m.core(w.name));
     let start = Instant::now() + Duration::from_millis(1);
     for (i, cmd) in w.commands[..n].iter().enumerate() {
         let scheduled = start + Duration::from_nanos((i as f64 * interval_ns) as u64);
@@ -189,6 +209,17 @@ fn open_loop(w: &Workload, rate: u64, seconds_max: u64) -> Result<(Histograms, f
         events.clear();
         engine.apply(cmd, &mut events);
         let done = Instant::now();
+        if let Some(core) = core.as_mut() {
+            // As the demo does: the loop's own clock reads are the stamps.
+            core.on_command(cmd.kind(), &events);
+            if core.sample() {
+                let mut trace = Trace::new(cmd.kind());
+                trace.stamp_at(Stage::SocketRead, clock::ns_of(scheduled));
+                trace.stamp_at(Stage::Processed, clock::ns_of(done));
+                core.on_trace(&trace);
+            }
+            core.maybe_flush(clock::ns_of(done));
+        }
         h.record(cmd.kind(), done.duration_since(scheduled).as_nanos() as u64);
     }
     let elapsed = start.elapsed().as_secs_f64();
@@ -222,6 +253,7 @@ pub fn engine(args: EngineBenchArgs) -> Result<()> {
     if args.rates.contains(&0) {
         bail!("--rates must be positive");
     }
+    let monitoring = Monitoring::start(&args.monitor, args.monitor_sample_every)?;
     let machine = Machine::this();
     let clock_ns = clock_read_ns();
     if !args.json {
@@ -243,11 +275,12 @@ pub fn engine(args: EngineBenchArgs) -> Result<()> {
     }
     for (name, config) in scenarios {
         let w = generate(name, config, args.warmup, args.ops);
-        let tput = throughput(&w)?;
+        let tput = throughput(&w, monitoring.on())?;
         let service = service_time(&w)?;
         let base = json!({
             "bench": "engine",
             "scenario": name,
+            "monitor": if monitoring.on().is_some() { "on" } else { "off" },
             "commands": w.commands.len(),
             "orders_accepted": w.orders_accepted,
             "trades": w.trades,
@@ -284,7 +317,7 @@ pub fn engine(args: EngineBenchArgs) -> Result<()> {
             }
         }
         for &rate in &args.rates {
-            let (h, achieved, n) = open_loop(&w, rate, args.open_loop_seconds)?;
+            let (h, achieved, n) = open_loop(&w, rate, args.open_loop_seconds, monitoring.on())?;
             if args.json {
                 let mut o = base.clone();
                 o["mode"] = json!("open-loop");
@@ -308,9 +341,142 @@ pub fn engine(args: EngineBenchArgs) -> Result<()> {
                 }
             }
         }
+        if monitoring.compare {
+            compare_monitoring(&w, &args, &monitoring, &base)?;
+        }
         if !args.json {
             println!();
         }
+    }
+    Ok(())
+}
+
+/// `--monitor`: whether measured runs carry monitoring, and the monitor they report into.
+struct Monitoring {
+    /// With the dashboard server running, as in `bourse demo`.
+    monitor: Option<(std::sync::Arc<Monitor>, DashboardServer)>,
+    on_by_default: bool,
+    compare: bool,
+}
+
+impl Monitoring {
+    fn start(mode: &str, sample_every: u32) -> Result<Monitoring> {
+        let (on_by_default, compare) = match mode {
+            "off" => (false, false),
+            "on" => (true, false),
+            "both" => (false, true),
+            other => bail!("--monitor must be on, off or both, not '{other}'"),
+        };
+        let monitor = if on_by_default || compare {
+            let m = Monitor::new(MonitorConfig {
+                sample_every,
+                node_name: "bench".into(),
+                ..MonitorConfig::default()
+            });
+            let server = DashboardServer::start(m.clone(), "127.0.0.1:0".parse()?)?;
+            Some((m, server))
+        } else {
+            None
+        };
+        Ok(Monitoring {
+            monitor,
+            on_by_default,
+            compare,
+        })
+    }
+    fn on(&self) -> Option<&Monitor> {
+        self.monitor
+            .as_ref()
+            .filter(|_| self.on_by_default)
+            .map(|(m, _)| &**m)
+    }
+    fn always(&self) -> Option<&Monitor> {
+        self.monitor.as_ref().map(|(m, _)| &**m)
+    }
+}
+
+/// The measured loop with monitoring, as a core thread would run it: counts per command,
+/// probes on sampled commands, a clock read for the flush check once per 1,024 commands.
+fn monitored_run(
+    engine: &mut Engine,
+    events: &mut Vec<Event>,
+    commands: &[Command],
+    core: &mut CoreMonitor,
+) {
+    for (i, cmd) in commands.iter().enumerate() {
+        events.clear();
+        if core.sample() {
+            let mut trace = Trace::new(cmd.kind());
+            trace.stamp(Stage::Committed);
+            engine.apply(cmd, events);
+            trace.stamp(Stage::Processed);
+            core.on_trace(&trace);
+        } else {
+            engine.apply(cmd, events);
+        }
+        core.on_command(cmd.kind(), events);
+        if i % 1024 == 0 {
+            core.maybe_flush(clock::now_ns());
+        }
+    }
+    core.flush();
+}
+
+/// Throughput and open-loop p99 with monitoring off and on, interleaved (off, on, off, on, …)
+/// so that drift of the machine hits both alike; each figure is the best of its runs.
+fn compare_monitoring(
+    w: &Workload,
+    args: &EngineBenchArgs,
+    monitoring: &Monitoring,
+    base: &serde_json::Value,
+) -> Result<()> {
+    const RUNS: usize = 5;
+    let on = monitoring.always();
+    let (mut tput_off, mut tput_on) = (0f64, 0f64);
+    for _ in 0..RUNS {
+        tput_off = tput_off.max(throughput(w, None)?);
+        tput_on = tput_on.max(throughput(w, on)?);
+    }
+    let rate = args.rates.first().copied().unwrap_or(1_000_000);
+    let (mut p99_off, mut p99_on) = (u64::MAX, u64::MAX);
+    for _ in 0..RUNS {
+        let (h, _, _) = open_loop(w, rate, args.open_loop_seconds, None)?;
+        p99_off = p99_off.min(h.all.value_at_quantile(0.99));
+        let (h, _, _) = open_loop(w, rate, args.open_loop_seconds, on)?;
+        p99_on = p99_on.min(h.all.value_at_quantile(0.99));
+    }
+    let tput_change_pct = (tput_on / tput_off - 1.0) * 100.0;
+    let p99_change_pct = (p99_on as f64 / p99_off.max(1) as f64 - 1.0) * 100.0;
+    let sample_every = on.map(|m| m.config().sample_every).unwrap_or(0);
+    if args.json {
+        let mut o = base.clone();
+        o["mode"] = json!("monitor-compare");
+        o["monitor"] = json!("both");
+        o["sample_every"] = json!(sample_every);
+        o["offered_per_s"] = json!(rate);
+        o["throughput_per_s"] =
+            json!({"off": tput_off.round() as u64, "on": tput_on.round() as u64});
+        o["throughput_change_pct"] = json!((tput_change_pct * 100.0).round() / 100.0);
+        o["open_loop_p99_ns"] = json!({"off": p99_off, "on": p99_on});
+        o["p99_change_pct"] = json!((p99_change_pct * 100.0).round() / 100.0);
+        println!("{o}");
+    } else {
+        println!(
+            "  monitoring off vs on (probes 1 in {sample_every}, counters, dashboard server), best of {RUNS} interleaved runs:"
+        );
+        println!(
+            "    throughput, back to back:   {:>12} vs {:>12} commands/s  ({:+.1}%)",
+            report::count(tput_off as u64),
+            report::count(tput_on as u64),
+            tput_change_pct
+        );
+        println!(
+            "    open loop p99 at {:>9}/s: {:>12} vs {:>12}             ({:+.1}%)",
+            report::count(rate),
+            report::ns(p99_off),
+            report::ns(p99_on),
+            p99_change_pct
+        );
     }
     Ok(())
 }

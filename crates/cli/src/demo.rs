@@ -6,15 +6,25 @@
 //! with the maxima, the service time per command type, and proves the core deterministic by
 //! restoring its snapshot and comparing state hashes.
 //!
-//! Later issues grow this into the full system: a replicated core per market, gateways,
-//! market data and a dashboard.
+//! The live dashboard (bourse-monitor) runs on its own thread at `--dashboard-port` and serves
+//! `/metrics` for Prometheus; the engine loop stays a plain thread and only feeds it: sampled
+//! stage timestamps (t0 = the command's scheduled arrival, t4 = taken by the core, which has no
+//! replication to wait for here, t5 = processed, t6 = its events counted) and the seeds'
+//! counts, published every flush interval.
+//!
+//! Later issues grow this into the full system: a replicated core per market, gateways and
+//! market data.
 
 use crate::report::{self, histogram, record, Latency};
 use anyhow::{bail, Result};
 use bourse_core::*;
 use bourse_engine::workload::{Flow, FlowConfig};
 use bourse_engine::{Engine, EngineConfig};
+use bourse_monitor::{
+    clock, DashboardServer, Monitor, MonitorConfig, NodeStatus, Role, Stage, Trace,
+};
 use clap::Args;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -32,6 +42,57 @@ pub struct DemoArgs {
     accounts: u32,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Port of the live dashboard and /metrics on 127.0.0.1 (0: any free port). Without it,
+    /// 8088, or any free port if 8088 is taken.
+    #[arg(long)]
+    dashboard_port: Option<u16>,
+    /// Run without the dashboard, /metrics and probes.
+    #[arg(long)]
+    no_dashboard: bool,
+    /// Monitoring config (TOML: sample_every, tick_ms, [alerts] p99_us_max, ...).
+    #[arg(long)]
+    monitor_config: Option<std::path::PathBuf>,
+    /// Stage probes record one command in this many (overrides the config; 0: probes off).
+    #[arg(long)]
+    sample_every: Option<u32>,
+    /// Keep the dashboard serving this many seconds after the run ends (Ctrl-C ends it early).
+    #[arg(long, default_value_t = 0)]
+    linger_seconds: u64,
+}
+
+/// Default dashboard port when none is given.
+const DASHBOARD_PORT_DEFAULT: u16 = 8088;
+
+/// Starts the monitor and its server as the arguments say; `None` with `--no-dashboard`.
+fn start_monitor(args: &DemoArgs) -> Result<Option<(std::sync::Arc<Monitor>, DashboardServer)>> {
+    if args.no_dashboard {
+        return Ok(None);
+    }
+    let mut config = match &args.monitor_config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+            MonitorConfig::from_toml(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+        }
+        None => MonitorConfig::default(),
+    };
+    if let Some(n) = args.sample_every {
+        config.sample_every = n;
+    }
+    config.node_name = "demo (one core, in process)".into();
+    let monitor = Monitor::new(config);
+    let at = |port| SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let server = match args.dashboard_port {
+        Some(port) => DashboardServer::start(monitor.clone(), at(port)).map_err(|e| {
+            anyhow::anyhow!(
+                "dashboard on 127.0.0.1:{port}: {e} (try --dashboard-port 0 or --no-dashboard)"
+            )
+        })?,
+        None => DashboardServer::start(monitor.clone(), at(DASHBOARD_PORT_DEFAULT))
+            .or_else(|_| DashboardServer::start(monitor.clone(), at(0)))?,
+    };
+    Ok(Some((monitor, server)))
 }
 
 /// Figures of one second (or of the whole run).
@@ -109,6 +170,11 @@ pub fn run(args: DemoArgs) -> Result<()> {
         let _ = ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst));
     }
 
+    let dashboard = start_monitor(&args)?;
+    let mut core_monitor = match &dashboard {
+        Some((m, _)) => m.core("demo"),
+        None => bourse_monitor::CoreMonitor::disabled(),
+    };
     let mut engine = Engine::new(EngineConfig::default());
     let mut flow = Flow::new(FlowConfig::three_markets(args.accounts, args.seed));
     let mut events = Vec::with_capacity(1024);
@@ -131,6 +197,15 @@ pub fn run(args: DemoArgs) -> Result<()> {
             i.lot_size,
             i.band_bps as f64 / 100.0
         );
+    }
+    match &dashboard {
+        Some((m, server)) => println!(
+            "  dashboard: {}  (Prometheus: {}metrics; probes sample 1 in {})",
+            server.url(),
+            server.url(),
+            m.config().sample_every
+        ),
+        None => println!("  dashboard: off"),
     }
     match args.seconds {
         Some(s) => println!(
@@ -191,11 +266,25 @@ pub fn run(args: DemoArgs) -> Result<()> {
             );
             total.merge(&second);
             peak.max(&second);
+            core_monitor.set_live_orders(engine.live_orders() as u64);
+            if let Some((m, _)) = &dashboard {
+                // Once a second, off the per-command path: the view takes a short lock.
+                let applied = total.commands;
+                m.cluster().report(NodeStatus {
+                    id: 1,
+                    role: Role::Standalone,
+                    term: 0,
+                    commit_index: applied,
+                    applied_index: applied,
+                    state_hash: None,
+                });
+            }
             second = Tally::default();
             second_service.reset();
             second_end += Duration::from_secs(1);
             continue;
         }
+        core_monitor.maybe_flush(clock::ns_of(now));
         if now < next_send {
             // Sleep most of the gap; a 2-core machine has no core to spin on.
             let gap = next_send - now;
@@ -209,11 +298,13 @@ pub fn run(args: DemoArgs) -> Result<()> {
         // Send every command that is due (open loop: a slow second is caught up, not skipped).
         let mut sent = 0;
         while next_send <= now && sent < 10_000 {
+            let sampled = core_monitor.sample();
             let cmd = Command::new(now_ns(), flow.next_command());
             events.clear();
             let t0 = Instant::now();
             engine.apply(&cmd, &mut events);
-            let ns = t0.elapsed().as_nanos() as u64;
+            let t1 = Instant::now();
+            let ns = t1.duration_since(t0).as_nanos() as u64;
             record(
                 &mut service[CommandKind::ALL
                     .iter()
@@ -224,12 +315,24 @@ pub fn run(args: DemoArgs) -> Result<()> {
             record(&mut second_service, ns);
             flow.observe(&events);
             second.add(&events);
+            core_monitor.on_command(cmd.kind(), &events);
+            if sampled {
+                // The clock reads around apply serve as stamps; one more read ends the trace.
+                let mut trace = Trace::new(cmd.kind());
+                trace.stamp_at(Stage::SocketRead, clock::ns_of(next_send));
+                trace.stamp_at(Stage::Committed, clock::ns_of(t0));
+                trace.stamp_at(Stage::Processed, clock::ns_of(t1));
+                trace.stamp(Stage::Encoded);
+                core_monitor.on_trace(&trace);
+            }
             next_send += interval;
             sent += 1;
         }
     }
     total.merge(&second);
     let elapsed = start.elapsed().as_secs_f64();
+    core_monitor.set_live_orders(engine.live_orders() as u64);
+    core_monitor.flush();
 
     println!("\nsummary after {elapsed:.1} s");
     println!(
@@ -284,6 +387,36 @@ pub fn run(args: DemoArgs) -> Result<()> {
     println!("  invariants hold: no crossed book, reservations and positions consistent");
     if !same {
         bail!("snapshot restore changed the state hash");
+    }
+    if let Some((m, server)) = &dashboard {
+        if args.linger_seconds > 0 {
+            m.cluster().report(NodeStatus {
+                id: 1,
+                role: Role::Standalone,
+                term: 0,
+                commit_index: total.commands,
+                applied_index: total.commands,
+                state_hash: Some(hash),
+            });
+            println!(
+                "\n  dashboard stays at {} for {} s (Ctrl-C ends it)",
+                server.url(),
+                args.linger_seconds
+            );
+            let until = Instant::now() + Duration::from_secs(args.linger_seconds);
+            while Instant::now() < until && !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(100));
+                // The standalone node is alive while it lingers.
+                m.cluster().report(NodeStatus {
+                    id: 1,
+                    role: Role::Standalone,
+                    term: 0,
+                    commit_index: total.commands,
+                    applied_index: total.commands,
+                    state_hash: Some(hash),
+                });
+            }
+        }
     }
     Ok(())
 }

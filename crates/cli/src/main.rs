@@ -6,10 +6,15 @@
 //! this file only parses arguments and dispatches.
 
 mod bench;
+mod cluster_cmd;
 mod demo;
 mod engine_run;
 mod fix_acceptor;
+mod gateway_cmd;
 mod journal_cmd;
+mod loadtest_cmd;
+mod md_cmd;
+mod order_cmd;
 mod report;
 
 use clap::{Parser, Subcommand};
@@ -36,6 +41,13 @@ enum Command {
         #[command(subcommand)]
         command: EngineCommand,
     },
+    /// One member of a replicated core's group, until interrupted or killed.
+    Node(cluster_cmd::NodeArgs),
+    /// A local replica group: up, status, snapshot.
+    Cluster {
+        #[command(subcommand)]
+        command: cluster_cmd::ClusterCommand,
+    },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -50,6 +62,20 @@ enum Command {
     Fix {
         #[command(subcommand)]
         command: FixCommand,
+    },
+    /// The FIX 4.4 and binary access servers in front of an in-process trading core.
+    Gateway(gateway_cmd::GatewayArgs),
+    /// Order entry at a terminal over FIX: send, cancel, replace, mass-cancel, list, watch.
+    Order(order_cmd::OrderArgs),
+    /// Run a load profile (profiles/*.toml) against a local deployment and write the report
+    /// (results.json, report.md, report.html) into --out.
+    Loadtest(loadtest_cmd::LoadtestArgs),
+    /// Re-render a load-test report from its results.json, optionally against a baseline run.
+    Report(loadtest_cmd::ReportArgs),
+    /// Market data tools: listen, book, record, demo-publish.
+    Md {
+        #[command(subcommand)]
+        command: md_cmd::MdCommand,
     },
 }
 
@@ -88,6 +114,14 @@ enum BenchCommand {
     Capacity(bench::CapacityArgs),
     /// Journal appends per fsync mode: records/s, MB/s and fsync latency.
     Journal(journal_cmd::JournalBenchArgs),
+    /// Three local nodes on loopback: replicated commands/s and commit latency per fsync mode,
+    /// beside a TCP echo round trip; replay speed.
+    Cluster(cluster_cmd::ClusterBenchArgs),
+    /// Market data publication delay, top-20 book delay and bandwidth over loopback UDP.
+    Marketdata(md_cmd::BenchArgs),
+    /// Door-to-door round trips through the FIX and binary gateways over loopback, open loop
+    /// and at saturation, beside a TCP echo round trip.
+    Gateway(gateway_cmd::GatewayBenchArgs),
 }
 
 fn main() {
@@ -107,11 +141,21 @@ fn main() {
             BenchCommand::Engine(args) => bench::engine(args),
             BenchCommand::Capacity(args) => bench::capacity(args),
             BenchCommand::Journal(args) => journal_cmd::bench(args),
+            BenchCommand::Cluster(args) => cluster_cmd::bench(args),
+            BenchCommand::Marketdata(args) => md_cmd::bench(args),
+            BenchCommand::Gateway(args) => gateway_cmd::bench(args),
         },
         Command::Journal { command } => journal_cmd::run(command),
+        Command::Node(args) => cluster_cmd::node(args),
+        Command::Cluster { command } => cluster_cmd::run(command),
         Command::Fix {
             command: FixCommand::Acceptor(args),
         } => fix_acceptor::run(args),
+        Command::Md { command } => md_cmd::run(command),
+        Command::Gateway(args) => gateway_cmd::run(args),
+        Command::Order(args) => order_cmd::run(args),
+        Command::Loadtest(args) => loadtest_cmd::loadtest(args),
+        Command::Report(args) => loadtest_cmd::report_cmd(args),
     };
     if let Err(e) = result {
         eprintln!("bourse: {e:#}");

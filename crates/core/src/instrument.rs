@@ -275,7 +275,12 @@ mod tests {
     #[test]
     fn the_fast_and_the_checked_notional_agree() {
         let mut i = equity();
-        for (scale, price, qty) in [(2u8, 10_000i64, 3i64), (6, 1_083_451, 7), (0, 1, 1), (12, i64::MAX / 3, 2)] {
+        for (scale, price, qty) in [
+            (2u8, 10_000i64, 3i64),
+            (6, 1_083_451, 7),
+            (0, 1, 1),
+            (12, i64::MAX / 3, 2),
+        ] {
             i.price_scale = scale;
             let fast = i.notional_parts(Price(price), Qty(qty));
             let raw = (price as i128).checked_mul(qty as i128 * 10);
@@ -288,7 +293,10 @@ mod tests {
             });
             assert_eq!(fast, slow, "scale {scale} price {price} qty {qty}");
         }
-        assert_eq!(i.notional_floor(Price(-5), Qty(2)).map(|v| v.signum()), Some(-1));
+        assert_eq!(
+            i.notional_floor(Price(-5), Qty(2)).map(|v| v.signum()),
+            Some(-1)
+        );
     }
 
     #[test]

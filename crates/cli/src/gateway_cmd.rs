@@ -1,0 +1,512 @@
+//! `bourse gateway --config FILE`: the FIX and binary access servers in front of an
+//! in-process trading core; and `bourse bench gateway`: door-to-door round trips through them.
+
+use crate::report::{self, Latency};
+use anyhow::{anyhow, Context, Result};
+use bourse_client::binary::BinTif;
+use bourse_client::{BinaryClient, FixClient, FixClientConfig, Response};
+use bourse_engine::{Engine, EngineConfig};
+use bourse_gateway::{GatewayConfig, GatewayHandle, InProcessCore};
+use clap::Args;
+use hdrhistogram::Histogram;
+use serde_json::json;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Args)]
+pub struct GatewayArgs {
+    /// The gateway's TOML configuration (see examples/gateway.toml).
+    #[arg(long)]
+    config: PathBuf,
+    /// Live orders the in-process core can hold.
+    #[arg(long, default_value_t = 1 << 20)]
+    orders_max: u32,
+}
+
+/// Starts the access servers with an in-process engine behind them.
+pub fn start(config: GatewayConfig, orders_max: u32) -> Result<GatewayHandle> {
+    let mut engine = Engine::new(EngineConfig {
+        orders_max,
+        ..EngineConfig::default()
+    });
+    let depth = config.gateway.core_queue_depth;
+    let link = InProcessCore::spawn(Box::new(move |c, out| engine.apply(c, out)), depth);
+    bourse_gateway::spawn(config, Box::new(link)).map_err(|e| anyhow!(e))
+}
+
+pub fn run(args: GatewayArgs) -> Result<()> {
+    let mut config = GatewayConfig::from_file(&args.config).map_err(|e| anyhow!(e))?;
+    config.core.bootstrap = true;
+    let handle = start(config, args.orders_max)?;
+    if let Some(a) = handle.fix_addr() {
+        println!("FIX 4.4 listening on {a}");
+    }
+    if let Some(a) = handle.binary_addr() {
+        println!("binary order entry listening on {a}");
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_signal = Arc::clone(&stop);
+    ctrlc::set_handler(move || stop_signal.store(true, Ordering::SeqCst))
+        .context("cannot install the Ctrl-C handler")?;
+    while !stop.load(Ordering::SeqCst) && handle.is_running() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let s = handle.stats();
+    eprintln!(
+        "gateway: {} connections accepted, {} requests, {} reports",
+        s.connections_accepted.load(Ordering::Relaxed),
+        s.requests_in.load(Ordering::Relaxed),
+        s.reports_out.load(Ordering::Relaxed)
+    );
+    handle.shutdown();
+    Ok(())
+}
+
+// ----- bench -----
+
+#[derive(Args)]
+pub struct GatewayBenchArgs {
+    /// Offered rates, transactions per second (open loop), comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "10000,50000,100000")]
+    rates: Vec<u64>,
+    /// Seconds per rate.
+    #[arg(long, default_value_t = 2)]
+    seconds: u64,
+    /// Requests in flight in the saturation run.
+    #[arg(long, default_value_t = 256)]
+    window: usize,
+    /// Protocols to measure: fix, binary.
+    #[arg(long, value_delimiter = ',', default_value = "binary,fix")]
+    protocols: Vec<String>,
+    /// One JSON object per scenario instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+const BENCH_CONFIG: &str = r#"
+[gateway]
+fix_listen = "127.0.0.1:0"
+binary_listen = "127.0.0.1:0"
+throttle_msgs_per_s = 10000000
+core_queue_depth = 65536
+outbound_buffer_max_bytes = 67108864
+
+[core]
+bootstrap = true
+
+[[instruments]]
+instrument = 1
+symbol = "BENCH"
+market = "equity"
+price_scale = 2
+tick = 1
+lot_size = 1
+band_bps = 5000
+reference_price = 10000
+
+[[accounts]]
+account = 1
+firm = 1
+cash = 100000000000000
+may_short = true
+
+[[fix_sessions]]
+client_comp_id = "BENCH"
+firm = 1
+accounts = [1]
+
+[[binary_sessions]]
+credentials = "bench"
+firm = 1
+accounts = [1]
+"#;
+
+/// Round trips of the baseline echo measurement.
+const ECHO_ROUND_TRIPS: usize = 20_000;
+/// After the last send, responses are awaited at most this long.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A plain TCP echo on loopback: the floor every door-to-door figure is compared with.
+fn echo_baseline() -> Result<Latency> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let server = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = listener.accept()?;
+        s.set_nodelay(true)?;
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = s.read(&mut buf)?;
+            if n == 0 {
+                return Ok(());
+            }
+            s.write_all(&buf[..n])?;
+        }
+    });
+    let mut c = TcpStream::connect(addr)?;
+    c.set_nodelay(true)?;
+    let msg = [7u8; 64];
+    let mut back = [0u8; 64];
+    let mut h = report::histogram();
+    for _ in 0..ECHO_ROUND_TRIPS {
+        let t = Instant::now();
+        c.write_all(&msg)?;
+        c.read_exact(&mut back)?;
+        report::record(&mut h, t.elapsed().as_nanos() as u64);
+    }
+    drop(c);
+    let _ = server.join();
+    Ok(Latency::of(&h))
+}
+
+/// One client of the benchmark (FIX; the binary client has its own split driver): sends
+/// request `i` and reports which request a response answers. Requests alternate: even = new
+/// buy order, odd = cancel of the order before.
+trait BenchClient {
+    fn send(&mut self, i: u64) -> Result<()>;
+    /// Indices of requests answered, waiting at most `wait` for the first answer.
+    fn poll(&mut self, answered: &mut Vec<u64>, wait: Duration) -> Result<()>;
+}
+
+struct FixBench(FixClient);
+
+impl BenchClient for FixBench {
+    fn send(&mut self, i: u64) -> Result<()> {
+        if i % 2 == 0 {
+            let price = format!("{}.{:02}", 90 + i / 2 % 5, i / 2 % 100);
+            self.0
+                .new_order(&i.to_string(), None, "BENCH", true, 1, Some(&price), '0')?;
+        } else {
+            self.0
+                .cancel(&i.to_string(), &(i - 1).to_string(), "BENCH", true)?;
+        }
+        Ok(())
+    }
+    fn poll(&mut self, answered: &mut Vec<u64>, wait: Duration) -> Result<()> {
+        let mut wait = wait;
+        while let Some(m) = self.0.recv(wait)? {
+            wait = Duration::ZERO;
+            if let Some(i) = FixClient::field(&m, 11).and_then(|v| v.parse::<u64>().ok()) {
+                answered.push(i);
+            }
+        }
+        Ok(())
+    }
+}
+
+struct RunResult {
+    latency: Latency,
+    sent: u64,
+    answered: u64,
+    throughput_per_s: f64,
+}
+
+/// Open loop at `rate` (latency from each request's scheduled time), or, with `rate` none,
+/// saturation: as fast as a window of `window` requests in flight allows.
+fn drive(
+    client: &mut dyn BenchClient,
+    rate: Option<u64>,
+    seconds: u64,
+    window: usize,
+    first: u64,
+) -> Result<RunResult> {
+    let start = Instant::now();
+    let run_ns = seconds * 1_000_000_000;
+    let total = rate.map(|r| r * seconds);
+    let mut scheduled_ns: Vec<u64> = Vec::new();
+    let mut h: Histogram<u64> = report::histogram();
+    let mut answered = Vec::new();
+    let mut done = 0u64;
+    let mut last_answer = start;
+    let mut sent = 0u64;
+    loop {
+        let now_ns = start.elapsed().as_nanos() as u64;
+        let more = match total {
+            Some(t) => sent < t,
+            None => now_ns < run_ns,
+        };
+        if !more && done >= sent {
+            break;
+        }
+        if !more && last_answer.elapsed() > DRAIN_TIMEOUT {
+            break;
+        }
+        // Send everything that is due (open loop) or what the window allows (saturation).
+        while match (rate, total) {
+            (Some(r), Some(t)) => sent < t && sent * 1_000_000_000 / r <= now_ns,
+            _ => now_ns < run_ns && (sent - done) < window as u64,
+        } {
+            let due = match rate {
+                Some(r) => sent * 1_000_000_000 / r,
+                None => start.elapsed().as_nanos() as u64,
+            };
+            scheduled_ns.push(due);
+            client.send(first + sent)?;
+            sent += 1;
+        }
+        // Block in the socket read until the next send is due (or an answer comes), so the
+        // client does not take a core from the gateway and the engine by spinning.
+        let now_ns = start.elapsed().as_nanos() as u64;
+        let wait_ns = match (rate, total) {
+            (Some(r), Some(t)) if sent < t => (sent * 1_000_000_000 / r).saturating_sub(now_ns),
+            _ => 1_000_000,
+        };
+        answered.clear();
+        client.poll(&mut answered, Duration::from_nanos(wait_ns.max(1_000)))?;
+        if answered.is_empty() {
+            continue;
+        }
+        let now_ns = start.elapsed().as_nanos() as u64;
+        last_answer = Instant::now();
+        for &i in &answered {
+            if let Some(&due) = i
+                .checked_sub(first)
+                .and_then(|k| scheduled_ns.get(k as usize))
+            {
+                report::record(&mut h, now_ns.saturating_sub(due));
+                done += 1;
+            }
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    Ok(RunResult {
+        latency: Latency::of(&h),
+        sent,
+        answered: done,
+        throughput_per_s: done as f64 / elapsed.max(1e-9),
+    })
+}
+
+/// The binary client split in two: a sender thread writes each request at its scheduled time
+/// (sleeping while the next one is far, yielding when it is near) and this thread reads the
+/// answers in blocking reads, so neither waits on the other nor on a timer tick.
+fn drive_binary_split(
+    client: &mut BinaryClient,
+    rate: Option<u64>,
+    seconds: u64,
+    window: usize,
+    first: u64,
+) -> Result<RunResult> {
+    use std::sync::atomic::AtomicU64;
+    let mut writer = client.writer()?;
+    let start = Instant::now();
+    let run_ns = seconds * 1_000_000_000;
+    let total = rate.map(|r| r * seconds);
+    let answered = Arc::new(AtomicU64::new(0));
+    let sent_count = Arc::new(AtomicU64::new(0));
+    // Send times of requests (saturation), indexed from `first`; open loop computes them.
+    let sent_at: Arc<Vec<AtomicU64>> = Arc::new(if rate.is_none() {
+        (0..(run_ns / 1_000).min(50_000_000))
+            .map(|_| AtomicU64::new(0))
+            .collect()
+    } else {
+        Vec::new()
+    });
+    let (answered_s, sent_s, sent_at_s) = (
+        Arc::clone(&answered),
+        Arc::clone(&sent_count),
+        Arc::clone(&sent_at),
+    );
+    let sender = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut i = 0u64;
+        loop {
+            let now_ns = start.elapsed().as_nanos() as u64;
+            match (rate, total) {
+                (Some(r), Some(t)) => {
+                    if i >= t {
+                        return Ok(());
+                    }
+                    let due = i * 1_000_000_000 / r;
+                    if due > now_ns {
+                        let gap = due - now_ns;
+                        if gap > 200_000 {
+                            std::thread::sleep(Duration::from_nanos(gap - 100_000));
+                        } else {
+                            std::thread::yield_now();
+                        }
+                        continue;
+                    }
+                }
+                _ => {
+                    if now_ns >= run_ns || i as usize >= sent_at_s.len() {
+                        return Ok(());
+                    }
+                    if i - answered_s.load(Ordering::Acquire) >= window as u64 {
+                        std::thread::yield_now();
+                        continue;
+                    }
+                    sent_at_s[i as usize].store(now_ns, Ordering::Release);
+                }
+            }
+            let id = first + i + 1;
+            if i % 2 == 0 {
+                let price = 9_000 + (i / 2 % 500) as i64;
+                writer.new_order(id, 1, 1, true, 1, Some(price), BinTif::Day)?;
+            } else {
+                writer.cancel(id, id - 1, 1, 1)?;
+            }
+            i += 1;
+            sent_s.store(i, Ordering::Release);
+        }
+    });
+    let mut h: Histogram<u64> = report::histogram();
+    let mut done = 0u64;
+    let mut last_answer = Instant::now();
+    loop {
+        let sent = sent_count.load(Ordering::Acquire);
+        if sender.is_finished() && done >= sent {
+            break;
+        }
+        if sender.is_finished() && last_answer.elapsed() > DRAIN_TIMEOUT {
+            break;
+        }
+        let Some(r) = client.recv(Duration::from_millis(20))? else {
+            continue;
+        };
+        let id = match r.response {
+            Response::NewOrderAck { cl_ord_id, .. }
+            | Response::OrderReject { cl_ord_id, .. }
+            | Response::CancelReject { cl_ord_id, .. } => cl_ord_id,
+            Response::CancelAck {
+                cl_ord_id: Some(id),
+                ..
+            } => id,
+            Response::BusinessReject {
+                ref_cl_ord_id: Some(id),
+                ..
+            } => id,
+            _ => continue,
+        };
+        let now_ns = start.elapsed().as_nanos() as u64;
+        let Some(k) = id.checked_sub(first + 1) else {
+            continue;
+        };
+        let due = match rate {
+            Some(r) => k * 1_000_000_000 / r,
+            None => sent_at
+                .get(k as usize)
+                .map_or(now_ns, |a| a.load(Ordering::Acquire)),
+        };
+        report::record(&mut h, now_ns.saturating_sub(due));
+        done += 1;
+        answered.store(done, Ordering::Release);
+        last_answer = Instant::now();
+    }
+    sender
+        .join()
+        .map_err(|_| anyhow!("sender thread panicked"))??;
+    let elapsed = start.elapsed().as_secs_f64();
+    Ok(RunResult {
+        latency: Latency::of(&h),
+        sent: sent_count.load(Ordering::Acquire),
+        answered: done,
+        throughput_per_s: done as f64 / elapsed.max(1e-9),
+    })
+}
+
+pub fn bench(args: GatewayBenchArgs) -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("bourse-bench-gateway-{}", std::process::id()));
+    let mut config = GatewayConfig::from_toml(BENCH_CONFIG).map_err(|e| anyhow!(e))?;
+    config.gateway.store_dir = dir.clone();
+    let handle = start(config, 1 << 20)?;
+    let machine = report::Machine::this();
+    let echo = echo_baseline()?;
+    if !args.json {
+        println!(
+            "bench gateway: door-to-door round trip (client write -> response read) over loopback,"
+        );
+        println!("in-process core (not replicated); requests alternate new order / cancel.");
+        println!(
+            "TCP echo baseline: p50 {} p99 {}",
+            report::ns(echo.p50),
+            report::ns(echo.p99)
+        );
+        println!(
+            "  {:<8} {:>12} {:>12} {:>10} {:>16} {:>16} {:>16} {:>16}",
+            "proto",
+            "offered/s",
+            "achieved/s",
+            "answered",
+            "p50 (×echo)",
+            "p90 (×echo)",
+            "p99 (×echo)",
+            "p99.9 (×echo)"
+        );
+    }
+    let mut next_id = 0u64;
+    for proto in &args.protocols {
+        let mut binary: Option<BinaryClient> = None;
+        let mut client: Option<Box<dyn BenchClient>> = match proto.as_str() {
+            "binary" => {
+                let addr: SocketAddr = handle
+                    .binary_addr()
+                    .ok_or_else(|| anyhow!("no binary listener"))?;
+                binary = Some(BinaryClient::connect(addr, "bench", 60_000, 1)?);
+                None
+            }
+            "fix" => {
+                let addr = handle
+                    .fix_addr()
+                    .ok_or_else(|| anyhow!("no FIX listener"))?;
+                let mut cfg = FixClientConfig::new(addr, "BENCH", "BOURSE");
+                cfg.reset_on_logon = true;
+                let c = FixClient::connect(&cfg)?;
+                Some(Box::new(FixBench(c)))
+            }
+            other => return Err(anyhow!("unknown protocol {other} (fix, binary)")),
+        };
+        let mut scenarios: Vec<Option<u64>> = args.rates.iter().map(|&r| Some(r)).collect();
+        scenarios.push(None);
+        for rate in scenarios {
+            // Even start so new/cancel pairs line up.
+            next_id += next_id % 2;
+            let r = match (binary.as_mut(), client.as_mut()) {
+                (Some(b), _) => drive_binary_split(b, rate, args.seconds, args.window, next_id)?,
+                (None, Some(c)) => drive(c.as_mut(), rate, args.seconds, args.window, next_id)?,
+                (None, None) => return Err(anyhow!("no client")),
+            };
+            next_id += r.sent;
+            let l = &r.latency;
+            let ratio = |v: u64, base: u64| v as f64 / base.max(1) as f64;
+            if args.json {
+                let o = json!({
+                    "bench": "gateway",
+                    "scenario": format!("{proto}-{}", rate.map_or("saturation".to_string(), |r| r.to_string())),
+                    "protocol": proto,
+                    "offered_per_s": rate,
+                    "throughput_per_s": r.throughput_per_s.round() as u64,
+                    "sent": r.sent,
+                    "answered": r.answered,
+                    "latency_ns": l,
+                    "latency_over_echo": {
+                        "p50": ratio(l.p50, echo.p50), "p90": ratio(l.p90, echo.p90),
+                        "p99": ratio(l.p99, echo.p99), "p999": ratio(l.p999, echo.p999),
+                    },
+                    "baseline": {"echo_rtt_ns": {"p50": echo.p50, "p90": echo.p90, "p99": echo.p99, "p999": echo.p999}},
+                    "machine": machine,
+                    "version": report::version(),
+                });
+                println!("{o}");
+            } else {
+                let cell = |v: u64, base: u64| format!("{} ({:.1})", report::ns(v), ratio(v, base));
+                println!(
+                    "  {:<8} {:>12} {:>12} {:>10} {:>16} {:>16} {:>16} {:>16}",
+                    proto,
+                    rate.map_or("saturation".to_string(), report::count),
+                    report::count(r.throughput_per_s.round() as u64),
+                    report::count(r.answered),
+                    cell(l.p50, echo.p50),
+                    cell(l.p90, echo.p90),
+                    cell(l.p99, echo.p99),
+                    cell(l.p999, echo.p999),
+                );
+            }
+        }
+    }
+    handle.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}

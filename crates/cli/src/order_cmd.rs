@@ -1,0 +1,356 @@
+//! `bourse order`: order entry for a person at a terminal, over FIX 4.4 to `bourse gateway`.
+//!
+//! Every command logs on with a durable session store (`--store`), so sequence numbers carry
+//! on from one command to the next and reports sent while no command ran arrive at the next
+//! logon. The execution reports a command sees are also kept in `orders.tsv` in the store
+//! directory: that is what `list` shows (the gateway has no order status query yet).
+
+use anyhow::{anyhow, bail, Context, Result};
+use bourse_client::{FixClient, FixClientConfig, FixMessage};
+use clap::{Args, Subcommand};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+#[derive(Args)]
+pub struct OrderArgs {
+    /// The gateway's FIX address.
+    #[arg(long, default_value = "127.0.0.1:9878")]
+    fix: SocketAddr,
+    /// Our CompID (a `client_comp_id` of the gateway's config).
+    #[arg(long)]
+    sender: String,
+    /// The gateway's CompID.
+    #[arg(long, default_value = "BOURSE")]
+    target: String,
+    /// Session store and order list directory.
+    #[arg(long, default_value = ".bourse-order")]
+    store: PathBuf,
+    /// How long to wait for the answers to a request.
+    #[arg(long, default_value_t = 2000)]
+    wait_ms: u64,
+    #[command(subcommand)]
+    command: OrderCommand,
+}
+
+#[derive(Subcommand)]
+pub enum OrderCommand {
+    /// Send a new order (a limit order with --price, a market order without).
+    Send {
+        #[arg(long)]
+        symbol: String,
+        /// buy or sell
+        #[arg(long)]
+        side: String,
+        /// Quantity in units (a multiple of the instrument's lot).
+        #[arg(long)]
+        qty: i64,
+        /// Limit price as a decimal ("101.25").
+        #[arg(long)]
+        price: Option<String>,
+        /// day, gtc, ioc or fok
+        #[arg(long, default_value = "day")]
+        tif: String,
+        #[arg(long)]
+        account: Option<u32>,
+        /// Client order id; default: derived from the clock.
+        #[arg(long)]
+        cl_ord_id: Option<String>,
+    },
+    /// Cancel an order by its client order id.
+    Cancel {
+        #[arg(long)]
+        orig: String,
+    },
+    /// Change an order's price and/or quantity.
+    Replace {
+        #[arg(long)]
+        orig: String,
+        #[arg(long)]
+        qty: Option<i64>,
+        #[arg(long)]
+        price: Option<String>,
+    },
+    /// Cancel every order of the session (or of one symbol).
+    MassCancel {
+        #[arg(long)]
+        symbol: Option<String>,
+    },
+    /// Show the session's orders as the reports received so far describe them.
+    List {
+        /// Include orders that are done (filled, cancelled, rejected).
+        #[arg(long)]
+        all: bool,
+    },
+    /// Print execution reports as they arrive.
+    Watch {
+        /// Stop after this many seconds (default: run until killed).
+        #[arg(long)]
+        seconds: Option<u64>,
+    },
+}
+
+/// What this terminal knows about one order.
+#[derive(Clone, Debug, Default)]
+struct Known {
+    symbol: String,
+    side: String,
+    qty: String,
+    price: String,
+    status: String,
+    leaves: String,
+    cum: String,
+    order_id: String,
+}
+
+fn load(path: &Path) -> BTreeMap<String, Known> {
+    let mut map = BTreeMap::new();
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return map;
+    };
+    for line in text.lines() {
+        let f: Vec<&str> = line.split('\t').collect();
+        if f.len() == 9 {
+            map.insert(
+                f[0].to_string(),
+                Known {
+                    symbol: f[1].into(),
+                    side: f[2].into(),
+                    qty: f[3].into(),
+                    price: f[4].into(),
+                    status: f[5].into(),
+                    leaves: f[6].into(),
+                    cum: f[7].into(),
+                    order_id: f[8].into(),
+                },
+            );
+        }
+    }
+    map
+}
+
+fn save(path: &Path, map: &BTreeMap<String, Known>) -> Result<()> {
+    let mut text = String::new();
+    for (id, k) in map {
+        text.push_str(&format!(
+            "{id}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
+            k.symbol, k.side, k.qty, k.price, k.status, k.leaves, k.cum, k.order_id
+        ));
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+fn field<'a>(m: &'a FixMessage, tag: u32) -> &'a str {
+    FixClient::field(m, tag as bourse_fix::Tag).unwrap_or("")
+}
+
+fn status_name(code: &str) -> &'static str {
+    match code {
+        "0" => "new",
+        "1" => "partially-filled",
+        "2" => "filled",
+        "4" => "cancelled",
+        "8" => "rejected",
+        "C" => "expired",
+        _ => "?",
+    }
+}
+
+fn live(status: &str) -> bool {
+    matches!(status, "new" | "partially-filled")
+}
+
+/// Prints a report and records what it says about the order.
+fn absorb(m: &FixMessage, orders: &mut BTreeMap<String, Known>) {
+    match m.msg_type.as_str() {
+        "8" => {
+            let exec_type = field(m, 150);
+            let cl = field(m, 11).to_string();
+            let orig = field(m, 41).to_string();
+            let status = status_name(field(m, 39));
+            let mut line = format!(
+                "exec {:<9} {} {} {} {} @ {} leaves {} cum {} order {}",
+                match exec_type {
+                    "0" => "new",
+                    "F" => "trade",
+                    "4" => "cancelled",
+                    "5" => "replaced",
+                    "8" => "rejected",
+                    "C" => "expired",
+                    _ => "?",
+                },
+                cl,
+                field(m, 55),
+                if field(m, 54) == "1" { "buy" } else { "sell" },
+                field(m, 38),
+                field(m, 44),
+                field(m, 151),
+                field(m, 14),
+                field(m, 37)
+            );
+            if exec_type == "F" {
+                line.push_str(&format!(" last {} @ {}", field(m, 32), field(m, 31)));
+            }
+            if !field(m, 58).is_empty() {
+                line.push_str(&format!(" ({})", field(m, 58)));
+            }
+            println!("{line}");
+            // A cancel's report names the cancel request; the order is the OrigClOrdID.
+            let key = match exec_type {
+                "4" if !orig.is_empty() => orig.clone(),
+                "5" => {
+                    orders.remove(&orig);
+                    cl.clone()
+                }
+                _ => cl.clone(),
+            };
+            let k = orders.entry(key).or_default();
+            k.symbol = field(m, 55).into();
+            k.side = if field(m, 54) == "1" {
+                "buy".into()
+            } else {
+                "sell".into()
+            };
+            k.qty = field(m, 38).into();
+            k.price = field(m, 44).into();
+            k.status = status.into();
+            k.leaves = field(m, 151).into();
+            k.cum = field(m, 14).into();
+            k.order_id = field(m, 37).into();
+        }
+        "9" => println!(
+            "cancel/replace of {} refused: {}",
+            field(m, 41),
+            field(m, 58)
+        ),
+        "r" => println!(
+            "mass cancel {}: {} orders{}",
+            field(m, 11),
+            field(m, 533),
+            if field(m, 531) == "0" {
+                format!(" refused: {}", field(m, 58))
+            } else {
+                String::new()
+            }
+        ),
+        "j" => println!("request refused: {}", field(m, 58)),
+        other => println!("message {other}"),
+    }
+}
+
+pub fn run(args: OrderArgs) -> Result<()> {
+    std::fs::create_dir_all(&args.store)
+        .with_context(|| format!("cannot create {}", args.store.display()))?;
+    let orders_path = args.store.join("orders.tsv");
+    let mut orders = load(&orders_path);
+    let mut cfg = FixClientConfig::new(args.fix, &args.sender, &args.target);
+    cfg.store_dir = Some(args.store.join("session"));
+    let mut client =
+        FixClient::connect(&cfg).with_context(|| format!("cannot log on to {}", args.fix))?;
+    let wait = Duration::from_millis(args.wait_ms);
+    let stamp = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis())
+    };
+    let mut watch_until = Some(Instant::now() + wait);
+    let list = match args.command {
+        OrderCommand::List { all } => Some(all),
+        _ => None,
+    };
+    match args.command {
+        OrderCommand::Send {
+            symbol,
+            side,
+            qty,
+            price,
+            tif,
+            account,
+            cl_ord_id,
+        } => {
+            let buy = match side.as_str() {
+                "buy" | "b" => true,
+                "sell" | "s" => false,
+                _ => bail!("--side must be buy or sell"),
+            };
+            let tif = match tif.as_str() {
+                "day" => '0',
+                "gtc" => '1',
+                "ioc" => '3',
+                "fok" => '4',
+                _ => bail!("--tif must be day, gtc, ioc or fok"),
+            };
+            let id = cl_ord_id.unwrap_or_else(|| format!("o{}", stamp()));
+            client.new_order(&id, account, &symbol, buy, qty, price.as_deref(), tif)?;
+            println!("sent {id}");
+        }
+        OrderCommand::Cancel { orig } => {
+            let k = orders
+                .get(&orig)
+                .ok_or_else(|| anyhow!("order {orig} is not in this terminal's list"))?;
+            let id = format!("c{}", stamp());
+            client.cancel(&id, &orig, &k.symbol, k.side == "buy")?;
+        }
+        OrderCommand::Replace { orig, qty, price } => {
+            let k = orders
+                .get(&orig)
+                .ok_or_else(|| anyhow!("order {orig} is not in this terminal's list"))?
+                .clone();
+            let qty = match qty {
+                Some(q) => q,
+                None => k
+                    .qty
+                    .parse()
+                    .context("the order's quantity is unknown: give --qty")?,
+            };
+            let price = price.unwrap_or(k.price.clone());
+            let id = format!("r{}", stamp());
+            client.replace(&id, &orig, &k.symbol, k.side == "buy", qty, &price)?;
+            println!("replace {orig} -> {id}");
+        }
+        OrderCommand::MassCancel { symbol } => {
+            client.mass_cancel(&format!("m{}", stamp()), symbol.as_deref())?;
+        }
+        OrderCommand::List { .. } => {}
+        OrderCommand::Watch { seconds } => {
+            watch_until = seconds.map(|s| Instant::now() + Duration::from_secs(s));
+        }
+    }
+    // Read until the wait is over (or forever for watch without --seconds).
+    loop {
+        if let Some(t) = watch_until {
+            if Instant::now() >= t {
+                break;
+            }
+        }
+        match client.recv(Duration::from_millis(200))? {
+            Some(m) => {
+                absorb(&m, &mut orders);
+                save(&orders_path, &orders)?;
+            }
+            None if !client.is_logged_on() => bail!("the gateway closed the session"),
+            None => {}
+        }
+    }
+    if let Some(all) = list {
+        println!(
+            "{:<20} {:<8} {:<5} {:>10} {:>10} {:<17} {:>10} {:>10} {:>10}",
+            "cl_ord_id", "symbol", "side", "qty", "price", "status", "leaves", "cum", "order_id"
+        );
+        for (id, k) in &orders {
+            if all || live(&k.status) {
+                println!(
+                    "{:<20} {:<8} {:<5} {:>10} {:>10} {:<17} {:>10} {:>10} {:>10}",
+                    id, k.symbol, k.side, k.qty, k.price, k.status, k.leaves, k.cum, k.order_id
+                );
+            }
+        }
+    }
+    save(&orders_path, &orders)?;
+    client.logout(Duration::from_secs(2))?;
+    Ok(())
+}

@@ -1,0 +1,251 @@
+//! `bourse loadtest` end to end: the smoke profile runs against the in-process target, its
+//! figures cross-check with what the cores counted, `bourse report` re-renders and compares,
+//! the HTML renders in headless Chromium, and bad profiles fail before anything starts with
+//! the line and the reason.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const BOURSE: &str = env!("CARGO_BIN_EXE_bourse");
+
+fn smoke_profile() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../profiles/smoke.toml")
+}
+
+fn run_smoke(out: &Path) -> Value {
+    let t0 = Instant::now();
+    let o = Command::new(BOURSE)
+        .args(["loadtest", "--no-progress", "--profile"])
+        .arg(smoke_profile())
+        .arg("--out")
+        .arg(out)
+        .output()
+        .expect("run bourse");
+    assert!(
+        o.status.success(),
+        "bourse loadtest failed:\n{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // The profile's phases take 12 s; CI must stay well under 30 s for it.
+    assert!(
+        t0.elapsed() < Duration::from_secs(30),
+        "smoke took {:?}",
+        t0.elapsed()
+    );
+    let text = std::fs::read_to_string(out.join("results.json")).expect("results.json");
+    serde_json::from_str(&text).expect("results.json is JSON")
+}
+
+fn sum(cores: &Value, key: &str) -> u64 {
+    cores
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c[key].as_u64().unwrap())
+        .sum()
+}
+
+#[test]
+fn the_smoke_profile_runs_and_its_figures_cross_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("smoke");
+    let r = run_smoke(&out);
+    let t = &r["totals"];
+    let cores = &r["cores"];
+    assert_eq!(t["unanswered"].as_u64(), Some(0), "{t}");
+    assert_eq!(t["commands_sent"], t["answers"], "{t}");
+    // Trades in the report = trades the engines executed.
+    assert_eq!(t["trades"].as_u64().unwrap(), sum(cores, "trades"));
+    assert!(
+        t["trades"].as_u64().unwrap() > 0,
+        "the smoke flow must trade"
+    );
+    // Every acknowledged order accounted for: the cores accepted exactly the orders the
+    // generator saw acknowledged, and each is still live or left the book.
+    assert_eq!(t["orders"].as_u64().unwrap(), sum(cores, "orders_accepted"));
+    assert_eq!(sum(cores, "commands"), t["commands_sent"].as_u64().unwrap());
+    for c in r["checks"].as_array().unwrap() {
+        assert_eq!(c["ok"], Value::Bool(true), "check failed: {c}");
+    }
+    assert!(r["checks"].as_array().unwrap().len() >= 5);
+    // Every command type of the mix was sent and has a latency summary.
+    let ops: Vec<&str> = r["by_op"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["op"].as_str().unwrap())
+        .collect();
+    for op in [
+        "limit",
+        "market",
+        "ioc",
+        "fok",
+        "cancel",
+        "replace",
+        "mass_cancel",
+    ] {
+        assert!(ops.contains(&op), "no {op} in {ops:?}");
+    }
+    // The seeds' tables and the sections the issue asks for are in both renderings.
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    for section in [
+        "Transactions, orders and trades",
+        "Max per second",
+        "Rates over time",
+        "Response time per command type",
+        "Response time per load range",
+        "LTP's stage table",
+        "Market data and replication",
+        "Recovery after peaks",
+        "Search for the highest sustainable rate",
+        "Beside the seeds",
+    ] {
+        assert!(md.contains(section), "report.md lacks {section}");
+        assert!(html.contains(section), "report.html lacks {section}");
+    }
+    assert!(
+        html.matches("<svg").count() >= 3,
+        "the charts are inline SVG"
+    );
+    assert!(
+        !r["recovery"].as_array().unwrap().is_empty(),
+        "peaks give recovery rows"
+    );
+    assert!(
+        !r["search"].as_array().unwrap().is_empty(),
+        "the search ran steps"
+    );
+
+    // `bourse report` re-renders from the JSON and compares against a baseline.
+    let o = Command::new(BOURSE)
+        .arg("report")
+        .arg(&out)
+        .arg("--baseline")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("Change against the baseline"));
+    assert!(html.contains("+0.0%"), "a run against itself changes by 0%");
+
+    // The page renders in a real browser.
+    let chromium = ["chromium", "chromium-browser"]
+        .into_iter()
+        .find(|c| {
+            Command::new(c)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .unwrap_or_else(|| {
+            panic!("chromium is not installed: run scripts/install-test-tools.sh (CI does)")
+        });
+    let profile_dir = dir.path().join("chromium-profile");
+    let shot = dir.path().join("report.png");
+    let o = Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--window-size=1280,2400",
+        ])
+        .arg(format!("--user-data-dir={}", profile_dir.display()))
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg(format!("file://{}", out.join("report.html").display()))
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "chromium: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let png = std::fs::read(&shot).expect("chromium wrote no screenshot");
+    assert!(png.starts_with(b"\x89PNG"), "not a PNG");
+    // A blank 1280×2400 page compresses to a few kilobytes; a page with tables and charts
+    // is far larger.
+    assert!(
+        png.len() > 100_000,
+        "the screenshot looks empty ({} bytes)",
+        png.len()
+    );
+}
+
+fn refused(profile_text: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, profile_text).unwrap();
+    let out = dir.path().join("out");
+    let o = Command::new(BOURSE)
+        .args(["loadtest", "--no-progress", "--profile"])
+        .arg(&path)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "a bad profile was accepted");
+    assert!(
+        !out.exists(),
+        "a bad profile must fail before anything starts"
+    );
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn smoke_text() -> String {
+    std::fs::read_to_string(smoke_profile()).unwrap()
+}
+
+fn line_of(text: &str, needle: &str) -> usize {
+    text.lines().position(|l| l.contains(needle)).unwrap() + 1
+}
+
+#[test]
+fn an_unknown_key_fails_with_its_line_and_reason() {
+    let text = smoke_text().replace(
+        "accounts = 1000\nshare = 0.6",
+        "accounts = 1000\nacounts = 5\nshare = 0.6",
+    );
+    let line = line_of(&text, "acounts = 5");
+    let e = refused(&text);
+    assert!(e.contains(&format!("line {line}")), "{e}");
+    assert!(e.contains("unknown field `acounts`"), "{e}");
+}
+
+#[test]
+fn an_impossible_rate_fails_with_its_line_and_reason() {
+    let text = smoke_text().replace("per_s = 2000", "per_s = -5");
+    let line = line_of(&text, "per_s = -5");
+    let e = refused(&text);
+    assert!(e.contains(&format!("line {line}")), "{e}");
+    assert!(
+        e.contains("phases[0].rate.per_s") && e.contains("impossible rate"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_negative_count_fails_with_its_line_and_reason() {
+    let text = smoke_text().replace("instruments = 8", "instruments = -8");
+    let line = line_of(&text, "instruments = -8");
+    let e = refused(&text);
+    assert!(e.contains(&format!("line {line}")), "{e}");
+    assert!(e.contains("-8"), "{e}");
+}
+
+#[test]
+fn a_target_that_does_not_exist_yet_fails_clearly() {
+    let text = smoke_text().replace("kind = \"in-process\"", "kind = \"gateway\"");
+    let e = refused(&text);
+    assert!(
+        e.contains("not available yet") && e.contains("in-process"),
+        "{e}"
+    );
+}

@@ -1,0 +1,90 @@
+//! The demo's dashboard under abuse while the engine loop trades: malformed HTTP, event-stream
+//! clients that never read, and hundreds of clients at once. The server must stay up and the
+//! engine loop must keep its offered rate every second.
+
+#[path = "monitor_support.rs"]
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+use support::*;
+
+const RATE_PER_S: u64 = 20_000;
+const CLIENTS: usize = 300;
+
+#[test]
+fn abuse_of_the_dashboard_does_not_slow_the_engine_loop() {
+    let demo = Demo::start(&["--seconds", "9", "--rate", &RATE_PER_S.to_string()]);
+    let addr = demo.addr;
+    demo.wait_for_line("     1  ", Duration::from_secs(20));
+
+    // Hundreds of event-stream clients that ask and never read.
+    let mut idle = Vec::with_capacity(CLIENTS);
+    for _ in 0..CLIENTS {
+        if let Ok(mut c) = TcpStream::connect(addr) {
+            let _ = write!(c, "GET /events HTTP/1.1\r\nHost: x\r\n\r\n");
+            idle.push(c);
+        }
+    }
+    // Malformed requests, repeatedly, for a few seconds.
+    let garbage: [&[u8]; 4] = [
+        b"GARBAGE\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+        b"GET /events HTTP/1.1\r\nHost: x\r\n",
+    ];
+    let until = Instant::now() + Duration::from_secs(4);
+    let mut sent = 0;
+    while Instant::now() < until && sent < 2_000 {
+        if let Ok(mut c) = TcpStream::connect(addr) {
+            let _ = c.write_all(garbage[sent % garbage.len()]);
+            sent += 1;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Still serving, with the client cap applied.
+    let (status, exposition) = http(addr, "GET", "/metrics", None);
+    assert_eq!(status, 200, "the server went down");
+    let clients = metric_value(&exposition, "bourse_dashboard_clients").unwrap_or(-1.0);
+    assert!(
+        (0.0..=64.0).contains(&clients),
+        "event-stream clients are capped: {clients}"
+    );
+    let (status, page) = http(addr, "GET", "/", None);
+    assert_eq!(status, 200);
+    assert!(page.contains("bourse"));
+    // A normal event-stream client still gets frames... once the idle ones are gone.
+    drop(idle);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut es = TcpStream::connect(addr).unwrap();
+    es.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(es, "GET /events HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut buf = [0u8; 4096];
+    let n = es.read(&mut buf).unwrap_or(0);
+    assert!(
+        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"),
+        "event stream refused after the abuse"
+    );
+
+    // The engine loop kept its pace every whole second of the run.
+    demo.wait_for_line("summary after", Duration::from_secs(30));
+    let out = demo.output();
+    let per_second: Vec<u64> = out
+        .iter()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let sec: u64 = f.next()?.parse().ok()?;
+            let commands = parse_count(f.next()?)?;
+            (sec >= 1).then_some(commands)
+        })
+        .collect();
+    assert!(per_second.len() >= 7, "per-second lines: {out:?}");
+    for (i, c) in per_second.iter().enumerate() {
+        assert!(
+            *c >= RATE_PER_S * 95 / 100,
+            "second {} ran {c} commands, below 95% of {RATE_PER_S}: {out:?}",
+            i + 1
+        );
+    }
+}

@@ -1,0 +1,244 @@
+//! Helpers for the monitoring tests: run `bourse demo` with its dashboard, speak just enough
+//! HTTP/1.1 to talk to it, to Prometheus and to chromedriver, and find the real tools.
+//! Included by `monitor_real_peers.rs` and `monitor_bad_input.rs` with `#[path]`; compiled on
+//! its own it holds no tests.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Finds `tool` on the PATH, or fails the test saying how to install it: CI runs
+/// scripts/install-test-tools.sh first, so a missing tool is a broken setup, not a skip.
+pub fn require(tool: &str) -> std::path::PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let p = dir.join(tool);
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!(
+        "`{tool}` is not installed: run scripts/install-test-tools.sh (as root) to install \
+         prometheus, chromium and chromium-driver"
+    );
+}
+
+/// A free port on 127.0.0.1 (bound and released; good enough for a test's own servers).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A child process killed when dropped.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `bourse demo` with its dashboard on a free port; stdout lines collected as they come.
+pub struct Demo {
+    pub proc: Proc,
+    pub addr: SocketAddr,
+    pub lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Demo {
+    pub fn start(args: &[&str]) -> Demo {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_bourse"))
+            .arg("demo")
+            .args(["--dashboard-port", "0", "--accounts", "1000"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("bourse demo starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let proc = Proc(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let addr = loop {
+            let found = lines.lock().unwrap().iter().find_map(|l| {
+                l.split("dashboard: http://")
+                    .nth(1)
+                    .and_then(|rest| rest.split('/').next())
+                    .and_then(|a| a.parse::<SocketAddr>().ok())
+            });
+            if let Some(a) = found {
+                break a;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the demo printed no dashboard URL: {:?}",
+                lines.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        Demo { proc, addr, lines }
+    }
+
+    /// Waits (bounded) until a stdout line contains `needle`; returns that line.
+    pub fn wait_for_line(&self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(l) = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|l| l.contains(needle))
+            {
+                return l.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no line with {needle:?} within {timeout:?}: {:?}",
+                self.lines.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn output(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+}
+
+/// One HTTP/1.1 request with `Connection: close`; returns (status, body). Bounded in size
+/// and time. Handles `Content-Length` and chunked bodies (chromedriver, Prometheus).
+pub fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(5)) else {
+        return (0, String::new());
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(60)));
+    let body = body.unwrap_or("");
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    if s.write_all(req.as_bytes()).is_err() {
+        return (0, String::new());
+    }
+    // Read until the body is complete by its own framing: some servers (chromedriver) keep
+    // the connection open despite `Connection: close`.
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(split) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..split]).to_ascii_lowercase();
+            let body = &buf[split + 4..];
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok());
+            let done = match length {
+                Some(n) => body.len() >= n,
+                None if head.contains("transfer-encoding: chunked") => {
+                    body.windows(5).any(|w| w == b"0\r\n\r\n")
+                }
+                None => false,
+            };
+            if done {
+                break;
+            }
+        }
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+        if buf.len() > 64 << 20 || Instant::now() > deadline {
+            break;
+        }
+    }
+    let Some(split) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return (0, String::new());
+    };
+    let head = String::from_utf8_lossy(&buf[..split]).to_string();
+    let mut rest = buf[split + 4..].to_vec();
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        rest = dechunk(&rest);
+    }
+    (status, String::from_utf8_lossy(&rest).to_string())
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
+        let size = usize::from_str_radix(
+            String::from_utf8_lossy(&b[..eol])
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim(),
+            16,
+        )
+        .unwrap_or(0);
+        if size == 0 || eol + 2 + size > b.len() {
+            break;
+        }
+        out.extend_from_slice(&b[eol + 2..eol + 2 + size]);
+        b = &b[(eol + 4 + size).min(b.len())..];
+    }
+    out
+}
+
+/// The value of one exact series line (`name{labels}`) in a Prometheus text exposition.
+pub fn metric_value(exposition: &str, series: &str) -> Option<f64> {
+    exposition.lines().find_map(|l| {
+        l.strip_prefix(series)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
+/// Standard base64 (screenshots from WebDriver).
+pub fn base64_decode(s: &str) -> Vec<u8> {
+    let val = |c: u8| match c {
+        b'A'..=b'Z' => Some(c - b'A'),
+        b'a'..=b'z' => Some(c - b'a' + 26),
+        b'0'..=b'9' => Some(c - b'0' + 52),
+        b'+' => Some(62),
+        b'/' => Some(63),
+        _ => None,
+    };
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in s.bytes().filter_map(val) {
+        acc = (acc << 6) | c as u32;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    out
+}
+
+/// Parses "1,234" or "20,000" from the demo's table.
+pub fn parse_count(s: &str) -> Option<u64> {
+    s.replace(',', "").parse().ok()
+}

@@ -1,0 +1,338 @@
+//! # bourse-monitor: probes, Prometheus metrics and the live dashboard
+//!
+//! One [`Monitor`] per process holds everything the other crates report into:
+//!
+//! - [`metrics::Registry`]: counters, gauges and histograms behind cheap atomic handles,
+//!   exported at `/metrics` in the Prometheus text format. Well-known families have helper
+//!   constructors here ([`Monitor::marketdata_channel`], [`Monitor::journal`],
+//!   [`Monitor::sessions`], [`Monitor::queue_depth`], [`Monitor::errors`]) so that every crate
+//!   uses the same names and labels (listed in [`names`]).
+//! - [`probe::ProbeHub`] and per-thread [`probe::StageRecorder`]s: sampled stage timestamps
+//!   t0..t7 (plus market data published and delivery stored) along an order's life, recorded
+//!   into HDR histograms per stage and per command kind without locks or allocation on the hot
+//!   path, merged on the control plane.
+//! - [`core_probe::CoreMonitor`]: what a trading core's thread carries: the seeds' counts
+//!   (transactions, orders, trades) tallied locally and published periodically, plus its
+//!   recorder.
+//! - [`cluster::ClusterView`]: nodes, leader, term, commit index, health; replication lag and
+//!   alerts derive from it.
+//! - [`server::DashboardServer`]: an HTTP server on its own thread (tokio, current-thread
+//!   runtime) serving the self-contained dashboard at `/`, live frames over server-sent events at
+//!   `/events`, `/metrics`, and `/api/frame`. Slow event-stream clients are cut off rather than
+//!   buffered; clients and connections are capped.
+//!
+//! The hot path never waits for the control plane: it writes atomics, its own histograms, and
+//! hands full batches over a bounded channel without blocking.
+
+pub mod clock;
+pub mod cluster;
+pub mod core_probe;
+pub mod dashboard;
+pub mod metrics;
+pub mod probe;
+pub mod server;
+
+pub use cluster::{AlertThresholds, ClusterView, NodeStatus, Role};
+pub use core_probe::CoreMonitor;
+pub use metrics::{Counter, Gauge, Histogram, Registry};
+pub use probe::{ltp_network_leg_ns, ProbeHub, Stage, StageRecorder, Trace};
+pub use server::DashboardServer;
+
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Metric names, one place for all crates. Units are in the names; counters end in `_total`.
+pub mod names {
+    pub const COMMANDS_TOTAL: &str = "bourse_commands_total";
+    pub const TRANSACTIONS_TOTAL: &str = "bourse_transactions_total";
+    pub const ORDERS_TOTAL: &str = "bourse_orders_total";
+    pub const TRADES_TOTAL: &str = "bourse_trades_total";
+    pub const CANCELS_TOTAL: &str = "bourse_cancels_total";
+    pub const REJECTS_TOTAL: &str = "bourse_rejects_total";
+    pub const LIVE_ORDERS: &str = "bourse_live_orders";
+    pub const CORE_APPLIED_COMMANDS: &str = "bourse_core_applied_commands";
+    pub const STAGE_LATENCY_SECONDS: &str = "bourse_stage_latency_seconds";
+    pub const ORDER_LATENCY_SECONDS: &str = "bourse_order_latency_seconds";
+    pub const NETWORK_LEG_SECONDS: &str = "bourse_network_leg_seconds";
+    pub const PROBE_SAMPLE_EVERY: &str = "bourse_probe_sample_every";
+    pub const QUEUE_DEPTH: &str = "bourse_queue_depth";
+    pub const REPLICATION_LAG_ENTRIES: &str = "bourse_replication_lag_entries";
+    pub const RAFT_COMMIT_INDEX: &str = "bourse_raft_commit_index";
+    pub const RAFT_TERM: &str = "bourse_raft_term";
+    pub const NODE_UP: &str = "bourse_node_up";
+    pub const JOURNAL_BYTES_TOTAL: &str = "bourse_journal_bytes_total";
+    pub const JOURNAL_RECORDS_TOTAL: &str = "bourse_journal_records_total";
+    pub const JOURNAL_FSYNC_SECONDS: &str = "bourse_journal_fsync_seconds";
+    pub const MD_PACKETS_TOTAL: &str = "bourse_marketdata_packets_total";
+    pub const MD_BYTES_TOTAL: &str = "bourse_marketdata_bytes_total";
+    pub const SESSIONS: &str = "bourse_sessions";
+    pub const THROTTLE_REJECTS_TOTAL: &str = "bourse_throttle_rejects_total";
+    pub const ERRORS_TOTAL: &str = "bourse_errors_total";
+    pub const ALERTS_FIRING: &str = "bourse_alerts_firing";
+    pub const DASHBOARD_CLIENTS: &str = "bourse_dashboard_clients";
+    pub const DASHBOARD_CLIENTS_DROPPED_TOTAL: &str = "bourse_dashboard_clients_dropped_total";
+    pub const HTTP_CONNECTIONS_REFUSED_TOTAL: &str = "bourse_http_connections_refused_total";
+    pub const BUILD_INFO: &str = "bourse_build_info";
+}
+
+/// Monitoring settings; every field has a default, and a TOML file may set any of them.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MonitorConfig {
+    /// Stage probes record 1 command in this many (1: all; 0: probes off).
+    pub sample_every: u32,
+    /// How often hot threads publish counts and hand over probe histograms.
+    pub flush_interval_ms: u64,
+    /// Dashboard frame period.
+    pub tick_ms: u64,
+    /// Frames kept for a dashboard that opens late (the charts' width).
+    pub history_frames: usize,
+    /// Event-stream clients served at once; more get 503.
+    pub sse_clients_max: usize,
+    /// Frames queued per event-stream client before the client is cut off as too slow.
+    pub sse_queue_frames: usize,
+    /// TCP connections served at once; more are closed on accept.
+    pub connections_max: usize,
+    /// A request whose headers take longer than this is dropped (slowloris).
+    pub header_read_timeout_ms: u64,
+    /// Socket send buffer for dashboard connections: bounds what a non-reading client holds.
+    pub send_buffer_bytes: usize,
+    /// The node's name in the dashboard title.
+    pub node_name: String,
+    pub alerts: AlertThresholds,
+}
+
+impl Default for MonitorConfig {
+    fn default() -> Self {
+        MonitorConfig {
+            sample_every: 16,
+            flush_interval_ms: 100,
+            tick_ms: 1_000,
+            history_frames: 300,
+            sse_clients_max: 64,
+            sse_queue_frames: 8,
+            connections_max: 512,
+            header_read_timeout_ms: 5_000,
+            send_buffer_bytes: 64 * 1024,
+            node_name: "bourse".into(),
+            alerts: AlertThresholds::default(),
+        }
+    }
+}
+
+impl MonitorConfig {
+    /// Parses a TOML config (the keys of [`MonitorConfig`], thresholds under `[alerts]`).
+    pub fn from_toml(text: &str) -> Result<MonitorConfig, String> {
+        let c: MonitorConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+        c.validated()
+    }
+
+    /// Checks limits: every period and cap must be positive and bounded.
+    pub fn validated(self) -> Result<MonitorConfig, String> {
+        if !(1..=60_000).contains(&self.tick_ms) {
+            return Err("tick_ms must be between 1 and 60000".into());
+        }
+        if !(1..=60_000).contains(&self.flush_interval_ms) {
+            return Err("flush_interval_ms must be between 1 and 60000".into());
+        }
+        if !(1..=100_000).contains(&self.history_frames) {
+            return Err("history_frames must be between 1 and 100000".into());
+        }
+        if !(1..=10_000).contains(&self.sse_clients_max) {
+            return Err("sse_clients_max must be between 1 and 10000".into());
+        }
+        if !(1..=1_024).contains(&self.sse_queue_frames) {
+            return Err("sse_queue_frames must be between 1 and 1024".into());
+        }
+        if !(1..=100_000).contains(&self.connections_max) {
+            return Err("connections_max must be between 1 and 100000".into());
+        }
+        if self.header_read_timeout_ms == 0 {
+            return Err("header_read_timeout_ms must be positive".into());
+        }
+        Ok(self)
+    }
+}
+
+/// Everything one process reports into. Share it as `Arc<Monitor>`.
+pub struct Monitor {
+    config: MonitorConfig,
+    registry: Registry,
+    probes: ProbeHub,
+    cluster: ClusterView,
+    dashboard: dashboard::Dashboard,
+    started: Instant,
+}
+
+/// Market data counters for one channel and feed (A or B).
+#[derive(Clone, Debug)]
+pub struct MdChannelMetrics {
+    pub packets: Counter,
+    pub bytes: Counter,
+}
+
+/// Journal counters of one node.
+#[derive(Clone, Debug)]
+pub struct JournalMetrics {
+    pub bytes: Counter,
+    pub records: Counter,
+    pub fsync: Histogram,
+}
+
+/// Session figures of one protocol at an access server.
+#[derive(Clone, Debug)]
+pub struct SessionMetrics {
+    pub active: Gauge,
+    pub throttle_rejects: Counter,
+}
+
+impl Monitor {
+    pub fn new(config: MonitorConfig) -> Arc<Monitor> {
+        let registry = Registry::new();
+        registry
+            .gauge(
+                names::BUILD_INFO,
+                "Always 1; the labels say what is running.",
+                &[("node", &config.node_name)],
+            )
+            .set(1);
+        registry
+            .gauge(
+                names::PROBE_SAMPLE_EVERY,
+                "Stage probes record one command in this many.",
+                &[],
+            )
+            .set(config.sample_every as i64);
+        Arc::new(Monitor {
+            probes: ProbeHub::new(
+                config.sample_every,
+                config.flush_interval_ms.max(1) * 1_000_000,
+            ),
+            dashboard: dashboard::Dashboard::new(&config, &registry),
+            registry,
+            cluster: ClusterView::default(),
+            started: Instant::now(),
+            config,
+        })
+    }
+
+    pub fn config(&self) -> &MonitorConfig {
+        &self.config
+    }
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+    pub fn probes(&self) -> &ProbeHub {
+        &self.probes
+    }
+    pub fn cluster(&self) -> &ClusterView {
+        &self.cluster
+    }
+    pub fn dashboard(&self) -> &dashboard::Dashboard {
+        &self.dashboard
+    }
+    pub fn uptime(&self) -> std::time::Duration {
+        self.started.elapsed()
+    }
+
+    /// A trading core thread's monitor; `core` names it in labels (e.g. "equities").
+    pub fn core(&self, core: &str) -> CoreMonitor {
+        CoreMonitor::new(self, core)
+    }
+
+    /// Depth of a named queue (ring between threads), set by whoever owns it.
+    pub fn queue_depth(&self, queue: &str) -> Gauge {
+        self.registry.gauge(
+            names::QUEUE_DEPTH,
+            "Entries waiting in a queue between threads.",
+            &[("queue", queue)],
+        )
+    }
+
+    /// Packets and bytes sent on a market data channel (e.g. "olr", "book20", "msr") and feed.
+    pub fn marketdata_channel(&self, channel: &str, feed: &str) -> MdChannelMetrics {
+        let l = [("channel", channel), ("feed", feed)];
+        MdChannelMetrics {
+            packets: self.registry.counter(
+                names::MD_PACKETS_TOTAL,
+                "Market data packets sent.",
+                &l,
+            ),
+            bytes: self.registry.counter(
+                names::MD_BYTES_TOTAL,
+                "Market data bytes sent (UDP payload).",
+                &l,
+            ),
+        }
+    }
+
+    pub fn journal(&self, node: &str) -> JournalMetrics {
+        let l = [("node", node)];
+        JournalMetrics {
+            bytes: self.registry.counter(
+                names::JOURNAL_BYTES_TOTAL,
+                "Bytes appended to the journal.",
+                &l,
+            ),
+            records: self.registry.counter(
+                names::JOURNAL_RECORDS_TOTAL,
+                "Records appended to the journal.",
+                &l,
+            ),
+            fsync: self.registry.histogram(
+                names::JOURNAL_FSYNC_SECONDS,
+                "Time one journal fsync took.",
+                &l,
+            ),
+        }
+    }
+
+    /// Sessions of one protocol ("fix", "sbe") at an access server.
+    pub fn sessions(&self, protocol: &str) -> SessionMetrics {
+        let l = [("protocol", protocol)];
+        SessionMetrics {
+            active: self
+                .registry
+                .gauge(names::SESSIONS, "Sessions logged on.", &l),
+            throttle_rejects: self.registry.counter(
+                names::THROTTLE_REJECTS_TOTAL,
+                "Messages rejected by a per-client throttle.",
+                &l,
+            ),
+        }
+    }
+
+    /// Errors of one kind in one component (e.g. ("gateway", "decode")).
+    pub fn errors(&self, component: &str, kind: &str) -> Counter {
+        self.registry.counter(
+            names::ERRORS_TOTAL,
+            "Errors by component and kind.",
+            &[("component", component), ("kind", kind)],
+        )
+    }
+
+    /// The Prometheus text exposition of everything.
+    pub fn render_metrics(&self) -> String {
+        let mut out = String::with_capacity(16 * 1024);
+        self.registry.render(&mut out);
+        dashboard::render_probe_histograms(self, &mut out);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_reads_from_toml_and_rejects_bad_limits() {
+        let c = MonitorConfig::from_toml("sample_every = 4\n[alerts]\np99_us_max = 900\n").unwrap();
+        assert_eq!(c.sample_every, 4);
+        assert_eq!(c.alerts.p99_us_max, 900);
+        assert_eq!(c.tick_ms, 1_000);
+        assert!(MonitorConfig::from_toml("tick_ms = 0").is_err());
+        assert!(MonitorConfig::from_toml("no_such_key = 1").is_err());
+        assert!(MonitorConfig::from_toml("[[[").is_err());
+    }
+}

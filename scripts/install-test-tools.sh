@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs the real peers the tests talk to, on a fresh Debian machine. Idempotent: a tool that
+# is already on the PATH is skipped, so running it twice costs one `command -v` per tool.
+# Shared by every crate's tests: add a line to TOOLS (command, then the Debian packages that
+# provide it) rather than a new block.
+#   scripts/install-test-tools.sh        (as root; CI runs it before scripts/test.sh)
+set -euo pipefail
+
+# command-on-PATH  debian-packages...
+TOOLS=(
+  "prometheus prometheus"              # monitor: real Prometheus scrapes /metrics
+  "chromium chromium"                  # monitor: headless browser opens the dashboard
+  "chromedriver chromium-driver"       # monitor: WebDriver for the browser
+  "tshark tshark"                      # marketdata: reads the pcap `bourse md record` writes
+)
+
+missing=()
+for line in "${TOOLS[@]}"; do
+  read -r cmd pkgs <<<"$line"
+  if ! command -v "$cmd" >/dev/null 2>&1; then
+    # shellcheck disable=SC2206
+    missing+=($pkgs)
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-test-tools: everything is installed"
+  exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-test-tools: need root to install: ${missing[*]}" >&2
+  exit 1
+fi
+echo "install-test-tools: installing ${missing[*]}"
+apt-get update -qq
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
