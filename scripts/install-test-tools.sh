@@ -12,6 +12,8 @@ TOOLS=(
   "chromium chromium"                  # monitor: headless browser opens the dashboard
   "chromedriver chromium-driver"       # monitor: WebDriver for the browser
   "tshark tshark"                      # marketdata: reads the pcap `bourse md record` writes
+  "java default-jdk-headless"         # gateway: QuickFIX/J initiators; wire: sbe-tool
+  "mvn maven"                          # gateway: builds the QuickFIX/J test client; wire: fetches sbe-tool
 )
 
 missing=()

@@ -9,6 +9,9 @@ export BOURSE_DIFF_COMMANDS="${BOURSE_DIFF_COMMANDS:-1000000}"
 
 step() { printf '\n== %s\n' "$*"; }
 
+step "real peers the tests talk to (scripts/install-test-tools.sh)"
+bash scripts/install-test-tools.sh
+
 if cargo fmt --version >/dev/null 2>&1; then
   step "formatting (cargo fmt --check)"
   cargo fmt --all -- --check
