@@ -175,13 +175,89 @@ impl FlowConfig {
     }
 }
 
-/// A live order as the flow knows it.
+/// A live order as a flow knows it.
 #[derive(Clone, Copy, Debug)]
-struct Live {
-    order_id: OrderId,
-    account: AccountId,
-    instrument_index: u32,
-    price: i64,
+pub struct LiveOrder {
+    pub order_id: OrderId,
+    pub account: AccountId,
+    /// Index of the instrument in the flow's own list.
+    pub instrument_index: u32,
+    pub price: i64,
+}
+
+/// The orders a flow believes live, learnt from the order log, with O(1) insert, remove and
+/// random pick, so that cancels and replaces can name real orders.
+#[derive(Clone, Debug, Default)]
+pub struct LiveOrders {
+    live: Vec<LiveOrder>,
+    index: FxHashMap<OrderId, usize>,
+    instrument_index: FxHashMap<InstrumentId, u32>,
+}
+
+impl LiveOrders {
+    /// Tracks orders of `instruments` (others are ignored), expecting about `capacity` live.
+    pub fn new(instruments: &[Instrument], capacity: usize) -> LiveOrders {
+        LiveOrders {
+            live: Vec::with_capacity(capacity),
+            index: FxHashMap::default(),
+            instrument_index: instruments
+                .iter()
+                .enumerate()
+                .map(|(n, i)| (i.instrument, n as u32))
+                .collect(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+
+    /// A live order chosen uniformly by `rng`. The set must not be empty.
+    pub fn pick(&self, rng: &mut Rng) -> LiveOrder {
+        self.live[rng.below(self.live.len() as u64) as usize]
+    }
+
+    /// Learns from a core's events which orders are live and where.
+    pub fn observe(&mut self, events: &[Event]) {
+        for e in events {
+            let Event::OrderLog(log) = e else { continue };
+            match log.action {
+                OrderLogAction::New => {
+                    let Some(&instrument_index) = self.instrument_index.get(&log.instrument) else {
+                        continue;
+                    };
+                    if self.index.contains_key(&log.order_id) {
+                        continue;
+                    }
+                    self.index.insert(log.order_id, self.live.len());
+                    self.live.push(LiveOrder {
+                        order_id: log.order_id,
+                        account: log.account,
+                        instrument_index,
+                        price: log.price.0,
+                    });
+                }
+                OrderLogAction::Change => {
+                    if let Some(&i) = self.index.get(&log.order_id) {
+                        self.live[i].price = log.price.0;
+                    }
+                }
+                OrderLogAction::Delete => {
+                    if let Some(i) = self.index.remove(&log.order_id) {
+                        self.live.swap_remove(i);
+                        if i < self.live.len() {
+                            let moved = self.live[i].order_id;
+                            self.index.insert(moved, i);
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Market makers and takers, as a stream of commands.
@@ -190,9 +266,7 @@ pub struct Flow {
     rng: Rng,
     /// Middle price of each instrument, in raw units.
     mid: Vec<i64>,
-    instrument_index: FxHashMap<InstrumentId, u32>,
-    live: Vec<Live>,
-    live_index: FxHashMap<OrderId, usize>,
+    live: LiveOrders,
     next_cl_ord_id: u64,
 }
 
@@ -209,18 +283,10 @@ impl Flow {
             .iter()
             .map(|i| i.reference_price.0)
             .collect();
-        let instrument_index = config
-            .instruments
-            .iter()
-            .enumerate()
-            .map(|(n, i)| (i.instrument, n as u32))
-            .collect();
         Flow {
             rng: Rng::new(config.seed),
             mid,
-            instrument_index,
-            live: Vec::with_capacity(config.live_orders_target * 2),
-            live_index: FxHashMap::default(),
+            live: LiveOrders::new(&config.instruments, config.live_orders_target * 2),
             next_cl_ord_id: 1,
             config,
         }
@@ -300,7 +366,7 @@ impl Flow {
         } else if pick < mix.new_passive + mix.new_ioc + mix.new_market {
             self.new_aggressive(OrdType::Market)
         } else if pick < 1000 - mix.replace {
-            let l = self.live[self.rng.below(self.live.len() as u64) as usize];
+            let l = self.live.pick(&mut self.rng);
             CommandBody::Cancel(Cancel {
                 account: l.account,
                 cl_ord_id: ClOrdId(0),
@@ -310,7 +376,7 @@ impl Flow {
                 },
             })
         } else {
-            let l = self.live[self.rng.below(self.live.len() as u64) as usize];
+            let l = self.live.pick(&mut self.rng);
             let def = &self.config.instruments[l.instrument_index as usize];
             let tick = def.tick.0;
             let mut step = self.rng.range(1, self.config.move_ticks) * tick;
@@ -403,37 +469,7 @@ impl Flow {
 
     /// Learns from the engine's events which orders are live and where.
     pub fn observe(&mut self, events: &[Event]) {
-        for e in events {
-            let Event::OrderLog(log) = e else { continue };
-            match log.action {
-                OrderLogAction::New => {
-                    let Some(&instrument_index) = self.instrument_index.get(&log.instrument) else {
-                        continue;
-                    };
-                    self.live_index.insert(log.order_id, self.live.len());
-                    self.live.push(Live {
-                        order_id: log.order_id,
-                        account: log.account,
-                        instrument_index,
-                        price: log.price.0,
-                    });
-                }
-                OrderLogAction::Change => {
-                    if let Some(&i) = self.live_index.get(&log.order_id) {
-                        self.live[i].price = log.price.0;
-                    }
-                }
-                OrderLogAction::Delete => {
-                    if let Some(i) = self.live_index.remove(&log.order_id) {
-                        self.live.swap_remove(i);
-                        if i < self.live.len() {
-                            let moved = self.live[i].order_id;
-                            self.live_index.insert(moved, i);
-                        }
-                    }
-                }
-            }
-        }
+        self.live.observe(events);
     }
 }
 

@@ -11,8 +11,7 @@
 use crate::profile::{MarketKind, MarketSpec, MixSpec};
 use bourse_core::*;
 use bourse_engine::fixtures;
-use bourse_engine::workload::Rng;
-use rustc_hash::FxHashMap;
+use bourse_engine::workload::{LiveOrders, Rng};
 use serde::{Deserialize, Serialize};
 
 /// Cash each generated account starts with, in cash units (10^-4): enough that collateral
@@ -86,14 +85,6 @@ pub fn instruments(m: &MarketSpec) -> Vec<Instrument> {
         .collect()
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Live {
-    order_id: OrderId,
-    account: AccountId,
-    instrument_index: u32,
-    price: i64,
-}
-
 /// Cumulative thresholds of the mix, in parts per million.
 #[derive(Clone, Copy, Debug)]
 struct Thresholds {
@@ -142,9 +133,7 @@ pub struct MarketFlow {
     spread_ticks: i64,
     rng: Rng,
     mid: Vec<i64>,
-    instrument_index: FxHashMap<InstrumentId, u32>,
-    live: Vec<Live>,
-    live_index: FxHashMap<OrderId, usize>,
+    live: LiveOrders,
     next_cl_ord_id: u64,
     hot: Option<Hot>,
 }
@@ -162,12 +151,8 @@ impl MarketFlow {
         };
         let instruments = instruments(m);
         let mid = instruments.iter().map(|i| i.reference_price.0).collect();
-        let instrument_index = instruments
-            .iter()
-            .enumerate()
-            .map(|(n, i)| (i.instrument, n as u32))
-            .collect();
         let live_orders_target = (m.live_orders_target / workers.max(1)).max(1) as usize;
+        let live = LiveOrders::new(&instruments, live_orders_target * 2);
         MarketFlow {
             instruments,
             first_account,
@@ -177,10 +162,8 @@ impl MarketFlow {
             live_orders_target,
             spread_ticks: m.spread_ticks as i64,
             rng: Rng::new(seed ^ ((worker as u64) << 32)),
+            live,
             mid,
-            instrument_index,
-            live: Vec::with_capacity(live_orders_target * 2),
-            live_index: FxHashMap::default(),
             next_cl_ord_id: 1,
             hot: None,
         }
@@ -292,7 +275,7 @@ impl MarketFlow {
                 self.new_order(OrdType::Limit, true, TimeInForce::Fok),
             )
         } else if pick < t.cancel {
-            let l = self.live[self.rng.below(self.live.len() as u64) as usize];
+            let l = self.live.pick(&mut self.rng);
             (
                 Op::Cancel,
                 CommandBody::Cancel(Cancel {
@@ -305,7 +288,7 @@ impl MarketFlow {
                 }),
             )
         } else if pick < t.replace {
-            let l = self.live[self.rng.below(self.live.len() as u64) as usize];
+            let l = self.live.pick(&mut self.rng);
             let tick = self.instruments[l.instrument_index as usize].tick.0;
             let mut step = self.rng.range(1, 3) * tick;
             if self.rng.coin() {
@@ -327,7 +310,7 @@ impl MarketFlow {
                 }),
             )
         } else {
-            let l = self.live[self.rng.below(self.live.len() as u64) as usize];
+            let l = self.live.pick(&mut self.rng);
             let cl_ord_id = self.cl_ord_id();
             (
                 Op::MassCancel,
@@ -385,39 +368,6 @@ impl MarketFlow {
 
     /// Learns from a core's events which orders are live and where.
     pub fn observe(&mut self, events: &[Event]) {
-        for e in events {
-            let Event::OrderLog(log) = e else { continue };
-            match log.action {
-                OrderLogAction::New => {
-                    let Some(&instrument_index) = self.instrument_index.get(&log.instrument) else {
-                        continue;
-                    };
-                    if self.live_index.contains_key(&log.order_id) {
-                        continue;
-                    }
-                    self.live_index.insert(log.order_id, self.live.len());
-                    self.live.push(Live {
-                        order_id: log.order_id,
-                        account: log.account,
-                        instrument_index,
-                        price: log.price.0,
-                    });
-                }
-                OrderLogAction::Change => {
-                    if let Some(&i) = self.live_index.get(&log.order_id) {
-                        self.live[i].price = log.price.0;
-                    }
-                }
-                OrderLogAction::Delete => {
-                    if let Some(i) = self.live_index.remove(&log.order_id) {
-                        self.live.swap_remove(i);
-                        if i < self.live.len() {
-                            let moved = self.live[i].order_id;
-                            self.live_index.insert(moved, i);
-                        }
-                    }
-                }
-            }
-        }
+        self.live.observe(events);
     }
 }
