@@ -44,35 +44,9 @@ impl Latency {
     }
 }
 
-/// The machine a figure was measured on.
-#[derive(Clone, Debug, Serialize)]
-pub struct Machine {
-    pub cpus: usize,
-    pub model: String,
-    pub kernel: String,
-}
-
-impl Machine {
-    pub fn this() -> Machine {
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let model = cpuinfo
-            .lines()
-            .find(|l| l.starts_with("model name"))
-            .and_then(|l| l.split(':').nth(1))
-            .map(|s| s.trim().to_string())
-            .unwrap_or_else(|| "unknown".into());
-        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_else(|_| "unknown".into());
-        Machine {
-            cpus: std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
-            model,
-            kernel,
-        }
-    }
-}
+/// The machine a figure was measured on (cpus, model, kernel and the load average, so that a
+/// figure from a shared machine says so). One description serves benchmarks and load tests.
+pub use bourse_loadgen::results::Machine;
 
 pub fn version() -> &'static str {
     env!("BOURSE_GIT_DESCRIBE")
