@@ -511,6 +511,7 @@ pub fn capacity(args: CapacityArgs) -> Result<()> {
         accounts_max: args.accounts,
         instruments_max: args.instruments,
         levels_per_side_hint: 64,
+        first_order_id: 1,
     });
     let mut events = Vec::with_capacity(64);
     let mut ts = 1u64;

@@ -501,6 +501,7 @@ fn replay_speed(config: &ClusterConfig) -> Result<(u64, f64)> {
             instruments_max: config.instruments_max,
             accounts_max: config.accounts_max,
             levels_per_side_hint: 64,
+            first_order_id: 1,
         },
         u64::MAX,
     );

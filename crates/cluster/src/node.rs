@@ -213,6 +213,7 @@ impl ClusterConfig {
             instruments_max: self.instruments_max,
             accounts_max: self.accounts_max,
             levels_per_side_hint: 64,
+            first_order_id: 1,
         }
     }
 

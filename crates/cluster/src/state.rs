@@ -281,6 +281,7 @@ mod tests {
             instruments_max: 16,
             accounts_max: 1024,
             levels_per_side_hint: 8,
+            first_order_id: 1,
         }
     }
 

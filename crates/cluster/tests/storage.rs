@@ -21,6 +21,7 @@ fn engine_config() -> EngineConfig {
         instruments_max: 16,
         accounts_max: 1024,
         levels_per_side_hint: 8,
+        first_order_id: 1,
     }
 }
 

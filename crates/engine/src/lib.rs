@@ -53,7 +53,14 @@ pub struct EngineConfig {
     pub accounts_max: u32,
     /// Price levels reserved per book side up front (more are added if needed).
     pub levels_per_side_hint: u32,
+    /// The id the core gives its first order. Cores of one venue start at different bases
+    /// (`core_index << ORDER_ID_CORE_SHIFT`) so that an order id names one order across the
+    /// whole venue: gateways and market data serve several cores at once.
+    pub first_order_id: u64,
 }
+
+/// The bits of an order id below a core's base: each core may accept 2^48 orders.
+pub const ORDER_ID_CORE_SHIFT: u32 = 48;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -62,6 +69,7 @@ impl Default for EngineConfig {
             instruments_max: 10_000,
             accounts_max: 10_000_000,
             levels_per_side_hint: 64,
+            first_order_id: 1,
         }
     }
 }
@@ -113,6 +121,7 @@ impl Engine {
     pub fn new(config: EngineConfig) -> Engine {
         assert!(config.orders_max > 0 && config.orders_max < NIL);
         assert!(config.instruments_max > 0 && config.accounts_max > 0);
+        assert!(config.first_order_id > 0, "order id 0 means no order");
         let orders = config.orders_max as usize;
         // The lookup tables start small and grow with the largest number of orders ever live
         // at once (growth is the only allocation, and it stops once that peak is reached).
@@ -132,7 +141,7 @@ impl Engine {
             pool: OrderPool::with_capacity(orders),
             order_index,
             clord_index,
-            next_order_id: 1,
+            next_order_id: config.first_order_id,
             next_trade_id: 1,
             next_rec: 1,
             next_seq: 1,

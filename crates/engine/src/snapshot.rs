@@ -15,7 +15,7 @@ use std::fmt;
 
 const MAGIC: &[u8; 8] = b"BOURSE01";
 /// Version 2 added the checksum trailer.
-const FORMAT_VERSION: u32 = 2;
+const FORMAT_VERSION: u32 = 3;
 /// Bytes of the trailer: xxh3-64 of everything before it.
 const CHECKSUM_BYTES: usize = 8;
 
@@ -104,6 +104,7 @@ impl Engine {
         w.u32(c.instruments_max);
         w.u32(c.accounts_max);
         w.u32(c.levels_per_side_hint);
+        w.u64(c.first_order_id);
         w.u64(self.next_order_id);
         w.u64(self.next_trade_id);
         w.u64(self.next_rec);
@@ -219,11 +220,13 @@ impl Engine {
             instruments_max: r.u32()?,
             accounts_max: r.u32()?,
             levels_per_side_hint: r.u32()?,
+            first_order_id: r.u64()?,
         };
         if config.orders_max == 0
             || config.orders_max >= NIL
             || config.instruments_max == 0
             || config.accounts_max == 0
+            || config.first_order_id == 0
             || config.levels_per_side_hint > 1 << 20
         {
             return Err(RestoreError::Inconsistent(

@@ -706,3 +706,24 @@ fn snapshot_and_restore_give_the_same_hash_and_behaviour() {
     assert_eq!(a, b);
     assert_eq!(d.engine.state_hash(), twin.engine.state_hash());
 }
+
+#[test]
+fn a_core_numbers_its_orders_from_its_configured_base() {
+    let base = 3u64 << bourse_engine::ORDER_ID_CORE_SHIFT;
+    let mut d = Driver::new(EngineConfig {
+        orders_max: 100,
+        first_order_id: base,
+        ..EngineConfig::default()
+    });
+    d.add_instrument(fixtures::equity(EQ, "SBER", 10_000));
+    d.add_account(1, 1, RICH);
+    let first = fixtures::accepted_id(&d.limit(1, 1, EQ, Side::Buy, 10_000, 1));
+    let second = fixtures::accepted_id(&d.limit(1, 2, EQ, Side::Buy, 10_000, 1));
+    assert_eq!(first, Some(bourse_core::OrderId(base)));
+    assert_eq!(second, Some(bourse_core::OrderId(base + 1)));
+    // The base survives a snapshot: the restored core goes on from where it was.
+    let bytes = d.engine.snapshot();
+    let restored = bourse_engine::Engine::restore(&bytes).unwrap();
+    assert_eq!(restored.config().first_order_id, base);
+    assert_eq!(restored.state_hash(), d.engine.state_hash());
+}

@@ -107,6 +107,7 @@ pub fn start_with(text: &str) -> TestGateway {
         instruments_max: 16,
         accounts_max: 1_000,
         levels_per_side_hint: 16,
+        first_order_id: 1,
     });
     let link = InProcessCore::spawn(Box::new(move |c, out| engine.apply(c, out)), 4096);
     let handle = bourse_gateway::spawn(config, Box::new(link)).unwrap();

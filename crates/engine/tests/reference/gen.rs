@@ -50,6 +50,7 @@ pub fn test_config() -> EngineConfig {
         instruments_max: 16,
         accounts_max: 64,
         levels_per_side_hint: 64,
+        first_order_id: 1,
     }
 }
 

@@ -44,6 +44,7 @@ impl Harness {
             instruments_max: 64,
             accounts_max: 10_000,
             levels_per_side_hint: 64,
+            first_order_id: 1,
         });
         let mut events = Vec::new();
         let mut now_ns = T0_NS;
