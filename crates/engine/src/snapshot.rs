@@ -223,7 +223,7 @@ impl Engine {
             first_order_id: r.u64()?,
         };
         if config.orders_max == 0
-            || config.orders_max >= NIL
+            || config.orders_max == NIL
             || config.instruments_max == 0
             || config.accounts_max == 0
             || config.first_order_id == 0
