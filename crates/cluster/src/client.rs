@@ -1,14 +1,20 @@
 //! A client of a replica group: finds the leader, submits requests, and retries each request
 //! with the same idempotency key until the group answers it (or a deadline passes).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bourse_core::{Command, Event};
+use tokio::sync::mpsc;
 
 use crate::batch::{decode_events, encode_command};
-use crate::net::{NodeStatus, PeerConnection, Request, Response, SubmitError};
+use crate::net::{
+    decode_message, encode_frame, read_frame, NodeStatus, PeerConnection, Request, Response,
+    SubmitError, Tagged,
+};
 use crate::state::OutcomeKind;
+use crate::stream::{CommittedEntry, StreamError};
 use crate::NodeId;
 
 /// How long one attempt at one node may take.
@@ -126,10 +132,12 @@ impl Client {
                 .await;
             match attempt {
                 Ok(Response::Submitted(Ok(outcome))) => {
-                    let events = decode_events(&outcome.events)
-                        .map_err(|e| ClientError::Rejected(format!("bad events: {e}")))?;
                     match outcome.kind {
                         OutcomeKind::Applied | OutcomeKind::Duplicate => {
+                            // Only an applied request carries events; the refusals below carry
+                            // none, and their reason is the answer.
+                            let events = decode_events(&outcome.events)
+                                .map_err(|e| ClientError::Rejected(format!("bad events: {e}")))?;
                             self.next_seq += 1;
                             return Ok(Acknowledged {
                                 request_seq,
@@ -145,6 +153,11 @@ impl Client {
                         }
                         OutcomeKind::Refused => {
                             return Err(ClientError::Rejected("session table full".into()))
+                        }
+                        OutcomeKind::Gap { expected } => {
+                            return Err(ClientError::Rejected(format!(
+                                "request {request_seq} skips ahead: the group expects {expected}"
+                            )))
                         }
                     }
                 }
@@ -201,5 +214,525 @@ pub async fn node_snapshot(addr: SocketAddr, timeout: Duration) -> std::io::Resu
     match conn.call(Request::Snapshot, timeout).await? {
         Response::Snapshot(r) => r.map_err(std::io::Error::other),
         _ => Err(std::io::Error::other("unexpected response to snapshot")),
+    }
+}
+
+/// Requests a [`PipelinedClient`] keeps in flight unless told otherwise.
+pub const PIPELINE_WINDOW_DEFAULT: usize = 4096;
+/// The largest window a pipelined client accepts (below the node's queue per connection).
+pub const PIPELINE_WINDOW_MAX: usize = 16_384;
+/// Tags carry the send generation above this many bits of request seq, so that an error
+/// answer to a send made before the last rewind is recognised as old news.
+const TAG_SEQ_BITS: u32 = 40;
+
+/// The answer to one request of a [`PipelinedClient`], in the order answers arrive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub request_seq: u64,
+    /// How the group answered: `Applied`, `Duplicate` (applied by an earlier attempt) or
+    /// `Stale` (applied earlier, its answer no longer kept); a `Refused` request is final
+    /// too. Gaps and errors are not answers: the client resubmits.
+    pub kind: OutcomeKind,
+    /// The encoded events (see `batch::decode_events`); empty for `Stale` and `Refused`.
+    pub events: Vec<u8>,
+    /// The node that answered.
+    pub node: NodeId,
+}
+
+/// Why a pipelined request could not be queued.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PipelineError {
+    /// The window and the queue are full; try again after answers arrive.
+    Full,
+    /// The command encodes larger than a request may be.
+    TooLarge(usize),
+    /// The client stopped: the group refused a request as invalid (its sequence can never
+    /// be completed), or the client was dropped.
+    Stopped(String),
+}
+
+impl std::fmt::Display for PipelineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PipelineError::Full => write!(f, "pipeline full"),
+            PipelineError::TooLarge(n) => write!(f, "command of {n} bytes is too large"),
+            PipelineError::Stopped(why) => write!(f, "client stopped: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for PipelineError {}
+
+/// What the driver reports besides answers.
+enum Note {
+    Answer(Answer),
+    Stopped(String),
+}
+
+/// A client with many requests in flight on one connection to the leader.
+///
+/// Requests get consecutive sequence numbers as they are queued. A driver task sends them
+/// (frames written while a write is under way go out together), matches answers by tag,
+/// follows `NotLeader` hints, and whenever a request is not answered (an error, a `Gap`, a
+/// lost connection, no answer within [`ATTEMPT_TIMEOUT_MS`]) it resubmits every unanswered
+/// request in sequence order under the same keys, on the leader it finds. Because the state
+/// machine refuses a request whose predecessor is missing, each client's commands are
+/// applied gaplessly and in order, exactly once.
+pub struct PipelinedClient {
+    queue: mpsc::Sender<(u64, Vec<u8>)>,
+    notes: mpsc::UnboundedReceiver<Note>,
+    next_seq: u64,
+    client_id: u64,
+    stopped: Option<String>,
+    driver: tokio::task::JoinHandle<()>,
+}
+
+impl PipelinedClient {
+    /// Starts the driver on the current tokio runtime. `first_seq` continues a restarted
+    /// client's numbering (the group's last applied seq for `client_id`, plus one).
+    pub fn start(
+        nodes: Vec<(NodeId, SocketAddr)>,
+        client_id: u64,
+        first_seq: u64,
+        window: usize,
+    ) -> PipelinedClient {
+        assert!(!nodes.is_empty());
+        assert!(first_seq > 0);
+        let window = window.clamp(1, PIPELINE_WINDOW_MAX);
+        let (queue, queue_rx) = mpsc::channel(window);
+        // Unbounded in type only: the driver emits at most one note per request it took
+        // from the bounded queue, and holds at most `window` of them.
+        let (notes_tx, notes) = mpsc::unbounded_channel();
+        let driver = Driver {
+            nodes,
+            current: 0,
+            client_id,
+            window,
+            unanswered: BTreeMap::new(),
+            generation: 0,
+            notes: notes_tx,
+        };
+        PipelinedClient {
+            queue,
+            notes,
+            next_seq: first_seq,
+            client_id,
+            stopped: None,
+            driver: tokio::spawn(driver.run(queue_rx)),
+        }
+    }
+
+    pub fn client_id(&self) -> u64 {
+        self.client_id
+    }
+
+    /// The sequence number the next queued request will get.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    fn encode(&self, command: &Command) -> Result<Vec<u8>, PipelineError> {
+        if let Some(why) = &self.stopped {
+            return Err(PipelineError::Stopped(why.clone()));
+        }
+        let encoded = encode_command(command);
+        if encoded.len() > crate::batch::COMMAND_SIZE_BYTES_MAX as usize {
+            return Err(PipelineError::TooLarge(encoded.len()));
+        }
+        Ok(encoded)
+    }
+
+    /// Queues a request without waiting; returns its sequence number.
+    pub fn try_submit(&mut self, command: &Command) -> Result<u64, PipelineError> {
+        let encoded = self.encode(command)?;
+        let seq = self.next_seq;
+        match self.queue.try_send((seq, encoded)) {
+            Ok(()) => {
+                self.next_seq += 1;
+                Ok(seq)
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => Err(PipelineError::Full),
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                Err(PipelineError::Stopped("driver ended".into()))
+            }
+        }
+    }
+
+    /// Queues a request, waiting for room; returns its sequence number.
+    pub async fn submit(&mut self, command: &Command) -> Result<u64, PipelineError> {
+        let encoded = self.encode(command)?;
+        let seq = self.next_seq;
+        self.queue
+            .send((seq, encoded))
+            .await
+            .map_err(|_| PipelineError::Stopped("driver ended".into()))?;
+        self.next_seq += 1;
+        Ok(seq)
+    }
+
+    /// The next answer; `Err` once the client stopped.
+    pub async fn next_answer(&mut self) -> Result<Answer, PipelineError> {
+        if let Some(why) = &self.stopped {
+            return Err(PipelineError::Stopped(why.clone()));
+        }
+        match self.notes.recv().await {
+            Some(Note::Answer(a)) => Ok(a),
+            Some(Note::Stopped(why)) => {
+                self.stopped = Some(why.clone());
+                Err(PipelineError::Stopped(why))
+            }
+            None => {
+                self.stopped = Some("driver ended".into());
+                Err(PipelineError::Stopped("driver ended".into()))
+            }
+        }
+    }
+
+    /// An answer if one is ready.
+    pub fn try_answer(&mut self) -> Result<Option<Answer>, PipelineError> {
+        if let Some(why) = &self.stopped {
+            return Err(PipelineError::Stopped(why.clone()));
+        }
+        match self.notes.try_recv() {
+            Ok(Note::Answer(a)) => Ok(Some(a)),
+            Ok(Note::Stopped(why)) => {
+                self.stopped = Some(why.clone());
+                Err(PipelineError::Stopped(why))
+            }
+            Err(mpsc::error::TryRecvError::Empty) => Ok(None),
+            Err(mpsc::error::TryRecvError::Disconnected) => {
+                self.stopped = Some("driver ended".into());
+                Err(PipelineError::Stopped("driver ended".into()))
+            }
+        }
+    }
+}
+
+impl Drop for PipelinedClient {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+struct Unanswered {
+    command: Vec<u8>,
+    /// When it was last sent (None: not yet sent on the current connection).
+    sent_at: Option<Instant>,
+}
+
+struct Driver {
+    nodes: Vec<(NodeId, SocketAddr)>,
+    current: usize,
+    client_id: u64,
+    window: usize,
+    unanswered: BTreeMap<u64, Unanswered>,
+    /// Bumped on every rewind; tags carry it.
+    generation: u64,
+    notes: mpsc::UnboundedSender<Note>,
+}
+
+/// One connection of the driver: its write half and the task that reads answers.
+struct Link {
+    writer: tokio::net::tcp::OwnedWriteHalf,
+    answers: mpsc::Receiver<std::io::Result<Tagged<Response>>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// What made the driver give up its connection.
+enum Rewind {
+    /// Switch to this node (a hint) at once.
+    To(usize),
+    /// Pause, then try the next node.
+    Next(String),
+}
+
+impl Driver {
+    async fn connect(&self) -> std::io::Result<Link> {
+        let stream = tokio::time::timeout(
+            Duration::from_millis(crate::net::CONNECT_TIMEOUT_MS),
+            tokio::net::TcpStream::connect(self.nodes[self.current].1),
+        )
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
+        stream.set_nodelay(true)?;
+        let (mut read, writer) = stream.into_split();
+        let (tx, answers) = mpsc::channel(PIPELINE_WINDOW_MAX);
+        let reader = tokio::spawn(async move {
+            loop {
+                let r = match read_frame(&mut read).await {
+                    Ok(Some(frame)) => decode_message::<Tagged<Response>>(&frame),
+                    Ok(None) => Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "node closed the connection",
+                    )),
+                    Err(e) => Err(e),
+                };
+                let end = r.is_err();
+                if tx.send(r).await.is_err() || end {
+                    return;
+                }
+            }
+        });
+        Ok(Link {
+            writer,
+            answers,
+            reader,
+        })
+    }
+
+    /// Writes every unanswered request not yet sent on this connection, in seq order, in
+    /// one write.
+    async fn send_unsent(&mut self, link: &mut Link, buf: &mut Vec<u8>) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        buf.clear();
+        let now = Instant::now();
+        let generation = self.generation;
+        for (&seq, u) in self.unanswered.iter_mut() {
+            if u.sent_at.is_some() {
+                continue;
+            }
+            u.sent_at = Some(now);
+            let tag = (generation << TAG_SEQ_BITS) | (seq & ((1 << TAG_SEQ_BITS) - 1));
+            let frame = encode_frame(&Tagged {
+                tag,
+                body: Request::Submit {
+                    client_id: self.client_id,
+                    request_seq: seq,
+                    command: u.command.clone(),
+                },
+            });
+            buf.extend_from_slice(&frame);
+        }
+        if !buf.is_empty() {
+            link.writer.write_all(buf).await?;
+        }
+        Ok(())
+    }
+
+    /// Handles one answer; `Some` when the connection must be given up.
+    fn on_answer(&mut self, tag: u64, response: Response) -> Result<Option<Rewind>, String> {
+        let generation = tag >> TAG_SEQ_BITS;
+        let Response::Submitted(result) = response else {
+            return Ok(Some(Rewind::Next("unexpected response".into())));
+        };
+        match result {
+            Ok(outcome) => {
+                let seq = outcome.request_seq;
+                match outcome.kind {
+                    OutcomeKind::Gap { .. } => {
+                        // An earlier request was lost on the way: resend from the first
+                        // unanswered one (once per generation).
+                        if generation == self.generation && self.unanswered.contains_key(&seq) {
+                            return Ok(Some(Rewind::To(self.current)));
+                        }
+                    }
+                    kind => {
+                        if self.unanswered.remove(&seq).is_some() {
+                            let _ = self.notes.send(Note::Answer(Answer {
+                                request_seq: seq,
+                                kind,
+                                events: outcome.events,
+                                node: self.nodes[self.current].0,
+                            }));
+                        }
+                    }
+                }
+                Ok(None)
+            }
+            Err(SubmitError::Invalid(why)) => Err(format!("request refused as invalid: {why}")),
+            Err(_) if generation != self.generation => Ok(None),
+            Err(SubmitError::NotLeader { leader }) => {
+                // By id, or by address for callers that know only the addresses.
+                let hinted = leader.and_then(|(id, addr)| {
+                    self.nodes
+                        .iter()
+                        .position(|n| n.0 == id || n.1.to_string() == addr)
+                });
+                Ok(Some(match hinted {
+                    Some(i) if i != self.current => Rewind::To(i),
+                    _ => Rewind::Next(format!(
+                        "node {} is not the leader",
+                        self.nodes[self.current].0
+                    )),
+                }))
+            }
+            Err(SubmitError::Unavailable(why)) => Ok(Some(Rewind::Next(why))),
+        }
+    }
+
+    async fn run(mut self, mut queue: mpsc::Receiver<(u64, Vec<u8>)>) {
+        let mut link: Option<Link> = None;
+        let mut buf = Vec::with_capacity(64 * 1024);
+        let mut queue_open = true;
+        loop {
+            if link.is_none() {
+                match self.connect().await {
+                    Ok(l) => link = Some(l),
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)).await;
+                        self.current = (self.current + 1) % self.nodes.len();
+                        continue;
+                    }
+                }
+            }
+            let l = link.as_mut().expect("connected above");
+            // Take what is queued, up to the window, then send it all at once.
+            while queue_open && self.unanswered.len() < self.window {
+                match queue.try_recv() {
+                    Ok((seq, command)) => {
+                        self.unanswered.insert(
+                            seq,
+                            Unanswered {
+                                command,
+                                sent_at: None,
+                            },
+                        );
+                    }
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => queue_open = false,
+                }
+            }
+            if !queue_open && self.unanswered.is_empty() {
+                return;
+            }
+            let mut rewind = None;
+            if let Err(e) = self.send_unsent(l, &mut buf).await {
+                rewind = Some(Rewind::Next(e.to_string()));
+            }
+            if rewind.is_none() {
+                let oldest = self
+                    .unanswered
+                    .values()
+                    .next()
+                    .and_then(|u| u.sent_at)
+                    .map(|t| t + Duration::from_millis(ATTEMPT_TIMEOUT_MS));
+                let room = queue_open && self.unanswered.len() < self.window;
+                tokio::select! {
+                    answer = l.answers.recv() => match answer {
+                        Some(Ok(tagged)) => match self.on_answer(tagged.tag, tagged.body) {
+                            Ok(r) => rewind = r,
+                            Err(why) => {
+                                let _ = self.notes.send(Note::Stopped(why));
+                                return;
+                            }
+                        },
+                        Some(Err(e)) => rewind = Some(Rewind::Next(e.to_string())),
+                        None => rewind = Some(Rewind::Next("reader ended".into())),
+                    },
+                    next = queue.recv(), if room => match next {
+                        Some((seq, command)) => {
+                            self.unanswered.insert(seq, Unanswered { command, sent_at: None });
+                        }
+                        None => queue_open = false,
+                    },
+                    _ = sleep_until(oldest) => {
+                        rewind = Some(Rewind::Next("no answer in time".into()));
+                    }
+                }
+            }
+            if let Some(r) = rewind {
+                // Resend everything unanswered, in seq order, under a new generation.
+                self.generation += 1;
+                for u in self.unanswered.values_mut() {
+                    u.sent_at = None;
+                }
+                match r {
+                    Rewind::To(i) if i == self.current => {}
+                    Rewind::To(i) => {
+                        self.current = i;
+                        link = None;
+                    }
+                    Rewind::Next(why) => {
+                        if std::env::var("BOURSE_NET_DEBUG").is_ok() {
+                            eprintln!(
+                                "pipelined client {}: node {}: {why}; resending {} requests",
+                                self.client_id,
+                                self.nodes[self.current].0,
+                                self.unanswered.len()
+                            );
+                        }
+                        tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)).await;
+                        self.current = (self.current + 1) % self.nodes.len();
+                        link = None;
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A subscription to one node's committed stream over TCP.
+pub struct StreamClient {
+    reader: tokio::net::tcp::OwnedReadHalf,
+    /// Kept so the connection stays open.
+    _writer: tokio::net::tcp::OwnedWriteHalf,
+    pub node: SocketAddr,
+}
+
+impl StreamClient {
+    /// Connects and subscribes from `from_index`.
+    pub async fn connect(addr: SocketAddr, from_index: u64) -> std::io::Result<StreamClient> {
+        use tokio::io::AsyncWriteExt;
+        let stream = tokio::time::timeout(
+            Duration::from_millis(crate::net::CONNECT_TIMEOUT_MS),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
+        stream.set_nodelay(true)?;
+        let (reader, mut writer) = stream.into_split();
+        writer
+            .write_all(&encode_frame(&Tagged {
+                tag: 1,
+                body: Request::Subscribe { from_index },
+            }))
+            .await?;
+        Ok(StreamClient {
+            reader,
+            _writer: writer,
+            node: addr,
+        })
+    }
+
+    /// The next committed entry. A stream error (too old, lagged, gap) comes as
+    /// `Ok(Err(..))`; connection failures as `Err`.
+    pub async fn recv(&mut self) -> std::io::Result<Result<CommittedEntry, StreamError>> {
+        let frame = read_frame(&mut self.reader).await?.ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "node closed the stream")
+        })?;
+        match decode_message::<Tagged<Response>>(&frame)?.body {
+            Response::Committed(entry) => Ok(Ok(entry)),
+            Response::StreamEnded(e) => Ok(Err(e)),
+            _ => Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "unexpected response on a stream",
+            )),
+        }
+    }
+}
+
+/// Asks one node for the last request seq it applied for `client_id` (0 if none).
+pub async fn node_last_seq(
+    addr: SocketAddr,
+    client_id: u64,
+    timeout: Duration,
+) -> std::io::Result<u64> {
+    let mut conn = PeerConnection::new(addr);
+    match conn.call(Request::LastSeq { client_id }, timeout).await? {
+        Response::LastSeq(s) => Ok(s),
+        _ => Err(std::io::Error::other("unexpected response to last seq")),
     }
 }

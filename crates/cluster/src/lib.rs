@@ -5,9 +5,15 @@
 //! - [`LogCommand`] and [`ClientRequest`] (`batch`): a log entry is a batch of client
 //!   requests, each with its idempotency key `(client_id, request_seq)`, or a hash check; a
 //!   compact binary encoding with limits on every length.
+//! - [`events`]: the compact binary encoding of event lists (answers, table, stream).
 //! - [`ReplicatedState`] (`state`): the engine plus the idempotency table, applied only from
 //!   committed entries; snapshot and state hash cover both; hash checkpoints that replicas
-//!   compare with the leader's hash entries.
+//!   compare with the leader's hash entries. A request that skips its client's next seq is
+//!   refused ([`OutcomeKind::Gap`]), so each client's commands apply gaplessly, in order.
+//! - [`stream`]: the committed stream, every applied entry (index; per request: key, outcome
+//!   kind, events with `Event::OrderLog`) kept in a bounded ring and broadcast live;
+//!   [`Node::subscribe`] in process, `Request::Subscribe` over TCP (any node serves it); a
+//!   start older than the ring is [`StreamError::TooOld`], a subscriber that lags is cut off.
 //! - [`LogStore`] and [`StateMachineStore`] (`storage`): openraft's `RaftLogStorage` over a
 //!   `bourse_journal::Journal` and `RaftStateMachine` with snapshots in a `SnapshotStore`.
 //! - [`net`]: length-prefixed bincode frames over TCP on 127.0.0.1, the node-to-node RPCs
@@ -15,10 +21,16 @@
 //! - [`ClusterConfig`], [`Node`] (`node`): a node's configuration (TOML), its start-up, its
 //!   smart batcher (requests that arrive while earlier batches are in flight form the next
 //!   batch), its hash-check proposer, and its server.
-//! - [`sim`]: a seeded fault-injecting network between nodes (partitions, loss, delay,
-//!   duplication) for the simulation tests.
+//! - [`sim`]: deterministic simulation support: [`sim::SeededRuntime`] (openraft's runtime:
+//!   tokio, with a random generator the simulation can seed) and an in-memory network with
+//!   seeded partitions, loss, delay, duplication and reordering.
+//! - [`marketdata::MarketDataService`] (`marketdata`): the node's market data publisher, fed
+//!   from its committed stream, sending only while the node leads (standby otherwise,
+//!   numbering identically); [`marketdata::NodeFeed`] is its sans-I/O core.
 //! - [`Client`] (`client`): submits requests to the leader, follows redirects, retries with
-//!   the same idempotency key across failover.
+//!   the same idempotency key across failover. [`client::PipelinedClient`]: many requests in
+//!   flight on one connection, resubmitting every unanswered one in seq order after a
+//!   failover or a gap; [`client::StreamClient`]: a subscription over TCP.
 //!
 //! Acknowledgement rule: a node answers a request only with the outcome openraft returns
 //! after the entry holding it was committed on a quorum (each member's journal append counted
@@ -26,17 +38,21 @@
 
 pub mod batch;
 pub mod client;
+pub mod events;
+pub mod marketdata;
 pub mod net;
 pub mod node;
 pub mod sim;
 pub mod state;
 pub mod storage;
+pub mod stream;
 
 pub use batch::{ClientRequest, LogCommand};
 pub use client::{Acknowledged, Client, ClientError};
 pub use node::{ClusterConfig, FsyncSetting, Node, NodeAddr};
 pub use state::{Outcome, OutcomeKind, ReplicatedState};
 pub use storage::{LogStore, StateMachineStore};
+pub use stream::{CommittedEntry, CommittedRequest, StreamError, Subscription};
 
 pub type NodeId = u64;
 
@@ -48,6 +64,7 @@ openraft::declare_raft_types!(
     pub TypeConfig:
         D = LogCommand,
         R = Vec<Outcome>,
+        AsyncRuntime = sim::SeededRuntime,
 );
 
 pub type Raft = openraft::Raft<TypeConfig>;

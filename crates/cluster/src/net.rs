@@ -25,6 +25,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::state::Outcome;
+use crate::stream::{CommittedEntry, StreamError};
 use crate::{NodeId, TypeConfig};
 
 /// The largest frame either side accepts (snapshot chunks are a few MiB).
@@ -49,6 +50,17 @@ pub enum Request {
     Status,
     /// Take a snapshot now.
     Snapshot,
+    /// Stream the committed entries from `from_index` on: the node answers with one
+    /// `Response::Committed` per applied entry (all under this request's tag) until the
+    /// connection closes, or one `Response::StreamEnded` with the reason it stopped. Use a
+    /// connection of its own: the stream shares the connection's bounded output queue.
+    Subscribe {
+        from_index: u64,
+    },
+    /// The last request sequence number this node applied for `client_id` (0 if none).
+    LastSeq {
+        client_id: u64,
+    },
 }
 
 /// Why a client request was not answered with an outcome.
@@ -94,6 +106,11 @@ pub enum Response {
     Submitted(Result<Outcome, SubmitError>),
     Status(NodeStatus),
     Snapshot(Result<(), String>),
+    /// One entry of a subscription.
+    Committed(CommittedEntry),
+    /// A subscription could not start, or ended (the subscriber lagged, a snapshot gap).
+    StreamEnded(StreamError),
+    LastSeq(u64),
 }
 
 /// A request and the tag its response echoes.

@@ -8,12 +8,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bourse_engine::EngineConfig;
-use bourse_journal::{Config as JournalConfig, Fsync, Journal, SnapshotStore};
+use bourse_journal::{
+    Config as JournalConfig, Fsync, Journal, RealStorage, SnapshotStore, Storage,
+};
 use openraft::error::ClientWriteError;
 use openraft::{BasicNode, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::batch::{decode_command, ClientRequest, LogCommand, REQUESTS_PER_BATCH_MAX};
@@ -22,6 +24,7 @@ use crate::net::{
 };
 use crate::state::Outcome;
 use crate::storage::{Alarm, LogStore, StateMachineStore};
+use crate::stream::{StreamError, Subscription};
 use crate::{NodeId, Raft};
 
 /// Client requests a node queues for the batcher before it pushes back on connections.
@@ -31,6 +34,11 @@ pub const PENDING_REQUESTS_MAX: usize = 65_536;
 pub const BATCHES_IN_FLIGHT_MAX: usize = 4;
 /// Frames queued for one connection's writer.
 pub const CONNECTION_QUEUE_FRAMES_MAX: usize = 4096;
+/// How long a subscription waits for room in its connection's queue before it gives the
+/// subscriber up (a reader that stopped reading).
+pub const SUBSCRIBER_STALL_MS: u64 = 10_000;
+/// Subscriptions one connection may hold at once.
+pub const SUBSCRIPTIONS_PER_CONNECTION_MAX: usize = 4;
 /// Nodes in a replica group.
 pub const NODES_MAX: usize = 7;
 
@@ -72,11 +80,17 @@ fn d_hash_check_ms() -> u64 {
 fn d_fsync_interval_ms() -> u32 {
     2
 }
+fn d_stream_entries_kept() -> usize {
+    crate::stream::STREAM_ENTRIES_KEPT_DEFAULT
+}
 fn d_orders_max() -> u32 {
     1 << 16
 }
 fn d_accounts_max() -> u32 {
     100_000
+}
+fn d_first_order_id() -> u64 {
+    1
 }
 fn d_instruments_max() -> u32 {
     1_024
@@ -110,13 +124,26 @@ pub struct ClusterConfig {
     /// How often the leader proposes its newest checkpoint as a hash entry.
     #[serde(default = "d_hash_check_ms")]
     pub hash_check_interval_ms: u64,
+    /// Applied entries each node keeps for subscribers of its committed stream (a subscriber
+    /// may resume from any of them); at most `stream::STREAM_ENTRIES_KEPT_LIMIT`.
+    #[serde(default = "d_stream_entries_kept")]
+    pub stream_entries_kept: usize,
     #[serde(default = "d_orders_max")]
     pub orders_max: u32,
     #[serde(default = "d_accounts_max")]
     pub accounts_max: u32,
     #[serde(default = "d_instruments_max")]
     pub instruments_max: u32,
+    /// The id this core gives its first order. The cores of one venue start at different
+    /// bases (`core_index << bourse_engine::ORDER_ID_CORE_SHIFT`, at least 1) so that an
+    /// order id names one order across the venue; a lone core starts at 1.
+    #[serde(default = "d_first_order_id")]
+    pub first_order_id: u64,
     pub nodes: Vec<NodeAddr>,
+    /// The core's market data feeds, published by each node while it leads (`[marketdata]`;
+    /// none when absent). See `crate::marketdata`.
+    #[serde(default)]
+    pub marketdata: Option<crate::marketdata::MarketDataSection>,
 }
 
 impl ClusterConfig {
@@ -142,15 +169,18 @@ impl ClusterConfig {
             snapshot_every_entries: d_snapshot_every(),
             hash_checkpoint_every_entries: d_hash_every(),
             hash_check_interval_ms: d_hash_check_ms(),
+            stream_entries_kept: d_stream_entries_kept(),
             orders_max: d_orders_max(),
             accounts_max: d_accounts_max(),
             instruments_max: d_instruments_max(),
+            first_order_id: d_first_order_id(),
             nodes: (0..3)
                 .map(|i| NodeAddr {
                     id: i as u64 + 1,
                     addr: format!("127.0.0.1:{}", ports[i]),
                 })
                 .collect(),
+            marketdata: None,
         }
     }
 
@@ -188,10 +218,24 @@ impl ClusterConfig {
                 "snapshot_every_entries and hash_checkpoint_every_entries must be > 0".into(),
             );
         }
+        if self.stream_entries_kept == 0
+            || self.stream_entries_kept > crate::stream::STREAM_ENTRIES_KEPT_LIMIT
+        {
+            return Err(format!(
+                "stream_entries_kept must be in 1..={}",
+                crate::stream::STREAM_ENTRIES_KEPT_LIMIT
+            ));
+        }
+        if self.first_order_id == 0 {
+            return Err("first_order_id must be at least 1 (order id 0 means no order)".into());
+        }
         if self.fsync_interval_ms == 0
             || self.fsync_interval_ms > bourse_journal::FSYNC_INTERVAL_MS_LIMIT
         {
             return Err("fsync_interval_ms out of range".into());
+        }
+        if let Some(md) = &self.marketdata {
+            md.validate()?;
         }
         Ok(())
     }
@@ -213,7 +257,7 @@ impl ClusterConfig {
             instruments_max: self.instruments_max,
             accounts_max: self.accounts_max,
             levels_per_side_hint: 64,
-            first_order_id: 1,
+            first_order_id: self.first_order_id,
         }
     }
 
@@ -231,7 +275,7 @@ impl ClusterConfig {
 
 struct Pending {
     request: ClientRequest,
-    reply: oneshot::Sender<Result<Outcome, SubmitError>>,
+    reply: ReplyTo,
 }
 
 /// What the server tasks share.
@@ -271,6 +315,29 @@ impl Node {
     where
         N: openraft::network::RaftNetworkFactory<crate::TypeConfig>,
     {
+        Node::start_with(config, id, network, Arc::new(RealStorage)).await
+    }
+
+    /// As [`Node::start`], with the journal and the snapshots on `storage` (a
+    /// `bourse_journal::FaultyStorage` in tests, to fail writes and fsyncs like a full or
+    /// dying disk).
+    pub async fn start_with_storage(
+        config: &ClusterConfig,
+        id: NodeId,
+        storage: Arc<dyn Storage>,
+    ) -> Result<Node, String> {
+        Node::start_with(config, id, crate::net::Network, storage).await
+    }
+
+    async fn start_with<N>(
+        config: &ClusterConfig,
+        id: NodeId,
+        network: N,
+        storage: Arc<dyn Storage>,
+    ) -> Result<Node, String>
+    where
+        N: openraft::network::RaftNetworkFactory<crate::TypeConfig>,
+    {
         config.validate()?;
         let addr = config
             .addr_of(id)
@@ -278,8 +345,9 @@ impl Node {
         let dir = config.node_dir(id);
         let mut jconfig = JournalConfig::new(u128::from(config.cluster_id), id);
         jconfig.fsync = config.journal_fsync();
-        let (journal, report) = Journal::open(dir.join("journal"), jconfig)
-            .map_err(|e| format!("node {id}: journal: {e}"))?;
+        let (journal, report) =
+            Journal::open_with_storage(storage.clone(), dir.join("journal"), jconfig)
+                .map_err(|e| format!("node {id}: journal: {e}"))?;
         if let Some(torn) = &report.torn_tail {
             eprintln!(
                 "bourse node {id}: cut a torn tail of {} bytes at {}:{} ({})",
@@ -289,9 +357,13 @@ impl Node {
                 torn.reason
             );
         }
-        let (snapshots, _) =
-            SnapshotStore::open(dir.join("snapshots"), u128::from(config.cluster_id), 3)
-                .map_err(|e| format!("node {id}: snapshots: {e}"))?;
+        let (snapshots, _) = SnapshotStore::open_with_storage(
+            storage,
+            dir.join("snapshots"),
+            u128::from(config.cluster_id),
+            3,
+        )
+        .map_err(|e| format!("node {id}: snapshots: {e}"))?;
         let alarm: Alarm = Arc::new(Mutex::new(None));
         let sm = StateMachineStore::open(
             snapshots,
@@ -301,6 +373,7 @@ impl Node {
             alarm.clone(),
         )
         .map_err(|e| format!("node {id}: {e}"))?;
+        sm.stream().set_kept_max(config.stream_entries_kept);
         let log = LogStore::new(journal);
 
         let raft_config = openraft::Config {
@@ -384,6 +457,19 @@ impl Node {
         status(&self.shared).await
     }
 
+    /// The committed stream from `from_index` on: every entry this node applies (a follower
+    /// applies only committed entries), with each request's key, outcome and events. Fails
+    /// with `StreamError::TooOld` when the node no longer keeps `from_index`.
+    pub fn subscribe(&self, from_index: u64) -> Result<Subscription, StreamError> {
+        self.shared.sm.stream().subscribe(from_index)
+    }
+
+    /// The last request of `client_id` this node applied (0 if none): where a restarted
+    /// client continues its numbering.
+    pub async fn last_seq(&self, client_id: u64) -> u64 {
+        self.shared.sm.last_seq(client_id).await
+    }
+
     /// Stops serving and shuts openraft down (files stay as they are).
     pub async fn shutdown(self) {
         for t in &self.tasks {
@@ -391,6 +477,11 @@ impl Node {
         }
         let _ = self.closing.send(true);
         let _ = self.shared.raft.shutdown().await;
+        // Wait until the aborted tasks are gone: the listener is dropped with the accept
+        // task, so a node restarted at once on the same address can bind it.
+        for t in self.tasks {
+            let _ = t.await;
+        }
     }
 }
 
@@ -413,7 +504,20 @@ async fn status(shared: &Shared) -> NodeStatus {
             .replication
             .map(|r| r.iter().map(|(id, l)| (*id, l.map(|l| l.index))).collect())
             .unwrap_or_default(),
-        alarm: shared.alarm.lock().expect("alarm lock").clone(),
+        // A hash alarm, else the fatal error that stopped openraft (a journal write or fsync
+        // failure: fail-stop), so that status says why the node no longer acknowledges.
+        alarm: shared
+            .alarm
+            .lock()
+            .expect("alarm lock")
+            .clone()
+            .or_else(|| {
+                metrics
+                    .running_state
+                    .as_ref()
+                    .err()
+                    .map(|fatal| format!("stopped: {fatal}"))
+            }),
     }
 }
 
@@ -436,21 +540,116 @@ async fn accept_loop(
     }
 }
 
+/// The largest run of queued frames a connection's writer joins into one socket write.
+const COALESCE_BYTES_MAX: usize = 256 * 1024;
+
+/// Writes a connection's frames; frames queued while a write is in flight go out together in
+/// the next one (one system call for many answers under load, no delay when idle).
+async fn connection_writer(
+    mut writer: tokio::net::tcp::OwnedWriteHalf,
+    mut rx: mpsc::Receiver<Vec<u8>>,
+) {
+    use tokio::io::AsyncWriteExt;
+    let mut buf = Vec::with_capacity(64 * 1024);
+    while let Some(frame) = rx.recv().await {
+        buf.clear();
+        buf.extend_from_slice(&frame);
+        while buf.len() < COALESCE_BYTES_MAX {
+            match rx.try_recv() {
+                Ok(frame) => buf.extend_from_slice(&frame),
+                Err(_) => break,
+            }
+        }
+        if writer.write_all(&buf).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Where the answer to one submitted request goes: the tag to echo and the connection's
+/// output queue. The batcher sends answers straight there, without a task or a channel per
+/// request.
+struct ReplyTo {
+    tag: u64,
+    to: mpsc::Sender<Vec<u8>>,
+}
+
+impl ReplyTo {
+    fn send(self, result: Result<Outcome, SubmitError>) {
+        let frame = encode_frame(&Tagged {
+            tag: self.tag,
+            body: Response::Submitted(result),
+        });
+        match self.to.try_send(frame) {
+            Ok(()) => {}
+            // A connection whose queue is full is read slowly: wait for it on a task of its
+            // own rather than in the batcher.
+            Err(mpsc::error::TrySendError::Full(frame)) => {
+                let to = self.to;
+                tokio::spawn(async move {
+                    let _ = to.send(frame).await;
+                });
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
+}
+
+/// Sends a subscription's entries to a connection until it ends.
+async fn serve_subscription(
+    tag: u64,
+    from_index: u64,
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Vec<u8>>,
+) {
+    let reply = move |body: Response| encode_frame(&Tagged { tag, body });
+    let mut sub = match shared.sm.stream().subscribe(from_index) {
+        Ok(sub) => sub,
+        Err(e) => {
+            let _ = tx.send(reply(Response::StreamEnded(e))).await;
+            return;
+        }
+    };
+    loop {
+        match sub.recv().await {
+            Ok(entry) => {
+                // Awaiting a full queue is what makes a slow reader lag, and the lag bound
+                // then cuts it off; a reader that stops reading altogether is dropped after
+                // a while.
+                let frame = reply(Response::Committed((*entry).clone()));
+                match tokio::time::timeout(
+                    Duration::from_millis(SUBSCRIBER_STALL_MS),
+                    tx.send(frame),
+                )
+                .await
+                {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return,
+                    Err(_) => {
+                        let _ = tx.try_send(reply(Response::StreamEnded(StreamError::Lagged {
+                            lag_max: crate::stream::STREAM_SUBSCRIBER_LAG_ENTRIES as u64,
+                        })));
+                        return;
+                    }
+                }
+            }
+            Err(e) => {
+                let _ = tx.send(reply(Response::StreamEnded(e))).await;
+                return;
+            }
+        }
+    }
+}
+
 async fn serve_connection(
     stream: TcpStream,
     shared: Arc<Shared>,
     mut closing: tokio::sync::watch::Receiver<bool>,
 ) {
-    let (mut reader, mut writer) = stream.into_split();
-    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(CONNECTION_QUEUE_FRAMES_MAX);
-    let writer_task = tokio::spawn(async move {
-        use tokio::io::AsyncWriteExt;
-        while let Some(frame) = rx.recv().await {
-            if writer.write_all(&frame).await.is_err() {
-                return;
-            }
-        }
-    });
+    let (mut reader, writer) = stream.into_split();
+    let (tx, rx) = mpsc::channel::<Vec<u8>>(CONNECTION_QUEUE_FRAMES_MAX);
+    let writer_task = tokio::spawn(connection_writer(writer, rx));
+    let mut subscriptions: Vec<JoinHandle<()>> = Vec::new();
     loop {
         let frame = tokio::select! {
             frame = read_frame(&mut reader) => match frame {
@@ -471,19 +670,17 @@ async fn serve_connection(
                 request_seq,
                 command,
             } => {
-                // Queue in arrival order (so one client's pipelined requests keep their
-                // order into the log); only the wait for the commit runs on its own task.
-                let queued = enqueue(&shared, client_id, request_seq, &command).await;
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    let result = match queued {
-                        Ok(rx) => rx.await.unwrap_or_else(|_| {
-                            Err(SubmitError::Unavailable("request dropped".into()))
-                        }),
-                        Err(e) => Err(e),
-                    };
-                    let _ = tx.send(reply(Response::Submitted(result))).await;
-                });
+                // Queued in arrival order (so one client's pipelined requests keep their
+                // order into the log); the batcher answers on this connection's queue.
+                let reply_to = ReplyTo {
+                    tag,
+                    to: tx.clone(),
+                };
+                if let Err((e, reply_to)) =
+                    enqueue(&shared, client_id, request_seq, &command, reply_to).await
+                {
+                    reply_to.send(Err(e));
+                }
             }
             Request::AppendEntries(rpc) => {
                 let r = shared.raft.append_entries(rpc).await;
@@ -510,7 +707,31 @@ async fn serve_connection(
                     .map_err(|e| e.to_string());
                 let _ = tx.send(reply(Response::Snapshot(r))).await;
             }
+            Request::Subscribe { from_index } => {
+                subscriptions.retain(|t| !t.is_finished());
+                if subscriptions.len() >= SUBSCRIPTIONS_PER_CONNECTION_MAX {
+                    let _ = tx
+                        .send(reply(Response::StreamEnded(StreamError::Refused(format!(
+                            "at most {SUBSCRIPTIONS_PER_CONNECTION_MAX} subscriptions per connection"
+                        )))))
+                        .await;
+                    continue;
+                }
+                subscriptions.push(tokio::spawn(serve_subscription(
+                    tag,
+                    from_index,
+                    shared.clone(),
+                    tx.clone(),
+                )));
+            }
+            Request::LastSeq { client_id } => {
+                let last = shared.sm.last_seq(client_id).await;
+                let _ = tx.send(reply(Response::LastSeq(last))).await;
+            }
         }
+    }
+    for s in &subscriptions {
+        s.abort();
     }
     drop(tx);
     if *closing.borrow() {
@@ -525,14 +746,18 @@ async fn enqueue(
     client_id: u64,
     request_seq: u64,
     command: &[u8],
-) -> Result<oneshot::Receiver<Result<Outcome, SubmitError>>, SubmitError> {
+    reply: ReplyTo,
+) -> Result<(), (SubmitError, ReplyTo)> {
     if shared.alarm.lock().expect("alarm lock").is_some() {
-        return Err(SubmitError::Unavailable(
-            "node is out: state hash alarm".into(),
+        return Err((
+            SubmitError::Unavailable("node is out: state hash alarm".into()),
+            reply,
         ));
     }
-    let command = decode_command(command).map_err(|e| SubmitError::Invalid(e.to_string()))?;
-    let (reply, rx) = oneshot::channel();
+    let command = match decode_command(command) {
+        Ok(c) => c,
+        Err(e) => return Err((SubmitError::Invalid(e.to_string()), reply)),
+    };
     let pending = Pending {
         request: ClientRequest {
             client_id,
@@ -541,12 +766,12 @@ async fn enqueue(
         },
         reply,
     };
-    shared
-        .submit
-        .send(pending)
-        .await
-        .map_err(|_| SubmitError::Unavailable("node is stopping".into()))?;
-    Ok(rx)
+    shared.submit.send(pending).await.map_err(|e| {
+        (
+            SubmitError::Unavailable("node is stopping".into()),
+            e.0.reply,
+        )
+    })
 }
 
 /// Smart batching: takes whatever requests are queued (up to the batch limit) as one entry;
@@ -571,7 +796,7 @@ async fn batcher(raft: Raft, config: ClusterConfig, mut rx: mpsc::Receiver<Pendi
             Ok(receiver) => receiver,
             Err(fatal) => {
                 for reply in replies {
-                    let _ = reply.send(Err(SubmitError::Unavailable(fatal.to_string())));
+                    reply.send(Err(SubmitError::Unavailable(fatal.to_string())));
                 }
                 continue;
             }
@@ -599,12 +824,12 @@ async fn batcher(raft: Raft, config: ClusterConfig, mut rx: mpsc::Receiver<Pendi
                 Ok(outcomes) => {
                     assert_eq!(outcomes.len(), replies.len(), "one outcome per request");
                     for (reply, outcome) in replies.into_iter().zip(outcomes) {
-                        let _ = reply.send(Ok(outcome));
+                        reply.send(Ok(outcome));
                     }
                 }
                 Err(e) => {
                     for reply in replies {
-                        let _ = reply.send(Err(e.clone()));
+                        reply.send(Err(e.clone()));
                     }
                 }
             }

@@ -44,6 +44,10 @@ pub enum OutcomeKind {
     Stale,
     /// The session table is full; the command was not applied.
     Refused,
+    /// The request skips sequence numbers: its client's next request must be `expected`
+    /// (pipelined requests before it were dropped on the way, by a full queue or a lost
+    /// leader). The command was not applied; the client resubmits from `expected`, in order.
+    Gap { expected: u64 },
 }
 
 /// The answer to one request.
@@ -151,8 +155,21 @@ impl ReplicatedState {
             Some(s) if request.request_seq < s.last_seq => {
                 return outcome(OutcomeKind::Stale, Vec::new())
             }
+            // Applying N+1 while N is missing would reorder one client's commands; refusing
+            // it keeps each client's commands gapless and in its own order.
+            Some(s) if request.request_seq > s.last_seq + 1 => {
+                return outcome(
+                    OutcomeKind::Gap {
+                        expected: s.last_seq + 1,
+                    },
+                    Vec::new(),
+                )
+            }
             None if self.sessions.len() >= SESSIONS_MAX => {
                 return outcome(OutcomeKind::Refused, Vec::new())
+            }
+            None if request.request_seq != 1 => {
+                return outcome(OutcomeKind::Gap { expected: 1 }, Vec::new())
             }
             _ => {}
         }
@@ -343,6 +360,35 @@ mod tests {
         for cut in [0, 5, bytes.len() / 2, bytes.len() - 1] {
             assert!(ReplicatedState::restore(&bytes[..cut], 10).is_err());
         }
+    }
+
+    #[test]
+    fn a_request_that_skips_a_seq_is_refused_until_the_missing_one_comes() {
+        let mut s = ReplicatedState::new(config(), 10);
+        let mut out = Vec::new();
+        // A new client must start at 1.
+        s.apply_batch(&[add_account(4, 2, 10)], &mut out);
+        assert_eq!(out[0].kind, OutcomeKind::Gap { expected: 1 });
+        assert!(out[0].events.is_empty());
+        s.apply_batch(
+            &[
+                add_account(4, 1, 11),
+                add_account(4, 3, 13),
+                add_account(4, 2, 12),
+            ],
+            &mut out,
+        );
+        assert_eq!(out[1].kind, OutcomeKind::Applied);
+        assert_eq!(out[2].kind, OutcomeKind::Gap { expected: 2 });
+        assert_eq!(out[3].kind, OutcomeKind::Applied);
+        assert!(s.engine().account(AccountId(13)).is_none());
+        assert!(s.engine().account(AccountId(10)).is_none());
+        assert_eq!(s.last_seq(4), Some(2));
+        // The resubmitted 3 now applies.
+        s.apply_batch(&[add_account(4, 3, 13)], &mut out);
+        assert_eq!(out[4].kind, OutcomeKind::Applied);
+        assert!(s.engine().account(AccountId(13)).is_some());
+        assert_eq!(s.commands_applied(), 3);
     }
 
     #[test]

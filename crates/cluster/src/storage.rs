@@ -35,6 +35,9 @@ use openraft::{
 
 use crate::batch::LogCommand;
 use crate::state::{Outcome, ReplicatedState};
+use crate::stream::{
+    CommittedEntry, CommittedRequest, CommittedStream, STREAM_ENTRIES_KEPT_DEFAULT,
+};
 use crate::{NodeId, TypeConfig};
 
 /// Largest membership record inside a snapshot.
@@ -106,7 +109,13 @@ impl LogStore {
                     }
                     match inner.journal.flush() {
                         Ok(()) => inner.release_durable(),
-                        Err(e) => inner.fail_waiting(&e.to_string()),
+                        Err(e) => {
+                            eprintln!(
+                                "bourse-cluster: journal fsync failed, this node stops \
+                                 (fail-stop): {e}"
+                            );
+                            inner.fail_waiting(&e.to_string());
+                        }
                     }
                 }
             });
@@ -254,7 +263,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         };
         if let Err(e) = inner.journal.append(&records) {
             // The journal is poisoned now (fail-stop): it refuses every later write, so this
-            // node stops acknowledging; openraft shuts the node down on this error.
+            // node stops acknowledging; openraft shuts the node down on this error. Say so
+            // where the operator looks, naming the file and the operating system's error.
+            eprintln!("bourse-cluster: journal append failed, this node stops (fail-stop): {e}");
             callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
             return Err(StorageIOError::write_logs(io_err(&e)).into());
         }
@@ -311,12 +322,16 @@ struct SmInner {
     checkpoint_every_entries: u64,
     alarm: Alarm,
     outcomes: Vec<Outcome>,
+    /// Every applied entry is published here, in log order.
+    stream: CommittedStream,
 }
 
 /// openraft's state machine: the replicated state and its snapshots.
 #[derive(Clone)]
 pub struct StateMachineStore {
     inner: Arc<tokio::sync::Mutex<SmInner>>,
+    /// The same stream as `inner.stream`, reachable without the state's lock.
+    stream: CommittedStream,
 }
 
 /// What a state-machine store reports to the node's status.
@@ -400,8 +415,14 @@ impl StateMachineStore {
                 StoredMembership::default(),
             ),
         };
+        let stream = CommittedStream::new(
+            STREAM_ENTRIES_KEPT_DEFAULT,
+            last_applied.map_or(0, |l| l.index + 1),
+        );
         Ok(StateMachineStore {
+            stream: stream.clone(),
             inner: Arc::new(tokio::sync::Mutex::new(SmInner {
+                stream,
                 state,
                 last_applied,
                 membership,
@@ -423,6 +444,21 @@ impl StateMachineStore {
             engine_commands: inner.state.engine().counters().commands,
             hash_checks_passed: inner.state.hash_checks_passed(),
         }
+    }
+
+    /// The stream of applied entries (see `stream`).
+    pub fn stream(&self) -> &CommittedStream {
+        &self.stream
+    }
+
+    /// The last applied request sequence number of `client_id` (0 if it has none).
+    pub async fn last_seq(&self, client_id: u64) -> u64 {
+        self.inner
+            .lock()
+            .await
+            .state
+            .last_seq(client_id)
+            .unwrap_or(0)
     }
 
     /// The newest hash checkpoint, for the leader to put in a hash entry.
@@ -510,6 +546,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             inner.last_applied = Some(entry.log_id);
             let mut outcomes = std::mem::take(&mut inner.outcomes);
             outcomes.clear();
+            let mut committed = Vec::new();
             match entry.payload {
                 EntryPayload::Blank => {}
                 EntryPayload::Membership(m) => {
@@ -517,6 +554,15 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 }
                 EntryPayload::Normal(LogCommand::Batch(requests)) => {
                     inner.state.apply_batch(&requests, &mut outcomes);
+                    committed = outcomes
+                        .iter()
+                        .map(|o| CommittedRequest {
+                            client_id: o.client_id,
+                            request_seq: o.request_seq,
+                            kind: o.kind,
+                            events: o.events.clone(),
+                        })
+                        .collect();
                 }
                 EntryPayload::Normal(LogCommand::HashCheck { index, state_hash }) => {
                     if let Err(divergence) = inner.state.check_hash(index, state_hash) {
@@ -531,6 +577,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 }
             }
             inner.state.entry_applied(entry.log_id.index);
+            inner.stream.publish(CommittedEntry {
+                index: entry.log_id.index,
+                requests: committed,
+            });
             responses.push(outcomes.clone());
             inner.outcomes = outcomes;
         }
@@ -566,6 +616,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         inner.state = state;
         inner.membership = membership;
         inner.last_applied = meta.last_log_id;
+        inner
+            .stream
+            .reset(meta.last_log_id.map_or(0, |l| l.index + 1));
         if let Some(last) = meta.last_log_id {
             let state_hash = xxhash_rust::xxh3::xxh3_64(state_bytes);
             let cluster_id = inner.cluster_id;
@@ -612,6 +665,16 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             snapshot: Box::new(Cursor::new(snap.data)),
         }))
     }
+}
+
+/// The journal record payload of a normal entry at `(term, index)` carrying `command`, exactly
+/// as [`LogStore`] writes it (for tools and benchmarks that build a journal without a group).
+pub fn entry_payload(term: u64, index: u64, command: LogCommand) -> Vec<u8> {
+    let entry: Entry<TypeConfig> = Entry {
+        log_id: log_id(term, index),
+        payload: EntryPayload::Normal(command),
+    };
+    bincode::serialize(&entry).expect("an entry encodes")
 }
 
 /// The application command in a journal record's payload (None for blank and membership

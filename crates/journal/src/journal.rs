@@ -16,6 +16,7 @@ use crate::format::{
 };
 use crate::meta::{write_meta, ChainPoint, LogPosition, Meta, MetaRecord};
 use crate::recovery::{analyze, ScannedSegment};
+use crate::stats::JournalStats;
 use crate::storage::{OpenMode, RealStorage, SegmentFile, Storage};
 
 /// The most entries one `append` call may carry.
@@ -217,6 +218,8 @@ pub struct Journal {
     durable_next_index: u64,
     encode_buffer: Vec<u8>,
     fsync_latency_ns: Histogram<u64>,
+    /// Counters for monitoring, shared with whoever asked for them.
+    stats: Arc<JournalStats>,
 }
 
 impl Journal {
@@ -330,6 +333,7 @@ impl Journal {
             encode_buffer: Vec::new(),
             fsync_latency_ns: Histogram::new_with_bounds(1, LATENCY_NS_MAX, 3)
                 .map_err(|e| JournalError::Config(e.to_string()))?,
+            stats: JournalStats::new(&dir),
         };
         if analysis.meta.is_none() {
             report.created = true;
@@ -433,6 +437,12 @@ impl Journal {
         &self.fsync_latency_ns
     }
 
+    /// Counters for monitoring (bytes and records appended, fsyncs and their latency, when
+    /// recent appends completed); cheap to read from any thread.
+    pub fn stats(&self) -> Arc<JournalStats> {
+        self.stats.clone()
+    }
+
     fn logical_first_index(&self) -> u64 {
         let physical = self
             .segments
@@ -512,6 +522,16 @@ impl Journal {
         match self.append_checked(entries) {
             Ok(()) => {
                 self.assert_invariants();
+                let bytes = entries
+                    .iter()
+                    .map(|e| RECORD_HEADER_SIZE_BYTES + e.payload.len() as u64)
+                    .sum();
+                self.stats.on_append(
+                    entries[0].index,
+                    entries[entries.len() - 1].index,
+                    entries.len() as u64,
+                    bytes,
+                );
                 Ok(())
             }
             Err(error) => {
@@ -632,8 +652,10 @@ impl Journal {
                     .file
                     .sync_data()
                     .map_err(|error| JournalError::io("fsync", &segment.path, error))?;
-                let ns = start.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+                let took = start.elapsed();
+                let ns = took.as_nanos().min(u128::from(u64::MAX)) as u64;
                 self.fsync_latency_ns.saturating_record(ns.max(1));
+                self.stats.on_fsync(took);
             }
         }
         self.unsynced_segment = None;

@@ -19,6 +19,9 @@
 //! - [`verify`], [`inspect`], [`replay`] and [`Records`]: read-only operator functions for
 //!   `bourse journal`.
 //! - [`bench_append`]: the append benchmark behind `bourse bench journal`.
+//! - [`stats`]: cheap counters for monitoring ([`JournalStats`]: bytes and records appended,
+//!   fsyncs and their latency; [`SnapshotStats`]: snapshots written, size, write time),
+//!   reachable from the owner (`Journal::stats`, `SnapshotStore::stats`) or by directory.
 //!
 //! The on-disk formats are described in the `format`, `meta` and `snapshot` modules.
 //!
@@ -48,6 +51,7 @@ mod meta;
 mod ops;
 mod recovery;
 mod snapshot;
+pub mod stats;
 mod storage;
 
 pub use bench::{bench_append, BenchReport, LatencySummary};
@@ -70,6 +74,10 @@ pub use recovery::SNAPSHOT_DIR_NAME;
 pub use snapshot::{
     LatestSnapshot, SkippedSnapshot, Snapshot, SnapshotMeta, SnapshotStore, SNAPSHOTS_KEPT_LIMIT,
     SNAPSHOT_SIZE_BYTES_LIMIT,
+};
+pub use stats::{
+    journal_stats_for, snapshot_stats_for, JournalStats, JournalStatsSnapshot, SnapshotStats,
+    SnapshotStatsSnapshot, FSYNC_BUCKETS_NS,
 };
 pub use storage::{
     DirEntry, Faults, FaultyStorage, OpenMode, RealStorage, SegmentFile, Storage, EIO, ENOSPC,

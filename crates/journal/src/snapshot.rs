@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use crate::error::{JournalError, Result};
 use crate::format::{read_u128, read_u32, read_u64, FORMAT_VERSION};
+use crate::stats::SnapshotStats;
 use crate::storage::{OpenMode, RealStorage, Storage};
 
 const SNAPSHOT_MAGIC: [u8; 8] = *b"BOURSESN";
@@ -70,6 +71,8 @@ pub struct SnapshotStore {
     dir: PathBuf,
     cluster_id: u128,
     keep: usize,
+    /// Counters for monitoring.
+    stats: Arc<SnapshotStats>,
 }
 
 fn snapshot_file_name(last_index: u64, last_term: u64) -> String {
@@ -138,6 +141,7 @@ impl SnapshotStore {
         }
         Ok((
             SnapshotStore {
+                stats: SnapshotStats::new(&dir),
                 storage,
                 dir,
                 cluster_id,
@@ -149,6 +153,11 @@ impl SnapshotStore {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Counters for monitoring: snapshots written, their size and write time.
+    pub fn stats(&self) -> Arc<SnapshotStats> {
+        self.stats.clone()
     }
 
     /// Snapshot files by (last index, last term), oldest first.
@@ -184,6 +193,7 @@ impl SnapshotStore {
                 data.len()
             )));
         }
+        let started = std::time::Instant::now();
         let name = snapshot_file_name(meta.last_index, meta.last_term);
         let path = self.dir.join(&name);
         let temp = self.dir.join(format!("{name}.tmp"));
@@ -209,6 +219,8 @@ impl SnapshotStore {
         self.storage
             .sync_dir(&self.dir)
             .map_err(|error| JournalError::io("fsync directory", &self.dir, error))?;
+        self.stats
+            .on_write(meta.last_index, data.len() as u64, started.elapsed());
         self.prune()?;
         Ok(path)
     }

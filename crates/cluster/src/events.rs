@@ -1,0 +1,743 @@
+//! A compact binary encoding of event lists, for the answers, the idempotency table and the
+//! committed stream.
+//!
+//! ```text
+//! list   := count u32, count × event
+//! event  := kind u8, the variant's fields in declaration order, fixed width, little-endian
+//!           (ids at their own width, prices and quantities i64, cash i128, enums one byte,
+//!            a reject reason its u16 code, an optional order id a flag byte and a u64)
+//! ```
+//!
+//! Every applied request's events are encoded on every replica, so this sits on the apply
+//! path; serde formats either wrote each variant's name (MessagePack) or cannot read the
+//! core's internally tagged `Event` back at all (bincode). Decoding checks the count against
+//! the bytes left before it allocates and refuses unknown kinds, enum values and trailing
+//! bytes, so garbage gives a [`DecodeError`], never a panic.
+
+use bourse_core::codec::{DecodeError, Reader, Writer};
+use bourse_core::Cash;
+use bourse_core::{
+    AccountId, CancelReason, CancelRejectTo, CashReason, ClOrdId, Event, Fill, FirmId,
+    InstrumentId, OrderId, OrderLog, OrderLogAction, OrderStatus, Phase, Price, Qty, RejectReason,
+    Side, TradeId,
+};
+
+/// The smallest encoded event (a kind byte and a u64 timestamp at least).
+const EVENT_SIZE_BYTES_MIN: usize = 9;
+
+const K_ORDER_ACCEPTED: u8 = 1;
+const K_ORDER_REJECTED: u8 = 2;
+const K_CANCEL_REJECTED: u8 = 3;
+const K_COMMAND_REJECTED: u8 = 4;
+const K_TRADE: u8 = 5;
+const K_ORDER_CANCELLED: u8 = 6;
+const K_ORDER_REPLACED: u8 = 7;
+const K_ORDER_EXPIRED: u8 = 8;
+const K_MASS_CANCEL_DONE: u8 = 9;
+const K_ORDER_LOG: u8 = 10;
+const K_INSTRUMENT_ADDED: u8 = 11;
+const K_ACCOUNT_ADDED: u8 = 12;
+const K_PHASE_CHANGED: u8 = 13;
+const K_CASH_CHANGED: u8 = 14;
+const K_END_OF_DAY_DONE: u8 = 15;
+
+/// Every reject reason, to map codes back (the codes are the enum's discriminants).
+const REJECT_REASONS: [RejectReason; 32] = [
+    RejectReason::UnknownInstrument,
+    RejectReason::UnknownAccount,
+    RejectReason::UnknownOrder,
+    RejectReason::DuplicateInstrument,
+    RejectReason::DuplicateAccount,
+    RejectReason::DuplicateClOrdId,
+    RejectReason::QtyNotPositive,
+    RejectReason::QtyTooLarge,
+    RejectReason::PriceNotPositive,
+    RejectReason::PriceOffTick,
+    RejectReason::PriceTooLarge,
+    RejectReason::PriceOutsideBand,
+    RejectReason::InvalidTimeInForce,
+    RejectReason::ExpireTimeMissing,
+    RejectReason::ExpireTimeInPast,
+    RejectReason::DisplayQtyInvalid,
+    RejectReason::InstrumentHalted,
+    RejectReason::InstrumentClosed,
+    RejectReason::InsufficientCollateral,
+    RejectReason::InsufficientPosition,
+    RejectReason::PositionLimit,
+    RejectReason::Overflow,
+    RejectReason::ReplaceQtyNotAboveFilled,
+    RejectReason::ReplaceNoChange,
+    RejectReason::OrderRefInvalid,
+    RejectReason::AmountNotPositive,
+    RejectReason::InsufficientFreeCash,
+    RejectReason::CollateralBelowLocked,
+    RejectReason::InvalidInstrument,
+    RejectReason::CapacityExceeded,
+    RejectReason::MassCancelUnfiltered,
+    RejectReason::ExpireTimeUnexpected,
+];
+
+fn side(w: &mut Writer, s: Side) {
+    w.u8(match s {
+        Side::Buy => 0,
+        Side::Sell => 1,
+    });
+}
+
+fn read_side(r: &mut Reader) -> Result<Side, DecodeError> {
+    match r.u8()? {
+        0 => Ok(Side::Buy),
+        1 => Ok(Side::Sell),
+        _ => Err(r.error("invalid side")),
+    }
+}
+
+fn read_reason(r: &mut Reader) -> Result<RejectReason, DecodeError> {
+    let code = r.u16()?;
+    REJECT_REASONS
+        .iter()
+        .copied()
+        .find(|x| x.code() == code)
+        .ok_or_else(|| r.error("unknown reject reason"))
+}
+
+/// Maps a byte to one of `values` (by position).
+fn pick<T: Copy>(r: &mut Reader, values: &[T], what: &'static str) -> Result<T, DecodeError> {
+    let b = r.u8()? as usize;
+    values.get(b).copied().ok_or_else(|| r.error(what))
+}
+
+const CANCEL_REASONS: [CancelReason; 6] = [
+    CancelReason::Requested,
+    CancelReason::MassCancel,
+    CancelReason::SelfTradePrevention,
+    CancelReason::ImmediateOrCancelRemainder,
+    CancelReason::FillOrKillUnfilled,
+    CancelReason::MarketRemainder,
+];
+const CANCEL_REJECT_TO: [CancelRejectTo; 2] = [CancelRejectTo::Cancel, CancelRejectTo::Replace];
+const ORDER_STATUSES: [OrderStatus; 6] = [
+    OrderStatus::New,
+    OrderStatus::PartiallyFilled,
+    OrderStatus::Filled,
+    OrderStatus::Cancelled,
+    OrderStatus::Replaced,
+    OrderStatus::Expired,
+];
+const LOG_ACTIONS: [OrderLogAction; 3] = [
+    OrderLogAction::New,
+    OrderLogAction::Change,
+    OrderLogAction::Delete,
+];
+const PHASES: [Phase; 3] = [Phase::Open, Phase::Halted, Phase::Closed];
+const CASH_REASONS: [CashReason; 3] = [
+    CashReason::Deposit,
+    CashReason::Withdraw,
+    CashReason::SetCollateral,
+];
+
+fn index_of<T: PartialEq>(values: &[T], v: &T) -> u8 {
+    values
+        .iter()
+        .position(|x| x == v)
+        .expect("every value is in its table") as u8
+}
+
+fn fill(w: &mut Writer, f: &Fill) {
+    w.u64(f.order_id.0);
+    w.u32(f.account.0);
+    w.u64(f.cl_ord_id.0);
+    w.i64(f.qty_leaves.0);
+    w.i64(f.qty_filled.0);
+}
+
+fn read_fill(r: &mut Reader) -> Result<Fill, DecodeError> {
+    Ok(Fill {
+        order_id: OrderId(r.u64()?),
+        account: AccountId(r.u32()?),
+        cl_ord_id: ClOrdId(r.u64()?),
+        qty_leaves: Qty(r.i64()?),
+        qty_filled: Qty(r.i64()?),
+    })
+}
+
+fn encode_event(w: &mut Writer, e: &Event) {
+    match *e {
+        Event::OrderAccepted {
+            order_id,
+            account,
+            cl_ord_id,
+            instrument,
+            side: s,
+            price,
+            qty,
+            ts_ns,
+        } => {
+            w.u8(K_ORDER_ACCEPTED);
+            w.u64(order_id.0);
+            w.u32(account.0);
+            w.u64(cl_ord_id.0);
+            w.u32(instrument.0);
+            side(w, s);
+            w.i64(price.0);
+            w.i64(qty.0);
+            w.u64(ts_ns);
+        }
+        Event::OrderRejected {
+            account,
+            cl_ord_id,
+            instrument,
+            reason,
+            ts_ns,
+        } => {
+            w.u8(K_ORDER_REJECTED);
+            w.u32(account.0);
+            w.u64(cl_ord_id.0);
+            w.u32(instrument.0);
+            w.u16(reason.code());
+            w.u64(ts_ns);
+        }
+        Event::CancelRejected {
+            account,
+            cl_ord_id,
+            order_id,
+            response_to,
+            reason,
+            ts_ns,
+        } => {
+            w.u8(K_CANCEL_REJECTED);
+            w.u32(account.0);
+            w.u64(cl_ord_id.0);
+            match order_id {
+                Some(o) => {
+                    w.u8(1);
+                    w.u64(o.0);
+                }
+                None => w.u8(0),
+            }
+            w.u8(index_of(&CANCEL_REJECT_TO, &response_to));
+            w.u16(reason.code());
+            w.u64(ts_ns);
+        }
+        Event::CommandRejected { reason, ts_ns } => {
+            w.u8(K_COMMAND_REJECTED);
+            w.u16(reason.code());
+            w.u64(ts_ns);
+        }
+        Event::Trade {
+            trade_id,
+            instrument,
+            price,
+            qty,
+            aggressor,
+            buy,
+            sell,
+            ts_ns,
+        } => {
+            w.u8(K_TRADE);
+            w.u64(trade_id.0);
+            w.u32(instrument.0);
+            w.i64(price.0);
+            w.i64(qty.0);
+            side(w, aggressor);
+            fill(w, &buy);
+            fill(w, &sell);
+            w.u64(ts_ns);
+        }
+        Event::OrderCancelled {
+            order_id,
+            account,
+            cl_ord_id,
+            instrument,
+            side: s,
+            qty_cancelled,
+            reason,
+            ts_ns,
+        } => {
+            w.u8(K_ORDER_CANCELLED);
+            w.u64(order_id.0);
+            w.u32(account.0);
+            w.u64(cl_ord_id.0);
+            w.u32(instrument.0);
+            side(w, s);
+            w.i64(qty_cancelled.0);
+            w.u8(index_of(&CANCEL_REASONS, &reason));
+            w.u64(ts_ns);
+        }
+        Event::OrderReplaced {
+            order_id,
+            account,
+            cl_ord_id,
+            orig_cl_ord_id,
+            instrument,
+            price,
+            qty_total,
+            qty_leaves,
+            priority_kept,
+            ts_ns,
+        } => {
+            w.u8(K_ORDER_REPLACED);
+            w.u64(order_id.0);
+            w.u32(account.0);
+            w.u64(cl_ord_id.0);
+            w.u64(orig_cl_ord_id.0);
+            w.u32(instrument.0);
+            w.i64(price.0);
+            w.i64(qty_total.0);
+            w.i64(qty_leaves.0);
+            w.bool(priority_kept);
+            w.u64(ts_ns);
+        }
+        Event::OrderExpired {
+            order_id,
+            account,
+            cl_ord_id,
+            instrument,
+            qty_expired,
+            ts_ns,
+        } => {
+            w.u8(K_ORDER_EXPIRED);
+            w.u64(order_id.0);
+            w.u32(account.0);
+            w.u64(cl_ord_id.0);
+            w.u32(instrument.0);
+            w.i64(qty_expired.0);
+            w.u64(ts_ns);
+        }
+        Event::MassCancelDone {
+            cl_ord_id,
+            orders_cancelled,
+            ts_ns,
+        } => {
+            w.u8(K_MASS_CANCEL_DONE);
+            w.u64(cl_ord_id.0);
+            w.u64(orders_cancelled);
+            w.u64(ts_ns);
+        }
+        Event::OrderLog(l) => {
+            w.u8(K_ORDER_LOG);
+            w.u64(l.rec);
+            w.u64(l.seq);
+            w.u8(index_of(&LOG_ACTIONS, &l.action));
+            w.u8(index_of(&ORDER_STATUSES, &l.status));
+            w.u64(l.order_id.0);
+            w.u32(l.instrument.0);
+            w.u32(l.account.0);
+            w.u32(l.firm.0);
+            w.u64(l.cl_ord_id.0);
+            side(w, l.side);
+            w.i64(l.price.0);
+            w.i64(l.qty_display.0);
+            w.i64(l.qty_leaves.0);
+            w.i64(l.qty_filled.0);
+            w.i64(l.qty_total.0);
+            w.u64(l.ts_ns);
+        }
+        Event::InstrumentAdded { instrument, ts_ns } => {
+            w.u8(K_INSTRUMENT_ADDED);
+            w.u32(instrument.0);
+            w.u64(ts_ns);
+        }
+        Event::AccountAdded {
+            account,
+            firm,
+            ts_ns,
+        } => {
+            w.u8(K_ACCOUNT_ADDED);
+            w.u32(account.0);
+            w.u32(firm.0);
+            w.u64(ts_ns);
+        }
+        Event::PhaseChanged {
+            instrument,
+            phase,
+            ts_ns,
+        } => {
+            w.u8(K_PHASE_CHANGED);
+            w.u32(instrument.0);
+            w.u8(index_of(&PHASES, &phase));
+            w.u64(ts_ns);
+        }
+        Event::CashChanged {
+            account,
+            reason,
+            amount,
+            cash,
+            cash_free,
+            ts_ns,
+        } => {
+            w.u8(K_CASH_CHANGED);
+            w.u32(account.0);
+            w.u8(index_of(&CASH_REASONS, &reason));
+            w.i128(amount.0);
+            w.i128(cash.0);
+            w.i128(cash_free.0);
+            w.u64(ts_ns);
+        }
+        Event::EndOfDayDone {
+            orders_expired,
+            ts_ns,
+        } => {
+            w.u8(K_END_OF_DAY_DONE);
+            w.u64(orders_expired);
+            w.u64(ts_ns);
+        }
+    }
+}
+
+fn decode_event(r: &mut Reader) -> Result<Event, DecodeError> {
+    Ok(match r.u8()? {
+        K_ORDER_ACCEPTED => Event::OrderAccepted {
+            order_id: OrderId(r.u64()?),
+            account: AccountId(r.u32()?),
+            cl_ord_id: ClOrdId(r.u64()?),
+            instrument: InstrumentId(r.u32()?),
+            side: read_side(r)?,
+            price: Price(r.i64()?),
+            qty: Qty(r.i64()?),
+            ts_ns: r.u64()?,
+        },
+        K_ORDER_REJECTED => Event::OrderRejected {
+            account: AccountId(r.u32()?),
+            cl_ord_id: ClOrdId(r.u64()?),
+            instrument: InstrumentId(r.u32()?),
+            reason: read_reason(r)?,
+            ts_ns: r.u64()?,
+        },
+        K_CANCEL_REJECTED => Event::CancelRejected {
+            account: AccountId(r.u32()?),
+            cl_ord_id: ClOrdId(r.u64()?),
+            order_id: match r.u8()? {
+                0 => None,
+                1 => Some(OrderId(r.u64()?)),
+                _ => return Err(r.error("invalid option flag")),
+            },
+            response_to: pick(r, &CANCEL_REJECT_TO, "invalid cancel reject target")?,
+            reason: read_reason(r)?,
+            ts_ns: r.u64()?,
+        },
+        K_COMMAND_REJECTED => Event::CommandRejected {
+            reason: read_reason(r)?,
+            ts_ns: r.u64()?,
+        },
+        K_TRADE => Event::Trade {
+            trade_id: TradeId(r.u64()?),
+            instrument: InstrumentId(r.u32()?),
+            price: Price(r.i64()?),
+            qty: Qty(r.i64()?),
+            aggressor: read_side(r)?,
+            buy: read_fill(r)?,
+            sell: read_fill(r)?,
+            ts_ns: r.u64()?,
+        },
+        K_ORDER_CANCELLED => Event::OrderCancelled {
+            order_id: OrderId(r.u64()?),
+            account: AccountId(r.u32()?),
+            cl_ord_id: ClOrdId(r.u64()?),
+            instrument: InstrumentId(r.u32()?),
+            side: read_side(r)?,
+            qty_cancelled: Qty(r.i64()?),
+            reason: pick(r, &CANCEL_REASONS, "invalid cancel reason")?,
+            ts_ns: r.u64()?,
+        },
+        K_ORDER_REPLACED => Event::OrderReplaced {
+            order_id: OrderId(r.u64()?),
+            account: AccountId(r.u32()?),
+            cl_ord_id: ClOrdId(r.u64()?),
+            orig_cl_ord_id: ClOrdId(r.u64()?),
+            instrument: InstrumentId(r.u32()?),
+            price: Price(r.i64()?),
+            qty_total: Qty(r.i64()?),
+            qty_leaves: Qty(r.i64()?),
+            priority_kept: r.bool()?,
+            ts_ns: r.u64()?,
+        },
+        K_ORDER_EXPIRED => Event::OrderExpired {
+            order_id: OrderId(r.u64()?),
+            account: AccountId(r.u32()?),
+            cl_ord_id: ClOrdId(r.u64()?),
+            instrument: InstrumentId(r.u32()?),
+            qty_expired: Qty(r.i64()?),
+            ts_ns: r.u64()?,
+        },
+        K_MASS_CANCEL_DONE => Event::MassCancelDone {
+            cl_ord_id: ClOrdId(r.u64()?),
+            orders_cancelled: r.u64()?,
+            ts_ns: r.u64()?,
+        },
+        K_ORDER_LOG => Event::OrderLog(OrderLog {
+            rec: r.u64()?,
+            seq: r.u64()?,
+            action: pick(r, &LOG_ACTIONS, "invalid order log action")?,
+            status: pick(r, &ORDER_STATUSES, "invalid order status")?,
+            order_id: OrderId(r.u64()?),
+            instrument: InstrumentId(r.u32()?),
+            account: AccountId(r.u32()?),
+            firm: FirmId(r.u32()?),
+            cl_ord_id: ClOrdId(r.u64()?),
+            side: read_side(r)?,
+            price: Price(r.i64()?),
+            qty_display: Qty(r.i64()?),
+            qty_leaves: Qty(r.i64()?),
+            qty_filled: Qty(r.i64()?),
+            qty_total: Qty(r.i64()?),
+            ts_ns: r.u64()?,
+        }),
+        K_INSTRUMENT_ADDED => Event::InstrumentAdded {
+            instrument: InstrumentId(r.u32()?),
+            ts_ns: r.u64()?,
+        },
+        K_ACCOUNT_ADDED => Event::AccountAdded {
+            account: AccountId(r.u32()?),
+            firm: FirmId(r.u32()?),
+            ts_ns: r.u64()?,
+        },
+        K_PHASE_CHANGED => Event::PhaseChanged {
+            instrument: InstrumentId(r.u32()?),
+            phase: pick(r, &PHASES, "invalid phase")?,
+            ts_ns: r.u64()?,
+        },
+        K_CASH_CHANGED => Event::CashChanged {
+            account: AccountId(r.u32()?),
+            reason: pick(r, &CASH_REASONS, "invalid cash reason")?,
+            amount: Cash(r.i128()?),
+            cash: Cash(r.i128()?),
+            cash_free: Cash(r.i128()?),
+            ts_ns: r.u64()?,
+        },
+        K_END_OF_DAY_DONE => Event::EndOfDayDone {
+            orders_expired: r.u64()?,
+            ts_ns: r.u64()?,
+        },
+        _ => return Err(r.error("unknown event kind")),
+    })
+}
+
+/// Encodes an event list (see the module documentation).
+pub fn encode(events: &[Event]) -> Vec<u8> {
+    let mut w = Writer::with_capacity(4 + events.len() * 64);
+    w.u32(u32::try_from(events.len()).expect("fewer than 2^32 events"));
+    for e in events {
+        encode_event(&mut w, e);
+    }
+    w.finish()
+}
+
+/// Decodes an event list, refusing anything but exactly one well-formed list.
+pub fn decode(bytes: &[u8]) -> Result<Vec<Event>, DecodeError> {
+    let mut r = Reader::new(bytes);
+    let count = r.u32()? as usize;
+    if count > r.remaining() / EVENT_SIZE_BYTES_MIN {
+        return Err(r.error("event count larger than the bytes can hold"));
+    }
+    let mut events = Vec::with_capacity(count);
+    for _ in 0..count {
+        events.push(decode_event(&mut r)?);
+    }
+    r.expect_end()?;
+    Ok(events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn every_kind() -> Vec<Event> {
+        let fill = Fill {
+            order_id: OrderId(7),
+            account: AccountId(3),
+            cl_ord_id: ClOrdId(9),
+            qty_leaves: Qty(1),
+            qty_filled: Qty(2),
+        };
+        let mut v = vec![
+            Event::OrderAccepted {
+                order_id: OrderId(u64::MAX),
+                account: AccountId(1),
+                cl_ord_id: ClOrdId(2),
+                instrument: InstrumentId(3),
+                side: Side::Sell,
+                price: Price(-5),
+                qty: Qty(6),
+                ts_ns: 7,
+            },
+            Event::CancelRejected {
+                account: AccountId(1),
+                cl_ord_id: ClOrdId(2),
+                order_id: None,
+                response_to: CancelRejectTo::Replace,
+                reason: RejectReason::UnknownOrder,
+                ts_ns: 3,
+            },
+            Event::CancelRejected {
+                account: AccountId(1),
+                cl_ord_id: ClOrdId(2),
+                order_id: Some(OrderId(4)),
+                response_to: CancelRejectTo::Cancel,
+                reason: RejectReason::ReplaceNoChange,
+                ts_ns: 3,
+            },
+            Event::Trade {
+                trade_id: TradeId(1),
+                instrument: InstrumentId(2),
+                price: Price(3),
+                qty: Qty(4),
+                aggressor: Side::Buy,
+                buy: fill,
+                sell: fill,
+                ts_ns: 5,
+            },
+            Event::OrderReplaced {
+                order_id: OrderId(1),
+                account: AccountId(2),
+                cl_ord_id: ClOrdId(3),
+                orig_cl_ord_id: ClOrdId(4),
+                instrument: InstrumentId(5),
+                price: Price(6),
+                qty_total: Qty(7),
+                qty_leaves: Qty(8),
+                priority_kept: true,
+                ts_ns: 9,
+            },
+            Event::OrderExpired {
+                order_id: OrderId(1),
+                account: AccountId(2),
+                cl_ord_id: ClOrdId(3),
+                instrument: InstrumentId(4),
+                qty_expired: Qty(5),
+                ts_ns: 6,
+            },
+            Event::MassCancelDone {
+                cl_ord_id: ClOrdId(1),
+                orders_cancelled: 2,
+                ts_ns: 3,
+            },
+            Event::InstrumentAdded {
+                instrument: InstrumentId(1),
+                ts_ns: 2,
+            },
+            Event::AccountAdded {
+                account: AccountId(1),
+                firm: FirmId(2),
+                ts_ns: 3,
+            },
+            Event::CashChanged {
+                account: AccountId(1),
+                reason: CashReason::SetCollateral,
+                amount: Cash(i128::MIN),
+                cash: Cash(i128::MAX),
+                cash_free: Cash(-1),
+                ts_ns: 2,
+            },
+            Event::EndOfDayDone {
+                orders_expired: 1,
+                ts_ns: 2,
+            },
+        ];
+        for reason in REJECT_REASONS {
+            v.push(Event::CommandRejected { reason, ts_ns: 1 });
+            v.push(Event::OrderRejected {
+                account: AccountId(1),
+                cl_ord_id: ClOrdId(2),
+                instrument: InstrumentId(3),
+                reason,
+                ts_ns: 4,
+            });
+        }
+        for (i, reason) in CANCEL_REASONS.into_iter().enumerate() {
+            v.push(Event::OrderCancelled {
+                order_id: OrderId(i as u64),
+                account: AccountId(2),
+                cl_ord_id: ClOrdId(3),
+                instrument: InstrumentId(4),
+                side: Side::Buy,
+                qty_cancelled: Qty(5),
+                reason,
+                ts_ns: 6,
+            });
+        }
+        for phase in PHASES {
+            v.push(Event::PhaseChanged {
+                instrument: InstrumentId(1),
+                phase,
+                ts_ns: 2,
+            });
+        }
+        for (i, (action, status)) in LOG_ACTIONS
+            .into_iter()
+            .zip(ORDER_STATUSES)
+            .chain([(OrderLogAction::Delete, OrderStatus::Expired)])
+            .enumerate()
+        {
+            v.push(Event::OrderLog(OrderLog {
+                rec: i as u64,
+                seq: 2,
+                action,
+                status,
+                order_id: OrderId(3),
+                instrument: InstrumentId(4),
+                account: AccountId(5),
+                firm: FirmId(6),
+                cl_ord_id: ClOrdId(7),
+                side: Side::Sell,
+                price: Price(8),
+                qty_display: Qty(9),
+                qty_leaves: Qty(10),
+                qty_filled: Qty(11),
+                qty_total: Qty(12),
+                ts_ns: 13,
+            }));
+        }
+        v
+    }
+
+    #[test]
+    fn every_kind_of_event_round_trips_and_a_cut_or_longer_list_is_refused() {
+        let events = every_kind();
+        let bytes = encode(&events);
+        assert_eq!(decode(&bytes).unwrap(), events);
+        for cut in 0..bytes.len() {
+            assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(decode(&longer).is_err());
+        assert_eq!(decode(&encode(&[])).unwrap(), Vec::<Event>::new());
+    }
+
+    #[test]
+    fn the_events_of_a_real_flow_round_trip() {
+        let mut engine = bourse_engine::Engine::new(bourse_engine::EngineConfig::default());
+        let mut flow = bourse_engine::workload::Flow::new(
+            bourse_engine::workload::FlowConfig::exchange_core(5),
+        );
+        let setup = flow.setup();
+        let mut events = Vec::new();
+        for i in 0..(setup.len() + 3_000) {
+            let body = setup.get(i).cloned().unwrap_or_else(|| flow.next_command());
+            events.clear();
+            engine.apply(&bourse_core::Command::new(i as u64, body), &mut events);
+            flow.observe(&events);
+            assert_eq!(decode(&encode(&events)).unwrap(), events);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode(&bytes);
+        }
+
+        #[test]
+        fn a_flipped_byte_decodes_to_something_else_or_fails(i in any::<prop::sample::Index>(), bit in 0u8..8) {
+            let events = every_kind();
+            let mut bytes = encode(&events);
+            let n = i.index(bytes.len());
+            bytes[n] ^= 1 << bit;
+            if let Ok(back) = decode(&bytes) {
+                prop_assert_ne!(back, events);
+            }
+        }
+    }
+}

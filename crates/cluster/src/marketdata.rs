@@ -1,0 +1,819 @@
+//! The market data publisher of a node: each replica runs its core's
+//! [`bourse_marketdata::Publisher`], fed from its own committed stream, and sends only while
+//! it leads.
+//!
+//! # Numbering is a function of the log
+//!
+//! [`NodeFeed`] (sans-I/O) takes the committed entries in log order and calls
+//! [`Publisher::publish`] once per entry that applied at least one command, with the events
+//! of the requests applied in that entry (`OutcomeKind::Applied`; a duplicate's events were
+//! published when it was first applied, and stale or refused requests have none). In online
+//! mode every packet boundary, MsgSeqNum and RptSeq is then a function of the entries alone,
+//! so every replica's publisher numbers exactly like the leader's: a follower's publisher is a
+//! standby (it builds the packets and its replay history and sends nothing) and a new leader
+//! continues the sequence. In the 1 ms / 15 ms modes the publisher closes packets when a
+//! command's `ts_ns` (taken by the core from the command, so part of the log) enters a new
+//! interval, which is deterministic too; the one exception is the idle flush (no entry for a
+//! whole interval after the last one's interval ended, judged by the wall clock). If an entry
+//! of an idle-flushed interval commits after that flush on one replica and before it on
+//! another, their packet boundaries and MsgSeqNums differ from there on; after a failover the
+//! subscriber then sees packets whose messages do not continue its RptSeqs, drops those it has
+//! and recovers the instruments it lost from the snapshot loop. That is what a failover can
+//! cost in those modes, and only when the commit delay exceeds an interval.
+//!
+//! The instrument and snapshot loops follow the wall clock; a publisher that becomes active
+//! announces their numbering with SequenceReset, which costs the subscriber nothing.
+//!
+//! # A node without the history
+//!
+//! A publisher must see every entry from log index 1 to number packets like the others. A
+//! node whose committed stream does not reach back to index 1 (it restarted from a snapshot,
+//! installed one from the leader, or its stream subscription fell behind and was cut off) has
+//! no publisher history: its feed is *detached*. It stays standby-only for the rest of the
+//! process's life and never sends, and [`FeedStatus::detached`] says why. The market data of
+//! the core is then carried by the replicas that have the whole history; if none is left
+//! (every node restarted from snapshots), the core publishes nothing until the next trading
+//! session starts a new numbering. Deriving a publisher from the engine's snapshot would need
+//! a numbering epoch announced to subscribers (SequenceReset on every channel and a new
+//! session id); that is not built.
+//!
+//! # Replay
+//!
+//! Every replica keeps the replay history of every incremental channel, but only the leader
+//! listens on the replay ports (`replay_base_port + channel index`): it binds them when it
+//! becomes active and closes them when it stops leading, so subscribers always reach the
+//! publisher whose packets they are receiving.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bourse_core::{Event, Instrument, InstrumentId};
+use bourse_marketdata::replay::ReplayServer;
+use bourse_marketdata::udp::{
+    ChannelAddrs, FeedAddrs, UdpSink, BASE_PORT_DEFAULT, REPLAY_PORT_OFFSET,
+};
+use bourse_marketdata::{
+    Channel, PacketSink, PublicationMode, Publisher, PublisherConfig, CHANNEL_COUNT,
+    PACKET_BYTES_DEFAULT, REPLAY_HISTORY_PACKETS_DEFAULT,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::state::OutcomeKind;
+use crate::stream::{CommittedEntry, StreamError};
+
+fn d_base_port() -> u16 {
+    BASE_PORT_DEFAULT
+}
+fn d_packet_bytes() -> usize {
+    PACKET_BYTES_DEFAULT
+}
+fn d_session_id() -> u32 {
+    1
+}
+fn d_replay_history() -> usize {
+    REPLAY_HISTORY_PACKETS_DEFAULT
+}
+fn d_snapshot_interval_us() -> u64 {
+    1_000
+}
+fn d_instruments_interval_ms() -> u64 {
+    100
+}
+
+/// Most packets of replay history per channel a node may be asked to keep.
+pub const REPLAY_HISTORY_PACKETS_LIMIT: usize = 1_000_000;
+/// How often an active publisher whose replay ports are taken tries to bind them again.
+const REPLAY_BIND_RETRY_MS: u64 = 100;
+/// Smallest pause between two duty cycles ([`Publisher::tick`]) while entries stream in.
+const TICK_INTERVAL_NS: u64 = 200_000;
+
+/// The `[marketdata]` section of the cluster configuration.
+///
+/// ```toml
+/// [marketdata]
+/// base_port = 31400          # channel i: feed A on base+2i, feed B on base+2i+1 (127.0.0.1)
+/// replay_base_port = 31420   # TCP replay of incremental channel i on this port + i
+/// packet_bytes_max = 1400
+/// session_id = 1
+/// replay_history_packets = 100000
+/// modes = { orders = "online", trades = "online", book = "1ms", statistics = "15ms" }
+/// ports = { statistics = [31500, 31501] }   # optional: feed A and B ports of one channel
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MarketDataSection {
+    #[serde(default = "d_base_port")]
+    pub base_port: u16,
+    /// Feed A and B ports of a channel, by channel name, instead of the `base_port` layout.
+    #[serde(default)]
+    pub ports: BTreeMap<String, [u16; 2]>,
+    /// First TCP replay port (the order log's); `base_port + 20` when absent.
+    #[serde(default)]
+    pub replay_base_port: Option<u16>,
+    #[serde(default = "d_packet_bytes")]
+    pub packet_bytes_max: usize,
+    /// Publication mode by incremental channel name: "online", "1ms" or "15ms" (online when
+    /// absent).
+    #[serde(default)]
+    pub modes: BTreeMap<String, String>,
+    #[serde(default = "d_session_id")]
+    pub session_id: u32,
+    /// Packets kept for replay, per incremental channel.
+    #[serde(default = "d_replay_history")]
+    pub replay_history_packets: usize,
+    /// The snapshot loop sends one instrument's book every this many µs.
+    #[serde(default = "d_snapshot_interval_us")]
+    pub snapshot_interval_us: u64,
+    /// The instrument loop sends every definition every this many ms.
+    #[serde(default = "d_instruments_interval_ms")]
+    pub instruments_interval_ms: u64,
+}
+
+impl Default for MarketDataSection {
+    fn default() -> Self {
+        MarketDataSection {
+            base_port: d_base_port(),
+            ports: BTreeMap::new(),
+            replay_base_port: None,
+            packet_bytes_max: d_packet_bytes(),
+            modes: BTreeMap::new(),
+            session_id: d_session_id(),
+            replay_history_packets: d_replay_history(),
+            snapshot_interval_us: d_snapshot_interval_us(),
+            instruments_interval_ms: d_instruments_interval_ms(),
+        }
+    }
+}
+
+impl MarketDataSection {
+    /// Checks every field; the error names the field and the rule.
+    pub fn validate(&self) -> Result<(), String> {
+        let min = bourse_marketdata::PACKET_BYTES_MIN;
+        let max = bourse_marketdata::wire::market_data::PACKET_BYTES_MAX;
+        if !(min..=max).contains(&self.packet_bytes_max) {
+            return Err(format!(
+                "marketdata.packet_bytes_max = {}: must be in {min}..={max}",
+                self.packet_bytes_max
+            ));
+        }
+        for name in self.ports.keys() {
+            if Channel::from_name(name).is_none() {
+                return Err(format!(
+                    "marketdata.ports.{name}: unknown channel (orders, trades, book, statistics, instruments, snapshot)"
+                ));
+            }
+        }
+        for (name, mode) in &self.modes {
+            match Channel::from_name(name) {
+                Some(c) if c.is_incremental() => {}
+                Some(_) => {
+                    return Err(format!(
+                        "marketdata.modes.{name}: the loops have no publication mode"
+                    ))
+                }
+                None => {
+                    return Err(format!(
+                    "marketdata.modes.{name}: unknown channel (orders, trades, book, statistics)"
+                ))
+                }
+            }
+            if PublicationMode::parse(mode).is_none() {
+                return Err(format!(
+                    "marketdata.modes.{name} = {mode:?}: online, 1ms or 15ms"
+                ));
+            }
+        }
+        if self.replay_history_packets == 0
+            || self.replay_history_packets > REPLAY_HISTORY_PACKETS_LIMIT
+        {
+            return Err(format!(
+                "marketdata.replay_history_packets = {}: must be in 1..={REPLAY_HISTORY_PACKETS_LIMIT}",
+                self.replay_history_packets
+            ));
+        }
+        if self.snapshot_interval_us == 0 || self.instruments_interval_ms == 0 {
+            return Err(
+                "marketdata.snapshot_interval_us and instruments_interval_ms must be > 0".into(),
+            );
+        }
+        let addrs = self.feed_addrs()?;
+        let replay = self.replay_port()?;
+        let mut seen = std::collections::BTreeSet::new();
+        for c in &addrs.channels {
+            for p in [c.a.port(), c.b.port()] {
+                if p == 0 || !seen.insert(p) {
+                    return Err(format!("marketdata: UDP port {p} is zero or used twice"));
+                }
+            }
+        }
+        if replay == 0 || replay.checked_add(CHANNEL_COUNT as u16).is_none() {
+            return Err(format!("marketdata: replay ports from {replay} do not fit"));
+        }
+        Ok(())
+    }
+
+    fn replay_port(&self) -> Result<u16, String> {
+        match self.replay_base_port {
+            Some(p) => Ok(p),
+            None => self
+                .base_port
+                .checked_add(REPLAY_PORT_OFFSET)
+                .ok_or_else(|| {
+                    format!(
+                        "marketdata.base_port = {}: no room for the replay ports",
+                        self.base_port
+                    )
+                }),
+        }
+    }
+
+    /// Where the feeds go (127.0.0.1 only) and where the order log's replay service listens.
+    pub fn feed_addrs(&self) -> Result<FeedAddrs, String> {
+        if self.base_port == 0
+            || self
+                .base_port
+                .checked_add(2 * CHANNEL_COUNT as u16)
+                .is_none()
+        {
+            return Err(format!(
+                "marketdata.base_port = {}: the {} feed ports do not fit",
+                self.base_port,
+                2 * CHANNEL_COUNT
+            ));
+        }
+        let mut addrs = FeedAddrs::localhost(self.base_port);
+        for (name, [a, b]) in &self.ports {
+            let c = Channel::from_name(name)
+                .ok_or_else(|| format!("marketdata.ports.{name}: unknown channel"))?;
+            addrs.channels[c.index()] = ChannelAddrs {
+                a: SocketAddrV4::new(Ipv4Addr::LOCALHOST, *a),
+                b: SocketAddrV4::new(Ipv4Addr::LOCALHOST, *b),
+            };
+        }
+        addrs.replay = SocketAddrV4::new(Ipv4Addr::LOCALHOST, self.replay_port()?);
+        Ok(addrs)
+    }
+
+    pub fn publisher_config(&self) -> PublisherConfig {
+        let mut modes = [PublicationMode::Online; CHANNEL_COUNT];
+        for (name, mode) in &self.modes {
+            if let (Some(c), Some(m)) = (Channel::from_name(name), PublicationMode::parse(mode)) {
+                modes[c.index()] = m;
+            }
+        }
+        PublisherConfig {
+            packet_bytes_max: self.packet_bytes_max,
+            modes,
+            session_id: self.session_id,
+            replay_history_packets: self.replay_history_packets,
+            snapshot_interval_ns: self.snapshot_interval_us * 1_000,
+            instruments_interval_ns: self.instruments_interval_ms * 1_000_000,
+            ..PublisherConfig::default()
+        }
+    }
+}
+
+/// What a node's feed is doing.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FeedStatus {
+    /// Sending (this node leads and its feed has the whole history).
+    pub active: bool,
+    /// Why this node's feed can never send (see the module documentation), if so.
+    pub detached: Option<String>,
+    /// The log index the feed takes next.
+    pub next_index: u64,
+    /// Entries that applied commands and were published (sent or, as standby, numbered).
+    pub entries_published: u64,
+    /// The MsgSeqNum the next data packet of each channel takes, by [`Channel::index`].
+    pub next_seq: [u32; CHANNEL_COUNT],
+    /// Packets sent per channel by this node.
+    pub packets_sent: [u64; CHANNEL_COUNT],
+    /// Events that did not decode (counted and skipped; the state machine wrote them, so this
+    /// stays 0 unless the stream is damaged).
+    pub undecodable_events: u64,
+    /// The replay services listen (only while active).
+    pub replay_listening: bool,
+}
+
+/// The sans-I/O glue between a committed stream and a publisher.
+pub struct NodeFeed {
+    publisher: Publisher,
+    next_index: u64,
+    leader: bool,
+    detached: Option<String>,
+    events: Vec<Event>,
+    added: Vec<InstrumentId>,
+    status: FeedStatus,
+}
+
+impl NodeFeed {
+    /// A feed that expects the log from index 1, standby until told it leads.
+    pub fn new(config: PublisherConfig) -> NodeFeed {
+        let mut publisher = Publisher::new(config, &[]);
+        publisher.set_active(false);
+        NodeFeed {
+            publisher,
+            next_index: 1,
+            leader: false,
+            detached: None,
+            events: Vec::with_capacity(4096),
+            added: Vec::new(),
+            status: FeedStatus {
+                next_index: 1,
+                ..FeedStatus::default()
+            },
+        }
+    }
+
+    pub fn publisher(&self) -> &Publisher {
+        &self.publisher
+    }
+
+    /// The feed can never send again (see the module documentation).
+    pub fn detach(&mut self, why: String) {
+        if self.detached.is_none() {
+            self.detached = Some(why);
+        }
+        self.apply_activity();
+    }
+
+    pub fn detached(&self) -> Option<&str> {
+        self.detached.as_deref()
+    }
+
+    /// Whether this node leads; the feed sends only while it leads and is not detached.
+    pub fn set_leader(&mut self, leader: bool) {
+        self.leader = leader;
+        self.apply_activity();
+    }
+
+    fn apply_activity(&mut self) {
+        let active = self.leader && self.detached.is_none();
+        if active != self.publisher.is_active() {
+            self.publisher.set_active(active);
+        }
+    }
+
+    pub fn is_active(&self) -> bool {
+        self.publisher.is_active()
+    }
+
+    /// The log index the feed takes next.
+    pub fn next_index(&self) -> u64 {
+        self.next_index
+    }
+
+    /// Publishes one committed entry, which must be the next index. An entry out of order
+    /// detaches the feed (its numbering can no longer match the other replicas'). Returns
+    /// the instruments the entry added, whose definitions the caller hands to
+    /// [`NodeFeed::define`].
+    pub fn on_entry(
+        &mut self,
+        entry: &CommittedEntry,
+        now_ns: u64,
+        sink: &mut dyn PacketSink,
+    ) -> &[InstrumentId] {
+        self.added.clear();
+        if self.detached.is_some() {
+            return &self.added;
+        }
+        if entry.index != self.next_index {
+            self.detach(format!(
+                "the committed stream jumped from index {} to {}: this node's feed has no \
+                 history and stays standby-only",
+                self.next_index, entry.index
+            ));
+            return &self.added;
+        }
+        self.next_index += 1;
+        self.status.next_index = self.next_index;
+        self.events.clear();
+        for r in &entry.requests {
+            if r.kind != OutcomeKind::Applied || r.events.is_empty() {
+                continue;
+            }
+            match crate::batch::decode_events(&r.events) {
+                Ok(events) => self.events.extend_from_slice(&events),
+                Err(_) => self.status.undecodable_events += 1,
+            }
+        }
+        if self.events.is_empty() {
+            return &self.added;
+        }
+        for e in &self.events {
+            if let Event::InstrumentAdded { instrument, .. } = e {
+                self.added.push(*instrument);
+            }
+        }
+        self.publisher.publish(&self.events, now_ns, sink);
+        self.status.entries_published += 1;
+        &self.added
+    }
+
+    /// Gives an instrument's definition (for the instrument loop and SecurityStatus limits).
+    pub fn define(&mut self, def: Instrument) {
+        self.publisher.add_instrument(def);
+    }
+
+    /// The duty cycle: idle flushes, heartbeats, the loops.
+    pub fn tick(&mut self, now_ns: u64, sink: &mut dyn PacketSink) {
+        self.publisher.tick(now_ns, sink);
+    }
+
+    pub fn status(&self) -> FeedStatus {
+        let mut s = self.status.clone();
+        s.active = self.publisher.is_active();
+        s.detached = self.detached.clone();
+        for c in Channel::ALL {
+            s.next_seq[c.index()] = self.publisher.next_seq(c);
+            s.packets_sent[c.index()] = self.publisher.counters(c).packets_sent;
+        }
+        s
+    }
+}
+
+/// A node's market data service: a thread that follows the node's committed stream and its
+/// leadership and drives a [`NodeFeed`] into UDP feeds A and B. Stop it with
+/// [`MarketDataService::stop`] (dropping it stops it too).
+pub struct MarketDataService {
+    stop: tokio::sync::watch::Sender<bool>,
+    status: Arc<Mutex<FeedStatus>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MarketDataService {
+    /// Starts publishing for `node` as `section` says. The node's stream must still reach
+    /// back to index 1 for the feed to be able to send (see the module documentation);
+    /// otherwise the service runs detached and says why in its status.
+    pub fn start(
+        node: &crate::Node,
+        section: &MarketDataSection,
+    ) -> Result<MarketDataService, String> {
+        section.validate()?;
+        let addrs = section.feed_addrs()?;
+        let sink = UdpSink::new(addrs).map_err(|e| format!("marketdata: UDP socket: {e}"))?;
+        let mut feed = NodeFeed::new(section.publisher_config());
+        let subscription = match node.subscribe(1) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                feed.detach(format!(
+                    "the committed stream does not reach back to index 1 ({e}): this node's \
+                     feed has no history and stays standby-only"
+                ));
+                None
+            }
+        };
+        let id = node.id();
+        let metrics = node.raft().metrics();
+        let sm = node.state_machine().clone();
+        let status = Arc::new(Mutex::new(feed.status()));
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let status2 = Arc::clone(&status);
+        let replay_addr = SocketAddr::V4(addrs.replay);
+        let thread = std::thread::Builder::new()
+            .name(format!("md-node-{id}"))
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        eprintln!("bourse node {id}: market data runtime: {e}");
+                        return;
+                    }
+                };
+                rt.block_on(run(
+                    id,
+                    feed,
+                    subscription,
+                    metrics,
+                    sm,
+                    sink,
+                    replay_addr,
+                    status2,
+                    stop_rx,
+                ));
+            })
+            .map_err(|e| format!("marketdata: thread: {e}"))?;
+        Ok(MarketDataService {
+            stop,
+            status,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn status(&self) -> FeedStatus {
+        self.status.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Stops sending and closes the replay ports; returns when the thread has ended.
+    pub fn stop(mut self) {
+        self.halt();
+    }
+
+    fn halt(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for MarketDataService {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+fn now_ns() -> u64 {
+    bourse_marketdata::now_ns()
+}
+
+fn is_leader(
+    m: &openraft::RaftMetrics<crate::NodeId, openraft::BasicNode>,
+    id: crate::NodeId,
+) -> bool {
+    m.state == openraft::ServerState::Leader && m.current_leader == Some(id)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    id: crate::NodeId,
+    mut feed: NodeFeed,
+    mut subscription: Option<crate::stream::Subscription>,
+    mut metrics: tokio::sync::watch::Receiver<
+        openraft::RaftMetrics<crate::NodeId, openraft::BasicNode>,
+    >,
+    sm: crate::StateMachineStore,
+    mut sink: UdpSink,
+    replay_addr: SocketAddr,
+    status: Arc<Mutex<FeedStatus>>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut replay: Option<ReplayServer> = None;
+    let mut replay_bind_failures: u64 = 0;
+    let mut replay_tried: Option<Instant> = None;
+    let mut last_tick_ns = 0u64;
+    let mut metrics_open = true;
+    feed.set_leader(is_leader(&metrics.borrow(), id));
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        // Wait for the next entry, a change of leadership, the stop signal, or the next duty
+        // cycle (the loops and heartbeats run even when nothing commits).
+        let entry = tokio::select! {
+            r = async {
+                match subscription.as_mut() {
+                    Some(s) => Some(s.recv().await),
+                    None => std::future::pending().await,
+                }
+            } => r,
+            changed = metrics.changed(), if metrics_open => {
+                if changed.is_err() {
+                    // openraft stopped: this node leads nothing any more.
+                    metrics_open = false;
+                    feed.set_leader(false);
+                } else {
+                    feed.set_leader(is_leader(&metrics.borrow(), id));
+                }
+                None
+            }
+            _ = stop.changed() => None,
+            _ = tokio::time::sleep(Duration::from_millis(1)) => None,
+        };
+        match entry {
+            Some(Ok(entry)) => {
+                let added = feed.on_entry(&entry, now_ns(), &mut sink).to_vec();
+                if !added.is_empty() {
+                    let defs: Vec<Instrument> = sm
+                        .with_state(|s| {
+                            added
+                                .iter()
+                                .filter_map(|i| s.engine().instrument(*i).cloned())
+                                .collect()
+                        })
+                        .await;
+                    for d in defs {
+                        feed.define(d);
+                    }
+                }
+            }
+            Some(Err(e)) => {
+                let why = match e {
+                    StreamError::Closed => "the node stopped".to_string(),
+                    e => format!("{e}: this node's feed lost entries and stays standby-only"),
+                };
+                feed.detach(why);
+                subscription = None;
+            }
+            None => {}
+        }
+        let now = now_ns();
+        if now.saturating_sub(last_tick_ns) >= TICK_INTERVAL_NS {
+            last_tick_ns = now;
+            feed.tick(now, &mut sink);
+            // The replay services listen only while this node's feed sends.
+            if feed.is_active() {
+                let due = replay_tried
+                    .is_none_or(|t| t.elapsed() >= Duration::from_millis(REPLAY_BIND_RETRY_MS));
+                if replay.is_none() && due {
+                    replay_tried = Some(Instant::now());
+                    match ReplayServer::spawn_for(replay_addr, feed.publisher()) {
+                        Ok(s) => {
+                            if replay_bind_failures > 0 {
+                                eprintln!(
+                                    "bourse node {id}: market data replay listening on \
+                                     {replay_addr} after {replay_bind_failures} failed attempts"
+                                );
+                            }
+                            replay_bind_failures = 0;
+                            replay = Some(s);
+                        }
+                        Err(e) => {
+                            // The port is usually still held by the previous leader's service
+                            // for a moment; say so once, then only every thousandth attempt.
+                            if replay_bind_failures % 1_000 == 0 {
+                                eprintln!(
+                                    "bourse node {id}: market data replay on {replay_addr}: \
+                                     {e} (retrying every {REPLAY_BIND_RETRY_MS} ms)"
+                                );
+                            }
+                            replay_bind_failures += 1;
+                        }
+                    }
+                }
+            } else if replay.is_some() {
+                replay = None;
+                replay_tried = None;
+            }
+            let mut s = feed.status();
+            s.replay_listening = replay.is_some();
+            if let Ok(mut shared) = status.lock() {
+                *shared = s;
+            }
+        }
+    }
+    feed.set_leader(false);
+    drop(replay);
+    if let Ok(mut shared) = status.lock() {
+        *shared = feed.status();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream::CommittedRequest;
+    use bourse_core::Command;
+    use bourse_engine::workload::{Flow, FlowConfig};
+    use bourse_engine::{Engine, EngineConfig};
+    use bourse_marketdata::VecSink;
+
+    /// Committed entries of a seeded flow: `per_entry` commands per entry, each command its own
+    /// request; every fifth entry also repeats its first request as a duplicate.
+    fn entries(count: usize, per_entry: usize) -> Vec<CommittedEntry> {
+        let fc = FlowConfig::three_markets(50, 3);
+        let mut flow = Flow::new(fc);
+        let mut engine = Engine::new(EngineConfig::default());
+        let mut out = Vec::new();
+        let mut index = 1;
+        let mut ts = 1_000_000_000u64;
+        let mut requests = Vec::new();
+        for body in flow.setup() {
+            let mut events = Vec::new();
+            engine.apply(&Command::new(ts, body), &mut events);
+            requests.push(CommittedRequest {
+                client_id: 1,
+                request_seq: requests.len() as u64 + 1,
+                kind: OutcomeKind::Applied,
+                events: crate::batch::encode_events(&events),
+            });
+        }
+        out.push(CommittedEntry {
+            index,
+            requests: std::mem::take(&mut requests),
+        });
+        for e in 0..count {
+            index += 1;
+            for _ in 0..per_entry {
+                ts += 10_000;
+                let body = flow.next_command();
+                let mut events = Vec::new();
+                engine.apply(&Command::new(ts, body), &mut events);
+                flow.observe(&events);
+                requests.push(CommittedRequest {
+                    client_id: 2,
+                    request_seq: index * 100 + requests.len() as u64,
+                    kind: OutcomeKind::Applied,
+                    events: crate::batch::encode_events(&events),
+                });
+            }
+            if e % 5 == 0 {
+                let mut dup = requests[0].clone();
+                dup.kind = OutcomeKind::Duplicate;
+                requests.push(dup);
+            }
+            out.push(CommittedEntry {
+                index,
+                requests: std::mem::take(&mut requests),
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn replicas_number_alike_only_the_leader_sends_and_duplicates_are_not_republished() {
+        let log = entries(400, 4);
+        let config = PublisherConfig::default();
+        let mut feeds: Vec<NodeFeed> = (0..3).map(|_| NodeFeed::new(config.clone())).collect();
+        let mut sinks: Vec<VecSink> = (0..3).map(|_| VecSink::default()).collect();
+        feeds[0].set_leader(true);
+        for (k, entry) in log.iter().enumerate() {
+            if k == 200 {
+                // Failover: node 0 stops leading, node 2 takes over.
+                feeds[0].set_leader(false);
+                feeds[2].set_leader(true);
+            }
+            for (f, s) in feeds.iter_mut().zip(sinks.iter_mut()) {
+                f.on_entry(entry, 5, s);
+            }
+        }
+        assert!(sinks[1].packets.is_empty(), "a follower sends nothing");
+        assert!(!sinks[0].packets.is_empty() && !sinks[2].packets.is_empty());
+        let seqs: Vec<_> = feeds.iter().map(|f| f.status().next_seq).collect();
+        assert!(seqs.windows(2).all(|w| w[0] == w[1]), "{seqs:?}");
+        // The leader before and the leader after together sent each order-log MsgSeqNum once,
+        // in order, with no gap.
+        let orders: Vec<u32> = sinks[0]
+            .packets
+            .iter()
+            .chain(sinks[2].packets.iter())
+            .filter(|(c, _)| *c == Channel::Orders)
+            .map(|(_, p)| u32::from_le_bytes([p[0], p[1], p[2], p[3]]))
+            .collect();
+        assert_eq!(
+            orders,
+            (1..seqs[0][Channel::Orders.index()]).collect::<Vec<_>>()
+        );
+        // Publishing the same log without the duplicates gives the same numbering.
+        let mut plain = NodeFeed::new(config);
+        let mut nowhere = VecSink::default();
+        for entry in &log {
+            let mut e = entry.clone();
+            e.requests.retain(|r| r.kind == OutcomeKind::Applied);
+            plain.on_entry(&e, 5, &mut nowhere);
+        }
+        assert_eq!(plain.status().next_seq, seqs[0]);
+    }
+
+    #[test]
+    fn a_jump_in_the_stream_detaches_the_feed_for_good() {
+        let log = entries(20, 2);
+        let mut feed = NodeFeed::new(PublisherConfig::default());
+        feed.set_leader(true);
+        let mut sink = VecSink::default();
+        feed.on_entry(&log[0], 1, &mut sink);
+        feed.on_entry(&log[2], 1, &mut sink);
+        assert!(feed
+            .detached()
+            .is_some_and(|w| w.contains("jumped from index 2 to 3")));
+        assert!(!feed.is_active());
+        let sent = sink.packets.len();
+        feed.set_leader(true);
+        for e in &log[3..] {
+            feed.on_entry(e, 1, &mut sink);
+        }
+        feed.tick(10_000_000_000, &mut sink);
+        assert_eq!(sink.packets.len(), sent, "a detached feed never sends");
+    }
+
+    #[test]
+    fn the_section_is_checked_field_by_field() {
+        let ok = MarketDataSection::default();
+        ok.validate().unwrap();
+        let mut bad = ok.clone();
+        bad.modes.insert("snapshot".into(), "1ms".into());
+        assert!(bad.validate().unwrap_err().contains("modes.snapshot"));
+        let mut bad = ok.clone();
+        bad.modes.insert("orders".into(), "5ms".into());
+        assert!(bad.validate().unwrap_err().contains("online, 1ms or 15ms"));
+        let mut bad = ok.clone();
+        bad.ports.insert("orders".into(), [31402, 31403]);
+        assert!(bad.validate().unwrap_err().contains("used twice"));
+        let mut bad = ok.clone();
+        bad.packet_bytes_max = 100;
+        assert!(bad.validate().unwrap_err().contains("packet_bytes_max"));
+        let text = "base_port = 32000\nmodes = { book = \"15ms\" }\n";
+        let s: MarketDataSection = toml::from_str(text).unwrap();
+        assert_eq!(s.feed_addrs().unwrap().replay.port(), 32020);
+        assert_eq!(
+            s.publisher_config().modes[Channel::Book.index()],
+            PublicationMode::Every15Ms
+        );
+        assert!(toml::from_str::<MarketDataSection>("base_prot = 1").is_err());
+    }
+}

@@ -1,0 +1,331 @@
+//! The committed stream: every log entry a node applies, in log order, with the outcome of
+//! each request it carried (its idempotency key, its [`OutcomeKind`] and its events,
+//! `Event::OrderLog` included).
+//!
+//! The state machine publishes each applied entry here (blank, membership and hash-check
+//! entries too, with no requests, so that a subscriber sees every index and can tell there is
+//! no gap). The stream keeps a bounded ring of the most recent entries, so a subscriber may
+//! start a little in the past (a gateway resubscribing after a failover from the last index it
+//! saw), and a broadcast channel of bounded depth for live entries: a subscriber that falls
+//! further behind than that depth is cut off with [`StreamError::Lagged`] rather than buffered
+//! without bound. Followers apply only committed entries, so any node may serve the stream.
+//!
+//! An installed snapshot (a follower that fell too far behind) jumps the applied index; the
+//! ring restarts after it and a subscriber that was in the middle gets
+//! [`StreamError::Gap`] rather than a silent hole.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
+
+use crate::state::OutcomeKind;
+
+/// The most entries `stream_entries_kept` may ask a node to keep in its ring.
+pub const STREAM_ENTRIES_KEPT_LIMIT: usize = 1 << 20;
+/// Entries a node keeps unless its configuration says otherwise.
+pub const STREAM_ENTRIES_KEPT_DEFAULT: usize = 65_536;
+/// The most entries a live subscriber may lag before it is cut off (the broadcast depth).
+pub const STREAM_SUBSCRIBER_LAG_ENTRIES: usize = 16_384;
+
+/// One request of a committed entry, as applied.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommittedRequest {
+    pub client_id: u64,
+    pub request_seq: u64,
+    pub kind: OutcomeKind,
+    /// The encoded events of the command (see `batch::decode_events`); for a duplicate, the
+    /// events of the first application (the command was not applied again); empty when the
+    /// command was not applied (stale, refused, gap).
+    pub events: Vec<u8>,
+}
+
+/// One applied log entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommittedEntry {
+    /// The entry's log index: consecutive, one entry per index.
+    pub index: u64,
+    /// The requests of a batch entry in log order; empty for other entries.
+    pub requests: Vec<CommittedRequest>,
+}
+
+/// Why a subscription could not start or had to end.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StreamError {
+    /// The entries from `from_index` are no longer kept; the oldest one kept is `oldest_kept`.
+    TooOld { from_index: u64, oldest_kept: u64 },
+    /// The subscriber fell more than `lag_max` entries behind and was cut off.
+    Lagged { lag_max: u64 },
+    /// The node installed a snapshot: entries `expected..next` were never applied one by one
+    /// here, so the stream cannot show them.
+    Gap { expected: u64, next: u64 },
+    /// The node stopped.
+    Closed,
+    /// The node would not start another subscription (a limit).
+    Refused(String),
+}
+
+impl std::fmt::Display for StreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StreamError::TooOld {
+                from_index,
+                oldest_kept,
+            } => write!(
+                f,
+                "entries from index {from_index} are no longer kept (oldest kept: {oldest_kept})"
+            ),
+            StreamError::Lagged { lag_max } => write!(
+                f,
+                "subscriber fell more than {lag_max} entries behind and was disconnected"
+            ),
+            StreamError::Gap { expected, next } => write!(
+                f,
+                "a snapshot was installed: entries {expected}..{next} are not in the stream"
+            ),
+            StreamError::Closed => write!(f, "the node stopped"),
+            StreamError::Refused(why) => write!(f, "subscription refused: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for StreamError {}
+
+struct Inner {
+    ring: VecDeque<Arc<CommittedEntry>>,
+    kept_max: usize,
+    /// The index the next applied entry will have.
+    next_index: u64,
+}
+
+/// The committed stream of one node (cheap to clone: clones share it).
+#[derive(Clone)]
+pub struct CommittedStream {
+    inner: Arc<Mutex<Inner>>,
+    live: broadcast::Sender<Arc<CommittedEntry>>,
+}
+
+impl CommittedStream {
+    /// A stream that keeps `kept_max` entries (clamped to 1..=[`STREAM_ENTRIES_KEPT_LIMIT`])
+    /// and whose first entry will have index `next_index`.
+    pub fn new(kept_max: usize, next_index: u64) -> CommittedStream {
+        let (live, _) = broadcast::channel(STREAM_SUBSCRIBER_LAG_ENTRIES);
+        CommittedStream {
+            inner: Arc::new(Mutex::new(Inner {
+                ring: VecDeque::new(),
+                kept_max: kept_max.clamp(1, STREAM_ENTRIES_KEPT_LIMIT),
+                next_index,
+            })),
+            live,
+        }
+    }
+
+    /// Publishes an applied entry (the state machine calls this in log order).
+    pub fn publish(&self, entry: CommittedEntry) {
+        let entry = Arc::new(entry);
+        let mut inner = self.inner.lock().expect("stream lock");
+        if entry.index != inner.next_index {
+            // Only a snapshot install moves the index otherwise; keep the ring contiguous.
+            inner.ring.clear();
+        }
+        inner.next_index = entry.index + 1;
+        if inner.ring.len() == inner.kept_max {
+            inner.ring.pop_front();
+        }
+        inner.ring.push_back(entry.clone());
+        // Sent under the lock, so a subscriber that copies the ring under the same lock sees
+        // each entry exactly once (from the ring or from the channel). No receiver is fine.
+        let _ = self.live.send(entry);
+    }
+
+    /// Changes how many entries the ring keeps (clamped as in [`CommittedStream::new`]).
+    pub fn set_kept_max(&self, kept_max: usize) {
+        let mut inner = self.inner.lock().expect("stream lock");
+        inner.kept_max = kept_max.clamp(1, STREAM_ENTRIES_KEPT_LIMIT);
+        while inner.ring.len() > inner.kept_max {
+            inner.ring.pop_front();
+        }
+    }
+
+    /// A snapshot replaced the state: the next entry will be `next_index`.
+    pub fn reset(&self, next_index: u64) {
+        let mut inner = self.inner.lock().expect("stream lock");
+        inner.ring.clear();
+        inner.next_index = next_index;
+    }
+
+    /// The index of the next entry to be applied.
+    pub fn next_index(&self) -> u64 {
+        self.inner.lock().expect("stream lock").next_index
+    }
+
+    /// The oldest entry index a subscription may start from now.
+    pub fn oldest_kept(&self) -> u64 {
+        let inner = self.inner.lock().expect("stream lock");
+        inner.ring.front().map_or(inner.next_index, |e| e.index)
+    }
+
+    /// Starts a subscription at `from_index` (the entries kept from there, then live ones).
+    /// An index in the future is allowed: the subscription starts when it is applied.
+    pub fn subscribe(&self, from_index: u64) -> Result<Subscription, StreamError> {
+        let inner = self.inner.lock().expect("stream lock");
+        let oldest_kept = inner.ring.front().map_or(inner.next_index, |e| e.index);
+        if from_index < oldest_kept {
+            return Err(StreamError::TooOld {
+                from_index,
+                oldest_kept,
+            });
+        }
+        let skip = (from_index - oldest_kept) as usize;
+        let backlog: VecDeque<Arc<CommittedEntry>> =
+            inner.ring.iter().skip(skip).cloned().collect();
+        let live = self.live.subscribe();
+        Ok(Subscription {
+            backlog,
+            live,
+            expected: from_index,
+        })
+    }
+}
+
+/// Entries from a chosen index on, each exactly once and in order.
+pub struct Subscription {
+    backlog: VecDeque<Arc<CommittedEntry>>,
+    live: broadcast::Receiver<Arc<CommittedEntry>>,
+    /// The index the next entry handed out must have.
+    expected: u64,
+}
+
+impl Subscription {
+    /// The index of the next entry this subscription will hand out.
+    pub fn next_index(&self) -> u64 {
+        self.expected
+    }
+
+    /// The next entry; an error ends the subscription.
+    pub async fn recv(&mut self) -> Result<Arc<CommittedEntry>, StreamError> {
+        loop {
+            let entry = match self.backlog.pop_front() {
+                Some(e) => e,
+                None => match self.live.recv().await {
+                    Ok(e) => e,
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        return Err(StreamError::Lagged {
+                            lag_max: STREAM_SUBSCRIBER_LAG_ENTRIES as u64,
+                        })
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return Err(StreamError::Closed),
+                },
+            };
+            if entry.index < self.expected {
+                // Before the start of a subscription to a future index.
+                continue;
+            }
+            if entry.index > self.expected {
+                return Err(StreamError::Gap {
+                    expected: self.expected,
+                    next: entry.index,
+                });
+            }
+            self.expected += 1;
+            return Ok(entry);
+        }
+    }
+
+    /// The next entry if one is ready, without waiting (`Ok(None)` when none is).
+    pub fn try_recv(&mut self) -> Result<Option<Arc<CommittedEntry>>, StreamError> {
+        loop {
+            let entry = match self.backlog.pop_front() {
+                Some(e) => e,
+                None => match self.live.try_recv() {
+                    Ok(e) => e,
+                    Err(broadcast::error::TryRecvError::Empty) => return Ok(None),
+                    Err(broadcast::error::TryRecvError::Lagged(_)) => {
+                        return Err(StreamError::Lagged {
+                            lag_max: STREAM_SUBSCRIBER_LAG_ENTRIES as u64,
+                        })
+                    }
+                    Err(broadcast::error::TryRecvError::Closed) => return Err(StreamError::Closed),
+                },
+            };
+            if entry.index < self.expected {
+                continue;
+            }
+            if entry.index > self.expected {
+                return Err(StreamError::Gap {
+                    expected: self.expected,
+                    next: entry.index,
+                });
+            }
+            self.expected += 1;
+            return Ok(Some(entry));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(index: u64) -> CommittedEntry {
+        CommittedEntry {
+            index,
+            requests: vec![CommittedRequest {
+                client_id: 1,
+                request_seq: index,
+                kind: OutcomeKind::Applied,
+                events: vec![index as u8],
+            }],
+        }
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_gets_kept_then_live_entries_once_in_order() {
+        let s = CommittedStream::new(4, 1);
+        for i in 1..=6 {
+            s.publish(entry(i));
+        }
+        assert_eq!(s.oldest_kept(), 3);
+        assert_eq!(
+            s.subscribe(2).err(),
+            Some(StreamError::TooOld {
+                from_index: 2,
+                oldest_kept: 3
+            })
+        );
+        let mut sub = s.subscribe(4).unwrap();
+        s.publish(entry(7));
+        for i in 4..=7 {
+            assert_eq!(sub.recv().await.unwrap().index, i);
+        }
+        assert_eq!(sub.try_recv().unwrap(), None);
+        // A future start waits for its index.
+        let mut future = s.subscribe(9).unwrap();
+        s.publish(entry(8));
+        s.publish(entry(9));
+        assert_eq!(future.recv().await.unwrap().index, 9);
+    }
+
+    #[tokio::test]
+    async fn a_slow_subscriber_is_cut_off_and_a_snapshot_jump_is_a_gap() {
+        let s = CommittedStream::new(8, 1);
+        let mut slow = s.subscribe(1).unwrap();
+        for i in 1..=(STREAM_SUBSCRIBER_LAG_ENTRIES as u64 + 10) {
+            s.publish(entry(i));
+        }
+        assert!(matches!(slow.recv().await, Err(StreamError::Lagged { .. })));
+        let next = s.next_index();
+        let mut sub = s.subscribe(next).unwrap();
+        s.reset(next + 100);
+        s.publish(entry(next + 100));
+        assert_eq!(
+            sub.recv().await.err(),
+            Some(StreamError::Gap {
+                expected: next,
+                next: next + 100
+            })
+        );
+        assert_eq!(s.oldest_kept(), next + 100);
+    }
+}
