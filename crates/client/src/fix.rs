@@ -236,6 +236,90 @@ impl FixClient {
         self.send(m)
     }
 
+    /// OrderStatusRequest (H) for the order `cl_ord_id`; the gateway answers with an
+    /// ExecutionReport ExecType=I (OrdStatus=8, OrdRejReason=5 for an order it does not have
+    /// live), carrying `status_req_id` back in OrdStatusReqID (790).
+    pub fn order_status(
+        &mut self,
+        cl_ord_id: &str,
+        symbol: Option<&str>,
+        buy: Option<bool>,
+        status_req_id: Option<&str>,
+    ) -> io::Result<u64> {
+        let mut m = OutMessage::new("H");
+        m.push(11, cl_ord_id);
+        if let Some(id) = status_req_id {
+            m.push(790, id);
+        }
+        if let Some(s) = symbol {
+            m.push(55, s);
+        }
+        if let Some(b) = buy {
+            m.push(54, if b { "1" } else { "2" });
+        }
+        self.send(m)
+    }
+
+    /// OrderMassStatusRequest (AF) for the session's live orders (all, or of one symbol); the
+    /// gateway answers one ExecutionReport ExecType=I per order, with MassStatusReqID (584),
+    /// TotNumReports (911) and LastRptRequested=Y (912) on the last; with no order, one
+    /// report with TotNumReports=0.
+    pub fn mass_status(&mut self, req_id: &str, symbol: Option<&str>) -> io::Result<u64> {
+        let mut m = OutMessage::new("AF");
+        m.push(584, req_id);
+        match symbol {
+            Some(s) => {
+                m.push(585, "1");
+                m.push(55, s);
+            }
+            None => {
+                m.push(585, "7");
+            }
+        }
+        self.send(m)
+    }
+
+    /// Sends an OrderMassStatusRequest and collects its answers (the status reports of the
+    /// session's live orders, none if it has none), keeping other messages for `recv`.
+    pub fn live_orders(
+        &mut self,
+        req_id: &str,
+        symbol: Option<&str>,
+        timeout: Duration,
+    ) -> io::Result<Vec<FixMessage>> {
+        self.mass_status(req_id, symbol)?;
+        let deadline = Instant::now() + timeout;
+        let mut out = Vec::new();
+        loop {
+            let pos = self
+                .app
+                .inbox
+                .iter()
+                .position(|m| m.msg_type == "8" && Self::field(m, 584) == Some(req_id));
+            if let Some(pos) = pos {
+                let Some(m) = self.app.inbox.remove(pos) else {
+                    continue;
+                };
+                let last = Self::field(&m, 912) == Some("Y");
+                if Self::field(&m, 911) != Some("0") {
+                    out.push(m);
+                }
+                if last {
+                    return Ok(out);
+                }
+                continue;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.closed.is_some() {
+                return Err(io::Error::new(
+                    ErrorKind::TimedOut,
+                    format!("the mass status request {req_id} was not fully answered"),
+                ));
+            }
+            self.read_once(Some(left.min(Duration::from_millis(100))))?;
+        }
+    }
+
     /// The next application message, waiting at most `timeout` (none: only what is buffered
     /// or readable without blocking, in non-blocking mode).
     pub fn recv(&mut self, timeout: Duration) -> io::Result<Option<FixMessage>> {

@@ -6,8 +6,10 @@
 //! - [`FixClient`]: a FIX 4.4 initiator. It drives `bourse_fix::Session` (sequence numbers,
 //!   heartbeats, resend, optional durable store) over a blocking `std::net::TcpStream` and
 //!   hands back verified application messages ([`FixMessage`]). [`FixClient::new_order`],
-//!   [`FixClient::cancel`], [`FixClient::replace`] and [`FixClient::mass_cancel`] build the
-//!   gateway's messages; [`FixClient::send`] sends any other.
+//!   [`FixClient::cancel`], [`FixClient::replace`], [`FixClient::mass_cancel`],
+//!   [`FixClient::order_status`] and [`FixClient::mass_status`] build the gateway's messages
+//!   ([`FixClient::live_orders`] also collects the answers); [`FixClient::send`] sends any
+//!   other.
 //! - [`BinaryClient`]: the binary (SBE) protocol: Establish, requests, and every server
 //!   response decoded into an owned [`binary::Response`] with its sequence number;
 //!   retransmission on request.

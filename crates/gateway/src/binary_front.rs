@@ -102,6 +102,10 @@ pub fn render(router: &Router, report: &Report, buf: &mut [u8; FRAME_BYTES_MAX])
             let order_id = r.order_id.map_or(0, |o| o.0);
             let cl = r.client.num();
             match &r.kind {
+                // The binary protocol has no status request (see
+                // docs/protocol-binary-order-entry.md), so no status report is ever owed to a
+                // binary session.
+                ExecKind::Status(_) => return 0,
                 ExecKind::New => encode_frame(buf, |mut e: NewOrderAckEncoder| {
                     e.cl_ord_id(cl).order_id(order_id).transact_time_ns(r.ts_ns);
                     e.leaves_qty(units(r.leaves_lots))
@@ -224,6 +228,7 @@ pub fn render(router: &Router, report: &Report, buf: &mut [u8; FRAME_BYTES_MAX])
                 .result(result);
             e
         }),
+        Report::StatusUnknown { .. } => return 0,
         Report::BusinessReject {
             ref_id,
             ref_template_id,

@@ -11,6 +11,10 @@ pub const SESSIONS_MAX: usize = 1_000;
 pub const CONNECTIONS_MAX_CEILING: usize = 10_000;
 pub const ACCOUNTS_PER_SESSION_MAX: usize = 255;
 pub const FIX_MESSAGE_SIZE_MAX_BYTES_CEILING: usize = 1 << 20;
+/// Trading cores one gateway routes to.
+pub const CORES_MAX: usize = 64;
+/// Nodes of one replicated core.
+pub const CORE_NODES_MAX: usize = 7;
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -19,6 +23,10 @@ pub struct GatewayConfig {
     pub gateway: Limits,
     #[serde(default)]
     pub core: CoreConfig,
+    /// The trading cores and the instruments each owns; none: one in-process core that owns
+    /// every instrument (see [`GatewayConfig::core_plan`]).
+    #[serde(default)]
+    pub cores: Vec<CoreEntry>,
     #[serde(default)]
     pub instruments: Vec<Instrument>,
     #[serde(default)]
@@ -59,6 +67,11 @@ pub struct Limits {
     pub sending_time_tolerance_ms: i64,
     /// Live orders the gateway tracks for all sessions together.
     pub orders_max: usize,
+    /// Where the gateway serves Prometheus `/metrics` and the dashboard (loopback only);
+    /// none: no monitoring, and the event loop keeps no probes.
+    pub monitor_listen: Option<SocketAddr>,
+    /// Stage probes record one request in this many (0: counters only, no probes).
+    pub monitor_sample_every: u32,
 }
 
 impl Default for Limits {
@@ -78,6 +91,8 @@ impl Default for Limits {
             offline_messages_max: 100_000,
             sending_time_tolerance_ms: 120_000,
             orders_max: 1 << 20,
+            monitor_listen: None,
+            monitor_sample_every: 16,
         }
     }
 }
@@ -85,9 +100,40 @@ impl Default for Limits {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CoreConfig {
-    /// Create the instruments and accounts of this file in the core at start (an in-process
-    /// core starts empty; a replicated core already has them).
+    /// Create the instruments and accounts of this file in the cores at start (an in-process
+    /// core starts empty). Bootstrap is idempotent: an instrument or account the core already
+    /// has is left as it is (and its cash is not deposited again), so a gateway restart in
+    /// front of a replicated core adds nothing twice. A `[[cores]]` entry may override it.
     pub bootstrap: bool,
+}
+
+/// One trading core behind the gateway: the instruments it owns and how to reach it.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CoreEntry {
+    /// The core's name in logs and metrics ("equities").
+    pub name: String,
+    /// Instruments (by id) this core owns; each instrument of the file belongs to one core.
+    #[serde(default)]
+    pub instruments: Vec<InstrumentId>,
+    /// The core runs inside the gateway's process (an engine on its own thread).
+    #[serde(default)]
+    pub in_process: bool,
+    /// The client addresses of the core's replica group (`bourse node`), for a replicated core.
+    #[serde(default)]
+    pub nodes: Vec<SocketAddr>,
+    /// The gateway's client id at the replicated core: the namespace of its idempotency keys.
+    /// Two gateways in front of one core need different ids.
+    pub client_id: Option<u64>,
+    /// Overrides `[core] bootstrap` for this core.
+    pub bootstrap: Option<bool>,
+}
+
+impl CoreEntry {
+    /// Whether the gateway bootstraps this core, given the file's `[core]` default.
+    pub fn bootstraps(&self, default: bool) -> bool {
+        self.bootstrap.unwrap_or(default)
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -136,6 +182,90 @@ pub struct BinarySessionConfig {
 }
 
 impl GatewayConfig {
+    /// The cores as the gateway runs them: the `[[cores]]` of the file, or, without any, one
+    /// in-process core named "core" that owns every instrument. Index `i` of this list is the
+    /// core's index (its engine numbers orders from `i << ORDER_ID_CORE_SHIFT`).
+    pub fn core_plan(&self) -> Vec<CoreEntry> {
+        if !self.cores.is_empty() {
+            return self.cores.clone();
+        }
+        vec![CoreEntry {
+            name: "core".into(),
+            instruments: self.instruments.iter().map(|i| i.instrument).collect(),
+            in_process: true,
+            nodes: Vec::new(),
+            client_id: None,
+            bootstrap: None,
+        }]
+    }
+
+    fn validate_cores(&self) -> Result<(), String> {
+        if self.cores.is_empty() {
+            return Ok(());
+        }
+        if self.cores.len() > CORES_MAX {
+            return Err(format!("at most {CORES_MAX} cores"));
+        }
+        let defined: HashSet<InstrumentId> =
+            self.instruments.iter().map(|i| i.instrument).collect();
+        let mut owned: HashSet<InstrumentId> = HashSet::new();
+        let mut names = HashSet::new();
+        for c in &self.cores {
+            if c.name.is_empty() || c.name.len() > 64 {
+                return Err("cores: name must have 1 to 64 bytes".into());
+            }
+            if !names.insert(c.name.clone()) {
+                return Err(format!("core {} defined twice", c.name));
+            }
+            match (c.in_process, c.nodes.is_empty()) {
+                (true, false) => {
+                    return Err(format!(
+                        "core {}: either in_process = true or nodes, not both",
+                        c.name
+                    ))
+                }
+                (false, true) => {
+                    return Err(format!(
+                        "core {}: set in_process = true or the nodes of its replica group",
+                        c.name
+                    ))
+                }
+                _ => {}
+            }
+            if c.nodes.len() > CORE_NODES_MAX {
+                return Err(format!("core {}: at most {CORE_NODES_MAX} nodes", c.name));
+            }
+            if !c.nodes.is_empty() && c.client_id.is_none() {
+                return Err(format!(
+                    "core {}: a replicated core needs the link's client_id",
+                    c.name
+                ));
+            }
+            for i in &c.instruments {
+                if !defined.contains(i) {
+                    return Err(format!(
+                        "core {}: instrument {} is not defined in [[instruments]]",
+                        c.name, i.0
+                    ));
+                }
+                if !owned.insert(*i) {
+                    return Err(format!("instrument {} belongs to more than one core", i.0));
+                }
+            }
+        }
+        if let Some(i) = self
+            .instruments
+            .iter()
+            .find(|i| !owned.contains(&i.instrument))
+        {
+            return Err(format!(
+                "instrument {} belongs to no core: list it in one [[cores]] entry",
+                i.symbol
+            ));
+        }
+        Ok(())
+    }
+
     pub fn from_toml(text: &str) -> Result<GatewayConfig, String> {
         let config: GatewayConfig = toml::from_str(text).map_err(|e| e.to_string())?;
         config.validate()?;
@@ -171,6 +301,14 @@ impl GatewayConfig {
                 "gateway: throttle, queue depth and stored messages must be positive".into(),
             );
         }
+        if let Some(a) = g.monitor_listen {
+            if !a.ip().is_loopback() {
+                return Err(
+                    "gateway.monitor_listen must be a loopback address: the dashboard has no authentication"
+                        .into(),
+                );
+            }
+        }
         if g.outbound_buffer_max_bytes < 64 * 1024 {
             return Err("gateway.outbound_buffer_max_bytes must be at least 65536".into());
         }
@@ -186,6 +324,7 @@ impl GatewayConfig {
                 return Err(format!("instrument {} defined twice", i.symbol));
             }
         }
+        self.validate_cores()?;
         let mut comp_ids = HashSet::new();
         for s in &self.fix_sessions {
             if s.client_comp_id.is_empty() || s.client_comp_id.len() > 64 {
@@ -245,6 +384,79 @@ mod tests {
         assert_eq!(c.fix_sessions.len(), 3);
         assert_eq!(c.binary_sessions.len(), 2);
         assert!(c.fix_sessions[2].drop_copy);
+    }
+
+    const TWO_CORES: &str = r#"
+[gateway]
+fix_listen = "127.0.0.1:0"
+[[cores]]
+name = "equities"
+instruments = [1]
+in_process = true
+[[cores]]
+name = "fx"
+instruments = [2]
+nodes = ["127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103"]
+client_id = 7
+[[instruments]]
+instrument = 1
+symbol = "SBER"
+market = "equity"
+price_scale = 2
+tick = 1
+lot_size = 10
+band_bps = 2000
+reference_price = 25000
+[[instruments]]
+instrument = 2
+symbol = "EURUSD"
+market = "fx"
+price_scale = 5
+tick = 1
+lot_size = 1000
+band_bps = 500
+reference_price = 108000
+"#;
+
+    #[test]
+    fn cores_own_instruments_and_every_instrument_has_one_core() {
+        let c = GatewayConfig::from_toml(TWO_CORES).unwrap();
+        let plan = c.core_plan();
+        assert_eq!(plan.len(), 2);
+        assert_eq!(plan[1].nodes.len(), 3);
+        assert_eq!(plan[1].client_id, Some(7));
+        let orphan = TWO_CORES.replace("instruments = [2]", "instruments = []");
+        let err = GatewayConfig::from_toml(&orphan).unwrap_err();
+        assert!(err.contains("EURUSD belongs to no core"), "{err}");
+        let twice = TWO_CORES.replace("instruments = [2]", "instruments = [2, 1]");
+        let err = GatewayConfig::from_toml(&twice).unwrap_err();
+        assert!(err.contains("more than one core"), "{err}");
+        let no_id = TWO_CORES.replace("client_id = 7", "");
+        let err = GatewayConfig::from_toml(&no_id).unwrap_err();
+        assert!(err.contains("client_id"), "{err}");
+        let neither = TWO_CORES.replace("in_process = true", "");
+        let err = GatewayConfig::from_toml(&neither).unwrap_err();
+        assert!(err.contains("in_process = true or the nodes"), "{err}");
+        let unknown = TWO_CORES.replace("instruments = [1]", "instruments = [1, 9]");
+        let err = GatewayConfig::from_toml(&unknown).unwrap_err();
+        assert!(err.contains("instrument 9 is not defined"), "{err}");
+    }
+
+    #[test]
+    fn without_cores_one_in_process_core_owns_everything() {
+        let text = include_str!("../../../examples/gateway.toml");
+        let c = GatewayConfig::from_toml(text).unwrap();
+        let plan = c.core_plan();
+        assert_eq!(plan.len(), 1);
+        assert!(plan[0].in_process);
+        assert_eq!(plan[0].instruments.len(), c.instruments.len());
+    }
+
+    #[test]
+    fn the_monitor_listens_on_loopback_only() {
+        let text = "[gateway]\nfix_listen = \"127.0.0.1:0\"\nmonitor_listen = \"0.0.0.0:9100\"\n";
+        let err = GatewayConfig::from_toml(text).unwrap_err();
+        assert!(err.contains("loopback"), "{err}");
     }
 
     #[test]

@@ -1,11 +1,11 @@
-//! The FIX 4.4 front end: application messages (D, F, G, q) parsed into router requests, and
-//! reports rendered as ExecutionReport (8), OrderCancelReject (9), BusinessMessageReject (j)
-//! and OrderMassCancelReport (r).
+//! The FIX 4.4 front end: application messages (D, F, G, q, and the status requests H and AF)
+//! parsed into router requests, and reports rendered as ExecutionReport (8, ExecType=I for
+//! status), OrderCancelReject (9), BusinessMessageReject (j) and OrderMassCancelReport (r).
 
 use crate::convert::{format_decimal, parse_decimal};
 use crate::router::{
     ClientId, ExecKind, ExecReport, GatewayReject, NewOrderRequest, RejectCause, Report, Router,
-    SessionRef,
+    SessionRef, StatusQuery,
 };
 use bourse_core::*;
 use bourse_fix::session::Inbound;
@@ -57,6 +57,11 @@ pub mod tag {
     pub const MASS_CANCEL_RESPONSE: bourse_fix::Tag = 531;
     pub const MASS_CANCEL_REJECT_REASON: bourse_fix::Tag = 532;
     pub const TOTAL_AFFECTED_ORDERS: bourse_fix::Tag = 533;
+    pub const MASS_STATUS_REQ_ID: bourse_fix::Tag = 584;
+    pub const MASS_STATUS_REQ_TYPE: bourse_fix::Tag = 585;
+    pub const ORD_STATUS_REQ_ID: bourse_fix::Tag = 790;
+    pub const TOT_NUM_REPORTS: bourse_fix::Tag = 911;
+    pub const LAST_RPT_REQUESTED: bourse_fix::Tag = 912;
 }
 
 /// The application behind one FIX session during one `on_bytes` call.
@@ -307,6 +312,76 @@ impl FixApp<'_> {
     }
 }
 
+impl FixApp<'_> {
+    /// OrderStatusRequest (H): by ClOrdID, or by OrderID when given.
+    fn order_status(&mut self, m: &Inbound<'_>) {
+        let client = client_id(m, tag::CL_ORD_ID);
+        let order_id = text_of(m, tag::ORDER_ID)
+            .and_then(|s| s.parse::<u64>().ok())
+            .map(OrderId);
+        if client.is_none() && order_id.is_none() {
+            return self.business_reject(
+                m,
+                None,
+                "OrderStatusRequest needs a ClOrdID of 1 to 64 bytes or an OrderID".into(),
+                None,
+            );
+        }
+        let symbol = text_of(m, tag::SYMBOL)
+            .filter(|s| s.len() <= 64)
+            .map(Box::from);
+        let side = side_of(m.get(tag::SIDE));
+        let req_id = text_of(m, tag::ORD_STATUS_REQ_ID)
+            .filter(|s| s.len() <= 64)
+            .map(Box::from);
+        let ts = self.now_ns;
+        self.router
+            .order_status(self.sref, client, order_id, symbol, side, req_id, ts);
+    }
+
+    /// OrderMassStatusRequest (AF): MassStatusReqType 7 (all orders) or 1 (one security).
+    fn mass_status(&mut self, m: &Inbound<'_>) {
+        let Some(req_id) =
+            text_of(m, tag::MASS_STATUS_REQ_ID).filter(|s| !s.is_empty() && s.len() <= 64)
+        else {
+            return self.business_reject(
+                m,
+                None,
+                "MassStatusReqID must have 1 to 64 bytes".into(),
+                None,
+            );
+        };
+        let instrument = match m.get(tag::MASS_STATUS_REQ_TYPE) {
+            Some(b"7") => None,
+            Some(b"1") => match self
+                .router
+                .instrument_by_symbol(m.get(tag::SYMBOL).unwrap_or(b""))
+            {
+                Some(i) => Some(i.id),
+                None => {
+                    return self.business_reject(
+                        m,
+                        Some(ClientId::Text(req_id.into())),
+                        "unknown symbol".into(),
+                        None,
+                    )
+                }
+            },
+            _ => {
+                return self.business_reject(
+                    m,
+                    Some(ClientId::Text(req_id.into())),
+                    "MassStatusReqType must be 7 (all orders) or 1 (one security)".into(),
+                    None,
+                )
+            }
+        };
+        let ts = self.now_ns;
+        self.router
+            .mass_status(self.sref, req_id.into(), instrument, ts);
+    }
+}
+
 impl Application for FixApp<'_> {
     fn on_app_message(
         &mut self,
@@ -315,7 +390,21 @@ impl Application for FixApp<'_> {
     ) -> Result<(), BusinessRejectReason> {
         let msg_type = m.msg_type();
         self.router.requests_in += 1;
-        if !matches!(msg_type, b"D" | b"F" | b"G" | b"q") {
+        self.router.counters.fix_requests_in += 1;
+        if self.router.probes_on {
+            let kind = match msg_type {
+                b"D" => Some(CommandKind::NewOrder),
+                b"F" => Some(CommandKind::Cancel),
+                b"G" => Some(CommandKind::Replace),
+                b"q" => Some(CommandKind::MassCancel),
+                _ => None,
+            };
+            match kind {
+                Some(kind) => self.router.probes.begin(kind),
+                None => self.router.probes.current = None,
+            }
+        }
+        if !matches!(msg_type, b"D" | b"F" | b"G" | b"q" | b"H" | b"AF") {
             return Err(BusinessRejectReason::UnsupportedMessageType);
         }
         let meta = &mut self.router.sessions[self.sref.0 as usize];
@@ -332,6 +421,8 @@ impl Application for FixApp<'_> {
             b"D" => self.new_order(m),
             b"F" => self.cancel_or_replace(m, false),
             b"G" => self.cancel_or_replace(m, true),
+            b"H" => self.order_status(m),
+            b"AF" => self.mass_status(m),
             _ => self.mass_cancel(m),
         }
         Ok(())
@@ -400,6 +491,8 @@ pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage
         ExecKind::Replaced { .. } => ("5", if r.cum_lots > 0 { "1" } else { "0" }),
         ExecKind::Expired => ("C", "C"),
         ExecKind::Rejected(_) => ("8", "8"),
+        ExecKind::Status(q) if q.pending_new => ("I", "A"),
+        ExecKind::Status(_) => ("I", if r.cum_lots > 0 { "1" } else { "0" }),
     };
     match &r.kind {
         ExecKind::Canceled { by: Some(by), .. } => {
@@ -461,7 +554,21 @@ pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage
         tag::TRANSACT_TIME,
         bourse_fix::time::format_utc_timestamp_ms((r.ts_ns / 1_000_000) as i64),
     );
+    if let ExecKind::Status(q) = &r.kind {
+        push_status_query(&mut m, q);
+    }
     m
+}
+
+fn push_status_query(m: &mut OutMessage, q: &StatusQuery) {
+    if let Some(id) = &q.status_req_id {
+        m.push(tag::ORD_STATUS_REQ_ID, id.as_bytes());
+    }
+    if let Some((id, total, last)) = &q.mass {
+        m.push(tag::MASS_STATUS_REQ_ID, id.as_bytes());
+        m.push(tag::TOT_NUM_REPORTS, total.to_string());
+        m.push(tag::LAST_RPT_REQUESTED, if *last { "Y" } else { "N" });
+    }
 }
 
 /// Renders a report as a FIX message. Execution reports need a unique ExecID.
@@ -526,6 +633,46 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
                 tag::TRANSACT_TIME,
                 bourse_fix::time::format_utc_timestamp_ms((ts_ns / 1_000_000) as i64),
             );
+            m
+        }
+        Report::StatusUnknown {
+            client,
+            order_id,
+            symbol,
+            side,
+            query,
+            ts_ns,
+        } => {
+            let mut m = OutMessage::new("8");
+            m.push(
+                tag::ORDER_ID,
+                order_id.map_or_else(|| "NONE".to_string(), |o| o.0.to_string()),
+            );
+            if let Some(c) = client {
+                m.push(tag::CL_ORD_ID, c.to_string());
+            }
+            m.push(tag::EXEC_ID, exec_id);
+            m.push(tag::EXEC_TYPE, "I");
+            m.push(tag::ORD_STATUS, "8");
+            let text = if query.mass.is_some() {
+                "no open orders"
+            } else {
+                m.push(tag::ORD_REJ_REASON, "5");
+                "unknown order: not a live order of this session"
+            };
+            m.push(tag::TEXT, text);
+            // Symbol and Side are required in an ExecutionReport: the request's, else the
+            // placeholders "[N/A]" and 7 (undisclosed) for a report about no order.
+            m.push(tag::SYMBOL, symbol.as_deref().unwrap_or("[N/A]"));
+            m.push(tag::SIDE, side.map_or("7", side_code));
+            m.push(tag::LEAVES_QTY, "0");
+            m.push(tag::CUM_QTY, "0");
+            m.push(tag::AVG_PX, "0");
+            m.push(
+                tag::TRANSACT_TIME,
+                bourse_fix::time::format_utc_timestamp_ms((ts_ns / 1_000_000) as i64),
+            );
+            push_status_query(&mut m, query);
             m
         }
         Report::BusinessReject {

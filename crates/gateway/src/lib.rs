@@ -1,6 +1,6 @@
 //! # bourse-gateway: the access servers
 //!
-//! Clients reach a trading core through the gateway: FIX 4.4 sessions (QuickFIX-compatible,
+//! Clients reach the trading cores through the gateway: FIX 4.4 sessions (QuickFIX-compatible,
 //! driven by `bourse_fix::Session`) and binary SBE sessions (TWIME-like, see
 //! `docs/protocol-binary-order-entry.md`). The gateway maps each session to its firm and the
 //! accounts it may trade (from TOML config), throttles it, turns its requests into core
@@ -19,16 +19,25 @@
 //!   someone else's mass cancel) arrive under the causing command's key and the gateway routes
 //!   them by order id to the owning session. A core must apply a key at most once, so a
 //!   gateway may resubmit after a failover. [`InProcessCore`] implements it with a state
-//!   machine (the engine) on its own thread behind bounded crossbeam queues; the cluster
-//!   client (leader of a replicated core) is meant to implement the same trait.
-//! - [`router::Router`]: protocol-neutral order identity and routing: client order ids per
-//!   session to gateway-wide core ids and back, order ownership, fills, average prices,
-//!   mass-cancel aggregation, and the [`router::Report`]s each session is owed.
+//!   machine (the engine) on its own thread behind bounded crossbeam queues; [`ClusterLink`]
+//!   implements it for a replicated core (a `bourse node` replica group).
+//! - [`router::Router`]: protocol-neutral order identity and routing over one link per core:
+//!   each command goes to the core that owns its instrument (a cancel or replace to its
+//!   order's core, a mass cancel without instrument to every core, answered by one aggregated
+//!   report); client order ids per session to gateway-wide core ids and back, order
+//!   ownership (events routed by order id, unique across cores), fills, average prices,
+//!   order status answers (FIX H and AF), and the [`router::Report`]s each session is owed.
 //! - [`fix_front`] and [`binary_front`]: parse requests and render reports for each protocol;
 //!   [`fix_front::dictionary`] is the gateway's own compact FIX 4.4 dictionary.
-//! - [`server::spawn`]: the event loop (mio, one thread) that owns all sockets and sessions;
-//!   [`server::GatewayHandle`] and [`server::GatewayStats`] to watch and stop it.
-//! - [`GatewayConfig`]: sessions, instruments, accounts and limits.
+//! - [`server::spawn_cores`] (and [`server::spawn`] for one core): the event loop (mio, one
+//!   thread) that owns all sockets and sessions, after an idempotent bootstrap of the cores
+//!   ([`server::bootstrap`]); [`server::GatewayHandle`] and [`server::GatewayStats`] to watch
+//!   and stop it. With `monitor_listen` it serves Prometheus `/metrics` and the dashboard
+//!   (`bourse_monitor`): counters kept as plain integers in the loop
+//!   ([`server::LoopCounters`], [`router::RouterCounters`]) and published on its timer, and
+//!   sampled stage probes t0 (socket read), t1, t2, t5, t6, t7 (written).
+//! - [`GatewayConfig`]: sessions, cores (`[[cores]]`: the instruments each owns, in process or
+//!   the nodes of its replica group), instruments, accounts and limits.
 //! - [`store::GatewayStore`]: the FIX session store (sequence numbers overwritten in place,
 //!   sent messages appended), cheap enough for the order path.
 //!
@@ -37,10 +46,11 @@
 //! messages kept for resend/retransmission, messages queued for a logged-off FIX session,
 //! live orders tracked; each has a ceiling in [`config`].
 //!
-//! Not yet: order state survives neither a gateway restart (FIX sequence numbers and sent
-//! messages do, in the FIX store) nor a failover; routing by instrument to several cores.
+//! Not yet: order state does not survive a gateway restart (FIX sequence numbers and sent
+//! messages do, in the FIX store); the binary protocol has no status request.
 
 pub mod binary_front;
+pub mod cluster_link;
 pub mod config;
 pub mod convert;
 pub mod core_link;
@@ -50,6 +60,7 @@ pub mod server;
 pub mod store;
 pub mod throttle;
 
+pub use cluster_link::{ClusterLink, ClusterLinkConfig, FOREIGN_KEY};
 pub use config::GatewayConfig;
 pub use core_link::{CoreLink, CoreOutput, InProcessCore, RequestKey, SubmitError};
-pub use server::{spawn, GatewayHandle, GatewayStats};
+pub use server::{spawn, spawn_cores, DisconnectReason, GatewayHandle, GatewayStats};

@@ -5,11 +5,20 @@
 //! Client order ids are the sessions' own (FIX text, binary numbers). The core sees gateway
 //! numbers ([`ClOrdId`]) unique across all sessions, so two sessions trading one account can
 //! never collide; the live mapping is kept per session and dropped when the order ends.
+//!
+//! Several cores: each instrument belongs to one core (`[[cores]]` in the config), and every
+//! command goes to the core of its instrument; a cancel or replace goes where its order lives.
+//! A mass cancel without an instrument goes to every core (one command per account and core)
+//! and its OrderMassCancelReport adds up the answers. Order ids are unique across cores (each
+//! core numbers from `core_index << ORDER_ID_CORE_SHIFT`), so events are routed by order id
+//! whichever core sent them. Request keys are gateway-wide, so a core sees a subset of a
+//! session's keys, still increasing.
 
 use crate::config::{GatewayConfig, Limits};
 use crate::core_link::{CoreLink, CoreOutput, RequestKey, SubmitError};
 use crate::throttle::Throttle;
 use bourse_core::*;
+use bourse_monitor::{Stage, StageRecorder, Trace};
 use std::collections::HashMap;
 
 /// A client's order id as it appears on its protocol.
@@ -58,6 +67,8 @@ struct LiveRef {
     internal: ClOrdId,
     account: AccountId,
     order_id: Option<OrderId>,
+    /// Index of the core that holds the order.
+    core: usize,
 }
 
 /// What the gateway knows about one session, whichever its protocol.
@@ -192,6 +203,20 @@ pub enum ExecKind {
     },
     Expired,
     Rejected(RejectCause),
+    /// The answer to a status request (FIX ExecType=I): the order's state, no change.
+    Status(StatusQuery),
+}
+
+/// Which status request an [`ExecKind::Status`] report answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatusQuery {
+    /// OrderStatusRequest: its OrdStatusReqID (790), if it had one.
+    pub status_req_id: Option<Box<str>>,
+    /// OrderMassStatusRequest: its MassStatusReqID (584), the number of reports that answer
+    /// it (911) and whether this is the last (912).
+    pub mass: Option<(Box<str>, u32, bool)>,
+    /// Submitted and not yet accepted by the core (OrdStatus=A).
+    pub pending_new: bool,
 }
 
 /// One execution report, with the order's state after it.
@@ -231,6 +256,17 @@ pub enum Report {
         reject: Option<RejectCause>,
         ts_ns: u64,
     },
+    /// A status request for an order the session does not have live (unknown, or already
+    /// done): ExecType=I, OrdStatus=8, OrdRejReason=5 (unknown order). For a mass status
+    /// request that found no order, `mass` says so (TotNumReports=0).
+    StatusUnknown {
+        client: Option<ClientId>,
+        order_id: Option<OrderId>,
+        symbol: Option<Box<str>>,
+        side: Option<Side>,
+        query: StatusQuery,
+        ts_ns: u64,
+    },
     /// The request was not processed at all (throttle, unsupported, busy).
     BusinessReject {
         ref_msg_type: String,
@@ -251,6 +287,8 @@ pub struct InstrumentInfo {
     pub symbol: String,
     pub price_scale: u8,
     pub lot_size: i64,
+    /// Index of the core that owns the instrument.
+    pub core: usize,
 }
 
 impl InstrumentInfo {
@@ -277,6 +315,79 @@ pub struct NewOrderRequest {
     pub display_lots: i64,
 }
 
+/// What the router counts, as plain integers: the event loop owns them and publishes them to
+/// the monitor on its timer, so counting costs an add and no atomic operation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RouterCounters {
+    pub new_orders: u64,
+    pub cancels: u64,
+    pub replaces: u64,
+    pub mass_cancels: u64,
+    pub status_requests: u64,
+    /// FIX application messages received (the binary count is the event loop's).
+    pub fix_requests_in: u64,
+    /// Requests refused because a core's queue (or the order table) was full.
+    pub busy_rejects: u64,
+    /// Requests refused by a session's throttle, by protocol.
+    pub fix_throttle_rejects: u64,
+    pub binary_throttle_rejects: u64,
+    /// Requests refused by the gateway's own checks (unknown symbol, not authorized, ...).
+    pub gateway_rejects: u64,
+    /// Requests refused by a core.
+    pub core_rejects: u64,
+}
+
+/// Sampled traces the router carries from the decoded request to its first report.
+pub struct RouterProbes {
+    /// The event loop's recorder (disabled unless a monitor with sampling is on).
+    pub recorder: StageRecorder,
+    /// When the bytes being handled were read from their socket (t0).
+    pub read_t_ns: u64,
+    /// The trace of the request being handled now, set by the front end when it is sampled;
+    /// the submit that sends it to a core stamps t2 and keeps it under the request's key.
+    pub current: Option<Trace>,
+    /// Sampled requests waiting for the core's answer.
+    in_flight: HashMap<RequestKey, Trace>,
+    /// Reports in `outbox` (by index) that answer a sampled request, with its trace.
+    pub answered: Vec<(usize, Trace)>,
+    /// The time the current core output was received, for t5.
+    now_ns: u64,
+}
+
+impl Default for RouterProbes {
+    fn default() -> Self {
+        RouterProbes {
+            recorder: StageRecorder::disabled(),
+            read_t_ns: 0,
+            current: None,
+            in_flight: HashMap::new(),
+            answered: Vec::new(),
+            now_ns: 0,
+        }
+    }
+}
+
+impl RouterProbes {
+    /// Called once per decoded request: if the recorder samples it, starts its trace with t0
+    /// (the socket read) and t1 (now). Always replaces the previous request's trace, so a
+    /// request that never reached a core leaves nothing behind for the next one.
+    #[inline]
+    pub fn begin(&mut self, kind: CommandKind) {
+        self.current = if self.recorder.sample() {
+            let mut t = Trace::new(kind);
+            t.stamp_at(Stage::SocketRead, self.read_t_ns);
+            t.stamp(Stage::Decoded);
+            Some(t)
+        } else {
+            None
+        };
+    }
+}
+
+/// Sampled requests in flight at most; past it new samples are dropped (a core that stopped
+/// answering must not grow the table).
+const TRACES_IN_FLIGHT_MAX: usize = 4_096;
+
 pub struct Router {
     pub sessions: Vec<SessionMeta>,
     pub instruments: Vec<InstrumentInfo>,
@@ -289,18 +400,39 @@ pub struct Router {
     next_mass: u64,
     next_internal: u64,
     next_admin_seq: u64,
-    link: Box<dyn CoreLink>,
+    links: Vec<Box<dyn CoreLink>>,
+    /// Commands submitted to each core and not yet answered (`Done`).
+    in_flight: Vec<usize>,
     orders_max: usize,
     /// Reports waiting for delivery by the front ends.
     pub outbox: Vec<(SessionRef, Report)>,
-    /// Commands the core refused during bootstrap (admin session), for the operator.
-    pub admin_rejects: Vec<RejectReason>,
+    /// Administrative commands (session 0) answered: key and the core's reject, if any.
+    pub admin_done: Vec<(RequestKey, Option<RejectReason>)>,
+    admin_reject: HashMap<RequestKey, RejectReason>,
+    /// Whether an administrative command's answer included an AccountAdded event.
+    pub admin_accounts_added: Vec<RequestKey>,
     /// Application requests received from all sessions (throttled ones included).
     pub requests_in: u64,
+    pub counters: RouterCounters,
+    pub probes: RouterProbes,
+    /// Whether probes are on (a monitor with sampling); off, no clock is read for them.
+    pub probes_on: bool,
 }
 
 impl Router {
-    pub fn new(config: &GatewayConfig, link: Box<dyn CoreLink>) -> Router {
+    /// A router in front of `links`, one per core of [`GatewayConfig::core_plan`], in order.
+    pub fn new(config: &GatewayConfig, links: Vec<Box<dyn CoreLink>>) -> Router {
+        let plan = config.core_plan();
+        assert_eq!(
+            plan.len(),
+            links.len(),
+            "one link per core of the configuration"
+        );
+        let core_of: HashMap<InstrumentId, usize> = plan
+            .iter()
+            .enumerate()
+            .flat_map(|(c, e)| e.instruments.iter().map(move |&i| (i, c)))
+            .collect();
         let limits: &Limits = &config.gateway;
         let mut sessions = Vec::new();
         let mut drop_copies: HashMap<FirmId, Vec<SessionRef>> = HashMap::new();
@@ -344,6 +476,7 @@ impl Router {
                 symbol: i.symbol.clone(),
                 price_scale: i.price_scale,
                 lot_size: i.lot_size,
+                core: core_of.get(&i.instrument).copied().unwrap_or(0),
             })
             .collect();
         let by_symbol = instruments
@@ -368,16 +501,39 @@ impl Router {
             next_mass: 1,
             next_internal: 1,
             next_admin_seq: 0,
-            link,
+            in_flight: vec![0; links.len()],
+            links,
             orders_max: limits.orders_max,
             outbox: Vec::new(),
-            admin_rejects: Vec::new(),
+            admin_done: Vec::new(),
+            admin_reject: HashMap::new(),
+            admin_accounts_added: Vec::new(),
             requests_in: 0,
+            counters: RouterCounters::default(),
+            probes: RouterProbes::default(),
+            probes_on: false,
         }
     }
 
-    pub fn link_mut(&mut self) -> &mut dyn CoreLink {
-        self.link.as_mut()
+    /// The links to the cores, in core order.
+    pub fn links_mut(&mut self) -> &mut [Box<dyn CoreLink>] {
+        &mut self.links
+    }
+
+    pub fn core_count(&self) -> usize {
+        self.links.len()
+    }
+
+    /// Commands submitted to core `core` and not yet answered: the depth of its queue as the
+    /// gateway sees it.
+    pub fn core_in_flight(&self, core: usize) -> usize {
+        self.in_flight.get(core).copied().unwrap_or(0)
+    }
+
+    fn core_of(&self, instrument: InstrumentId) -> usize {
+        self.by_id
+            .get(&instrument)
+            .map_or(0, |&n| self.instruments[n].core)
     }
 
     pub fn instrument_by_symbol(&self, symbol: &[u8]) -> Option<&InstrumentInfo> {
@@ -403,14 +559,22 @@ impl Router {
         self.pending.len()
     }
 
-    /// Submits an administrative command (bootstrap) under session 0.
-    pub fn submit_admin(&mut self, command: Command) -> Result<(), SubmitError> {
-        self.next_admin_seq += 1;
+    /// Submits an administrative command (bootstrap) under session 0 to core `core`; its
+    /// answer appears in [`Router::admin_done`].
+    pub fn submit_admin(
+        &mut self,
+        core: usize,
+        command: Command,
+    ) -> Result<RequestKey, SubmitError> {
         let key = RequestKey {
             session: 0,
-            seq: self.next_admin_seq,
+            seq: self.next_admin_seq + 1,
         };
-        self.link.submit(key, command)
+        let link = self.links.get_mut(core).ok_or(SubmitError::Closed)?;
+        link.submit(key, command)?;
+        self.next_admin_seq += 1;
+        self.in_flight[core] += 1;
+        Ok(key)
     }
 
     fn next_key(&mut self, sref: SessionRef) -> RequestKey {
@@ -430,10 +594,25 @@ impl Router {
         }
     }
 
-    fn submit(&mut self, key: RequestKey, cmd: Command) -> Result<(), GatewayReject> {
-        match self.link.submit(key, cmd) {
-            Ok(()) => Ok(()),
-            Err(SubmitError::Full) => Err(GatewayReject::SystemBusy),
+    fn submit(&mut self, core: usize, key: RequestKey, cmd: Command) -> Result<(), GatewayReject> {
+        let Some(link) = self.links.get_mut(core) else {
+            return Err(GatewayReject::CoreUnavailable);
+        };
+        match link.submit(key, cmd) {
+            Ok(()) => {
+                self.in_flight[core] += 1;
+                if let Some(mut trace) = self.probes.current.take() {
+                    if self.probes.in_flight.len() < TRACES_IN_FLIGHT_MAX {
+                        trace.stamp(Stage::ToSequencer);
+                        self.probes.in_flight.insert(key, trace);
+                    }
+                }
+                Ok(())
+            }
+            Err(SubmitError::Full) => {
+                self.counters.busy_rejects += 1;
+                Err(GatewayReject::SystemBusy)
+            }
             Err(SubmitError::Closed) => Err(GatewayReject::CoreUnavailable),
         }
     }
@@ -446,6 +625,11 @@ impl Router {
         cause: RejectCause,
         ts_ns: u64,
     ) {
+        if let RejectCause::Gateway(g) = cause {
+            if g != GatewayReject::SystemBusy {
+                self.counters.gateway_rejects += 1;
+            }
+        }
         let report = ExecReport {
             kind: ExecKind::Rejected(cause),
             order_id: None,
@@ -466,6 +650,7 @@ impl Router {
     }
 
     pub fn new_order(&mut self, sref: SessionRef, mut req: NewOrderRequest, ts_ns: u64) {
+        self.counters.new_orders += 1;
         let meta = &self.sessions[sref.0 as usize];
         if meta.drop_copy {
             return self.reject_new(
@@ -493,6 +678,7 @@ impl Router {
             );
         }
         if self.orders.len() + self.pending.len() >= self.orders_max {
+            self.counters.busy_rejects += 1;
             return self.reject_new(
                 sref,
                 &req,
@@ -517,7 +703,8 @@ impl Router {
             }),
         );
         let key = self.next_key(sref);
-        if let Err(g) = self.submit(key, cmd) {
+        let core = self.core_of(req.instrument);
+        if let Err(g) = self.submit(core, key, cmd) {
             return self.reject_new(sref, &req, RejectCause::Gateway(g), ts_ns);
         }
         self.next_internal += 1;
@@ -527,6 +714,7 @@ impl Router {
                 internal,
                 account,
                 order_id: None,
+                core,
             },
         );
         self.pending.insert(
@@ -556,6 +744,11 @@ impl Router {
         cause: RejectCause,
         ts_ns: u64,
     ) {
+        if let RejectCause::Gateway(g) = cause {
+            if g != GatewayReject::SystemBusy {
+                self.counters.gateway_rejects += 1;
+            }
+        }
         self.outbox.push((
             sref,
             Report::CancelReject {
@@ -597,6 +790,7 @@ impl Router {
         order_id: Option<OrderId>,
         ts_ns: u64,
     ) {
+        self.counters.cancels += 1;
         let to = CancelRejectTo::Cancel;
         let Some((orig, live)) = self.find_live(sref, &orig, order_id) else {
             let cause = RejectCause::Gateway(GatewayReject::UnknownOrder);
@@ -614,7 +808,7 @@ impl Router {
             }),
         );
         let key = self.next_key(sref);
-        if let Err(g) = self.submit(key, cmd) {
+        if let Err(g) = self.submit(live.core, key, cmd) {
             return self.cancel_reject_now(sref, client, orig, to, RejectCause::Gateway(g), ts_ns);
         }
         self.next_internal += 1;
@@ -639,6 +833,7 @@ impl Router {
         qty_lots: Option<i64>,
         ts_ns: u64,
     ) {
+        self.counters.replaces += 1;
         let to = CancelRejectTo::Replace;
         let Some((orig, live)) = self.find_live(sref, &orig, order_id) else {
             let cause = RejectCause::Gateway(GatewayReject::UnknownOrder);
@@ -663,7 +858,7 @@ impl Router {
             }),
         );
         let key = self.next_key(sref);
-        if let Err(g) = self.submit(key, cmd) {
+        if let Err(g) = self.submit(live.core, key, cmd) {
             return self.cancel_reject_now(sref, client, orig, to, RejectCause::Gateway(g), ts_ns);
         }
         self.next_internal += 1;
@@ -673,6 +868,7 @@ impl Router {
                 internal,
                 account: live.account,
                 order_id: live.order_id,
+                core: live.core,
             },
         );
         self.pending.insert(
@@ -685,7 +881,9 @@ impl Router {
         );
     }
 
-    /// Cancels the session's orders matching the filters: one core command per account.
+    /// Cancels the session's orders matching the filters: one core command per account and
+    /// core (the instrument's core, or every core without an instrument), answered by one
+    /// report that adds up what the cores cancelled.
     #[allow(clippy::too_many_arguments)]
     pub fn mass_cancel(
         &mut self,
@@ -697,6 +895,7 @@ impl Router {
         side: Option<Side>,
         ts_ns: u64,
     ) {
+        self.counters.mass_cancels += 1;
         let meta = &self.sessions[sref.0 as usize];
         let accounts: Vec<AccountId> = match account {
             Some(a) if meta.accounts.contains(&a) => vec![a],
@@ -716,30 +915,37 @@ impl Router {
             ));
         };
         if accounts.is_empty() || meta.drop_copy {
+            self.counters.gateway_rejects += 1;
             return report_now(self, RejectCause::Gateway(GatewayReject::NotAuthorized));
         }
+        let cores: Vec<usize> = match instrument {
+            Some(i) => vec![self.core_of(i)],
+            None => (0..self.links.len()).collect(),
+        };
         let agg = self.next_mass;
         self.next_mass += 1;
         let mut submitted = 0u32;
-        for account in accounts {
-            let cmd = Command::new(
-                ts_ns,
-                CommandBody::MassCancel(MassCancel {
-                    cl_ord_id: ClOrdId(self.next_internal),
-                    account: Some(account),
-                    firm: None,
-                    instrument,
-                    side,
-                }),
-            );
-            let key = self.next_key(sref);
-            if self.submit(key, cmd).is_err() {
-                break;
+        'submit: for account in accounts {
+            for &core in &cores {
+                let cmd = Command::new(
+                    ts_ns,
+                    CommandBody::MassCancel(MassCancel {
+                        cl_ord_id: ClOrdId(self.next_internal),
+                        account: Some(account),
+                        firm: None,
+                        instrument,
+                        side,
+                    }),
+                );
+                let key = self.next_key(sref);
+                if self.submit(core, key, cmd).is_err() {
+                    break 'submit;
+                }
+                self.next_internal += 1;
+                self.pending
+                    .insert(key, Pending::MassCancel { owner: sref, agg });
+                submitted += 1;
             }
-            self.next_internal += 1;
-            self.pending
-                .insert(key, Pending::MassCancel { owner: sref, agg });
-            submitted += 1;
         }
         if submitted == 0 {
             return report_now(self, RejectCause::Gateway(GatewayReject::SystemBusy));
@@ -758,26 +964,224 @@ impl Router {
     }
 
     pub fn business_reject(&mut self, sref: SessionRef, report: Report) {
+        if let Report::BusinessReject {
+            throttled_retry_ms, ..
+        } = &report
+        {
+            if throttled_retry_ms.is_some() {
+                match self.sessions.get(sref.0 as usize).map(|m| m.proto) {
+                    Some(Proto::Binary(_)) => self.counters.binary_throttle_rejects += 1,
+                    _ => self.counters.fix_throttle_rejects += 1,
+                }
+            } else {
+                self.counters.gateway_rejects += 1;
+            }
+        }
         self.outbox.push((sref, report));
     }
 
-    /// Drains what the core has ready (at most `outputs_max`), turning it into reports in
+    /// Finds the session's live order by client id or exchange id: its state, or, while the
+    /// core has not yet accepted it, the state it was submitted with (and `true`).
+    fn status_of(
+        &self,
+        sref: SessionRef,
+        client: Option<&ClientId>,
+        order_id: Option<OrderId>,
+    ) -> Option<(OrderId, OrderState, bool)> {
+        let meta = self.sessions.get(sref.0 as usize)?;
+        let by_id = order_id
+            .and_then(|oid| self.orders.get(&oid).map(|o| (oid, o)))
+            .filter(|(_, o)| o.owner == sref);
+        if let Some((oid, o)) = by_id {
+            return Some((oid, o.clone(), false));
+        }
+        let live = meta.live.get(client?)?;
+        if let Some(oid) = live.order_id {
+            let o = self.orders.get(&oid).filter(|o| o.owner == sref)?;
+            return Some((oid, o.clone(), false));
+        }
+        // Submitted, not yet answered: the state is in the pending request (bounded by the
+        // requests in flight, and a status request is rare, so a scan is fine).
+        self.pending.values().find_map(|p| match p {
+            Pending::New(o) if o.owner == sref && Some(&o.client) == client => {
+                Some((OrderId(0), o.clone(), true))
+            }
+            _ => None,
+        })
+    }
+
+    /// Answers an OrderStatusRequest from the gateway's view of the order: every event the
+    /// gateway has turned into reports so far, so the answer never contradicts a report the
+    /// session received before it. An order that is not live (unknown, or done and forgotten)
+    /// is answered [`Report::StatusUnknown`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn order_status(
+        &mut self,
+        sref: SessionRef,
+        client: Option<ClientId>,
+        order_id: Option<OrderId>,
+        symbol: Option<Box<str>>,
+        side: Option<Side>,
+        status_req_id: Option<Box<str>>,
+        ts_ns: u64,
+    ) {
+        self.counters.status_requests += 1;
+        let query = StatusQuery {
+            status_req_id,
+            mass: None,
+            pending_new: false,
+        };
+        match self.status_of(sref, client.as_ref(), order_id) {
+            Some((oid, o, pending_new)) => {
+                let leaves = if pending_new {
+                    o.qty_lots
+                } else {
+                    (o.qty_lots - o.cum_lots).max(0)
+                };
+                let kind = ExecKind::Status(StatusQuery {
+                    pending_new,
+                    ..query
+                });
+                let mut report = Self::report_of(&o, oid, kind, leaves, ts_ns);
+                if pending_new {
+                    report.order_id = None;
+                }
+                self.outbox.push((sref, Report::Exec(report)));
+            }
+            None => {
+                self.counters.gateway_rejects += 1;
+                self.outbox.push((
+                    sref,
+                    Report::StatusUnknown {
+                        client,
+                        order_id,
+                        symbol,
+                        side,
+                        query,
+                        ts_ns,
+                    },
+                ))
+            }
+        }
+    }
+
+    /// Answers an OrderMassStatusRequest: one status report per live order of the session
+    /// (of one instrument, if given), in order id order, the last flagged; none live: one
+    /// [`Report::StatusUnknown`] with a count of 0.
+    pub fn mass_status(
+        &mut self,
+        sref: SessionRef,
+        req_id: Box<str>,
+        instrument: Option<InstrumentId>,
+        ts_ns: u64,
+    ) {
+        self.counters.status_requests += 1;
+        let Some(meta) = self.sessions.get(sref.0 as usize) else {
+            return;
+        };
+        let mut found: Vec<(OrderId, OrderState)> = meta
+            .live
+            .values()
+            .filter_map(|l| l.order_id)
+            .filter_map(|oid| self.orders.get(&oid).map(|o| (oid, o.clone())))
+            .filter(|(_, o)| o.owner == sref && instrument.is_none_or(|i| o.instrument == i))
+            .collect();
+        found.sort_unstable_by_key(|(oid, _)| *oid);
+        let total = found.len() as u32;
+        if total == 0 {
+            self.outbox.push((
+                sref,
+                Report::StatusUnknown {
+                    client: None,
+                    order_id: None,
+                    symbol: None,
+                    side: None,
+                    query: StatusQuery {
+                        status_req_id: None,
+                        mass: Some((req_id, 0, true)),
+                        pending_new: false,
+                    },
+                    ts_ns,
+                },
+            ));
+            return;
+        }
+        for (n, (oid, o)) in found.into_iter().enumerate() {
+            let kind = ExecKind::Status(StatusQuery {
+                status_req_id: None,
+                mass: Some((req_id.clone(), total, n as u32 + 1 == total)),
+                pending_new: false,
+            });
+            let leaves = (o.qty_lots - o.cum_lots).max(0);
+            let report = Self::report_of(&o, oid, kind, leaves, ts_ns);
+            self.outbox.push((sref, Report::Exec(report)));
+        }
+    }
+
+    /// Drains what the cores have ready (at most `outputs_max` in all, taken from each core
+    /// in turn so that a busy core cannot starve another), turning it into reports in
     /// `self.outbox`. Returns how many outputs were handled.
     pub fn poll_core(&mut self, outputs_max: usize) -> usize {
         let mut n = 0;
-        while n < outputs_max {
-            let Some(out) = self.link.try_recv() else {
-                break;
-            };
-            n += 1;
-            match out {
-                CoreOutput::Done { key } => {
-                    self.pending.remove(&key);
+        if self.probes_on && !self.probes.in_flight.is_empty() {
+            self.probes.now_ns = bourse_monitor::clock::now_ns();
+        }
+        let cores = self.links.len();
+        // A share per core per round; rounds repeat while some core had output.
+        let share = (outputs_max / cores.max(1)).max(1);
+        loop {
+            let mut progressed = false;
+            for core in 0..cores {
+                let mut taken = 0;
+                while taken < share && n < outputs_max {
+                    let Some(out) = self.links[core].try_recv() else {
+                        break;
+                    };
+                    taken += 1;
+                    n += 1;
+                    match out {
+                        CoreOutput::Done { key } => {
+                            self.in_flight[core] = self.in_flight[core].saturating_sub(1);
+                            self.on_done(key);
+                        }
+                        CoreOutput::Event { key, event } => self.on_event(key, event),
+                    }
                 }
-                CoreOutput::Event { key, event } => self.on_event(key, event),
+                progressed |= taken > 0;
+            }
+            if !progressed || n >= outputs_max {
+                break;
             }
         }
         n
+    }
+
+    fn on_done(&mut self, key: RequestKey) {
+        if key.session == 0 {
+            let reject = self.admin_reject.remove(&key);
+            self.admin_done.push((key, reject));
+            return;
+        }
+        if !self.probes.in_flight.is_empty() {
+            if let Some(mut trace) = self.probes.in_flight.remove(&key) {
+                // A request whose answer produced no report (none does today) still gives
+                // its legs up to the core.
+                trace.stamp_at(Stage::Processed, self.probes.now_ns);
+                self.probes.recorder.record(&trace);
+            }
+        }
+        self.pending.remove(&key);
+    }
+
+    /// Pushes a report; if it is the first answer to a sampled request, the trace follows it.
+    fn push_report(&mut self, key: RequestKey, sref: SessionRef, report: Report) {
+        if !self.probes.in_flight.is_empty() {
+            if let Some(mut trace) = self.probes.in_flight.remove(&key) {
+                trace.stamp_at(Stage::Processed, self.probes.now_ns);
+                self.probes.answered.push((self.outbox.len(), trace));
+            }
+        }
+        self.outbox.push((sref, report));
     }
 
     fn report_of(
@@ -813,12 +1217,12 @@ impl Router {
 
     fn on_event(&mut self, key: RequestKey, event: Event) {
         if key.session == 0 {
-            if let Event::CommandRejected { reason, .. } | Event::OrderRejected { reason, .. } =
-                event
-            {
-                if self.admin_rejects.len() < 1024 {
-                    self.admin_rejects.push(reason);
+            match event {
+                Event::CommandRejected { reason, .. } | Event::OrderRejected { reason, .. } => {
+                    self.admin_reject.insert(key, reason);
                 }
+                Event::AccountAdded { .. } => self.admin_accounts_added.push(key),
+                _ => {}
             }
             return;
         }
@@ -839,7 +1243,7 @@ impl Router {
                     }
                 }
                 let report = Self::report_of(&o, order_id, ExecKind::New, qty.0, ts_ns);
-                self.outbox.push((o.owner, Report::Exec(report)));
+                self.push_report(key, o.owner, Report::Exec(report));
                 self.orders.insert(order_id, o);
             }
             Event::OrderRejected { reason, ts_ns, .. } => {
@@ -847,6 +1251,7 @@ impl Router {
                     return;
                 };
                 let o = o.clone();
+                self.counters.core_rejects += 1;
                 self.forget_live(o.owner, &o.client);
                 let mut report = Self::report_of(
                     &o,
@@ -856,7 +1261,7 @@ impl Router {
                     ts_ns,
                 );
                 report.order_id = None;
-                self.outbox.push((o.owner, Report::Exec(report)));
+                self.push_report(key, o.owner, Report::Exec(report));
             }
             Event::Trade {
                 trade_id,
@@ -882,7 +1287,7 @@ impl Router {
                     };
                     let report = Self::report_of(o, fill.order_id, kind, fill.qty_leaves.0, ts_ns);
                     let owner = o.owner;
-                    self.outbox.push((owner, Report::Exec(report)));
+                    self.push_report(key, owner, Report::Exec(report));
                     if fill.qty_leaves.0 == 0 {
                         if let Some(o) = self.orders.remove(&fill.order_id) {
                             self.forget_live(o.owner, &o.client);
@@ -916,7 +1321,7 @@ impl Router {
                     qty_lots: qty_cancelled.0,
                 };
                 let report = Self::report_of(&o, order_id, kind, 0, ts_ns);
-                self.outbox.push((o.owner, Report::Exec(report)));
+                self.push_report(key, o.owner, Report::Exec(report));
             }
             Event::OrderReplaced {
                 order_id,
@@ -950,7 +1355,7 @@ impl Router {
                         l.order_id = Some(order_id);
                     }
                 }
-                self.outbox.push((owner, Report::Exec(report)));
+                self.push_report(key, owner, Report::Exec(report));
             }
             Event::OrderExpired {
                 order_id, ts_ns, ..
@@ -960,7 +1365,7 @@ impl Router {
                 };
                 self.forget_live(o.owner, &o.client);
                 let report = Self::report_of(&o, order_id, ExecKind::Expired, 0, ts_ns);
-                self.outbox.push((o.owner, Report::Exec(report)));
+                self.push_report(key, o.owner, Report::Exec(report));
             }
             Event::CancelRejected {
                 order_id,
@@ -984,7 +1389,9 @@ impl Router {
                     }
                     _ => return,
                 };
-                self.outbox.push((
+                self.counters.core_rejects += 1;
+                self.push_report(
+                    key,
                     owner,
                     Report::CancelReject {
                         client,
@@ -994,7 +1401,7 @@ impl Router {
                         cause: RejectCause::Core(reason),
                         ts_ns,
                     },
-                ));
+                );
             }
             Event::MassCancelDone {
                 orders_cancelled,
@@ -1037,7 +1444,11 @@ impl Router {
                     Some(r) if agg.total == 0 => Some(RejectCause::Core(r)),
                     _ => None,
                 };
-                self.outbox.push((
+                if reject.is_some() {
+                    self.counters.core_rejects += 1;
+                }
+                self.push_report(
+                    key,
                     agg.owner,
                     Report::MassCancel {
                         client: agg.client,
@@ -1046,7 +1457,7 @@ impl Router {
                         reject,
                         ts_ns,
                     },
-                ));
+                );
             }
         }
     }

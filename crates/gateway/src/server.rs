@@ -2,19 +2,28 @@
 //! session and the [`Router`]; the core runs behind a [`CoreLink`]. The loop reads the clock
 //! once per cycle, reads sockets, drains the core's outputs, delivers reports, and flushes
 //! what it wrote, so a burst of requests costs one write per connection (smart batching).
+//!
+//! Monitoring: the loop counts in plain integers ([`LoopCounters`], [`RouterCounters`]) and
+//! publishes them to the monitor's counters on its 20 ms timer, so a message costs an add and
+//! no atomic operation; sampled requests carry a [`bourse_monitor::Trace`] stamped at t0
+//! (socket read), t1 (decoded), t2 (handed to the core), t5 (core's answer received), t6
+//! (report encoded) and t7 (written), recorded by the loop's own lock-free
+//! [`bourse_monitor::StageRecorder`].
 
 use crate::binary_front;
 use crate::config::GatewayConfig;
 use crate::core_link::CoreLink;
 use crate::fix_front::{self, FixApp};
 use crate::router::{
-    ClientId, GatewayReject, NewOrderRequest, Proto, RejectCause, Report, Router, SessionRef,
+    ClientId, ExecKind, GatewayReject, NewOrderRequest, Proto, RejectCause, Report, Router,
+    RouterCounters, SessionRef,
 };
 use crate::store::GatewayStore;
 use bourse_core::*;
 use bourse_fix::codec::FrameBuffer;
 use bourse_fix::session::{Action, Role, Session, SessionConfig};
 use bourse_fix::{Dictionary, OutMessage};
+use bourse_monitor::{Counter, DashboardServer, Gauge, Monitor, MonitorConfig, Stage, Trace};
 use bourse_wire::frame::encode_frame;
 use bourse_wire::order_entry::codec::{
     establishment_ack_codec::EstablishmentAckEncoder,
@@ -49,6 +58,220 @@ const TICK_INTERVAL_MS: u64 = 20;
 /// Connections accepted per readiness event of a listener.
 const ACCEPTS_PER_EVENT_MAX: usize = 1_024;
 
+/// Why the gateway closed a connection (the `reason` label of the disconnect counter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DisconnectReason {
+    /// The client closed its end.
+    PeerClosed,
+    /// A read or write failed.
+    IoError,
+    /// Its unsent output passed `outbound_buffer_max_bytes`.
+    SlowConsumer,
+    /// It did not log on (establish) within `logon_timeout_ms`.
+    LogonTimeout,
+    /// Its first message was not a valid Logon (Establish) for a configured session.
+    LogonRefused,
+    /// The FIX session ended it (Logout, or a session-level fault such as a bad sequence).
+    FixSession,
+    /// The binary session was terminated (by the client or by the gateway, with a code).
+    BinaryTerminate,
+    /// Accepted past `connections_max` and closed at once.
+    ConnectionsMax,
+    /// The gateway is stopping.
+    Shutdown,
+}
+
+impl DisconnectReason {
+    pub const ALL: [DisconnectReason; 9] = [
+        DisconnectReason::PeerClosed,
+        DisconnectReason::IoError,
+        DisconnectReason::SlowConsumer,
+        DisconnectReason::LogonTimeout,
+        DisconnectReason::LogonRefused,
+        DisconnectReason::FixSession,
+        DisconnectReason::BinaryTerminate,
+        DisconnectReason::ConnectionsMax,
+        DisconnectReason::Shutdown,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            DisconnectReason::PeerClosed => "peer_closed",
+            DisconnectReason::IoError => "io_error",
+            DisconnectReason::SlowConsumer => "slow_consumer",
+            DisconnectReason::LogonTimeout => "logon_timeout",
+            DisconnectReason::LogonRefused => "logon_refused",
+            DisconnectReason::FixSession => "fix_session",
+            DisconnectReason::BinaryTerminate => "binary_terminate",
+            DisconnectReason::ConnectionsMax => "connections_max",
+            DisconnectReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// What the event loop counts itself, in plain integers (see the module documentation).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoopCounters {
+    /// Messages written, by protocol (FIX includes session-level messages).
+    pub fix_msgs_out: u64,
+    pub binary_msgs_out: u64,
+    /// Binary application messages received (requests, throttled ones included; the FIX
+    /// count is the router's, see [`RouterCounters::fix_requests_in`]).
+    pub binary_msgs_in: u64,
+    /// Execution reports sent (drop copies included) and status reports among them.
+    pub exec_reports: u64,
+    /// FIX session-level Rejects (35=3) sent.
+    pub session_rejects: u64,
+    pub disconnects: [u64; DisconnectReason::ALL.len()],
+}
+
+/// Metric names of the gateway (the monitor's [`bourse_monitor::names`] has the shared ones).
+pub mod metric_names {
+    pub const MESSAGES_TOTAL: &str = "bourse_gateway_messages_total";
+    pub const REQUESTS_TOTAL: &str = "bourse_gateway_requests_total";
+    pub const EXEC_REPORTS_TOTAL: &str = "bourse_gateway_execution_reports_total";
+    pub const REJECTS_TOTAL: &str = "bourse_gateway_rejects_total";
+    pub const DISCONNECTS_TOTAL: &str = "bourse_gateway_disconnects_total";
+    pub const CONNECTIONS: &str = "bourse_gateway_connections";
+    pub const ORDERS_TRACKED: &str = "bourse_gateway_orders_tracked";
+}
+
+/// The monitor's handles for everything the loop publishes, and what was published last.
+struct GatewayMetrics {
+    fix_in: Counter,
+    fix_out: Counter,
+    binary_in: Counter,
+    binary_out: Counter,
+    new_orders: Counter,
+    cancels: Counter,
+    replaces: Counter,
+    mass_cancels: Counter,
+    status_requests: Counter,
+    exec_reports: Counter,
+    busy_rejects: Counter,
+    gateway_rejects: Counter,
+    core_rejects: Counter,
+    session_rejects: Counter,
+    fix_throttle: Counter,
+    binary_throttle: Counter,
+    disconnects: Vec<Counter>,
+    fix_sessions: Gauge,
+    binary_sessions: Gauge,
+    connections: Gauge,
+    orders_tracked: Gauge,
+    core_queues: Vec<Gauge>,
+    last_loop: LoopCounters,
+    last_router: RouterCounters,
+}
+
+impl GatewayMetrics {
+    fn new(monitor: &Monitor, core_names: &[String]) -> GatewayMetrics {
+        use metric_names::*;
+        let r = monitor.registry();
+        let msgs = |proto: &str, dir: &str| {
+            r.counter(
+                MESSAGES_TOTAL,
+                "Messages through the gateway by protocol and direction (in: application requests; out: every message written).",
+                &[("protocol", proto), ("direction", dir)],
+            )
+        };
+        let req = |kind: &str| {
+            r.counter(
+                REQUESTS_TOTAL,
+                "Requests by kind, whatever their outcome.",
+                &[("kind", kind)],
+            )
+        };
+        let rej = |cause: &str| {
+            r.counter(
+                REJECTS_TOTAL,
+                "Requests refused, by cause (busy: a core queue or the order table was full).",
+                &[("cause", cause)],
+            )
+        };
+        let fix = monitor.sessions("fix");
+        let sbe = monitor.sessions("sbe");
+        GatewayMetrics {
+            fix_in: msgs("fix", "in"),
+            fix_out: msgs("fix", "out"),
+            binary_in: msgs("sbe", "in"),
+            binary_out: msgs("sbe", "out"),
+            new_orders: req("new_order"),
+            cancels: req("cancel"),
+            replaces: req("replace"),
+            mass_cancels: req("mass_cancel"),
+            status_requests: req("status"),
+            exec_reports: r.counter(
+                EXEC_REPORTS_TOTAL,
+                "Execution reports sent, drop copies included.",
+                &[],
+            ),
+            busy_rejects: rej("busy"),
+            gateway_rejects: rej("gateway"),
+            core_rejects: rej("core"),
+            session_rejects: rej("fix_session_reject"),
+            fix_throttle: fix.throttle_rejects,
+            binary_throttle: sbe.throttle_rejects,
+            disconnects: DisconnectReason::ALL
+                .iter()
+                .map(|d| {
+                    r.counter(
+                        DISCONNECTS_TOTAL,
+                        "Connections the gateway closed, by reason.",
+                        &[("reason", d.name())],
+                    )
+                })
+                .collect(),
+            fix_sessions: fix.active,
+            binary_sessions: sbe.active,
+            connections: r.gauge(CONNECTIONS, "Open TCP connections, both protocols.", &[]),
+            orders_tracked: r.gauge(
+                ORDERS_TRACKED,
+                "Live orders the gateway tracks for its sessions.",
+                &[],
+            ),
+            core_queues: core_names
+                .iter()
+                .map(|n| monitor.queue_depth(&format!("gateway_to_core_{n}")))
+                .collect(),
+            last_loop: LoopCounters::default(),
+            last_router: RouterCounters::default(),
+        }
+    }
+
+    /// Adds what was counted since the last call.
+    fn publish(&mut self, l: &LoopCounters, rc: &RouterCounters) {
+        let d = |now: u64, last: u64| now.saturating_sub(last);
+        let (pl, pr) = (self.last_loop, self.last_router);
+        self.fix_in.add(d(rc.fix_requests_in, pr.fix_requests_in));
+        self.fix_out.add(d(l.fix_msgs_out, pl.fix_msgs_out));
+        self.binary_in.add(d(l.binary_msgs_in, pl.binary_msgs_in));
+        self.binary_out
+            .add(d(l.binary_msgs_out, pl.binary_msgs_out));
+        self.exec_reports.add(d(l.exec_reports, pl.exec_reports));
+        self.session_rejects
+            .add(d(l.session_rejects, pl.session_rejects));
+        for (i, c) in self.disconnects.iter().enumerate() {
+            c.add(d(l.disconnects[i], pl.disconnects[i]));
+        }
+        self.new_orders.add(d(rc.new_orders, pr.new_orders));
+        self.cancels.add(d(rc.cancels, pr.cancels));
+        self.replaces.add(d(rc.replaces, pr.replaces));
+        self.mass_cancels.add(d(rc.mass_cancels, pr.mass_cancels));
+        self.status_requests
+            .add(d(rc.status_requests, pr.status_requests));
+        self.busy_rejects.add(d(rc.busy_rejects, pr.busy_rejects));
+        self.gateway_rejects
+            .add(d(rc.gateway_rejects, pr.gateway_rejects));
+        self.core_rejects.add(d(rc.core_rejects, pr.core_rejects));
+        self.fix_throttle
+            .add(d(rc.fix_throttle_rejects, pr.fix_throttle_rejects));
+        self.binary_throttle
+            .add(d(rc.binary_throttle_rejects, pr.binary_throttle_rejects));
+        self.last_loop = *l;
+        self.last_router = *rc;
+    }
+}
+
 /// Counters anyone may read while the gateway runs (tests check them for leaks).
 #[derive(Debug, Default)]
 pub struct GatewayStats {
@@ -74,9 +297,19 @@ pub struct GatewayHandle {
     stop: Arc<AtomicBool>,
     waker: Arc<Waker>,
     thread: Option<JoinHandle<()>>,
+    monitor: Option<Arc<Monitor>>,
+    dashboard: Option<DashboardServer>,
 }
 
 impl GatewayHandle {
+    /// The monitor the gateway reports into, if monitoring is on.
+    pub fn monitor(&self) -> Option<&Arc<Monitor>> {
+        self.monitor.as_ref()
+    }
+    /// Where `/metrics` and the dashboard are served (`monitor_listen`), if they are.
+    pub fn monitor_addr(&self) -> Option<SocketAddr> {
+        self.dashboard.as_ref().map(|d| d.addr())
+    }
     pub fn fix_addr(&self) -> Option<SocketAddr> {
         self.fix_addr
     }
@@ -99,6 +332,7 @@ impl GatewayHandle {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        self.dashboard = None;
     }
 }
 
@@ -123,16 +357,60 @@ fn now_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// Starts the access servers of `config` in front of `link`. With `core.bootstrap` the
-/// instruments and accounts of the config are created in the core first.
-pub fn spawn(config: GatewayConfig, mut link: Box<dyn CoreLink>) -> Result<GatewayHandle, String> {
+/// Starts the access servers of `config` in front of one core, `link` (a configuration
+/// with one core, or none listed). See [`spawn_cores`].
+pub fn spawn(config: GatewayConfig, link: Box<dyn CoreLink>) -> Result<GatewayHandle, String> {
+    spawn_cores(config, vec![link], None)
+}
+
+/// Starts the access servers of `config` in front of `links`, one per core of
+/// [`GatewayConfig::core_plan`] in that order. Cores that bootstrap (`[core] bootstrap` or the
+/// core's own `bootstrap`) get the config's instruments they own and every account first,
+/// idempotently. `monitor`: report into this monitor (its owner serves it); none, and
+/// `monitor_listen` is set: the gateway makes its own and serves `/metrics` and the dashboard
+/// there.
+pub fn spawn_cores(
+    config: GatewayConfig,
+    mut links: Vec<Box<dyn CoreLink>>,
+    monitor: Option<Arc<Monitor>>,
+) -> Result<GatewayHandle, String> {
     config.validate()?;
+    let plan = config.core_plan();
+    if links.len() != plan.len() {
+        return Err(format!(
+            "{} core links for the {} cores of the configuration",
+            links.len(),
+            plan.len()
+        ));
+    }
     let poll = Poll::new().map_err(|e| e.to_string())?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(|e| e.to_string())?);
-    let waker_core = Arc::clone(&waker);
-    link.set_notify(Arc::new(move || {
-        let _ = waker_core.wake();
-    }));
+    for link in &mut links {
+        let waker_core = Arc::clone(&waker);
+        link.set_notify(Arc::new(move || {
+            let _ = waker_core.wake();
+        }));
+    }
+    let mut dashboard = None;
+    let monitor = match (monitor, config.gateway.monitor_listen) {
+        (Some(m), _) => Some(m),
+        (None, Some(addr)) => {
+            let m = Monitor::new(
+                MonitorConfig {
+                    sample_every: config.gateway.monitor_sample_every,
+                    node_name: "gateway".into(),
+                    ..MonitorConfig::default()
+                }
+                .validated()?,
+            );
+            dashboard = Some(
+                DashboardServer::start(Arc::clone(&m), addr)
+                    .map_err(|e| format!("monitor_listen {addr}: {e}"))?,
+            );
+            Some(m)
+        }
+        (None, None) => None,
+    };
     let mut fix_listener = config.gateway.fix_listen.map(bind).transpose()?;
     let mut binary_listener = config.gateway.binary_listen.map(bind).transpose()?;
     let fix_addr = fix_listener.as_ref().and_then(|l| l.local_addr().ok());
@@ -195,9 +473,17 @@ pub fn spawn(config: GatewayConfig, mut link: Box<dyn CoreLink>) -> Result<Gatew
             last_sent_ms: 0,
         })
         .collect();
-    let mut router = Router::new(&config, link);
-    if config.core.bootstrap {
-        bootstrap(&mut router, &config)?;
+    let mut router = Router::new(&config, links);
+    bootstrap(&mut router, &config)?;
+    let metrics = monitor.as_ref().map(|m| {
+        let names: Vec<String> = plan.iter().map(|c| c.name.clone()).collect();
+        GatewayMetrics::new(m, &names)
+    });
+    if let Some(m) = &monitor {
+        if m.probes().sample_every() > 0 {
+            router.probes.recorder = m.probes().recorder();
+            router.probes_on = true;
+        }
     }
     let stats = Arc::new(GatewayStats::default());
     let stop = Arc::new(AtomicBool::new(false));
@@ -218,6 +504,9 @@ pub fn spawn(config: GatewayConfig, mut link: Box<dyn CoreLink>) -> Result<Gatew
         exec_id_prefix: format!("{:x}", now_ns() / 1_000_000),
         exec_ids: 0,
         dictionary,
+        counters: LoopCounters::default(),
+        metrics,
+        awaiting_write: Vec::new(),
     };
     let stop_loop = Arc::clone(&stop);
     let thread = std::thread::Builder::new()
@@ -231,56 +520,147 @@ pub fn spawn(config: GatewayConfig, mut link: Box<dyn CoreLink>) -> Result<Gatew
         stop,
         waker,
         thread: Some(thread),
+        monitor,
+        dashboard,
     })
 }
 
-/// Creates the config's instruments and accounts in the core and waits for the answers.
-fn bootstrap(router: &mut Router, config: &GatewayConfig) -> Result<(), String> {
-    let ts = now_ns();
-    let mut commands = Vec::new();
-    for i in &config.instruments {
-        commands.push(Command::new(ts, CommandBody::AddInstrument(i.clone())));
-    }
-    for a in &config.accounts {
-        commands.push(Command::new(
-            ts,
-            CommandBody::AddAccount(AccountSpec {
-                account: a.account,
-                firm: a.firm,
-                may_short: a.may_short,
-                stp: StpMode::None,
-                stp_scope: StpScope::Account,
-            }),
-        ));
-        if a.cash > 0 {
-            commands.push(Command::new(
-                ts,
-                CommandBody::Deposit {
-                    account: a.account,
-                    amount: Cash(i128::from(a.cash)),
-                },
-            ));
-        }
-    }
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    for cmd in commands {
+/// How long bootstrap waits for a core's answers (a replicated core may be electing a leader).
+const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Submits `commands` (core, command) and waits for every answer; returns them in order, with
+/// whether each command's events included an AccountAdded.
+fn admin_round(
+    router: &mut Router,
+    commands: Vec<(usize, Command)>,
+) -> Result<Vec<(Option<RejectReason>, bool)>, String> {
+    let deadline = std::time::Instant::now() + BOOTSTRAP_TIMEOUT;
+    router.admin_done.clear();
+    router.admin_accounts_added.clear();
+    let mut keys = Vec::with_capacity(commands.len());
+    for (core, cmd) in commands {
         loop {
-            match router.submit_admin(cmd.clone()) {
-                Ok(()) => break,
-                Err(crate::core_link::SubmitError::Closed) => return Err("core closed".into()),
+            match router.submit_admin(core, cmd.clone()) {
+                Ok(key) => {
+                    keys.push(key);
+                    break;
+                }
+                Err(crate::core_link::SubmitError::Closed) => {
+                    return Err(format!("core {core} closed during bootstrap"))
+                }
                 Err(crate::core_link::SubmitError::Full) => {
                     router.poll_core(usize::MAX);
                     if std::time::Instant::now() > deadline {
-                        return Err("core did not take the bootstrap commands".into());
+                        return Err(format!("core {core} did not take the bootstrap commands"));
                     }
                     std::thread::sleep(Duration::from_millis(1));
                 }
             }
         }
     }
-    router.poll_core(usize::MAX);
-    if let Some(r) = router.admin_rejects.first() {
-        return Err(format!("bootstrap refused by the core: {r:?}"));
+    while router.admin_done.len() < keys.len() {
+        if router.poll_core(usize::MAX) == 0 {
+            if std::time::Instant::now() > deadline {
+                return Err(format!(
+                    "the cores answered {} of {} bootstrap commands within {} s",
+                    router.admin_done.len(),
+                    keys.len(),
+                    BOOTSTRAP_TIMEOUT.as_secs()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let done: HashMap<_, _> = router.admin_done.drain(..).collect();
+    let added: std::collections::HashSet<_> = router.admin_accounts_added.drain(..).collect();
+    Ok(keys
+        .iter()
+        .map(|k| (done.get(k).copied().flatten(), added.contains(k)))
+        .collect())
+}
+
+/// Creates the config's instruments in the cores that own them and every account in every
+/// core that bootstraps, then deposits each account's cash where the account was new.
+/// Idempotent: an instrument or account the core already has (a replicated core after a
+/// gateway restart) is fine and its cash is not deposited again.
+pub fn bootstrap(router: &mut Router, config: &GatewayConfig) -> Result<(), String> {
+    let plan = config.core_plan();
+    let ts = now_ns();
+    let mut round = Vec::new();
+    let mut what = Vec::new();
+    for (core, entry) in plan.iter().enumerate() {
+        if !entry.bootstraps(config.core.bootstrap) {
+            continue;
+        }
+        for i in config
+            .instruments
+            .iter()
+            .filter(|i| entry.instruments.contains(&i.instrument))
+        {
+            round.push((
+                core,
+                Command::new(ts, CommandBody::AddInstrument(i.clone())),
+            ));
+            what.push((core, format!("instrument {}", i.symbol), None));
+        }
+        for a in &config.accounts {
+            round.push((
+                core,
+                Command::new(
+                    ts,
+                    CommandBody::AddAccount(AccountSpec {
+                        account: a.account,
+                        firm: a.firm,
+                        may_short: a.may_short,
+                        stp: StpMode::None,
+                        stp_scope: StpScope::Account,
+                    }),
+                ),
+            ));
+            what.push((core, format!("account {}", a.account.0), Some(a)));
+        }
+    }
+    if round.is_empty() {
+        return Ok(());
+    }
+    let answers = admin_round(router, round)?;
+    let mut deposits = Vec::new();
+    for ((core, name, account), (reject, added)) in what.into_iter().zip(answers) {
+        let core_name = &plan[core].name;
+        match reject {
+            None
+            | Some(RejectReason::DuplicateInstrument)
+            | Some(RejectReason::DuplicateAccount) => {}
+            Some(r) => {
+                return Err(format!(
+                    "bootstrap of core {core_name}: {name} refused: {r:?}"
+                ))
+            }
+        }
+        if let Some(a) = account {
+            if added && a.cash > 0 {
+                deposits.push((
+                    core,
+                    Command::new(
+                        ts,
+                        CommandBody::Deposit {
+                            account: a.account,
+                            amount: Cash(i128::from(a.cash)),
+                        },
+                    ),
+                ));
+            }
+        }
+    }
+    if deposits.is_empty() {
+        return Ok(());
+    }
+    let n = deposits.len();
+    let answers = admin_round(router, deposits)?;
+    if let Some(r) = answers.iter().find_map(|(r, _)| *r) {
+        return Err(format!(
+            "bootstrap: a deposit was refused: {r:?} ({n} deposits)"
+        ));
     }
     Ok(())
 }
@@ -326,6 +706,8 @@ struct Conn {
     prelogon: Option<FrameBuffer>,
     inbuf: Vec<u8>,
     closing: bool,
+    /// Why it is closing (counted when it is closed).
+    close_reason: DisconnectReason,
 }
 
 struct Server {
@@ -346,6 +728,21 @@ struct Server {
     exec_ids: u64,
     #[allow(dead_code)]
     dictionary: Arc<Dictionary>,
+    counters: LoopCounters,
+    metrics: Option<GatewayMetrics>,
+    /// Sampled traces whose report is in a connection's output, waiting for the write (t7).
+    awaiting_write: Vec<(Token, Trace)>,
+}
+
+/// Sampled traces waiting for their write at most (a connection that does not drain must not
+/// grow the list).
+const TRACES_AWAITING_WRITE_MAX: usize = 4_096;
+
+/// Whether a FIX message (its first bytes) is a session-level Reject (35=3).
+fn is_session_reject(bytes: &[u8]) -> bool {
+    // "8=FIX.4.4|9=NNN|35=3|": MsgType is the third field, within the first 32 bytes.
+    let head = &bytes[..bytes.len().min(32)];
+    head.windows(6).any(|w| w == b"\x0135=3\x01")
 }
 
 impl Server {
@@ -401,8 +798,10 @@ impl Server {
         }
         let tokens: Vec<Token> = self.conns.keys().copied().collect();
         for t in tokens {
-            self.close(t);
+            self.close(t, DisconnectReason::Shutdown);
         }
+        self.publish();
+        self.router.probes.recorder.flush();
     }
 
     fn accept(&mut self, kind: Kind) {
@@ -418,6 +817,7 @@ impl Server {
                         .connections_accepted
                         .fetch_add(1, Ordering::Relaxed);
                     if self.conns.len() >= self.config.gateway.connections_max {
+                        self.counters.disconnects[DisconnectReason::ConnectionsMax as usize] += 1;
                         self.stats
                             .connections_refused
                             .fetch_add(1, Ordering::Relaxed);
@@ -453,6 +853,7 @@ impl Server {
                             prelogon,
                             inbuf: Vec::new(),
                             closing: false,
+                            close_reason: DisconnectReason::PeerClosed,
                         },
                     );
                     self.stats
@@ -477,17 +878,20 @@ impl Server {
             }
             let n = match conn.stream.read(scratch) {
                 Ok(0) => {
-                    self.close(token);
+                    self.close(token, DisconnectReason::PeerClosed);
                     return false;
                 }
                 Ok(n) => n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(_) => {
-                    self.close(token);
+                    self.close(token, DisconnectReason::IoError);
                     return false;
                 }
             };
+            if self.router.probes_on {
+                self.router.probes.read_t_ns = bourse_monitor::clock::now_ns();
+            }
             let kind = conn.kind;
             match kind {
                 Kind::Fix => self.on_fix_bytes(token, &scratch[..n]),
@@ -517,7 +921,7 @@ impl Server {
         let frame = match frames.next_frame() {
             Ok(Some(frame)) => frame,
             Ok(None) => return,
-            Err(_) => return self.close(token),
+            Err(_) => return self.close(token, DisconnectReason::LogonRefused),
         };
         let rest = frames.take_bytes();
         // The first message must be a Logon for a configured session with our BeginString;
@@ -525,23 +929,23 @@ impl Server {
         let Ok(raw) =
             bourse_fix::decode(&frame, None, self.config.gateway.fix_message_size_max_bytes)
         else {
-            return self.close(token);
+            return self.close(token, DisconnectReason::LogonRefused);
         };
         if raw.begin_string() != b"FIX.4.4" || raw.msg_type() != b"A" {
-            return self.close(token);
+            return self.close(token, DisconnectReason::LogonRefused);
         }
         let (Some(sender), Some(target)) = (raw.get_str(49), raw.get_str(56)) else {
-            return self.close(token);
+            return self.close(token, DisconnectReason::LogonRefused);
         };
         let Some(slot) = self
             .fix
             .iter()
             .position(|s| s.client_comp_id == sender && s.gateway_comp_id == target)
         else {
-            return self.close(token);
+            return self.close(token, DisconnectReason::LogonRefused);
         };
         if self.fix[slot].conn.is_some() {
-            return self.close(token);
+            return self.close(token, DisconnectReason::LogonRefused);
         }
         if let Some(conn) = self.conns.get_mut(&token) {
             conn.attached = Some(slot);
@@ -585,6 +989,10 @@ impl Server {
             match action {
                 Action::Send(bytes) => {
                     if let Some(conn) = token.and_then(|t| self.conns.get_mut(&t)) {
+                        self.counters.fix_msgs_out += 1;
+                        if is_session_reject(&bytes) {
+                            self.counters.session_rejects += 1;
+                        }
                         conn.out.extend_from_slice(&bytes);
                         self.dirty.push(token.unwrap_or(WAKER));
                     }
@@ -593,6 +1001,7 @@ impl Server {
                     if let Some(t) = token {
                         if let Some(conn) = self.conns.get_mut(&t) {
                             conn.closing = true;
+                            conn.close_reason = DisconnectReason::FixSession;
                             conn.attached = None;
                             self.dirty.push(t);
                         }
@@ -648,8 +1057,10 @@ impl Server {
         }
     }
 
+    /// Queues a binary frame for a connection.
     fn write_to(&mut self, token: Token, frame: &[u8]) {
         if let Some(conn) = self.conns.get_mut(&token) {
+            self.counters.binary_msgs_out += 1;
             conn.out.extend_from_slice(frame);
             self.dirty.push(token);
         }
@@ -665,6 +1076,7 @@ impl Server {
         }
         if let Some(conn) = self.conns.get_mut(&token) {
             conn.closing = true;
+            conn.close_reason = DisconnectReason::BinaryTerminate;
             if let Some(j) = conn.attached.take() {
                 self.bin[j].conn = None;
             }
@@ -702,6 +1114,7 @@ impl Server {
             }
             if let Some(c) = self.conns.get_mut(&token) {
                 c.closing = true;
+                c.close_reason = DisconnectReason::LogonRefused;
             }
             return;
         }
@@ -744,6 +1157,19 @@ impl Server {
         let template = message.template_id() as u16;
         if message.template_id().is_client_request() {
             self.router.requests_in += 1;
+            self.counters.binary_msgs_in += 1;
+            if self.router.probes_on {
+                let kind = match message {
+                    Message::NewOrder(_) => Some(CommandKind::NewOrder),
+                    Message::CancelOrder(_) => Some(CommandKind::Cancel),
+                    Message::ReplaceOrder(_) => Some(CommandKind::Replace),
+                    Message::MassCancel(_) => Some(CommandKind::MassCancel),
+                    _ => None,
+                };
+                if let Some(kind) = kind {
+                    self.router.probes.begin(kind);
+                }
+            }
             let meta = &mut self.router.sessions[sref.0 as usize];
             if let Err(retry_ms) = meta.throttle.take(self.now_ms) {
                 let ref_id = match message {
@@ -952,31 +1378,70 @@ impl Server {
             return;
         }
         let outbox = std::mem::take(&mut self.router.outbox);
+        let answered = std::mem::take(&mut self.router.probes.answered);
+        let mut traced = answered.into_iter().peekable();
         let mut buf = [0u8; FRAME_BYTES_MAX];
-        for (sref, report) in &outbox {
+        for (index, (sref, report)) in outbox.iter().enumerate() {
             let Some(meta) = self.router.sessions.get(sref.0 as usize) else {
                 continue;
             };
             let (proto, firm) = (meta.proto, meta.firm);
-            let exec_id = if matches!(report, Report::Exec(_)) {
+            let is_exec = matches!(report, Report::Exec(_) | Report::StatusUnknown { .. });
+            let exec_id = if is_exec {
                 self.exec_ids += 1;
+                self.counters.exec_reports += 1;
                 format!("{}-{}", self.exec_id_prefix, self.exec_ids)
             } else {
                 String::new()
             };
-            match proto {
+            // Traces of requests whose core answer produced nothing for the session (index
+            // past the outbox) are recorded as they are; the one answered here follows it.
+            let mut trace = None;
+            while let Some((i, _)) = traced.peek() {
+                if *i > index {
+                    break;
+                }
+                let (i, t) = traced
+                    .next()
+                    .unwrap_or((index, Trace::new(CommandKind::Admin)));
+                if i == index {
+                    trace = Some(t);
+                } else {
+                    self.router.probes.recorder.record(&t);
+                }
+            }
+            let token = match proto {
                 Proto::Fix(i) => {
                     let m = fix_front::render(&self.router, report, &exec_id);
+                    if let Some(t) = trace.as_mut() {
+                        t.stamp(Stage::Encoded);
+                    }
                     self.fix_send(i, m);
+                    self.fix[i].conn
                 }
                 Proto::Binary(j) => {
                     let n = binary_front::render(&self.router, report, &mut buf);
+                    if let Some(t) = trace.as_mut() {
+                        t.stamp(Stage::Encoded);
+                    }
                     if n > 0 {
                         self.binary_send(j, &buf[..n]);
                     }
+                    self.bin[j].conn
+                }
+            };
+            if let Some(t) = trace {
+                match token {
+                    Some(token) if self.awaiting_write.len() < TRACES_AWAITING_WRITE_MAX => {
+                        self.awaiting_write.push((token, t))
+                    }
+                    _ => self.router.probes.recorder.record(&t),
                 }
             }
-            if matches!(report, Report::Exec(_)) {
+            // Status answers concern the asking session alone: no drop copy.
+            let copied =
+                matches!(report, Report::Exec(r) if !matches!(r.kind, ExecKind::Status(_)));
+            if copied {
                 let copies: Vec<SessionRef> = self.router.drop_copies_of(firm).to_vec();
                 for dc in copies {
                     if dc == *sref {
@@ -986,10 +1451,14 @@ impl Server {
                         self.router.sessions.get(dc.0 as usize).map(|m| m.proto)
                     {
                         let m = fix_front::render(&self.router, report, &exec_id);
+                        self.counters.exec_reports += 1;
                         self.fix_send(i, m);
                     }
                 }
             }
+        }
+        for (_, t) in traced {
+            self.router.probes.recorder.record(&t);
         }
         // Keep the allocation for the next cycle.
         let mut outbox = outbox;
@@ -1052,7 +1521,7 @@ impl Server {
             .map(|(t, _)| *t)
             .collect();
         for t in stale {
-            self.close(t);
+            self.close(t, DisconnectReason::LogonTimeout);
         }
         let logged_on = self.fix.iter().filter(|s| s.session.is_logged_on()).count();
         let established = self.bin.iter().filter(|s| s.conn.is_some()).count();
@@ -1074,6 +1543,28 @@ impl Server {
         self.stats
             .connections_open
             .store(self.conns.len(), Ordering::Relaxed);
+        self.publish();
+        self.router
+            .probes
+            .recorder
+            .maybe_flush(bourse_monitor::clock::now_ns());
+    }
+
+    /// Hands what the loop counted to the monitor (every tick; nothing without a monitor).
+    fn publish(&mut self) {
+        let Some(m) = self.metrics.as_mut() else {
+            return;
+        };
+        m.publish(&self.counters, &self.router.counters);
+        let logged_on = self.fix.iter().filter(|s| s.session.is_logged_on()).count();
+        let established = self.bin.iter().filter(|s| s.conn.is_some()).count();
+        m.fix_sessions.set(logged_on as i64);
+        m.binary_sessions.set(established as i64);
+        m.connections.set(self.conns.len() as i64);
+        m.orders_tracked.set(self.router.tracked_orders() as i64);
+        for (core, g) in m.core_queues.iter().enumerate() {
+            g.set(self.router.core_in_flight(core) as i64);
+        }
     }
 
     // ----- writing and closing -----
@@ -1118,17 +1609,46 @@ impl Server {
                 failed = true;
             }
             // A closing connection gets one flush attempt for its last words.
+            let reason = if backlog > limit {
+                DisconnectReason::SlowConsumer
+            } else if failed {
+                DisconnectReason::IoError
+            } else {
+                conn.close_reason
+            };
+            let drained = backlog == 0;
             if failed || conn.closing {
-                self.close(token);
+                self.close(token, reason);
+            } else if drained && !self.awaiting_write.is_empty() {
+                self.written(token);
             }
         }
         self.dirty = dirty;
     }
 
-    fn close(&mut self, token: Token) {
+    /// Records the traces whose reports were in `token`'s output, now written (t7).
+    fn written(&mut self, token: Token) {
+        let now = bourse_monitor::clock::now_ns();
+        let mut i = 0;
+        while i < self.awaiting_write.len() {
+            if self.awaiting_write[i].0 == token {
+                let (_, mut trace) = self.awaiting_write.swap_remove(i);
+                trace.stamp_at(Stage::Written, now);
+                self.router.probes.recorder.record(&trace);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn close(&mut self, token: Token, reason: DisconnectReason) {
         let Some(mut conn) = self.conns.remove(&token) else {
             return;
         };
+        if let Some(i) = DisconnectReason::ALL.iter().position(|r| *r == reason) {
+            self.counters.disconnects[i] += 1;
+        }
+        self.awaiting_write.retain(|(t, _)| *t != token);
         let _ = self.poll.registry().deregister(&mut conn.stream);
         let _ = conn.stream.shutdown(std::net::Shutdown::Both);
         if let Some(slot) = conn.attached {

@@ -32,6 +32,7 @@ import quickfix.fix44.NewOrderSingle;
 import quickfix.fix44.OrderCancelReplaceRequest;
 import quickfix.fix44.OrderCancelRequest;
 import quickfix.fix44.OrderMassCancelRequest;
+import quickfix.fix44.OrderStatusRequest;
 import quickfix.fix44.TestRequest;
 
 /**
@@ -180,6 +181,19 @@ public final class Scenario {
         check(str(fb, 39).equals("2") && str(fb, 14).equals("40"), "QB filled 40 at " + str(fb, 31));
         Message fa = a.await("A1 fill", exec("A1", "F"));
         check(str(fa, 39).equals("1") && str(fa, 151).equals("60"), "QA partially filled, leaves 60");
+
+        // Order status: ExecType=I with the order's state; an unknown order gets OrdStatus=8.
+        OrderStatusRequest h = new OrderStatusRequest(new ClOrdID("A1"), new Side(Side.SELL));
+        h.set(new Symbol("SBER"));
+        Session.sendToTarget(h, qa);
+        Message st = a.await("A1 status", exec("A1", "I"));
+        check(str(st, 39).equals("1") && str(st, 14).equals("40") && str(st, 151).equals("60"),
+                "status of A1: partially filled, cum 40, leaves 60, avg " + str(st, 6));
+        OrderStatusRequest h2 = new OrderStatusRequest(new ClOrdID("NOPE"), new Side(Side.BUY));
+        h2.set(new Symbol("SBER"));
+        Session.sendToTarget(h2, qa);
+        Message unk = a.await("NOPE status", exec("NOPE", "I"));
+        check(str(unk, 39).equals("8") && str(unk, 103).equals("5"), "status of an unknown order: rejected, unknown order");
 
         // Replace, then cancel.
         OrderCancelReplaceRequest g = new OrderCancelReplaceRequest(new OrigClOrdID("A1"), new ClOrdID("A2"),

@@ -1,0 +1,524 @@
+//! [`ClusterLink`]: a replicated core (a `bourse node` replica group) behind the gateway's
+//! [`CoreLink`] seam.
+//!
+//! The link owns a thread with a small tokio runtime. Commands go to the group through a
+//! pipelined cluster client under the link's own client id, numbered 1, 2, 3, ... across
+//! restarts (at start the link asks the leader for the last seq it applied for that id and
+//! continues from there); the gateway's [`RequestKey`] of each is remembered by that seq.
+//!
+//! Every output comes from the group's committed stream, not from the answers to the
+//! submissions: for each committed request, its events (`Event::OrderLog` left out) under the
+//! gateway's key and then `Done` if it is one of this link's requests, or under
+//! [`FOREIGN_KEY`] (no `Done`) if another client sent it (the resting side of a trade against
+//! another gateway's order, someone else's mass cancel), for the router to route by order id.
+//! The link remembers the last index it handled; when the stream's node fails it resubscribes
+//! on another node from the next index, so no report is lost or repeated. A command is
+//! reported once, when its first application is streamed: a resubmission after a failover is
+//! answered `Duplicate` and reported no more.
+//!
+//! `submit` never blocks: a full queue is [`SubmitError::Full`]. Outputs wait in a bounded
+//! queue; while the gateway does not drain it the link stops reading the stream, and a node
+//! cuts a subscriber that lags too far, after which the link resubscribes from where it was.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bourse_cluster::batch::decode_events;
+use bourse_cluster::client::{node_last_seq, node_status, PipelinedClient, StreamClient};
+use bourse_cluster::tokio;
+use bourse_cluster::tokio::sync::{mpsc, watch};
+use bourse_cluster::{CommittedEntry, OutcomeKind, StreamError};
+use bourse_core::{Command, Event};
+use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
+
+use crate::core_link::{CoreLink, CoreOutput, RequestKey, SubmitError};
+
+/// The key under which events caused by other clients of the core arrive (the router routes
+/// them by order id and ignores orders it does not own). Session `u32::MAX` is never a real
+/// session, and session 0 (the gateway's administration) must not get them.
+pub const FOREIGN_KEY: RequestKey = RequestKey {
+    session: u32::MAX,
+    seq: 0,
+};
+
+/// How long a status, last-seq or connect call to one node may take.
+const CALL_TIMEOUT_MS: u64 = 500;
+/// Pause between rounds over the nodes when none answers.
+const RETRY_PAUSE_MS: u64 = 50;
+/// If the group has answered one of this link's requests and the stream has not shown it
+/// within this time, the stream's node is behind or cut off: resubscribe elsewhere.
+const STREAM_BEHIND_MS: u64 = 2_000;
+/// Outputs the gateway may leave undrained, per queued command.
+const OUTPUTS_PER_COMMAND: usize = 16;
+
+/// What a [`ClusterLink`] connects to and how much it queues.
+#[derive(Clone, Debug)]
+pub struct ClusterLinkConfig {
+    /// The client addresses of the replica group's nodes.
+    pub nodes: Vec<SocketAddr>,
+    /// The link's client id at the core: its idempotency namespace. Two gateways in front of
+    /// one core need different ids; a restarted gateway keeps its id and continues its
+    /// numbering.
+    pub client_id: u64,
+    /// Commands queued in the link before `submit` answers `Full`.
+    pub queue_depth: usize,
+    /// Commands in flight to the group at once.
+    pub window: usize,
+    /// How long `start` may take to find the group.
+    pub start_timeout_ms: u64,
+}
+
+impl ClusterLinkConfig {
+    pub fn new(nodes: Vec<SocketAddr>, client_id: u64, queue_depth: usize) -> ClusterLinkConfig {
+        ClusterLinkConfig {
+            nodes,
+            client_id,
+            queue_depth,
+            window: bourse_cluster::client::PIPELINE_WINDOW_DEFAULT,
+            start_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// What the link's thread reports to whoever watches it (tests, metrics).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterLinkStatus {
+    /// The last log index whose outputs were handed to the gateway.
+    pub last_index: Option<u64>,
+    /// The node the stream comes from.
+    pub stream_node: Option<SocketAddr>,
+    /// Resubscriptions after a stream failure.
+    pub resubscriptions: u64,
+    /// Why the link stopped, if it did (the gateway then gets `Closed`).
+    pub stopped: Option<String>,
+}
+
+type Notify = Arc<Mutex<Option<Arc<dyn Fn() + Send + Sync>>>>;
+
+/// A replicated core behind the gateway. See the module documentation.
+pub struct ClusterLink {
+    commands: Option<mpsc::Sender<(RequestKey, Command)>>,
+    outputs: Receiver<CoreOutput>,
+    notify: Notify,
+    status: Arc<Mutex<ClusterLinkStatus>>,
+    stop: watch::Sender<bool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Where the link starts: the next seq of its client id and the stream's first index.
+struct Start {
+    first_seq: u64,
+    from_index: u64,
+}
+
+async fn find_start(config: &ClusterLinkConfig) -> Result<Start, String> {
+    let deadline = Instant::now() + Duration::from_millis(config.start_timeout_ms);
+    let timeout = Duration::from_millis(CALL_TIMEOUT_MS);
+    let mut last_error = String::from("no node answered");
+    while Instant::now() < deadline {
+        for &addr in &config.nodes {
+            let status = match node_status(addr, timeout).await {
+                Ok(s) => s,
+                Err(e) => {
+                    last_error = format!("{addr}: {e}");
+                    continue;
+                }
+            };
+            // Only the leader knows every request committed so far.
+            if status.leader != Some(status.id) {
+                continue;
+            }
+            let last_seq = match node_last_seq(addr, config.client_id, timeout).await {
+                Ok(s) => s,
+                Err(e) => {
+                    last_error = format!("{addr}: {e}");
+                    continue;
+                }
+            };
+            return Ok(Start {
+                first_seq: last_seq + 1,
+                from_index: status.last_applied_index.map_or(0, |i| i + 1),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)).await;
+    }
+    Err(format!(
+        "no leader found among {:?} within {} ms: {last_error}",
+        config.nodes, config.start_timeout_ms
+    ))
+}
+
+impl ClusterLink {
+    /// Finds the group's leader, continues the client id's numbering, subscribes to the
+    /// committed stream and starts the link's thread.
+    pub fn start(config: ClusterLinkConfig) -> Result<ClusterLink, String> {
+        if config.nodes.is_empty() {
+            return Err("a cluster link needs at least one node".into());
+        }
+        if config.queue_depth == 0 {
+            return Err("queue_depth must be > 0".into());
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cluster link runtime: {e}"))?;
+        let start = runtime.block_on(find_start(&config))?;
+        let (command_tx, command_rx) = mpsc::channel(config.queue_depth);
+        let (output_tx, outputs) = bounded(config.queue_depth.saturating_mul(OUTPUTS_PER_COMMAND));
+        let notify: Notify = Arc::new(Mutex::new(None));
+        let status = Arc::new(Mutex::new(ClusterLinkStatus {
+            last_index: start.from_index.checked_sub(1),
+            ..ClusterLinkStatus::default()
+        }));
+        let (stop, stop_rx) = watch::channel(false);
+        let worker = Worker {
+            nodes: config.nodes.clone(),
+            client_id: config.client_id,
+            keys: BTreeMap::new(),
+            outputs: output_tx,
+            notify: notify.clone(),
+            status: status.clone(),
+            next_index: start.from_index,
+            stop: stop_rx,
+        };
+        let window = config.window;
+        let thread = std::thread::Builder::new()
+            .name(format!("bourse-cluster-link-{}", config.client_id))
+            .spawn(move || {
+                runtime.block_on(worker.run(command_rx, start.first_seq, window));
+            })
+            .map_err(|e| format!("cluster link thread: {e}"))?;
+        Ok(ClusterLink {
+            commands: Some(command_tx),
+            outputs,
+            notify,
+            status,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The link's progress and state.
+    pub fn status(&self) -> ClusterLinkStatus {
+        self.status.lock().expect("status lock").clone()
+    }
+}
+
+impl CoreLink for ClusterLink {
+    fn submit(&mut self, key: RequestKey, command: Command) -> Result<(), SubmitError> {
+        let Some(tx) = &self.commands else {
+            return Err(SubmitError::Closed);
+        };
+        match tx.try_send((key, command)) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Full(_)) => Err(SubmitError::Full),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(SubmitError::Closed),
+        }
+    }
+
+    fn try_recv(&mut self) -> Option<CoreOutput> {
+        self.outputs.try_recv().ok()
+    }
+
+    fn set_notify(&mut self, notify: Arc<dyn Fn() + Send + Sync>) {
+        if let Ok(mut g) = self.notify.lock() {
+            *g = Some(notify);
+        }
+    }
+}
+
+impl Drop for ClusterLink {
+    fn drop(&mut self) {
+        self.commands = None;
+        let _ = self.stop.send(true);
+        if let Some(thread) = self.thread.take() {
+            // The worker never blocks on the output queue (it polls it), so it sees the stop.
+            let _ = thread.join();
+        }
+    }
+}
+
+struct Worker {
+    nodes: Vec<SocketAddr>,
+    client_id: u64,
+    /// The gateway's key of each of this link's requests not yet seen in the stream.
+    keys: BTreeMap<u64, RequestKey>,
+    outputs: Sender<CoreOutput>,
+    notify: Notify,
+    status: Arc<Mutex<ClusterLinkStatus>>,
+    /// The first log index not yet handled.
+    next_index: u64,
+    stop: watch::Receiver<bool>,
+}
+
+/// A subscription read by a task of its own, so that waiting for the next entry can be
+/// abandoned (by `select!`) without cutting a frame in half.
+struct Feed {
+    entries: mpsc::Receiver<std::io::Result<Result<CommittedEntry, StreamError>>>,
+    node: SocketAddr,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+/// Entries read ahead of the worker.
+const FEED_ENTRIES_AHEAD: usize = 1024;
+
+impl Feed {
+    fn start(mut stream: StreamClient) -> Feed {
+        let node = stream.node;
+        let (tx, entries) = mpsc::channel(FEED_ENTRIES_AHEAD);
+        let reader = tokio::spawn(async move {
+            loop {
+                let r = stream.recv().await;
+                let end = !matches!(r, Ok(Ok(_)));
+                if tx.send(r).await.is_err() || end {
+                    return;
+                }
+            }
+        });
+        Feed {
+            entries,
+            node,
+            reader,
+        }
+    }
+}
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// Why the worker ended.
+enum End {
+    Stopped,
+    Failed(String),
+}
+
+impl Worker {
+    fn wake(&self) {
+        let f = self.notify.lock().ok().and_then(|g| g.clone());
+        if let Some(f) = f {
+            f();
+        }
+    }
+
+    /// Hands one output to the gateway, waiting (without blocking the runtime) while its
+    /// queue is full.
+    async fn emit(&mut self, mut out: CoreOutput) -> Result<(), End> {
+        loop {
+            match self.outputs.try_send(out) {
+                Ok(()) => return Ok(()),
+                Err(TrySendError::Disconnected(_)) => return Err(End::Stopped),
+                Err(TrySendError::Full(back)) => {
+                    out = back;
+                    self.wake();
+                    if *self.stop.borrow() {
+                        return Err(End::Stopped);
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+        }
+    }
+
+    async fn handle_entry(&mut self, entry: CommittedEntry) -> Result<(), End> {
+        debug_assert_eq!(entry.index, self.next_index);
+        for r in &entry.requests {
+            let own = r.client_id == self.client_id;
+            let key = match r.kind {
+                OutcomeKind::Applied if own => self.keys.remove(&r.request_seq),
+                OutcomeKind::Applied => Some(FOREIGN_KEY),
+                // Never applied (the session table is full): the gateway must still hear
+                // that the command is done.
+                OutcomeKind::Refused if own => {
+                    if let Some(key) = self.keys.remove(&r.request_seq) {
+                        self.emit(CoreOutput::Done { key }).await?;
+                    }
+                    continue;
+                }
+                // Duplicates were reported at their first application; gaps and refusals
+                // of others applied nothing.
+                _ => continue,
+            };
+            // An own request without a key was sent by an earlier run of this gateway: its
+            // events concern orders this run does not know, like another client's.
+            let (key, done) = match key {
+                Some(k) if k != FOREIGN_KEY => (k, true),
+                _ => (FOREIGN_KEY, false),
+            };
+            let events = decode_events(&r.events).map_err(|e| {
+                End::Failed(format!(
+                    "index {}: events of request {}/{} do not decode: {e}",
+                    entry.index, r.client_id, r.request_seq
+                ))
+            })?;
+            for event in events {
+                if matches!(event, Event::OrderLog(_)) {
+                    continue;
+                }
+                self.emit(CoreOutput::Event { key, event }).await?;
+            }
+            if done {
+                self.emit(CoreOutput::Done { key }).await?;
+            }
+        }
+        self.next_index = entry.index + 1;
+        self.status.lock().expect("status lock").last_index = Some(entry.index);
+        Ok(())
+    }
+
+    /// Subscribes from `next_index` on a node, the leader first, other than `avoid` if
+    /// another answers.
+    async fn subscribe(&mut self, avoid: Option<SocketAddr>) -> Result<Feed, End> {
+        let timeout = Duration::from_millis(CALL_TIMEOUT_MS);
+        loop {
+            if *self.stop.borrow() {
+                return Err(End::Stopped);
+            }
+            let mut candidates = Vec::new();
+            for &addr in &self.nodes {
+                if let Ok(s) = node_status(addr, timeout).await {
+                    let leads = s.leader == Some(s.id);
+                    candidates.push((Some(addr) == avoid, !leads, addr));
+                }
+            }
+            candidates.sort();
+            for (_, _, addr) in candidates {
+                let Ok(Ok(stream)) =
+                    tokio::time::timeout(timeout, StreamClient::connect(addr, self.next_index))
+                        .await
+                else {
+                    continue;
+                };
+                self.status.lock().expect("status lock").stream_node = Some(addr);
+                return Ok(Feed::start(stream));
+            }
+            tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)).await;
+        }
+    }
+
+    async fn run(
+        mut self,
+        mut commands: mpsc::Receiver<(RequestKey, Command)>,
+        first_seq: u64,
+        window: usize,
+    ) {
+        let end = self.run_inner(&mut commands, first_seq, window).await;
+        if let End::Failed(why) = end {
+            eprintln!("bourse cluster link {}: stopped: {why}", self.client_id);
+            self.status.lock().expect("status lock").stopped = Some(why);
+        }
+        commands.close();
+        self.wake();
+    }
+
+    async fn run_inner(
+        &mut self,
+        commands: &mut mpsc::Receiver<(RequestKey, Command)>,
+        first_seq: u64,
+        window: usize,
+    ) -> End {
+        let ids: Vec<(u64, SocketAddr)> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (i as u64 + 1, *a))
+            .collect();
+        let mut client = PipelinedClient::start(ids, self.client_id, first_seq, window);
+        let mut stream = match self.subscribe(None).await {
+            Ok(s) => s,
+            Err(e) => return e,
+        };
+        // A command the pipeline had no room for, retried after the next answer.
+        let mut held: Option<(RequestKey, Command)> = None;
+        let mut answered_max = first_seq - 1;
+        let mut behind_since: Option<Instant> = None;
+        let mut tick = tokio::time::interval(Duration::from_millis(STREAM_BEHIND_MS / 4));
+        let mut stop = self.stop.clone();
+        loop {
+            tokio::select! {
+                _ = stop.changed() => return End::Stopped,
+                next = commands.recv(), if held.is_none() => {
+                    let Some((key, command)) = next else { return End::Stopped };
+                    let seq = client.next_seq();
+                    match client.try_submit(&command) {
+                        Ok(_) => { self.keys.insert(seq, key); }
+                        Err(bourse_cluster::client::PipelineError::Full) => held = Some((key, command)),
+                        Err(e) => return End::Failed(e.to_string()),
+                    }
+                }
+                answer = client.next_answer() => {
+                    match answer {
+                        Ok(a) => answered_max = answered_max.max(a.request_seq),
+                        Err(e) => return End::Failed(e.to_string()),
+                    }
+                    if let Some((key, command)) = held.take() {
+                        let seq = client.next_seq();
+                        match client.try_submit(&command) {
+                            Ok(_) => { self.keys.insert(seq, key); }
+                            Err(bourse_cluster::client::PipelineError::Full) => held = Some((key, command)),
+                            Err(e) => return End::Failed(e.to_string()),
+                        }
+                    }
+                }
+                entry = stream.entries.recv() => {
+                    let failed = match entry {
+                        Some(Ok(Ok(entry))) if entry.index == self.next_index => {
+                            if let Err(e) = self.handle_entry(entry).await {
+                                return e;
+                            }
+                            // One wake-up per entry: an entry is a whole batch of requests.
+                            self.wake();
+                            None
+                        }
+                        Some(Ok(Ok(entry))) => Some(format!("entry {} where {} was due", entry.index, self.next_index)),
+                        Some(Ok(Err(StreamError::TooOld { oldest_kept, .. }))) => {
+                            return End::Failed(format!(
+                                "node {} no longer keeps index {} (oldest kept {oldest_kept}): \
+                                 execution reports were lost",
+                                stream.node, self.next_index
+                            ));
+                        }
+                        Some(Ok(Err(e))) => Some(e.to_string()),
+                        Some(Err(e)) => Some(e.to_string()),
+                        None => Some("stream reader ended".into()),
+                    };
+                    if let Some(why) = failed {
+                        let avoid = stream.node;
+                        if std::env::var("BOURSE_NET_DEBUG").is_ok() {
+                            eprintln!("cluster link {}: stream from {avoid}: {why}; resubscribing", self.client_id);
+                        }
+                        stream = match self.subscribe(Some(avoid)).await {
+                            Ok(s) => s,
+                            Err(e) => return e,
+                        };
+                        self.status.lock().expect("status lock").resubscriptions += 1;
+                        behind_since = None;
+                    }
+                }
+                _ = tick.tick() => {
+                    // The group answered a request the stream has not shown yet.
+                    let behind = self.keys.keys().next().is_some_and(|&s| s <= answered_max);
+                    match (behind, behind_since) {
+                        (false, _) => behind_since = None,
+                        (true, None) => behind_since = Some(Instant::now()),
+                        (true, Some(t)) if t.elapsed() > Duration::from_millis(STREAM_BEHIND_MS) => {
+                            let avoid = stream.node;
+                            stream = match self.subscribe(Some(avoid)).await {
+                                Ok(s) => s,
+                                Err(e) => return e,
+                            };
+                            self.status.lock().expect("status lock").resubscriptions += 1;
+                            behind_since = None;
+                        }
+                        (true, Some(_)) => {}
+                    }
+                }
+            }
+        }
+    }
+}
