@@ -10,11 +10,16 @@
 //!
 //! - [`Publisher`] (sans-I/O): fed committed event batches, builds its own view of every book
 //!   ([`OrderBook`]) and encodes packets into reused buffers; hands finished packets to a
-//!   [`PacketSink`]. [`Publisher::tick`] drives the 1 ms / 15 ms publication modes, heartbeats,
-//!   the snapshot loop and the instrument loop. A standby publisher (not active) does all the
-//!   same work without sending, which is how a new leader continues the sequence
-//!   ([`Publisher::set_active`], [`Publisher::state`], [`Publisher::from_state`]).
-//! - [`History`]: the recent order-log packets a [`replay::ReplayServer`] resends over TCP.
+//!   [`PacketSink`]. In the 1 ms / 15 ms modes packets close when the commands' own `ts_ns`
+//!   enters a new interval, so numbering depends on the batches alone; [`Publisher::tick`]
+//!   flushes idle channels and drives heartbeats, the snapshot loop and the instrument loop.
+//!   A standby publisher (not active) does all the same work without sending, which is how a
+//!   new leader continues the sequence ([`Publisher::set_active`], [`Publisher::state`],
+//!   [`Publisher::from_state`]); on activation it renumbers its loops with SequenceReset.
+//!   `bourse_cluster::marketdata` runs one on every node of a replica group, fed from the
+//!   node's committed stream and sending only while the node leads.
+//! - [`History`]: the recent packets of one incremental channel; a [`replay::ReplayServer`]
+//!   resends them over TCP, one port per incremental channel.
 //! - [`udp::UdpSink`] / [`udp::UdpFeeds`]: sockets for feeds A and B (127.0.0.1 by default;
 //!   a multicast group only inside a network namespace a test created).
 //! - [`Subscriber`] (sans-I/O): A/B arbitration, gap detection, recovery by replay or from the
@@ -43,7 +48,7 @@ pub use bourse_wire as wire;
 
 pub use book::{BookOrder, LevelView, OrderBook};
 pub use history::History;
-pub use publisher::{PacketSink, Publisher, PublisherState, VecSink};
+pub use publisher::{PacketSink, Publisher, PublisherState, VecSink, PACKET_BYTES_MIN};
 pub use subscriber::{
     InstrumentView, RecoveryRequest, Subscriber, SubscriberConfig, SubscriberStats,
 };
@@ -58,7 +63,7 @@ pub const TOP_LEVELS: usize = 20;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Channel {
     /// Order log: OrderUpdate, OrderExecution, EmptyBook, SecurityStatus,
-    /// TradingSessionStatus. Incremental; has a replay service.
+    /// TradingSessionStatus. Incremental (every incremental channel has a replay service).
     Orders = 0,
     /// Trade messages. Incremental.
     Trades = 1,
@@ -110,9 +115,9 @@ impl Channel {
     }
 }
 
-/// When a channel's packets leave: after every committed batch, or at most once per interval
-/// (the seeds' three modes). Coalesced channels (book, statistics) publish only the latest
-/// state of each instrument per interval.
+/// When a channel's packets leave: after every committed batch, or once per interval of the
+/// commands' own time (the seeds' three modes). Coalesced channels (book, statistics) publish
+/// only the latest state of each instrument per interval.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PublicationMode {
     Online,
@@ -158,7 +163,7 @@ pub struct PublisherConfig {
     pub modes: [PublicationMode; CHANNEL_COUNT],
     /// ExchangeTradingSessionId stamped on incremental packets and snapshots.
     pub session_id: u32,
-    /// Order-log packets kept for the replay service.
+    /// Packets kept for the replay service, per incremental channel.
     pub replay_history_packets: usize,
     /// A channel with nothing sent for this long sends a Heartbeat.
     pub heartbeat_interval_ns: u64,

@@ -49,7 +49,8 @@ use bourse_wire::market_data::codec::{
     order_execution_codec::OrderExecutionEncoder, order_update_codec::OrderUpdateEncoder,
     security_definition_codec::SecurityDefinitionEncoder,
     security_status_codec::SecurityStatusEncoder, security_trading_status::SecurityTradingStatus,
-    side::Side as WireSide, statistics_codec::StatisticsEncoder, trade_codec::TradeEncoder,
+    sequence_reset_codec::SequenceResetEncoder, side::Side as WireSide,
+    statistics_codec::StatisticsEncoder, trade_codec::TradeEncoder,
     trading_session_state::TradingSessionState,
     trading_session_status_codec::TradingSessionStatusEncoder,
 };
@@ -89,6 +90,7 @@ const SECURITY_STATUS_BYTES: usize = MESSAGE_HEADER_BYTES + 21;
 const SESSION_STATUS_BYTES: usize = MESSAGE_HEADER_BYTES + 6;
 const SECURITY_DEFINITION_BYTES: usize = MESSAGE_HEADER_BYTES + 81;
 const HEARTBEAT_BYTES: usize = MESSAGE_HEADER_BYTES + 4;
+const SEQUENCE_RESET_BYTES: usize = MESSAGE_HEADER_BYTES + 4;
 const AGGREGATED_LEVEL_BYTES: usize = 22;
 const AGGREGATED_ROOT_BYTES: usize = MESSAGE_HEADER_BYTES + 8 + GROUP_HEADER_BYTES;
 const SNAPSHOT_ENTRY_BYTES: usize = 33;
@@ -130,6 +132,7 @@ pub struct ChannelCounters {
     pub bytes_sent: u64,
     pub messages: u64,
     pub heartbeats: u64,
+    pub sequence_resets: u64,
 }
 
 /// One channel's packet under construction and its queue of finished, unsent packets.
@@ -151,6 +154,9 @@ struct ChannelOut {
     spare: Vec<Vec<u8>>,
     last_send_ns: u64,
     last_flush_ns: u64,
+    /// Interval modes: the `ts_ns / interval` bucket of the commands whose messages the
+    /// channel holds unsent (see [`Publisher::publish`]).
+    bucket: u64,
     counters: ChannelCounters,
 }
 
@@ -170,6 +176,7 @@ impl ChannelOut {
             spare: Vec::new(),
             last_send_ns: 0,
             last_flush_ns: 0,
+            bucket: 0,
             counters: ChannelCounters::default(),
         }
     }
@@ -287,6 +294,36 @@ impl ChannelOut {
                 self.counters.bytes_sent += p.len() as u64;
             }
             self.spare.push(p);
+        }
+        self.last_send_ns = now_ns;
+    }
+
+    /// Sends a SequenceReset packet (MsgSeqNum 0) announcing that the next data packet takes
+    /// `next_seq`: a publisher that takes over says so on the loop channels, whose numbering
+    /// (driven by the wall clock) is not shared with the publisher it replaces.
+    fn sequence_reset(&mut self, now_ns: u64, active: bool, sink: &mut dyn PacketSink) {
+        let next = self.next_seq;
+        let mut buf = [0u8; PACKET_HEADER_BYTES + SEQUENCE_RESET_BYTES];
+        let Ok(n) =
+            encode_message::<SequenceResetEncoder, _>(&mut buf[PACKET_HEADER_BYTES..], |mut e| {
+                e.new_seq_no(next);
+                e
+            })
+        else {
+            return;
+        };
+        let len = PACKET_HEADER_BYTES + n;
+        let header = PacketHeader {
+            msg_seq_num: 0,
+            msg_size: len as u16,
+            msg_flags: MsgFlags(MsgFlags::LAST_FRAGMENT),
+            sending_time_ns: now_ns,
+        };
+        let _ = header.write(&mut buf);
+        if active {
+            sink.send(self.channel, &buf[..len]);
+            self.counters.sequence_resets += 1;
+            self.counters.bytes_sent += len as u64;
         }
         self.last_send_ns = now_ns;
     }
@@ -436,8 +473,11 @@ pub struct Publisher {
     channels: Vec<ChannelOut>,
     instruments: Vec<InstrumentOut>,
     index: FxHashMap<u32, usize>,
-    history: Arc<Mutex<History>>,
+    /// Replay history per channel: kept for the incremental channels, `None` for the loops.
+    histories: Vec<Option<Arc<Mutex<History>>>>,
     active: bool,
+    /// Became active after being a standby: announce the loop channels' numbering.
+    loop_reset_due: bool,
     pending_exec: Option<PendingExec>,
     touched: Vec<usize>,
     book_dirty: Vec<usize>,
@@ -470,16 +510,24 @@ impl Publisher {
                 ChannelOut::new(c, mode, config.packet_bytes_max)
             })
             .collect();
-        let history = Arc::new(Mutex::new(History::new(
-            config.replay_history_packets.max(1),
-        )));
+        let histories = Channel::ALL
+            .iter()
+            .map(|c| {
+                c.is_incremental().then(|| {
+                    Arc::new(Mutex::new(History::new(
+                        config.replay_history_packets.max(1),
+                    )))
+                })
+            })
+            .collect();
         let mut p = Publisher {
             config,
             channels,
             instruments: Vec::new(),
             index: FxHashMap::default(),
-            history,
+            histories,
             active: true,
+            loop_reset_due: false,
             pending_exec: None,
             touched: Vec::new(),
             book_dirty: Vec::new(),
@@ -529,8 +577,15 @@ impl Publisher {
     }
 
     /// A standby (inactive) publisher does all its work and keeps its replay history but sends
-    /// nothing; activating it makes it the leader's publisher.
+    /// nothing; activating it makes it the leader's publisher. On activation the next
+    /// [`Publisher::tick`] sends SequenceReset on the instrument and snapshot loops (whose
+    /// numbering follows the wall clock, so it is not the old leader's) and restarts the
+    /// instrument loop at once; the incremental channels continue their numbering.
     pub fn set_active(&mut self, active: bool) {
+        if active && !self.active {
+            self.loop_reset_due = true;
+            self.last_instruments_ns = None;
+        }
         self.active = active;
     }
 
@@ -544,7 +599,13 @@ impl Publisher {
 
     /// The order-log packets kept for replay; hand this to a [`crate::replay::ReplayServer`].
     pub fn history(&self) -> Arc<Mutex<History>> {
-        Arc::clone(&self.history)
+        self.history_of(Channel::Orders)
+            .expect("the order log is incremental")
+    }
+
+    /// The packets of an incremental channel kept for replay (`None` for the loops).
+    pub fn history_of(&self, channel: Channel) -> Option<Arc<Mutex<History>>> {
+        self.histories[channel.index()].as_ref().map(Arc::clone)
     }
 
     pub fn counters(&self, channel: Channel) -> ChannelCounters {
@@ -605,8 +666,28 @@ impl Publisher {
 
     /// Publishes one committed batch of events (in commit order). Online channels send before
     /// this returns; the others wait for [`Publisher::tick`].
+    ///
+    /// In the 1 ms and 15 ms modes a channel's packets close when a batch's time (the `ts_ns`
+    /// of its first event, which the core took from the command) enters a new interval
+    /// (`ts_ns / interval` changes), so packet boundaries, and hence MsgSeqNums, are a
+    /// function of the committed batches alone, as in online mode. [`Publisher::tick`] flushes
+    /// by the wall clock only a channel left idle: one whose unsent messages belong to an
+    /// interval that ended at least one interval ago.
     pub fn publish(&mut self, events: &[Event], now_ns: u64, sink: &mut dyn PacketSink) {
         self.transact_ns = events.first().map_or(now_ns, event_ts).max(1);
+        for c in Channel::ALL {
+            let interval = self.channels[c.index()].mode.interval_ns();
+            if interval == 0 || !c.is_incremental() {
+                continue;
+            }
+            let bucket = self.transact_ns / interval;
+            if self.channels[c.index()].bucket != bucket {
+                if self.has_pending(c) {
+                    self.flush_channel(c, now_ns, sink);
+                }
+                self.channels[c.index()].bucket = bucket;
+            }
+        }
         self.start_session(now_ns);
         self.announce_instruments(now_ns);
         for e in events {
@@ -644,12 +725,15 @@ impl Publisher {
         }
     }
 
+    /// Whether a channel holds messages (or coalesced refreshes) not yet sent.
+    fn has_pending(&self, c: Channel) -> bool {
+        self.channels[c.index()].has_unsent()
+            || (c == Channel::Book && !self.book_dirty.is_empty())
+            || (c == Channel::Statistics && !self.stats_dirty.is_empty())
+    }
+
     fn reserve(&mut self, channel: Channel, message_bytes: usize, now_ns: u64) {
-        let history = if channel == Channel::Orders {
-            Some(&*self.history)
-        } else {
-            None
-        };
+        let history = self.histories[channel.index()].as_deref();
         self.channels[channel.index()].reserve(
             message_bytes,
             now_ns,
@@ -726,6 +810,11 @@ impl Publisher {
                     self.touch(i);
                     self.emit_update(i, &o, 0, MdUpdateAction::Delete, now_ns);
                 }
+            }
+            Event::InstrumentAdded { instrument, .. } => {
+                // Known from now on (announced with EmptyBook on the next batch); its
+                // definition comes from whoever holds it (`add_instrument`).
+                self.instrument_index(instrument);
             }
             Event::PhaseChanged {
                 instrument, phase, ..
@@ -1006,11 +1095,7 @@ impl Publisher {
             Channel::Statistics => self.emit_stats(now_ns),
             _ => {}
         }
-        let history = if c == Channel::Orders {
-            Some(&*self.history)
-        } else {
-            None
-        };
+        let history = self.histories[c.index()].as_deref();
         let active = self.active;
         let ch = &mut self.channels[c.index()];
         ch.close(now_ns, history);
@@ -1028,10 +1113,22 @@ impl Publisher {
     /// heartbeats on idle channels, and advances the snapshot and instrument loops. Call it
     /// often (every few hundred µs); it does little when nothing is due.
     pub fn tick(&mut self, now_ns: u64, sink: &mut dyn PacketSink) {
+        if self.loop_reset_due {
+            self.loop_reset_due = false;
+            let active = self.active;
+            for c in [Channel::Instruments, Channel::Snapshot] {
+                self.channels[c.index()].sequence_reset(now_ns, active, sink);
+            }
+        }
         for c in Channel::ALL {
             let ch = &self.channels[c.index()];
             let interval = ch.mode.interval_ns();
-            if interval > 0 && now_ns.saturating_sub(ch.last_flush_ns) >= interval {
+            // The idle flush: the unsent messages' interval ended a whole interval ago and no
+            // batch of a later interval came to close them (see `publish`).
+            if interval > 0
+                && now_ns / interval >= ch.bucket.saturating_add(2)
+                && self.has_pending(c)
+            {
                 self.flush_channel(c, now_ns, sink);
             }
         }

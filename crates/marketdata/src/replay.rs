@@ -1,6 +1,8 @@
-//! The TCP replay service of the order-log channel, and its client.
+//! The TCP replay service of the incremental channels, and its client.
 //!
-//! One request per connection (`docs/protocol-market-data.md` section 8): the client sends a
+//! Each incremental channel (order log, trades, top-20 book, statistics) has its own TCP port
+//! and its own history of recent packets; one [`ReplayServer`] thread serves them all. One
+//! request per connection (`docs/protocol-market-data.md` section 8): the client sends a
 //! ReplayRequest(fromMsgSeqNum, count) frame; the server answers with each kept packet of
 //! the range in a packet frame (PossDupFlag set) and a final ReplayResponse, then closes.
 //! Requests are bounded: `count` must be in `1..=REPLAY_COUNT_MAX` (else TooManyRequested or
@@ -10,6 +12,7 @@
 //! `REQUESTS_PER_CLIENT_PER_S_MAX` requests per second with Throttled.
 
 use crate::history::History;
+use crate::{Channel, Publisher};
 use bourse_wire::frame::{encode_frame, write_frame_header, Encoding, FRAME_HEADER_BYTES};
 use bourse_wire::market_data::codec::{
     replay_request_codec::ReplayRequestEncoder, replay_response_codec::ReplayResponseEncoder,
@@ -75,20 +78,68 @@ pub struct ReplayServerStats {
     pub packets_sent: AtomicU64,
 }
 
-/// A replay server on its own thread.
+/// A replay server on its own thread: one listening port per channel served.
 pub struct ReplayServer {
-    local_addr: SocketAddr,
+    local_addrs: Vec<(Channel, SocketAddr)>,
     stop: Arc<AtomicBool>,
     stats: Arc<ReplayServerStats>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl ReplayServer {
-    /// Listens on `addr` (use port 0 for any free port) and serves `history`.
+    /// Listens on `addr` (use port 0 for any free port) and serves `history` (the order log's).
     pub fn spawn(addr: SocketAddr, history: Arc<Mutex<History>>) -> io::Result<ReplayServer> {
-        let listener = TcpListener::bind(addr)?;
-        listener.set_nonblocking(true)?;
-        let local_addr = listener.local_addr()?;
+        ReplayServer::spawn_channels(vec![(Channel::Orders, addr, history)])
+    }
+
+    /// Serves every incremental channel of `publisher`: the order log on `orders_addr`,
+    /// channel `i` on its port + `i` (see [`crate::udp::replay_addr_of`]); port 0 takes any
+    /// free ports (then ask [`ReplayServer::local_addr_of`]).
+    pub fn spawn_for(orders_addr: SocketAddr, publisher: &Publisher) -> io::Result<ReplayServer> {
+        let mut services = Vec::new();
+        for c in Channel::ALL {
+            let Some(history) = publisher.history_of(c) else {
+                continue;
+            };
+            let addr = if orders_addr.port() == 0 {
+                Some(orders_addr)
+            } else {
+                crate::udp::replay_addr_of(orders_addr, c)
+            };
+            let addr = addr.ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("no replay port for {} after {orders_addr}", c.name()),
+                )
+            })?;
+            services.push((c, addr, history));
+        }
+        ReplayServer::spawn_channels(services)
+    }
+
+    /// Serves each channel's history on its own address (port 0: any free port).
+    pub fn spawn_channels(
+        services: Vec<(Channel, SocketAddr, Arc<Mutex<History>>)>,
+    ) -> io::Result<ReplayServer> {
+        if services.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a replay server needs at least one channel to serve",
+            ));
+        }
+        let mut listeners = Vec::with_capacity(services.len());
+        let mut local_addrs = Vec::with_capacity(services.len());
+        for (channel, addr, history) in services {
+            let listener = TcpListener::bind(addr).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("replay service of {} on {addr}: {e}", channel.name()),
+                )
+            })?;
+            listener.set_nonblocking(true)?;
+            local_addrs.push((channel, listener.local_addr()?));
+            listeners.push((listener, history));
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(ReplayServerStats::default());
         let (stop2, stats2) = (Arc::clone(&stop), Arc::clone(&stats));
@@ -99,37 +150,51 @@ impl ReplayServer {
                 let mut clients: std::collections::HashMap<std::net::IpAddr, (Instant, u32)> =
                     std::collections::HashMap::new();
                 while !stop2.load(Ordering::Relaxed) {
-                    match listener.accept() {
-                        Ok((stream, peer)) => {
-                            if clients.len() >= THROTTLE_CLIENTS_MAX {
-                                clients.clear();
+                    let mut idle = true;
+                    for (listener, history) in &listeners {
+                        match listener.accept() {
+                            Ok((stream, peer)) => {
+                                idle = false;
+                                if clients.len() >= THROTTLE_CLIENTS_MAX {
+                                    clients.clear();
+                                }
+                                let now = Instant::now();
+                                let entry = clients.entry(peer.ip()).or_insert((now, 0));
+                                if now.duration_since(entry.0) >= Duration::from_secs(1) {
+                                    *entry = (now, 0);
+                                }
+                                entry.1 += 1;
+                                let throttled = entry.1 > REQUESTS_PER_CLIENT_PER_S_MAX;
+                                let _ = serve(stream, history, &stats2, throttled);
                             }
-                            let now = Instant::now();
-                            let entry = clients.entry(peer.ip()).or_insert((now, 0));
-                            if now.duration_since(entry.0) >= Duration::from_secs(1) {
-                                *entry = (now, 0);
-                            }
-                            entry.1 += 1;
-                            let throttled = entry.1 > REQUESTS_PER_CLIENT_PER_S_MAX;
-                            let _ = serve(stream, &history, &stats2, throttled);
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                            Err(_) => std::thread::sleep(Duration::from_millis(10)),
                         }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(1));
-                        }
-                        Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                    }
+                    if idle {
+                        std::thread::sleep(Duration::from_millis(1));
                     }
                 }
             })?;
         Ok(ReplayServer {
-            local_addr,
+            local_addrs,
             stop,
             stats,
             thread: Some(thread),
         })
     }
 
+    /// The address of the first channel served (the order log's, with [`ReplayServer::spawn`]).
     pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
+        self.local_addrs[0].1
+    }
+
+    /// The address serving `channel`, if this server serves it.
+    pub fn local_addr_of(&self, channel: Channel) -> Option<SocketAddr> {
+        self.local_addrs
+            .iter()
+            .find(|(c, _)| *c == channel)
+            .map(|(_, a)| *a)
     }
 
     pub fn stats(&self) -> &ReplayServerStats {

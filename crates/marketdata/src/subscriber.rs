@@ -50,7 +50,8 @@ pub struct SubscriberConfig {
     pub gap_buffer_packets_max: usize,
     /// Order-log messages kept per stale instrument while it waits for a snapshot.
     pub pending_messages_per_instrument_max: usize,
-    /// Ask the replay service for order-log gaps (otherwise recover from snapshots only).
+    /// Ask the replay services for gaps on the incremental channels (otherwise the order log
+    /// recovers from snapshots and the other channels skip the gap).
     pub replay: bool,
 }
 
@@ -82,7 +83,11 @@ pub struct SubscriberStats {
     /// Gaps given up on (replay failed, too large, or not configured); books recovered from
     /// snapshots instead.
     pub gaps_skipped: u64,
+    /// SequenceReset packets on the incremental channels (the publisher restarted them).
     pub sequence_resets: u64,
+    /// SequenceReset packets on the instrument and snapshot loops (a new leader's publisher
+    /// numbers its loops afresh; nothing is lost).
+    pub loop_resets: u64,
     /// Datagrams refused by the parser: bad lengths, bad group counts, no messages, ...
     pub malformed: u64,
     /// Datagrams shorter than their headers say.
@@ -326,11 +331,23 @@ impl Subscriber {
             Ok(p) => p,
             Err(e) => return self.skip(channel, feed, e),
         };
+        let mut first = packet.messages();
         if !channel.is_incremental() {
+            if let Some(Message::SequenceReset(r)) = first.next() {
+                // Feeds A and B both carry it: only a change of numbering counts.
+                let ch = &mut self.channels[channel.index()];
+                if ch.expected != Some(r.new_seq_no()) {
+                    ch.expected = Some(r.new_seq_no());
+                    self.stats.loop_resets += 1;
+                    for inst in self.instruments.values_mut() {
+                        inst.assembly = None;
+                    }
+                }
+                return;
+            }
             return self.on_loop_packet(channel, &packet);
         }
         let seq = packet.header.msg_seq_num;
-        let mut first = packet.messages();
         match first.next() {
             Some(Message::Heartbeat(h)) if packet.message_count() == 1 => {
                 self.stats.heartbeats += 1;
@@ -350,14 +367,24 @@ impl Subscriber {
                 return;
             }
             Some(Message::SequenceReset(r)) => {
-                self.stats.sequence_resets += 1;
                 let ch = &mut self.channels[channel.index()];
+                if ch.expected == Some(r.new_seq_no()) && ch.buffer.is_empty() {
+                    // The other feed's copy of a reset already taken.
+                    return;
+                }
+                self.stats.sequence_resets += 1;
                 ch.expected = Some(r.new_seq_no());
                 ch.buffer.clear();
                 ch.gap_since_ns = None;
                 ch.known_until = 0;
+                ch.replay_in_flight = false;
                 if channel == Channel::Orders {
+                    // Nothing queued under the old numbering can be trusted: every book
+                    // comes back from the snapshot loop.
                     self.mark_all_stale();
+                    for inst in self.instruments.values_mut() {
+                        inst.pending.clear();
+                    }
                 }
                 return;
             }
@@ -468,7 +495,7 @@ impl Subscriber {
                 continue;
             };
             let count = until - from;
-            if self.config.replay && channel == Channel::Orders && count <= REPLAY_COUNT_MAX {
+            if self.config.replay && count <= REPLAY_COUNT_MAX {
                 self.channels[channel.index()].replay_in_flight = true;
                 self.stats.replays_requested += 1;
                 return Some(RecoveryRequest {
@@ -599,6 +626,18 @@ impl Subscriber {
                 };
                 if let Some(inst) = self.inst(d.security_id()) {
                     inst.stats = Some(s);
+                }
+            }
+            Message::BestPrices(d) => {
+                let mut g = d.entries_decoder();
+                while let Ok(Some(_)) = g.advance() {
+                    let (bid, ask) = (g.bid_px().zip(g.bid_qty()), g.ask_px().zip(g.ask_qty()));
+                    let Some(inst) = self.inst(g.security_id()) else {
+                        continue;
+                    };
+                    let s = inst.stats.get_or_insert_with(StatsView::default);
+                    s.best_bid = bid;
+                    s.best_ask = ask;
                 }
             }
             Message::SecurityDefinition(d) => self.on_definition(&d),

@@ -13,7 +13,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::time::{Duration, Instant};
 
 /// Default first UDP port: channel `i` uses `BASE_PORT_DEFAULT + 2i` (feed A) and `+ 2i + 1`
-/// (feed B); the replay service listens on TCP `BASE_PORT_DEFAULT + REPLAY_PORT_OFFSET`.
+/// (feed B); the replay service of incremental channel `i` listens on TCP
+/// `BASE_PORT_DEFAULT + REPLAY_PORT_OFFSET + i`.
 pub const BASE_PORT_DEFAULT: u16 = 31_400;
 pub const REPLAY_PORT_OFFSET: u16 = 20;
 /// Socket buffers asked for on both sides, so bursts at 500k events/s fit.
@@ -30,11 +31,22 @@ pub struct ChannelAddrs {
     pub b: SocketAddrV4,
 }
 
-/// Where every channel is published, and the replay service.
+/// Where every channel is published, and the replay services.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FeedAddrs {
     pub channels: [ChannelAddrs; CHANNEL_COUNT],
+    /// The order log's replay service; incremental channel `i` is served on this port + `i`.
     pub replay: SocketAddrV4,
+}
+
+/// The replay address of `channel` given the order log's (`None` for the loops, or when the
+/// port would overflow).
+pub fn replay_addr_of(orders: SocketAddr, channel: Channel) -> Option<SocketAddr> {
+    if !channel.is_incremental() {
+        return None;
+    }
+    let port = orders.port().checked_add(channel.index() as u16)?;
+    Some(SocketAddr::new(orders.ip(), port))
 }
 
 impl FeedAddrs {
@@ -66,6 +78,14 @@ impl FeedAddrs {
         FeedAddrs {
             channels,
             replay: SocketAddrV4::new(Ipv4Addr::LOCALHOST, port_at(REPLAY_PORT_OFFSET)),
+        }
+    }
+
+    /// The replay service of `channel` (`None` for the loops).
+    pub fn replay_addr(&self, channel: Channel) -> Option<SocketAddrV4> {
+        match replay_addr_of(SocketAddr::V4(self.replay), channel)? {
+            SocketAddr::V4(a) => Some(a),
+            SocketAddr::V6(_) => None,
         }
     }
 
@@ -218,7 +238,8 @@ impl UdpSubscriber {
         Ok((sub, addrs))
     }
 
-    /// Where to ask for replays (None: recover from snapshots only).
+    /// Where the order log's replay service is (the other incremental channels' are on the
+    /// following ports, see [`replay_addr_of`]); None: recover from snapshots only.
     pub fn set_replay(&mut self, addr: Option<SocketAddr>) {
         self.replay = addr;
     }
@@ -249,7 +270,7 @@ impl UdpSubscriber {
         }
         let now = now_ns();
         while let Some(req) = self.sub.poll(now) {
-            match self.replay {
+            match self.replay.and_then(|a| replay_addr_of(a, req.channel)) {
                 Some(addr) => match replay::request(
                     addr,
                     req.from,

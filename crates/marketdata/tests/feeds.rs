@@ -89,7 +89,16 @@ fn standby_publisher_takes_over_mid_stream_and_continues_the_sequence() {
     let rounds = settle(&mut h, &mut sub, &mut link, 2_000);
     assert!(rounds < 2_000, "{:?}", sub.stats());
     assert!(h.publisher.next_seq(Channel::Orders) > seq_at_failover);
-    assert_eq!(sub.stats().sequence_resets, 0);
+    assert_eq!(
+        sub.stats().sequence_resets,
+        0,
+        "the incremental numbering continued"
+    );
+    assert!(
+        sub.stats().loop_resets >= 2,
+        "the new leader announced its loops' numbering: {:?}",
+        sub.stats()
+    );
     assert_eq!(sub.stats().book_errors, 0, "{:?}", sub.stats());
     assert_books_equal(&h.engine, &sub, &h.defs);
 }
@@ -171,4 +180,67 @@ fn random_mutations_of_real_packets_never_panic() {
         let _ = sub.poll(i);
     }
     assert!(sub.stats().skipped() > 0);
+}
+
+#[test]
+fn best_prices_and_loop_sequence_resets_are_understood() {
+    use bourse_wire::market_data::codec::{best_prices_codec, sequence_reset_codec};
+    use bourse_wire::market_data::{IncrementalHeader, MsgFlags, PacketHeader, PacketWriter};
+    let mut sub = Subscriber::new(SubscriberConfig::default());
+    let mut buf = [0u8; 1472];
+    let header = |seq, flags| PacketHeader {
+        msg_seq_num: seq,
+        msg_size: 0,
+        msg_flags: MsgFlags(flags),
+        sending_time_ns: 1,
+    };
+    let inc = IncrementalHeader {
+        transact_time_ns: 1,
+        exchange_trading_session_id: 1,
+    };
+    let mut w = PacketWriter::new(
+        &mut buf,
+        header(1, MsgFlags::LAST_FRAGMENT | MsgFlags::INCREMENTAL_PACKET),
+        Some(inc),
+    )
+    .unwrap();
+    w.append(|mut e: best_prices_codec::BestPricesEncoder| {
+        let mut g = e.entries_encoder(2, best_prices_codec::encoder::EntriesEncoder::default());
+        let mut k = 0;
+        while let Ok(Some(_)) = g.advance() {
+            if k == 0 {
+                g.bid_px_opt(Some(1000)).bid_qty_opt(Some(5));
+                g.ask_px_opt(None).ask_qty_opt(None).security_id(7);
+            } else {
+                g.bid_px_opt(None).bid_qty_opt(None);
+                g.ask_px_opt(Some(2000)).ask_qty_opt(Some(3)).security_id(8);
+            }
+            k += 1;
+        }
+        g.parent().unwrap()
+    })
+    .unwrap();
+    let n = w.finish().unwrap();
+    sub.on_packet(Channel::Statistics, Feed::A, &buf[..n], 1);
+    let s7 = sub.instrument(7).and_then(|i| i.stats).unwrap();
+    assert_eq!((s7.best_bid, s7.best_ask), (Some((1000, 5)), None));
+    let s8 = sub.instrument(8).and_then(|i| i.stats).unwrap();
+    assert_eq!((s8.best_bid, s8.best_ask), (None, Some((2000, 3))));
+
+    // A loop renumbered by a new leader: later packets from the new numbering are taken,
+    // and the second feed's copy of the reset changes nothing.
+    let mut reset = [0u8; 64];
+    let mut w = PacketWriter::new(&mut reset, header(0, MsgFlags::LAST_FRAGMENT), None).unwrap();
+    w.append(|mut e: sequence_reset_codec::SequenceResetEncoder| {
+        e.new_seq_no(3);
+        e
+    })
+    .unwrap();
+    let r = w.finish().unwrap();
+    sub.on_packet(Channel::Snapshot, Feed::A, &reset[..r], 2);
+    sub.on_packet(Channel::Snapshot, Feed::B, &reset[..r], 2);
+    assert_eq!(sub.stats().loop_resets, 1);
+    assert_eq!(sub.expected(Channel::Snapshot), Some(3));
+    assert_eq!(sub.stats().sequence_resets, 0);
+    assert_eq!(sub.stats().skipped(), 0, "{:?}", sub.last_skipped());
 }

@@ -140,6 +140,86 @@ fn replay_service_refuses_ranges_past_its_bound_or_its_history() {
     assert!(throttled, "a flood of requests is throttled");
 }
 
+#[test]
+fn every_incremental_channel_has_its_own_bounded_replay_service() {
+    let mut h = Harness::new(12, test_publisher_config());
+    let mut sink = VecSink::default();
+    for _ in 0..300 {
+        h.step(20, &mut sink);
+    }
+    let server =
+        ReplayServer::spawn_for(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), &h.publisher).unwrap();
+    let t = Duration::from_secs(2);
+    for c in [Channel::Trades, Channel::Book, Channel::Statistics] {
+        let addr = server.local_addr_of(c).expect("served");
+        let last = h.publisher.next_seq(c) - 1;
+        assert!(last > 2, "{} published", c.name());
+        let ok = replay::request(addr, 2, last - 1, t).unwrap();
+        assert_eq!(ok.status, ReplayStatus::Complete, "{}", c.name());
+        assert_eq!(ok.packets.len(), last as usize - 1);
+        // The packets are the channel's own data packets (heartbeats carry no incremental
+        // header and are never kept), resent as published with PossDupFlag.
+        let published: Vec<&Vec<u8>> = sink
+            .packets
+            .iter()
+            .filter(|(pc, p)| *pc == c && p[6] & 0x08 != 0)
+            .map(|(_, p)| p)
+            .collect();
+        assert_eq!(published.len(), last as usize);
+        for (got, want) in ok.packets.iter().zip(published.iter().skip(1)) {
+            let p = bourse_wire::market_data::parse_packet(got).unwrap();
+            assert!(p
+                .header
+                .msg_flags
+                .contains(bourse_wire::market_data::MsgFlags::POSS_DUP));
+            assert_eq!(
+                got[8..],
+                want[8..],
+                "{}: same packet but for its flags",
+                c.name()
+            );
+        }
+        let too_many = replay::request(addr, 1, 10_001, t).unwrap();
+        assert_eq!(too_many.status, ReplayStatus::TooManyRequested);
+        assert!(too_many.packets.is_empty());
+        let past = replay::request(addr, last, 2, t).unwrap();
+        assert_eq!(past.status, ReplayStatus::OutOfRange);
+        assert!(past.packets.is_empty());
+    }
+    assert_eq!(
+        server.local_addr_of(Channel::Snapshot),
+        None,
+        "the loops have no replay"
+    );
+}
+
+#[test]
+fn a_replay_of_packets_no_longer_kept_is_refused_with_nothing_sent() {
+    let config = bourse_marketdata::PublisherConfig {
+        replay_history_packets: 20,
+        ..test_publisher_config()
+    };
+    let mut h = Harness::new(13, config);
+    let mut sink = VecSink::default();
+    for _ in 0..300 {
+        h.step(20, &mut sink);
+    }
+    let server =
+        ReplayServer::spawn_for(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), &h.publisher).unwrap();
+    let t = Duration::from_secs(2);
+    for c in [Channel::Orders, Channel::Trades] {
+        let addr = server.local_addr_of(c).unwrap();
+        let last = h.publisher.next_seq(c) - 1;
+        assert!(last > 40, "{} published {last}", c.name());
+        let gone = replay::request(addr, 1, 10, t).unwrap();
+        assert_eq!(gone.status, ReplayStatus::OutOfRange, "{}", c.name());
+        assert!(gone.packets.is_empty());
+        let kept = replay::request(addr, last - 19, 20, t).unwrap();
+        assert_eq!(kept.status, ReplayStatus::Complete, "{}", c.name());
+        assert_eq!(kept.packets.len(), 20);
+    }
+}
+
 /// Runs inside the namespace made by `multicast_feed_inside_a_private_network_namespace`.
 fn multicast_inner() {
     let addrs = FeedAddrs::on(

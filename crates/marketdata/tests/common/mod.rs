@@ -164,7 +164,10 @@ impl LossyLink {
 pub fn serve_recovery(publisher: &Publisher, sub: &mut Subscriber, now_ns: u64) {
     for _ in 0..16 {
         let Some(req) = sub.poll(now_ns) else { return };
-        let history = publisher.history();
+        let Some(history) = publisher.history_of(req.channel) else {
+            sub.on_replay_done(req.channel, now_ns);
+            continue;
+        };
         if let Ok(packets) = replay::collect(&history, req.from, req.count) {
             for p in packets {
                 sub.on_packet(req.channel, Feed::Replay, &p, now_ns);
