@@ -25,6 +25,8 @@ pub enum Role {
     Learner,
     /// One node with no replication (the demo today).
     Standalone,
+    /// A member the view expects (from the configuration) that has not reported yet.
+    Unknown,
 }
 
 /// What a node says about itself.
@@ -48,6 +50,8 @@ pub struct NodeView {
     pub last_seen_ms: u64,
     pub up: bool,
     pub state_hash_hex: Option<String>,
+    /// The node's own divergence alarm (it stopped on a state hash mismatch), if raised.
+    pub alarm: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -67,6 +71,7 @@ struct Entry {
     seen: Instant,
     /// (applied index, hash) pairs kept for comparison: the last few per node.
     hashes: Vec<(u64, u64)>,
+    alarm: Option<String>,
 }
 
 const HASHES_KEPT_PER_NODE: usize = 16;
@@ -88,6 +93,7 @@ impl ClusterView {
             status: status.clone(),
             seen: Instant::now(),
             hashes: Vec::new(),
+            alarm: None,
         });
         if let Some(h) = status.state_hash {
             if e.hashes.last().map(|x| x.0) != Some(status.applied_index) {
@@ -99,6 +105,41 @@ impl ClusterView {
         }
         e.status = status;
         e.seen = Instant::now();
+    }
+
+    /// Adds members known from a configuration before they report, so that a member that
+    /// never answers shows as down once the threshold passes (counted from now).
+    pub fn expect(&self, ids: &[u64]) {
+        let Ok(mut nodes) = self.nodes.lock() else {
+            return;
+        };
+        for &id in ids {
+            if nodes.len() >= NODES_MAX {
+                break;
+            }
+            nodes.entry(id).or_insert_with(|| Entry {
+                status: NodeStatus {
+                    id,
+                    role: Role::Unknown,
+                    term: 0,
+                    commit_index: 0,
+                    applied_index: 0,
+                    state_hash: None,
+                },
+                seen: Instant::now(),
+                hashes: Vec::new(),
+                alarm: None,
+            });
+        }
+    }
+
+    /// Records a node's divergence alarm (`None`: no alarm). Only nodes the view knows.
+    pub fn set_alarm(&self, id: u64, alarm: Option<String>) {
+        if let Ok(mut nodes) = self.nodes.lock() {
+            if let Some(e) = nodes.get_mut(&id) {
+                e.alarm = alarm;
+            }
+        }
     }
 
     pub fn remove(&self, id: u64) {
@@ -126,7 +167,12 @@ impl ClusterView {
         let mut views = Vec::with_capacity(nodes.len());
         for e in nodes.values() {
             let last_seen_ms = e.seen.elapsed().as_millis() as u64;
-            let lag = commit.saturating_sub(e.status.applied_index);
+            // A member that never reported has no position to lag behind with.
+            let lag = if e.status.role == Role::Unknown {
+                0
+            } else {
+                commit.saturating_sub(e.status.applied_index)
+            };
             let id = e.status.id.to_string();
             let l = [("node", id.as_str())];
             registry
@@ -159,6 +205,7 @@ impl ClusterView {
                 last_seen_ms,
                 up: last_seen_ms <= node_down_ms,
                 state_hash_hex: e.status.state_hash.map(|h| format!("{h:016x}")),
+                alarm: e.alarm.clone(),
             });
         }
         let mut mismatch = Vec::new();
@@ -269,6 +316,14 @@ pub fn evaluate(
             ),
         });
     }
+    for n in cluster.nodes.iter() {
+        if let Some(a) = &n.alarm {
+            out.push(Alert {
+                name: "divergence",
+                message: format!("node {} stopped on a state hash alarm: {a}", n.status.id),
+            });
+        }
+    }
     for n in cluster.nodes.iter().filter(|n| !n.up) {
         out.push(Alert {
             name: "node_down",
@@ -315,6 +370,26 @@ mod tests {
             3,
             "one lag gauge per node"
         );
+    }
+
+    #[test]
+    fn an_expected_member_that_never_reports_goes_down_and_an_alarm_fires() {
+        let v = ClusterView::default();
+        v.expect(&[1, 2, 3]);
+        v.report(status(1, Role::Leader, 100, 7));
+        v.report(status(2, Role::Follower, 100, 7));
+        v.set_alarm(2, Some("hash differs at 100".into()));
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        v.report(status(1, Role::Leader, 100, 7));
+        v.report(status(2, Role::Follower, 100, 7));
+        let s = v.snapshot(20, &Registry::new());
+        assert_eq!(s.nodes.len(), 3);
+        assert_eq!(s.nodes[2].status.role, Role::Unknown);
+        assert!(!s.nodes[2].up && s.nodes[0].up);
+        let alerts = evaluate(&AlertThresholds::default(), None, None, &s);
+        let names: Vec<_> = alerts.iter().map(|a| a.name).collect();
+        assert_eq!(names, vec!["divergence", "node_down"]);
+        assert!(alerts[1].message.contains("node 3"), "{alerts:?}");
     }
 
     #[test]

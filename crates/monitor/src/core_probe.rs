@@ -7,7 +7,7 @@
 
 use crate::metrics::{Counter, Gauge};
 use crate::names;
-use crate::probe::{kind_index, StageRecorder, Trace, KINDS};
+use crate::probe::{kind_index, StageRecorder, Trace, COMMAND_KINDS as KINDS};
 use crate::Monitor;
 use bourse_core::{CancelReason, CommandKind, Event};
 
@@ -27,6 +27,13 @@ impl Tally {
     #[inline]
     pub fn add(&mut self, kind: CommandKind, events: &[Event]) {
         self.commands[kind_index(kind)] += 1;
+        self.add_events(events);
+    }
+
+    /// Counts the events of one command whose kind is not known here (a replica node sees
+    /// outcomes, not commands).
+    #[inline]
+    pub fn add_events(&mut self, events: &[Event]) {
         for e in events {
             match e {
                 Event::OrderAccepted { .. } => {

@@ -5,7 +5,10 @@
 
 use crate::cluster::{evaluate, Alert, ClusterSnapshot};
 use crate::metrics::{render_histogram, Counter, Gauge, Registry, LATENCY_BUCKETS_NS};
-use crate::probe::{IntervalStats, Percentiles, Stage, KINDS, LEGS, LEG_DOOR_TO_DOOR, LEG_NETWORK};
+use crate::probe::{
+    kind_name, IntervalStats, Percentiles, Stage, KINDS, KIND_ENTRY, LEGS, LEG_DOOR_TO_DOOR,
+    LEG_NETWORK,
+};
 use crate::{names, Monitor, MonitorConfig};
 use bourse_core::CommandKind;
 use serde::Serialize;
@@ -23,6 +26,8 @@ pub struct Rates {
     pub trades: f64,
     pub cancels: f64,
     pub rejects: f64,
+    /// Log entries a replica node applied (0 where there is no node).
+    pub entries: f64,
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize)]
@@ -33,6 +38,7 @@ pub struct Totals {
     pub trades: u64,
     pub cancels: u64,
     pub rejects: u64,
+    pub entries: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -41,6 +47,8 @@ pub struct StageRow {
     pub all: Option<Percentiles>,
     pub new: Option<Percentiles>,
     pub cancel: Option<Percentiles>,
+    /// Log entries as a replica node observes them (kind `entry`).
+    pub entry: Option<Percentiles>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -232,7 +240,12 @@ fn unix_ms() -> u64 {
 fn totals(r: &Registry) -> Totals {
     let g = |n| r.counter_sum(n).unwrap_or(0);
     Totals {
-        commands: g(names::COMMANDS_TOTAL),
+        // A trading core counts commands by kind; a replica node counts what its state
+        // machine applied.
+        commands: r
+            .counter_sum(names::COMMANDS_TOTAL)
+            .unwrap_or_else(|| g(names::NODE_COMMANDS_APPLIED_TOTAL)),
+        entries: g(names::NODE_ENTRIES_APPLIED_TOTAL),
         tx: g(names::TRANSACTIONS_TOTAL),
         orders: g(names::ORDERS_TOTAL),
         trades: g(names::TRADES_TOTAL),
@@ -265,6 +278,7 @@ pub fn tick(monitor: &Monitor) -> Arc<str> {
                     trades: rate(t.trades, p.trades),
                     cancels: rate(t.cancels, p.cancels),
                     rejects: rate(t.rejects, p.rejects),
+                    entries: rate(t.entries, p.entries),
                 },
                 (
                     md_packets.map(|n| rate(n, pp)),
@@ -287,6 +301,7 @@ pub fn tick(monitor: &Monitor) -> Arc<str> {
             all: stats.by_leg[s as usize],
             new: stats.get(CommandKind::NewOrder, s as usize),
             cancel: stats.get(CommandKind::Cancel, s as usize),
+            entry: stats.by_kind_leg[KIND_ENTRY * LEGS + s as usize],
         })
         .collect();
     let cluster = monitor
@@ -347,7 +362,6 @@ pub fn tick(monitor: &Monitor) -> Arc<str> {
 
 /// Appends the probe histograms (since start) as Prometheus histograms in seconds.
 pub fn render_probe_histograms(monitor: &Monitor, out: &mut String) {
-    let kinds = CommandKind::ALL;
     let _ = monitor.probes().with_totals(|hist, sums| {
         let families: [(&str, &str, Vec<usize>); 3] = [
             (
@@ -369,7 +383,7 @@ pub fn render_probe_histograms(monitor: &Monitor, out: &mut String) {
         for (name, help, legs) in families {
             let mut header = false;
             for leg in legs {
-                for (k, kind) in kinds.iter().enumerate().take(KINDS) {
+                for k in 0..KINDS {
                     let i = k * LEGS + leg;
                     let h = &hist[i];
                     if h.is_empty() {
@@ -395,7 +409,7 @@ pub fn render_probe_histograms(monitor: &Monitor, out: &mut String) {
                             acc
                         })
                         .collect();
-                    let mut labels = vec![("kind".to_string(), kind.name().to_string())];
+                    let mut labels = vec![("kind".to_string(), kind_name(k).to_string())];
                     if leg != LEG_DOOR_TO_DOOR && leg != LEG_NETWORK {
                         labels.push(("stage".to_string(), Stage::ALL[leg].name().to_string()));
                     }

@@ -14,8 +14,14 @@
 //! - [`core_probe::CoreMonitor`]: what a trading core's thread carries: the seeds' counts
 //!   (transactions, orders, trades) tallied locally and published periodically, plus its
 //!   recorder.
-//! - [`cluster::ClusterView`]: nodes, leader, term, commit index, health; replication lag and
-//!   alerts derive from it.
+//! - [`cluster::ClusterView`]: nodes, leader, term, commit index, health, divergence alarms;
+//!   replication lag and alerts (thresholds from [`AlertThresholds`]) derive from it.
+//! - [`node::NodeMetrics`]: what a replica node exports (applied commands and entries, commit
+//!   and applied index, term, leader, peer lag, journal bytes/records/fsync latency, snapshots,
+//!   hash checks, divergence alarm, entry stage legs), fed by the `bourse node` glue from the
+//!   node's status, openraft's metrics, its committed stream and the journal's counters.
+//! - [`ltp`]: the cross-process breakdown (network, gateway, IPC, replication, matching) from
+//!   a gateway's and a node's stage histograms by LTP's T1 = T7 = (T0,7 − T1,6) / 2.
 //! - [`server::DashboardServer`]: an HTTP server on its own thread (tokio, current-thread
 //!   runtime) serving the self-contained dashboard at `/`, live frames over server-sent events at
 //!   `/events`, `/metrics`, and `/api/frame`. Slow event-stream clients are cut off rather than
@@ -28,13 +34,17 @@ pub mod clock;
 pub mod cluster;
 pub mod core_probe;
 pub mod dashboard;
+pub mod ltp;
 pub mod metrics;
+pub mod node;
 pub mod probe;
 pub mod server;
 
 pub use cluster::{AlertThresholds, ClusterView, NodeStatus, Role};
 pub use core_probe::CoreMonitor;
+pub use ltp::{derive as derive_breakdown, Breakdown, GatewayStages, NodeStages};
 pub use metrics::{Counter, Gauge, Histogram, Registry};
+pub use node::{NodeMetrics, NodeSample, Progress};
 pub use probe::{ltp_network_leg_ns, ProbeHub, Stage, StageRecorder, Trace};
 pub use server::DashboardServer;
 
@@ -74,6 +84,21 @@ pub mod names {
     pub const DASHBOARD_CLIENTS_DROPPED_TOTAL: &str = "bourse_dashboard_clients_dropped_total";
     pub const HTTP_CONNECTIONS_REFUSED_TOTAL: &str = "bourse_http_connections_refused_total";
     pub const BUILD_INFO: &str = "bourse_build_info";
+    // A replica node's own figures (labelled `node`).
+    pub const NODE_COMMANDS_APPLIED_TOTAL: &str = "bourse_node_commands_applied_total";
+    pub const NODE_ENTRIES_APPLIED_TOTAL: &str = "bourse_node_entries_applied_total";
+    pub const HASH_CHECKS_PASSED_TOTAL: &str = "bourse_hash_checks_passed_total";
+    pub const RAFT_LAST_APPLIED_INDEX: &str = "bourse_raft_last_applied_index";
+    pub const RAFT_LAST_LOG_INDEX: &str = "bourse_raft_last_log_index";
+    pub const RAFT_SNAPSHOT_INDEX: &str = "bourse_raft_snapshot_index";
+    pub const RAFT_IS_LEADER: &str = "bourse_raft_is_leader";
+    pub const RAFT_LEADER_ID: &str = "bourse_raft_leader_id";
+    pub const RAFT_PEER_LAG_ENTRIES: &str = "bourse_raft_peer_lag_entries";
+    pub const DIVERGENCE_ALARM: &str = "bourse_divergence_alarm";
+    pub const SNAPSHOTS_TOTAL: &str = "bourse_snapshots_total";
+    pub const SNAPSHOT_BYTES_TOTAL: &str = "bourse_snapshot_bytes_total";
+    pub const SNAPSHOT_SIZE_BYTES: &str = "bourse_snapshot_size_bytes";
+    pub const SNAPSHOT_WRITE_SECONDS: &str = "bourse_snapshot_write_seconds";
 }
 
 /// Monitoring settings; every field has a default, and a TOML file may set any of them.
@@ -100,6 +125,9 @@ pub struct MonitorConfig {
     pub send_buffer_bytes: usize,
     /// The node's name in the dashboard title.
     pub node_name: String,
+    /// How often a replica node polls its own and its peers' status for the cluster view.
+    /// Each poll makes the polled node hash its whole state, so this is not made frequent.
+    pub status_poll_ms: u64,
     pub alerts: AlertThresholds,
 }
 
@@ -116,6 +144,7 @@ impl Default for MonitorConfig {
             header_read_timeout_ms: 5_000,
             send_buffer_bytes: 64 * 1024,
             node_name: "bourse".into(),
+            status_poll_ms: 1_000,
             alerts: AlertThresholds::default(),
         }
     }
@@ -147,6 +176,9 @@ impl MonitorConfig {
         }
         if !(1..=100_000).contains(&self.connections_max) {
             return Err("connections_max must be between 1 and 100000".into());
+        }
+        if !(10..=600_000).contains(&self.status_poll_ms) {
+            return Err("status_poll_ms must be between 10 and 600000".into());
         }
         if self.header_read_timeout_ms == 0 {
             return Err("header_read_timeout_ms must be positive".into());

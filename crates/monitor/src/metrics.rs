@@ -63,6 +63,11 @@ impl Counter {
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
+    /// Raises the count to `total` if it is below (for mirroring a count kept elsewhere; a
+    /// counter never goes down).
+    pub fn raise_to(&self, total: u64) {
+        self.0.fetch_max(total, Ordering::Relaxed);
+    }
 }
 
 /// A value that goes up and down (queue depth, commit index, sessions). Integers only: every
@@ -119,6 +124,21 @@ impl Histogram {
     }
     pub fn count(&self) -> u64 {
         self.0.count.load(Ordering::Relaxed)
+    }
+    /// Replaces the whole content with a histogram kept elsewhere over the same bounds:
+    /// `buckets` holds non-cumulative counts per bound plus the `+Inf` cell. Returns false
+    /// (and changes nothing) if the shape does not match.
+    pub fn mirror(&self, buckets: &[u64], sum_ns: u64, count: u64) -> bool {
+        let c = &self.0;
+        if buckets.len() != c.buckets.len() {
+            return false;
+        }
+        for (cell, n) in c.buckets.iter().zip(buckets) {
+            cell.store(*n, Ordering::Relaxed);
+        }
+        c.sum_ns.store(sum_ns, Ordering::Relaxed);
+        c.count.store(count, Ordering::Relaxed);
+        true
     }
     pub fn sum_ns(&self) -> u64 {
         self.0.sum_ns.load(Ordering::Relaxed)

@@ -80,7 +80,23 @@ impl Stage {
 pub const LEGS: usize = STAGES + 1;
 pub const LEG_DOOR_TO_DOOR: usize = 0;
 pub const LEG_NETWORK: usize = STAGES;
-pub const KINDS: usize = CommandKind::ALL.len();
+/// Command kinds the probes distinguish.
+pub const COMMAND_KINDS: usize = CommandKind::ALL.len();
+/// Slots per leg: one per command kind, then [`KIND_ENTRY`].
+pub const KINDS: usize = COMMAND_KINDS + 1;
+/// The slot of log entries as a replica node observes them: an entry is a batch of commands
+/// of mixed kinds, timed from when this node appended it (t3) to when it was committed (t4)
+/// and applied (t5). Its label value is `entry`.
+pub const KIND_ENTRY: usize = COMMAND_KINDS;
+
+/// The label value of a kind slot (`new_order`, …, `entry`).
+pub fn kind_name(slot: usize) -> &'static str {
+    if slot < COMMAND_KINDS {
+        CommandKind::ALL[slot].name()
+    } else {
+        "entry"
+    }
+}
 
 pub fn kind_index(k: CommandKind) -> usize {
     match k {
@@ -275,6 +291,14 @@ impl StageRecorder {
         if let Some(batch) = self.batch.as_deref_mut() {
             let ns = ltp_network_leg_ns(round_trip_ns, server_residence_ns);
             batch.record(kind_index(kind), LEG_NETWORK, ns);
+        }
+    }
+
+    /// Records one leg of a log entry as a replica node observes it (kind `entry`): `stage`
+    /// is where the leg ends (`Appended`, `Committed` or `Processed`).
+    pub fn record_entry_leg(&mut self, stage: Stage, ns: u64) {
+        if let Some(batch) = self.batch.as_deref_mut() {
+            batch.record(KIND_ENTRY, stage as usize, ns);
         }
     }
 
