@@ -30,7 +30,7 @@ step "the batch interface replays the example trading day"
 grep -q '"event":"trade"' /tmp/bourse-events.jsonl
 
 step "the main job runs end to end (bourse demo, 3 seconds)"
-./target/release/bourse demo --seconds 3 --rate 20000 --accounts 1000
+./target/release/bourse demo --seconds 5 --rate 2000 --accounts 1000 --dashboard-port 0
 
 step "benchmarks run (smoke sizes; figures are in BENCHMARKS.md)"
 ./target/release/bourse bench engine --ops 20000 --warmup 2000 --rates 100000 --open-loop-seconds 1 --json >/dev/null

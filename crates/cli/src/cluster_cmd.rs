@@ -37,6 +37,14 @@ pub struct NodeArgs {
     /// This node's id in the configuration.
     #[arg(long)]
     id: u64,
+    /// Serve `/metrics` and the dashboard (with the group's cluster view) on this loopback
+    /// address, e.g. 127.0.0.1:9101 (port 0: any free port; the address is printed).
+    #[arg(long)]
+    monitor_listen: Option<SocketAddr>,
+    /// Monitoring settings (TOML: sample_every, status_poll_ms, [alerts], …; see
+    /// crates/monitor/monitor.example.toml). Needs --monitor-listen.
+    #[arg(long, requires = "monitor_listen")]
+    monitor_config: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -91,13 +99,49 @@ pub fn node(args: NodeArgs) -> Result<()> {
             .await
             .map_err(|e| anyhow!(e))?;
         eprintln!("bourse node {}: serving on {}", args.id, node.addr);
+        // The core's market data: sent by this node while it leads (see `[marketdata]`).
+        let market_data = match &config.marketdata {
+            Some(section) => {
+                let md = bourse_cluster::marketdata::MarketDataService::start(&node, section)
+                    .map_err(|e| anyhow!(e))?;
+                eprintln!(
+                    "bourse node {}: market data on 127.0.0.1 from UDP port {} (sent while leading)",
+                    args.id, section.base_port
+                );
+                Some(md)
+            }
+            None => None,
+        };
+        let mut monitor = match args.monitor_listen {
+            Some(listen) => {
+                let mconfig = crate::node_monitor::load_config(
+                    args.monitor_config.as_deref(),
+                    format!("node {} of cluster {}", args.id, config.cluster_id),
+                )?;
+                let m = crate::node_monitor::NodeMonitor::start(&node, &config, listen, mconfig)
+                    .await?;
+                eprintln!(
+                    "bourse node {}: dashboard http://{}/ metrics http://{}/metrics",
+                    args.id,
+                    m.addr(),
+                    m.addr()
+                );
+                Some(m)
+            }
+            None => None,
+        };
         while !stop.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            match &mut monitor {
+                Some(m) => m.run_for(&node, Duration::from_millis(100)).await,
+                None => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
             if let Some(alarm) = node.alarm() {
+                drop(market_data);
                 node.shutdown().await;
                 bail!("node {} taken out: {alarm}", args.id);
             }
         }
+        drop(market_data);
         node.shutdown().await;
         Ok(())
     })

@@ -1,12 +1,15 @@
-//! `bourse gateway --config FILE`: the FIX and binary access servers in front of an
-//! in-process trading core; and `bourse bench gateway`: door-to-door round trips through them.
+//! `bourse gateway --config FILE`: the FIX and binary access servers in front of the trading
+//! cores of the config (`[[cores]]`: in-process engines, or replica groups reached through a
+//! `ClusterLink`), with `/metrics` and the dashboard when `monitor_listen` is set; and
+//! `bourse bench gateway`: door-to-door round trips through them, with monitoring off or on.
 
 use crate::report::{self, Latency};
 use anyhow::{anyhow, Context, Result};
 use bourse_client::binary::BinTif;
 use bourse_client::{BinaryClient, FixClient, FixClientConfig, Response};
-use bourse_engine::{Engine, EngineConfig};
-use bourse_gateway::{GatewayConfig, GatewayHandle, InProcessCore};
+use bourse_engine::{Engine, EngineConfig, ORDER_ID_CORE_SHIFT};
+use bourse_gateway::cluster_link::{ClusterLink, ClusterLinkConfig};
+use bourse_gateway::{CoreLink, GatewayConfig, GatewayHandle, InProcessCore};
 use clap::Args;
 use hdrhistogram::Histogram;
 use serde_json::json;
@@ -27,19 +30,43 @@ pub struct GatewayArgs {
     orders_max: u32,
 }
 
-/// Starts the access servers with an in-process engine behind them.
-pub fn start(config: GatewayConfig, orders_max: u32) -> Result<GatewayHandle> {
-    let mut engine = Engine::new(EngineConfig {
-        orders_max,
-        ..EngineConfig::default()
-    });
+/// The links to the config's cores, in the order of `GatewayConfig::core_plan`: an engine on
+/// its own thread for an in-process core (numbering its orders from
+/// `core_index << ORDER_ID_CORE_SHIFT`), a `ClusterLink` for a replicated one.
+pub fn core_links(config: &GatewayConfig, orders_max: u32) -> Result<Vec<Box<dyn CoreLink>>> {
     let depth = config.gateway.core_queue_depth;
-    let link = InProcessCore::spawn(Box::new(move |c, out| engine.apply(c, out)), depth);
-    bourse_gateway::spawn(config, Box::new(link)).map_err(|e| anyhow!(e))
+    let mut links: Vec<Box<dyn CoreLink>> = Vec::new();
+    for (index, core) in config.core_plan().iter().enumerate() {
+        if core.in_process {
+            let mut engine = Engine::new(EngineConfig {
+                orders_max,
+                first_order_id: ((index as u64) << ORDER_ID_CORE_SHIFT).max(1),
+                ..EngineConfig::default()
+            });
+            let link = InProcessCore::spawn(Box::new(move |c, out| engine.apply(c, out)), depth);
+            links.push(Box::new(link));
+        } else {
+            let client_id = core
+                .client_id
+                .ok_or_else(|| anyhow!("core {}: no client_id", core.name))?;
+            let link_config = ClusterLinkConfig::new(core.nodes.clone(), client_id, depth);
+            let link =
+                ClusterLink::start(link_config).map_err(|e| anyhow!("core {}: {e}", core.name))?;
+            links.push(Box::new(link));
+        }
+    }
+    Ok(links)
+}
+
+/// Starts the access servers in front of the config's cores.
+pub fn start(config: GatewayConfig, orders_max: u32) -> Result<GatewayHandle> {
+    let links = core_links(&config, orders_max)?;
+    bourse_gateway::spawn_cores(config, links, None).map_err(|e| anyhow!(e))
 }
 
 pub fn run(args: GatewayArgs) -> Result<()> {
     let mut config = GatewayConfig::from_file(&args.config).map_err(|e| anyhow!(e))?;
+    // Bootstrap is idempotent, so it is on unless a core opts out (`bootstrap = false`).
     config.core.bootstrap = true;
     let handle = start(config, args.orders_max)?;
     if let Some(a) = handle.fix_addr() {
@@ -47,6 +74,9 @@ pub fn run(args: GatewayArgs) -> Result<()> {
     }
     if let Some(a) = handle.binary_addr() {
         println!("binary order entry listening on {a}");
+    }
+    if let Some(a) = handle.monitor_addr() {
+        println!("metrics on http://{a}/metrics, dashboard on http://{a}/");
     }
     let stop = Arc::new(AtomicBool::new(false));
     let stop_signal = Arc::clone(&stop);
@@ -85,6 +115,13 @@ pub struct GatewayBenchArgs {
     /// One JSON object per scenario instead of a table.
     #[arg(long)]
     json: bool,
+    /// Gateway monitoring during the runs: off, on (counters, probes sampled 1 in
+    /// --sample-every, /metrics served), or both (every scenario twice, off then on).
+    #[arg(long, default_value = "off")]
+    monitor: String,
+    /// With monitoring on, stage probes record one request in this many.
+    #[arg(long, default_value_t = 16)]
+    sample_every: u32,
 }
 
 const BENCH_CONFIG: &str = r#"
@@ -175,7 +212,7 @@ struct FixBench(FixClient);
 
 impl BenchClient for FixBench {
     fn send(&mut self, i: u64) -> Result<()> {
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             let price = format!("{}.{:02}", 90 + i / 2 % 5, i / 2 % 100);
             self.0
                 .new_order(&i.to_string(), None, "BENCH", true, 1, Some(&price), '0')?;
@@ -342,7 +379,7 @@ fn drive_binary_split(
                 }
             }
             let id = first + i + 1;
-            if i % 2 == 0 {
+            if i.is_multiple_of(2) {
                 let price = 9_000 + (i / 2 % 500) as i64;
                 writer.new_order(id, 1, 1, true, 1, Some(price), BinTif::Day)?;
             } else {
@@ -408,10 +445,12 @@ fn drive_binary_split(
 }
 
 pub fn bench(args: GatewayBenchArgs) -> Result<()> {
-    let dir = std::env::temp_dir().join(format!("bourse-bench-gateway-{}", std::process::id()));
-    let mut config = GatewayConfig::from_toml(BENCH_CONFIG).map_err(|e| anyhow!(e))?;
-    config.gateway.store_dir = dir.clone();
-    let handle = start(config, 1 << 20)?;
+    let modes: Vec<bool> = match args.monitor.as_str() {
+        "off" => vec![false],
+        "on" => vec![true],
+        "both" => vec![false, true],
+        other => return Err(anyhow!("--monitor must be off, on or both, not {other}")),
+    };
     let machine = report::Machine::this();
     let echo = echo_baseline()?;
     if !args.json {
@@ -423,6 +462,48 @@ pub fn bench(args: GatewayBenchArgs) -> Result<()> {
             "TCP echo baseline: p50 {} p99 {}",
             report::ns(echo.p50),
             report::ns(echo.p99)
+        );
+    }
+    for monitor in modes {
+        bench_mode(&args, monitor, &echo, &machine)?;
+    }
+    Ok(())
+}
+
+/// Every scenario of `args` against a fresh gateway, with its monitoring on or off.
+fn bench_mode(
+    args: &GatewayBenchArgs,
+    monitor: bool,
+    echo: &Latency,
+    machine: &report::Machine,
+) -> Result<()> {
+    let echo = *echo;
+    let dir = std::env::temp_dir().join(format!(
+        "bourse-bench-gateway-{}-{monitor}",
+        std::process::id()
+    ));
+    let mut config = GatewayConfig::from_toml(BENCH_CONFIG).map_err(|e| anyhow!(e))?;
+    config.gateway.store_dir = dir.clone();
+    if monitor {
+        config.gateway.monitor_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+        config.gateway.monitor_sample_every = args.sample_every;
+    }
+    let handle = start(config, 1 << 20)?;
+    let mode = if monitor { "on" } else { "off" };
+    if !args.json {
+        println!(
+            "monitoring {mode}{}",
+            if monitor {
+                format!(
+                    " (counters, probes 1 in {}, /metrics on {})",
+                    args.sample_every,
+                    handle
+                        .monitor_addr()
+                        .map_or("-".to_string(), |a| a.to_string())
+                )
+            } else {
+                String::new()
+            }
         );
         println!(
             "  {:<8} {:>12} {:>12} {:>10} {:>16} {:>16} {:>16} {:>16}",
@@ -474,6 +555,7 @@ pub fn bench(args: GatewayBenchArgs) -> Result<()> {
             if args.json {
                 let o = json!({
                     "bench": "gateway",
+                    "monitor": mode,
                     "scenario": format!("{proto}-{}", rate.map_or("saturation".to_string(), |r| r.to_string())),
                     "protocol": proto,
                     "offered_per_s": rate,

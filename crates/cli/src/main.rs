@@ -6,14 +6,17 @@
 //! this file only parses arguments and dispatches.
 
 mod bench;
+mod bench_recovery;
 mod cluster_cmd;
 mod demo;
+mod deploy;
 mod engine_run;
 mod fix_acceptor;
 mod gateway_cmd;
 mod journal_cmd;
 mod loadtest_cmd;
 mod md_cmd;
+mod node_monitor;
 mod order_cmd;
 mod report;
 
@@ -72,6 +75,9 @@ enum Command {
     Loadtest(loadtest_cmd::LoadtestArgs),
     /// Re-render a load-test report from its results.json, optionally against a baseline run.
     Report(loadtest_cmd::ReportArgs),
+    /// One generator worker of `bourse loadtest --workers N` (started by it, not by hand).
+    #[command(hide = true)]
+    LoadgenWorker(loadtest_cmd::WorkerArgs),
     /// Market data tools: listen, book, record, demo-publish.
     Md {
         #[command(subcommand)]
@@ -122,6 +128,9 @@ enum BenchCommand {
     /// Door-to-door round trips through the FIX and binary gateways over loopback, open loop
     /// and at saturation, beside a TCP echo round trip.
     Gateway(gateway_cmd::GatewayBenchArgs),
+    /// A node's recovery: journal replay (commands/s, read and apply apart) and snapshot
+    /// size, write, fsync and restore time for 1M accounts and 10M positions.
+    Recovery(bench_recovery::RecoveryBenchArgs),
 }
 
 fn main() {
@@ -144,6 +153,7 @@ fn main() {
             BenchCommand::Cluster(args) => cluster_cmd::bench(args),
             BenchCommand::Marketdata(args) => md_cmd::bench(args),
             BenchCommand::Gateway(args) => gateway_cmd::bench(args),
+            BenchCommand::Recovery(args) => bench_recovery::recovery(args),
         },
         Command::Journal { command } => journal_cmd::run(command),
         Command::Node(args) => cluster_cmd::node(args),
@@ -156,6 +166,7 @@ fn main() {
         Command::Order(args) => order_cmd::run(args),
         Command::Loadtest(args) => loadtest_cmd::loadtest(args),
         Command::Report(args) => loadtest_cmd::report_cmd(args),
+        Command::LoadgenWorker(args) => loadtest_cmd::worker(args),
     };
     if let Err(e) = result {
         eprintln!("bourse: {e:#}");

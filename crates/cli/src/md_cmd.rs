@@ -2,7 +2,8 @@
 //! `bourse bench marketdata`.
 //!
 //! Every tool talks UDP to 127.0.0.1 ports (`--base-port`, default 31400: channel i on
-//! base+2i for feed A and base+2i+1 for feed B; the TCP replay service on base+20). With
+//! base+2i for feed A and base+2i+1 for feed B; the TCP replay service of incremental channel
+//! i on base+20+i). With
 //! `--self-test` a tool also runs an in-process core with simulated order flow publishing on
 //! those ports, so it can be tried on its own.
 
@@ -159,8 +160,8 @@ pub fn demo_publisher(
         ..PublisherConfig::default()
     };
     let mut publisher = Publisher::new(config, &defs);
-    let _server = ReplayServer::spawn(SocketAddr::V4(addrs.replay), publisher.history())
-        .context("starting the replay service")?;
+    let _server = ReplayServer::spawn_for(SocketAddr::V4(addrs.replay), &publisher)
+        .context("starting the replay services")?;
     let mut sink = UdpSink::new(addrs)?;
     let start = Instant::now();
     let mut done: u64 = 0;

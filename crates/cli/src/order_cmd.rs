@@ -3,7 +3,9 @@
 //! Every command logs on with a durable session store (`--store`), so sequence numbers carry
 //! on from one command to the next and reports sent while no command ran arrive at the next
 //! logon. The execution reports a command sees are also kept in `orders.tsv` in the store
-//! directory: that is what `list` shows (the gateway has no order status query yet).
+//! directory (cancel and replace take an order's symbol and side from there). `list` asks the
+//! gateway for the session's live orders (OrderMassStatusRequest, 35=AF) and shows its answer;
+//! `status` asks for one order (OrderStatusRequest, 35=H).
 
 use anyhow::{anyhow, bail, Context, Result};
 use bourse_client::{FixClient, FixClientConfig, FixMessage};
@@ -77,11 +79,18 @@ pub enum OrderCommand {
         #[arg(long)]
         symbol: Option<String>,
     },
-    /// Show the session's orders as the reports received so far describe them.
+    /// Show the session's live orders as the gateway has them (and, with --all, the done
+    /// orders this terminal saw).
     List {
-        /// Include orders that are done (filled, cancelled, rejected).
+        /// Include orders that are done (filled, cancelled, rejected), from this terminal's
+        /// record.
         #[arg(long)]
         all: bool,
+    },
+    /// Ask the gateway for one order's status.
+    Status {
+        #[arg(long)]
+        cl_ord_id: String,
     },
     /// Print execution reports as they arrive.
     Watch {
@@ -144,7 +153,7 @@ fn save(path: &Path, map: &BTreeMap<String, Known>) -> Result<()> {
     Ok(())
 }
 
-fn field<'a>(m: &'a FixMessage, tag: u32) -> &'a str {
+fn field(m: &FixMessage, tag: u32) -> &str {
     FixClient::field(m, tag as bourse_fix::Tag).unwrap_or("")
 }
 
@@ -155,13 +164,21 @@ fn status_name(code: &str) -> &'static str {
         "2" => "filled",
         "4" => "cancelled",
         "8" => "rejected",
+        "A" => "pending-new",
         "C" => "expired",
         _ => "?",
     }
 }
 
 fn live(status: &str) -> bool {
-    matches!(status, "new" | "partially-filled")
+    matches!(status, "new" | "partially-filled" | "pending-new")
+}
+
+fn row(id: &str, k: &Known) {
+    println!(
+        "{:<20} {:<8} {:<5} {:>10} {:>10} {:<17} {:>10} {:>10} {:>10}",
+        id, k.symbol, k.side, k.qty, k.price, k.status, k.leaves, k.cum, k.order_id
+    );
 }
 
 /// Prints a report and records what it says about the order.
@@ -175,6 +192,7 @@ fn absorb(m: &FixMessage, orders: &mut BTreeMap<String, Known>) {
             let mut line = format!(
                 "exec {:<9} {} {} {} {} @ {} leaves {} cum {} order {}",
                 match exec_type {
+                    "I" => "status",
                     "0" => "new",
                     "F" => "trade",
                     "4" => "cancelled",
@@ -199,6 +217,10 @@ fn absorb(m: &FixMessage, orders: &mut BTreeMap<String, Known>) {
                 line.push_str(&format!(" ({})", field(m, 58)));
             }
             println!("{line}");
+            // A status report about no order (unknown, or no open orders) records nothing.
+            if exec_type == "I" && field(m, 39) == "8" {
+                return;
+            }
             // A cancel's report names the cancel request; the order is the OrigClOrdID.
             let key = match exec_type {
                 "4" if !orig.is_empty() => orig.clone(),
@@ -316,6 +338,16 @@ pub fn run(args: OrderArgs) -> Result<()> {
             client.mass_cancel(&format!("m{}", stamp()), symbol.as_deref())?;
         }
         OrderCommand::List { .. } => {}
+        OrderCommand::Status { ref cl_ord_id } => {
+            let k = orders.get(cl_ord_id).cloned().unwrap_or_default();
+            let side = match k.side.as_str() {
+                "buy" => Some(true),
+                "sell" => Some(false),
+                _ => None,
+            };
+            let symbol = (!k.symbol.is_empty()).then_some(k.symbol.as_str());
+            client.order_status(cl_ord_id, symbol, side, None)?;
+        }
         OrderCommand::Watch { seconds } => {
             watch_until = seconds.map(|s| Instant::now() + Duration::from_secs(s));
         }
@@ -337,16 +369,40 @@ pub fn run(args: OrderArgs) -> Result<()> {
         }
     }
     if let Some(all) = list {
+        // The gateway's answer is what is live; it also corrects this terminal's record.
+        let answers = client
+            .live_orders(
+                &format!("l{}", stamp()),
+                None,
+                wait.max(Duration::from_secs(2)),
+            )
+            .context("the gateway did not answer the order status request")?;
+        let mut live_ids = Vec::new();
+        for m in &answers {
+            absorb(m, &mut orders);
+            live_ids.push(field(m, 11).to_string());
+        }
+        // Orders this terminal thought live that the gateway no longer has ended while no
+        // command ran to see their last report (or the gateway restarted).
+        for (id, k) in orders.iter_mut() {
+            if live(&k.status) && !live_ids.contains(id) {
+                k.status = "done (unknown)".into();
+            }
+        }
         println!(
             "{:<20} {:<8} {:<5} {:>10} {:>10} {:<17} {:>10} {:>10} {:>10}",
             "cl_ord_id", "symbol", "side", "qty", "price", "status", "leaves", "cum", "order_id"
         );
-        for (id, k) in &orders {
-            if all || live(&k.status) {
-                println!(
-                    "{:<20} {:<8} {:<5} {:>10} {:>10} {:<17} {:>10} {:>10} {:>10}",
-                    id, k.symbol, k.side, k.qty, k.price, k.status, k.leaves, k.cum, k.order_id
-                );
+        for id in &live_ids {
+            if let Some(k) = orders.get(id) {
+                row(id, k);
+            }
+        }
+        if all {
+            for (id, k) in &orders {
+                if !live_ids.contains(id) {
+                    row(id, k);
+                }
             }
         }
     }

@@ -47,9 +47,9 @@ fn order(port: u16, sender: &str, store: &std::path::Path, args: &[&str]) -> Str
     text
 }
 
-#[test]
-fn orders_sent_from_the_terminal_trade_and_show_in_the_list() {
-    let dir = tempfile::tempdir().unwrap();
+/// Starts `bourse gateway` with the example config on free ports (plus `extra` lines in its
+/// `[gateway]` table); returns the process and the FIX port once it listens.
+fn start_gateway(dir: &std::path::Path, extra: &str) -> (Killed, u16) {
     let port = free_port();
     let example = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -60,15 +60,15 @@ fn orders_sent_from_the_terminal_trade_and_show_in_the_list() {
         .replace("127.0.0.1:9878", &format!("127.0.0.1:{port}"))
         .replace(
             "binary_listen = \"127.0.0.1:9879\"",
-            "binary_listen = \"127.0.0.1:0\"",
+            &format!("binary_listen = \"127.0.0.1:0\"\n{extra}"),
         )
         .replace(
             "store_dir = \"gateway-store\"",
-            &format!("store_dir = \"{}\"", dir.path().join("gw").display()),
+            &format!("store_dir = \"{}\"", dir.join("gw").display()),
         );
-    let path = dir.path().join("gateway.toml");
+    let path = dir.join("gateway.toml");
     std::fs::write(&path, config).unwrap();
-    let _gateway = Killed(
+    let gateway = Killed(
         Command::new(BOURSE)
             .args(["gateway", "--config"])
             .arg(&path)
@@ -82,6 +82,13 @@ fn orders_sent_from_the_terminal_trade_and_show_in_the_list() {
         assert!(Instant::now() < deadline, "gateway did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
+    (gateway, port)
+}
+
+#[test]
+fn orders_sent_from_the_terminal_trade_and_show_in_the_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_gateway, port) = start_gateway(dir.path(), "");
     let alpha = dir.path().join("alpha");
     let beta = dir.path().join("beta");
     let out = order(
@@ -120,10 +127,168 @@ fn orders_sent_from_the_terminal_trade_and_show_in_the_list() {
             .any(|l| l.starts_with("s1 ") && l.contains("partially-filled")),
         "{out}"
     );
+    let out = order(port, "ALPHA", &alpha, &["status", "--cl-ord-id", "s1"]);
+    assert!(
+        out.contains("exec status    s1 SBER sell 100 @ 250.10 leaves 70 cum 30"),
+        "{out}"
+    );
+    // The list comes from the gateway: with this terminal's record of orders gone, the
+    // order is still listed, as the gateway has it.
+    std::fs::remove_file(alpha.join("orders.tsv")).unwrap();
+    let out = order(port, "ALPHA", &alpha, &["list"]);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("s1 ") && l.contains("partially-filled")),
+        "{out}"
+    );
     let out = order(port, "ALPHA", &alpha, &["cancel", "--orig", "s1"]);
     assert!(out.contains("exec cancelled"), "{out}");
     let out = order(port, "ALPHA", &alpha, &["list"]);
     assert!(!out.lines().any(|l| l.starts_with("s1 ")), "{out}");
+    let out = order(port, "ALPHA", &alpha, &["status", "--cl-ord-id", "s1"]);
+    assert!(out.contains("unknown order"), "{out}");
+}
+
+/// One HTTP GET on loopback; the body.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    text.split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_string())
+}
+
+/// The sum of the series `name{...}` whose labels include every `key="value"` of `series`
+/// (given as `name{a="x",b="y"}`, in any order).
+fn metric(body: &str, series: &str) -> f64 {
+    let (name, labels) = match series.split_once('{') {
+        Some((n, l)) => (n, l.trim_end_matches('}')),
+        None => (series, ""),
+    };
+    let wanted: Vec<&str> = labels.split(',').filter(|l| !l.is_empty()).collect();
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            let (series, _) = l.rsplit_once(' ').unwrap_or((l, ""));
+            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+            n == name
+                && wanted
+                    .iter()
+                    .all(|w| rest.split(',').any(|x| x.trim_end_matches('}') == *w))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn the_gateway_serves_metrics_that_move_with_the_traffic() {
+    let dir = tempfile::tempdir().unwrap();
+    let monitor_port = free_port();
+    let (_gateway, port) = start_gateway(
+        dir.path(),
+        &format!("monitor_listen = \"127.0.0.1:{monitor_port}\"\nmonitor_sample_every = 1"),
+    );
+    let addr = format!("127.0.0.1:{monitor_port}");
+    let before = http_get(&addr, "/metrics");
+    assert_eq!(
+        metric(&before, "bourse_gateway_requests_total{kind=\"new_order\"}"),
+        0.0,
+        "{before}"
+    );
+    let alpha = dir.path().join("alpha");
+    let send = |id: &str, price: &str| {
+        order(
+            port,
+            "ALPHA",
+            &alpha,
+            &[
+                "send",
+                "--symbol",
+                "SBER",
+                "--side",
+                "buy",
+                "--qty",
+                "10",
+                "--price",
+                price,
+                "--cl-ord-id",
+                id,
+            ],
+        )
+    };
+    send("m1", "249.00");
+    send("m2", "249.10");
+    // A price outside the band: a reject by the core.
+    send("m3", "999.00");
+    order(port, "ALPHA", &alpha, &["cancel", "--orig", "m1"]);
+    // Counters are published on the gateway's 20 ms timer and probes every 100 ms.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let after = loop {
+        let body = http_get(&addr, "/metrics");
+        let probes = metric(
+            &body,
+            "bourse_stage_latency_seconds_count{kind=\"new\",stage=\"written\"}",
+        );
+        if metric(&body, "bourse_gateway_requests_total{kind=\"cancel\"}") >= 1.0 && probes >= 3.0
+            || Instant::now() > deadline
+        {
+            break body;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let m = |series: &str| metric(&after, series);
+    assert_eq!(
+        m("bourse_gateway_requests_total{kind=\"new_order\"}"),
+        3.0,
+        "{after}"
+    );
+    assert_eq!(
+        m("bourse_gateway_requests_total{kind=\"cancel\"}"),
+        1.0,
+        "{after}"
+    );
+    assert_eq!(
+        m("bourse_gateway_rejects_total{cause=\"core\"}"),
+        1.0,
+        "{after}"
+    );
+    assert!(
+        m("bourse_gateway_messages_total{direction=\"in\",protocol=\"fix\"}") >= 4.0,
+        "{after}"
+    );
+    // New ×3 (one rejected), cancelled ×1.
+    assert!(
+        m("bourse_gateway_execution_reports_total") >= 4.0,
+        "{after}"
+    );
+    // Four `bourse order` runs logged on (a Logon and a report each) and off.
+    assert!(
+        m("bourse_gateway_messages_total{direction=\"out\",protocol=\"fix\"}") >= 8.0,
+        "{after}"
+    );
+    assert!(m("bourse_gateway_disconnects_total") >= 3.0, "{after}");
+    assert!(
+        after.contains("bourse_queue_depth{queue=\"gateway_to_core_core\"}"),
+        "{after}"
+    );
+    assert!(
+        after.contains("bourse_sessions{protocol=\"fix\"}"),
+        "{after}"
+    );
+    // Every request was sampled: the legs from the socket read to the write are there.
+    for stage in ["decoded", "to_sequencer", "processed", "encoded", "written"] {
+        let series =
+            format!("bourse_stage_latency_seconds_count{{kind=\"new\",stage=\"{stage}\"}}");
+        assert!(m(&series) >= 3.0, "{series}: {after}");
+    }
 }
 
 #[test]

@@ -1,7 +1,9 @@
-//! `bourse loadtest` end to end: the smoke profile runs against the in-process target, its
-//! figures cross-check with what the cores counted, `bourse report` re-renders and compares,
-//! the HTML renders in headless Chromium, and bad profiles fail before anything starts with
-//! the line and the reason.
+//! `bourse loadtest` end to end: the smoke profile runs against the local deployment
+//! (binary sessions on a gateway in front of replicated cores that publish market data), its
+//! figures cross-check with what the cores and the market data feed counted, `bourse report`
+//! re-renders and compares, the HTML renders in headless Chromium, the generator runs as
+//! several processes, and bad profiles fail before anything starts with the line and the
+//! reason.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -66,11 +68,29 @@ fn the_smoke_profile_runs_and_its_figures_cross_check() {
     // Every acknowledged order accounted for: the cores accepted exactly the orders the
     // generator saw acknowledged, and each is still live or left the book.
     assert_eq!(t["orders"].as_u64().unwrap(), sum(cores, "orders_accepted"));
-    assert_eq!(sum(cores, "commands"), t["commands_sent"].as_u64().unwrap());
+    // The cores applied exactly what the gateway passed on (it answers a cancel of an order
+    // it knows has left by itself), and that is every command sent but those.
+    assert_eq!(sum(cores, "commands"), sum(cores, "commands_forwarded"));
+    assert!(sum(cores, "commands") <= t["commands_sent"].as_u64().unwrap());
+    assert!(sum(cores, "commands") > t["commands_sent"].as_u64().unwrap() * 9 / 10);
+    // Trades on the market data feed = trades the cores executed, core by core.
+    for c in cores.as_array().unwrap() {
+        assert_eq!(c["md_trades"], c["trades"], "market data of {c}");
+        let hashes = c["replica_hashes"].as_array().expect("replicated cores");
+        assert_eq!(hashes.len(), 3, "{c}");
+        assert!(
+            hashes.iter().all(|h| *h == hashes[0]),
+            "replicas differ: {c}"
+        );
+    }
     for c in r["checks"].as_array().unwrap() {
         assert_eq!(c["ok"], Value::Bool(true), "check failed: {c}");
     }
-    assert!(r["checks"].as_array().unwrap().len() >= 5);
+    assert!(
+        r["checks"].as_array().unwrap().len() >= 7,
+        "{}",
+        r["checks"]
+    );
     // Every command type of the mix was sent and has a latency summary.
     let ops: Vec<&str> = r["by_op"]
         .as_array()
@@ -221,7 +241,7 @@ fn an_unknown_key_fails_with_its_line_and_reason() {
 
 #[test]
 fn an_impossible_rate_fails_with_its_line_and_reason() {
-    let text = smoke_text().replace("per_s = 2000", "per_s = -5");
+    let text = smoke_text().replace("per_s = 1000", "per_s = -5");
     let line = line_of(&text, "per_s = -5");
     let e = refused(&text);
     assert!(e.contains(&format!("line {line}")), "{e}");
@@ -241,11 +261,107 @@ fn a_negative_count_fails_with_its_line_and_reason() {
 }
 
 #[test]
-fn a_target_that_does_not_exist_yet_fails_clearly() {
-    let text = smoke_text().replace("kind = \"in-process\"", "kind = \"gateway\"");
+fn more_accounts_than_gateway_sessions_can_trade_fail_before_anything_starts() {
+    let text = smoke_text().replace(
+        "accounts = 1000\nshare = 0.6",
+        "accounts = 300000\nshare = 0.6",
+    );
     let e = refused(&text);
     assert!(
-        e.contains("not available yet") && e.contains("in-process"),
+        e.contains("1177 gateway sessions") && e.contains("in-process"),
         "{e}"
     );
+}
+
+/// A short profile on the gateway target with in-process cores: quick enough to run beside
+/// the smoke profile.
+const SHORT_GATEWAY: &str = r#"
+name = "short"
+seed = 3
+[target]
+kind = "gateway"
+protocol = "binary"
+sessions = 2
+queue_capacity = 4096
+[generator]
+workers = 1
+pacing = "poisson"
+inflight_max = 16384
+drain_timeout_s = 5
+[[markets]]
+name = "equities"
+kind = "equity"
+instruments = 4
+accounts = 600
+[[markets]]
+name = "fx"
+kind = "fx"
+instruments = 2
+accounts = 300
+[mix]
+limit = 45
+market = 1
+ioc = 2
+fok = 1
+cancel = 45
+replace = 5
+mass_cancel = 1
+crossing_share = 0.05
+[[phases]]
+name = "steady"
+duration_s = 3
+[phases.rate]
+shape = "constant"
+per_s = 3000
+"#;
+
+#[test]
+fn the_generator_runs_as_several_processes_and_their_records_merge() {
+    for protocol in ["binary", "fix"] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("short.toml");
+        std::fs::write(
+            &path,
+            SHORT_GATEWAY.replace(
+                "protocol = \"binary\"",
+                &format!("protocol = \"{protocol}\""),
+            ),
+        )
+        .unwrap();
+        let out = dir.path().join("out");
+        let o = Command::new(BOURSE)
+            .args(["loadtest", "--no-progress", "--workers", "3", "--profile"])
+            .arg(&path)
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{protocol}: {}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        for w in 0..3 {
+            assert!(
+                out.join("workers")
+                    .join(format!("record-{w}.json"))
+                    .is_file(),
+                "worker {w} wrote no record"
+            );
+        }
+        let r: Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap())
+                .unwrap();
+        let t = &r["totals"];
+        assert_eq!(r["target"]["workers"].as_u64(), Some(3));
+        // About 9,000 commands were offered over 3 s by three processes together.
+        let sent = t["commands_sent"].as_u64().unwrap();
+        assert!((7_000..=11_000).contains(&sent), "{protocol}: {sent} sent");
+        assert_eq!(t["unanswered"].as_u64(), Some(0), "{t}");
+        assert_eq!(t["trades"].as_u64().unwrap(), sum(&r["cores"], "trades"));
+        for c in r["checks"].as_array().unwrap() {
+            assert_eq!(c["ok"], Value::Bool(true), "{protocol}: check failed: {c}");
+        }
+    }
 }

@@ -49,13 +49,18 @@ pub struct Demo {
     pub proc: Proc,
     pub addr: SocketAddr,
     pub lines: Arc<Mutex<Vec<String>>>,
+    /// The demo writes its report here, not into the test's working directory.
+    pub out: tempfile::TempDir,
 }
 
 impl Demo {
     pub fn start(args: &[&str]) -> Demo {
+        let out = tempfile::tempdir().expect("a directory for the report");
         let mut child = Command::new(env!("CARGO_BIN_EXE_bourse"))
             .arg("demo")
             .args(["--dashboard-port", "0", "--accounts", "1000"])
+            .arg("--out")
+            .arg(out.path().join("report"))
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -88,7 +93,12 @@ impl Demo {
             );
             std::thread::sleep(Duration::from_millis(50));
         };
-        Demo { proc, addr, lines }
+        Demo {
+            proc,
+            addr,
+            lines,
+            out,
+        }
     }
 
     /// Waits (bounded) until a stdout line contains `needle`; returns that line.
@@ -241,4 +251,230 @@ pub fn base64_decode(s: &str) -> Vec<u8> {
 /// Parses "1,234" or "20,000" from the demo's table.
 pub fn parse_count(s: &str) -> Option<u64> {
     s.replace(',', "").parse().ok()
+}
+
+/// Three `bourse node` processes of one replica group, each serving `/metrics` and its
+/// dashboard on a free loopback port (parsed from the node's stderr).
+pub struct NodeCluster {
+    pub dir: tempfile::TempDir,
+    pub config: std::path::PathBuf,
+    pub nodes: Vec<(u64, SocketAddr)>,
+    pub dashboards: Vec<(u64, SocketAddr)>,
+    pub procs: Vec<(u64, Proc)>,
+}
+
+/// A monitor config for tests: frames and status polls twice a second, every append
+/// sampled, nodes down after 2 s of silence.
+pub const TEST_MONITOR_TOML: &str = "tick_ms = 500\nstatus_poll_ms = 500\nsample_every = 4\n\
+                                     [alerts]\nnode_down_ms = 2000\n";
+
+impl NodeCluster {
+    pub fn start() -> NodeCluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ports = [free_port(), free_port(), free_port()];
+        let mut toml = format!(
+            "cluster_id = 61\ndata_dir = \"{}\"\nfsync = \"always\"\n",
+            dir.path().join("data").display()
+        );
+        for (i, p) in ports.iter().enumerate() {
+            toml.push_str(&format!(
+                "[[nodes]]\nid = {}\naddr = \"127.0.0.1:{p}\"\n",
+                i + 1
+            ));
+        }
+        let config = dir.path().join("cluster.toml");
+        std::fs::write(&config, toml).unwrap();
+        let monitor = dir.path().join("monitor.toml");
+        std::fs::write(&monitor, TEST_MONITOR_TOML).unwrap();
+        let mut procs = Vec::new();
+        let mut dashboards = Vec::new();
+        for id in 1..=3u64 {
+            let mut child = Command::new(env!("CARGO_BIN_EXE_bourse"))
+                .arg("node")
+                .arg("--config")
+                .arg(&config)
+                .args(["--id", &id.to_string()])
+                .args(["--monitor-listen", "127.0.0.1:0"])
+                .arg("--monitor-config")
+                .arg(&monitor)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("bourse node starts");
+            let stderr = child.stderr.take().expect("piped stderr");
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if let Some(addr) = line
+                        .split("dashboard http://")
+                        .nth(1)
+                        .and_then(|rest| rest.split('/').next())
+                        .and_then(|a| a.parse::<SocketAddr>().ok())
+                    {
+                        let _ = tx.send(addr);
+                    }
+                    eprintln!("[node {id}] {line}");
+                }
+            });
+            procs.push((id, Proc(child)));
+            let addr = rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("the node printed its dashboard address");
+            dashboards.push((id, addr));
+        }
+        let nodes = ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i as u64 + 1, format!("127.0.0.1:{p}").parse().unwrap()))
+            .collect();
+        NodeCluster {
+            dir,
+            config,
+            nodes,
+            dashboards,
+            procs,
+        }
+    }
+
+    pub fn dashboard(&self, id: u64) -> SocketAddr {
+        self.dashboards.iter().find(|(i, _)| *i == id).unwrap().1
+    }
+
+    /// The leader's id as the nodes' own metrics say (bounded wait).
+    pub fn leader(&self, timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            for (id, addr) in &self.dashboards {
+                let (_, text) = http(*addr, "GET", "/metrics", None);
+                if metric_value(&text, &format!("bourse_raft_is_leader{{node=\"{id}\"}}"))
+                    == Some(1.0)
+                {
+                    return *id;
+                }
+            }
+            assert!(Instant::now() < deadline, "no leader within {timeout:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    pub fn kill(&mut self, id: u64) {
+        self.procs.retain(|(i, _)| *i != id);
+    }
+}
+
+/// Closed-loop load on a replica group from `clients` concurrent clients, on a thread of
+/// its own, until stopped. Counts acknowledgements per 100 ms slot and tallies the events of
+/// every acknowledged request the way the node's monitor counts them.
+pub struct Load {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    pub acked: Arc<std::sync::atomic::AtomicU64>,
+    pub tally: Arc<Mutex<bourse_monitor::core_probe::Tally>>,
+    pub errors: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Load {
+    pub fn start(nodes: Vec<(u64, SocketAddr)>, clients: u64) -> Load {
+        use bourse_cluster::tokio;
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let stop = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(AtomicU64::new(0));
+        let errors = Arc::new(AtomicU64::new(0));
+        let tally = Arc::new(Mutex::new(bourse_monitor::core_probe::Tally::default()));
+        let (s, a, e, t) = (stop.clone(), acked.clone(), errors.clone(), tally.clone());
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let flow_config = |seed| {
+                    let mut f = bourse_engine::workload::FlowConfig::exchange_core(seed);
+                    f.accounts = 100;
+                    f
+                };
+                // Wait for a leader first (bounded), so setup does not race the election.
+                let deadline = Instant::now() + Duration::from_secs(30);
+                'leader: while Instant::now() < deadline {
+                    for (_, addr) in &nodes {
+                        if let Ok(st) =
+                            bourse_cluster::client::node_status(*addr, Duration::from_millis(500))
+                                .await
+                        {
+                            if st.leader == Some(st.id) {
+                                break 'leader;
+                            }
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                let setup_flow = bourse_engine::workload::Flow::new(flow_config(1));
+                let mut setup = bourse_cluster::Client::new(nodes.clone(), 1, 1);
+                for body in setup_flow.setup() {
+                    setup
+                        .submit(&bourse_core::Command::new(0, body), Duration::from_secs(20))
+                        .await
+                        .expect("setup commands are acknowledged");
+                }
+                let mut tasks = Vec::new();
+                for c in 0..clients {
+                    let (s, a, e, t, nodes) =
+                        (s.clone(), a.clone(), e.clone(), t.clone(), nodes.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let mut flow = bourse_engine::workload::Flow::new(flow_config(100 + c));
+                        let mut client = bourse_cluster::Client::new(nodes, 100 + c, 1);
+                        while !s.load(Ordering::Relaxed) {
+                            let command = bourse_core::Command::new(0, flow.next_command());
+                            match client.submit(&command, Duration::from_secs(10)).await {
+                                Ok(ack) => {
+                                    flow.observe(&ack.events);
+                                    // A duplicate answer carries the events of the one
+                                    // application, so every request counts exactly once.
+                                    t.lock().unwrap().add_events(&ack.events);
+                                    a.fetch_add(1, Ordering::Relaxed);
+                                }
+                                Err(_) => {
+                                    e.fetch_add(1, Ordering::Relaxed);
+                                    tokio::time::sleep(Duration::from_millis(50)).await;
+                                }
+                            }
+                        }
+                    }));
+                }
+                for t in tasks {
+                    let _ = t.await;
+                }
+            });
+        });
+        Load {
+            stop,
+            thread: Some(thread),
+            acked,
+            tally,
+            errors,
+        }
+    }
+
+    /// Acknowledgements per second over `window` (measured, never asserted on timing).
+    pub fn rate_over(&self, window: Duration) -> f64 {
+        use std::sync::atomic::Ordering;
+        let a = self.acked.load(Ordering::Relaxed);
+        let t = Instant::now();
+        std::thread::sleep(window);
+        let b = self.acked.load(Ordering::Relaxed);
+        (b - a) as f64 / t.elapsed().as_secs_f64()
+    }
+
+    pub fn stop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }

@@ -64,25 +64,54 @@ impl Op {
     }
 }
 
-/// The instruments of a market, numbered from 1 in its own core.
-pub fn instruments(m: &MarketSpec) -> Vec<Instrument> {
+/// Instrument ids of market `m` start at `m * INSTRUMENT_ID_MARKET_STRIDE + 1`: ids are
+/// unique across the venue, so that one gateway can route every market's instruments to the
+/// core that owns them.
+pub const INSTRUMENT_ID_MARKET_STRIDE: u32 = crate::profile::INSTRUMENTS_PER_MARKET_MAX;
+
+/// The instruments of market number `market_index` (its place in the profile), with
+/// venue-unique ids and symbols.
+pub fn instruments(m: &MarketSpec, market_index: usize) -> Vec<Instrument> {
+    let base = market_index as u32 * INSTRUMENT_ID_MARKET_STRIDE;
     (0..m.instruments)
         .map(|i| {
-            let id = i + 1;
+            let id = base + i + 1;
             // Spread the reference prices so that books differ; every price stays far inside
             // the core's limits.
             let spread = (i as i64 % 50) * 37;
+            let n = i + 1;
             match m.kind {
-                MarketKind::Equity => {
-                    fixtures::equity(id, &format!("EQ{id:04}"), 10_000 + spread * 100)
-                }
-                MarketKind::Fx => fixtures::fx(id, &format!("FX{id:04}"), 100_000 + spread * 10),
-                MarketKind::Futures => {
-                    fixtures::future(id, &format!("FU{id:04}"), 100_000 + spread * 100)
-                }
+                MarketKind::Equity => fixtures::equity(
+                    id,
+                    &format!("EQ{market_index:02}{n:04}"),
+                    10_000 + spread * 100,
+                ),
+                MarketKind::Fx => fixtures::fx(
+                    id,
+                    &format!("FX{market_index:02}{n:04}"),
+                    100_000 + spread * 10,
+                ),
+                MarketKind::Futures => fixtures::future(
+                    id,
+                    &format!("FU{market_index:02}{n:04}"),
+                    100_000 + spread * 100,
+                ),
             }
         })
         .collect()
+}
+
+/// The accounts worker `worker` of `workers` owns in a market of `accounts` accounts: a
+/// disjoint slice, so that workers never cancel each other's orders. Returns (first, count).
+pub fn worker_accounts(accounts: u32, worker: u32, workers: u32) -> (u32, u32) {
+    let per_worker = accounts / workers.max(1);
+    let first = 1 + worker * per_worker;
+    let count = if worker + 1 == workers {
+        accounts - worker * per_worker
+    } else {
+        per_worker
+    };
+    (first, count.max(1))
 }
 
 /// Cumulative thresholds of the mix, in parts per million.
@@ -141,22 +170,23 @@ pub struct MarketFlow {
 impl MarketFlow {
     /// The flow of worker `worker` of `workers` on market `m`: the worker owns a disjoint
     /// slice of the market's accounts, so workers never cancel each other's orders.
-    pub fn new(m: &MarketSpec, mix: &MixSpec, worker: u32, workers: u32, seed: u64) -> MarketFlow {
-        let per_worker = m.accounts / workers.max(1);
-        let first_account = 1 + worker * per_worker;
-        let accounts = if worker + 1 == workers {
-            m.accounts - worker * per_worker
-        } else {
-            per_worker
-        };
-        let instruments = instruments(m);
+    pub fn new(
+        m: &MarketSpec,
+        market_index: usize,
+        mix: &MixSpec,
+        worker: u32,
+        workers: u32,
+        seed: u64,
+    ) -> MarketFlow {
+        let (first_account, accounts) = worker_accounts(m.accounts, worker, workers);
+        let instruments = instruments(m, market_index);
         let mid = instruments.iter().map(|i| i.reference_price.0).collect();
         let live_orders_target = (m.live_orders_target / workers.max(1)).max(1) as usize;
         let live = LiveOrders::new(&instruments, live_orders_target * 2);
         MarketFlow {
             instruments,
             first_account,
-            accounts: accounts.max(1),
+            accounts,
             thresholds: Thresholds::of(mix),
             crossing_ppm: (mix.crossing_share * 1e6).round() as u64,
             live_orders_target,
@@ -196,6 +226,16 @@ impl MarketFlow {
             });
         }
         v
+    }
+
+    /// The market's instruments, as this flow created them.
+    pub fn instrument_list(&self) -> &[Instrument] {
+        &self.instruments
+    }
+
+    /// The accounts this flow trades: (first, count).
+    pub fn account_range(&self) -> (u32, u32) {
+        (self.first_account, self.accounts)
     }
 
     pub fn set_hot(&mut self, hot: Option<Hot>) {

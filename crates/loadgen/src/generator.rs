@@ -34,6 +34,10 @@ const SEND_BURST_MAX: usize = 512;
 const SEARCH_BACKLOG_S_MAX: f64 = 0.05;
 /// A search never offers less than its start rate divided by this.
 const SEARCH_FLOOR_DIVISOR: f64 = 16.0;
+/// After the last answer, notifications are taken until the target is quiet this long...
+const SETTLE_QUIET: Duration = Duration::from_millis(200);
+/// ...but for at most this long.
+const SETTLE_MAX: Duration = Duration::from_secs(2);
 /// After a failed search step, wait at most this long for the target to drain.
 const SEARCH_DRAIN_NS_MAX: u64 = 3 * SECOND_NS;
 
@@ -206,12 +210,109 @@ impl Record {
     }
 }
 
+/// A histogram as (value, count) pairs of its recorded buckets: exact at the histogram's
+/// precision, and readable by any process (a worker process hands its record to the parent).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct HistogramWire(pub Vec<(u64, u64)>);
+
+impl HistogramWire {
+    pub fn of(h: &Histogram<u64>) -> HistogramWire {
+        HistogramWire(
+            h.iter_recorded()
+                .map(|v| (v.value_iterated_to(), v.count_at_value()))
+                .collect(),
+        )
+    }
+
+    /// Adds the recorded values into `h` (values out of its range are clamped into it).
+    pub fn into_histogram(&self, mut h: Histogram<u64>) -> Histogram<u64> {
+        for &(value, count) in &self.0 {
+            let _ = h.record_n(value.clamp(1, h.high()), count);
+        }
+        h
+    }
+}
+
+/// A [`Record`] as JSON: what a `bourse loadgen-worker` process writes for its parent.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RecordWire {
+    pub by_op: Vec<HistogramWire>,
+    pub all: HistogramWire,
+    pub seconds: Vec<Second>,
+    pub second_latency: Vec<Option<HistogramWire>>,
+    pub windows: Vec<(u64, u64)>,
+    pub stage_ns_sums: [u128; 4],
+    pub stage_samples: u64,
+    pub counts: Counts,
+    pub search: Vec<SearchStep>,
+    pub elapsed_ns: u64,
+}
+
+impl RecordWire {
+    pub fn of(r: &Record) -> RecordWire {
+        RecordWire {
+            by_op: r.by_op.iter().map(HistogramWire::of).collect(),
+            all: HistogramWire::of(&r.all),
+            seconds: r.seconds.clone(),
+            second_latency: r
+                .seconds
+                .iter()
+                .map(|s| s.latency.as_ref().map(HistogramWire::of))
+                .collect(),
+            windows: r
+                .windows
+                .iter()
+                .map(|w| (w.count, w.latency_ns_sum))
+                .collect(),
+            stage_ns_sums: r.stage_ns_sums,
+            stage_samples: r.stage_samples,
+            counts: r.counts,
+            search: r.search.clone(),
+            elapsed_ns: r.elapsed_ns,
+        }
+    }
+
+    pub fn into_record(self) -> Record {
+        let mut seconds = self.seconds;
+        for (s, h) in seconds.iter_mut().zip(&self.second_latency) {
+            s.latency = h.as_ref().map(|h| h.into_histogram(second_histogram()));
+        }
+        Record {
+            by_op: Op::ALL
+                .iter()
+                .enumerate()
+                .map(|(i, _)| match self.by_op.get(i) {
+                    Some(h) => h.into_histogram(histogram()),
+                    None => histogram(),
+                })
+                .collect(),
+            all: self.all.into_histogram(histogram()),
+            seconds,
+            windows: self
+                .windows
+                .iter()
+                .map(|&(count, latency_ns_sum)| Window {
+                    count,
+                    latency_ns_sum,
+                })
+                .collect(),
+            stage_ns_sums: self.stage_ns_sums,
+            stage_samples: self.stage_samples,
+            counts: self.counts,
+            search: self.search,
+            elapsed_ns: self.elapsed_ns,
+        }
+    }
+}
+
 /// Live figures every worker adds to, for the progress bar.
 #[derive(Default)]
 pub struct Live {
     pub sent: AtomicU64,
     pub transactions: AtomicU64,
     pub trades: AtomicU64,
+    /// Set to end the run early (Ctrl-C in the demo): workers stop sending and drain.
+    pub stop: std::sync::atomic::AtomicBool,
 }
 
 /// When each phase starts, in nanoseconds from the start of the run.
@@ -416,6 +517,27 @@ fn classify(op: Op, events: &[Event]) -> (bool, u64, u64, u64, u64, bool) {
 }
 
 impl Worker {
+    /// Takes a notification: events about this worker's orders that no answer of its own
+    /// carried (a resting order filled or cancelled by another command, or, through a
+    /// gateway, the reports that follow the acknowledgement of a request). Targets put each
+    /// trade and each order-log record in exactly one answer or notification, so counting
+    /// both counts each once. Returns the trades it held.
+    fn notification(&mut self, rec: &mut Record, a: &Answer, start: Instant) -> u64 {
+        if let Some(f) = self.flows.get_mut(a.market) {
+            f.observe(&a.events);
+        }
+        let (_, _, trades, log_new, log_delete, _) = classify(Op::Limit, &a.events);
+        let c = &mut rec.counts;
+        c.trades += trades;
+        c.order_log_new += log_new;
+        c.order_log_delete += log_delete;
+        if trades > 0 {
+            let received_ns = a.received.saturating_duration_since(start).as_nanos() as u64;
+            rec.second((received_ns / SECOND_NS) as usize).trades += trades;
+        }
+        trades
+    }
+
     /// Runs every phase against `target` and returns what was measured. Bounded: it stops
     /// after the last phase plus the drain timeout, whatever the target does.
     pub fn run<T: Target + ?Sized>(
@@ -457,12 +579,16 @@ impl Worker {
         let mut live_tx = 0u64;
         let mut live_trades = 0u64;
         let mut done_sending = false;
+        let mut stopped_at_ns: Option<u64> = None;
         let mut first_gap = true;
         loop {
             let now = Instant::now();
             let t_ns = now.saturating_duration_since(start).as_nanos() as u64;
             // ---- send what is due ----
             let mut burst = 0;
+            if !done_sending && self.live.stop.load(Ordering::Relaxed) {
+                done_sending = true;
+            }
             while !done_sending && burst < SEND_BURST_MAX {
                 while phase_index + 1 < starts.len() && next_ns as u64 >= starts[phase_index + 1] {
                     phase_index += 1;
@@ -614,9 +740,7 @@ impl Worker {
             }
             for a in answers.drain(..) {
                 if a.tag == NOTIFY_TAG {
-                    if let Some(f) = self.flows.get_mut(a.market) {
-                        f.observe(&a.events);
-                    }
+                    live_trades += self.notification(&mut rec, &a, start);
                     continue;
                 }
                 let Some(p) = pending.remove(&a.tag) else {
@@ -694,8 +818,27 @@ impl Worker {
             }
             if done_sending {
                 let t = start.elapsed().as_nanos() as u64;
-                if pending.is_empty() || t >= total_ns + drain_ns {
+                let stopped_ns = stopped_at_ns.get_or_insert(t.min(total_ns));
+                if pending.is_empty() || t >= *stopped_ns + drain_ns {
                     break;
+                }
+            }
+        }
+        // Reports about this worker's orders can trail the last answer (the fills and the
+        // cancelled remainder that follow an acknowledgement through a gateway): take them
+        // until the target has been quiet for a moment, within a bound.
+        let settle_until = Instant::now() + SETTLE_MAX;
+        let mut quiet_since = Instant::now();
+        while Instant::now() < settle_until && quiet_since.elapsed() < SETTLE_QUIET {
+            answers.clear();
+            match target.poll(&mut answers, Duration::from_millis(5)) {
+                Ok(0) => {}
+                Ok(_) => quiet_since = Instant::now(),
+                Err(_) => break,
+            }
+            for a in answers.drain(..) {
+                if a.tag == NOTIFY_TAG {
+                    live_trades += self.notification(&mut rec, &a, start);
                 }
             }
         }

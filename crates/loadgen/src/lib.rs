@@ -1,50 +1,57 @@
 //! # bourse-loadgen: load testing as the seeds do it
 //!
-//! A load test is a [`Profile`] (TOML: markets, command mix, phases with rate shapes), run by
-//! an open-loop generator against a [`Target`], summarised as [`Results`] (every figure, as
-//! `results.json`) and rendered by [`report`] as Markdown and HTML with inline SVG charts, in
-//! the shape of the Moscow Exchange load-test reports (seeds 000 and 001) and LTP's latency
-//! table (seed 002).
+//! A load test is a [`Profile`] (TOML: markets, command mix, phases with rate shapes, the
+//! target), run by an open-loop generator against a [`Deployment`], summarised as
+//! [`Results`] (every figure, as `results.json`) and rendered by [`report`] as Markdown and
+//! HTML with inline SVG charts, in the shape of the Moscow Exchange load-test reports (seeds
+//! 000 and 001) and LTP's latency table (seed 002).
 //!
 //! Principal types:
 //!
 //! - [`Profile`] ([`profile`]): parsed strictly; unknown keys, impossible rates and negative
 //!   counts fail before anything starts, with the line and the reason.
-//! - [`Target`] ([`target`]): what the generator drives. Two calls: `submit(tag, market,
+//! - [`Target`] ([`target`]): what one generator worker drives. `submit(tag, market,
 //!   command)` never blocks (a full queue says [`SubmitError::Full`] and the generator holds
 //!   the command, its wait counting in its latency), and `poll(out, wait)` hands back
-//!   [`Answer`]s: the tag, the core's [`bourse_core::Event`]s, the instant the answer reached
-//!   the client and, where the target can see them, the [`Stages`] (queue in, matching,
-//!   queue out). Today [`InProcess`] implements it: one `bourse_engine::Engine` per market on
-//!   its own thread behind bounded crossbeam queues. The gateway target (FIX or binary
-//!   sessions over loopback) and the cluster target (gateways in front of replicated cores)
-//!   are meant to implement the same trait by turning execution reports back into events;
-//!   until they exist a profile that asks for them fails with a clear message.
-//! - [`generator::Worker`]: one generator thread. Commands leave on schedule whatever the
-//!   answers; latency counts from the *scheduled* time (no coordinated omission). Several
-//!   workers share a run (each with its own connection, a slice of the accounts and of the
-//!   rate); several processes can each run a worker against their own target, and their
-//!   records merge the same way.
+//!   [`Answer`]s: the tag, the [`bourse_core::Event`]s, the instant the answer reached the
+//!   client and, where the target can see them, the [`Stages`]. Notifications (tag
+//!   [`target::NOTIFY_TAG`]) carry events about the worker's orders that no answer carried;
+//!   every trade and order-log record reaches a worker exactly once. Two implementations:
+//!   [`InProcess`] (one `bourse_engine::Engine` per market on its own thread behind bounded
+//!   queues) and [`gateway::GatewayTarget`] (binary SBE or FIX 4.4 sessions on the gateways
+//!   through the client SDK, translating execution reports back into events).
+//! - [`Deployment`]: what a run connects its workers to and asks for the cores' own counts at
+//!   the end ([`CoreTotals`]: commands, orders, trades, live orders, the commands the gateways
+//!   forwarded, trades seen on the market data feed, every replica's state hash). [`run`]
+//!   starts the in-process one; the `bourse` binary starts the local venue (gateways in front
+//!   of in-process or replicated cores) and calls [`run_on`]. A worker is a thread here
+//!   ([`Connection::Local`]) or a `bourse loadgen-worker` process ([`Connection::Remote`]).
+//! - [`generator::Worker`]: one generator worker. Commands leave on schedule whatever the
+//!   answers; latency counts from the *scheduled* time (no coordinated omission). Workers own
+//!   disjoint slices of the accounts and share the rate; their [`Record`]s merge, also across
+//!   processes ([`generator::RecordWire`]).
 //! - [`Results`] ([`results`]): totals, maximum per second, rates over time, latency per
 //!   command type and per load range, stage table, recovery after peaks, the search for the
 //!   peak rate, the cores' own counts and the cross-checks between the two.
 //!
-//! Nothing here opens a socket: the in-process target keeps every command inside the
-//! process. Every run is bounded by its phases plus a drain timeout.
+//! Every run is bounded by its phases plus a drain timeout (and, for worker processes, a
+//! kill after that); sockets are opened only by the gateway target, on 127.0.0.1.
 
 pub mod charts;
 pub mod flow;
+pub mod gateway;
 pub mod generator;
 pub mod profile;
 pub mod report;
 pub mod results;
 pub mod target;
 
+pub use generator::Record;
 pub use profile::{Profile, ProfileError};
 pub use results::Results;
-pub use target::{Answer, InProcess, Stages, SubmitError, Target};
+pub use target::{Answer, CoreTotals, InProcess, Stages, SubmitError, Target};
 
-use generator::{Live, Record, Worker};
+use generator::{Live, Worker};
 use std::io::IsTerminal;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -57,6 +64,10 @@ pub struct RunOptions {
     pub progress: bool,
     /// The software version written into the report.
     pub version: String,
+    /// Print one line per second (sent, successful, trades) to standard output.
+    pub ticker: bool,
+    /// Set it to end the run early (every worker stops sending and drains).
+    pub stop: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// Orders each core's pool can hold: the resting orders the flows keep, with room for the
@@ -65,14 +76,131 @@ fn orders_max_for(live_orders_target: u32) -> u32 {
     (live_orders_target.saturating_mul(8)).clamp(1 << 16, 1 << 22)
 }
 
+/// How one generator worker reaches a deployment.
+pub enum Connection {
+    /// A target this process drives from a generator thread of its own.
+    Local(Box<dyn Target>),
+    /// A worker that runs elsewhere (a `bourse loadgen-worker` process): called on its own
+    /// thread with the run's start (nanoseconds since the Unix epoch), it returns the
+    /// worker's record when the worker is done. It must be bounded in time itself.
+    Remote(Box<dyn FnOnce(u64) -> Result<Record, String> + Send>),
+}
+
+/// A deployment a profile runs against, started and set up (instruments, funded accounts)
+/// by its owner before [`run_on`]: the in-process cores here, gateways in front of
+/// in-process or replicated cores in the `bourse` binary.
+pub trait Deployment {
+    /// One line for the report: what is between the generator and the cores.
+    fn note(&self) -> String;
+    /// Client sessions the deployment opened for the generator, all workers together.
+    fn sessions(&self) -> u32;
+    /// The connection of generator worker `worker` (each is taken once).
+    fn connect(&mut self, worker: usize) -> Result<Connection, String>;
+    /// Called once every worker is done: the cores' own counts over the measured run.
+    fn finish(&mut self) -> Result<Vec<target::CoreTotals>, String>;
+}
+
+/// The flows of every worker on every market, in the order [`run_on`] gives them out:
+/// `flows[worker][market]`. A worker process builds its own from the same profile.
+pub fn flows_of(profile: &Profile) -> Vec<Vec<flow::MarketFlow>> {
+    let workers = profile.generator.workers;
+    (0..workers).map(|w| worker_flows(profile, w)).collect()
+}
+
+/// The flows of worker `worker` on every market (deterministic: the profile's seed).
+pub fn worker_flows(profile: &Profile, worker: u32) -> Vec<flow::MarketFlow> {
+    let workers = profile.generator.workers;
+    profile
+        .markets
+        .iter()
+        .enumerate()
+        .map(|(m, spec)| {
+            flow::MarketFlow::new(
+                spec,
+                m,
+                &profile.mix,
+                worker,
+                workers,
+                profile.seed ^ ((m as u64) << 40),
+            )
+        })
+        .collect()
+}
+
+/// The commands that create market `market`'s instruments (worker 0 only) and worker
+/// `worker`'s funded accounts.
+pub fn setup_commands(
+    profile: &Profile,
+    market: usize,
+    worker: u32,
+) -> Vec<bourse_core::CommandBody> {
+    let f = flow::MarketFlow::new(
+        &profile.markets[market],
+        market,
+        &profile.mix,
+        worker,
+        profile.generator.workers,
+        profile.seed ^ ((market as u64) << 40),
+    );
+    f.setup(worker == 0)
+}
+
+/// Nanoseconds since the Unix epoch now.
+pub fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// The [`Instant`] that corresponds to `unix_ns` on this machine's clock.
+pub fn instant_of_unix_ns(unix_ns_at: u64) -> Instant {
+    let now_unix = unix_ns();
+    let now = Instant::now();
+    if unix_ns_at >= now_unix {
+        now + Duration::from_nanos(unix_ns_at - now_unix)
+    } else {
+        now.checked_sub(Duration::from_nanos(now_unix - unix_ns_at))
+            .unwrap_or(now)
+    }
+}
+
+/// The in-process deployment as a [`Deployment`]: one engine per market on its own thread.
+struct InProcessDeployment {
+    inner: Option<InProcess>,
+    sessions: u32,
+}
+
+impl Deployment for InProcessDeployment {
+    fn note(&self) -> String {
+        "one engine per market on its own thread behind bounded queues; no network, no \
+         gateway, no replication, no market data"
+            .into()
+    }
+    fn sessions(&self) -> u32 {
+        self.sessions
+    }
+    fn connect(&mut self, worker: usize) -> Result<Connection, String> {
+        let d = self.inner.as_mut().ok_or("the cores have stopped")?;
+        let t = d
+            .connect(worker)
+            .ok_or_else(|| format!("no connection for worker {worker}"))?;
+        Ok(Connection::Local(Box::new(t)))
+    }
+    fn finish(&mut self) -> Result<Vec<target::CoreTotals>, String> {
+        Ok(self.inner.take().map(InProcess::finish).unwrap_or_default())
+    }
+}
+
 /// Runs a profile against the in-process deployment and returns every figure.
 pub fn run(profile: &Profile, options: &RunOptions) -> Result<Results, String> {
-    profile.check_runnable()?;
-    let mut machine = results::Machine::this();
-    let started_unix_s = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    if profile.target.kind != profile::TargetKind::InProcess {
+        return Err(format!(
+            "target.kind = \"{}\" needs gateways (and, for \"cluster\", replicated cores): the \
+             bourse binary starts them (`bourse loadtest`); this function runs in-process only",
+            profile.target.kind.name()
+        ));
+    }
     let workers = profile.generator.workers as usize;
     let names: Vec<String> = profile.markets.iter().map(|m| m.name.clone()).collect();
     let orders_max = profile
@@ -87,7 +215,7 @@ pub fn run(profile: &Profile, options: &RunOptions) -> Result<Results, String> {
         .map(|m| m.accounts)
         .max()
         .unwrap_or(1);
-    let mut deployment = InProcess::start(
+    let deployment = InProcess::start(
         &names,
         workers,
         profile.target.queue_capacity as usize,
@@ -95,55 +223,119 @@ pub fn run(profile: &Profile, options: &RunOptions) -> Result<Results, String> {
         accounts_max,
     )
     .map_err(|e| format!("cannot start the cores: {e}"))?;
-
     // Instruments and funded accounts first, outside the measured run.
-    let mut flows: Vec<Vec<flow::MarketFlow>> = (0..workers).map(|_| Vec::new()).collect();
     for (m, spec) in profile.markets.iter().enumerate() {
-        for (w, worker_flows) in flows.iter_mut().enumerate() {
-            let f = flow::MarketFlow::new(
-                spec,
-                &profile.mix,
-                w as u32,
-                workers as u32,
-                profile.seed ^ ((m as u64) << 40),
-            );
-            let (_, rejected) = deployment.setup(m, w, f.setup(w == 0))?;
+        for w in 0..workers {
+            let (_, rejected) = deployment.setup(m, w, setup_commands(profile, m, w as u32))?;
             if rejected > 0 {
                 return Err(format!(
                     "market {}: {rejected} setup commands were rejected",
                     spec.name
                 ));
             }
-            worker_flows.push(f);
         }
     }
+    let mut d = InProcessDeployment {
+        inner: Some(deployment),
+        sessions: workers as u32,
+    };
+    run_on(profile, options, &mut d)
+}
 
+/// Orders each core's pool should hold for `profile`'s flows.
+pub fn orders_max_of(profile: &Profile) -> u32 {
+    profile
+        .markets
+        .iter()
+        .map(|m| orders_max_for(m.live_orders_target))
+        .max()
+        .unwrap_or(1 << 16)
+}
+
+/// Runs a profile against a started and set-up deployment and returns every figure.
+pub fn run_on(
+    profile: &Profile,
+    options: &RunOptions,
+    deployment: &mut dyn Deployment,
+) -> Result<Results, String> {
+    let mut machine = results::Machine::this();
+    let started_unix_s = unix_ns() / 1_000_000_000;
+    let workers = profile.generator.workers as usize;
     let profile_arc = Arc::new(profile.clone());
     let live = Arc::new(Live::default());
-    let start = Instant::now() + Duration::from_millis(20);
+    let mut connections = Vec::new();
+    for w in 0..workers {
+        match deployment.connect(w) {
+            Ok(c) => connections.push(c),
+            Err(e) => {
+                drop(connections);
+                let _ = deployment.finish();
+                return Err(format!("worker {w} cannot connect: {e}"));
+            }
+        }
+    }
+    // Remote workers need time to start their process and connect.
+    let any_remote = connections
+        .iter()
+        .any(|c| matches!(c, Connection::Remote(_)));
+    let lead_ms = if any_remote { 3_000 } else { 20 };
+    let start_unix_ns = unix_ns() + lead_ms * 1_000_000;
+    let start = instant_of_unix_ns(start_unix_ns);
     let mut handles = Vec::new();
-    for (w, worker_flows) in flows.into_iter().enumerate() {
-        let mut target = deployment
-            .connect(w)
-            .ok_or_else(|| format!("no connection for worker {w}"))?;
-        let worker = Worker {
-            index: w as u32,
-            workers: workers as u32,
-            profile: profile_arc.clone(),
-            flows: worker_flows,
-            live: live.clone(),
+    for (w, connection) in connections.into_iter().enumerate() {
+        let spawned = match connection {
+            Connection::Local(mut target) => {
+                let worker = Worker {
+                    index: w as u32,
+                    workers: workers as u32,
+                    profile: profile_arc.clone(),
+                    flows: worker_flows(profile, w as u32),
+                    live: live.clone(),
+                };
+                std::thread::Builder::new()
+                    .name(format!("loadgen-{w}"))
+                    .spawn(move || worker.run(target.as_mut(), start))
+            }
+            Connection::Remote(f) => std::thread::Builder::new()
+                .name(format!("loadgen-remote-{w}"))
+                .spawn(move || f(start_unix_ns)),
         };
-        let handle = std::thread::Builder::new()
-            .name(format!("loadgen-{w}"))
-            .spawn(move || worker.run(&mut target, start))
-            .map_err(|e| format!("cannot start a generator thread: {e}"))?;
-        handles.push(handle);
+        match spawned {
+            Ok(h) => handles.push(h),
+            Err(e) => return Err(format!("cannot start a generator thread: {e}")),
+        }
     }
 
     let bar = progress_bar(profile, options);
     let mut last = (Instant::now(), 0u64, 0u64);
+    let mut tick = (start + Duration::from_secs(1), 0u64, 0u64, 0u64, 0u64);
+    if options.ticker {
+        println!(
+            "  {:>4}  {:>12}  {:>12}  {:>10}",
+            "sec", "commands/s", "successful/s", "trades/s"
+        );
+    }
     while handles.iter().any(|h| !h.is_finished()) {
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(50));
+        if let Some(stop) = &options.stop {
+            if stop.load(Ordering::Relaxed) {
+                live.stop.store(true, Ordering::Relaxed);
+            }
+        }
+        if options.ticker && Instant::now() >= tick.0 {
+            let sent = live.sent.load(Ordering::Relaxed);
+            let tx = live.transactions.load(Ordering::Relaxed);
+            let trades = live.trades.load(Ordering::Relaxed);
+            tick.1 += 1;
+            println!(
+                "  {:>4}  {:>12}  {:>12}  {:>10}",
+                tick.1,
+                report::count(sent - tick.2),
+                report::count(tx - tick.3),
+                report::count(trades - tick.4)
+            );
+            tick = (tick.0 + Duration::from_secs(1), tick.1, sent, tx, trades);
+        }
         if let Some(bar) = &bar {
             let now = Instant::now();
             let sent = live.sent.load(Ordering::Relaxed);
@@ -179,16 +371,20 @@ pub fn run(profile: &Profile, options: &RunOptions) -> Result<Results, String> {
     if let Some(e) = failure {
         return Err(e);
     }
+    let cores = cores?;
     let rec = merged.ok_or("no generator worker ran")?;
     machine.finish();
-    Ok(Results::build(
+    let mut results = Results::build(
         profile,
         &rec,
         cores,
         machine,
         options.version.clone(),
         started_unix_s,
-    ))
+    );
+    results.target.note = deployment.note();
+    results.target.sessions = deployment.sessions();
+    Ok(results)
 }
 
 fn progress_bar(profile: &Profile, options: &RunOptions) -> Option<indicatif::ProgressBar> {

@@ -24,6 +24,9 @@ pub const MARKETS_MAX: usize = 16;
 pub const PHASES_MAX: usize = 256;
 pub const WORKERS_MAX: u32 = 64;
 pub const SESSIONS_MAX: u32 = 10_000;
+/// Sessions one gateway holds (the gateway's own ceiling).
+pub const GATEWAY_SESSIONS_MAX: u32 = 1_000;
+pub const GATEWAYS_MAX: u32 = 16;
 /// Commands in flight (sent, not yet answered) per worker.
 pub const INFLIGHT_MAX: u32 = 1 << 20;
 pub const QUEUE_CAPACITY_MAX: u32 = 1 << 20;
@@ -66,6 +69,36 @@ pub struct TargetSpec {
     pub sessions: u32,
     /// Capacity of each bounded queue between the generator and a core, in commands.
     pub queue_capacity: u32,
+    /// Gateways in front of the cores (`gateway` and `cluster` targets); the sessions are
+    /// spread over them and every gateway routes every market.
+    #[serde(default = "one_u32")]
+    pub gateways: u32,
+    /// Journal durability of the replicated cores (`cluster` target): "always" fsyncs
+    /// before an entry counts toward its commit, "batch" within a couple of milliseconds,
+    /// "never" leaves it to the operating system.
+    #[serde(default)]
+    pub fsync: FsyncMode,
+    /// The nodes publish market data and the run counts the trades on the feed (`cluster`
+    /// target).
+    #[serde(default = "yes")]
+    pub market_data: bool,
+}
+
+fn one_u32() -> u32 {
+    1
+}
+fn yes() -> bool {
+    true
+}
+
+/// Journal durability of the replicated cores.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FsyncMode {
+    #[default]
+    Always,
+    Batch,
+    Never,
 }
 
 impl Default for TargetSpec {
@@ -75,6 +108,9 @@ impl Default for TargetSpec {
             protocol: Protocol::Binary,
             sessions: 1,
             queue_capacity: 8_192,
+            gateways: 1,
+            fsync: FsyncMode::Always,
+            market_data: true,
         }
     }
 }
@@ -429,17 +465,32 @@ impl Profile {
     }
 
     /// Whether the profile can run in this build; the error says why not.
+    /// What can be refused about running this profile before anything starts, beyond its
+    /// syntax and values: a gateway session trades at most 255 accounts, so the accounts
+    /// of each worker must fit the sessions a gateway can hold.
     pub fn check_runnable(&self) -> Result<(), String> {
-        match self.target.kind {
-            TargetKind::InProcess => Ok(()),
-            other => Err(format!(
-                "target kind \"{}\" with protocol {} is not available yet: the {} target is being \
-                 built (gateways, replication); only target.kind = \"in-process\" runs today",
-                other.name(),
-                self.target.protocol.name(),
-                other.name()
-            )),
+        if self.target.kind == TargetKind::InProcess {
+            return Ok(());
         }
+        let workers = self.generator.workers as u64;
+        let per_session = crate::gateway::ACCOUNTS_PER_SESSION_MAX as u64;
+        let accounts = self
+            .markets
+            .iter()
+            .map(|m| m.accounts as u64)
+            .max()
+            .unwrap_or(0);
+        let sessions = accounts.div_ceil(per_session).max(workers);
+        if sessions > GATEWAY_SESSIONS_MAX as u64 {
+            return Err(format!(
+                "target.kind = \"{}\": {accounts} accounts in one market need {sessions} gateway \
+                 sessions of {per_session} accounts; a gateway holds at most {GATEWAY_SESSIONS_MAX} \
+                 (use at most {} accounts per market, or target.kind = \"in-process\")",
+                self.target.kind.name(),
+                GATEWAY_SESSIONS_MAX as u64 * per_session
+            ));
+        }
+        Ok(())
     }
 
     fn validate(&self) -> Result<(), (Vec<Key>, String)> {
@@ -459,6 +510,19 @@ impl Profile {
             return err(
                 vec![Name("target"), Name("queue_capacity")],
                 format!("must be 16 to {QUEUE_CAPACITY_MAX}"),
+            );
+        }
+        if t.gateways == 0 || t.gateways > GATEWAYS_MAX {
+            return err(
+                vec![Name("target"), Name("gateways")],
+                format!("must be 1 to {GATEWAYS_MAX}"),
+            );
+        }
+        if t.gateways > 1 && t.kind != TargetKind::Cluster {
+            return err(
+                vec![Name("target"), Name("gateways")],
+                "several gateways need target.kind = \"cluster\" (in-process cores serve one)"
+                    .into(),
             );
         }
         let g = &self.generator;
@@ -796,10 +860,16 @@ per_s = 1000
     }
 
     #[test]
-    fn a_target_that_does_not_exist_yet_says_so() {
-        let p = GOOD.replace("name = \"t\"", "name = \"t\"\n[target]\nkind = \"gateway\"\nprotocol = \"fix\"\nsessions = 2\nqueue_capacity = 1024");
+    fn a_gateway_target_refuses_more_accounts_than_its_sessions_can_trade() {
+        let p = GOOD.replace("name = \"t\"", "name = \"t\"\n[target]\nkind = \"cluster\"\nprotocol = \"fix\"\nsessions = 2\nqueue_capacity = 1024");
         let p = Profile::parse(&p).unwrap();
-        let e = p.check_runnable().unwrap_err();
-        assert!(e.contains("not available yet") && e.contains("FIX"), "{e}");
+        assert!(p.check_runnable().is_ok());
+        let mut big = p.clone();
+        big.markets[0].accounts = 300_000;
+        let e = big.check_runnable().unwrap_err();
+        assert!(
+            e.contains("1177 gateway sessions") && e.contains("at most 1000"),
+            "{e}"
+        );
     }
 }

@@ -81,6 +81,24 @@ pub struct CoreTotals {
     pub setup_rejected: u64,
     pub setup_ms: u64,
     pub state_hash: String,
+    /// Commands the gateways passed on to this core during the run (`None`: no gateway; the
+    /// generator hands commands to the core itself). A gateway answers some requests itself
+    /// (a cancel of an order it knows has left, a full queue), so this can be below the
+    /// commands sent; the core must have applied exactly these.
+    #[serde(default)]
+    pub commands_forwarded: Option<u64>,
+    /// Commands the gateways passed on to this core from sessions that are not the
+    /// generator's (a person trading beside it in the demo). The cores' counts include them,
+    /// so the checks that compare the generator's view with the cores' cannot hold exactly.
+    #[serde(default)]
+    pub commands_other: u64,
+    /// Trades a market data subscriber of this core saw on the feed during the run (`None`:
+    /// no feed in this deployment).
+    #[serde(default)]
+    pub md_trades: Option<u64>,
+    /// The state hash of every replica at the end (`None`: the core is not replicated).
+    #[serde(default)]
+    pub replica_hashes: Option<Vec<String>>,
 }
 
 enum ToCore {
@@ -253,16 +271,22 @@ fn core_loop(
                 engine.apply(&command, &mut events);
                 let done = Instant::now();
                 // With several clients, tell each about its orders that another's command
-                // changed (a fill of its resting order), as its session would be told.
+                // changed (a fill of its resting order), as its session would be told, and
+                // only that one: every client sees the order-log records of its own orders
+                // exactly once, in an answer or in a notification (as a gateway session does).
                 if replies.len() > 1 {
-                    for e in &events {
+                    events.retain(|e| {
                         if let Event::OrderLog(l) = e {
                             match owners.get(&l.account) {
-                                Some(&w) if w != worker => notify[w as usize].push(*e),
+                                Some(&w) if w != worker => {
+                                    notify[w as usize].push(*e);
+                                    return false;
+                                }
                                 _ => {}
                             }
                         }
-                    }
+                        true
+                    });
                     for (w, list) in notify.iter_mut().enumerate() {
                         if !list.is_empty() {
                             let _ = replies[w].send(FromCore {
@@ -336,6 +360,7 @@ fn core_loop(
         setup_rejected,
         setup_ms,
         state_hash: format!("{:016x}", engine.state_hash()),
+        ..CoreTotals::default()
     }
 }
 

@@ -77,7 +77,14 @@ impl Target for StallingTarget {
 #[test]
 fn a_stall_counts_in_the_latency_of_every_command_scheduled_during_it() {
     let profile = Profile::parse(PROFILE).unwrap();
-    let flows = vec![MarketFlow::new(&profile.markets[0], &profile.mix, 0, 1, 1)];
+    let flows = vec![MarketFlow::new(
+        &profile.markets[0],
+        0,
+        &profile.mix,
+        0,
+        1,
+        1,
+    )];
     let start = Instant::now();
     let stall = Duration::from_millis(200);
     let mut target = StallingTarget {

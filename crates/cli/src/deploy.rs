@@ -1,0 +1,955 @@
+//! A local deployment of the whole venue in this process: a trading core per market (a
+//! replica group of three `bourse_cluster::Node`s on a tokio runtime, or an in-process engine),
+//! market data published by the nodes, one or more gateways in front of every core, and the
+//! sessions the load generator (or the demo's participants) trade through.
+//!
+//! [`LocalDeployment::start`] takes a [`DeploymentSpec`] (markets with their instruments and
+//! setup commands, the sessions each generator worker gets, the backend) and brings it all up
+//! on 127.0.0.1 with ports chosen free: the nodes first, then the instruments and funded
+//! accounts, applied through the cluster client (many clients at once, so the setup of
+//! thousands of accounts is batched by the nodes), then the gateways with `[[cores]]` routing
+//! each market's instruments to its core. [`LocalDeployment::stop`] takes it down in the
+//! reverse order. It implements `bourse_loadgen::Deployment`, so a profile runs against it.
+//!
+//! Order ids: core `i` numbers its orders from `i << ORDER_ID_CORE_SHIFT` (at least 1), so
+//! one gateway can serve every core and an order id names one order across the venue.
+//!
+//! Accounting: every gateway's link to a core is wrapped in a counter of the commands the
+//! gateway passed on, so that the report can check that each core applied exactly what the
+//! gateways forwarded (a gateway answers some requests itself: an unknown order, a full
+//! queue), and the cores' own counters are read at the end from every replica, whose state
+//! hashes must agree.
+
+use anyhow::{anyhow, bail, Context, Result};
+use bourse_cluster::tokio;
+use bourse_cluster::{Client, ClusterConfig, FsyncSetting, Node};
+use bourse_core::*;
+use bourse_engine::{Engine, EngineConfig, ORDER_ID_CORE_SHIFT};
+use bourse_gateway::config::CoreEntry;
+use bourse_gateway::{CoreLink, CoreOutput, GatewayConfig, GatewayHandle, InProcessCore};
+use bourse_loadgen::gateway::{SessionPlan, SessionProtocol, WorkerPlan};
+use bourse_loadgen::{Connection, CoreTotals, Deployment};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Clients that apply the setup at once: the nodes batch what arrives together.
+const SETUP_CLIENTS: usize = 64;
+/// How long one setup command may take to be acknowledged (an election included).
+const SETUP_COMMAND_DEADLINE: Duration = Duration::from_secs(10);
+/// How long the replicas of a core may take to apply the same last entry at the end.
+const CONVERGE_DEADLINE: Duration = Duration::from_secs(10);
+/// How long a new group may take to elect its first leader.
+const LEADER_DEADLINE: Duration = Duration::from_secs(10);
+/// Client ids of the setup clients start here (gateways use 1..=gateways).
+const SETUP_CLIENT_ID_BASE: u64 = 1 << 32;
+
+/// What runs the trading cores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// One engine per market inside the gateway's process (no replication).
+    InProcess,
+    /// One replica group of three nodes per market.
+    Cluster,
+}
+
+/// One market: its core's name, instruments and setup commands.
+pub struct MarketSpec {
+    pub name: String,
+    pub instruments: Vec<Instrument>,
+    /// Instruments, accounts and deposits, applied in order before the gateways start.
+    pub setup: Vec<CommandBody>,
+}
+
+/// Everything the deployment needs.
+pub struct DeploymentSpec {
+    pub markets: Vec<MarketSpec>,
+    pub backend: Backend,
+    pub protocol: SessionProtocol,
+    /// Gateways in front of the cores; sessions are spread over them.
+    pub gateways: usize,
+    /// For each generator worker, the accounts of each of its sessions.
+    pub worker_sessions: Vec<Vec<Vec<u32>>>,
+    /// Journals, snapshots and FIX stores go here.
+    pub data_dir: PathBuf,
+    pub orders_max: u32,
+    pub accounts_max: u32,
+    pub fsync: FsyncSetting,
+    /// Publish market data from the nodes (cluster backend only).
+    pub market_data: bool,
+    /// Gateway 0 reports into this monitor (its owner serves the dashboard and `/metrics`).
+    pub monitor: Option<Arc<bourse_monitor::Monitor>>,
+    /// FIX sessions for people (`bourse order`) on gateway 0: (CompID, accounts).
+    pub extra_fix_sessions: Vec<(String, Vec<u32>)>,
+    /// Print what starts, as it starts.
+    pub verbose: bool,
+}
+
+/// A core link that counts what the gateway passes on to the core.
+struct CountingLink {
+    inner: Box<dyn CoreLink>,
+    forwarded: Arc<AtomicU64>,
+    /// Commands from sessions outside the generator (a person's `bourse order`).
+    other: Arc<AtomicU64>,
+    /// Gateway session numbers (`RequestKey::session`) up to this one are not the
+    /// generator's: the people's FIX sessions come first in the gateway's configuration.
+    other_sessions_max: u32,
+}
+
+impl CoreLink for CountingLink {
+    fn submit(
+        &mut self,
+        key: bourse_gateway::RequestKey,
+        command: Command,
+    ) -> Result<(), bourse_gateway::SubmitError> {
+        let r = self.inner.submit(key, command);
+        // Session 0 is the gateway's own administration (bootstrap), not client traffic.
+        if r.is_ok() && key.session != 0 {
+            if key.session <= self.other_sessions_max {
+                self.other.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.forwarded.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        r
+    }
+    fn try_recv(&mut self) -> Option<CoreOutput> {
+        self.inner.try_recv()
+    }
+    fn set_notify(&mut self, notify: Arc<dyn Fn() + Send + Sync>) {
+        self.inner.set_notify(notify)
+    }
+}
+
+/// Counts the trades one core publishes on its trades channel (feeds A and B, gaps
+/// recovered from the replay service), on a thread of its own.
+struct MdCounter {
+    trades: Arc<AtomicU64>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MdCounter {
+    fn start(base_port: u16) -> Result<MdCounter> {
+        use bourse_marketdata::udp::{FeedAddrs, UdpSubscriber};
+        let addrs = FeedAddrs::localhost(base_port);
+        let mut sub = UdpSubscriber::bind(
+            &addrs,
+            &[bourse_marketdata::Channel::Trades],
+            bourse_marketdata::SubscriberConfig::default(),
+            true,
+        )
+        .with_context(|| format!("bind the market data feeds at {base_port}"))?;
+        let trades = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (t, st) = (Arc::clone(&trades), Arc::clone(&stop));
+        let thread = std::thread::Builder::new()
+            .name("bourse-md-count".into())
+            .spawn(move || {
+                while !st.load(Ordering::Relaxed) {
+                    if sub.poll_once(&mut |_, _, _, _| {}) == 0 {
+                        std::thread::sleep(Duration::from_micros(500));
+                    }
+                    t.store(sub.sub.stats().trades, Ordering::Relaxed);
+                }
+            })
+            .context("market data thread")?;
+        Ok(MdCounter {
+            trades,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The trades seen, once they reach `expected` or the feed has been quiet for a while.
+    fn settle(&self, expected: u64) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut last = (self.trades.load(Ordering::Relaxed), Instant::now());
+        loop {
+            let n = self.trades.load(Ordering::Relaxed);
+            if n >= expected || Instant::now() >= deadline {
+                return n;
+            }
+            if n != last.0 {
+                last = (n, Instant::now());
+            } else if last.1.elapsed() > Duration::from_secs(2) {
+                return n;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for MdCounter {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A running core.
+enum CoreRun {
+    Engine(Arc<Mutex<Engine>>),
+    Cluster {
+        nodes: Vec<Node>,
+        feeds: Vec<bourse_cluster::marketdata::MarketDataService>,
+    },
+}
+
+struct Core {
+    name: String,
+    run: CoreRun,
+    base: bourse_engine::Counters,
+    forwarded: Arc<AtomicU64>,
+    other: Arc<AtomicU64>,
+    setup_commands: u64,
+    setup_rejected: u64,
+    setup_ms: u64,
+    /// The UDP base port of the core's market data (cluster backend with market data).
+    md_base_port: Option<u16>,
+    md_counter: Option<MdCounter>,
+}
+
+/// The whole local venue.
+pub struct LocalDeployment {
+    runtime: Option<tokio::runtime::Runtime>,
+    cores: Vec<Core>,
+    gateways: Vec<GatewayHandle>,
+    plans: Vec<Option<WorkerPlan>>,
+    backend: Backend,
+    protocol: SessionProtocol,
+    sessions: u32,
+    fsync: FsyncSetting,
+    /// Serves worker connections: locally, or as child processes (see `loadtest_cmd`).
+    pub remote: Option<Box<dyn FnMut(usize, &WorkerPlan) -> Result<Connection, String>>>,
+    stopped: bool,
+}
+
+/// How often the demo's dashboard takes the counts and the nodes' status of a core.
+const WATCH_PERIOD_MS: u64 = 250;
+/// Node ids on the shared dashboard: core `i`'s node `n` shows as `(i + 1) * 100 + n`, so the
+/// groups of several cores, each numbered 1 to 3, do not mix in one cluster view.
+const WATCH_ID_STRIDE: u64 = 100;
+
+/// Feeds a dashboard with one core: its committed stream (transactions, orders, trades) and
+/// its nodes' status (the cluster view). Ends when the node's stream closes.
+async fn watch_core(
+    monitor: Arc<bourse_monitor::Monitor>,
+    index: usize,
+    name: String,
+    mut subscription: bourse_cluster::Subscription,
+    addrs: Vec<(u64, SocketAddr)>,
+) {
+    let shown = |id: u64| (index as u64 + 1) * WATCH_ID_STRIDE + id;
+    let members: Vec<u64> = addrs.iter().map(|(id, _)| shown(*id)).collect();
+    let mut metrics =
+        bourse_monitor::NodeMetrics::new(Arc::clone(&monitor), members[0], &members, &name);
+    let mut every = tokio::time::interval(Duration::from_millis(WATCH_PERIOD_MS));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            entry = subscription.recv() => match entry {
+                Ok(entry) => {
+                    for r in &entry.requests {
+                        if let Ok(events) = bourse_cluster::batch::decode_events(&r.events) {
+                            metrics.on_applied_events(&events);
+                        }
+                    }
+                }
+                Err(_) => {
+                    metrics.publish_events();
+                    return;
+                }
+            },
+            _ = every.tick() => {
+                metrics.publish_events();
+                for (_, addr) in &addrs {
+                    let status = bourse_cluster::client::node_status(
+                        *addr,
+                        Duration::from_millis(WATCH_PERIOD_MS * 2),
+                    )
+                    .await;
+                    if let Ok(status) = status {
+                        let mut sample = crate::node_monitor::sample_of(&status);
+                        sample.id = shown(sample.id);
+                        sample.leader = sample.leader.map(shown);
+                        for m in &mut sample.matched {
+                            m.0 = shown(m.0);
+                        }
+                        metrics.observe_peer(&sample);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A port that was free on 127.0.0.1 a moment ago (TCP and UDP).
+pub fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").context("bind a free port")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// A block of `n` consecutive ports from `from`, free for TCP and UDP on 127.0.0.1 now.
+fn free_port_block(n: u16) -> Result<u16> {
+    // Start at a pseudo-random place in the upper range so that concurrent deployments (tests
+    // in parallel) rarely try the same block.
+    let seed = (std::process::id() as u64)
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(unix_ns());
+    let mut base = 20_000 + (seed % 30_000) as u16;
+    for _ in 0..200 {
+        let ok = (0..n).all(|i| {
+            let p = base + i;
+            std::net::UdpSocket::bind(("127.0.0.1", p)).is_ok()
+                && std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()
+        });
+        if ok {
+            return Ok(base);
+        }
+        base = 20_000 + (base - 20_000 + n + 97) % 40_000;
+    }
+    bail!("no block of {n} free ports on 127.0.0.1")
+}
+
+fn unix_ns() -> u64 {
+    bourse_loadgen::unix_ns()
+}
+
+fn is_reject(e: &Event) -> bool {
+    matches!(
+        e,
+        Event::CommandRejected { .. } | Event::OrderRejected { .. } | Event::CancelRejected { .. }
+    )
+}
+
+impl LocalDeployment {
+    /// Starts every core, applies the setup, starts the gateways. On failure everything that
+    /// started is stopped again.
+    pub fn start(spec: DeploymentSpec) -> Result<LocalDeployment> {
+        if spec.markets.is_empty() {
+            bail!("a deployment needs at least one market");
+        }
+        if spec.backend == Backend::InProcess && spec.gateways != 1 {
+            bail!("in-process cores serve one gateway; use the cluster backend for more");
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .thread_name("bourse-deploy")
+            .build()
+            .context("tokio runtime")?;
+        let mut d = LocalDeployment {
+            runtime: Some(runtime),
+            cores: Vec::new(),
+            gateways: Vec::new(),
+            plans: Vec::new(),
+            backend: spec.backend,
+            protocol: spec.protocol,
+            sessions: 0,
+            fsync: spec.fsync,
+            remote: None,
+            stopped: false,
+        };
+        match d.start_inner(&spec) {
+            Ok(()) => Ok(d),
+            Err(e) => {
+                d.stop();
+                Err(e)
+            }
+        }
+    }
+
+    fn start_inner(&mut self, spec: &DeploymentSpec) -> Result<()> {
+        std::fs::create_dir_all(&spec.data_dir)
+            .with_context(|| format!("create {}", spec.data_dir.display()))?;
+        for (index, m) in spec.markets.iter().enumerate() {
+            let first_order_id = ((index as u64) << ORDER_ID_CORE_SHIFT).max(1);
+            let t0 = Instant::now();
+            let core = match spec.backend {
+                Backend::InProcess => {
+                    let mut engine = Engine::new(EngineConfig {
+                        orders_max: spec.orders_max,
+                        accounts_max: spec.accounts_max.max(1),
+                        first_order_id,
+                        ..EngineConfig::default()
+                    });
+                    let mut rejected = 0;
+                    let mut events = Vec::new();
+                    let ts = unix_ns();
+                    for body in &m.setup {
+                        events.clear();
+                        engine.apply(&Command::new(ts, body.clone()), &mut events);
+                        rejected += events.iter().filter(|e| is_reject(e)).count() as u64;
+                    }
+                    Core {
+                        name: m.name.clone(),
+                        base: *engine.counters(),
+                        run: CoreRun::Engine(Arc::new(Mutex::new(engine))),
+                        forwarded: Arc::new(AtomicU64::new(0)),
+                        other: Arc::new(AtomicU64::new(0)),
+                        setup_commands: m.setup.len() as u64,
+                        setup_rejected: rejected,
+                        setup_ms: 0,
+                        md_base_port: None,
+                        md_counter: None,
+                    }
+                }
+                Backend::Cluster => self.start_cluster(spec, index, m, first_order_id)?,
+            };
+            let mut core = core;
+            core.setup_ms = t0.elapsed().as_millis() as u64;
+            if core.setup_rejected > 0 {
+                self.cores.push(core);
+                bail!(
+                    "market {}: {} setup commands were rejected",
+                    m.name,
+                    self.cores.last().map_or(0, |c| c.setup_rejected)
+                );
+            }
+            if spec.verbose {
+                eprintln!(
+                    "  core {index} ({}): {} ready, {} setup commands in {} ms",
+                    m.name,
+                    match spec.backend {
+                        Backend::InProcess => "in-process engine".to_string(),
+                        Backend::Cluster => "3 replicas".to_string(),
+                    },
+                    core.setup_commands,
+                    core.setup_ms
+                );
+            }
+            self.cores.push(core);
+        }
+        self.start_gateways(spec)
+    }
+
+    fn start_cluster(
+        &mut self,
+        spec: &DeploymentSpec,
+        index: usize,
+        m: &MarketSpec,
+        first_order_id: u64,
+    ) -> Result<Core> {
+        let ports = [free_port()?, free_port()?, free_port()?];
+        let mut config = ClusterConfig::local(
+            1_000 + index as u64,
+            spec.data_dir.join(format!("core-{index}-{}", m.name)),
+            ports,
+        );
+        config.fsync = spec.fsync;
+        config.orders_max = spec.orders_max;
+        config.accounts_max = spec.accounts_max.max(1);
+        config.instruments_max = (m.instruments.len() as u32 + 16).max(1_024);
+        config.first_order_id = first_order_id;
+        // Snapshots of a big core are large; take them rarely in a run of minutes.
+        config.snapshot_every_entries = 200_000;
+        let rt = self.runtime.as_ref().expect("runtime");
+        let mut nodes = Vec::new();
+        for n in &config.nodes {
+            let node = rt
+                .block_on(Node::start(&config, n.id))
+                .map_err(|e| anyhow!("core {} node {}: {e}", m.name, n.id))?;
+            nodes.push(node);
+        }
+        let addrs: Vec<(u64, SocketAddr)> = nodes.iter().map(|n| (n.id(), n.addr)).collect();
+        // Wait for a leader, so the setup does not spend its deadline on the election.
+        let deadline = Instant::now() + LEADER_DEADLINE;
+        loop {
+            let st = rt.block_on(nodes[0].status());
+            if st.leader.is_some() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "core {}: no leader elected within {LEADER_DEADLINE:?}",
+                    m.name
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let md_base_port = if spec.market_data {
+            Some(free_port_block(40)?)
+        } else {
+            None
+        };
+        let mut feeds = Vec::new();
+        if let Some(base) = md_base_port {
+            let section = bourse_cluster::marketdata::MarketDataSection {
+                base_port: base,
+                ..Default::default()
+            };
+            for node in &nodes {
+                feeds.push(
+                    bourse_cluster::marketdata::MarketDataService::start(node, &section)
+                        .map_err(|e| anyhow!("core {} market data: {e}", m.name))?,
+                );
+            }
+        }
+        let md_counter = md_base_port.map(MdCounter::start).transpose()?;
+        let (commands, rejected) = rt.block_on(apply_setup(&addrs, &m.setup, index))?;
+        // The counters after the setup, once every replica has applied all of it (the
+        // acknowledgements came from the leader; a follower may still be behind).
+        let base = rt.block_on(async {
+            converge(&nodes).await;
+            nodes[0]
+                .state_machine()
+                .with_state(|s| *s.engine().counters())
+                .await
+        });
+        if let Some(monitor) = &spec.monitor {
+            // The dashboard's trading figures come from what the core committed, as a node's
+            // own dashboard counts them; the rows of the cluster view are this core's nodes.
+            let from = rt
+                .block_on(nodes[0].status())
+                .last_applied_index
+                .map_or(0, |i| i + 1);
+            if let Ok(subscription) = nodes[0].subscribe(from) {
+                rt.spawn(watch_core(
+                    Arc::clone(monitor),
+                    index,
+                    m.name.clone(),
+                    subscription,
+                    addrs.clone(),
+                ));
+            }
+        }
+        Ok(Core {
+            name: m.name.clone(),
+            run: CoreRun::Cluster { nodes, feeds },
+            base,
+            forwarded: Arc::new(AtomicU64::new(0)),
+            other: Arc::new(AtomicU64::new(0)),
+            setup_commands: commands,
+            setup_rejected: rejected,
+            setup_ms: 0,
+            md_base_port,
+            md_counter,
+        })
+    }
+
+    fn start_gateways(&mut self, spec: &DeploymentSpec) -> Result<()> {
+        let gateways = spec.gateways.max(1);
+        // Sessions go round-robin over the gateways; every gateway routes every market.
+        let mut per_gateway: Vec<Vec<(usize, usize, Vec<u32>)>> = vec![Vec::new(); gateways];
+        let mut k = 0usize;
+        for (w, sessions) in spec.worker_sessions.iter().enumerate() {
+            for (s, accounts) in sessions.iter().enumerate() {
+                per_gateway[k % gateways].push((w, s, accounts.clone()));
+                k += 1;
+            }
+        }
+        self.sessions = k as u32;
+        let instruments: Vec<Instrument> = spec
+            .markets
+            .iter()
+            .flat_map(|m| m.instruments.iter().cloned())
+            .collect();
+        let mut plans: Vec<WorkerPlan> = spec
+            .worker_sessions
+            .iter()
+            .map(|_| WorkerPlan {
+                sessions: Vec::new(),
+                instruments: spec.markets.iter().map(|m| m.instruments.clone()).collect(),
+            })
+            .collect();
+        let markets: Vec<usize> = (0..spec.markets.len()).collect();
+        for (g, sessions) in per_gateway.iter().enumerate() {
+            let mut config = GatewayConfig::from_toml(
+                "[gateway]\nbinary_listen = \"127.0.0.1:0\"\nfix_listen = \"127.0.0.1:0\"\n",
+            )
+            .map_err(|e| anyhow!(e))?;
+            config.gateway.store_dir = spec.data_dir.join(format!("gateway-{g}"));
+            config.gateway.throttle_msgs_per_s = 1_000_000;
+            config.gateway.connections_max = (sessions.len() + 16).min(10_000);
+            config.gateway.core_queue_depth = 65_536;
+            if g == 0 {
+                for (name, accounts) in &spec.extra_fix_sessions {
+                    config
+                        .fix_sessions
+                        .push(bourse_gateway::config::FixSessionConfig {
+                            client_comp_id: name.clone(),
+                            gateway_comp_id: "BOURSE".into(),
+                            firm: FirmId(1),
+                            accounts: accounts.iter().map(|&a| AccountId(a)).collect(),
+                            drop_copy: false,
+                            throttle_msgs_per_s: None,
+                        });
+                }
+            }
+            config.instruments = instruments.clone();
+            config.cores = spec
+                .markets
+                .iter()
+                .enumerate()
+                .map(|(i, m)| CoreEntry {
+                    name: m.name.clone(),
+                    instruments: m.instruments.iter().map(|x| x.instrument).collect(),
+                    in_process: spec.backend == Backend::InProcess,
+                    nodes: match &self.cores[i].run {
+                        CoreRun::Cluster { nodes, .. } => nodes.iter().map(|n| n.addr).collect(),
+                        CoreRun::Engine(_) => Vec::new(),
+                    },
+                    client_id: match spec.backend {
+                        Backend::Cluster => Some(1 + g as u64),
+                        Backend::InProcess => None,
+                    },
+                    bootstrap: Some(false),
+                })
+                .collect();
+            for (w, s, accounts) in sessions {
+                let name = format!("W{w}S{s}");
+                match spec.protocol {
+                    SessionProtocol::Binary => {
+                        config
+                            .binary_sessions
+                            .push(bourse_gateway::config::BinarySessionConfig {
+                                credentials: name.clone(),
+                                firm: FirmId(1),
+                                accounts: accounts.iter().map(|&a| AccountId(a)).collect(),
+                                throttle_msgs_per_s: None,
+                            })
+                    }
+                    SessionProtocol::Fix => {
+                        config
+                            .fix_sessions
+                            .push(bourse_gateway::config::FixSessionConfig {
+                                client_comp_id: name.clone(),
+                                gateway_comp_id: "BOURSE".into(),
+                                firm: FirmId(1),
+                                accounts: accounts.iter().map(|&a| AccountId(a)).collect(),
+                                drop_copy: false,
+                                throttle_msgs_per_s: None,
+                            })
+                    }
+                }
+            }
+            config.validate().map_err(|e| anyhow!("gateway {g}: {e}"))?;
+            let mut links: Vec<Box<dyn CoreLink>> = Vec::new();
+            for core in &self.cores {
+                let inner: Box<dyn CoreLink> = match &core.run {
+                    CoreRun::Engine(engine) => {
+                        let engine = Arc::clone(engine);
+                        Box::new(InProcessCore::spawn(
+                            Box::new(move |c, out| {
+                                engine.lock().expect("engine lock").apply(c, out)
+                            }),
+                            config.gateway.core_queue_depth,
+                        ))
+                    }
+                    CoreRun::Cluster { nodes, .. } => {
+                        cluster_link(nodes, 1 + g as u64, config.gateway.core_queue_depth)?
+                    }
+                };
+                links.push(Box::new(CountingLink {
+                    inner,
+                    forwarded: Arc::clone(&core.forwarded),
+                    other: Arc::clone(&core.other),
+                    other_sessions_max: if g == 0 {
+                        spec.extra_fix_sessions.len() as u32
+                    } else {
+                        0
+                    },
+                }));
+            }
+            let monitor = if g == 0 { spec.monitor.clone() } else { None };
+            let handle = bourse_gateway::spawn_cores(config, links, monitor)
+                .map_err(|e| anyhow!("gateway {g}: {e}"))?;
+            let addr = match spec.protocol {
+                SessionProtocol::Binary => handle.binary_addr(),
+                SessionProtocol::Fix => handle.fix_addr(),
+            }
+            .ok_or_else(|| anyhow!("gateway {g} has no listener"))?;
+            for (w, s, accounts) in sessions {
+                plans[*w].sessions.push(SessionPlan {
+                    addr,
+                    protocol: spec.protocol,
+                    name: format!("W{w}S{s}"),
+                    gateway_comp_id: "BOURSE".into(),
+                    markets: markets.clone(),
+                    accounts: accounts.clone(),
+                });
+            }
+            if spec.verbose {
+                eprintln!(
+                    "  gateway {g}: binary {}, FIX {}{}, {} sessions",
+                    handle.binary_addr().map_or("-".into(), |a| a.to_string()),
+                    handle.fix_addr().map_or("-".into(), |a| a.to_string()),
+                    handle
+                        .monitor_addr()
+                        .map_or(String::new(), |a| format!(", dashboard http://{a}/")),
+                    sessions.len()
+                );
+            }
+            self.gateways.push(handle);
+        }
+        self.plans = plans.into_iter().map(Some).collect();
+        Ok(())
+    }
+
+    pub fn gateways(&self) -> &[GatewayHandle] {
+        &self.gateways
+    }
+
+    /// The node addresses of each core (empty for in-process cores).
+    pub fn node_addrs(&self) -> Vec<(String, Vec<SocketAddr>)> {
+        self.cores
+            .iter()
+            .map(|c| {
+                let addrs = match &c.run {
+                    CoreRun::Cluster { nodes, .. } => nodes.iter().map(|n| n.addr).collect(),
+                    CoreRun::Engine(_) => Vec::new(),
+                };
+                (c.name.clone(), addrs)
+            })
+            .collect()
+    }
+
+    /// The market data base port of each core that publishes.
+    pub fn md_ports(&self) -> Vec<(String, Option<u16>)> {
+        self.cores
+            .iter()
+            .map(|c| (c.name.clone(), c.md_base_port))
+            .collect()
+    }
+
+    /// Each core's counts since the setup, read from every replica (which must agree).
+    pub fn totals(&mut self) -> Result<Vec<CoreTotals>> {
+        let rt = self.runtime.as_ref().ok_or_else(|| anyhow!("stopped"))?;
+        let mut out = Vec::new();
+        for core in &self.cores {
+            let (c, live, hash, replicas) = match &core.run {
+                CoreRun::Engine(engine) => {
+                    let e = engine.lock().map_err(|_| anyhow!("engine lock poisoned"))?;
+                    (*e.counters(), e.live_orders() as u64, e.state_hash(), None)
+                }
+                CoreRun::Cluster { nodes, .. } => rt.block_on(async {
+                    converge(nodes).await;
+                    let mut hashes = Vec::new();
+                    for n in nodes {
+                        let h = n.state_machine().with_state(|s| s.state_hash()).await;
+                        hashes.push(format!("{h:016x}"));
+                    }
+                    let (c, live, hash) = nodes[0]
+                        .state_machine()
+                        .with_state(|s| {
+                            (
+                                *s.engine().counters(),
+                                s.engine().live_orders() as u64,
+                                s.state_hash(),
+                            )
+                        })
+                        .await;
+                    (c, live, hash, Some(hashes))
+                }),
+            };
+            let b = core.base;
+            out.push(CoreTotals {
+                market: core.name.clone(),
+                commands: c.commands - b.commands,
+                orders_accepted: c.orders_accepted - b.orders_accepted,
+                orders_rejected: c.orders_rejected - b.orders_rejected,
+                trades: c.trades - b.trades,
+                cancels: c.cancels - b.cancels,
+                replaces: c.replaces - b.replaces,
+                live_orders_at_end: live,
+                setup_commands: core.setup_commands,
+                setup_rejected: core.setup_rejected,
+                setup_ms: core.setup_ms,
+                state_hash: format!("{hash:016x}"),
+                commands_forwarded: Some(core.forwarded.load(Ordering::Relaxed)),
+                commands_other: core.other.load(Ordering::Relaxed),
+                md_trades: core
+                    .md_counter
+                    .as_ref()
+                    .map(|m| m.settle(c.trades - b.trades)),
+                replica_hashes: replicas,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Stops the gateways, the market data, the nodes and the runtime, in that order.
+    pub fn stop(&mut self) {
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        for g in self.gateways.drain(..) {
+            g.shutdown();
+        }
+        let cores = std::mem::take(&mut self.cores);
+        if let Some(rt) = self.runtime.as_ref() {
+            for core in cores {
+                drop(core.md_counter);
+                if let CoreRun::Cluster { nodes, feeds, .. } = core.run {
+                    for f in feeds {
+                        f.stop();
+                    }
+                    for n in nodes {
+                        rt.block_on(n.shutdown());
+                    }
+                }
+            }
+        }
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(Duration::from_secs(2));
+        }
+    }
+
+    /// What the report says sits between the generator and the cores.
+    pub fn describe(&self) -> String {
+        let cores = match self.backend {
+            Backend::InProcess => "one in-process engine per market (no replication)".to_string(),
+            Backend::Cluster => format!(
+                "one replica group of 3 nodes per market (openraft, journal fsync = {:?}, \
+                 all nodes in this process)",
+                self.fsync
+            )
+            .to_lowercase(),
+        };
+        format!(
+            "{} {} sessions on {} gateway(s) over loopback TCP, routing by instrument to {}",
+            self.sessions,
+            match self.protocol {
+                SessionProtocol::Binary => "binary (SBE)",
+                SessionProtocol::Fix => "FIX 4.4",
+            },
+            self.gateways.len(),
+            cores
+        )
+    }
+}
+
+impl Drop for LocalDeployment {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Deployment for LocalDeployment {
+    fn note(&self) -> String {
+        self.describe()
+    }
+    fn sessions(&self) -> u32 {
+        self.sessions
+    }
+    fn connect(&mut self, worker: usize) -> Result<Connection, String> {
+        let plan = self
+            .plans
+            .get_mut(worker)
+            .and_then(|p| p.take())
+            .ok_or_else(|| format!("no sessions planned for worker {worker}"))?;
+        if let Some(remote) = self.remote.as_mut() {
+            return remote(worker, &plan);
+        }
+        let target = bourse_loadgen::gateway::GatewayTarget::connect(&plan)?;
+        Ok(Connection::Local(Box::new(target)))
+    }
+    fn finish(&mut self) -> Result<Vec<CoreTotals>, String> {
+        // Let the gateways hand over what is still in flight before the counts are read.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline
+            && self.gateways.iter().any(|g| {
+                g.stats()
+                    .requests_pending
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    > 0
+            })
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.totals().map_err(|e| format!("{e:#}"))
+    }
+}
+
+/// Waits (bounded) until every replica has applied the same last entry, which is the
+/// leader's last one once nothing more is being submitted.
+async fn converge(nodes: &[Node]) {
+    let deadline = Instant::now() + CONVERGE_DEADLINE;
+    loop {
+        let mut applied = Vec::new();
+        let mut last_log = None;
+        for n in nodes {
+            let st = n.status().await;
+            applied.push(st.last_applied_index);
+            last_log = last_log.max(st.last_log_index);
+        }
+        if (applied.iter().all(|a| *a == applied[0]) && applied[0] >= last_log)
+            || Instant::now() >= deadline
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Applies `setup` to a replica group through many clients at once. Instruments go first
+/// (one client, in order); accounts and their deposits follow, each account's pair in order
+/// on one client. Returns (commands, rejected).
+async fn apply_setup(
+    nodes: &[(u64, SocketAddr)],
+    setup: &[CommandBody],
+    core_index: usize,
+) -> Result<(u64, u64)> {
+    let (first, rest): (Vec<&CommandBody>, Vec<&CommandBody>) = setup
+        .iter()
+        .partition(|b| matches!(b, CommandBody::AddInstrument(_)));
+    let ts = unix_ns();
+    let mut rejected = 0u64;
+    let client_base = SETUP_CLIENT_ID_BASE + (core_index as u64) * 1_000;
+    let mut c = Client::new(nodes.to_vec(), client_base, 1);
+    for b in first.iter() {
+        let ack = c
+            .submit(&Command::new(ts, (*b).clone()), SETUP_COMMAND_DEADLINE)
+            .await
+            .map_err(|e| anyhow!("setup: {e}"))?;
+        rejected += ack.events.iter().filter(|e| is_reject(e)).count() as u64;
+    }
+    // Chunks that keep an account's AddAccount and Deposit together and in order.
+    let per = rest.len().div_ceil(SETUP_CLIENTS).max(2);
+    let per = per + per % 2;
+    let chunks: Vec<Vec<CommandBody>> = rest
+        .chunks(per)
+        .map(|c| c.iter().map(|b| (*b).clone()).collect())
+        .collect();
+    let mut tasks = Vec::new();
+    for (i, chunk) in chunks.into_iter().enumerate() {
+        let nodes = nodes.to_vec();
+        tasks.push(tokio::spawn(async move {
+            let mut c = Client::new(nodes, client_base + 1 + i as u64, 1);
+            let mut rejected = 0u64;
+            for b in chunk {
+                let ack = c
+                    .submit(&Command::new(ts, b), SETUP_COMMAND_DEADLINE)
+                    .await
+                    .map_err(|e| format!("setup: {e}"))?;
+                rejected += ack.events.iter().filter(|e| is_reject(e)).count() as u64;
+            }
+            Ok::<u64, String>(rejected)
+        }));
+    }
+    for t in tasks {
+        rejected += t
+            .await
+            .map_err(|e| anyhow!("setup task: {e}"))?
+            .map_err(|e| anyhow!(e))?;
+    }
+    Ok((setup.len() as u64, rejected))
+}
+
+/// The gateway's link to a replicated core: a `ClusterLink` (pipelined submissions, every
+/// output from the group's committed stream) under the gateway's own client id.
+fn cluster_link(nodes: &[Node], client_id: u64, queue_depth: usize) -> Result<Box<dyn CoreLink>> {
+    let config = bourse_gateway::ClusterLinkConfig::new(
+        nodes.iter().map(|n| n.addr).collect(),
+        client_id,
+        queue_depth,
+    );
+    let link = bourse_gateway::ClusterLink::start(config).map_err(|e| anyhow!(e))?;
+    Ok(Box::new(link))
+}

@@ -1,0 +1,169 @@
+//! `bourse demo` end to end on the whole local deployment: replicated cores per market that
+//! publish market data, a gateway, the dashboard, simulated participants; a person trades
+//! beside them with `bourse order` on the FIX session the demo prints; at the end the report
+//! is written and its figures agree with the cores and the market data feed.
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const BOURSE: &str = env!("CARGO_BIN_EXE_bourse");
+
+/// Kills the child if the test fails before it ends.
+struct Proc(std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_for(lines: &Arc<Mutex<Vec<String>>>, needle: &str, timeout: Duration) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(l) = lines.lock().unwrap().iter().find(|l| l.contains(needle)) {
+            return l.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no line with {needle:?} within {timeout:?}: {:?}",
+            lines.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn the_demo_runs_the_replicated_venue_and_its_report_cross_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("report");
+    let mut child = Command::new(BOURSE)
+        .args([
+            "demo",
+            "--seconds",
+            "8",
+            "--rate",
+            "2000",
+            "--accounts",
+            "500",
+            "--dashboard-port",
+            "0",
+        ])
+        .arg("--out")
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("bourse demo starts");
+    let stdout = child.stdout.take().unwrap();
+    let proc = Proc(child);
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let sink = lines.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            sink.lock().unwrap().push(line);
+        }
+    });
+    // The layout: three replicated cores, the gateway, the dashboard, and how to trade.
+    let dashboard = wait_for(&lines, "dashboard: http://", Duration::from_secs(60));
+    let addr = dashboard
+        .split("dashboard: http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap()
+        .to_string();
+    for market in ["equities", "fx", "futures"] {
+        let l = wait_for(&lines, &format!("core {market}"), Duration::from_secs(5));
+        assert_eq!(
+            l.matches("127.0.0.1:").count(),
+            4,
+            "3 nodes and a feed: {l}"
+        );
+    }
+    let order_line = wait_for(&lines, "bourse order --fix", Duration::from_secs(5));
+    let args: Vec<String> = order_line
+        .trim()
+        .split_whitespace()
+        .skip(2)
+        .map(str::to_string)
+        .collect();
+    wait_for(&lines, "     1  ", Duration::from_secs(20));
+
+    // The dashboard serves metrics while the demo trades.
+    let mut s = std::net::TcpStream::connect(&addr).expect("dashboard reachable");
+    use std::io::{Read, Write};
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    assert!(
+        body.starts_with("HTTP/1.") && body.contains(" 200"),
+        "{body}"
+    );
+
+    // A person's order through the FIX session the demo printed.
+    let store = dir.path().join("order-store");
+    let o = Command::new(BOURSE)
+        .arg("order")
+        .args(&args[..args.iter().position(|a| a == "send").unwrap()])
+        .arg("--store")
+        .arg(&store)
+        .args(&args[args.iter().position(|a| a == "send").unwrap()..])
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "bourse order failed: {said}");
+
+    let summary = wait_for(&lines, "summary after", Duration::from_secs(60));
+    assert!(summary.contains("summary after"));
+    let mut proc = proc;
+    let status = proc.0.wait().unwrap();
+    let printed = lines.lock().unwrap().clone();
+    assert!(status.success(), "the demo failed: {printed:?}");
+    // The person's order reached a core beside the participants' commands: the demo says
+    // so, and every check that does not compare the participants' own figures holds.
+    assert!(
+        printed
+            .iter()
+            .any(|l| l.contains("commands came from other sessions")),
+        "{printed:?}"
+    );
+    let r: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    assert!(out.join("report.html").is_file() && out.join("report.md").is_file());
+    let names: Vec<&str> = r["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.iter().any(|n| n.contains("market data feed")),
+        "{names:?}"
+    );
+    assert!(names.iter().any(|n| n.contains("replica")), "{names:?}");
+    for c in r["checks"].as_array().unwrap() {
+        let name = c["name"].as_str().unwrap();
+        if name.starts_with("no other session") {
+            assert_eq!(c["actual"].as_u64(), Some(1), "the person's one order: {c}");
+        } else if name.contains("market data")
+            || name.contains("replica")
+            || name.contains("forwarded")
+            || name.contains("answered")
+        {
+            assert_eq!(c["ok"], Value::Bool(true), "check failed: {c}");
+        }
+    }
+    assert_eq!(r["cores"].as_array().unwrap().len(), 3);
+    assert!(
+        r["totals"]["trades"].as_u64().unwrap() > 0,
+        "the demo trades"
+    );
+}
