@@ -231,12 +231,12 @@ pub struct LocalDeployment {
 
 /// How often the demo's dashboard takes the counts and the nodes' status of a core.
 const WATCH_PERIOD_MS: u64 = 250;
-/// Node ids on the shared dashboard: core `i`'s node `n` shows as `(i + 1) * 100 + n`, so the
-/// groups of several cores, each numbered 1 to 3, do not mix in one cluster view.
-const WATCH_ID_STRIDE: u64 = 100;
 
-/// Feeds a dashboard with one core: its committed stream (transactions, orders, trades) and
-/// its nodes' status (the cluster view). Ends when the node's stream closes.
+/// Feeds a dashboard with one core: its committed stream (transactions, orders, trades, under
+/// the core's name) and, for the first core only, its nodes' status. A dashboard has one
+/// cluster view, and its alerts compare state hashes across the nodes it shows, so it may show
+/// one replica group and never a mix of several (they would "differ" at every index). Ends
+/// when the node's stream closes.
 async fn watch_core(
     monitor: Arc<bourse_monitor::Monitor>,
     index: usize,
@@ -244,10 +244,14 @@ async fn watch_core(
     mut subscription: bourse_cluster::Subscription,
     addrs: Vec<(u64, SocketAddr)>,
 ) {
-    let shown = |id: u64| (index as u64 + 1) * WATCH_ID_STRIDE + id;
-    let members: Vec<u64> = addrs.iter().map(|(id, _)| shown(*id)).collect();
+    let shows_group = index == 0;
+    let members: Vec<u64> = if shows_group {
+        addrs.iter().map(|(id, _)| *id).collect()
+    } else {
+        Vec::new()
+    };
     let mut metrics =
-        bourse_monitor::NodeMetrics::new(Arc::clone(&monitor), members[0], &members, &name);
+        bourse_monitor::NodeMetrics::new(Arc::clone(&monitor), addrs[0].0, &members, &name);
     let mut every = tokio::time::interval(Duration::from_millis(WATCH_PERIOD_MS));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -267,6 +271,9 @@ async fn watch_core(
             },
             _ = every.tick() => {
                 metrics.publish_events();
+                if !shows_group {
+                    continue;
+                }
                 for (_, addr) in &addrs {
                     let status = bourse_cluster::client::node_status(
                         *addr,
@@ -274,13 +281,7 @@ async fn watch_core(
                     )
                     .await;
                     if let Ok(status) = status {
-                        let mut sample = crate::node_monitor::sample_of(&status);
-                        sample.id = shown(sample.id);
-                        sample.leader = sample.leader.map(shown);
-                        for m in &mut sample.matched {
-                            m.0 = shown(m.0);
-                        }
-                        metrics.observe_peer(&sample);
+                        metrics.observe_peer(&crate::node_monitor::sample_of(&status));
                     }
                 }
             }
@@ -503,7 +504,7 @@ impl LocalDeployment {
         });
         if let Some(monitor) = &spec.monitor {
             // The dashboard's trading figures come from what the core committed, as a node's
-            // own dashboard counts them; the rows of the cluster view are this core's nodes.
+            // own dashboard counts them; the cluster view shows the first core's group.
             let from = rt
                 .block_on(nodes[0].status())
                 .last_applied_index
