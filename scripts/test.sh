@@ -29,7 +29,7 @@ step "the batch interface replays the example trading day"
 ./target/release/bourse engine run --input examples/trading-day.jsonl --output /tmp/bourse-events.jsonl --summary
 grep -q '"event":"trade"' /tmp/bourse-events.jsonl
 
-step "the main job runs end to end (bourse demo, 3 seconds)"
+step "the main job runs end to end (bourse demo on the replicated venue, 5 seconds)"
 ./target/release/bourse demo --seconds 5 --rate 2000 --accounts 1000 --dashboard-port 0
 
 step "benchmarks run (smoke sizes; figures are in BENCHMARKS.md)"
