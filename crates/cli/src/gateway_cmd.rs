@@ -7,7 +7,7 @@ use crate::report::{self, Latency};
 use anyhow::{anyhow, Context, Result};
 use bourse_client::binary::BinTif;
 use bourse_client::{BinaryClient, FixClient, FixClientConfig, Response};
-use bourse_engine::{Engine, EngineConfig, ORDER_ID_CORE_SHIFT};
+use bourse_engine::EngineConfig;
 use bourse_gateway::cluster_link::{ClusterLink, ClusterLinkConfig};
 use bourse_gateway::{CoreLink, GatewayConfig, GatewayHandle, InProcessCore};
 use clap::Args;
@@ -32,24 +32,33 @@ pub struct GatewayArgs {
 
 /// The links to the config's cores, in the order of `GatewayConfig::core_plan`: an engine on
 /// its own thread for an in-process core (numbering its orders from
-/// `core_index << ORDER_ID_CORE_SHIFT`), a `ClusterLink` for a replicated one.
+/// `core_index << ORDER_ID_CORE_SHIFT`), a `ClusterLink` for a replicated one. A replicated
+/// core's link takes this run's client id (a fresh epoch, `bourse_gateway::recovery`) and
+/// resumes the core's committed stream where the order state saved by the previous run is
+/// exact, so that the gateway loads it.
 pub fn core_links(config: &GatewayConfig, orders_max: u32) -> Result<Vec<Box<dyn CoreLink>>> {
     let depth = config.gateway.core_queue_depth;
     let mut links: Vec<Box<dyn CoreLink>> = Vec::new();
+    let recovery = if config.core_plan().iter().any(|c| !c.in_process) {
+        Some(bourse_gateway::recovery::Recovery::open(config).map_err(|e| anyhow!(e))?)
+    } else {
+        None
+    };
     for (index, core) in config.core_plan().iter().enumerate() {
         if core.in_process {
-            let mut engine = Engine::new(EngineConfig {
+            let engine = EngineConfig {
                 orders_max,
-                first_order_id: ((index as u64) << ORDER_ID_CORE_SHIFT).max(1),
                 ..EngineConfig::default()
-            });
-            let link = InProcessCore::spawn(Box::new(move |c, out| engine.apply(c, out)), depth);
-            links.push(Box::new(link));
+            };
+            links.push(Box::new(InProcessCore::engine(index, engine, depth)));
         } else {
             let client_id = core
                 .client_id
                 .ok_or_else(|| anyhow!("core {}: no client_id", core.name))?;
-            let link_config = ClusterLinkConfig::new(core.nodes.clone(), client_id, depth);
+            let link_config = match &recovery {
+                Some(r) => r.link_config(index, core.nodes.clone(), client_id, depth),
+                None => ClusterLinkConfig::new(core.nodes.clone(), client_id, depth),
+            };
             let link =
                 ClusterLink::start(link_config).map_err(|e| anyhow!("core {}: {e}", core.name))?;
             links.push(Box::new(link));
@@ -122,6 +131,155 @@ pub struct GatewayBenchArgs {
     /// With monitoring on, stage probes record one request in this many.
     #[arg(long, default_value_t = 16)]
     sample_every: u32,
+    /// The core behind the gateway: `in-process` (an engine on a thread: the access server's
+    /// own cost) or `replicated` (three `bourse node`s in this process on loopback, fsync
+    /// never, reached through a ClusterLink: the figure includes replication).
+    #[arg(long, default_value = "in-process")]
+    core: String,
+    /// Runs of every scenario per monitoring mode. With `--monitor both` the runs interleave
+    /// (off, on, on, off, off, on, ...) so that a drift of the machine's load falls on both
+    /// modes alike, and a summary compares the medians over the runs.
+    #[arg(long, default_value_t = 1)]
+    repeats: usize,
+}
+
+/// One scenario's result, for the summary over repeated runs.
+struct Row {
+    monitor: bool,
+    scenario: String,
+    throughput_per_s: f64,
+    p50_ns: u64,
+    p99_ns: u64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Per scenario: the median over the runs of throughput, p50 and p99, monitoring off and on,
+/// and the change with monitoring on.
+fn print_monitor_summary(rows: &[Row], repeats: usize) {
+    println!(
+        "monitoring off vs on, median of {repeats} interleaved runs per mode (fresh gateway per run):"
+    );
+    println!(
+        "  {:<22} {:>12} {:>12} {:>8} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8}",
+        "scenario",
+        "tput off/s",
+        "tput on/s",
+        "change",
+        "p50 off",
+        "p50 on",
+        "change",
+        "p99 off",
+        "p99 on",
+        "change"
+    );
+    let mut scenarios: Vec<&str> = rows.iter().map(|r| r.scenario.as_str()).collect();
+    scenarios.dedup();
+    scenarios.sort_unstable();
+    scenarios.dedup();
+    for sc in scenarios {
+        let pick = |on: bool, f: &dyn Fn(&Row) -> f64| {
+            median(
+                rows.iter()
+                    .filter(|r| r.scenario == sc && r.monitor == on)
+                    .map(f)
+                    .collect(),
+            )
+        };
+        let (t0, t1) = (
+            pick(false, &|r| r.throughput_per_s),
+            pick(true, &|r| r.throughput_per_s),
+        );
+        let (a0, a1) = (
+            pick(false, &|r| r.p50_ns as f64),
+            pick(true, &|r| r.p50_ns as f64),
+        );
+        let (p0, p1) = (
+            pick(false, &|r| r.p99_ns as f64),
+            pick(true, &|r| r.p99_ns as f64),
+        );
+        let pct = |a: f64, b: f64| format!("{:+.1}%", (b / a.max(1.0) - 1.0) * 100.0);
+        println!(
+            "  {:<22} {:>12} {:>12} {:>8} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8}",
+            sc,
+            report::count(t0.round() as u64),
+            report::count(t1.round() as u64),
+            pct(t0, t1),
+            report::ns(a0 as u64),
+            report::ns(a1 as u64),
+            pct(a0, a1),
+            report::ns(p0 as u64),
+            report::ns(p1 as u64),
+            pct(p0, p1),
+        );
+    }
+}
+
+/// A replica group of three nodes on loopback for `bench gateway --core replicated`.
+struct BenchGroup {
+    rt: bourse_cluster::tokio::runtime::Runtime,
+    nodes: Vec<bourse_cluster::Node>,
+    addrs: Vec<SocketAddr>,
+    dir: PathBuf,
+}
+
+impl BenchGroup {
+    fn start() -> Result<BenchGroup> {
+        use bourse_cluster::{ClusterConfig, FsyncSetting, Node};
+        let dir =
+            std::env::temp_dir().join(format!("bourse-bench-gateway-group-{}", std::process::id()));
+        // Held together so that the three ports differ; freed just before the nodes bind.
+        let listeners = (0..3)
+            .map(|_| TcpListener::bind("127.0.0.1:0"))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let ports = listeners
+            .iter()
+            .map(|l| l.local_addr().map(|a| a.port()))
+            .collect::<std::io::Result<Vec<u16>>>()?;
+        drop(listeners);
+        let mut config = ClusterConfig::local(98, dir.clone(), [ports[0], ports[1], ports[2]]);
+        config.fsync = FsyncSetting::Never;
+        let rt = bourse_cluster::tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .context("tokio runtime")?;
+        let mut nodes = Vec::new();
+        for n in &config.nodes {
+            nodes.push(
+                rt.block_on(Node::start(&config, n.id))
+                    .map_err(|e| anyhow!("node {}: {e}", n.id))?,
+            );
+        }
+        let addrs = config
+            .nodes
+            .iter()
+            .map(|n| n.addr.parse().context("node address"))
+            .collect::<Result<Vec<SocketAddr>>>()?;
+        Ok(BenchGroup {
+            rt,
+            nodes,
+            addrs,
+            dir,
+        })
+    }
+
+    fn stop(self) {
+        let BenchGroup { rt, nodes, dir, .. } = self;
+        rt.block_on(async {
+            for n in nodes {
+                n.shutdown().await;
+            }
+        });
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
 
 const BENCH_CONFIG: &str = r#"
@@ -451,21 +609,46 @@ pub fn bench(args: GatewayBenchArgs) -> Result<()> {
         "both" => vec![false, true],
         other => return Err(anyhow!("--monitor must be off, on or both, not {other}")),
     };
+    if !matches!(args.core.as_str(), "in-process" | "replicated") {
+        return Err(anyhow!(
+            "--core must be in-process or replicated, not {}",
+            args.core
+        ));
+    }
     let machine = report::Machine::this();
     let echo = echo_baseline()?;
     if !args.json {
         println!(
             "bench gateway: door-to-door round trip (client write -> response read) over loopback,"
         );
-        println!("in-process core (not replicated); requests alternate new order / cancel.");
+        println!(
+            "{}; requests alternate new order / cancel.",
+            if args.core == "replicated" {
+                "replicated core (3 nodes in this process, fsync never, via ClusterLink)"
+            } else {
+                "in-process core (not replicated)"
+            }
+        );
         println!(
             "TCP echo baseline: p50 {} p99 {}",
             report::ns(echo.p50),
             report::ns(echo.p99)
         );
     }
-    for monitor in modes {
-        bench_mode(&args, monitor, &echo, &machine)?;
+    let repeats = args.repeats.max(1);
+    let mut rows = Vec::new();
+    for run in 0..repeats {
+        // Interleaved: the mode that goes first alternates from run to run.
+        let mut order = modes.clone();
+        if run % 2 == 1 {
+            order.reverse();
+        }
+        for monitor in order {
+            rows.extend(bench_mode(&args, monitor, &echo, &machine)?);
+        }
+    }
+    if modes.len() == 2 && !args.json {
+        print_monitor_summary(&rows, repeats);
     }
     Ok(())
 }
@@ -476,13 +659,30 @@ fn bench_mode(
     monitor: bool,
     echo: &Latency,
     machine: &report::Machine,
-) -> Result<()> {
+) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
     let echo = *echo;
     let dir = std::env::temp_dir().join(format!(
         "bourse-bench-gateway-{}-{monitor}",
         std::process::id()
     ));
-    let mut config = GatewayConfig::from_toml(BENCH_CONFIG).map_err(|e| anyhow!(e))?;
+    let group = if args.core == "replicated" {
+        Some(BenchGroup::start()?)
+    } else {
+        None
+    };
+    let text = match &group {
+        Some(g) => format!(
+            "{BENCH_CONFIG}\n[[cores]]\nname = \"bench\"\ninstruments = [1]\nnodes = [{}]\nclient_id = 1\n",
+            g.addrs
+                .iter()
+                .map(|a| format!("\"{a}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        None => BENCH_CONFIG.to_string(),
+    };
+    let mut config = GatewayConfig::from_toml(&text).map_err(|e| anyhow!(e))?;
     config.gateway.store_dir = dir.clone();
     if monitor {
         config.gateway.monitor_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
@@ -506,7 +706,7 @@ fn bench_mode(
             }
         );
         println!(
-            "  {:<8} {:>12} {:>12} {:>10} {:>16} {:>16} {:>16} {:>16}",
+            "  {:<8} {:>12} {:>12} {:>10} {:>16} {:>16} {:>16} {:>16} {:>10}",
             "proto",
             "offered/s",
             "achieved/s",
@@ -514,7 +714,8 @@ fn bench_mode(
             "p50 (×echo)",
             "p90 (×echo)",
             "p99 (×echo)",
-            "p99.9 (×echo)"
+            "p99.9 (×echo)",
+            "max"
         );
     }
     let mut next_id = 0u64;
@@ -551,11 +752,22 @@ fn bench_mode(
             };
             next_id += r.sent;
             let l = &r.latency;
+            rows.push(Row {
+                monitor,
+                scenario: format!(
+                    "{proto}-{}",
+                    rate.map_or("saturation".to_string(), |r| r.to_string())
+                ),
+                throughput_per_s: r.throughput_per_s,
+                p50_ns: l.p50,
+                p99_ns: l.p99,
+            });
             let ratio = |v: u64, base: u64| v as f64 / base.max(1) as f64;
             if args.json {
                 let o = json!({
                     "bench": "gateway",
                     "monitor": mode,
+                    "core": args.core,
                     "scenario": format!("{proto}-{}", rate.map_or("saturation".to_string(), |r| r.to_string())),
                     "protocol": proto,
                     "offered_per_s": rate,
@@ -575,7 +787,7 @@ fn bench_mode(
             } else {
                 let cell = |v: u64, base: u64| format!("{} ({:.1})", report::ns(v), ratio(v, base));
                 println!(
-                    "  {:<8} {:>12} {:>12} {:>10} {:>16} {:>16} {:>16} {:>16}",
+                    "  {:<8} {:>12} {:>12} {:>10} {:>16} {:>16} {:>16} {:>16} {:>10}",
                     proto,
                     rate.map_or("saturation".to_string(), report::count),
                     report::count(r.throughput_per_s.round() as u64),
@@ -584,11 +796,15 @@ fn bench_mode(
                     cell(l.p90, echo.p90),
                     cell(l.p99, echo.p99),
                     cell(l.p999, echo.p999),
+                    report::ns(l.max),
                 );
             }
         }
     }
     handle.shutdown();
+    if let Some(g) = group {
+        g.stop();
+    }
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(())
+    Ok(rows)
 }

@@ -213,6 +213,10 @@ fn absorb(m: &FixMessage, orders: &mut BTreeMap<String, Known>) {
             if exec_type == "F" {
                 line.push_str(&format!(" last {} @ {}", field(m, 32), field(m, 31)));
             }
+            // A status answer says what the order is (also for one no longer live).
+            if exec_type == "I" && field(m, 39) != "8" {
+                line.push_str(&format!(" is {status}"));
+            }
             if !field(m, 58).is_empty() {
                 line.push_str(&format!(" ({})", field(m, 58)));
             }

@@ -145,7 +145,19 @@ fn orders_sent_from_the_terminal_trade_and_show_in_the_list() {
     assert!(out.contains("exec cancelled"), "{out}");
     let out = order(port, "ALPHA", &alpha, &["list"]);
     assert!(!out.lines().any(|l| l.starts_with("s1 ")), "{out}");
+    // A finished order's status is its last state, not "unknown".
     let out = order(port, "ALPHA", &alpha, &["status", "--cl-ord-id", "s1"]);
+    assert!(
+        out.contains("exec status    s1 SBER sell 100 @ 250.10 leaves 0 cum 30")
+            && out.contains("is cancelled"),
+        "{out}"
+    );
+    let out = order(
+        port,
+        "ALPHA",
+        &alpha,
+        &["status", "--cl-ord-id", "never-sent"],
+    );
     assert!(out.contains("unknown order"), "{out}");
 }
 

@@ -4,8 +4,8 @@
 mod common;
 
 use bourse_client::{FixClient, FixClientConfig, FixMessage};
-use bourse_engine::{Engine, EngineConfig, ORDER_ID_CORE_SHIFT};
-use bourse_gateway::{CoreLink, GatewayConfig, InProcessCore};
+use bourse_engine::ORDER_ID_CORE_SHIFT;
+use bourse_gateway::GatewayConfig;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(5);
@@ -167,21 +167,7 @@ fn two_cores_trade_apart_and_a_mass_cancel_spans_both() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = GatewayConfig::from_toml(TWO_CORES).unwrap();
     config.gateway.store_dir = dir.path().to_path_buf();
-    let links: Vec<Box<dyn CoreLink>> = (0..2u64)
-        .map(|core| {
-            let mut engine = Engine::new(EngineConfig {
-                orders_max: 10_000,
-                instruments_max: 8,
-                accounts_max: 16,
-                levels_per_side_hint: 8,
-                first_order_id: (core << ORDER_ID_CORE_SHIFT).max(1),
-            });
-            Box::new(InProcessCore::spawn(
-                Box::new(move |c, out| engine.apply(c, out)),
-                256,
-            )) as Box<dyn CoreLink>
-        })
-        .collect();
+    let links = bourse_gateway::engine_links(&config, common::engine_config());
     let handle = bourse_gateway::spawn_cores(config, links, None).unwrap();
     let addr = handle.fix_addr().unwrap();
     let mut alpha = login(addr, "ALPHA");

@@ -499,24 +499,50 @@ enum Scan {
 /// BodyLength and MsgType first, then the other header fields in ascending
 /// tag order, then the body fields in the order they were added, then
 /// CheckSum.
+///
+/// Every value lives in one byte buffer (`values`) and fields are
+/// `(tag, start, end)` ranges into it, so that building a message costs a few
+/// allocations in all rather than one per field; numbers and other
+/// [`std::fmt::Display`] values are written straight into the buffer
+/// ([`OutMessage::push_display`]). The header is kept sorted by tag as it is
+/// set, so encoding sorts nothing.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OutMessage {
     pub msg_type: String,
-    pub header: Vec<(Tag, Vec<u8>)>,
-    pub body: Vec<(Tag, Vec<u8>)>,
+    header: Vec<(Tag, u32, u32)>,
+    body: Vec<(Tag, u32, u32)>,
+    values: Vec<u8>,
 }
+
+/// Fields and value bytes an execution report needs, reserved up front.
+const BODY_FIELDS_TYPICAL: usize = 24;
+const VALUE_BYTES_TYPICAL: usize = 320;
 
 impl OutMessage {
     pub fn new(msg_type: &str) -> Self {
         OutMessage {
             msg_type: msg_type.to_string(),
-            header: Vec::new(),
-            body: Vec::new(),
+            header: Vec::with_capacity(8),
+            body: Vec::with_capacity(BODY_FIELDS_TYPICAL),
+            values: Vec::with_capacity(VALUE_BYTES_TYPICAL),
         }
     }
 
-    /// Sets a header field, replacing any earlier value of the same tag.
-    pub fn set_header(&mut self, tag: Tag, value: impl AsRef<[u8]>) -> &mut Self {
+    fn append(&mut self, value: &[u8]) -> (u32, u32) {
+        let start = self.values.len() as u32;
+        self.values.extend_from_slice(value);
+        (start, self.values.len() as u32)
+    }
+
+    fn append_display(&mut self, value: &dyn std::fmt::Display) -> (u32, u32) {
+        use std::io::Write as _;
+        let start = self.values.len() as u32;
+        // Writing into a Vec cannot fail.
+        let _ = write!(self.values, "{value}");
+        (start, self.values.len() as u32)
+    }
+
+    fn place_header(&mut self, tag: Tag, range: (u32, u32)) {
         assert!(
             tag != tags::BEGIN_STRING
                 && tag != tags::BODY_LENGTH
@@ -524,68 +550,145 @@ impl OutMessage {
                 && tag != tags::CHECK_SUM,
             "the encoder owns tags 8, 9, 35 and 10"
         );
-        let value = value.as_ref().to_vec();
-        match self.header.iter_mut().find(|(t, _)| *t == tag) {
-            Some(slot) => slot.1 = value,
-            None => self.header.push((tag, value)),
+        match self.header.binary_search_by_key(&tag, |f| f.0) {
+            Ok(i) => self.header[i] = (tag, range.0, range.1),
+            Err(i) => self.header.insert(i, (tag, range.0, range.1)),
         }
+    }
+
+    /// Sets a header field, replacing any earlier value of the same tag.
+    pub fn set_header(&mut self, tag: Tag, value: impl AsRef<[u8]>) -> &mut Self {
+        let range = self.append(value.as_ref());
+        self.place_header(tag, range);
+        self
+    }
+
+    /// Sets a header field to a value's text, written in place.
+    pub fn set_header_display(&mut self, tag: Tag, value: &dyn std::fmt::Display) -> &mut Self {
+        let range = self.append_display(value);
+        self.place_header(tag, range);
         self
     }
 
     pub fn remove_header(&mut self, tag: Tag) -> &mut Self {
-        self.header.retain(|(t, _)| *t != tag);
+        self.header.retain(|f| f.0 != tag);
         self
+    }
+
+    fn value(&self, f: &(Tag, u32, u32)) -> &[u8] {
+        &self.values[f.1 as usize..f.2 as usize]
     }
 
     pub fn header_value(&self, tag: Tag) -> Option<&[u8]> {
         self.header
             .iter()
-            .find(|(t, _)| *t == tag)
-            .map(|(_, v)| v.as_slice())
+            .find(|f| f.0 == tag)
+            .map(|f| self.value(f))
     }
 
     /// Appends a body field.
     pub fn push(&mut self, tag: Tag, value: impl AsRef<[u8]>) -> &mut Self {
-        self.body.push((tag, value.as_ref().to_vec()));
+        let (start, end) = self.append(value.as_ref());
+        self.body.push((tag, start, end));
+        self
+    }
+
+    /// Appends a body field whose value is `value`'s text, written in place (no
+    /// intermediate `String`).
+    pub fn push_display(&mut self, tag: Tag, value: &dyn std::fmt::Display) -> &mut Self {
+        let (start, end) = self.append_display(value);
+        self.body.push((tag, start, end));
         self
     }
 
     pub fn body_value(&self, tag: Tag) -> Option<&[u8]> {
-        self.body
-            .iter()
-            .find(|(t, _)| *t == tag)
-            .map(|(_, v)| v.as_slice())
+        self.body.iter().find(|f| f.0 == tag).map(|f| self.value(f))
+    }
+
+    /// The body fields in order, as (tag, value).
+    pub fn body_fields(&self) -> impl Iterator<Item = (Tag, &[u8])> + '_ {
+        self.body.iter().map(|f| (f.0, self.value(f)))
+    }
+
+    /// Keeps only the body fields whose tag passes `keep`.
+    pub fn retain_body(&mut self, mut keep: impl FnMut(Tag) -> bool) -> &mut Self {
+        self.body.retain(|f| keep(f.0));
+        self
     }
 
     /// Encodes the message with BodyLength and CheckSum computed.
     pub fn encode(&self, begin_string: &str) -> Vec<u8> {
-        let mut header: Vec<&(Tag, Vec<u8>)> = self.header.iter().collect();
-        header.sort_by_key(|(tag, _)| *tag);
-        let mut body = Vec::with_capacity(256);
-        write_field(&mut body, tags::MSG_TYPE, self.msg_type.as_bytes());
-        for (tag, value) in header {
-            write_field(&mut body, *tag, value);
-        }
-        for (tag, value) in &self.body {
-            write_field(&mut body, *tag, value);
-        }
-        let mut out = Vec::with_capacity(body.len() + 32);
-        write_field(&mut out, tags::BEGIN_STRING, begin_string.as_bytes());
-        write_field(
-            &mut out,
-            tags::BODY_LENGTH,
-            body.len().to_string().as_bytes(),
-        );
-        out.extend_from_slice(&body);
-        let sum = checksum(&out);
-        out.extend_from_slice(format!("10={sum:03}").as_bytes());
-        out.push(SOH);
+        let mut out = Vec::new();
+        self.encode_into(begin_string, &mut out);
         out
+    }
+
+    /// Appends the encoded message to `out`: the body length is summed first so
+    /// that everything is written once, in place.
+    pub fn encode_into(&self, begin_string: &str, out: &mut Vec<u8>) {
+        let field_len = |tag: Tag, value_len: usize| tag_digits(tag) + value_len + 2;
+        let body_len = field_len(tags::MSG_TYPE, self.msg_type.len())
+            + self
+                .header
+                .iter()
+                .chain(self.body.iter())
+                .map(|f| field_len(f.0, (f.2 - f.1) as usize))
+                .sum::<usize>();
+        let begin = out.len();
+        out.reserve(body_len + begin_string.len() + 24);
+        write_field(out, tags::BEGIN_STRING, begin_string.as_bytes());
+        write_tag(out, tags::BODY_LENGTH);
+        out.push(b'=');
+        write_u64(out, body_len as u64);
+        out.push(SOH);
+        write_field(out, tags::MSG_TYPE, self.msg_type.as_bytes());
+        for f in self.header.iter().chain(self.body.iter()) {
+            write_field(out, f.0, self.value(f));
+        }
+        let sum = checksum(&out[begin..]);
+        out.extend_from_slice(b"10=");
+        out.extend_from_slice(&[
+            b'0' + (sum / 100) as u8,
+            b'0' + (sum / 10 % 10) as u8,
+            b'0' + (sum % 10) as u8,
+            SOH,
+        ]);
     }
 }
 
+fn tag_digits(tag: Tag) -> usize {
+    let mut n = 1 + usize::from(tag < 0);
+    let mut t = tag.unsigned_abs() / 10;
+    while t > 0 {
+        n += 1;
+        t /= 10;
+    }
+    n
+}
+
+fn write_u64(out: &mut Vec<u8>, mut v: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+fn write_tag(out: &mut Vec<u8>, tag: Tag) {
+    if tag < 0 {
+        out.push(b'-');
+    }
+    write_u64(out, u64::from(tag.unsigned_abs()));
+}
+
 fn write_field(out: &mut Vec<u8>, tag: Tag, value: &[u8]) {
-    out.extend_from_slice(tag.to_string().as_bytes());
+    write_tag(out, tag);
     out.push(b'=');
     out.extend_from_slice(value);
     out.push(SOH);

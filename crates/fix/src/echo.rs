@@ -95,7 +95,9 @@ impl Application for EchoApplication {
 
 fn echo_of(message: &Inbound<'_>) -> OutMessage {
     let mut m = OutMessage::new(&String::from_utf8_lossy(message.msg_type()));
-    m.body = message.body_fields();
+    for (tag, value) in message.body_fields() {
+        m.push(tag, value);
+    }
     m
 }
 

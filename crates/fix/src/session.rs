@@ -898,8 +898,8 @@ impl Session {
     fn fill_and_encode(&self, now_ms: UnixMs, mut m: OutMessage, seq: u64) -> Vec<u8> {
         m.set_header(tags::SENDER_COMP_ID, &self.config.sender_comp_id);
         m.set_header(tags::TARGET_COMP_ID, &self.config.target_comp_id);
-        m.set_header(tags::MSG_SEQ_NUM, seq.to_string());
-        m.set_header(tags::SENDING_TIME, time::format_utc_timestamp_ms(now_ms));
+        m.set_header_display(tags::MSG_SEQ_NUM, &seq);
+        m.set_header_display(tags::SENDING_TIME, &time::UtcTimestamp(now_ms));
         m.encode(&self.config.begin_string)
     }
 
@@ -1330,7 +1330,7 @@ mod tests {
     fn invalid_field_gets_session_reject_with_quickfix_wording() {
         let (mut init, _init_app, mut acc, mut acc_app) = logged_on_pair();
         let mut bad = order("x");
-        bad.body.retain(|(t, _)| *t != 54);
+        bad.retain_body(|t| t != 54);
         bad.push(54, "9");
         init.send_app(T0, bad).expect("send");
         for m in sent(&mut init) {

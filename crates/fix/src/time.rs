@@ -56,14 +56,44 @@ fn days_in_month(year: i64, month: u32) -> u32 {
 
 /// Formats `unix_ms` as `YYYYMMDD-HH:MM:SS.sss`.
 pub fn format_utc_timestamp_ms(unix_ms: UnixMs) -> String {
-    let days = unix_ms.div_euclid(86_400_000);
-    let ms_of_day = unix_ms.rem_euclid(86_400_000);
-    let (y, m, d) = civil_from_days(days);
-    let hh = ms_of_day / 3_600_000;
-    let mm = (ms_of_day / 60_000) % 60;
-    let ss = (ms_of_day / 1000) % 60;
-    let ms = ms_of_day % 1000;
-    format!("{y:04}{m:02}{d:02}-{hh:02}:{mm:02}:{ss:02}.{ms:03}")
+    UtcTimestamp(unix_ms).to_string()
+}
+
+/// A time (Unix milliseconds) displayed as a FIX UTCTimestamp, `YYYYMMDD-HH:MM:SS.sss`, so
+/// that a message field can be written in place without an intermediate `String`.
+#[derive(Clone, Copy, Debug)]
+pub struct UtcTimestamp(pub UnixMs);
+
+impl std::fmt::Display for UtcTimestamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let unix_ms = self.0;
+        let days = unix_ms.div_euclid(86_400_000);
+        let ms_of_day = unix_ms.rem_euclid(86_400_000);
+        let (y, m, d) = civil_from_days(days);
+        let hh = ms_of_day / 3_600_000;
+        let mm = (ms_of_day / 60_000) % 60;
+        let ss = (ms_of_day / 1000) % 60;
+        let ms = ms_of_day % 1000;
+        if !(0..=9999).contains(&y) {
+            return write!(f, "{y:04}{m:02}{d:02}-{hh:02}:{mm:02}:{ss:02}.{ms:03}");
+        }
+        // Digits by hand into a fixed buffer: this runs twice per execution report.
+        let mut b = *b"00000000-00:00:00.000";
+        let mut put = |at: usize, width: usize, mut v: u64| {
+            for i in (at..at + width).rev() {
+                b[i] = b'0' + (v % 10) as u8;
+                v /= 10;
+            }
+        };
+        put(0, 4, y as u64);
+        put(4, 2, m as u64);
+        put(6, 2, d as u64);
+        put(9, 2, hh as u64);
+        put(12, 2, mm as u64);
+        put(15, 2, ss as u64);
+        put(18, 3, ms as u64);
+        f.write_str(std::str::from_utf8(&b).map_err(|_| std::fmt::Error)?)
+    }
 }
 
 fn digits(bytes: &[u8]) -> Option<u32> {

@@ -241,6 +241,17 @@ impl GatewayConfig {
                     c.name
                 ));
             }
+            // The upper half of the id at the core is the gateway's restart epoch
+            // (`crate::recovery`).
+            if c.client_id
+                .is_some_and(|id| id == 0 || id > u64::from(u32::MAX))
+            {
+                return Err(format!(
+                    "core {}: client_id must be from 1 to {}",
+                    c.name,
+                    u32::MAX
+                ));
+            }
             for i in &c.instruments {
                 if !defined.contains(i) {
                     return Err(format!(

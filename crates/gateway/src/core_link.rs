@@ -47,6 +47,14 @@ pub trait CoreLink: Send {
     /// Registers a function the link calls (from any thread) after it made output ready, so
     /// that a gateway sleeping in its event loop wakes up.
     fn set_notify(&mut self, notify: Arc<dyn Fn() + Send + Sync>);
+    /// For a core that outlives the gateway (a replica group): the last position in the
+    /// core's output stream (a log index) whose outputs [`CoreLink::try_recv`] has handed
+    /// over, all of them; before the first, the position the link started after. The gateway
+    /// saves it with its order state at stop and resumes from it. `None` for a core that
+    /// lives and dies with the gateway ([`InProcessCore`]): nothing of it can be resumed.
+    fn stream_position(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A state machine that applies commands: the engine, or a test double.
@@ -125,6 +133,40 @@ impl InProcessCore {
             thread: Some(thread),
         }
     }
+}
+
+impl InProcessCore {
+    /// An engine on its own thread, as core number `core_index` of a venue: it numbers its
+    /// orders from `core_index << ORDER_ID_CORE_SHIFT`, so order ids stay unique across cores.
+    pub fn engine(
+        core_index: usize,
+        mut config: bourse_engine::EngineConfig,
+        queue_depth: usize,
+    ) -> InProcessCore {
+        config.first_order_id = ((core_index as u64) << bourse_engine::ORDER_ID_CORE_SHIFT).max(1);
+        let mut engine = bourse_engine::Engine::new(config);
+        InProcessCore::spawn(
+            Box::new(move |c: &Command, out: &mut Vec<Event>| engine.apply(c, out)),
+            queue_depth,
+        )
+    }
+}
+
+/// One in-process engine per core of `config` (the links [`crate::spawn_cores`] wants, for a
+/// configuration whose cores all run in process), each sized by `engine`.
+pub fn engine_links(
+    config: &crate::GatewayConfig,
+    engine: bourse_engine::EngineConfig,
+) -> Vec<Box<dyn CoreLink>> {
+    (0..config.core_plan().len())
+        .map(|i| {
+            Box::new(InProcessCore::engine(
+                i,
+                engine,
+                config.gateway.core_queue_depth,
+            )) as Box<dyn CoreLink>
+        })
+        .collect()
 }
 
 impl CoreLink for InProcessCore {

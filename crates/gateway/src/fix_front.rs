@@ -2,14 +2,15 @@
 //! parsed into router requests, and reports rendered as ExecutionReport (8, ExecType=I for
 //! status), OrderCancelReject (9), BusinessMessageReject (j) and OrderMassCancelReport (r).
 
-use crate::convert::{format_decimal, parse_decimal};
+use crate::convert::{parse_decimal, Decimal};
 use crate::router::{
-    ClientId, ExecKind, ExecReport, GatewayReject, NewOrderRequest, RejectCause, Report, Router,
-    SessionRef, StatusQuery,
+    ClientId, ExecKind, ExecReport, Finished, GatewayReject, NewOrderRequest, RejectCause, Report,
+    Router, SessionRef, StatusQuery,
 };
 use bourse_core::*;
 use bourse_fix::session::Inbound;
 use bourse_fix::tags::BusinessRejectReason;
+use bourse_fix::time::UtcTimestamp;
 use bourse_fix::{Application, Dictionary, OutMessage};
 
 /// The gateway's own FIX 4.4 dictionary (QuickFIX XML format).
@@ -477,13 +478,12 @@ pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage
     let scale = info.map_or(0, |i| i.price_scale);
     let lot = info.map_or(1, |i| i.lot_size);
     let symbol = info.map_or("?", |i| i.symbol.as_str());
-    let units = |lots: i64| (i128::from(lots) * i128::from(lot)).to_string();
+    let units = |lots: i64| i128::from(lots) * i128::from(lot);
     let mut m = OutMessage::new("8");
-    m.push(
-        tag::ORDER_ID,
-        r.order_id
-            .map_or_else(|| "NONE".to_string(), |o| o.0.to_string()),
-    );
+    match r.order_id {
+        Some(o) => m.push_display(tag::ORDER_ID, &o.0),
+        None => m.push(tag::ORDER_ID, "NONE"),
+    };
     let (exec_type, status): (&str, &str) = match &r.kind {
         ExecKind::New => ("0", "0"),
         ExecKind::Trade { .. } => ("F", if r.leaves_lots == 0 { "2" } else { "1" }),
@@ -492,35 +492,46 @@ pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage
         ExecKind::Expired => ("C", "C"),
         ExecKind::Rejected(_) => ("8", "8"),
         ExecKind::Status(q) if q.pending_new => ("I", "A"),
+        ExecKind::Status(StatusQuery {
+            finished: Some(how),
+            ..
+        }) => (
+            "I",
+            match how {
+                Finished::Filled => "2",
+                Finished::Canceled => "4",
+                Finished::Expired => "C",
+            },
+        ),
         ExecKind::Status(_) => ("I", if r.cum_lots > 0 { "1" } else { "0" }),
     };
     match &r.kind {
         ExecKind::Canceled { by: Some(by), .. } => {
-            m.push(tag::CL_ORD_ID, by.to_string());
-            m.push(tag::ORIG_CL_ORD_ID, r.client.to_string());
+            m.push_display(tag::CL_ORD_ID, &by);
+            m.push_display(tag::ORIG_CL_ORD_ID, &r.client);
         }
         ExecKind::Replaced { orig } => {
-            m.push(tag::CL_ORD_ID, r.client.to_string());
-            m.push(tag::ORIG_CL_ORD_ID, orig.to_string());
+            m.push_display(tag::CL_ORD_ID, &r.client);
+            m.push_display(tag::ORIG_CL_ORD_ID, &orig);
         }
         _ => {
-            m.push(tag::CL_ORD_ID, r.client.to_string());
+            m.push_display(tag::CL_ORD_ID, &r.client);
         }
     }
     m.push(tag::EXEC_ID, exec_id);
     m.push(tag::EXEC_TYPE, exec_type);
     m.push(tag::ORD_STATUS, status);
     if let ExecKind::Rejected(cause) = &r.kind {
-        m.push(tag::ORD_REJ_REASON, ord_rej_reason(*cause).to_string());
+        m.push_display(tag::ORD_REJ_REASON, &ord_rej_reason(*cause));
         m.push(tag::TEXT, cause.text());
     }
     if let ExecKind::Canceled { reason, .. } = &r.kind {
-        m.push(tag::TEXT, format!("{reason:?}"));
+        m.push_display(tag::TEXT, &format_args!("{reason:?}"));
     }
-    m.push(tag::ACCOUNT, r.account.0.to_string());
+    m.push_display(tag::ACCOUNT, &r.account.0);
     m.push(tag::SYMBOL, symbol);
     m.push(tag::SIDE, side_code(r.side));
-    m.push(tag::ORDER_QTY, units(r.qty_lots));
+    m.push_display(tag::ORDER_QTY, &units(r.qty_lots));
     m.push(
         tag::ORD_TYPE,
         if r.ord_type == OrdType::Market {
@@ -530,7 +541,7 @@ pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage
         },
     );
     if r.ord_type == OrdType::Limit {
-        m.push(tag::PRICE, format_decimal(i128::from(r.price.0), scale));
+        m.push_display(tag::PRICE, &Decimal(i128::from(r.price.0), scale));
     }
     // TradeID (1003) is not an ExecutionReport field in FIX 4.4 (QuickFIX/J rejects it); the
     // trade is identified by ExecID, unique per report.
@@ -538,21 +549,21 @@ pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage
         last_px, last_lots, ..
     } = &r.kind
     {
-        m.push(tag::LAST_QTY, units(*last_lots));
-        m.push(tag::LAST_PX, format_decimal(i128::from(last_px.0), scale));
+        m.push_display(tag::LAST_QTY, &units(*last_lots));
+        m.push_display(tag::LAST_PX, &Decimal(i128::from(last_px.0), scale));
     }
-    m.push(tag::LEAVES_QTY, units(r.leaves_lots));
-    m.push(tag::CUM_QTY, units(r.cum_lots));
+    m.push_display(tag::LEAVES_QTY, &units(r.leaves_lots));
+    m.push_display(tag::CUM_QTY, &units(r.cum_lots));
     // AvgPx with four decimals more than the price, truncated: exact enough to reconcile.
     let avg = if r.cum_lots > 0 {
         r.notional * 10_000 / i128::from(r.cum_lots)
     } else {
         0
     };
-    m.push(tag::AVG_PX, format_decimal(avg, scale + 4));
-    m.push(
+    m.push_display(tag::AVG_PX, &Decimal(avg, scale + 4));
+    m.push_display(
         tag::TRANSACT_TIME,
-        bourse_fix::time::format_utc_timestamp_ms((r.ts_ns / 1_000_000) as i64),
+        &UtcTimestamp((r.ts_ns / 1_000_000) as i64),
     );
     if let ExecKind::Status(q) = &r.kind {
         push_status_query(&mut m, q);
@@ -566,7 +577,7 @@ fn push_status_query(m: &mut OutMessage, q: &StatusQuery) {
     }
     if let Some((id, total, last)) = &q.mass {
         m.push(tag::MASS_STATUS_REQ_ID, id.as_bytes());
-        m.push(tag::TOT_NUM_REPORTS, total.to_string());
+        m.push_display(tag::TOT_NUM_REPORTS, &total);
         m.push(tag::LAST_RPT_REQUESTED, if *last { "Y" } else { "N" });
     }
 }
@@ -584,19 +595,19 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
             ts_ns,
         } => {
             let mut m = OutMessage::new("9");
-            m.push(
-                tag::ORDER_ID,
-                order_id.map_or_else(|| "NONE".to_string(), |o| o.0.to_string()),
-            );
-            m.push(tag::CL_ORD_ID, client.to_string());
-            m.push(tag::ORIG_CL_ORD_ID, orig.to_string());
+            match order_id {
+                Some(o) => m.push_display(tag::ORDER_ID, &o.0),
+                None => m.push(tag::ORDER_ID, "NONE"),
+            };
+            m.push_display(tag::CL_ORD_ID, &client);
+            m.push_display(tag::ORIG_CL_ORD_ID, &orig);
             m.push(tag::ORD_STATUS, if order_id.is_some() { "0" } else { "8" });
             m.push(tag::TEXT, cause.text());
-            m.push(
+            m.push_display(
                 tag::TRANSACT_TIME,
-                bourse_fix::time::format_utc_timestamp_ms((ts_ns / 1_000_000) as i64),
+                &UtcTimestamp((ts_ns / 1_000_000) as i64),
             );
-            m.push(tag::CXL_REJ_REASON, cxl_rej_reason(*cause).to_string());
+            m.push_display(tag::CXL_REJ_REASON, &cxl_rej_reason(*cause));
             m.push(
                 tag::CXL_REJ_RESPONSE_TO,
                 if *to == CancelRejectTo::Cancel {
@@ -615,8 +626,8 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
             ts_ns,
         } => {
             let mut m = OutMessage::new("r");
-            m.push(tag::CL_ORD_ID, client.to_string());
-            m.push(tag::ORDER_ID, format!("MASS-{client}"));
+            m.push_display(tag::CL_ORD_ID, &client);
+            m.push_display(tag::ORDER_ID, &format_args!("MASS-{client}"));
             m.push(tag::MASS_CANCEL_REQUEST_TYPE, [*request_type]);
             match reject {
                 Some(cause) => {
@@ -628,10 +639,10 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
                     m.push(tag::MASS_CANCEL_RESPONSE, [*request_type]);
                 }
             }
-            m.push(tag::TOTAL_AFFECTED_ORDERS, total.to_string());
-            m.push(
+            m.push_display(tag::TOTAL_AFFECTED_ORDERS, &total);
+            m.push_display(
                 tag::TRANSACT_TIME,
-                bourse_fix::time::format_utc_timestamp_ms((ts_ns / 1_000_000) as i64),
+                &UtcTimestamp((ts_ns / 1_000_000) as i64),
             );
             m
         }
@@ -644,12 +655,12 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
             ts_ns,
         } => {
             let mut m = OutMessage::new("8");
-            m.push(
-                tag::ORDER_ID,
-                order_id.map_or_else(|| "NONE".to_string(), |o| o.0.to_string()),
-            );
+            match order_id {
+                Some(o) => m.push_display(tag::ORDER_ID, &o.0),
+                None => m.push(tag::ORDER_ID, "NONE"),
+            };
             if let Some(c) = client {
-                m.push(tag::CL_ORD_ID, c.to_string());
+                m.push_display(tag::CL_ORD_ID, &c);
             }
             m.push(tag::EXEC_ID, exec_id);
             m.push(tag::EXEC_TYPE, "I");
@@ -668,9 +679,9 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
             m.push(tag::LEAVES_QTY, "0");
             m.push(tag::CUM_QTY, "0");
             m.push(tag::AVG_PX, "0");
-            m.push(
+            m.push_display(
                 tag::TRANSACT_TIME,
-                bourse_fix::time::format_utc_timestamp_ms((ts_ns / 1_000_000) as i64),
+                &UtcTimestamp((ts_ns / 1_000_000) as i64),
             );
             push_status_query(&mut m, query);
             m
@@ -683,11 +694,11 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
             ..
         } => {
             let mut m = OutMessage::new("j");
-            m.push(tag::REF_SEQ_NUM, ref_seq_num.to_string());
+            m.push_display(tag::REF_SEQ_NUM, &ref_seq_num);
             m.push(tag::TEXT, text);
             m.push(tag::REF_MSG_TYPE, ref_msg_type);
             if let Some(id) = ref_id {
-                m.push(tag::BUSINESS_REJECT_REF_ID, id.to_string());
+                m.push_display(tag::BUSINESS_REJECT_REF_ID, &id);
             }
             // 0 = Other: FIX 4.4 has no code for a throttle; Text says what happened.
             m.push(tag::BUSINESS_REJECT_REASON, "0");

@@ -46,8 +46,12 @@
 //! messages kept for resend/retransmission, messages queued for a logged-off FIX session,
 //! live orders tracked; each has a ceiling in [`config`].
 //!
-//! Not yet: order state does not survive a gateway restart (FIX sequence numbers and sent
-//! messages do, in the FIX store); the binary protocol has no status request.
+//! - [`recovery`]: what a restart keeps in front of replicated cores: the order state saved at
+//!   stop with each core's stream position (loaded at start by links that resume there), and
+//!   the link epoch that gives every run fresh idempotency keys at the cores.
+//!
+//! Not yet: after a crash (no orderly stop) the order table is lost (nothing is doubled); the
+//! binary protocol has no status request.
 
 pub mod binary_front;
 pub mod cluster_link;
@@ -55,6 +59,7 @@ pub mod config;
 pub mod convert;
 pub mod core_link;
 pub mod fix_front;
+pub mod recovery;
 pub mod router;
 pub mod server;
 pub mod store;
@@ -62,5 +67,5 @@ pub mod throttle;
 
 pub use cluster_link::{ClusterLink, ClusterLinkConfig, FOREIGN_KEY};
 pub use config::GatewayConfig;
-pub use core_link::{CoreLink, CoreOutput, InProcessCore, RequestKey, SubmitError};
+pub use core_link::{engine_links, CoreLink, CoreOutput, InProcessCore, RequestKey, SubmitError};
 pub use server::{spawn, spawn_cores, DisconnectReason, GatewayHandle, GatewayStats};

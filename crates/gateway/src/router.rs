@@ -19,7 +19,7 @@ use crate::core_link::{CoreLink, CoreOutput, RequestKey, SubmitError};
 use crate::throttle::Throttle;
 use bourse_core::*;
 use bourse_monitor::{Stage, StageRecorder, Trace};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 /// A client's order id as it appears on its protocol.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -217,6 +217,58 @@ pub struct StatusQuery {
     pub mass: Option<(Box<str>, u32, bool)>,
     /// Submitted and not yet accepted by the core (OrdStatus=A).
     pub pending_new: bool,
+    /// The order is no longer live: how it ended (OrdStatus 2, 4 or C).
+    pub finished: Option<Finished>,
+}
+
+/// How an order that is no longer live ended, kept so that a status request after the fact
+/// (or after a gateway restart) gets the true answer and not "unknown".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finished {
+    Filled,
+    Canceled,
+    Expired,
+}
+
+/// Finished orders the router remembers for status requests, the oldest forgotten first: a
+/// bound on memory (about 200 bytes each), and far more than a session asks about.
+pub const FINISHED_ORDERS_KEPT: usize = 65_536;
+
+/// One order as [`Router::export_state`] saves it and [`Router::import_state`] restores it:
+/// flat, with its session named (not numbered), so that a restart with a changed session list
+/// finds each order's owner or drops it knowingly.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SavedOrder {
+    pub session: String,
+    pub order_id: OrderId,
+    pub client: ClientId,
+    /// The gateway's id of the order at the core (the latest, after replaces).
+    pub internal: ClOrdId,
+    pub core: u32,
+    pub account: AccountId,
+    pub instrument: InstrumentId,
+    pub side: Side,
+    pub ord_type: OrdType,
+    pub tif: TimeInForce,
+    pub price: Price,
+    pub qty_lots: i64,
+    pub cum_lots: i64,
+    pub notional: i128,
+    /// None: live in the core.
+    pub finished: Option<Finished>,
+}
+
+/// The router's durable part: what a restarted gateway needs to answer status requests and to
+/// route what the cores do to the orders' owners. `positions` are the cores' stream positions
+/// ([`crate::CoreLink::stream_position`]) the state is exact at.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RouterState {
+    pub next_internal: u64,
+    pub positions: Vec<Option<u64>>,
+    /// Live orders, by order id.
+    pub live: Vec<SavedOrder>,
+    /// Finished orders, oldest first.
+    pub finished: Vec<SavedOrder>,
 }
 
 /// One execution report, with the order's state after it.
@@ -395,6 +447,11 @@ pub struct Router {
     by_id: HashMap<InstrumentId, usize>,
     drop_copies: HashMap<FirmId, Vec<SessionRef>>,
     orders: HashMap<OrderId, OrderState>,
+    /// Orders no longer live, for status requests: by order id, by owner and client id
+    /// (the latest order of that id), and in the order they finished (to forget the oldest).
+    finished: HashMap<OrderId, (OrderState, Finished)>,
+    finished_by_client: HashMap<(SessionRef, ClientId), OrderId>,
+    finished_order: VecDeque<OrderId>,
     pending: HashMap<RequestKey, Pending>,
     mass: HashMap<u64, MassAgg>,
     next_mass: u64,
@@ -496,6 +553,9 @@ impl Router {
             by_id,
             drop_copies,
             orders: HashMap::new(),
+            finished: HashMap::new(),
+            finished_by_client: HashMap::new(),
+            finished_order: VecDeque::new(),
             pending: HashMap::new(),
             mass: HashMap::new(),
             next_mass: 1,
@@ -987,27 +1047,168 @@ impl Router {
         sref: SessionRef,
         client: Option<&ClientId>,
         order_id: Option<OrderId>,
-    ) -> Option<(OrderId, OrderState, bool)> {
+    ) -> Option<(OrderId, OrderState, bool, Option<Finished>)> {
         let meta = self.sessions.get(sref.0 as usize)?;
         let by_id = order_id
             .and_then(|oid| self.orders.get(&oid).map(|o| (oid, o)))
             .filter(|(_, o)| o.owner == sref);
         if let Some((oid, o)) = by_id {
-            return Some((oid, o.clone(), false));
+            return Some((oid, o.clone(), false, None));
         }
-        let live = meta.live.get(client?)?;
-        if let Some(oid) = live.order_id {
-            let o = self.orders.get(&oid).filter(|o| o.owner == sref)?;
-            return Some((oid, o.clone(), false));
+        let finished_by_id = order_id
+            .and_then(|oid| self.finished.get(&oid).map(|f| (oid, f)))
+            .filter(|(_, (o, _))| o.owner == sref);
+        if let Some((oid, (o, how))) = finished_by_id {
+            return Some((oid, o.clone(), false, Some(*how)));
         }
-        // Submitted, not yet answered: the state is in the pending request (bounded by the
-        // requests in flight, and a status request is rare, so a scan is fine).
-        self.pending.values().find_map(|p| match p {
-            Pending::New(o) if o.owner == sref && Some(&o.client) == client => {
-                Some((OrderId(0), o.clone(), true))
+        let client = client?;
+        if let Some(live) = meta.live.get(client) {
+            if let Some(oid) = live.order_id {
+                let o = self.orders.get(&oid).filter(|o| o.owner == sref)?;
+                return Some((oid, o.clone(), false, None));
             }
-            _ => None,
-        })
+            // Submitted, not yet answered: the state is in the pending request (bounded by
+            // the requests in flight, and a status request is rare, so a scan is fine).
+            return self.pending.values().find_map(|p| match p {
+                Pending::New(o) if o.owner == sref && &o.client == client => {
+                    Some((OrderId(0), o.clone(), true, None))
+                }
+                _ => None,
+            });
+        }
+        let oid = *self.finished_by_client.get(&(sref, client.clone()))?;
+        let (o, how) = self.finished.get(&oid)?;
+        Some((oid, o.clone(), false, Some(*how)))
+    }
+
+    /// Remembers an order that ended, forgetting the oldest past [`FINISHED_ORDERS_KEPT`].
+    fn remember_finished(&mut self, order_id: OrderId, o: OrderState, how: Finished) {
+        while self.finished_order.len() >= FINISHED_ORDERS_KEPT {
+            let Some(old) = self.finished_order.pop_front() else {
+                break;
+            };
+            if let Some((oo, _)) = self.finished.remove(&old) {
+                let key = (oo.owner, oo.client);
+                if self.finished_by_client.get(&key) == Some(&old) {
+                    self.finished_by_client.remove(&key);
+                }
+            }
+        }
+        self.finished_by_client
+            .insert((o.owner, o.client.clone()), order_id);
+        if self.finished.insert(order_id, (o, how)).is_none() {
+            self.finished_order.push_back(order_id);
+        }
+    }
+
+    /// Orders the router remembers as finished (for status requests).
+    pub fn finished_orders(&self) -> usize {
+        self.finished.len()
+    }
+
+    /// The router's durable state (see [`RouterState`]); `positions` are filled in by the
+    /// caller from the links. Orders whose core has not yet accepted them (requests in
+    /// flight) are not in it: the caller drains the cores first.
+    pub fn export_state(&self) -> RouterState {
+        let saved = |oid: OrderId, o: &OrderState, internal: ClOrdId, core: usize, f| SavedOrder {
+            session: self.sessions[o.owner.0 as usize].name.clone(),
+            order_id: oid,
+            client: o.client.clone(),
+            internal,
+            core: core as u32,
+            account: o.account,
+            instrument: o.instrument,
+            side: o.side,
+            ord_type: o.ord_type,
+            tif: o.tif,
+            price: o.price,
+            qty_lots: o.qty_lots,
+            cum_lots: o.cum_lots,
+            notional: o.notional,
+            finished: f,
+        };
+        let mut live = Vec::new();
+        for meta in &self.sessions {
+            for l in meta.live.values() {
+                let Some(oid) = l.order_id else { continue };
+                if let Some(o) = self.orders.get(&oid) {
+                    // A replace in flight leaves the old and the new id live; save the
+                    // order once, under the id it has now.
+                    if meta
+                        .live
+                        .get(&o.client)
+                        .is_some_and(|x| x.internal == l.internal)
+                    {
+                        live.push(saved(oid, o, l.internal, l.core, None));
+                    }
+                }
+            }
+        }
+        live.sort_by_key(|o| o.order_id);
+        let finished = self
+            .finished_order
+            .iter()
+            .filter_map(|oid| {
+                let (o, how) = self.finished.get(oid)?;
+                let core = self.core_of(o.instrument);
+                Some(saved(*oid, o, ClOrdId(0), core, Some(*how)))
+            })
+            .collect();
+        RouterState {
+            next_internal: self.next_internal,
+            positions: Vec::new(),
+            live,
+            finished,
+        }
+    }
+
+    /// Restores a state [`Router::export_state`] saved: live orders (routed by order id from
+    /// now on) and finished ones (for status requests). Returns how many orders were dropped
+    /// because their session is no longer configured.
+    pub fn import_state(&mut self, state: RouterState) -> usize {
+        let by_name: HashMap<String, SessionRef> = self
+            .sessions
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.name.clone(), SessionRef(i as u32)))
+            .collect();
+        let mut dropped = 0;
+        self.next_internal = self.next_internal.max(state.next_internal);
+        for s in state.live.into_iter().chain(state.finished) {
+            let Some(&sref) = by_name.get(&s.session) else {
+                dropped += 1;
+                continue;
+            };
+            let o = OrderState {
+                owner: sref,
+                client: s.client.clone(),
+                account: s.account,
+                instrument: s.instrument,
+                side: s.side,
+                ord_type: s.ord_type,
+                tif: s.tif,
+                price: s.price,
+                qty_lots: s.qty_lots,
+                cum_lots: s.cum_lots,
+                notional: s.notional,
+            };
+            match s.finished {
+                Some(how) => self.remember_finished(s.order_id, o, how),
+                None => {
+                    self.sessions[sref.0 as usize].live.insert(
+                        s.client,
+                        LiveRef {
+                            internal: s.internal,
+                            account: s.account,
+                            order_id: Some(s.order_id),
+                            core: (s.core as usize).min(self.links.len().saturating_sub(1)),
+                        },
+                    );
+                    self.orders.insert(s.order_id, o);
+                }
+            }
+        }
+        dropped
     }
 
     /// Answers an OrderStatusRequest from the gateway's view of the order: every event the
@@ -1030,16 +1231,20 @@ impl Router {
             status_req_id,
             mass: None,
             pending_new: false,
+            finished: None,
         };
         match self.status_of(sref, client.as_ref(), order_id) {
-            Some((oid, o, pending_new)) => {
+            Some((oid, o, pending_new, finished)) => {
                 let leaves = if pending_new {
                     o.qty_lots
+                } else if finished.is_some() {
+                    0
                 } else {
                     (o.qty_lots - o.cum_lots).max(0)
                 };
                 let kind = ExecKind::Status(StatusQuery {
                     pending_new,
+                    finished,
                     ..query
                 });
                 let mut report = Self::report_of(&o, oid, kind, leaves, ts_ns);
@@ -1100,6 +1305,7 @@ impl Router {
                         status_req_id: None,
                         mass: Some((req_id, 0, true)),
                         pending_new: false,
+                        finished: None,
                     },
                     ts_ns,
                 },
@@ -1111,6 +1317,7 @@ impl Router {
                 status_req_id: None,
                 mass: Some((req_id.clone(), total, n as u32 + 1 == total)),
                 pending_new: false,
+                finished: None,
             });
             let leaves = (o.qty_lots - o.cum_lots).max(0);
             let report = Self::report_of(&o, oid, kind, leaves, ts_ns);
@@ -1291,6 +1498,7 @@ impl Router {
                     if fill.qty_leaves.0 == 0 {
                         if let Some(o) = self.orders.remove(&fill.order_id) {
                             self.forget_live(o.owner, &o.client);
+                            self.remember_finished(fill.order_id, o, Finished::Filled);
                         }
                     }
                 }
@@ -1322,6 +1530,7 @@ impl Router {
                 };
                 let report = Self::report_of(&o, order_id, kind, 0, ts_ns);
                 self.push_report(key, o.owner, Report::Exec(report));
+                self.remember_finished(order_id, o, Finished::Canceled);
             }
             Event::OrderReplaced {
                 order_id,
@@ -1366,6 +1575,7 @@ impl Router {
                 self.forget_live(o.owner, &o.client);
                 let report = Self::report_of(&o, order_id, ExecKind::Expired, 0, ts_ns);
                 self.push_report(key, o.owner, Report::Exec(report));
+                self.remember_finished(order_id, o, Finished::Expired);
             }
             Event::CancelRejected {
                 order_id,

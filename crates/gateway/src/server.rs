@@ -14,6 +14,7 @@ use crate::binary_front;
 use crate::config::GatewayConfig;
 use crate::core_link::CoreLink;
 use crate::fix_front::{self, FixApp};
+use crate::recovery;
 use crate::router::{
     ClientId, ExecKind, GatewayReject, NewOrderRequest, Proto, RejectCause, Report, Router,
     RouterCounters, SessionRef,
@@ -474,6 +475,8 @@ pub fn spawn_cores(
         })
         .collect();
     let mut router = Router::new(&config, links);
+    // Before bootstrap: its polling may already hand over outputs the restored orders own.
+    restore_order_state(&mut router, &config.gateway.store_dir)?;
     bootstrap(&mut router, &config)?;
     let metrics = monitor.as_ref().map(|m| {
         let names: Vec<String> = plan.iter().map(|c| c.name.clone()).collect();
@@ -524,6 +527,48 @@ pub fn spawn_cores(
         dashboard,
     })
 }
+
+/// Loads the order state a previous run saved (`crate::recovery`) if every link resumes its
+/// core's stream exactly where the state is exact; a state that does not match the links
+/// (cores in process, or links started elsewhere) is set aside with a warning, since events
+/// it has not seen are gone for it.
+fn restore_order_state(router: &mut Router, dir: &std::path::Path) -> Result<(), String> {
+    let Some(mut state) = recovery::read_state(dir)? else {
+        return Ok(());
+    };
+    let positions: Vec<Option<u64>> = router
+        .links_mut()
+        .iter()
+        .map(|l| l.stream_position())
+        .collect();
+    let matches = positions.iter().all(Option::is_some) && positions == state.positions;
+    recovery::consume_state(dir).map_err(|e| format!("order state in {}: {e}", dir.display()))?;
+    if !matches {
+        eprintln!(
+            "gateway: the saved order state (stream positions {:?}) does not match the links \
+             ({positions:?}); starting without it",
+            state.positions
+        );
+        return Ok(());
+    }
+    let (live, finished) = (state.live.len(), state.finished.len());
+    state.positions.clear();
+    let dropped = router.import_state(state);
+    eprintln!(
+        "gateway: restored {live} live and {finished} finished orders from {}{}",
+        dir.display(),
+        if dropped > 0 {
+            format!(" ({dropped} of sessions no longer configured dropped)")
+        } else {
+            String::new()
+        }
+    );
+    Ok(())
+}
+
+/// How long a stopping gateway waits for its requests in flight to be answered before it
+/// saves its order state.
+const STOP_DRAIN_MS: u64 = 5_000;
 
 /// How long bootstrap waits for a core's answers (a replicated core may be electing a leader).
 const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -796,12 +841,71 @@ impl Server {
             }
             self.flush();
         }
+        self.drain_and_save();
         let tokens: Vec<Token> = self.conns.keys().copied().collect();
         for t in tokens {
             self.close(t, DisconnectReason::Shutdown);
         }
         self.publish();
         self.router.probes.recorder.flush();
+    }
+
+    /// At stop, with cores that outlive the gateway: reads no more requests, waits (at most
+    /// [`STOP_DRAIN_MS`]) until every request in flight is answered and delivered, then saves
+    /// the order state with the exact stream positions it reflects, for the next run.
+    fn drain_and_save(&mut self) {
+        let all_resumable = self
+            .router
+            .links_mut()
+            .iter()
+            .all(|l| l.stream_position().is_some());
+        if !all_resumable {
+            return;
+        }
+        let deadline = std::time::Instant::now() + Duration::from_millis(STOP_DRAIN_MS);
+        loop {
+            self.now_ns = now_ns();
+            self.now_ms = self.now_ns / 1_000_000;
+            // Without a bound, polling returns only once every link had nothing more: the
+            // router has then taken each log entry's outputs whole, so the positions saved
+            // below are exact (an entry taken in part would be replayed in full).
+            self.router.poll_core(usize::MAX);
+            self.deliver();
+            self.flush();
+            if self.router.pending_requests() == 0 {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                eprintln!(
+                    "gateway: {} requests still unanswered after {STOP_DRAIN_MS} ms; \
+                     their orders are not in the saved state",
+                    self.router.pending_requests()
+                );
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut state = self.router.export_state();
+        state.positions = self
+            .router
+            .links_mut()
+            .iter()
+            .map(|l| l.stream_position())
+            .collect();
+        let dir = &self.config.gateway.store_dir;
+        match recovery::save_state(dir, &state) {
+            Ok(()) => eprintln!(
+                "gateway: saved {} live and {} finished orders to {} at stream positions {:?}",
+                state.live.len(),
+                state.finished.len(),
+                dir.display(),
+                state.positions
+            ),
+            Err(e) => eprintln!(
+                "gateway: cannot save the order state in {}: {e}",
+                dir.display()
+            ),
+        }
     }
 
     fn accept(&mut self, kind: Kind) {

@@ -3,9 +3,9 @@
 //! without an instrument reaches both cores and is answered by one report that adds them up.
 
 use bourse_core::*;
-use bourse_engine::{Engine, EngineConfig, ORDER_ID_CORE_SHIFT};
+use bourse_engine::{EngineConfig, ORDER_ID_CORE_SHIFT};
 use bourse_gateway::router::{ClientId, ExecKind, NewOrderRequest, Report, Router, SessionRef};
-use bourse_gateway::{CoreLink, GatewayConfig, InProcessCore};
+use bourse_gateway::GatewayConfig;
 use std::time::{Duration, Instant};
 
 const CONFIG: &str = r#"
@@ -60,21 +60,16 @@ accounts = [101]
 /// A router over two cores whose engines number orders from their core's base.
 fn two_cores() -> (Router, GatewayConfig) {
     let config = GatewayConfig::from_toml(CONFIG).unwrap();
-    let links: Vec<Box<dyn CoreLink>> = (0..2u64)
-        .map(|core| {
-            let mut engine = Engine::new(EngineConfig {
-                orders_max: 1_000,
-                instruments_max: 8,
-                accounts_max: 16,
-                levels_per_side_hint: 8,
-                first_order_id: (core << ORDER_ID_CORE_SHIFT).max(1),
-            });
-            Box::new(InProcessCore::spawn(
-                Box::new(move |c, out| engine.apply(c, out)),
-                64,
-            )) as Box<dyn CoreLink>
-        })
-        .collect();
+    let links = bourse_gateway::engine_links(
+        &config,
+        EngineConfig {
+            orders_max: 1_000,
+            instruments_max: 8,
+            accounts_max: 16,
+            levels_per_side_hint: 8,
+            first_order_id: 0,
+        },
+    );
     let mut router = Router::new(&config, links);
     bourse_gateway::server::bootstrap(&mut router, &config).unwrap();
     (router, config)

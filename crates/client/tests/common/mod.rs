@@ -2,8 +2,10 @@
 
 #![allow(dead_code)]
 
-use bourse_engine::{Engine, EngineConfig};
-use bourse_gateway::{GatewayConfig, GatewayHandle, InProcessCore};
+pub mod cluster;
+
+use bourse_engine::EngineConfig;
+use bourse_gateway::{GatewayConfig, GatewayHandle};
 use std::time::{Duration, Instant};
 
 pub const CONFIG: &str = r#"
@@ -102,16 +104,21 @@ pub fn start_with(text: &str) -> TestGateway {
     let dir = tempfile::tempdir().unwrap();
     let mut config = GatewayConfig::from_toml(text).unwrap();
     config.gateway.store_dir = dir.path().to_path_buf();
-    let mut engine = Engine::new(EngineConfig {
+    config.gateway.core_queue_depth = 4096;
+    let links = bourse_gateway::engine_links(&config, engine_config());
+    let handle = bourse_gateway::spawn_cores(config, links, None).unwrap();
+    TestGateway { handle, dir }
+}
+
+/// The engines behind the test gateways: room for every test's orders, small tables.
+pub fn engine_config() -> EngineConfig {
+    EngineConfig {
         orders_max: 100_000,
         instruments_max: 16,
         accounts_max: 1_000,
         levels_per_side_hint: 16,
         first_order_id: 1,
-    });
-    let link = InProcessCore::spawn(Box::new(move |c, out| engine.apply(c, out)), 4096);
-    let handle = bourse_gateway::spawn(config, Box::new(link)).unwrap();
-    TestGateway { handle, dir }
+    }
 }
 
 /// Waits until `f` holds, at most `timeout`.
