@@ -51,19 +51,31 @@ pub fn parse_decimal(text: &[u8], scale: u8) -> Option<i64> {
 
 /// Formats a fixed-point mantissa with `scale` decimals ("101.25"; "7" when scale is 0).
 pub fn format_decimal(mantissa: i128, scale: u8) -> String {
-    if scale == 0 {
-        return mantissa.to_string();
+    Decimal(mantissa, scale).to_string()
+}
+
+/// A fixed-point mantissa and its scale, displayed as [`format_decimal`] formats it, so that
+/// a message field can be written in place without an intermediate `String`.
+#[derive(Clone, Copy, Debug)]
+pub struct Decimal(pub i128, pub u8);
+
+impl std::fmt::Display for Decimal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Decimal(mantissa, scale) = *self;
+        if scale == 0 {
+            return write!(f, "{mantissa}");
+        }
+        let div = 10u128.pow(u32::from(scale));
+        let sign = if mantissa < 0 { "-" } else { "" };
+        let abs = mantissa.unsigned_abs();
+        write!(
+            f,
+            "{sign}{}.{:0width$}",
+            abs / div,
+            abs % div,
+            width = usize::from(scale)
+        )
     }
-    let div = 10i128.pow(u32::from(scale));
-    let sign = if mantissa < 0 { "-" } else { "" };
-    let abs = mantissa.unsigned_abs();
-    let div = div as u128;
-    format!(
-        "{sign}{}.{:0width$}",
-        abs / div,
-        abs % div,
-        width = usize::from(scale)
-    )
 }
 
 #[cfg(test)]
