@@ -24,18 +24,29 @@
 //! The instrument and snapshot loops follow the wall clock; a publisher that becomes active
 //! announces their numbering with SequenceReset, which costs the subscriber nothing.
 //!
-//! # A node without the history
+//! # Numbering survives snapshots
 //!
-//! A publisher must see every entry from log index 1 to number packets like the others. A
-//! node whose committed stream does not reach back to index 1 (it restarted from a snapshot,
-//! installed one from the leader, or its stream subscription fell behind and was cut off) has
-//! no publisher history: its feed is *detached*. It stays standby-only for the rest of the
-//! process's life and never sends, and [`FeedStatus::detached`] says why. The market data of
-//! the core is then carried by the replicas that have the whole history; if none is left
-//! (every node restarted from snapshots), the core publishes nothing until the next trading
-//! session starts a new numbering. Deriving a publisher from the engine's snapshot would need
-//! a numbering epoch announced to subscribers (SequenceReset on every channel and a new
-//! session id); that is not built.
+//! A publisher must know what was published up to the entry it starts after. The replicated
+//! state keeps it: [`FeedNumbering`] is a standby publisher inside
+//! [`crate::ReplicatedState`], fed by the state machine with the events of every applied
+//! request, entry by entry, exactly as [`NodeFeed`] is fed from the stream. Its state (next
+//! MsgSeqNum per channel, RptSeq, books, statistics and last published top 20 per
+//! instrument) is part of the state's snapshot and hash. So a node that restarted from a
+//! snapshot, installed one from the leader, or whose stream subscription fell behind starts
+//! its feed from the state's numbering at index N and subscribes to the stream from N + 1
+//! (both under the state machine's lock, so nothing falls between them); from there it
+//! numbers every packet as the others do and can take over as publisher. After a restart of
+//! every node the new leader continues the same sequences. What a restarted feed lacks is
+//! the replay history of packets published before it started: a subscriber that needs those
+//! is refused by the replay service and recovers from the snapshot loop.
+//!
+//! In the 1 ms / 15 ms modes the state's copy never idle-flushes (it has no clock), so after
+//! an idle flush a restarted feed's packet boundaries may differ from a full-history feed's;
+//! the subscriber then recovers as after any numbering difference in those modes (above).
+//! The numbering settings (`packet_bytes_max`, `modes`, `session_id`) must be the same on
+//! every node and across restarts; a state restored from a snapshot taken without
+//! `[marketdata]` keeps no numbering, and such a node's feed follows the stream from index 1
+//! or, if it cannot, stays standby-only ([`FeedStatus::detached`] says why).
 //!
 //! # Replay
 //!
@@ -49,14 +60,15 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bourse_core::codec::{DecodeError, Reader, Writer};
 use bourse_core::{Event, Instrument, InstrumentId};
 use bourse_marketdata::replay::ReplayServer;
 use bourse_marketdata::udp::{
     ChannelAddrs, FeedAddrs, UdpSink, BASE_PORT_DEFAULT, REPLAY_PORT_OFFSET,
 };
 use bourse_marketdata::{
-    Channel, PacketSink, PublicationMode, Publisher, PublisherConfig, CHANNEL_COUNT,
-    PACKET_BYTES_DEFAULT, REPLAY_HISTORY_PACKETS_DEFAULT,
+    Channel, PacketSink, PublicationMode, Publisher, PublisherConfig, PublisherState,
+    CHANNEL_COUNT, PACKET_BYTES_DEFAULT, REPLAY_HISTORY_PACKETS_DEFAULT,
 };
 use serde::{Deserialize, Serialize};
 
@@ -75,6 +87,9 @@ fn d_session_id() -> u32 {
 fn d_replay_history() -> usize {
     REPLAY_HISTORY_PACKETS_DEFAULT
 }
+fn d_replay_history_bytes() -> usize {
+    bourse_marketdata::REPLAY_HISTORY_BYTES_DEFAULT
+}
 fn d_snapshot_interval_us() -> u64 {
     1_000
 }
@@ -84,6 +99,8 @@ fn d_instruments_interval_ms() -> u64 {
 
 /// Most packets of replay history per channel a node may be asked to keep.
 pub const REPLAY_HISTORY_PACKETS_LIMIT: usize = 1_000_000;
+/// Most bytes of replay history per channel a node may be asked to keep.
+pub const REPLAY_HISTORY_BYTES_LIMIT: usize = 1 << 30;
 /// How often an active publisher whose replay ports are taken tries to bind them again.
 const REPLAY_BIND_RETRY_MS: u64 = 100;
 /// Smallest pause between two duty cycles ([`Publisher::tick`]) while entries stream in.
@@ -98,6 +115,7 @@ const TICK_INTERVAL_NS: u64 = 200_000;
 /// packet_bytes_max = 1400
 /// session_id = 1
 /// replay_history_packets = 100000
+/// replay_history_bytes = 16777216
 /// modes = { orders = "online", trades = "online", book = "1ms", statistics = "15ms" }
 /// ports = { statistics = [31500, 31501] }   # optional: feed A and B ports of one channel
 /// ```
@@ -123,6 +141,9 @@ pub struct MarketDataSection {
     /// Packets kept for replay, per incremental channel.
     #[serde(default = "d_replay_history")]
     pub replay_history_packets: usize,
+    /// Bytes of packets kept for replay, per incremental channel (allocated up front).
+    #[serde(default = "d_replay_history_bytes")]
+    pub replay_history_bytes: usize,
     /// The snapshot loop sends one instrument's book every this many µs.
     #[serde(default = "d_snapshot_interval_us")]
     pub snapshot_interval_us: u64,
@@ -141,6 +162,7 @@ impl Default for MarketDataSection {
             modes: BTreeMap::new(),
             session_id: d_session_id(),
             replay_history_packets: d_replay_history(),
+            replay_history_bytes: d_replay_history_bytes(),
             snapshot_interval_us: d_snapshot_interval_us(),
             instruments_interval_ms: d_instruments_interval_ms(),
         }
@@ -191,6 +213,14 @@ impl MarketDataSection {
             return Err(format!(
                 "marketdata.replay_history_packets = {}: must be in 1..={REPLAY_HISTORY_PACKETS_LIMIT}",
                 self.replay_history_packets
+            ));
+        }
+        if self.replay_history_bytes < self.packet_bytes_max
+            || self.replay_history_bytes > REPLAY_HISTORY_BYTES_LIMIT
+        {
+            return Err(format!(
+                "marketdata.replay_history_bytes = {}: must be in packet_bytes_max..={REPLAY_HISTORY_BYTES_LIMIT}",
+                self.replay_history_bytes
             ));
         }
         if self.snapshot_interval_us == 0 || self.instruments_interval_ms == 0 {
@@ -268,6 +298,7 @@ impl MarketDataSection {
             modes,
             session_id: self.session_id,
             replay_history_packets: self.replay_history_packets,
+            replay_history_bytes: self.replay_history_bytes,
             snapshot_interval_ns: self.snapshot_interval_us * 1_000,
             instruments_interval_ns: self.instruments_interval_ms * 1_000_000,
             ..PublisherConfig::default()
@@ -295,6 +326,164 @@ pub struct FeedStatus {
     pub undecodable_events: u64,
     /// The replay services listen (only while active).
     pub replay_listening: bool,
+    /// Times the feed lost entries of its stream and restarted from the replicated state.
+    pub resyncs: u64,
+}
+
+/// Version byte of [`FeedNumbering`]'s encoding inside the replicated state's snapshot.
+const NUMBERING_VERSION: u8 = 1;
+
+/// The feed's numbering as part of the replicated state: a standby [`Publisher`] (no replay
+/// history, no sink) that the state machine feeds with the events of every applied request,
+/// entry by entry, exactly as [`NodeFeed`] does from the committed stream. Its state (next
+/// MsgSeqNum per channel, per instrument RptSeq, books, statistics, last published top 20)
+/// is therefore what every full-history publisher has after the same log index; it travels
+/// in the state's snapshot, so a node restored from a snapshot at index N (or that installed
+/// one) starts its feed from it and numbers every later packet like the others.
+///
+/// Only the settings that decide numbering (packet size, publication modes, session id) are
+/// kept with it; they come from `[marketdata]`, which must be the same on every node.
+pub struct FeedNumbering {
+    publisher: Publisher,
+    /// The last log index applied (0 before the first).
+    index: u64,
+    events: Vec<Event>,
+    added: Vec<InstrumentId>,
+}
+
+/// A sink for a publisher that must not send.
+struct NoSink;
+
+impl PacketSink for NoSink {
+    fn send(&mut self, _channel: Channel, _packet: &[u8]) {}
+}
+
+impl FeedNumbering {
+    /// Numbering from log index 1 with these settings.
+    pub fn new(config: &PublisherConfig) -> FeedNumbering {
+        FeedNumbering::with_publisher(Publisher::new(numbering_config(config), &[]), 0)
+    }
+
+    fn with_publisher(mut publisher: Publisher, index: u64) -> FeedNumbering {
+        publisher.set_active(false);
+        FeedNumbering {
+            publisher,
+            index,
+            events: Vec::with_capacity(1024),
+            added: Vec::new(),
+        }
+    }
+
+    /// The events of one request applied in the current entry.
+    pub fn push_events(&mut self, events: &[Event]) {
+        self.events.extend_from_slice(events);
+    }
+
+    /// The current entry's requests are all applied: publish their events (if any) as one
+    /// batch, as [`NodeFeed::on_entry`] does, then give the definitions of the instruments it
+    /// added from `engine`.
+    pub fn end_entry(&mut self, engine: &bourse_engine::Engine) {
+        if self.events.is_empty() {
+            return;
+        }
+        self.added.clear();
+        for e in &self.events {
+            if let Event::InstrumentAdded { instrument, .. } = e {
+                self.added.push(*instrument);
+            }
+        }
+        // The time only stamps SendingTime, which nothing keeps; numbering never reads it.
+        self.publisher.publish(&self.events, 0, &mut NoSink);
+        self.events.clear();
+        for id in &self.added {
+            if let Some(def) = engine.instrument(*id) {
+                self.publisher.add_instrument(def.clone());
+            }
+        }
+    }
+
+    /// Every entry, of any kind, once applied.
+    pub fn entry_applied(&mut self, index: u64) {
+        self.index = index;
+    }
+
+    /// The last log index applied.
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+
+    /// The publisher state after [`FeedNumbering::index`], to start a feed from.
+    pub fn checkpoint(&self) -> (u64, PublisherState) {
+        (self.index, self.publisher.state())
+    }
+
+    /// The MsgSeqNum the next data packet of `channel` takes.
+    pub fn next_seq(&self, channel: Channel) -> u32 {
+        self.publisher.next_seq(channel)
+    }
+
+    /// Canonical bytes: version, the numbering settings, the index, the publisher state.
+    pub fn encode(&self, w: &mut Writer) {
+        let c = self.publisher.config();
+        w.u8(NUMBERING_VERSION);
+        w.u32(c.packet_bytes_max as u32);
+        for m in c.modes {
+            w.u8(match m {
+                PublicationMode::Online => 0,
+                PublicationMode::Every1Ms => 1,
+                PublicationMode::Every15Ms => 2,
+            });
+        }
+        w.u32(c.session_id);
+        w.u64(self.index);
+        self.publisher.encode_state(w);
+    }
+
+    /// Reads what [`FeedNumbering::encode`] wrote; refuses anything out of range.
+    pub fn decode(r: &mut Reader<'_>) -> Result<FeedNumbering, DecodeError> {
+        if r.u8()? != NUMBERING_VERSION {
+            return Err(r.error("unknown market data numbering version"));
+        }
+        let packet_bytes_max = r.u32()? as usize;
+        let range = bourse_marketdata::PACKET_BYTES_MIN
+            ..=bourse_marketdata::wire::market_data::PACKET_BYTES_MAX;
+        if !range.contains(&packet_bytes_max) {
+            return Err(r.error("market data packet size out of range"));
+        }
+        let mut modes = [PublicationMode::Online; CHANNEL_COUNT];
+        for m in &mut modes {
+            *m = match r.u8()? {
+                0 => PublicationMode::Online,
+                1 => PublicationMode::Every1Ms,
+                2 => PublicationMode::Every15Ms,
+                _ => return Err(r.error("bad market data publication mode")),
+            };
+        }
+        let session_id = r.u32()?;
+        let index = r.u64()?;
+        let state = PublisherState::decode(r)?;
+        let config = numbering_config(&PublisherConfig {
+            packet_bytes_max,
+            modes,
+            session_id,
+            ..PublisherConfig::default()
+        });
+        Ok(FeedNumbering::with_publisher(
+            Publisher::from_state(config, state),
+            index,
+        ))
+    }
+}
+
+/// The settings of the state's publisher: numbering ones as given, no replay history.
+fn numbering_config(config: &PublisherConfig) -> PublisherConfig {
+    PublisherConfig {
+        packet_bytes_max: config.packet_bytes_max,
+        modes: config.modes,
+        session_id: config.session_id,
+        replay_history_packets: 0,
+        ..PublisherConfig::default()
+    }
 }
 
 /// The sans-I/O glue between a committed stream and a publisher.
@@ -325,6 +514,18 @@ impl NodeFeed {
                 ..FeedStatus::default()
             },
         }
+    }
+
+    /// A feed that continues from the replicated state's numbering after log index
+    /// `last_index` (see [`FeedNumbering::checkpoint`]): it takes `last_index + 1` next and
+    /// numbers every packet from there exactly as a feed that saw the whole log.
+    pub fn resume(config: PublisherConfig, last_index: u64, state: PublisherState) -> NodeFeed {
+        let mut feed = NodeFeed::new(config.clone());
+        feed.publisher = Publisher::from_state(config, state);
+        feed.publisher.set_active(false);
+        feed.next_index = last_index + 1;
+        feed.status.next_index = feed.next_index;
+        feed
     }
 
     pub fn publisher(&self) -> &Publisher {
@@ -444,9 +645,9 @@ pub struct MarketDataService {
 }
 
 impl MarketDataService {
-    /// Starts publishing for `node` as `section` says. The node's stream must still reach
-    /// back to index 1 for the feed to be able to send (see the module documentation);
-    /// otherwise the service runs detached and says why in its status.
+    /// Starts publishing for `node` as `section` says. The feed starts from the replicated
+    /// state's numbering (see the module documentation), so a node restarted from a snapshot
+    /// publishes like the others; `section` must be the one the node was started with.
     pub fn start(
         node: &crate::Node,
         section: &MarketDataSection,
@@ -454,17 +655,8 @@ impl MarketDataService {
         section.validate()?;
         let addrs = section.feed_addrs()?;
         let sink = UdpSink::new(addrs).map_err(|e| format!("marketdata: UDP socket: {e}"))?;
-        let mut feed = NodeFeed::new(section.publisher_config());
-        let subscription = match node.subscribe(1) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                feed.detach(format!(
-                    "the committed stream does not reach back to index 1 ({e}): this node's \
-                     feed has no history and stays standby-only"
-                ));
-                None
-            }
-        };
+        let config = section.publisher_config();
+        let feed = NodeFeed::new(config.clone());
         let id = node.id();
         let metrics = node.raft().metrics();
         let sm = node.state_machine().clone();
@@ -487,8 +679,7 @@ impl MarketDataService {
                 };
                 rt.block_on(run(
                     id,
-                    feed,
-                    subscription,
+                    config,
                     metrics,
                     sm,
                     sink,
@@ -539,11 +730,57 @@ fn is_leader(
     m.state == openraft::ServerState::Leader && m.current_leader == Some(id)
 }
 
+/// Starts (or restarts) a feed where the replicated state's numbering stands, subscribed to
+/// the committed stream right after it. Taken under the state machine's lock, so no entry
+/// falls between the state and the subscription. A state without the numbering (taken
+/// before market data was configured) can only be followed from index 1.
+async fn attach(
+    sm: &crate::StateMachineStore,
+    config: &PublisherConfig,
+) -> (NodeFeed, Option<crate::stream::Subscription>) {
+    let stream = sm.stream().clone();
+    let resumed = sm
+        .with_state(|s| {
+            s.marketdata().map(|md| {
+                let (index, state) = md.checkpoint();
+                (index, state, stream.subscribe(index + 1))
+            })
+        })
+        .await;
+    match resumed {
+        Some((index, state, Ok(subscription))) => (
+            NodeFeed::resume(config.clone(), index, state),
+            Some(subscription),
+        ),
+        Some((index, _, Err(e))) => {
+            // Unreachable in practice: the stream's next index is the state's, under the lock.
+            let mut feed = NodeFeed::new(config.clone());
+            feed.detach(format!(
+                "the committed stream cannot follow the state's index {index}: {e}"
+            ));
+            (feed, None)
+        }
+        None => {
+            let mut feed = NodeFeed::new(config.clone());
+            match sm.stream().subscribe(1) {
+                Ok(s) => (feed, Some(s)),
+                Err(e) => {
+                    feed.detach(format!(
+                        "the replicated state keeps no market data numbering (its snapshot \
+                         predates [marketdata]) and the committed stream does not reach back \
+                         to index 1 ({e}): this node's feed stays standby-only"
+                    ));
+                    (feed, None)
+                }
+            }
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn run(
     id: crate::NodeId,
-    mut feed: NodeFeed,
-    mut subscription: Option<crate::stream::Subscription>,
+    config: PublisherConfig,
     mut metrics: tokio::sync::watch::Receiver<
         openraft::RaftMetrics<crate::NodeId, openraft::BasicNode>,
     >,
@@ -558,6 +795,8 @@ async fn run(
     let mut replay_tried: Option<Instant> = None;
     let mut last_tick_ns = 0u64;
     let mut metrics_open = true;
+    let (mut feed, mut subscription) = attach(&sm, &config).await;
+    let mut resyncs: u64 = 0;
     feed.set_leader(is_leader(&metrics.borrow(), id));
     loop {
         if *stop.borrow() {
@@ -602,13 +841,27 @@ async fn run(
                     }
                 }
             }
-            Some(Err(e)) => {
-                let why = match e {
-                    StreamError::Closed => "the node stopped".to_string(),
-                    e => format!("{e}: this node's feed lost entries and stays standby-only"),
-                };
-                feed.detach(why);
+            Some(Err(StreamError::Closed)) => {
+                feed.detach("the node stopped".to_string());
                 subscription = None;
+            }
+            Some(Err(e)) => {
+                // Entries were lost to this feed (it lagged, or the node installed a
+                // snapshot): start again from the replicated state's numbering, which
+                // continues exactly where every other replica's feed stands. Packets of the
+                // skipped entries were never sent by this node; a subscriber recovers them
+                // by replay or from the snapshot loop. The replay service restarts with the
+                // new publisher's history.
+                eprintln!("bourse node {id}: market data: {e}; resuming from the state");
+                let leader = feed.leader;
+                let (f, sub) = attach(&sm, &config).await;
+                feed = f;
+                subscription = sub;
+                resyncs += 1;
+                feed.status.resyncs = resyncs;
+                feed.set_leader(leader);
+                replay = None;
+                replay_tried = None;
             }
             None => {}
         }
@@ -768,6 +1021,123 @@ mod tests {
             plain.on_entry(&e, 5, &mut nowhere);
         }
         assert_eq!(plain.status().next_seq, seqs[0]);
+    }
+
+    /// Packets of the incremental channels, as (channel, bytes).
+    fn incremental(sink: &VecSink, from: usize) -> Vec<(Channel, Vec<u8>)> {
+        sink.packets[from..]
+            .iter()
+            .filter(|(c, _)| c.is_incremental())
+            .cloned()
+            .collect()
+    }
+
+    #[test]
+    fn a_feed_resumed_from_a_restored_state_s_numbering_sends_what_a_full_history_feed_sends() {
+        use crate::batch::ClientRequest;
+        use crate::state::ReplicatedState;
+        let config = PublisherConfig::default();
+        let mut flow = Flow::new(FlowConfig::three_markets(50, 3));
+        let mut state = ReplicatedState::new(EngineConfig::default(), 64);
+        state.enable_marketdata(&config);
+        let mut full = NodeFeed::new(config.clone());
+        full.set_leader(true);
+        let mut full_sink = VecSink::default();
+        let mut resumed: Option<(NodeFeed, VecSink, ReplicatedState, usize)> = None;
+        let mut ts = 1_000_000_000u64;
+        let mut seq = 0u64;
+        let mut outcomes = Vec::new();
+        let setup: Vec<ClientRequest> = flow
+            .setup()
+            .into_iter()
+            .enumerate()
+            .map(|(k, body)| ClientRequest {
+                client_id: 1,
+                request_seq: k as u64 + 1,
+                command: Command::new(ts, body),
+            })
+            .collect();
+        let cut = 150u64;
+        for index in 1..=300u64 {
+            let requests: Vec<ClientRequest> = if index == 1 {
+                setup.clone()
+            } else {
+                (0..4)
+                    .map(|_| {
+                        ts += 10_000;
+                        seq += 1;
+                        ClientRequest {
+                            client_id: 2,
+                            request_seq: seq,
+                            command: Command::new(ts, flow.next_command()),
+                        }
+                    })
+                    .collect()
+            };
+            outcomes.clear();
+            state.apply_batch(&requests, &mut outcomes);
+            state.entry_applied(index);
+            if let Some((_, _, restored, _)) = resumed.as_mut() {
+                let mut again = Vec::new();
+                restored.apply_batch(&requests, &mut again);
+                restored.entry_applied(index);
+                assert_eq!(again, outcomes);
+            }
+            for o in &outcomes {
+                flow.observe(&crate::batch::decode_events(&o.events).unwrap());
+            }
+            let entry = CommittedEntry {
+                index,
+                requests: outcomes
+                    .iter()
+                    .map(|o| CommittedRequest {
+                        client_id: o.client_id,
+                        request_seq: o.request_seq,
+                        kind: o.kind,
+                        events: o.events.clone(),
+                    })
+                    .collect(),
+            };
+            let added = full.on_entry(&entry, 5, &mut full_sink).to_vec();
+            for id in added {
+                full.define(state.engine().instrument(id).unwrap().clone());
+            }
+            if let Some((feed, sink, restored, _)) = resumed.as_mut() {
+                let added = feed.on_entry(&entry, 5, sink).to_vec();
+                for id in added {
+                    feed.define(restored.engine().instrument(id).unwrap().clone());
+                }
+            }
+            if index == cut {
+                // A node restarts from a snapshot taken here: bytes, restore, resume.
+                let bytes = state.snapshot();
+                let restored = ReplicatedState::restore(&bytes, 64).unwrap();
+                assert_eq!(restored.state_hash(), state.state_hash());
+                assert_eq!(restored.snapshot(), bytes);
+                let (at, checkpoint) = restored.marketdata().unwrap().checkpoint();
+                assert_eq!(at, cut);
+                let mut feed = NodeFeed::resume(config.clone(), at, checkpoint);
+                assert_eq!(feed.next_index(), cut + 1);
+                assert_eq!(feed.status().next_seq, full.status().next_seq);
+                feed.set_leader(true);
+                resumed = Some((feed, VecSink::default(), restored, full_sink.packets.len()));
+            }
+        }
+        let (feed, sink, restored, from) = resumed.unwrap();
+        assert_eq!(restored.state_hash(), state.state_hash());
+        let expected = incremental(&full_sink, from);
+        assert!(expected.len() > 100, "{} packets", expected.len());
+        assert_eq!(incremental(&sink, 0), expected);
+        assert_eq!(feed.status().next_seq, full.status().next_seq);
+        let md = state.marketdata().unwrap();
+        for c in Channel::ALL.into_iter().filter(|c| c.is_incremental()) {
+            assert_eq!(md.next_seq(c), full.publisher().next_seq(c), "{c:?}");
+        }
+        // A damaged numbering section is refused, never a panic.
+        let bytes = state.snapshot();
+        for cut in [bytes.len() - 1, bytes.len() - 40] {
+            assert!(ReplicatedState::restore(&bytes[..cut], 64).is_err());
+        }
     }
 
     #[test]

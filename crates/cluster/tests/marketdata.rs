@@ -345,3 +345,207 @@ async fn a_subscriber_of_a_node_hosted_publisher_ends_a_load_run_with_the_core_s
         n.shutdown().await;
     }
 }
+
+/// Stops one node and its feed (the feed first, as a crash stops both at once).
+async fn stop_node(nodes: &mut Vec<(Node, MarketDataService)>, id: u64) {
+    let position = nodes.iter().position(|(n, _)| n.id() == id).unwrap();
+    let (node, md) = nodes.remove(position);
+    md.stop();
+    node.shutdown().await;
+}
+
+/// Restarts a node from its own directory (journal and snapshots) with its feed, and checks
+/// that it came back from a snapshot: its committed stream does not reach back to index 1,
+/// so its feed can only number packets from the replicated state's numbering.
+async fn restart_from_snapshot(config: &ClusterConfig, id: u64) -> (Node, MarketDataService) {
+    let node = Node::start(config, id).await.expect("node restarts");
+    let md = MarketDataService::start(&node, config.marketdata.as_ref().unwrap())
+        .expect("market data restarts");
+    assert!(
+        node.subscribe(1).is_err(),
+        "node {id} restarted from a snapshot, so its stream starts after it"
+    );
+    (node, md)
+}
+
+fn leader_of(nodes: &[(Node, MarketDataService)]) -> Option<u64> {
+    nodes
+        .iter()
+        .find_map(|(n, _)| n.raft().metrics().borrow().current_leader)
+}
+
+/// Waits (bounded) until every running node's feed numbers the order log alike and none is
+/// detached; returns the order log's next MsgSeqNum.
+async fn feeds_agree(nodes: &[(Node, MarketDataService)]) -> u32 {
+    let started = Instant::now();
+    loop {
+        let statuses: Vec<_> = nodes.iter().map(|(_, md)| md.status()).collect();
+        for s in &statuses {
+            assert_eq!(s.detached, None, "{s:?}");
+        }
+        let seqs: Vec<u32> = statuses
+            .iter()
+            .map(|s| s.next_seq[Channel::Orders.index()])
+            .collect();
+        if seqs.windows(2).all(|w| w[0] == w[1]) {
+            return seqs[0];
+        }
+        assert!(
+            started.elapsed() < CONVERGE_LIMIT,
+            "feeds number differently: {statuses:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn snapshot_config(dir: &std::path::Path, section: MarketDataSection) -> ClusterConfig {
+    let mut c = config(dir, section);
+    // Snapshots every few hundred entries, so that a restarted node comes back from one.
+    c.snapshot_every_entries = 100;
+    c.validate().expect("valid configuration");
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_from_a_snapshot_takes_over_the_feed_mid_stream_and_the_books_equal_the_core_s(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let (sub, section) = subscriber();
+    let config = snapshot_config(dir.path(), section);
+    let stop = Arc::new(AtomicBool::new(false));
+    let target: Target = Arc::new(Mutex::new(None));
+    let handle = run_subscriber(sub, Arc::clone(&stop), Arc::clone(&target));
+    let mut nodes = start(&config).await;
+    let mut client = Client::new(addrs(&config), 21, 1);
+    let mut flow = Flow::new(flow_config(7));
+    setup(&mut client, &flow).await;
+    drive(&mut client, &mut flow, 500).await;
+    let refs: Vec<&Node> = nodes.iter().map(|(n, _)| n).collect();
+    let statuses = converged(&refs, CONVERGE_LIMIT).await;
+    let leader = statuses.iter().find(|s| s.leader == Some(s.id)).unwrap().id;
+    // Both followers restart, one after the other, from their snapshots.
+    let followers: Vec<u64> = statuses
+        .iter()
+        .map(|s| s.id)
+        .filter(|&id| id != leader)
+        .collect();
+    for id in followers {
+        stop_node(&mut nodes, id).await;
+        drive(&mut client, &mut flow, 100).await;
+        nodes.push(restart_from_snapshot(&config, id).await);
+        let refs: Vec<&Node> = nodes.iter().map(|(n, _)| n).collect();
+        converged(&refs, CONVERGE_LIMIT).await;
+        feeds_agree(&nodes).await;
+    }
+    // A client keeps submitting while the leader, the last node with the whole history,
+    // dies; a restarted node takes over the feed.
+    let driver = {
+        let peers = addrs(&config);
+        tokio::spawn(async move {
+            let mut client = Client::new(peers, 22, 1);
+            let mut flow = Flow::new(flow_config(8));
+            let _ = flow.setup();
+            drive(&mut client, &mut flow, 800).await;
+        })
+    };
+    let started = Instant::now();
+    let sent_before = loop {
+        assert!(started.elapsed() < CONVERGE_LIMIT, "no progress");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let (_, md) = nodes.iter().find(|(n, _)| n.id() == leader).unwrap();
+        let s = md.status();
+        assert!(s.active, "{s:?}");
+        if s.entries_published >= 900 {
+            break s.packets_sent[Channel::Orders.index()];
+        }
+    };
+    stop_node(&mut nodes, leader).await;
+    driver
+        .await
+        .expect("the client got every command acknowledged");
+    let refs: Vec<&Node> = nodes.iter().map(|(n, _)| n).collect();
+    let statuses = converged(&refs, CONVERGE_LIMIT).await;
+    let new_leader = statuses.iter().find(|s| s.leader == Some(s.id)).unwrap().id;
+    assert_ne!(new_leader, leader);
+    let (node, md) = nodes.iter().find(|(n, _)| n.id() == new_leader).unwrap();
+    assert!(
+        node.subscribe(1).is_err(),
+        "the new leader has no full stream"
+    );
+    let status = md.status();
+    assert!(status.active, "{status:?}");
+    assert_eq!(status.detached, None);
+    assert!(
+        status.next_seq[Channel::Orders.index()] as u64 > sent_before,
+        "the restarted node continued the sequence: {status:?}"
+    );
+    feeds_agree(&nodes).await;
+    let sub = assert_books_match(node, target, stop, handle).await;
+    let s = sub.sub.stats();
+    assert_eq!(
+        s.sequence_resets, 0,
+        "the order log was never renumbered: {s:?}"
+    );
+    assert_eq!(s.book_errors, 0, "{s:?}");
+    for (n, md) in nodes {
+        md.stop();
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_of_every_node_the_feed_continues_its_numbering_and_the_books_equal_the_core_s(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let (sub, section) = subscriber();
+    let config = snapshot_config(dir.path(), section);
+    let stop = Arc::new(AtomicBool::new(false));
+    let target: Target = Arc::new(Mutex::new(None));
+    let handle = run_subscriber(sub, Arc::clone(&stop), Arc::clone(&target));
+    let mut nodes = start(&config).await;
+    let mut client = Client::new(addrs(&config), 31, 1);
+    let mut flow = Flow::new(flow_config(11));
+    setup(&mut client, &flow).await;
+    drive(&mut client, &mut flow, 600).await;
+    let refs: Vec<&Node> = nodes.iter().map(|(n, _)| n).collect();
+    converged(&refs, CONVERGE_LIMIT).await;
+    let seq_before = feeds_agree(&nodes).await;
+    assert!(seq_before > 100, "the feed published: {seq_before}");
+    // Every node stops, then every node starts again from its snapshot and log.
+    while let Some(id) = nodes.first().map(|(n, _)| n.id()) {
+        stop_node(&mut nodes, id).await;
+    }
+    for n in &config.nodes {
+        nodes.push(restart_from_snapshot(&config, n.id).await);
+    }
+    let refs: Vec<&Node> = nodes.iter().map(|(n, _)| n).collect();
+    converged(&refs, CONVERGE_LIMIT).await;
+    assert_eq!(
+        feeds_agree(&nodes).await,
+        seq_before,
+        "the restarted feeds take the next MsgSeqNum where the group stopped"
+    );
+    let mut client = Client::new(addrs(&config), 32, 1);
+    let mut flow = Flow::new(flow_config(12));
+    let _ = flow.setup();
+    drive(&mut client, &mut flow, 600).await;
+    let refs: Vec<&Node> = nodes.iter().map(|(n, _)| n).collect();
+    let statuses = converged(&refs, CONVERGE_LIMIT).await;
+    let leader = statuses.iter().find(|s| s.leader == Some(s.id)).unwrap().id;
+    assert_eq!(leader_of(&nodes), Some(leader));
+    let after = feeds_agree(&nodes).await;
+    assert!(after > seq_before, "{after} after {seq_before}");
+    let (node, md) = nodes.iter().find(|(n, _)| n.id() == leader).unwrap();
+    assert!(md.status().active, "{:?}", md.status());
+    let sub = assert_books_match(node, target, stop, handle).await;
+    let s = sub.sub.stats();
+    assert_eq!(
+        s.sequence_resets, 0,
+        "the order log was never renumbered: {s:?}"
+    );
+    assert_eq!(s.book_errors, 0, "{s:?}");
+    for (n, md) in nodes {
+        md.stop();
+        n.shutdown().await;
+    }
+}

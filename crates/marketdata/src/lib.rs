@@ -163,8 +163,12 @@ pub struct PublisherConfig {
     pub modes: [PublicationMode; CHANNEL_COUNT],
     /// ExchangeTradingSessionId stamped on incremental packets and snapshots.
     pub session_id: u32,
-    /// Packets kept for the replay service, per incremental channel.
+    /// Packets kept for the replay service, per incremental channel; 0 keeps none (a
+    /// publisher run only for its numbering).
     pub replay_history_packets: usize,
+    /// Bytes of packets kept for replay, per incremental channel (allocated up front; the
+    /// oldest packets go when either bound is met).
+    pub replay_history_bytes: usize,
     /// A channel with nothing sent for this long sends a Heartbeat.
     pub heartbeat_interval_ns: u64,
     /// The snapshot loop sends one instrument's snapshot every this many ns.
@@ -178,6 +182,10 @@ pub struct PublisherConfig {
 /// smaller and the figure is a setting.
 pub const REPLAY_HISTORY_PACKETS_DEFAULT: usize = 100_000;
 
+/// Bytes kept for replay per incremental channel by default: 100,000 packets of the order
+/// log's typical 100-200 bytes.
+pub const REPLAY_HISTORY_BYTES_DEFAULT: usize = 16 << 20;
+
 impl Default for PublisherConfig {
     fn default() -> Self {
         PublisherConfig {
@@ -185,6 +193,7 @@ impl Default for PublisherConfig {
             modes: [PublicationMode::Online; CHANNEL_COUNT],
             session_id: 1,
             replay_history_packets: REPLAY_HISTORY_PACKETS_DEFAULT,
+            replay_history_bytes: REPLAY_HISTORY_BYTES_DEFAULT,
             heartbeat_interval_ns: u64::from(bourse_wire::market_data::HEARTBEAT_INTERVAL_MS)
                 * 1_000_000,
             snapshot_interval_ns: 1_000_000,

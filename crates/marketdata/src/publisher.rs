@@ -42,7 +42,10 @@
 use crate::book::{BookError, BookOrder, LevelView, OrderBook};
 use crate::history::History;
 use crate::{Channel, PublicationMode, PublisherConfig, CHANNEL_COUNT, TOP_LEVELS};
-use bourse_core::{Event, Instrument, InstrumentId, Market, OrderLog, OrderLogAction, Phase, Side};
+use bourse_core::codec::{DecodeError, Reader, Writer};
+use bourse_core::{
+    Cash, Event, Instrument, InstrumentId, Market, OrderLog, OrderLogAction, Phase, Price, Side,
+};
 use bourse_wire::market_data::codec::{
     aggregated_book_codec, empty_book_codec::EmptyBookEncoder, heartbeat_codec::HeartbeatEncoder,
     market::Market as WireMarket, md_update_action::MdUpdateAction, order_book_snapshot_codec,
@@ -66,6 +69,14 @@ use std::sync::{Arc, Mutex};
 pub trait PacketSink {
     /// Sends one packet of `channel` (on feeds A and B).
     fn send(&mut self, channel: Channel, packet: &[u8]);
+
+    /// Sends packets of `channel` in order: what one flush of a channel hands over. A sink
+    /// that can send several datagrams in one system call does it here.
+    fn send_all(&mut self, channel: Channel, packets: &[Vec<u8>]) {
+        for p in packets {
+            self.send(channel, p);
+        }
+    }
 }
 
 /// A sink that keeps every packet, for tests and tools.
@@ -287,14 +298,14 @@ impl ChannelOut {
         if self.ready.is_empty() {
             return;
         }
-        for p in self.ready.drain(..) {
-            if active {
-                sink.send(self.channel, &p);
+        if active {
+            sink.send_all(self.channel, &self.ready);
+            for p in &self.ready {
                 self.counters.packets_sent += 1;
                 self.counters.bytes_sent += p.len() as u64;
             }
-            self.spare.push(p);
         }
+        self.spare.append(&mut self.ready);
         self.last_send_ns = now_ns;
     }
 
@@ -457,6 +468,250 @@ impl PublisherState {
     pub fn next_seq(&self, channel: Channel) -> u32 {
         self.next_seq[channel.index()]
     }
+
+    /// Canonical bytes of the state (see [`Publisher::encode_state`], which writes the same
+    /// bytes without copying the books first).
+    pub fn encode(&self, w: &mut Writer) {
+        encode_state_parts(
+            &self.next_seq,
+            &self.instruments,
+            self.session_status_sent,
+            w,
+        );
+    }
+
+    /// Reads what [`PublisherState::encode`] wrote. Every count is bounded by the bytes left,
+    /// every book is rebuilt order by order (a duplicate order id is an error), and nothing
+    /// in the input can make it panic.
+    pub fn decode(r: &mut Reader<'_>) -> Result<PublisherState, DecodeError> {
+        let version = r.u8()?;
+        if version != STATE_VERSION {
+            return Err(r.error("unknown publisher state version"));
+        }
+        let mut next_seq = [1u32; CHANNEL_COUNT];
+        for s in &mut next_seq {
+            *s = r.u32()?;
+        }
+        let session_status_sent = r.bool()?;
+        let count = r.count(INSTRUMENT_STATE_BYTES_MIN)?;
+        if count > STATE_INSTRUMENTS_MAX {
+            return Err(r.error("more instruments than a publisher state may hold"));
+        }
+        let mut instruments = Vec::with_capacity(count);
+        for _ in 0..count {
+            instruments.push(decode_instrument(r)?);
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        if !instruments.iter().all(|i| seen.insert(i.id)) {
+            return Err(r.error("an instrument appears twice in the publisher state"));
+        }
+        Ok(PublisherState {
+            next_seq,
+            instruments,
+            session_status_sent,
+        })
+    }
+}
+
+/// Version byte of the publisher state's encoding.
+const STATE_VERSION: u8 = 1;
+/// Most instruments a decoded publisher state may hold.
+const STATE_INSTRUMENTS_MAX: usize = 1 << 20;
+/// The fewest bytes one instrument's state takes (used to bound counts before allocating).
+const INSTRUMENT_STATE_BYTES_MIN: usize = 64;
+const BOOK_ORDER_STATE_BYTES: usize = 33;
+const SYMBOL_STATE_BYTES_MAX: usize = 64;
+
+fn encode_state_parts(
+    next_seq: &[u32; CHANNEL_COUNT],
+    instruments: &[InstrumentOut],
+    session_status_sent: bool,
+    w: &mut Writer,
+) {
+    w.u8(STATE_VERSION);
+    for s in next_seq {
+        w.u32(*s);
+    }
+    w.bool(session_status_sent);
+    w.u64(instruments.len() as u64);
+    for inst in instruments {
+        encode_instrument(inst, w);
+    }
+}
+
+fn opt_i64(w: &mut Writer, v: Option<i64>) {
+    w.bool(v.is_some());
+    w.i64(v.unwrap_or(0));
+}
+
+fn read_opt_i64(r: &mut Reader<'_>) -> Result<Option<i64>, DecodeError> {
+    let some = r.bool()?;
+    let v = r.i64()?;
+    Ok(some.then_some(v))
+}
+
+fn side_byte(side: Side) -> u8 {
+    match side {
+        Side::Buy => 0,
+        Side::Sell => 1,
+    }
+}
+
+fn read_side(r: &mut Reader<'_>) -> Result<Side, DecodeError> {
+    match r.u8()? {
+        0 => Ok(Side::Buy),
+        1 => Ok(Side::Sell),
+        _ => Err(r.error("bad side in the publisher state")),
+    }
+}
+
+fn encode_instrument(inst: &InstrumentOut, w: &mut Writer) {
+    w.u32(inst.id);
+    w.u32(inst.rpt_seq);
+    let flags = u8::from(inst.touched)
+        | u8::from(inst.traded) << 1
+        | u8::from(inst.book_dirty) << 2
+        | u8::from(inst.stats_dirty) << 3
+        | u8::from(inst.announce) << 4;
+    w.u8(flags);
+    w.u8(match inst.phase {
+        None => 0,
+        Some(Phase::Open) => 1,
+        Some(Phase::Halted) => 2,
+        Some(Phase::Closed) => 3,
+    });
+    let s = &inst.stats;
+    opt_i64(w, s.last_px);
+    opt_i64(w, s.last_qty);
+    w.i64(s.volume);
+    w.i64(s.turnover);
+    opt_i64(w, s.open_px);
+    opt_i64(w, s.high_px);
+    opt_i64(w, s.low_px);
+    w.u32(s.trades);
+    match &inst.def {
+        None => w.bool(false),
+        Some(d) => {
+            w.bool(true);
+            w.u32(d.instrument.0);
+            w.bytes(d.symbol.as_bytes());
+            w.u8(match d.market {
+                Market::Equity => 0,
+                Market::Fx => 1,
+                Market::Futures => 2,
+            });
+            w.u8(d.price_scale);
+            w.i64(d.tick.0);
+            w.i64(d.lot_size);
+            w.i64(d.multiplier);
+            w.i128(d.initial_margin.0);
+            w.u32(d.band_bps);
+            w.i64(d.reference_price.0);
+        }
+    }
+    // The last published top 20 (what the book channel compares the next top with).
+    w.u8(inst.top_bids as u8);
+    w.u8(inst.top_asks as u8);
+    for l in inst.top[..inst.top_bids]
+        .iter()
+        .chain(&inst.top[TOP_LEVELS..TOP_LEVELS + inst.top_asks])
+    {
+        w.i64(l.price);
+        w.i64(l.qty);
+        w.u32(l.orders);
+    }
+    // Orders in priority order: re-adding them in this order rebuilds every queue.
+    w.u64(inst.book.len() as u64);
+    for o in inst.book.orders() {
+        w.u64(o.order_id);
+        w.u8(side_byte(o.side));
+        w.i64(o.price);
+        w.i64(o.qty);
+        w.u64(o.ts_ns);
+    }
+}
+
+fn decode_instrument(r: &mut Reader<'_>) -> Result<InstrumentOut, DecodeError> {
+    let id = r.u32()?;
+    let mut inst = InstrumentOut::new(id, None);
+    inst.rpt_seq = r.u32()?;
+    let flags = r.u8()?;
+    if flags >> 5 != 0 {
+        return Err(r.error("unknown instrument flags in the publisher state"));
+    }
+    inst.touched = flags & 1 != 0;
+    inst.traded = flags & 2 != 0;
+    inst.book_dirty = flags & 4 != 0;
+    inst.stats_dirty = flags & 8 != 0;
+    inst.announce = flags & 16 != 0;
+    inst.phase = match r.u8()? {
+        0 => None,
+        1 => Some(Phase::Open),
+        2 => Some(Phase::Halted),
+        3 => Some(Phase::Closed),
+        _ => return Err(r.error("bad phase in the publisher state")),
+    };
+    inst.stats = Stats {
+        last_px: read_opt_i64(r)?,
+        last_qty: read_opt_i64(r)?,
+        volume: r.i64()?,
+        turnover: r.i64()?,
+        open_px: read_opt_i64(r)?,
+        high_px: read_opt_i64(r)?,
+        low_px: read_opt_i64(r)?,
+        trades: r.u32()?,
+    };
+    if r.bool()? {
+        let instrument = InstrumentId(r.u32()?);
+        let symbol = String::from_utf8(r.bytes(SYMBOL_STATE_BYTES_MAX)?.to_vec())
+            .map_err(|_| r.error("symbol is not UTF-8"))?;
+        let market = match r.u8()? {
+            0 => Market::Equity,
+            1 => Market::Fx,
+            2 => Market::Futures,
+            _ => return Err(r.error("bad market in the publisher state")),
+        };
+        inst.def = Some(Instrument {
+            instrument,
+            symbol,
+            market,
+            price_scale: r.u8()?,
+            tick: Price(r.i64()?),
+            lot_size: r.i64()?,
+            multiplier: r.i64()?,
+            initial_margin: Cash(r.i128()?),
+            band_bps: r.u32()?,
+            reference_price: Price(r.i64()?),
+        });
+    }
+    let (nb, na) = (r.u8()? as usize, r.u8()? as usize);
+    if nb > TOP_LEVELS || na > TOP_LEVELS {
+        return Err(r.error("more than 20 top levels in the publisher state"));
+    }
+    inst.top_bids = nb;
+    inst.top_asks = na;
+    for k in 0..nb + na {
+        let slot = if k < nb { k } else { TOP_LEVELS + k - nb };
+        inst.top[slot] = LevelView {
+            price: r.i64()?,
+            qty: r.i64()?,
+            orders: r.u32()?,
+        };
+    }
+    let orders = r.count(BOOK_ORDER_STATE_BYTES)?;
+    for _ in 0..orders {
+        let order = BookOrder {
+            order_id: r.u64()?,
+            side: read_side(r)?,
+            price: r.i64()?,
+            qty: r.i64()?,
+            ts_ns: r.u64()?,
+        };
+        if inst.book.add(order).is_err() {
+            return Err(r.error("a book order of the publisher state does not apply"));
+        }
+    }
+    Ok(inst)
 }
 
 /// Errors the publisher met in its own view of the books: the events contradicted what it had
@@ -513,9 +768,12 @@ impl Publisher {
         let histories = Channel::ALL
             .iter()
             .map(|c| {
-                c.is_incremental().then(|| {
-                    Arc::new(Mutex::new(History::new(
-                        config.replay_history_packets.max(1),
+                // No history at all when none is asked for: a publisher kept only for its
+                // numbering (the replicated state's copy) copies no packet.
+                (c.is_incremental() && config.replay_history_packets > 0).then(|| {
+                    Arc::new(Mutex::new(History::with_bytes(
+                        config.replay_history_packets,
+                        config.replay_history_bytes,
                     )))
                 })
             })
@@ -555,7 +813,19 @@ impl Publisher {
         }
         p.session_status_sent = state.session_status_sent;
         for inst in state.instruments {
-            p.index.insert(inst.id, p.instruments.len());
+            let i = p.instruments.len();
+            // The lists of pending refreshes follow the instruments' own flags, so that a
+            // refresh owed when the state was taken (1 ms / 15 ms modes) is still sent.
+            if inst.touched {
+                p.touched.push(i);
+            }
+            if inst.book_dirty {
+                p.book_dirty.push(i);
+            }
+            if inst.stats_dirty {
+                p.stats_dirty.push(i);
+            }
+            p.index.insert(inst.id, i);
             p.instruments.push(inst);
         }
         p
@@ -574,6 +844,16 @@ impl Publisher {
             instruments: self.instruments.clone(),
             session_status_sent: self.session_status_sent,
         }
+    }
+
+    /// Writes the bytes of [`Publisher::state`] (the same as [`PublisherState::encode`])
+    /// without copying the books. Like `state`, it leaves out packets not yet flushed.
+    pub fn encode_state(&self, w: &mut Writer) {
+        let mut next_seq = [1u32; CHANNEL_COUNT];
+        for (s, c) in next_seq.iter_mut().zip(self.channels.iter()) {
+            *s = c.next_seq;
+        }
+        encode_state_parts(&next_seq, &self.instruments, self.session_status_sent, w);
     }
 
     /// A standby (inactive) publisher does all its work and keeps its replay history but sends
@@ -598,9 +878,10 @@ impl Publisher {
     }
 
     /// The order-log packets kept for replay; hand this to a [`crate::replay::ReplayServer`].
+    /// Panics if the publisher was configured to keep none (`replay_history_packets = 0`).
     pub fn history(&self) -> Arc<Mutex<History>> {
         self.history_of(Channel::Orders)
-            .expect("the order log is incremental")
+            .expect("a publisher configured with replay_history_packets > 0")
     }
 
     /// The packets of an incremental channel kept for replay (`None` for the loops).

@@ -7,11 +7,41 @@ mod common;
 use bourse_marketdata::{Channel, PacketSink};
 use common::*;
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 struct Counting;
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+/// Counting is switched on per thread, so tests running side by side do not count each
+/// other's allocations.
+struct Flag;
+impl Flag {
+    fn store(&self, on: bool, _: Ordering) {
+        COUNTING_HERE.with(|c| c.set(on));
+    }
+    fn load(&self, _: Ordering) -> bool {
+        COUNTING_HERE.try_with(|c| c.get()).unwrap_or(false)
+    }
+}
+thread_local! {
+    static COUNTING_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+static COUNTING: Flag = Flag;
+/// Allocations made by this thread while it counted.
+struct Tally;
+impl Tally {
+    fn fetch_add(&self, n: u64, _: Ordering) {
+        TALLY_HERE.with(|c| c.set(c.get() + n));
+    }
+    fn store(&self, n: u64, _: Ordering) {
+        TALLY_HERE.with(|c| c.set(n));
+    }
+    fn load(&self, _: Ordering) -> u64 {
+        TALLY_HERE.with(|c| c.get())
+    }
+}
+thread_local! {
+    static TALLY_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+static ALLOCATIONS: Tally = Tally;
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
@@ -70,4 +100,73 @@ fn publishing_allocates_almost_nothing_per_event_after_warm_up() {
         allocations * 100 < events,
         "{allocations} allocations over {events} events"
     );
+}
+
+/// The sending path as the nodes run it: a replay history far from full (so every packet
+/// lands in fresh ring space) and UDP sends to loopback. Keeping and sending a packet
+/// allocates nothing, and feeds A and B of every packet of a flush leave in one system call.
+#[test]
+fn keeping_and_sending_packets_allocates_nothing_and_takes_one_syscall_per_flush() {
+    use bourse_marketdata::udp::{bind_receiver, FeedAddrs, UdpSink};
+    use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+    let rx_a = bind_receiver(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let rx_b = bind_receiver(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let (SocketAddr::V4(a), SocketAddr::V4(b)) =
+        (rx_a.local_addr().unwrap(), rx_b.local_addr().unwrap())
+    else {
+        panic!("IPv4 receivers");
+    };
+    let mut addrs = FeedAddrs::localhost(0);
+    for c in addrs.channels.iter_mut() {
+        c.a = a;
+        c.b = b;
+    }
+    let mut sink = UdpSink::new(addrs).unwrap();
+    let config = bourse_marketdata::PublisherConfig {
+        replay_history_packets: 1_000_000,
+        ..test_publisher_config()
+    };
+    let mut h = Harness::new(5, config);
+    let run = |h: &mut Harness, sink: &mut UdpSink, batches: u32, count: bool| {
+        for _ in 0..batches {
+            h.batch(20);
+            let events = std::mem::take(&mut h.events);
+            COUNTING.store(count, Ordering::Relaxed);
+            h.publisher.publish(&events, h.now_ns, sink);
+            COUNTING.store(false, Ordering::Relaxed);
+            h.events = events;
+        }
+    };
+    run(&mut h, &mut sink, 20_000, false);
+    let packets_before: u64 = Channel::ALL
+        .iter()
+        .map(|&c| h.publisher.counters(c).packets_sent)
+        .sum();
+    let (calls_before, kept_before) =
+        (sink.send_calls, h.publisher.history().lock().unwrap().len());
+    ALLOCATIONS.store(0, Ordering::Relaxed);
+    run(&mut h, &mut sink, 20_000, true);
+    let allocations = ALLOCATIONS.load(Ordering::Relaxed);
+    let packets: u64 = Channel::ALL
+        .iter()
+        .map(|&c| h.publisher.counters(c).packets_sent)
+        .sum::<u64>()
+        - packets_before;
+    let calls = sink.send_calls - calls_before;
+    let kept = h.publisher.history().lock().unwrap().len() - kept_before;
+    eprintln!(
+        "{allocations} allocations, {calls} sendmmsg calls for {packets} packets \
+         ({kept} new order-log packets kept), {} send errors",
+        sink.send_errors
+    );
+    assert!(kept > 1_000, "the history grew: {kept}");
+    assert!(packets > 10_000);
+    // What remains is the books' own growth, far below one per packet.
+    assert!(
+        allocations * 100 < packets,
+        "{allocations} allocations for {packets} packets"
+    );
+    // One call per channel flush, carrying both feeds: never more than one per packet.
+    assert!(calls <= packets, "{calls} calls for {packets} packets");
+    assert_eq!(sink.send_errors, 0);
 }

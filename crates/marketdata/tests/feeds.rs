@@ -204,7 +204,7 @@ fn best_prices_and_loop_sequence_resets_are_understood() {
         Some(inc),
     )
     .unwrap();
-    w.append(|mut e: best_prices_codec::BestPricesEncoder| {
+    w.append(|e: best_prices_codec::BestPricesEncoder| {
         let mut g = e.entries_encoder(2, best_prices_codec::encoder::EntriesEncoder::default());
         let mut k = 0;
         while let Ok(Some(_)) = g.advance() {
