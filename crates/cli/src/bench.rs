@@ -13,6 +13,7 @@ use anyhow::{bail, Result};
 use bourse_core::*;
 use bourse_engine::workload::{Flow, FlowConfig};
 use bourse_engine::{Engine, EngineConfig};
+use bourse_monitor::core_probe::EngineCounts;
 use bourse_monitor::{clock, CoreMonitor, DashboardServer, Monitor, MonitorConfig, Stage, Trace};
 use clap::Args;
 use hdrhistogram::Histogram;
@@ -46,9 +47,14 @@ pub struct EngineBenchArgs {
     /// both (adds a side-by-side comparison, runs interleaved).
     #[arg(long, default_value = "off")]
     monitor: String,
-    /// With monitoring on, probes record one command in this many.
-    #[arg(long, default_value_t = 16)]
-    monitor_sample_every: u32,
+    /// With monitoring on, probes record one command in this many (default: the monitor's
+    /// default, `sample_every` in docs/monitoring.md).
+    #[arg(long)]
+    monitor_sample_every: Option<u32>,
+    /// With `--monitor both`: runs of each kind (off and on, interleaved) whose medians are
+    /// compared.
+    #[arg(long, default_value_t = 7)]
+    monitor_runs: usize,
 }
 
 /// A recorded stream: the starting snapshot and the measured commands.
@@ -152,12 +158,7 @@ fn throughput(w: &Workload, monitor: Option<&Monitor>) -> Result<f64> {
     let mut core = monitor.map(|m| m.core(w.name));
     let t0 = Instant::now();
     match core.as_mut() {
-        None => {
-            for cmd in &w.commands {
-                events.clear();
-                engine.apply(cmd, &mut events);
-            }
-        }
+        None => plain_run(&mut engine, &mut events, &w.commands),
         Some(core) => monitored_run(&mut engine, &mut events, &w.commands, core),
     }
     let elapsed = t0.elapsed();
@@ -198,6 +199,9 @@ fn open_loop(
         .max(1);
     let interval_ns = 1e9 / rate as f64;
     let mut core = monitor.map(|m| m.core(w.name));
+    if let Some(core) = core.as_mut() {
+        core.engine_counts(engine_counts(&engine));
+    }
     let start = Instant::now() + Duration::from_millis(1);
     for (i, cmd) in w.commands[..n].iter().enumerate() {
         let scheduled = start + Duration::from_nanos((i as f64 * interval_ns) as u64);
@@ -210,19 +214,26 @@ fn open_loop(
         engine.apply(cmd, &mut events);
         let done = Instant::now();
         if let Some(core) = core.as_mut() {
-            // As the demo does: the loop's own clock reads are the stamps.
-            core.on_command(cmd.kind(), &events);
+            // The loop's own clock reads are the stamps.
+            core.on_command_counted(cmd.kind(), &events);
             if core.sample() {
                 let mut trace = Trace::new(cmd.kind());
                 trace.stamp_at(Stage::SocketRead, clock::ns_of(scheduled));
                 trace.stamp_at(Stage::Processed, clock::ns_of(done));
                 core.on_trace(&trace);
             }
-            core.maybe_flush(clock::ns_of(done));
+            if i % 1024 == 0 {
+                core.engine_counts(engine_counts(&engine));
+                core.maybe_flush(clock::ns_of(done));
+            }
         }
         h.record(cmd.kind(), done.duration_since(scheduled).as_nanos() as u64);
     }
     let elapsed = start.elapsed().as_secs_f64();
+    if let Some(core) = core.as_mut() {
+        core.engine_counts(engine_counts(&engine));
+        core.flush();
+    }
     Ok((h, n as f64 / elapsed, n))
 }
 
@@ -253,7 +264,13 @@ pub fn engine(args: EngineBenchArgs) -> Result<()> {
     if args.rates.contains(&0) {
         bail!("--rates must be positive");
     }
-    let monitoring = Monitoring::start(&args.monitor, args.monitor_sample_every)?;
+    if args.monitor_runs == 0 || args.monitor_runs > 101 {
+        bail!("--monitor-runs must be between 1 and 101");
+    }
+    let sample_every = args
+        .monitor_sample_every
+        .unwrap_or(MonitorConfig::default().sample_every);
+    let monitoring = Monitoring::start(&args.monitor, sample_every)?;
     let machine = Machine::this();
     let clock_ns = clock_read_ns();
     if !args.json {
@@ -395,14 +412,40 @@ impl Monitoring {
     }
 }
 
-/// The measured loop with monitoring, as a core thread would run it: counts per command,
-/// probes on sampled commands, a clock read for the flush check once per 1,024 commands.
+/// The measured loop without monitoring. Not inlined, like [`monitored_run`], so that a
+/// profiler (callgrind's `--toggle-collect`) can count the instructions of each loop alone.
+#[inline(never)]
+fn plain_run(engine: &mut Engine, events: &mut Vec<Event>, commands: &[Command]) {
+    for cmd in commands {
+        events.clear();
+        engine.apply(cmd, events);
+    }
+}
+
+/// The engine's own counters in the monitor's plain form.
+fn engine_counts(engine: &Engine) -> EngineCounts {
+    let c = engine.counters();
+    EngineCounts {
+        orders_accepted: c.orders_accepted,
+        orders_rejected: c.orders_rejected,
+        trades: c.trades,
+        replaces: c.replaces,
+    }
+}
+
+/// The measured loop with monitoring, as a core thread would run it: commands counted by
+/// kind (the seeds' figures from the engine's own counters, plus the events of commands other
+/// than new orders: `CoreMonitor::on_command_counted`), probes on sampled commands (no clock
+/// read otherwise), and once per 1,024 commands the engine's counters and a clock read for
+/// the flush check.
+#[inline(never)]
 fn monitored_run(
     engine: &mut Engine,
     events: &mut Vec<Event>,
     commands: &[Command],
     core: &mut CoreMonitor,
 ) {
+    core.engine_counts(engine_counts(engine));
     for (i, cmd) in commands.iter().enumerate() {
         events.clear();
         if core.sample() {
@@ -414,68 +457,113 @@ fn monitored_run(
         } else {
             engine.apply(cmd, events);
         }
-        core.on_command(cmd.kind(), events);
+        core.on_command_counted(cmd.kind(), events);
         if i % 1024 == 0 {
+            core.engine_counts(engine_counts(engine));
             core.maybe_flush(clock::now_ns());
         }
     }
+    core.engine_counts(engine_counts(engine));
     core.flush();
 }
 
-/// Throughput and open-loop p99 with monitoring off and on, interleaved (off, on, off, on, …)
-/// so that drift of the machine hits both alike; each figure is the best of its runs.
+/// The median of some measurements (the upper one of an even count).
+fn median<T: PartialOrd + Copy>(mut v: Vec<T>) -> T {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    v[v.len() / 2]
+}
+
+/// Throughput and open-loop p99 with monitoring off and on, interleaved in pairs whose order
+/// alternates (off-on, on-off, …) so that drift of the machine and the position in a pair hit
+/// both alike; each figure is the median of its runs, and the spread of the pairwise changes
+/// is printed so that a reader can tell an effect from noise.
 fn compare_monitoring(
     w: &Workload,
     args: &EngineBenchArgs,
     monitoring: &Monitoring,
     base: &serde_json::Value,
 ) -> Result<()> {
-    const RUNS: usize = 5;
+    let runs = args.monitor_runs;
     let on = monitoring.always();
-    let (mut tput_off, mut tput_on) = (0f64, 0f64);
-    for _ in 0..RUNS {
-        tput_off = tput_off.max(throughput(w, None)?);
-        tput_on = tput_on.max(throughput(w, on)?);
+    let (mut tput_off, mut tput_on, mut tput_pairs) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..runs {
+        let (off, on) = if i % 2 == 0 {
+            let off = throughput(w, None)?;
+            (off, throughput(w, on)?)
+        } else {
+            let on = throughput(w, on)?;
+            (throughput(w, None)?, on)
+        };
+        tput_off.push(off);
+        tput_on.push(on);
+        tput_pairs.push((on / off - 1.0) * 100.0);
     }
     let rate = args.rates.first().copied().unwrap_or(1_000_000);
-    let (mut p99_off, mut p99_on) = (u64::MAX, u64::MAX);
-    for _ in 0..RUNS {
-        let (h, _, _) = open_loop(w, rate, args.open_loop_seconds, None)?;
-        p99_off = p99_off.min(h.all.value_at_quantile(0.99));
-        let (h, _, _) = open_loop(w, rate, args.open_loop_seconds, on)?;
-        p99_on = p99_on.min(h.all.value_at_quantile(0.99));
+    let (mut p99_off, mut p99_on, mut p99_pairs) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..runs {
+        let one = |monitor| -> Result<u64> {
+            let (h, _, _) = open_loop(w, rate, args.open_loop_seconds, monitor)?;
+            Ok(h.all.value_at_quantile(0.99))
+        };
+        let (off, on) = if i % 2 == 0 {
+            let off = one(None)?;
+            (off, one(on)?)
+        } else {
+            let on = one(on)?;
+            (one(None)?, on)
+        };
+        p99_off.push(off);
+        p99_on.push(on);
+        p99_pairs.push((on as f64 / off.max(1) as f64 - 1.0) * 100.0);
     }
+    let spread = |v: &[f64]| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (lo, hi)
+    };
+    let (t_lo, t_hi) = spread(&tput_pairs);
+    let (p_lo, p_hi) = spread(&p99_pairs);
+    let (tput_off, tput_on) = (median(tput_off), median(tput_on));
+    let (p99_off, p99_on) = (median(p99_off), median(p99_on));
     let tput_change_pct = (tput_on / tput_off - 1.0) * 100.0;
     let p99_change_pct = (p99_on as f64 / p99_off.max(1) as f64 - 1.0) * 100.0;
     let sample_every = on.map(|m| m.config().sample_every).unwrap_or(0);
+    let round2 = |x: f64| (x * 100.0).round() / 100.0;
     if args.json {
         let mut o = base.clone();
         o["mode"] = json!("monitor-compare");
         o["monitor"] = json!("both");
         o["sample_every"] = json!(sample_every);
+        o["runs"] = json!(runs);
         o["offered_per_s"] = json!(rate);
         o["throughput_per_s"] =
             json!({"off": tput_off.round() as u64, "on": tput_on.round() as u64});
-        o["throughput_change_pct"] = json!((tput_change_pct * 100.0).round() / 100.0);
+        o["throughput_change_pct"] = json!(round2(tput_change_pct));
+        o["throughput_pair_change_pct"] = json!({"min": round2(t_lo), "max": round2(t_hi)});
         o["open_loop_p99_ns"] = json!({"off": p99_off, "on": p99_on});
-        o["p99_change_pct"] = json!((p99_change_pct * 100.0).round() / 100.0);
+        o["p99_change_pct"] = json!(round2(p99_change_pct));
+        o["p99_pair_change_pct"] = json!({"min": round2(p_lo), "max": round2(p_hi)});
         println!("{o}");
     } else {
         println!(
-            "  monitoring off vs on (probes 1 in {sample_every}, counters, dashboard server), best of {RUNS} interleaved runs:"
+            "  monitoring off vs on (probes 1 in {sample_every}, counters, dashboard server), medians of {runs} interleaved runs each:"
         );
         println!(
-            "    throughput, back to back:   {:>12} vs {:>12} commands/s  ({:+.1}%)",
+            "    throughput, back to back:   {:>12} vs {:>12} commands/s  ({:+.1}%; pairs {:+.1}% to {:+.1}%)",
             report::count(tput_off as u64),
             report::count(tput_on as u64),
-            tput_change_pct
+            tput_change_pct,
+            t_lo,
+            t_hi
         );
         println!(
-            "    open loop p99 at {:>9}/s: {:>12} vs {:>12}             ({:+.1}%)",
+            "    open loop p99 at {:>9}/s: {:>12} vs {:>12}             ({:+.1}%; pairs {:+.1}% to {:+.1}%)",
             report::count(rate),
             report::ns(p99_off),
             report::ns(p99_on),
-            p99_change_pct
+            p99_change_pct,
+            p_lo,
+            p_hi
         );
     }
     Ok(())

@@ -1,9 +1,13 @@
 //! Monitoring of one replica node (`bourse node --monitor-listen ADDR`): its `/metrics`, its
-//! dashboard with the cluster view, fed from what the node exposes without hooks inside the
-//! cluster crate:
+//! dashboard with the cluster view, fed from what the node exposes:
 //!
-//! - `Node::status()` (own status, every `status_poll_ms`) and `client::node_status` over the
-//!   client protocol for each peer (one task per peer, same period);
+//! - `Node::status_brief()` (own status, every `status_poll_ms`) and
+//!   `client::node_status_brief` over the client protocol for each peer (one task per peer,
+//!   same period): positions, the newest hash checkpoint and the commit index, without
+//!   hashing the state;
+//! - the node's hooks (`Node::hooks`): t2 stamps of sampled requests matched with journal
+//!   appends for the t2→t3 leg; `Node::batcher_queue_depth`; the state machine's snapshot
+//!   build times;
 //! - openraft's metrics watch (`node.raft().metrics()`): leader's quorum-matched index and
 //!   the applied index, each time they change, for the entry stage legs;
 //! - the committed stream (`Node::subscribe`): the events of every applied request, counted
@@ -21,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
-use bourse_cluster::client::node_status;
+use bourse_cluster::client::node_status_brief;
 use bourse_cluster::net::NodeStatus as ClusterStatus;
 use bourse_cluster::tokio;
 use bourse_cluster::tokio::sync::mpsc;
@@ -52,6 +56,8 @@ pub fn sample_of(s: &ClusterStatus) -> NodeSample {
         hash_checks_passed: s.hash_checks_passed,
         matched: s.matched.clone(),
         alarm: s.alarm.clone(),
+        checkpoint: s.checkpoint,
+        commit_index: s.commit_index,
     }
 }
 
@@ -95,6 +101,8 @@ impl NodeMonitor {
     ) -> Result<NodeMonitor> {
         let id = node.id();
         let status_period = Duration::from_millis(monitor_config.status_poll_ms);
+        // t2 stamps inside the node: as often as the other probes sample.
+        node.hooks().set_sample_every(monitor_config.sample_every);
         let monitor = Monitor::new(monitor_config);
         let server = DashboardServer::start(monitor.clone(), listen)
             .with_context(|| format!("monitor: binding {listen}"))?;
@@ -113,7 +121,7 @@ impl NodeMonitor {
                     every.tick().await;
                     // An unreachable peer sends nothing: the view marks it down by silence.
                     if let Ok(s) =
-                        node_status(addr, Duration::from_millis(PEER_STATUS_TIMEOUT_MS)).await
+                        node_status_brief(addr, Duration::from_millis(PEER_STATUS_TIMEOUT_MS)).await
                     {
                         if tx.try_send(sample_of(&s)).is_err() && tx.is_closed() {
                             return;
@@ -187,7 +195,7 @@ impl NodeMonitor {
                             applied: m.last_applied.map(|l| l.index),
                         }
                     };
-                    self.on_progress(progress);
+                    self.on_progress(node, progress);
                 }
                 entry = next_entry(&mut self.subscription) => match entry {
                     Some(Ok(entry)) => {
@@ -206,7 +214,7 @@ impl NodeMonitor {
         self.metrics.publish_events();
     }
 
-    fn on_progress(&mut self, progress: Progress) {
+    fn on_progress(&mut self, node: &Node, progress: Progress) {
         let now = Instant::now();
         if self.journal.is_none() {
             self.journal = bourse_journal::journal_stats_for(&self.journal_dir);
@@ -221,12 +229,31 @@ impl NodeMonitor {
             .map(|j| j.append_times_after(seen))
             .unwrap_or_default();
         self.metrics.on_progress(now, progress, &appends);
+        let handoffs: Vec<(u64, Instant)> = node
+            .hooks()
+            .take_handoffs()
+            .iter()
+            .map(|h| (h.index, h.queued_at))
+            .collect();
+        if !handoffs.is_empty() {
+            self.metrics.on_handoffs(&handoffs);
+        }
     }
 
     async fn poll_own(&mut self, node: &Node) {
-        let s = node.status().await;
+        // The brief status: no hash of the whole state under the state machine's lock (the
+        // cluster view compares the replicas' newest checkpoints instead).
+        let s = node.status_brief().await;
         self.metrics.observe(&sample_of(&s));
         self.metrics.publish_events();
+        self.metrics
+            .observe_batcher_queue(node.batcher_queue_depth() as u64);
+        let build = node.state_machine().snapshot_build_times();
+        self.metrics.observe_snapshot_builds(&BucketReading {
+            buckets: &build.buckets,
+            sum_ns: build.sum_ns,
+            count: build.count,
+        });
         if self.journal.is_none() {
             self.journal = bourse_journal::journal_stats_for(&self.journal_dir);
         }

@@ -6,44 +6,55 @@
 mod support;
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 use support::*;
 
 const RATE_PER_S: u64 = 20_000;
 const CLIENTS: usize = 300;
+/// Malformed requests one abuse run sends at most.
+const MALFORMED_MAX: usize = 2_000;
 
-#[test]
-fn abuse_of_the_dashboard_does_not_slow_the_engine_loop() {
-    let demo = Demo::start(&["--seconds", "9", "--rate", &RATE_PER_S.to_string()]);
-    let addr = demo.addr;
-    demo.wait_for_line("     1  ", Duration::from_secs(20));
+/// Requests no server should choke on: garbage, a negative length, a TLS hello on a plain
+/// port, and request heads that never end (slowloris).
+const MALFORMED: [&[u8]; 5] = [
+    b"GARBAGE\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+    b"GET /events HTTP/1.1\r\nHost: x\r\n",
+    b"GET /metrics HTTP/1.1\r\nHost: x\r\n",
+];
 
-    // Hundreds of event-stream clients that ask and never read.
-    let mut idle = Vec::with_capacity(CLIENTS);
-    for _ in 0..CLIENTS {
+/// Opens `n` event-stream clients that ask and never read; keep them to keep them open.
+fn idle_event_streams(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
+    let mut idle = Vec::with_capacity(n);
+    for _ in 0..n {
         if let Ok(mut c) = TcpStream::connect(addr) {
             let _ = write!(c, "GET /events HTTP/1.1\r\nHost: x\r\n\r\n");
             idle.push(c);
         }
     }
-    // Malformed requests, repeatedly, for a few seconds.
-    let garbage: [&[u8]; 4] = [
-        b"GARBAGE\r\n\r\n",
-        b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
-        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
-        b"GET /events HTTP/1.1\r\nHost: x\r\n",
-    ];
-    let until = Instant::now() + Duration::from_secs(4);
+    idle
+}
+
+/// Sends the malformed requests in turn, one connection each, for `period` (bounded in
+/// count too); returns how many went out.
+fn send_malformed(addr: SocketAddr, period: Duration) -> usize {
+    let until = Instant::now() + period;
     let mut sent = 0;
-    while Instant::now() < until && sent < 2_000 {
+    while Instant::now() < until && sent < MALFORMED_MAX {
         if let Ok(mut c) = TcpStream::connect(addr) {
-            let _ = c.write_all(garbage[sent % garbage.len()]);
+            let _ = c.write_all(MALFORMED[sent % MALFORMED.len()]);
             sent += 1;
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    // Still serving, with the client cap applied.
+    sent
+}
+
+/// The server still answers `/metrics`, with the event-stream clients capped; returns the
+/// exposition.
+fn assert_serving_and_capped(addr: SocketAddr) -> String {
     let (status, exposition) = http(addr, "GET", "/metrics", None);
     assert_eq!(status, 200, "the server went down");
     let clients = metric_value(&exposition, "bourse_dashboard_clients").unwrap_or(-1.0);
@@ -51,12 +62,11 @@ fn abuse_of_the_dashboard_does_not_slow_the_engine_loop() {
         (0.0..=64.0).contains(&clients),
         "event-stream clients are capped: {clients}"
     );
-    let (status, page) = http(addr, "GET", "/", None);
-    assert_eq!(status, 200);
-    assert!(page.contains("bourse"));
-    // A normal event-stream client still gets frames... once the idle ones are gone.
-    drop(idle);
-    std::thread::sleep(Duration::from_millis(300));
+    exposition
+}
+
+/// A normal event-stream client is served (once the idle ones are gone).
+fn assert_event_stream_served(addr: SocketAddr) {
     let mut es = TcpStream::connect(addr).unwrap();
     es.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     write!(es, "GET /events HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
@@ -66,6 +76,25 @@ fn abuse_of_the_dashboard_does_not_slow_the_engine_loop() {
         String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"),
         "event stream refused after the abuse"
     );
+}
+
+#[test]
+fn abuse_of_the_dashboard_does_not_slow_the_engine_loop() {
+    let demo = Demo::start(&["--seconds", "9", "--rate", &RATE_PER_S.to_string()]);
+    let addr = demo.addr;
+    demo.wait_for_line("     1  ", Duration::from_secs(20));
+
+    // Hundreds of event-stream clients that ask and never read, and malformed requests,
+    // repeatedly, for a few seconds.
+    let idle = idle_event_streams(addr, CLIENTS);
+    send_malformed(addr, Duration::from_secs(4));
+    assert_serving_and_capped(addr);
+    let (status, page) = http(addr, "GET", "/", None);
+    assert_eq!(status, 200);
+    assert!(page.contains("bourse"));
+    drop(idle);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_event_stream_served(addr);
 
     // The engine loop kept running every whole second of the run.
     demo.wait_for_line("summary after", Duration::from_secs(30));
@@ -113,55 +142,21 @@ fn abuse_of_a_nodes_dashboard_leaves_the_group_committing() {
     let before = load.rate_over(Duration::from_secs(3));
 
     let abuse = std::thread::spawn(move || {
-        let mut idle = Vec::with_capacity(CLIENTS);
-        for _ in 0..CLIENTS {
-            if let Ok(mut c) = TcpStream::connect(addr) {
-                let _ = write!(c, "GET /events HTTP/1.1\r\nHost: x\r\n\r\n");
-                idle.push(c);
-            }
-        }
-        let garbage: [&[u8]; 4] = [
-            b"GARBAGE\r\n\r\n",
-            b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
-            b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
-            b"GET /metrics HTTP/1.1\r\nHost: x\r\n",
-        ];
-        let until = Instant::now() + Duration::from_secs(5);
-        let mut sent = 0;
-        while Instant::now() < until && sent < 2_000 {
-            if let Ok(mut c) = TcpStream::connect(addr) {
-                let _ = c.write_all(garbage[sent % garbage.len()]);
-                sent += 1;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let idle = idle_event_streams(addr, CLIENTS);
+        send_malformed(addr, Duration::from_secs(5));
         idle
     });
     std::thread::sleep(Duration::from_millis(500));
     let during = load.rate_over(Duration::from_secs(3));
     let idle = abuse.join().unwrap();
 
-    let (status, exposition) = http(addr, "GET", "/metrics", None);
-    assert_eq!(status, 200, "the node's monitor went down");
-    let clients = metric_value(&exposition, "bourse_dashboard_clients").unwrap_or(-1.0);
-    assert!(
-        (0.0..=64.0).contains(&clients),
-        "event-stream clients are capped: {clients}"
-    );
+    let exposition = assert_serving_and_capped(addr);
     let dropped =
         metric_value(&exposition, "bourse_dashboard_clients_dropped_total").unwrap_or(0.0);
     let refused = metric_value(&exposition, "bourse_http_connections_refused_total").unwrap_or(0.0);
     drop(idle);
     std::thread::sleep(Duration::from_millis(500));
-    let mut es = TcpStream::connect(addr).unwrap();
-    es.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(es, "GET /events HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    let mut buf = [0u8; 4096];
-    let n = es.read(&mut buf).unwrap_or(0);
-    assert!(
-        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"),
-        "event stream refused after the abuse"
-    );
+    assert_event_stream_served(addr);
     let after = load.rate_over(Duration::from_secs(2));
     assert!(after > 0.0, "the group stopped committing after the abuse");
     eprintln!(

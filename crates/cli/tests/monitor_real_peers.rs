@@ -521,6 +521,43 @@ fn prometheus_scrapes_three_nodes_and_reads_back_what_they_reported() {
         entry_commits.is_some_and(|n| n > 0.0),
         "entry commit legs on the leader: {entry_commits:?}"
     );
+    // And the t2->t3 leg: sampled requests handed to the batcher, to their batch's append.
+    let handoffs = prometheus_scalar(
+        prom.addr,
+        &format!(
+            "sum(bourse_stage_latency_seconds_count{{{},kind=\"entry\",stage=\"appended\"}})",
+            format_args!("instance=\"{leader_addr}\"")
+        ),
+    );
+    assert!(
+        handoffs.is_some_and(|n| n > 0.0),
+        "t2->t3 legs on the leader: {handoffs:?}"
+    );
+    // Every follower reports its own commit index (from the leader's AppendEntries): once
+    // the load stopped, the leader's.
+    for (id, addr) in &cluster.dashboards {
+        if *id == leader {
+            continue;
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (_, text) = http(*addr, "GET", "/metrics", None);
+            let own = metric_value(&text, &format!("bourse_raft_commit_index{{node=\"{id}\"}}"));
+            let (_, text) = http(leader_addr, "GET", "/metrics", None);
+            let leaders = metric_value(
+                &text,
+                &format!("bourse_raft_commit_index{{node=\"{leader}\"}}"),
+            );
+            if own.is_some() && own == leaders {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "follower {id} reports commit index {own:?}, the leader {leaders:?}"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
 }
 
 const READ_NODE_PAGE: &str = r##"
@@ -640,4 +677,127 @@ fn chromium_shows_a_nodes_cluster_view_under_load_and_a_node_going_down() {
     let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("monitor-node-dashboard.png");
     std::fs::write(&path, &png).unwrap();
     eprintln!("node dashboard screenshot: {}", path.display());
+}
+
+/// `bourse cluster up --monitor-base-port P` gives each node its `/metrics` and dashboard on
+/// P, P+1, P+2 (printed at start); a scrape of each returns that node's own figures, the
+/// group has one leader, and a snapshot taken on demand shows up as a snapshot build.
+#[test]
+fn cluster_up_serves_every_nodes_metrics_from_the_base_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports = [free_port(), free_port(), free_port()];
+    let mut toml = format!(
+        "cluster_id = 62\ndata_dir = \"{}\"\nfsync = \"never\"\n",
+        dir.path().join("data").display()
+    );
+    for (i, p) in ports.iter().enumerate() {
+        toml.push_str(&format!(
+            "[[nodes]]\nid = {}\naddr = \"127.0.0.1:{p}\"\n",
+            i + 1
+        ));
+    }
+    let config = dir.path().join("cluster.toml");
+    std::fs::write(&config, toml).unwrap();
+    let monitor = dir.path().join("monitor.toml");
+    std::fs::write(&monitor, TEST_MONITOR_TOML).unwrap();
+    let base = free_port_block(3);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_bourse"))
+        .args(["cluster", "up", "--config"])
+        .arg(&config)
+        .args(["--monitor-base-port", &base.to_string()])
+        .arg("--monitor-config")
+        .arg(&monitor)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("bourse cluster up starts");
+    let stdout = child.stdout.take().unwrap();
+    let _up = Interruptible(child);
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = lines.clone();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            sink.lock().unwrap().push(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !lines
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("cluster up"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no leader reported: {:?}",
+            lines.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let printed = lines.lock().unwrap().clone();
+    let mut leaders = 0;
+    for id in 1..=3u64 {
+        let addr: SocketAddr = format!("127.0.0.1:{}", base + id as u16 - 1)
+            .parse()
+            .unwrap();
+        assert!(
+            printed
+                .iter()
+                .any(|l| l.contains(&format!("node {id}: dashboard http://{addr}/"))),
+            "node {id}'s addresses are printed: {printed:?}"
+        );
+        // The node's own figures, under its own id (the first status poll may take a tick).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let text = loop {
+            let (status, text) = http(addr, "GET", "/metrics", None);
+            if status == 200
+                && metric_value(
+                    &text,
+                    &format!("bourse_raft_last_applied_index{{node=\"{id}\"}}"),
+                )
+                .is_some_and(|v| v > 0.0)
+            {
+                break text;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id} at {addr} serves no node metrics: {status} {text}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert!(
+            text.contains("bourse_queue_depth{queue=\"batcher\"}"),
+            "node {id}: batcher queue depth"
+        );
+        let leading = metric_value(&text, &format!("bourse_raft_is_leader{{node=\"{id}\"}}"))
+            .expect("leader gauge");
+        leaders += leading as u32;
+    }
+    assert_eq!(leaders, 1, "one leader among the three nodes");
+
+    // A snapshot on demand on node 2: its build time is exported.
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_bourse"))
+        .args(["cluster", "snapshot", "--id", "2", "--config"])
+        .arg(&config)
+        .status()
+        .unwrap();
+    assert!(status.success(), "bourse cluster snapshot");
+    let addr: SocketAddr = format!("127.0.0.1:{}", base + 1).parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, text) = http(addr, "GET", "/metrics", None);
+        let builds = metric_value(&text, "bourse_snapshot_build_seconds_count{node=\"2\"}");
+        if builds.is_some_and(|n| n >= 1.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 2 exports no snapshot build: {builds:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

@@ -34,6 +34,39 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// `n` consecutive ports free on 127.0.0.1 now (bounded search from a varying start).
+pub fn free_port_block(n: u16) -> u16 {
+    let mut base = 20_000 + (std::process::id() % 20_000) as u16;
+    for _ in 0..200 {
+        if (0..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
+            return base;
+        }
+        base = 20_000 + (base - 20_000 + n + 101) % 40_000;
+    }
+    panic!("no block of {n} free ports on 127.0.0.1");
+}
+
+/// A child process that is asked to stop with SIGINT when dropped (so that a parent such as
+/// `bourse cluster up` stops its own children), killed if it has not exited within 10 s.
+pub struct Interruptible(pub Child);
+
+impl Drop for Interruptible {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-INT", &self.0.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A child process killed when dropped.
 pub struct Proc(pub Child);
 

@@ -3,8 +3,8 @@
 //! The cluster crate reports each node's status (its own and what it learns of its peers) with
 //! [`ClusterView::report`]; the view stamps the report's arrival, derives replication lag as
 //! the highest commit index minus the node's applied index, exports gauges, and tells the
-//! dashboard which nodes are down (silent past the threshold) and whether replicas that
-//! applied the same index disagree on the state hash.
+//! dashboard which nodes are down (silent past the threshold) and whether replicas disagree
+//! on the state hash at the same log index (nodes report their newest hash checkpoint).
 
 use crate::metrics::Registry;
 use crate::names;
@@ -37,8 +37,12 @@ pub struct NodeStatus {
     pub term: u64,
     pub commit_index: u64,
     pub applied_index: u64,
-    /// State hash of the core at `applied_index`, when known.
+    /// A state hash of the core, when known: at `hash_index` if set, else at `applied_index`.
     pub state_hash: Option<u64>,
+    /// The log index `state_hash` was taken at (a node's newest hash checkpoint, the same
+    /// indexes on every replica), so that replicas are compared at one index.
+    #[serde(default)]
+    pub hash_index: Option<u64>,
 }
 
 /// A node as the dashboard shows it.
@@ -96,11 +100,12 @@ impl ClusterView {
             alarm: None,
         });
         if let Some(h) = status.state_hash {
-            if e.hashes.last().map(|x| x.0) != Some(status.applied_index) {
+            let index = status.hash_index.unwrap_or(status.applied_index);
+            if !e.hashes.iter().any(|x| x.0 == index) {
                 if e.hashes.len() >= HASHES_KEPT_PER_NODE {
                     e.hashes.remove(0);
                 }
-                e.hashes.push((status.applied_index, h));
+                e.hashes.push((index, h));
             }
         }
         e.status = status;
@@ -125,6 +130,7 @@ impl ClusterView {
                     commit_index: 0,
                     applied_index: 0,
                     state_hash: None,
+                    hash_index: None,
                 },
                 seen: Instant::now(),
                 hashes: Vec::new(),
@@ -348,7 +354,27 @@ mod tests {
             commit_index: 100,
             applied_index: applied,
             state_hash: Some(hash),
+            hash_index: None,
         }
+    }
+
+    #[test]
+    fn replicas_are_compared_at_the_index_of_their_checkpoints() {
+        let v = ClusterView::default();
+        let r = Registry::new();
+        let at = |id, applied, index, hash| NodeStatus {
+            hash_index: Some(index),
+            ..status(id, Role::Follower, applied, hash)
+        };
+        // Different applied indexes, the same checkpoint: equal hashes agree.
+        v.report(at(1, 1_500, 1_000, 7));
+        v.report(at(2, 1_200, 1_000, 7));
+        assert!(v.snapshot(3_000, &r).hash_mismatch.is_empty());
+        // Node 3 reaches the checkpoint later with another hash: a mismatch at index 1000,
+        // even though node 1 has moved on to its next checkpoint meanwhile.
+        v.report(at(1, 2_100, 2_000, 9));
+        v.report(at(3, 1_001, 1_000, 8));
+        assert_eq!(v.snapshot(3_000, &r).hash_mismatch, vec![1, 2, 3]);
     }
 
     #[test]

@@ -64,6 +64,12 @@ pub struct Series {
     pub value: i64,
 }
 
+#[derive(Clone, Debug, Serialize)]
+pub struct Figure {
+    pub name: String,
+    pub text: String,
+}
+
 /// One dashboard frame. `None` fields are parts that do not exist yet ("n/a" on the page).
 #[derive(Clone, Debug, Serialize)]
 pub struct Frame {
@@ -84,6 +90,8 @@ pub struct Frame {
     pub md_bytes_per_s: Option<f64>,
     pub sessions: Option<i64>,
     pub queues: Vec<Series>,
+    /// The process's own named figures (e.g. a node's snapshot build time), as text.
+    pub figures: Vec<Figure>,
     pub cluster: ClusterSnapshot,
     pub alerts: Vec<Alert>,
     pub dashboard_clients: usize,
@@ -348,6 +356,11 @@ pub fn tick(monitor: &Monitor) -> Arc<str> {
                     .unwrap_or_default(),
                 value,
             })
+            .collect(),
+        figures: monitor
+            .figures()
+            .into_iter()
+            .map(|(name, text)| Figure { name, text })
             .collect(),
         cluster,
         alerts,

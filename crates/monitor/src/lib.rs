@@ -12,14 +12,16 @@
 //!   into HDR histograms per stage and per command kind without locks or allocation on the hot
 //!   path, merged on the control plane.
 //! - [`core_probe::CoreMonitor`]: what a trading core's thread carries: the seeds' counts
-//!   (transactions, orders, trades) tallied locally and published periodically, plus its
-//!   recorder.
+//!   (transactions, orders, trades) tallied locally (from every event, or from the engine's
+//!   own counters plus the events of commands other than new orders) and published
+//!   periodically, plus its recorder.
 //! - [`cluster::ClusterView`]: nodes, leader, term, commit index, health, divergence alarms;
 //!   replication lag and alerts (thresholds from [`AlertThresholds`]) derive from it.
 //! - [`node::NodeMetrics`]: what a replica node exports (applied commands and entries, commit
 //!   and applied index, term, leader, peer lag, journal bytes/records/fsync latency, snapshots,
-//!   hash checks, divergence alarm, entry stage legs), fed by the `bourse node` glue from the
-//!   node's status, openraft's metrics, its committed stream and the journal's counters.
+//!   hash checks, divergence alarm, entry stage legs t2→t3→t4→t5, batcher queue depth,
+//!   snapshot build time), fed by the `bourse node` glue from the node's brief status,
+//!   openraft's metrics, its hooks, its committed stream and the journal's counters.
 //! - [`ltp`]: the cross-process breakdown (network, gateway, IPC, replication, matching) from
 //!   a gateway's and a node's stage histograms by LTP's T1 = T7 = (T0,7 − T1,6) / 2.
 //! - [`server::DashboardServer`]: an HTTP server on its own thread (tokio, current-thread
@@ -99,6 +101,7 @@ pub mod names {
     pub const SNAPSHOT_BYTES_TOTAL: &str = "bourse_snapshot_bytes_total";
     pub const SNAPSHOT_SIZE_BYTES: &str = "bourse_snapshot_size_bytes";
     pub const SNAPSHOT_WRITE_SECONDS: &str = "bourse_snapshot_write_seconds";
+    pub const SNAPSHOT_BUILD_SECONDS: &str = "bourse_snapshot_build_seconds";
 }
 
 /// Monitoring settings; every field has a default, and a TOML file may set any of them.
@@ -126,7 +129,7 @@ pub struct MonitorConfig {
     /// The node's name in the dashboard title.
     pub node_name: String,
     /// How often a replica node polls its own and its peers' status for the cluster view.
-    /// Each poll makes the polled node hash its whole state, so this is not made frequent.
+    /// A poll reads positions and the newest hash checkpoint (no hashing on demand).
     pub status_poll_ms: u64,
     pub alerts: AlertThresholds,
 }
@@ -134,7 +137,7 @@ pub struct MonitorConfig {
 impl Default for MonitorConfig {
     fn default() -> Self {
         MonitorConfig {
-            sample_every: 16,
+            sample_every: 64,
             flush_interval_ms: 100,
             tick_ms: 1_000,
             history_frames: 300,
@@ -144,7 +147,7 @@ impl Default for MonitorConfig {
             header_read_timeout_ms: 5_000,
             send_buffer_bytes: 64 * 1024,
             node_name: "bourse".into(),
-            status_poll_ms: 1_000,
+            status_poll_ms: 250,
             alerts: AlertThresholds::default(),
         }
     }
@@ -195,7 +198,12 @@ pub struct Monitor {
     cluster: ClusterView,
     dashboard: dashboard::Dashboard,
     started: Instant,
+    /// A process's own named figures for the dashboard (e.g. a node's snapshot build time).
+    figures: std::sync::Mutex<Vec<(String, String)>>,
 }
+
+/// Named dashboard figures one process keeps at most.
+pub const FIGURES_MAX: usize = 32;
 
 /// Market data counters for one channel and feed (A or B).
 #[derive(Clone, Debug)]
@@ -245,8 +253,27 @@ impl Monitor {
             registry,
             cluster: ClusterView::default(),
             started: Instant::now(),
+            figures: std::sync::Mutex::new(Vec::new()),
             config,
         })
+    }
+
+    /// Sets a named figure the dashboard lists as text (at most [`FIGURES_MAX`] names; more
+    /// are ignored). Control plane only: it takes a lock.
+    pub fn set_figure(&self, name: &str, text: String) {
+        let Ok(mut f) = self.figures.lock() else {
+            return;
+        };
+        if let Some(slot) = f.iter_mut().find(|(n, _)| n == name) {
+            slot.1 = text;
+        } else if f.len() < FIGURES_MAX {
+            f.push((name.to_string(), text));
+        }
+    }
+
+    /// The named figures, in the order they were first set.
+    pub fn figures(&self) -> Vec<(String, String)> {
+        self.figures.lock().map(|f| f.clone()).unwrap_or_default()
     }
 
     pub fn config(&self) -> &MonitorConfig {

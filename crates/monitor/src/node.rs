@@ -13,6 +13,10 @@
 //!   and (on the leader) each peer's replication lag;
 //! - the journal's bytes, records and fsync latency histogram and the snapshot counters,
 //!   mirrored as they are;
+//! - the batcher's queue depth (`bourse_queue_depth{queue="batcher"}`) and the time to build
+//!   a snapshot's bytes (`bourse_snapshot_build_seconds`), read from the node;
+//! - the t2→t3 leg (kind `entry`, stage `appended`): sampled requests' hand-off to the
+//!   batcher (t2, from the node's hooks) to the journal append holding their batch (t3);
 //! - entry stage timings (kind `entry` in the stage histograms): for one appended entry in
 //!   `sample_every`, the time from its local append (t3, from the journal's append ring) to
 //!   the moment this node saw it committed (t4, leader only: the quorum's matched index) and
@@ -49,6 +53,12 @@ pub struct NodeSample {
     /// On a leader: the matched log index of every member (itself included).
     pub matched: Vec<(u64, Option<u64>)>,
     pub alarm: Option<String>,
+    /// The newest hash checkpoint (log index, state hash); taken at the same indexes on
+    /// every replica, so it compares replicas without hashing on demand.
+    pub checkpoint: Option<(u64, u64)>,
+    /// The commit index the node knows (leader: majority matched; follower: the leader's
+    /// commit index from its latest AppendEntries), when it reports one.
+    pub commit_index: Option<u64>,
 }
 
 /// openraft's role names (`Leader`, `Follower`, …) as a [`Role`].
@@ -75,10 +85,14 @@ pub fn quorum_index(members: usize, matched: &[(u64, Option<u64>)]) -> Option<u6
 }
 
 impl NodeSample {
-    /// The commit index this node can vouch for: on the leader, the index a majority matched;
-    /// elsewhere the applied index (a replica applies only committed entries, and learns the
-    /// commit index from the leader's next message).
+    /// The commit index this node can vouch for: what it reports (the leader's majority
+    /// match, a follower's commit index from the leader), else on the leader the index a
+    /// majority matched and elsewhere the applied index (a replica applies only committed
+    /// entries).
     pub fn commit_index(&self, members: usize) -> u64 {
+        if let Some(c) = self.commit_index {
+            return c;
+        }
         if self.role == Some(Role::Leader) {
             if let Some(q) = quorum_index(members, &self.matched) {
                 return q;
@@ -87,15 +101,23 @@ impl NodeSample {
         self.last_applied_index.unwrap_or(0)
     }
 
-    /// The form the cluster view takes.
+    /// The form the cluster view takes. The hash compared across replicas is the newest
+    /// checkpoint's; a status without one but with a hash taken on demand (`state_hash` not
+    /// 0) gives the hash at the applied index.
     pub fn view_status(&self, members: usize) -> NodeStatus {
+        let (state_hash, hash_index) = match (self.checkpoint, self.last_applied_index) {
+            (Some((index, hash)), _) => (Some(hash), Some(index)),
+            (None, Some(_)) if self.state_hash != 0 => (Some(self.state_hash), None),
+            _ => (None, None),
+        };
         NodeStatus {
             id: self.id,
             role: self.role.unwrap_or(Role::Unknown),
             term: self.term,
             commit_index: self.commit_index(members),
             applied_index: self.last_applied_index.unwrap_or(0),
-            state_hash: self.last_applied_index.map(|_| self.state_hash),
+            state_hash,
+            hash_index,
         }
     }
 }
@@ -164,6 +186,9 @@ struct PendingEntry {
     committed_ns: Option<u64>,
 }
 
+/// Journal appends remembered to time t2→t3 legs, at most (the journal's own ring is as long).
+pub const APPENDS_KEPT_MAX: usize = 1_024;
+
 /// One node's exported figures. Owned by the task that polls the node.
 pub struct NodeMetrics {
     monitor: Arc<Monitor>,
@@ -186,6 +211,12 @@ pub struct NodeMetrics {
     snapshot_bytes_total: Counter,
     snapshot_bytes: Gauge,
     snapshot_write: Histogram,
+    snapshot_build: Histogram,
+    /// Snapshot builds seen so far and their summed time, for the dashboard's "last build".
+    snapshot_builds_seen: (u64, u64),
+    batcher_queue: Gauge,
+    /// Recent journal appends (first index, last index, completed at), oldest first.
+    appends: VecDeque<(u64, u64, Instant)>,
     recorder: StageRecorder,
     pending: VecDeque<PendingEntry>,
     appends_seen_to: u64,
@@ -306,6 +337,19 @@ impl NodeMetrics {
                 "Time to write, fsync and rename one snapshot file.",
                 &l,
             ),
+            snapshot_build: r.histogram(
+                names::SNAPSHOT_BUILD_SECONDS,
+                "Time to build one snapshot's bytes (state encoding, hash, framing), before \
+                 it is written.",
+                &l,
+            ),
+            snapshot_builds_seen: (0, 0),
+            batcher_queue: r.gauge(
+                names::QUEUE_DEPTH,
+                "Entries waiting in a queue between threads.",
+                &[("queue", "batcher")],
+            ),
+            appends: VecDeque::with_capacity(APPENDS_KEPT_MAX),
             recorder: monitor.probes().recorder(),
             pending: VecDeque::with_capacity(PENDING_ENTRIES_MAX),
             appends_seen_to: 0,
@@ -422,6 +466,51 @@ impl NodeMetrics {
             .mirror(s.write.buckets, s.write.sum_ns, s.write.count);
     }
 
+    /// Client requests waiting for the node's batcher now.
+    pub fn observe_batcher_queue(&self, depth: u64) {
+        self.batcher_queue.set(depth.min(i64::MAX as u64) as i64);
+    }
+
+    /// Mirrors the state machine's snapshot build times (time to make the bytes, not to
+    /// write them) and shows the newest builds on the dashboard.
+    pub fn observe_snapshot_builds(&mut self, r: &BucketReading) {
+        self.snapshot_build.mirror(r.buckets, r.sum_ns, r.count);
+        let (count, sum) = self.snapshot_builds_seen;
+        if r.count > count {
+            let last_ns = r.sum_ns.saturating_sub(sum) / (r.count - count);
+            let mean_ns = r.sum_ns / r.count;
+            self.monitor.set_figure(
+                "snapshot build",
+                format!(
+                    "last {:.1} ms, mean {:.1} ms over {} builds",
+                    last_ns as f64 / 1e6,
+                    mean_ns as f64 / 1e6,
+                    r.count
+                ),
+            );
+            self.snapshot_builds_seen = (r.count, r.sum_ns);
+        }
+    }
+
+    /// Records the t2→t3 leg (kind `entry`, stage `appended`) of sampled requests: each is
+    /// (log index of its batch, when it was handed to the batcher); t3 is the journal append
+    /// that holds the index, from the appends [`NodeMetrics::on_progress`] has seen. A
+    /// request whose append is no longer remembered is skipped.
+    pub fn on_handoffs(&mut self, handoffs: &[(u64, Instant)]) {
+        for &(index, queued_at) in handoffs {
+            let Some(&(_, _, at)) = self
+                .appends
+                .iter()
+                .rev()
+                .find(|(first, last, _)| (*first..=*last).contains(&index))
+            else {
+                continue;
+            };
+            let ns = clock::ns_of(at).saturating_sub(clock::ns_of(queued_at));
+            self.recorder.record_entry_leg(Stage::Appended, ns);
+        }
+    }
+
     /// Takes openraft's progress, seen at `now`, with the journal's recent appends (first
     /// index, last index, completed at; oldest first). Samples one append in `sample_every`
     /// and records its entry's legs once it is seen committed and applied.
@@ -429,11 +518,15 @@ impl NodeMetrics {
         if self.sample_every == 0 {
             return;
         }
-        for &(_, last, at) in appends {
+        for &(first, last, at) in appends {
             if last <= self.appends_seen_to {
                 continue;
             }
             self.appends_seen_to = last;
+            if self.appends.len() >= APPENDS_KEPT_MAX {
+                self.appends.pop_front();
+            }
+            self.appends.push_back((first, last, at));
             self.appends_counted += 1;
             if self.appends_counted % self.sample_every != 0 {
                 continue;
@@ -504,7 +597,85 @@ mod tests {
                 (3, Some(applied)),
             ],
             alarm: None,
+            checkpoint: None,
+            commit_index: None,
         }
+    }
+
+    #[test]
+    fn a_followers_reported_commit_index_and_checkpoint_reach_the_view() {
+        let m = Monitor::new(MonitorConfig::default());
+        let n = NodeMetrics::new(m.clone(), 1, &[1, 2, 3], "equities");
+        n.observe_peer(&NodeSample {
+            commit_index: Some(180),
+            checkpoint: Some((100, 0xfeed)),
+            state_hash: 0,
+            ..sample(2, Role::Follower, 150, 10)
+        });
+        let snap = m.cluster().snapshot(3_000, m.registry());
+        let v = snap.nodes.iter().find(|v| v.status.id == 2).unwrap();
+        assert_eq!(v.status.commit_index, 180);
+        assert_eq!(
+            v.lag_entries, 30,
+            "lag from the follower's own commit index"
+        );
+        assert_eq!(v.status.hash_index, Some(100));
+        assert_eq!(v.status.state_hash, Some(0xfeed));
+        // A brief status with no checkpoint yet offers no hash to compare.
+        let bare = NodeSample {
+            state_hash: 0,
+            ..sample(3, Role::Follower, 150, 10)
+        };
+        assert_eq!(bare.view_status(3).state_hash, None);
+    }
+
+    #[test]
+    fn t2_to_t3_legs_come_from_handoffs_matched_with_appends() {
+        let m = Monitor::new(MonitorConfig {
+            sample_every: 1,
+            ..MonitorConfig::default()
+        });
+        let mut n = NodeMetrics::new(m.clone(), 1, &[1, 2, 3], "equities");
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let appends = [(1, 4, t0 + ms(2)), (5, 9, t0 + ms(5))];
+        n.on_progress(t0 + ms(6), Progress::default(), &appends);
+        // Batch 7 was queued at t0 + 1 ms, batch 3 at t0; index 50 was never seen appended.
+        n.on_handoffs(&[(7, t0 + ms(1)), (3, t0), (50, t0)]);
+        n.recorder.flush();
+        let stats = m.probes().take_interval();
+        let leg = stats.by_kind_leg
+            [crate::probe::KIND_ENTRY * crate::probe::LEGS + Stage::Appended as usize]
+            .expect("t2->t3 legs");
+        assert_eq!(leg.count, 2);
+        assert!((1_980_000..=2_020_000).contains(&leg.p50), "{leg:?}");
+        assert!((3_960_000..=4_040_000).contains(&leg.max), "{leg:?}");
+    }
+
+    #[test]
+    fn snapshot_build_times_are_mirrored_and_shown() {
+        let m = Monitor::new(MonitorConfig::default());
+        let mut n = NodeMetrics::new(m.clone(), 3, &[1, 2, 3], "equities");
+        let mut buckets = vec![0u64; crate::metrics::LATENCY_BUCKETS_NS.len() + 1];
+        buckets[10] = 2;
+        n.observe_snapshot_builds(&BucketReading {
+            buckets: &buckets,
+            sum_ns: 6_000_000,
+            count: 2,
+        });
+        n.observe_batcher_queue(17);
+        let text = m.render_metrics();
+        assert!(
+            text.contains("bourse_snapshot_build_seconds_count{node=\"3\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("bourse_queue_depth{queue=\"batcher\"} 17\n"),
+            "{text}"
+        );
+        let figures = m.figures();
+        assert_eq!(figures[0].0, "snapshot build");
+        assert!(figures[0].1.contains("last 3.0 ms"), "{figures:?}");
     }
 
     #[test]

@@ -256,19 +256,29 @@ impl StageRecorder {
     }
 
     /// Whether the next command is sampled: true once every `sample_every` calls. Call it once
-    /// per command and stamp a [`Trace`] only when it says yes.
+    /// per command and stamp a [`Trace`] only when it says yes (no clock read otherwise).
+    ///
+    /// The common case is one compare and one decrement of a field; everything else (re-arming,
+    /// sampling off) is on a cold path.
     #[inline]
     pub fn sample(&mut self) -> bool {
-        if self.sample_every == 0 {
+        if self.countdown > 1 {
+            self.countdown -= 1;
             return false;
         }
-        self.countdown -= 1;
-        if self.countdown == 0 {
-            self.countdown = self.sample_every;
-            true
-        } else {
-            false
+        self.rearm()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn rearm(&mut self) -> bool {
+        if self.sample_every == 0 {
+            // Off: the countdown runs for a long time before it comes back here.
+            self.countdown = u32::MAX;
+            return false;
         }
+        self.countdown = self.sample_every;
+        true
     }
 
     /// Records every leg of a sampled trace.
@@ -556,8 +566,11 @@ mod tests {
     fn sampling_takes_one_in_n() {
         let hub = ProbeHub::new(4, 1);
         let mut r = hub.recorder();
-        let n = (0..100).filter(|_| r.sample()).count();
-        assert_eq!(n, 25);
+        let picks: Vec<usize> = (0..100).filter(|_| r.sample()).collect();
+        assert_eq!(picks.len(), 25);
+        assert_eq!(&picks[..3], &[3, 7, 11], "every 4th call");
+        let mut every = ProbeHub::new(1, 1).recorder();
+        assert!((0..10).all(|_| every.sample()));
         let mut off = StageRecorder::disabled();
         assert!(!(0..100).any(|_| off.sample()));
     }
