@@ -212,6 +212,109 @@ struct Core {
     /// The UDP base port of the core's market data (cluster backend with market data).
     md_base_port: Option<u16>,
     md_counter: Option<MdCounter>,
+    /// The gateways' links to this core, whose legs the report's stage table shows.
+    links: Vec<bourse_gateway::cluster_link::ClusterLinkWatch>,
+    /// Each replica's journal directory and its fsync figures when the setup was done.
+    journals: Vec<(PathBuf, bourse_journal::stats::HistogramReading)>,
+    /// The legs of every entry the core applied since the setup.
+    spread: Option<Arc<Mutex<EntryLegs>>>,
+}
+
+use bourse_gateway::cluster_link::LegTimes;
+
+/// Entries the replica-spread timer remembers while waiting for the other replicas.
+const SPREAD_ENTRIES_MAX: usize = 65_536;
+
+/// What [`time_entries`] measures of each entry a core applies.
+#[derive(Clone, Default)]
+struct EntryLegs {
+    /// From the first replica's journal append of the entry (the leader's) to the second's
+    /// (a quorum holds it): sending it to a follower, its append and fsync.
+    quorum_append: LegTimes,
+    /// From that second append to the first replica applying the entry: the follower's
+    /// answer, the commit, the apply.
+    commit_apply: LegTimes,
+    /// How much later the last replica applied the entry than the first.
+    apply_spread: LegTimes,
+}
+
+/// Appends remembered per replica while their entries are awaited.
+const APPENDS_KEPT: usize = 8_192;
+
+/// Times every entry a core applies, from the replicas' journals' append rings (when each
+/// append, fsync included, completed) and their committed streams (when each replica
+/// applied it), all on this process's one clock: one task per replica's stream stamps each
+/// entry as it arrives, this one pairs the stamps. Ends when the streams end.
+async fn time_entries(
+    subs: Vec<bourse_cluster::Subscription>,
+    journal_dirs: Vec<PathBuf>,
+    out: Arc<Mutex<EntryLegs>>,
+) {
+    use std::collections::BTreeMap;
+    let replicas = subs.len() as u8;
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, Instant)>(SPREAD_ENTRIES_MAX);
+    for mut sub in subs {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while let Ok(entry) = sub.recv().await {
+                if tx.send((entry.index, Instant::now())).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    drop(tx);
+    let mut journals: Vec<Option<Arc<bourse_journal::JournalStats>>> =
+        journal_dirs.iter().map(|_| None).collect();
+    // Per replica: last index of an append -> (its first index, completed at).
+    let mut appends: Vec<BTreeMap<u64, (u64, Instant)>> =
+        journal_dirs.iter().map(|_| BTreeMap::new()).collect();
+    let mut seen: BTreeMap<u64, (Instant, u8)> = BTreeMap::new();
+    while let Some((index, at)) = rx.recv().await {
+        let e = seen.entry(index).or_insert((at, 0));
+        e.1 += 1;
+        let count = e.1;
+        if count == 1 {
+            // The first apply: a quorum has appended the entry by now.
+            let mut times = Vec::new();
+            for (n, dir) in journal_dirs.iter().enumerate() {
+                if journals[n].is_none() {
+                    journals[n] = bourse_journal::journal_stats_for(dir);
+                }
+                let Some(j) = &journals[n] else { continue };
+                let after = appends[n].keys().next_back().copied();
+                for (first, last, done) in j.append_times_after(after) {
+                    appends[n].insert(last, (first, done));
+                }
+                while appends[n].len() > APPENDS_KEPT {
+                    appends[n].pop_first();
+                }
+                if let Some((_, &(first, done))) = appends[n].range(index..).next() {
+                    if first <= index {
+                        times.push(done);
+                    }
+                }
+            }
+            times.sort();
+            if times.len() >= 2 {
+                let mut o = out.lock().expect("entry legs lock");
+                o.quorum_append
+                    .observe(times[1].saturating_duration_since(times[0]).as_nanos() as u64);
+                o.commit_apply
+                    .observe(at.saturating_duration_since(times[1]).as_nanos() as u64);
+            }
+        }
+        if count == replicas {
+            let first = seen.remove(&index).map_or(at, |e| e.0);
+            out.lock()
+                .expect("entry legs lock")
+                .apply_spread
+                .observe(at.saturating_duration_since(first).as_nanos() as u64);
+        }
+        while seen.len() > SPREAD_ENTRIES_MAX {
+            seen.pop_first();
+        }
+    }
 }
 
 /// The whole local venue.
@@ -275,7 +378,9 @@ async fn watch_core(
                     continue;
                 }
                 for (_, addr) in &addrs {
-                    let status = bourse_cluster::client::node_status(
+                    // The brief status: it never hashes the state, so a poll does not stall
+                    // the core; the dashboard compares the replicas' checkpoints instead.
+                    let status = bourse_cluster::client::node_status_brief(
                         *addr,
                         Duration::from_millis(WATCH_PERIOD_MS * 2),
                     )
@@ -398,6 +503,9 @@ impl LocalDeployment {
                         setup_ms: 0,
                         md_base_port: None,
                         md_counter: None,
+                        links: Vec::new(),
+                        journals: Vec::new(),
+                        spread: None,
                     }
                 }
                 Backend::Cluster => self.start_cluster(spec, index, m, first_order_id)?,
@@ -449,6 +557,18 @@ impl LocalDeployment {
         config.first_order_id = first_order_id;
         // Snapshots of a big core are large; take them rarely in a run of minutes.
         config.snapshot_every_entries = 200_000;
+        let md_base_port = if spec.market_data {
+            Some(free_port_block(40)?)
+        } else {
+            None
+        };
+        let md_section = md_base_port.map(|base| bourse_cluster::marketdata::MarketDataSection {
+            base_port: base,
+            ..Default::default()
+        });
+        // The section goes into the nodes' config too: the replicated state then keeps the
+        // feed's numbering (in its snapshots), so a node restored from a snapshot can publish.
+        config.marketdata = md_section.clone();
         let rt = self.runtime.as_ref().expect("runtime");
         let mut nodes = Vec::new();
         for n in &config.nodes {
@@ -473,20 +593,11 @@ impl LocalDeployment {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let md_base_port = if spec.market_data {
-            Some(free_port_block(40)?)
-        } else {
-            None
-        };
         let mut feeds = Vec::new();
-        if let Some(base) = md_base_port {
-            let section = bourse_cluster::marketdata::MarketDataSection {
-                base_port: base,
-                ..Default::default()
-            };
+        if let Some(section) = &md_section {
             for node in &nodes {
                 feeds.push(
-                    bourse_cluster::marketdata::MarketDataService::start(node, &section)
+                    bourse_cluster::marketdata::MarketDataService::start(node, section)
                         .map_err(|e| anyhow!("core {} market data: {e}", m.name))?,
                 );
             }
@@ -502,6 +613,33 @@ impl LocalDeployment {
                 .with_state(|s| *s.engine().counters())
                 .await
         });
+        // The stage figures count from here: the journals' fsyncs so far were the setup's.
+        let journals: Vec<(PathBuf, bourse_journal::stats::HistogramReading)> = nodes
+            .iter()
+            .map(|n| {
+                let dir = config.node_dir(n.id()).join("journal");
+                let base = bourse_journal::journal_stats_for(&dir)
+                    .map(|j| j.snapshot().fsync)
+                    .unwrap_or_default();
+                (dir, base)
+            })
+            .collect();
+        let spread = {
+            let from = rt
+                .block_on(nodes[0].status())
+                .last_applied_index
+                .map_or(0, |i| i + 1);
+            let subs: Vec<_> = nodes
+                .iter()
+                .filter_map(|n| n.subscribe(from).ok())
+                .collect();
+            (subs.len() == nodes.len()).then(|| {
+                let out = Arc::new(Mutex::new(EntryLegs::default()));
+                let dirs = journals.iter().map(|(d, _)| d.clone()).collect();
+                rt.spawn(time_entries(subs, dirs, Arc::clone(&out)));
+                out
+            })
+        };
         if let Some(monitor) = &spec.monitor {
             // The dashboard's trading figures come from what the core committed, as a node's
             // own dashboard counts them; the cluster view shows the first core's group.
@@ -530,6 +668,9 @@ impl LocalDeployment {
             setup_ms: 0,
             md_base_port,
             md_counter,
+            links: Vec::new(),
+            journals,
+            spread,
         })
     }
 
@@ -631,7 +772,7 @@ impl LocalDeployment {
             }
             config.validate().map_err(|e| anyhow!("gateway {g}: {e}"))?;
             let mut links: Vec<Box<dyn CoreLink>> = Vec::new();
-            for core in &self.cores {
+            for core in &mut self.cores {
                 let inner: Box<dyn CoreLink> = match &core.run {
                     CoreRun::Engine(engine) => {
                         let engine = Arc::clone(engine);
@@ -643,7 +784,10 @@ impl LocalDeployment {
                         ))
                     }
                     CoreRun::Cluster { nodes, .. } => {
-                        cluster_link(nodes, 1 + g as u64, config.gateway.core_queue_depth)?
+                        let (link, watch) =
+                            cluster_link(nodes, 1 + g as u64, config.gateway.core_queue_depth)?;
+                        core.links.push(watch);
+                        link
                     }
                 };
                 links.push(Box::new(CountingLink {
@@ -735,7 +879,18 @@ impl LocalDeployment {
                         let h = n.state_machine().with_state(|s| s.state_hash()).await;
                         hashes.push(format!("{h:016x}"));
                     }
-                    let (c, live, hash) = nodes[0]
+                    // The counts of the replica that applied the most: if the replicas did not
+                    // converge in time (an overloaded run), a lagging follower's counts would
+                    // understate what the core did (the hashes above still tell).
+                    let mut most = 0;
+                    let mut most_applied = None;
+                    for (i, n) in nodes.iter().enumerate() {
+                        let applied = n.status().await.last_applied_index;
+                        if applied > most_applied {
+                            (most, most_applied) = (i, applied);
+                        }
+                    }
+                    let (c, live, hash) = nodes[most]
                         .state_machine()
                         .with_state(|s| {
                             (
@@ -769,6 +924,7 @@ impl LocalDeployment {
                     .as_ref()
                     .map(|m| m.settle(c.trades - b.trades)),
                 replica_hashes: replicas,
+                stage_figures: stage_figures(core),
             });
         }
         Ok(out)
@@ -868,6 +1024,112 @@ impl Deployment for LocalDeployment {
     }
 }
 
+/// A leg's figures as the report's latency row.
+fn latency_of(p: Option<bourse_monitor::probe::Percentiles>) -> bourse_loadgen::results::Latency {
+    p.map_or_else(Default::default, |p| bourse_loadgen::results::Latency {
+        count: p.count,
+        mean: p.mean,
+        p50: p.p50,
+        p90: p.p90,
+        p99: p.p99,
+        p999: p.p999,
+        max: p.max,
+    })
+}
+
+/// What the deployment timed of one core's path over the run (see
+/// `bourse_loadgen::CoreTotals::stage_figures`).
+fn stage_figures(core: &Core) -> Vec<bourse_loadgen::StageFigure> {
+    let mut out = Vec::new();
+    if core.links.is_empty() {
+        return out;
+    }
+    let mut legs = bourse_gateway::cluster_link::LinkLegs::default();
+    for w in &core.links {
+        let l = w.status().legs;
+        legs.answered.add(&l.answered);
+        legs.streamed_after_answer.add(&l.streamed_after_answer);
+        legs.round_trip.add(&l.round_trip);
+    }
+    let mut push = |name: &str, what: &str, latency| {
+        out.push(bourse_loadgen::StageFigure {
+            name: name.into(),
+            what: what.into(),
+            latency,
+        })
+    };
+    push(
+        "link_round_trip",
+        "a gateway's link: command taken to its outputs handed to the gateway",
+        latency_of(legs.round_trip.percentiles()),
+    );
+    push(
+        "group_answer",
+        "a gateway's link: command taken to the replica group's answer",
+        latency_of(legs.answered.percentiles()),
+    );
+    push(
+        "stream_after_answer",
+        "a gateway's link: the group's answer to the entry on the committed stream",
+        latency_of(legs.streamed_after_answer.percentiles()),
+    );
+    // The journals' fsyncs since the setup, over every replica.
+    let bounds = bourse_journal::FSYNC_BUCKETS_NS;
+    let mut buckets = vec![0u64; bounds.len() + 1];
+    let (mut sum_ns, mut count) = (0u64, 0u64);
+    for (dir, base) in &core.journals {
+        let Some(now) = bourse_journal::journal_stats_for(dir).map(|j| j.snapshot().fsync) else {
+            continue;
+        };
+        for (i, b) in buckets.iter_mut().enumerate() {
+            let at = |r: &bourse_journal::stats::HistogramReading| r.buckets.get(i).copied();
+            *b += at(&now).unwrap_or(0).saturating_sub(at(base).unwrap_or(0));
+        }
+        sum_ns += now.sum_ns.saturating_sub(base.sum_ns);
+        count += now.count.saturating_sub(base.count);
+    }
+    if count > 0 {
+        let mut all: Vec<u64> = bounds.to_vec();
+        all.push(bounds[bounds.len() - 1]);
+        let cumulative: Vec<u64> = buckets
+            .iter()
+            .scan(0u64, |acc, c| {
+                *acc += c;
+                Some(*acc)
+            })
+            .collect();
+        push(
+            "journal_fsync",
+            "one fsync of a replica's journal",
+            latency_of(bourse_monitor::ltp::percentiles_from_buckets(
+                &all,
+                &cumulative,
+                sum_ns,
+                count,
+            )),
+        );
+    }
+    if let Some(legs) = &core.spread {
+        let t = legs.lock().expect("entry legs lock").clone();
+        push(
+            "quorum_append",
+            "an entry's first journal append (the leader's) to its second (a quorum holds it)",
+            latency_of(t.quorum_append.percentiles()),
+        );
+        push(
+            "commit_apply",
+            "an entry's second journal append to the first replica applying it",
+            latency_of(t.commit_apply.percentiles()),
+        );
+        push(
+            "replica_apply_spread",
+            "how much later the last replica applied an entry than the first",
+            latency_of(t.apply_spread.percentiles()),
+        );
+    }
+    out
+}
+
 /// Waits (bounded) until every replica has applied the same last entry, which is the
 /// leader's last one once nothing more is being submitted.
 async fn converge(nodes: &[Node]) {
@@ -945,12 +1207,20 @@ async fn apply_setup(
 
 /// The gateway's link to a replicated core: a `ClusterLink` (pipelined submissions, every
 /// output from the group's committed stream) under the gateway's own client id.
-fn cluster_link(nodes: &[Node], client_id: u64, queue_depth: usize) -> Result<Box<dyn CoreLink>> {
+fn cluster_link(
+    nodes: &[Node],
+    client_id: u64,
+    queue_depth: usize,
+) -> Result<(
+    Box<dyn CoreLink>,
+    bourse_gateway::cluster_link::ClusterLinkWatch,
+)> {
     let config = bourse_gateway::ClusterLinkConfig::new(
         nodes.iter().map(|n| n.addr).collect(),
         client_id,
         queue_depth,
     );
     let link = bourse_gateway::ClusterLink::start(config).map_err(|e| anyhow!(e))?;
-    Ok(Box::new(link))
+    let watch = link.watch();
+    Ok((Box::new(link), watch))
 }

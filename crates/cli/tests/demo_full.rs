@@ -166,4 +166,46 @@ fn the_demo_runs_the_replicated_venue_and_its_report_cross_checks() {
         r["totals"]["trades"].as_u64().unwrap() > 0,
         "the demo trades"
     );
+    // The deployment timed its own path: every command the gateway forwarded to a core went
+    // through that core's link, and every entry the core applied was timed on its replicas.
+    for core in r["cores"].as_array().unwrap() {
+        let figure = |name: &str| {
+            core["stage_figures"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|f| f["name"] == name)
+                .unwrap_or_else(|| panic!("no {name} in {core}"))["latency"]
+                .clone()
+        };
+        let forwarded =
+            core["commands_forwarded"].as_u64().unwrap() + core["commands_other"].as_u64().unwrap();
+        assert_eq!(
+            figure("link_round_trip")["count"].as_u64(),
+            Some(forwarded),
+            "{core}"
+        );
+        assert_eq!(
+            figure("group_answer")["count"].as_u64(),
+            Some(forwarded),
+            "{core}"
+        );
+        for leg in ["journal_fsync", "quorum_append", "replica_apply_spread"] {
+            assert!(figure(leg)["count"].as_u64().unwrap() > 0, "{leg}: {core}");
+        }
+    }
+    let stages: Vec<&str> = r["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["mean_ns"].is_number())
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        stages
+            .iter()
+            .any(|s| s.starts_with("sequencing / replication")),
+        "{stages:?}"
+    );
+    assert!(r["replication_lag"]["count"].as_u64().unwrap() > 0);
 }

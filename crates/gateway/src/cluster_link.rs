@@ -69,6 +69,10 @@ pub struct ClusterLinkConfig {
     pub window: usize,
     /// How long `start` may take to find the group.
     pub start_timeout_ms: u64,
+    /// Where the committed stream starts: the index after the last one a previous run of the
+    /// gateway handled (its saved order state, `crate::recovery`), so that what the core did
+    /// while the gateway was away is reported; none: after the leader's last applied index.
+    pub from_index: Option<u64>,
 }
 
 impl ClusterLinkConfig {
@@ -79,6 +83,7 @@ impl ClusterLinkConfig {
             queue_depth,
             window: bourse_cluster::client::PIPELINE_WINDOW_DEFAULT,
             start_timeout_ms: 10_000,
+            from_index: None,
         }
     }
 }
@@ -94,14 +99,115 @@ pub struct ClusterLinkStatus {
     pub resubscriptions: u64,
     /// Why the link stopped, if it did (the gateway then gets `Closed`).
     pub stopped: Option<String>,
+    /// The legs of this link's own requests (see [`LinkLegs`]).
+    pub legs: LinkLegs,
+}
+
+/// Where this link's own requests spend their time, each leg over
+/// `bourse_monitor::metrics::LATENCY_BUCKETS_NS`, timed on the link's thread:
+///
+/// - `answered`: from the link taking the command off the gateway's queue to the group's
+///   answer (the client connection to the leader, its batcher, the journal appends and
+///   fsyncs, the quorum, the apply, the answer back);
+/// - `streamed_after_answer`: from that answer to the request's entry arriving on the
+///   committed stream the outputs come from (what reporting from the stream costs beyond the
+///   answer);
+/// - `round_trip`: from taking the command to handing its outputs to the gateway.
+///
+/// A request streamed before its answer arrived counts 0 in `streamed_after_answer`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LinkLegs {
+    pub answered: LegTimes,
+    pub streamed_after_answer: LegTimes,
+    pub round_trip: LegTimes,
+}
+
+/// One leg's observations: count, sum and maximum, and counts per bucket of
+/// `bourse_monitor::metrics::LATENCY_BUCKETS_NS` (then one for the ones above the last bound).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LegTimes {
+    pub count: u64,
+    pub sum_ns: u64,
+    pub max_ns: u64,
+    pub buckets: Vec<u64>,
+}
+
+impl LegTimes {
+    pub fn observe(&mut self, ns: u64) {
+        let bounds = bourse_monitor::metrics::LATENCY_BUCKETS_NS;
+        if self.buckets.len() != bounds.len() + 1 {
+            self.buckets = vec![0; bounds.len() + 1];
+        }
+        let i = bounds.partition_point(|&b| b < ns);
+        self.buckets[i] += 1;
+        self.count += 1;
+        self.sum_ns = self.sum_ns.saturating_add(ns);
+        self.max_ns = self.max_ns.max(ns);
+    }
+
+    /// Adds another link's observations (the legs of several links into one figure).
+    pub fn add(&mut self, other: &LegTimes) {
+        if other.count == 0 {
+            return;
+        }
+        if self.buckets.len() != other.buckets.len() {
+            self.buckets = vec![0; other.buckets.len()];
+        }
+        for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
+            *a += b;
+        }
+        self.count += other.count;
+        self.sum_ns = self.sum_ns.saturating_add(other.sum_ns);
+        self.max_ns = self.max_ns.max(other.max_ns);
+    }
+
+    /// Mean (exact) and percentiles (interpolated inside a bucket), `None` when empty.
+    pub fn percentiles(&self) -> Option<bourse_monitor::probe::Percentiles> {
+        let bounds = bourse_monitor::metrics::LATENCY_BUCKETS_NS;
+        if self.count == 0 || self.buckets.len() != bounds.len() + 1 {
+            return None;
+        }
+        let mut all: Vec<u64> = bounds.to_vec();
+        all.push(self.max_ns.max(bounds[bounds.len() - 1]));
+        let cumulative: Vec<u64> = self
+            .buckets
+            .iter()
+            .scan(0u64, |acc, c| {
+                *acc += c;
+                Some(*acc)
+            })
+            .collect();
+        let mut p = bourse_monitor::ltp::percentiles_from_buckets(
+            &all,
+            &cumulative,
+            self.sum_ns,
+            self.count,
+        )?;
+        // Interpolation inside the top bucket may pass the largest value seen.
+        p.max = self.max_ns;
+        for q in [&mut p.p50, &mut p.p90, &mut p.p99, &mut p.p999] {
+            *q = (*q).min(self.max_ns);
+        }
+        Some(p)
+    }
 }
 
 type Notify = Arc<Mutex<Option<Arc<dyn Fn() + Send + Sync>>>>;
 
+/// What the worker queues for the gateway: outputs, and after the outputs of each log entry a
+/// marker with its index, so that the link knows exactly which entries the gateway has taken
+/// whole (the position a restarted gateway resumes the stream from).
+enum Item {
+    Output(CoreOutput),
+    Handled(u64),
+}
+
 /// A replicated core behind the gateway. See the module documentation.
 pub struct ClusterLink {
     commands: Option<mpsc::Sender<(RequestKey, Command)>>,
-    outputs: Receiver<CoreOutput>,
+    outputs: Receiver<Item>,
+    /// The last log index whose outputs the gateway has taken, all of them (see [`Item`]).
+    taken_index: Option<u64>,
     notify: Notify,
     status: Arc<Mutex<ClusterLinkStatus>>,
     stop: watch::Sender<bool>,
@@ -140,7 +246,9 @@ async fn find_start(config: &ClusterLinkConfig) -> Result<Start, String> {
             };
             return Ok(Start {
                 first_seq: last_seq + 1,
-                from_index: status.last_applied_index.map_or(0, |i| i + 1),
+                from_index: config
+                    .from_index
+                    .unwrap_or_else(|| status.last_applied_index.map_or(0, |i| i + 1)),
             });
         }
         tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)).await;
@@ -178,6 +286,8 @@ impl ClusterLink {
             nodes: config.nodes.clone(),
             client_id: config.client_id,
             keys: BTreeMap::new(),
+            times: BTreeMap::new(),
+            legs: LinkLegs::default(),
             outputs: output_tx,
             notify: notify.clone(),
             status: status.clone(),
@@ -194,6 +304,7 @@ impl ClusterLink {
         Ok(ClusterLink {
             commands: Some(command_tx),
             outputs,
+            taken_index: start.from_index.checked_sub(1),
             notify,
             status,
             stop,
@@ -204,6 +315,21 @@ impl ClusterLink {
     /// The link's progress and state.
     pub fn status(&self) -> ClusterLinkStatus {
         self.status.lock().expect("status lock").clone()
+    }
+
+    /// A handle that reads the link's status after the link was handed to a gateway.
+    pub fn watch(&self) -> ClusterLinkWatch {
+        ClusterLinkWatch(self.status.clone())
+    }
+}
+
+/// Reads a [`ClusterLink`]'s status from elsewhere (see [`ClusterLink::watch`]).
+#[derive(Clone)]
+pub struct ClusterLinkWatch(Arc<Mutex<ClusterLinkStatus>>);
+
+impl ClusterLinkWatch {
+    pub fn status(&self) -> ClusterLinkStatus {
+        self.0.lock().expect("status lock").clone()
     }
 }
 
@@ -220,7 +346,16 @@ impl CoreLink for ClusterLink {
     }
 
     fn try_recv(&mut self) -> Option<CoreOutput> {
-        self.outputs.try_recv().ok()
+        loop {
+            match self.outputs.try_recv().ok()? {
+                Item::Output(out) => return Some(out),
+                Item::Handled(index) => self.taken_index = Some(index),
+            }
+        }
+    }
+
+    fn stream_position(&self) -> Option<u64> {
+        self.taken_index
     }
 
     fn set_notify(&mut self, notify: Arc<dyn Fn() + Send + Sync>) {
@@ -241,12 +376,28 @@ impl Drop for ClusterLink {
     }
 }
 
+/// The times of one of this link's requests (see [`LinkLegs`]).
+struct RequestTimes {
+    taken: Instant,
+    answered: Option<Instant>,
+    streamed: Option<Instant>,
+}
+
+/// Requests whose times are kept at most: one answered and never streamed (a stream that
+/// failed over past it) must not be remembered for ever.
+const REQUEST_TIMES_MAX: usize = 1 << 20;
+
 struct Worker {
     nodes: Vec<SocketAddr>,
     client_id: u64,
     /// The gateway's key of each of this link's requests not yet seen in the stream.
     keys: BTreeMap<u64, RequestKey>,
-    outputs: Sender<CoreOutput>,
+    /// When each of this link's requests was taken, answered and streamed, until it has been
+    /// both answered and streamed (or, for one never answered, streamed).
+    times: BTreeMap<u64, RequestTimes>,
+    /// The legs measured since the last entry, published to the status once per entry.
+    legs: LinkLegs,
+    outputs: Sender<Item>,
     notify: Notify,
     status: Arc<Mutex<ClusterLinkStatus>>,
     /// The first log index not yet handled.
@@ -299,6 +450,76 @@ enum End {
 }
 
 impl Worker {
+    fn ns(d: Duration) -> u64 {
+        d.as_nanos() as u64
+    }
+
+    fn on_taken(&mut self, seq: u64) {
+        if self.times.len() >= REQUEST_TIMES_MAX {
+            self.times.pop_first();
+        }
+        self.times.insert(
+            seq,
+            RequestTimes {
+                taken: Instant::now(),
+                answered: None,
+                streamed: None,
+            },
+        );
+    }
+
+    /// Adds the legs measured since the last call to the status.
+    fn publish_legs(&mut self) {
+        if self.legs.round_trip.count + self.legs.answered.count == 0 {
+            return;
+        }
+        let legs = std::mem::take(&mut self.legs);
+        let mut status = self.status.lock().expect("status lock");
+        status.legs.answered.add(&legs.answered);
+        status
+            .legs
+            .streamed_after_answer
+            .add(&legs.streamed_after_answer);
+        status.legs.round_trip.add(&legs.round_trip);
+    }
+
+    fn on_answered(&mut self, seq: u64) {
+        let now = Instant::now();
+        let Some(t) = self.times.get_mut(&seq) else {
+            return;
+        };
+        self.legs
+            .answered
+            .observe(Self::ns(now.saturating_duration_since(t.taken)));
+        match t.streamed {
+            // Streamed first: the stream cost nothing beyond the answer.
+            Some(_) => {
+                self.legs.streamed_after_answer.observe(0);
+                self.times.remove(&seq);
+            }
+            None => t.answered = Some(now),
+        }
+    }
+
+    fn on_streamed(&mut self, seq: u64) {
+        let now = Instant::now();
+        let Some(t) = self.times.get_mut(&seq) else {
+            return;
+        };
+        self.legs
+            .round_trip
+            .observe(Self::ns(now.saturating_duration_since(t.taken)));
+        match t.answered {
+            Some(a) => {
+                self.legs
+                    .streamed_after_answer
+                    .observe(Self::ns(now.saturating_duration_since(a)));
+                self.times.remove(&seq);
+            }
+            None => t.streamed = Some(now),
+        }
+    }
+
     fn wake(&self) {
         let f = self.notify.lock().ok().and_then(|g| g.clone());
         if let Some(f) = f {
@@ -308,7 +529,11 @@ impl Worker {
 
     /// Hands one output to the gateway, waiting (without blocking the runtime) while its
     /// queue is full.
-    async fn emit(&mut self, mut out: CoreOutput) -> Result<(), End> {
+    async fn emit(&mut self, out: CoreOutput) -> Result<(), End> {
+        self.emit_item(Item::Output(out)).await
+    }
+
+    async fn emit_item(&mut self, mut out: Item) -> Result<(), End> {
         loop {
             match self.outputs.try_send(out) {
                 Ok(()) => return Ok(()),
@@ -329,6 +554,9 @@ impl Worker {
         debug_assert_eq!(entry.index, self.next_index);
         for r in &entry.requests {
             let own = r.client_id == self.client_id;
+            if own {
+                self.on_streamed(r.request_seq);
+            }
             let key = match r.kind {
                 OutcomeKind::Applied if own => self.keys.remove(&r.request_seq),
                 OutcomeKind::Applied => Some(FOREIGN_KEY),
@@ -366,8 +594,10 @@ impl Worker {
                 self.emit(CoreOutput::Done { key }).await?;
             }
         }
+        self.emit_item(Item::Handled(entry.index)).await?;
         self.next_index = entry.index + 1;
         self.status.lock().expect("status lock").last_index = Some(entry.index);
+        self.publish_legs();
         Ok(())
     }
 
@@ -446,20 +676,31 @@ impl Worker {
                     let Some((key, command)) = next else { return End::Stopped };
                     let seq = client.next_seq();
                     match client.try_submit(&command) {
-                        Ok(_) => { self.keys.insert(seq, key); }
+                        Ok(_) => {
+                            self.keys.insert(seq, key);
+                            self.on_taken(seq);
+                        }
                         Err(bourse_cluster::client::PipelineError::Full) => held = Some((key, command)),
                         Err(e) => return End::Failed(e.to_string()),
                     }
                 }
                 answer = client.next_answer() => {
                     match answer {
-                        Ok(a) => answered_max = answered_max.max(a.request_seq),
+                        Ok(a) => {
+                            answered_max = answered_max.max(a.request_seq);
+                            self.on_answered(a.request_seq);
+                            // An answer that follows its entry's report is the last word.
+                            self.publish_legs();
+                        }
                         Err(e) => return End::Failed(e.to_string()),
                     }
                     if let Some((key, command)) = held.take() {
                         let seq = client.next_seq();
                         match client.try_submit(&command) {
-                            Ok(_) => { self.keys.insert(seq, key); }
+                            Ok(_) => {
+                            self.keys.insert(seq, key);
+                            self.on_taken(seq);
+                        }
                             Err(bourse_cluster::client::PipelineError::Full) => held = Some((key, command)),
                             Err(e) => return End::Failed(e.to_string()),
                         }

@@ -367,6 +367,21 @@ fn two_links_trading_each_get_the_fills_of_their_own_resting_orders() {
             .count(),
         2
     );
+    // Each link timed each of its own requests once in every leg (an answer may trail the
+    // report by a moment), and another link's requests not at all.
+    for (link, own) in [(&a, n_setup as u64 + 2), (&b, 2)] {
+        let started = Instant::now();
+        while link.status().legs.answered.count < own {
+            assert!(started.elapsed() < LIMIT, "{:?}", link.status().legs);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let legs = link.status().legs;
+        assert_eq!(legs.answered.count, own);
+        assert_eq!(legs.round_trip.count, own);
+        assert_eq!(legs.streamed_after_answer.count, own);
+        let rt = legs.round_trip.percentiles().unwrap();
+        assert!(rt.p50 <= rt.p99 && rt.p99 <= rt.max && rt.max == legs.round_trip.max_ns);
+    }
     drop(a);
     drop(b);
     group.shutdown();

@@ -20,6 +20,13 @@
 //! does not say who was the aggressor). Reject reasons are not carried back (the generator
 //! only counts rejects).
 //!
+//! The sessions belong to the target's I/O thread: `submit` only queues the command (a full
+//! queue, [`SUBMIT_QUEUE_MAX`], is `Full`), so a gateway that reads slowly delays that
+//! thread's writes and never the generator's schedule or its taking of answers; the I/O
+//! thread stamps each report as it reads it. A mass cancel has the same scope on both
+//! protocols: the named account's orders in the named instrument (FIX carries the account in
+//! Account (1)).
+//!
 //! Limits: a worker holds at most [`SESSIONS_PER_WORKER_MAX`] sessions; orders that have
 //! left are remembered ([`GONE_ORDERS_KEPT`]) so that a late cancel of one still names it.
 
@@ -27,6 +34,7 @@ use crate::target::{Answer, SubmitError, Target, NOTIFY_TAG};
 use bourse_client::binary::BinTif;
 use bourse_client::{BinaryClient, FixClient, FixClientConfig, Response};
 use bourse_core::*;
+use bourse_fix::OutMessage;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -170,8 +178,8 @@ enum Conn {
     Fix(Box<FixClient>),
 }
 
-/// One worker's sessions on the gateways.
-pub struct GatewayTarget {
+/// One worker's sessions on the gateways, driven by the target's I/O thread.
+struct Sessions {
     sessions: Vec<Conn>,
     /// (market, account) to the session that may trade it.
     route: FxHashMap<(u16, u32), u32>,
@@ -233,9 +241,9 @@ fn order_log(action: OrderLogAction, id: OrderId, o: &OrderInfo) -> Event {
     })
 }
 
-impl GatewayTarget {
+impl Sessions {
     /// Opens (and logs on) every session of `plan`.
-    pub fn connect(plan: &WorkerPlan) -> Result<GatewayTarget, String> {
+    fn connect(plan: &WorkerPlan) -> Result<Sessions, String> {
         if plan.sessions.is_empty() || plan.sessions.len() > SESSIONS_PER_WORKER_MAX {
             return Err(format!(
                 "a worker needs 1 to {SESSIONS_PER_WORKER_MAX} sessions, not {}",
@@ -286,7 +294,7 @@ impl GatewayTarget {
                 instruments.insert(i.instrument, i.clone());
             }
         }
-        Ok(GatewayTarget {
+        Ok(Sessions {
             sessions,
             route,
             instruments,
@@ -486,11 +494,17 @@ impl GatewayTarget {
                     Conn::Binary(b) => b
                         .mass_cancel(tag, m.account.map(|a| a.0), m.instrument.map(|i| i.0))
                         .map_err(io)?,
-                    // FIX's mass cancel names no account: it cancels the session's orders in
-                    // the instrument.
+                    // The same scope on both protocols: the account's orders (the session's
+                    // when the command names none) in the instrument (in every instrument
+                    // when it names none). The SDK's `mass_cancel` names no account, so the
+                    // request is built here with Account (1), which the gateway honours.
                     Conn::Fix(f) => {
-                        f.mass_cancel(&tag.to_string(), symbol.as_deref())
-                            .map_err(io)?;
+                        f.send(fix_mass_cancel(
+                            &tag.to_string(),
+                            m.account,
+                            symbol.as_deref(),
+                        ))
+                        .map_err(io)?;
                     }
                 }
                 Ok(Request::MassCancel)
@@ -964,7 +978,7 @@ impl GatewayTarget {
     }
 
     /// Logs every session out (FIX) or terminates it (binary), without waiting long.
-    pub fn close(&mut self) {
+    fn close(&mut self) {
         for s in &mut self.sessions {
             match s {
                 Conn::Binary(b) => {
@@ -978,14 +992,13 @@ impl GatewayTarget {
     }
 }
 
-impl Target for GatewayTarget {
-    fn submit(&mut self, tag: u64, market: usize, command: Command) -> Result<(), SubmitError> {
+impl Sessions {
+    /// Sends one command on the session that may trade its account.
+    fn submit(&mut self, tag: u64, market: usize, command: Command) -> Result<(), String> {
         if market >= self.first_instrument.len() {
-            return Err(SubmitError::Closed(format!("no market {market}")));
+            return Err(format!("no market {market}"));
         }
-        let request = self
-            .send(tag, market, &command)
-            .map_err(SubmitError::Closed)?;
+        let request = self.send(tag, market, &command)?;
         self.pending.insert(
             tag,
             Pending {
@@ -996,28 +1009,229 @@ impl Target for GatewayTarget {
         );
         Ok(())
     }
+}
 
-    fn poll(&mut self, out: &mut Vec<Answer>, wait: Duration) -> Result<usize, SubmitError> {
-        let deadline = Instant::now() + wait;
-        loop {
-            let n = self.drain(out)?;
-            if n > 0 {
-                return Ok(n);
+impl Drop for Sessions {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Commands queued for the I/O thread at most; past it `submit` answers `Full` and the
+/// generator holds the command (its wait counts in its latency).
+pub const SUBMIT_QUEUE_MAX: usize = 65_536;
+/// Batches of answers queued for the generator at most (the I/O thread waits past it).
+const ANSWER_BATCHES_QUEUED_MAX: usize = 4_096;
+/// Commands the I/O thread sends before it reads the sessions again.
+const SENDS_PER_TURN_MAX: usize = 256;
+/// How long the I/O thread waits for a command when nothing was ready to read or send; the
+/// sessions are read again after it. It bounds the delay a report can sit unread.
+const IDLE_WAIT_US: u64 = 50;
+
+enum ToIo {
+    Submit {
+        tag: u64,
+        market: usize,
+        command: Command,
+    },
+    Close,
+}
+
+enum FromIo {
+    Answers(Vec<Answer>),
+    Failed(String),
+}
+
+/// One generator worker's sessions on the gateways.
+///
+/// `submit` never blocks: it queues the command for the target's I/O thread, which owns the
+/// sessions, writes each request and reads every report, stamping the time a report arrives.
+/// A gateway that reads slowly delays that thread's writes (TCP's own back pressure), never
+/// the generator's schedule: commands wait in the queue, their wait counts in their latency
+/// (measured from the scheduled send), and a full queue is `SubmitError::Full`. Meanwhile the
+/// generator keeps taking answers, so it never stops reading because it is writing.
+pub struct GatewayTarget {
+    to_io: crossbeam_channel::Sender<ToIo>,
+    from_io: Option<crossbeam_channel::Receiver<FromIo>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    failed: Option<String>,
+}
+
+impl GatewayTarget {
+    /// Opens (and logs on) every session of `plan` and starts the I/O thread.
+    pub fn connect(plan: &WorkerPlan) -> Result<GatewayTarget, String> {
+        let sessions = Sessions::connect(plan)?;
+        let (to_io, commands) = crossbeam_channel::bounded(SUBMIT_QUEUE_MAX);
+        let (answers, from_io) = crossbeam_channel::bounded(ANSWER_BATCHES_QUEUED_MAX);
+        let thread = std::thread::Builder::new()
+            .name("loadgen-io".into())
+            .spawn(move || io_loop(sessions, commands, answers))
+            .map_err(|e| format!("cannot start the I/O thread: {e}"))?;
+        Ok(GatewayTarget {
+            to_io,
+            from_io: Some(from_io),
+            thread: Some(thread),
+            failed: None,
+        })
+    }
+
+    /// Logs every session out (FIX) or terminates it (binary), without waiting long, and
+    /// ends the I/O thread.
+    pub fn close(&mut self) {
+        // Answers nobody will take must not keep the thread waiting.
+        self.from_io = None;
+        let _ = self.to_io.send(ToIo::Close);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    fn closed(&mut self) -> SubmitError {
+        SubmitError::Closed(
+            self.failed
+                .clone()
+                .unwrap_or_else(|| "the target's I/O thread has ended".into()),
+        )
+    }
+
+    fn take(&mut self, msg: FromIo, out: &mut Vec<Answer>) -> Result<usize, SubmitError> {
+        match msg {
+            FromIo::Answers(list) => {
+                let n = list.len();
+                out.extend(list);
+                Ok(n)
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(0);
-            }
-            // Nothing ready: wait a little without spinning a CPU the gateways and cores
-            // need (the machine may have two); short waits yield instead of sleeping.
-            let left = deadline - now;
-            if left > Duration::from_micros(200) {
-                std::thread::sleep(Duration::from_micros(50));
-            } else {
-                std::thread::yield_now();
+            FromIo::Failed(why) => {
+                self.failed = Some(why);
+                Err(self.closed())
             }
         }
     }
+}
+
+/// The I/O thread: sends what the generator queued, reads what the gateways answered.
+fn io_loop(
+    mut sessions: Sessions,
+    commands: crossbeam_channel::Receiver<ToIo>,
+    answers: crossbeam_channel::Sender<FromIo>,
+) {
+    use crossbeam_channel::{RecvTimeoutError, TryRecvError};
+    let mut next: Option<ToIo> = None;
+    let mut out: Vec<Answer> = Vec::new();
+    loop {
+        let mut busy = false;
+        for _ in 0..SENDS_PER_TURN_MAX {
+            let msg = match next.take() {
+                Some(m) => m,
+                None => match commands.try_recv() {
+                    Ok(m) => m,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return,
+                },
+            };
+            match msg {
+                ToIo::Submit {
+                    tag,
+                    market,
+                    command,
+                } => {
+                    busy = true;
+                    if let Err(why) = sessions.submit(tag, market, command) {
+                        let _ = answers.send(FromIo::Failed(why));
+                        return;
+                    }
+                }
+                ToIo::Close => return,
+            }
+        }
+        match sessions.drain(&mut out) {
+            Ok(0) => {}
+            Ok(_) => {
+                busy = true;
+                if answers
+                    .send(FromIo::Answers(std::mem::take(&mut out)))
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            Err(SubmitError::Closed(why)) => {
+                let _ = answers.send(FromIo::Failed(why));
+                return;
+            }
+            Err(SubmitError::Full) => {}
+        }
+        if !busy {
+            // Nothing to read or send: wait for a command, and read again soon in any case
+            // (the sessions' sockets are not in a poll set this thread could sleep on).
+            match commands.recv_timeout(Duration::from_micros(IDLE_WAIT_US)) {
+                Ok(m) => next = Some(m),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+}
+
+impl Target for GatewayTarget {
+    fn submit(&mut self, tag: u64, market: usize, command: Command) -> Result<(), SubmitError> {
+        if self.failed.is_some() {
+            return Err(self.closed());
+        }
+        match self.to_io.try_send(ToIo::Submit {
+            tag,
+            market,
+            command,
+        }) {
+            Ok(()) => Ok(()),
+            Err(crossbeam_channel::TrySendError::Full(_)) => Err(SubmitError::Full),
+            Err(crossbeam_channel::TrySendError::Disconnected(_)) => Err(self.closed()),
+        }
+    }
+
+    fn poll(&mut self, out: &mut Vec<Answer>, wait: Duration) -> Result<usize, SubmitError> {
+        let Some(rx) = self.from_io.clone() else {
+            return Err(self.closed());
+        };
+        let mut n = match rx.recv_timeout(wait) {
+            Ok(msg) => self.take(msg, out)?,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => return Ok(0),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Err(self.closed()),
+        };
+        while let Ok(msg) = rx.try_recv() {
+            n += self.take(msg, out)?;
+        }
+        Ok(n)
+    }
+}
+
+/// OrderMassCancelRequest (q) for one account's orders (`account` none: the session's) in
+/// one instrument (`symbol` none: in all).
+fn fix_mass_cancel(
+    cl_ord_id: &str,
+    account: Option<AccountId>,
+    symbol: Option<&str>,
+) -> OutMessage {
+    let mut m = OutMessage::new("q");
+    m.push(11, cl_ord_id);
+    match symbol {
+        Some(s) => {
+            m.push(530, "1");
+            m.push(55, s);
+        }
+        None => {
+            m.push(530, "7");
+        }
+    }
+    if let Some(a) = account {
+        m.push(1, a.0.to_string());
+    }
+    m.push(60, bourse_fix::time::format_utc_timestamp_ms(unix_ms()));
+    m
+}
+
+fn unix_ms() -> i64 {
+    (crate::unix_ns() / 1_000_000) as i64
 }
 
 impl Drop for GatewayTarget {

@@ -40,6 +40,11 @@ const SETTLE_QUIET: Duration = Duration::from_millis(200);
 const SETTLE_MAX: Duration = Duration::from_secs(2);
 /// After a failed search step, wait at most this long for the target to drain.
 const SEARCH_DRAIN_NS_MAX: u64 = 3 * SECOND_NS;
+/// Once the phases are over on the clock by this much, commands the schedule still holds
+/// (a target that could not take them kept the generator behind) are no longer sent: they
+/// are counted as not sent, and the run goes on to drain. Without this bound a target that
+/// takes a tenth of the offered rate would keep the run going ten times the phases' length.
+const SEND_LATE_NS_MAX: u64 = SECOND_NS;
 
 /// A latency histogram with the precision of the summaries.
 pub fn histogram() -> Histogram<u64> {
@@ -111,6 +116,11 @@ pub struct Counts {
     pub order_log_delete: u64,
     /// Times a submit found the queue to a core full.
     pub queue_full: u64,
+    /// Commands the schedule offered that were never sent: still due when the phases had
+    /// ended on the clock (the target did not take them in time), estimated from the
+    /// schedule's rate.
+    #[serde(default)]
+    pub not_sent: u64,
     pub sent_by_op: [u64; 7],
     pub ok_by_op: [u64; 7],
 }
@@ -201,6 +211,7 @@ impl Record {
         c.order_log_new += o.order_log_new;
         c.order_log_delete += o.order_log_delete;
         c.queue_full += o.queue_full;
+        c.not_sent += o.not_sent;
         for i in 0..7 {
             c.sent_by_op[i] += o.sent_by_op[i];
             c.ok_by_op[i] += o.ok_by_op[i];
@@ -468,6 +479,33 @@ impl Search {
     }
 }
 
+/// How many commands one worker's schedule offers from `from_ns` to `to_ns` (the rate
+/// integrated over 1 ms steps; a search phase counts at its start rate).
+fn unsent_of_schedule(
+    profile: &Profile,
+    starts: &[u64],
+    from_ns: u64,
+    to_ns: u64,
+    workers: u32,
+) -> u64 {
+    const STEP_NS: u64 = 1_000_000;
+    let mut sum = 0.0;
+    let mut t = from_ns;
+    while t < to_ns {
+        let i = starts.iter().rposition(|&s| s <= t).unwrap_or(0);
+        let phase = &profile.phases[i];
+        let search_rate = match &phase.rate {
+            Rate::Search(s) => s.start_per_s,
+            _ => 0.0,
+        };
+        let (rate, _) = rate_at(phase, (t - starts[i]) as f64 / 1e9, search_rate);
+        let dt = STEP_NS.min(to_ns - t);
+        sum += rate / workers.max(1) as f64 * dt as f64 / 1e9;
+        t += dt;
+    }
+    sum.round() as u64
+}
+
 /// What a worker needs to run.
 pub struct Worker {
     pub index: u32,
@@ -587,6 +625,11 @@ impl Worker {
             // ---- send what is due ----
             let mut burst = 0;
             if !done_sending && self.live.stop.load(Ordering::Relaxed) {
+                done_sending = true;
+            }
+            if !done_sending && t_ns >= total_ns + SEND_LATE_NS_MAX && (next_ns as u64) < total_ns {
+                rec.counts.not_sent = held.take().map_or(0, |_| 1)
+                    + unsent_of_schedule(&profile, &starts, next_ns as u64, total_ns, workers);
                 done_sending = true;
             }
             while !done_sending && burst < SEND_BURST_MAX {
@@ -913,6 +956,22 @@ duration_s = {duration_s}
         assert_eq!(rate_at(phase, 13.0, 0.0), (500.0, true));
         assert_eq!(rate_at(phase, 18.0, 0.0), (100.0, false));
         assert_eq!(rate_at(phase, 43.0, 0.0), (500.0, true));
+    }
+
+    #[test]
+    fn commands_not_sent_are_counted_from_the_schedule() {
+        let p = profile_with("shape = \"constant\"\nper_s = 1000", 10);
+        let starts = phase_starts_ns(&p);
+        // 4 s of a 1,000/s schedule left, over two workers.
+        assert_eq!(
+            unsent_of_schedule(&p, &starts, 6 * SECOND_NS, 10 * SECOND_NS, 2),
+            2_000
+        );
+        let p = profile_with("shape = \"ramp\"\nfrom_per_s = 1000\nto_per_s = 3000", 10);
+        let starts = phase_starts_ns(&p);
+        // The last half of a ramp from 1,000 to 3,000/s over 10 s offers 12,500.
+        let n = unsent_of_schedule(&p, &starts, 5 * SECOND_NS, 10 * SECOND_NS, 1);
+        assert!((12_499..=12_501).contains(&n), "{n}");
     }
 
     #[test]

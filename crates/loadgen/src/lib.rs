@@ -49,7 +49,7 @@ pub mod target;
 pub use generator::Record;
 pub use profile::{Profile, ProfileError};
 pub use results::Results;
-pub use target::{Answer, CoreTotals, InProcess, Stages, SubmitError, Target};
+pub use target::{Answer, CoreTotals, InProcess, StageFigure, Stages, SubmitError, Target};
 
 use generator::{Live, Worker};
 use std::io::IsTerminal;

@@ -32,7 +32,11 @@ impl Section {
         }
     }
     fn text(mut self, p: impl Into<String>) -> Section {
-        self.paragraphs.push(p.into());
+        let p = p.into();
+        // An empty paragraph is a figure that does not apply to this run.
+        if !p.is_empty() {
+            self.paragraphs.push(p);
+        }
         self
     }
     fn table(mut self, headers: &[&str], rows: Vec<Vec<String>>) -> Section {
@@ -280,7 +284,15 @@ fn sections(r: &Results, baseline: Option<&Results>, with_charts: bool) -> Vec<S
                 count(t.orders_rejected),
                 count(t.cancels_rejected),
                 count(t.queue_full),
-            )),
+            ))
+            .text(if t.not_sent > 0 {
+                format!(
+                    "Not sent: {} more commands were due by the schedule but still waiting in the generator when the phases had ended on the clock (the target did not take them in time); the run stopped offering them rather than run on. The offered rate was not carried.",
+                    count(t.not_sent)
+                )
+            } else {
+                String::new()
+            }),
     );
 
     let seeds = Section::new("Beside the seeds")
@@ -471,7 +483,7 @@ fn sections(r: &Results, baseline: Option<&Results>, with_charts: bool) -> Vec<S
     out.push(
         Section::new("Market data and replication")
             .text(match r.target.kind.as_str() {
-                "cluster" => "The nodes publish market data (the leader of each core sends, the others stand by); the trades on each core's feed are counted by a subscriber and cross-checked against the cores' own count (see the cross-checks). Publication delay and replication lag are not measured into this report (the nodes' /metrics carry the replication lag). (SPECTRA 2020: 4–5 µs mean publication delay at 50,000 tx/s.)",
+                "cluster" => "The nodes publish market data (the leader of each core sends, the others stand by); the trades on each core's feed are counted by a subscriber and cross-checked against the cores' own count (see the cross-checks). Replication lag: for every log entry, how much later the last of a core's three replicas applied it than the first (timed in this process, where every node runs on one clock; the percentiles and the maximum are the highest over the cores). Publication delay is not measured into this report: the feed's subscriber here counts trades and does not time them. (SPECTRA 2020: 4–5 µs mean publication delay at 50,000 tx/s.)",
                 "gateway" => "Not measured by this target: its in-process cores publish no market data and replicate nothing. (SPECTRA 2020: 4–5 µs mean publication delay at 50,000 tx/s.)",
                 _ => "Not measured by this target: the in-process deployment publishes no market data and replicates nothing. (SPECTRA 2020: 4–5 µs mean publication delay at 50,000 tx/s.)",
             })

@@ -122,6 +122,11 @@ pub struct Totals {
     pub transactions_mean_per_s: f64,
     /// Times the generator found a core's queue full and held a command back.
     pub queue_full: u64,
+    /// Commands the schedule offered that were never sent, because the phases had ended on
+    /// the clock while the target still had not taken them (the backlog left in the
+    /// generator; a target that keeps up leaves none).
+    #[serde(default)]
+    pub not_sent: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -312,6 +317,7 @@ impl Results {
             trades_max_per_s: max_of(|s| s.trades),
             transactions_mean_per_s,
             queue_full: c.queue_full,
+            not_sent: c.not_sent,
         };
         let per_second = rec
             .seconds
@@ -361,7 +367,8 @@ impl Results {
             })
             .collect();
         let load_ranges = load_ranges(profile, &measured, totals.transactions_max_per_s);
-        let stages = stages(rec, profile.target.kind);
+        let stages = stages(rec, profile.target.kind, &cores, &Latency::of(&rec.all));
+        let replication_lag = combined(&cores, "replica_apply_spread");
         let recovery = recovery(profile, rec);
         // Each worker searches with its own share of the rate; the figure is the mean of the
         // workers' best sustained rates (each stated for all workers together).
@@ -408,7 +415,7 @@ impl Results {
             load_ranges,
             stages,
             market_data_delay: None,
-            replication_lag: None,
+            replication_lag,
             recovery,
             search,
             sustainable_per_s,
@@ -461,9 +468,17 @@ fn load_ranges(profile: &Profile, measured: &[&Second], max_per_s: u64) -> Vec<L
     out
 }
 
-fn stages(rec: &Record, kind: crate::profile::TargetKind) -> Vec<Stage> {
+fn stages(
+    rec: &Record,
+    kind: crate::profile::TargetKind,
+    cores: &[CoreTotals],
+    client: &Latency,
+) -> Vec<Stage> {
     if kind != crate::profile::TargetKind::InProcess {
-        return deployed_stages(kind);
+        return match timed_stages(cores, client) {
+            Some(rows) => rows,
+            None => deployed_stages(kind),
+        };
     }
     let n = rec.stage_samples.max(1) as f64;
     let mean = |i: usize| rec.stage_ns_sums[i] as f64 / n;
@@ -515,6 +530,149 @@ fn stages(rec: &Record, kind: crate::profile::TargetKind) -> Vec<Stage> {
                 .into(),
         },
     ]
+}
+
+/// One stage over every core that timed it: counts and means add exactly; the percentiles
+/// and the maximum are the highest any core had (a percentile of a union is not derivable
+/// from the parts' percentiles).
+pub fn combined(cores: &[CoreTotals], name: &str) -> Option<Latency> {
+    let parts: Vec<&Latency> = cores
+        .iter()
+        .flat_map(|c| c.stage_figures.iter())
+        .filter(|f| f.name == name && f.latency.count > 0)
+        .map(|f| &f.latency)
+        .collect();
+    let count: u64 = parts.iter().map(|l| l.count).sum();
+    if count == 0 {
+        return None;
+    }
+    let sum: u128 = parts.iter().map(|l| l.mean as u128 * l.count as u128).sum();
+    let max_of = |f: fn(&Latency) -> u64| parts.iter().map(|l| f(l)).max().unwrap_or(0);
+    Some(Latency {
+        count,
+        mean: (sum / count as u128) as u64,
+        p50: max_of(|l| l.p50),
+        p90: max_of(|l| l.p90),
+        p99: max_of(|l| l.p99),
+        p999: max_of(|l| l.p999),
+        max: max_of(|l| l.max),
+    })
+}
+
+/// The stage table of a deployment that timed its own path (the replicated stack): the
+/// client's round trip minus the gateways' links' own round trip is the network and the
+/// gateway; the link's legs split the rest. `None` when the deployment timed nothing.
+fn timed_stages(cores: &[CoreTotals], client: &Latency) -> Option<Vec<Stage>> {
+    let link = combined(cores, "link_round_trip")?;
+    let answer = combined(cores, "group_answer");
+    let stream = combined(cores, "stream_after_answer");
+    let fsync = combined(cores, "journal_fsync");
+    let quorum = combined(cores, "quorum_append");
+    let commit = combined(cores, "commit_apply");
+    let total = client.mean as f64;
+    let share = |v: f64| (total > 0.0).then(|| v / total);
+    let outside = client.mean.saturating_sub(link.mean) as f64;
+    let mut rows = vec![Stage {
+        name: "network + IPC (client ↔ gateway ↔ core link)".into(),
+        mean_ns: Some(outside),
+        share: share(outside),
+        ltp_share: Some(0.93),
+        note: "loopback TCP both ways between the generator and a gateway, the gateway's \
+               decode, routing, queues to and from its link, encoding, and the generator's \
+               own lateness: the client's mean round trip minus the links' (LTP: network 75% \
+               + IPC 18%)"
+            .into(),
+    }];
+    if let Some(a) = answer {
+        rows.push(Stage {
+            name: "sequencing / replication (link → group → answer)".into(),
+            mean_ns: Some(a.mean as f64),
+            share: share(a.mean as f64),
+            ltp_share: None,
+            note: format!(
+                "the link's pipelined client to the leader over loopback TCP, the batcher, \
+                 journal appends and fsyncs on the leader and a follower, the quorum, the \
+                 apply (matching included), the answer back; median {}, 99% {} ({} requests)",
+                crate::report::ns(a.p50 as f64),
+                crate::report::ns(a.p99 as f64),
+                crate::report::count(a.count)
+            ),
+        });
+    }
+    if let (Some(a), Some(q), Some(c)) = (answer, quorum, commit) {
+        let to_leader = a.mean.saturating_sub(q.mean + c.mean) as f64;
+        rows.push(Stage {
+            name: "· to the leader and its journal append".into(),
+            mean_ns: Some(to_leader),
+            share: share(to_leader),
+            ltp_share: None,
+            note: "the row above minus the two below (means; those are per log entry, the \
+                   link's per request): the link's client to the leader, the node's batcher, \
+                   openraft, the leader's append and fsync"
+                .into(),
+        });
+        rows.push(Stage {
+            name: "· leader's append to a quorum's".into(),
+            mean_ns: Some(q.mean as f64),
+            share: share(q.mean as f64),
+            ltp_share: None,
+            note: format!(
+                "per entry: from the first replica's journal append completing (the leader's) \
+                 to the second's: the entry sent to a follower, its append and fsync; median \
+                 {}, 99% {} ({} entries)",
+                crate::report::ns(q.p50 as f64),
+                crate::report::ns(q.p99 as f64),
+                crate::report::count(q.count)
+            ),
+        });
+        rows.push(Stage {
+            name: "· quorum to applied".into(),
+            mean_ns: Some(c.mean as f64),
+            share: share(c.mean as f64),
+            ltp_share: None,
+            note: format!(
+                "per entry: from the second append to the first replica applying the entry \
+                 (the follower's answer, the commit, the apply); median {}, 99% {}",
+                crate::report::ns(c.p50 as f64),
+                crate::report::ns(c.p99 as f64)
+            ),
+        });
+    }
+    if let Some(f) = fsync {
+        rows.push(Stage {
+            name: "· of which one journal fsync".into(),
+            mean_ns: Some(f.mean as f64),
+            share: share(f.mean as f64),
+            ltp_share: None,
+            note: format!(
+                "the mean of one fsync of a replica's journal ({} fsyncs over every replica; \
+                 99% {}); a commit waits for the leader's and a follower's",
+                crate::report::count(f.count),
+                crate::report::ns(f.p99 as f64)
+            ),
+        });
+    }
+    if let Some(st) = stream {
+        rows.push(Stage {
+            name: "committed stream back to the gateway".into(),
+            mean_ns: Some(st.mean as f64),
+            share: share(st.mean as f64),
+            ltp_share: None,
+            note: "from the group's answer to the request's entry reaching the link on the \
+                   committed stream its reports come from"
+                .into(),
+        });
+    }
+    rows.push(Stage {
+        name: "matching (Engine::apply)".into(),
+        mean_ns: None,
+        share: None,
+        ltp_share: Some(0.07),
+        note: "inside the replication row (the apply); a few µs per command (`bourse bench \
+               engine`), not timed separately here"
+            .into(),
+    });
+    Some(rows)
 }
 
 /// The stage table of a target with gateways: the generator sees only the door-to-door

@@ -99,6 +99,22 @@ pub struct CoreTotals {
     /// The state hash of every replica at the end (`None`: the core is not replicated).
     #[serde(default)]
     pub replica_hashes: Option<Vec<String>>,
+    /// Stages of the path the deployment timed itself over the run (warm-up included), by
+    /// [`StageFigure::name`]: `link_round_trip`, `group_answer`, `stream_after_answer` (a
+    /// gateway's link to the core), `journal_fsync` (the replicas' journals), and
+    /// `replica_apply_spread` (how much later the last replica applied an entry than the
+    /// first). Empty: the deployment times nothing.
+    #[serde(default)]
+    pub stage_figures: Vec<StageFigure>,
+}
+
+/// One stage a deployment timed (see [`CoreTotals::stage_figures`]).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct StageFigure {
+    pub name: String,
+    /// What the stage covers, in words.
+    pub what: String,
+    pub latency: crate::results::Latency,
 }
 
 enum ToCore {
