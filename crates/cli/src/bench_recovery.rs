@@ -659,6 +659,7 @@ fn snapshot(args: &RecoveryBenchArgs, work: &Path) -> Result<()> {
         "load",
         "restore",
         "rehash",
+        "checkpoint",
     ];
     let whats = [
         "ReplicatedState::snapshot: the canonical bytes",
@@ -669,6 +670,7 @@ fn snapshot(args: &RecoveryBenchArgs, work: &Path) -> Result<()> {
         "SnapshotStore::latest: read the newest file and check its CRC",
         "ReplicatedState::restore: decode and rebuild the engine's tables",
         "state hash of the restored state, compared with the recorded one",
+        "ReplicatedState::checkpoint_hash: one hash checkpoint (until session 3: encode + hash)",
     ];
     let mut h: Vec<Histogram<u64>> = names.iter().map(|_| histogram()).collect();
     let mut size_bytes = 0u64;
@@ -713,6 +715,19 @@ fn snapshot(args: &RecoveryBenchArgs, work: &Path) -> Result<()> {
         if rehash != snap.meta.state_hash || rehash != hash {
             bail!("the restored state's hash differs from the snapshot's");
         }
+        // A checkpoint every `CHECKPOINT_EVERY_ENTRIES` entries: what it costs now (the output
+        // digest folded with counters), timed over many calls since one is too short to time.
+        const CHECKPOINT_CALLS: u64 = 10_000;
+        let t = Instant::now();
+        let mut fold = 0u64;
+        for i in 0..CHECKPOINT_CALLS {
+            fold ^= std::hint::black_box(&restored).checkpoint_hash(i);
+        }
+        std::hint::black_box(fold);
+        record(
+            &mut h[8],
+            (t.elapsed().as_nanos() as u64 / CHECKPOINT_CALLS).max(1),
+        );
         drop(restored);
     }
     if args.json {

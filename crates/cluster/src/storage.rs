@@ -5,7 +5,10 @@
 //!   `Entry` (log id, and a blank, membership or [`LogCommand`] payload). openraft's append
 //!   callback fires only when the journal says the entries are durable under its fsync mode:
 //!   at once under `always` (append fsyncs) and `never` (the operator chose to count written
-//!   as appended), and under `batch` when the flusher task's fsync has covered them.
+//!   as appended), and under `batch` when the flusher thread's fsync has covered them. The
+//!   flusher is group commit: it starts an fsync as soon as a callback waits and none is
+//!   running, runs it outside the log lock (so appends go on meanwhile), and the appends that
+//!   arrived during it are covered by the next one.
 //! - [`StateMachineStore`] implements `RaftStateMachine` on a [`ReplicatedState`], with
 //!   snapshots in a [`SnapshotStore`]. Snapshot data = `membership_len u32, bincode of the
 //!   StoredMembership, state snapshot bytes`.
@@ -18,13 +21,14 @@ use std::collections::VecDeque;
 use std::fmt::Debug;
 use std::io::Cursor;
 use std::ops::{Bound, RangeBounds};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
 use bourse_engine::EngineConfig;
+use bourse_journal::stats::{HistogramReading, LatencyBuckets};
 use bourse_journal::{
-    ChainPoint, Entry as JournalEntry, Fsync, Journal, Meta, SnapshotMeta as JournalSnapshotMeta,
-    SnapshotStore,
+    ChainPoint, Entry as JournalEntry, Fsync, Journal, LogPosition, Meta,
+    SnapshotMeta as JournalSnapshotMeta, SnapshotStore,
 };
 use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
 use openraft::{
@@ -56,6 +60,8 @@ struct LogInner {
     journal: Journal,
     /// Callbacks waiting for an fsync (only under `Fsync::Batch`): the last index each covers.
     waiting: VecDeque<(u64, LogFlushed<TypeConfig>)>,
+    /// The flusher's wake-up (only under `Fsync::Batch`).
+    flush_signal: Option<Arc<FlushSignal>>,
 }
 
 impl LogInner {
@@ -79,6 +85,97 @@ impl LogInner {
     }
 }
 
+impl Drop for LogInner {
+    fn drop(&mut self) {
+        // The last handle on the log is gone: let the flusher thread end now.
+        if let Some(signal) = &self.flush_signal {
+            signal.close();
+        }
+    }
+}
+
+/// Wakes the flusher thread: `requested` when a callback waits, `closed` when the log is
+/// dropped.
+#[derive(Default)]
+struct FlushSignal {
+    state: Mutex<(bool, bool)>,
+    wake: Condvar,
+}
+
+/// How long the flusher sleeps without a request before it looks again anyway (a safety net
+/// only: every append that leaves a callback waiting wakes it at once).
+const FLUSHER_IDLE_WAIT_MS: u64 = 100;
+
+impl FlushSignal {
+    fn request(&self) {
+        self.state.lock().expect("flush signal lock").0 = true;
+        self.wake.notify_one();
+    }
+
+    fn close(&self) {
+        self.state.lock().expect("flush signal lock").1 = true;
+        self.wake.notify_one();
+    }
+
+    /// Waits for a request (or the idle timeout); false once the log is closed.
+    fn wait(&self) -> bool {
+        let mut state = self.state.lock().expect("flush signal lock");
+        if !state.0 && !state.1 {
+            state = self
+                .wake
+                .wait_timeout(state, Duration::from_millis(FLUSHER_IDLE_WAIT_MS))
+                .expect("flush signal lock")
+                .0;
+        }
+        state.0 = false;
+        !state.1
+    }
+}
+
+/// The `batch` flusher: one group-commit fsync at a time, each started as soon as a callback
+/// waits. The fsync runs on a dup'ed descriptor without the log lock; a failure poisons the
+/// journal (fail-stop) and fails every waiting callback.
+fn run_flusher(log: Weak<Mutex<LogInner>>, signal: Arc<FlushSignal>) {
+    while signal.wait() {
+        let Some(log) = log.upgrade() else { return };
+        let prepared = {
+            let mut inner = log.lock().expect("log lock");
+            if inner.waiting.is_empty() {
+                continue;
+            }
+            match inner.journal.prepare_sync() {
+                Ok(Some(prepared)) => prepared,
+                Ok(None) => {
+                    // Nothing left to sync, or it was synced in place.
+                    inner.release_durable();
+                    continue;
+                }
+                Err(e) => {
+                    flush_failed(&mut inner, &e);
+                    continue;
+                }
+            }
+        };
+        let outcome = prepared.run();
+        let mut inner = log.lock().expect("log lock");
+        match inner.journal.finish_sync(outcome) {
+            Ok(()) => {
+                inner.release_durable();
+                if !inner.waiting.is_empty() {
+                    // Appends arrived during the fsync: the next one covers them, at once.
+                    signal.request();
+                }
+            }
+            Err(e) => flush_failed(&mut inner, &e),
+        }
+    }
+}
+
+fn flush_failed(inner: &mut LogInner, error: &bourse_journal::JournalError) {
+    eprintln!("bourse-cluster: journal fsync failed, this node stops (fail-stop): {error}");
+    inner.fail_waiting(&error.to_string());
+}
+
 /// openraft's log storage on a journal. Clones share the journal (the reader is a clone).
 #[derive(Clone)]
 pub struct LogStore {
@@ -86,39 +183,27 @@ pub struct LogStore {
 }
 
 impl LogStore {
-    pub fn new(journal: Journal) -> LogStore {
-        let fsync = journal.config().fsync;
+    pub fn new(mut journal: Journal) -> LogStore {
+        let batch = matches!(journal.config().fsync, Fsync::Batch { .. });
+        let flush_signal = batch.then(|| Arc::new(FlushSignal::default()));
+        if batch {
+            // Under `batch` nothing fsyncs while no appends arrive, so a flusher must, or the
+            // last appends would never be acknowledged; it also takes the interval's place.
+            journal.set_batch_flusher(true);
+        }
         let store = LogStore {
             inner: Arc::new(Mutex::new(LogInner {
                 journal,
                 waiting: VecDeque::new(),
+                flush_signal: flush_signal.clone(),
             })),
         };
-        if let Fsync::Batch { interval_ms, .. } = fsync {
-            // Under `batch` nothing fsyncs while no appends arrive, so a timer must, or the
-            // last appends would never be acknowledged.
-            let weak = Arc::downgrade(&store.inner);
-            tokio::spawn(async move {
-                let period = Duration::from_millis(u64::from(interval_ms.max(1)));
-                loop {
-                    tokio::time::sleep(period).await;
-                    let Some(inner) = weak.upgrade() else { return };
-                    let mut inner = inner.lock().expect("log lock");
-                    if inner.waiting.is_empty() {
-                        continue;
-                    }
-                    match inner.journal.flush() {
-                        Ok(()) => inner.release_durable(),
-                        Err(e) => {
-                            eprintln!(
-                                "bourse-cluster: journal fsync failed, this node stops \
-                                 (fail-stop): {e}"
-                            );
-                            inner.fail_waiting(&e.to_string());
-                        }
-                    }
-                }
-            });
+        if let Some(signal) = flush_signal {
+            let log = Arc::downgrade(&store.inner);
+            std::thread::Builder::new()
+                .name("bourse-log-flush".to_string())
+                .spawn(move || run_flusher(log, signal))
+                .expect("spawn the journal flusher thread");
         }
         store
     }
@@ -228,13 +313,54 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         if meta.term == 0 && meta.voted_for.is_none() && !meta.vote_committed {
             return Ok(None);
         }
+        // openraft (0.9) restarts a node whose saved vote is its own committed one as the
+        // leader of that term at once, without an election, and goes on numbering entries in
+        // that term after its last local one. That is only sound if the local log still holds
+        // every entry it created in the term, and it need not: under `fsync = batch` or
+        // `never` a leader's entry can reach the followers, be committed by them and be lost
+        // from the leader's own tail in a crash. The restarted leader then wrote a different
+        // entry under the same log id, which the followers took for the one they had: the
+        // replicas diverged and an acknowledged command was lost (the node_faults torn-tail
+        // flake). Reading our own vote back as not committed makes the node restart as a
+        // follower that must win a new election in a higher term, where the followers' longer
+        // logs outvote it, as in the Raft paper's restart rule.
+        let own = meta.voted_for == Some(inner.journal.config().node_id);
         Ok(Some(Vote {
             leader_id: LeaderId {
                 term: meta.term,
                 voted_for: meta.voted_for,
             },
-            committed: meta.vote_committed,
+            committed: meta.vote_committed && !own,
         }))
+    }
+
+    async fn save_committed(
+        &mut self,
+        committed: Option<LogId<NodeId>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        let Some(committed) = committed else {
+            return Ok(());
+        };
+        let mut inner = self.inner.lock().expect("log lock");
+        inner
+            .journal
+            .save_committed(LogPosition {
+                index: committed.index,
+                term: committed.leader_id.term,
+            })
+            .map_err(|e| StorageIOError::write_logs(io_err(&e)).into())
+    }
+
+    /// The journal's commit point: committed entries openraft re-applies from the local log
+    /// at start-up. It never lies past the log (recovery refuses a log that ends before it,
+    /// or under `fsync = never` stops vouching for what it lost).
+    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
+        let inner = self.inner.lock().expect("log lock");
+        let committed = inner.journal.committed().filter(|c| {
+            let first = inner.journal.last_purged().map_or(0, |p| p.index + 1);
+            c.index >= first && Some(c.index) <= inner.journal.last_index()
+        });
+        Ok(committed.map(|c| log_id(c.term, c.index)))
     }
 
     async fn append<I>(
@@ -274,6 +400,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             Fsync::Batch { .. } => {
                 inner.waiting.push_back((last, callback));
                 inner.release_durable();
+                if !inner.waiting.is_empty() {
+                    if let Some(signal) = &inner.flush_signal {
+                        signal.request();
+                    }
+                }
             }
         }
         Ok(())
@@ -324,6 +455,8 @@ struct SmInner {
     outcomes: Vec<Outcome>,
     /// Every applied entry is published here, in log order.
     stream: CommittedStream,
+    /// Time to build a snapshot's bytes (state encoding, hash, framing); shared with the store.
+    snapshot_build: Arc<LatencyBuckets>,
 }
 
 /// openraft's state machine: the replicated state and its snapshots.
@@ -332,6 +465,8 @@ pub struct StateMachineStore {
     inner: Arc<tokio::sync::Mutex<SmInner>>,
     /// The same stream as `inner.stream`, reachable without the state's lock.
     stream: CommittedStream,
+    /// The same figures as `inner.snapshot_build`, readable without the state's lock.
+    snapshot_build: Arc<LatencyBuckets>,
 }
 
 /// What a state-machine store reports to the node's status.
@@ -344,6 +479,8 @@ pub struct AppliedStatus {
     /// survives restarts and tells whether each acknowledged command was applied exactly once.
     pub engine_commands: u64,
     pub hash_checks_passed: u64,
+    /// The newest hash checkpoint (log index, state hash).
+    pub checkpoint: Option<(u64, u64)>,
 }
 
 fn encode_snapshot_data(
@@ -419,10 +556,13 @@ impl StateMachineStore {
             STREAM_ENTRIES_KEPT_DEFAULT,
             last_applied.map_or(0, |l| l.index + 1),
         );
+        let snapshot_build = Arc::new(LatencyBuckets::default());
         Ok(StateMachineStore {
             stream: stream.clone(),
+            snapshot_build: snapshot_build.clone(),
             inner: Arc::new(tokio::sync::Mutex::new(SmInner {
                 stream,
+                snapshot_build,
                 state,
                 last_applied,
                 membership,
@@ -438,12 +578,20 @@ impl StateMachineStore {
     pub async fn status(&self) -> AppliedStatus {
         let inner = self.inner.lock().await;
         AppliedStatus {
-            last_applied_index: inner.last_applied.map(|l| l.index),
             state_hash: inner.state.state_hash(),
-            commands_applied: inner.state.commands_applied(),
-            engine_commands: inner.state.engine().counters().commands,
-            hash_checks_passed: inner.state.hash_checks_passed(),
+            ..inner.brief_status()
         }
+    }
+
+    /// As [`StateMachineStore::status`] without hashing the state (`state_hash` is 0): a few
+    /// reads under the lock, cheap enough to poll often; `checkpoint` has the newest hash.
+    pub async fn status_brief(&self) -> AppliedStatus {
+        self.inner.lock().await.brief_status()
+    }
+
+    /// Times to build a snapshot's bytes, over `bourse_journal::FSYNC_BUCKETS_NS`.
+    pub fn snapshot_build_times(&self) -> HistogramReading {
+        self.snapshot_build.read()
     }
 
     /// The stream of applied entries (see `stream`).
@@ -470,13 +618,33 @@ impl StateMachineStore {
     pub async fn with_state<R>(&self, f: impl FnOnce(&ReplicatedState) -> R) -> R {
         f(&self.inner.lock().await.state)
     }
+
+    /// Keeps the market data numbering in a fresh state (see
+    /// `ReplicatedState::enable_marketdata`); call before openraft applies anything.
+    pub async fn enable_marketdata(&self, config: &bourse_marketdata::PublisherConfig) {
+        self.inner.lock().await.state.enable_marketdata(config);
+    }
 }
 
 impl SmInner {
+    fn brief_status(&self) -> AppliedStatus {
+        AppliedStatus {
+            last_applied_index: self.last_applied.map(|l| l.index),
+            state_hash: 0,
+            commands_applied: self.state.commands_applied(),
+            engine_commands: self.state.engine().counters().commands,
+            hash_checks_passed: self.state.hash_checks_passed(),
+            checkpoint: self.state.last_checkpoint(),
+        }
+    }
+
     fn build(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        let build_started = std::time::Instant::now();
         let state = self.state.snapshot();
         let state_hash = xxhash_rust::xxh3::xxh3_64(&state);
         let data = encode_snapshot_data(&self.membership, &state);
+        self.snapshot_build
+            .observe_ns((build_started.elapsed().as_nanos() as u64).max(1));
         let (last_index, last_term) = self
             .last_applied
             .map_or((0, 0), |l| (l.index, l.leader_id.term));

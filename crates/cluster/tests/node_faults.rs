@@ -27,8 +27,6 @@ use common::{addrs, converged, free_ports, small_flow};
 
 const DEADLINE: Duration = Duration::from_secs(15);
 const CONVERGE_LIMIT: Duration = Duration::from_secs(30);
-/// openraft keeps this many entries below a snapshot before purging them (node.rs).
-const LOG_KEPT_BELOW_SNAPSHOT: u64 = 1_000;
 
 fn config(dir: &Path, fsync: FsyncSetting) -> ClusterConfig {
     let mut c = ClusterConfig::local(21, dir.to_path_buf(), free_ports());
@@ -79,6 +77,28 @@ async fn start_all(config: &ClusterConfig) -> Vec<Node> {
         nodes.push(restart(config, n.id).await);
     }
     nodes
+}
+
+/// Shuts node `id` down and takes it out of `nodes`; returns where it was.
+async fn stop(nodes: &mut Vec<Node>, id: NodeId) -> usize {
+    let v = nodes.iter().position(|n| n.id() == id).unwrap();
+    nodes.remove(v).shutdown().await;
+    v
+}
+
+async fn stop_all(nodes: Vec<Node>) {
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+/// Waits until the running nodes agree, checks that each applied every acknowledged command
+/// exactly once, and returns their statuses.
+async fn settled(nodes: &[Node], acked: u64) -> Vec<NodeStatus> {
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let statuses = converged(&refs, CONVERGE_LIMIT).await;
+    assert_agree(&statuses, acked);
+    statuses
 }
 
 /// The driver of the tests' order flow: one client, one request at a time.
@@ -232,15 +252,11 @@ async fn fail_stop(fault: Fault, role: Role, seed: u64) {
     );
 
     // Restarted on a healthy disk, it recovers what reached its files and catches up.
-    nodes.remove(v).shutdown().await;
+    let v = stop(&mut nodes, victim).await;
     nodes.insert(v, restart(&config, victim).await);
     driver.run(10).await;
-    let refs: Vec<&Node> = nodes.iter().collect();
-    let statuses = converged(&refs, CONVERGE_LIMIT).await;
-    assert_agree(&statuses, driver.acked);
-    for n in nodes {
-        n.shutdown().await;
-    }
+    settled(&nodes, driver.acked).await;
+    stop_all(nodes).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -336,8 +352,7 @@ async fn damage_in_the_committed_prefix_or_a_foreign_journal_is_refused_and_a_wi
     converged(&refs, CONVERGE_LIMIT).await;
     // Take node 3 down (a follower or the leader, whichever it is) and keep its files.
     let victim: NodeId = 3;
-    let v = nodes.iter().position(|n| n.id() == victim).unwrap();
-    nodes.remove(v).shutdown().await;
+    stop(&mut nodes, victim).await;
     let node_dir = config.node_dir(victim);
     let jdir = journal_dir(&config, victim);
     let backup = dir.path().join("backup-node-3");
@@ -413,7 +428,7 @@ async fn damage_in_the_committed_prefix_or_a_foreign_journal_is_refused_and_a_wi
     // node 3 lacks (entries below its snapshot minus what it keeps).
     let before = nodes[0].status().await.last_log_index.unwrap();
     while nodes[0].status().await.last_log_index.unwrap()
-        < before + LOG_KEPT_BELOW_SNAPSHOT + 2 * config.snapshot_every_entries
+        < before + config.log_kept_below_snapshot_entries + 2 * config.snapshot_every_entries
     {
         driver.run(50).await;
     }
@@ -421,13 +436,8 @@ async fn damage_in_the_committed_prefix_or_a_foreign_journal_is_refused_and_a_wi
     std::fs::remove_dir_all(&node_dir).unwrap();
     nodes.push(restart(&config, victim).await);
     driver.run(10).await;
-    let refs: Vec<&Node> = nodes.iter().collect();
-    let statuses = converged(&refs, CONVERGE_LIMIT).await;
-    assert_agree(&statuses, driver.acked);
-    let hash = statuses[0].state_hash;
-    for n in nodes {
-        n.shutdown().await;
-    }
+    let hash = settled(&nodes, driver.acked).await[0].state_hash;
+    stop_all(nodes).await;
     let report = bourse_journal::verify(&jdir).unwrap();
     assert!(
         report.purged.is_some() || report.first_index.is_some_and(|i| i > before),
@@ -436,28 +446,36 @@ async fn damage_in_the_committed_prefix_or_a_foreign_journal_is_refused_and_a_wi
 
     // And a restart of all three from journals and snapshots gives the same hash.
     let nodes = start_all(&config).await;
-    let refs: Vec<&Node> = nodes.iter().collect();
-    let statuses = converged(&refs, CONVERGE_LIMIT).await;
+    let statuses = settled(&nodes, driver.acked).await;
     assert_eq!(statuses[0].state_hash, hash, "restart of all nodes");
-    assert_agree(&statuses, driver.acked);
-    for n in nodes {
-        n.shutdown().await;
-    }
+    stop_all(nodes).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_torn_tail_is_cut_and_the_node_catches_up_from_its_peers() {
+/// Under `fsync = never` a crash of the machine may take a node's last records, committed
+/// or not, with it: the node cuts the torn record, says what it lost, and catches up from its
+/// peers. When the victim is the leader this is the regression test of a divergence: openraft
+/// restarted a node whose saved vote was its own committed one as leader of the same term at
+/// once, and it numbered new entries after its shortened log, reusing the log id of the lost
+/// entry, which the followers still held and took for the same one (see
+/// `LogStore::read_vote`). The replicas then applied different commands at the same index.
+async fn torn_tail(role: Role, seed: u64) {
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), FsyncSetting::Never);
     let mut nodes = start_all(&config).await;
-    let mut driver = Driver::new(&config, 51);
+    let mut driver = Driver::new(&config, seed);
     driver.setup().await;
     driver.run(60).await;
-    let refs: Vec<&Node> = nodes.iter().collect();
-    converged(&refs, CONVERGE_LIMIT).await;
-    let victim: NodeId = 2;
-    let v = nodes.iter().position(|n| n.id() == victim).unwrap();
-    nodes.remove(v).shutdown().await;
+    settled(&nodes, driver.acked).await;
+    let leader = leader_of(&nodes).await;
+    let victim = match role {
+        Role::Leader => leader,
+        Role::Follower => nodes
+            .iter()
+            .map(|n| n.id())
+            .find(|&id| id != leader)
+            .unwrap(),
+    };
+    let v = stop(&mut nodes, victim).await;
     // Cut the last segment in the middle of its last record, as a crash mid-write leaves it.
     let jdir = journal_dir(&config, victim);
     let last = bourse_journal::verify(&jdir).unwrap().last.unwrap().index;
@@ -472,12 +490,86 @@ async fn a_torn_tail_is_cut_and_the_node_catches_up_from_its_peers() {
         .unwrap();
     nodes.insert(v, restart(&config, victim).await);
     driver.run(20).await;
-    let refs: Vec<&Node> = nodes.iter().collect();
-    let statuses = converged(&refs, CONVERGE_LIMIT).await;
-    assert_agree(&statuses, driver.acked);
-    for n in nodes {
-        n.shutdown().await;
-    }
+    settled(&nodes, driver.acked).await;
+    stop_all(nodes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_torn_tail_is_cut_and_the_node_catches_up_from_its_peers() {
+    torn_tail(Role::Follower, 51).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_lost_its_torn_tail_restarts_as_a_follower_and_the_replicas_agree() {
+    torn_tail(Role::Leader, 52).await;
+}
+
+/// Under `fsync = always` a record is counted as appended only once it is on disk, so a
+/// committed record cannot be torn by a crash: a log that ends before the node's commit point
+/// (a segment cut at a record boundary, a missing last segment) is damage, refused with the
+/// files named; a torn record past the commit point (a crash mid-append) is cut as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_ending_inside_the_committed_prefix_is_refused_and_a_torn_uncommitted_record_is_cut()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), FsyncSetting::Always);
+    let mut nodes = start_all(&config).await;
+    let mut driver = Driver::new(&config, 71);
+    driver.setup().await;
+    driver.run(40).await;
+    let applied = settled(&nodes, driver.acked).await[0]
+        .last_applied_index
+        .unwrap();
+    let victim: NodeId = 1;
+    let v = stop(&mut nodes, victim).await;
+    let node_dir = config.node_dir(victim);
+    let jdir = journal_dir(&config, victim);
+    let backup = dir.path().join("backup-node-1");
+    copy_dir(&node_dir, &backup);
+    let last = bourse_journal::verify(&jdir).unwrap().last.unwrap().index;
+    let commit = jdir.join(bourse_journal::COMMIT_FILE_NAME);
+    assert!(commit.exists(), "the node recorded its commit point");
+
+    // The last segment cut exactly before a record a few entries back: every record left is
+    // whole, so only the commit point shows that committed records are missing.
+    // (The commit point is at least the applied index: openraft saves it before applying.)
+    let (file, offset) = locate(&jdir, applied - 2);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_len(offset)
+        .unwrap();
+    let error = refused(&config, victim).await;
+    let name = file.file_name().unwrap().to_string_lossy().to_string();
+    assert!(
+        error.contains(&name)
+            && error.contains(&format!("offset {offset}"))
+            && error.contains("committed"),
+        "a cut at a record boundary: {error}"
+    );
+    restore(&backup, &node_dir);
+
+    // The last segment missing altogether.
+    std::fs::remove_file(segments(&jdir).pop().unwrap()).unwrap();
+    let error = refused(&config, victim).await;
+    assert!(
+        error.contains("committed") && error.contains(&commit.display().to_string()),
+        "a missing last segment: {error}"
+    );
+    restore(&backup, &node_dir);
+
+    // A record torn half way past the commit point, as a crash in the middle of an append
+    // leaves it: cut, and the node catches up.
+    let (file, offset) = locate(&jdir, last);
+    let mut bytes = std::fs::read(&file).unwrap();
+    let record = bytes[offset as usize..].to_vec();
+    bytes.extend_from_slice(&record[..record.len() / 2]);
+    std::fs::write(&file, bytes).unwrap();
+    nodes.insert(v, restart(&config, victim).await);
+    driver.run(10).await;
+    settled(&nodes, driver.acked).await;
+    stop_all(nodes).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -494,9 +586,7 @@ async fn a_restart_of_every_node_from_journals_and_snapshots_gives_the_same_hash
         before.iter().all(|s| s.snapshot_index.is_some()),
         "every node took a snapshot: {before:#?}"
     );
-    for n in nodes {
-        n.shutdown().await;
-    }
+    stop_all(nodes).await;
     // Twice: once from the files the run left, once from the files the first restart left.
     for round in 0..2 {
         let nodes = start_all(&config).await;
@@ -507,8 +597,6 @@ async fn a_restart_of_every_node_from_journals_and_snapshots_gives_the_same_hash
             assert!(a.last_applied_index >= b.last_applied_index);
         }
         assert_agree(&after, driver.acked);
-        for n in nodes {
-            n.shutdown().await;
-        }
+        stop_all(nodes).await;
     }
 }

@@ -98,6 +98,43 @@ async fn appended_entries_and_the_vote_survive_a_reopen_and_truncate_and_purge_k
     );
 }
 
+/// A node's own committed vote (it led that term) reads back as not committed, so openraft
+/// restarts it as a follower instead of as the leader of the old term: its log may have lost
+/// entries of that term that its followers hold (see `LogStore::read_vote`).
+#[tokio::test]
+async fn a_restarted_leader_reads_its_vote_back_uncommitted_and_the_commit_point_survives() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut log = open_log(dir.path());
+        let entries: Vec<_> = (0..6).map(|i| entry(2, i, add_account(i + 1))).collect();
+        log.blocking_append(entries).await.unwrap();
+        log.save_vote(&Vote {
+            leader_id: LeaderId {
+                term: 2,
+                voted_for: Some(1),
+            },
+            committed: true,
+        })
+        .await
+        .unwrap();
+        log.save_committed(Some(LogId::new(CommittedLeaderId::new(2, 0), 4)))
+            .await
+            .unwrap();
+    }
+    let mut log = open_log(dir.path());
+    let vote = log.read_vote().await.unwrap().unwrap();
+    assert_eq!(
+        (
+            vote.leader_id.term,
+            vote.leader_id.voted_for,
+            vote.committed
+        ),
+        (2, Some(1), false)
+    );
+    let committed = log.read_committed().await.unwrap().unwrap();
+    assert_eq!((committed.leader_id.term, committed.index), (2, 4));
+}
+
 fn open_sm(dir: &std::path::Path, alarm: Arc<Mutex<Option<String>>>) -> StateMachineStore {
     let (snapshots, _) = SnapshotStore::open(dir, 5, 3).unwrap();
     StateMachineStore::open(snapshots, 5, engine_config(), 2, alarm).unwrap()

@@ -98,16 +98,25 @@ pub enum JournalError {
     #[error("vote file {} is unusable: {reason}", file.display())]
     BadMeta { file: PathBuf, reason: String },
 
-    /// The vote file says entries up to `committed` were committed, but the log ends earlier.
+    /// The commit point (or the vote file) says entries up to `committed` were committed and
+    /// durable here, but the log ends earlier: records of the committed prefix are missing (a
+    /// segment cut at a record boundary, a deleted last segment), which no torn write explains.
     #[error(
-        "vote file records index {committed} as committed but the log ends at {last}; \
-         committed entries are missing from {}",
+        "{} records index {committed} as committed, but the log in {} ends at {last}; \
+         committed entries are missing (wipe this node's directory to rebuild it from its \
+         peers)",
+        file.display(),
         dir.display()
     )]
     CommittedMissing {
         dir: PathBuf,
+        /// The file that recorded the commit point.
+        file: PathBuf,
         committed: u64,
+        /// Where the log ends: the last index, the segment file and its byte offset.
         last: String,
+        /// The last segment and the byte offset where its valid records end, if any.
+        end: Option<(PathBuf, u64)>,
     },
 
     /// A snapshot file is damaged or not ours.
@@ -148,7 +157,10 @@ impl JournalError {
             | JournalError::ChainBroken { file, .. }
             | JournalError::BadMeta { file, .. }
             | JournalError::BadSnapshot { file, .. } => Some(file),
-            JournalError::CommittedMissing { dir, .. } => Some(dir),
+            JournalError::CommittedMissing { end, dir, .. } => Some(
+                end.as_ref()
+                    .map_or(dir.as_path(), |(file, _)| file.as_path()),
+            ),
             _ => None,
         }
     }
@@ -163,6 +175,7 @@ impl JournalError {
             | JournalError::WrongCluster { .. }
             | JournalError::WrongNode { .. }
             | JournalError::IndexGap { .. } => Some(0),
+            JournalError::CommittedMissing { end, .. } => end.as_ref().map(|(_, offset)| *offset),
             _ => None,
         }
     }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
+use crate::commit::{create_commit, encode as encode_commit, COMMIT_FILE_NAME};
 use crate::error::{JournalError, Result};
 use crate::format::{
     chain_hash, decode_frame, encode_record, frame_payload, genesis_hash, segment_file_name, Frame,
@@ -17,7 +18,7 @@ use crate::format::{
 use crate::meta::{write_meta, ChainPoint, LogPosition, Meta, MetaRecord};
 use crate::recovery::{analyze, ScannedSegment};
 use crate::stats::JournalStats;
-use crate::storage::{OpenMode, RealStorage, SegmentFile, Storage};
+use crate::storage::{OpenMode, RealStorage, SegmentFile, Storage, SyncHandle};
 
 /// The most entries one `append` call may carry.
 pub const ENTRIES_PER_APPEND_LIMIT: u32 = 1 << 20;
@@ -25,6 +26,10 @@ pub const ENTRIES_PER_APPEND_LIMIT: u32 = 1 << 20;
 pub const LATENCY_NS_MAX: u64 = 3_600_000_000_000;
 /// The longest a `Batch` fsync interval may be: longer would make "batch" mean "never".
 pub const FSYNC_INTERVAL_MS_LIMIT: u32 = 10_000;
+/// How often, at most, the commit point file is fsynced (it is written in place on every
+/// advance and fsynced piggyback on the log's own fsyncs, no more often than this: a lost
+/// write only makes recovery's check weaker, see `commit`).
+pub const COMMIT_SYNC_INTERVAL_MS: u64 = 1_000;
 
 /// When appended data is made durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,8 +37,11 @@ pub enum Fsync {
     /// `append` returns Ok only after the data is fdatasync'ed: an appended entry survives
     /// power loss.
     Always,
-    /// `append` fsyncs when `interval_ms` passed since the last fsync or `bytes_max` bytes are
-    /// waiting, whichever comes first; `flush` forces it. A crash can lose the last interval.
+    /// Group commit. Without a flusher, `append` fsyncs when `interval_ms` passed since the
+    /// last fsync or `bytes_max` bytes are waiting, whichever comes first; `flush` forces it.
+    /// With one (`set_batch_flusher`), the flusher drives the fsyncs through `prepare_sync`,
+    /// outside the lock, as soon as someone waits; `append` fsyncs only past `bytes_max`. A
+    /// crash can lose what no fsync covered yet, which nobody was told was durable.
     Batch { interval_ms: u32, bytes_max: u64 },
     /// `append` never fsyncs; the operating system writes back when it likes. `flush` still
     /// fsyncs, because the caller asked for it by name.
@@ -151,8 +159,10 @@ pub struct RecoveryReport {
     pub removed_stale_segments: Vec<PathBuf>,
     /// Files in the directory that are not the journal's; they are left alone.
     pub foreign_files: Vec<PathBuf>,
-    /// Set when the vote file's committed index is beyond the log's end and the fsync mode
-    /// allowed that loss (`Batch` or `Never`); with `Always` this is an error instead.
+    /// Set when the recorded commit point is beyond the log's end and the fsync mode allowed
+    /// that loss (`Never`: written counts as appended, so a machine crash can take committed
+    /// entries with it); under `Always` and `Batch` the commit point is only ever recorded
+    /// once durable, so this is an error instead.
     pub committed_lost: Option<String>,
 }
 
@@ -220,6 +230,74 @@ pub struct Journal {
     fsync_latency_ns: Histogram<u64>,
     /// Counters for monitoring, shared with whoever asked for them.
     stats: Arc<JournalStats>,
+    /// The commit point file, once it exists (see `commit`).
+    commit_file: Option<Box<dyn SegmentFile>>,
+    /// The newest commit point written to it (or found there on open).
+    commit: Option<LogPosition>,
+    /// A newer commit point not yet durable in the segments, written once an fsync covers it.
+    commit_pending: Option<LogPosition>,
+    /// The commit point file holds a write not yet fsynced.
+    commit_unsynced: bool,
+    commit_synced_at: Instant,
+    /// Under `Fsync::Batch`, a flusher drives the fsyncs through `prepare_sync` (see
+    /// `set_batch_flusher`), so `append` does not fsync on the interval itself.
+    batch_flusher: bool,
+    /// Bumped whenever entries are dropped (truncate, reset, a rolled-back append): a sync
+    /// prepared before then no longer describes the log and must not advance the durable point.
+    sync_epoch: u64,
+    /// Bumped by every write to a segment, so a finished sync knows whether more came since.
+    write_seq: u64,
+    /// Bumped by every fsync made under `&mut self` (`sync`), for the same reason.
+    sync_seq: u64,
+}
+
+/// An fsync prepared by [`Journal::prepare_sync`] under the journal's lock and run with
+/// [`PreparedSync::run`] outside it, while appends go on; [`Journal::finish_sync`] then marks
+/// durable what it covered: the entries below the `next_index` captured when it was prepared.
+#[derive(Debug)]
+pub struct PreparedSync {
+    files: Vec<(PathBuf, Box<dyn SyncHandle>)>,
+    target_next_index: u64,
+    bytes: u64,
+    epoch: u64,
+    write_seq: u64,
+    sync_seq: u64,
+    stats: Arc<JournalStats>,
+}
+
+/// What [`PreparedSync::run`] did, for [`Journal::finish_sync`].
+#[derive(Debug)]
+pub struct SyncOutcome {
+    prepared: PreparedSync,
+    result: Result<Vec<u64>>,
+}
+
+impl PreparedSync {
+    /// The `next_index` this sync covers when it succeeds (entries below it become durable).
+    pub fn target_next_index(&self) -> u64 {
+        self.target_next_index
+    }
+
+    /// fdatasyncs every segment that held unsynced data when the sync was prepared. Takes no
+    /// lock; a failure is reported by `finish_sync`, which poisons the journal (fail-stop).
+    pub fn run(self) -> SyncOutcome {
+        let mut latencies_ns = Vec::with_capacity(self.files.len());
+        let mut result = Ok(());
+        for (path, handle) in &self.files {
+            let start = Instant::now();
+            if let Err(error) = handle.sync_data() {
+                result = Err(JournalError::io("fsync", path, error));
+                break;
+            }
+            let took = start.elapsed();
+            latencies_ns.push((took.as_nanos().min(u128::from(u64::MAX)) as u64).max(1));
+            self.stats.on_fsync(took);
+        }
+        SyncOutcome {
+            result: result.map(|()| latencies_ns),
+            prepared: self,
+        }
+    }
 }
 
 impl Journal {
@@ -249,12 +327,15 @@ impl Journal {
         match analysis.problem.take() {
             None => {}
             Some(JournalError::CommittedMissing {
-                committed, last, ..
-            }) if config.fsync != Fsync::Always => {
+                committed,
+                last,
+                file,
+                ..
+            }) if config.fsync == Fsync::Never => {
                 report.committed_lost = Some(format!(
-                    "the vote file records index {committed} as committed but the log ends at \
-                     {last}; with fsync {:?} the tail was not yet durable",
-                    config.fsync
+                    "{} records index {committed} as committed but the log ends at {last}; \
+                     with fsync Never the tail was never made durable",
+                    file.display()
                 ));
             }
             Some(problem) => return Err(problem),
@@ -334,7 +415,24 @@ impl Journal {
             fsync_latency_ns: Histogram::new_with_bounds(1, LATENCY_NS_MAX, 3)
                 .map_err(|e| JournalError::Config(e.to_string()))?,
             stats: JournalStats::new(&dir),
+            commit_file: None,
+            commit: analysis.commit,
+            commit_pending: None,
+            commit_unsynced: false,
+            commit_synced_at: Instant::now(),
+            batch_flusher: false,
+            sync_epoch: 0,
+            write_seq: 0,
+            sync_seq: 0,
         };
+        if analysis.listing.has_commit {
+            let path = dir.join(COMMIT_FILE_NAME);
+            journal.commit_file = Some(
+                storage
+                    .open_file(&path, OpenMode::ReadWrite)
+                    .map_err(|error| JournalError::io("open", &path, error))?,
+            );
+        }
         if analysis.meta.is_none() {
             report.created = true;
             journal.write_meta_record(MetaRecord::default())?;
@@ -359,6 +457,13 @@ impl Journal {
                 .map_err(|error| JournalError::io("fsync directory", &dir, error))?;
         }
         journal.durable_next_index = journal.next_index;
+        if report.committed_lost.is_some() {
+            // The entries past the log's end are gone from this node: it no longer vouches
+            // for them (the next commit advance rewrites the file).
+            let last = journal.last_position();
+            journal.commit = journal.commit.min(last);
+            journal.meta.meta.committed = journal.meta.meta.committed.min(last);
+        }
         journal.assert_invariants();
         report.segments = journal.segments.len();
         report.first_index = journal.first_index();
@@ -430,6 +535,95 @@ impl Journal {
     /// The raft hard state last saved.
     pub fn meta(&self) -> Meta {
         self.meta.meta
+    }
+
+    /// The newest commit point recorded (by [`Journal::save_committed`] or in the vote file):
+    /// every entry up to it is committed and was durable in this log when it was recorded.
+    pub fn committed(&self) -> Option<LogPosition> {
+        let from_meta = self.meta.meta.committed;
+        match (from_meta, self.commit) {
+            (Some(a), Some(b)) => Some(if b.index >= a.index { b } else { a }),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Records that every entry up to `position` is committed (raft's `save_committed`).
+    ///
+    /// Recovery refuses a log that ends before the recorded point, so the point must never
+    /// run ahead of what is durable here: a position past the durable prefix (under
+    /// `Fsync::Batch`, before the flusher's fsync) is held back and written by the fsync that
+    /// covers it. The write is in place and cheap (one positional write; the file is fsynced
+    /// piggyback on the log's fsyncs at most every `COMMIT_SYNC_INTERVAL_MS`). A point at or
+    /// below the recorded one is ignored: the commit point never goes back.
+    pub fn save_committed(&mut self, position: LogPosition) -> Result<()> {
+        self.check_writable()?;
+        if self.committed().is_some_and(|c| c.index >= position.index) {
+            return Ok(());
+        }
+        let durable_next = match self.config.fsync {
+            // Under Never, written counts as appended; nothing is more durable than that.
+            Fsync::Never => self.next_index,
+            Fsync::Always | Fsync::Batch { .. } => self.durable_next_index,
+        };
+        if position.index >= durable_next {
+            self.commit_pending = Some(position);
+            return Ok(());
+        }
+        self.write_commit(position)
+            .map_err(|error| self.poison(error))
+    }
+
+    fn write_commit(&mut self, position: LogPosition) -> Result<()> {
+        let identity = self.config.identity();
+        match &mut self.commit_file {
+            Some(file) => {
+                let path = self.dir.join(COMMIT_FILE_NAME);
+                file.write_all_at(&encode_commit(identity, position), 0)
+                    .map_err(|error| JournalError::io("write", &path, error))?;
+                self.commit_unsynced = true;
+            }
+            None => {
+                let durable = self.config.fsync != Fsync::Never;
+                self.commit_file = Some(create_commit(
+                    self.storage.as_ref(),
+                    &self.dir,
+                    identity,
+                    position,
+                    durable,
+                )?);
+                self.commit_synced_at = Instant::now();
+            }
+        }
+        self.commit = Some(position);
+        if self
+            .commit_pending
+            .is_some_and(|p| p.index <= position.index)
+        {
+            self.commit_pending = None;
+        }
+        Ok(())
+    }
+
+    /// After an fsync of the segments: writes a held-back commit point it covers, and fsyncs
+    /// the commit point file if it has waited long enough.
+    fn after_sync(&mut self) -> Result<()> {
+        if let Some(pending) = self.commit_pending {
+            if pending.index < self.durable_next_index {
+                self.write_commit(pending)?;
+            }
+        }
+        if self.commit_unsynced
+            && self.commit_synced_at.elapsed() >= Duration::from_millis(COMMIT_SYNC_INTERVAL_MS)
+        {
+            if let Some(file) = &mut self.commit_file {
+                let path = self.dir.join(COMMIT_FILE_NAME);
+                file.sync_data()
+                    .map_err(|error| JournalError::io("fsync", &path, error))?;
+            }
+            self.commit_unsynced = false;
+            self.commit_synced_at = Instant::now();
+        }
+        Ok(())
     }
 
     /// fsync latencies of this journal's appends, in nanoseconds.
@@ -564,6 +758,7 @@ impl Journal {
         self.next_index = rollback.next_index;
         self.tip_term = rollback.tip_term;
         self.tip_hash = rollback.tip_hash;
+        self.sync_epoch += 1;
         self.durable_next_index = self.durable_next_index.min(self.next_index);
         let last = self.segments.len().saturating_sub(1);
         self.unsynced_segment = self.unsynced_segment.map(|s| s.min(last));
@@ -610,9 +805,12 @@ impl Journal {
                 interval_ms,
                 bytes_max,
             } => {
-                if self.unsynced_bytes >= bytes_max
-                    || self.last_sync.elapsed() >= Duration::from_millis(u64::from(interval_ms))
-                {
+                // With a flusher, the interval is its business: it fsyncs as soon as a
+                // caller waits and none is running, so an append here must not block
+                // every other append behind an fsync. bytes_max still bounds what may wait.
+                let interval_due = !self.batch_flusher
+                    && self.last_sync.elapsed() >= Duration::from_millis(u64::from(interval_ms));
+                if self.unsynced_bytes >= bytes_max || interval_due {
                     self.sync()
                 } else {
                     Ok(())
@@ -638,6 +836,7 @@ impl Journal {
         self.next_index += offsets.len() as u64;
         self.unsynced_bytes += buffer.len() as u64;
         self.unsynced_segment.get_or_insert(segment_index);
+        self.write_seq += 1;
         buffer.clear();
         offsets.clear();
         Ok(())
@@ -662,7 +861,80 @@ impl Journal {
         self.unsynced_bytes = 0;
         self.last_sync = Instant::now();
         self.durable_next_index = self.next_index;
-        Ok(())
+        self.sync_seq += 1;
+        self.after_sync()
+    }
+
+    /// Says that a flusher drives this journal's fsyncs under `Fsync::Batch` through
+    /// [`Journal::prepare_sync`]: `append` then fsyncs only when `bytes_max` bytes wait, never
+    /// because the interval passed (the flusher bounds the wait instead).
+    pub fn set_batch_flusher(&mut self, on: bool) {
+        self.batch_flusher = on;
+    }
+
+    /// Group commit, step one (under the lock appends take): captures what is written but not
+    /// yet durable and returns a [`PreparedSync`] to run outside the lock, or None if there is
+    /// nothing to sync. A segment file that cannot hand out a [`SyncHandle`] is fsynced here,
+    /// in place, instead (and None is returned).
+    pub fn prepare_sync(&mut self) -> Result<Option<PreparedSync>> {
+        self.check_writable()?;
+        let Some(first) = self.unsynced_segment else {
+            return Ok(None);
+        };
+        let mut files = Vec::with_capacity(self.segments.len() - first);
+        for segment in &self.segments[first..] {
+            match segment.file.sync_handle() {
+                Ok(Some(handle)) => files.push((segment.path.clone(), handle)),
+                // No separate handle (or no descriptor to spare): fsync in place instead.
+                Ok(None) | Err(_) => {
+                    self.sync().map_err(|error| self.poison(error))?;
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(Some(PreparedSync {
+            files,
+            target_next_index: self.next_index,
+            bytes: self.unsynced_bytes,
+            epoch: self.sync_epoch,
+            write_seq: self.write_seq,
+            sync_seq: self.sync_seq,
+            stats: self.stats.clone(),
+        }))
+    }
+
+    /// Group commit, step three (under the lock again): on success, entries below the
+    /// prepared `next_index` are durable (unless the log was cut since, in which case nothing
+    /// is claimed and a later sync covers what remains); on failure the journal is poisoned
+    /// (fail-stop) and the error returned.
+    pub fn finish_sync(&mut self, outcome: SyncOutcome) -> Result<()> {
+        let SyncOutcome { prepared, result } = outcome;
+        let latencies_ns = match result {
+            Ok(latencies_ns) => latencies_ns,
+            Err(error) => return Err(self.poison(error)),
+        };
+        for ns in latencies_ns {
+            self.fsync_latency_ns.saturating_record(ns);
+        }
+        self.check_writable()?;
+        if prepared.epoch != self.sync_epoch {
+            return Ok(());
+        }
+        self.last_sync = Instant::now();
+        let covered = prepared.target_next_index.min(self.next_index);
+        self.durable_next_index = self.durable_next_index.max(covered);
+        if prepared.sync_seq == self.sync_seq {
+            // No in-place sync reset the bookkeeping meanwhile: what this sync covered is
+            // no longer waiting; writes made since (all in the last segment, as a rollover
+            // syncs in place) still are.
+            self.unsynced_bytes = self.unsynced_bytes.saturating_sub(prepared.bytes);
+            self.unsynced_segment = if prepared.write_seq == self.write_seq {
+                None
+            } else {
+                Some(self.segments.len() - 1)
+            };
+        }
+        self.after_sync().map_err(|error| self.poison(error))
     }
 
     /// Makes everything appended so far durable, in every fsync mode.
@@ -876,7 +1148,7 @@ impl Journal {
                 first - 1
             )));
         }
-        if let Some(committed) = self.meta.meta.committed {
+        if let Some(committed) = self.committed() {
             if committed.index > index {
                 return Err(JournalError::Invalid(format!(
                     "cannot truncate after {index}: index {} is committed",
@@ -938,6 +1210,7 @@ impl Journal {
         self.next_index = keep_next;
         self.tip_term = tip.term;
         self.tip_hash = tip.hash;
+        self.sync_epoch += 1;
         self.durable_next_index = self.durable_next_index.min(keep_next);
         self.unsynced_segment = self
             .unsynced_segment
@@ -1020,9 +1293,13 @@ impl Journal {
         }
         self.unsynced_segment = None;
         self.unsynced_bytes = 0;
+        // A held-back commit point inside the discarded log is covered by the snapshot now;
+        // openraft records the next one.
+        self.commit_pending = None;
         self.next_index = point.index + 1;
         self.tip_term = point.term;
         self.tip_hash = point.hash;
+        self.sync_epoch += 1;
         self.durable_next_index = self.next_index;
         // create_segment fsyncs the directory unless fsync is Never; do it here regardless,
         // since the deletions must not come back.

@@ -7,10 +7,14 @@
 //!   carries a chain hash over its predecessor's, so damage and mixed-up files are found on
 //!   open. Appends are group-committed under an [`Fsync`] mode. It offers what openraft's
 //!   `RaftLogStorage` needs: `append`, `flush`, `read`/`entries`, `last_position`,
-//!   `last_purged`, `truncate_after`, `purge_upto`, `reset`, and the vote file (`save_meta`).
+//!   `last_purged`, `truncate_after`, `purge_upto`, `reset`, the vote file (`save_meta`) and
+//!   the commit point file (`save_committed`, written in place, never ahead of the durable
+//!   prefix).
 //! - [`RecoveryReport`]: what `Journal::open` found and repaired. Only a torn write at the
 //!   very end of the last segment is ever repaired; any other damage is a [`JournalError`]
-//!   naming the file and byte offset.
+//!   naming the file and byte offset, including a log that ends before the recorded commit
+//!   point (a segment cut at a record boundary, a missing last segment), which under
+//!   `Fsync::Never` is reported as `committed_lost` instead.
 //! - [`SnapshotStore`] and [`Snapshot`]: atomically written, CRC-protected snapshots; the
 //!   newest valid one wins and damaged newer ones are reported.
 //! - [`Storage`] and [`SegmentFile`]: the file-system seam. [`RealStorage`] is the disk;
@@ -35,15 +39,19 @@
 //! | `get_log_state` | `last_purged()`, `last_position()` (falls back to the purge point) |
 //! | `try_get_log_entries(range)` | `read(range)` / `entries(range)` |
 //! | `save_vote` / `read_vote` | `save_meta(Meta { term, voted_for, vote_committed, .. })` / `meta()` |
-//! | `save_committed` / `read_committed` | `save_meta(Meta { committed, .. })` / `meta().committed` |
+//! | `save_committed` / `read_committed` | `save_committed(position)` / `committed()` (the commit point file, written in place; see `commit`) |
 //! | `append(entries, callback)` | `append(&[Entry])`; call back once `durable_next_index()` passes them (at once under `Fsync::Always`; after `flush()` otherwise) |
 //! | `truncate(log_id)` | `truncate_after(log_id.index - 1)` |
 //! | `purge(log_id)` | `purge_upto(log_id.index)`; `reset(ChainPoint)` when a snapshot lies beyond the log |
 //!
 //! Under `Fsync::Batch` nothing fsyncs while no appends arrive, so the caller should `flush()`
-//! on its own timer or when its queue runs dry.
+//! on its own timer or when its queue runs dry, or run a flusher: `set_batch_flusher(true)`,
+//! then `prepare_sync()` under the lock, `PreparedSync::run()` (the fdatasync) without it, and
+//! `finish_sync()` under it again, which marks durable only what the sync captured. The
+//! cluster's `LogStore` does that on its own thread as soon as an append's callback waits.
 
 mod bench;
+mod commit;
 mod error;
 mod format;
 mod journal;
@@ -55,6 +63,7 @@ pub mod stats;
 mod storage;
 
 pub use bench::{bench_append, BenchReport, LatencySummary};
+pub use commit::COMMIT_FILE_NAME;
 pub use error::{JournalError, Result};
 pub use format::{
     chain_hash, genesis_hash, segment_file_name, PAYLOAD_SIZE_BYTES_LIMIT,
@@ -62,8 +71,8 @@ pub use format::{
     SEGMENT_SIZE_BYTES_MIN,
 };
 pub use journal::{
-    Config, Entries, Entry, Fsync, Journal, RecoveryReport, TornTail, ENTRIES_PER_APPEND_LIMIT,
-    FSYNC_INTERVAL_MS_LIMIT,
+    Config, Entries, Entry, Fsync, Journal, PreparedSync, RecoveryReport, SyncOutcome, TornTail,
+    ENTRIES_PER_APPEND_LIMIT, FSYNC_INTERVAL_MS_LIMIT,
 };
 pub use meta::{ChainPoint, LogPosition, Meta, META_FILE_NAME};
 pub use ops::{
@@ -80,5 +89,6 @@ pub use stats::{
     SnapshotStatsSnapshot, FSYNC_BUCKETS_NS,
 };
 pub use storage::{
-    DirEntry, Faults, FaultyStorage, OpenMode, RealStorage, SegmentFile, Storage, EIO, ENOSPC,
+    DirEntry, Faults, FaultyStorage, OpenMode, RealStorage, SegmentFile, Storage, SyncHandle, EIO,
+    ENOSPC,
 };

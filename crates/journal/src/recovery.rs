@@ -10,12 +10,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::commit::{read_commit, COMMIT_FILE_NAME};
 use crate::error::{JournalError, Result};
 use crate::format::{
     genesis_hash, parse_segment_file_name, scan_records, Identity, RecordMeta, ScanEnd,
     SegmentHeader, SEGMENT_HEADER_SIZE_BYTES, SEGMENT_SIZE_BYTES_LIMIT,
 };
-use crate::meta::{read_meta, ChainPoint, MetaRecord, META_FILE_NAME};
+use crate::meta::{read_meta, ChainPoint, LogPosition, MetaRecord, META_FILE_NAME};
 use crate::storage::{OpenMode, Storage};
 
 /// The subdirectory the snapshot store uses by convention; not a foreign file.
@@ -31,6 +32,7 @@ pub(crate) struct Listing {
     /// Files that are none of ours.
     pub foreign_files: Vec<PathBuf>,
     pub has_meta: bool,
+    pub has_commit: bool,
 }
 
 pub(crate) fn list_dir(storage: &dyn Storage, dir: &Path) -> Result<Listing> {
@@ -50,6 +52,8 @@ pub(crate) fn list_dir(storage: &dyn Storage, dir: &Path) -> Result<Listing> {
             listing.temp_files.push(path);
         } else if entry.name == META_FILE_NAME {
             listing.has_meta = true;
+        } else if entry.name == COMMIT_FILE_NAME {
+            listing.has_commit = true;
         } else {
             listing.foreign_files.push(path);
         }
@@ -254,6 +258,8 @@ pub(crate) struct Analysis {
     pub listing: Listing,
     pub identity: Option<Identity>,
     pub meta: Option<MetaRecord>,
+    /// The commit point file's position (see `commit`), if there is one.
+    pub commit: Option<LogPosition>,
     /// Segments to keep, in order.
     pub segments: Vec<ScannedSegment>,
     /// A last segment file with no header (an interrupted creation), and its size.
@@ -315,6 +321,15 @@ pub(crate) fn analyze(
                 Err(error) => {
                     analysis.problem = Some(error);
                     return Ok(analysis);
+                }
+            }
+            if analysis.listing.has_commit {
+                match read_commit(storage.as_ref(), dir, identity) {
+                    Ok(commit) => analysis.commit = commit,
+                    Err(error) => {
+                        analysis.problem = Some(error);
+                        return Ok(analysis);
+                    }
                 }
             }
         } else if !analysis.segments.is_empty() {
@@ -406,16 +421,41 @@ fn check_start(analysis: &mut Analysis, dir: &Path) -> Result<()> {
             }
         }
     }
-    if let Some(committed) = analysis.meta.and_then(|m| m.meta.committed) {
+    // The newer of the two records of the commit point: the vote file's (written with the
+    // vote) and the commit point file's (written in place as commits advance).
+    let from_meta = analysis
+        .meta
+        .and_then(|m| m.meta.committed)
+        .map(|c| (c, dir.join(META_FILE_NAME)));
+    let from_commit = analysis.commit.map(|c| (c, dir.join(COMMIT_FILE_NAME)));
+    let committed = match (from_meta, from_commit) {
+        (Some(a), Some(b)) => Some(if b.0.index >= a.0.index { b } else { a }),
+        (a, b) => a.or(b),
+    };
+    if let Some((committed, file)) = committed {
         let last = analysis.last_index();
         if last.is_none_or(|last| last < committed.index) {
+            let end = analysis
+                .segments
+                .last()
+                .map(|s| (s.path.clone(), s.valid_len_bytes));
+            let mut text = match last {
+                Some(last) => format!("index {last}"),
+                None => "before any entry".to_string(),
+            };
+            match &end {
+                Some((path, offset)) => text.push_str(&format!(
+                    " (segment {} ends at byte offset {offset})",
+                    path.display()
+                )),
+                None => text.push_str(" (no segment file is left)"),
+            }
             return Err(JournalError::CommittedMissing {
                 dir: dir.to_path_buf(),
+                file,
                 committed: committed.index,
-                last: match last {
-                    Some(last) => format!("index {last}"),
-                    None => "before any entry".to_string(),
-                },
+                last: text,
+                end,
             });
         }
     }

@@ -56,6 +56,14 @@ pub trait SegmentFile: Send + Sync + fmt::Debug {
     fn sync_data(&mut self) -> io::Result<()>;
     fn set_len(&mut self, len_bytes: u64) -> io::Result<()>;
 
+    /// A second handle on the same open file that can `fdatasync` it without `&mut` access
+    /// to this one, so the journal can fsync outside the lock its appends take (see
+    /// `Journal::prepare_sync`). None (the default) means this file cannot: the journal then
+    /// fsyncs it in place, under the lock.
+    fn sync_handle(&self) -> io::Result<Option<Box<dyn SyncHandle>>> {
+        Ok(None)
+    }
+
     /// Reads the whole file. Refuses files larger than `len_bytes_max` rather than allocating
     /// whatever a damaged size says.
     fn read_all(&self, len_bytes_max: u64) -> io::Result<Vec<u8>> {
@@ -70,6 +78,13 @@ pub trait SegmentFile: Send + Sync + fmt::Debug {
         self.read_exact_at(&mut buf, 0)?;
         Ok(buf)
     }
+}
+
+/// A handle that only fsyncs; it covers every write made through the file it came from
+/// before `sync_data` starts.
+pub trait SyncHandle: Send + Sync + fmt::Debug {
+    /// `fdatasync` of the file this handle came from.
+    fn sync_data(&self) -> io::Result<()>;
 }
 
 /// The real file system.
@@ -139,6 +154,21 @@ impl SegmentFile for RealFile {
 
     fn set_len(&mut self, len_bytes: u64) -> io::Result<()> {
         self.0.set_len(len_bytes)
+    }
+
+    fn sync_handle(&self) -> io::Result<Option<Box<dyn SyncHandle>>> {
+        // A dup'ed descriptor shares the open file description, so fdatasync on it flushes
+        // the same file's data.
+        Ok(Some(Box::new(RealSyncHandle(self.0.try_clone()?))))
+    }
+}
+
+#[derive(Debug)]
+struct RealSyncHandle(fs::File);
+
+impl SyncHandle for RealSyncHandle {
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
     }
 }
 
@@ -322,5 +352,31 @@ impl SegmentFile for FaultyFile {
 
     fn set_len(&mut self, len_bytes: u64) -> io::Result<()> {
         self.inner.set_len(len_bytes)
+    }
+
+    fn sync_handle(&self) -> io::Result<Option<Box<dyn SyncHandle>>> {
+        Ok(self.inner.sync_handle()?.map(|inner| {
+            Box::new(FaultySyncHandle {
+                inner,
+                faults: self.faults.clone(),
+            }) as Box<dyn SyncHandle>
+        }))
+    }
+}
+
+/// A [`SyncHandle`] that fails the way [`FaultyFile::sync_data`] does.
+#[derive(Debug)]
+struct FaultySyncHandle {
+    inner: Box<dyn SyncHandle>,
+    faults: Arc<Faults>,
+}
+
+impl SyncHandle for FaultySyncHandle {
+    fn sync_data(&self) -> io::Result<()> {
+        self.faults.syncs.fetch_add(1, Ordering::Relaxed);
+        if let Some(errno) = self.faults.plan().sync_errno {
+            return Err(io::Error::from_raw_os_error(errno));
+        }
+        self.inner.sync_data()
     }
 }

@@ -236,3 +236,108 @@ fn fsync_batch_syncs_by_time() {
     assert!(faults.syncs() > before);
     assert_eq!(journal.durable_next_index(), 2);
 }
+
+/// Batch mode driven by a flusher (group commit): nothing fsyncs on a timer; a prepared sync
+/// runs outside the journal's `&mut` access, appends go on meanwhile, and it makes durable
+/// exactly what was written when it was prepared. Counts fsyncs through the faulty storage's
+/// counter, so the test does not depend on timing.
+#[test]
+fn batch_group_commit_syncs_at_once_and_covers_only_what_it_captured() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut journal, faults) = open_faulty(
+        dir.path(),
+        Fsync::Batch {
+            interval_ms: 1,
+            bytes_max: 1 << 30,
+        },
+    );
+    journal.set_batch_flusher(true);
+    journal.append(&entries(0..3, 1)).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let before = faults.syncs();
+    // The interval passed, but with a flusher an append never fsyncs on the timer.
+    journal.append(&entries(3..4, 1)).unwrap();
+    assert_eq!(faults.syncs(), before, "append fsynced on the interval");
+    assert_eq!(journal.durable_next_index(), 0);
+
+    // A waiting caller: the sync starts at once, whatever the interval.
+    let prepared = journal
+        .prepare_sync()
+        .unwrap()
+        .expect("unsynced data waits");
+    assert_eq!(prepared.target_next_index(), 4);
+    // Appends during the fsync are not covered by it.
+    journal.append(&entries(4..6, 1)).unwrap();
+    journal
+        .save_committed(bourse_journal::LogPosition { index: 3, term: 1 })
+        .unwrap();
+    assert_eq!(journal.committed(), None, "commit point ahead of durable");
+    let outcome = prepared.run();
+    assert_eq!(faults.syncs(), before + 1, "one fsync for the group");
+    journal.finish_sync(outcome).unwrap();
+    assert_eq!(journal.durable_next_index(), 4);
+    assert_eq!(journal.committed().map(|c| c.index), Some(3));
+
+    // The next sync covers the appends that arrived during the first.
+    let prepared = journal.prepare_sync().unwrap().expect("entries 4..6 wait");
+    assert_eq!(prepared.target_next_index(), 6);
+    // (The first sync's commit point created the commit file, with fsyncs of its own.)
+    let before = faults.syncs();
+    journal.finish_sync(prepared.run()).unwrap();
+    assert_eq!(journal.durable_next_index(), 6);
+    assert_eq!(faults.syncs(), before + 1);
+    assert!(journal.prepare_sync().unwrap().is_none(), "nothing left");
+}
+
+/// A sync prepared before a truncation must not vouch for entries written after it under the
+/// same indexes.
+#[test]
+fn batch_group_commit_ignores_a_sync_prepared_before_a_truncation() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut journal, _faults) = open_faulty(
+        dir.path(),
+        Fsync::Batch {
+            interval_ms: 10_000,
+            bytes_max: 1 << 30,
+        },
+    );
+    journal.set_batch_flusher(true);
+    journal.append(&entries(0..6, 1)).unwrap();
+    let prepared = journal.prepare_sync().unwrap().expect("data waits");
+    journal.truncate_after(2).unwrap();
+    journal.append(&entries(3..6, 2)).unwrap();
+    journal.finish_sync(prepared.run()).unwrap();
+    assert!(
+        journal.durable_next_index() <= 3,
+        "claimed rewritten entries"
+    );
+    let outcome = journal_prepare(&mut journal);
+    journal.finish_sync(outcome).unwrap();
+    assert_eq!(journal.durable_next_index(), 6);
+}
+
+fn journal_prepare(journal: &mut Journal) -> bourse_journal::SyncOutcome {
+    journal.prepare_sync().unwrap().expect("data waits").run()
+}
+
+/// An fsync error on the flusher's path fails stop like any other.
+#[test]
+fn batch_group_commit_fsync_error_fails_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut journal, faults) = open_faulty(
+        dir.path(),
+        Fsync::Batch {
+            interval_ms: 10_000,
+            bytes_max: 1 << 30,
+        },
+    );
+    journal.set_batch_flusher(true);
+    journal.append(&entries(0..3, 1)).unwrap();
+    let prepared = journal.prepare_sync().unwrap().expect("data waits");
+    faults.fail_syncs(EIO);
+    let outcome = prepared.run();
+    assert_io(&journal.finish_sync(outcome).unwrap_err(), "fsync", EIO);
+    assert_eq!(journal.durable_next_index(), 0);
+    faults.clear();
+    assert_poisoned(&mut journal, "Input/output error");
+}

@@ -393,3 +393,132 @@ fn short_foreign_file_named_as_last_segment_is_refused() {
         other => panic!("unexpected {other}"),
     }
 }
+
+fn position(index: u64) -> bourse_journal::LogPosition {
+    bourse_journal::LogPosition { index, term: 1 }
+}
+
+#[test]
+fn the_commit_point_survives_reopen_and_never_goes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut journal = filled(dir.path(), 30);
+    assert_eq!(journal.committed(), None);
+    journal.save_committed(position(12)).unwrap();
+    journal.save_committed(position(20)).unwrap();
+    journal.save_committed(position(15)).unwrap();
+    assert_eq!(journal.committed(), Some(position(20)));
+    drop(journal);
+    assert!(dir.path().join(bourse_journal::COMMIT_FILE_NAME).exists());
+    let report = verify(dir.path()).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problem);
+    assert!(
+        report.foreign_files.is_empty(),
+        "{:?}",
+        report.foreign_files
+    );
+    let (journal, report) = Journal::open(dir.path(), config()).unwrap();
+    assert!(report.committed_lost.is_none());
+    assert_eq!(journal.committed(), Some(position(20)));
+}
+
+#[test]
+fn under_batch_the_commit_point_waits_for_the_fsync_that_makes_it_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config();
+    config.fsync = bourse_journal::Fsync::Batch {
+        interval_ms: 10_000,
+        bytes_max: 1 << 30,
+    };
+    let (mut journal, _) = Journal::open(dir.path(), config).unwrap();
+    journal.append(&entries(0..10, 1)).unwrap();
+    assert_eq!(journal.durable_next_index(), 0);
+    // Committed by a quorum of peers, but not yet durable here: recording it now would make
+    // a crash before the fsync look like lost committed records.
+    journal.save_committed(position(8)).unwrap();
+    assert_eq!(journal.committed(), None);
+    journal.flush().unwrap();
+    assert_eq!(journal.committed(), Some(position(8)));
+}
+
+#[test]
+fn a_log_cut_at_a_record_boundary_inside_the_commit_point_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut journal = filled(dir.path(), 60);
+    journal.save_committed(position(59)).unwrap();
+    drop(journal);
+    // Cut the last segment exactly before the record of index 55: every record left is
+    // whole, so without the commit point this would look like a clean end.
+    let (file, offset) = locate(dir.path(), 55);
+    let f = fs::OpenOptions::new().write(true).open(&file).unwrap();
+    f.set_len(offset).unwrap();
+    drop(f);
+    let error = open_err(dir.path());
+    match &error {
+        JournalError::CommittedMissing {
+            committed: 59,
+            end: Some((end_file, end_offset)),
+            ..
+        } => {
+            assert_eq!(end_file, &file);
+            assert_eq!(*end_offset, offset);
+        }
+        other => panic!("unexpected {other}"),
+    }
+    let text = error.to_string();
+    let name = file.file_name().unwrap().to_string_lossy().to_string();
+    assert!(
+        text.contains(&name) && text.contains(&offset.to_string()) && text.contains("commit"),
+        "{text}"
+    );
+    assert_eq!(error.file(), Some(file.as_path()));
+    assert_eq!(error.offset(), Some(offset));
+    assert!(!verify(dir.path()).unwrap().is_ok());
+
+    // Under fsync Never the same loss is what the operator accepted: the journal opens,
+    // says what it lost, and no longer vouches for the missing entries.
+    let mut never = config();
+    never.fsync = bourse_journal::Fsync::Never;
+    let (journal, report) = Journal::open(dir.path(), never).unwrap();
+    assert!(report.committed_lost.unwrap().contains("index 59"));
+    assert_eq!(journal.committed(), Some(position(54)));
+}
+
+#[test]
+fn a_missing_last_segment_under_the_commit_point_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut journal = filled(dir.path(), 60);
+    journal.save_committed(position(59)).unwrap();
+    drop(journal);
+    let mut files = segment_files(dir.path());
+    let last = files.pop().unwrap();
+    fs::remove_file(&last).unwrap();
+    let error = open_err(dir.path());
+    assert!(
+        matches!(error, JournalError::CommittedMissing { committed: 59, .. }),
+        "{error}"
+    );
+    let text = error.to_string();
+    let now_last = files
+        .last()
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    assert!(text.contains(&now_last), "{text}");
+}
+
+#[test]
+fn a_damaged_commit_point_file_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut journal = filled(dir.path(), 10);
+    journal.save_committed(position(5)).unwrap();
+    drop(journal);
+    let path = dir.path().join(bourse_journal::COMMIT_FILE_NAME);
+    flip_bit(&path, 41);
+    let error = open_err(dir.path());
+    assert!(
+        matches!(&error, JournalError::BadMeta { file, .. } if file == &path),
+        "{error}"
+    );
+}
