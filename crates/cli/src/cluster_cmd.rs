@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use bourse_cluster::batch::{decode_events, encode_command, LogCommand};
 use bourse_cluster::client::{node_snapshot, node_status};
-use bourse_cluster::net::{decode_message, encode_frame, NodeStatus, Request, Response, Tagged};
+use bourse_cluster::net::{
+    decode_message, encode_frame_into, NodeStatus, Request, Response, Tagged,
+};
 use bourse_cluster::tokio;
 use bourse_cluster::{ClusterConfig, FsyncSetting, Node, OutcomeKind, ReplicatedState};
 use bourse_core::Command;
@@ -54,6 +56,14 @@ pub enum ClusterCommand {
     Up {
         #[arg(long, default_value = "examples/cluster.toml")]
         config: PathBuf,
+        /// Give each node its `/metrics` and dashboard on 127.0.0.1: the configuration's
+        /// first node on this port, the second on the next, and so on (printed at start).
+        #[arg(long)]
+        monitor_base_port: Option<u16>,
+        /// Monitoring settings for every node (TOML; see crates/monitor/monitor.example.toml).
+        /// Needs --monitor-base-port.
+        #[arg(long, requires = "monitor_base_port")]
+        monitor_config: Option<PathBuf>,
     },
     /// Leader, term, log, commit/apply index, lag and state hash of every node.
     Status {
@@ -149,7 +159,11 @@ pub fn node(args: NodeArgs) -> Result<()> {
 
 pub fn run(command: ClusterCommand) -> Result<()> {
     match command {
-        ClusterCommand::Up { config } => up(&config),
+        ClusterCommand::Up {
+            config,
+            monitor_base_port,
+            monitor_config,
+        } => up(&config, monitor_base_port, monitor_config.as_deref()),
         ClusterCommand::Status { config, json } => {
             let config = ClusterConfig::load(&config).map_err(|e| anyhow!(e))?;
             let statuses = runtime()?.block_on(statuses(&config));
@@ -245,25 +259,77 @@ fn print_status(
     }
 }
 
-fn spawn_node(config_path: &Path, id: u64) -> Result<Child> {
+/// A node's monitoring as `cluster up` passes it on: its address and the settings file.
+struct NodeMonitorArgs<'a> {
+    listen: SocketAddr,
+    config: Option<&'a Path>,
+}
+
+fn spawn_node(config_path: &Path, id: u64, monitor: Option<NodeMonitorArgs>) -> Result<Child> {
     let exe = std::env::current_exe().context("current executable")?;
-    Process::new(exe)
+    let mut command = Process::new(exe);
+    command
         .arg("node")
         .arg("--config")
         .arg(config_path)
         .arg("--id")
-        .arg(id.to_string())
+        .arg(id.to_string());
+    if let Some(m) = monitor {
+        command.arg("--monitor-listen").arg(m.listen.to_string());
+        if let Some(c) = m.config {
+            command.arg("--monitor-config").arg(c);
+        }
+    }
+    command
         .spawn()
         .with_context(|| format!("spawning node {id}"))
 }
 
+/// The monitor addresses of `nodes` nodes from `base`: base, base + 1, … on 127.0.0.1.
+fn monitor_addrs(base: u16, nodes: usize) -> Result<Vec<SocketAddr>> {
+    let last = u32::from(base) + nodes.saturating_sub(1) as u32;
+    if base == 0 || last > u32::from(u16::MAX) {
+        bail!(
+            "--monitor-base-port {base}: the {nodes} nodes need ports {base}..={last}, which \
+             must lie in 1..=65535"
+        );
+    }
+    Ok((0..nodes as u16)
+        .map(|i| SocketAddr::from(([127, 0, 0, 1], base + i)))
+        .collect())
+}
+
 /// `bourse cluster up`: every node as a child process of this one.
-fn up(config_path: &Path) -> Result<()> {
+fn up(
+    config_path: &Path,
+    monitor_base_port: Option<u16>,
+    monitor_config: Option<&Path>,
+) -> Result<()> {
     let config = ClusterConfig::load(config_path).map_err(|e| anyhow!(e))?;
+    let monitors = match monitor_base_port {
+        Some(base) => {
+            if let Some(c) = monitor_config {
+                // Refuse a bad file here, once, rather than in every node.
+                crate::node_monitor::load_config(Some(c), String::new())?;
+            }
+            Some(monitor_addrs(base, config.nodes.len())?)
+        }
+        None => None,
+    };
     let stop = stop_flag();
     let mut children = Vec::new();
-    for n in &config.nodes {
-        children.push((n.id, spawn_node(config_path, n.id)?));
+    for (i, n) in config.nodes.iter().enumerate() {
+        let monitor = monitors.as_ref().map(|m| NodeMonitorArgs {
+            listen: m[i],
+            config: monitor_config,
+        });
+        if let Some(m) = &monitor {
+            println!(
+                "node {}: dashboard http://{}/ metrics http://{}/metrics",
+                n.id, m.listen, m.listen
+            );
+        }
+        children.push((n.id, spawn_node(config_path, n.id, monitor)?));
     }
     let rt = runtime()?;
     let started = Instant::now();
@@ -323,6 +389,10 @@ pub struct ClusterBenchArgs {
     /// One JSON object per scenario.
     #[arg(long)]
     json: bool,
+    /// Worker threads of each node's own runtime (2, as `bourse node` runs; 1: a
+    /// current-thread runtime, where a journal fsync stalls the whole node).
+    #[arg(long, default_value_t = 2)]
+    node_threads: usize,
 }
 
 /// Round trips of the loopback echo baseline.
@@ -359,144 +429,6 @@ fn echo_baseline() -> Result<Histogram<u64>> {
     Ok(h)
 }
 
-fn read_frame_sync(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len)?;
-    let len = u32::from_le_bytes(len);
-    if len > bourse_cluster::net::FRAME_SIZE_BYTES_MAX {
-        return Err(std::io::Error::other("frame too large"));
-    }
-    let mut body = vec![0u8; len as usize];
-    s.read_exact(&mut body)?;
-    Ok(body)
-}
-
-struct ScenarioResult {
-    offered_per_s: Option<u64>,
-    sent: u64,
-    acked: u64,
-    elapsed: Duration,
-    latency: Histogram<u64>,
-}
-
-/// Open-loop load on one pipelined connection to the leader: request i is due at
-/// `start + i / rate` and its latency counts from then, so a stall cannot hide itself.
-fn run_scenario(
-    leader: SocketAddr,
-    client_id: u64,
-    flow: &mut Flow,
-    rate: Option<u64>,
-    seconds: u64,
-    window: u64,
-) -> Result<ScenarioResult> {
-    let mut stream = TcpStream::connect(leader)?;
-    stream.set_nodelay(true)?;
-    let mut reader = stream.try_clone()?;
-    let total = rate.map_or(BENCH_COMMANDS_MAX, |r| {
-        (r * seconds).min(BENCH_COMMANDS_MAX)
-    });
-    let start = Instant::now();
-    let deadline = start + Duration::from_secs(seconds);
-    let acked = Arc::new(AtomicU64::new(0));
-    let (events_tx, events_rx) = mpsc::channel::<Vec<bourse_core::Event>>();
-    let due_ns: Arc<Vec<AtomicU64>> = Arc::new(
-        (0..total.min(16 << 20))
-            .map(|_| AtomicU64::new(0))
-            .collect(),
-    );
-    let acked_r = acked.clone();
-    let due_r = due_ns.clone();
-    let reader_thread = std::thread::spawn(move || -> Result<Histogram<u64>> {
-        let mut h = histogram();
-        loop {
-            let frame = match read_frame_sync(&mut reader) {
-                Ok(f) => f,
-                Err(_) => return Ok(h),
-            };
-            let now = start.elapsed().as_nanos() as u64;
-            let msg: Tagged<Response> = decode_message(&frame)?;
-            let Response::Submitted(result) = msg.body else {
-                bail!("unexpected response");
-            };
-            let outcome = result.map_err(|e| anyhow!("request {}: {e:?}", msg.tag))?;
-            if outcome.kind != OutcomeKind::Applied {
-                bail!("request {} answered {:?}", msg.tag, outcome.kind);
-            }
-            let Some(due) = due_r.get(msg.tag as usize) else {
-                bail!("response tag {} was never sent", msg.tag);
-            };
-            let due = due.load(Ordering::Relaxed);
-            record(&mut h, now.saturating_sub(due));
-            let _ = events_tx.send(decode_events(&outcome.events)?);
-            acked_r.fetch_add(1, Ordering::Release);
-        }
-    });
-    let mut sent = 0u64;
-    let mut out = Vec::with_capacity(1 << 16);
-    while sent < total && Instant::now() < deadline {
-        while let Ok(events) = events_rx.try_recv() {
-            flow.observe(&events);
-        }
-        let now_ns = start.elapsed().as_nanos() as u64;
-        let due = rate.map_or(now_ns, |r| sent * 1_000_000_000 / r);
-        if due > now_ns {
-            if !out.is_empty() {
-                stream.write_all(&out)?;
-                out.clear();
-            }
-            std::thread::sleep(Duration::from_nanos((due - now_ns).min(200_000)));
-            continue;
-        }
-        if sent - acked.load(Ordering::Acquire) >= window {
-            if !out.is_empty() {
-                stream.write_all(&out)?;
-                out.clear();
-            }
-            std::thread::sleep(Duration::from_micros(50));
-            continue;
-        }
-        due_ns[sent as usize].store(due, Ordering::Relaxed);
-        let command = Command::new(now_ns, flow.next_command());
-        let request = Request::Submit {
-            client_id,
-            request_seq: sent + 1,
-            command: encode_command(&command),
-        };
-        out.extend_from_slice(&encode_frame(&Tagged {
-            tag: sent,
-            body: request,
-        }));
-        sent += 1;
-        if out.len() > 32 * 1024 || rate.is_some() {
-            stream.write_all(&out)?;
-            out.clear();
-        }
-    }
-    stream.write_all(&out)?;
-    // Wait for the answers still in flight (bounded).
-    let drain_deadline = Instant::now() + Duration::from_secs(10);
-    while acked.load(Ordering::Acquire) < sent && Instant::now() < drain_deadline {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let elapsed = start.elapsed();
-    let acked_n = acked.load(Ordering::Acquire);
-    stream.shutdown(std::net::Shutdown::Both)?;
-    let latency = reader_thread
-        .join()
-        .map_err(|_| anyhow!("reader panicked"))??;
-    while let Ok(events) = events_rx.try_recv() {
-        flow.observe(&events);
-    }
-    Ok(ScenarioResult {
-        offered_per_s: rate,
-        sent,
-        acked: acked_n,
-        elapsed,
-        latency,
-    })
-}
-
-/// A scratch directory for the benchmark's journals, removed when dropped.
 struct BenchDir(PathBuf);
 
 impl BenchDir {
@@ -581,14 +513,29 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
     if args.seconds == 0 || args.seconds > 600 {
         bail!("--seconds must be in 1..=600");
     }
+    if args.window == 0 || args.window > DUE_RING_SLOTS as u64 {
+        bail!("--window must be in 1..={DUE_RING_SLOTS}");
+    }
+    if args.node_threads == 0 || args.node_threads > 8 {
+        bail!("--node-threads must be in 1..=8");
+    }
     let echo = Latency::of(&echo_baseline()?);
     let machine = Machine::this();
     if !args.json {
         println!(
-            "bourse bench cluster — 3 nodes in one process on loopback TCP; {} ({} cpus), version {}",
+            "bourse bench cluster — 3 nodes on loopback TCP, each on its own tokio runtime ({} \
+             thread{}) as if a process of its own; an open-loop client on two threads of its \
+             own; {} ({} cpus), version {}",
+            args.node_threads,
+            if args.node_threads == 1 { "" } else { "s" },
             machine.model,
             machine.cpus,
             report::version()
+        );
+        println!(
+            "  latency: from the moment a request was due (its scheduled send time) to the \
+             moment the client read its answer (committed on a quorum under the fsync mode, \
+             applied by the leader)"
         );
         println!(
             "  echo round trip (64 B, loopback): p50 {}  p99 {}  p99.9 {}",
@@ -597,26 +544,28 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
             report::ns(echo.p999)
         );
     }
-    let rt = runtime()?;
+    // The client side's runtime: setup, status queries and shutdown (the load itself runs
+    // on plain threads).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
     for mode in modes {
         let dir = BenchDir::new()?;
         let mut config = ClusterConfig::local(99, dir.0.clone(), free_ports()?);
         config.fsync = mode;
         let mode_name = format!("{mode:?}").to_lowercase();
-        let nodes = rt.block_on(async {
-            let mut nodes = Vec::new();
-            for n in &config.nodes {
-                nodes.push(Node::start(&config, n.id).await.map_err(|e| anyhow!(e))?);
-            }
-            Ok::<_, anyhow::Error>(nodes)
-        })?;
+        let mut nodes = Vec::new();
+        for n in &config.nodes {
+            nodes.push(BenchNode::start(&config, n.id, args.node_threads)?);
+        }
         let leader = rt.block_on(async {
             let limit = Instant::now() + Duration::from_secs(10);
             loop {
-                for n in &nodes {
-                    let s = n.status().await;
+                for (i, n) in nodes.iter().enumerate() {
+                    let s = n.node().status().await;
                     if s.leader == Some(s.id) {
-                        return Ok(n.addr);
+                        return Ok(i);
                     }
                 }
                 if Instant::now() > limit {
@@ -625,6 +574,7 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         })?;
+        let leader_addr = nodes[leader].node().addr;
         let mut flow = Flow::new(bench_flow());
         {
             let mut setup = bourse_cluster::Client::new(
@@ -649,8 +599,11 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
         let mut rates: Vec<Option<u64>> = args.rates.iter().map(|r| Some(*r)).collect();
         rates.push(None);
         for (i, rate) in rates.into_iter().enumerate() {
-            let r = run_scenario(
-                leader,
+            for n in &nodes {
+                n.node().stages().reset();
+            }
+            let r = open_loop(
+                leader_addr,
                 100 + i as u64,
                 &mut flow,
                 rate,
@@ -664,7 +617,12 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
                 rate.map_or("saturation".to_string(), |r| format!("{}k", r / 1000))
             );
             let ratio = |v: u64, base: u64| (v as f64 / base.max(1) as f64 * 100.0).round() / 100.0;
+            let stages = stage_breakdown(&nodes, leader);
             if args.json {
+                let stage_json: serde_json::Map<String, serde_json::Value> = stages
+                    .iter()
+                    .map(|(name, l)| (name.clone(), json!(l)))
+                    .collect();
                 println!(
                     "{}",
                     json!({
@@ -674,12 +632,14 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
                         "latency_ns": lat,
                         "ratio_to_echo": {"p50": ratio(lat.p50, echo.p50), "p99": ratio(lat.p99, echo.p99), "p999": ratio(lat.p999, echo.p999)},
                         "baseline": {"echo_rtt_ns": {"p50": echo.p50, "p99": echo.p99, "p999": echo.p999}},
+                        "stages_ns": stage_json, "node_threads": args.node_threads,
+                        "send_lag_ns": Latency::of(&r.send_lag),
                         "machine": machine, "version": report::version(),
                     })
                 );
             } else {
                 println!(
-                    "  {:<26} offered {:>9}  acked {:>9}/s  commit p50 {:>9} ({:>5.1}x echo)  p99 {:>9} ({:>5.1}x)  p99.9 {:>9} ({:>5.1}x)",
+                    "  {:<24} offered {:>9}  acked {:>9}/s  commit p50 {:>9} ({:>5.1}x echo)  p99 {:>9} ({:>5.1}x)  p99.9 {:>9} ({:>5.1}x)  max {:>9}",
                     scenario,
                     r.offered_per_s.map_or("max".into(), report::count),
                     report::count(tput.round() as u64),
@@ -689,7 +649,20 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
                     ratio(lat.p99, echo.p99),
                     report::ns(lat.p999),
                     ratio(lat.p999, echo.p999),
+                    report::ns(lat.max),
                 );
+                if !r.send_lag.is_empty() {
+                    let lag = Latency::of(&r.send_lag);
+                    println!(
+                        "      {:<16} p50 {:>9}  p99 {:>9}  p99.9 {:>9}  max {:>9}   client: due -> put in its send buffer (part of the latency above)",
+                        "send_lag",
+                        report::ns(lag.p50),
+                        report::ns(lag.p99),
+                        report::ns(lag.p999),
+                        report::ns(lag.max)
+                    );
+                }
+                print_stages(&stages);
             }
             if r.acked < r.sent {
                 eprintln!(
@@ -700,10 +673,13 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
             }
         }
         rt.block_on(async {
-            for n in nodes {
-                n.shutdown().await;
+            for n in &mut nodes {
+                if let Some(node) = n.node.take() {
+                    node.shutdown().await;
+                }
             }
         });
+        drop(nodes);
         let (commands, per_s) = replay_speed(&config)?;
         if args.json {
             println!(
@@ -714,7 +690,7 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
             );
         } else {
             println!(
-                "  {:<26} {} commands from node 1's journal at {} commands/s",
+                "  {:<24} {} commands from node 1's journal at {} commands/s",
                 format!("replay-fsync-{mode_name}"),
                 report::count(commands),
                 report::count(per_s.round() as u64)
@@ -722,4 +698,301 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// One node of the benchmark on a tokio runtime of its own, on a thread of its own: the
+/// nodes share no scheduler, as if each were its own `bourse node` process.
+struct BenchNode {
+    node: Option<Node>,
+    /// Dropping it lets the node's thread end its runtime.
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl BenchNode {
+    fn start(config: &ClusterConfig, id: u64, threads: usize) -> Result<BenchNode> {
+        let (node_tx, node_rx) = mpsc::channel::<Result<Node>>();
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let config = config.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("bench-node-{id}"))
+            .spawn(move || {
+                let rt = if threads == 1 {
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                } else {
+                    tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(threads)
+                        .enable_all()
+                        .build()
+                };
+                let rt = match rt {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = node_tx.send(Err(anyhow!("node {id}: runtime: {e}")));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    match Node::start(&config, id).await {
+                        Ok(node) => {
+                            let _ = node_tx.send(Ok(node));
+                            // Drive the node's tasks until the benchmark is done with it.
+                            let _ = stop_rx.await;
+                        }
+                        Err(e) => {
+                            let _ = node_tx.send(Err(anyhow!("node {id}: {e}")));
+                        }
+                    }
+                });
+            })
+            .context("node thread")?;
+        let node = node_rx
+            .recv()
+            .map_err(|_| anyhow!("node {id}: its thread ended"))??;
+        Ok(BenchNode {
+            node: Some(node),
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    fn node(&self) -> &Node {
+        self.node.as_ref().expect("node running")
+    }
+}
+
+impl Drop for BenchNode {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The leader's stages (see `bourse_cluster::stages`) and the followers' appends, in order.
+fn stage_breakdown(nodes: &[BenchNode], leader: usize) -> Vec<(String, Latency)> {
+    let mut out: Vec<(String, Latency)> = nodes[leader]
+        .node()
+        .stages()
+        .snapshot()
+        .into_iter()
+        .filter(|(name, h)| *name != "follower_append" && !h.is_empty())
+        .map(|(name, h)| (name.to_string(), Latency::of(&h)))
+        .collect();
+    let mut appends = histogram();
+    for (i, n) in nodes.iter().enumerate() {
+        if i == leader {
+            continue;
+        }
+        for (name, h) in n.node().stages().snapshot() {
+            if name == "follower_append" {
+                let _ = appends.add(&h);
+            }
+        }
+    }
+    if !appends.is_empty() {
+        out.push(("follower_append".into(), Latency::of(&appends)));
+    }
+    out
+}
+
+fn print_stages(stages: &[(String, Latency)]) {
+    for (name, l) in stages {
+        let what = match name.as_str() {
+            "queue" => "leader, per batch: request read -> batcher took it",
+            "propose" => "leader, per batch: batcher -> openraft client_write_ff returned",
+            "replicate" => "leader, per batch: proposed -> first follower acked its AppendEntries",
+            "commit_apply" => {
+                "leader, per batch: that ack -> openraft answered (commit, apply, wake)"
+            }
+            "reply" => "leader, per write: answer queued -> written to the client socket",
+            "ae_round_trip" => "leader, per AppendEntries with entries: sent -> answered",
+            "follower_append" => "followers, per AppendEntries with entries: handled by openraft",
+            "batch_requests" => "requests per batch",
+            _ => "",
+        };
+        if name == "batch_requests" {
+            println!(
+                "      {:<16} p50 {:>9}  p99 {:>9}  max {:>9}   {what}",
+                name,
+                report::count(l.p50),
+                report::count(l.p99),
+                report::count(l.max)
+            );
+        } else {
+            println!(
+                "      {:<16} p50 {:>9}  p99 {:>9}  p99.9 {:>9}  max {:>9}   {what}",
+                name,
+                report::ns(l.p50),
+                report::ns(l.p99),
+                report::ns(l.p999),
+                report::ns(l.max)
+            );
+        }
+    }
+}
+
+/// Slots of the ring of due times, by request: at least the largest window.
+const DUE_RING_SLOTS: usize = 1 << 16;
+/// A writer flushes its buffer when it holds this much.
+const CLIENT_WRITE_BYTES: usize = 64 * 1024;
+
+struct ScenarioRun {
+    offered_per_s: Option<u64>,
+    sent: u64,
+    acked: u64,
+    elapsed: Duration,
+    latency: Histogram<u64>,
+    send_lag: Histogram<u64>,
+}
+
+/// Offers `rate` commands/s (None: as fast as the window allows) for `seconds` to the leader
+/// on one connection, open loop: each request has a due time on a fixed schedule, is sent as
+/// soon as it is due (all requests due together go in one write), and its latency runs from
+/// that due time, so a stalled cluster or a late client counts against the result, never
+/// hides it. A reader thread matches answers by tag (the request's seq).
+fn open_loop(
+    leader: SocketAddr,
+    client_id: u64,
+    flow: &mut Flow,
+    rate: Option<u64>,
+    seconds: u64,
+    window: u64,
+) -> Result<ScenarioRun> {
+    let mut stream = TcpStream::connect(leader)?;
+    stream.set_nodelay(true)?;
+    let reader = stream.try_clone()?;
+    let total = rate.map_or(BENCH_COMMANDS_MAX, |r| {
+        (r * seconds).min(BENCH_COMMANDS_MAX)
+    });
+    let start = Instant::now();
+    let deadline_ns = seconds * 1_000_000_000;
+    let acked = Arc::new(AtomicU64::new(0));
+    let due_ns: Arc<Vec<AtomicU64>> =
+        Arc::new((0..DUE_RING_SLOTS).map(|_| AtomicU64::new(0)).collect());
+    // The answers' events go back to the writer, which feeds them to the flow (so that its
+    // cancels and replaces name live orders).
+    let (events_tx, events_rx) = mpsc::channel::<Vec<u8>>();
+    let acked_r = acked.clone();
+    let due_r = due_ns.clone();
+    let reader_thread = std::thread::Builder::new()
+        .name("bench-reader".into())
+        .spawn(move || -> Result<Histogram<u64>> {
+            let mut h = histogram();
+            let mut reader = std::io::BufReader::with_capacity(256 * 1024, reader);
+            let mut frame = Vec::new();
+            loop {
+                let mut len = [0u8; 4];
+                if reader.read_exact(&mut len).is_err() {
+                    return Ok(h);
+                }
+                let len = u32::from_le_bytes(len);
+                if len > bourse_cluster::net::FRAME_SIZE_BYTES_MAX {
+                    bail!("answer frame of {len} bytes");
+                }
+                frame.resize(len as usize, 0);
+                if reader.read_exact(&mut frame).is_err() {
+                    return Ok(h);
+                }
+                let now = start.elapsed().as_nanos() as u64;
+                let msg: Tagged<Response> = decode_message(&frame)?;
+                let Response::Submitted(result) = msg.body else {
+                    bail!("unexpected response");
+                };
+                let outcome = result.map_err(|e| anyhow!("request {}: {e:?}", msg.tag))?;
+                if outcome.kind != OutcomeKind::Applied {
+                    bail!("request {} answered {:?}", msg.tag, outcome.kind);
+                }
+                let due = due_r[(msg.tag as usize) % DUE_RING_SLOTS].load(Ordering::Acquire);
+                record(&mut h, now.saturating_sub(due));
+                let _ = events_tx.send(outcome.events);
+                acked_r.fetch_add(1, Ordering::Release);
+            }
+        })
+        .context("reader thread")?;
+    let mut sent = 0u64;
+    let mut out: Vec<u8> = Vec::with_capacity(2 * CLIENT_WRITE_BYTES);
+    // How late the client put each request in its buffer, after its due time.
+    let mut send_lag = histogram();
+    let result = (|| -> Result<()> {
+        while sent < total {
+            while let Ok(events) = events_rx.try_recv() {
+                flow.observe(&decode_events(&events)?);
+            }
+            let now_ns = start.elapsed().as_nanos() as u64;
+            if now_ns >= deadline_ns {
+                break;
+            }
+            let due = rate.map_or(now_ns, |r| sent * 1_000_000_000 / r);
+            let window_full = sent - acked.load(Ordering::Acquire) >= window;
+            if due > now_ns || window_full {
+                if !out.is_empty() {
+                    stream.write_all(&out)?;
+                    out.clear();
+                }
+                // Sleep (a spinning client would take a core from the nodes on a small
+                // machine); only within the last few microseconds yield instead. A sleep
+                // overshoots by the timer slack (~50 us): that lateness counts against the
+                // latency and is reported apart as `send_lag`.
+                if window_full {
+                    std::thread::sleep(Duration::from_micros(50));
+                } else if due - now_ns > 20_000 {
+                    std::thread::sleep(Duration::from_nanos(due - now_ns - 10_000));
+                } else {
+                    std::thread::yield_now();
+                }
+                continue;
+            }
+            if rate.is_some() {
+                record(&mut send_lag, now_ns.saturating_sub(due));
+            }
+            // Keyed by the request's tag (its seq), as the reader looks it up.
+            due_ns[((sent + 1) as usize) % DUE_RING_SLOTS].store(due, Ordering::Release);
+            encode_frame_into(
+                &mut out,
+                &Tagged {
+                    tag: sent + 1,
+                    body: Request::Submit {
+                        client_id,
+                        request_seq: sent + 1,
+                        command: encode_command(&Command::new(now_ns, flow.next_command())),
+                    },
+                },
+            );
+            sent += 1;
+            if out.len() >= CLIENT_WRITE_BYTES {
+                stream.write_all(&out)?;
+                out.clear();
+            }
+        }
+        stream.write_all(&out)?;
+        Ok(())
+    })();
+    // Wait for the answers still in flight (bounded).
+    let drain_deadline = Instant::now() + Duration::from_secs(10);
+    while result.is_ok() && acked.load(Ordering::Acquire) < sent && Instant::now() < drain_deadline
+    {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let elapsed = start.elapsed();
+    let acked_n = acked.load(Ordering::Acquire);
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+    let latency = reader_thread
+        .join()
+        .map_err(|_| anyhow!("reader panicked"))??;
+    result?;
+    while let Ok(events) = events_rx.try_recv() {
+        flow.observe(&decode_events(&events)?);
+    }
+    Ok(ScenarioRun {
+        offered_per_s: rate,
+        sent,
+        acked: acked_n,
+        elapsed,
+        latency,
+        send_lag,
+    })
 }

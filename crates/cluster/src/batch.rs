@@ -130,6 +130,14 @@ fn read_order_ref(r: &mut Reader) -> Result<OrderRef, DecodeError> {
 
 pub fn encode_command(command: &Command) -> Vec<u8> {
     let mut w = Writer::with_capacity(64);
+    encode_command_into(&mut w, command);
+    w.finish()
+}
+
+/// Appends a command's encoding to `w` (no allocation of its own: a batch of thousands is
+/// encoded on every append and every replication hop).
+pub fn encode_command_into(w: &mut Writer, command: &Command) {
+    let w = &mut *w;
     let cash = |w: &mut Writer, form, account: &AccountId, amount: &Cash| {
         w.u8(form);
         w.u32(account.0);
@@ -162,22 +170,22 @@ pub fn encode_command(command: &Command) -> Vec<u8> {
             w.u8(FORM_CANCEL);
             w.u32(c.account.0);
             w.u64(c.cl_ord_id.0);
-            order_ref(&mut w, &c.target);
+            order_ref(w, &c.target);
         }
         CommandBody::Replace(c) => {
             w.u8(FORM_REPLACE);
             w.u32(c.account.0);
             w.u64(c.cl_ord_id.0);
-            order_ref(&mut w, &c.target);
-            opt_u64(&mut w, c.price.map(|p| p.0 as u64));
-            opt_u64(&mut w, c.qty.map(|q| q.0 as u64));
+            order_ref(w, &c.target);
+            opt_u64(w, c.price.map(|p| p.0 as u64));
+            opt_u64(w, c.qty.map(|q| q.0 as u64));
         }
         CommandBody::MassCancel(m) => {
             w.u8(FORM_MASS_CANCEL);
             w.u64(m.cl_ord_id.0);
-            opt_u32(&mut w, m.account.map(|a| a.0));
-            opt_u32(&mut w, m.firm.map(|f| f.0));
-            opt_u32(&mut w, m.instrument.map(|i| i.0));
+            opt_u32(w, m.account.map(|a| a.0));
+            opt_u32(w, m.firm.map(|f| f.0));
+            opt_u32(w, m.instrument.map(|i| i.0));
             match m.side {
                 Some(side) => {
                     w.u8(1);
@@ -186,10 +194,10 @@ pub fn encode_command(command: &Command) -> Vec<u8> {
                 None => w.u8(0),
             }
         }
-        CommandBody::Deposit { account, amount } => cash(&mut w, FORM_DEPOSIT, account, amount),
-        CommandBody::Withdraw { account, amount } => cash(&mut w, FORM_WITHDRAW, account, amount),
+        CommandBody::Deposit { account, amount } => cash(w, FORM_DEPOSIT, account, amount),
+        CommandBody::Withdraw { account, amount } => cash(w, FORM_WITHDRAW, account, amount),
         CommandBody::SetCollateral { account, amount } => {
-            cash(&mut w, FORM_SET_COLLATERAL, account, amount)
+            cash(w, FORM_SET_COLLATERAL, account, amount)
         }
         CommandBody::EndOfDay => w.u8(FORM_END_OF_DAY),
         _ => {
@@ -197,11 +205,10 @@ pub fn encode_command(command: &Command) -> Vec<u8> {
             // Serialising a plain in-memory value into a Vec cannot fail.
             w.buf
                 .extend_from_slice(&rmp_serde::to_vec(command).expect("a command always encodes"));
-            return w.finish();
+            return;
         }
     }
     w.u64(command.ts_ns);
-    w.finish()
 }
 
 fn decode_fixed(form: u8, r: &mut Reader) -> Result<Command, DecodeError> {
@@ -312,7 +319,11 @@ pub fn decode_events(bytes: &[u8]) -> Result<Vec<Event>, DecodeError> {
 
 impl LogCommand {
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::with_capacity(64);
+        let mut w = Writer::with_capacity(match self {
+            // A new order encodes in 64 bytes with its key and length.
+            LogCommand::Batch(requests) => 8 + requests.len() * 72,
+            LogCommand::HashCheck { .. } => 17,
+        });
         match self {
             LogCommand::Batch(requests) => {
                 assert!(requests.len() <= REQUESTS_PER_BATCH_MAX as usize);
@@ -321,9 +332,13 @@ impl LogCommand {
                 for r in requests {
                     w.u64(r.client_id);
                     w.u64(r.request_seq);
-                    let command = encode_command(&r.command);
-                    assert!(command.len() <= COMMAND_SIZE_BYTES_MAX as usize);
-                    w.bytes(&command);
+                    // The command in place after its length, which is filled in after it.
+                    let at = w.buf.len();
+                    w.u32(0);
+                    encode_command_into(&mut w, &r.command);
+                    let len = w.buf.len() - at - 4;
+                    assert!(len <= COMMAND_SIZE_BYTES_MAX as usize);
+                    w.buf[at..at + 4].copy_from_slice(&(len as u32).to_le_bytes());
                 }
             }
             LogCommand::HashCheck { index, state_hash } => {

@@ -208,6 +208,16 @@ pub async fn node_status(addr: SocketAddr, timeout: Duration) -> std::io::Result
     }
 }
 
+/// As [`node_status`] without making the node hash its state (`state_hash` is 0; the
+/// newest hash checkpoint is in `checkpoint`): what a dashboard polls.
+pub async fn node_status_brief(addr: SocketAddr, timeout: Duration) -> std::io::Result<NodeStatus> {
+    let mut conn = PeerConnection::new(addr);
+    match conn.call(Request::StatusBrief, timeout).await? {
+        Response::Status(s) => Ok(s),
+        _ => Err(std::io::Error::other("unexpected response to status")),
+    }
+}
+
 /// Asks one node to take a snapshot now.
 pub async fn node_snapshot(addr: SocketAddr, timeout: Duration) -> std::io::Result<()> {
     let mut conn = PeerConnection::new(addr);
@@ -461,7 +471,9 @@ impl Driver {
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
         stream.set_nodelay(true)?;
-        let (mut read, writer) = stream.into_split();
+        let (read, writer) = stream.into_split();
+        // Buffered: the answers to a batch arrive together and are read in one call.
+        let mut read = tokio::io::BufReader::with_capacity(crate::net::READ_BUFFER_BYTES, read);
         let (tx, answers) = mpsc::channel(PIPELINE_WINDOW_MAX);
         let reader = tokio::spawn(async move {
             loop {
@@ -676,7 +688,7 @@ async fn sleep_until(at: Option<Instant>) {
 
 /// A subscription to one node's committed stream over TCP.
 pub struct StreamClient {
-    reader: tokio::net::tcp::OwnedReadHalf,
+    reader: tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>,
     /// Kept so the connection stays open.
     _writer: tokio::net::tcp::OwnedWriteHalf,
     pub node: SocketAddr,
@@ -701,7 +713,7 @@ impl StreamClient {
             }))
             .await?;
         Ok(StreamClient {
-            reader,
+            reader: tokio::io::BufReader::with_capacity(crate::net::READ_BUFFER_BYTES, reader),
             _writer: writer,
             node: addr,
         })

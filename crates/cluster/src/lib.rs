@@ -21,6 +21,9 @@
 //! - [`ClusterConfig`], [`Node`] (`node`): a node's configuration (TOML), its start-up, its
 //!   smart batcher (requests that arrive while earlier batches are in flight form the next
 //!   batch), its hash-check proposer, and its server.
+//! - [`stages::Stages`] (`stages`): where a request's time goes inside a node (queue,
+//!   propose, replicate, commit and apply, reply; AppendEntries round trips and the
+//!   follower's append) in HDR histograms, per batch and per RPC.
 //! - [`sim`]: deterministic simulation support: [`sim::SeededRuntime`] (openraft's runtime:
 //!   tokio, with a random generator the simulation can seed) and an in-memory network with
 //!   seeded partitions, loss, delay, duplication and reordering.
@@ -31,6 +34,8 @@
 //!   the same idempotency key across failover. [`client::PipelinedClient`]: many requests in
 //!   flight on one connection, resubmitting every unanswered one in seq order after a
 //!   failover or a gap; [`client::StreamClient`]: a subscription over TCP.
+//! - [`hooks::NodeHooks`] (`hooks`): the few cheap observation points inside a node for its
+//!   monitor (sampled t2 stamps, the follower's commit index).
 //!
 //! Acknowledgement rule: a node answers a request only with the outcome openraft returns
 //! after the entry holding it was committed on a quorum (each member's journal append counted
@@ -39,10 +44,12 @@
 pub mod batch;
 pub mod client;
 pub mod events;
+pub mod hooks;
 pub mod marketdata;
 pub mod net;
 pub mod node;
 pub mod sim;
+pub mod stages;
 pub mod state;
 pub mod storage;
 pub mod stream;

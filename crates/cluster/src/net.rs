@@ -10,6 +10,7 @@
 //! connection and match the answers as they come.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bincode::Options;
@@ -21,9 +22,10 @@ use openraft::raft::{
 };
 use openraft::BasicNode;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
+use crate::stages::Stages;
 use crate::state::Outcome;
 use crate::stream::{CommittedEntry, StreamError};
 use crate::{NodeId, TypeConfig};
@@ -32,6 +34,8 @@ use crate::{NodeId, TypeConfig};
 pub const FRAME_SIZE_BYTES_MAX: u32 = 64 * 1024 * 1024;
 /// How long a node-to-node connect may take before the peer counts as unreachable.
 pub const CONNECT_TIMEOUT_MS: u64 = 500;
+/// The read buffer of a connection: frames that arrived together are taken in one call.
+pub const READ_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Everything a node can be asked.
 #[derive(Debug, Serialize, Deserialize)]
@@ -43,7 +47,10 @@ pub enum Request {
     Submit {
         client_id: u64,
         request_seq: u64,
-        /// MessagePack of a `Command` (see `batch::encode_command`).
+        /// The encoded `Command` (see `batch::encode_command`). Carried as one byte string
+        /// (`bytes_field`): the same bytes on the wire as a sequence of u8, without a serde
+        /// call per byte.
+        #[serde(with = "bytes_field")]
         command: Vec<u8>,
     },
     /// Leader, term, log and apply positions, replication lag.
@@ -61,6 +68,47 @@ pub enum Request {
     LastSeq {
         client_id: u64,
     },
+    /// As `Status` without hashing the state now (cheap enough for a dashboard to poll
+    /// often): `state_hash` is 0 and `checkpoint` carries the newest hash checkpoint.
+    StatusBrief,
+}
+
+/// A `Vec<u8>` field as one serde byte string. Under bincode this is exactly the encoding of
+/// a sequence of u8 (a varint length, then the bytes), so old and new peers agree; serde's
+/// default walks the vector one element at a time, which was a visible share of a node's CPU.
+pub mod bytes_field {
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(bytes)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a byte string")
+            }
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(v.to_vec())
+            }
+            fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+                Ok(v)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Vec<u8>, A::Error> {
+                let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+                while let Some(b) = seq.next_element()? {
+                    v.push(b);
+                }
+                Ok(v)
+            }
+        }
+        d.deserialize_byte_buf(V)
+    }
 }
 
 /// Why a client request was not answered with an outcome.
@@ -94,6 +142,12 @@ pub struct NodeStatus {
     /// For a leader: the matched log index of each node.
     pub matched: Vec<(NodeId, Option<u64>)>,
     pub alarm: Option<String>,
+    /// The newest state-hash checkpoint: (log index, state hash), taken when that index was
+    /// applied, at the same indexes on every replica (so replicas compare at one index).
+    pub checkpoint: Option<(u64, u64)>,
+    /// The commit index this node knows: on the leader the index a majority matched, on a
+    /// follower the leader's commit index from its latest AppendEntries (at most its log).
+    pub commit_index: Option<u64>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -139,6 +193,22 @@ pub fn encode_frame<T: Serialize>(message: &T) -> Vec<u8> {
     buf
 }
 
+/// Appends a message's frame (length prefix included) to `buf`: many frames, one buffer, no
+/// allocation per frame (what a pipelining writer wants).
+pub fn encode_frame_into<T: Serialize>(buf: &mut Vec<u8>, message: &T) {
+    let start = buf.len();
+    buf.extend_from_slice(&[0u8; 4]);
+    options()
+        .serialize_into(&mut *buf, message)
+        .expect("in-memory messages encode");
+    let len = u32::try_from(buf.len() - start - 4).expect("frame under 4 GiB");
+    assert!(
+        len <= FRAME_SIZE_BYTES_MAX,
+        "frame of {len} bytes over the limit"
+    );
+    buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
 pub fn decode_message<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> std::io::Result<T> {
     options()
         .deserialize(bytes)
@@ -170,7 +240,9 @@ pub async fn read_frame<R: AsyncReadExt + Unpin>(
 /// One request/response connection to a peer, reconnected on the next call after a failure.
 pub struct PeerConnection {
     addr: SocketAddr,
-    stream: Option<TcpStream>,
+    /// Buffered for reading (one system call per burst of frames, not two per frame);
+    /// writes go straight through.
+    stream: Option<BufReader<TcpStream>>,
     next_tag: u64,
     /// Set while a call is under way: if the caller drops the call's future half way (openraft
     /// wraps RPCs in its own timeout), the stream may hold a late answer, so the next call
@@ -229,12 +301,13 @@ impl PeerConnection {
                 std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")
             })??;
             stream.set_nodelay(true)?;
-            self.stream = Some(stream);
+            self.stream = Some(BufReader::with_capacity(READ_BUFFER_BYTES, stream));
         }
         let stream = self.stream.as_mut().expect("connected above");
         let tag = self.next_tag;
         self.next_tag += 1;
         stream
+            .get_mut()
             .write_all(&encode_frame(&Tagged { tag, body }))
             .await?;
         let frame = read_frame(stream).await?.ok_or_else(|| {
@@ -256,7 +329,19 @@ impl PeerConnection {
 
 /// Makes openraft's per-peer clients.
 #[derive(Clone, Default)]
-pub struct Network;
+pub struct Network {
+    /// Where the AppendEntries round trips and acknowledgements are recorded.
+    stages: Option<Arc<Stages>>,
+}
+
+impl Network {
+    /// A network that records AppendEntries timings in `stages`.
+    pub fn with_stages(stages: Arc<Stages>) -> Network {
+        Network {
+            stages: Some(stages),
+        }
+    }
+}
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
@@ -265,6 +350,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         PeerClient {
             target,
             conn: node.addr.parse().ok().map(PeerConnection::new),
+            stages: self.stages.clone(),
         }
     }
 }
@@ -274,6 +360,13 @@ pub struct PeerClient {
     target: NodeId,
     /// None when the peer's address in the membership does not parse.
     conn: Option<PeerConnection>,
+    stages: Option<Arc<Stages>>,
+}
+
+/// Whether to print failed RPCs (`BOURSE_NET_DEBUG` set), read once.
+fn net_debug() -> bool {
+    static DEBUG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *DEBUG.get_or_init(|| std::env::var_os("BOURSE_NET_DEBUG").is_some())
 }
 
 impl PeerClient {
@@ -287,12 +380,11 @@ impl PeerClient {
                 &std::io::Error::other(format!("node {} has no valid address", self.target)),
             )));
         };
-        let what = format!("{body:?}").chars().take(60).collect::<String>();
+        // Only when debugging: formatting a request with its entries costs more than sending it.
+        let what = net_debug().then(|| format!("{body:?}").chars().take(60).collect::<String>());
         let r = conn.call(body, option.hard_ttl()).await;
-        if let Err(e) = &r {
-            if std::env::var("BOURSE_NET_DEBUG").is_ok() {
-                eprintln!("rpc to {}: {e} ({what})", self.target);
-            }
+        if let (Err(e), Some(what)) = (&r, what) {
+            eprintln!("rpc to {}: {e} ({what})", self.target);
         }
         r.map_err(|e| RPCError::Network(NetworkError::new(&e)))
     }
@@ -311,10 +403,26 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        let timed = match (&self.stages, rpc.entries.first(), rpc.entries.last()) {
+            (Some(stages), Some(first), Some(last)) => Some((
+                stages.clone(),
+                first.log_id.index,
+                last.log_id.index,
+                stages.now_ns(),
+            )),
+            _ => None,
+        };
         match self.call(Request::AppendEntries(rpc), &option).await? {
-            Response::AppendEntries(r) => r.map_err(|e| {
-                RPCError::RemoteError(openraft::error::RemoteError::new(self.target, e))
-            }),
+            Response::AppendEntries(r) => {
+                if let (Ok(AppendEntriesResponse::Success), Some((stages, first, last, sent))) =
+                    (&r, timed)
+                {
+                    stages.on_append_acknowledged(first, last, sent);
+                }
+                r.map_err(|e| {
+                    RPCError::RemoteError(openraft::error::RemoteError::new(self.target, e))
+                })
+            }
             _ => Err(unexpected("append_entries")),
         }
     }

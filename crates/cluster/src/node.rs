@@ -19,9 +19,12 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::batch::{decode_command, ClientRequest, LogCommand, REQUESTS_PER_BATCH_MAX};
+use crate::hooks::NodeHooks;
 use crate::net::{
-    decode_message, encode_frame, read_frame, NodeStatus, Request, Response, SubmitError, Tagged,
+    decode_message, encode_frame, encode_frame_into, read_frame, NodeStatus, Request, Response,
+    SubmitError, Tagged,
 };
+use crate::stages::{BatchStamps, ReplyStamp, Stages};
 use crate::state::Outcome;
 use crate::storage::{Alarm, LogStore, StateMachineStore};
 use crate::stream::{StreamError, Subscription};
@@ -68,6 +71,9 @@ fn d_election_ms_min() -> u64 {
 fn d_election_ms_max() -> u64 {
     600
 }
+fn d_log_kept_below_snapshot() -> u64 {
+    1_000
+}
 fn d_snapshot_every() -> u64 {
     20_000
 }
@@ -106,7 +112,9 @@ pub struct ClusterConfig {
     pub data_dir: PathBuf,
     #[serde(default)]
     pub fsync: FsyncSetting,
-    /// Under `fsync = "batch"`: the longest an append waits for its fsync.
+    /// Under `fsync = "batch"`, the journal's own interval rule. A node's log store runs a
+    /// group-commit flusher that starts an fsync as soon as an append waits for one, so no
+    /// append waits on this timer; the key is still validated and kept for the journal API.
     #[serde(default = "d_fsync_interval_ms")]
     pub fsync_interval_ms: u32,
     #[serde(default = "d_heartbeat_ms")]
@@ -118,6 +126,10 @@ pub struct ClusterConfig {
     /// A snapshot is taken every this many log entries (and on demand).
     #[serde(default = "d_snapshot_every")]
     pub snapshot_every_entries: u64,
+    /// Log entries kept below a snapshot before they are purged (openraft's
+    /// `max_in_snapshot_log_to_keep`): a follower lagging by more catches up by snapshot.
+    #[serde(default = "d_log_kept_below_snapshot")]
+    pub log_kept_below_snapshot_entries: u64,
     /// Every replica takes a state-hash checkpoint at log indexes that are multiples of this.
     #[serde(default = "d_hash_every")]
     pub hash_checkpoint_every_entries: u64,
@@ -167,6 +179,7 @@ impl ClusterConfig {
             election_timeout_ms_min: d_election_ms_min(),
             election_timeout_ms_max: d_election_ms_max(),
             snapshot_every_entries: d_snapshot_every(),
+            log_kept_below_snapshot_entries: d_log_kept_below_snapshot(),
             hash_checkpoint_every_entries: d_hash_every(),
             hash_check_interval_ms: d_hash_check_ms(),
             stream_entries_kept: d_stream_entries_kept(),
@@ -276,6 +289,10 @@ impl ClusterConfig {
 struct Pending {
     request: ClientRequest,
     reply: ReplyTo,
+    /// When the request was read off its connection (ns since the node's stage epoch).
+    received_ns: u64,
+    /// t2 of a request the monitor samples (see `hooks`); `None` for all others.
+    queued_at: Option<std::time::Instant>,
 }
 
 /// What the server tasks share.
@@ -286,6 +303,8 @@ struct Shared {
     sm: StateMachineStore,
     alarm: Alarm,
     submit: mpsc::Sender<Pending>,
+    hooks: Arc<NodeHooks>,
+    stages: Arc<Stages>,
 }
 
 /// A running node. Dropping it does not stop it; call [`Node::shutdown`].
@@ -302,7 +321,9 @@ impl Node {
     /// Opens the node's journal and snapshots, starts openraft, initialises a pristine group
     /// with the configured members, and serves on the node's address.
     pub async fn start(config: &ClusterConfig, id: NodeId) -> Result<Node, String> {
-        Node::start_with_network(config, id, crate::net::Network).await
+        let stages = Arc::new(Stages::new());
+        let network = crate::net::Network::with_stages(stages.clone());
+        Node::start_with(config, id, network, Arc::new(RealStorage), stages).await
     }
 
     /// As [`Node::start`], with another network between the nodes (the fault-injecting one
@@ -315,7 +336,8 @@ impl Node {
     where
         N: openraft::network::RaftNetworkFactory<crate::TypeConfig>,
     {
-        Node::start_with(config, id, network, Arc::new(RealStorage)).await
+        let stages = Arc::new(Stages::new());
+        Node::start_with(config, id, network, Arc::new(RealStorage), stages).await
     }
 
     /// As [`Node::start`], with the journal and the snapshots on `storage` (a
@@ -326,7 +348,9 @@ impl Node {
         id: NodeId,
         storage: Arc<dyn Storage>,
     ) -> Result<Node, String> {
-        Node::start_with(config, id, crate::net::Network, storage).await
+        let stages = Arc::new(Stages::new());
+        let network = crate::net::Network::with_stages(stages.clone());
+        Node::start_with(config, id, network, storage, stages).await
     }
 
     async fn start_with<N>(
@@ -334,6 +358,7 @@ impl Node {
         id: NodeId,
         network: N,
         storage: Arc<dyn Storage>,
+        stages: Arc<Stages>,
     ) -> Result<Node, String>
     where
         N: openraft::network::RaftNetworkFactory<crate::TypeConfig>,
@@ -357,6 +382,9 @@ impl Node {
                 torn.reason
             );
         }
+        if let Some(lost) = &report.committed_lost {
+            eprintln!("bourse node {id}: committed entries lost, catching up from peers: {lost}");
+        }
         let (snapshots, _) = SnapshotStore::open_with_storage(
             storage,
             dir.join("snapshots"),
@@ -374,6 +402,10 @@ impl Node {
         )
         .map_err(|e| format!("node {id}: {e}"))?;
         sm.stream().set_kept_max(config.stream_entries_kept);
+        // The market data numbering is part of the replicated state (crate::marketdata).
+        if let Some(md) = &config.marketdata {
+            sm.enable_marketdata(&md.publisher_config()).await;
+        }
         let log = LogStore::new(journal);
 
         let raft_config = openraft::Config {
@@ -382,7 +414,7 @@ impl Node {
             election_timeout_min: config.election_timeout_ms_min,
             election_timeout_max: config.election_timeout_ms_max,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
-            max_in_snapshot_log_to_keep: 1_000,
+            max_in_snapshot_log_to_keep: config.log_kept_below_snapshot_entries,
             max_payload_entries: 256,
             ..Default::default()
         }
@@ -410,6 +442,7 @@ impl Node {
             }
         }
         let (submit, submit_rx) = mpsc::channel(PENDING_REQUESTS_MAX);
+        let hooks = Arc::new(NodeHooks::default());
         let shared = Arc::new(Shared {
             id,
             config: config.clone(),
@@ -417,6 +450,8 @@ impl Node {
             sm,
             alarm,
             submit,
+            hooks: hooks.clone(),
+            stages: stages.clone(),
         });
         let (closing, closing_rx) = tokio::sync::watch::channel(false);
         let tasks = vec![
@@ -425,6 +460,8 @@ impl Node {
                 shared.raft.clone(),
                 shared.config.clone(),
                 submit_rx,
+                hooks,
+                stages,
             )),
             tokio::spawn(hash_check_proposer(shared.clone())),
         ];
@@ -454,7 +491,29 @@ impl Node {
     }
 
     pub async fn status(&self) -> NodeStatus {
-        status(&self.shared).await
+        status(&self.shared, true).await
+    }
+
+    /// As [`Node::status`] without hashing the state (`state_hash` 0; `checkpoint` has the
+    /// newest hash): cheap enough for a monitor to poll often.
+    pub async fn status_brief(&self) -> NodeStatus {
+        status(&self.shared, false).await
+    }
+
+    /// The node's observation points for its monitor.
+    pub fn hooks(&self) -> &NodeHooks {
+        &self.shared.hooks
+    }
+
+    /// Where requests' time goes inside this node, stage by stage (see [`Stages`]).
+    pub fn stages(&self) -> &Stages {
+        &self.shared.stages
+    }
+
+    /// Client requests queued for the batcher now.
+    pub fn batcher_queue_depth(&self) -> usize {
+        let s = &self.shared.submit;
+        s.max_capacity() - s.capacity()
     }
 
     /// The committed stream from `from_index` on: every entry this node applies (a follower
@@ -485,10 +544,30 @@ impl Node {
     }
 }
 
-async fn status(shared: &Shared) -> NodeStatus {
+/// The node's status; `hash`: hash the whole state now (else `state_hash` is 0).
+async fn status(shared: &Shared, hash: bool) -> NodeStatus {
     let metrics = shared.raft.metrics().borrow().clone();
-    let applied = shared.sm.status().await;
+    let applied = if hash {
+        shared.sm.status().await
+    } else {
+        shared.sm.status_brief().await
+    };
+    let matched: Vec<(NodeId, Option<u64>)> = metrics
+        .replication
+        .as_ref()
+        .map(|r| r.iter().map(|(id, l)| (*id, l.map(|l| l.index))).collect())
+        .unwrap_or_default();
+    let commit_index = if metrics.current_leader == Some(shared.id) {
+        crate::hooks::quorum_index(shared.config.nodes.len(), &matched)
+    } else {
+        shared
+            .hooks
+            .leader_commit()
+            .map(|c| c.min(metrics.last_log_index.unwrap_or(0)))
+    };
     NodeStatus {
+        checkpoint: applied.checkpoint,
+        commit_index,
         id: shared.id,
         state: format!("{:?}", metrics.state),
         term: metrics.current_term,
@@ -500,10 +579,7 @@ async fn status(shared: &Shared) -> NodeStatus {
         commands_applied: applied.commands_applied,
         engine_commands: applied.engine_commands,
         hash_checks_passed: applied.hash_checks_passed,
-        matched: metrics
-            .replication
-            .map(|r| r.iter().map(|(id, l)| (*id, l.map(|l| l.index))).collect())
-            .unwrap_or_default(),
+        matched,
         // A hash alarm, else the fatal error that stopped openraft (a journal write or fsync
         // failure: fail-stop), so that status says why the node no longer acknowledges.
         alarm: shared
@@ -548,6 +624,7 @@ const COALESCE_BYTES_MAX: usize = 256 * 1024;
 async fn connection_writer(
     mut writer: tokio::net::tcp::OwnedWriteHalf,
     mut rx: mpsc::Receiver<Vec<u8>>,
+    out: Arc<ConnectionOut>,
 ) {
     use tokio::io::AsyncWriteExt;
     let mut buf = Vec::with_capacity(64 * 1024);
@@ -563,7 +640,18 @@ async fn connection_writer(
         if writer.write_all(&buf).await.is_err() {
             return;
         }
+        if let Some(queued_ns) = out.stamp.take() {
+            out.stages.on_reply_written(queued_ns);
+        }
     }
+}
+
+/// A connection's output queue, shared by the answers to its requests.
+struct ConnectionOut {
+    to: mpsc::Sender<Vec<u8>>,
+    /// The oldest answer queued and not yet written, for the `reply` stage.
+    stamp: ReplyStamp,
+    stages: Arc<Stages>,
 }
 
 /// Where the answer to one submitted request goes: the tag to echo and the connection's
@@ -571,7 +659,7 @@ async fn connection_writer(
 /// request.
 struct ReplyTo {
     tag: u64,
-    to: mpsc::Sender<Vec<u8>>,
+    out: Arc<ConnectionOut>,
 }
 
 impl ReplyTo {
@@ -580,18 +668,57 @@ impl ReplyTo {
             tag: self.tag,
             body: Response::Submitted(result),
         });
-        match self.to.try_send(frame) {
-            Ok(()) => {}
+        self.out.queue(frame);
+    }
+}
+
+impl ConnectionOut {
+    /// Queues frames (one or many, whole) for the connection's writer.
+    fn queue(&self, frames: Vec<u8>) {
+        match self.to.try_send(frames) {
+            Ok(()) => self.stamp.mark(self.stages.now_ns()),
             // A connection whose queue is full is read slowly: wait for it on a task of its
             // own rather than in the batcher.
-            Err(mpsc::error::TrySendError::Full(frame)) => {
-                let to = self.to;
+            Err(mpsc::error::TrySendError::Full(frames)) => {
+                let to = self.to.clone();
                 tokio::spawn(async move {
-                    let _ = to.send(frame).await;
+                    let _ = to.send(frames).await;
                 });
             }
             Err(mpsc::error::TrySendError::Closed(_)) => {}
         }
+    }
+}
+
+/// Answers a batch: the answers to one connection's consecutive requests are encoded into
+/// one buffer and queued once (still one frame per request on the wire), so a batch of
+/// thousands costs its writer one queue message per connection instead of one per request.
+fn answer_batch(
+    replies: Vec<ReplyTo>,
+    results: impl Iterator<Item = Result<Outcome, SubmitError>>,
+) {
+    let mut buf = Vec::new();
+    let mut current: Option<Arc<ConnectionOut>> = None;
+    for (reply, result) in replies.into_iter().zip(results) {
+        if current
+            .as_ref()
+            .is_some_and(|c| !Arc::ptr_eq(c, &reply.out))
+        {
+            if let Some(out) = current.take() {
+                out.queue(std::mem::take(&mut buf));
+            }
+        }
+        encode_frame_into(
+            &mut buf,
+            &Tagged {
+                tag: reply.tag,
+                body: Response::Submitted(result),
+            },
+        );
+        current.get_or_insert(reply.out);
+    }
+    if let Some(out) = current {
+        out.queue(buf);
     }
 }
 
@@ -646,9 +773,16 @@ async fn serve_connection(
     shared: Arc<Shared>,
     mut closing: tokio::sync::watch::Receiver<bool>,
 ) {
-    let (mut reader, writer) = stream.into_split();
+    let (reader, writer) = stream.into_split();
+    // Buffered: a burst of pipelined requests is read in one system call, not two per frame.
+    let mut reader = tokio::io::BufReader::with_capacity(crate::net::READ_BUFFER_BYTES, reader);
     let (tx, rx) = mpsc::channel::<Vec<u8>>(CONNECTION_QUEUE_FRAMES_MAX);
-    let writer_task = tokio::spawn(connection_writer(writer, rx));
+    let out = Arc::new(ConnectionOut {
+        to: tx.clone(),
+        stamp: ReplyStamp::default(),
+        stages: shared.stages.clone(),
+    });
+    let writer_task = tokio::spawn(connection_writer(writer, rx, out.clone()));
     let mut subscriptions: Vec<JoinHandle<()>> = Vec::new();
     loop {
         let frame = tokio::select! {
@@ -674,16 +808,33 @@ async fn serve_connection(
                 // order into the log); the batcher answers on this connection's queue.
                 let reply_to = ReplyTo {
                     tag,
-                    to: tx.clone(),
+                    out: out.clone(),
                 };
-                if let Err((e, reply_to)) =
-                    enqueue(&shared, client_id, request_seq, &command, reply_to).await
+                let received_ns = shared.stages.now_ns();
+                if let Err((e, reply_to)) = enqueue(
+                    &shared,
+                    client_id,
+                    request_seq,
+                    &command,
+                    reply_to,
+                    received_ns,
+                )
+                .await
                 {
                     reply_to.send(Err(e));
                 }
             }
             Request::AppendEntries(rpc) => {
+                shared
+                    .hooks
+                    .on_leader_commit(rpc.leader_commit.map(|l| l.index));
+                let timed = (!rpc.entries.is_empty()).then(|| shared.stages.now_ns());
                 let r = shared.raft.append_entries(rpc).await;
+                if let Some(t) = timed {
+                    shared
+                        .stages
+                        .on_follower_append(shared.stages.now_ns().saturating_sub(t));
+                }
                 let _ = tx.send(reply(Response::AppendEntries(r))).await;
             }
             Request::Vote(rpc) => {
@@ -695,7 +846,11 @@ async fn serve_connection(
                 let _ = tx.send(reply(Response::InstallSnapshot(r))).await;
             }
             Request::Status => {
-                let s = status(&shared).await;
+                let s = status(&shared, true).await;
+                let _ = tx.send(reply(Response::Status(s))).await;
+            }
+            Request::StatusBrief => {
+                let s = status(&shared, false).await;
                 let _ = tx.send(reply(Response::Status(s))).await;
             }
             Request::Snapshot => {
@@ -747,6 +902,7 @@ async fn enqueue(
     request_seq: u64,
     command: &[u8],
     reply: ReplyTo,
+    received_ns: u64,
 ) -> Result<(), (SubmitError, ReplyTo)> {
     if shared.alarm.lock().expect("alarm lock").is_some() {
         return Err((
@@ -765,6 +921,8 @@ async fn enqueue(
             command,
         },
         reply,
+        received_ns,
+        queued_at: shared.hooks.sample_t2(),
     };
     shared.submit.send(pending).await.map_err(|e| {
         (
@@ -776,7 +934,15 @@ async fn enqueue(
 
 /// Smart batching: takes whatever requests are queued (up to the batch limit) as one entry;
 /// while `BATCHES_IN_FLIGHT_MAX` batches await commit, new requests queue and form the next.
-async fn batcher(raft: Raft, config: ClusterConfig, mut rx: mpsc::Receiver<Pending>) {
+async fn batcher(
+    raft: Raft,
+    config: ClusterConfig,
+    mut rx: mpsc::Receiver<Pending>,
+    hooks: Arc<NodeHooks>,
+    stages: Arc<Stages>,
+) {
+    // Shared by the batches' tasks (a clone per batch would copy every member's address).
+    let config = Arc::new(config);
     let permits = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT_MAX));
     loop {
         let Ok(permit) = permits.clone().acquire_owned().await else {
@@ -790,6 +956,14 @@ async fn batcher(raft: Raft, config: ClusterConfig, mut rx: mpsc::Receiver<Pendi
                 Err(_) => break,
             }
         }
+        // The batch's t2 for the monitor: its first sampled request's (rarely any).
+        let queued_at = batch.iter().find_map(|p| p.queued_at);
+        let mut stamps = BatchStamps {
+            received_ns: batch[0].received_ns,
+            taken_ns: stages.now_ns(),
+            proposed_ns: 0,
+            requests: batch.len() as u64,
+        };
         let (requests, replies): (Vec<_>, Vec<_>) =
             batch.into_iter().map(|p| (p.request, p.reply)).unzip();
         let receiver = match raft.client_write_ff(LogCommand::Batch(requests)).await {
@@ -801,11 +975,20 @@ async fn batcher(raft: Raft, config: ClusterConfig, mut rx: mpsc::Receiver<Pendi
                 continue;
             }
         };
+        stamps.proposed_ns = stages.now_ns();
         let config = config.clone();
+        let hooks = hooks.clone();
+        let stages = stages.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let answer: Result<Vec<Outcome>, SubmitError> = match receiver.await {
-                Ok(Ok(response)) => Ok(response.data),
+                Ok(Ok(response)) => {
+                    if let Some(t2) = queued_at {
+                        hooks.on_answered(response.log_id.index, t2);
+                    }
+                    stages.on_batch_answered(response.log_id.index, &stamps);
+                    Ok(response.data)
+                }
                 Ok(Err(ClientWriteError::ForwardToLeader(f))) => Err(SubmitError::NotLeader {
                     leader: f.leader_id.and_then(|id| {
                         config
@@ -823,14 +1006,11 @@ async fn batcher(raft: Raft, config: ClusterConfig, mut rx: mpsc::Receiver<Pendi
             match answer {
                 Ok(outcomes) => {
                     assert_eq!(outcomes.len(), replies.len(), "one outcome per request");
-                    for (reply, outcome) in replies.into_iter().zip(outcomes) {
-                        reply.send(Ok(outcome));
-                    }
+                    answer_batch(replies, outcomes.into_iter().map(Ok));
                 }
                 Err(e) => {
-                    for reply in replies {
-                        reply.send(Err(e.clone()));
-                    }
+                    let n = replies.len();
+                    answer_batch(replies, std::iter::repeat_n(Err(e), n));
                 }
             }
         });
