@@ -402,13 +402,20 @@ pub fn free_port() -> Result<u16> {
 
 /// A block of `n` consecutive ports from `from`, free for TCP and UDP on 127.0.0.1 now.
 fn free_port_block(n: u16) -> Result<u16> {
-    // Start at a pseudo-random place in the upper range so that concurrent deployments (tests
-    // in parallel) rarely try the same block.
+    // Below Linux's default ephemeral range (32768-60999): a port found free there could be
+    // taken by an outgoing connection (a node's peer or a link) before the feeds bind it,
+    // which happened in a 24-node run. Start at a pseudo-random place so that concurrent
+    // deployments (tests in parallel) rarely try the same block.
+    const RANGE_START: u16 = 10_000;
+    const RANGE_LEN: u16 = 22_000;
+    assert!(n > 0 && n < RANGE_LEN / 2, "port block of {n}");
+    let span = RANGE_LEN - n;
     let seed = (std::process::id() as u64)
         .wrapping_mul(0x9E37_79B9_7F4A_7C15)
         .wrapping_add(unix_ns());
-    let mut base = 20_000 + (seed % 30_000) as u16;
+    let mut offset = (seed % span as u64) as u16;
     for _ in 0..200 {
+        let base = RANGE_START + offset;
         let ok = (0..n).all(|i| {
             let p = base + i;
             std::net::UdpSocket::bind(("127.0.0.1", p)).is_ok()
@@ -417,7 +424,7 @@ fn free_port_block(n: u16) -> Result<u16> {
         if ok {
             return Ok(base);
         }
-        base = 20_000 + (base - 20_000 + n + 97) % 40_000;
+        offset = (offset + n + 97) % span;
     }
     bail!("no block of {n} free ports on 127.0.0.1")
 }
