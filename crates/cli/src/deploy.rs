@@ -396,8 +396,10 @@ async fn watch_core(
 
 /// A port that was free on 127.0.0.1 a moment ago (TCP and UDP).
 pub fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").context("bind a free port")?;
-    Ok(l.local_addr()?.port())
+    // Not a port the kernel hands out (bind to port 0 gives one from the ephemeral range, where
+    // an outgoing connection of a deployment running beside this one can take it between this
+    // probe and the node's bind): a block of one, below that range, like the feeds' ports.
+    free_port_block(1)
 }
 
 /// A block of `n` consecutive ports from `from`, free for TCP and UDP on 127.0.0.1 now.
