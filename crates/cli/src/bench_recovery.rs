@@ -23,6 +23,17 @@
 //! What is excluded: the network (a snapshot sent to a follower), openraft's own bookkeeping,
 //! and building the workload. The machine is shared with other builds; the load average is
 //! printed with the figures.
+//!
+//! Each replay stage runs in a function of its own (`open_pass`, `read_pass`, `decode_pass`,
+//! `apply_pass`, `engine_pass`, `replay_pass`), so its instructions, which other load does not
+//! change, can be counted alone, e.g. for the replicated apply:
+//!
+//! ```text
+//! valgrind --tool=callgrind --toggle-collect='bourse::bench_recovery::apply_pass' \
+//!   ./target/release/bourse bench recovery --commands 200000 --accounts 0 --rounds 1
+//! ```
+//!
+//! and the total divided by the commands (`--rounds 1`).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -287,110 +298,28 @@ fn replay(args: &RecoveryBenchArgs, work: &Path) -> Result<()> {
     );
 
     for _ in 0..args.rounds {
-        // Open: recovery's scan.
-        let t = Instant::now();
-        let (journal, _) = Journal::open(&dir, journal_config())?;
-        open.total_ns += t.elapsed().as_nanos() as u64;
+        let journal = open_pass(&dir, entries, &mut open)?;
         open.commands += history.commands;
-        record(
-            &mut open.per_entry,
-            t.elapsed().as_nanos() as u64 / entries.max(1),
-        );
-
-        // Read.
-        let mut payloads = Vec::with_capacity(entries as usize);
-        let t = Instant::now();
-        let mut last = Instant::now();
-        for record_result in journal.entries(..)? {
-            let r = record_result?;
-            payloads.push(r.payload);
-            let now = Instant::now();
-            record(&mut read.per_entry, (now - last).as_nanos() as u64);
-            last = now;
-        }
-        read.total_ns += t.elapsed().as_nanos() as u64;
+        let payloads = read_pass(&journal, entries, &mut read)?;
         read.commands += history.commands;
         drop(journal);
-
-        // Decode.
-        let mut batches = Vec::with_capacity(payloads.len());
-        let t = Instant::now();
-        let mut last = Instant::now();
-        for p in &payloads {
-            match entry_command(p).map_err(|e| anyhow!("decode: {e}"))? {
-                Some(LogCommand::Batch(requests)) => batches.push(requests),
-                other => bail!("unexpected entry {other:?}"),
-            }
-            let now = Instant::now();
-            record(&mut decode.per_entry, (now - last).as_nanos() as u64);
-            last = now;
-        }
-        decode.total_ns += t.elapsed().as_nanos() as u64;
+        let batches = decode_pass(&payloads, &mut decode)?;
         decode.commands += history.commands;
         drop(payloads);
-
-        // Apply to the replicated state.
-        let mut state = ReplicatedState::new(engine_config(), CHECKPOINT_EVERY_ENTRIES);
-        let mut outcomes: Vec<Outcome> = Vec::with_capacity(args.batch);
-        let t = Instant::now();
-        let mut last = Instant::now();
-        for (index, requests) in batches.iter().enumerate() {
-            outcomes.clear();
-            state.apply_batch(requests, &mut outcomes);
-            state.entry_applied(index as u64);
-            let now = Instant::now();
-            record(&mut apply.per_entry, (now - last).as_nanos() as u64);
-            last = now;
-        }
-        apply.total_ns += t.elapsed().as_nanos() as u64;
+        let state = apply_pass(&batches, args.batch, &mut apply);
         apply.commands += history.commands;
         if state.engine().state_hash() != history.final_hash {
             bail!("the replicated replay ended in another state than the shadow engine");
         }
         drop(state);
-
-        // The bare engine.
-        let mut engine = Engine::new(engine_config());
-        let mut events = Vec::with_capacity(1024);
-        let t = Instant::now();
-        let mut last = Instant::now();
-        for requests in &batches {
-            for r in requests {
-                events.clear();
-                engine.apply(&r.command, &mut events);
-            }
-            let now = Instant::now();
-            record(&mut engine_only.per_entry, (now - last).as_nanos() as u64);
-            last = now;
-        }
-        engine_only.total_ns += t.elapsed().as_nanos() as u64;
+        let engine = engine_pass(&batches, &mut engine_only);
         engine_only.commands += history.commands;
         if engine.state_hash() != history.final_hash {
             bail!("the engine replay ended in another state than the shadow engine");
         }
         drop(engine);
         drop(batches);
-
-        // The whole path, as a restarting node replays its log after its snapshot.
-        let t = Instant::now();
-        let (journal, _) = Journal::open(&dir, journal_config())?;
-        let mut state = ReplicatedState::new(engine_config(), CHECKPOINT_EVERY_ENTRIES);
-        let mut last = Instant::now();
-        for record_result in journal.entries(..)? {
-            let r = record_result?;
-            let Some(LogCommand::Batch(requests)) =
-                entry_command(&r.payload).map_err(|e| anyhow!("decode: {e}"))?
-            else {
-                bail!("unexpected entry at {}", r.index);
-            };
-            outcomes.clear();
-            state.apply_batch(&requests, &mut outcomes);
-            state.entry_applied(r.index);
-            let now = Instant::now();
-            record(&mut full.per_entry, (now - last).as_nanos() as u64);
-            last = now;
-        }
-        full.total_ns += t.elapsed().as_nanos() as u64;
+        let state = replay_pass(&dir, args.batch, &mut full)?;
         full.commands += history.commands;
         if state.engine().state_hash() != history.final_hash {
             bail!("the full replay ended in another state than the shadow engine");
@@ -432,6 +361,126 @@ fn replay(args: &RecoveryBenchArgs, work: &Path) -> Result<()> {
         );
     }
     Ok(())
+}
+
+// Each stage is a function of its own, never inlined, so that callgrind can count the
+// instructions of one stage alone (`--toggle-collect=bourse::bench_recovery::apply_pass`;
+// see the module documentation): a figure that other processes on the machine do not change.
+
+/// Opening the journal: recovery's scan of every segment.
+#[inline(never)]
+fn open_pass(dir: &Path, entries: u64, figure: &mut Figure) -> Result<Journal> {
+    let t = Instant::now();
+    let (journal, _) = Journal::open(dir, journal_config())?;
+    let elapsed_ns = t.elapsed().as_nanos() as u64;
+    figure.total_ns += elapsed_ns;
+    record(&mut figure.per_entry, elapsed_ns / entries.max(1));
+    Ok(journal)
+}
+
+/// Reading every record's payload.
+#[inline(never)]
+fn read_pass(journal: &Journal, entries: u64, figure: &mut Figure) -> Result<Vec<Vec<u8>>> {
+    let mut payloads = Vec::with_capacity(entries as usize);
+    let t = Instant::now();
+    let mut last = t;
+    for record_result in journal.entries(..)? {
+        payloads.push(record_result?.payload);
+        let now = Instant::now();
+        record(&mut figure.per_entry, (now - last).as_nanos() as u64);
+        last = now;
+    }
+    figure.total_ns += t.elapsed().as_nanos() as u64;
+    Ok(payloads)
+}
+
+/// Decoding every payload (openraft's entry, then the batch) into its requests.
+#[inline(never)]
+fn decode_pass(payloads: &[Vec<u8>], figure: &mut Figure) -> Result<Vec<Vec<ClientRequest>>> {
+    let mut batches = Vec::with_capacity(payloads.len());
+    let t = Instant::now();
+    let mut last = t;
+    for p in payloads {
+        match entry_command(p).map_err(|e| anyhow!("decode: {e}"))? {
+            Some(LogCommand::Batch(requests)) => batches.push(requests),
+            other => bail!("unexpected entry {other:?}"),
+        }
+        let now = Instant::now();
+        record(&mut figure.per_entry, (now - last).as_nanos() as u64);
+        last = now;
+    }
+    figure.total_ns += t.elapsed().as_nanos() as u64;
+    Ok(batches)
+}
+
+/// Applying the batches to a fresh replicated state, as a node applies committed entries.
+#[inline(never)]
+fn apply_pass(
+    batches: &[Vec<ClientRequest>],
+    batch: usize,
+    figure: &mut Figure,
+) -> ReplicatedState {
+    let mut state = ReplicatedState::new(engine_config(), CHECKPOINT_EVERY_ENTRIES);
+    let mut outcomes: Vec<Outcome> = Vec::with_capacity(batch);
+    let t = Instant::now();
+    let mut last = t;
+    for (index, requests) in batches.iter().enumerate() {
+        outcomes.clear();
+        state.apply_batch(requests, &mut outcomes);
+        state.entry_applied(index as u64);
+        let now = Instant::now();
+        record(&mut figure.per_entry, (now - last).as_nanos() as u64);
+        last = now;
+    }
+    figure.total_ns += t.elapsed().as_nanos() as u64;
+    state
+}
+
+/// Applying the same commands to a bare engine: what the engine alone costs.
+#[inline(never)]
+fn engine_pass(batches: &[Vec<ClientRequest>], figure: &mut Figure) -> Engine {
+    let mut engine = Engine::new(engine_config());
+    let mut events = Vec::with_capacity(1024);
+    let t = Instant::now();
+    let mut last = t;
+    for requests in batches {
+        for r in requests {
+            events.clear();
+            engine.apply(&r.command, &mut events);
+        }
+        let now = Instant::now();
+        record(&mut figure.per_entry, (now - last).as_nanos() as u64);
+        last = now;
+    }
+    figure.total_ns += t.elapsed().as_nanos() as u64;
+    engine
+}
+
+/// The whole path in one pass, as a restarting node replays its log after its snapshot:
+/// open, read, decode, apply.
+#[inline(never)]
+fn replay_pass(dir: &Path, batch: usize, figure: &mut Figure) -> Result<ReplicatedState> {
+    let t = Instant::now();
+    let (journal, _) = Journal::open(dir, journal_config())?;
+    let mut state = ReplicatedState::new(engine_config(), CHECKPOINT_EVERY_ENTRIES);
+    let mut outcomes: Vec<Outcome> = Vec::with_capacity(batch);
+    let mut last = Instant::now();
+    for record_result in journal.entries(..)? {
+        let r = record_result?;
+        let Some(LogCommand::Batch(requests)) =
+            entry_command(&r.payload).map_err(|e| anyhow!("decode: {e}"))?
+        else {
+            bail!("unexpected entry at {}", r.index);
+        };
+        outcomes.clear();
+        state.apply_batch(&requests, &mut outcomes);
+        state.entry_applied(r.index);
+        let now = Instant::now();
+        record(&mut figure.per_entry, (now - last).as_nanos() as u64);
+        last = now;
+    }
+    figure.total_ns += t.elapsed().as_nanos() as u64;
+    Ok(state)
 }
 
 // ---------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 //! is the *last* element: almost all activity happens near the best price, so inserting or
 //! removing a level moves only the few levels behind it.
 
+use crate::digest;
 use bourse_core::{ClOrdId, Instrument, OrderId, Phase, Side, TimeInForce};
 
 /// "No slot": the end of a list.
@@ -58,10 +59,19 @@ impl Order {
 }
 
 /// A fixed-capacity slab of orders with a free list.
+///
+/// The pool also keeps the resting orders' part of the state digest (`crate::digest`): per
+/// slot the order's key and its item as last added, and their sum. [`Book::push_back`] adds an
+/// order's item, [`Book::unlink`] takes it away (and rehashes the order behind it, whose
+/// predecessor changed), and [`OrderPool::rehash`] follows a change to a resting order.
 pub struct OrderPool {
     slots: Vec<Order>,
     free: Vec<u32>,
     capacity: usize,
+    /// Per slot: (the order's key, its item while it rests).
+    digests: Vec<(u64, u64)>,
+    /// The sum of the items of the resting orders.
+    digest: u64,
 }
 
 impl OrderPool {
@@ -71,6 +81,8 @@ impl OrderPool {
             slots: Vec::with_capacity(capacity),
             free: Vec::with_capacity(capacity),
             capacity,
+            digests: Vec::with_capacity(capacity),
+            digest: 0,
         }
     }
     pub fn capacity(&self) -> usize {
@@ -84,12 +96,15 @@ impl OrderPool {
     }
     /// Stores `order` and returns its slot. The caller checks `is_full` first.
     pub fn insert(&mut self, order: Order) -> u32 {
+        let key = digest::order_key(&order);
         if let Some(slot) = self.free.pop() {
             self.slots[slot as usize] = order;
+            self.digests[slot as usize] = (key, 0);
             slot
         } else {
             assert!(self.slots.len() < self.capacity, "order pool overflow");
             self.slots.push(order);
+            self.digests.push((key, 0));
             (self.slots.len() - 1) as u32
         }
     }
@@ -104,6 +119,83 @@ impl OrderPool {
     #[inline]
     pub fn get_mut(&mut self, slot: u32) -> &mut Order {
         &mut self.slots[slot as usize]
+    }
+
+    /// The sum of the resting orders' digest items.
+    pub fn digest(&self) -> u64 {
+        self.digest
+    }
+
+    /// Adds the item of the (just linked) resting order in `slot` to the digest.
+    #[inline]
+    fn digest_link(&mut self, slot: u32) {
+        let o = &self.slots[slot as usize];
+        let prev_id = if o.prev == NIL {
+            0
+        } else {
+            self.slots[o.prev as usize].id.0
+        };
+        let entry = &mut self.digests[slot as usize];
+        entry.1 = digest::order_item(entry.0, o, prev_id);
+        self.digest = self.digest.wrapping_add(entry.1);
+    }
+
+    /// Takes the item of the resting order in `slot` (as last added) out of the digest.
+    #[inline]
+    fn digest_unlink(&mut self, slot: u32) {
+        self.digest = self.digest.wrapping_sub(self.digests[slot as usize].1);
+    }
+
+    /// The order ahead of the resting order in `slot` changed from `old_prev_id` to
+    /// `new_prev_id` (ids; 0 for none): only its link term moves.
+    #[inline]
+    fn digest_repoint(&mut self, slot: u32, old_prev_id: u64, new_prev_id: u64) {
+        let entry = &mut self.digests[slot as usize];
+        // The link term is linear in the predecessor's id.
+        let delta = digest::link_term(entry.0, new_prev_id.wrapping_sub(old_prev_id));
+        entry.1 = entry.1.wrapping_add(delta);
+        self.digest = self.digest.wrapping_add(delta);
+    }
+
+    /// Follows a change to the resting order in `slot` (its quantities, price or client id)
+    /// in the digest. Every change to a resting order that stays resting must call this.
+    #[inline]
+    pub fn rehash(&mut self, slot: u32) {
+        debug_assert!(self.slots[slot as usize].resting);
+        self.digest_unlink(slot);
+        self.digest_link(slot);
+    }
+
+    /// Recomputes every resting order's key and item and their sum (after a restore).
+    pub(crate) fn rebuild_digest(&mut self) {
+        let mut sum = 0u64;
+        for slot in 0..self.slots.len() as u32 {
+            let o = &self.slots[slot as usize];
+            if !o.resting {
+                continue;
+            }
+            self.digests[slot as usize].0 = digest::order_key(o);
+            self.digest_link(slot);
+            sum = sum.wrapping_add(self.digests[slot as usize].1);
+        }
+        self.digest = sum;
+    }
+
+    /// A resting order whose cached key or item disagrees with the order, if any.
+    pub(crate) fn stale_digest_slot(&self) -> Option<u32> {
+        (0..self.slots.len() as u32).find(|&slot| {
+            let o = &self.slots[slot as usize];
+            if !o.resting {
+                return false;
+            }
+            let prev_id = if o.prev == NIL {
+                0
+            } else {
+                self.slots[o.prev as usize].id.0
+            };
+            let key = digest::order_key(o);
+            self.digests[slot as usize] != (key, digest::order_item(key, o, prev_id))
+        })
     }
 }
 
@@ -242,6 +334,10 @@ pub struct Book {
     /// Band limits derived from the reference price, kept to avoid recomputing per order.
     pub band_low: i64,
     pub band_high: i64,
+    /// The hash of the definition (all but the reference price), for the state digest.
+    pub(crate) def_digest: u64,
+    /// The book's item in the state digest as last added (the engine keeps it).
+    pub(crate) digest_item: u64,
 }
 
 /// Is `a` a better price than `b` for resting orders of `side`?
@@ -265,6 +361,7 @@ pub fn crosses(incoming: Side, limit: i64, resting: i64) -> bool {
 impl Book {
     pub fn new(def: Instrument, levels_per_side_hint: usize) -> Book {
         let (low, high) = def.band();
+        let def_digest = digest::instrument_digest(&def);
         Book {
             def,
             phase: Phase::Open,
@@ -272,6 +369,8 @@ impl Book {
             asks: Ladder::with_capacity(levels_per_side_hint),
             band_low: low.0,
             band_high: high.0,
+            def_digest,
+            digest_item: 0,
         }
     }
 
@@ -322,6 +421,7 @@ impl Book {
         level.qty_leaves += leaves;
         level.qty_display += display;
         level.orders += 1;
+        pool.digest_link(slot);
     }
 
     /// Takes the order in `slot` out of its level (which may become a placeholder).
@@ -341,6 +441,13 @@ impl Book {
         };
         let level = &mut levels[index];
         debug_assert_eq!(level.price, price);
+        // The order's item leaves the digest; the one behind it gets a new predecessor.
+        pool.digest_unlink(slot);
+        if next != NIL {
+            let old_prev_id = pool.get(slot).id.0;
+            let new_prev_id = if prev == NIL { 0 } else { pool.get(prev).id.0 };
+            pool.digest_repoint(next, old_prev_id, new_prev_id);
+        }
         if prev == NIL {
             level.head = next;
         } else {

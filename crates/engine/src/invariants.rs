@@ -19,6 +19,9 @@ impl Engine {
     ///   cash never negative, futures margin equal to [`crate::risk::futures_margin`] summed over
     ///   the account's futures positions,
     ///   open buy and sell quantities equal to the sums over the orders.
+    /// - State digest: every cached digest item (orders, accounts, books) equal to the item
+    ///   recomputed from the state, and the maintained sums equal to a from-scratch
+    ///   recomputation, so [`Engine::state_digest`] equals [`Engine::recompute_state_digest`].
     pub fn check_invariants(&self) -> Result<(), String> {
         // Expected per-account and per-position sums, rebuilt from the orders.
         let mut reserved_cash = vec![0i128; self.accounts.len()];
@@ -199,6 +202,7 @@ impl Engine {
                 ));
             }
         }
-        Ok(())
+        // Last: a stale digest is worth reporting only once the state itself is consistent.
+        self.check_digest()
     }
 }

@@ -16,11 +16,17 @@
 //! [`book::OrderPool`], price levels in pre-sized vectors, and the lookup tables are reserved
 //! up front for the configured capacity ([`EngineConfig`]).
 //!
+//! [`Engine::state_digest`] is a hash of the same state at O(1) cost: a multiset hash that
+//! every change updates (subtract the changed item's old hash, add its new one), which
+//! replicas compare at their checkpoints; [`Engine::recompute_state_digest`] rebuilds it
+//! from scratch, and `check_invariants` checks that the two agree.
+//!
 //! Modules: [`book`] (levels and the order pool), [`risk`] (accounts, positions,
-//! reservations), `snapshot` (bytes and hash), `invariants` (a full consistency check used by
-//! the tests).
+//! reservations), `snapshot` (bytes and hash), `digest` (the incremental state digest),
+//! `invariants` (a full consistency check used by the tests).
 
 pub mod book;
+mod digest;
 pub mod fixtures;
 mod invariants;
 pub mod risk;
@@ -115,6 +121,9 @@ pub struct Engine {
     counters: Counters,
     /// Reused buffer of slots for sweeps (mass cancel, end of day).
     scratch: Vec<u32>,
+    /// The state digest's sum over books, accounts and positions (the pool keeps the
+    /// orders'; see `digest`).
+    digest_items: u64,
 }
 
 impl Engine {
@@ -147,6 +156,7 @@ impl Engine {
             next_seq: 1,
             counters: Counters::default(),
             scratch: Vec::with_capacity(orders),
+            digest_items: 0,
         }
     }
 
@@ -466,15 +476,7 @@ impl Engine {
         let slot = self.pool.insert(order);
         self.order_index.insert(order.id, slot);
         self.clord_index.insert((acct_idx, o.cl_ord_id), slot);
-        self.accounts[acct_idx as usize].reserved_cash += reserved_cash;
-        let side = o.side;
-        self.change_position(acct_idx, book_idx, |p| {
-            p.sell_reserved += reserved_pos;
-            match side {
-                Side::Buy => p.buy_open += qty,
-                Side::Sell => p.sell_open += qty,
-            }
-        });
+        self.move_holdings(acct_idx, book_idx, o.side, reserved_cash, reserved_pos, qty);
         Ok(slot)
     }
 
@@ -609,8 +611,11 @@ impl Engine {
         self.next_trade_id += 1;
         self.counters.trades += 1;
         self.counters.volume_lots += qty as u128;
-        let book = &mut self.books[book_idx as usize];
-        book.set_reference(price);
+        if self.books[book_idx as usize].def.reference_price.0 != price {
+            self.books[book_idx as usize].set_reference(price);
+            self.digest_book(book_idx);
+        }
+        let book = &self.books[book_idx as usize];
         let fill = |o: &Order| Fill {
             order_id: o.id,
             account: self.accounts[o.account as usize].id,
@@ -662,6 +667,7 @@ impl Engine {
                 out,
             );
         } else {
+            self.pool.rehash(resting);
             self.order_log(
                 resting,
                 OrderLogAction::Change,
@@ -698,34 +704,44 @@ impl Engine {
         let market = def.market;
         let margin_per_lot = def.initial_margin.0;
         let account = &mut self.accounts[account_idx as usize];
-        account.reserved_cash += new_reserved_cash - reserved_cash;
-        let pos = account.position_mut(book_idx);
+        let reserved_delta = new_reserved_cash - reserved_cash;
+        account.reserved_cash += reserved_delta;
+        let (pos, created) = account.position_entry(book_idx);
         let margin_before = futures_margin(margin_per_lot, pos);
-        match side {
-            Side::Buy => {
-                pos.qty += qty;
-                pos.add_cost(value);
-                pos.buy_open -= qty;
-            }
-            Side::Sell => {
-                pos.qty -= qty;
-                pos.add_cost(-value);
-                pos.sell_open -= qty;
-                pos.sell_reserved -= from_pos;
-            }
-        }
-        match market {
-            Market::Equity | Market::Fx => match side {
-                Side::Buy => account.cash -= value,
-                Side::Sell => account.cash += value,
-            },
+        let (d_qty, d_cost, d_buy, d_sell) = match side {
+            Side::Buy => (qty, value, -qty, 0),
+            Side::Sell => (-qty, -value, 0, -qty),
+        };
+        pos.qty += d_qty;
+        pos.add_cost(d_cost);
+        pos.buy_open += d_buy;
+        pos.sell_open += d_sell;
+        pos.sell_reserved -= from_pos;
+        let (d_cash, d_margin) = match market {
+            // Equities and FX pay for what they buy; futures lock margin instead.
+            Market::Equity | Market::Fx => (-d_cost, 0),
             Market::Futures => {
                 let after = futures_margin(margin_per_lot, pos);
                 debug_assert!(after <= margin_before, "a fill raised futures margin");
-                account.margin_locked += after - margin_before;
+                (0, after - margin_before)
             }
-        }
+        };
+        account.cash += d_cash;
+        account.margin_locked += d_margin;
         debug_assert!(account.free_cash() >= 0, "a fill made free cash negative");
+        self.digest_account_moved(account_idx, d_cash, reserved_delta, d_margin);
+        self.digest_position_moved(
+            account_idx,
+            book_idx,
+            created,
+            digest::PositionChange {
+                qty: d_qty,
+                cost: d_cost,
+                sell_reserved: -from_pos,
+                buy_open: d_buy,
+                sell_open: d_sell,
+            },
+        );
         let o = self.pool.get_mut(slot);
         o.reserved_cash = new_reserved_cash;
         o.reserved_pos = new_reserved_pos;
@@ -825,14 +841,7 @@ impl Engine {
                 o.reserved_pos,
             )
         };
-        self.accounts[account as usize].reserved_cash -= reserved_cash;
-        self.change_position(account, book, |p| {
-            p.sell_reserved -= reserved_pos;
-            match side {
-                Side::Buy => p.buy_open -= leaves,
-                Side::Sell => p.sell_open -= leaves,
-            }
-        });
+        self.move_holdings(account, book, side, -reserved_cash, -reserved_pos, -leaves);
         let o = self.pool.get_mut(slot);
         o.reserved_cash = 0;
         o.reserved_pos = 0;
@@ -840,20 +849,52 @@ impl Engine {
         o.qty_display = 0;
     }
 
-    /// Applies `change` to an account's position and keeps its futures margin in step.
-    fn change_position(&mut self, acct: u32, book: u32, change: impl FnOnce(&mut risk::Position)) {
+    /// Moves what an order holds in its account: reserved cash by `d_cash`, the lots its
+    /// sells hold back by `d_pos`, the position's open quantity on `side` by `d_open`. Keeps
+    /// the futures margin and the state digest in step.
+    #[inline]
+    fn move_holdings(
+        &mut self,
+        acct: u32,
+        book: u32,
+        side: Side,
+        d_cash: i128,
+        d_pos: i64,
+        d_open: i64,
+    ) {
         let def = &self.books[book as usize].def;
         let futures = def.market == Market::Futures;
         let im = def.initial_margin.0;
         let account = &mut self.accounts[acct as usize];
-        let p = account.position_mut(book);
-        if futures {
-            let before = futures_margin(im, p);
-            change(p);
-            let after = futures_margin(im, p);
-            account.margin_locked += after - before;
+        account.reserved_cash += d_cash;
+        let (p, created) = account.position_entry(book);
+        let (d_buy, d_sell) = match side {
+            Side::Buy => (d_open, 0),
+            Side::Sell => (0, d_open),
+        };
+        let margin_before = if futures { futures_margin(im, p) } else { 0 };
+        p.sell_reserved += d_pos;
+        p.buy_open += d_buy;
+        p.sell_open += d_sell;
+        let d_margin = if futures {
+            futures_margin(im, p) - margin_before
         } else {
-            change(p);
+            0
+        };
+        account.margin_locked += d_margin;
+        self.digest_account_moved(acct, 0, d_cash, d_margin);
+        if created || d_pos != 0 || d_open != 0 {
+            self.digest_position_moved(
+                acct,
+                book,
+                created,
+                digest::PositionChange {
+                    sell_reserved: d_pos,
+                    buy_open: d_buy,
+                    sell_open: d_sell,
+                    ..Default::default()
+                },
+            );
         }
     }
 
@@ -1014,15 +1055,14 @@ impl Engine {
         // Admitted. Move the reservations, then the order.
         let acct_idx = o.account;
         let book_idx = o.book;
-        self.accounts[acct_idx as usize].reserved_cash += new_reserved_cash - o.reserved_cash;
-        let side = o.side;
-        self.change_position(acct_idx, book_idx, |p| {
-            p.sell_reserved += new_reserved_pos - o.reserved_pos;
-            match side {
-                Side::Buy => p.buy_open += open_delta,
-                Side::Sell => p.sell_open += open_delta,
-            }
-        });
+        self.move_holdings(
+            acct_idx,
+            book_idx,
+            o.side,
+            new_reserved_cash - o.reserved_cash,
+            new_reserved_pos - o.reserved_pos,
+            open_delta,
+        );
         if r.cl_ord_id != o.cl_ord_id {
             self.clord_index.remove(&(acct_idx, o.cl_ord_id));
             self.clord_index.insert((acct_idx, r.cl_ord_id), slot);
@@ -1062,6 +1102,11 @@ impl Engine {
             };
             x.reserved_cash = new_reserved_cash;
             x.reserved_pos = new_reserved_pos;
+        }
+        if priority_kept {
+            // Still resting, changed in place (an order that lost priority is out of its
+            // level and is hashed again when it rests).
+            self.pool.rehash(slot);
         }
         out.push(Event::OrderReplaced {
             order_id: o.id,
@@ -1215,6 +1260,7 @@ impl Engine {
             Some(id) => match self.book_index.get(&id) {
                 Some(&b) => {
                     self.books[b as usize].phase = phase;
+                    self.digest_book(b);
                     out.push(Event::PhaseChanged {
                         instrument: id,
                         phase,
@@ -1227,10 +1273,11 @@ impl Engine {
                 }),
             },
             None => {
-                for book in &mut self.books {
-                    book.phase = phase;
+                for b in 0..self.books.len() {
+                    self.books[b].phase = phase;
+                    self.digest_book(b as u32);
                     out.push(Event::PhaseChanged {
-                        instrument: book.def.instrument,
+                        instrument: self.books[b].def.instrument,
                         phase,
                         ts_ns: ts,
                     });
@@ -1248,12 +1295,12 @@ impl Engine {
         } else if self.books.len() >= self.config.instruments_max as usize {
             out.push(reject(RejectReason::CapacityExceeded));
         } else {
-            self.book_index
-                .insert(def.instrument, self.books.len() as u32);
-            self.books.push(Book::new(
-                def.clone(),
-                self.config.levels_per_side_hint as usize,
-            ));
+            let b = self.books.len() as u32;
+            self.book_index.insert(def.instrument, b);
+            let mut book = Book::new(def.clone(), self.config.levels_per_side_hint as usize);
+            book.digest_item = digest::book_item(b, &book, book.def_digest);
+            self.digest_items = self.digest_items.wrapping_add(book.digest_item);
+            self.books.push(book);
             out.push(Event::InstrumentAdded {
                 instrument: def.instrument,
                 ts_ns: ts,
@@ -1268,8 +1315,8 @@ impl Engine {
         } else if self.accounts.len() >= self.config.accounts_max as usize {
             out.push(reject(RejectReason::CapacityExceeded));
         } else {
-            self.account_index
-                .insert(spec.account, self.accounts.len() as u32);
+            let a = self.accounts.len() as u32;
+            self.account_index.insert(spec.account, a);
             self.accounts.push(Account {
                 id: spec.account,
                 firm: spec.firm,
@@ -1280,7 +1327,9 @@ impl Engine {
                 reserved_cash: 0,
                 margin_locked: 0,
                 positions: Vec::new(),
+                digest_key: 0,
             });
+            self.digest_account_added(a);
             out.push(Event::AccountAdded {
                 account: spec.account,
                 firm: spec.firm,
@@ -1303,6 +1352,7 @@ impl Engine {
                 .get(&account)
                 .ok_or(RejectReason::UnknownAccount)?;
             let acc = &mut self.accounts[a as usize];
+            let cash_before = acc.cash;
             let amount = amount.0;
             if amount > CASH_AMOUNT_MAX {
                 return Err(RejectReason::Overflow);
@@ -1333,17 +1383,20 @@ impl Engine {
                     acc.cash = amount;
                 }
             }
-            Ok((acc.cash, acc.free_cash()))
+            Ok((a, acc.cash - cash_before, acc.cash, acc.free_cash()))
         })();
         match result {
-            Ok((cash, free)) => out.push(Event::CashChanged {
-                account,
-                reason,
-                amount,
-                cash: Cash(cash),
-                cash_free: Cash(free),
-                ts_ns: ts,
-            }),
+            Ok((a, moved, cash, free)) => {
+                self.digest_account_moved(a, moved, 0, 0);
+                out.push(Event::CashChanged {
+                    account,
+                    reason,
+                    amount,
+                    cash: Cash(cash),
+                    cash_free: Cash(free),
+                    ts_ns: ts,
+                })
+            }
             Err(reason) => out.push(Event::CommandRejected { reason, ts_ns: ts }),
         }
     }

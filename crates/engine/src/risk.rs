@@ -70,6 +70,9 @@ pub struct Account {
     pub margin_locked: i128,
     /// Positions sorted by book index.
     pub positions: Vec<Position>,
+    /// The account's key in the state digest (a hash of its index, id, firm and settings,
+    /// fixed once it is added; see `crate::digest`).
+    pub(crate) digest_key: u64,
 }
 
 impl Account {
@@ -87,8 +90,14 @@ impl Account {
     /// The position in `book`, created empty on first use. Creating one allocates only when
     /// an account trades an instrument for the first time, not per order.
     pub fn position_mut(&mut self, book: u32) -> &mut Position {
-        let index = match self.positions.binary_search_by_key(&book, |p| p.book) {
-            Ok(i) => i,
+        self.position_entry(book).0
+    }
+
+    /// The position in `book` and whether it was created just now (see
+    /// [`Account::position_mut`]).
+    pub fn position_entry(&mut self, book: u32) -> (&mut Position, bool) {
+        let (index, created) = match self.positions.binary_search_by_key(&book, |p| p.book) {
+            Ok(i) => (i, false),
             Err(i) => {
                 if self.positions.len() == self.positions.capacity() {
                     // Grow by a quarter rather than doubling: positions are many and small,
@@ -97,10 +106,10 @@ impl Account {
                     self.positions.reserve_exact(extra);
                 }
                 self.positions.insert(i, Position::new(book));
-                i
+                (i, true)
             }
         };
-        &mut self.positions[index]
+        (&mut self.positions[index], created)
     }
 }
 

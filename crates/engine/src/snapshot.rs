@@ -4,7 +4,8 @@
 //! resting order book by book, side by side, worst level to best, queue head to tail) and
 //! leaves out everything derived (slot numbers, lookup tables, level totals). Restoring
 //! rebuilds the derived parts, so `restore(snapshot(x))` snapshots to the very same bytes,
-//! and the state hash is simply the hash of those bytes.
+//! and the state hash is simply the hash of those bytes. The incremental state digest
+//! (`crate::digest`) is derived too: restore recomputes it.
 
 use crate::book::{Book, Order, NIL};
 use crate::risk::{Account, Position};
@@ -45,13 +46,13 @@ impl From<DecodeError> for RestoreError {
     }
 }
 
-fn side_code(s: Side) -> u8 {
+pub(crate) fn side_code(s: Side) -> u8 {
     match s {
         Side::Buy => 0,
         Side::Sell => 1,
     }
 }
-fn tif_code(t: TimeInForce) -> u8 {
+pub(crate) fn tif_code(t: TimeInForce) -> u8 {
     match t {
         TimeInForce::Day => 0,
         TimeInForce::Gtc => 1,
@@ -60,21 +61,21 @@ fn tif_code(t: TimeInForce) -> u8 {
         TimeInForce::Fok => 4,
     }
 }
-fn phase_code(p: Phase) -> u8 {
+pub(crate) fn phase_code(p: Phase) -> u8 {
     match p {
         Phase::Open => 0,
         Phase::Halted => 1,
         Phase::Closed => 2,
     }
 }
-fn market_code(m: Market) -> u8 {
+pub(crate) fn market_code(m: Market) -> u8 {
     match m {
         Market::Equity => 0,
         Market::Fx => 1,
         Market::Futures => 2,
     }
 }
-fn stp_code(m: StpMode) -> u8 {
+pub(crate) fn stp_code(m: StpMode) -> u8 {
     match m {
         StpMode::None => 0,
         StpMode::CancelResting => 1,
@@ -241,7 +242,9 @@ impl Engine {
         // A damaged limit under that bound may still ask for more memory than there is, and an
         // allocation failure aborts the process instead of returning an error: reserve the
         // space the order pool and sweep buffer take first (address space only, untouched).
-        let pool_bytes = config.orders_max as usize * (std::mem::size_of::<Order>() + 8);
+        // Per order: the slot, its digest entry (two u64) and room in the free list and sweep
+        // buffer.
+        let pool_bytes = config.orders_max as usize * (std::mem::size_of::<Order>() + 24);
         if Vec::<u8>::new().try_reserve_exact(pool_bytes).is_err() {
             return Err(RestoreError::Inconsistent(
                 "orders_max needs more memory than there is".into(),
@@ -422,6 +425,7 @@ impl Engine {
                 reserved_cash,
                 margin_locked,
                 positions,
+                digest_key: 0,
             });
         }
 
@@ -488,6 +492,8 @@ impl Engine {
             e.books[o.book as usize].push_back(&mut e.pool, slot);
         }
         r.expect_end()?;
+        // The digest is not in the snapshot: it is a function of the state, recomputed here.
+        e.rebuild_digest();
         e.check_invariants().map_err(RestoreError::Inconsistent)?;
         Ok(e)
     }

@@ -1026,19 +1026,7 @@ impl Journal {
             .file
             .read_exact_at(&mut buf, start)
             .map_err(|error| JournalError::io("read", &segment.path, error))?;
-        let corrupt = |reason: String| JournalError::Corrupt {
-            file: segment.path.clone(),
-            offset: start,
-            reason,
-        };
-        let frame = decode_frame(&buf, 0).map_err(|e| corrupt(e.message().to_string()))?;
-        if frame.index != index || frame.size_bytes() != buf.len() as u64 {
-            return Err(corrupt(format!(
-                "record read for index {index} has index {} and {} bytes",
-                frame.index,
-                frame.size_bytes()
-            )));
-        }
+        let frame = check_record(segment, index, start, &buf)?;
         Ok((frame, buf))
     }
 
@@ -1130,6 +1118,9 @@ impl Journal {
             journal: self,
             next: start,
             end,
+            chunk: Vec::new(),
+            chunk_segment: usize::MAX,
+            chunk_start: 0,
         })
     }
 
@@ -1393,6 +1384,98 @@ pub struct Entries<'a> {
     journal: &'a Journal,
     next: u64,
     end: u64,
+    /// Read-ahead: bytes `chunk_start..chunk_start + chunk.len()` of segment `chunk_segment`.
+    /// A long range is read in chunks of up to [`READ_AHEAD_BYTES`], not with one read call
+    /// per record (a replay reads every record); a chunk never extends past the last record
+    /// the range asks for, so a short range reads no more than before.
+    chunk: Vec<u8>,
+    chunk_segment: usize,
+    chunk_start: u64,
+}
+
+/// The most bytes [`Entries`] reads ahead in one call (one record larger than this is read
+/// whole).
+pub const READ_AHEAD_BYTES: u64 = 1 << 20;
+
+/// Checks one record's bytes (exactly the record, read from `start` in `segment`) again: its
+/// CRC, its index and its length, so bit rot after open is still caught.
+fn check_record(segment: &Segment, index: u64, start: u64, bytes: &[u8]) -> Result<Frame> {
+    let corrupt = |reason: String| JournalError::Corrupt {
+        file: segment.path.clone(),
+        offset: start,
+        reason,
+    };
+    let frame = decode_frame(bytes, 0).map_err(|e| corrupt(e.message().to_string()))?;
+    if frame.index != index || frame.size_bytes() != bytes.len() as u64 {
+        return Err(corrupt(format!(
+            "record read for index {index} has index {} and {} bytes",
+            frame.index,
+            frame.size_bytes()
+        )));
+    }
+    Ok(frame)
+}
+
+impl Entries<'_> {
+    fn read_next(&mut self) -> Result<Entry> {
+        let index = self.next;
+        let journal = self.journal;
+        let Some(s) = journal.segment_of(index) else {
+            return Err(JournalError::OutOfRange {
+                index,
+                range: journal.range_text(),
+            });
+        };
+        let segment = &journal.segments[s];
+        let (start, end) = segment.record_range(index);
+        let cached = s == self.chunk_segment
+            && start >= self.chunk_start
+            && end <= self.chunk_start + self.chunk.len() as u64;
+        if !cached {
+            // Whole records only, up to the last one of the range inside this segment that
+            // ends within the read-ahead (at least this record), so none is read twice.
+            let limit = start + READ_AHEAD_BYTES.max(end - start);
+            let first = (index - segment.base_index) as usize;
+            let last = ((self.end - 1).min(segment.next_index() - 1) - segment.base_index) as usize;
+            let (_, range_end) = segment.record_range(segment.base_index + last as u64);
+            let chunk_end = if range_end <= limit {
+                range_end
+            } else {
+                // The ends of records first..last are the starts of records first+1..=last.
+                let ends = &segment.offsets[first + 1..=last];
+                let fit = ends.partition_point(|&o| u64::from(o) <= limit);
+                if fit == 0 {
+                    end
+                } else {
+                    u64::from(ends[fit - 1])
+                }
+            };
+            let len = chunk_end - start;
+            self.chunk_segment = s;
+            self.chunk_start = start;
+            // Resized, not cleared: bytes kept from the last chunk are overwritten by the read,
+            // so only growth is zero-filled (zeroing every chunk cost as much as the CRC).
+            self.chunk.resize(len as usize, 0);
+            if segment.file.read_exact_at(&mut self.chunk, start).is_err() {
+                // A read error further on must not fail this record: read it alone, as
+                // without read-ahead, and report the error only if that read fails too.
+                self.chunk.clear();
+                self.chunk.resize((end - start) as usize, 0);
+                if let Err(error) = segment.file.read_exact_at(&mut self.chunk, start) {
+                    self.chunk.clear();
+                    return Err(JournalError::io("read", &segment.path, error));
+                }
+            }
+        }
+        let at = (start - self.chunk_start) as usize;
+        let bytes = &self.chunk[at..at + (end - start) as usize];
+        let frame = check_record(segment, index, start, bytes)?;
+        Ok(Entry {
+            index,
+            term: frame.term,
+            payload: frame_payload(bytes, 0, &frame).to_vec(),
+        })
+    }
 }
 
 impl Iterator for Entries<'_> {
@@ -1402,7 +1485,7 @@ impl Iterator for Entries<'_> {
         if self.next >= self.end {
             return None;
         }
-        let result = self.journal.read_record(self.next);
+        let result = self.read_next();
         self.next = if result.is_ok() {
             self.next + 1
         } else {

@@ -72,7 +72,7 @@ pub use format::{
 };
 pub use journal::{
     Config, Entries, Entry, Fsync, Journal, PreparedSync, RecoveryReport, SyncOutcome, TornTail,
-    ENTRIES_PER_APPEND_LIMIT, FSYNC_INTERVAL_MS_LIMIT,
+    ENTRIES_PER_APPEND_LIMIT, FSYNC_INTERVAL_MS_LIMIT, READ_AHEAD_BYTES,
 };
 pub use meta::{ChainPoint, LogPosition, Meta, META_FILE_NAME};
 pub use ops::{
