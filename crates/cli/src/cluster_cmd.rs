@@ -100,7 +100,35 @@ fn stop_flag() -> Arc<AtomicBool> {
 }
 
 /// `bourse node`: one member of the group, until interrupted or killed.
+/// Tunes glibc's allocator for a node: its per-thread arenas otherwise give freed memory back
+/// to the kernel and take it again over and over, an `mprotect` system call each time (27,500
+/// in two seconds of `bench cluster` at 100k commands/s, about three per batch, each a change
+/// of the page tables that every core running the process must see). Keeping up to 256 MiB of
+/// free memory per arena and growing an arena 64 MiB at a time took that count to zero.
+/// Process-wide: called by the subcommands that host nodes, before they start any.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn tune_allocator() {
+    const ALLOCATOR_TRIM_THRESHOLD_BYTES: i32 = 256 * 1024 * 1024;
+    const ALLOCATOR_TOP_PAD_BYTES: i32 = 64 * 1024 * 1024;
+    // glibc's mallopt parameters (malloc.h).
+    const M_TRIM_THRESHOLD: i32 = -1;
+    const M_TOP_PAD: i32 = -2;
+    extern "C" {
+        fn mallopt(param: i32, value: i32) -> i32;
+    }
+    // SAFETY: mallopt only sets the allocator's parameters (glibc takes its own lock); it is
+    // called before the node's threads start.
+    unsafe {
+        mallopt(M_TRIM_THRESHOLD, ALLOCATOR_TRIM_THRESHOLD_BYTES);
+        mallopt(M_TOP_PAD, ALLOCATOR_TOP_PAD_BYTES);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn tune_allocator() {}
+
 pub fn node(args: NodeArgs) -> Result<()> {
+    tune_allocator();
     let config = ClusterConfig::load(&args.config).map_err(|e| anyhow!(e))?;
     let stop = stop_flag();
     let rt = runtime()?;
@@ -504,6 +532,7 @@ fn replay_speed(config: &ClusterConfig) -> Result<(u64, f64)> {
 }
 
 pub fn bench(args: ClusterBenchArgs) -> Result<()> {
+    tune_allocator();
     let modes: Vec<FsyncSetting> = match args.fsync.as_str() {
         "both" => vec![FsyncSetting::Never, FsyncSetting::Always],
         "always" => vec![FsyncSetting::Always],
@@ -602,6 +631,7 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
             for n in &nodes {
                 n.node().stages().reset();
             }
+            let cpu_before = thread_cpu();
             let r = open_loop(
                 leader_addr,
                 100 + i as u64,
@@ -610,6 +640,21 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
                 args.seconds,
                 args.window,
             )?;
+            let batches = nodes[leader]
+                .node()
+                .stages()
+                .snapshot()
+                .iter()
+                .find(|(name, _)| *name == "batch_requests")
+                .map_or(0, |(_, h)| h.len());
+            let cpu = cpu_split(
+                &cpu_before,
+                &thread_cpu(),
+                config.nodes[leader].id,
+                nodes.len() - 1,
+                r.acked,
+                batches,
+            );
             let lat = Latency::of(&r.latency);
             let tput = r.acked as f64 / r.elapsed.as_secs_f64();
             let scenario = format!(
@@ -633,7 +678,7 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
                         "ratio_to_echo": {"p50": ratio(lat.p50, echo.p50), "p99": ratio(lat.p99, echo.p99), "p999": ratio(lat.p999, echo.p999)},
                         "baseline": {"echo_rtt_ns": {"p50": echo.p50, "p99": echo.p99, "p999": echo.p999}},
                         "stages_ns": stage_json, "node_threads": args.node_threads,
-                        "send_lag_ns": Latency::of(&r.send_lag),
+                        "send_lag_ns": Latency::of(&r.send_lag), "cpu": cpu,
                         "machine": machine, "version": report::version(),
                     })
                 );
@@ -663,6 +708,16 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
                     );
                 }
                 print_stages(&stages);
+                println!(
+                    "      {:<16} leader {} ({} waiting for a cpu), each follower {}, client {} per command; voluntary switches per batch: leader {:.1}, each follower {:.1}",
+                    "cpu",
+                    report::ns(cpu.leader_cpu_ns_per_command),
+                    report::ns(cpu.leader_wait_ns_per_command),
+                    report::ns(cpu.follower_cpu_ns_per_command),
+                    report::ns(cpu.client_cpu_ns_per_command),
+                    cpu.leader_switches_per_batch,
+                    cpu.follower_switches_per_batch,
+                );
             }
             if r.acked < r.sent {
                 eprintln!(
@@ -722,8 +777,10 @@ impl BenchNode {
                         .enable_all()
                         .build()
                 } else {
+                    // Named after the node, so that the CPU accounting finds its threads.
                     tokio::runtime::Builder::new_multi_thread()
                         .worker_threads(threads)
+                        .thread_name(format!("bench-node-{id}w"))
                         .enable_all()
                         .build()
                 };
@@ -769,6 +826,117 @@ impl Drop for BenchNode {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// One thread's scheduler figures (from `/proc/self/task/<tid>/{schedstat,status}`): time on a
+/// CPU, time waiting in the run queue for one, and voluntary context switches (each a sleep
+/// and a wake-up). CPU time per command barely moves with the machine's load, unlike latency.
+#[derive(Clone, Copy, Debug, Default)]
+struct ThreadCpu {
+    cpu_ns: u64,
+    wait_ns: u64,
+    switches: u64,
+}
+
+/// Every thread of this process by id: its name and its figures (threads the kernel will not
+/// describe, e.g. ended ones, are left out).
+fn thread_cpu() -> std::collections::BTreeMap<u64, (String, ThreadCpu)> {
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for task in tasks.flatten() {
+        let Some(tid) = task
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let path = task.path();
+        let read = |f: &str| std::fs::read_to_string(path.join(f)).ok();
+        let (Some(comm), Some(schedstat), Some(status)) =
+            (read("comm"), read("schedstat"), read("status"))
+        else {
+            continue;
+        };
+        let mut sched = schedstat
+            .split_whitespace()
+            .map(|v| v.parse::<u64>().unwrap_or(0));
+        let switches = status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        out.insert(
+            tid,
+            (
+                comm.trim().to_string(),
+                ThreadCpu {
+                    cpu_ns: sched.next().unwrap_or(0),
+                    wait_ns: sched.next().unwrap_or(0),
+                    switches,
+                },
+            ),
+        );
+    }
+    out
+}
+
+/// Where one scenario's CPU went: per command for the leader's threads, one follower's (the
+/// mean of the followers) and the load client's, and voluntary context switches per batch.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+struct CpuSplit {
+    leader_cpu_ns_per_command: u64,
+    follower_cpu_ns_per_command: u64,
+    client_cpu_ns_per_command: u64,
+    /// Time the leader's threads were ready to run but waited for a CPU (the machine's load).
+    leader_wait_ns_per_command: u64,
+    leader_switches_per_batch: f64,
+    follower_switches_per_batch: f64,
+}
+
+fn cpu_split(
+    before: &std::collections::BTreeMap<u64, (String, ThreadCpu)>,
+    after: &std::collections::BTreeMap<u64, (String, ThreadCpu)>,
+    leader_id: u64,
+    followers: usize,
+    commands: u64,
+    batches: u64,
+) -> CpuSplit {
+    let (mut leader, mut follower, mut client) = (
+        ThreadCpu::default(),
+        ThreadCpu::default(),
+        ThreadCpu::default(),
+    );
+    for (tid, (name, now)) in after {
+        let was = before.get(tid).map(|(_, c)| *c).unwrap_or_default();
+        let into = if name.starts_with(&format!("bench-node-{leader_id}")) {
+            &mut leader
+        } else if name.starts_with("bench-node-") {
+            &mut follower
+        } else if *tid == u64::from(std::process::id()) || name == "bench-reader" {
+            // The main thread (the client's writer) and its reader.
+            &mut client
+        } else {
+            continue;
+        };
+        into.cpu_ns += now.cpu_ns.saturating_sub(was.cpu_ns);
+        into.wait_ns += now.wait_ns.saturating_sub(was.wait_ns);
+        into.switches += now.switches.saturating_sub(was.switches);
+    }
+    let per = |v: u64, n: u64| v / n.max(1);
+    let followers = followers.max(1) as u64;
+    CpuSplit {
+        leader_cpu_ns_per_command: per(leader.cpu_ns, commands),
+        follower_cpu_ns_per_command: per(follower.cpu_ns / followers, commands),
+        client_cpu_ns_per_command: per(client.cpu_ns, commands),
+        leader_wait_ns_per_command: per(leader.wait_ns, commands),
+        leader_switches_per_batch: leader.switches as f64 / batches.max(1) as f64,
+        follower_switches_per_batch: follower.switches as f64
+            / followers as f64
+            / batches.max(1) as f64,
     }
 }
 

@@ -219,10 +219,33 @@ pub fn decode_message<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> std::io::Re
 pub async fn read_frame<R: AsyncReadExt + Unpin>(
     reader: &mut R,
 ) -> std::io::Result<Option<Vec<u8>>> {
+    let mut body = Vec::new();
+    Ok(read_frame_into(reader, &mut body).await?.then_some(body))
+}
+
+/// A frame buffer larger than this is given up when the next frame needs less than half of
+/// it (a snapshot chunk must not pin its memory for the connection's life).
+pub const FRAME_BUFFER_KEPT_BYTES_MAX: usize = 1 << 20;
+
+/// Gives up `buf`'s allocation if it is over [`FRAME_BUFFER_KEPT_BYTES_MAX`] and more than
+/// twice what the next frame needs.
+fn shrink_frame_buffer(buf: &mut Vec<u8>, needed_bytes: usize) {
+    if buf.capacity() > FRAME_BUFFER_KEPT_BYTES_MAX && needed_bytes < buf.capacity() / 2 {
+        *buf = Vec::new();
+    }
+}
+
+/// Reads one frame's body into `body` (replacing its contents, reusing its allocation, so a
+/// connection reading many small frames allocates nothing per frame); false at a clean end
+/// of stream.
+pub async fn read_frame_into<R: AsyncReadExt + Unpin>(
+    reader: &mut R,
+    body: &mut Vec<u8>,
+) -> std::io::Result<bool> {
     let mut len = [0u8; 4];
     match reader.read_exact(&mut len).await {
         Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(false),
         Err(e) => return Err(e),
     }
     let len = u32::from_le_bytes(len);
@@ -232,9 +255,11 @@ pub async fn read_frame<R: AsyncReadExt + Unpin>(
             format!("frame of {len} bytes exceeds {FRAME_SIZE_BYTES_MAX}"),
         ));
     }
-    let mut body = vec![0u8; len as usize];
-    reader.read_exact(&mut body).await?;
-    Ok(Some(body))
+    shrink_frame_buffer(body, len as usize);
+    body.clear();
+    body.resize(len as usize, 0);
+    reader.read_exact(body).await?;
+    Ok(true)
 }
 
 /// One request/response connection to a peer, reconnected on the next call after a failure.
@@ -248,6 +273,9 @@ pub struct PeerConnection {
     /// wraps RPCs in its own timeout), the stream may hold a late answer, so the next call
     /// starts on a fresh connection.
     busy: bool,
+    /// The request and response frames, reused from call to call (no allocation per RPC).
+    out: Vec<u8>,
+    frame: Vec<u8>,
 }
 
 impl PeerConnection {
@@ -257,6 +285,8 @@ impl PeerConnection {
             stream: None,
             next_tag: 1,
             busy: false,
+            out: Vec::new(),
+            frame: Vec::new(),
         }
     }
 
@@ -306,17 +336,17 @@ impl PeerConnection {
         let stream = self.stream.as_mut().expect("connected above");
         let tag = self.next_tag;
         self.next_tag += 1;
-        stream
-            .get_mut()
-            .write_all(&encode_frame(&Tagged { tag, body }))
-            .await?;
-        let frame = read_frame(stream).await?.ok_or_else(|| {
-            std::io::Error::new(
+        self.out.clear();
+        encode_frame_into(&mut self.out, &Tagged { tag, body });
+        stream.get_mut().write_all(&self.out).await?;
+        shrink_frame_buffer(&mut self.out, 0);
+        if !read_frame_into(stream, &mut self.frame).await? {
+            return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
                 "peer closed the connection",
-            )
-        })?;
-        let response: Tagged<Response> = decode_message(&frame)?;
+            ));
+        }
+        let response: Tagged<Response> = decode_message(&self.frame)?;
         if response.tag != tag {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,

@@ -9,6 +9,12 @@
 //!   flusher is group commit: it starts an fsync as soon as a callback waits and none is
 //!   running, runs it outside the log lock (so appends go on meanwhile), and the appends that
 //!   arrived during it are covered by the next one.
+//! - The log store keeps the newest appended entries in memory (its tail, bounded by count
+//!   and by bytes), shared by its readers: openraft reads every entry back at least three
+//!   times on a leader (once per follower to replicate it, once to apply it) and once on a
+//!   follower (to apply it), and each read from the journal costs a `pread`, a CRC check and a
+//!   decode of every command in the batch. Reads inside the tail clone the decoded entries
+//!   instead; a reader further behind (a lagging follower) reads the journal as before.
 //! - [`StateMachineStore`] implements `RaftStateMachine` on a [`ReplicatedState`], with
 //!   snapshots in a [`SnapshotStore`]. Snapshot data = `membership_len u32, bincode of the
 //!   StoredMembership, state snapshot bytes`.
@@ -55,9 +61,121 @@ fn log_id(term: u64, index: u64) -> LogId<NodeId> {
     LogId::new(CommittedLeaderId::new(term, 0), index)
 }
 
+/// The most entries the log tail keeps (a follower this far behind reads the journal).
+pub const LOG_TAIL_ENTRIES_MAX: usize = 1024;
+/// The most bytes the log tail keeps, as estimated by [`entry_size_bytes`]: under the default
+/// batch limit that is still some forty full batches.
+pub const LOG_TAIL_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// An entry's estimated size in memory: the entry itself and, for a batch, its requests
+/// (administrative commands' few heap bytes are not counted).
+fn entry_size_bytes(entry: &Entry<TypeConfig>) -> usize {
+    let requests = match &entry.payload {
+        EntryPayload::Normal(LogCommand::Batch(requests)) => requests.len(),
+        _ => 0,
+    };
+    std::mem::size_of::<Entry<TypeConfig>>()
+        + requests * std::mem::size_of::<crate::batch::ClientRequest>()
+}
+
+/// The newest entries of the log, decoded, in index order with no gap: always a suffix of
+/// the journal (`first_index()..journal.next_index()`), so a read inside it returns exactly
+/// what the journal would. Every change of the journal's end (append, truncate, purge,
+/// reset) updates it under the same lock.
+#[derive(Default)]
+struct LogTail {
+    entries: VecDeque<(Arc<Entry<TypeConfig>>, usize)>,
+    bytes: usize,
+}
+
+impl LogTail {
+    /// The index of the oldest entry kept (None when empty).
+    fn first_index(&self) -> Option<u64> {
+        self.entries.front().map(|(e, _)| e.log_id.index)
+    }
+
+    fn next_index(&self) -> Option<u64> {
+        self.entries.back().map(|(e, _)| e.log_id.index + 1)
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.bytes = 0;
+    }
+
+    /// Adds entries the journal has just appended (contiguous, following the journal's
+    /// previous end), then drops the oldest beyond the bounds.
+    fn extend(&mut self, appended: Vec<Arc<Entry<TypeConfig>>>) {
+        let Some(first) = appended.first().map(|e| e.log_id.index) else {
+            return;
+        };
+        if self.next_index().is_some_and(|next| next != first) {
+            // Cannot happen while the journal appends only at its end; a gap would make the
+            // tail lie, so start it anew rather than trust it.
+            self.clear();
+        }
+        for entry in appended {
+            let size = entry_size_bytes(&entry);
+            self.bytes += size;
+            self.entries.push_back((entry, size));
+        }
+        while self.entries.len() > LOG_TAIL_ENTRIES_MAX
+            || (self.bytes > LOG_TAIL_BYTES_MAX && self.entries.len() > 1)
+        {
+            let (_, size) = self.entries.pop_front().expect("not empty");
+            self.bytes -= size;
+        }
+    }
+
+    /// Drops every entry after `index` (the journal was truncated there).
+    fn truncate_after(&mut self, index: u64) {
+        while self
+            .entries
+            .back()
+            .is_some_and(|(e, _)| e.log_id.index > index)
+        {
+            let (_, size) = self.entries.pop_back().expect("not empty");
+            self.bytes -= size;
+        }
+    }
+
+    /// Drops every entry up to and including `index` (the journal was purged there).
+    fn purge_upto(&mut self, index: u64) {
+        while self
+            .entries
+            .front()
+            .is_some_and(|(e, _)| e.log_id.index <= index)
+        {
+            let (_, size) = self.entries.pop_front().expect("not empty");
+            self.bytes -= size;
+        }
+    }
+
+    /// The kept entries of `start..end` (the caller checked that `start` is kept).
+    fn range(&self, start: u64, end: u64) -> Vec<Arc<Entry<TypeConfig>>> {
+        let Some(first) = self.first_index() else {
+            return Vec::new();
+        };
+        let skip = start.saturating_sub(first) as usize;
+        let take = end.saturating_sub(start.max(first)) as usize;
+        self.entries
+            .iter()
+            .skip(skip)
+            .take(take)
+            .map(|(e, _)| e.clone())
+            .collect()
+    }
+}
+
 /// Everything the flusher and appenders share.
 struct LogInner {
     journal: Journal,
+    /// The newest entries, decoded (see [`LogTail`]).
+    tail: LogTail,
     /// Callbacks waiting for an fsync (only under `Fsync::Batch`): the last index each covers.
     waiting: VecDeque<(u64, LogFlushed<TypeConfig>)>,
     /// The flusher's wake-up (only under `Fsync::Batch`).
@@ -194,6 +312,7 @@ impl LogStore {
         let store = LogStore {
             inner: Arc::new(Mutex::new(LogInner {
                 journal,
+                tail: LogTail::default(),
                 waiting: VecDeque::new(),
                 flush_signal: flush_signal.clone(),
             })),
@@ -214,24 +333,58 @@ impl LogStore {
         inner.journal.last_position().map(|p| (p.index, p.term))
     }
 
+    /// The first index and the number of entries the in-memory tail holds (for tests and
+    /// status: `(None, 0)` when it is empty).
+    pub fn tail_extent(&self) -> (Option<u64>, usize) {
+        let inner = self.inner.lock().expect("log lock");
+        (inner.tail.first_index(), inner.tail.len())
+    }
+
+    /// Entries `start..end` that the log holds: the part inside the in-memory tail cloned
+    /// from it, the part before it read from the journal.
     fn read_entries(
         &self,
         start: u64,
         end: u64,
     ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
-        let inner = self.inner.lock().expect("log lock");
-        let first = inner
-            .journal
-            .first_index()
-            .unwrap_or(inner.journal.next_index());
-        let start = start.max(first);
-        let end = end.min(inner.journal.next_index());
-        if start >= end {
-            return Ok(Vec::new());
-        }
+        let (mut entries, from_tail) = {
+            let inner = self.inner.lock().expect("log lock");
+            let first = inner
+                .journal
+                .first_index()
+                .unwrap_or(inner.journal.next_index());
+            let start = start.max(first);
+            let end = end.min(inner.journal.next_index());
+            if start >= end {
+                return Ok(Vec::new());
+            }
+            // The tail is a suffix of the journal: everything from its first index on is in
+            // it, everything before is read from the journal.
+            let tail_first = inner.tail.first_index().unwrap_or(end).max(start);
+            let from_journal = if start < tail_first.min(end) {
+                Self::read_journal(&inner.journal, start, tail_first.min(end))?
+            } else {
+                Vec::new()
+            };
+            let from_tail = if tail_first < end {
+                inner.tail.range(tail_first, end)
+            } else {
+                Vec::new()
+            };
+            (from_journal, from_tail)
+        };
+        // Cloned outside the lock, so that appends and other readers need not wait for it.
+        entries.extend(from_tail.iter().map(|e| Entry::clone(e)));
+        Ok(entries)
+    }
+
+    fn read_journal(
+        journal: &Journal,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
         let mut entries = Vec::with_capacity((end - start) as usize);
-        let iter = inner
-            .journal
+        let iter = journal
             .entries(start..end)
             .map_err(|e| StorageIOError::read_logs(io_err(&e)))?;
         for record in iter {
@@ -373,6 +526,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: Send,
     {
         let mut records = Vec::new();
+        let mut decoded = Vec::new();
         for entry in entries {
             let payload = bincode::serialize(&entry)
                 .map_err(|e| StorageIOError::write_log_entry(entry.log_id, io_err(&*e)))?;
@@ -381,6 +535,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 term: entry.log_id.leader_id.term,
                 payload,
             });
+            // Kept for the tail: openraft hands the entries over, so this costs no copy.
+            decoded.push(Arc::new(entry));
         }
         let mut inner = self.inner.lock().expect("log lock");
         let Some(last) = records.last().map(|r| r.index) else {
@@ -388,6 +544,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             return Ok(());
         };
         if let Err(e) = inner.journal.append(&records) {
+            // What the journal holds past its old end is unknown now: read only the journal.
+            inner.tail.clear();
             // The journal is poisoned now (fail-stop): it refuses every later write, so this
             // node stops acknowledging; openraft shuts the node down on this error. Say so
             // where the operator looks, naming the file and the operating system's error.
@@ -395,6 +553,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
             return Err(StorageIOError::write_logs(io_err(&e)).into());
         }
+        // Readable from the tail once the journal has them (a read of them from the journal
+        // would equally return them before they are durable under `batch`).
+        inner.tail.extend(decoded);
         match inner.journal.config().fsync {
             Fsync::Always | Fsync::Never => callback.log_io_completed(Ok(())),
             Fsync::Batch { .. } => {
@@ -418,25 +579,36 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             ))
             .into());
         };
-        inner
-            .journal
-            .truncate_after(keep_last)
-            .map_err(|e| StorageIOError::write_logs(io_err(&e)).into())
+        let result = inner.journal.truncate_after(keep_last);
+        match result {
+            Ok(()) => inner.tail.truncate_after(keep_last),
+            // The journal's end is unknown after a failed cut: read only the journal.
+            Err(_) => inner.tail.clear(),
+        }
+        result.map_err(|e| StorageIOError::write_logs(io_err(&e)).into())
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
         let mut inner = self.inner.lock().expect("log lock");
         let result = if log_id.index < inner.journal.next_index() {
-            inner.journal.purge_upto(log_id.index).map(|_| ())
+            let purged = inner.journal.purge_upto(log_id.index).map(|_| ());
+            // The tail drops what the journal no longer serves (reads start at its first
+            // index, whatever segment files remain).
+            inner.tail.purge_upto(log_id.index);
+            purged
         } else {
             // An installed snapshot lies beyond this log: restart the log after it. Chain
             // hashes are this node's own file chain, so a fresh point starts it anew.
+            inner.tail.clear();
             inner.journal.reset(ChainPoint {
                 index: log_id.index,
                 term: log_id.leader_id.term,
                 hash: 0,
             })
         };
+        if result.is_err() {
+            inner.tail.clear();
+        }
         result.map_err(|e| StorageIOError::write_logs(io_err(&e)).into())
     }
 }
@@ -452,7 +624,6 @@ struct SmInner {
     cluster_id: u128,
     checkpoint_every_entries: u64,
     alarm: Alarm,
-    outcomes: Vec<Outcome>,
     /// Every applied entry is published here, in log order.
     stream: CommittedStream,
     /// Time to build a snapshot's bytes (state encoding, hash, framing); shared with the store.
@@ -570,7 +741,6 @@ impl StateMachineStore {
                 cluster_id,
                 checkpoint_every_entries,
                 alarm,
-                outcomes: Vec::new(),
             })),
         })
     }
@@ -712,8 +882,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 "entries are applied in log order, once"
             );
             inner.last_applied = Some(entry.log_id);
-            let mut outcomes = std::mem::take(&mut inner.outcomes);
-            outcomes.clear();
+            // A fresh vector per entry, moved into the response: reusing one and cloning it
+            // into the response copied every request's events once more.
+            let mut outcomes = Vec::new();
             let mut committed = Vec::new();
             match entry.payload {
                 EntryPayload::Blank => {}
@@ -749,8 +920,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 index: entry.log_id.index,
                 requests: committed,
             });
-            responses.push(outcomes.clone());
-            inner.outcomes = outcomes;
+            responses.push(outcomes);
         }
         Ok(responses)
     }

@@ -214,3 +214,183 @@ async fn a_failed_fsync_fails_the_append_and_every_later_one() {
         .await
         .is_err());
 }
+
+/// A batch of `requests` deposits, numbered from `seq` (distinct payloads, any size).
+fn deposits(seq: u64, requests: u64) -> LogCommand {
+    LogCommand::Batch(
+        (0..requests)
+            .map(|i| ClientRequest {
+                client_id: 7,
+                request_seq: seq + i,
+                command: Command::new(
+                    seq + i,
+                    CommandBody::Deposit {
+                        account: AccountId(1),
+                        amount: bourse_core::Cash(i128::from(seq + i)),
+                    },
+                ),
+            })
+            .collect(),
+    )
+}
+
+/// What a read returned, comparable (openraft's `Entry` has no `PartialEq`).
+fn shown(entries: &[Entry<TypeConfig>]) -> Vec<String> {
+    entries.iter().map(|e| format!("{e:?}")).collect()
+}
+
+/// The newest entries are read from the in-memory tail; what it returns must equal what the
+/// journal returns, across the tail's start, after truncation, after purge and after a
+/// snapshot restarted the log. A seeded random sequence of appends (by new leaders after
+/// truncations), truncations, purges and reads is checked against a plain model of the log
+/// and, at the end, against the journal read back by a fresh store.
+#[tokio::test]
+async fn reads_from_the_in_memory_tail_equal_the_journal_through_appends_truncations_and_purges() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open_log(dir.path());
+    // The model: the log's entries by index, first..next.
+    let mut model: std::collections::BTreeMap<u64, Entry<TypeConfig>> = Default::default();
+    let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next_random = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n.max(1)
+    };
+    let mut term = 1;
+    let mut seq = 1;
+    let mut crossed_the_tail = false;
+    for _ in 0..1500 {
+        let next = model.keys().next_back().map_or(
+            // An empty model after a reset or at the start: the log's own next index.
+            log.get_log_state()
+                .await
+                .unwrap()
+                .last_purged_log_id
+                .map_or(0, |p| p.index + 1),
+            |last| last + 1,
+        );
+        match next_random(10) {
+            0..=5 => {
+                let n = 1 + next_random(40);
+                let entries: Vec<_> = (next..next + n)
+                    .map(|i| {
+                        let e = entry(term, i, deposits(seq, 1 + next_random(12)));
+                        seq += 20;
+                        e
+                    })
+                    .collect();
+                for e in &entries {
+                    model.insert(e.log_id.index, e.clone());
+                }
+                log.blocking_append(entries).await.unwrap();
+            }
+            6 if model.len() > 2 => {
+                // A new leader's log conflicts from `at` on (never index 0).
+                // Within the newest hundred entries, as conflicts are, so the log grows
+                // past the tail's bound.
+                let first = *model.keys().next().unwrap();
+                let back = 1 + next_random((model.len() as u64 - 1).min(100));
+                let at = (next - back).max(first + 1).max(1);
+                log.truncate(LogId::new(CommittedLeaderId::new(term, 0), at))
+                    .await
+                    .unwrap();
+                model.retain(|&i, _| i < at);
+                term += 1;
+            }
+            7 if model.len() > 2 => {
+                let first = *model.keys().next().unwrap();
+                let upto = first + next_random((model.len() as u64 - 1).min(60));
+                let t = model[&upto].log_id.leader_id.term;
+                log.purge(LogId::new(CommittedLeaderId::new(t, 0), upto))
+                    .await
+                    .unwrap();
+                model.retain(|&i, _| i > upto);
+            }
+            8 if next_random(20) == 0 => {
+                // A snapshot beyond the log was installed: the log restarts after it.
+                let upto = next + 5 + next_random(50);
+                log.purge(LogId::new(CommittedLeaderId::new(term, 0), upto))
+                    .await
+                    .unwrap();
+                model.clear();
+                assert_eq!(log.tail_extent(), (None, 0), "a reset empties the tail");
+            }
+            _ => {
+                let a = next_random(next + 10);
+                let b = a + next_random(300);
+                let read = log.try_get_log_entries(a..b).await.unwrap();
+                let expected: Vec<_> = model.range(a..b).map(|(_, e)| e.clone()).collect();
+                assert_eq!(shown(&read), shown(&expected), "read {a}..{b}");
+                if let (Some(tail_first), Some(&first)) = (log.tail_extent().0, model.keys().next())
+                {
+                    if a < tail_first && b > tail_first && first < tail_first {
+                        crossed_the_tail = true;
+                    }
+                }
+            }
+        }
+        // The tail is a suffix of the log, within its bounds.
+        let (tail_first, tail_len) = log.tail_extent();
+        assert!(tail_len <= bourse_cluster::storage::LOG_TAIL_ENTRIES_MAX);
+        if let Some(tail_first) = tail_first {
+            assert_eq!(
+                tail_first + tail_len as u64,
+                model.keys().next_back().unwrap() + 1,
+                "the tail ends where the log ends"
+            );
+            assert!(model.contains_key(&tail_first));
+        }
+    }
+    assert!(
+        crossed_the_tail,
+        "some read started before the tail and ended inside it"
+    );
+    // Everything the tail served is what the journal holds.
+    let all = log.try_get_log_entries(..).await.unwrap();
+    drop(log);
+    let mut reopened = open_log(dir.path());
+    assert_eq!(
+        reopened.tail_extent(),
+        (None, 0),
+        "a reopened log reads its journal"
+    );
+    let from_journal = reopened.try_get_log_entries(..).await.unwrap();
+    assert_eq!(shown(&all), shown(&from_journal));
+    let expected: Vec<_> = model.values().cloned().collect();
+    assert_eq!(shown(&from_journal), shown(&expected));
+}
+
+/// The tail's byte bound holds with large batches, and a read across its start is whole.
+#[tokio::test]
+async fn the_tail_keeps_to_its_byte_bound_and_older_entries_come_from_the_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open_log(dir.path());
+    let per_entry = 4096;
+    // Enough entries to pass the byte bound well before the count bound.
+    let entry_bytes = per_entry as usize * std::mem::size_of::<ClientRequest>();
+    let entries = (bourse_cluster::storage::LOG_TAIL_BYTES_MAX / entry_bytes + 8) as u64;
+    assert!(entries < bourse_cluster::storage::LOG_TAIL_ENTRIES_MAX as u64);
+    let mut appended = Vec::new();
+    for i in 0..entries {
+        let e = entry(1, i, deposits(i * per_entry + 1, per_entry));
+        appended.push(e.clone());
+        log.blocking_append(vec![e]).await.unwrap();
+    }
+    let (tail_first, tail_len) = log.tail_extent();
+    let tail_first = tail_first.expect("the tail keeps the newest entry");
+    assert!(
+        tail_len < entries as usize && tail_len > 1,
+        "{tail_len} entries of {per_entry} requests kept in {} bytes",
+        bourse_cluster::storage::LOG_TAIL_BYTES_MAX
+    );
+    assert_eq!(tail_first + tail_len as u64, entries);
+    let read = log
+        .try_get_log_entries(tail_first - 2..tail_first + 2)
+        .await
+        .unwrap();
+    assert_eq!(
+        shown(&read),
+        shown(&appended[tail_first as usize - 2..tail_first as usize + 2])
+    );
+}
