@@ -128,8 +128,9 @@ pub struct GatewayBenchArgs {
     /// --sample-every, /metrics served), or both (every scenario twice, off then on).
     #[arg(long, default_value = "off")]
     monitor: String,
-    /// With monitoring on, stage probes record one request in this many.
-    #[arg(long, default_value_t = 16)]
+    /// With monitoring on, stage probes record one request in this many (the gateway's
+    /// default, `monitor_sample_every`).
+    #[arg(long, default_value_t = 64)]
     sample_every: u32,
     /// The core behind the gateway: `in-process` (an engine on a thread: the access server's
     /// own cost) or `replicated` (three `bourse node`s in this process on loopback, fsync

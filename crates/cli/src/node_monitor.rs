@@ -5,6 +5,9 @@
 //!   `client::node_status_brief` over the client protocol for each peer (one task per peer,
 //!   same period): positions, the newest hash checkpoint and the commit index, without
 //!   hashing the state;
+//! - the node's stage histograms (`Node::stages`): one interval taken per status poll, for
+//!   `bourse_node_stage_seconds{stage}` and the dashboard's node path table (queue, propose,
+//!   replicate, commit_apply, reply, md_published, ae_round_trip, follower_append);
 //! - the node's hooks (`Node::hooks`): t2 stamps of sampled requests matched with journal
 //!   appends for the t2→t3 leg; `Node::batcher_queue_depth`; the state machine's snapshot
 //!   build times;
@@ -27,6 +30,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context, Result};
 use bourse_cluster::client::node_status_brief;
 use bourse_cluster::net::NodeStatus as ClusterStatus;
+use bourse_cluster::stages::StageInterval;
 use bourse_cluster::tokio;
 use bourse_cluster::tokio::sync::mpsc;
 use bourse_cluster::{ClusterConfig, Node, Subscription};
@@ -89,6 +93,8 @@ pub struct NodeMonitor {
     subscription: Option<Subscription>,
     next_status: Instant,
     status_period: Duration,
+    /// The node's stage histograms of the last interval (swapped in, reused every poll).
+    stage_interval: StageInterval,
 }
 
 impl NodeMonitor {
@@ -144,6 +150,7 @@ impl NodeMonitor {
             subscription: None,
             next_status: Instant::now(),
             status_period,
+            stage_interval: StageInterval::new(),
         })
     }
 
@@ -248,6 +255,9 @@ impl NodeMonitor {
         self.metrics.publish_events();
         self.metrics
             .observe_batcher_queue(node.batcher_queue_depth() as u64);
+        node.stages().take_interval(&mut self.stage_interval);
+        self.metrics
+            .observe_node_stages(self.stage_interval.latencies());
         let build = node.state_machine().snapshot_build_times();
         self.metrics.observe_snapshot_builds(&BucketReading {
             buckets: &build.buckets,

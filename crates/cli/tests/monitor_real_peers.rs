@@ -533,6 +533,61 @@ fn prometheus_scrapes_three_nodes_and_reads_back_what_they_reported() {
         handoffs.is_some_and(|n| n > 0.0),
         "t2->t3 legs on the leader: {handoffs:?}"
     );
+    // The node's own path (bourse_cluster::stages): on the leader every batch stage, the
+    // AppendEntries round trip and the market data publication delay; on each follower its
+    // appends. The load has stopped, so the counts are final once a poll took them; then
+    // Prometheus must hold the same count.
+    let stage_count = |addr: SocketAddr, id: u64, stage: &str| {
+        let (_, text) = http(addr, "GET", "/metrics", None);
+        metric_value(
+            &text,
+            &format!("bourse_node_stage_seconds_count{{node=\"{id}\",stage=\"{stage}\"}}"),
+        )
+    };
+    for stage in [
+        "queue",
+        "propose",
+        "replicate",
+        "commit_apply",
+        "reply",
+        "md_published",
+        "ae_round_trip",
+    ] {
+        let n = stage_count(leader_addr, leader, stage);
+        assert!(
+            n.is_some_and(|n| n > 0.0),
+            "leader {leader}: stage {stage} count {n:?}"
+        );
+    }
+    for (id, addr) in &cluster.dashboards {
+        if *id != leader {
+            let n = stage_count(*addr, *id, "follower_append");
+            assert!(
+                n.is_some_and(|n| n > 0.0),
+                "follower {id}: follower_append count {n:?}"
+            );
+        }
+    }
+    let replicated = stage_count(leader_addr, leader, "replicate").unwrap();
+    await_prometheus(
+        prom.addr,
+        &format!(
+            "bourse_node_stage_seconds_count{{instance=\"{leader_addr}\",stage=\"replicate\"}}"
+        ),
+        replicated,
+        Duration::from_secs(20),
+    );
+    let md_p99 = prometheus_scalar(
+        prom.addr,
+        &format!(
+            "histogram_quantile(0.99, sum by (le) (bourse_node_stage_seconds_bucket{{instance=\"{leader_addr}\",stage=\"md_published\"}}))"
+        ),
+    )
+    .expect("publication delay p99 from the leader's histogram");
+    assert!(
+        md_p99 > 0.0 && md_p99 < 10.0,
+        "publication delay p99 {md_p99} s"
+    );
     // Every follower reports its own commit index (from the leader's AppendEntries): once
     // the load stopped, the leader's.
     for (id, addr) in &cluster.dashboards {
@@ -571,6 +626,9 @@ return {
   commands_rate: b.last ? b.last.rates.commands : 0,
   commit: b.last ? b.last.cluster.commit_index : 0,
   kpi_commands: t("kpi-commands"), kpi_commit: t("kpi-commit"), kpi_tx: t("kpi-tx"),
+  kpi_md: t("kpi-md"),
+  node_stages: [...document.querySelectorAll("#node-stages tbody tr")].map((r) =>
+    [...r.children].map((c) => c.textContent)),
   conn: t("conn"), head: t("cluster-head"), alerts: t("alerts"),
   rates_points: Number(document.getElementById("chart-rates").dataset.points || 0),
   rows: rows,
@@ -596,10 +654,20 @@ fn chromium_shows_a_nodes_cluster_view_under_load_and_a_node_going_down() {
         let all_up = v["rows"]
             .as_array()
             .is_some_and(|r| r.iter().all(|row| row[8] == "up"));
+        // The node path table: the leader's batches replicated in the last interval.
+        let replicated = v["node_stages"].as_array().is_some_and(|r| {
+            r.iter()
+                .any(|row| row[0] == "replicate" && row[1] != "0" && row[2] != "n/a")
+        });
+        let md = v["kpi_md"]
+            .as_str()
+            .is_some_and(|t| t != "n/a" && !t.is_empty());
         if v["frames"].as_u64().unwrap_or(0) >= 3
             && v["commands_rate"].as_f64().unwrap_or(0.0) > 0.0
             && rows == 3
             && all_up
+            && replicated
+            && md
         {
             break v;
         }

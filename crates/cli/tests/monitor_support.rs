@@ -315,6 +315,14 @@ impl NodeCluster {
                 i + 1
             ));
         }
+        // The nodes publish market data (to loopback ports nobody needs to read), so that the
+        // leader's publication delay is measured: feeds on base..base+12, replay from base+20.
+        let md_base = free_port_block(26);
+        toml.push_str(&format!(
+            "[marketdata]\nbase_port = {md_base}\nreplay_base_port = {}\n\
+             replay_history_packets = 1000\nreplay_history_bytes = 1048576\n",
+            md_base + 20
+        ));
         let config = dir.path().join("cluster.toml");
         std::fs::write(&config, toml).unwrap();
         let monitor = dir.path().join("monitor.toml");

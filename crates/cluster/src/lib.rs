@@ -23,7 +23,8 @@
 //!   batch), its hash-check proposer, and its server.
 //! - [`stages::Stages`] (`stages`): where a request's time goes inside a node (queue,
 //!   propose, replicate, commit and apply, reply; AppendEntries round trips and the
-//!   follower's append) in HDR histograms, per batch and per RPC.
+//!   follower's append; market data publication delay) in HDR histograms, per batch, RPC and
+//!   published entry, since start and per interval for the node's `/metrics`.
 //! - [`sim`]: deterministic simulation support: [`sim::SeededRuntime`] (openraft's runtime:
 //!   tokio, with a random generator the simulation can seed) and an in-memory network with
 //!   seeded partitions, loss, delay, duplication and reordering.

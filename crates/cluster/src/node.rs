@@ -21,8 +21,8 @@ use tokio::task::JoinHandle;
 use crate::batch::{decode_command, ClientRequest, LogCommand, REQUESTS_PER_BATCH_MAX};
 use crate::hooks::NodeHooks;
 use crate::net::{
-    decode_message, encode_frame, encode_frame_into, read_frame, NodeStatus, Request, Response,
-    SubmitError, Tagged,
+    decode_message, encode_frame, encode_frame_into, read_frame_into, NodeStatus, Request,
+    Response, SubmitError, Tagged,
 };
 use crate::stages::{BatchStamps, ReplyStamp, Stages};
 use crate::state::Outcome;
@@ -768,6 +768,69 @@ async fn serve_subscription(
     }
 }
 
+/// Where a connection's answers go. Node-to-node traffic (AppendEntries, votes) and status
+/// queries are strict request/response, so their answers are written by the connection's own
+/// task: no hand-off to another task and no wake-up per RPC. The first submit or subscription
+/// makes the connection pipelined (answers then come from the batcher's tasks and from
+/// subscriptions, in any order), and from then on every answer goes through a writer task's
+/// bounded queue, so answers never interleave within a frame.
+enum Answers {
+    Direct(tokio::net::tcp::OwnedWriteHalf),
+    Queued {
+        tx: mpsc::Sender<Vec<u8>>,
+        out: Arc<ConnectionOut>,
+        writer_task: JoinHandle<()>,
+    },
+    /// The write half failed or was handed over; the connection is ending.
+    Gone,
+}
+
+impl Answers {
+    /// The queue of a pipelined connection, starting its writer task on first use.
+    fn queued(
+        &mut self,
+        stages: &Arc<Stages>,
+    ) -> Option<(mpsc::Sender<Vec<u8>>, Arc<ConnectionOut>)> {
+        if let Answers::Direct(_) = self {
+            let Answers::Direct(writer) = std::mem::replace(self, Answers::Gone) else {
+                unreachable!("matched above")
+            };
+            let (tx, rx) = mpsc::channel::<Vec<u8>>(CONNECTION_QUEUE_FRAMES_MAX);
+            let out = Arc::new(ConnectionOut {
+                to: tx.clone(),
+                stamp: ReplyStamp::default(),
+                stages: stages.clone(),
+            });
+            let writer_task = tokio::spawn(connection_writer(writer, rx, out.clone()));
+            *self = Answers::Queued {
+                tx,
+                out,
+                writer_task,
+            };
+        }
+        match self {
+            Answers::Queued { tx, out, .. } => Some((tx.clone(), out.clone())),
+            _ => None,
+        }
+    }
+
+    /// Sends one answer frame; false when the connection can no longer be written.
+    async fn send(&mut self, frame: Vec<u8>) -> bool {
+        use tokio::io::AsyncWriteExt;
+        match self {
+            Answers::Direct(writer) => {
+                if writer.write_all(&frame).await.is_err() {
+                    *self = Answers::Gone;
+                    return false;
+                }
+                true
+            }
+            Answers::Queued { tx, .. } => tx.send(frame).await.is_ok(),
+            Answers::Gone => false,
+        }
+    }
+}
+
 async fn serve_connection(
     stream: TcpStream,
     shared: Arc<Shared>,
@@ -776,40 +839,36 @@ async fn serve_connection(
     let (reader, writer) = stream.into_split();
     // Buffered: a burst of pipelined requests is read in one system call, not two per frame.
     let mut reader = tokio::io::BufReader::with_capacity(crate::net::READ_BUFFER_BYTES, reader);
-    let (tx, rx) = mpsc::channel::<Vec<u8>>(CONNECTION_QUEUE_FRAMES_MAX);
-    let out = Arc::new(ConnectionOut {
-        to: tx.clone(),
-        stamp: ReplyStamp::default(),
-        stages: shared.stages.clone(),
-    });
-    let writer_task = tokio::spawn(connection_writer(writer, rx, out.clone()));
+    let mut answers = Answers::Direct(writer);
     let mut subscriptions: Vec<JoinHandle<()>> = Vec::new();
+    // One buffer for every frame the connection reads.
+    let mut frame = Vec::new();
     loop {
-        let frame = tokio::select! {
-            frame = read_frame(&mut reader) => match frame {
-                Ok(Some(frame)) => frame,
-                Ok(None) | Err(_) => break,
+        tokio::select! {
+            more = read_frame_into(&mut reader, &mut frame) => match more {
+                Ok(true) => {}
+                Ok(false) | Err(_) => break,
             },
             _ = closing.changed() => break,
-        };
+        }
         let Ok(request) = decode_message::<Tagged<Request>>(&frame) else {
             // A peer that sends garbage gets the connection closed, nothing else.
             break;
         };
         let tag = request.tag;
         let reply = move |body: Response| encode_frame(&Tagged { tag, body });
-        match request.body {
+        let answer = match request.body {
             Request::Submit {
                 client_id,
                 request_seq,
                 command,
             } => {
+                let Some((_, out)) = answers.queued(&shared.stages) else {
+                    break;
+                };
                 // Queued in arrival order (so one client's pipelined requests keep their
                 // order into the log); the batcher answers on this connection's queue.
-                let reply_to = ReplyTo {
-                    tag,
-                    out: out.clone(),
-                };
+                let reply_to = ReplyTo { tag, out };
                 let received_ns = shared.stages.now_ns();
                 if let Err((e, reply_to)) = enqueue(
                     &shared,
@@ -823,6 +882,7 @@ async fn serve_connection(
                 {
                     reply_to.send(Err(e));
                 }
+                continue;
             }
             Request::AppendEntries(rpc) => {
                 shared
@@ -835,24 +895,14 @@ async fn serve_connection(
                         .stages
                         .on_follower_append(shared.stages.now_ns().saturating_sub(t));
                 }
-                let _ = tx.send(reply(Response::AppendEntries(r))).await;
+                reply(Response::AppendEntries(r))
             }
-            Request::Vote(rpc) => {
-                let r = shared.raft.vote(rpc).await;
-                let _ = tx.send(reply(Response::Vote(r))).await;
-            }
-            Request::InstallSnapshot(rpc) => {
-                let r = shared.raft.install_snapshot(rpc).await;
-                let _ = tx.send(reply(Response::InstallSnapshot(r))).await;
-            }
-            Request::Status => {
-                let s = status(&shared, true).await;
-                let _ = tx.send(reply(Response::Status(s))).await;
-            }
-            Request::StatusBrief => {
-                let s = status(&shared, false).await;
-                let _ = tx.send(reply(Response::Status(s))).await;
-            }
+            Request::Vote(rpc) => reply(Response::Vote(shared.raft.vote(rpc).await)),
+            Request::InstallSnapshot(rpc) => reply(Response::InstallSnapshot(
+                shared.raft.install_snapshot(rpc).await,
+            )),
+            Request::Status => reply(Response::Status(status(&shared, true).await)),
+            Request::StatusBrief => reply(Response::Status(status(&shared, false).await)),
             Request::Snapshot => {
                 let r = shared
                     .raft
@@ -860,39 +910,53 @@ async fn serve_connection(
                     .snapshot()
                     .await
                     .map_err(|e| e.to_string());
-                let _ = tx.send(reply(Response::Snapshot(r))).await;
+                reply(Response::Snapshot(r))
             }
             Request::Subscribe { from_index } => {
+                let Some((tx, _)) = answers.queued(&shared.stages) else {
+                    break;
+                };
                 subscriptions.retain(|t| !t.is_finished());
                 if subscriptions.len() >= SUBSCRIPTIONS_PER_CONNECTION_MAX {
-                    let _ = tx
-                        .send(reply(Response::StreamEnded(StreamError::Refused(format!(
-                            "at most {SUBSCRIPTIONS_PER_CONNECTION_MAX} subscriptions per connection"
-                        )))))
-                        .await;
+                    reply(Response::StreamEnded(StreamError::Refused(format!(
+                        "at most {SUBSCRIPTIONS_PER_CONNECTION_MAX} subscriptions per connection"
+                    ))))
+                } else {
+                    subscriptions.push(tokio::spawn(serve_subscription(
+                        tag,
+                        from_index,
+                        shared.clone(),
+                        tx,
+                    )));
                     continue;
                 }
-                subscriptions.push(tokio::spawn(serve_subscription(
-                    tag,
-                    from_index,
-                    shared.clone(),
-                    tx.clone(),
-                )));
             }
             Request::LastSeq { client_id } => {
-                let last = shared.sm.last_seq(client_id).await;
-                let _ = tx.send(reply(Response::LastSeq(last))).await;
+                reply(Response::LastSeq(shared.sm.last_seq(client_id).await))
             }
+        };
+        // A peer that stops reading must not keep a stopping node's task alive.
+        let sent = tokio::select! {
+            sent = answers.send(answer) => sent,
+            _ = closing.changed() => false,
+        };
+        if !sent {
+            break;
         }
     }
     for s in &subscriptions {
         s.abort();
     }
-    drop(tx);
-    if *closing.borrow() {
-        writer_task.abort();
-    } else {
-        let _ = writer_task.await;
+    if let Answers::Queued {
+        tx, writer_task, ..
+    } = answers
+    {
+        drop(tx);
+        if *closing.borrow() {
+            writer_task.abort();
+        } else {
+            let _ = writer_task.await;
+        }
     }
 }
 

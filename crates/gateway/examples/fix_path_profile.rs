@@ -12,8 +12,8 @@
 //! Instructions per request = the difference between two runs (N = 20,000 and 10,000) over
 //! 10,000. Counts do not depend on the machine's load, unlike times. Sockets and the event
 //! loop are left out. A second argument `monitor` turns the gateway's stage probes on (a
-//! monitor sampling 1 request in 16, as `monitor_sample_every` defaults), for the cost of
-//! monitoring per request.
+//! monitor sampling 1 request in 64, as `monitor_sample_every` defaults; a third argument N
+//! samples 1 in N instead), for the cost of monitoring per request.
 
 use bourse_core::{Command, Event};
 use bourse_engine::{Engine, EngineConfig};
@@ -141,7 +141,10 @@ fn main() {
     let _monitor = monitor_on.then(|| {
         let m = bourse_monitor::Monitor::new(
             bourse_monitor::MonitorConfig {
-                sample_every: 16,
+                sample_every: std::env::args()
+                    .nth(3)
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(bourse_gateway::config::Limits::default().monitor_sample_every),
                 ..bourse_monitor::MonitorConfig::default()
             }
             .validated()

@@ -11,6 +11,11 @@ use crate::probe::{kind_index, StageRecorder, Trace, COMMAND_KINDS as KINDS};
 use crate::Monitor;
 use bourse_core::{CancelReason, CommandKind, Event};
 
+/// Slots of the three commonest kinds in [`Tally::commands`] (see [`kind_index`]).
+const NEW_ORDER: usize = 0;
+const CANCEL: usize = 1;
+const REPLACE: usize = 2;
+
 /// Counts one command's events the way the seeds count them. Successful transactions: new
 /// orders registered, cancels and replaces that succeeded.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -175,28 +180,56 @@ impl CoreMonitor {
     }
 
     /// Counts a command in the counted mode: the command by kind, and from the events only
-    /// what the engine does not count itself (cancels on request and cancel rejects, which
-    /// only commands other than new orders produce), so a new order's events are not read at
-    /// all. Orders, order rejects, trades and replaces come from the engine's counters handed
-    /// to [`CoreMonitor::engine_counts`] (once before the first command, then before each
-    /// flush). Use this or [`CoreMonitor::on_command`] on one monitor, not both; the figures
-    /// are the same (a test checks it over the benchmark flows).
+    /// what the engine does not count itself (cancels on request and cancel rejects), so a
+    /// new order's events are not read at all. Orders, order rejects, trades and replaces
+    /// come from the engine's counters handed to [`CoreMonitor::engine_counts`] (once before
+    /// the first command, then before each flush). Use this or [`CoreMonitor::on_command`]
+    /// on one monitor, not both; the figures are the same (a test checks it over the
+    /// benchmark flows, rejects included).
+    ///
+    /// This is the per-command cost of counting on a core's thread, so it is kept to one
+    /// match on the kind and a plain increment: no atomic, no label lookup, no check whether
+    /// monitoring is on (a disabled monitor tallies locally and never publishes). The outcome
+    /// of a cancel or a replace is its first event: the engine checks a command completely
+    /// before it changes anything, so a rejected one emits only `CancelRejected`, and an
+    /// accepted cancel emits `OrderCancelled` (reason `Requested`: only a cancel command
+    /// cancels on request) before its order-log record. So only that one event is read;
+    /// mass cancels and administration, which are rare, scan their events on a separate
+    /// path.
     #[inline]
     pub fn on_command_counted(&mut self, kind: CommandKind, events: &[Event]) {
-        if self.published.is_none() {
-            return;
-        }
-        self.local.commands[kind_index(kind)] += 1;
-        if kind != CommandKind::NewOrder {
-            for e in events {
-                match e {
-                    Event::OrderCancelled {
-                        reason: CancelReason::Requested,
-                        ..
-                    } => self.counted.cancels += 1,
-                    Event::CancelRejected { .. } => self.counted.cancel_rejects += 1,
+        match kind {
+            CommandKind::NewOrder => self.local.commands[NEW_ORDER] += 1,
+            CommandKind::Cancel => {
+                self.local.commands[CANCEL] += 1;
+                match events.first() {
+                    Some(Event::OrderCancelled { .. }) => self.counted.cancels += 1,
+                    Some(Event::CancelRejected { .. }) => self.counted.cancel_rejects += 1,
                     _ => {}
                 }
+            }
+            CommandKind::Replace => {
+                self.local.commands[REPLACE] += 1;
+                if let Some(Event::CancelRejected { .. }) = events.first() {
+                    self.counted.cancel_rejects += 1;
+                }
+            }
+            _ => self.count_other(kind, events),
+        }
+    }
+
+    /// The counted mode for mass cancels and administration: every event is read.
+    #[inline(never)]
+    fn count_other(&mut self, kind: CommandKind, events: &[Event]) {
+        self.local.commands[kind_index(kind)] += 1;
+        for e in events {
+            match e {
+                Event::OrderCancelled {
+                    reason: CancelReason::Requested,
+                    ..
+                } => self.counted.cancels += 1,
+                Event::CancelRejected { .. } => self.counted.cancel_rejects += 1,
+                _ => {}
             }
         }
     }
@@ -367,8 +400,8 @@ mod tests {
             let mut reference = Tally::default();
             for i in 0..60_000u64 {
                 ts += 1_000;
-                // Now and then a cancel of no order and an order for no instrument, so that
-                // both kinds of reject occur.
+                // Now and then a cancel and a replace of no order and an order for no
+                // instrument, so that every kind of reject occurs.
                 let body = match i % 5_000 {
                     1 => CommandBody::Cancel(Cancel {
                         account: AccountId(1),
@@ -377,6 +410,16 @@ mod tests {
                             order_id: Some(OrderId(u64::MAX)),
                             orig_cl_ord_id: None,
                         },
+                    }),
+                    3 => CommandBody::Replace(Replace {
+                        account: AccountId(1),
+                        cl_ord_id: ClOrdId(i),
+                        target: OrderRef {
+                            order_id: Some(OrderId(u64::MAX)),
+                            orig_cl_ord_id: None,
+                        },
+                        price: Some(Price(100)),
+                        qty: None,
                     }),
                     2 => CommandBody::NewOrder(NewOrder {
                         account: AccountId(1),
@@ -400,8 +443,11 @@ mod tests {
                 core.on_command_counted(cmd.kind(), &events);
             }
             core.engine_counts(counts(&engine));
+            assert_eq!(kind_index(CommandKind::NewOrder), NEW_ORDER);
+            assert_eq!(kind_index(CommandKind::Cancel), CANCEL);
+            assert_eq!(kind_index(CommandKind::Replace), REPLACE);
             assert!(
-                reference.cancels > 0 && reference.trades > 0 && reference.rejects >= 24,
+                reference.cancels > 0 && reference.trades > 0 && reference.rejects >= 36,
                 "{reference:?}"
             );
             assert_eq!(*core.tally(), reference);

@@ -51,6 +51,17 @@ pub struct StageRow {
     pub entry: Option<Percentiles>,
 }
 
+/// One stage of a replica node's own path over the last interval (per batch, RPC or
+/// published entry; see `bourse_cluster::stages`).
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeStageRow {
+    pub stage: String,
+    pub latency: Option<Percentiles>,
+}
+
+/// Node stages one dashboard shows at most (a bound on names handed in).
+pub const NODE_STAGES_MAX: usize = 16;
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Latencies {
     pub all: Option<Percentiles>,
@@ -83,6 +94,8 @@ pub struct Frame {
     pub live_orders: Option<i64>,
     pub latency: Latencies,
     pub stages: Vec<StageRow>,
+    /// A replica node's own stages (empty where there is no node).
+    pub node_stages: Vec<NodeStageRow>,
     pub network_leg: Option<Percentiles>,
     pub md_delay: Option<Percentiles>,
     pub delivery_delay: Option<Percentiles>,
@@ -108,6 +121,8 @@ struct State {
     clients: Vec<Client>,
     next_id: u64,
     prev_totals: Option<(Instant, Totals, u64, u64)>,
+    /// A node's stage histograms since the last frame, by stage, in the order first seen.
+    node_stages: Vec<(String, hdrhistogram::Histogram<u64>)>,
 }
 
 /// History and clients of the event stream.
@@ -152,6 +167,7 @@ impl Dashboard {
                 clients: Vec::new(),
                 next_id: 0,
                 prev_totals: None,
+                node_stages: Vec::new(),
             }),
             history_frames: config.history_frames,
             clients_max: config.sse_clients_max,
@@ -213,6 +229,42 @@ impl Dashboard {
                 id,
             },
         })
+    }
+
+    /// Adds one interval of a node stage's histogram (ns) to the next frame's table. A stage
+    /// seen once keeps its row (shown as n/a while empty); past [`NODE_STAGES_MAX`] names,
+    /// new ones are ignored.
+    pub fn add_node_stage(&self, stage: &str, h: &hdrhistogram::Histogram<u64>) {
+        let Ok(mut s) = self.state.lock() else { return };
+        let i = match s.node_stages.iter().position(|(n, _)| n == stage) {
+            Some(i) => i,
+            None if s.node_stages.len() < NODE_STAGES_MAX => {
+                s.node_stages
+                    .push((stage.to_string(), hdrhistogram::Histogram::new_from(h)));
+                s.node_stages.len() - 1
+            }
+            None => return,
+        };
+        // Values outside the bounds cannot come from a histogram of the same shape.
+        let _ = s.node_stages[i].1.add(h);
+    }
+
+    /// The node stage rows of the interval now ending; starts the next one.
+    fn take_node_stages(&self) -> Vec<NodeStageRow> {
+        let Ok(mut s) = self.state.lock() else {
+            return Vec::new();
+        };
+        s.node_stages
+            .iter_mut()
+            .map(|(stage, h)| {
+                let latency = Percentiles::of(h);
+                h.reset();
+                NodeStageRow {
+                    stage: stage.clone(),
+                    latency,
+                }
+            })
+            .collect()
     }
 
     /// Adds a frame to the history and offers it to every client, cutting off the slow ones.
@@ -315,7 +367,15 @@ pub fn tick(monitor: &Monitor) -> Arc<str> {
     let cluster = monitor
         .cluster()
         .snapshot(monitor.config().alerts.node_down_ms, r);
-    let md_delay = stats.by_leg[Stage::MdPublished as usize];
+    let node_stages = monitor.dashboard.take_node_stages();
+    // Sampled orders' market data leg where a process stamps it; on a replica node, the
+    // publication delay of every entry its feed sent.
+    let md_delay = stats.by_leg[Stage::MdPublished as usize].or_else(|| {
+        node_stages
+            .iter()
+            .find(|r| r.stage == "md_published")
+            .and_then(|r| r.latency)
+    });
     let alerts = evaluate(
         &monitor.config().alerts,
         latency.all.map(|p| p.p99),
@@ -339,6 +399,7 @@ pub fn tick(monitor: &Monitor) -> Arc<str> {
         live_orders: (!live.is_empty()).then(|| live.iter().map(|x| x.1).sum()),
         latency,
         stages,
+        node_stages,
         network_leg: stats.by_leg[LEG_NETWORK],
         md_delay,
         delivery_delay: stats.by_leg[Stage::DeliveryStored as usize],

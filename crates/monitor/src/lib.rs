@@ -20,7 +20,8 @@
 //! - [`node::NodeMetrics`]: what a replica node exports (applied commands and entries, commit
 //!   and applied index, term, leader, peer lag, journal bytes/records/fsync latency, snapshots,
 //!   hash checks, divergence alarm, entry stage legs t2→t3→t4→t5, batcher queue depth,
-//!   snapshot build time), fed by the `bourse node` glue from the node's brief status,
+//!   snapshot build time, and the node's own per-batch stages from queue to reply plus the
+//!   market data publication delay as `bourse_node_stage_seconds{stage}`), fed by the `bourse node` glue from the node's brief status,
 //!   openraft's metrics, its hooks, its committed stream and the journal's counters.
 //! - [`ltp`]: the cross-process breakdown (network, gateway, IPC, replication, matching) from
 //!   a gateway's and a node's stage histograms by LTP's T1 = T7 = (T0,7 − T1,6) / 2.
@@ -65,6 +66,9 @@ pub mod names {
     pub const LIVE_ORDERS: &str = "bourse_live_orders";
     pub const CORE_APPLIED_COMMANDS: &str = "bourse_core_applied_commands";
     pub const STAGE_LATENCY_SECONDS: &str = "bourse_stage_latency_seconds";
+    /// A replica node's own path, per batch, RPC or published entry (label `stage`: queue,
+    /// propose, replicate, commit_apply, reply, md_published, ae_round_trip, follower_append).
+    pub const NODE_STAGE_SECONDS: &str = "bourse_node_stage_seconds";
     pub const ORDER_LATENCY_SECONDS: &str = "bourse_order_latency_seconds";
     pub const NETWORK_LEG_SECONDS: &str = "bourse_network_leg_seconds";
     pub const PROBE_SAMPLE_EVERY: &str = "bourse_probe_sample_every";

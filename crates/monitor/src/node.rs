@@ -15,6 +15,10 @@
 //!   mirrored as they are;
 //! - the batcher's queue depth (`bourse_queue_depth{queue="batcher"}`) and the time to build
 //!   a snapshot's bytes (`bourse_snapshot_build_seconds`), read from the node;
+//! - the node's own stages (`bourse_node_stage_seconds{node,stage}`: queue, propose,
+//!   replicate, commit_apply, reply, md_published, ae_round_trip, follower_append), every
+//!   value the node recorded, taken interval by interval from its stage histograms, and
+//!   shown in the dashboard's "node path" table;
 //! - the t2→t3 leg (kind `entry`, stage `appended`): sampled requests' hand-off to the
 //!   batcher (t2, from the node's hooks) to the journal append holding their batch (t3);
 //! - entry stage timings (kind `entry` in the stage histograms): for one appended entry in
@@ -225,6 +229,8 @@ pub struct NodeMetrics {
     events: Tally,
     events_published: Tally,
     event_counters: [Counter; 5],
+    /// `bourse_node_stage_seconds` by stage, registered as stages first report.
+    node_stages: Vec<(String, Histogram)>,
 }
 
 impl NodeMetrics {
@@ -358,9 +364,42 @@ impl NodeMetrics {
             events: Tally::default(),
             events_published: Tally::default(),
             event_counters,
+            node_stages: Vec::new(),
             monitor,
         };
         m
+    }
+
+    /// Takes one interval of the node's own stage histograms (`bourse_cluster::stages`:
+    /// name, values in ns, their exact sum): adds them to `bourse_node_stage_seconds{node,
+    /// stage}` and to the dashboard's node stage table. At most
+    /// [`crate::dashboard::NODE_STAGES_MAX`] stage names are kept.
+    pub fn observe_node_stages<'s, 'h>(
+        &mut self,
+        stages: impl Iterator<Item = (&'s str, &'h hdrhistogram::Histogram<u64>, u64)>,
+    ) {
+        for (stage, h, sum_ns) in stages {
+            let i = match self.node_stages.iter().position(|(n, _)| n == stage) {
+                Some(i) => i,
+                None if self.node_stages.len() < crate::dashboard::NODE_STAGES_MAX => {
+                    let node = self.id.to_string();
+                    let hist = self.monitor.registry().histogram(
+                        names::NODE_STAGE_SECONDS,
+                        "A replica node's own path: on the leader per batch (queue, propose, \
+                         replicate, commit_apply), per write (reply), per AppendEntries \
+                         (ae_round_trip), per entry its market data feed sent (md_published, \
+                         from the entry's first follower acknowledgement); on a follower per \
+                         AppendEntries (follower_append).",
+                        &[("node", node.as_str()), ("stage", stage)],
+                    );
+                    self.node_stages.push((stage.to_string(), hist));
+                    self.node_stages.len() - 1
+                }
+                None => continue,
+            };
+            self.node_stages[i].1.add_hdr(h, sum_ns);
+            self.monitor.dashboard().add_node_stage(stage, h);
+        }
     }
 
     /// Counts the events of one applied request (from the node's committed stream).
@@ -705,6 +744,56 @@ mod tests {
         let me = snap.nodes.iter().find(|v| v.status.id == 1).unwrap();
         assert_eq!(me.status.commit_index, 172);
         assert_eq!(snap.nodes.len(), 3, "members 2 and 3 expected");
+    }
+
+    #[test]
+    fn node_stages_export_as_seconds_by_stage_and_fill_the_dashboard_table() {
+        let m = Monitor::new(MonitorConfig::default());
+        let mut n = NodeMetrics::new(m.clone(), 2, &[1, 2, 3], "equities");
+        let new = || hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 2);
+        let mut replicate = new().unwrap();
+        replicate.record(120_000).unwrap();
+        replicate.record(130_000).unwrap();
+        let mut md = new().unwrap();
+        md.record(30_000).unwrap();
+        let empty = new().unwrap();
+        let interval = [
+            ("replicate", &replicate, 250_000),
+            ("md_published", &md, 30_000),
+            ("reply", &empty, 0),
+        ];
+        n.observe_node_stages(interval.iter().map(|(a, b, c)| (*a, *b, *c)));
+        n.observe_node_stages(interval[..1].iter().map(|(a, b, c)| (*a, *b, *c)));
+        let text = m.render_metrics();
+        assert!(
+            text.contains("bourse_node_stage_seconds_count{node=\"2\",stage=\"replicate\"} 4\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("bourse_node_stage_seconds_sum{node=\"2\",stage=\"replicate\"} 0.0005\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "bourse_node_stage_seconds_bucket{node=\"2\",stage=\"md_published\",le=\"0.00005\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("bourse_node_stage_seconds_count{node=\"2\",stage=\"reply\"} 0\n"),
+            "{text}"
+        );
+        let frame: serde_json::Value = serde_json::from_str(&crate::dashboard::tick(&m)).unwrap();
+        let rows = frame["node_stages"].as_array().unwrap();
+        assert_eq!(rows.len(), 3, "{rows:?}");
+        assert_eq!(rows[0]["stage"], "replicate");
+        assert_eq!(rows[0]["latency"]["count"], 4);
+        assert!(rows[2]["latency"].is_null(), "an empty stage is n/a");
+        // The node's publication delay is the frame's market data delay.
+        assert_eq!(frame["md_delay"]["count"], 1);
+        // The next frame covers a new interval.
+        let frame: serde_json::Value = serde_json::from_str(&crate::dashboard::tick(&m)).unwrap();
+        assert!(frame["node_stages"][0]["latency"].is_null());
     }
 
     #[test]
