@@ -123,10 +123,116 @@ impl CoreLink for CountingLink {
     }
 }
 
+/// How many stamps of one side of the publication delay (trades applied, or trades read from
+/// the feed) may wait for the other side's before the oldest are dropped: this bounds the
+/// timer's memory when one side never comes (a trade of a lost packet that the subscriber
+/// recovered from the snapshot loop instead of a replay).
+const PUB_DELAY_PENDING_MAX: usize = 262_144;
+/// Seconds of a run the publication delay is kept for per second (for the report's load
+/// ranges); trades read later count in the overall figure only.
+const PUB_DELAY_SECONDS_MAX: usize = 3_600;
+/// How long the feed's subscriber blocks waiting for a datagram before it checks whether to
+/// stop and runs its gap recovery.
+const MD_WAIT_MS: u16 = 2;
+
+/// Market data publication delay of one core: for each trade, from the moment the core
+/// applied the log entry that made it to the moment the feed's subscriber read the first
+/// copy (feed A or B) of its Trade record. The apply is seen by two subscribers of the
+/// leader's committed stream, both woken by it: this deployment's entry timer, and the
+/// node's publisher, which stamps the moment it took the entry as the packet's SendingTime;
+/// the earlier of the two is the apply's time (whichever woke first is the closer to it).
+/// Every stamp is read from the one wall clock of this process
+/// (`bourse_marketdata::now_ns`, which the SendingTime also comes from). Whichever of the
+/// apply and the read comes first waits, keyed by trade id (unique within a core).
+struct PubDelay {
+    applied: std::collections::BTreeMap<u64, u64>,
+    /// Trade id -> (read at, the packet's SendingTime).
+    received: std::collections::BTreeMap<u64, (u64, u64)>,
+    /// The apply to the read.
+    delay: hdrhistogram::Histogram<u64>,
+    /// The packet's SendingTime to the read: the send, the loopback, the subscriber's
+    /// wake-up (the part of the delay after the publisher took the entry).
+    send_to_read: hdrhistogram::Histogram<u64>,
+    /// Trades whose packet's SendingTime came before the entry timer's stamp (the publisher
+    /// woke first, so its stamp stood for the apply).
+    publisher_first: u64,
+    /// When the generator's second 0 begins (ns since the Unix epoch), once the run starts.
+    run_start_ns: Option<u64>,
+    /// The delay by the generator's second in which the record was read.
+    by_second: Vec<hdrhistogram::Histogram<u64>>,
+}
+
+impl PubDelay {
+    fn new() -> PubDelay {
+        PubDelay {
+            applied: Default::default(),
+            received: Default::default(),
+            delay: bourse_loadgen::generator::second_histogram(),
+            send_to_read: bourse_loadgen::generator::second_histogram(),
+            publisher_first: 0,
+            run_start_ns: None,
+            by_second: Vec::new(),
+        }
+    }
+
+    fn pair(&mut self, applied_ns: u64, read_ns: u64, sending_ns: u64) {
+        let from = if sending_ns < applied_ns {
+            self.publisher_first += 1;
+            sending_ns
+        } else {
+            applied_ns
+        };
+        let ns = read_ns.saturating_sub(from);
+        bourse_loadgen::generator::record(&mut self.delay, ns);
+        let Some(start) = self.run_start_ns.filter(|s| read_ns >= *s) else {
+            return;
+        };
+        let second = ((read_ns - start) / 1_000_000_000) as usize;
+        if second >= PUB_DELAY_SECONDS_MAX {
+            return;
+        }
+        while self.by_second.len() <= second {
+            self.by_second
+                .push(bourse_loadgen::generator::second_histogram());
+        }
+        bourse_loadgen::generator::record(&mut self.by_second[second], ns);
+    }
+
+    fn applied(&mut self, trade_id: u64, at_ns: u64) {
+        match self.received.remove(&trade_id) {
+            Some((read, sending)) => self.pair(at_ns, read, sending),
+            None => {
+                self.applied.insert(trade_id, at_ns);
+                while self.applied.len() > PUB_DELAY_PENDING_MAX {
+                    self.applied.pop_first();
+                }
+            }
+        }
+    }
+
+    fn received(&mut self, trade_id: u64, read_ns: u64, sending_ns: u64) {
+        bourse_loadgen::generator::record(
+            &mut self.send_to_read,
+            read_ns.saturating_sub(sending_ns),
+        );
+        match self.applied.remove(&trade_id) {
+            Some(a) => self.pair(a, read_ns, sending_ns),
+            None => {
+                self.received.insert(trade_id, (read_ns, sending_ns));
+                while self.received.len() > PUB_DELAY_PENDING_MAX {
+                    self.received.pop_first();
+                }
+            }
+        }
+    }
+}
+
 /// Counts the trades one core publishes on its trades channel (feeds A and B, gaps
-/// recovered from the replay service), on a thread of its own.
+/// recovered from the replay service), and times each one's publication ([`PubDelay`]), on
+/// a thread of its own.
 struct MdCounter {
     trades: Arc<AtomicU64>,
+    delay: Arc<Mutex<PubDelay>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -143,14 +249,45 @@ impl MdCounter {
         )
         .with_context(|| format!("bind the market data feeds at {base_port}"))?;
         let trades = Arc::new(AtomicU64::new(0));
+        let delay = Arc::new(Mutex::new(PubDelay::new()));
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (t, st) = (Arc::clone(&trades), Arc::clone(&stop));
+        let (t, st, d) = (Arc::clone(&trades), Arc::clone(&stop), Arc::clone(&delay));
         let thread = std::thread::Builder::new()
             .name("bourse-md-count".into())
             .spawn(move || {
+                // The highest MsgSeqNum read so far: a packet at or below it is the other
+                // feed's copy (or a replay) of one already timed.
+                let mut seq_seen = 0u32;
+                let mut ids: Vec<u64> = Vec::with_capacity(64);
+                let mut on_packet = |_: bourse_marketdata::Channel,
+                                     _: bourse_marketdata::Feed,
+                                     datagram: &[u8],
+                                     read_ns: u64| {
+                    use bourse_marketdata::wire::market_data::{parse_packet, Message};
+                    let Ok(mut delay) = d.lock() else { return };
+                    let Ok(p) = parse_packet(datagram) else {
+                        return;
+                    };
+                    if p.header.msg_seq_num <= seq_seen {
+                        return;
+                    }
+                    seq_seen = p.header.msg_seq_num;
+                    ids.clear();
+                    ids.extend(p.messages().filter_map(|m| match m {
+                        Message::Trade(t) => Some(t.trade_id()),
+                        _ => None,
+                    }));
+                    for id in &ids {
+                        delay.received(*id, read_ns, p.header.sending_time_ns);
+                    }
+                };
                 while !st.load(Ordering::Relaxed) {
-                    if sub.poll_once(&mut |_, _, _, _| {}) == 0 {
-                        std::thread::sleep(Duration::from_micros(500));
+                    if sub.poll_once(&mut on_packet) == 0 {
+                        // Blocks until a datagram arrives, so a receipt is stamped when the
+                        // datagram is there, not when a sleep ends.
+                        if sub.wait_readable(MD_WAIT_MS).is_err() {
+                            std::thread::sleep(Duration::from_millis(u64::from(MD_WAIT_MS)));
+                        }
                     }
                     t.store(sub.sub.stats().trades, Ordering::Relaxed);
                 }
@@ -158,6 +295,7 @@ impl MdCounter {
             .context("market data thread")?;
         Ok(MdCounter {
             trades,
+            delay,
             stop,
             thread: Some(thread),
         })
@@ -244,20 +382,34 @@ const APPENDS_KEPT: usize = 8_192;
 /// Times every entry a core applies, from the replicas' journals' append rings (when each
 /// append, fsync included, completed) and their committed streams (when each replica
 /// applied it), all on this process's one clock: one task per replica's stream stamps each
-/// entry as it arrives, this one pairs the stamps. Ends when the streams end.
+/// entry as it arrives, this one pairs the stamps. The task that delivers an entry first
+/// (normally the leader's stream, which applies first) also stamps the apply of each of its
+/// trades for the publication delay (`pub_delay`). Ends when the streams end.
 async fn time_entries(
     subs: Vec<bourse_cluster::Subscription>,
     journal_dirs: Vec<PathBuf>,
     out: Arc<Mutex<EntryLegs>>,
+    pub_delay: Option<Arc<Mutex<PubDelay>>>,
 ) {
     use std::collections::BTreeMap;
     let replicas = subs.len() as u8;
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, Instant)>(SPREAD_ENTRIES_MAX);
+    // The highest index any replica's task has delivered: a task that moves it is the first.
+    let first_seen = Arc::new(AtomicU64::new(0));
     for mut sub in subs {
         let tx = tx.clone();
+        let first_seen = Arc::clone(&first_seen);
+        let pub_delay = pub_delay.clone();
         tokio::spawn(async move {
+            let mut trades: Vec<u64> = Vec::new();
             while let Ok(entry) = sub.recv().await {
-                if tx.send((entry.index, Instant::now())).await.is_err() {
+                let at = Instant::now();
+                if let Some(d) = &pub_delay {
+                    if first_seen.fetch_max(entry.index, Ordering::Relaxed) < entry.index {
+                        stamp_trades(&entry, bourse_marketdata::now_ns(), d, &mut trades);
+                    }
+                }
+                if tx.send((entry.index, at)).await.is_err() {
                     return;
                 }
             }
@@ -314,6 +466,35 @@ async fn time_entries(
         while seen.len() > SPREAD_ENTRIES_MAX {
             seen.pop_first();
         }
+    }
+}
+
+/// Stamps the apply of every trade of `entry` (requests that applied; a duplicate's events
+/// were published when it first applied) for the publication delay.
+fn stamp_trades(
+    entry: &bourse_cluster::stream::CommittedEntry,
+    at_ns: u64,
+    delay: &Mutex<PubDelay>,
+    trades: &mut Vec<u64>,
+) {
+    trades.clear();
+    for r in &entry.requests {
+        if r.kind != bourse_cluster::OutcomeKind::Applied || r.events.is_empty() {
+            continue;
+        }
+        if let Ok(events) = bourse_cluster::batch::decode_events(&r.events) {
+            trades.extend(events.iter().filter_map(|e| match e {
+                Event::Trade { trade_id, .. } => Some(trade_id.0),
+                _ => None,
+            }));
+        }
+    }
+    if trades.is_empty() {
+        return;
+    }
+    let Ok(mut d) = delay.lock() else { return };
+    for id in trades.iter() {
+        d.applied(*id, at_ns);
     }
 }
 
@@ -645,7 +826,8 @@ impl LocalDeployment {
             (subs.len() == nodes.len()).then(|| {
                 let out = Arc::new(Mutex::new(EntryLegs::default()));
                 let dirs = journals.iter().map(|(d, _)| d.clone()).collect();
-                rt.spawn(time_entries(subs, dirs, Arc::clone(&out)));
+                let pub_delay = md_counter.as_ref().map(|m| Arc::clone(&m.delay));
+                rt.spawn(time_entries(subs, dirs, Arc::clone(&out), pub_delay));
                 out
             })
         };
@@ -934,6 +1116,13 @@ impl LocalDeployment {
                     .map(|m| m.settle(c.trades - b.trades)),
                 replica_hashes: replicas,
                 stage_figures: stage_figures(core),
+                md_delay_by_second: core.md_counter.as_ref().map_or_else(Vec::new, |m| {
+                    let d = m.delay.lock().expect("publication delay lock");
+                    d.by_second
+                        .iter()
+                        .map(bourse_loadgen::generator::HistogramWire::of)
+                        .collect()
+                }),
             });
         }
         Ok(out)
@@ -1030,6 +1219,14 @@ impl Deployment for LocalDeployment {
             std::thread::sleep(Duration::from_millis(10));
         }
         self.totals().map_err(|e| format!("{e:#}"))
+    }
+    fn run_starts_at(&mut self, start_unix_ns: u64) {
+        for core in &self.cores {
+            if let Some(m) = &core.md_counter {
+                let mut d = m.delay.lock().expect("publication delay lock");
+                d.run_start_ns = Some(start_unix_ns);
+            }
+        }
     }
 }
 
@@ -1135,6 +1332,27 @@ fn stage_figures(core: &Core) -> Vec<bourse_loadgen::StageFigure> {
             "how much later the last replica applied an entry than the first",
             latency_of(t.apply_spread.percentiles()),
         );
+    }
+    if let Some(md) = &core.md_counter {
+        let d = md.delay.lock().expect("publication delay lock");
+        out.push(bourse_loadgen::StageFigure {
+            name: "md_publication_delay".into(),
+            what: format!(
+                "a trade's apply (the earlier of the entry timer's stamp and the publisher's \
+                 SendingTime; the publisher's for {} of {} trades) to its Trade record read \
+                 from the feed (first of A and B)",
+                d.publisher_first,
+                d.delay.len()
+            ),
+            latency: bourse_loadgen::results::Latency::of(&d.delay),
+        });
+        out.push(bourse_loadgen::StageFigure {
+            name: "md_send_to_read".into(),
+            what: "a Trade record's packet SendingTime (the publisher took the entry) to its \
+                   read from the feed (first of A and B)"
+                .into(),
+            latency: bourse_loadgen::results::Latency::of(&d.send_to_read),
+        });
     }
     out
 }

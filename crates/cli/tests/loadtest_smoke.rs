@@ -86,6 +86,28 @@ fn the_smoke_profile_runs_and_its_figures_cross_check() {
     for c in r["checks"].as_array().unwrap() {
         assert_eq!(c["ok"], Value::Bool(true), "check failed: {c}");
     }
+    // Market data publication delay (a trade's apply to its record read from the feed) and
+    // replication lag are measured, not left "n/a": present, timed for trades, and non-zero.
+    let md_delay = &r["market_data_delay"];
+    assert!(
+        md_delay["count"].as_u64().unwrap_or(0) > 0,
+        "no publication delay timed: {md_delay}"
+    );
+    assert!(
+        md_delay["count"].as_u64().unwrap() <= sum(cores, "trades"),
+        "more trades timed than made: {md_delay}"
+    );
+    for k in ["mean", "p50", "p99", "p999", "max"] {
+        assert!(
+            md_delay[k].as_u64().unwrap_or(0) > 0,
+            "publication delay {k} is 0: {md_delay}"
+        );
+    }
+    assert!(
+        r["replication_lag"]["count"].as_u64().unwrap_or(0) > 0,
+        "no replication lag: {}",
+        r["replication_lag"]
+    );
     assert!(
         r["checks"].as_array().unwrap().len() >= 7,
         "{}",
@@ -127,6 +149,14 @@ fn the_smoke_profile_runs_and_its_figures_cross_check() {
         assert!(md.contains(section), "report.md lacks {section}");
         assert!(html.contains(section), "report.html lacks {section}");
     }
+    let md_row = md
+        .lines()
+        .find(|l| l.starts_with("| market data publication delay"))
+        .expect("report.md has the publication delay row");
+    assert!(
+        !md_row.contains("n/a"),
+        "publication delay not measured: {md_row}"
+    );
     assert!(
         html.matches("<svg").count() >= 3,
         "the charts are inline SVG"

@@ -22,7 +22,8 @@
 //!   through the client SDK, translating execution reports back into events).
 //! - [`Deployment`]: what a run connects its workers to and asks for the cores' own counts at
 //!   the end ([`CoreTotals`]: commands, orders, trades, live orders, the commands the gateways
-//!   forwarded, trades seen on the market data feed, every replica's state hash). [`run`]
+//!   forwarded, trades seen on the market data feed and their publication delay, every
+//!   replica's state hash, the stages the deployment timed). [`run`]
 //!   starts the in-process one; the `bourse` binary starts the local venue (gateways in front
 //!   of in-process or replicated cores) and calls [`run_on`]. A worker is a thread here
 //!   ([`Connection::Local`]) or a `bourse loadgen-worker` process ([`Connection::Remote`]).
@@ -98,6 +99,10 @@ pub trait Deployment {
     fn connect(&mut self, worker: usize) -> Result<Connection, String>;
     /// Called once every worker is done: the cores' own counts over the measured run.
     fn finish(&mut self) -> Result<Vec<target::CoreTotals>, String>;
+    /// Called before the workers start with the moment (ns since the Unix epoch) their
+    /// second 0 begins, so figures the deployment times itself per second (the market data
+    /// publication delay) line up with the generator's seconds. Default: nothing to line up.
+    fn run_starts_at(&mut self, _start_unix_ns: u64) {}
 }
 
 /// The flows of every worker on every market, in the order [`run_on`] gives them out:
@@ -281,6 +286,7 @@ pub fn run_on(
     let lead_ms = if any_remote { 3_000 } else { 20 };
     let start_unix_ns = unix_ns() + lead_ms * 1_000_000;
     let start = instant_of_unix_ns(start_unix_ns);
+    deployment.run_starts_at(start_unix_ns);
     let mut handles = Vec::new();
     for (w, connection) in connections.into_iter().enumerate() {
         let spawned = match connection {

@@ -334,7 +334,8 @@ pub struct PeaksRate {
 /// Closed-loop search for the highest sustainable rate: run `step_s` at a rate; if the step
 /// kept up (answers at least `keep_up_share` of the offered rate, p99 within
 /// `p99_limit_us`), multiply the rate by `factor`; once a step fails, bisect between the last
-/// good and the failed rate until they are within 5% or the phase ends.
+/// good and the failed rate until they are within 5% or the phase ends. A step that kept up
+/// but missed only the p99 limit is run again at the same rate before the rate fails.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SearchRate {

@@ -166,6 +166,10 @@ pub struct LoadRange {
     pub seconds: u64,
     pub transactions_mean_per_s: f64,
     pub latency: Latency,
+    /// Market data publication delay of the trades read in these seconds (`None`: not
+    /// timed per second by this target).
+    #[serde(default)]
+    pub md_delay: Option<Latency>,
 }
 
 /// One row of LTP's stage table.
@@ -231,9 +235,14 @@ pub struct Results {
     pub by_op: Vec<OpLatency>,
     pub load_ranges: Vec<LoadRange>,
     pub stages: Vec<Stage>,
-    /// Market data publication delay after the order's acknowledgement (`None`: not measured
-    /// by this target).
+    /// Market data publication delay: for each trade, from the core's apply of the entry that
+    /// made it (when the order's acknowledgement leaves the leader) to a subscriber's receipt
+    /// of its Trade record on the feed (`None`: not measured by this target).
     pub market_data_delay: Option<Latency>,
+    /// The part of it after the publisher took the entry: a packet's SendingTime to a
+    /// subscriber's read of it (`None`: not measured by this target).
+    #[serde(default)]
+    pub market_data_send_to_read: Option<Latency>,
     /// Replication lag of the followers (`None`: no replication in this target).
     pub replication_lag: Option<Latency>,
     pub recovery: Vec<Recovery>,
@@ -366,22 +375,13 @@ impl Results {
                 }
             })
             .collect();
-        let load_ranges = load_ranges(profile, &measured, totals.transactions_max_per_s);
+        let load_ranges = load_ranges(profile, rec, &cores, totals.transactions_max_per_s);
         let stages = stages(rec, profile.target.kind, &cores, &Latency::of(&rec.all));
         let replication_lag = combined(&cores, "replica_apply_spread");
+        let market_data_delay = combined(&cores, "md_publication_delay");
+        let market_data_send_to_read = combined(&cores, "md_send_to_read");
         let recovery = recovery(profile, rec);
-        // Each worker searches with its own share of the rate; the figure is the mean of the
-        // workers' best sustained rates (each stated for all workers together).
-        let mut best_by_worker: Vec<f64> = Vec::new();
-        for s in rec.search.iter().filter(|s| s.kept_up) {
-            let w = s.worker as usize;
-            if best_by_worker.len() <= w {
-                best_by_worker.resize(w + 1, 0.0);
-            }
-            best_by_worker[w] = best_by_worker[w].max(s.offered_per_s);
-        }
-        let sustainable_per_s = (!best_by_worker.is_empty())
-            .then(|| best_by_worker.iter().sum::<f64>() / best_by_worker.len() as f64);
+        let sustainable_per_s = sustainable(&rec.search);
         let mut search = rec.search.clone();
         search.sort_by(|a, b| {
             a.start_s
@@ -414,7 +414,8 @@ impl Results {
             by_op,
             load_ranges,
             stages,
-            market_data_delay: None,
+            market_data_delay,
+            market_data_send_to_read,
             replication_lag,
             recovery,
             search,
@@ -429,7 +430,40 @@ impl Results {
     }
 }
 
-fn load_ranges(profile: &Profile, measured: &[&Second], max_per_s: u64) -> Vec<LoadRange> {
+/// The highest rate a search sustained: per worker, the highest rate at which at least half
+/// of the steps run at it kept up (a search that converges holds its best rate and keeps
+/// judging it, and a rate that kept up once but failed most of its later steps is not
+/// sustained); the figure is the mean over the workers (each worker's rate is stated for all
+/// workers together). `None`: no rate qualified.
+fn sustainable(steps: &[SearchStep]) -> Option<f64> {
+    use std::collections::BTreeMap;
+    // (worker, rate in mcommands/s, so it can be a key) -> (kept up, steps).
+    let mut tally: BTreeMap<(u32, u64), (u32, u32)> = BTreeMap::new();
+    for s in steps {
+        let t = tally
+            .entry((s.worker, (s.offered_per_s * 1e3).round() as u64))
+            .or_default();
+        t.0 += u32::from(s.kept_up);
+        t.1 += 1;
+    }
+    let mut best_by_worker: BTreeMap<u32, f64> = BTreeMap::new();
+    for (&(w, rate_m), &(kept, all)) in &tally {
+        if kept > 0 && kept * 2 >= all {
+            let b = best_by_worker.entry(w).or_insert(0.0);
+            *b = b.max(rate_m as f64 / 1e3);
+        }
+    }
+    (!best_by_worker.is_empty())
+        .then(|| best_by_worker.values().sum::<f64>() / best_by_worker.len() as f64)
+}
+
+fn load_ranges(
+    profile: &Profile,
+    rec: &Record,
+    cores: &[CoreTotals],
+    max_per_s: u64,
+) -> Vec<LoadRange> {
+    let timed_md = cores.iter().any(|c| !c.md_delay_by_second.is_empty());
     let bounds: Vec<f64> = if profile.report.load_ranges_per_s.is_empty() {
         let m = max_per_s.max(1) as f64;
         vec![0.25 * m, 0.5 * m, 0.75 * m, 0.9 * m]
@@ -441,15 +475,24 @@ fn load_ranges(profile: &Profile, measured: &[&Second], max_per_s: u64) -> Vec<L
         let from = if i == 0 { 0.0 } else { bounds[i - 1] };
         let to = bounds.get(i).copied();
         let mut h = crate::generator::second_histogram();
+        let mut md = crate::generator::second_histogram();
         let mut seconds = 0u64;
         let mut tx = 0u64;
-        for s in measured {
+        for (i, s) in rec.seconds.iter().enumerate() {
+            if s.warmup {
+                continue;
+            }
             let r = s.transactions as f64;
             if r >= from && to.is_none_or(|t| r < t) && s.offered > 0 {
                 seconds += 1;
                 tx += s.transactions;
                 if let Some(l) = &s.latency {
                     let _ = h.add(l);
+                }
+                for c in cores {
+                    if let Some(w) = c.md_delay_by_second.get(i) {
+                        md = w.into_histogram(md);
+                    }
                 }
             }
         }
@@ -463,6 +506,7 @@ fn load_ranges(profile: &Profile, measured: &[&Second], max_per_s: u64) -> Vec<L
                 0.0
             },
             latency: Latency::of(&h),
+            md_delay: timed_md.then(|| Latency::of(&md)),
         });
     }
     out
@@ -852,4 +896,37 @@ fn checks(c: &crate::generator::Counts, cores: &[CoreTotals]) -> Vec<Check> {
         ));
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(rate: f64, kept_up: bool) -> SearchStep {
+        SearchStep {
+            worker: 0,
+            phase: 0,
+            start_s: 0.0,
+            offered_per_s: rate,
+            answered_per_s: rate,
+            p99_ns: 0,
+            kept_up,
+        }
+    }
+
+    #[test]
+    fn a_rate_is_sustained_when_at_least_half_of_its_steps_kept_up() {
+        let steps = [
+            step(1000.0, true),
+            step(2000.0, false),
+            step(2000.0, true),
+            step(3000.0, false),
+            step(2500.0, true),
+            step(2500.0, false),
+            step(2500.0, false),
+        ];
+        // 2,500 kept up once in three steps: not sustained; 2,000 in one of two: sustained.
+        assert_eq!(sustainable(&steps), Some(2000.0));
+        assert_eq!(sustainable(&[step(1000.0, false)]), None);
+    }
 }

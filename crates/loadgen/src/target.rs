@@ -101,11 +101,16 @@ pub struct CoreTotals {
     pub replica_hashes: Option<Vec<String>>,
     /// Stages of the path the deployment timed itself over the run (warm-up included), by
     /// [`StageFigure::name`]: `link_round_trip`, `group_answer`, `stream_after_answer` (a
-    /// gateway's link to the core), `journal_fsync` (the replicas' journals), and
+    /// gateway's link to the core), `journal_fsync` (the replicas' journals),
     /// `replica_apply_spread` (how much later the last replica applied an entry than the
-    /// first). Empty: the deployment times nothing.
+    /// first), and `md_publication_delay` (a trade's apply to its Trade record read from the
+    /// market data feed). Empty: the deployment times nothing.
     #[serde(default)]
     pub stage_figures: Vec<StageFigure>,
+    /// The market data publication delay (`md_publication_delay`) of the trades read in each
+    /// second of the run, indexed as the generator's seconds (empty: not timed per second).
+    #[serde(default)]
+    pub md_delay_by_second: Vec<crate::generator::HistogramWire>,
 }
 
 /// One stage a deployment timed (see [`CoreTotals::stage_figures`]).

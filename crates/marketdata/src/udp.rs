@@ -360,6 +360,24 @@ impl UdpSubscriber {
         n
     }
 
+    /// Blocks until a datagram waits on any of the subscriber's sockets or `timeout_ms`
+    /// passes, and says which. A caller that times packets waits here instead of sleeping,
+    /// so its receive stamps are not late by a sleep's length.
+    pub fn wait_readable(&self, timeout_ms: u16) -> io::Result<bool> {
+        use nix::poll::{poll, PollFd, PollFlags};
+        use std::os::fd::AsFd;
+        let mut fds: Vec<PollFd<'_>> = self
+            .sockets
+            .iter()
+            .map(|(_, _, s)| PollFd::new(s.as_fd(), PollFlags::POLLIN))
+            .collect();
+        match poll(&mut fds, timeout_ms) {
+            Ok(n) => Ok(n > 0),
+            Err(nix::errno::Errno::EINTR) => Ok(false),
+            Err(e) => Err(io::Error::from(e)),
+        }
+    }
+
     /// Polls until `done` says so or `deadline` passes; sleeps briefly when idle. Returns
     /// whether `done` was reached.
     pub fn run_until(
