@@ -207,6 +207,12 @@ impl NodeMonitor {
                 entry = next_entry(&mut self.subscription) => match entry {
                     Some(Ok(entry)) => {
                         for r in &entry.requests {
+                            // A retried request answered from the idempotency table carries the events
+                            // of its first application again: counting them twice would overstate
+                            // orders and trades (seen as 3 extra orders in a loaded demo).
+                            if r.kind != bourse_cluster::OutcomeKind::Applied {
+                                continue;
+                            }
                             if let Ok(events) = bourse_cluster::batch::decode_events(&r.events) {
                                 self.metrics.on_applied_events(&events);
                             }
