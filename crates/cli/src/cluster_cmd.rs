@@ -99,7 +99,6 @@ fn stop_flag() -> Arc<AtomicBool> {
     stop
 }
 
-/// `bourse node`: one member of the group, until interrupted or killed.
 /// Tunes glibc's allocator for a node: its per-thread arenas otherwise give freed memory back
 /// to the kernel and take it again over and over, an `mprotect` system call each time (27,500
 /// in two seconds of `bench cluster` at 100k commands/s, about three per batch, each a change
@@ -127,6 +126,7 @@ pub fn tune_allocator() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 pub fn tune_allocator() {}
 
+/// `bourse node`: one member of the group, until interrupted or killed.
 pub fn node(args: NodeArgs) -> Result<()> {
     tune_allocator();
     let config = ClusterConfig::load(&args.config).map_err(|e| anyhow!(e))?;

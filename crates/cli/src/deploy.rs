@@ -633,6 +633,9 @@ impl LocalDeployment {
     /// Starts every core, applies the setup, starts the gateways. On failure everything that
     /// started is stopped again.
     pub fn start(spec: DeploymentSpec) -> Result<LocalDeployment> {
+        // The deployment hosts its nodes in this process: the same allocator tuning as
+        // `bourse node` (see `tune_allocator`).
+        crate::cluster_cmd::tune_allocator();
         if spec.markets.is_empty() {
             bail!("a deployment needs at least one market");
         }
