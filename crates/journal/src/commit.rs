@@ -25,7 +25,7 @@
 use std::path::Path;
 
 use crate::error::{JournalError, Result};
-use crate::format::{read_u128, read_u32, read_u64, Identity, FORMAT_VERSION};
+use crate::format::{read_u64, Identity, FORMAT_VERSION};
 use crate::meta::LogPosition;
 use crate::storage::{OpenMode, SegmentFile, Storage};
 
@@ -47,46 +47,7 @@ pub(crate) fn encode(identity: Identity, committed: LogPosition) -> [u8; COMMIT_
 }
 
 fn decode(bytes: &[u8], identity: Identity, file: &Path) -> Result<LogPosition> {
-    let bad = |reason: String| JournalError::BadMeta {
-        file: file.to_path_buf(),
-        reason,
-    };
-    if bytes.len() != COMMIT_SIZE_BYTES {
-        return Err(bad(format!(
-            "file is {} bytes, expected {COMMIT_SIZE_BYTES}",
-            bytes.len()
-        )));
-    }
-    if bytes[0..8] != COMMIT_MAGIC {
-        return Err(bad("wrong magic number (expected \"BOURSEJC\")".to_string()));
-    }
-    let version = read_u32(bytes, 8);
-    if version != FORMAT_VERSION {
-        return Err(bad(format!("unsupported format version {version}")));
-    }
-    let stored = read_u32(bytes, 60);
-    let computed = crc32c::crc32c(&bytes[0..60]);
-    if stored != computed {
-        return Err(bad(format!(
-            "checksum mismatch (stored {stored:08x}, computed {computed:08x})"
-        )));
-    }
-    let cluster_id = read_u128(bytes, 16);
-    if cluster_id != identity.cluster_id {
-        return Err(JournalError::WrongCluster {
-            file: file.to_path_buf(),
-            expected: identity.cluster_id,
-            found: cluster_id,
-        });
-    }
-    let node_id = read_u64(bytes, 32);
-    if node_id != identity.node_id {
-        return Err(JournalError::WrongNode {
-            file: file.to_path_buf(),
-            expected: identity.node_id,
-            found: node_id,
-        });
-    }
+    crate::meta::check_header(bytes, &COMMIT_MAGIC, COMMIT_SIZE_BYTES, identity, file)?;
     Ok(LogPosition {
         index: read_u64(bytes, 40),
         term: read_u64(bytes, 48),

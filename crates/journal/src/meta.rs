@@ -105,46 +105,7 @@ impl MetaRecord {
     }
 
     fn decode(bytes: &[u8], identity: Identity, file: &Path) -> Result<MetaRecord> {
-        let bad = |reason: String| JournalError::BadMeta {
-            file: file.to_path_buf(),
-            reason,
-        };
-        if bytes.len() != META_SIZE_BYTES {
-            return Err(bad(format!(
-                "file is {} bytes, expected {META_SIZE_BYTES}",
-                bytes.len()
-            )));
-        }
-        if bytes[0..8] != META_MAGIC {
-            return Err(bad("wrong magic number (expected \"BOURSEJM\")".to_string()));
-        }
-        let version = read_u32(bytes, 8);
-        if version != FORMAT_VERSION {
-            return Err(bad(format!("unsupported format version {version}")));
-        }
-        let stored = read_u32(bytes, 124);
-        let computed = crc32c::crc32c(&bytes[0..124]);
-        if stored != computed {
-            return Err(bad(format!(
-                "checksum mismatch (stored {stored:08x}, computed {computed:08x})"
-            )));
-        }
-        let cluster_id = read_u128(bytes, 16);
-        if cluster_id != identity.cluster_id {
-            return Err(JournalError::WrongCluster {
-                file: file.to_path_buf(),
-                expected: identity.cluster_id,
-                found: cluster_id,
-            });
-        }
-        let node_id = read_u64(bytes, 32);
-        if node_id != identity.node_id {
-            return Err(JournalError::WrongNode {
-                file: file.to_path_buf(),
-                expected: identity.node_id,
-                found: node_id,
-            });
-        }
+        check_header(bytes, &META_MAGIC, META_SIZE_BYTES, identity, file)?;
         let flags = read_u32(bytes, 12);
         Ok(MetaRecord {
             meta: Meta {
@@ -163,6 +124,62 @@ impl MetaRecord {
             }),
         })
     }
+}
+
+/// Checks what the meta file and the commit file share: size, magic number, format version,
+/// the CRC32C in the last four bytes over everything before it, and the identity at bytes
+/// 16..40 (cluster id, node id). Every refusal names the file and the reason.
+pub(crate) fn check_header(
+    bytes: &[u8],
+    magic: &[u8; 8],
+    size_bytes: usize,
+    identity: Identity,
+    file: &Path,
+) -> Result<()> {
+    let bad = |reason: String| JournalError::BadMeta {
+        file: file.to_path_buf(),
+        reason,
+    };
+    if bytes.len() != size_bytes {
+        return Err(bad(format!(
+            "file is {} bytes, expected {size_bytes}",
+            bytes.len()
+        )));
+    }
+    if bytes[0..8] != *magic {
+        return Err(bad(format!(
+            "wrong magic number (expected \"{}\")",
+            String::from_utf8_lossy(magic)
+        )));
+    }
+    let version = read_u32(bytes, 8);
+    if version != FORMAT_VERSION {
+        return Err(bad(format!("unsupported format version {version}")));
+    }
+    let stored = read_u32(bytes, size_bytes - 4);
+    let computed = crc32c::crc32c(&bytes[0..size_bytes - 4]);
+    if stored != computed {
+        return Err(bad(format!(
+            "checksum mismatch (stored {stored:08x}, computed {computed:08x})"
+        )));
+    }
+    let cluster_id = read_u128(bytes, 16);
+    if cluster_id != identity.cluster_id {
+        return Err(JournalError::WrongCluster {
+            file: file.to_path_buf(),
+            expected: identity.cluster_id,
+            found: cluster_id,
+        });
+    }
+    let node_id = read_u64(bytes, 32);
+    if node_id != identity.node_id {
+        return Err(JournalError::WrongNode {
+            file: file.to_path_buf(),
+            expected: identity.node_id,
+            found: node_id,
+        });
+    }
+    Ok(())
 }
 
 /// Reads the vote file, or returns None if there is none.
