@@ -24,9 +24,10 @@ use anyhow::{anyhow, bail, Context, Result};
 use bourse_cluster::tokio;
 use bourse_cluster::{Client, ClusterConfig, FsyncSetting, Node};
 use bourse_core::*;
+use bourse_engine::in_process::InProcessCore;
 use bourse_engine::{Engine, EngineConfig, ORDER_ID_CORE_SHIFT};
 use bourse_gateway::config::CoreEntry;
-use bourse_gateway::{CoreLink, CoreOutput, GatewayConfig, GatewayHandle, InProcessCore};
+use bourse_gateway::{CoreLink, CoreOutput, GatewayConfig, GatewayHandle};
 use bourse_loadgen::gateway::{SessionPlan, SessionProtocol, WorkerPlan};
 use bourse_loadgen::{Connection, CoreTotals, Deployment};
 use std::net::SocketAddr;
@@ -351,14 +352,14 @@ struct Core {
     md_base_port: Option<u16>,
     md_counter: Option<MdCounter>,
     /// The gateways' links to this core, whose legs the report's stage table shows.
-    links: Vec<bourse_gateway::cluster_link::ClusterLinkWatch>,
+    links: Vec<bourse_cluster::link::ClusterLinkWatch>,
     /// Each replica's journal directory and its fsync figures when the setup was done.
     journals: Vec<(PathBuf, bourse_journal::stats::HistogramReading)>,
     /// The legs of every entry the core applied since the setup.
     spread: Option<Arc<Mutex<EntryLegs>>>,
 }
 
-use bourse_gateway::cluster_link::LegTimes;
+use bourse_cluster::link::LegTimes;
 
 /// Entries the replica-spread timer remembers while waiting for the other replicas.
 const SPREAD_ENTRIES_MAX: usize = 65_536;
@@ -1259,7 +1260,7 @@ fn stage_figures(core: &Core) -> Vec<bourse_loadgen::StageFigure> {
     if core.links.is_empty() {
         return out;
     }
-    let mut legs = bourse_gateway::cluster_link::LinkLegs::default();
+    let mut legs = bourse_cluster::link::LinkLegs::default();
     for w in &core.links {
         let l = w.status().legs;
         legs.answered.add(&l.answered);
@@ -1447,16 +1448,13 @@ fn cluster_link(
     nodes: &[Node],
     client_id: u64,
     queue_depth: usize,
-) -> Result<(
-    Box<dyn CoreLink>,
-    bourse_gateway::cluster_link::ClusterLinkWatch,
-)> {
-    let config = bourse_gateway::ClusterLinkConfig::new(
+) -> Result<(Box<dyn CoreLink>, bourse_cluster::link::ClusterLinkWatch)> {
+    let config = bourse_cluster::link::ClusterLinkConfig::new(
         nodes.iter().map(|n| n.addr).collect(),
         client_id,
         queue_depth,
     );
-    let link = bourse_gateway::ClusterLink::start(config).map_err(|e| anyhow!(e))?;
+    let link = bourse_cluster::link::ClusterLink::start(config).map_err(|e| anyhow!(e))?;
     let watch = link.watch();
     Ok((Box::new(link), watch))
 }

@@ -7,9 +7,10 @@ use crate::report::{self, Latency};
 use anyhow::{anyhow, Context, Result};
 use bourse_client::binary::BinTif;
 use bourse_client::{BinaryClient, FixClient, FixClientConfig, Response};
+use bourse_cluster::link::{ClusterLink, ClusterLinkConfig};
+use bourse_engine::in_process::InProcessCore;
 use bourse_engine::EngineConfig;
-use bourse_gateway::cluster_link::{ClusterLink, ClusterLinkConfig};
-use bourse_gateway::{CoreLink, GatewayConfig, GatewayHandle, InProcessCore};
+use bourse_gateway::{CoreLink, GatewayConfig, GatewayHandle};
 use clap::Args;
 use hdrhistogram::Histogram;
 use serde_json::json;
@@ -56,7 +57,10 @@ pub fn core_links(config: &GatewayConfig, orders_max: u32) -> Result<Vec<Box<dyn
                 .client_id
                 .ok_or_else(|| anyhow!("core {}: no client_id", core.name))?;
             let link_config = match &recovery {
-                Some(r) => r.link_config(index, core.nodes.clone(), client_id, depth),
+                Some(r) => ClusterLinkConfig {
+                    from_index: r.resume_index(index),
+                    ..ClusterLinkConfig::new(core.nodes.clone(), r.link_client_id(client_id), depth)
+                },
                 None => ClusterLinkConfig::new(core.nodes.clone(), client_id, depth),
             };
             let link =

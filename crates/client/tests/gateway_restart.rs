@@ -303,7 +303,7 @@ fn a_gateway_restarted_mid_trading_keeps_its_orders_and_loses_or_doubles_no_repo
 }
 
 /// Submits `n` new orders (cl_ord_id `first + i`, key seq `i + 1`) through a link.
-fn submit_orders(link: &mut bourse_gateway::ClusterLink, first: u64, n: u64) {
+fn submit_orders(link: &mut bourse_cluster::link::ClusterLink, first: u64, n: u64) {
     use bourse_core::*;
     use bourse_gateway::{CoreLink, RequestKey, SubmitError};
     for i in 0..n {
@@ -342,17 +342,22 @@ fn submit_orders(link: &mut bourse_gateway::ClusterLink, first: u64, n: u64) {
 
 #[test]
 fn a_restarted_gateway_never_reuses_the_request_keys_of_its_previous_run() {
+    use bourse_cluster::link::{ClusterLink, ClusterLinkConfig};
     use bourse_core::Event;
     use bourse_gateway::recovery::Recovery;
-    use bourse_gateway::{ClusterLink, CoreLink, CoreOutput};
+    use bourse_gateway::{CoreLink, CoreOutput};
     let group = Group::start();
+    let link_config = |r: &Recovery| ClusterLinkConfig {
+        from_index: r.resume_index(0),
+        ..ClusterLinkConfig::new(group.addrs(), r.link_client_id(5), 1024)
+    };
     let dir = tempfile::tempdir().unwrap();
     let config = gateway_config(&format!("{SESSIONS}{G1_SESSIONS}"), &group, 5, dir.path());
     // A first run bootstraps the core (instrument, accounts).
     start_gateway(config.clone()).shutdown();
     // A run that dies with 300 requests in flight: its link goes away without waiting.
     let r1 = Recovery::open(&config).unwrap();
-    let mut link1 = ClusterLink::start(r1.link_config(0, group.addrs(), 5, 1024)).unwrap();
+    let mut link1 = ClusterLink::start(link_config(&r1)).unwrap();
     submit_orders(&mut link1, 1_000, 300);
     drop(link1);
     // The next run starts at once: each of its requests must be answered with its own
@@ -360,7 +365,7 @@ fn a_restarted_gateway_never_reuses_the_request_keys_of_its_previous_run() {
     // the previous run's request that had the same number.
     let r2 = Recovery::open(&config).unwrap();
     assert_eq!(r2.epoch, r1.epoch + 1);
-    let mut link2 = ClusterLink::start(r2.link_config(0, group.addrs(), 5, 1024)).unwrap();
+    let mut link2 = ClusterLink::start(link_config(&r2)).unwrap();
     submit_orders(&mut link2, 100_000, 100);
     let mut answered: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     let mut done = 0;

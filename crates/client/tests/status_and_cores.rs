@@ -167,7 +167,11 @@ fn two_cores_trade_apart_and_a_mass_cancel_spans_both() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = GatewayConfig::from_toml(TWO_CORES).unwrap();
     config.gateway.store_dir = dir.path().to_path_buf();
-    let links = bourse_gateway::engine_links(&config, common::engine_config());
+    let links = bourse_engine::in_process::engine_links(
+        config.core_plan().len(),
+        common::engine_config(),
+        config.gateway.core_queue_depth,
+    );
     let handle = bourse_gateway::spawn_cores(config, links, None).unwrap();
     let addr = handle.fix_addr().unwrap();
     let mut alpha = login(addr, "ALPHA");

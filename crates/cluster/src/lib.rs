@@ -35,6 +35,10 @@
 //!   the same idempotency key across failover. [`client::PipelinedClient`]: many requests in
 //!   flight on one connection, resubmitting every unanswered one in seq order after a
 //!   failover or a gap; [`client::StreamClient`]: a subscription over TCP.
+//! - [`link::ClusterLink`] (`link`): a replica group behind a gateway's
+//!   `bourse_core::link::CoreLink`: commands through a pipelined client under the link's own
+//!   client id, every output taken from the committed stream, resubscribing on another node
+//!   from the next index when its node fails.
 //! - [`hooks::NodeHooks`] (`hooks`): the few cheap observation points inside a node for its
 //!   monitor (sampled t2 stamps, the follower's commit index).
 //!
@@ -46,6 +50,7 @@ pub mod batch;
 pub mod client;
 pub mod events;
 pub mod hooks;
+pub mod link;
 pub mod marketdata;
 pub mod net;
 pub mod node;

@@ -16,12 +16,16 @@
 //!   [`RejectReason`], trades, cancels, replaces, expiries, and an [`OrderLog`] record for every
 //!   change to an order, numbered by `rec` (per new record) and `seq` (per change).
 //! - [`codec`] is the small binary writer/reader that snapshots are made of.
+//! - [`link::CoreLink`] is the seam between an access server and a core: submit a command
+//!   under a [`link::RequestKey`] without blocking, receive [`link::CoreOutput`]s tagged by
+//!   key; implemented next to the engine (in process) and the cluster (a replica group).
 
 pub mod codec;
 mod command;
 mod event;
 mod ids;
 mod instrument;
+pub mod link;
 mod num;
 
 pub use command::*;

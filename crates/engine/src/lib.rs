@@ -23,11 +23,14 @@
 //!
 //! Modules: [`book`] (levels and the order pool), [`risk`] (accounts, positions,
 //! reservations), `snapshot` (bytes and hash), `digest` (the incremental state digest),
-//! `invariants` (a full consistency check used by the tests).
+//! `invariants` (a full consistency check used by the tests), [`in_process`] (an engine on a
+//! thread of its own behind `bourse_core::link::CoreLink`, for a gateway that runs its cores
+//! in process; the one module here that spawns a thread).
 
 pub mod book;
 mod digest;
 pub mod fixtures;
+pub mod in_process;
 mod invariants;
 pub mod risk;
 mod snapshot;

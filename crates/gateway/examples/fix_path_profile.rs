@@ -20,10 +20,10 @@ use bourse_engine::{Engine, EngineConfig};
 use bourse_fix::{
     Action, MemoryStore, OutMessage, QueueingApplication, Role, Session, SessionConfig,
 };
-use bourse_gateway::core_link::{CoreLink, CoreOutput, RequestKey, SubmitError};
 use bourse_gateway::fix_front::{self, FixApp};
 use bourse_gateway::router::{Report, Router, SessionRef};
 use bourse_gateway::GatewayConfig;
+use bourse_gateway::{CoreLink, CoreOutput, RequestKey, SubmitError};
 use std::collections::VecDeque;
 use std::sync::Arc;
 

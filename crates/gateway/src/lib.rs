@@ -18,9 +18,11 @@
 //!   when output is ready. Unsolicited events (the resting side of a trade, orders removed by
 //!   someone else's mass cancel) arrive under the causing command's key and the gateway routes
 //!   them by order id to the owning session. A core must apply a key at most once, so a
-//!   gateway may resubmit after a failover. [`InProcessCore`] implements it with a state
-//!   machine (the engine) on its own thread behind bounded crossbeam queues; [`ClusterLink`]
-//!   implements it for a replicated core (a `bourse node` replica group).
+//!   gateway may resubmit after a failover. The trait lives in `bourse_core::link` (and is
+//!   re-exported here); the gateway knows no implementation: the binary that starts it
+//!   passes `bourse_engine::in_process::InProcessCore` (an engine on its own thread) or
+//!   `bourse_cluster::link::ClusterLink` (a `bourse node` replica group), so the gateway
+//!   depends on neither the engine nor the cluster.
 //! - [`router::Router`]: protocol-neutral order identity and routing over one link per core:
 //!   each command goes to the core that owns its instrument (a cancel or replace to its
 //!   order's core, a mass cancel without instrument to every core, answered by one aggregated
@@ -54,10 +56,8 @@
 //! binary protocol has no status request.
 
 pub mod binary_front;
-pub mod cluster_link;
 pub mod config;
 pub mod convert;
-pub mod core_link;
 pub mod fix_front;
 pub mod recovery;
 pub mod router;
@@ -65,7 +65,6 @@ pub mod server;
 pub mod store;
 pub mod throttle;
 
-pub use cluster_link::{ClusterLink, ClusterLinkConfig, FOREIGN_KEY};
+pub use bourse_core::link::{CoreLink, CoreOutput, RequestKey, SubmitError};
 pub use config::GatewayConfig;
-pub use core_link::{engine_links, CoreLink, CoreOutput, InProcessCore, RequestKey, SubmitError};
 pub use server::{spawn, spawn_cores, DisconnectReason, GatewayHandle, GatewayStats};

@@ -6,8 +6,8 @@
 //!   orders, the next internal order id, and each core's stream position the state is exact
 //!   at), written atomically (temporary file, fsync, rename) when the gateway stops after
 //!   draining its requests in flight. A restarted gateway whose links resume each core's
-//!   committed stream at the saved position (a [`ClusterLink`] started with
-//!   [`ClusterLinkConfig::from_index`], see [`Recovery::link_config`]) loads it: status
+//!   committed stream at the saved position ([`Recovery::resume_index`]; a
+//!   `bourse_cluster::link::ClusterLink` started with it as its `from_index`) loads it: status
 //!   requests get the true answer for open and finished orders, and what the cores did while
 //!   the gateway was away (the resting side of trades sent through another gateway) is
 //!   reported to the owners once. The file is consumed at load (renamed to
@@ -15,20 +15,20 @@
 //!   stale one is never replayed twice, which could report the same fill twice. A crash thus
 //!   loses the order table (status answers "unknown" for orders of the previous run) but
 //!   never doubles a report.
-//! - `link-epoch`: a number raised durably at every start. The client id a [`ClusterLink`]
-//!   uses at its core is the configured id with the epoch in its upper 32 bits, so requests a
-//!   previous run left in flight (crash, or a stop whose drain timed out) can never share an
-//!   idempotency key `(client_id, request_seq)` with this run's: the core applies each under
-//!   its own id and this run's numbering starts at 1 under a fresh one. (The core allows no
-//!   gap in a client's sequence, so reserving seqs in blocks is not an option; and the last
-//!   seq the leader applied says nothing about requests still in its pipeline.) The cost is
-//!   one idempotency-table entry per restart at the core.
+//! - `link-epoch`: a number raised durably at every start. The client id a cluster link
+//!   uses at its core ([`Recovery::link_client_id`]) is the configured id with the epoch in
+//!   its upper 32 bits, so requests a previous run left in flight (crash, or a stop whose
+//!   drain timed out) can never share an idempotency key `(client_id, request_seq)` with this
+//!   run's: the core applies each under its own id and this run's numbering starts at 1
+//!   under a fresh one. (The core allows no gap in a client's sequence, so reserving seqs in
+//!   blocks is not an option; and the last seq the leader applied says nothing about
+//!   requests still in its pipeline.) The cost is one idempotency-table entry per restart at
+//!   the core.
 //!
 //! The state file: `BGWS`, version u32, body length u64, body, FNV-1a 64 of the body; every
 //! number little-endian; lengths and counts are checked against limits before anything is
 //! allocated, so a damaged file is refused with a reason, never trusted.
 
-use crate::cluster_link::ClusterLinkConfig;
 use crate::config::GatewayConfig;
 use crate::router::{ClientId, Finished, RouterState, SavedOrder};
 use bourse_core::{AccountId, ClOrdId, InstrumentId, OrdType, OrderId, Price, Side, TimeInForce};
@@ -129,8 +129,9 @@ pub fn consume_state(dir: &Path) -> io::Result<()> {
 }
 
 /// What a starting gateway learned from its `store_dir`: this run's link epoch and the saved
-/// order state, if any. Build the cluster links with [`Recovery::link_config`] so that they
-/// resume where the state is exact; `spawn_cores` then loads the state.
+/// order state, if any. Start the cluster links with [`Recovery::link_client_id`] and
+/// [`Recovery::resume_index`] so that they resume where the state is exact; `spawn_cores`
+/// then loads the state.
 #[derive(Debug)]
 pub struct Recovery {
     pub dir: PathBuf,
@@ -149,27 +150,20 @@ impl Recovery {
         Ok(Recovery { dir, epoch, state })
     }
 
-    /// The link config of core number `core` (in [`GatewayConfig::core_plan`] order) of a
-    /// replicated core: this run's client id, and the stream position to resume from if the
-    /// saved state has one for this core.
-    pub fn link_config(
-        &self,
-        core: usize,
-        nodes: Vec<std::net::SocketAddr>,
-        configured_client_id: u64,
-        queue_depth: usize,
-    ) -> ClusterLinkConfig {
-        let mut c = ClusterLinkConfig::new(
-            nodes,
-            link_client_id(configured_client_id, self.epoch),
-            queue_depth,
-        );
-        c.from_index = self
-            .state
+    /// The client id a link to a replicated core uses at its core in this run: the
+    /// configured id with this run's epoch (see the module documentation).
+    pub fn link_client_id(&self, configured_client_id: u64) -> u64 {
+        link_client_id(configured_client_id, self.epoch)
+    }
+
+    /// Where the link to core number `core` (in [`GatewayConfig::core_plan`] order) resumes
+    /// the core's committed stream: the index after the position the saved state is exact
+    /// at, if the state has one for this core; none: the link starts where it likes.
+    pub fn resume_index(&self, core: usize) -> Option<u64> {
+        self.state
             .as_ref()
             .and_then(|s| s.positions.get(core).copied().flatten())
-            .map(|p| p + 1);
-        c
+            .map(|p| p + 1)
     }
 }
 

@@ -15,8 +15,8 @@
 //! session's keys, still increasing.
 
 use crate::config::{GatewayConfig, Limits};
-use crate::core_link::{CoreLink, CoreOutput, RequestKey, SubmitError};
 use crate::throttle::Throttle;
+use bourse_core::link::{CoreLink, CoreOutput, RequestKey, SubmitError};
 use bourse_core::*;
 use bourse_monitor::{Stage, StageRecorder, Trace};
 use std::collections::{HashMap, VecDeque};

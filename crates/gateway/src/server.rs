@@ -12,7 +12,6 @@
 
 use crate::binary_front;
 use crate::config::GatewayConfig;
-use crate::core_link::CoreLink;
 use crate::fix_front::{self, FixApp};
 use crate::recovery;
 use crate::router::{
@@ -20,6 +19,7 @@ use crate::router::{
     RouterCounters, SessionRef,
 };
 use crate::store::GatewayStore;
+use bourse_core::link::CoreLink;
 use bourse_core::*;
 use bourse_fix::codec::FrameBuffer;
 use bourse_fix::session::{Action, Role, Session, SessionConfig};
@@ -590,10 +590,10 @@ fn admin_round(
                     keys.push(key);
                     break;
                 }
-                Err(crate::core_link::SubmitError::Closed) => {
+                Err(bourse_core::link::SubmitError::Closed) => {
                     return Err(format!("core {core} closed during bootstrap"))
                 }
-                Err(crate::core_link::SubmitError::Full) => {
+                Err(bourse_core::link::SubmitError::Full) => {
                     router.poll_core(usize::MAX);
                     if std::time::Instant::now() > deadline {
                         return Err(format!("core {core} did not take the bootstrap commands"));

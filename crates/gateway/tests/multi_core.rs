@@ -60,8 +60,8 @@ accounts = [101]
 /// A router over two cores whose engines number orders from their core's base.
 fn two_cores() -> (Router, GatewayConfig) {
     let config = GatewayConfig::from_toml(CONFIG).unwrap();
-    let links = bourse_gateway::engine_links(
-        &config,
+    let links = bourse_engine::in_process::engine_links(
+        config.core_plan().len(),
         EngineConfig {
             orders_max: 1_000,
             instruments_max: 8,
@@ -69,6 +69,7 @@ fn two_cores() -> (Router, GatewayConfig) {
             levels_per_side_hint: 8,
             first_order_id: 0,
         },
+        config.gateway.core_queue_depth,
     );
     let mut router = Router::new(&config, links);
     bourse_gateway::server::bootstrap(&mut router, &config).unwrap();

@@ -2,10 +2,11 @@
 //! loopback, and gateways in front of them started the way `bourse gateway` starts them
 //! (links with this run's epoch, resuming where the saved order state is exact).
 
+use bourse_cluster::link::{ClusterLink, ClusterLinkConfig};
 use bourse_cluster::tokio;
 use bourse_cluster::{ClusterConfig, FsyncSetting, Node};
 use bourse_gateway::recovery::Recovery;
-use bourse_gateway::{ClusterLink, CoreLink, GatewayConfig, GatewayHandle};
+use bourse_gateway::{CoreLink, GatewayConfig, GatewayHandle};
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -104,12 +105,14 @@ pub fn start_gateway(config: GatewayConfig) -> GatewayHandle {
     let recovery = Recovery::open(&config).unwrap();
     let mut links: Vec<Box<dyn CoreLink>> = Vec::new();
     for (index, core) in config.core_plan().iter().enumerate() {
-        let c = recovery.link_config(
-            index,
-            core.nodes.clone(),
-            core.client_id.unwrap(),
-            config.gateway.core_queue_depth,
-        );
+        let c = ClusterLinkConfig {
+            from_index: recovery.resume_index(index),
+            ..ClusterLinkConfig::new(
+                core.nodes.clone(),
+                recovery.link_client_id(core.client_id.unwrap()),
+                config.gateway.core_queue_depth,
+            )
+        };
         links.push(Box::new(ClusterLink::start(c).unwrap()));
     }
     bourse_gateway::spawn_cores(config, links, None).unwrap()

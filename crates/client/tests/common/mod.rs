@@ -105,7 +105,11 @@ pub fn start_with(text: &str) -> TestGateway {
     let mut config = GatewayConfig::from_toml(text).unwrap();
     config.gateway.store_dir = dir.path().to_path_buf();
     config.gateway.core_queue_depth = 4096;
-    let links = bourse_gateway::engine_links(&config, engine_config());
+    let links = bourse_engine::in_process::engine_links(
+        config.core_plan().len(),
+        engine_config(),
+        config.gateway.core_queue_depth,
+    );
     let handle = bourse_gateway::spawn_cores(config, links, None).unwrap();
     TestGateway { handle, dir }
 }

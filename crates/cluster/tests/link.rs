@@ -8,15 +8,14 @@ use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 use bourse_cluster::batch::decode_events;
+use bourse_cluster::link::{ClusterLink, ClusterLinkConfig, FOREIGN_KEY};
 use bourse_cluster::tokio;
 use bourse_cluster::{ClusterConfig, FsyncSetting, Node, OutcomeKind};
+use bourse_core::link::{CoreLink, CoreOutput, RequestKey, SubmitError};
 use bourse_core::{
     ClOrdId, Command, CommandBody, Event, NewOrder, OrdType, OrderId, Price, Qty, Side, TimeInForce,
 };
 use bourse_engine::workload::{Flow, FlowConfig};
-use bourse_gateway::{
-    ClusterLink, ClusterLinkConfig, CoreLink, CoreOutput, RequestKey, SubmitError, FOREIGN_KEY,
-};
 
 const LIMIT: Duration = Duration::from_secs(30);
 

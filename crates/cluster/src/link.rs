@@ -1,5 +1,5 @@
 //! [`ClusterLink`]: a replicated core (a `bourse node` replica group) behind the gateway's
-//! [`CoreLink`] seam.
+//! [`CoreLink`] seam (`bourse_core::link`).
 //!
 //! The link owns a thread with a small tokio runtime. Commands go to the group through a
 //! pipelined cluster client under the link's own client id, numbered 1, 2, 3, ... across
@@ -26,15 +26,13 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use bourse_cluster::batch::decode_events;
-use bourse_cluster::client::{node_last_seq, node_status, PipelinedClient, StreamClient};
-use bourse_cluster::tokio;
-use bourse_cluster::tokio::sync::{mpsc, watch};
-use bourse_cluster::{CommittedEntry, OutcomeKind, StreamError};
+use crate::batch::decode_events;
+use crate::client::{node_last_seq, node_status, PipelinedClient, StreamClient};
+use crate::{CommittedEntry, OutcomeKind, StreamError};
+use bourse_core::link::{CoreLink, CoreOutput, RequestKey, SubmitError};
 use bourse_core::{Command, Event};
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
-
-use crate::core_link::{CoreLink, CoreOutput, RequestKey, SubmitError};
+use tokio::sync::{mpsc, watch};
 
 /// The key under which events caused by other clients of the core arrive (the router routes
 /// them by order id and ignores orders it does not own). Session `u32::MAX` is never a real
@@ -70,7 +68,7 @@ pub struct ClusterLinkConfig {
     /// How long `start` may take to find the group.
     pub start_timeout_ms: u64,
     /// Where the committed stream starts: the index after the last one a previous run of the
-    /// gateway handled (its saved order state, `crate::recovery`), so that what the core did
+    /// gateway handled (its saved order state, `bourse_gateway::recovery`), so that what the core did
     /// while the gateway was away is reported; none: after the leader's last applied index.
     pub from_index: Option<u64>,
 }
@@ -81,7 +79,7 @@ impl ClusterLinkConfig {
             nodes,
             client_id,
             queue_depth,
-            window: bourse_cluster::client::PIPELINE_WINDOW_DEFAULT,
+            window: crate::client::PIPELINE_WINDOW_DEFAULT,
             start_timeout_ms: 10_000,
             from_index: None,
         }
@@ -680,7 +678,7 @@ impl Worker {
                             self.keys.insert(seq, key);
                             self.on_taken(seq);
                         }
-                        Err(bourse_cluster::client::PipelineError::Full) => held = Some((key, command)),
+                        Err(crate::client::PipelineError::Full) => held = Some((key, command)),
                         Err(e) => return End::Failed(e.to_string()),
                     }
                 }
@@ -701,7 +699,7 @@ impl Worker {
                             self.keys.insert(seq, key);
                             self.on_taken(seq);
                         }
-                            Err(bourse_cluster::client::PipelineError::Full) => held = Some((key, command)),
+                            Err(crate::client::PipelineError::Full) => held = Some((key, command)),
                             Err(e) => return End::Failed(e.to_string()),
                         }
                     }

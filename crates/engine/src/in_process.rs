@@ -1,61 +1,20 @@
-//! The core behind the gateway: a minimal trait, and an in-process implementation that runs a
-//! state machine (the engine) on its own thread behind bounded queues.
+//! [`InProcessCore`]: a core in the gateway's own process, behind the `CoreLink` seam of
+//! `bourse_core::link`: a state machine (the engine, or a test double) on its own thread
+//! behind bounded crossbeam queues.
+//!
+//! It lives beside the engine and not in the gateway so that the gateway knows cores only
+//! through the trait (it depends on no engine and no cluster), and not in a crate of its own
+//! because it is the engine's one runtime adapter: a thread and two queues around
+//! [`crate::Engine::apply`]. The [`crate::Engine`] type itself stays free of threads and I/O;
+//! only this module spawns one.
 
+use crate::{Engine, EngineConfig, ORDER_ID_CORE_SHIFT};
+use bourse_core::link::{CoreLink, CoreOutput, RequestKey, SubmitError};
 use bourse_core::{Command, Event};
 use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError, TrySendError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-
-/// Identifies one request of one session: the idempotency key of a command. `session` is the
-/// gateway's number for the session (0 is the gateway's own administration); `seq` grows by
-/// one per command the session submits. A core that sees a key again (a gateway resubmitting
-/// after a failover) must not apply the command twice.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RequestKey {
-    pub session: u32,
-    pub seq: u64,
-}
-
-/// What the core sends back. Every event carries the key of the command that caused it, and
-/// the events of one command are followed by `Done` with that key. Events that concern other
-/// sessions (the resting side of a trade, orders removed by another session's mass cancel)
-/// come under the key of the command that caused them: the gateway routes them by order id.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CoreOutput {
-    Event { key: RequestKey, event: Event },
-    Done { key: RequestKey },
-}
-
-/// Why a command could not be submitted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SubmitError {
-    /// The queue to the core is full: the gateway answers "system busy" and the client may
-    /// retry. Never blocks, so that one busy core cannot stall every session.
-    Full,
-    /// The core is gone.
-    Closed,
-}
-
-/// The core behind a gateway. Implemented here by [`InProcessCore`]; the cluster client (the
-/// leader of the core's replica group) implements the same trait.
-pub trait CoreLink: Send {
-    /// Hands a command to the core without blocking.
-    fn submit(&mut self, key: RequestKey, command: Command) -> Result<(), SubmitError>;
-    /// The next output, if one is ready; never blocks.
-    fn try_recv(&mut self) -> Option<CoreOutput>;
-    /// Registers a function the link calls (from any thread) after it made output ready, so
-    /// that a gateway sleeping in its event loop wakes up.
-    fn set_notify(&mut self, notify: Arc<dyn Fn() + Send + Sync>);
-    /// For a core that outlives the gateway (a replica group): the last position in the
-    /// core's output stream (a log index) whose outputs [`CoreLink::try_recv`] has handed
-    /// over, all of them; before the first, the position the link started after. The gateway
-    /// saves it with its order state at stop and resumes from it. `None` for a core that
-    /// lives and dies with the gateway ([`InProcessCore`]): nothing of it can be resumed.
-    fn stream_position(&self) -> Option<u64> {
-        None
-    }
-}
 
 /// A state machine that applies commands: the engine, or a test double.
 pub type ApplyFn = Box<dyn FnMut(&Command, &mut Vec<Event>) + Send>;
@@ -140,11 +99,11 @@ impl InProcessCore {
     /// orders from `core_index << ORDER_ID_CORE_SHIFT`, so order ids stay unique across cores.
     pub fn engine(
         core_index: usize,
-        mut config: bourse_engine::EngineConfig,
+        mut config: EngineConfig,
         queue_depth: usize,
     ) -> InProcessCore {
-        config.first_order_id = ((core_index as u64) << bourse_engine::ORDER_ID_CORE_SHIFT).max(1);
-        let mut engine = bourse_engine::Engine::new(config);
+        config.first_order_id = ((core_index as u64) << ORDER_ID_CORE_SHIFT).max(1);
+        let mut engine = Engine::new(config);
         InProcessCore::spawn(
             Box::new(move |c: &Command, out: &mut Vec<Event>| engine.apply(c, out)),
             queue_depth,
@@ -152,20 +111,16 @@ impl InProcessCore {
     }
 }
 
-/// One in-process engine per core of `config` (the links [`crate::spawn_cores`] wants, for a
-/// configuration whose cores all run in process), each sized by `engine`.
+/// One in-process engine per core, `cores` of them (the links a gateway wants for a
+/// configuration whose cores all run in process, in the order of its core plan), each sized
+/// by `engine` and each with queues of `queue_depth`.
 pub fn engine_links(
-    config: &crate::GatewayConfig,
-    engine: bourse_engine::EngineConfig,
+    cores: usize,
+    engine: EngineConfig,
+    queue_depth: usize,
 ) -> Vec<Box<dyn CoreLink>> {
-    (0..config.core_plan().len())
-        .map(|i| {
-            Box::new(InProcessCore::engine(
-                i,
-                engine,
-                config.gateway.core_queue_depth,
-            )) as Box<dyn CoreLink>
-        })
+    (0..cores)
+        .map(|i| Box::new(InProcessCore::engine(i, engine, queue_depth)) as Box<dyn CoreLink>)
         .collect()
 }
 
@@ -262,19 +217,23 @@ mod tests {
 
     #[test]
     fn a_full_queue_refuses_without_blocking() {
+        // The core holds its first command until the test opens the gate, so the queue (one
+        // command) is full after at most two submissions whatever the scheduling.
+        let (gate, held) = std::sync::mpsc::channel::<()>();
         let mut link = InProcessCore::spawn(
-            Box::new(|_: &Command, _: &mut Vec<Event>| {
-                std::thread::sleep(std::time::Duration::from_millis(50))
+            Box::new(move |_: &Command, _: &mut Vec<Event>| {
+                let _ = held.recv();
             }),
             1,
         );
-        let mut refused = false;
+        let mut refused = 0;
         for seq in 1..=10 {
             let key = RequestKey { session: 1, seq };
             if link.submit(key, Command::new(1, CommandBody::EndOfDay)) == Err(SubmitError::Full) {
-                refused = true;
+                refused += 1;
             }
         }
-        assert!(refused);
+        assert!(refused >= 8, "{refused} of 10 refused");
+        drop(gate);
     }
 }
