@@ -398,4 +398,19 @@ mod tests {
         assert!(MonitorConfig::from_toml("no_such_key = 1").is_err());
         assert!(MonitorConfig::from_toml("[[[").is_err());
     }
+
+    #[test]
+    fn a_misspelled_key_is_refused_naming_its_line_and_field() {
+        let e = MonitorConfig::from_toml("sample_every = 4\ntick_mss = 10\n").unwrap_err();
+        assert!(
+            e.contains("line 2") && e.contains("unknown field `tick_mss`"),
+            "{e}"
+        );
+        let e =
+            MonitorConfig::from_toml("[alerts]\np99_us_max = 900\nnode_down = 5\n").unwrap_err();
+        assert!(
+            e.contains("line 3") && e.contains("unknown field `node_down`"),
+            "{e}"
+        );
+    }
 }
