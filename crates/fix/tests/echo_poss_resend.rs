@@ -3,15 +3,12 @@
 //! seen on the session, in which case it is dropped (its number still
 //! counts).
 
-use std::sync::Arc;
+mod common;
 
 use bourse_fix::codec::{self, OutMessage};
 use bourse_fix::tags;
-use bourse_fix::testing::small_dictionary;
-use bourse_fix::time::{format_utc_timestamp_ms, UnixMs};
-use bourse_fix::{Action, EchoApplication, MemoryStore, Role, Session, SessionConfig};
-
-const T0: UnixMs = 1_700_000_000_000;
+use bourse_fix::{Action, EchoApplication, Session};
+use common::{connected_acceptor, from_peer, logon, T0};
 
 struct Echo {
     session: Session,
@@ -21,36 +18,21 @@ struct Echo {
 
 impl Echo {
     fn logged_on() -> Self {
-        let config = SessionConfig::new("FIX.4.4", "ISLD", "TW", Role::Acceptor);
-        let mut session = Session::new(
-            config,
-            Arc::new(small_dictionary()),
-            Box::new(MemoryStore::default()),
-        );
-        session.on_connect(T0);
         let mut echo = Echo {
-            session,
+            session: connected_acceptor(),
             app: EchoApplication::new(),
             next_seq: 1,
         };
-        let mut logon = OutMessage::new("A");
-        logon
-            .push(tags::ENCRYPT_METHOD, "0")
-            .push(tags::HEART_BT_INT, "30");
-        echo.receive(logon);
+        echo.receive(logon());
         assert!(echo.session.is_logged_on());
         echo.sent();
         echo
     }
 
-    fn receive(&mut self, mut m: OutMessage) {
-        m.set_header(tags::SENDER_COMP_ID, "TW")
-            .set_header(tags::TARGET_COMP_ID, "ISLD")
-            .set_header(tags::MSG_SEQ_NUM, self.next_seq.to_string())
-            .set_header(tags::SENDING_TIME, format_utc_timestamp_ms(T0));
+    fn receive(&mut self, m: OutMessage) {
+        let bytes = from_peer(m, self.next_seq, false);
         self.next_seq += 1;
-        self.session
-            .on_bytes(T0, &m.encode("FIX.4.4"), &mut self.app);
+        self.session.on_bytes(T0, &bytes, &mut self.app);
     }
 
     fn order(&mut self, id: &str, poss_resend: Option<&str>) {

@@ -9,15 +9,12 @@
 //! again for what it covered. The test plays the peer with hand-built
 //! messages so that every number is chosen.
 
-use std::sync::Arc;
+mod common;
 
 use bourse_fix::codec::{self, OutMessage};
 use bourse_fix::tags::{self, BusinessRejectReason};
-use bourse_fix::testing::small_dictionary;
-use bourse_fix::time::{format_utc_timestamp_ms, UnixMs};
-use bourse_fix::{Action, Application, Inbound, MemoryStore, Role, Session, SessionConfig};
-
-const T0: UnixMs = 1_700_000_000_000;
+use bourse_fix::{Action, Application, Inbound, Session};
+use common::{connected_acceptor, from_peer, logon, T0};
 
 /// The ClOrdIDs and sequence numbers of the orders the application got.
 #[derive(Default)]
@@ -52,38 +49,19 @@ struct Acceptor {
 impl Acceptor {
     /// An acceptor logged on by a peer Logon numbered 1, so expecting 2.
     fn logged_on() -> Self {
-        let config = SessionConfig::new("FIX.4.4", "ISLD", "TW", Role::Acceptor);
-        let mut session = Session::new(
-            config,
-            Arc::new(small_dictionary()),
-            Box::new(MemoryStore::default()),
-        );
-        session.on_connect(T0);
         let mut acceptor = Acceptor {
-            session,
+            session: connected_acceptor(),
             app: Orders::default(),
         };
-        let mut logon = OutMessage::new("A");
-        logon
-            .push(tags::ENCRYPT_METHOD, "0")
-            .push(tags::HEART_BT_INT, "30");
-        acceptor.receive(logon, 1, Dup::No);
+        acceptor.receive(logon(), 1, Dup::No);
         assert!(acceptor.session.is_logged_on());
         assert_eq!(acceptor.sent_types(), ["A"]);
         acceptor
     }
 
-    fn receive(&mut self, mut m: OutMessage, seq: u64, dup: Dup) {
-        m.set_header(tags::SENDER_COMP_ID, "TW")
-            .set_header(tags::TARGET_COMP_ID, "ISLD")
-            .set_header(tags::MSG_SEQ_NUM, seq.to_string())
-            .set_header(tags::SENDING_TIME, format_utc_timestamp_ms(T0));
-        if dup == Dup::Yes {
-            m.set_header(tags::POSS_DUP_FLAG, "Y")
-                .set_header(tags::ORIG_SENDING_TIME, format_utc_timestamp_ms(T0 - 1000));
-        }
-        self.session
-            .on_bytes(T0, &m.encode("FIX.4.4"), &mut self.app);
+    fn receive(&mut self, m: OutMessage, seq: u64, dup: Dup) {
+        let bytes = from_peer(m, seq, dup == Dup::Yes);
+        self.session.on_bytes(T0, &bytes, &mut self.app);
     }
 
     fn order(&mut self, id: &str, seq: u64, dup: Dup) {
