@@ -17,6 +17,8 @@
 //!   change to an order, numbered by `rec` (per new record) and `seq` (per change).
 //! - [`codec`] is the small binary writer/reader that snapshots are made of.
 
+#![forbid(unsafe_code)]
+
 pub mod codec;
 mod command;
 mod event;

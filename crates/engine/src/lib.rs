@@ -25,6 +25,8 @@
 //! reservations), `snapshot` (bytes and hash), `digest` (the incremental state digest),
 //! `invariants` (a full consistency check used by the tests).
 
+#![forbid(unsafe_code)]
+
 pub mod book;
 mod digest;
 pub mod fixtures;

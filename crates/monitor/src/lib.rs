@@ -33,6 +33,8 @@
 //! The hot path never waits for the control plane: it writes atomics, its own histograms, and
 //! hands full batches over a bounded channel without blocking.
 
+#![forbid(unsafe_code)]
+
 pub mod clock;
 pub mod cluster;
 pub mod core_probe;
