@@ -22,6 +22,12 @@ if [ -x scripts/gen-sbe.sh ]; then
   scripts/gen-sbe.sh --check
 fi
 
+step "lints (cargo clippy, [workspace.lints] in Cargo.toml; warnings are errors)"
+if ! cargo clippy --version >/dev/null 2>&1 && command -v rustup >/dev/null 2>&1; then
+  rustup component add clippy
+fi
+cargo clippy --workspace --all-targets --release -- -D warnings
+
 step "unit, property, differential and conformance tests (release build)"
 cargo test --workspace --release
 

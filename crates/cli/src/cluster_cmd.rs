@@ -106,6 +106,7 @@ fn stop_flag() -> Arc<AtomicBool> {
 /// free memory per arena and growing an arena 64 MiB at a time took that count to zero.
 /// Process-wide: called by the subcommands that host nodes, before they start any.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
 pub fn tune_allocator() {
     const ALLOCATOR_TRIM_THRESHOLD_BYTES: i32 = 256 * 1024 * 1024;
     const ALLOCATOR_TOP_PAD_BYTES: i32 = 64 * 1024 * 1024;

@@ -116,6 +116,19 @@ mod tests {
     }
 
     #[test]
+    fn the_example_trading_day_runs() {
+        let input = include_str!("../../../examples/trading-day.jsonl");
+        let mut out = Vec::new();
+        let (engine, _) = process(
+            Engine::new(EngineConfig::default()),
+            input.as_bytes(),
+            &mut out,
+        )
+        .expect("examples/trading-day.jsonl is valid");
+        assert!(engine.counters().trades > 0);
+    }
+
+    #[test]
     fn a_bad_line_stops_the_run_with_its_number() {
         let input = "{\"ts_ns\":1,\"cmd\":\"end_of_day\"}\n{\"ts_ns\":2,\"cmd\":\"fly\"}\n";
         let err = process(
@@ -126,5 +139,24 @@ mod tests {
         .err()
         .unwrap();
         assert!(format!("{err:#}").contains("line 2"), "{err:#}");
+    }
+
+    #[test]
+    fn an_unknown_field_stops_the_run_naming_the_line_and_the_field() {
+        let input = concat!(
+            "{\"ts_ns\":1,\"cmd\":\"end_of_day\"}\n",
+            "{\"ts_ns\":2,\"cmd\":\"new_order\",\"account\":1,\"cl_ord_id\":1,\"instrument\":1,",
+            "\"side\":\"buy\",\"price\":100,\"qty\":10,\"display_qtty\":1}\n",
+        );
+        let err = process(
+            Engine::new(EngineConfig::default()),
+            input.as_bytes(),
+            Vec::new(),
+        )
+        .err()
+        .expect("a misspelled field is refused");
+        let text = format!("{err:#}");
+        assert!(text.contains("line 2"), "{text}");
+        assert!(text.contains("unknown field `display_qtty`"), "{text}");
     }
 }

@@ -17,6 +17,8 @@
 //! Both read with a timeout the caller chooses (or without blocking) and never panic on what
 //! the server sends: a malformed byte stream ends the connection with an error.
 
+#![forbid(unsafe_code)]
+
 pub mod binary;
 pub mod fix;
 

@@ -72,7 +72,7 @@ firm = 3
 accounts = [301]
 "#;
 
-fn f<'a>(m: &'a FixMessage, tag: u32) -> &'a str {
+fn f(m: &FixMessage, tag: u32) -> &str {
     FixClient::field(m, tag as _).unwrap_or("")
 }
 

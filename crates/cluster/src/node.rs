@@ -57,6 +57,7 @@ pub enum FsyncSetting {
 
 /// A member's id and address.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NodeAddr {
     pub id: NodeId,
     pub addr: String,
@@ -1117,6 +1118,31 @@ mod tests {
         let config = ClusterConfig::load(&path).expect("examples/cluster.toml is valid");
         assert_eq!(config.nodes.len(), 3);
         assert_eq!(config.fsync, FsyncSetting::Always);
+    }
+
+    #[test]
+    fn a_misspelled_key_in_any_table_is_refused_naming_its_line_and_field() {
+        let example = include_str!("../../../examples/cluster.toml");
+        let lines =
+            |text: &str, key: &str| text.lines().position(|l| l.starts_with(key)).map(|i| i + 1);
+        for (good, bad) in [
+            ("heartbeat_ms =", "heartbeat_mss ="),
+            ("addr = \"127.0.0.1:7102\"", "adr = \"127.0.0.1:7102\""),
+        ] {
+            let text = example.replacen(good, bad, 1);
+            let field = bad.split(' ').next().unwrap();
+            let line = lines(&text, field).unwrap();
+            let e = toml::from_str::<ClusterConfig>(&text)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&format!("unknown field `{field}`")), "{e}");
+            assert!(e.contains(&format!("line {line}")), "{e}");
+        }
+        let text = format!("{example}\n[marketdata]\nbase_prot = 32000\n");
+        let e = toml::from_str::<ClusterConfig>(&text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `base_prot`"), "{e}");
     }
 
     #[test]

@@ -163,7 +163,13 @@ pub enum CommandBody {
 }
 
 /// A command with the time the gateway stamped on it.
+///
+/// It is written as one flat object, and read through `strict::StrictCommand`, which
+/// refuses a field it does not know: serde's `deny_unknown_fields` does not reach through
+/// `flatten`, and a misspelled optional field (`display_qtty`) silently read as absent would
+/// make a replay misread the command.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "strict::StrictCommand")]
 pub struct Command {
     /// Nanoseconds since the Unix epoch, stamped by the gateway (or the sequencer). The engine
     /// uses it for GTD expiry and copies it onto events; it never reads a clock itself.
@@ -219,6 +225,283 @@ impl CommandKind {
     }
 }
 
+/// The form a [`Command`] is read from: the same flat object, spelled out field by field in
+/// one internally tagged enum so that `deny_unknown_fields` applies. The conversion below
+/// builds every command struct without `..`, so a field added to one of them and not here
+/// fails to compile instead of being ignored on input.
+mod strict {
+    use super::*;
+    use crate::instrument::{one, Market, StpMode, StpScope};
+
+    #[derive(Deserialize)]
+    #[serde(tag = "cmd", rename_all = "snake_case", deny_unknown_fields)]
+    pub enum StrictCommand {
+        NewOrder {
+            ts_ns: u64,
+            account: AccountId,
+            cl_ord_id: ClOrdId,
+            instrument: InstrumentId,
+            side: Side,
+            #[serde(default)]
+            ord_type: OrdType,
+            #[serde(default)]
+            price: Price,
+            qty: Qty,
+            #[serde(default)]
+            tif: TimeInForce,
+            #[serde(default)]
+            expire_ts_ns: u64,
+            #[serde(default)]
+            display_qty: Qty,
+        },
+        Cancel {
+            ts_ns: u64,
+            account: AccountId,
+            #[serde(default)]
+            cl_ord_id: ClOrdId,
+            #[serde(default)]
+            order_id: Option<OrderId>,
+            #[serde(default)]
+            orig_cl_ord_id: Option<ClOrdId>,
+        },
+        Replace {
+            ts_ns: u64,
+            account: AccountId,
+            cl_ord_id: ClOrdId,
+            #[serde(default)]
+            order_id: Option<OrderId>,
+            #[serde(default)]
+            orig_cl_ord_id: Option<ClOrdId>,
+            #[serde(default)]
+            price: Option<Price>,
+            #[serde(default)]
+            qty: Option<Qty>,
+        },
+        MassCancel {
+            ts_ns: u64,
+            #[serde(default)]
+            cl_ord_id: ClOrdId,
+            #[serde(default)]
+            account: Option<AccountId>,
+            #[serde(default)]
+            firm: Option<FirmId>,
+            #[serde(default)]
+            instrument: Option<InstrumentId>,
+            #[serde(default)]
+            side: Option<Side>,
+        },
+        SetPhase {
+            ts_ns: u64,
+            #[serde(default)]
+            instrument: Option<InstrumentId>,
+            phase: Phase,
+        },
+        AddInstrument {
+            ts_ns: u64,
+            instrument: InstrumentId,
+            symbol: String,
+            market: Market,
+            price_scale: u8,
+            tick: Price,
+            #[serde(default = "one")]
+            lot_size: i64,
+            #[serde(default = "one")]
+            multiplier: i64,
+            #[serde(default)]
+            initial_margin: Cash,
+            band_bps: u32,
+            reference_price: Price,
+        },
+        AddAccount {
+            ts_ns: u64,
+            account: AccountId,
+            firm: FirmId,
+            #[serde(default)]
+            may_short: bool,
+            #[serde(default)]
+            stp: StpMode,
+            #[serde(default)]
+            stp_scope: StpScope,
+        },
+        Deposit {
+            ts_ns: u64,
+            account: AccountId,
+            amount: Cash,
+        },
+        Withdraw {
+            ts_ns: u64,
+            account: AccountId,
+            amount: Cash,
+        },
+        SetCollateral {
+            ts_ns: u64,
+            account: AccountId,
+            amount: Cash,
+        },
+        EndOfDay {
+            ts_ns: u64,
+        },
+    }
+
+    impl From<StrictCommand> for Command {
+        fn from(strict: StrictCommand) -> Command {
+            use StrictCommand as S;
+            let (ts_ns, body) = match strict {
+                S::NewOrder {
+                    ts_ns,
+                    account,
+                    cl_ord_id,
+                    instrument,
+                    side,
+                    ord_type,
+                    price,
+                    qty,
+                    tif,
+                    expire_ts_ns,
+                    display_qty,
+                } => {
+                    let order = NewOrder {
+                        account,
+                        cl_ord_id,
+                        instrument,
+                        side,
+                        ord_type,
+                        price,
+                        qty,
+                        tif,
+                        expire_ts_ns,
+                        display_qty,
+                    };
+                    (ts_ns, CommandBody::NewOrder(order))
+                }
+                S::Cancel {
+                    ts_ns,
+                    account,
+                    cl_ord_id,
+                    order_id,
+                    orig_cl_ord_id,
+                } => {
+                    let target = OrderRef {
+                        order_id,
+                        orig_cl_ord_id,
+                    };
+                    let cancel = Cancel {
+                        account,
+                        cl_ord_id,
+                        target,
+                    };
+                    (ts_ns, CommandBody::Cancel(cancel))
+                }
+                S::Replace {
+                    ts_ns,
+                    account,
+                    cl_ord_id,
+                    order_id,
+                    orig_cl_ord_id,
+                    price,
+                    qty,
+                } => {
+                    let target = OrderRef {
+                        order_id,
+                        orig_cl_ord_id,
+                    };
+                    let replace = Replace {
+                        account,
+                        cl_ord_id,
+                        target,
+                        price,
+                        qty,
+                    };
+                    (ts_ns, CommandBody::Replace(replace))
+                }
+                S::MassCancel {
+                    ts_ns,
+                    cl_ord_id,
+                    account,
+                    firm,
+                    instrument,
+                    side,
+                } => {
+                    let mass = MassCancel {
+                        cl_ord_id,
+                        account,
+                        firm,
+                        instrument,
+                        side,
+                    };
+                    (ts_ns, CommandBody::MassCancel(mass))
+                }
+                S::SetPhase {
+                    ts_ns,
+                    instrument,
+                    phase,
+                } => (ts_ns, CommandBody::SetPhase { instrument, phase }),
+                S::AddInstrument {
+                    ts_ns,
+                    instrument,
+                    symbol,
+                    market,
+                    price_scale,
+                    tick,
+                    lot_size,
+                    multiplier,
+                    initial_margin,
+                    band_bps,
+                    reference_price,
+                } => {
+                    let spec = Instrument {
+                        instrument,
+                        symbol,
+                        market,
+                        price_scale,
+                        tick,
+                        lot_size,
+                        multiplier,
+                        initial_margin,
+                        band_bps,
+                        reference_price,
+                    };
+                    (ts_ns, CommandBody::AddInstrument(spec))
+                }
+                S::AddAccount {
+                    ts_ns,
+                    account,
+                    firm,
+                    may_short,
+                    stp,
+                    stp_scope,
+                } => {
+                    let spec = AccountSpec {
+                        account,
+                        firm,
+                        may_short,
+                        stp,
+                        stp_scope,
+                    };
+                    (ts_ns, CommandBody::AddAccount(spec))
+                }
+                S::Deposit {
+                    ts_ns,
+                    account,
+                    amount,
+                } => (ts_ns, CommandBody::Deposit { account, amount }),
+                S::Withdraw {
+                    ts_ns,
+                    account,
+                    amount,
+                } => (ts_ns, CommandBody::Withdraw { account, amount }),
+                S::SetCollateral {
+                    ts_ns,
+                    account,
+                    amount,
+                } => (ts_ns, CommandBody::SetCollateral { account, amount }),
+                S::EndOfDay { ts_ns } => (ts_ns, CommandBody::EndOfDay),
+            };
+            Command { ts_ns, body }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,5 +529,128 @@ mod tests {
         }
         let eod: Command = serde_json::from_str(r#"{"ts_ns":9,"cmd":"end_of_day"}"#).unwrap();
         assert_eq!(eod.body, CommandBody::EndOfDay);
+    }
+
+    /// One example of every command with every optional field given, as written by
+    /// `Command`'s serializer.
+    fn every_command_in_full() -> Vec<Command> {
+        use crate::instrument::{Market, StpMode, StpScope};
+        let target = OrderRef {
+            order_id: Some(OrderId(3)),
+            orig_cl_ord_id: Some(ClOrdId(4)),
+        };
+        let bodies = vec![
+            CommandBody::NewOrder(NewOrder {
+                account: AccountId(1),
+                cl_ord_id: ClOrdId(2),
+                instrument: InstrumentId(3),
+                side: Side::Sell,
+                ord_type: OrdType::Limit,
+                price: Price(10),
+                qty: Qty(100),
+                tif: TimeInForce::Gtd,
+                expire_ts_ns: 77,
+                display_qty: Qty(10),
+            }),
+            CommandBody::Cancel(Cancel {
+                account: AccountId(1),
+                cl_ord_id: ClOrdId(5),
+                target,
+            }),
+            CommandBody::Replace(Replace {
+                account: AccountId(1),
+                cl_ord_id: ClOrdId(6),
+                target,
+                price: Some(Price(11)),
+                qty: Some(Qty(50)),
+            }),
+            CommandBody::MassCancel(MassCancel {
+                cl_ord_id: ClOrdId(7),
+                account: Some(AccountId(1)),
+                firm: Some(FirmId(2)),
+                instrument: Some(InstrumentId(3)),
+                side: Some(Side::Buy),
+            }),
+            CommandBody::SetPhase {
+                instrument: Some(InstrumentId(3)),
+                phase: Phase::Halted,
+            },
+            CommandBody::AddInstrument(Instrument {
+                instrument: InstrumentId(3),
+                symbol: "SBER".into(),
+                market: Market::Futures,
+                price_scale: 2,
+                tick: Price(1),
+                lot_size: 10,
+                multiplier: 5,
+                initial_margin: Cash(100),
+                band_bps: 1000,
+                reference_price: Price(10000),
+            }),
+            CommandBody::AddAccount(AccountSpec {
+                account: AccountId(1),
+                firm: FirmId(2),
+                may_short: true,
+                stp: StpMode::CancelBoth,
+                stp_scope: StpScope::Firm,
+            }),
+            CommandBody::Deposit {
+                account: AccountId(1),
+                amount: Cash(5),
+            },
+            CommandBody::Withdraw {
+                account: AccountId(1),
+                amount: Cash(5),
+            },
+            CommandBody::SetCollateral {
+                account: AccountId(1),
+                amount: Cash(5),
+            },
+            CommandBody::EndOfDay,
+        ];
+        bodies
+            .into_iter()
+            .enumerate()
+            .map(|(i, body)| Command::new(i as u64 + 1, body))
+            .collect()
+    }
+
+    #[test]
+    fn every_command_reads_back_what_it_writes_with_every_field_set() {
+        for cmd in every_command_in_full() {
+            let text = serde_json::to_string(&cmd).unwrap();
+            let again: Command =
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(again, cmd, "{text}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_field_is_refused_by_name_in_every_command() {
+        for cmd in every_command_in_full() {
+            let text = serde_json::to_string(&cmd).unwrap();
+            let misspelled = text.replacen('{', r#"{"display_qtty":1,"#, 1);
+            let err = serde_json::from_str::<Command>(&misspelled)
+                .expect_err(&misspelled)
+                .to_string();
+            assert!(
+                err.contains("unknown field `display_qtty`"),
+                "{misspelled}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_misspelled_iceberg_field_is_not_read_as_a_plain_order() {
+        let text = r#"{"ts_ns":1,"cmd":"new_order","account":7,"cl_ord_id":1,"instrument":1,"side":"buy","price":10125,"qty":10,"display_qtty":1}"#;
+        let err = serde_json::from_str::<Command>(text)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `display_qtty`"), "{err}");
+        let right = text.replace("display_qtty", "display_qty");
+        match serde_json::from_str::<Command>(&right).unwrap().body {
+            CommandBody::NewOrder(o) => assert_eq!(o.display_qty, Qty(1)),
+            other => panic!("unexpected {other:?}"),
+        }
     }
 }

@@ -80,6 +80,7 @@ pub enum StpScope {
 
 /// The definition of an instrument, given by `AddInstrument`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Instrument {
     pub instrument: InstrumentId,
     pub symbol: String,
@@ -104,7 +105,7 @@ pub struct Instrument {
     pub reference_price: Price,
 }
 
-fn one() -> i64 {
+pub(crate) fn one() -> i64 {
     1
 }
 
@@ -222,6 +223,7 @@ impl Instrument {
 
 /// The definition of an account, given by `AddAccount`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AccountSpec {
     pub account: AccountId,
     pub firm: FirmId,

@@ -20,6 +20,8 @@
 //!   under a [`link::RequestKey`] without blocking, receive [`link::CoreOutput`]s tagged by
 //!   key; implemented next to the engine (in process) and the cluster (a replica group).
 
+#![forbid(unsafe_code)]
+
 pub mod codec;
 mod command;
 mod event;

@@ -26,7 +26,8 @@ impl Engine {
         // Expected per-account and per-position sums, rebuilt from the orders.
         let mut reserved_cash = vec![0i128; self.accounts.len()];
         // (account, book) -> (sell_reserved, buy_open, sell_open), kept sorted for lookup.
-        let mut pos_sums: Vec<((u32, u32), (i64, i64, i64))> = Vec::new();
+        type PositionSums = Vec<((u32, u32), (i64, i64, i64))>;
+        let mut pos_sums: PositionSums = Vec::new();
         let mut resting = 0usize;
 
         for (b, book) in self.books.iter().enumerate() {

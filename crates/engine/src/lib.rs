@@ -27,6 +27,8 @@
 //! thread of its own behind `bourse_core::link::CoreLink`, for a gateway that runs its cores
 //! in process; the one module here that spawns a thread).
 
+#![forbid(unsafe_code)]
+
 pub mod book;
 mod digest;
 pub mod fixtures;

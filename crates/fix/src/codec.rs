@@ -647,12 +647,7 @@ impl OutMessage {
         }
         let sum = checksum(&out[begin..]);
         out.extend_from_slice(b"10=");
-        out.extend_from_slice(&[
-            b'0' + (sum / 100) as u8,
-            b'0' + (sum / 10 % 10) as u8,
-            b'0' + (sum % 10) as u8,
-            SOH,
-        ]);
+        out.extend_from_slice(&[b'0' + sum / 100, b'0' + sum / 10 % 10, b'0' + sum % 10, SOH]);
     }
 }
 

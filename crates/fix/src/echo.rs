@@ -93,8 +93,15 @@ impl Application for EchoApplication {
     }
 }
 
+/// The echo of an application message: the same type and body under a new
+/// header, which keeps PossResend (97) as QuickFIX's test server does (it
+/// sends a copy of the message, whose header the session refills but for
+/// that flag), so the peer sees that what it gets back was a possible resend.
 fn echo_of(message: &Inbound<'_>) -> OutMessage {
     let mut m = OutMessage::new(&String::from_utf8_lossy(message.msg_type()));
+    if let Some(poss_resend) = message.get(tags::POSS_RESEND) {
+        m.set_header(tags::POSS_RESEND, poss_resend);
+    }
     for (tag, value) in message.body_fields() {
         m.push(tag, value);
     }

@@ -575,6 +575,21 @@ impl Session {
     ) {
         let raw = inbound.raw;
         let gap_fill = raw.get(tags::GAP_FILL_FLAG) == Some(b"Y");
+        if gap_fill && self.is_late_gap_fill(raw) {
+            // A resent gap fill whose own number we already passed (the
+            // queued messages got there first) still covers numbers we have
+            // not seen: dropping it would make us ask for them again. Its
+            // number is not checked, the rest of it is.
+            if self.verify(now_ms, inbound, false, false, app) {
+                let new_seq = raw.get_u64(tags::NEW_SEQ_NO).unwrap_or(0);
+                self.event(format!(
+                    "Received late SequenceReset-GapFill {} TO: {new_seq}",
+                    inbound.seq_num()
+                ));
+                self.advance_target_to(new_seq, app);
+            }
+            return;
+        }
         if !self.verify(now_ms, inbound, gap_fill, gap_fill, app) {
             return;
         }
@@ -584,9 +599,7 @@ impl Session {
                 "Received SequenceReset FROM: {expected} TO: {new_seq}"
             ));
             if new_seq > expected {
-                if let Err(e) = self.store.set_next_target_seq_num(new_seq) {
-                    self.store_failed(e, app);
-                }
+                self.advance_target_to(new_seq, app);
             } else if new_seq < expected {
                 self.generate_reject(
                     now_ms,
@@ -594,6 +607,40 @@ impl Session {
                     Reject::new(SessionRejectReason::ValueIsIncorrect, None),
                     app,
                 );
+            }
+        }
+    }
+
+    /// A gap fill sent as a possible duplicate, numbered below what we
+    /// expect, whose NewSeqNo is beyond it: a resend the queued messages
+    /// overtook, which still skips numbers forward.
+    fn is_late_gap_fill(&self, raw: &RawMessage<'_>) -> bool {
+        let expected = self.store.next_target_seq_num();
+        let seq = raw.get_u64(tags::MSG_SEQ_NUM).unwrap_or(0);
+        let new_seq = raw.get_u64(tags::NEW_SEQ_NO).unwrap_or(0);
+        raw.get(tags::POSS_DUP_FLAG) == Some(b"Y") && seq < expected && new_seq > expected
+    }
+
+    /// Moves the expected inbound number forward to `new_seq` (a sequence
+    /// reset): queued messages below it can no longer be processed and are
+    /// dropped, and a resend request it covers is satisfied.
+    fn advance_target_to(&mut self, new_seq: u64, app: &mut dyn Application) {
+        if let Err(e) = self.store.set_next_target_seq_num(new_seq) {
+            self.store_failed(e, app);
+            return;
+        }
+        let kept = self.state.queue.split_off(&new_seq);
+        let skipped = std::mem::replace(&mut self.state.queue, kept);
+        if !skipped.is_empty() {
+            self.event(format!(
+                "Dropped {} queued messages below SequenceReset TO: {new_seq}",
+                skipped.len()
+            ));
+        }
+        if let Some((_, end)) = self.state.resend_range {
+            if new_seq > end {
+                self.event(format!("ResendRequest up to {end} has been satisfied"));
+                self.state.resend_range = None;
             }
         }
     }

@@ -399,6 +399,28 @@ mod tests {
         assert!(c.fix_sessions[2].drop_copy);
     }
 
+    #[test]
+    fn a_misspelled_key_in_any_table_is_refused_naming_its_line_and_field() {
+        let example = include_str!("../../../examples/gateway.toml");
+        for (table, key) in [
+            ("[gateway]", "fix_listen_adr"),
+            ("[[instruments]]", "lot_sise"),
+            ("[[accounts]]", "firmm"),
+            ("[[fix_sessions]]", "sender_comp"),
+            ("[[binary_sessions]]", "credential"),
+        ] {
+            let at = example.find(table).expect(table) + table.len();
+            let text = format!("{}\n{key} = 1{}", &example[..at], &example[at..]);
+            let line = text[..at].lines().count() + 1;
+            let e = GatewayConfig::from_toml(&text).unwrap_err();
+            assert!(
+                e.contains(&format!("unknown field `{key}`")),
+                "{table}: {e}"
+            );
+            assert!(e.contains(&format!("line {line}")), "{table}: {e}");
+        }
+    }
+
     const TWO_CORES: &str = r#"
 [gateway]
 fix_listen = "127.0.0.1:0"

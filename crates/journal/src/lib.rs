@@ -50,6 +50,8 @@
 //! `finish_sync()` under it again, which marks durable only what the sync captured. The
 //! cluster's `LogStore` does that on its own thread as soon as an append's callback waits.
 
+#![forbid(unsafe_code)]
+
 mod bench;
 mod commit;
 mod error;

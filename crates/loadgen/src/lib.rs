@@ -38,6 +38,8 @@
 //! Every run is bounded by its phases plus a drain timeout (and, for worker processes, a
 //! kill after that); sockets are opened only by the gateway target, on 127.0.0.1.
 
+#![forbid(unsafe_code)]
+
 pub mod charts;
 pub mod flow;
 pub mod gateway;

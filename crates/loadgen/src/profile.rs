@@ -833,6 +833,33 @@ per_s = 1000
     }
 
     #[test]
+    fn a_misspelled_key_in_a_rate_table_names_its_line_and_field() {
+        let bad = GOOD.replacen(
+            "shape = \"constant\"",
+            "shape = \"constant\"\nper_sec = 5",
+            1,
+        );
+        let e = Profile::parse(&bad).unwrap_err();
+        assert!(e.reason.contains("unknown field `per_sec`"), "{e}");
+        assert!(e.line.is_some(), "{e}");
+    }
+
+    #[test]
+    fn every_profile_in_the_repository_parses() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../profiles");
+        let mut parsed = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                Profile::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                parsed += 1;
+            }
+        }
+        assert!(parsed >= 7, "{parsed} profiles in {}", dir.display());
+    }
+
+    #[test]
     fn a_negative_count_names_its_line() {
         let bad = GOOD.replace("instruments = 4", "instruments = -4");
         let e = Profile::parse(&bad).unwrap_err();

@@ -113,9 +113,11 @@ fn a_stall_counts_in_the_latency_of_every_command_scheduled_during_it() {
     // closed-loop generator would have sent nothing during the stall and measured ~0.
     let p90 = rec.all.value_at_quantile(0.90);
     let max = rec.all.max();
+    // Both are lower bounds only: a loaded machine adds to every latency, never takes away
+    // from the stall, so an upper bound here would be a bound on the machine's load.
     assert!(p90 > 50_000_000, "p90 {p90} ns hides the stall");
     assert!(
-        (150_000_000..400_000_000).contains(&max),
-        "max {max} ns should be about the stall"
+        max >= 150_000_000,
+        "max {max} ns should be at least about the stall"
     );
 }

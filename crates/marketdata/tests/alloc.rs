@@ -43,6 +43,10 @@ thread_local! {
 }
 static ALLOCATIONS: Tally = Tally;
 
+// A global allocator is unsafe to implement by definition; this one only counts and forwards.
+#[allow(unsafe_code)]
+// SAFETY: every call is forwarded unchanged to the system allocator, which upholds the
+// `GlobalAlloc` contract.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if COUNTING.load(Ordering::Relaxed) {

@@ -127,9 +127,11 @@ fn replay_service_refuses_ranges_past_its_bound_or_its_history() {
     assert_eq!(future.status, ReplayStatus::OutOfRange);
     let zero = replay::request(server.local_addr(), 1, 0, t).unwrap();
     assert_eq!(zero.status, ReplayStatus::InvalidRequest);
-    // One client asking too often is throttled (the window is one second).
+    // One client asking too often is throttled (the window is one second). A loaded machine
+    // may spread the requests over more than one window, so the flood goes on (bounded)
+    // until the throttle answers rather than for a fixed count.
     let mut throttled = false;
-    for _ in 0..2 * replay::REQUESTS_PER_CLIENT_PER_S_MAX {
+    for _ in 0..100 * replay::REQUESTS_PER_CLIENT_PER_S_MAX {
         let r = replay::request(server.local_addr(), 1, 1, t).unwrap();
         if r.status == ReplayStatus::Throttled {
             assert!(r.packets.is_empty());

@@ -33,6 +33,8 @@
 //! The hot path never waits for the control plane: it writes atomics, its own histograms, and
 //! hands full batches over a bounded channel without blocking.
 
+#![forbid(unsafe_code)]
+
 pub mod clock;
 pub mod cluster;
 pub mod core_probe;
@@ -397,5 +399,20 @@ mod tests {
         assert!(MonitorConfig::from_toml("tick_ms = 0").is_err());
         assert!(MonitorConfig::from_toml("no_such_key = 1").is_err());
         assert!(MonitorConfig::from_toml("[[[").is_err());
+    }
+
+    #[test]
+    fn a_misspelled_key_is_refused_naming_its_line_and_field() {
+        let e = MonitorConfig::from_toml("sample_every = 4\ntick_mss = 10\n").unwrap_err();
+        assert!(
+            e.contains("line 2") && e.contains("unknown field `tick_mss`"),
+            "{e}"
+        );
+        let e =
+            MonitorConfig::from_toml("[alerts]\np99_us_max = 900\nnode_down = 5\n").unwrap_err();
+        assert!(
+            e.contains("line 3") && e.contains("unknown field `node_down`"),
+            "{e}"
+        );
     }
 }

@@ -567,7 +567,7 @@ impl NodeMetrics {
             }
             self.appends.push_back((first, last, at));
             self.appends_counted += 1;
-            if self.appends_counted % self.sample_every != 0 {
+            if !self.appends_counted.is_multiple_of(self.sample_every) {
                 continue;
             }
             if self.pending.len() >= PENDING_ENTRIES_MAX {
@@ -586,7 +586,7 @@ impl NodeMetrics {
                 self.recorder
                     .record_entry_leg(Stage::Committed, now_ns.saturating_sub(e.appended_ns));
             }
-            if !p.applied.is_some_and(|a| a >= e.index) {
+            if p.applied.is_none_or(|a| a < e.index) {
                 break;
             }
             // Applied: the leg runs from the commit this node saw, or (a follower, which does

@@ -294,7 +294,7 @@ impl Gen {
         let roll = self.rng.below(1000);
         let (id, cl, account) = match target {
             Some((id, cl, account, ..)) if roll < 940 => (id, cl, account),
-            Some((id, cl, _, ..)) if roll < 970 => (id, cl, self.account()),
+            Some((id, cl, ..)) if roll < 970 => (id, cl, self.account()),
             _ => (
                 self.rng.range(1, 1_000_000) as u64,
                 self.rng.range(1, 1_000_000) as u64,
