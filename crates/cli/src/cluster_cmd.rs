@@ -99,36 +99,9 @@ fn stop_flag() -> Arc<AtomicBool> {
     stop
 }
 
-/// Tunes glibc's allocator for a node: its per-thread arenas otherwise give freed memory back
-/// to the kernel and take it again over and over, an `mprotect` system call each time (27,500
-/// in two seconds of `bench cluster` at 100k commands/s, about three per batch, each a change
-/// of the page tables that every core running the process must see). Keeping up to 256 MiB of
-/// free memory per arena and growing an arena 64 MiB at a time took that count to zero.
-/// Process-wide: called by the subcommands that host nodes, before they start any.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-pub fn tune_allocator() {
-    const ALLOCATOR_TRIM_THRESHOLD_BYTES: i32 = 256 * 1024 * 1024;
-    const ALLOCATOR_TOP_PAD_BYTES: i32 = 64 * 1024 * 1024;
-    // glibc's mallopt parameters (malloc.h).
-    const M_TRIM_THRESHOLD: i32 = -1;
-    const M_TOP_PAD: i32 = -2;
-    extern "C" {
-        fn mallopt(param: i32, value: i32) -> i32;
-    }
-    // SAFETY: mallopt only sets the allocator's parameters (glibc takes its own lock); it is
-    // called before the node's threads start.
-    unsafe {
-        mallopt(M_TRIM_THRESHOLD, ALLOCATOR_TRIM_THRESHOLD_BYTES);
-        mallopt(M_TOP_PAD, ALLOCATOR_TOP_PAD_BYTES);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub fn tune_allocator() {}
-
 /// `bourse node`: one member of the group, until interrupted or killed.
 pub fn node(args: NodeArgs) -> Result<()> {
-    tune_allocator();
+    bourse_venue::tune_allocator();
     let config = ClusterConfig::load(&args.config).map_err(|e| anyhow!(e))?;
     let stop = stop_flag();
     let rt = runtime()?;
@@ -532,7 +505,7 @@ fn replay_speed(config: &ClusterConfig) -> Result<(u64, f64)> {
 }
 
 pub fn bench(args: ClusterBenchArgs) -> Result<()> {
-    tune_allocator();
+    bourse_venue::tune_allocator();
     let modes: Vec<FsyncSetting> = match args.fsync.as_str() {
         "both" => vec![FsyncSetting::Never, FsyncSetting::Always],
         "always" => vec![FsyncSetting::Always],

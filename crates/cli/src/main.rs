@@ -9,7 +9,6 @@ mod bench;
 mod bench_recovery;
 mod cluster_cmd;
 mod demo;
-mod deploy;
 mod engine_run;
 mod fix_acceptor;
 mod gateway_cmd;

@@ -20,6 +20,9 @@
 //! queue), and the cores' own counters are read at the end from every replica, whose state
 //! hashes must agree.
 
+mod host;
+pub use host::{sample_of, tune_allocator};
+
 use anyhow::{anyhow, bail, Context, Result};
 use bourse_cluster::tokio;
 use bourse_cluster::{Client, ClusterConfig, FsyncSetting, Node};
@@ -573,7 +576,7 @@ async fn watch_core(
                     )
                     .await;
                     if let Ok(status) = status {
-                        metrics.observe_peer(&crate::node_monitor::sample_of(&status));
+                        metrics.observe_peer(&crate::host::sample_of(&status));
                     }
                 }
             }
@@ -635,7 +638,7 @@ impl LocalDeployment {
     pub fn start(spec: DeploymentSpec) -> Result<LocalDeployment> {
         // The deployment hosts its nodes in this process: the same allocator tuning as
         // `bourse node` (see `tune_allocator`).
-        crate::cluster_cmd::tune_allocator();
+        crate::host::tune_allocator();
         if spec.markets.is_empty() {
             bail!("a deployment needs at least one market");
         }
