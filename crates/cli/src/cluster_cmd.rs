@@ -452,15 +452,10 @@ impl Drop for BenchDir {
     }
 }
 
+/// Three consecutive free ports for the benchmark's nodes (see `bourse_testkit`).
 fn free_ports() -> Result<[u16; 3]> {
-    let l: Vec<TcpListener> = (0..3)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<_>>()?;
-    Ok([
-        l[0].local_addr()?.port(),
-        l[1].local_addr()?.port(),
-        l[2].local_addr()?.port(),
-    ])
+    let base = bourse_testkit::try_free_port_block(3)?;
+    Ok([base, base + 1, base + 2])
 }
 
 fn bench_flow() -> FlowConfig {

@@ -584,43 +584,6 @@ async fn watch_core(
     }
 }
 
-/// A port that was free on 127.0.0.1 a moment ago (TCP and UDP).
-pub fn free_port() -> Result<u16> {
-    // Not a port the kernel hands out (bind to port 0 gives one from the ephemeral range, where
-    // an outgoing connection of a deployment running beside this one can take it between this
-    // probe and the node's bind): a block of one, below that range, like the feeds' ports.
-    free_port_block(1)
-}
-
-/// A block of `n` consecutive ports from `from`, free for TCP and UDP on 127.0.0.1 now.
-fn free_port_block(n: u16) -> Result<u16> {
-    // Below Linux's default ephemeral range (32768-60999): a port found free there could be
-    // taken by an outgoing connection (a node's peer or a link) before the feeds bind it,
-    // which happened in a 24-node run. Start at a pseudo-random place so that concurrent
-    // deployments (tests in parallel) rarely try the same block.
-    const RANGE_START: u16 = 10_000;
-    const RANGE_LEN: u16 = 22_000;
-    assert!(n > 0 && n < RANGE_LEN / 2, "port block of {n}");
-    let span = RANGE_LEN - n;
-    let seed = (std::process::id() as u64)
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .wrapping_add(unix_ns());
-    let mut offset = (seed % span as u64) as u16;
-    for _ in 0..200 {
-        let base = RANGE_START + offset;
-        let ok = (0..n).all(|i| {
-            let p = base + i;
-            std::net::UdpSocket::bind(("127.0.0.1", p)).is_ok()
-                && std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()
-        });
-        if ok {
-            return Ok(base);
-        }
-        offset = (offset + n + 97) % span;
-    }
-    bail!("no block of {n} free ports on 127.0.0.1")
-}
-
 fn unix_ns() -> u64 {
     bourse_loadgen::unix_ns()
 }
@@ -746,7 +709,10 @@ impl LocalDeployment {
         m: &MarketSpec,
         first_order_id: u64,
     ) -> Result<Core> {
-        let ports = [free_port()?, free_port()?, free_port()?];
+        // Ports below the ephemeral range (see `bourse_testkit`): one found free by a bind to
+        // port 0 could be taken by a parallel deployment's outgoing connection.
+        let node_base = bourse_testkit::try_free_port_block(3)?;
+        let ports = [node_base, node_base + 1, node_base + 2];
         let mut config = ClusterConfig::local(
             1_000 + index as u64,
             spec.data_dir.join(format!("core-{index}-{}", m.name)),
@@ -760,7 +726,7 @@ impl LocalDeployment {
         // Snapshots of a big core are large; take them rarely in a run of minutes.
         config.snapshot_every_entries = 200_000;
         let md_base_port = if spec.market_data {
-            Some(free_port_block(40)?)
+            Some(bourse_testkit::try_free_port_block(40)?)
         } else {
             None
         };
