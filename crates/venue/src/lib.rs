@@ -1208,19 +1208,6 @@ impl Deployment for LocalDeployment {
     }
 }
 
-/// A leg's figures as the report's latency row.
-fn latency_of(p: Option<bourse_monitor::probe::Percentiles>) -> bourse_loadgen::results::Latency {
-    p.map_or_else(Default::default, |p| bourse_loadgen::results::Latency {
-        count: p.count,
-        mean: p.mean,
-        p50: p.p50,
-        p90: p.p90,
-        p99: p.p99,
-        p999: p.p999,
-        max: p.max,
-    })
-}
-
 /// What the deployment timed of one core's path over the run (see
 /// `bourse_loadgen::CoreTotals::stage_figures`).
 fn stage_figures(core: &Core) -> Vec<bourse_loadgen::StageFigure> {
@@ -1245,17 +1232,17 @@ fn stage_figures(core: &Core) -> Vec<bourse_loadgen::StageFigure> {
     push(
         "link_round_trip",
         "a gateway's link: command taken to its outputs handed to the gateway",
-        latency_of(legs.round_trip.percentiles()),
+        Option::unwrap_or_default(legs.round_trip.percentiles()),
     );
     push(
         "group_answer",
         "a gateway's link: command taken to the replica group's answer",
-        latency_of(legs.answered.percentiles()),
+        Option::unwrap_or_default(legs.answered.percentiles()),
     );
     push(
         "stream_after_answer",
         "a gateway's link: the group's answer to the entry on the committed stream",
-        latency_of(legs.streamed_after_answer.percentiles()),
+        Option::unwrap_or_default(legs.streamed_after_answer.percentiles()),
     );
     // The journals' fsyncs since the setup, over every replica.
     let bounds = bourse_journal::FSYNC_BUCKETS_NS;
@@ -1285,7 +1272,7 @@ fn stage_figures(core: &Core) -> Vec<bourse_loadgen::StageFigure> {
         push(
             "journal_fsync",
             "one fsync of a replica's journal",
-            latency_of(bourse_monitor::ltp::percentiles_from_buckets(
+            Option::unwrap_or_default(bourse_monitor::ltp::percentiles_from_buckets(
                 &all,
                 &cumulative,
                 sum_ns,
@@ -1298,17 +1285,17 @@ fn stage_figures(core: &Core) -> Vec<bourse_loadgen::StageFigure> {
         push(
             "quorum_append",
             "an entry's first journal append (the leader's) to its second (a quorum holds it)",
-            latency_of(t.quorum_append.percentiles()),
+            Option::unwrap_or_default(t.quorum_append.percentiles()),
         );
         push(
             "commit_apply",
             "an entry's second journal append to the first replica applying it",
-            latency_of(t.commit_apply.percentiles()),
+            Option::unwrap_or_default(t.commit_apply.percentiles()),
         );
         push(
             "replica_apply_spread",
             "how much later the last replica applied an entry than the first",
-            latency_of(t.apply_spread.percentiles()),
+            Option::unwrap_or_default(t.apply_spread.percentiles()),
         );
     }
     if let Some(md) = &core.md_counter {
