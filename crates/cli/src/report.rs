@@ -1,8 +1,6 @@
-//! Shared pieces of every benchmark and summary: HDR histograms summarised as percentiles, the
-//! machine's description, and the JSON shape DESIGN.md gives for benchmark results.
-
-/// The one latency summary (see `bourse_latency`), and how benchmarks fill its histogram.
-pub use bourse_latency::{histogram, record, Latency};
+//! What the binary's summaries share (the demo, load tests and benchmarks): numbers formatted
+//! for people, the version, the machine's description and this process's resident memory.
+//! The benchmarks' own shared pieces are in `bench::common`.
 
 /// The machine a figure was measured on (cpus, model, kernel and the load average, so that a
 /// figure from a shared machine says so). One description serves benchmarks and load tests.
@@ -36,28 +34,6 @@ pub fn count(v: u64) -> String {
         out.push(c);
     }
     out
-}
-
-/// One row of a latency table: name, count, p50 … max.
-pub fn latency_row(name: &str, l: &Latency) -> String {
-    format!(
-        "  {:<12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        name,
-        count(l.count),
-        ns(l.p50),
-        ns(l.p90),
-        ns(l.p99),
-        ns(l.p999),
-        ns(l.p9999),
-        ns(l.max)
-    )
-}
-
-pub fn latency_header() -> String {
-    format!(
-        "  {:<12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "command", "count", "p50", "p90", "p99", "p99.9", "p99.99", "max"
-    )
 }
 
 /// Resident memory of this process in bytes (Linux), or 0 where unknown.
