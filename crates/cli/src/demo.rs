@@ -15,11 +15,11 @@
 //! `--in-process-cores` runs one engine per market inside the gateway instead of the
 //! replicated cores, for a machine where the three replica groups are too much.
 
-use crate::deploy::{Backend, LocalDeployment};
 use anyhow::{anyhow, bail, Context, Result};
 use bourse_loadgen::profile::{Profile, PHASE_DURATION_S_MAX};
 use bourse_loadgen::{report, RunOptions};
 use bourse_monitor::{DashboardServer, Monitor, MonitorConfig};
+use bourse_venue::{Backend, LocalDeployment};
 use clap::Args;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;

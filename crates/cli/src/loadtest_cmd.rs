@@ -5,11 +5,11 @@
 //! The work is in the `bourse-loadgen` crate; this module finds the profile, prints a short
 //! summary and sets the exit status (non-zero when a cross-check fails).
 
-use crate::deploy::{Backend, DeploymentSpec, LocalDeployment, MarketSpec};
 use anyhow::{anyhow, bail, Result};
 use bourse_loadgen::gateway::{SessionProtocol, WorkerPlan, ACCOUNTS_PER_SESSION_MAX};
 use bourse_loadgen::profile::{FsyncMode, Protocol, TargetKind};
 use bourse_loadgen::{report, Connection, Profile, RunOptions};
+use bourse_venue::{Backend, DeploymentSpec, LocalDeployment, MarketSpec};
 use clap::Args;
 use std::path::{Path, PathBuf};
 

@@ -6,10 +6,8 @@
 //! this file only parses arguments and dispatches.
 
 mod bench;
-mod bench_recovery;
 mod cluster_cmd;
 mod demo;
-mod deploy;
 mod engine_run;
 mod fix_acceptor;
 mod gateway_cmd;
@@ -54,7 +52,7 @@ enum Command {
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
-        command: BenchCommand,
+        command: bench::BenchCommand,
     },
     /// Operator views of a journal directory (read only).
     Journal {
@@ -112,27 +110,6 @@ enum EngineCommand {
     },
 }
 
-#[derive(Subcommand)]
-enum BenchCommand {
-    /// One core in-process on one thread, no I/O: throughput and latency per command type.
-    Engine(bench::EngineBenchArgs),
-    /// Memory per account, per position and per resting order at the seeds' scale.
-    Capacity(bench::CapacityArgs),
-    /// Journal appends per fsync mode: records/s, MB/s and fsync latency.
-    Journal(journal_cmd::JournalBenchArgs),
-    /// Three local nodes on loopback: replicated commands/s and commit latency per fsync mode,
-    /// beside a TCP echo round trip; replay speed.
-    Cluster(cluster_cmd::ClusterBenchArgs),
-    /// Market data publication delay, top-20 book delay and bandwidth over loopback UDP.
-    Marketdata(md_cmd::BenchArgs),
-    /// Door-to-door round trips through the FIX and binary gateways over loopback, open loop
-    /// and at saturation, beside a TCP echo round trip.
-    Gateway(gateway_cmd::GatewayBenchArgs),
-    /// A node's recovery: journal replay (commands/s, read and apply apart) and snapshot
-    /// size, write, fsync and restore time for 1M accounts and 10M positions.
-    Recovery(bench_recovery::RecoveryBenchArgs),
-}
-
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -146,15 +123,7 @@ fn main() {
                     orders_max,
                 },
         } => engine_run::run(&input, &output, summary, orders_max),
-        Command::Bench { command } => match command {
-            BenchCommand::Engine(args) => bench::engine(args),
-            BenchCommand::Capacity(args) => bench::capacity(args),
-            BenchCommand::Journal(args) => journal_cmd::bench(args),
-            BenchCommand::Cluster(args) => cluster_cmd::bench(args),
-            BenchCommand::Marketdata(args) => md_cmd::bench(args),
-            BenchCommand::Gateway(args) => gateway_cmd::bench(args),
-            BenchCommand::Recovery(args) => bench_recovery::recovery(args),
-        },
+        Command::Bench { command } => bench::run(command),
         Command::Journal { command } => journal_cmd::run(command),
         Command::Node(args) => cluster_cmd::node(args),
         Command::Cluster { command } => cluster_cmd::run(command),

@@ -29,14 +29,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
 use bourse_cluster::client::node_status_brief;
-use bourse_cluster::net::NodeStatus as ClusterStatus;
 use bourse_cluster::stages::StageInterval;
 use bourse_cluster::tokio;
 use bourse_cluster::tokio::sync::mpsc;
 use bourse_cluster::{ClusterConfig, Node, Subscription};
 use bourse_journal::{JournalStats, SnapshotStats};
 use bourse_monitor::node::{
-    quorum_index, role_of, BucketReading, JournalReading, NodeSample, Progress, SnapshotReading,
+    quorum_index, BucketReading, JournalReading, NodeSample, Progress, SnapshotReading,
 };
 use bourse_monitor::{DashboardServer, Monitor, MonitorConfig, NodeMetrics};
 
@@ -44,26 +43,6 @@ use bourse_monitor::{DashboardServer, Monitor, MonitorConfig, NodeMetrics};
 const PEER_SAMPLES_QUEUED_MAX: usize = 64;
 /// How long one peer status query may take.
 const PEER_STATUS_TIMEOUT_MS: u64 = 800;
-
-/// The cluster crate's status in the monitor's plain form.
-pub fn sample_of(s: &ClusterStatus) -> NodeSample {
-    NodeSample {
-        id: s.id,
-        role: Some(role_of(&s.state)),
-        term: s.term,
-        leader: s.leader,
-        last_log_index: s.last_log_index,
-        last_applied_index: s.last_applied_index,
-        snapshot_index: s.snapshot_index,
-        state_hash: s.state_hash,
-        commands_applied: s.commands_applied,
-        hash_checks_passed: s.hash_checks_passed,
-        matched: s.matched.clone(),
-        alarm: s.alarm.clone(),
-        checkpoint: s.checkpoint,
-        commit_index: s.commit_index,
-    }
-}
 
 /// Reads a monitor config file (TOML, every key optional) or the defaults.
 pub fn load_config(path: Option<&Path>, node_name: String) -> Result<MonitorConfig> {
@@ -129,7 +108,7 @@ impl NodeMonitor {
                     if let Ok(s) =
                         node_status_brief(addr, Duration::from_millis(PEER_STATUS_TIMEOUT_MS)).await
                     {
-                        if tx.try_send(sample_of(&s)).is_err() && tx.is_closed() {
+                        if tx.try_send(bourse_venue::sample_of(&s)).is_err() && tx.is_closed() {
                             return;
                         }
                     }
@@ -257,7 +236,7 @@ impl NodeMonitor {
         // The brief status: no hash of the whole state under the state machine's lock (the
         // cluster view compares the replicas' newest checkpoints instead).
         let s = node.status_brief().await;
-        self.metrics.observe(&sample_of(&s));
+        self.metrics.observe(&bourse_venue::sample_of(&s));
         self.metrics.publish_events();
         self.metrics
             .observe_batcher_queue(node.batcher_queue_depth() as u64);

@@ -1,48 +1,6 @@
-//! Shared pieces of every benchmark and summary: HDR histograms summarised as percentiles, the
-//! machine's description, and the JSON shape DESIGN.md gives for benchmark results.
-
-use hdrhistogram::Histogram;
-use serde::Serialize;
-
-/// Latencies are recorded in nanoseconds from 1 ns to 100 s with 3 significant digits.
-pub fn histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("valid histogram bounds")
-}
-
-/// Records `ns`, clamped into the histogram's range (a value past 100 s is recorded as 100 s,
-/// so that a stall is never dropped from the figures).
-pub fn record(h: &mut Histogram<u64>, ns: u64) {
-    let v = ns.clamp(1, h.high());
-    h.record(v).expect("value clamped into range");
-}
-
-/// Percentiles of a latency histogram, in nanoseconds.
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct Latency {
-    pub count: u64,
-    pub mean: u64,
-    pub p50: u64,
-    pub p90: u64,
-    pub p99: u64,
-    pub p999: u64,
-    pub p9999: u64,
-    pub max: u64,
-}
-
-impl Latency {
-    pub fn of(h: &Histogram<u64>) -> Latency {
-        Latency {
-            count: h.len(),
-            mean: h.mean() as u64,
-            p50: h.value_at_quantile(0.50),
-            p90: h.value_at_quantile(0.90),
-            p99: h.value_at_quantile(0.99),
-            p999: h.value_at_quantile(0.999),
-            p9999: h.value_at_quantile(0.9999),
-            max: h.max(),
-        }
-    }
-}
+//! What the binary's summaries share (the demo, load tests and benchmarks): numbers formatted
+//! for people, the version, the machine's description and this process's resident memory.
+//! The benchmarks' own shared pieces are in `bench::common`.
 
 /// The machine a figure was measured on (cpus, model, kernel and the load average, so that a
 /// figure from a shared machine says so). One description serves benchmarks and load tests.
@@ -78,28 +36,6 @@ pub fn count(v: u64) -> String {
     out
 }
 
-/// One row of a latency table: name, count, p50 … max.
-pub fn latency_row(name: &str, l: &Latency) -> String {
-    format!(
-        "  {:<12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        name,
-        count(l.count),
-        ns(l.p50),
-        ns(l.p90),
-        ns(l.p99),
-        ns(l.p999),
-        ns(l.p9999),
-        ns(l.max)
-    )
-}
-
-pub fn latency_header() -> String {
-    format!(
-        "  {:<12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "command", "count", "p50", "p90", "p99", "p99.9", "p99.99", "max"
-    )
-}
-
 /// Resident memory of this process in bytes (Linux), or 0 where unknown.
 pub fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
@@ -123,18 +59,5 @@ mod tests {
         assert_eq!(count(12), "12");
         assert_eq!(ns(850), "850 ns");
         assert_eq!(ns(12_300), "12.3 µs");
-    }
-
-    #[test]
-    fn percentiles_come_from_the_histogram() {
-        let mut h = histogram();
-        for v in 1..=1000 {
-            record(&mut h, v);
-        }
-        let l = Latency::of(&h);
-        assert_eq!(l.count, 1000);
-        assert!((495..=505).contains(&l.p50));
-        assert!((985..=995).contains(&l.p99));
-        assert_eq!(l.max, 1000);
     }
 }

@@ -19,7 +19,7 @@
 //! the seed (`BOURSE_KILL_SEED` replays the same kill schedule; thread timing still varies).
 
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command as Process, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -54,13 +54,6 @@ enum Moment {
     MidBatch,
     MidSnapshot,
     MidElection,
-}
-
-fn free_ports() -> Vec<u16> {
-    let l: Vec<TcpListener> = (0..3)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    l.iter().map(|l| l.local_addr().unwrap().port()).collect()
 }
 
 fn write_config(dir: &Path, ports: &[u16]) -> PathBuf {
@@ -289,7 +282,7 @@ fn killing_the_leader_under_load_loses_nothing_acknowledged_and_applies_nothing_
     let started = Instant::now();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
-    let ports = free_ports();
+    let ports = bourse_testkit::free_ports::<3>();
     let config = write_config(&dir, &ports);
     let addrs: Vec<(u64, SocketAddr)> = ports
         .iter()

@@ -1,6 +1,6 @@
 //! `bourse gateway`, `bourse order` and `bourse bench gateway` as a user runs them.
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,14 +13,6 @@ impl Drop for Killed {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn order(port: u16, sender: &str, store: &std::path::Path, args: &[&str]) -> String {
@@ -50,7 +42,7 @@ fn order(port: u16, sender: &str, store: &std::path::Path, args: &[&str]) -> Str
 /// Starts `bourse gateway` with the example config on free ports (plus `extra` lines in its
 /// `[gateway]` table); returns the process and the FIX port once it listens.
 fn start_gateway(dir: &std::path::Path, extra: &str) -> (Killed, u16) {
-    let port = free_port();
+    let port = bourse_testkit::free_port();
     let example = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../examples/gateway.toml"
@@ -203,7 +195,7 @@ fn metric(body: &str, series: &str) -> f64 {
 #[test]
 fn the_gateway_serves_metrics_that_move_with_the_traffic() {
     let dir = tempfile::tempdir().unwrap();
-    let monitor_port = free_port();
+    let monitor_port = bourse_testkit::free_port();
     let (_gateway, port) = start_gateway(
         dir.path(),
         &format!("monitor_listen = \"127.0.0.1:{monitor_port}\"\nmonitor_sample_every = 1"),

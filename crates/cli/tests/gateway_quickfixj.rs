@@ -6,7 +6,7 @@
 //! execution report missing or duplicated. See `Scenario.java` for each check.
 
 use std::io::Write;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -66,14 +66,6 @@ impl Drop for Killed {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn quickfixj_initiators_trade_through_the_gateway() {
     assert!(
@@ -83,7 +75,7 @@ fn quickfixj_initiators_trade_through_the_gateway() {
     let project = repo_root().join("tests/quickfixj");
     let classpath = build_peer(&project);
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
+    let port = bourse_testkit::free_port();
     let config = format!(
         r#"
 [gateway]

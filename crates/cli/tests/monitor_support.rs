@@ -26,25 +26,7 @@ pub fn require(tool: &str) -> std::path::PathBuf {
     );
 }
 
-/// A free port on 127.0.0.1 (bound and released; good enough for a test's own servers).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-/// `n` consecutive ports free on 127.0.0.1 now (bounded search from a varying start).
-pub fn free_port_block(n: u16) -> u16 {
-    let mut base = 20_000 + (std::process::id() % 20_000) as u16;
-    for _ in 0..200 {
-        if (0..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
-            return base;
-        }
-        base = 20_000 + (base - 20_000 + n + 101) % 40_000;
-    }
-    panic!("no block of {n} free ports on 127.0.0.1");
-}
+pub use bourse_testkit::{free_port, free_port_block};
 
 /// A child process that is asked to stop with SIGINT when dropped (so that a parent such as
 /// `bourse cluster up` stops its own children), killed if it has not exited within 10 s.

@@ -4,7 +4,7 @@
 //! each other each receive the events of their own resting orders.
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bourse_cluster::batch::decode_events;
@@ -19,13 +19,6 @@ use bourse_engine::workload::{Flow, FlowConfig};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
-fn free_ports() -> [u16; 3] {
-    let l: Vec<TcpListener> = (0..3)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    [0, 1, 2].map(|i| l[i].local_addr().unwrap().port())
-}
-
 struct Group {
     rt: tokio::runtime::Runtime,
     nodes: Vec<Node>,
@@ -36,7 +29,11 @@ struct Group {
 impl Group {
     fn start() -> Group {
         let dir = tempfile::tempdir().unwrap();
-        let mut config = ClusterConfig::local(3, dir.path().to_path_buf(), free_ports());
+        let mut config = ClusterConfig::local(
+            3,
+            dir.path().to_path_buf(),
+            bourse_testkit::free_ports::<3>(),
+        );
         config.fsync = FsyncSetting::Never;
         config.orders_max = 8192;
         config.accounts_max = 1024;

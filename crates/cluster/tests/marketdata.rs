@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,23 +23,6 @@ const DEADLINE: Duration = Duration::from_secs(10);
 const CONVERGE_LIMIT: Duration = Duration::from_secs(30);
 const SYNC_LIMIT: Duration = Duration::from_secs(30);
 
-/// Four consecutive free TCP ports for the replay services of the incremental channels,
-/// found above the ephemeral range (where the kernel hands out ports on its own) from a
-/// starting point that differs between test processes.
-fn free_replay_base() -> u16 {
-    let seed = u64::from(std::process::id()) ^ bourse_marketdata::now_ns();
-    for k in 0..500u64 {
-        let base = 61_000 + ((seed.wrapping_add(k * 7_919)) % 4_000) as u16;
-        let all: Vec<_> = (0..4)
-            .map(|i| TcpListener::bind(("127.0.0.1", base + i)))
-            .collect();
-        if all.iter().all(|r| r.is_ok()) {
-            return base;
-        }
-    }
-    panic!("no run of free TCP ports for the replay services");
-}
-
 fn config(dir: &std::path::Path, section: MarketDataSection) -> ClusterConfig {
     let mut c = ClusterConfig::local(11, dir.to_path_buf(), free_ports());
     c.fsync = FsyncSetting::Never;
@@ -55,7 +38,7 @@ fn config(dir: &std::path::Path, section: MarketDataSection) -> ClusterConfig {
 fn subscriber() -> (UdpSubscriber, MarketDataSection) {
     let (mut sub, addrs) =
         UdpSubscriber::bind_ephemeral(SubscriberConfig::default()).expect("bind subscriber");
-    let replay_base = free_replay_base();
+    let replay_base = bourse_testkit::free_port_block(4);
     let mut section = MarketDataSection {
         replay_base_port: Some(replay_base),
         snapshot_interval_us: 500,

@@ -6,33 +6,10 @@ use std::time::Instant;
 
 use hdrhistogram::Histogram;
 
+use bourse_latency::Latency;
+
 use crate::error::{JournalError, Result};
 use crate::journal::{Config, Entry, Fsync, Journal};
-
-/// A latency distribution in nanoseconds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LatencySummary {
-    pub count: u64,
-    pub p50: u64,
-    pub p99: u64,
-    pub p999: u64,
-    pub max: u64,
-}
-
-impl LatencySummary {
-    pub fn from_histogram(histogram: &Histogram<u64>) -> LatencySummary {
-        if histogram.is_empty() {
-            return LatencySummary::default();
-        }
-        LatencySummary {
-            count: histogram.len(),
-            p50: histogram.value_at_quantile(0.50),
-            p99: histogram.value_at_quantile(0.99),
-            p999: histogram.value_at_quantile(0.999),
-            max: histogram.max(),
-        }
-    }
-}
 
 /// What one benchmark run measured.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -46,8 +23,8 @@ pub struct BenchReport {
     pub records_per_s: f64,
     /// Payload megabytes (10^6 bytes) per second.
     pub mb_per_s: f64,
-    pub fsync_latency_ns: LatencySummary,
-    pub append_latency_ns: LatencySummary,
+    pub fsync_latency_ns: Latency,
+    pub append_latency_ns: Latency,
 }
 
 /// Appends `records` records of `record_size_bytes` each, `entries_per_append` at a time, to a
@@ -107,7 +84,7 @@ pub fn bench_append(
         elapsed_ns,
         records_per_s: records as f64 / seconds,
         mb_per_s: (records * u64::from(record_size_bytes)) as f64 / 1e6 / seconds,
-        fsync_latency_ns: LatencySummary::from_histogram(journal.fsync_latency_ns()),
-        append_latency_ns: LatencySummary::from_histogram(&append_latency_ns),
+        fsync_latency_ns: Latency::of(journal.fsync_latency_ns()),
+        append_latency_ns: Latency::of(&append_latency_ns),
     })
 }

@@ -64,7 +64,7 @@ mod snapshot;
 pub mod stats;
 mod storage;
 
-pub use bench::{bench_append, BenchReport, LatencySummary};
+pub use bench::{bench_append, BenchReport};
 pub use commit::COMMIT_FILE_NAME;
 pub use error::{JournalError, Result};
 pub use format::{

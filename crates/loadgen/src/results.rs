@@ -24,34 +24,8 @@ const RECOVERY_WINDOWS: usize = 3;
 /// The mean before a peak is taken over this long.
 const BASELINE_NS: u64 = 5 * SECOND_NS;
 
-/// Percentiles of a latency histogram, in nanoseconds.
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct Latency {
-    pub count: u64,
-    pub mean: u64,
-    pub p50: u64,
-    pub p90: u64,
-    pub p99: u64,
-    pub p999: u64,
-    pub max: u64,
-}
-
-impl Latency {
-    pub fn of(h: &Histogram<u64>) -> Latency {
-        if h.is_empty() {
-            return Latency::default();
-        }
-        Latency {
-            count: h.len(),
-            mean: h.mean() as u64,
-            p50: h.value_at_quantile(0.50),
-            p90: h.value_at_quantile(0.90),
-            p99: h.value_at_quantile(0.99),
-            p999: h.value_at_quantile(0.999),
-            max: h.max(),
-        }
-    }
-}
+/// Percentiles of a latency histogram, in nanoseconds: the project's one summary.
+pub use bourse_latency::Latency;
 
 /// The machine a run was measured on.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -599,6 +573,7 @@ pub fn combined(cores: &[CoreTotals], name: &str) -> Option<Latency> {
         p90: max_of(|l| l.p90),
         p99: max_of(|l| l.p99),
         p999: max_of(|l| l.p999),
+        p9999: max_of(|l| l.p9999),
         max: max_of(|l| l.max),
     })
 }

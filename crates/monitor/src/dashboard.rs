@@ -257,7 +257,7 @@ impl Dashboard {
         s.node_stages
             .iter_mut()
             .map(|(stage, h)| {
-                let latency = Percentiles::of(h);
+                let latency = Percentiles::of_recorded(h);
                 h.reset();
                 NodeStageRow {
                     stage: stage.clone(),

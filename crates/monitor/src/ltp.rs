@@ -246,6 +246,7 @@ pub fn percentiles_from_buckets(
         p90: q(0.90),
         p99: q(0.99),
         p999: q(0.999),
+        p9999: q(0.9999),
         max,
     })
 }
@@ -370,6 +371,7 @@ mod tests {
             p90: mean,
             p99: mean * 2,
             p999: mean * 2,
+            p9999: mean * 2,
             max: mean * 3,
         }
     }

@@ -352,34 +352,9 @@ impl Drop for StageRecorder {
     }
 }
 
-/// Percentiles of one histogram in nanoseconds.
-#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
-pub struct Percentiles {
-    pub count: u64,
-    pub mean: u64,
-    pub p50: u64,
-    pub p90: u64,
-    pub p99: u64,
-    pub p999: u64,
-    pub max: u64,
-}
-
-impl Percentiles {
-    pub fn of(h: &Histogram<u64>) -> Option<Percentiles> {
-        if h.is_empty() {
-            return None;
-        }
-        Some(Percentiles {
-            count: h.len(),
-            mean: h.mean() as u64,
-            p50: h.value_at_quantile(0.50),
-            p90: h.value_at_quantile(0.90),
-            p99: h.value_at_quantile(0.99),
-            p999: h.value_at_quantile(0.999),
-            max: h.max(),
-        })
-    }
-}
+/// Percentiles of one histogram in nanoseconds: the project's one latency summary, under the
+/// name the monitor has used for it (`None` where nothing was recorded).
+pub use bourse_latency::Latency as Percentiles;
 
 struct HubState {
     spare_txs: Vec<SyncSender<Box<Batch>>>,
@@ -487,10 +462,10 @@ impl ProbeHub {
             return out;
         };
         for leg in 0..LEGS {
-            out.by_leg[leg] = Percentiles::of(&merged_leg(&state.interval, leg));
+            out.by_leg[leg] = Percentiles::of_recorded(&merged_leg(&state.interval, leg));
         }
         for (i, h) in state.interval.iter_mut().enumerate() {
-            out.by_kind_leg[i] = Percentiles::of(h);
+            out.by_kind_leg[i] = Percentiles::of_recorded(h);
             h.reset();
         }
         out

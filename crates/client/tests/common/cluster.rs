@@ -7,16 +7,9 @@ use bourse_cluster::tokio;
 use bourse_cluster::{ClusterConfig, FsyncSetting, Node};
 use bourse_gateway::recovery::Recovery;
 use bourse_gateway::{CoreLink, GatewayConfig, GatewayHandle};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
-
-fn free_ports() -> [u16; 3] {
-    let l: Vec<TcpListener> = (0..3)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    [0, 1, 2].map(|i| l[i].local_addr().unwrap().port())
-}
 
 /// Three replica nodes of one core, with their runtime.
 pub struct Group {
@@ -29,7 +22,11 @@ pub struct Group {
 impl Group {
     pub fn start() -> Group {
         let dir = tempfile::tempdir().unwrap();
-        let mut config = ClusterConfig::local(3, dir.path().to_path_buf(), free_ports());
+        let mut config = ClusterConfig::local(
+            3,
+            dir.path().to_path_buf(),
+            bourse_testkit::free_ports::<3>(),
+        );
         config.fsync = FsyncSetting::Never;
         config.orders_max = 8192;
         config.accounts_max = 1024;

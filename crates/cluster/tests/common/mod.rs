@@ -1,24 +1,14 @@
 //! Helpers shared by the cluster's behaviour tests.
 #![allow(dead_code)]
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bourse_cluster::net::NodeStatus;
 use bourse_cluster::{ClusterConfig, Node, NodeId};
 use bourse_engine::workload::FlowConfig;
-
-/// Three distinct free ports on 127.0.0.1 (bound, then released for the nodes to take).
-pub fn free_ports() -> [u16; 3] {
-    let listeners: Vec<TcpListener> = (0..3)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a free port"))
-        .collect();
-    let ports: Vec<u16> = listeners
-        .iter()
-        .map(|l| l.local_addr().expect("bound").port())
-        .collect();
-    [ports[0], ports[1], ports[2]]
-}
+/// Free ports below the ephemeral range, shared by every crate's tests.
+pub use bourse_testkit::free_ports;
 
 pub fn addrs(config: &ClusterConfig) -> Vec<(NodeId, SocketAddr)> {
     config

@@ -20,6 +20,9 @@
 //! queue), and the cores' own counters are read at the end from every replica, whose state
 //! hashes must agree.
 
+mod host;
+pub use host::{sample_of, tune_allocator};
+
 use anyhow::{anyhow, bail, Context, Result};
 use bourse_cluster::tokio;
 use bourse_cluster::{Client, ClusterConfig, FsyncSetting, Node};
@@ -574,49 +577,12 @@ async fn watch_core(
                     )
                     .await;
                     if let Ok(status) = status {
-                        metrics.observe_peer(&crate::node_monitor::sample_of(&status));
+                        metrics.observe_peer(&crate::host::sample_of(&status));
                     }
                 }
             }
         }
     }
-}
-
-/// A port that was free on 127.0.0.1 a moment ago (TCP and UDP).
-pub fn free_port() -> Result<u16> {
-    // Not a port the kernel hands out (bind to port 0 gives one from the ephemeral range, where
-    // an outgoing connection of a deployment running beside this one can take it between this
-    // probe and the node's bind): a block of one, below that range, like the feeds' ports.
-    free_port_block(1)
-}
-
-/// A block of `n` consecutive ports from `from`, free for TCP and UDP on 127.0.0.1 now.
-fn free_port_block(n: u16) -> Result<u16> {
-    // Below Linux's default ephemeral range (32768-60999): a port found free there could be
-    // taken by an outgoing connection (a node's peer or a link) before the feeds bind it,
-    // which happened in a 24-node run. Start at a pseudo-random place so that concurrent
-    // deployments (tests in parallel) rarely try the same block.
-    const RANGE_START: u16 = 10_000;
-    const RANGE_LEN: u16 = 22_000;
-    assert!(n > 0 && n < RANGE_LEN / 2, "port block of {n}");
-    let span = RANGE_LEN - n;
-    let seed = (std::process::id() as u64)
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .wrapping_add(unix_ns());
-    let mut offset = (seed % span as u64) as u16;
-    for _ in 0..200 {
-        let base = RANGE_START + offset;
-        let ok = (0..n).all(|i| {
-            let p = base + i;
-            std::net::UdpSocket::bind(("127.0.0.1", p)).is_ok()
-                && std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()
-        });
-        if ok {
-            return Ok(base);
-        }
-        offset = (offset + n + 97) % span;
-    }
-    bail!("no block of {n} free ports on 127.0.0.1")
 }
 
 fn unix_ns() -> u64 {
@@ -636,7 +602,7 @@ impl LocalDeployment {
     pub fn start(spec: DeploymentSpec) -> Result<LocalDeployment> {
         // The deployment hosts its nodes in this process: the same allocator tuning as
         // `bourse node` (see `tune_allocator`).
-        crate::cluster_cmd::tune_allocator();
+        crate::host::tune_allocator();
         if spec.markets.is_empty() {
             bail!("a deployment needs at least one market");
         }
@@ -744,7 +710,10 @@ impl LocalDeployment {
         m: &MarketSpec,
         first_order_id: u64,
     ) -> Result<Core> {
-        let ports = [free_port()?, free_port()?, free_port()?];
+        // Ports below the ephemeral range (see `bourse_testkit`): one found free by a bind to
+        // port 0 could be taken by a parallel deployment's outgoing connection.
+        let node_base = bourse_testkit::try_free_port_block(3)?;
+        let ports = [node_base, node_base + 1, node_base + 2];
         let mut config = ClusterConfig::local(
             1_000 + index as u64,
             spec.data_dir.join(format!("core-{index}-{}", m.name)),
@@ -758,7 +727,7 @@ impl LocalDeployment {
         // Snapshots of a big core are large; take them rarely in a run of minutes.
         config.snapshot_every_entries = 200_000;
         let md_base_port = if spec.market_data {
-            Some(free_port_block(40)?)
+            Some(bourse_testkit::try_free_port_block(40)?)
         } else {
             None
         };
@@ -1240,19 +1209,6 @@ impl Deployment for LocalDeployment {
     }
 }
 
-/// A leg's figures as the report's latency row.
-fn latency_of(p: Option<bourse_monitor::probe::Percentiles>) -> bourse_loadgen::results::Latency {
-    p.map_or_else(Default::default, |p| bourse_loadgen::results::Latency {
-        count: p.count,
-        mean: p.mean,
-        p50: p.p50,
-        p90: p.p90,
-        p99: p.p99,
-        p999: p.p999,
-        max: p.max,
-    })
-}
-
 /// What the deployment timed of one core's path over the run (see
 /// `bourse_loadgen::CoreTotals::stage_figures`).
 fn stage_figures(core: &Core) -> Vec<bourse_loadgen::StageFigure> {
@@ -1277,17 +1233,17 @@ fn stage_figures(core: &Core) -> Vec<bourse_loadgen::StageFigure> {
     push(
         "link_round_trip",
         "a gateway's link: command taken to its outputs handed to the gateway",
-        latency_of(legs.round_trip.percentiles()),
+        Option::unwrap_or_default(legs.round_trip.percentiles()),
     );
     push(
         "group_answer",
         "a gateway's link: command taken to the replica group's answer",
-        latency_of(legs.answered.percentiles()),
+        Option::unwrap_or_default(legs.answered.percentiles()),
     );
     push(
         "stream_after_answer",
         "a gateway's link: the group's answer to the entry on the committed stream",
-        latency_of(legs.streamed_after_answer.percentiles()),
+        Option::unwrap_or_default(legs.streamed_after_answer.percentiles()),
     );
     // The journals' fsyncs since the setup, over every replica.
     let bounds = bourse_journal::FSYNC_BUCKETS_NS;
@@ -1317,7 +1273,7 @@ fn stage_figures(core: &Core) -> Vec<bourse_loadgen::StageFigure> {
         push(
             "journal_fsync",
             "one fsync of a replica's journal",
-            latency_of(bourse_monitor::ltp::percentiles_from_buckets(
+            Option::unwrap_or_default(bourse_monitor::ltp::percentiles_from_buckets(
                 &all,
                 &cumulative,
                 sum_ns,
@@ -1330,17 +1286,17 @@ fn stage_figures(core: &Core) -> Vec<bourse_loadgen::StageFigure> {
         push(
             "quorum_append",
             "an entry's first journal append (the leader's) to its second (a quorum holds it)",
-            latency_of(t.quorum_append.percentiles()),
+            Option::unwrap_or_default(t.quorum_append.percentiles()),
         );
         push(
             "commit_apply",
             "an entry's second journal append to the first replica applying it",
-            latency_of(t.commit_apply.percentiles()),
+            Option::unwrap_or_default(t.commit_apply.percentiles()),
         );
         push(
             "replica_apply_spread",
             "how much later the last replica applied an entry than the first",
-            latency_of(t.apply_spread.percentiles()),
+            Option::unwrap_or_default(t.apply_spread.percentiles()),
         );
     }
     if let Some(md) = &core.md_counter {

@@ -29,7 +29,7 @@
 //! change, can be counted alone, e.g. for the replicated apply:
 //!
 //! ```text
-//! valgrind --tool=callgrind --toggle-collect='bourse::bench_recovery::apply_pass' \
+//! valgrind --tool=callgrind --toggle-collect='bourse::bench::recovery::apply_pass' \
 //!   ./target/release/bourse bench recovery --commands 200000 --accounts 0 --rounds 1
 //! ```
 //!
@@ -54,7 +54,7 @@ use clap::Args;
 use hdrhistogram::Histogram;
 use serde_json::json;
 
-use crate::report::{self, histogram, record, Latency, Machine};
+use super::common::{self, histogram, record, Latency, Machine};
 
 /// Hash checkpoints during replay, as the cluster's default `hash_checkpoint_every_entries`.
 const CHECKPOINT_EVERY_ENTRIES: u64 = 1_000;
@@ -98,15 +98,6 @@ pub struct RecoveryBenchArgs {
     json: bool,
 }
 
-/// A directory removed when the benchmark ends.
-struct WorkDir(PathBuf);
-
-impl Drop for WorkDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 pub fn recovery(args: RecoveryBenchArgs) -> Result<()> {
     if args.commands == 0 || args.batch == 0 || args.clients == 0 || args.rounds == 0 {
         bail!("--commands, --batch, --clients and --rounds must be positive");
@@ -122,8 +113,7 @@ pub fn recovery(args: RecoveryBenchArgs) -> Result<()> {
         bail!("--instruments must be positive and at least --positions-per-account");
     }
     let base = args.dir.clone().unwrap_or_else(std::env::temp_dir);
-    let work = WorkDir(base.join(format!("bourse-bench-recovery-{}", std::process::id())));
-    std::fs::create_dir_all(&work.0)?;
+    let work = common::ScratchDir::under(&base, "bench-recovery")?;
     let machine = Machine::this();
     if !args.json {
         println!(
@@ -131,7 +121,7 @@ pub fn recovery(args: RecoveryBenchArgs) -> Result<()> {
              start {:.2} (a shared machine: other builds and tests run beside it)",
             machine.model,
             machine.cpus,
-            report::version(),
+            common::version(),
             machine.load_average_start
         );
     }
@@ -265,8 +255,8 @@ fn replay(args: &RecoveryBenchArgs, work: &Path) -> Result<()> {
         println!(
             "\nreplay: {} commands in {} entries of {} requests from {} clients, journal {:.1} MiB \
              ({:.0} bytes per command), built in {:.1} s",
-            report::count(history.commands),
-            report::count(entries),
+            common::count(history.commands),
+            common::count(entries),
             args.batch,
             args.clients,
             journal_bytes as f64 / (1 << 20) as f64,
@@ -347,11 +337,11 @@ fn replay(args: &RecoveryBenchArgs, work: &Path) -> Result<()> {
             println!(
                 "  {:<8} {:>14} {:>10} {:>10} {:>10} {:>10}   {}",
                 f.name,
-                report::count(f.per_s().round() as u64),
-                report::ns(l.p50),
-                report::ns(l.p99),
-                report::ns(l.p999),
-                report::ns(l.max),
+                common::count(f.per_s().round() as u64),
+                common::ns(l.p50),
+                common::ns(l.p99),
+                common::ns(l.p999),
+                common::ns(l.max),
                 f.what
             );
         }
@@ -364,7 +354,7 @@ fn replay(args: &RecoveryBenchArgs, work: &Path) -> Result<()> {
 }
 
 // Each stage is a function of its own, never inlined, so that callgrind can count the
-// instructions of one stage alone (`--toggle-collect=bourse::bench_recovery::apply_pass`;
+// instructions of one stage alone (`--toggle-collect=bourse::bench::recovery::apply_pass`;
 // see the module documentation): a figure that other processes on the machine do not change.
 
 /// Opening the journal: recovery's scan of every segment.
@@ -687,11 +677,11 @@ fn snapshot(args: &RecoveryBenchArgs, work: &Path) -> Result<()> {
         println!(
             "\nsnapshot: {} accounts, {} positions over {} instruments, built in {:.1} s \
              (resident memory {:.1} GiB)",
-            report::count(u64::from(args.accounts)),
-            report::count(positions),
+            common::count(u64::from(args.accounts)),
+            common::count(positions),
             args.instruments,
             t.elapsed().as_secs_f64(),
-            report::rss_bytes() as f64 / (1u64 << 30) as f64
+            common::rss_bytes() as f64 / (1u64 << 30) as f64
         );
     }
     let times = Arc::new(FileTimes::default());
@@ -805,9 +795,9 @@ fn snapshot(args: &RecoveryBenchArgs, work: &Path) -> Result<()> {
             println!(
                 "  {:<11} {:>10} {:>10} {:>10} {:>10.0}   {}",
                 name,
-                report::ns(l.p50),
-                report::ns(l.p99),
-                report::ns(l.max),
+                common::ns(l.p50),
+                common::ns(l.p99),
+                common::ns(l.max),
                 size_bytes as f64 / 1e6 / (l.p50.max(1) as f64 / 1e9),
                 whats[i]
             );

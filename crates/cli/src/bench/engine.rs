@@ -8,7 +8,7 @@
 //! it was *scheduled*, so a stall cannot hide itself (no coordinated omission). Every replay
 //! must end in the shadow's state hash, which proves the measured runs did the same work.
 
-use crate::report::{self, histogram, record, Latency, Machine};
+use super::common::{self, histogram, record, Latency, Machine};
 use anyhow::{bail, Result};
 use bourse_core::*;
 use bourse_engine::workload::{Flow, FlowConfig};
@@ -278,7 +278,7 @@ pub fn engine(args: EngineBenchArgs) -> Result<()> {
             "bourse bench engine — one core, one thread, no I/O; {} ({} cpus), version {}",
             machine.model,
             machine.cpus,
-            report::version()
+            common::version()
         );
         println!(
             "  includes: Engine::apply (validation, risk, matching, events into a reused buffer)"
@@ -303,7 +303,7 @@ pub fn engine(args: EngineBenchArgs) -> Result<()> {
             "trades": w.trades,
             "live_orders_at_end": w.live_orders,
             "machine": machine,
-            "version": report::version(),
+            "version": common::version(),
         });
         if args.json {
             let mut o = base.clone();
@@ -317,20 +317,20 @@ pub fn engine(args: EngineBenchArgs) -> Result<()> {
         } else {
             println!(
                 "scenario {name}: {} commands, {} orders accepted, {} trades, {} orders live at the end",
-                report::count(w.commands.len() as u64),
-                report::count(w.orders_accepted),
-                report::count(w.trades),
-                report::count(w.live_orders as u64)
+                common::count(w.commands.len() as u64),
+                common::count(w.orders_accepted),
+                common::count(w.trades),
+                common::count(w.live_orders as u64)
             );
             println!(
                 "  throughput, back to back: {} commands/s",
-                report::count(tput as u64)
+                common::count(tput as u64)
             );
             println!("  service time per command (clock read around each):");
-            println!("{}", report::latency_header());
-            println!("{}", report::latency_row("all", &Latency::of(&service.all)));
+            println!("{}", common::latency_header());
+            println!("{}", common::latency_row("all", &Latency::of(&service.all)));
             for (k, l) in service.by_command() {
-                println!("{}", report::latency_row(k, &l));
+                println!("{}", common::latency_row(k, &l));
             }
         }
         for &rate in &args.rates {
@@ -347,14 +347,14 @@ pub fn engine(args: EngineBenchArgs) -> Result<()> {
             } else {
                 println!(
                     "  open loop at {} commands/s offered ({} achieved, {} commands), latency from the scheduled time:",
-                    report::count(rate),
-                    report::count(achieved as u64),
-                    report::count(n as u64)
+                    common::count(rate),
+                    common::count(achieved as u64),
+                    common::count(n as u64)
                 );
-                println!("{}", report::latency_header());
-                println!("{}", report::latency_row("all", &Latency::of(&h.all)));
+                println!("{}", common::latency_header());
+                println!("{}", common::latency_row("all", &Latency::of(&h.all)));
                 for (k, l) in h.by_command() {
-                    println!("{}", report::latency_row(k, &l));
+                    println!("{}", common::latency_row(k, &l));
                 }
             }
         }
@@ -467,12 +467,6 @@ fn monitored_run(
     core.flush();
 }
 
-/// The median of some measurements (the upper one of an even count).
-fn median<T: PartialOrd + Copy>(mut v: Vec<T>) -> T {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-    v[v.len() / 2]
-}
-
 /// Throughput and open-loop p99 with monitoring off and on, interleaved in pairs whose order
 /// alternates (off-on, on-off, …) so that drift of the machine and the position in a pair hit
 /// both alike; each figure is the median of its runs, and the spread of the pairwise changes
@@ -523,8 +517,9 @@ fn compare_monitoring(
     };
     let (t_lo, t_hi) = spread(&tput_pairs);
     let (p_lo, p_hi) = spread(&p99_pairs);
-    let (tput_off, tput_on) = (median(tput_off), median(tput_on));
-    let (p99_off, p99_on) = (median(p99_off), median(p99_on));
+    let (tput_off, tput_on) = (common::median(tput_off), common::median(tput_on));
+    let median_ns = |v: Vec<u64>| common::median(v.into_iter().map(|x| x as f64).collect()) as u64;
+    let (p99_off, p99_on) = (median_ns(p99_off), median_ns(p99_on));
     let tput_change_pct = (tput_on / tput_off - 1.0) * 100.0;
     let p99_change_pct = (p99_on as f64 / p99_off.max(1) as f64 - 1.0) * 100.0;
     let sample_every = on.map(|m| m.config().sample_every).unwrap_or(0);
@@ -550,226 +545,21 @@ fn compare_monitoring(
         );
         println!(
             "    throughput, back to back:   {:>12} vs {:>12} commands/s  ({:+.1}%; pairs {:+.1}% to {:+.1}%)",
-            report::count(tput_off as u64),
-            report::count(tput_on as u64),
+            common::count(tput_off as u64),
+            common::count(tput_on as u64),
             tput_change_pct,
             t_lo,
             t_hi
         );
         println!(
             "    open loop p99 at {:>9}/s: {:>12} vs {:>12}             ({:+.1}%; pairs {:+.1}% to {:+.1}%)",
-            report::count(rate),
-            report::ns(p99_off),
-            report::ns(p99_on),
+            common::count(rate),
+            common::ns(p99_off),
+            common::ns(p99_on),
             p99_change_pct,
             p_lo,
             p_hi
         );
     }
-    Ok(())
-}
-
-#[derive(Args)]
-pub struct CapacityArgs {
-    /// Accounts to create.
-    #[arg(long, default_value_t = 1_000_000)]
-    accounts: u32,
-    /// Positions per account (each in a different instrument).
-    #[arg(long, default_value_t = 10)]
-    positions_per_account: u32,
-    /// Instruments (at least positions-per-account).
-    #[arg(long, default_value_t = 100)]
-    instruments: u32,
-    /// Resting orders to add at the end.
-    #[arg(long, default_value_t = 1_000_000)]
-    orders: u32,
-    #[arg(long)]
-    json: bool,
-}
-
-pub fn capacity(args: CapacityArgs) -> Result<()> {
-    if args.instruments == 0 || args.positions_per_account > args.instruments {
-        bail!("--instruments must be at least --positions-per-account and positive");
-    }
-    if args.accounts == 0 {
-        bail!("--accounts must be positive");
-    }
-    let mut engine = Engine::new(EngineConfig {
-        orders_max: args.orders.max(1) + 16,
-        accounts_max: args.accounts,
-        instruments_max: args.instruments,
-        levels_per_side_hint: 64,
-        first_order_id: 1,
-    });
-    let mut events = Vec::with_capacity(64);
-    let mut ts = 1u64;
-    let mut apply = |engine: &mut Engine, body: CommandBody, events: &mut Vec<Event>| {
-        ts += 1;
-        events.clear();
-        engine.apply(&Command::new(ts, body), events);
-    };
-    let t0 = Instant::now();
-    let rss_empty = report::rss_bytes();
-    for i in 0..args.instruments {
-        apply(
-            &mut engine,
-            CommandBody::AddInstrument(bourse_engine::fixtures::equity(
-                i + 1,
-                &format!("I{i}"),
-                100_000,
-            )),
-            &mut events,
-        );
-    }
-    let rss_instruments = report::rss_bytes();
-    for a in 0..args.accounts {
-        apply(
-            &mut engine,
-            CommandBody::AddAccount(AccountSpec {
-                account: AccountId(a + 1),
-                firm: FirmId(a / 100 + 1),
-                may_short: false,
-                stp: StpMode::None,
-                stp_scope: StpScope::Account,
-            }),
-            &mut events,
-        );
-        apply(
-            &mut engine,
-            CommandBody::Deposit {
-                account: AccountId(a + 1),
-                amount: Cash(1_000_000_0000),
-            },
-            &mut events,
-        );
-    }
-    let rss_accounts = report::rss_bytes();
-    // A position record is created the first time an account orders an instrument; an order
-    // placed and cancelled leaves an empty position behind, as a day of trading would.
-    for a in 0..args.accounts {
-        for p in 0..args.positions_per_account {
-            let instrument = InstrumentId((a + p) % args.instruments + 1);
-            apply(
-                &mut engine,
-                CommandBody::NewOrder(NewOrder {
-                    account: AccountId(a + 1),
-                    cl_ord_id: ClOrdId(1),
-                    instrument,
-                    side: Side::Buy,
-                    ord_type: OrdType::Limit,
-                    price: Price(90_000),
-                    qty: Qty(1),
-                    tif: TimeInForce::Day,
-                    expire_ts_ns: 0,
-                    display_qty: Qty(0),
-                }),
-                &mut events,
-            );
-            let Some(id) = bourse_engine::fixtures::accepted_id(&events) else {
-                bail!("capacity order rejected: {events:?}");
-            };
-            apply(
-                &mut engine,
-                CommandBody::Cancel(Cancel {
-                    account: AccountId(a + 1),
-                    cl_ord_id: ClOrdId(0),
-                    target: OrderRef {
-                        order_id: Some(id),
-                        orig_cl_ord_id: None,
-                    },
-                }),
-                &mut events,
-            );
-        }
-    }
-    let rss_positions = report::rss_bytes();
-    for n in 0..args.orders {
-        let a = n % args.accounts;
-        apply(
-            &mut engine,
-            CommandBody::NewOrder(NewOrder {
-                account: AccountId(a + 1),
-                cl_ord_id: ClOrdId(10 + n as u64),
-                instrument: InstrumentId(n % args.instruments + 1),
-                side: Side::Buy,
-                ord_type: OrdType::Limit,
-                price: Price(90_000 + (n as i64 / args.instruments as i64) % 9_000),
-                qty: Qty(1),
-                tif: TimeInForce::Gtc,
-                expire_ts_ns: 0,
-                display_qty: Qty(0),
-            }),
-            &mut events,
-        );
-    }
-    let rss_orders = report::rss_bytes();
-    let elapsed = t0.elapsed();
-    if engine.live_orders() != args.orders as usize {
-        bail!(
-            "only {} of {} orders rest",
-            engine.live_orders(),
-            args.orders
-        );
-    }
-    let positions = args.accounts as u64 * args.positions_per_account as u64;
-    let per = |bytes: u64, n: u64| if n == 0 { 0.0 } else { bytes as f64 / n as f64 };
-    let per_account = per(
-        rss_accounts.saturating_sub(rss_instruments),
-        args.accounts as u64,
-    );
-    let per_position = per(rss_positions.saturating_sub(rss_accounts), positions);
-    let per_order = per(rss_orders.saturating_sub(rss_positions), args.orders as u64);
-    let snapshot_t0 = Instant::now();
-    let snapshot = engine.snapshot();
-    let snapshot_ms = snapshot_t0.elapsed().as_millis() as u64;
-    let result = json!({
-        "bench": "capacity",
-        "accounts": args.accounts,
-        "positions": positions,
-        "resting_orders": args.orders,
-        "instruments": args.instruments,
-        "bytes_per_account": per_account.round() as u64,
-        "bytes_per_position": per_position.round() as u64,
-        "bytes_per_resting_order": per_order.round() as u64,
-        "rss_bytes": rss_orders,
-        "rss_bytes_empty": rss_empty,
-        "snapshot_bytes": snapshot.len(),
-        "snapshot_ms": snapshot_ms,
-        "build_seconds": elapsed.as_secs_f64(),
-        "machine": Machine::this(),
-        "version": report::version(),
-    });
-    if args.json {
-        println!("{result}");
-        return Ok(());
-    }
-    let gib = |b: f64| b / (1u64 << 30) as f64;
-    println!("bourse bench capacity — memory measured as growth of resident memory (RSS)");
-    println!(
-        "  {} accounts, {} positions, {} resting orders over {} instruments, built in {:.1} s",
-        report::count(args.accounts as u64),
-        report::count(positions),
-        report::count(args.orders as u64),
-        args.instruments,
-        elapsed.as_secs_f64()
-    );
-    println!(
-        "  per account:        {per_account:>8.0} bytes   (4,000,000 accounts, SPECTRA: {:.2} GiB)",
-        gib(per_account * 4e6)
-    );
-    println!(
-        "  per position:       {per_position:>8.0} bytes   (100,000,000 positions, LTP: {:.2} GiB)",
-        gib(per_position * 1e8)
-    );
-    println!(
-        "  per resting order:  {per_order:>8.0} bytes   (1,000,000 orders: {:.2} GiB)",
-        gib(per_order * 1e6)
-    );
-    println!(
-        "  resident in all: {:.2} GiB; snapshot {:.1} MiB written in {} ms",
-        gib(rss_orders as f64),
-        snapshot.len() as f64 / (1 << 20) as f64,
-        snapshot_ms
-    );
     Ok(())
 }

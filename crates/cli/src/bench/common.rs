@@ -1,0 +1,147 @@
+//! What the benchmarks share: the latency summary and its histogram, the machine's
+//! description, the table rows that print a summary, the loopback TCP echo every network
+//! figure is compared with, the median of repeated runs, free ports for benchmark nodes and a
+//! scratch directory removed afterwards.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{anyhow, Context, Result};
+use hdrhistogram::Histogram;
+
+pub use crate::report::{count, ns, rss_bytes, version, Machine};
+pub use bourse_latency::{histogram, record, Latency};
+
+/// Round trips of the loopback echo baseline.
+pub const ECHO_ROUND_TRIPS: u32 = 20_000;
+
+/// A plain TCP echo of 64-byte messages on loopback, one at a time: the floor every
+/// door-to-door figure is compared with.
+pub fn echo_baseline() -> Result<Histogram<u64>> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let server = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = listener.accept()?;
+        s.set_nodelay(true)?;
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = s.read(&mut buf)?;
+            if n == 0 {
+                return Ok(());
+            }
+            s.write_all(&buf[..n])?;
+        }
+    });
+    let mut c = TcpStream::connect(addr)?;
+    c.set_nodelay(true)?;
+    let msg = [7u8; 64];
+    let mut back = [0u8; 64];
+    let mut h = histogram();
+    for _ in 0..ECHO_ROUND_TRIPS {
+        let t = Instant::now();
+        c.write_all(&msg)?;
+        c.read_exact(&mut back)?;
+        record(&mut h, t.elapsed().as_nanos() as u64);
+    }
+    drop(c);
+    server
+        .join()
+        .map_err(|_| anyhow!("echo server panicked"))??;
+    Ok(h)
+}
+
+/// The median of some measurements (the mean of the middle two of an even count; 0 for none).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Three consecutive free ports on 127.0.0.1 for a benchmark's replica group (below the
+/// ephemeral range, see `bourse_testkit`).
+pub fn free_ports() -> Result<[u16; 3]> {
+    let base = bourse_testkit::try_free_port_block(3)?;
+    Ok([base, base + 1, base + 2])
+}
+
+/// A scratch directory under the system's temporary directory, removed when dropped.
+pub struct ScratchDir(pub PathBuf);
+
+impl ScratchDir {
+    /// `bourse-<name>-<pid>-<ns>` in the system's temporary directory.
+    pub fn new(name: &str) -> Result<ScratchDir> {
+        ScratchDir::under(&std::env::temp_dir(), name)
+    }
+
+    /// `bourse-<name>-<pid>-<ns>` in `base`: unique per run, so that runs side by side do not
+    /// collide.
+    pub fn under(base: &std::path::Path, name: &str) -> Result<ScratchDir> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let dir = base.join(format!("bourse-{name}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(ScratchDir(dir))
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One row of a latency table: name, count, p50 … max.
+pub fn latency_row(name: &str, l: &Latency) -> String {
+    format!(
+        "  {:<12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        name,
+        count(l.count),
+        ns(l.p50),
+        ns(l.p90),
+        ns(l.p99),
+        ns(l.p999),
+        ns(l.p9999),
+        ns(l.max)
+    )
+}
+
+/// The header over [`latency_row`]s.
+pub fn latency_header() -> String {
+    format!(
+        "  {:<12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "command", "count", "p50", "p90", "p99", "p99.9", "p99.99", "max"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(Vec::new()), 0.0);
+    }
+
+    #[test]
+    fn the_echo_baseline_times_every_round_trip() {
+        let h = echo_baseline().unwrap();
+        assert_eq!(h.len(), ECHO_ROUND_TRIPS as u64);
+    }
+
+    #[test]
+    fn a_scratch_dir_is_removed_when_dropped() {
+        let d = ScratchDir::new("common-test").unwrap();
+        let path = d.0.clone();
+        assert!(path.is_dir());
+        drop(d);
+        assert!(!path.exists());
+    }
+}

@@ -1,0 +1,51 @@
+//! `bourse bench ...`: one module per benchmark. Each measures with HDR histograms, prints p50
+//! to max and, with `--json`, one JSON object per scenario (BENCHMARKS.md quotes them);
+//! latency in open-loop runs counts from the scheduled send time. What they share (the
+//! latency summary, table rows, the loopback echo baseline, medians, free ports, scratch
+//! directories) is in `common`.
+
+mod capacity;
+mod cluster;
+mod common;
+mod engine;
+mod gateway;
+mod journal;
+mod marketdata;
+mod recovery;
+
+use anyhow::Result;
+use clap::Subcommand;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// One core in-process on one thread, no I/O: throughput and latency per command type.
+    Engine(engine::EngineBenchArgs),
+    /// Memory per account, per position and per resting order at the seeds' scale.
+    Capacity(capacity::CapacityArgs),
+    /// Journal appends per fsync mode: records/s, MB/s and fsync latency.
+    Journal(journal::JournalBenchArgs),
+    /// Three local nodes on loopback: replicated commands/s and commit latency per fsync mode,
+    /// beside a TCP echo round trip; replay speed.
+    Cluster(cluster::ClusterBenchArgs),
+    /// Market data publication delay, top-20 book delay and bandwidth over loopback UDP.
+    Marketdata(marketdata::BenchArgs),
+    /// Door-to-door round trips through the FIX and binary gateways over loopback, open loop
+    /// and at saturation, beside a TCP echo round trip.
+    Gateway(gateway::GatewayBenchArgs),
+    /// A node's recovery: journal replay (commands/s, read and apply apart) and snapshot
+    /// size, write, fsync and restore time for 1M accounts and 10M positions.
+    Recovery(recovery::RecoveryBenchArgs),
+}
+
+/// Runs one benchmark.
+pub fn run(command: BenchCommand) -> Result<()> {
+    match command {
+        BenchCommand::Engine(args) => engine::engine(args),
+        BenchCommand::Capacity(args) => capacity::capacity(args),
+        BenchCommand::Journal(args) => journal::bench(args),
+        BenchCommand::Cluster(args) => cluster::bench(args),
+        BenchCommand::Marketdata(args) => marketdata::bench(args),
+        BenchCommand::Gateway(args) => gateway::bench(args),
+        BenchCommand::Recovery(args) => recovery::recovery(args),
+    }
+}
