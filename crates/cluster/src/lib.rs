@@ -42,8 +42,10 @@
 //! after the entry holding it was committed on a quorum (each member's journal append counted
 //! under its fsync mode) and applied by the leader's state machine.
 
+pub mod archive;
 pub mod batch;
 pub mod client;
+pub mod consumer;
 pub mod events;
 pub mod hooks;
 pub mod marketdata;
@@ -57,6 +59,7 @@ pub mod stream;
 
 pub use batch::{ClientRequest, LogCommand};
 pub use client::{Acknowledged, Client, ClientError};
+pub use consumer::{EntryView, RequestView, StreamConsumer};
 pub use node::{ClusterConfig, FsyncSetting, Node, NodeAddr};
 pub use state::{Outcome, OutcomeKind, ReplicatedState};
 pub use storage::{LogStore, StateMachineStore};

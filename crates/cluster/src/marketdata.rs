@@ -72,7 +72,8 @@ use bourse_marketdata::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::state::OutcomeKind;
+use crate::archive::StreamArchive;
+use crate::consumer::{RequestView, StreamConsumer};
 use crate::stream::{CommittedEntry, StreamError};
 
 fn d_base_port() -> u16 {
@@ -591,13 +592,21 @@ impl NodeFeed {
         self.next_index += 1;
         self.status.next_index = self.next_index;
         self.events.clear();
-        for r in &entry.requests {
-            if r.kind != OutcomeKind::Applied || r.events.is_empty() {
+        for r in entry.requests.iter().map(RequestView::new) {
+            if !r.applied_here() {
                 continue;
             }
-            match crate::batch::decode_events(&r.events) {
-                Ok(events) => self.events.extend_from_slice(&events),
-                Err(_) => self.status.undecodable_events += 1,
+            let start = self.events.len();
+            for e in r.events() {
+                match e {
+                    Ok(e) => self.events.push(e),
+                    Err(_) => {
+                        // The whole request's events or none: a half list would number
+                        // messages no other replica numbers.
+                        self.events.truncate(start);
+                        self.status.undecodable_events += 1;
+                    }
+                }
             }
         }
         if self.events.is_empty() {
@@ -660,6 +669,7 @@ impl MarketDataService {
         let id = node.id();
         let metrics = node.raft().metrics();
         let sm = node.state_machine().clone();
+        let archive = node.archive().cloned();
         // The publication delay (`md_published`) goes into the node's stage histograms.
         let stages = node.stages().clone();
         let status = Arc::new(Mutex::new(feed.status()));
@@ -684,6 +694,7 @@ impl MarketDataService {
                     config,
                     metrics,
                     sm,
+                    archive,
                     sink,
                     replay_addr,
                     status2,
@@ -733,50 +744,35 @@ fn is_leader(
     m.state == openraft::ServerState::Leader && m.current_leader == Some(id)
 }
 
-/// Starts (or restarts) a feed where the replicated state's numbering stands, subscribed to
-/// the committed stream right after it. Taken under the state machine's lock, so no entry
-/// falls between the state and the subscription. A state without the numbering (taken
-/// before market data was configured) can only be followed from index 1.
+/// Starts (or restarts) a feed where the replicated state's numbering stands, with a
+/// consumer of the committed stream right after it. Taken under the state machine's lock
+/// (the consumer subscribes at once), so no entry falls between the state and the
+/// consumer. A state without the numbering (taken before market data was configured) can
+/// only be followed from index 1.
 async fn attach(
     sm: &crate::StateMachineStore,
+    archive: &Option<StreamArchive>,
     config: &PublisherConfig,
-) -> (NodeFeed, Option<crate::stream::Subscription>) {
+) -> (NodeFeed, Option<StreamConsumer>) {
     let stream = sm.stream().clone();
     let resumed = sm
         .with_state(|s| {
             s.marketdata().map(|md| {
                 let (index, state) = md.checkpoint();
-                (index, state, stream.subscribe(index + 1))
+                let consumer = StreamConsumer::local(stream.clone(), archive.clone(), index + 1);
+                (index, state, consumer)
             })
         })
         .await;
     match resumed {
-        Some((index, state, Ok(subscription))) => (
+        Some((index, state, consumer)) => (
             NodeFeed::resume(config.clone(), index, state),
-            Some(subscription),
+            Some(consumer),
         ),
-        Some((index, _, Err(e))) => {
-            // Unreachable in practice: the stream's next index is the state's, under the lock.
-            let mut feed = NodeFeed::new(config.clone());
-            feed.detach(format!(
-                "the committed stream cannot follow the state's index {index}: {e}"
-            ));
-            (feed, None)
-        }
-        None => {
-            let mut feed = NodeFeed::new(config.clone());
-            match sm.stream().subscribe(1) {
-                Ok(s) => (feed, Some(s)),
-                Err(e) => {
-                    feed.detach(format!(
-                        "the replicated state keeps no market data numbering (its snapshot \
-                         predates [marketdata]) and the committed stream does not reach back \
-                         to index 1 ({e}): this node's feed stays standby-only"
-                    ));
-                    (feed, None)
-                }
-            }
-        }
+        None => (
+            NodeFeed::new(config.clone()),
+            Some(StreamConsumer::local(stream, archive.clone(), 1)),
+        ),
     }
 }
 
@@ -788,6 +784,7 @@ async fn run(
         openraft::RaftMetrics<crate::NodeId, openraft::BasicNode>,
     >,
     sm: crate::StateMachineStore,
+    archive: Option<StreamArchive>,
     mut sink: UdpSink,
     replay_addr: SocketAddr,
     status: Arc<Mutex<FeedStatus>>,
@@ -802,7 +799,7 @@ async fn run(
     let mut replay_tried: Option<Instant> = None;
     let mut last_tick_ns = 0u64;
     let mut metrics_open = true;
-    let (mut feed, mut subscription) = attach(&sm, &config).await;
+    let (mut feed, mut subscription) = attach(&sm, &archive, &config).await;
     let mut resyncs: u64 = 0;
     feed.set_leader(is_leader(&metrics.borrow(), id));
     loop {
@@ -814,7 +811,7 @@ async fn run(
         let entry = tokio::select! {
             r = async {
                 match subscription.as_mut() {
-                    Some(s) => Some(s.recv().await),
+                    Some(s) => Some(s.next().await),
                     None => std::future::pending().await,
                 }
             } => r,
@@ -834,11 +831,11 @@ async fn run(
         match entry {
             Some(Ok(entry)) => {
                 let sent_before = feed.publisher().counters(Channel::Orders).packets_sent;
-                let added = feed.on_entry(&entry, now_ns(), &mut sink).to_vec();
+                let added = feed.on_entry(entry.entry(), now_ns(), &mut sink).to_vec();
                 if orders_online
                     && feed.publisher().counters(Channel::Orders).packets_sent != sent_before
                 {
-                    stages.on_md_published(entry.index);
+                    stages.on_md_published(entry.index());
                 }
                 if !added.is_empty() {
                     let defs: Vec<Instrument> = sm
@@ -859,15 +856,16 @@ async fn run(
                 subscription = None;
             }
             Some(Err(e)) => {
-                // Entries were lost to this feed (it lagged, or the node installed a
-                // snapshot): start again from the replicated state's numbering, which
-                // continues exactly where every other replica's feed stands. Packets of the
-                // skipped entries were never sent by this node; a subscriber recovers them
-                // by replay or from the snapshot loop. The replay service restarts with the
-                // new publisher's history.
+                // Entries were lost to this feed (the node installed a snapshot across its
+                // position, or its position is older than the ring and the archive: a
+                // consumer that merely lagged caught up by itself): start again from the
+                // replicated state's numbering, which continues exactly where every other
+                // replica's feed stands. Packets of the skipped entries were never sent by
+                // this node; a subscriber recovers them by replay or from the snapshot loop.
+                // The replay service restarts with the new publisher's history.
                 eprintln!("bourse node {id}: market data: {e}; resuming from the state");
                 let leader = feed.leader;
-                let (f, sub) = attach(&sm, &config).await;
+                let (f, sub) = attach(&sm, &archive, &config).await;
                 feed = f;
                 subscription = sub;
                 resyncs += 1;
@@ -933,6 +931,7 @@ async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::OutcomeKind;
     use crate::stream::CommittedRequest;
     use bourse_core::Command;
     use bourse_engine::workload::{Flow, FlowConfig};

@@ -62,8 +62,12 @@ pub enum StreamError {
     Gap { expected: u64, next: u64 },
     /// The node stopped.
     Closed,
-    /// The node would not start another subscription (a limit).
+    /// The node would not start another subscription (a limit), or could not read its
+    /// stream archive.
     Refused(String),
+    /// No node sent the next entry for a while (a remote [`crate::consumer::StreamConsumer`]
+    /// tried each in turn).
+    Unreachable(String),
 }
 
 impl std::fmt::Display for StreamError {
@@ -86,6 +90,7 @@ impl std::fmt::Display for StreamError {
             ),
             StreamError::Closed => write!(f, "the node stopped"),
             StreamError::Refused(why) => write!(f, "subscription refused: {why}"),
+            StreamError::Unreachable(why) => write!(f, "stream unreachable: {why}"),
         }
     }
 }
