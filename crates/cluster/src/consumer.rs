@@ -35,6 +35,9 @@ use crate::stream::{CommittedEntry, CommittedRequest, CommittedStream, StreamErr
 /// How long a remote consumer keeps trying the nodes, without receiving anything, before it
 /// gives up with [`StreamError::Unreachable`].
 pub const RECONNECT_TIMEOUT_MS_DEFAULT: u64 = 15_000;
+/// How long an in-process consumer behind the ring waits for the archive's writer to write
+/// the entry at its position before it gives up with [`StreamError::TooOld`].
+const ARCHIVE_WAIT_MS_MAX: u64 = 5_000;
 /// The pause between two connection attempts once every node failed in turn.
 const RECONNECT_PAUSE_MS: u64 = 50;
 
@@ -194,6 +197,8 @@ pub struct StreamConsumer {
     source: Source,
     pending: VecDeque<Arc<CommittedEntry>>,
     status: ConsumerStatus,
+    /// Since when the archive has not yet had the entry at the position.
+    archive_wait: Option<Instant>,
 }
 
 impl StreamConsumer {
@@ -213,6 +218,7 @@ impl StreamConsumer {
                 live,
             },
             pending: VecDeque::new(),
+            archive_wait: None,
             status: ConsumerStatus {
                 position,
                 ..ConsumerStatus::default()
@@ -233,6 +239,7 @@ impl StreamConsumer {
                 failing_since: None,
             },
             pending: VecDeque::new(),
+            archive_wait: None,
             status: ConsumerStatus {
                 position,
                 ..ConsumerStatus::default()
@@ -329,13 +336,21 @@ impl StreamConsumer {
                     };
                     let entries = archive.read(position, READ_ENTRIES_MAX)?;
                     if entries.is_empty() {
-                        // Neither the ring nor the archive has it (the archive restarted
-                        // after it): it is lost to this node.
-                        return Err(StreamError::TooOld {
-                            from_index: position,
-                            oldest_kept,
-                        });
+                        // The archive's writer has not written it yet (it still holds it in
+                        // its own subscription), or it restarted past it, which the next
+                        // read reports as TooOld. Wait for one or the other, a while.
+                        let since = *self.archive_wait.get_or_insert_with(Instant::now);
+                        if since.elapsed() > Duration::from_millis(ARCHIVE_WAIT_MS_MAX) {
+                            self.archive_wait = None;
+                            return Err(StreamError::TooOld {
+                                from_index: position,
+                                oldest_kept,
+                            });
+                        }
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        return Ok(None);
                     }
+                    self.archive_wait = None;
                     self.status.entries_from_disk += entries.len() as u64;
                     self.pending.extend(entries);
                 }
