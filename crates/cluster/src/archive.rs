@@ -47,7 +47,14 @@ const REQUESTS_PER_ENTRY_MAX: usize = 1 << 20;
 /// Encodes one committed entry's requests (the index is the record's own).
 pub fn encode_entry(entry: &CommittedEntry) -> Vec<u8> {
     let bytes: usize = entry.requests.iter().map(|r| 30 + r.events.len()).sum();
-    let mut w = Writer::with_capacity(4 + bytes);
+    let mut w = Writer::with_capacity(13 + bytes);
+    match entry.market_data_flush_ns {
+        None => w.u8(0),
+        Some(ns) => {
+            w.u8(1);
+            w.u64(ns);
+        }
+    }
     w.u32(entry.requests.len() as u32);
     for r in &entry.requests {
         w.u64(r.client_id);
@@ -70,6 +77,11 @@ pub fn encode_entry(entry: &CommittedEntry) -> Vec<u8> {
 /// Reads what [`encode_entry`] wrote for the entry at `index`; refuses anything else.
 pub fn decode_entry(index: u64, bytes: &[u8]) -> Result<CommittedEntry, DecodeError> {
     let mut r = Reader::new(bytes);
+    let market_data_flush_ns = match r.u8()? {
+        0 => None,
+        1 => Some(r.u64()?),
+        _ => return Err(r.error("bad market data flush flag")),
+    };
     let count = r.u32()? as usize;
     // Each request takes at least 21 bytes (two u64, the kind, an empty byte string's length).
     if count > REQUESTS_PER_ENTRY_MAX || count > r.remaining() / 21 {
@@ -96,7 +108,11 @@ pub fn decode_entry(index: u64, bytes: &[u8]) -> Result<CommittedEntry, DecodeEr
         });
     }
     r.expect_end()?;
-    Ok(CommittedEntry { index, requests })
+    Ok(CommittedEntry {
+        index,
+        requests,
+        market_data_flush_ns,
+    })
 }
 
 struct Inner {
@@ -415,6 +431,7 @@ mod tests {
                     events: vec![index as u8; k as usize * 3],
                 })
                 .collect(),
+            market_data_flush_ns: (index % 4 == 0).then_some(index * 1_000),
         }
     }
 
@@ -432,6 +449,7 @@ mod tests {
         #[test]
         fn an_entry_round_trips(
             index in any::<u64>(),
+            market_data_flush_ns in proptest::option::of(any::<u64>()),
             requests in proptest::collection::vec(
                 (any::<u64>(), any::<u64>(), kind(), proptest::collection::vec(any::<u8>(), 0..40)),
                 0..8,
@@ -445,6 +463,7 @@ mod tests {
                         client_id, request_seq, kind, events,
                     })
                     .collect(),
+                market_data_flush_ns,
             };
             prop_assert_eq!(decode_entry(index, &encode_entry(&e)).unwrap(), e);
         }

@@ -61,6 +61,12 @@ impl EntryView {
         self.0.requests.iter().map(RequestView)
     }
 
+    /// The time of a market data idle flush entry (see `crate::marketdata`); `None` for
+    /// every other entry.
+    pub fn market_data_flush_ns(&self) -> Option<u64> {
+        self.0.market_data_flush_ns
+    }
+
     /// The entry as stored (for a service that forwards it whole).
     pub fn entry(&self) -> &CommittedEntry {
         &self.0
@@ -484,6 +490,7 @@ mod tests {
                 kind: OutcomeKind::Applied,
                 events: crate::events::encode(&events),
             }],
+            market_data_flush_ns: None,
         }
     }
 

@@ -106,6 +106,8 @@ pub const REPLAY_HISTORY_BYTES_LIMIT: usize = 1 << 30;
 const REPLAY_BIND_RETRY_MS: u64 = 100;
 /// Smallest pause between two duty cycles ([`Publisher::tick`]) while entries stream in.
 const TICK_INTERVAL_NS: u64 = 200_000;
+/// A leader whose idle flush entry was not applied within this long proposes another.
+const FLUSH_REPROPOSE_NS: u64 = 50_000_000;
 
 /// The `[marketdata]` section of the cluster configuration.
 ///
@@ -302,6 +304,8 @@ impl MarketDataSection {
             replay_history_bytes: self.replay_history_bytes,
             snapshot_interval_ns: self.snapshot_interval_us * 1_000,
             instruments_interval_ns: self.instruments_interval_ms * 1_000_000,
+            // Idle flushes are log entries the leader proposes (see the module documentation).
+            idle_flush_by_clock: false,
             ..PublisherConfig::default()
         }
     }
@@ -329,6 +333,10 @@ pub struct FeedStatus {
     pub replay_listening: bool,
     /// Times the feed lost entries of its stream and restarted from the replicated state.
     pub resyncs: u64,
+    /// Idle flush entries applied (see the module documentation).
+    pub idle_flushes: u64,
+    /// Idle flush entries this node proposed while it led.
+    pub idle_flushes_proposed: u64,
 }
 
 /// Version byte of [`FeedNumbering`]'s encoding inside the replicated state's snapshot.
@@ -401,6 +409,11 @@ impl FeedNumbering {
                 self.publisher.add_instrument(def.clone());
             }
         }
+    }
+
+    /// A market data idle flush entry: closes what every replica's publisher closes.
+    pub fn idle_flush(&mut self, now_ns: u64) {
+        self.publisher.idle_flush(now_ns, &mut NoSink);
     }
 
     /// Every entry, of any kind, once applied.
@@ -483,6 +496,7 @@ fn numbering_config(config: &PublisherConfig) -> PublisherConfig {
         modes: config.modes,
         session_id: config.session_id,
         replay_history_packets: 0,
+        idle_flush_by_clock: false,
         ..PublisherConfig::default()
     }
 }
@@ -591,6 +605,11 @@ impl NodeFeed {
         }
         self.next_index += 1;
         self.status.next_index = self.next_index;
+        if let Some(flush_ns) = entry.market_data_flush_ns {
+            self.publisher.idle_flush(flush_ns, sink);
+            self.status.idle_flushes += 1;
+            return &self.added;
+        }
         self.events.clear();
         for r in entry.requests.iter().map(RequestView::new) {
             if !r.applied_here() {
@@ -668,6 +687,7 @@ impl MarketDataService {
         let feed = NodeFeed::new(config.clone());
         let id = node.id();
         let metrics = node.raft().metrics();
+        let raft = node.raft().clone();
         let sm = node.state_machine().clone();
         let archive = node.archive().cloned();
         // The publication delay (`md_published`) goes into the node's stage histograms.
@@ -692,6 +712,7 @@ impl MarketDataService {
                 rt.block_on(run(
                     id,
                     config,
+                    raft,
                     metrics,
                     sm,
                     archive,
@@ -780,6 +801,7 @@ async fn attach(
 async fn run(
     id: crate::NodeId,
     config: PublisherConfig,
+    raft: crate::Raft,
     mut metrics: tokio::sync::watch::Receiver<
         openraft::RaftMetrics<crate::NodeId, openraft::BasicNode>,
     >,
@@ -801,6 +823,7 @@ async fn run(
     let mut metrics_open = true;
     let (mut feed, mut subscription) = attach(&sm, &archive, &config).await;
     let mut resyncs: u64 = 0;
+    let mut flush_proposed_ns: Option<u64> = None;
     feed.set_leader(is_leader(&metrics.borrow(), id));
     loop {
         if *stop.borrow() {
@@ -830,6 +853,9 @@ async fn run(
         };
         match entry {
             Some(Ok(entry)) => {
+                if entry.market_data_flush_ns().is_some() {
+                    flush_proposed_ns = None;
+                }
                 let sent_before = feed.publisher().counters(Channel::Orders).packets_sent;
                 let added = feed.on_entry(entry.entry(), now_ns(), &mut sink).to_vec();
                 if orders_online
@@ -880,6 +906,19 @@ async fn run(
         if now.saturating_sub(last_tick_ns) >= TICK_INTERVAL_NS {
             last_tick_ns = now;
             feed.tick(now, &mut sink);
+            // The leader proposes the idle flush as a log entry, so that every replica closes
+            // the same packets at the same point of the log; one at a time.
+            if feed.is_active()
+                && feed.publisher().idle_flush_due(now)
+                && flush_proposed_ns.is_none_or(|t| now.saturating_sub(t) >= FLUSH_REPROPOSE_NS)
+            {
+                flush_proposed_ns = Some(now);
+                feed.status.idle_flushes_proposed += 1;
+                // Fire and forget: if leadership is lost, the next leader proposes its own.
+                let _ = raft
+                    .client_write_ff(crate::batch::LogCommand::MarketDataFlush { now_ns: now })
+                    .await;
+            }
             // The replay services listen only while this node's feed sends.
             if feed.is_active() {
                 let due = replay_tried
@@ -941,6 +980,16 @@ mod tests {
     /// Committed entries of a seeded flow: `per_entry` commands per entry, each command its own
     /// request; every fifth entry also repeats its first request as a duplicate.
     fn entries(count: usize, per_entry: usize) -> Vec<CommittedEntry> {
+        entries_with_idle(count, per_entry, None)
+    }
+
+    /// As [`entries`]; with `idle_every: Some(n)`, every n entries the flow pauses for 5 ms
+    /// and the log holds the idle flush entry a leader proposes 3 ms into the pause.
+    fn entries_with_idle(
+        count: usize,
+        per_entry: usize,
+        idle_every: Option<usize>,
+    ) -> Vec<CommittedEntry> {
         let fc = FlowConfig::three_markets(50, 3);
         let mut flow = Flow::new(fc);
         let mut engine = Engine::new(EngineConfig::default());
@@ -961,9 +1010,19 @@ mod tests {
         out.push(CommittedEntry {
             index,
             requests: std::mem::take(&mut requests),
+            market_data_flush_ns: None,
         });
         for e in 0..count {
             index += 1;
+            if idle_every.is_some_and(|n| e > 0 && e % n == 0) {
+                out.push(CommittedEntry {
+                    index,
+                    requests: Vec::new(),
+                    market_data_flush_ns: Some(ts + 3_000_000),
+                });
+                index += 1;
+                ts += 5_000_000;
+            }
             for _ in 0..per_entry {
                 ts += 10_000;
                 let body = flow.next_command();
@@ -985,6 +1044,7 @@ mod tests {
             out.push(CommittedEntry {
                 index,
                 requests: std::mem::take(&mut requests),
+                market_data_flush_ns: None,
             });
         }
         out
@@ -1033,6 +1093,79 @@ mod tests {
             plain.on_entry(&e, 5, &mut nowhere);
         }
         assert_eq!(plain.status().next_seq, seqs[0]);
+    }
+
+    #[test]
+    fn in_1ms_mode_idle_flushes_from_the_log_keep_every_replica_byte_identical_across_a_failover() {
+        let log = entries_with_idle(300, 3, Some(20));
+        let flushes: Vec<usize> = (0..log.len())
+            .filter(|&k| log[k].market_data_flush_ns.is_some())
+            .collect();
+        assert!(flushes.len() >= 10);
+        let config = MarketDataSection {
+            modes: ["orders", "trades", "book", "statistics"]
+                .iter()
+                .map(|c| (c.to_string(), "1ms".to_string()))
+                .collect(),
+            ..MarketDataSection::default()
+        }
+        .publisher_config();
+        assert!(!config.idle_flush_by_clock);
+        // Three replicas with a failover right after an idle flush, a reference feed that
+        // leads throughout, and the replicated state's numbering.
+        let mut feeds: Vec<NodeFeed> = (0..4).map(|_| NodeFeed::new(config.clone())).collect();
+        let mut sinks: Vec<VecSink> = (0..4).map(|_| VecSink::default()).collect();
+        let mut numbering = FeedNumbering::new(&config);
+        feeds[0].set_leader(true);
+        feeds[3].set_leader(true);
+        let failover = flushes[flushes.len() / 2] + 1;
+        let mut flushed_packets = 0;
+        for (k, entry) in log.iter().enumerate() {
+            if k == failover {
+                feeds[0].set_leader(false);
+                feeds[2].set_leader(true);
+            }
+            let before = sinks[3].packets.len();
+            for (f, s) in feeds.iter_mut().zip(sinks.iter_mut()) {
+                f.on_entry(entry, 7, s);
+            }
+            match entry.market_data_flush_ns {
+                Some(ns) => {
+                    numbering.idle_flush(ns);
+                    flushed_packets += sinks[3].packets.len() - before;
+                }
+                None => {
+                    for r in entry
+                        .requests
+                        .iter()
+                        .filter(|r| r.kind == OutcomeKind::Applied)
+                    {
+                        numbering.push_events(&crate::batch::decode_events(&r.events).unwrap());
+                    }
+                    numbering.end_entry(&Engine::new(EngineConfig::default()));
+                }
+            }
+            // A duty cycle long after the interval: no replica closes packets by its clock.
+            if k == 30 {
+                let seqs = feeds[3].status().next_seq;
+                feeds[3].tick(10_000_000_000, &mut VecSink::default());
+                assert_eq!(feeds[3].status().next_seq, seqs);
+            }
+        }
+        assert!(flushed_packets > 0, "the idle flush entries closed packets");
+        assert!(sinks[1].packets.is_empty(), "a follower sends nothing");
+        let seqs: Vec<_> = feeds.iter().map(|f| f.status().next_seq).collect();
+        assert!(seqs.windows(2).all(|w| w[0] == w[1]), "{seqs:?}");
+        for c in Channel::ALL.into_iter().filter(|c| c.is_incremental()) {
+            assert_eq!(numbering.next_seq(c), seqs[0][c.index()], "{c:?}");
+        }
+        // The old leader's packets then the new leader's are, byte for byte, what one
+        // leader sends for the whole log: MsgSeqNum and RptSeq continue with no reset.
+        let mut sent = incremental(&sinks[0], 0);
+        sent.extend(incremental(&sinks[2], 0));
+        let reference = incremental(&sinks[3], 0);
+        assert!(reference.len() > 50, "{} packets", reference.len());
+        assert_eq!(sent, reference);
     }
 
     /// Packets of the incremental channels, as (channel, bytes).
@@ -1109,6 +1242,7 @@ mod tests {
                         events: o.events.clone(),
                     })
                     .collect(),
+                market_data_flush_ns: None,
             };
             let added = full.on_entry(&entry, 5, &mut full_sink).to_vec();
             for id in added {

@@ -48,6 +48,9 @@ pub struct CommittedEntry {
     pub index: u64,
     /// The requests of a batch entry in log order; empty for other entries.
     pub requests: Vec<CommittedRequest>,
+    /// A market data idle flush entry: the time it closes the idle 1 ms / 15 ms channels at
+    /// (`LogCommand::MarketDataFlush`); `None` for every other entry.
+    pub market_data_flush_ns: Option<u64>,
 }
 
 /// Why a subscription could not start or had to end.
@@ -282,6 +285,7 @@ mod tests {
                 kind: OutcomeKind::Applied,
                 events: vec![index as u8],
             }],
+            market_data_flush_ns: None,
         }
     }
 

@@ -452,6 +452,7 @@ async fn frames_that_are_not_the_entry_due_are_refused_and_another_node_is_asked
         body: Response::Committed(CommittedEntry {
             index: 7,
             requests: Vec::new(),
+            market_data_flush_ns: None,
         }),
     });
     let mut garbage = wrong.clone();
