@@ -4,49 +4,59 @@
 //!
 //! # Numbering is a function of the log
 //!
-//! [`NodeFeed`] (sans-I/O) takes the committed entries in log order and calls
-//! [`Publisher::publish`] once per entry that applied at least one command, with the events
-//! of the requests applied in that entry (`OutcomeKind::Applied`; a duplicate's events were
-//! published when it was first applied, and stale or refused requests have none). In online
-//! mode every packet boundary, MsgSeqNum and RptSeq is then a function of the entries alone,
-//! so every replica's publisher numbers exactly like the leader's: a follower's publisher is a
-//! standby (it builds the packets and its replay history and sends nothing) and a new leader
-//! continues the sequence. In the 1 ms / 15 ms modes the publisher closes packets when a
-//! command's `ts_ns` (taken by the core from the command, so part of the log) enters a new
-//! interval, which is deterministic too; the one exception is the idle flush (no entry for a
-//! whole interval after the last one's interval ended, judged by the wall clock). If an entry
-//! of an idle-flushed interval commits after that flush on one replica and before it on
-//! another, their packet boundaries and MsgSeqNums differ from there on; after a failover the
-//! subscriber then sees packets whose messages do not continue its RptSeqs, drops those it has
-//! and recovers the instruments it lost from the snapshot loop. That is what a failover can
-//! cost in those modes, and only when the commit delay exceeds an interval.
+//! [`NodeFeed`] (sans-I/O) takes the committed entries in log order, through a
+//! [`StreamConsumer`], and calls [`Publisher::publish`] once per entry that applied at least
+//! one command, with the events of the requests applied in that entry
+//! (`OutcomeKind::Applied`; a duplicate's events were published when it was first applied,
+//! and stale or refused requests have none). Packets close in three ways, all decided by the
+//! log: online channels at the end of each such entry; 1 ms / 15 ms channels when a batch's
+//! time (the `ts_ns` the core took from the command) enters a new interval; and the idle
+//! flush, which is a log entry too. No replica reads a clock to decide a packet boundary.
 //!
-//! The instrument and snapshot loops follow the wall clock; a publisher that becomes active
-//! announces their numbering with SequenceReset, which costs the subscriber nothing.
+//! The idle flush: a 1 ms / 15 ms channel whose unsent messages belong to an interval that
+//! ended at least one interval ago, with no later batch to close it, must still go out. The
+//! leader's feed sees that on its duty cycle and proposes a
+//! [`crate::batch::LogCommand::MarketDataFlush`] entry carrying its clock reading (one at a
+//! time; another only if the first was not applied within `FLUSH_REPROPOSE_NS`), as it
+//! proposes hash checks. Every replica applies it at the same log index with the same time
+//! ([`Publisher::idle_flush`]), so every packet boundary, MsgSeqNum and RptSeq is the same
+//! on every replica in every mode: a follower's publisher is a standby (it builds the
+//! packets and its replay history and sends nothing) and a new leader continues the
+//! sequence exactly where the old one stopped. A flush proposed by a leader that loses
+//! office before it commits is simply proposed again by the next one; a flush that commits
+//! after a later batch already closed the interval closes nothing. The price is that an idle
+//! interval's last packet leaves one commit round trip later than a clock could send it.
+//! Packets carry the sender's clock only in SendingTime, which no numbering reads.
+//!
+//! The instrument and snapshot loops and the heartbeats follow each node's wall clock (they
+//! carry no incremental numbering); a publisher that becomes active announces the loops'
+//! numbering with SequenceReset, which costs the subscriber nothing.
 //!
 //! # Numbering survives snapshots
 //!
 //! A publisher must know what was published up to the entry it starts after. The replicated
 //! state keeps it: [`FeedNumbering`] is a standby publisher inside
 //! [`crate::ReplicatedState`], fed by the state machine with the events of every applied
-//! request, entry by entry, exactly as [`NodeFeed`] is fed from the stream. Its state (next
-//! MsgSeqNum per channel, RptSeq, books, statistics and last published top 20 per
+//! request and every idle flush entry, exactly as [`NodeFeed`] is fed from the stream. Its
+//! state (next MsgSeqNum per channel, RptSeq, books, statistics and last published top 20 per
 //! instrument) is part of the state's snapshot and hash. So a node that restarted from a
-//! snapshot, installed one from the leader, or whose stream subscription fell behind starts
-//! its feed from the state's numbering at index N and subscribes to the stream from N + 1
-//! (both under the state machine's lock, so nothing falls between them); from there it
-//! numbers every packet as the others do and can take over as publisher. After a restart of
-//! every node the new leader continues the same sequences. What a restarted feed lacks is
-//! the replay history of packets published before it started: a subscriber that needs those
-//! is refused by the replay service and recovers from the snapshot loop.
+//! snapshot, installed one from the leader, or whose consumer lost entries it could not catch
+//! up (see [`crate::consumer`]) starts its feed from the state's numbering at index N and
+//! consumes the stream from N + 1 (both under the state machine's lock, so nothing falls
+//! between them); from there it numbers every packet as the others do and can take over as
+//! publisher, in every mode. After a restart of every node the new leader continues the same
+//! sequences. What a restarted feed lacks is the replay history of packets published before
+//! it started: a subscriber that needs those is refused by the replay service and recovers
+//! from the snapshot loop.
 //!
-//! In the 1 ms / 15 ms modes the state's copy never idle-flushes (it has no clock), so after
-//! an idle flush a restarted feed's packet boundaries may differ from a full-history feed's;
-//! the subscriber then recovers as after any numbering difference in those modes (above).
 //! The numbering settings (`packet_bytes_max`, `modes`, `session_id`) must be the same on
 //! every node and across restarts; a state restored from a snapshot taken without
 //! `[marketdata]` keeps no numbering, and such a node's feed follows the stream from index 1
 //! or, if it cannot, stays standby-only ([`FeedStatus::detached`] says why).
+//!
+//! Each node still runs the publisher twice, the state's numbering and the feed, doing the
+//! same work on the same entries: the feed's loops and heartbeats run on the wall clock and
+//! would otherwise have to run under the state machine's lock, between applies.
 //!
 //! # Replay
 //!
@@ -769,12 +779,12 @@ fn is_leader(
 /// consumer of the committed stream right after it. Taken under the state machine's lock
 /// (the consumer subscribes at once), so no entry falls between the state and the
 /// consumer. A state without the numbering (taken before market data was configured) can
-/// only be followed from index 1.
+/// only be followed from index 1. The flag says whether the feed starts from the state.
 async fn attach(
     sm: &crate::StateMachineStore,
     archive: &Option<StreamArchive>,
     config: &PublisherConfig,
-) -> (NodeFeed, Option<StreamConsumer>) {
+) -> (NodeFeed, Option<StreamConsumer>, bool) {
     let stream = sm.stream().clone();
     let resumed = sm
         .with_state(|s| {
@@ -789,10 +799,12 @@ async fn attach(
         Some((index, state, consumer)) => (
             NodeFeed::resume(config.clone(), index, state),
             Some(consumer),
+            true,
         ),
         None => (
             NodeFeed::new(config.clone()),
             Some(StreamConsumer::local(stream, archive.clone(), 1)),
+            false,
         ),
     }
 }
@@ -821,7 +833,7 @@ async fn run(
     let mut replay_tried: Option<Instant> = None;
     let mut last_tick_ns = 0u64;
     let mut metrics_open = true;
-    let (mut feed, mut subscription) = attach(&sm, &archive, &config).await;
+    let (mut feed, mut subscription, mut from_state) = attach(&sm, &archive, &config).await;
     let mut resyncs: u64 = 0;
     let mut flush_proposed_ns: Option<u64> = None;
     feed.set_leader(is_leader(&metrics.borrow(), id));
@@ -881,6 +893,14 @@ async fn run(
                 feed.detach("the node stopped".to_string());
                 subscription = None;
             }
+            Some(Err(e)) if !from_state => {
+                feed.detach(format!(
+                    "the replicated state keeps no market data numbering (its snapshot \
+                     predates [marketdata]) and the committed stream cannot be followed from \
+                     index 1 ({e}): this node's feed stays standby-only"
+                ));
+                subscription = None;
+            }
             Some(Err(e)) => {
                 // Entries were lost to this feed (the node installed a snapshot across its
                 // position, or its position is older than the ring and the archive: a
@@ -891,9 +911,10 @@ async fn run(
                 // The replay service restarts with the new publisher's history.
                 eprintln!("bourse node {id}: market data: {e}; resuming from the state");
                 let leader = feed.leader;
-                let (f, sub) = attach(&sm, &archive, &config).await;
+                let (f, sub, state) = attach(&sm, &archive, &config).await;
                 feed = f;
                 subscription = sub;
+                from_state = state;
                 resyncs += 1;
                 feed.status.resyncs = resyncs;
                 feed.set_leader(leader);
