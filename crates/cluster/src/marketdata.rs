@@ -116,6 +116,20 @@ pub const REPLAY_HISTORY_BYTES_LIMIT: usize = 1 << 30;
 const REPLAY_BIND_RETRY_MS: u64 = 100;
 /// Smallest pause between two duty cycles ([`Publisher::tick`]) while entries stream in.
 const TICK_INTERVAL_NS: u64 = 200_000;
+/// How often an idle standby feed wakes up: it sends nothing and closes no packet by its
+/// clock (idle flushes are log entries), so only its status needs refreshing.
+const STANDBY_WAKE_MS: u64 = 100;
+
+/// How long the feed's loop may sleep when no entry comes: the leader runs its duty cycle
+/// (idle flush proposals, heartbeats, the loops) every millisecond.
+fn idle_wake_ms(feed: &NodeFeed) -> u64 {
+    if feed.is_active() {
+        1
+    } else {
+        STANDBY_WAKE_MS
+    }
+}
+
 /// A leader whose idle flush entry was not applied within this long proposes another.
 const FLUSH_REPROPOSE_NS: u64 = 50_000_000;
 
@@ -861,7 +875,7 @@ async fn run(
                 None
             }
             _ = stop.changed() => None,
-            _ = tokio::time::sleep(Duration::from_millis(1)) => None,
+            _ = tokio::time::sleep(Duration::from_millis(idle_wake_ms(&feed))) => None,
         };
         match entry {
             Some(Ok(entry)) => {
