@@ -29,6 +29,7 @@ pub const EVENTS_SIZE_BYTES_MAX: usize = 16 * 1024 * 1024;
 
 const TAG_BATCH: u8 = 1;
 const TAG_HASH_CHECK: u8 = 2;
+const TAG_MARKET_DATA_FLUSH: u8 = 3;
 
 /// One client request: the idempotency key `(client_id, request_seq)` and the command.
 ///
@@ -49,6 +50,9 @@ pub enum LogCommand {
     /// The leader's state hash after it applied log entry `index`: every replica that has its
     /// own hash at `index` compares, and stops on a mismatch.
     HashCheck { index: u64, state_hash: u64 },
+    /// The market data idle flush the leader proposes (`crate::marketdata`): every replica's
+    /// publisher closes the packets of the 1 ms / 15 ms channels idle at `now_ns`.
+    MarketDataFlush { now_ns: u64 },
 }
 
 // A command's encoding starts with a form byte. The order-path commands (new order, cancel,
@@ -408,6 +412,7 @@ impl LogCommand {
             // A new order encodes in 64 bytes with its key and length.
             LogCommand::Batch(requests) => 8 + requests.len() * 72,
             LogCommand::HashCheck { .. } => 17,
+            LogCommand::MarketDataFlush { .. } => 9,
         });
         match self {
             LogCommand::Batch(requests) => {
@@ -430,6 +435,10 @@ impl LogCommand {
                 w.u8(TAG_HASH_CHECK);
                 w.u64(*index);
                 w.u64(*state_hash);
+            }
+            LogCommand::MarketDataFlush { now_ns } => {
+                w.u8(TAG_MARKET_DATA_FLUSH);
+                w.u64(*now_ns);
             }
         }
         w.finish()
@@ -466,6 +475,7 @@ impl LogCommand {
                 index: r.u64()?,
                 state_hash: r.u64()?,
             },
+            TAG_MARKET_DATA_FLUSH => LogCommand::MarketDataFlush { now_ns: r.u64()? },
             _ => return Err(r.error("unknown log entry tag")),
         };
         r.expect_end()?;
@@ -610,6 +620,7 @@ mod tests {
             proptest::collection::vec(request, 0..20).prop_map(LogCommand::Batch),
             (any::<u64>(), any::<u64>())
                 .prop_map(|(index, state_hash)| LogCommand::HashCheck { index, state_hash }),
+            any::<u64>().prop_map(|now_ns| LogCommand::MarketDataFlush { now_ns }),
         ]
     }
 

@@ -388,7 +388,7 @@ fn encode_event(w: &mut Writer, e: &Event) {
     }
 }
 
-fn decode_event(r: &mut Reader) -> Result<Event, DecodeError> {
+pub(crate) fn decode_event(r: &mut Reader) -> Result<Event, DecodeError> {
     Ok(match r.u8()? {
         K_ORDER_ACCEPTED => Event::OrderAccepted {
             order_id: OrderId(r.u64()?),

@@ -3,17 +3,20 @@
 //! Principal types:
 //!
 //! - [`LogCommand`] and [`ClientRequest`] (`batch`): a log entry is a batch of client
-//!   requests, each with its idempotency key `(client_id, request_seq)`, or a hash check; a
-//!   compact binary encoding with limits on every length.
+//!   requests, each with its idempotency key `(client_id, request_seq)`, a hash check, or a
+//!   market data idle flush; a compact binary encoding with limits on every length.
 //! - [`events`]: the compact binary encoding of event lists (answers, table, stream).
 //! - [`ReplicatedState`] (`state`): the engine plus the idempotency table, applied only from
 //!   committed entries; snapshot and state hash cover both; hash checkpoints that replicas
 //!   compare with the leader's hash entries. A request that skips its client's next seq is
 //!   refused ([`OutcomeKind::Gap`]), so each client's commands apply gaplessly, in order.
 //! - [`stream`]: the committed stream, every applied entry (index; per request: key, outcome
-//!   kind, events with `Event::OrderLog`) kept in a bounded ring and broadcast live;
-//!   [`Node::subscribe`] in process, `Request::Subscribe` over TCP (any node serves it); a
-//!   start older than the ring is [`StreamError::TooOld`], a subscriber that lags is cut off.
+//!   kind, events with `Event::OrderLog`) kept in a bounded ring and broadcast live.
+//!   [`StreamConsumer`] (`consumer`) is how every downstream service reads it, in process
+//!   ([`Node::consumer`]) or over TCP (`Request::Subscribe`, any node serves it): from a
+//!   position, each entry once and in order, events decoded on demand, resuming after a
+//!   failover or a restart, catching up by itself when cut off; [`archive`] keeps each
+//!   node's copy of the stream on disk for consumers older than the ring.
 //! - [`LogStore`] and [`StateMachineStore`] (`storage`): openraft's `RaftLogStorage` over a
 //!   `bourse_journal::Journal` and `RaftStateMachine` with snapshots in a `SnapshotStore`.
 //! - [`net`]: length-prefixed bincode frames over TCP on 127.0.0.1, the node-to-node RPCs
@@ -28,13 +31,15 @@
 //! - [`sim`]: deterministic simulation support: [`sim::SeededRuntime`] (openraft's runtime:
 //!   tokio, with a random generator the simulation can seed) and an in-memory network with
 //!   seeded partitions, loss, delay, duplication and reordering.
-//! - [`marketdata::MarketDataService`] (`marketdata`): the node's market data publisher, fed
-//!   from its committed stream, sending only while the node leads (standby otherwise,
-//!   numbering identically); [`marketdata::NodeFeed`] is its sans-I/O core.
+//! - [`marketdata::MarketDataService`] (`marketdata`): the node's market data publisher, a
+//!   consumer of its committed stream, sending only while the node leads (standby otherwise,
+//!   numbering identically: idle flushes are entries the leader proposes);
+//!   [`marketdata::NodeFeed`] is its sans-I/O core.
 //! - [`Client`] (`client`): submits requests to the leader, follows redirects, retries with
 //!   the same idempotency key across failover. [`client::PipelinedClient`]: many requests in
 //!   flight on one connection, resubmitting every unanswered one in seq order after a
-//!   failover or a gap; [`client::StreamClient`]: a subscription over TCP.
+//!   failover or a gap; [`client::StreamClient`]: one TCP subscription (the transport of a
+//!   remote [`StreamConsumer`]).
 //! - [`link::ClusterLink`] (`link`): a replica group behind a gateway's
 //!   `bourse_core::link::CoreLink`: commands through a pipelined client under the link's own
 //!   client id, every output taken from the committed stream, resubscribing on another node
@@ -46,8 +51,10 @@
 //! after the entry holding it was committed on a quorum (each member's journal append counted
 //! under its fsync mode) and applied by the leader's state machine.
 
+pub mod archive;
 pub mod batch;
 pub mod client;
+pub mod consumer;
 pub mod events;
 pub mod hooks;
 pub mod link;
@@ -62,6 +69,7 @@ pub mod stream;
 
 pub use batch::{ClientRequest, LogCommand};
 pub use client::{Acknowledged, Client, ClientError};
+pub use consumer::{EntryView, RequestView, StreamConsumer};
 pub use node::{ClusterConfig, FsyncSetting, Node, NodeAddr};
 pub use state::{Outcome, OutcomeKind, ReplicatedState};
 pub use storage::{LogStore, StateMachineStore};

@@ -4,49 +4,59 @@
 //!
 //! # Numbering is a function of the log
 //!
-//! [`NodeFeed`] (sans-I/O) takes the committed entries in log order and calls
-//! [`Publisher::publish`] once per entry that applied at least one command, with the events
-//! of the requests applied in that entry (`OutcomeKind::Applied`; a duplicate's events were
-//! published when it was first applied, and stale or refused requests have none). In online
-//! mode every packet boundary, MsgSeqNum and RptSeq is then a function of the entries alone,
-//! so every replica's publisher numbers exactly like the leader's: a follower's publisher is a
-//! standby (it builds the packets and its replay history and sends nothing) and a new leader
-//! continues the sequence. In the 1 ms / 15 ms modes the publisher closes packets when a
-//! command's `ts_ns` (taken by the core from the command, so part of the log) enters a new
-//! interval, which is deterministic too; the one exception is the idle flush (no entry for a
-//! whole interval after the last one's interval ended, judged by the wall clock). If an entry
-//! of an idle-flushed interval commits after that flush on one replica and before it on
-//! another, their packet boundaries and MsgSeqNums differ from there on; after a failover the
-//! subscriber then sees packets whose messages do not continue its RptSeqs, drops those it has
-//! and recovers the instruments it lost from the snapshot loop. That is what a failover can
-//! cost in those modes, and only when the commit delay exceeds an interval.
+//! [`NodeFeed`] (sans-I/O) takes the committed entries in log order, through a
+//! [`StreamConsumer`], and calls [`Publisher::publish`] once per entry that applied at least
+//! one command, with the events of the requests applied in that entry
+//! (`OutcomeKind::Applied`; a duplicate's events were published when it was first applied,
+//! and stale or refused requests have none). Packets close in three ways, all decided by the
+//! log: online channels at the end of each such entry; 1 ms / 15 ms channels when a batch's
+//! time (the `ts_ns` the core took from the command) enters a new interval; and the idle
+//! flush, which is a log entry too. No replica reads a clock to decide a packet boundary.
 //!
-//! The instrument and snapshot loops follow the wall clock; a publisher that becomes active
-//! announces their numbering with SequenceReset, which costs the subscriber nothing.
+//! The idle flush: a 1 ms / 15 ms channel whose unsent messages belong to an interval that
+//! ended at least one interval ago, with no later batch to close it, must still go out. The
+//! leader's feed sees that on its duty cycle and proposes a
+//! [`crate::batch::LogCommand::MarketDataFlush`] entry carrying its clock reading (one at a
+//! time; another only if the first was not applied within `FLUSH_REPROPOSE_NS`), as it
+//! proposes hash checks. Every replica applies it at the same log index with the same time
+//! ([`Publisher::idle_flush`]), so every packet boundary, MsgSeqNum and RptSeq is the same
+//! on every replica in every mode: a follower's publisher is a standby (it builds the
+//! packets and its replay history and sends nothing) and a new leader continues the
+//! sequence exactly where the old one stopped. A flush proposed by a leader that loses
+//! office before it commits is simply proposed again by the next one; a flush that commits
+//! after a later batch already closed the interval closes nothing. The price is that an idle
+//! interval's last packet leaves one commit round trip later than a clock could send it.
+//! Packets carry the sender's clock only in SendingTime, which no numbering reads.
+//!
+//! The instrument and snapshot loops and the heartbeats follow each node's wall clock (they
+//! carry no incremental numbering); a publisher that becomes active announces the loops'
+//! numbering with SequenceReset, which costs the subscriber nothing.
 //!
 //! # Numbering survives snapshots
 //!
 //! A publisher must know what was published up to the entry it starts after. The replicated
 //! state keeps it: [`FeedNumbering`] is a standby publisher inside
 //! [`crate::ReplicatedState`], fed by the state machine with the events of every applied
-//! request, entry by entry, exactly as [`NodeFeed`] is fed from the stream. Its state (next
-//! MsgSeqNum per channel, RptSeq, books, statistics and last published top 20 per
+//! request and every idle flush entry, exactly as [`NodeFeed`] is fed from the stream. Its
+//! state (next MsgSeqNum per channel, RptSeq, books, statistics and last published top 20 per
 //! instrument) is part of the state's snapshot and hash. So a node that restarted from a
-//! snapshot, installed one from the leader, or whose stream subscription fell behind starts
-//! its feed from the state's numbering at index N and subscribes to the stream from N + 1
-//! (both under the state machine's lock, so nothing falls between them); from there it
-//! numbers every packet as the others do and can take over as publisher. After a restart of
-//! every node the new leader continues the same sequences. What a restarted feed lacks is
-//! the replay history of packets published before it started: a subscriber that needs those
-//! is refused by the replay service and recovers from the snapshot loop.
+//! snapshot, installed one from the leader, or whose consumer lost entries it could not catch
+//! up (see [`crate::consumer`]) starts its feed from the state's numbering at index N and
+//! consumes the stream from N + 1 (both under the state machine's lock, so nothing falls
+//! between them); from there it numbers every packet as the others do and can take over as
+//! publisher, in every mode. After a restart of every node the new leader continues the same
+//! sequences. What a restarted feed lacks is the replay history of packets published before
+//! it started: a subscriber that needs those is refused by the replay service and recovers
+//! from the snapshot loop.
 //!
-//! In the 1 ms / 15 ms modes the state's copy never idle-flushes (it has no clock), so after
-//! an idle flush a restarted feed's packet boundaries may differ from a full-history feed's;
-//! the subscriber then recovers as after any numbering difference in those modes (above).
 //! The numbering settings (`packet_bytes_max`, `modes`, `session_id`) must be the same on
 //! every node and across restarts; a state restored from a snapshot taken without
 //! `[marketdata]` keeps no numbering, and such a node's feed follows the stream from index 1
 //! or, if it cannot, stays standby-only ([`FeedStatus::detached`] says why).
+//!
+//! Each node still runs the publisher twice, the state's numbering and the feed, doing the
+//! same work on the same entries: the feed's loops and heartbeats run on the wall clock and
+//! would otherwise have to run under the state machine's lock, between applies.
 //!
 //! # Replay
 //!
@@ -72,7 +82,8 @@ use bourse_marketdata::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::state::OutcomeKind;
+use crate::archive::StreamArchive;
+use crate::consumer::{RequestView, StreamConsumer};
 use crate::stream::{CommittedEntry, StreamError};
 
 fn d_base_port() -> u16 {
@@ -105,6 +116,22 @@ pub const REPLAY_HISTORY_BYTES_LIMIT: usize = 1 << 30;
 const REPLAY_BIND_RETRY_MS: u64 = 100;
 /// Smallest pause between two duty cycles ([`Publisher::tick`]) while entries stream in.
 const TICK_INTERVAL_NS: u64 = 200_000;
+/// How often an idle standby feed wakes up: it sends nothing and closes no packet by its
+/// clock (idle flushes are log entries), so only its status needs refreshing.
+const STANDBY_WAKE_MS: u64 = 100;
+
+/// How long the feed's loop may sleep when no entry comes: the leader runs its duty cycle
+/// (idle flush proposals, heartbeats, the loops) every millisecond.
+fn idle_wake_ms(feed: &NodeFeed) -> u64 {
+    if feed.is_active() {
+        1
+    } else {
+        STANDBY_WAKE_MS
+    }
+}
+
+/// A leader whose idle flush entry was not applied within this long proposes another.
+const FLUSH_REPROPOSE_NS: u64 = 50_000_000;
 
 /// The `[marketdata]` section of the cluster configuration.
 ///
@@ -301,6 +328,8 @@ impl MarketDataSection {
             replay_history_bytes: self.replay_history_bytes,
             snapshot_interval_ns: self.snapshot_interval_us * 1_000,
             instruments_interval_ns: self.instruments_interval_ms * 1_000_000,
+            // Idle flushes are log entries the leader proposes (see the module documentation).
+            idle_flush_by_clock: false,
             ..PublisherConfig::default()
         }
     }
@@ -328,6 +357,10 @@ pub struct FeedStatus {
     pub replay_listening: bool,
     /// Times the feed lost entries of its stream and restarted from the replicated state.
     pub resyncs: u64,
+    /// Idle flush entries applied (see the module documentation).
+    pub idle_flushes: u64,
+    /// Idle flush entries this node proposed while it led.
+    pub idle_flushes_proposed: u64,
 }
 
 /// Version byte of [`FeedNumbering`]'s encoding inside the replicated state's snapshot.
@@ -400,6 +433,11 @@ impl FeedNumbering {
                 self.publisher.add_instrument(def.clone());
             }
         }
+    }
+
+    /// A market data idle flush entry: closes what every replica's publisher closes.
+    pub fn idle_flush(&mut self, now_ns: u64) {
+        self.publisher.idle_flush(now_ns, &mut NoSink);
     }
 
     /// Every entry, of any kind, once applied.
@@ -482,6 +520,7 @@ fn numbering_config(config: &PublisherConfig) -> PublisherConfig {
         modes: config.modes,
         session_id: config.session_id,
         replay_history_packets: 0,
+        idle_flush_by_clock: false,
         ..PublisherConfig::default()
     }
 }
@@ -590,14 +629,27 @@ impl NodeFeed {
         }
         self.next_index += 1;
         self.status.next_index = self.next_index;
+        if let Some(flush_ns) = entry.market_data_flush_ns {
+            self.publisher.idle_flush(flush_ns, sink);
+            self.status.idle_flushes += 1;
+            return &self.added;
+        }
         self.events.clear();
-        for r in &entry.requests {
-            if r.kind != OutcomeKind::Applied || r.events.is_empty() {
+        for r in entry.requests.iter().map(RequestView::new) {
+            if !r.applied_here() {
                 continue;
             }
-            match crate::batch::decode_events(&r.events) {
-                Ok(events) => self.events.extend_from_slice(&events),
-                Err(_) => self.status.undecodable_events += 1,
+            let start = self.events.len();
+            for e in r.events() {
+                match e {
+                    Ok(e) => self.events.push(e),
+                    Err(_) => {
+                        // The whole request's events or none: a half list would number
+                        // messages no other replica numbers.
+                        self.events.truncate(start);
+                        self.status.undecodable_events += 1;
+                    }
+                }
             }
         }
         if self.events.is_empty() {
@@ -659,7 +711,9 @@ impl MarketDataService {
         let feed = NodeFeed::new(config.clone());
         let id = node.id();
         let metrics = node.raft().metrics();
+        let raft = node.raft().clone();
         let sm = node.state_machine().clone();
+        let archive = node.archive().cloned();
         // The publication delay (`md_published`) goes into the node's stage histograms.
         let stages = node.stages().clone();
         let status = Arc::new(Mutex::new(feed.status()));
@@ -682,8 +736,10 @@ impl MarketDataService {
                 rt.block_on(run(
                     id,
                     config,
+                    raft,
                     metrics,
                     sm,
+                    archive,
                     sink,
                     replay_addr,
                     status2,
@@ -733,50 +789,37 @@ fn is_leader(
     m.state == openraft::ServerState::Leader && m.current_leader == Some(id)
 }
 
-/// Starts (or restarts) a feed where the replicated state's numbering stands, subscribed to
-/// the committed stream right after it. Taken under the state machine's lock, so no entry
-/// falls between the state and the subscription. A state without the numbering (taken
-/// before market data was configured) can only be followed from index 1.
+/// Starts (or restarts) a feed where the replicated state's numbering stands, with a
+/// consumer of the committed stream right after it. Taken under the state machine's lock
+/// (the consumer subscribes at once), so no entry falls between the state and the
+/// consumer. A state without the numbering (taken before market data was configured) can
+/// only be followed from index 1. The flag says whether the feed starts from the state.
 async fn attach(
     sm: &crate::StateMachineStore,
+    archive: &Option<StreamArchive>,
     config: &PublisherConfig,
-) -> (NodeFeed, Option<crate::stream::Subscription>) {
+) -> (NodeFeed, Option<StreamConsumer>, bool) {
     let stream = sm.stream().clone();
     let resumed = sm
         .with_state(|s| {
             s.marketdata().map(|md| {
                 let (index, state) = md.checkpoint();
-                (index, state, stream.subscribe(index + 1))
+                let consumer = StreamConsumer::local(stream.clone(), archive.clone(), index + 1);
+                (index, state, consumer)
             })
         })
         .await;
     match resumed {
-        Some((index, state, Ok(subscription))) => (
+        Some((index, state, consumer)) => (
             NodeFeed::resume(config.clone(), index, state),
-            Some(subscription),
+            Some(consumer),
+            true,
         ),
-        Some((index, _, Err(e))) => {
-            // Unreachable in practice: the stream's next index is the state's, under the lock.
-            let mut feed = NodeFeed::new(config.clone());
-            feed.detach(format!(
-                "the committed stream cannot follow the state's index {index}: {e}"
-            ));
-            (feed, None)
-        }
-        None => {
-            let mut feed = NodeFeed::new(config.clone());
-            match sm.stream().subscribe(1) {
-                Ok(s) => (feed, Some(s)),
-                Err(e) => {
-                    feed.detach(format!(
-                        "the replicated state keeps no market data numbering (its snapshot \
-                         predates [marketdata]) and the committed stream does not reach back \
-                         to index 1 ({e}): this node's feed stays standby-only"
-                    ));
-                    (feed, None)
-                }
-            }
-        }
+        None => (
+            NodeFeed::new(config.clone()),
+            Some(StreamConsumer::local(stream, archive.clone(), 1)),
+            false,
+        ),
     }
 }
 
@@ -784,10 +827,12 @@ async fn attach(
 async fn run(
     id: crate::NodeId,
     config: PublisherConfig,
+    raft: crate::Raft,
     mut metrics: tokio::sync::watch::Receiver<
         openraft::RaftMetrics<crate::NodeId, openraft::BasicNode>,
     >,
     sm: crate::StateMachineStore,
+    archive: Option<StreamArchive>,
     mut sink: UdpSink,
     replay_addr: SocketAddr,
     status: Arc<Mutex<FeedStatus>>,
@@ -802,8 +847,9 @@ async fn run(
     let mut replay_tried: Option<Instant> = None;
     let mut last_tick_ns = 0u64;
     let mut metrics_open = true;
-    let (mut feed, mut subscription) = attach(&sm, &config).await;
+    let (mut feed, mut subscription, mut from_state) = attach(&sm, &archive, &config).await;
     let mut resyncs: u64 = 0;
+    let mut flush_proposed_ns: Option<u64> = None;
     feed.set_leader(is_leader(&metrics.borrow(), id));
     loop {
         if *stop.borrow() {
@@ -814,7 +860,7 @@ async fn run(
         let entry = tokio::select! {
             r = async {
                 match subscription.as_mut() {
-                    Some(s) => Some(s.recv().await),
+                    Some(s) => Some(s.next().await),
                     None => std::future::pending().await,
                 }
             } => r,
@@ -829,16 +875,19 @@ async fn run(
                 None
             }
             _ = stop.changed() => None,
-            _ = tokio::time::sleep(Duration::from_millis(1)) => None,
+            _ = tokio::time::sleep(Duration::from_millis(idle_wake_ms(&feed))) => None,
         };
         match entry {
             Some(Ok(entry)) => {
+                if entry.market_data_flush_ns().is_some() {
+                    flush_proposed_ns = None;
+                }
                 let sent_before = feed.publisher().counters(Channel::Orders).packets_sent;
-                let added = feed.on_entry(&entry, now_ns(), &mut sink).to_vec();
+                let added = feed.on_entry(entry.entry(), now_ns(), &mut sink).to_vec();
                 if orders_online
                     && feed.publisher().counters(Channel::Orders).packets_sent != sent_before
                 {
-                    stages.on_md_published(entry.index);
+                    stages.on_md_published(entry.index());
                 }
                 if !added.is_empty() {
                     let defs: Vec<Instrument> = sm
@@ -858,18 +907,28 @@ async fn run(
                 feed.detach("the node stopped".to_string());
                 subscription = None;
             }
+            Some(Err(e)) if !from_state => {
+                feed.detach(format!(
+                    "the replicated state keeps no market data numbering (its snapshot \
+                     predates [marketdata]) and the committed stream cannot be followed from \
+                     index 1 ({e}): this node's feed stays standby-only"
+                ));
+                subscription = None;
+            }
             Some(Err(e)) => {
-                // Entries were lost to this feed (it lagged, or the node installed a
-                // snapshot): start again from the replicated state's numbering, which
-                // continues exactly where every other replica's feed stands. Packets of the
-                // skipped entries were never sent by this node; a subscriber recovers them
-                // by replay or from the snapshot loop. The replay service restarts with the
-                // new publisher's history.
+                // Entries were lost to this feed (the node installed a snapshot across its
+                // position, or its position is older than the ring and the archive: a
+                // consumer that merely lagged caught up by itself): start again from the
+                // replicated state's numbering, which continues exactly where every other
+                // replica's feed stands. Packets of the skipped entries were never sent by
+                // this node; a subscriber recovers them by replay or from the snapshot loop.
+                // The replay service restarts with the new publisher's history.
                 eprintln!("bourse node {id}: market data: {e}; resuming from the state");
                 let leader = feed.leader;
-                let (f, sub) = attach(&sm, &config).await;
+                let (f, sub, state) = attach(&sm, &archive, &config).await;
                 feed = f;
                 subscription = sub;
+                from_state = state;
                 resyncs += 1;
                 feed.status.resyncs = resyncs;
                 feed.set_leader(leader);
@@ -882,6 +941,19 @@ async fn run(
         if now.saturating_sub(last_tick_ns) >= TICK_INTERVAL_NS {
             last_tick_ns = now;
             feed.tick(now, &mut sink);
+            // The leader proposes the idle flush as a log entry, so that every replica closes
+            // the same packets at the same point of the log; one at a time.
+            if feed.is_active()
+                && feed.publisher().idle_flush_due(now)
+                && flush_proposed_ns.is_none_or(|t| now.saturating_sub(t) >= FLUSH_REPROPOSE_NS)
+            {
+                flush_proposed_ns = Some(now);
+                feed.status.idle_flushes_proposed += 1;
+                // Fire and forget: if leadership is lost, the next leader proposes its own.
+                let _ = raft
+                    .client_write_ff(crate::batch::LogCommand::MarketDataFlush { now_ns: now })
+                    .await;
+            }
             // The replay services listen only while this node's feed sends.
             if feed.is_active() {
                 let due = replay_tried
@@ -933,6 +1005,7 @@ async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::OutcomeKind;
     use crate::stream::CommittedRequest;
     use bourse_core::Command;
     use bourse_engine::workload::{Flow, FlowConfig};
@@ -942,6 +1015,16 @@ mod tests {
     /// Committed entries of a seeded flow: `per_entry` commands per entry, each command its own
     /// request; every fifth entry also repeats its first request as a duplicate.
     fn entries(count: usize, per_entry: usize) -> Vec<CommittedEntry> {
+        entries_with_idle(count, per_entry, None)
+    }
+
+    /// As [`entries`]; with `idle_every: Some(n)`, every n entries the flow pauses for 5 ms
+    /// and the log holds the idle flush entry a leader proposes 3 ms into the pause.
+    fn entries_with_idle(
+        count: usize,
+        per_entry: usize,
+        idle_every: Option<usize>,
+    ) -> Vec<CommittedEntry> {
         let fc = FlowConfig::three_markets(50, 3);
         let mut flow = Flow::new(fc);
         let mut engine = Engine::new(EngineConfig::default());
@@ -962,9 +1045,19 @@ mod tests {
         out.push(CommittedEntry {
             index,
             requests: std::mem::take(&mut requests),
+            market_data_flush_ns: None,
         });
         for e in 0..count {
             index += 1;
+            if idle_every.is_some_and(|n| e > 0 && e % n == 0) {
+                out.push(CommittedEntry {
+                    index,
+                    requests: Vec::new(),
+                    market_data_flush_ns: Some(ts + 3_000_000),
+                });
+                index += 1;
+                ts += 5_000_000;
+            }
             for _ in 0..per_entry {
                 ts += 10_000;
                 let body = flow.next_command();
@@ -986,6 +1079,7 @@ mod tests {
             out.push(CommittedEntry {
                 index,
                 requests: std::mem::take(&mut requests),
+                market_data_flush_ns: None,
             });
         }
         out
@@ -1034,6 +1128,79 @@ mod tests {
             plain.on_entry(&e, 5, &mut nowhere);
         }
         assert_eq!(plain.status().next_seq, seqs[0]);
+    }
+
+    #[test]
+    fn in_1ms_mode_idle_flushes_from_the_log_keep_every_replica_byte_identical_across_a_failover() {
+        let log = entries_with_idle(300, 3, Some(20));
+        let flushes: Vec<usize> = (0..log.len())
+            .filter(|&k| log[k].market_data_flush_ns.is_some())
+            .collect();
+        assert!(flushes.len() >= 10);
+        let config = MarketDataSection {
+            modes: ["orders", "trades", "book", "statistics"]
+                .iter()
+                .map(|c| (c.to_string(), "1ms".to_string()))
+                .collect(),
+            ..MarketDataSection::default()
+        }
+        .publisher_config();
+        assert!(!config.idle_flush_by_clock);
+        // Three replicas with a failover right after an idle flush, a reference feed that
+        // leads throughout, and the replicated state's numbering.
+        let mut feeds: Vec<NodeFeed> = (0..4).map(|_| NodeFeed::new(config.clone())).collect();
+        let mut sinks: Vec<VecSink> = (0..4).map(|_| VecSink::default()).collect();
+        let mut numbering = FeedNumbering::new(&config);
+        feeds[0].set_leader(true);
+        feeds[3].set_leader(true);
+        let failover = flushes[flushes.len() / 2] + 1;
+        let mut flushed_packets = 0;
+        for (k, entry) in log.iter().enumerate() {
+            if k == failover {
+                feeds[0].set_leader(false);
+                feeds[2].set_leader(true);
+            }
+            let before = sinks[3].packets.len();
+            for (f, s) in feeds.iter_mut().zip(sinks.iter_mut()) {
+                f.on_entry(entry, 7, s);
+            }
+            match entry.market_data_flush_ns {
+                Some(ns) => {
+                    numbering.idle_flush(ns);
+                    flushed_packets += sinks[3].packets.len() - before;
+                }
+                None => {
+                    for r in entry
+                        .requests
+                        .iter()
+                        .filter(|r| r.kind == OutcomeKind::Applied)
+                    {
+                        numbering.push_events(&crate::batch::decode_events(&r.events).unwrap());
+                    }
+                    numbering.end_entry(&Engine::new(EngineConfig::default()));
+                }
+            }
+            // A duty cycle long after the interval: no replica closes packets by its clock.
+            if k == 30 {
+                let seqs = feeds[3].status().next_seq;
+                feeds[3].tick(10_000_000_000, &mut VecSink::default());
+                assert_eq!(feeds[3].status().next_seq, seqs);
+            }
+        }
+        assert!(flushed_packets > 0, "the idle flush entries closed packets");
+        assert!(sinks[1].packets.is_empty(), "a follower sends nothing");
+        let seqs: Vec<_> = feeds.iter().map(|f| f.status().next_seq).collect();
+        assert!(seqs.windows(2).all(|w| w[0] == w[1]), "{seqs:?}");
+        for c in Channel::ALL.into_iter().filter(|c| c.is_incremental()) {
+            assert_eq!(numbering.next_seq(c), seqs[0][c.index()], "{c:?}");
+        }
+        // The old leader's packets then the new leader's are, byte for byte, what one
+        // leader sends for the whole log: MsgSeqNum and RptSeq continue with no reset.
+        let mut sent = incremental(&sinks[0], 0);
+        sent.extend(incremental(&sinks[2], 0));
+        let reference = incremental(&sinks[3], 0);
+        assert!(reference.len() > 50, "{} packets", reference.len());
+        assert_eq!(sent, reference);
     }
 
     /// Packets of the incremental channels, as (channel, bytes).
@@ -1110,6 +1277,7 @@ mod tests {
                         events: o.events.clone(),
                     })
                     .collect(),
+                market_data_flush_ns: None,
             };
             let added = full.on_entry(&entry, 5, &mut full_sink).to_vec();
             for id in added {

@@ -18,7 +18,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 
+use crate::archive::{ArchiveWriter, StreamArchive};
 use crate::batch::{decode_command, ClientRequest, LogCommand, REQUESTS_PER_BATCH_MAX};
+use crate::consumer::StreamConsumer;
 use crate::hooks::NodeHooks;
 use crate::net::{
     decode_message, encode_frame, encode_frame_into, read_frame_into, NodeStatus, Request,
@@ -90,6 +92,9 @@ fn d_fsync_interval_ms() -> u32 {
 fn d_stream_entries_kept() -> usize {
     crate::stream::STREAM_ENTRIES_KEPT_DEFAULT
 }
+fn d_stream_archive_entries() -> u64 {
+    STREAM_ARCHIVE_ENTRIES_DEFAULT
+}
 fn d_orders_max() -> u32 {
     1 << 16
 }
@@ -102,6 +107,11 @@ fn d_first_order_id() -> u64 {
 fn d_instruments_max() -> u32 {
     1_024
 }
+
+/// Entries a node keeps in its stream archive unless configured otherwise.
+pub const STREAM_ARCHIVE_ENTRIES_DEFAULT: u64 = 1 << 20;
+/// The most entries `stream_archive_entries` may ask for.
+pub const STREAM_ARCHIVE_ENTRIES_LIMIT: u64 = 1 << 32;
 
 /// A replica group's configuration (`cluster.toml`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -141,6 +151,11 @@ pub struct ClusterConfig {
     /// may resume from any of them); at most `stream::STREAM_ENTRIES_KEPT_LIMIT`.
     #[serde(default = "d_stream_entries_kept")]
     pub stream_entries_kept: usize,
+    /// Applied entries each node keeps on disk in its stream archive
+    /// (`node-<id>/stream`, see `crate::archive`), from which a consumer older than the
+    /// ring catches up; 0 keeps no archive. At most [`STREAM_ARCHIVE_ENTRIES_LIMIT`].
+    #[serde(default = "d_stream_archive_entries")]
+    pub stream_archive_entries: u64,
     #[serde(default = "d_orders_max")]
     pub orders_max: u32,
     #[serde(default = "d_accounts_max")]
@@ -184,6 +199,7 @@ impl ClusterConfig {
             hash_checkpoint_every_entries: d_hash_every(),
             hash_check_interval_ms: d_hash_check_ms(),
             stream_entries_kept: d_stream_entries_kept(),
+            stream_archive_entries: d_stream_archive_entries(),
             orders_max: d_orders_max(),
             accounts_max: d_accounts_max(),
             instruments_max: d_instruments_max(),
@@ -238,6 +254,11 @@ impl ClusterConfig {
             return Err(format!(
                 "stream_entries_kept must be in 1..={}",
                 crate::stream::STREAM_ENTRIES_KEPT_LIMIT
+            ));
+        }
+        if self.stream_archive_entries > STREAM_ARCHIVE_ENTRIES_LIMIT {
+            return Err(format!(
+                "stream_archive_entries must be at most {STREAM_ARCHIVE_ENTRIES_LIMIT}"
             ));
         }
         if self.first_order_id == 0 {
@@ -306,6 +327,7 @@ struct Shared {
     submit: mpsc::Sender<Pending>,
     hooks: Arc<NodeHooks>,
     stages: Arc<Stages>,
+    archive: Option<StreamArchive>,
 }
 
 /// A running node. Dropping it does not stop it; call [`Node::shutdown`].
@@ -315,6 +337,8 @@ pub struct Node {
     /// Tells every connection task to close (a stopped node must not keep answering on
     /// connections it accepted before, or its peers would talk to a dead raft forever).
     closing: tokio::sync::watch::Sender<bool>,
+    /// Copies the committed stream into `Shared::archive` (none without an archive).
+    archive_writer: Option<ArchiveWriter>,
     pub addr: SocketAddr,
 }
 
@@ -407,6 +431,19 @@ impl Node {
         if let Some(md) = &config.marketdata {
             sm.enable_marketdata(&md.publisher_config()).await;
         }
+        let archive = if config.stream_archive_entries == 0 {
+            None
+        } else {
+            Some(
+                StreamArchive::open(
+                    &dir.join("stream"),
+                    u128::from(config.cluster_id),
+                    id,
+                    config.stream_archive_entries,
+                )
+                .map_err(|e| format!("node {id}: {e}"))?,
+            )
+        };
         let log = LogStore::new(journal);
 
         let raft_config = openraft::Config {
@@ -453,7 +490,16 @@ impl Node {
             submit,
             hooks: hooks.clone(),
             stages: stages.clone(),
+            archive: archive.clone(),
         });
+        let archive_writer = match archive {
+            Some(a) => Some(ArchiveWriter::start(
+                format!("stream-archive-{id}"),
+                a,
+                shared.sm.stream().clone(),
+            )?),
+            None => None,
+        };
         let (closing, closing_rx) = tokio::sync::watch::channel(false);
         let tasks = vec![
             tokio::spawn(accept_loop(listener, shared.clone(), closing_rx)),
@@ -470,6 +516,7 @@ impl Node {
             shared,
             tasks,
             closing,
+            archive_writer,
             addr,
         })
     }
@@ -524,6 +571,21 @@ impl Node {
         self.shared.sm.stream().subscribe(from_index)
     }
 
+    /// A consumer of this node's committed stream from `position` on, which catches up from
+    /// the ring or the stream archive when cut off (see `crate::consumer`).
+    pub fn consumer(&self, position: u64) -> StreamConsumer {
+        StreamConsumer::local(
+            self.shared.sm.stream().clone(),
+            self.shared.archive.clone(),
+            position,
+        )
+    }
+
+    /// The node's stream archive (none when `stream_archive_entries` is 0).
+    pub fn archive(&self) -> Option<&StreamArchive> {
+        self.shared.archive.as_ref()
+    }
+
     /// The last request of `client_id` this node applied (0 if none): where a restarted
     /// client continues its numbering.
     pub async fn last_seq(&self, client_id: u64) -> u64 {
@@ -531,12 +593,15 @@ impl Node {
     }
 
     /// Stops serving and shuts openraft down (files stay as they are).
-    pub async fn shutdown(self) {
+    pub async fn shutdown(mut self) {
         for t in &self.tasks {
             t.abort();
         }
         let _ = self.closing.send(true);
         let _ = self.shared.raft.shutdown().await;
+        if let Some(w) = self.archive_writer.take() {
+            w.stop();
+        }
         // Wait until the aborted tasks are gone: the listener is dropped with the accept
         // task, so a node restarted at once on the same address can bind it.
         for t in self.tasks {
@@ -731,20 +796,19 @@ async fn serve_subscription(
     tx: mpsc::Sender<Vec<u8>>,
 ) {
     let reply = move |body: Response| encode_frame(&Tagged { tag, body });
-    let mut sub = match shared.sm.stream().subscribe(from_index) {
-        Ok(sub) => sub,
-        Err(e) => {
-            let _ = tx.send(reply(Response::StreamEnded(e))).await;
-            return;
-        }
-    };
+    // The node's own consumer: a subscriber behind the ring is served from the archive.
+    let mut consumer = StreamConsumer::local(
+        shared.sm.stream().clone(),
+        shared.archive.clone(),
+        from_index,
+    );
     loop {
-        match sub.recv().await {
+        match consumer.next().await {
             Ok(entry) => {
                 // Awaiting a full queue is what makes a slow reader lag, and the lag bound
                 // then cuts it off; a reader that stops reading altogether is dropped after
                 // a while.
-                let frame = reply(Response::Committed((*entry).clone()));
+                let frame = reply(Response::Committed(entry.entry().clone()));
                 match tokio::time::timeout(
                     Duration::from_millis(SUBSCRIBER_STALL_MS),
                     tx.send(frame),

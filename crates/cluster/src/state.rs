@@ -377,6 +377,14 @@ impl ReplicatedState {
         (outcome(OutcomeKind::Applied, events), events_hash)
     }
 
+    /// A market data idle flush entry (`LogCommand::MarketDataFlush`): the numbering closes
+    /// the packets every replica's publisher closes.
+    pub fn marketdata_flush(&mut self, now_ns: u64) {
+        if let Some(md) = &mut self.marketdata {
+            md.idle_flush(now_ns);
+        }
+    }
+
     /// Called after every applied log entry (of any kind): takes a hash checkpoint at every
     /// multiple of `checkpoint_every_entries`, the same indexes on every replica.
     pub fn entry_applied(&mut self, index: u64) {

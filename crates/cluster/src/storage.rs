@@ -886,6 +886,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             // into the response copied every request's events once more.
             let mut outcomes = Vec::new();
             let mut committed = Vec::new();
+            let mut flush_ns = None;
             match entry.payload {
                 EntryPayload::Blank => {}
                 EntryPayload::Membership(m) => {
@@ -903,6 +904,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         })
                         .collect();
                 }
+                EntryPayload::Normal(LogCommand::MarketDataFlush { now_ns }) => {
+                    inner.state.marketdata_flush(now_ns);
+                    flush_ns = Some(now_ns);
+                }
                 EntryPayload::Normal(LogCommand::HashCheck { index, state_hash }) => {
                     if let Err(divergence) = inner.state.check_hash(index, state_hash) {
                         let text = format!("ALARM: {divergence}; taking this node out");
@@ -919,6 +924,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             inner.stream.publish(CommittedEntry {
                 index: entry.log_id.index,
                 requests: committed,
+                market_data_flush_ns: flush_ns,
             });
             responses.push(outcomes);
         }

@@ -48,6 +48,9 @@ pub struct CommittedEntry {
     pub index: u64,
     /// The requests of a batch entry in log order; empty for other entries.
     pub requests: Vec<CommittedRequest>,
+    /// A market data idle flush entry: the time it closes the idle 1 ms / 15 ms channels at
+    /// (`LogCommand::MarketDataFlush`); `None` for every other entry.
+    pub market_data_flush_ns: Option<u64>,
 }
 
 /// Why a subscription could not start or had to end.
@@ -62,8 +65,12 @@ pub enum StreamError {
     Gap { expected: u64, next: u64 },
     /// The node stopped.
     Closed,
-    /// The node would not start another subscription (a limit).
+    /// The node would not start another subscription (a limit), or could not read its
+    /// stream archive.
     Refused(String),
+    /// No node sent the next entry for a while (a remote [`crate::consumer::StreamConsumer`]
+    /// tried each in turn).
+    Unreachable(String),
 }
 
 impl std::fmt::Display for StreamError {
@@ -86,6 +93,7 @@ impl std::fmt::Display for StreamError {
             ),
             StreamError::Closed => write!(f, "the node stopped"),
             StreamError::Refused(why) => write!(f, "subscription refused: {why}"),
+            StreamError::Unreachable(why) => write!(f, "stream unreachable: {why}"),
         }
     }
 }
@@ -277,6 +285,7 @@ mod tests {
                 kind: OutcomeKind::Applied,
                 events: vec![index as u8],
             }],
+            market_data_flush_ns: None,
         }
     }
 

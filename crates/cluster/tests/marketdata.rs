@@ -540,3 +540,112 @@ async fn after_a_restart_of_every_node_the_feed_continues_its_numbering_and_the_
         n.shutdown().await;
     }
 }
+
+/// Waits (bounded) until every running feed has taken every entry its node applied and all
+/// number every incremental channel alike; returns their statuses.
+async fn feeds_caught_up_alike(
+    nodes: &[(Node, MarketDataService)],
+) -> Vec<bourse_cluster::marketdata::FeedStatus> {
+    let started = Instant::now();
+    loop {
+        let statuses: Vec<_> = nodes.iter().map(|(_, md)| md.status()).collect();
+        let mut caught_up = true;
+        for ((node, _), s) in nodes.iter().zip(&statuses) {
+            let applied = node.status().await.last_applied_index.unwrap_or(0);
+            caught_up &= s.next_index > applied;
+        }
+        // The incremental channels; the loops follow each node's clock.
+        let incremental = |s: &bourse_cluster::marketdata::FeedStatus| -> Vec<u32> {
+            Channel::ALL
+                .into_iter()
+                .filter(|c| c.is_incremental())
+                .map(|c| s.next_seq[c.index()])
+                .collect()
+        };
+        if caught_up
+            && statuses
+                .windows(2)
+                .all(|w| incremental(&w[0]) == incremental(&w[1]))
+        {
+            return statuses;
+        }
+        assert!(
+            started.elapsed() < CONVERGE_LIMIT,
+            "feeds number differently: {statuses:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits (bounded) until the leader proposed an idle flush after `proposed_before` and every
+/// feed applied it, with nothing left to flush.
+async fn idle_flushed(
+    nodes: &[(Node, MarketDataService)],
+    leader: u64,
+    proposed_before: u64,
+) -> Vec<bourse_cluster::marketdata::FeedStatus> {
+    let started = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let statuses = feeds_caught_up_alike(nodes).await;
+        let (_, md) = nodes.iter().find(|(n, _)| n.id() == leader).unwrap();
+        let proposed = md.status().idle_flushes_proposed;
+        let flushes: Vec<u64> = statuses.iter().map(|s| s.idle_flushes).collect();
+        if proposed > proposed_before && flushes.iter().all(|&f| f > 0 && f == flushes[0]) {
+            return statuses;
+        }
+        assert!(
+            started.elapsed() < CONVERGE_LIMIT,
+            "no idle flush applied: {statuses:#?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_1ms_mode_the_new_leader_continues_the_old_leader_s_numbering_across_an_idle_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sub, mut section) = subscriber();
+    for c in ["orders", "trades", "book", "statistics"] {
+        section.modes.insert(c.to_string(), "1ms".to_string());
+    }
+    let config = config(dir.path(), section);
+    let stop = Arc::new(AtomicBool::new(false));
+    let target: Target = Arc::new(Mutex::new(None));
+    let handle = run_subscriber(sub, Arc::clone(&stop), Arc::clone(&target));
+    let mut nodes = start(&config).await;
+    let mut client = Client::new(addrs(&config), 51, 1);
+    let mut flow = Flow::new(flow_config(13));
+    setup(&mut client, &flow).await;
+    drive(&mut client, &mut flow, 300).await;
+    let leader = leader_of(&nodes).expect("a leader");
+    // The flow pauses: the leader proposes the idle flush, every replica applies it.
+    let before = idle_flushed(&nodes, leader, 0).await;
+    let seq_before = before[0].next_seq;
+    stop_node(&mut nodes, leader).await;
+    drive(&mut client, &mut flow, 300).await;
+    let new_leader = leader_of(&nodes).expect("a new leader");
+    assert_ne!(new_leader, leader);
+    let after = idle_flushed(&nodes, new_leader, 0).await;
+    for c in Channel::ALL.into_iter().filter(|c| c.is_incremental()) {
+        assert!(
+            after[0].next_seq[c.index()] >= seq_before[c.index()],
+            "{c:?}: {after:?}"
+        );
+    }
+    assert!(after[0].next_seq[Channel::Orders.index()] > seq_before[Channel::Orders.index()]);
+    let (node, _) = nodes.iter().find(|(n, _)| n.id() == new_leader).unwrap();
+    let sub = assert_books_match(node, target, stop, handle).await;
+    let s = sub.sub.stats();
+    // The failover happened with nothing pending (after an idle flush every replica
+    // applied), so the subscriber sees one sequence per channel: no gap to replay, no
+    // renumbering, no RptSeq jump.
+    assert_eq!(s.sequence_resets, 0, "{s:?}");
+    assert_eq!(s.gaps_detected, 0, "{s:?}");
+    assert_eq!(s.gaps_skipped, 0, "{s:?}");
+    assert_eq!(s.rpt_gaps, 0, "{s:?}");
+    assert_eq!(s.book_errors, 0, "{s:?}");
+    for (n, md) in nodes {
+        md.stop();
+        n.shutdown().await;
+    }
+}

@@ -3,6 +3,11 @@
 //! client's requests are applied gaplessly and exactly once even when the leader is lost with
 //! thousands in flight, a request that skips a seq is refused, and a start older than the ring
 //! is refused with the oldest index kept.
+//!
+//! The [`StreamConsumer`]: it resumes with no gap and no duplicate after the node it reads
+//! from is killed, after the consumer itself restarts from its saved position, and after it
+//! was cut off or started behind the ring (from the stream archive on disk, also across a
+//! node restart); frames that are not the entry due are refused and another node is asked.
 
 mod common;
 
@@ -11,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use bourse_cluster::client::{node_status, PipelinedClient, StreamClient};
 use bourse_cluster::net::{PeerConnection, Request, Response};
-use bourse_cluster::{ClusterConfig, CommittedEntry, Node, OutcomeKind, StreamError};
+use bourse_cluster::{
+    ClusterConfig, CommittedEntry, Node, OutcomeKind, StreamConsumer, StreamError,
+};
 use bourse_core::{Command, CommandBody};
 use bourse_engine::workload::Flow;
 use common::{addrs, free_ports, small_flow};
@@ -270,11 +277,219 @@ async fn a_skipped_seq_is_refused_and_an_old_start_is_too_old() {
         Err(e) => panic!("unexpected {e}"),
         Ok(_) => panic!("index 0 should have left an 8-entry ring"),
     }
+    // Over TCP the node serves a start older than its ring from its stream archive.
     let mut tcp = StreamClient::connect(nodes[leader].addr, 0).await.unwrap();
+    for index in 0..4 {
+        assert_eq!(tcp.recv().await.unwrap().unwrap().index, index);
+    }
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+/// Reads from `consumer` until `client_id`'s request `last` was applied; returns the entries.
+async fn consume_until(
+    consumer: &mut StreamConsumer,
+    entries: &mut Vec<CommittedEntry>,
+    first: u64,
+    client_id: u64,
+    last: u64,
+) {
+    let started = Instant::now();
+    while check_entries(entries, first, client_id).0 < last {
+        let left = LIMIT.saturating_sub(started.elapsed());
+        let e = tokio::time::timeout(left, consumer.next())
+            .await
+            .expect("entries arrive")
+            .expect("the consumer goes on");
+        entries.push(e.entry().clone());
+    }
+}
+
+/// Submits `count` flow commands (after the setup when `setup`) and waits for every answer.
+async fn submit_and_wait(
+    client: &mut PipelinedClient,
+    flow: &mut Flow,
+    count: usize,
+    setup: bool,
+) -> u64 {
+    let mut last = 0;
+    if setup {
+        for body in flow.setup() {
+            last = client.submit(&Command::new(0, body)).await.unwrap();
+        }
+    }
+    for i in 0..count {
+        last = client
+            .submit(&Command::new(i as u64, flow.next_command()))
+            .await
+            .unwrap();
+    }
+    loop {
+        let a = tokio::time::timeout(LIMIT, client.next_answer())
+            .await
+            .expect("answers arrive")
+            .unwrap();
+        if a.request_seq == last {
+            return last;
+        }
+    }
+}
+
+fn node_addrs(nodes: &[Node], first: usize) -> Vec<std::net::SocketAddr> {
+    (0..nodes.len())
+        .map(|k| nodes[(first + k) % nodes.len()].addr)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_resumes_with_no_gap_and_no_duplicate_when_the_node_it_reads_from_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let mut nodes = start_all(&config).await;
+    let leader = leader_of(&nodes).await;
+    // The consumer reads from the leader first.
+    let mut consumer = StreamConsumer::remote(node_addrs(&nodes, leader), 0);
+    let mut client = PipelinedClient::start(addrs(&config), 41, 1, 256);
+    let mut flow = Flow::new(small_flow(3));
+    let before = submit_and_wait(&mut client, &mut flow, 800, true).await;
+    let mut entries = Vec::new();
+    consume_until(&mut consumer, &mut entries, 0, 41, before).await;
+    assert_eq!(consumer.node(), Some(nodes[leader].addr));
+    nodes.remove(leader).shutdown().await;
+    let after = submit_and_wait(&mut client, &mut flow, 800, false).await;
+    assert!(after > before);
+    consume_until(&mut consumer, &mut entries, 0, 41, after).await;
+    let s = consumer.status();
+    assert!(s.cut_offs >= 1, "{s:?}");
+    assert_eq!(s.position, entries.len() as u64);
+    assert!(consumer
+        .node()
+        .is_some_and(|a| nodes.iter().any(|n| n.addr == a)));
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_consumer_resumes_from_its_saved_position_with_no_gap_and_no_duplicate() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let nodes = start_all(&config).await;
+    let leader = leader_of(&nodes).await;
+    let mut client = PipelinedClient::start(addrs(&config), 42, 1, 256);
+    let mut flow = Flow::new(small_flow(4));
+    let first = submit_and_wait(&mut client, &mut flow, 500, true).await;
+    let mut entries = Vec::new();
+    let saved = {
+        let mut consumer = StreamConsumer::remote(node_addrs(&nodes, leader), 0);
+        consume_until(&mut consumer, &mut entries, 0, 42, first).await;
+        consumer.position()
+    };
+    let last = submit_and_wait(&mut client, &mut flow, 500, false).await;
+    // Restarted, reading from another node, in process this time.
+    let mut consumer = nodes[(leader + 1) % 3].consumer(saved);
+    consume_until(&mut consumer, &mut entries, 0, 42, last).await;
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_behind_the_ring_catches_up_from_the_archive_also_after_a_node_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    config.stream_entries_kept = 8;
+    let mut nodes = start_all(&config).await;
+    let leader = leader_of(&nodes).await;
+    let mut client = PipelinedClient::start(addrs(&config), 43, 1, 16);
+    let mut flow = Flow::new(small_flow(6));
+    let mut last = submit_and_wait(&mut client, &mut flow, 50, true).await;
+    for _ in 0..10 {
+        last = submit_and_wait(&mut client, &mut flow, 30, false).await;
+    }
+    let follower = (leader + 1) % 3;
+    let mut consumer = nodes[follower].consumer(0);
+    let mut entries = Vec::new();
+    consume_until(&mut consumer, &mut entries, 0, 43, last).await;
+    let s = consumer.status();
+    assert!(entries.len() > 8 + 10, "{} entries", entries.len());
+    assert!(s.entries_from_disk > 0, "{s:?}");
+    // The follower restarts: its archive, consistent with what it applies again, still
+    // serves the whole run, byte for byte.
+    let id = config.nodes[follower].id;
+    nodes.remove(follower).shutdown().await;
+    let restarted = Node::start(&config, id)
+        .await
+        .expect("the follower restarts");
+    nodes.push(restarted);
+    let more = submit_and_wait(&mut client, &mut flow, 30, false).await;
+    let mut again = nodes.last().unwrap().consumer(0);
+    let mut replayed = Vec::new();
+    consume_until(&mut again, &mut replayed, 0, 43, more).await;
+    assert_eq!(replayed[..entries.len()], entries[..]);
+    assert!(again.status().entries_from_disk > 0);
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_that_are_not_the_entry_due_are_refused_and_another_node_is_asked() {
+    use bourse_cluster::net::{encode_frame, Tagged};
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let nodes = start_all(&config).await;
+    let leader = leader_of(&nodes).await;
+    let mut client = PipelinedClient::start(addrs(&config), 44, 1, 256);
+    let mut flow = Flow::new(small_flow(8));
+    let last = submit_and_wait(&mut client, &mut flow, 300, true).await;
+    // Two fake nodes on 127.0.0.1: one sends garbage in a well-formed frame, the other a
+    // well-formed entry that is not the one asked for. Each serves every connection so.
+    let wrong = encode_frame(&Tagged {
+        tag: 1,
+        body: Response::Committed(CommittedEntry {
+            index: 7,
+            requests: Vec::new(),
+            market_data_flush_ns: None,
+        }),
+    });
+    let mut garbage = wrong.clone();
+    for b in &mut garbage[4..] {
+        *b = 0xff;
+    }
+    let mut fakes = Vec::new();
+    for frame in [garbage, wrong] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        fakes.push(listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let _ = s.write_all(&frame).await;
+                let _ = s.flush().await;
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    drop(s);
+                });
+            }
+        });
+    }
+    let mut addrs_with_fakes = fakes.clone();
+    addrs_with_fakes.push(nodes[leader].addr);
+    let mut consumer = StreamConsumer::remote(addrs_with_fakes, 0);
+    let mut entries = Vec::new();
+    consume_until(&mut consumer, &mut entries, 0, 44, last).await;
+    let s = consumer.status();
+    assert_eq!(s.wire_errors, 2, "{s:?}");
+    assert_eq!(consumer.node(), Some(nodes[leader].addr));
+    // Only fakes: the consumer gives up with a reason rather than hand out a wrong entry.
+    let mut stranded = StreamConsumer::remote(fakes, 0);
+    stranded.set_reconnect_timeout_ms(500);
     assert!(matches!(
-        tcp.recv().await.unwrap(),
-        Err(StreamError::TooOld { .. })
+        stranded.next().await,
+        Err(StreamError::Unreachable(_))
     ));
+    assert!(stranded.status().wire_errors >= 2);
     for n in nodes {
         n.shutdown().await;
     }

@@ -175,6 +175,11 @@ pub struct PublisherConfig {
     pub snapshot_interval_ns: u64,
     /// The instrument loop sends a full pass of definitions every this many ns.
     pub instruments_interval_ns: u64,
+    /// Whether [`Publisher::tick`] closes the packets of an idle 1 ms / 15 ms channel by the
+    /// wall clock (a publisher on its own). A replicated core's publisher sets it false: its
+    /// idle flushes are log entries, so that every replica closes the same packets
+    /// ([`Publisher::idle_flush_due`], [`Publisher::idle_flush`]).
+    pub idle_flush_by_clock: bool,
 }
 
 /// Packets kept for replay by default. The protocol document names 1,000,000
@@ -198,6 +203,7 @@ impl Default for PublisherConfig {
                 * 1_000_000,
             snapshot_interval_ns: 1_000_000,
             instruments_interval_ns: 100_000_000,
+            idle_flush_by_clock: true,
         }
     }
 }

@@ -1401,17 +1401,8 @@ impl Publisher {
                 self.channels[c.index()].sequence_reset(now_ns, active, sink);
             }
         }
-        for c in Channel::ALL {
-            let ch = &self.channels[c.index()];
-            let interval = ch.mode.interval_ns();
-            // The idle flush: the unsent messages' interval ended a whole interval ago and no
-            // batch of a later interval came to close them (see `publish`).
-            if interval > 0
-                && now_ns / interval >= ch.bucket.saturating_add(2)
-                && self.has_pending(c)
-            {
-                self.flush_channel(c, now_ns, sink);
-            }
+        if self.config.idle_flush_by_clock {
+            self.idle_flush(now_ns, sink);
         }
         self.instrument_loop(now_ns, sink);
         self.snapshot_loop(now_ns, sink);
@@ -1420,6 +1411,31 @@ impl Publisher {
         for ch in &mut self.channels {
             if !ch.has_unsent() && now_ns.saturating_sub(ch.last_send_ns) >= hb {
                 ch.heartbeat(now_ns, active, sink);
+            }
+        }
+    }
+
+    /// Whether a 1 ms / 15 ms channel is idle at `now_ns`: its unsent messages' interval
+    /// ended a whole interval ago and no batch of a later interval came to close them (see
+    /// [`Publisher::publish`]).
+    pub fn idle_flush_due(&self, now_ns: u64) -> bool {
+        Channel::ALL.into_iter().any(|c| self.idle(c, now_ns))
+    }
+
+    fn idle(&self, c: Channel, now_ns: u64) -> bool {
+        let ch = &self.channels[c.index()];
+        let interval = ch.mode.interval_ns();
+        interval > 0 && now_ns / interval >= ch.bucket.saturating_add(2) && self.has_pending(c)
+    }
+
+    /// The idle flush: closes and sends (when active) the packets of every channel idle at
+    /// `now_ns`. A function of the publisher's state and `now_ns` alone, so replicas that
+    /// apply it at the same point of the same log with the same `now_ns` close the same
+    /// packets.
+    pub fn idle_flush(&mut self, now_ns: u64, sink: &mut dyn PacketSink) {
+        for c in Channel::ALL {
+            if self.idle(c, now_ns) {
+                self.flush_channel(c, now_ns, sink);
             }
         }
     }

@@ -34,6 +34,9 @@ pub const CONNECTION_TIMEOUT_MS: u64 = 2_000;
 pub const REQUESTS_PER_CLIENT_PER_S_MAX: u32 = 200;
 /// Client addresses remembered for throttling; the table is cleared when it fills.
 const THROTTLE_CLIENTS_MAX: usize = 4_096;
+/// The longest pause between two polls of the listeners while no request comes (the most a
+/// first request after a quiet spell waits to be accepted).
+const IDLE_POLL_MS_MAX: u64 = 16;
 
 /// The packets `from .. from+count` with PossDupFlag set, or why not.
 pub fn collect(
@@ -149,6 +152,9 @@ impl ReplayServer {
                 // Per client address: (start of the current one-second window, requests in it).
                 let mut clients: std::collections::HashMap<std::net::IpAddr, (Instant, u32)> =
                     std::collections::HashMap::new();
+                // Polls every millisecond while requests come, backing off to
+                // IDLE_POLL_MS_MAX when none do, so that an idle service costs next to nothing.
+                let mut pause_ms = 1u64;
                 while !stop2.load(Ordering::Relaxed) {
                     let mut idle = true;
                     for (listener, history) in &listeners {
@@ -172,7 +178,10 @@ impl ReplayServer {
                         }
                     }
                     if idle {
-                        std::thread::sleep(Duration::from_millis(1));
+                        std::thread::sleep(Duration::from_millis(pause_ms));
+                        pause_ms = (pause_ms * 2).min(IDLE_POLL_MS_MAX);
+                    } else {
+                        pause_ms = 1;
                     }
                 }
             })?;
