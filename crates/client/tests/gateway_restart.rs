@@ -4,10 +4,10 @@
 //! requests answer the true state of open and finished orders, the FIX sessions resume their
 //! sequence numbers, and trading continues on the restored orders.
 
-mod common;
+mod cluster;
 
 use bourse_client::{FixClient, FixClientConfig, FixMessage};
-use common::cluster::{gateway_config, start_gateway, Group};
+use cluster::{gateway_config, start_gateway, Group};
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -3,11 +3,15 @@
 //!
 //! [`MemoryStore`] is for tests and for sessions that reset on every
 //! connection; [`FileStore`] keeps the same state in a directory so that a
-//! restarted process resumes the session where it stopped.
+//! restarted process resumes the session where it stopped. It is the one file
+//! store of bourse (the `bourse fix acceptor` and the gateway's sessions alike),
+//! cheap enough for the order path: a message costs one append and one
+//! fixed-width overwrite, no file created or renamed.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// Default bound on stored outbound messages; older ones are forgotten and
@@ -120,16 +124,24 @@ impl MessageStore for MemoryStore {
     }
 }
 
-/// A store in a directory: `seqnums` holds the two sequence numbers as text
-/// (replaced atomically by rename), `messages` is an append-only log of
-/// records `seq_num: u64 LE, len: u32 LE, bytes`. A torn last record, left by
-/// a crash in mid-append, is cut off when the store is opened.
+/// The `seqnums` file: two 20-digit numbers (sender, then target), a space
+/// and a newline, so that every write has the same width.
+const SEQNUMS_BYTES: usize = 42;
+
+/// A store in a directory: `seqnums` holds the two sequence numbers as text,
+/// fixed-width and overwritten in place (one positioned write; a create and a
+/// rename per message cost about a millisecond each on the gateway's order
+/// path), `messages` is an append-only log of records `seq_num: u64 LE,
+/// len: u32 LE, bytes`. A torn last record, left by a crash in mid-append, is
+/// cut off when the store is opened; the log is rewritten with the kept
+/// messages once it holds twice as many records as the bound.
 #[derive(Debug)]
 pub struct FileStore {
     dir: PathBuf,
     next_sender_seq_num: u64,
     next_target_seq_num: u64,
     messages: BTreeMap<u64, Vec<u8>>,
+    seqnums: File,
     log: File,
     log_records: usize,
     stored_messages_max: usize,
@@ -142,14 +154,21 @@ impl FileStore {
     pub fn open(dir: &Path, stored_messages_max: usize, sync: bool) -> io::Result<Self> {
         assert!(stored_messages_max > 0);
         fs::create_dir_all(dir)?;
-        let (next_sender_seq_num, next_target_seq_num) =
-            match fs::read_to_string(dir.join("seqnums")) {
-                Ok(text) => parse_seqnums(&text).ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::InvalidData, "corrupt seqnums file")
-                })?,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => (1, 1),
-                Err(e) => return Err(e),
-            };
+        let mut seqnums = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join("seqnums"))?;
+        let mut text = String::new();
+        seqnums.read_to_string(&mut text)?;
+        // An empty file is a store that never wrote one (a crash before the first write).
+        let (next_sender_seq_num, next_target_seq_num) = if text.trim().is_empty() {
+            (1, 1)
+        } else {
+            parse_seqnums(&text)
+                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "corrupt seqnums file"))?
+        };
         let log_path = dir.join("messages");
         let mut messages = BTreeMap::new();
         let mut log_records = 0;
@@ -183,32 +202,35 @@ impl FileStore {
         if log.metadata()?.len() != good_len {
             log.set_len(good_len)?;
         }
-        Ok(FileStore {
+        let store = FileStore {
             dir: dir.to_path_buf(),
             next_sender_seq_num,
             next_target_seq_num,
             messages,
+            seqnums,
             log,
             log_records,
             stored_messages_max,
             sync,
-        })
+        };
+        // Rewritten at once in the fixed width. An older file (numbers as short as they
+        // are, replaced by rename) is never longer than the fixed width, so the overwrite
+        // leaves no stale tail.
+        store.write_seqnums()?;
+        Ok(store)
     }
 
     fn write_seqnums(&self) -> io::Result<()> {
-        let tmp = self.dir.join("seqnums.tmp");
-        {
-            let mut f = File::create(&tmp)?;
-            writeln!(
-                f,
-                "{} {}",
-                self.next_sender_seq_num, self.next_target_seq_num
-            )?;
-            if self.sync {
-                f.sync_all()?;
-            }
+        let text = format!(
+            "{:020} {:020}\n",
+            self.next_sender_seq_num, self.next_target_seq_num
+        );
+        debug_assert_eq!(text.len(), SEQNUMS_BYTES);
+        self.seqnums.write_all_at(text.as_bytes(), 0)?;
+        if self.sync {
+            self.seqnums.sync_data()?;
         }
-        fs::rename(&tmp, self.dir.join("seqnums"))
+        Ok(())
     }
 
     /// Rewrites the log with only the messages still kept, once it holds
@@ -336,6 +358,69 @@ mod tests {
         drop(f);
         let s = FileStore::open(&dir, 10, false).expect("reopen");
         assert_eq!((s.next_sender_seq_num(), s.next_target_seq_num()), (3, 7));
+        let mut out = Vec::new();
+        s.messages_in_range(1, 10, &mut out).expect("range");
+        assert_eq!(out, vec![(1, b"one".to_vec()), (2, b"two".to_vec())]);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn sequence_numbers_are_overwritten_in_place_at_a_fixed_width() {
+        let dir = temp_dir("in-place");
+        fs::create_dir_all(&dir).expect("dir");
+        // A store written by the earlier form of this file: short numbers, no padding.
+        fs::write(dir.join("seqnums"), "12 5\n").expect("write");
+        let mut s = FileStore::open(&dir, 10, false).expect("open");
+        assert_eq!((s.next_sender_seq_num(), s.next_target_seq_num()), (12, 5));
+        let inode = |d: &Path| {
+            use std::os::unix::fs::MetadataExt;
+            fs::metadata(d.join("seqnums")).expect("meta").ino()
+        };
+        let before = inode(&dir);
+        s.set_next_sender_seq_num(123_456_789).expect("set");
+        s.set_next_target_seq_num(6).expect("set");
+        assert_eq!(inode(&dir), before, "the same file, not a renamed copy");
+        let text = fs::read_to_string(dir.join("seqnums")).expect("read");
+        assert_eq!(text.len(), SEQNUMS_BYTES);
+        drop(s);
+        let s = FileStore::open(&dir, 10, false).expect("reopen");
+        assert_eq!(
+            (s.next_sender_seq_num(), s.next_target_seq_num()),
+            (123_456_789, 6)
+        );
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_damaged_seqnums_file_is_refused() {
+        let dir = temp_dir("damaged");
+        fs::create_dir_all(&dir).expect("dir");
+        fs::write(dir.join("seqnums"), "x 5\n").expect("write");
+        let err = FileStore::open(&dir, 10, false).expect_err("refused");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_torn_record_header_is_cut_off_and_appending_resumes_after_it() {
+        let dir = temp_dir("torn-header");
+        {
+            let mut s = FileStore::open(&dir, 10, false).expect("open");
+            s.store_message(1, b"one").expect("store");
+        }
+        // A record whose header claims more bytes than the file holds.
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(dir.join("messages"))
+            .expect("open log");
+        f.write_all(&[2, 0, 0, 0, 0, 0, 0, 0, 100, 0, 0, 0, 1])
+            .expect("write");
+        drop(f);
+        {
+            let mut s = FileStore::open(&dir, 10, false).expect("reopen");
+            s.store_message(2, b"two").expect("store");
+        }
+        let s = FileStore::open(&dir, 10, false).expect("reopen");
         let mut out = Vec::new();
         s.messages_in_range(1, 10, &mut out).expect("range");
         assert_eq!(out, vec![(1, b"one".to_vec()), (2, b"two".to_vec())]);

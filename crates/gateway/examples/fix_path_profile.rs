@@ -103,10 +103,10 @@ fn gateway_side(g: &mut Gateway, now_ms: u64, inbound: &[u8], out: &mut Vec<u8>)
     };
     g.session.on_bytes(now_ms as i64, inbound, &mut app);
     g.router.poll_core(usize::MAX);
-    let outbox = std::mem::take(&mut g.router.outbox);
+    let outbox = g.router.take_outbox();
     // As the event loop does after delivery: sampled traces are recorded.
-    for (_, t) in std::mem::take(&mut g.router.probes.answered) {
-        g.router.probes.recorder.record(&t);
+    for (_, t) in std::mem::take(&mut g.router.probes_mut().answered) {
+        g.router.probes_mut().recorder.record(&t);
     }
     for (_, report) in &outbox {
         let exec_id = if matches!(report, Report::Exec(_)) {
@@ -150,11 +150,10 @@ fn main() {
             .validated()
             .expect("monitor config"),
         );
-        router.probes.recorder = m.probes().recorder();
-        router.probes_on = true;
+        router.enable_probes(m.probes().recorder());
         m
     });
-    bourse_gateway::server::bootstrap(&mut router, &config).expect("bootstrap");
+    bourse_gateway::bootstrap::bootstrap(&mut router, &config).expect("bootstrap");
     let dictionary = Arc::new(fix_front::dictionary());
     let mut sc = SessionConfig::new("FIX.4.4", "BOURSE", "CLIENT", Role::Acceptor);
     sc.check_latency = false;

@@ -1,7 +1,11 @@
-//! The binary (SBE) front end: requests decoded into router calls, reports encoded as
-//! sequenced server responses (docs/protocol-binary-order-entry.md).
+//! The binary (SBE) front end: requests decoded into the router's [`Request`]s
+//! ([`parse_request`]), reports encoded as sequenced server responses
+//! (docs/protocol-binary-order-entry.md). The session layer (establishment, sequencing,
+//! retransmission) is the event loop's, `server::binary_session`.
 
-use crate::router::{ExecKind, GatewayReject, RejectCause, Report, Router};
+use crate::router::{
+    ClientId, ExecKind, GatewayReject, NewOrderRequest, RejectCause, Report, Request, Router,
+};
 use bourse_core::*;
 use bourse_wire::frame::encode_frame;
 use bourse_wire::order_entry::codec::{
@@ -11,11 +15,12 @@ use bourse_wire::order_entry::codec::{
     cancel_reject_codec::CancelRejectEncoder, cancel_reject_reason::CancelRejectReason,
     execution_report_codec::ExecutionReportEncoder, mass_cancel_ack_codec::MassCancelAckEncoder,
     mass_cancel_result::MassCancelResult, new_order_ack_codec::NewOrderAckEncoder,
+    new_order_codec::NewOrderDecoder, ord_type::OrdType as BinOrdType,
     order_reject_codec::OrderRejectEncoder, order_reject_reason::OrderRejectReason,
     replace_ack_codec::ReplaceAckEncoder, replace_reject_codec::ReplaceRejectEncoder,
-    side::Side as BinSide,
+    side::Side as BinSide, time_in_force::TimeInForce as BinTif,
 };
-use bourse_wire::order_entry::FRAME_BYTES_MAX;
+use bourse_wire::order_entry::{Message, FRAME_BYTES_MAX};
 
 pub fn bin_side(side: Side) -> BinSide {
     match side {
@@ -257,4 +262,123 @@ pub fn render(router: &Router, report: &Report, buf: &mut [u8; FRAME_BYTES_MAX])
         }
     };
     result.unwrap_or(0)
+}
+
+/// What a binary client request becomes once decoded: a request for the router, or the
+/// reject a malformed one gets at once.
+#[derive(Debug)]
+pub enum Parsed {
+    Request(Request),
+    /// A new order refused before routing, with its fields as far as they could be read.
+    RejectNew(NewOrderRequest, GatewayReject),
+    /// Another request refused before routing.
+    Reject(Report),
+}
+
+fn side_of(side: BinSide) -> Option<Side> {
+    match side {
+        BinSide::Buy => Some(Side::Buy),
+        BinSide::Sell => Some(Side::Sell),
+        _ => None,
+    }
+}
+
+/// Decodes an order-entry request (new order, cancel, replace, mass cancel) into a
+/// [`Request`], reading quantities in the instrument's lots; `None` for any other message.
+pub fn parse_request(router: &Router, message: &Message<'_>, ts_ns: u64) -> Option<Parsed> {
+    Some(match message {
+        Message::NewOrder(m) => parse_new_order(router, m),
+        Message::CancelOrder(m) => Parsed::Request(Request::Cancel {
+            client: ClientId::Num(m.cl_ord_id()),
+            orig: ClientId::Num(m.orig_cl_ord_id().unwrap_or(u64::MAX)),
+            order_id: m.order_id().map(OrderId),
+        }),
+        Message::ReplaceOrder(m) => {
+            let orig = ClientId::Num(m.orig_cl_ord_id().unwrap_or(u64::MAX));
+            let lots = router
+                .instrument(InstrumentId(m.instrument_id()))
+                .and_then(|i| i.lots(m.qty()));
+            let client = ClientId::Num(m.cl_ord_id());
+            match lots {
+                Some(lots) => Parsed::Request(Request::Replace {
+                    client,
+                    orig,
+                    order_id: m.order_id().map(OrderId),
+                    price: Some(Price(m.price())),
+                    qty_lots: Some(lots),
+                }),
+                None => Parsed::Reject(Report::CancelReject {
+                    client,
+                    orig,
+                    order_id: m.order_id().map(OrderId),
+                    to: CancelRejectTo::Replace,
+                    cause: RejectCause::Gateway(GatewayReject::InvalidQty),
+                    ts_ns,
+                }),
+            }
+        }
+        Message::MassCancel(m) => Parsed::Request(Request::MassCancel {
+            client: ClientId::Num(m.cl_ord_id()),
+            request_type: b'7',
+            account: m.account().map(AccountId),
+            instrument: m.instrument_id().map(InstrumentId),
+            side: side_of(m.side()),
+        }),
+        _ => return None,
+    })
+}
+
+fn parse_new_order(router: &Router, m: &NewOrderDecoder<'_>) -> Parsed {
+    let instrument = InstrumentId(m.instrument_id());
+    let info = router.instrument(instrument);
+    let side = side_of(m.side());
+    let ord_type = match m.ord_type() {
+        BinOrdType::Limit => Some(OrdType::Limit),
+        BinOrdType::Market => Some(OrdType::Market),
+        _ => None,
+    };
+    let tif = match m.time_in_force() {
+        BinTif::Day => Some(TimeInForce::Day),
+        BinTif::GoodTillCancel => Some(TimeInForce::Gtc),
+        BinTif::ImmediateOrCancel => Some(TimeInForce::Ioc),
+        BinTif::FillOrKill => Some(TimeInForce::Fok),
+        BinTif::GoodTillDate => Some(TimeInForce::Gtd),
+        _ => None,
+    };
+    let mut req = NewOrderRequest {
+        client: ClientId::Num(m.cl_ord_id()),
+        account: Some(AccountId(m.account())),
+        instrument,
+        side: side.unwrap_or(Side::Buy),
+        ord_type: ord_type.unwrap_or(OrdType::Limit),
+        price: Price(m.price().unwrap_or(0)),
+        qty_lots: 0,
+        tif: tif.unwrap_or(TimeInForce::Day),
+        expire_ts_ns: m.expire_time_ns().unwrap_or(0),
+        display_lots: 0,
+    };
+    let cause = if info.is_none() {
+        Some(GatewayReject::UnknownSymbol)
+    } else if side.is_none() || ord_type.is_none() || tif.is_none() {
+        Some(GatewayReject::UnsupportedValue)
+    } else {
+        None
+    };
+    if let Some(info) = info {
+        req.qty_lots = info.lots(m.qty()).unwrap_or(0);
+        if let Some(d) = m.display_qty() {
+            req.display_lots = info.lots(d).unwrap_or(-1);
+        }
+    }
+    let cause = cause.or(if req.qty_lots <= 0 || req.display_lots < 0 {
+        Some(GatewayReject::InvalidQty)
+    } else if req.ord_type == OrdType::Limit && m.price().is_none() {
+        Some(GatewayReject::InvalidPrice)
+    } else {
+        None
+    });
+    match cause {
+        Some(g) => Parsed::RejectNew(req, g),
+        None => Parsed::Request(Request::New(req)),
+    }
 }

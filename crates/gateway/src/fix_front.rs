@@ -5,7 +5,7 @@
 use crate::convert::{parse_decimal, Decimal};
 use crate::router::{
     ClientId, ExecKind, ExecReport, Finished, GatewayReject, NewOrderRequest, RejectCause, Report,
-    Router, SessionRef, StatusQuery,
+    Request, Router, SessionRef, StatusQuery,
 };
 use bourse_core::*;
 use bourse_fix::session::Inbound;
@@ -196,7 +196,7 @@ impl FixApp<'_> {
                 _ => return reject(self.router, &req, GatewayReject::InvalidField, ts),
             }
         }
-        self.router.new_order(self.sref, req, ts);
+        self.router.handle(self.sref, Request::New(req), ts);
     }
 
     fn cancel_or_replace(&mut self, m: &Inbound<'_>, replace: bool) {
@@ -221,7 +221,7 @@ impl FixApp<'_> {
             .map(OrderId);
         let ts = self.now_ns;
         let reject = |r: &mut Router, g: GatewayReject| {
-            r.outbox.push((
+            r.report(
                 self.sref,
                 Report::CancelReject {
                     client: client.clone(),
@@ -231,13 +231,18 @@ impl FixApp<'_> {
                     cause: RejectCause::Gateway(g),
                     ts_ns: ts,
                 },
-            ))
+            )
         };
-        if self.router.sessions[self.sref.0 as usize].drop_copy {
+        if self.router.session(self.sref).is_some_and(|s| s.drop_copy) {
             return reject(self.router, GatewayReject::NotAuthorized);
         }
         if !replace {
-            return self.router.cancel(self.sref, client, orig, order_id, ts);
+            let cancel = Request::Cancel {
+                client,
+                orig,
+                order_id,
+            };
+            return self.router.handle(self.sref, cancel, ts);
         }
         let Some(instrument) = self
             .router
@@ -261,8 +266,14 @@ impl FixApp<'_> {
             Some(l) => l,
             None => return reject(self.router, GatewayReject::InvalidQty),
         };
-        self.router
-            .replace(self.sref, client, orig, order_id, price, Some(qty_lots), ts);
+        let replace = Request::Replace {
+            client,
+            orig,
+            order_id,
+            price,
+            qty_lots: Some(qty_lots),
+        };
+        self.router.handle(self.sref, replace, ts);
     }
 
     fn mass_cancel(&mut self, m: &Inbound<'_>) {
@@ -275,7 +286,7 @@ impl FixApp<'_> {
             .and_then(|v| v.first().copied())
             .unwrap_or(b'0');
         let reject = |r: &mut Router, g: GatewayReject| {
-            r.outbox.push((
+            r.report(
                 self.sref,
                 Report::MassCancel {
                     client: client.clone(),
@@ -284,7 +295,7 @@ impl FixApp<'_> {
                     reject: Some(RejectCause::Gateway(g)),
                     ts_ns: ts,
                 },
-            ))
+            )
         };
         let instrument = match request_type {
             b'1' => match self
@@ -301,15 +312,14 @@ impl FixApp<'_> {
             return reject(self.router, GatewayReject::NotAuthorized);
         };
         let side = side_of(m.get(tag::SIDE));
-        self.router.mass_cancel(
-            self.sref,
-            client.clone(),
+        let mass_cancel = Request::MassCancel {
+            client: client.clone(),
             request_type,
             account,
             instrument,
             side,
-            ts,
-        );
+        };
+        self.router.handle(self.sref, mass_cancel, ts);
     }
 }
 
@@ -336,8 +346,14 @@ impl FixApp<'_> {
             .filter(|s| s.len() <= 64)
             .map(Box::from);
         let ts = self.now_ns;
-        self.router
-            .order_status(self.sref, client, order_id, symbol, side, req_id, ts);
+        let status = Request::Status {
+            client,
+            order_id,
+            symbol,
+            side,
+            status_req_id: req_id,
+        };
+        self.router.handle(self.sref, status, ts);
     }
 
     /// OrderMassStatusRequest (AF): MassStatusReqType 7 (all orders) or 1 (one security).
@@ -378,8 +394,11 @@ impl FixApp<'_> {
             }
         };
         let ts = self.now_ns;
-        self.router
-            .mass_status(self.sref, req_id.into(), instrument, ts);
+        let mass_status = Request::MassStatus {
+            req_id: req_id.into(),
+            instrument,
+        };
+        self.router.handle(self.sref, mass_status, ts);
     }
 }
 
@@ -390,29 +409,22 @@ impl Application for FixApp<'_> {
         _replies: &mut Vec<OutMessage>,
     ) -> Result<(), BusinessRejectReason> {
         let msg_type = m.msg_type();
-        self.router.requests_in += 1;
-        self.router.counters.fix_requests_in += 1;
-        if self.router.probes_on {
-            let kind = match msg_type {
-                b"D" => Some(CommandKind::NewOrder),
-                b"F" => Some(CommandKind::Cancel),
-                b"G" => Some(CommandKind::Replace),
-                b"q" => Some(CommandKind::MassCancel),
-                _ => None,
-            };
-            match kind {
-                Some(kind) => self.router.probes.begin(kind),
-                None => self.router.probes.current = None,
-            }
-        }
+        let kind = match msg_type {
+            b"D" => Some(CommandKind::NewOrder),
+            b"F" => Some(CommandKind::Cancel),
+            b"G" => Some(CommandKind::Replace),
+            b"q" => Some(CommandKind::MassCancel),
+            _ => None,
+        };
+        self.router.note_request(true, kind);
         if !matches!(msg_type, b"D" | b"F" | b"G" | b"q" | b"H" | b"AF") {
             return Err(BusinessRejectReason::UnsupportedMessageType);
         }
-        let meta = &mut self.router.sessions[self.sref.0 as usize];
-        if let Err(retry_ms) = meta.throttle.take(self.now_ms) {
+        if let Err(t) = self.router.throttle(self.sref, self.now_ms) {
+            let retry_ms = t.retry_ms;
             let text = format!(
                 "throttle: more than {} messages/s; retry after {retry_ms} ms",
-                meta.throttle.msgs_per_s()
+                t.msgs_per_s
             );
             let id = client_id(m, tag::CL_ORD_ID);
             self.business_reject(m, id, text, Some(retry_ms));

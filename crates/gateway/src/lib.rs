@@ -23,26 +23,30 @@
 //!   passes `bourse_engine::in_process::InProcessCore` (an engine on its own thread) or
 //!   `bourse_cluster::link::ClusterLink` (a `bourse node` replica group), so the gateway
 //!   depends on neither the engine nor the cluster.
-//! - [`router::Router`]: protocol-neutral order identity and routing over one link per core:
-//!   each command goes to the core that owns its instrument (a cancel or replace to its
-//!   order's core, a mass cancel without instrument to every core, answered by one aggregated
-//!   report); client order ids per session to gateway-wide core ids and back, order
-//!   ownership (events routed by order id, unique across cores), fills, average prices,
-//!   order status answers (FIX H and AF), and the [`router::Report`]s each session is owed.
-//! - [`fix_front`] and [`binary_front`]: parse requests and render reports for each protocol;
-//!   [`fix_front::dictionary`] is the gateway's own compact FIX 4.4 dictionary.
+//! - [`router::Router`]: protocol-neutral order identity and routing over one link per core.
+//!   A front end hands it a [`router::Request`] (new, cancel, replace, mass cancel, status,
+//!   mass status) with [`router::Router::handle`]; each command goes to the core that owns its
+//!   instrument (a cancel or replace to its order's core, a mass cancel without instrument to
+//!   every core, answered by one aggregated report); client order ids per session map to
+//!   gateway-wide core ids and back, order ownership (events routed by order id, unique
+//!   across cores), fills, average prices, order status answers (FIX H and AF), and the
+//!   [`reports::Report`]s each session is owed, taken with [`router::Router::take_outbox`].
+//! - [`fix_front`] and [`binary_front`]: parse each protocol's requests into
+//!   [`router::Request`]s ([`fix_front::FixApp`], [`binary_front::parse_request`]) and render
+//!   reports; [`fix_front::dictionary`] is the gateway's own compact FIX 4.4 dictionary.
 //! - [`server::spawn_cores`] (and [`server::spawn`] for one core): the event loop (mio, one
-//!   thread) that owns all sockets and sessions, after an idempotent bootstrap of the cores
-//!   ([`server::bootstrap`]); [`server::GatewayHandle`] and [`server::GatewayStats`] to watch
-//!   and stop it. With `monitor_listen` it serves Prometheus `/metrics` and the dashboard
-//!   (`bourse_monitor`): counters kept as plain integers in the loop
-//!   ([`server::LoopCounters`], [`router::RouterCounters`]) and published on its timer, and
-//!   sampled stage probes t0 (socket read), t1, t2, t5, t6, t7 (written).
+//!   thread) that owns all sockets and sessions (binary sessions in `server::binary_session`),
+//!   after an idempotent bootstrap of the cores ([`bootstrap::bootstrap`]);
+//!   [`server::GatewayHandle`] and [`server::GatewayStats`] to watch and stop it. With
+//!   `monitor_listen` it serves Prometheus `/metrics` and the dashboard (`bourse_monitor`):
+//!   counters kept as plain integers in the loop ([`metrics::LoopCounters`],
+//!   [`router::RouterCounters`]) and published on its timer, and sampled stage probes t0
+//!   (socket read), t1, t2, t5, t6, t7 (written).
 //! - [`GatewayConfig`]: sessions, cores (`[[cores]]`: the instruments each owns, in process or
 //!   the nodes of its replica group), instruments, accounts and limits.
-//! - [`store::GatewayStore`]: the FIX session store (sequence numbers overwritten in place,
-//!   sent messages appended), cheap enough for the order path.
-//!
+//! - FIX sessions keep their state in `bourse_fix::FileStore` (sequence numbers overwritten in
+//!   place, sent messages appended), cheap enough for the order path.
+
 //! Limits: connections (`connections_max`), FIX message size, unsent output per connection
 //! (a client that does not read is closed as a slow consumer), queue depth to the core,
 //! messages kept for resend/retransmission, messages queued for a logged-off FIX session,
@@ -56,13 +60,15 @@
 //! binary protocol has no status request.
 
 pub mod binary_front;
+pub mod bootstrap;
 pub mod config;
 pub mod convert;
 pub mod fix_front;
+pub mod metrics;
 pub mod recovery;
+pub mod reports;
 pub mod router;
 pub mod server;
-pub mod store;
 pub mod throttle;
 
 pub use bourse_core::link::{CoreLink, CoreOutput, RequestKey, SubmitError};

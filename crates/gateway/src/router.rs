@@ -1,6 +1,9 @@
-//! Protocol-neutral order routing: sessions' requests become core commands, core outputs
-//! become [`Report`]s addressed to sessions. The FIX and binary front ends only parse and
-//! render; everything about order identity, ownership and fills lives here.
+//! Protocol-neutral order routing: sessions' [`Request`]s ([`Router::handle`]) become core
+//! commands, core outputs ([`Router::poll_core`]) become [`Report`]s addressed to sessions
+//! ([`Router::take_outbox`]). The FIX and binary front ends only parse and render; everything
+//! about order identity, ownership and fills lives here, and the order table's status answers
+//! and durable state in `orders`. The router's unit tests (`router/tests.rs`) drive it
+//! against a fake link per core.
 //!
 //! Client order ids are the sessions' own (FIX text, binary numbers). The core sees gateway
 //! numbers ([`ClOrdId`]) unique across all sessions, so two sessions trading one account can
@@ -13,6 +16,13 @@
 //! core numbers from `core_index << ORDER_ID_CORE_SHIFT`), so events are routed by order id
 //! whichever core sent them. Request keys are gateway-wide, so a core sees a subset of a
 //! session's keys, still increasing.
+
+mod orders;
+
+pub use crate::reports::{
+    ExecKind, ExecReport, Finished, GatewayReject, RejectCause, Report, StatusQuery,
+};
+pub use orders::{RouterState, SavedOrder, FINISHED_ORDERS_KEPT};
 
 use crate::config::{GatewayConfig, Limits};
 use crate::throttle::Throttle;
@@ -46,7 +56,7 @@ impl ClientId {
     }
 }
 
-/// Index of a session in [`Router::sessions`] (FIX and binary alike).
+/// Index of a session in the router's session table (FIX and binary alike).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SessionRef(pub u32);
 
@@ -134,204 +144,6 @@ struct MassAgg {
     reject: Option<RejectReason>,
 }
 
-/// Why the gateway itself refused a request before it reached the core.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GatewayReject {
-    NotAuthorized,
-    UnknownSymbol,
-    InvalidPrice,
-    InvalidQty,
-    InvalidField,
-    UnsupportedValue,
-    DuplicateClOrdId,
-    UnknownOrder,
-    /// The queue to the core is full, or the gateway's order table is.
-    SystemBusy,
-    CoreUnavailable,
-}
-
-impl GatewayReject {
-    pub fn text(self) -> &'static str {
-        match self {
-            GatewayReject::NotAuthorized => "not authorized for this account or session",
-            GatewayReject::UnknownSymbol => "unknown symbol",
-            GatewayReject::InvalidPrice => "invalid price for the instrument's scale and type",
-            GatewayReject::InvalidQty => "quantity must be a positive multiple of the lot size",
-            GatewayReject::InvalidField => "invalid field value",
-            GatewayReject::UnsupportedValue => "unsupported value",
-            GatewayReject::DuplicateClOrdId => "duplicate ClOrdID among the session's live orders",
-            GatewayReject::UnknownOrder => "unknown order",
-            GatewayReject::SystemBusy => "system busy, retry",
-            GatewayReject::CoreUnavailable => "trading core unavailable",
-        }
-    }
-}
-
-/// Why a request was refused: by the core (a specific [`RejectReason`]) or by the gateway.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RejectCause {
-    Core(RejectReason),
-    Gateway(GatewayReject),
-}
-
-impl RejectCause {
-    pub fn text(self) -> String {
-        match self {
-            RejectCause::Core(r) => format!("{r:?}"),
-            RejectCause::Gateway(g) => g.text().to_string(),
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ExecKind {
-    New,
-    Trade {
-        trade_id: TradeId,
-        last_px: Price,
-        last_lots: i64,
-        aggressor: bool,
-    },
-    Canceled {
-        /// The id of the request that cancelled it (cancel or mass cancel), if one did.
-        by: Option<ClientId>,
-        reason: CancelReason,
-        qty_lots: i64,
-    },
-    Replaced {
-        orig: ClientId,
-    },
-    Expired,
-    Rejected(RejectCause),
-    /// The answer to a status request (FIX ExecType=I): the order's state, no change.
-    Status(StatusQuery),
-}
-
-/// Which status request an [`ExecKind::Status`] report answers.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StatusQuery {
-    /// OrderStatusRequest: its OrdStatusReqID (790), if it had one.
-    pub status_req_id: Option<Box<str>>,
-    /// OrderMassStatusRequest: its MassStatusReqID (584), the number of reports that answer
-    /// it (911) and whether this is the last (912).
-    pub mass: Option<(Box<str>, u32, bool)>,
-    /// Submitted and not yet accepted by the core (OrdStatus=A).
-    pub pending_new: bool,
-    /// The order is no longer live: how it ended (OrdStatus 2, 4 or C).
-    pub finished: Option<Finished>,
-}
-
-/// How an order that is no longer live ended, kept so that a status request after the fact
-/// (or after a gateway restart) gets the true answer and not "unknown".
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Finished {
-    Filled,
-    Canceled,
-    Expired,
-}
-
-/// Finished orders the router remembers for status requests, the oldest forgotten first: a
-/// bound on memory (about 200 bytes each), and far more than a session asks about.
-pub const FINISHED_ORDERS_KEPT: usize = 65_536;
-
-/// One order as [`Router::export_state`] saves it and [`Router::import_state`] restores it:
-/// flat, with its session named (not numbered), so that a restart with a changed session list
-/// finds each order's owner or drops it knowingly.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SavedOrder {
-    pub session: String,
-    pub order_id: OrderId,
-    pub client: ClientId,
-    /// The gateway's id of the order at the core (the latest, after replaces).
-    pub internal: ClOrdId,
-    pub core: u32,
-    pub account: AccountId,
-    pub instrument: InstrumentId,
-    pub side: Side,
-    pub ord_type: OrdType,
-    pub tif: TimeInForce,
-    pub price: Price,
-    pub qty_lots: i64,
-    pub cum_lots: i64,
-    pub notional: i128,
-    /// None: live in the core.
-    pub finished: Option<Finished>,
-}
-
-/// The router's durable part: what a restarted gateway needs to answer status requests and to
-/// route what the cores do to the orders' owners. `positions` are the cores' stream positions
-/// ([`crate::CoreLink::stream_position`]) the state is exact at.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RouterState {
-    pub next_internal: u64,
-    pub positions: Vec<Option<u64>>,
-    /// Live orders, by order id.
-    pub live: Vec<SavedOrder>,
-    /// Finished orders, oldest first.
-    pub finished: Vec<SavedOrder>,
-}
-
-/// One execution report, with the order's state after it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ExecReport {
-    pub kind: ExecKind,
-    pub order_id: Option<OrderId>,
-    pub client: ClientId,
-    pub account: AccountId,
-    pub instrument: InstrumentId,
-    pub side: Side,
-    pub ord_type: OrdType,
-    pub tif: TimeInForce,
-    pub price: Price,
-    pub qty_lots: i64,
-    pub cum_lots: i64,
-    pub leaves_lots: i64,
-    pub notional: i128,
-    pub ts_ns: u64,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Report {
-    Exec(ExecReport),
-    CancelReject {
-        client: ClientId,
-        orig: ClientId,
-        order_id: Option<OrderId>,
-        to: CancelRejectTo,
-        cause: RejectCause,
-        ts_ns: u64,
-    },
-    MassCancel {
-        client: ClientId,
-        request_type: u8,
-        total: u64,
-        reject: Option<RejectCause>,
-        ts_ns: u64,
-    },
-    /// A status request for an order the session does not have live (unknown, or already
-    /// done): ExecType=I, OrdStatus=8, OrdRejReason=5 (unknown order). For a mass status
-    /// request that found no order, `mass` says so (TotNumReports=0).
-    StatusUnknown {
-        client: Option<ClientId>,
-        order_id: Option<OrderId>,
-        symbol: Option<Box<str>>,
-        side: Option<Side>,
-        query: StatusQuery,
-        ts_ns: u64,
-    },
-    /// The request was not processed at all (throttle, unsupported, busy).
-    BusinessReject {
-        ref_msg_type: String,
-        ref_seq_num: u64,
-        ref_id: Option<ClientId>,
-        /// Binary template id of the refused request.
-        ref_template_id: u16,
-        throttled_retry_ms: Option<u32>,
-        text: String,
-        ts_ns: u64,
-    },
-}
-
 /// An instrument as the gateway needs it: to read and write prices and quantities.
 #[derive(Clone, Debug)]
 pub struct InstrumentInfo {
@@ -354,6 +166,7 @@ impl InstrumentInfo {
 }
 
 /// A new order as a front end parsed it.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewOrderRequest {
     pub client: ClientId,
     pub account: Option<AccountId>,
@@ -441,8 +254,8 @@ impl RouterProbes {
 const TRACES_IN_FLIGHT_MAX: usize = 4_096;
 
 pub struct Router {
-    pub sessions: Vec<SessionMeta>,
-    pub instruments: Vec<InstrumentInfo>,
+    sessions: Vec<SessionMeta>,
+    instruments: Vec<InstrumentInfo>,
     by_symbol: HashMap<String, usize>,
     by_id: HashMap<InstrumentId, usize>,
     drop_copies: HashMap<FirmId, Vec<SessionRef>>,
@@ -462,18 +275,71 @@ pub struct Router {
     in_flight: Vec<usize>,
     orders_max: usize,
     /// Reports waiting for delivery by the front ends.
-    pub outbox: Vec<(SessionRef, Report)>,
+    outbox: Vec<(SessionRef, Report)>,
     /// Administrative commands (session 0) answered: key and the core's reject, if any.
-    pub admin_done: Vec<(RequestKey, Option<RejectReason>)>,
+    admin_done: Vec<(RequestKey, Option<RejectReason>)>,
     admin_reject: HashMap<RequestKey, RejectReason>,
     /// Whether an administrative command's answer included an AccountAdded event.
-    pub admin_accounts_added: Vec<RequestKey>,
+    admin_accounts_added: Vec<RequestKey>,
     /// Application requests received from all sessions (throttled ones included).
-    pub requests_in: u64,
-    pub counters: RouterCounters,
-    pub probes: RouterProbes,
+    requests_in: u64,
+    counters: RouterCounters,
+    probes: RouterProbes,
     /// Whether probes are on (a monitor with sampling); off, no clock is read for them.
-    pub probes_on: bool,
+    probes_on: bool,
+}
+
+/// A session's request, protocol-neutral: what the FIX and the binary front make of a
+/// message once parsed, handed to [`Router::handle`].
+#[derive(Debug)]
+pub enum Request {
+    New(NewOrderRequest),
+    Cancel {
+        client: ClientId,
+        /// The order's client id, and its exchange id if the request gave one (it wins).
+        orig: ClientId,
+        order_id: Option<OrderId>,
+    },
+    Replace {
+        client: ClientId,
+        orig: ClientId,
+        order_id: Option<OrderId>,
+        price: Option<Price>,
+        qty_lots: Option<i64>,
+    },
+    /// Cancels the session's orders matching the filters (`request_type` is echoed: FIX
+    /// MassCancelRequestType).
+    MassCancel {
+        client: ClientId,
+        request_type: u8,
+        account: Option<AccountId>,
+        instrument: Option<InstrumentId>,
+        side: Option<Side>,
+    },
+    /// The state of one order (FIX OrderStatusRequest): by exchange id or client id;
+    /// `symbol` and `side` are echoed if the order is unknown.
+    Status {
+        client: Option<ClientId>,
+        order_id: Option<OrderId>,
+        symbol: Option<Box<str>>,
+        side: Option<Side>,
+        status_req_id: Option<Box<str>>,
+    },
+    /// The state of every live order of the session (FIX OrderMassStatusRequest).
+    MassStatus {
+        req_id: Box<str>,
+        instrument: Option<InstrumentId>,
+    },
+}
+
+/// Why a session's request was refused before it reached the router's routing: its
+/// throttle's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Throttled {
+    /// When the session may send again.
+    pub retry_ms: u32,
+    /// The session's rate.
+    pub msgs_per_s: u32,
 }
 
 impl Router {
@@ -578,6 +444,145 @@ impl Router {
     /// The links to the cores, in core order.
     pub fn links_mut(&mut self) -> &mut [Box<dyn CoreLink>] {
         &mut self.links
+    }
+
+    /// Handles one request of session `sref`: submits what it needs to the cores (or
+    /// answers it at once); every answer comes as reports in the outbox
+    /// ([`Router::take_outbox`]).
+    pub fn handle(&mut self, sref: SessionRef, request: Request, ts_ns: u64) {
+        match request {
+            Request::New(req) => self.new_order(sref, req, ts_ns),
+            Request::Cancel {
+                client,
+                orig,
+                order_id,
+            } => self.cancel(sref, client, orig, order_id, ts_ns),
+            Request::Replace {
+                client,
+                orig,
+                order_id,
+                price,
+                qty_lots,
+            } => self.replace(sref, client, orig, order_id, price, qty_lots, ts_ns),
+            Request::MassCancel {
+                client,
+                request_type,
+                account,
+                instrument,
+                side,
+            } => self.mass_cancel(sref, client, request_type, account, instrument, side, ts_ns),
+            Request::Status {
+                client,
+                order_id,
+                symbol,
+                side,
+                status_req_id,
+            } => self.order_status(sref, client, order_id, symbol, side, status_req_id, ts_ns),
+            Request::MassStatus { req_id, instrument } => {
+                self.mass_status(sref, req_id, instrument, ts_ns)
+            }
+        }
+    }
+
+    /// Counts a request a front end received (throttled or not) and, with probes on,
+    /// begins its trace if it is of a sampled `kind` (none: a request that is not traced).
+    pub fn note_request(&mut self, fix: bool, kind: Option<CommandKind>) {
+        self.requests_in += 1;
+        if fix {
+            self.counters.fix_requests_in += 1;
+        }
+        if self.probes_on {
+            match kind {
+                Some(kind) => self.probes.begin(kind),
+                None => self.probes.current = None,
+            }
+        }
+    }
+
+    /// Takes one message from session `sref`'s throttle: refused if the session is over
+    /// its rate.
+    pub fn throttle(&mut self, sref: SessionRef, now_ms: u64) -> Result<(), Throttled> {
+        let meta = &mut self.sessions[sref.0 as usize];
+        meta.throttle.take(now_ms).map_err(|retry_ms| Throttled {
+            retry_ms,
+            msgs_per_s: meta.throttle.msgs_per_s(),
+        })
+    }
+
+    /// The session's configuration and state, if `sref` is one.
+    pub fn session(&self, sref: SessionRef) -> Option<&SessionMeta> {
+        self.sessions.get(sref.0 as usize)
+    }
+
+    /// Queues a report the router did not make itself (a front end's own reject) for the
+    /// session, uncounted.
+    pub fn report(&mut self, sref: SessionRef, report: Report) {
+        self.outbox.push((sref, report));
+    }
+
+    /// Whether reports wait for delivery.
+    pub fn has_reports(&self) -> bool {
+        !self.outbox.is_empty()
+    }
+
+    /// The reports waiting for delivery, in order, each with its session; give the vector
+    /// back with [`Router::recycle_outbox`] to reuse its allocation.
+    pub fn take_outbox(&mut self) -> Vec<(SessionRef, Report)> {
+        std::mem::take(&mut self.outbox)
+    }
+
+    /// Hands back an emptied outbox vector (kept if no report arrived meanwhile).
+    pub fn recycle_outbox(&mut self, mut outbox: Vec<(SessionRef, Report)>) {
+        if self.outbox.is_empty() {
+            outbox.clear();
+            self.outbox = outbox;
+        }
+    }
+
+    /// Forgets the answers to earlier administrative commands.
+    pub fn clear_admin_answers(&mut self) {
+        self.admin_done.clear();
+        self.admin_accounts_added.clear();
+    }
+
+    /// Administrative commands answered so far.
+    pub fn admin_answered(&self) -> usize {
+        self.admin_done.len()
+    }
+
+    /// Takes the answers to administrative commands: each key with the core's reject, if
+    /// any, and the keys whose answer included an AccountAdded event.
+    pub fn take_admin_answers(
+        &mut self,
+    ) -> (Vec<(RequestKey, Option<RejectReason>)>, Vec<RequestKey>) {
+        (
+            std::mem::take(&mut self.admin_done),
+            std::mem::take(&mut self.admin_accounts_added),
+        )
+    }
+
+    /// Application requests received from all sessions (throttled ones included).
+    pub fn requests_in(&self) -> u64 {
+        self.requests_in
+    }
+
+    pub fn counters(&self) -> &RouterCounters {
+        &self.counters
+    }
+
+    /// Turns the probes on with the monitor's recorder.
+    pub fn enable_probes(&mut self, recorder: StageRecorder) {
+        self.probes.recorder = recorder;
+        self.probes_on = true;
+    }
+
+    /// Whether probes are on (a monitor with sampling); off, no clock is read for them.
+    pub fn probes_on(&self) -> bool {
+        self.probes_on
+    }
+
+    pub fn probes_mut(&mut self) -> &mut RouterProbes {
+        &mut self.probes
     }
 
     pub fn core_count(&self) -> usize {
@@ -709,7 +714,7 @@ impl Router {
         self.outbox.push((sref, Report::Exec(report)));
     }
 
-    pub fn new_order(&mut self, sref: SessionRef, mut req: NewOrderRequest, ts_ns: u64) {
+    fn new_order(&mut self, sref: SessionRef, mut req: NewOrderRequest, ts_ns: u64) {
         self.counters.new_orders += 1;
         let meta = &self.sessions[sref.0 as usize];
         if meta.drop_copy {
@@ -842,7 +847,7 @@ impl Router {
         meta.live.get(orig).map(|l| (orig.clone(), *l))
     }
 
-    pub fn cancel(
+    fn cancel(
         &mut self,
         sref: SessionRef,
         client: ClientId,
@@ -883,7 +888,7 @@ impl Router {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub fn replace(
+    fn replace(
         &mut self,
         sref: SessionRef,
         client: ClientId,
@@ -945,7 +950,7 @@ impl Router {
     /// core (the instrument's core, or every core without an instrument), answered by one
     /// report that adds up what the cores cancelled.
     #[allow(clippy::too_many_arguments)]
-    pub fn mass_cancel(
+    fn mass_cancel(
         &mut self,
         sref: SessionRef,
         client: ClientId,
@@ -1038,291 +1043,6 @@ impl Router {
             }
         }
         self.outbox.push((sref, report));
-    }
-
-    /// Finds the session's live order by client id or exchange id: its state, or, while the
-    /// core has not yet accepted it, the state it was submitted with (and `true`).
-    fn status_of(
-        &self,
-        sref: SessionRef,
-        client: Option<&ClientId>,
-        order_id: Option<OrderId>,
-    ) -> Option<(OrderId, OrderState, bool, Option<Finished>)> {
-        let meta = self.sessions.get(sref.0 as usize)?;
-        let by_id = order_id
-            .and_then(|oid| self.orders.get(&oid).map(|o| (oid, o)))
-            .filter(|(_, o)| o.owner == sref);
-        if let Some((oid, o)) = by_id {
-            return Some((oid, o.clone(), false, None));
-        }
-        let finished_by_id = order_id
-            .and_then(|oid| self.finished.get(&oid).map(|f| (oid, f)))
-            .filter(|(_, (o, _))| o.owner == sref);
-        if let Some((oid, (o, how))) = finished_by_id {
-            return Some((oid, o.clone(), false, Some(*how)));
-        }
-        let client = client?;
-        if let Some(live) = meta.live.get(client) {
-            if let Some(oid) = live.order_id {
-                let o = self.orders.get(&oid).filter(|o| o.owner == sref)?;
-                return Some((oid, o.clone(), false, None));
-            }
-            // Submitted, not yet answered: the state is in the pending request (bounded by
-            // the requests in flight, and a status request is rare, so a scan is fine).
-            return self.pending.values().find_map(|p| match p {
-                Pending::New(o) if o.owner == sref && &o.client == client => {
-                    Some((OrderId(0), o.clone(), true, None))
-                }
-                _ => None,
-            });
-        }
-        let oid = *self.finished_by_client.get(&(sref, client.clone()))?;
-        let (o, how) = self.finished.get(&oid)?;
-        Some((oid, o.clone(), false, Some(*how)))
-    }
-
-    /// Remembers an order that ended, forgetting the oldest past [`FINISHED_ORDERS_KEPT`].
-    fn remember_finished(&mut self, order_id: OrderId, o: OrderState, how: Finished) {
-        while self.finished_order.len() >= FINISHED_ORDERS_KEPT {
-            let Some(old) = self.finished_order.pop_front() else {
-                break;
-            };
-            if let Some((oo, _)) = self.finished.remove(&old) {
-                let key = (oo.owner, oo.client);
-                if self.finished_by_client.get(&key) == Some(&old) {
-                    self.finished_by_client.remove(&key);
-                }
-            }
-        }
-        self.finished_by_client
-            .insert((o.owner, o.client.clone()), order_id);
-        if self.finished.insert(order_id, (o, how)).is_none() {
-            self.finished_order.push_back(order_id);
-        }
-    }
-
-    /// Orders the router remembers as finished (for status requests).
-    pub fn finished_orders(&self) -> usize {
-        self.finished.len()
-    }
-
-    /// The router's durable state (see [`RouterState`]); `positions` are filled in by the
-    /// caller from the links. Orders whose core has not yet accepted them (requests in
-    /// flight) are not in it: the caller drains the cores first.
-    pub fn export_state(&self) -> RouterState {
-        let saved = |oid: OrderId, o: &OrderState, internal: ClOrdId, core: usize, f| SavedOrder {
-            session: self.sessions[o.owner.0 as usize].name.clone(),
-            order_id: oid,
-            client: o.client.clone(),
-            internal,
-            core: core as u32,
-            account: o.account,
-            instrument: o.instrument,
-            side: o.side,
-            ord_type: o.ord_type,
-            tif: o.tif,
-            price: o.price,
-            qty_lots: o.qty_lots,
-            cum_lots: o.cum_lots,
-            notional: o.notional,
-            finished: f,
-        };
-        let mut live = Vec::new();
-        for meta in &self.sessions {
-            for l in meta.live.values() {
-                let Some(oid) = l.order_id else { continue };
-                if let Some(o) = self.orders.get(&oid) {
-                    // A replace in flight leaves the old and the new id live; save the
-                    // order once, under the id it has now.
-                    if meta
-                        .live
-                        .get(&o.client)
-                        .is_some_and(|x| x.internal == l.internal)
-                    {
-                        live.push(saved(oid, o, l.internal, l.core, None));
-                    }
-                }
-            }
-        }
-        live.sort_by_key(|o| o.order_id);
-        let finished = self
-            .finished_order
-            .iter()
-            .filter_map(|oid| {
-                let (o, how) = self.finished.get(oid)?;
-                let core = self.core_of(o.instrument);
-                Some(saved(*oid, o, ClOrdId(0), core, Some(*how)))
-            })
-            .collect();
-        RouterState {
-            next_internal: self.next_internal,
-            positions: Vec::new(),
-            live,
-            finished,
-        }
-    }
-
-    /// Restores a state [`Router::export_state`] saved: live orders (routed by order id from
-    /// now on) and finished ones (for status requests). Returns how many orders were dropped
-    /// because their session is no longer configured.
-    pub fn import_state(&mut self, state: RouterState) -> usize {
-        let by_name: HashMap<String, SessionRef> = self
-            .sessions
-            .iter()
-            .enumerate()
-            .map(|(i, m)| (m.name.clone(), SessionRef(i as u32)))
-            .collect();
-        let mut dropped = 0;
-        self.next_internal = self.next_internal.max(state.next_internal);
-        for s in state.live.into_iter().chain(state.finished) {
-            let Some(&sref) = by_name.get(&s.session) else {
-                dropped += 1;
-                continue;
-            };
-            let o = OrderState {
-                owner: sref,
-                client: s.client.clone(),
-                account: s.account,
-                instrument: s.instrument,
-                side: s.side,
-                ord_type: s.ord_type,
-                tif: s.tif,
-                price: s.price,
-                qty_lots: s.qty_lots,
-                cum_lots: s.cum_lots,
-                notional: s.notional,
-            };
-            match s.finished {
-                Some(how) => self.remember_finished(s.order_id, o, how),
-                None => {
-                    self.sessions[sref.0 as usize].live.insert(
-                        s.client,
-                        LiveRef {
-                            internal: s.internal,
-                            account: s.account,
-                            order_id: Some(s.order_id),
-                            core: (s.core as usize).min(self.links.len().saturating_sub(1)),
-                        },
-                    );
-                    self.orders.insert(s.order_id, o);
-                }
-            }
-        }
-        dropped
-    }
-
-    /// Answers an OrderStatusRequest from the gateway's view of the order: every event the
-    /// gateway has turned into reports so far, so the answer never contradicts a report the
-    /// session received before it. An order that is not live (unknown, or done and forgotten)
-    /// is answered [`Report::StatusUnknown`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn order_status(
-        &mut self,
-        sref: SessionRef,
-        client: Option<ClientId>,
-        order_id: Option<OrderId>,
-        symbol: Option<Box<str>>,
-        side: Option<Side>,
-        status_req_id: Option<Box<str>>,
-        ts_ns: u64,
-    ) {
-        self.counters.status_requests += 1;
-        let query = StatusQuery {
-            status_req_id,
-            mass: None,
-            pending_new: false,
-            finished: None,
-        };
-        match self.status_of(sref, client.as_ref(), order_id) {
-            Some((oid, o, pending_new, finished)) => {
-                let leaves = if pending_new {
-                    o.qty_lots
-                } else if finished.is_some() {
-                    0
-                } else {
-                    (o.qty_lots - o.cum_lots).max(0)
-                };
-                let kind = ExecKind::Status(StatusQuery {
-                    pending_new,
-                    finished,
-                    ..query
-                });
-                let mut report = Self::report_of(&o, oid, kind, leaves, ts_ns);
-                if pending_new {
-                    report.order_id = None;
-                }
-                self.outbox.push((sref, Report::Exec(report)));
-            }
-            None => {
-                self.counters.gateway_rejects += 1;
-                self.outbox.push((
-                    sref,
-                    Report::StatusUnknown {
-                        client,
-                        order_id,
-                        symbol,
-                        side,
-                        query,
-                        ts_ns,
-                    },
-                ))
-            }
-        }
-    }
-
-    /// Answers an OrderMassStatusRequest: one status report per live order of the session
-    /// (of one instrument, if given), in order id order, the last flagged; none live: one
-    /// [`Report::StatusUnknown`] with a count of 0.
-    pub fn mass_status(
-        &mut self,
-        sref: SessionRef,
-        req_id: Box<str>,
-        instrument: Option<InstrumentId>,
-        ts_ns: u64,
-    ) {
-        self.counters.status_requests += 1;
-        let Some(meta) = self.sessions.get(sref.0 as usize) else {
-            return;
-        };
-        let mut found: Vec<(OrderId, OrderState)> = meta
-            .live
-            .values()
-            .filter_map(|l| l.order_id)
-            .filter_map(|oid| self.orders.get(&oid).map(|o| (oid, o.clone())))
-            .filter(|(_, o)| o.owner == sref && instrument.is_none_or(|i| o.instrument == i))
-            .collect();
-        found.sort_unstable_by_key(|(oid, _)| *oid);
-        let total = found.len() as u32;
-        if total == 0 {
-            self.outbox.push((
-                sref,
-                Report::StatusUnknown {
-                    client: None,
-                    order_id: None,
-                    symbol: None,
-                    side: None,
-                    query: StatusQuery {
-                        status_req_id: None,
-                        mass: Some((req_id, 0, true)),
-                        pending_new: false,
-                        finished: None,
-                    },
-                    ts_ns,
-                },
-            ));
-            return;
-        }
-        for (n, (oid, o)) in found.into_iter().enumerate() {
-            let kind = ExecKind::Status(StatusQuery {
-                status_req_id: None,
-                mass: Some((req_id.clone(), total, n as u32 + 1 == total)),
-                pending_new: false,
-                finished: None,
-            });
-            let leaves = (o.qty_lots - o.cum_lots).max(0);
-            let report = Self::report_of(&o, oid, kind, leaves, ts_ns);
-            self.outbox.push((sref, Report::Exec(report)));
-        }
     }
 
     /// Drains what the cores have ready (at most `outputs_max` in all, taken from each core
@@ -1672,3 +1392,6 @@ impl Router {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

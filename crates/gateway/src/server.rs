@@ -3,37 +3,34 @@
 //! once per cycle, reads sockets, drains the core's outputs, delivers reports, and flushes
 //! what it wrote, so a burst of requests costs one write per connection (smart batching).
 //!
-//! Monitoring: the loop counts in plain integers ([`LoopCounters`], [`RouterCounters`]) and
-//! publishes them to the monitor's counters on its 20 ms timer, so a message costs an add and
-//! no atomic operation; sampled requests carry a [`bourse_monitor::Trace`] stamped at t0
+//! Monitoring: the loop counts in plain integers (`crate::metrics`) and publishes them to the
+//! monitor's counters on its 20 ms timer, so a message costs an add and no atomic operation;
+//! sampled requests carry a [`bourse_monitor::Trace`] stamped at t0
 //! (socket read), t1 (decoded), t2 (handed to the core), t5 (core's answer received), t6
 //! (report encoded) and t7 (written), recorded by the loop's own lock-free
 //! [`bourse_monitor::StageRecorder`].
+//!
+//! The loop's parts: this module (start, sockets, FIX sessions, delivery of reports, timers),
+//! `binary_session` (binary sessions), `crate::bootstrap` (before the loop starts) and
+//! `crate::metrics` (what it counts).
+
+mod binary_session;
 
 use crate::binary_front;
+use crate::bootstrap::{bootstrap, restore_order_state};
 use crate::config::GatewayConfig;
 use crate::fix_front::{self, FixApp};
+use crate::metrics::{GatewayMetrics, LoopCounters};
 use crate::recovery;
-use crate::router::{
-    ClientId, ExecKind, GatewayReject, NewOrderRequest, Proto, RejectCause, Report, Router,
-    RouterCounters, SessionRef,
-};
-use crate::store::GatewayStore;
+use crate::router::{ExecKind, Proto, RejectCause, Report, Router, SessionRef};
 use bourse_core::link::CoreLink;
 use bourse_core::*;
 use bourse_fix::codec::FrameBuffer;
 use bourse_fix::session::{Action, Role, Session, SessionConfig};
+use bourse_fix::FileStore;
 use bourse_fix::{Dictionary, OutMessage};
-use bourse_monitor::{Counter, DashboardServer, Gauge, Monitor, MonitorConfig, Stage, Trace};
+use bourse_monitor::{DashboardServer, Monitor, MonitorConfig, Stage, Trace};
 use bourse_wire::frame::encode_frame;
-use bourse_wire::order_entry::codec::{
-    establishment_ack_codec::EstablishmentAckEncoder,
-    establishment_reject_code::EstablishmentRejectCode,
-    establishment_reject_codec::EstablishmentRejectEncoder, ord_type::OrdType as BinOrdType,
-    retransmission_codec::RetransmissionEncoder, sequence_codec::SequenceEncoder,
-    side::Side as BinSide, terminate_codec::TerminateEncoder, termination_code::TerminationCode,
-    time_in_force::TimeInForce as BinTif,
-};
 use bourse_wire::order_entry::{self as oe, FrameDecoder, Message, FRAME_BYTES_MAX};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -106,170 +103,6 @@ impl DisconnectReason {
             DisconnectReason::ConnectionsMax => "connections_max",
             DisconnectReason::Shutdown => "shutdown",
         }
-    }
-}
-
-/// What the event loop counts itself, in plain integers (see the module documentation).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct LoopCounters {
-    /// Messages written, by protocol (FIX includes session-level messages).
-    pub fix_msgs_out: u64,
-    pub binary_msgs_out: u64,
-    /// Binary application messages received (requests, throttled ones included; the FIX
-    /// count is the router's, see [`RouterCounters::fix_requests_in`]).
-    pub binary_msgs_in: u64,
-    /// Execution reports sent (drop copies included) and status reports among them.
-    pub exec_reports: u64,
-    /// FIX session-level Rejects (35=3) sent.
-    pub session_rejects: u64,
-    pub disconnects: [u64; DisconnectReason::ALL.len()],
-}
-
-/// Metric names of the gateway (the monitor's [`bourse_monitor::names`] has the shared ones).
-pub mod metric_names {
-    pub const MESSAGES_TOTAL: &str = "bourse_gateway_messages_total";
-    pub const REQUESTS_TOTAL: &str = "bourse_gateway_requests_total";
-    pub const EXEC_REPORTS_TOTAL: &str = "bourse_gateway_execution_reports_total";
-    pub const REJECTS_TOTAL: &str = "bourse_gateway_rejects_total";
-    pub const DISCONNECTS_TOTAL: &str = "bourse_gateway_disconnects_total";
-    pub const CONNECTIONS: &str = "bourse_gateway_connections";
-    pub const ORDERS_TRACKED: &str = "bourse_gateway_orders_tracked";
-}
-
-/// The monitor's handles for everything the loop publishes, and what was published last.
-struct GatewayMetrics {
-    fix_in: Counter,
-    fix_out: Counter,
-    binary_in: Counter,
-    binary_out: Counter,
-    new_orders: Counter,
-    cancels: Counter,
-    replaces: Counter,
-    mass_cancels: Counter,
-    status_requests: Counter,
-    exec_reports: Counter,
-    busy_rejects: Counter,
-    gateway_rejects: Counter,
-    core_rejects: Counter,
-    session_rejects: Counter,
-    fix_throttle: Counter,
-    binary_throttle: Counter,
-    disconnects: Vec<Counter>,
-    fix_sessions: Gauge,
-    binary_sessions: Gauge,
-    connections: Gauge,
-    orders_tracked: Gauge,
-    core_queues: Vec<Gauge>,
-    last_loop: LoopCounters,
-    last_router: RouterCounters,
-}
-
-impl GatewayMetrics {
-    fn new(monitor: &Monitor, core_names: &[String]) -> GatewayMetrics {
-        use metric_names::*;
-        let r = monitor.registry();
-        let msgs = |proto: &str, dir: &str| {
-            r.counter(
-                MESSAGES_TOTAL,
-                "Messages through the gateway by protocol and direction (in: application requests; out: every message written).",
-                &[("protocol", proto), ("direction", dir)],
-            )
-        };
-        let req = |kind: &str| {
-            r.counter(
-                REQUESTS_TOTAL,
-                "Requests by kind, whatever their outcome.",
-                &[("kind", kind)],
-            )
-        };
-        let rej = |cause: &str| {
-            r.counter(
-                REJECTS_TOTAL,
-                "Requests refused, by cause (busy: a core queue or the order table was full).",
-                &[("cause", cause)],
-            )
-        };
-        let fix = monitor.sessions("fix");
-        let sbe = monitor.sessions("sbe");
-        GatewayMetrics {
-            fix_in: msgs("fix", "in"),
-            fix_out: msgs("fix", "out"),
-            binary_in: msgs("sbe", "in"),
-            binary_out: msgs("sbe", "out"),
-            new_orders: req("new_order"),
-            cancels: req("cancel"),
-            replaces: req("replace"),
-            mass_cancels: req("mass_cancel"),
-            status_requests: req("status"),
-            exec_reports: r.counter(
-                EXEC_REPORTS_TOTAL,
-                "Execution reports sent, drop copies included.",
-                &[],
-            ),
-            busy_rejects: rej("busy"),
-            gateway_rejects: rej("gateway"),
-            core_rejects: rej("core"),
-            session_rejects: rej("fix_session_reject"),
-            fix_throttle: fix.throttle_rejects,
-            binary_throttle: sbe.throttle_rejects,
-            disconnects: DisconnectReason::ALL
-                .iter()
-                .map(|d| {
-                    r.counter(
-                        DISCONNECTS_TOTAL,
-                        "Connections the gateway closed, by reason.",
-                        &[("reason", d.name())],
-                    )
-                })
-                .collect(),
-            fix_sessions: fix.active,
-            binary_sessions: sbe.active,
-            connections: r.gauge(CONNECTIONS, "Open TCP connections, both protocols.", &[]),
-            orders_tracked: r.gauge(
-                ORDERS_TRACKED,
-                "Live orders the gateway tracks for its sessions.",
-                &[],
-            ),
-            core_queues: core_names
-                .iter()
-                .map(|n| monitor.queue_depth(&format!("gateway_to_core_{n}")))
-                .collect(),
-            last_loop: LoopCounters::default(),
-            last_router: RouterCounters::default(),
-        }
-    }
-
-    /// Adds what was counted since the last call.
-    fn publish(&mut self, l: &LoopCounters, rc: &RouterCounters) {
-        let d = |now: u64, last: u64| now.saturating_sub(last);
-        let (pl, pr) = (self.last_loop, self.last_router);
-        self.fix_in.add(d(rc.fix_requests_in, pr.fix_requests_in));
-        self.fix_out.add(d(l.fix_msgs_out, pl.fix_msgs_out));
-        self.binary_in.add(d(l.binary_msgs_in, pl.binary_msgs_in));
-        self.binary_out
-            .add(d(l.binary_msgs_out, pl.binary_msgs_out));
-        self.exec_reports.add(d(l.exec_reports, pl.exec_reports));
-        self.session_rejects
-            .add(d(l.session_rejects, pl.session_rejects));
-        for (i, c) in self.disconnects.iter().enumerate() {
-            c.add(d(l.disconnects[i], pl.disconnects[i]));
-        }
-        self.new_orders.add(d(rc.new_orders, pr.new_orders));
-        self.cancels.add(d(rc.cancels, pr.cancels));
-        self.replaces.add(d(rc.replaces, pr.replaces));
-        self.mass_cancels.add(d(rc.mass_cancels, pr.mass_cancels));
-        self.status_requests
-            .add(d(rc.status_requests, pr.status_requests));
-        self.busy_rejects.add(d(rc.busy_rejects, pr.busy_rejects));
-        self.gateway_rejects
-            .add(d(rc.gateway_rejects, pr.gateway_rejects));
-        self.core_rejects.add(d(rc.core_rejects, pr.core_rejects));
-        self.fix_throttle
-            .add(d(rc.fix_throttle_rejects, pr.fix_throttle_rejects));
-        self.binary_throttle
-            .add(d(rc.binary_throttle_rejects, pr.binary_throttle_rejects));
-        self.last_loop = *l;
-        self.last_router = *rc;
     }
 }
 
@@ -352,7 +185,7 @@ fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
     Ok(TcpListener::from_std(std_listener))
 }
 
-fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
@@ -442,7 +275,7 @@ pub fn spawn_cores(
             "FIX.4.4-{}-{}",
             s.gateway_comp_id, s.client_comp_id
         ));
-        let store = GatewayStore::open(
+        let store = FileStore::open(
             &dir,
             config.gateway.stored_messages_max,
             config.gateway.store_sync,
@@ -484,8 +317,7 @@ pub fn spawn_cores(
     });
     if let Some(m) = &monitor {
         if m.probes().sample_every() > 0 {
-            router.probes.recorder = m.probes().recorder();
-            router.probes_on = true;
+            router.enable_probes(m.probes().recorder());
         }
     }
     let stats = Arc::new(GatewayStats::default());
@@ -528,187 +360,9 @@ pub fn spawn_cores(
     })
 }
 
-/// Loads the order state a previous run saved (`crate::recovery`) if every link resumes its
-/// core's stream exactly where the state is exact; a state that does not match the links
-/// (cores in process, or links started elsewhere) is set aside with a warning, since events
-/// it has not seen are gone for it.
-fn restore_order_state(router: &mut Router, dir: &std::path::Path) -> Result<(), String> {
-    let Some(mut state) = recovery::read_state(dir)? else {
-        return Ok(());
-    };
-    let positions: Vec<Option<u64>> = router
-        .links_mut()
-        .iter()
-        .map(|l| l.stream_position())
-        .collect();
-    let matches = positions.iter().all(Option::is_some) && positions == state.positions;
-    recovery::consume_state(dir).map_err(|e| format!("order state in {}: {e}", dir.display()))?;
-    if !matches {
-        eprintln!(
-            "gateway: the saved order state (stream positions {:?}) does not match the links \
-             ({positions:?}); starting without it",
-            state.positions
-        );
-        return Ok(());
-    }
-    let (live, finished) = (state.live.len(), state.finished.len());
-    state.positions.clear();
-    let dropped = router.import_state(state);
-    eprintln!(
-        "gateway: restored {live} live and {finished} finished orders from {}{}",
-        dir.display(),
-        if dropped > 0 {
-            format!(" ({dropped} of sessions no longer configured dropped)")
-        } else {
-            String::new()
-        }
-    );
-    Ok(())
-}
-
 /// How long a stopping gateway waits for its requests in flight to be answered before it
 /// saves its order state.
 const STOP_DRAIN_MS: u64 = 5_000;
-
-/// How long bootstrap waits for a core's answers (a replicated core may be electing a leader).
-const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Submits `commands` (core, command) and waits for every answer; returns them in order, with
-/// whether each command's events included an AccountAdded.
-fn admin_round(
-    router: &mut Router,
-    commands: Vec<(usize, Command)>,
-) -> Result<Vec<(Option<RejectReason>, bool)>, String> {
-    let deadline = std::time::Instant::now() + BOOTSTRAP_TIMEOUT;
-    router.admin_done.clear();
-    router.admin_accounts_added.clear();
-    let mut keys = Vec::with_capacity(commands.len());
-    for (core, cmd) in commands {
-        loop {
-            match router.submit_admin(core, cmd.clone()) {
-                Ok(key) => {
-                    keys.push(key);
-                    break;
-                }
-                Err(bourse_core::link::SubmitError::Closed) => {
-                    return Err(format!("core {core} closed during bootstrap"))
-                }
-                Err(bourse_core::link::SubmitError::Full) => {
-                    router.poll_core(usize::MAX);
-                    if std::time::Instant::now() > deadline {
-                        return Err(format!("core {core} did not take the bootstrap commands"));
-                    }
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }
-        }
-    }
-    while router.admin_done.len() < keys.len() {
-        if router.poll_core(usize::MAX) == 0 {
-            if std::time::Instant::now() > deadline {
-                return Err(format!(
-                    "the cores answered {} of {} bootstrap commands within {} s",
-                    router.admin_done.len(),
-                    keys.len(),
-                    BOOTSTRAP_TIMEOUT.as_secs()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-    let done: HashMap<_, _> = router.admin_done.drain(..).collect();
-    let added: std::collections::HashSet<_> = router.admin_accounts_added.drain(..).collect();
-    Ok(keys
-        .iter()
-        .map(|k| (done.get(k).copied().flatten(), added.contains(k)))
-        .collect())
-}
-
-/// Creates the config's instruments in the cores that own them and every account in every
-/// core that bootstraps, then deposits each account's cash where the account was new.
-/// Idempotent: an instrument or account the core already has (a replicated core after a
-/// gateway restart) is fine and its cash is not deposited again.
-pub fn bootstrap(router: &mut Router, config: &GatewayConfig) -> Result<(), String> {
-    let plan = config.core_plan();
-    let ts = now_ns();
-    let mut round = Vec::new();
-    let mut what = Vec::new();
-    for (core, entry) in plan.iter().enumerate() {
-        if !entry.bootstraps(config.core.bootstrap) {
-            continue;
-        }
-        for i in config
-            .instruments
-            .iter()
-            .filter(|i| entry.instruments.contains(&i.instrument))
-        {
-            round.push((
-                core,
-                Command::new(ts, CommandBody::AddInstrument(i.clone())),
-            ));
-            what.push((core, format!("instrument {}", i.symbol), None));
-        }
-        for a in &config.accounts {
-            round.push((
-                core,
-                Command::new(
-                    ts,
-                    CommandBody::AddAccount(AccountSpec {
-                        account: a.account,
-                        firm: a.firm,
-                        may_short: a.may_short,
-                        stp: StpMode::None,
-                        stp_scope: StpScope::Account,
-                    }),
-                ),
-            ));
-            what.push((core, format!("account {}", a.account.0), Some(a)));
-        }
-    }
-    if round.is_empty() {
-        return Ok(());
-    }
-    let answers = admin_round(router, round)?;
-    let mut deposits = Vec::new();
-    for ((core, name, account), (reject, added)) in what.into_iter().zip(answers) {
-        let core_name = &plan[core].name;
-        match reject {
-            None
-            | Some(RejectReason::DuplicateInstrument)
-            | Some(RejectReason::DuplicateAccount) => {}
-            Some(r) => {
-                return Err(format!(
-                    "bootstrap of core {core_name}: {name} refused: {r:?}"
-                ))
-            }
-        }
-        if let Some(a) = account {
-            if added && a.cash > 0 {
-                deposits.push((
-                    core,
-                    Command::new(
-                        ts,
-                        CommandBody::Deposit {
-                            account: a.account,
-                            amount: Cash(i128::from(a.cash)),
-                        },
-                    ),
-                ));
-            }
-        }
-    }
-    if deposits.is_empty() {
-        return Ok(());
-    }
-    let n = deposits.len();
-    let answers = admin_round(router, deposits)?;
-    if let Some(r) = answers.iter().find_map(|(r, _)| *r) {
-        return Err(format!(
-            "bootstrap: a deposit was refused: {r:?} ({n} deposits)"
-        ));
-    }
-    Ok(())
-}
 
 struct FixSlot {
     session: Session,
@@ -847,7 +501,7 @@ impl Server {
             self.close(t, DisconnectReason::Shutdown);
         }
         self.publish();
-        self.router.probes.recorder.flush();
+        self.router.probes_mut().recorder.flush();
     }
 
     /// At stop, with cores that outlive the gateway: reads no more requests, waits (at most
@@ -993,8 +647,8 @@ impl Server {
                     return false;
                 }
             };
-            if self.router.probes_on {
-                self.router.probes.read_t_ns = bourse_monitor::clock::now_ns();
+            if self.router.probes_on() {
+                self.router.probes_mut().read_t_ns = bourse_monitor::clock::now_ns();
             }
             let kind = conn.kind;
             match kind {
@@ -1127,366 +781,18 @@ impl Server {
             s.offline.push_back(m);
         }
     }
-
-    // ----- binary -----
-
-    fn on_binary_bytes(&mut self, token: Token, bytes: &[u8]) {
-        let Some(conn) = self.conns.get_mut(&token) else {
-            return;
-        };
-        conn.inbuf.extend_from_slice(bytes);
-        let decoder = FrameDecoder::default();
-        let mut pos = 0usize;
-        let buf = std::mem::take(&mut conn.inbuf);
-        loop {
-            match decoder.decode(&buf[pos..]) {
-                Ok(Some(d)) => {
-                    pos += d.frame_bytes;
-                    self.on_binary_message(token, d.message);
-                    match self.conns.get(&token) {
-                        Some(c) if !c.closing => {}
-                        _ => return,
-                    }
-                }
-                Ok(None) => break,
-                Err(_) => {
-                    self.binary_terminate(token, TerminationCode::InvalidFrame);
-                    return;
-                }
-            }
-        }
-        if let Some(conn) = self.conns.get_mut(&token) {
-            conn.inbuf = buf;
-            conn.inbuf.drain(..pos);
-        }
-    }
-
-    /// Queues a binary frame for a connection.
-    fn write_to(&mut self, token: Token, frame: &[u8]) {
-        if let Some(conn) = self.conns.get_mut(&token) {
-            self.counters.binary_msgs_out += 1;
-            conn.out.extend_from_slice(frame);
-            self.dirty.push(token);
-        }
-    }
-
-    fn binary_terminate(&mut self, token: Token, code: TerminationCode) {
-        let mut buf = [0u8; FRAME_BYTES_MAX];
-        if let Ok(n) = encode_frame(&mut buf, |mut e: TerminateEncoder| {
-            e.reason(code);
-            e
-        }) {
-            self.write_to(token, &buf[..n]);
-        }
-        if let Some(conn) = self.conns.get_mut(&token) {
-            conn.closing = true;
-            conn.close_reason = DisconnectReason::BinaryTerminate;
-            if let Some(j) = conn.attached.take() {
-                self.bin[j].conn = None;
-            }
-        }
-    }
-
-    fn binary_establish(
-        &mut self,
-        token: Token,
-        ts: u64,
-        keepalive_ms: u32,
-        credentials: [u8; 32],
-    ) {
-        let mut buf = [0u8; FRAME_BYTES_MAX];
-        let creds = bourse_wire::ascii_field(&credentials).unwrap_or("");
-        let slot = self.bin.iter().position(|s| s.credentials == creds);
-        let code = match slot {
-            None => Some(EstablishmentRejectCode::BadCredentials),
-            Some(j) if self.bin[j].conn.is_some() => {
-                Some(EstablishmentRejectCode::AlreadyEstablished)
-            }
-            _ if !(oe::KEEPALIVE_INTERVAL_MS_MIN..=oe::KEEPALIVE_INTERVAL_MS_MAX)
-                .contains(&keepalive_ms) =>
-            {
-                Some(EstablishmentRejectCode::KeepaliveOutOfRange)
-            }
-            _ => None,
-        };
-        if let Some(code) = code {
-            if let Ok(n) = encode_frame(&mut buf, |mut e: EstablishmentRejectEncoder| {
-                e.request_timestamp_ns(ts).reason(code);
-                e
-            }) {
-                self.write_to(token, &buf[..n]);
-            }
-            if let Some(c) = self.conns.get_mut(&token) {
-                c.closing = true;
-                c.close_reason = DisconnectReason::LogonRefused;
-            }
-            return;
-        }
-        let Some(j) = slot else { return };
-        let s = &mut self.bin[j];
-        s.conn = Some(token);
-        s.keepalive_ms = keepalive_ms;
-        s.last_recv_ms = self.now_ms;
-        s.last_sent_ms = self.now_ms;
-        let next = s.next_seq;
-        if let Some(c) = self.conns.get_mut(&token) {
-            c.attached = Some(j);
-        }
-        if let Ok(n) = encode_frame(&mut buf, |mut e: EstablishmentAckEncoder| {
-            e.request_timestamp_ns(ts)
-                .next_seq_no(next)
-                .keepalive_interval_ms(keepalive_ms);
-            e
-        }) {
-            self.write_to(token, &buf[..n]);
-        }
-    }
-
-    fn on_binary_message(&mut self, token: Token, message: Message<'_>) {
-        let attached = self.conns.get(&token).and_then(|c| c.attached);
-        let Some(j) = attached else {
-            match message {
-                Message::Establish(m) => self.binary_establish(
-                    token,
-                    m.timestamp_ns(),
-                    m.keepalive_interval_ms(),
-                    m.credentials(),
-                ),
-                _ => self.binary_terminate(token, TerminationCode::NotEstablished),
-            }
-            return;
-        };
-        self.bin[j].last_recv_ms = self.now_ms;
-        let sref = self.bin[j].sref;
-        let template = message.template_id() as u16;
-        if message.template_id().is_client_request() {
-            self.router.requests_in += 1;
-            self.counters.binary_msgs_in += 1;
-            if self.router.probes_on {
-                let kind = match message {
-                    Message::NewOrder(_) => Some(CommandKind::NewOrder),
-                    Message::CancelOrder(_) => Some(CommandKind::Cancel),
-                    Message::ReplaceOrder(_) => Some(CommandKind::Replace),
-                    Message::MassCancel(_) => Some(CommandKind::MassCancel),
-                    _ => None,
-                };
-                if let Some(kind) = kind {
-                    self.router.probes.begin(kind);
-                }
-            }
-            let meta = &mut self.router.sessions[sref.0 as usize];
-            if let Err(retry_ms) = meta.throttle.take(self.now_ms) {
-                let ref_id = match message {
-                    Message::NewOrder(m) => Some(m.cl_ord_id()),
-                    Message::CancelOrder(m) => Some(m.cl_ord_id()),
-                    Message::ReplaceOrder(m) => Some(m.cl_ord_id()),
-                    Message::MassCancel(m) => Some(m.cl_ord_id()),
-                    _ => None,
-                };
-                let report = Report::BusinessReject {
-                    ref_msg_type: String::new(),
-                    ref_seq_num: 0,
-                    ref_id: ref_id.map(ClientId::Num),
-                    ref_template_id: template,
-                    throttled_retry_ms: Some(retry_ms),
-                    text: format!(
-                        "throttle: more than {} messages/s",
-                        meta.throttle.msgs_per_s()
-                    ),
-                    ts_ns: self.now_ns,
-                };
-                self.router.business_reject(sref, report);
-                return;
-            }
-        }
-        let ts = self.now_ns;
-        match message {
-            Message::Sequence(_) => {}
-            Message::Terminate(_) => self.binary_terminate(token, TerminationCode::Finished),
-            Message::RetransmitRequest(m) => {
-                self.binary_retransmit(token, j, m.timestamp_ns(), m.from_seq_no(), m.count())
-            }
-            Message::Establish(_) => self.binary_terminate(token, TerminationCode::Unspecified),
-            Message::NewOrder(m) => {
-                let instrument = InstrumentId(m.instrument_id());
-                let info = self.router.instrument(instrument).cloned();
-                let side = match m.side() {
-                    BinSide::Buy => Some(Side::Buy),
-                    BinSide::Sell => Some(Side::Sell),
-                    _ => None,
-                };
-                let ord_type = match m.ord_type() {
-                    BinOrdType::Limit => Some(OrdType::Limit),
-                    BinOrdType::Market => Some(OrdType::Market),
-                    _ => None,
-                };
-                let tif = match m.time_in_force() {
-                    BinTif::Day => Some(TimeInForce::Day),
-                    BinTif::GoodTillCancel => Some(TimeInForce::Gtc),
-                    BinTif::ImmediateOrCancel => Some(TimeInForce::Ioc),
-                    BinTif::FillOrKill => Some(TimeInForce::Fok),
-                    BinTif::GoodTillDate => Some(TimeInForce::Gtd),
-                    _ => None,
-                };
-                let mut req = NewOrderRequest {
-                    client: ClientId::Num(m.cl_ord_id()),
-                    account: Some(AccountId(m.account())),
-                    instrument,
-                    side: side.unwrap_or(Side::Buy),
-                    ord_type: ord_type.unwrap_or(OrdType::Limit),
-                    price: Price(m.price().unwrap_or(0)),
-                    qty_lots: 0,
-                    tif: tif.unwrap_or(TimeInForce::Day),
-                    expire_ts_ns: m.expire_time_ns().unwrap_or(0),
-                    display_lots: 0,
-                };
-                let cause = if info.is_none() {
-                    Some(GatewayReject::UnknownSymbol)
-                } else if side.is_none() || ord_type.is_none() || tif.is_none() {
-                    Some(GatewayReject::UnsupportedValue)
-                } else {
-                    None
-                };
-                if let Some(info) = &info {
-                    req.qty_lots = info.lots(m.qty()).unwrap_or(0);
-                    if let Some(d) = m.display_qty() {
-                        req.display_lots = info.lots(d).unwrap_or(-1);
-                    }
-                }
-                let cause = cause.or(if req.qty_lots <= 0 || req.display_lots < 0 {
-                    Some(GatewayReject::InvalidQty)
-                } else if req.ord_type == OrdType::Limit && m.price().is_none() {
-                    Some(GatewayReject::InvalidPrice)
-                } else {
-                    None
-                });
-                match cause {
-                    Some(g) => self
-                        .router
-                        .reject_new(sref, &req, RejectCause::Gateway(g), ts),
-                    None => self.router.new_order(sref, req, ts),
-                }
-            }
-            Message::CancelOrder(m) => {
-                let orig = ClientId::Num(m.orig_cl_ord_id().unwrap_or(u64::MAX));
-                self.router.cancel(
-                    sref,
-                    ClientId::Num(m.cl_ord_id()),
-                    orig,
-                    m.order_id().map(OrderId),
-                    ts,
-                );
-            }
-            Message::ReplaceOrder(m) => {
-                let orig = ClientId::Num(m.orig_cl_ord_id().unwrap_or(u64::MAX));
-                let lots = self
-                    .router
-                    .instrument(InstrumentId(m.instrument_id()))
-                    .and_then(|i| i.lots(m.qty()));
-                let client = ClientId::Num(m.cl_ord_id());
-                match lots {
-                    Some(lots) => self.router.replace(
-                        sref,
-                        client,
-                        orig,
-                        m.order_id().map(OrderId),
-                        Some(Price(m.price())),
-                        Some(lots),
-                        ts,
-                    ),
-                    None => self.router.outbox.push((
-                        sref,
-                        Report::CancelReject {
-                            client,
-                            orig,
-                            order_id: m.order_id().map(OrderId),
-                            to: CancelRejectTo::Replace,
-                            cause: RejectCause::Gateway(GatewayReject::InvalidQty),
-                            ts_ns: ts,
-                        },
-                    )),
-                }
-            }
-            Message::MassCancel(m) => {
-                let side = match m.side() {
-                    BinSide::Buy => Some(Side::Buy),
-                    BinSide::Sell => Some(Side::Sell),
-                    _ => None,
-                };
-                self.router.mass_cancel(
-                    sref,
-                    ClientId::Num(m.cl_ord_id()),
-                    b'7',
-                    m.account().map(AccountId),
-                    m.instrument_id().map(InstrumentId),
-                    side,
-                    ts,
-                );
-            }
-            _ => {
-                let report = Report::BusinessReject {
-                    ref_msg_type: String::new(),
-                    ref_seq_num: 0,
-                    ref_id: None,
-                    ref_template_id: template,
-                    throttled_retry_ms: None,
-                    text: "unsupported message from a client".into(),
-                    ts_ns: ts,
-                };
-                self.router.business_reject(sref, report);
-            }
-        }
-    }
-
-    fn binary_retransmit(&mut self, token: Token, j: usize, ts: u64, from: u64, count: u32) {
-        let s = &self.bin[j];
-        if count == 0 || count > oe::RETRANSMIT_COUNT_MAX || from < s.first_kept_seq || from == 0 {
-            return self.binary_terminate(token, TerminationCode::RetransmitLimitExceeded);
-        }
-        let end = from.saturating_add(u64::from(count)).min(s.next_seq);
-        let n = end.saturating_sub(from);
-        let mut buf = [0u8; FRAME_BYTES_MAX];
-        if let Ok(len) = encode_frame(&mut buf, |mut e: RetransmissionEncoder| {
-            e.request_timestamp_ns(ts).next_seq_no(from).count(n as u32);
-            e
-        }) {
-            self.write_to(token, &buf[..len]);
-        }
-        for seq in from..end {
-            let idx = (seq - self.bin[j].first_kept_seq) as usize;
-            if let Some(frame) = self.bin[j].sent.get(idx).cloned() {
-                self.write_to(token, &frame);
-            }
-        }
-    }
-
-    fn binary_send(&mut self, j: usize, frame: &[u8]) {
-        let s = &mut self.bin[j];
-        s.next_seq += 1;
-        s.sent.push_back(frame.into());
-        if s.sent.len() > self.config.gateway.stored_messages_max {
-            s.sent.pop_front();
-            s.first_kept_seq += 1;
-        }
-        s.last_sent_ms = self.now_ms;
-        if let Some(t) = s.conn {
-            self.write_to(t, frame);
-            self.stats.reports_out.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
     // ----- delivery -----
 
     fn deliver(&mut self) {
-        if self.router.outbox.is_empty() {
+        if !self.router.has_reports() {
             return;
         }
-        let outbox = std::mem::take(&mut self.router.outbox);
-        let answered = std::mem::take(&mut self.router.probes.answered);
+        let outbox = self.router.take_outbox();
+        let answered = std::mem::take(&mut self.router.probes_mut().answered);
         let mut traced = answered.into_iter().peekable();
         let mut buf = [0u8; FRAME_BYTES_MAX];
         for (index, (sref, report)) in outbox.iter().enumerate() {
-            let Some(meta) = self.router.sessions.get(sref.0 as usize) else {
+            let Some(meta) = self.router.session(*sref) else {
                 continue;
             };
             let (proto, firm) = (meta.proto, meta.firm);
@@ -1511,7 +817,7 @@ impl Server {
                 if i == index {
                     trace = Some(t);
                 } else {
-                    self.router.probes.recorder.record(&t);
+                    self.router.probes_mut().recorder.record(&t);
                 }
             }
             let token = match proto {
@@ -1539,7 +845,7 @@ impl Server {
                     Some(token) if self.awaiting_write.len() < TRACES_AWAITING_WRITE_MAX => {
                         self.awaiting_write.push((token, t))
                     }
-                    _ => self.router.probes.recorder.record(&t),
+                    _ => self.router.probes_mut().recorder.record(&t),
                 }
             }
             // Status answers concern the asking session alone: no drop copy.
@@ -1551,9 +857,7 @@ impl Server {
                     if dc == *sref {
                         continue;
                     }
-                    if let Some(Proto::Fix(i)) =
-                        self.router.sessions.get(dc.0 as usize).map(|m| m.proto)
-                    {
+                    if let Some(Proto::Fix(i)) = self.router.session(dc).map(|m| m.proto) {
                         let m = fix_front::render(&self.router, report, &exec_id);
                         self.counters.exec_reports += 1;
                         self.fix_send(i, m);
@@ -1562,14 +866,10 @@ impl Server {
             }
         }
         for (_, t) in traced {
-            self.router.probes.recorder.record(&t);
+            self.router.probes_mut().recorder.record(&t);
         }
         // Keep the allocation for the next cycle.
-        let mut outbox = outbox;
-        outbox.clear();
-        if self.router.outbox.is_empty() {
-            self.router.outbox = outbox;
-        }
+        self.router.recycle_outbox(outbox);
     }
 
     // ----- timers -----
@@ -1589,30 +889,7 @@ impl Server {
                 self.fix_after(slot);
             }
         }
-        let mut buf = [0u8; FRAME_BYTES_MAX];
-        for j in 0..self.bin.len() {
-            let Some(token) = self.bin[j].conn else {
-                continue;
-            };
-            let s = &self.bin[j];
-            let keepalive = u64::from(s.keepalive_ms);
-            if now.saturating_sub(s.last_recv_ms)
-                > keepalive * u64::from(oe::KEEPALIVE_MISSED_INTERVALS_MAX)
-            {
-                self.binary_terminate(token, TerminationCode::KeepaliveTimeout);
-                continue;
-            }
-            if now.saturating_sub(s.last_sent_ms) >= keepalive {
-                let next = s.next_seq;
-                if let Ok(n) = encode_frame(&mut buf, |mut e: SequenceEncoder| {
-                    e.next_seq_no(next);
-                    e
-                }) {
-                    self.bin[j].last_sent_ms = now;
-                    self.write_to(token, &buf[..n]);
-                }
-            }
-        }
+        self.binary_tick(now);
         let logon_timeout = self.config.gateway.logon_timeout_ms;
         let stale: Vec<Token> = self
             .conns
@@ -1640,7 +917,7 @@ impl Server {
             .store(self.router.tracked_orders(), Ordering::Relaxed);
         self.stats
             .requests_in
-            .store(self.router.requests_in, Ordering::Relaxed);
+            .store(self.router.requests_in(), Ordering::Relaxed);
         self.stats
             .requests_pending
             .store(self.router.pending_requests(), Ordering::Relaxed);
@@ -1649,7 +926,7 @@ impl Server {
             .store(self.conns.len(), Ordering::Relaxed);
         self.publish();
         self.router
-            .probes
+            .probes_mut()
             .recorder
             .maybe_flush(bourse_monitor::clock::now_ns());
     }
@@ -1659,7 +936,7 @@ impl Server {
         let Some(m) = self.metrics.as_mut() else {
             return;
         };
-        m.publish(&self.counters, &self.router.counters);
+        m.publish(&self.counters, self.router.counters());
         let logged_on = self.fix.iter().filter(|s| s.session.is_logged_on()).count();
         let established = self.bin.iter().filter(|s| s.conn.is_some()).count();
         m.fix_sessions.set(logged_on as i64);
@@ -1738,7 +1015,7 @@ impl Server {
             if self.awaiting_write[i].0 == token {
                 let (_, mut trace) = self.awaiting_write.swap_remove(i);
                 trace.stamp_at(Stage::Written, now);
-                self.router.probes.recorder.record(&trace);
+                self.router.probes_mut().recorder.record(&trace);
             } else {
                 i += 1;
             }

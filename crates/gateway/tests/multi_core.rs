@@ -4,7 +4,9 @@
 
 use bourse_core::*;
 use bourse_engine::{EngineConfig, ORDER_ID_CORE_SHIFT};
-use bourse_gateway::router::{ClientId, ExecKind, NewOrderRequest, Report, Router, SessionRef};
+use bourse_gateway::router::{
+    ClientId, ExecKind, NewOrderRequest, Report, Request, Router, SessionRef,
+};
 use bourse_gateway::GatewayConfig;
 use std::time::{Duration, Instant};
 
@@ -72,23 +74,26 @@ fn two_cores() -> (Router, GatewayConfig) {
         config.gateway.core_queue_depth,
     );
     let mut router = Router::new(&config, links);
-    bourse_gateway::server::bootstrap(&mut router, &config).unwrap();
+    bourse_gateway::bootstrap::bootstrap(&mut router, &config).unwrap();
     (router, config)
 }
 
 /// Polls the cores until `n` reports are waiting (bounded in time), and takes them.
 fn reports(router: &mut Router, n: usize) -> Vec<Report> {
     let deadline = Instant::now() + Duration::from_secs(5);
-    while router.outbox.len() < n {
-        assert!(Instant::now() < deadline, "only {:?}", router.outbox);
+    let mut got = Vec::new();
+    while got.len() < n {
+        assert!(Instant::now() < deadline, "only {got:?}");
         if router.poll_core(1024) == 0 {
             std::thread::sleep(Duration::from_millis(1));
         }
+        got.extend(router.take_outbox().into_iter().map(|(_, r)| r));
     }
     // Anything more that is already there would be a report too many.
     std::thread::sleep(Duration::from_millis(20));
     router.poll_core(1024);
-    router.outbox.drain(..).map(|(_, r)| r).collect()
+    got.extend(router.take_outbox().into_iter().map(|(_, r)| r));
+    got
 }
 
 fn order(client: &str, instrument: u32, price: i64, qty_lots: i64) -> NewOrderRequest {
@@ -117,8 +122,8 @@ fn accepted_id(r: &Report) -> OrderId {
 fn each_order_goes_to_the_core_of_its_instrument() {
     let (mut router, _) = two_cores();
     let alpha = SessionRef(0);
-    router.new_order(alpha, order("eq1", 1, 24_000, 1), 1);
-    router.new_order(alpha, order("fx1", 2, 107_000, 1), 1);
+    router.handle(alpha, Request::New(order("eq1", 1, 24_000, 1)), 1);
+    router.handle(alpha, Request::New(order("fx1", 2, 107_000, 1)), 1);
     let got = reports(&mut router, 2);
     assert_eq!(got.len(), 2, "{got:?}");
     let mut ids: Vec<(ClientId, OrderId)> = got
@@ -139,13 +144,12 @@ fn each_order_goes_to_the_core_of_its_instrument() {
 
     // A cancel goes where its order lives (core 1 knows nothing of core 0's orders, so a
     // cancel sent to the wrong core would come back as a reject).
-    router.cancel(
-        alpha,
-        ClientId::Text("c1".into()),
-        ClientId::Text("fx1".into()),
-        None,
-        2,
-    );
+    let cancel = Request::Cancel {
+        client: ClientId::Text("c1".into()),
+        orig: ClientId::Text("fx1".into()),
+        order_id: None,
+    };
+    router.handle(alpha, cancel, 2);
     let got = reports(&mut router, 1);
     match &got[..] {
         [Report::Exec(e)] => {
@@ -161,20 +165,19 @@ fn each_order_goes_to_the_core_of_its_instrument() {
 fn a_mass_cancel_without_instrument_reaches_every_core_and_reports_once() {
     let (mut router, _) = two_cores();
     let alpha = SessionRef(0);
-    router.new_order(alpha, order("eq1", 1, 24_000, 1), 1);
-    router.new_order(alpha, order("eq2", 1, 24_100, 2), 1);
-    router.new_order(alpha, order("fx1", 2, 107_000, 1), 1);
+    router.handle(alpha, Request::New(order("eq1", 1, 24_000, 1)), 1);
+    router.handle(alpha, Request::New(order("eq2", 1, 24_100, 2)), 1);
+    router.handle(alpha, Request::New(order("fx1", 2, 107_000, 1)), 1);
     let got = reports(&mut router, 3);
     assert_eq!(got.len(), 3, "{got:?}");
-    router.mass_cancel(
-        alpha,
-        ClientId::Text("m1".into()),
-        b'7',
-        None,
-        None,
-        None,
-        2,
-    );
+    let mass_cancel = Request::MassCancel {
+        client: ClientId::Text("m1".into()),
+        request_type: b'7',
+        account: None,
+        instrument: None,
+        side: None,
+    };
+    router.handle(alpha, mass_cancel, 2);
     let got = reports(&mut router, 4);
     let cancels = got
         .iter()
@@ -207,15 +210,14 @@ fn a_mass_cancel_without_instrument_reaches_every_core_and_reports_once() {
     assert_eq!(router.tracked_orders(), 0);
 
     // By instrument, only the owning core is asked: nothing left there, total 0.
-    router.mass_cancel(
-        alpha,
-        ClientId::Text("m2".into()),
-        b'1',
-        None,
-        Some(InstrumentId(2)),
-        None,
-        3,
-    );
+    let mass_cancel = Request::MassCancel {
+        client: ClientId::Text("m2".into()),
+        request_type: b'1',
+        account: None,
+        instrument: Some(InstrumentId(2)),
+        side: None,
+    };
+    router.handle(alpha, mass_cancel, 3);
     let got = reports(&mut router, 1);
     assert!(
         matches!(
@@ -236,14 +238,14 @@ fn bootstrap_twice_adds_nothing_twice() {
     // A second bootstrap against the same cores (a gateway restarted in front of replicated
     // cores): every instrument and account is already there, so it succeeds and deposits
     // nothing again.
-    bourse_gateway::server::bootstrap(&mut router, &config).unwrap();
+    bourse_gateway::bootstrap::bootstrap(&mut router, &config).unwrap();
     // Cash was deposited once: an order that needs more than half of it still fits, and a
     // second one of the same size does not.
     // The account has 10^7 of currency (10^11 cash units of 10^-4); an order of 3,000 lots of
     // 10 units at 250.00 reserves 7.5 × 10^6: the first fits, the second does not.
     let big = |id: &str| order(id, 1, 25_000, 3_000);
-    router.new_order(SessionRef(0), big("b1"), 1);
-    router.new_order(SessionRef(0), big("b2"), 1);
+    router.handle(SessionRef(0), Request::New(big("b1")), 1);
+    router.handle(SessionRef(0), Request::New(big("b2")), 1);
     let got = reports(&mut router, 2);
     let kinds: Vec<bool> = got
         .iter()

@@ -1,8 +1,7 @@
-//! A gateway with an in-process engine, for the client's end-to-end tests.
+//! A gateway with an in-process engine, for the gateway's end-to-end tests (driven over its
+//! sockets by the client SDK).
 
 #![allow(dead_code)]
-
-pub mod cluster;
 
 use bourse_engine::EngineConfig;
 use bourse_gateway::{GatewayConfig, GatewayHandle};

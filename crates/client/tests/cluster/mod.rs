@@ -1,4 +1,5 @@
-//! A replicated core for the client's end-to-end tests: three in-process `bourse node`s on
+//! A replicated core for the end-to-end test of a gateway restart (here and not in the
+//! gateway's tests because it needs the cluster, which the gateway must not depend on): three in-process `bourse node`s on
 //! loopback, and gateways in front of them started the way `bourse gateway` starts them
 //! (links with this run's epoch, resuming where the saved order state is exact).
 

@@ -1,0 +1,540 @@
+//! The router against a fake link per core: a test double that records what the router
+//! submits and hands back the outputs the test feeds it, so every answer is deterministic.
+
+use super::*;
+use std::sync::{Arc, Mutex};
+
+const CONFIG: &str = r#"
+[gateway]
+fix_listen = "127.0.0.1:0"
+
+[[cores]]
+name = "equities"
+instruments = [1]
+in_process = true
+
+[[cores]]
+name = "fx"
+instruments = [2]
+in_process = true
+
+[[instruments]]
+instrument = 1
+symbol = "SBER"
+market = "equity"
+price_scale = 2
+tick = 1
+lot_size = 10
+band_bps = 2000
+reference_price = 25000
+
+[[instruments]]
+instrument = 2
+symbol = "EURUSD"
+market = "fx"
+price_scale = 5
+tick = 1
+lot_size = 1000
+band_bps = 500
+reference_price = 108000
+
+[[accounts]]
+account = 101
+firm = 1
+cash = 100000000000
+
+[[accounts]]
+account = 201
+firm = 2
+cash = 100000000000
+
+[[fix_sessions]]
+client_comp_id = "ALPHA"
+firm = 1
+accounts = [101]
+
+[[fix_sessions]]
+client_comp_id = "BETA"
+firm = 2
+accounts = [201]
+"#;
+
+const ALPHA: SessionRef = SessionRef(0);
+const BETA: SessionRef = SessionRef(1);
+
+/// What one fake core saw and what it will answer.
+#[derive(Default)]
+struct FakeCore {
+    submitted: Vec<(RequestKey, Command)>,
+    outputs: VecDeque<CoreOutput>,
+    /// Answer every submission `Full`, as a link whose queue is full does.
+    full: bool,
+}
+
+/// A `CoreLink` over a shared [`FakeCore`] the test keeps a handle to.
+struct FakeLink(Arc<Mutex<FakeCore>>);
+
+impl CoreLink for FakeLink {
+    fn submit(&mut self, key: RequestKey, command: Command) -> Result<(), SubmitError> {
+        let mut core = self.0.lock().unwrap();
+        if core.full {
+            return Err(SubmitError::Full);
+        }
+        core.submitted.push((key, command));
+        Ok(())
+    }
+
+    fn try_recv(&mut self) -> Option<CoreOutput> {
+        self.0.lock().unwrap().outputs.pop_front()
+    }
+
+    fn set_notify(&mut self, _notify: Arc<dyn Fn() + Send + Sync>) {}
+}
+
+struct Fixture {
+    router: Router,
+    cores: Vec<Arc<Mutex<FakeCore>>>,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let config = GatewayConfig::from_toml(CONFIG).unwrap();
+        let cores: Vec<Arc<Mutex<FakeCore>>> = (0..config.core_plan().len())
+            .map(|_| Arc::default())
+            .collect();
+        let links = cores
+            .iter()
+            .map(|c| Box::new(FakeLink(Arc::clone(c))) as Box<dyn CoreLink>)
+            .collect();
+        Fixture {
+            router: Router::new(&config, links),
+            cores,
+        }
+    }
+
+    /// What core `core` was sent so far, and forgets it.
+    fn take_submitted(&self, core: usize) -> Vec<(RequestKey, Command)> {
+        std::mem::take(&mut self.cores[core].lock().unwrap().submitted)
+    }
+
+    /// Core `core` answers `key` with `events`, then `Done`; the router takes it all in.
+    fn answer(&mut self, core: usize, key: RequestKey, events: &[Event]) {
+        {
+            let mut c = self.cores[core].lock().unwrap();
+            for &event in events {
+                c.outputs.push_back(CoreOutput::Event { key, event });
+            }
+            c.outputs.push_back(CoreOutput::Done { key });
+        }
+        self.router.poll_core(usize::MAX);
+    }
+
+    fn reports(&mut self) -> Vec<(SessionRef, Report)> {
+        self.router.take_outbox()
+    }
+
+    /// Submits a limit order of `qty_lots` at `price` for the session and returns the key
+    /// and the command the core received.
+    fn new_order(
+        &mut self,
+        sref: SessionRef,
+        client: u64,
+        instrument: u32,
+        side: Side,
+        price: i64,
+        qty_lots: i64,
+    ) -> (RequestKey, NewOrder) {
+        self.router.handle(
+            sref,
+            Request::New(NewOrderRequest {
+                client: ClientId::Num(client),
+                account: None,
+                instrument: InstrumentId(instrument),
+                side,
+                ord_type: OrdType::Limit,
+                price: Price(price),
+                qty_lots,
+                tif: TimeInForce::Day,
+                expire_ts_ns: 0,
+                display_lots: 0,
+            }),
+            1,
+        );
+        let core = (instrument - 1) as usize;
+        let mut sent = self.take_submitted(core);
+        assert_eq!(sent.len(), 1, "one command to core {core}");
+        let (key, command) = sent.remove(0);
+        let CommandBody::NewOrder(order) = command.body else {
+            panic!("not a new order: {command:?}");
+        };
+        (key, order)
+    }
+
+    /// A new order the core accepts as `order_id`; its report is taken.
+    fn accepted(
+        &mut self,
+        sref: SessionRef,
+        client: u64,
+        instrument: u32,
+        side: Side,
+        price: i64,
+        qty_lots: i64,
+        order_id: u64,
+    ) -> NewOrder {
+        let (key, order) = self.new_order(sref, client, instrument, side, price, qty_lots);
+        let accepted = Event::OrderAccepted {
+            order_id: OrderId(order_id),
+            account: order.account,
+            cl_ord_id: order.cl_ord_id,
+            instrument: order.instrument,
+            side,
+            price: order.price,
+            qty: order.qty,
+            ts_ns: 2,
+        };
+        self.answer((instrument - 1) as usize, key, &[accepted]);
+        let reports = self.reports();
+        assert!(
+            matches!(&reports[..], [(s, Report::Exec(r))] if *s == sref && r.kind == ExecKind::New),
+            "{reports:?}"
+        );
+        order
+    }
+}
+
+fn fill(order_id: u64, account: u32, filled: i64, leaves: i64) -> Fill {
+    Fill {
+        order_id: OrderId(order_id),
+        account: AccountId(account),
+        cl_ord_id: ClOrdId(0),
+        qty_leaves: Qty(leaves),
+        qty_filled: Qty(filled),
+    }
+}
+
+fn trade(id: u64, price: i64, qty: i64, buy: Fill, sell: Fill) -> Event {
+    Event::Trade {
+        trade_id: TradeId(id),
+        instrument: InstrumentId(1),
+        price: Price(price),
+        qty: Qty(qty),
+        aggressor: Side::Buy,
+        buy,
+        sell,
+        ts_ns: 3,
+    }
+}
+
+#[test]
+fn a_new_order_goes_to_the_core_of_its_instrument() {
+    let mut f = Fixture::new();
+    let (key, order) = f.new_order(ALPHA, 1, 2, Side::Buy, 108_000, 5);
+    assert_eq!(order.instrument, InstrumentId(2));
+    assert_eq!(order.account, AccountId(101));
+    assert_eq!(key.session, 1);
+    assert!(f.take_submitted(0).is_empty());
+    let (_, order) = f.new_order(ALPHA, 2, 1, Side::Sell, 25_000, 3);
+    assert_eq!(order.instrument, InstrumentId(1));
+    assert!(f.take_submitted(1).is_empty());
+    assert_eq!(f.router.core_in_flight(0), 1);
+    assert_eq!(f.router.core_in_flight(1), 1);
+}
+
+#[test]
+fn a_cancel_and_a_replace_go_to_the_core_of_their_order() {
+    let mut f = Fixture::new();
+    let order = f.accepted(ALPHA, 1, 2, Side::Buy, 108_000, 5, 7);
+    f.router.handle(
+        ALPHA,
+        Request::Replace {
+            client: ClientId::Num(2),
+            orig: ClientId::Num(1),
+            order_id: None,
+            price: Some(Price(108_001)),
+            qty_lots: None,
+        },
+        4,
+    );
+    let sent = f.take_submitted(1);
+    let [(
+        _,
+        Command {
+            body: CommandBody::Replace(r),
+            ..
+        },
+    )] = &sent[..]
+    else {
+        panic!("{sent:?}");
+    };
+    assert_eq!(r.target.orig_cl_ord_id, Some(order.cl_ord_id));
+    assert_eq!(r.price, Some(Price(108_001)));
+    f.router.handle(
+        ALPHA,
+        Request::Cancel {
+            client: ClientId::Num(3),
+            orig: ClientId::Num(1),
+            order_id: Some(OrderId(7)),
+        },
+        5,
+    );
+    let sent = f.take_submitted(1);
+    assert!(
+        matches!(&sent[..], [(_, Command { body: CommandBody::Cancel(c), .. })]
+            if c.target.orig_cl_ord_id == Some(order.cl_ord_id)),
+        "{sent:?}"
+    );
+    assert!(f.take_submitted(0).is_empty());
+}
+
+#[test]
+fn a_cancel_of_an_unknown_order_is_rejected_without_reaching_a_core() {
+    let mut f = Fixture::new();
+    f.router.handle(
+        ALPHA,
+        Request::Cancel {
+            client: ClientId::Num(3),
+            orig: ClientId::Num(99),
+            order_id: None,
+        },
+        5,
+    );
+    assert!(f.take_submitted(0).is_empty() && f.take_submitted(1).is_empty());
+    let reports = f.reports();
+    assert!(
+        matches!(&reports[..], [(ALPHA, Report::CancelReject { cause, .. })]
+            if *cause == RejectCause::Gateway(GatewayReject::UnknownOrder)),
+        "{reports:?}"
+    );
+}
+
+#[test]
+fn a_mass_cancel_reaches_every_core_and_is_answered_once_with_the_sum() {
+    let mut f = Fixture::new();
+    f.router.handle(
+        ALPHA,
+        Request::MassCancel {
+            client: ClientId::Num(9),
+            request_type: 7,
+            account: None,
+            instrument: None,
+            side: None,
+        },
+        6,
+    );
+    let first = f.take_submitted(0);
+    let second = f.take_submitted(1);
+    assert_eq!((first.len(), second.len()), (1, 1));
+    for (_, c) in first.iter().chain(&second) {
+        assert!(matches!(c.body, CommandBody::MassCancel(m) if m.account == Some(AccountId(101))));
+    }
+    let done = |n| Event::MassCancelDone {
+        cl_ord_id: ClOrdId(0),
+        orders_cancelled: n,
+        ts_ns: 7,
+    };
+    f.answer(0, first[0].0, &[done(2)]);
+    assert!(
+        f.reports().is_empty(),
+        "no report before every core answered"
+    );
+    f.answer(1, second[0].0, &[done(3)]);
+    let reports = f.reports();
+    assert!(
+        matches!(
+            &reports[..],
+            [(
+                ALPHA,
+                Report::MassCancel {
+                    total: 5,
+                    reject: None,
+                    request_type: 7,
+                    ..
+                }
+            )]
+        ),
+        "{reports:?}"
+    );
+}
+
+#[test]
+fn fills_add_up_to_the_cumulative_quantity_and_notional_of_the_order() {
+    let mut f = Fixture::new();
+    f.accepted(ALPHA, 1, 1, Side::Buy, 25_010, 10, 7);
+    let (key, _) = f.new_order(BETA, 1, 1, Side::Sell, 25_000, 4);
+    f.answer(
+        0,
+        key,
+        &[trade(1, 25_000, 4, fill(7, 101, 4, 6), fill(8, 201, 4, 0))],
+    );
+    let (key, _) = f.new_order(BETA, 2, 1, Side::Sell, 25_010, 6);
+    f.answer(
+        0,
+        key,
+        &[trade(2, 25_010, 6, fill(7, 101, 10, 0), fill(9, 201, 6, 0))],
+    );
+    let alpha: Vec<ExecReport> = f
+        .reports()
+        .into_iter()
+        .filter_map(|(s, r)| match r {
+            Report::Exec(e) if s == ALPHA => Some(e),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(alpha.len(), 2, "{alpha:?}");
+    assert_eq!((alpha[0].cum_lots, alpha[0].leaves_lots), (4, 6));
+    assert_eq!((alpha[1].cum_lots, alpha[1].leaves_lots), (10, 0));
+    let notional = 4 * 25_000 + 6 * 25_010;
+    assert_eq!(alpha[1].notional, notional);
+    // The average price a front end renders: notional over the filled quantity.
+    assert_eq!(alpha[1].notional / 10, 25_006);
+    assert!(matches!(
+        alpha[1].kind,
+        ExecKind::Trade { last_lots: 6, .. }
+    ));
+    // Filled, the order is no longer live but its status is still known.
+    assert_eq!(f.router.tracked_orders(), 0);
+    f.router.handle(
+        ALPHA,
+        Request::Status {
+            client: Some(ClientId::Num(1)),
+            order_id: None,
+            symbol: None,
+            side: None,
+            status_req_id: None,
+        },
+        8,
+    );
+    let reports = f.reports();
+    assert!(
+        matches!(&reports[..], [(ALPHA, Report::Exec(e))]
+            if e.kind == ExecKind::Status(StatusQuery {
+                status_req_id: None,
+                mass: None,
+                pending_new: false,
+                finished: Some(Finished::Filled),
+            }) && e.cum_lots == 10),
+        "{reports:?}"
+    );
+}
+
+#[test]
+fn a_status_request_answers_from_the_order_table() {
+    let mut f = Fixture::new();
+    f.accepted(ALPHA, 1, 1, Side::Buy, 25_010, 10, 7);
+    let status = |client| Request::Status {
+        client: Some(ClientId::Num(client)),
+        order_id: None,
+        symbol: None,
+        side: None,
+        status_req_id: Some("S1".into()),
+    };
+    f.router.handle(ALPHA, status(1), 8);
+    let reports = f.reports();
+    assert!(
+        matches!(&reports[..], [(ALPHA, Report::Exec(e))]
+            if e.order_id == Some(OrderId(7)) && e.leaves_lots == 10
+                && matches!(&e.kind, ExecKind::Status(q) if q.finished.is_none() && !q.pending_new)),
+        "{reports:?}"
+    );
+    // Another session cannot see the order, and an unknown id is answered as such.
+    f.router.handle(BETA, status(1), 9);
+    f.router.handle(ALPHA, status(2), 9);
+    let reports = f.reports();
+    assert!(
+        matches!(
+            &reports[..],
+            [
+                (BETA, Report::StatusUnknown { .. }),
+                (ALPHA, Report::StatusUnknown { .. })
+            ]
+        ),
+        "{reports:?}"
+    );
+}
+
+#[test]
+fn a_full_link_is_answered_system_busy() {
+    let mut f = Fixture::new();
+    f.cores[0].lock().unwrap().full = true;
+    f.router.handle(
+        ALPHA,
+        Request::New(NewOrderRequest {
+            client: ClientId::Num(1),
+            account: None,
+            instrument: InstrumentId(1),
+            side: Side::Buy,
+            ord_type: OrdType::Limit,
+            price: Price(25_000),
+            qty_lots: 1,
+            tif: TimeInForce::Day,
+            expire_ts_ns: 0,
+            display_lots: 0,
+        }),
+        1,
+    );
+    let reports = f.reports();
+    assert!(
+        matches!(&reports[..], [(ALPHA, Report::Exec(e))]
+            if e.kind == ExecKind::Rejected(RejectCause::Gateway(GatewayReject::SystemBusy))),
+        "{reports:?}"
+    );
+    assert_eq!(f.router.counters().busy_rejects, 1);
+    assert_eq!(f.router.pending_requests(), 0);
+    // The client id is free again: the same order goes through once the core has room.
+    f.cores[0].lock().unwrap().full = false;
+    let (_, order) = f.new_order(ALPHA, 1, 1, Side::Buy, 25_000, 1);
+    assert_eq!(order.qty, Qty(1));
+}
+
+#[test]
+fn events_of_another_session_are_routed_to_the_owner_by_order_id() {
+    let mut f = Fixture::new();
+    f.accepted(ALPHA, 1, 1, Side::Buy, 25_000, 10, 7);
+    // BETA's order trades against ALPHA's resting one: the core sends the trade under
+    // BETA's key, and ALPHA gets its fill.
+    let (key, _) = f.new_order(BETA, 1, 1, Side::Sell, 25_000, 10);
+    f.answer(
+        0,
+        key,
+        &[trade(
+            1,
+            25_000,
+            10,
+            fill(7, 101, 10, 0),
+            fill(8, 201, 10, 0),
+        )],
+    );
+    let reports = f.reports();
+    let to_alpha = reports.iter().filter(|(s, _)| *s == ALPHA).count();
+    assert_eq!(to_alpha, 1, "{reports:?}");
+    // And a cancel by someone else (a foreign key the router never issued) too.
+    f.accepted(ALPHA, 2, 1, Side::Buy, 24_000, 5, 9);
+    let foreign = RequestKey {
+        session: u32::MAX,
+        seq: 0,
+    };
+    f.cores[0]
+        .lock()
+        .unwrap()
+        .outputs
+        .push_back(CoreOutput::Event {
+            key: foreign,
+            event: Event::OrderCancelled {
+                order_id: OrderId(9),
+                account: AccountId(101),
+                cl_ord_id: ClOrdId(0),
+                instrument: InstrumentId(1),
+                side: Side::Buy,
+                qty_cancelled: Qty(5),
+                reason: CancelReason::MassCancel,
+                ts_ns: 4,
+            },
+        });
+    f.router.poll_core(usize::MAX);
+    let reports = f.reports();
+    assert!(
+        matches!(&reports[..], [(ALPHA, Report::Exec(e))]
+            if matches!(e.kind, ExecKind::Canceled { by: None, .. }) && e.order_id == Some(OrderId(9))),
+        "{reports:?}"
+    );
+}

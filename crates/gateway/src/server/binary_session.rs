@@ -1,0 +1,280 @@
+//! Binary (SBE) sessions in the gateway's event loop: framing a connection's bytes,
+//! Establish and its answer, Terminate, keepalive-driven Sequence messages, retransmission
+//! of the session's sequenced responses, and the hand-over of each decoded request
+//! (`binary_front::parse_request`) to the router, after the session's throttle.
+
+use super::*;
+use crate::binary_front::Parsed;
+use crate::router::ClientId;
+use bourse_wire::order_entry::codec::{
+    establishment_ack_codec::EstablishmentAckEncoder,
+    establishment_reject_code::EstablishmentRejectCode,
+    establishment_reject_codec::EstablishmentRejectEncoder,
+    retransmission_codec::RetransmissionEncoder, sequence_codec::SequenceEncoder,
+    terminate_codec::TerminateEncoder, termination_code::TerminationCode,
+};
+
+impl Server {
+    pub(super) fn on_binary_bytes(&mut self, token: Token, bytes: &[u8]) {
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        conn.inbuf.extend_from_slice(bytes);
+        let decoder = FrameDecoder::default();
+        let mut pos = 0usize;
+        let buf = std::mem::take(&mut conn.inbuf);
+        loop {
+            match decoder.decode(&buf[pos..]) {
+                Ok(Some(d)) => {
+                    pos += d.frame_bytes;
+                    self.on_binary_message(token, d.message);
+                    match self.conns.get(&token) {
+                        Some(c) if !c.closing => {}
+                        _ => return,
+                    }
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    self.binary_terminate(token, TerminationCode::InvalidFrame);
+                    return;
+                }
+            }
+        }
+        if let Some(conn) = self.conns.get_mut(&token) {
+            conn.inbuf = buf;
+            conn.inbuf.drain(..pos);
+        }
+    }
+
+    /// Queues a binary frame for a connection.
+    pub(super) fn write_to(&mut self, token: Token, frame: &[u8]) {
+        if let Some(conn) = self.conns.get_mut(&token) {
+            self.counters.binary_msgs_out += 1;
+            conn.out.extend_from_slice(frame);
+            self.dirty.push(token);
+        }
+    }
+
+    pub(super) fn binary_terminate(&mut self, token: Token, code: TerminationCode) {
+        let mut buf = [0u8; FRAME_BYTES_MAX];
+        if let Ok(n) = encode_frame(&mut buf, |mut e: TerminateEncoder| {
+            e.reason(code);
+            e
+        }) {
+            self.write_to(token, &buf[..n]);
+        }
+        if let Some(conn) = self.conns.get_mut(&token) {
+            conn.closing = true;
+            conn.close_reason = DisconnectReason::BinaryTerminate;
+            if let Some(j) = conn.attached.take() {
+                self.bin[j].conn = None;
+            }
+        }
+    }
+
+    fn binary_establish(
+        &mut self,
+        token: Token,
+        ts: u64,
+        keepalive_ms: u32,
+        credentials: [u8; 32],
+    ) {
+        let mut buf = [0u8; FRAME_BYTES_MAX];
+        let creds = bourse_wire::ascii_field(&credentials).unwrap_or("");
+        let slot = self.bin.iter().position(|s| s.credentials == creds);
+        let code = match slot {
+            None => Some(EstablishmentRejectCode::BadCredentials),
+            Some(j) if self.bin[j].conn.is_some() => {
+                Some(EstablishmentRejectCode::AlreadyEstablished)
+            }
+            _ if !(oe::KEEPALIVE_INTERVAL_MS_MIN..=oe::KEEPALIVE_INTERVAL_MS_MAX)
+                .contains(&keepalive_ms) =>
+            {
+                Some(EstablishmentRejectCode::KeepaliveOutOfRange)
+            }
+            _ => None,
+        };
+        if let Some(code) = code {
+            if let Ok(n) = encode_frame(&mut buf, |mut e: EstablishmentRejectEncoder| {
+                e.request_timestamp_ns(ts).reason(code);
+                e
+            }) {
+                self.write_to(token, &buf[..n]);
+            }
+            if let Some(c) = self.conns.get_mut(&token) {
+                c.closing = true;
+                c.close_reason = DisconnectReason::LogonRefused;
+            }
+            return;
+        }
+        let Some(j) = slot else { return };
+        let s = &mut self.bin[j];
+        s.conn = Some(token);
+        s.keepalive_ms = keepalive_ms;
+        s.last_recv_ms = self.now_ms;
+        s.last_sent_ms = self.now_ms;
+        let next = s.next_seq;
+        if let Some(c) = self.conns.get_mut(&token) {
+            c.attached = Some(j);
+        }
+        if let Ok(n) = encode_frame(&mut buf, |mut e: EstablishmentAckEncoder| {
+            e.request_timestamp_ns(ts)
+                .next_seq_no(next)
+                .keepalive_interval_ms(keepalive_ms);
+            e
+        }) {
+            self.write_to(token, &buf[..n]);
+        }
+    }
+
+    fn on_binary_message(&mut self, token: Token, message: Message<'_>) {
+        let attached = self.conns.get(&token).and_then(|c| c.attached);
+        let Some(j) = attached else {
+            match message {
+                Message::Establish(m) => self.binary_establish(
+                    token,
+                    m.timestamp_ns(),
+                    m.keepalive_interval_ms(),
+                    m.credentials(),
+                ),
+                _ => self.binary_terminate(token, TerminationCode::NotEstablished),
+            }
+            return;
+        };
+        self.bin[j].last_recv_ms = self.now_ms;
+        let sref = self.bin[j].sref;
+        let template = message.template_id() as u16;
+        if message.template_id().is_client_request() {
+            self.counters.binary_msgs_in += 1;
+            let kind = match message {
+                Message::NewOrder(_) => Some(CommandKind::NewOrder),
+                Message::CancelOrder(_) => Some(CommandKind::Cancel),
+                Message::ReplaceOrder(_) => Some(CommandKind::Replace),
+                Message::MassCancel(_) => Some(CommandKind::MassCancel),
+                _ => None,
+            };
+            self.router.note_request(false, kind);
+            if let Err(throttled) = self.router.throttle(sref, self.now_ms) {
+                let ref_id = match message {
+                    Message::NewOrder(m) => Some(m.cl_ord_id()),
+                    Message::CancelOrder(m) => Some(m.cl_ord_id()),
+                    Message::ReplaceOrder(m) => Some(m.cl_ord_id()),
+                    Message::MassCancel(m) => Some(m.cl_ord_id()),
+                    _ => None,
+                };
+                let report = Report::BusinessReject {
+                    ref_msg_type: String::new(),
+                    ref_seq_num: 0,
+                    ref_id: ref_id.map(ClientId::Num),
+                    ref_template_id: template,
+                    throttled_retry_ms: Some(throttled.retry_ms),
+                    text: format!("throttle: more than {} messages/s", throttled.msgs_per_s),
+                    ts_ns: self.now_ns,
+                };
+                self.router.business_reject(sref, report);
+                return;
+            }
+        }
+        let ts = self.now_ns;
+        match message {
+            Message::Sequence(_) => {}
+            Message::Terminate(_) => self.binary_terminate(token, TerminationCode::Finished),
+            Message::RetransmitRequest(m) => {
+                self.binary_retransmit(token, j, m.timestamp_ns(), m.from_seq_no(), m.count())
+            }
+            Message::Establish(_) => self.binary_terminate(token, TerminationCode::Unspecified),
+            Message::NewOrder(_)
+            | Message::CancelOrder(_)
+            | Message::ReplaceOrder(_)
+            | Message::MassCancel(_) => {
+                match binary_front::parse_request(&self.router, &message, ts) {
+                    Some(Parsed::Request(request)) => self.router.handle(sref, request, ts),
+                    Some(Parsed::RejectNew(req, g)) => {
+                        self.router
+                            .reject_new(sref, &req, RejectCause::Gateway(g), ts)
+                    }
+                    Some(Parsed::Reject(report)) => self.router.report(sref, report),
+                    None => {}
+                }
+            }
+            _ => {
+                let report = Report::BusinessReject {
+                    ref_msg_type: String::new(),
+                    ref_seq_num: 0,
+                    ref_id: None,
+                    ref_template_id: template,
+                    throttled_retry_ms: None,
+                    text: "unsupported message from a client".into(),
+                    ts_ns: ts,
+                };
+                self.router.business_reject(sref, report);
+            }
+        }
+    }
+
+    fn binary_retransmit(&mut self, token: Token, j: usize, ts: u64, from: u64, count: u32) {
+        let s = &self.bin[j];
+        if count == 0 || count > oe::RETRANSMIT_COUNT_MAX || from < s.first_kept_seq || from == 0 {
+            return self.binary_terminate(token, TerminationCode::RetransmitLimitExceeded);
+        }
+        let end = from.saturating_add(u64::from(count)).min(s.next_seq);
+        let n = end.saturating_sub(from);
+        let mut buf = [0u8; FRAME_BYTES_MAX];
+        if let Ok(len) = encode_frame(&mut buf, |mut e: RetransmissionEncoder| {
+            e.request_timestamp_ns(ts).next_seq_no(from).count(n as u32);
+            e
+        }) {
+            self.write_to(token, &buf[..len]);
+        }
+        for seq in from..end {
+            let idx = (seq - self.bin[j].first_kept_seq) as usize;
+            if let Some(frame) = self.bin[j].sent.get(idx).cloned() {
+                self.write_to(token, &frame);
+            }
+        }
+    }
+
+    pub(super) fn binary_send(&mut self, j: usize, frame: &[u8]) {
+        let s = &mut self.bin[j];
+        s.next_seq += 1;
+        s.sent.push_back(frame.into());
+        if s.sent.len() > self.config.gateway.stored_messages_max {
+            s.sent.pop_front();
+            s.first_kept_seq += 1;
+        }
+        s.last_sent_ms = self.now_ms;
+        if let Some(t) = s.conn {
+            self.write_to(t, frame);
+            self.stats.reports_out.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The binary sessions' timers: a session silent for too many keepalive intervals is
+    /// terminated; one the gateway has not written to for an interval gets a Sequence.
+    pub(super) fn binary_tick(&mut self, now: u64) {
+        let mut buf = [0u8; FRAME_BYTES_MAX];
+        for j in 0..self.bin.len() {
+            let Some(token) = self.bin[j].conn else {
+                continue;
+            };
+            let s = &self.bin[j];
+            let keepalive = u64::from(s.keepalive_ms);
+            if now.saturating_sub(s.last_recv_ms)
+                > keepalive * u64::from(oe::KEEPALIVE_MISSED_INTERVALS_MAX)
+            {
+                self.binary_terminate(token, TerminationCode::KeepaliveTimeout);
+                continue;
+            }
+            if now.saturating_sub(s.last_sent_ms) >= keepalive {
+                let next = s.next_seq;
+                if let Ok(n) = encode_frame(&mut buf, |mut e: SequenceEncoder| {
+                    e.next_seq_no(next);
+                    e
+                }) {
+                    self.bin[j].last_sent_ms = now;
+                    self.write_to(token, &buf[..n]);
+                }
+            }
+        }
+    }
+}
