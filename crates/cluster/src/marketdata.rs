@@ -595,7 +595,7 @@ impl NodeFeed {
             if r.kind != OutcomeKind::Applied || r.events.is_empty() {
                 continue;
             }
-            match crate::batch::decode_events(&r.events) {
+            match bourse_core::codec::decode_events(&r.events) {
                 Ok(events) => self.events.extend_from_slice(&events),
                 Err(_) => self.status.undecodable_events += 1,
             }
@@ -956,7 +956,7 @@ mod tests {
                 client_id: 1,
                 request_seq: requests.len() as u64 + 1,
                 kind: OutcomeKind::Applied,
-                events: crate::batch::encode_events(&events),
+                events: bourse_core::codec::encode_events(&events),
             });
         }
         out.push(CommittedEntry {
@@ -975,7 +975,7 @@ mod tests {
                     client_id: 2,
                     request_seq: index * 100 + requests.len() as u64,
                     kind: OutcomeKind::Applied,
-                    events: crate::batch::encode_events(&events),
+                    events: bourse_core::codec::encode_events(&events),
                 });
             }
             if e % 5 == 0 {
@@ -1088,16 +1088,16 @@ mod tests {
                     .collect()
             };
             outcomes.clear();
-            state.apply_batch(&requests, &mut outcomes);
+            state.apply_batch(&crate::Batch::from_requests(&requests), &mut outcomes);
             state.entry_applied(index);
             if let Some((_, _, restored, _)) = resumed.as_mut() {
                 let mut again = Vec::new();
-                restored.apply_batch(&requests, &mut again);
+                restored.apply_batch(&crate::Batch::from_requests(&requests), &mut again);
                 restored.entry_applied(index);
                 assert_eq!(again, outcomes);
             }
             for o in &outcomes {
-                flow.observe(&crate::batch::decode_events(&o.events).unwrap());
+                flow.observe(&bourse_core::codec::decode_events(&o.events).unwrap());
             }
             let entry = CommittedEntry {
                 index,

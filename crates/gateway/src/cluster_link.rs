@@ -26,11 +26,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use bourse_cluster::batch::decode_events;
 use bourse_cluster::client::{node_last_seq, node_status, PipelinedClient, StreamClient};
 use bourse_cluster::tokio;
 use bourse_cluster::tokio::sync::{mpsc, watch};
 use bourse_cluster::{CommittedEntry, OutcomeKind, StreamError};
+use bourse_core::codec::decode_events;
 use bourse_core::{Command, Event};
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 

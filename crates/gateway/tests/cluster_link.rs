@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
-use bourse_cluster::batch::decode_events;
 use bourse_cluster::tokio;
 use bourse_cluster::{ClusterConfig, FsyncSetting, Node, OutcomeKind};
+use bourse_core::codec::decode_events;
 use bourse_core::{
     ClOrdId, Command, CommandBody, Event, NewOrder, OrdType, OrderId, Price, Qty, Side, TimeInForce,
 };
