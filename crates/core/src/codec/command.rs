@@ -266,6 +266,8 @@ pub fn check_command_form(bytes: &[u8]) -> Result<(), DecodeError> {
 }
 
 /// Decodes exactly one command, refusing anything else (see the module documentation).
+/// Inlined into its callers: the state machine calls it once per command it applies.
+#[inline]
 pub fn decode_command(bytes: &[u8]) -> Result<Command, DecodeError> {
     if bytes.len() > COMMAND_SIZE_BYTES_MAX as usize {
         return Err(DecodeError {
