@@ -192,7 +192,7 @@ impl NodeMonitor {
                             if r.kind != bourse_cluster::OutcomeKind::Applied {
                                 continue;
                             }
-                            if let Ok(events) = bourse_cluster::batch::decode_events(&r.events) {
+                            if let Ok(events) = bourse_core::codec::decode_events(&r.events) {
                                 self.metrics.on_applied_events(&events);
                             }
                         }

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use bourse_core::{Command, Event};
 use tokio::sync::mpsc;
 
-use crate::batch::{decode_events, encode_command};
 use crate::net::{
     decode_message, encode_frame, read_frame, NodeStatus, PeerConnection, Request, Response,
     SubmitError, Tagged,
@@ -16,6 +15,7 @@ use crate::net::{
 use crate::state::OutcomeKind;
 use crate::stream::{CommittedEntry, StreamError};
 use crate::NodeId;
+use bourse_core::codec::{decode_events, encode_command};
 
 /// How long one attempt at one node may take.
 pub const ATTEMPT_TIMEOUT_MS: u64 = 2_000;
@@ -154,6 +154,11 @@ impl Client {
                         OutcomeKind::Refused => {
                             return Err(ClientError::Rejected("session table full".into()))
                         }
+                        OutcomeKind::Invalid => {
+                            return Err(ClientError::Rejected(format!(
+                                "request {request_seq}: the group could not decode the command"
+                            )))
+                        }
                         OutcomeKind::Gap { expected } => {
                             return Err(ClientError::Rejected(format!(
                                 "request {request_seq} skips ahead: the group expects {expected}"
@@ -243,7 +248,7 @@ pub struct Answer {
     /// `Stale` (applied earlier, its answer no longer kept); a `Refused` request is final
     /// too. Gaps and errors are not answers: the client resubmits.
     pub kind: OutcomeKind,
-    /// The encoded events (see `batch::decode_events`); empty for `Stale` and `Refused`.
+    /// The encoded events (see `bourse_core::codec::decode_events`); empty for `Stale` and `Refused`.
     pub events: Vec<u8>,
     /// The node that answered.
     pub node: NodeId,
@@ -346,7 +351,7 @@ impl PipelinedClient {
             return Err(PipelineError::Stopped(why.clone()));
         }
         let encoded = encode_command(command);
-        if encoded.len() > crate::batch::COMMAND_SIZE_BYTES_MAX as usize {
+        if encoded.len() > bourse_core::codec::COMMAND_SIZE_BYTES_MAX as usize {
             return Err(PipelineError::TooLarge(encoded.len()));
         }
         Ok(encoded)
@@ -543,6 +548,11 @@ impl Driver {
                         if generation == self.generation && self.unanswered.contains_key(&seq) {
                             return Ok(Some(Rewind::To(self.current)));
                         }
+                    }
+                    // Not applied and never will be: the requests after it cannot apply
+                    // either (they would skip its sequence number).
+                    OutcomeKind::Invalid => {
+                        return Err(format!("request {seq}: the group could not decode it"))
                     }
                     kind => {
                         if self.unanswered.remove(&seq).is_some() {

@@ -150,7 +150,7 @@ impl Iterator for Events<'_> {
             return None;
         }
         self.left -= 1;
-        let r = crate::events::decode_event(&mut self.reader).and_then(|e| {
+        let r = bourse_core::codec::decode_event(&mut self.reader).and_then(|e| {
             if self.left == 0 {
                 self.reader.expect_end()?;
             }
@@ -488,7 +488,7 @@ mod tests {
                 client_id: 1,
                 request_seq: index,
                 kind: OutcomeKind::Applied,
-                events: crate::events::encode(&events),
+                events: bourse_core::codec::encode_events(&events),
             }],
             market_data_flush_ns: None,
         }
@@ -500,7 +500,7 @@ mod tests {
         let r = RequestView::new(&e.requests[0]);
         assert_eq!(r.key(), (1, 3));
         let events: Vec<Event> = r.events().map(|e| e.unwrap()).collect();
-        assert_eq!(events, crate::events::decode(r.event_bytes()).unwrap());
+        assert_eq!(events, bourse_core::codec::decode_events(r.event_bytes()).unwrap());
         assert_eq!(Events::new(&[]).count(), 0);
         let bytes = r.event_bytes();
         for cut in 1..bytes.len() {

@@ -2,10 +2,12 @@
 //!
 //! Principal types:
 //!
-//! - [`LogCommand`] and [`ClientRequest`] (`batch`): a log entry is a batch of client
-//!   requests, each with its idempotency key `(client_id, request_seq)`, a hash check, or a
-//!   market data idle flush; a compact binary encoding with limits on every length.
-//! - [`events`]: the compact binary encoding of event lists (answers, table, stream).
+//! - [`LogCommand`] and [`batch::Batch`] (`batch`): a log entry is a batch of client
+//!   requests, each with its idempotency key `(client_id, request_seq)` and its command in
+//!   the core's binary form (`bourse_core::codec`), a hash check, or a market data idle
+//!   flush. A batch stays in that
+//!   form from the leader's batcher to each replica's state machine, which decodes each
+//!   command once; [`ClientRequest`] is a request decoded, for tools and tests.
 //! - [`ReplicatedState`] (`state`): the engine plus the idempotency table, applied only from
 //!   committed entries; snapshot and state hash cover both; hash checkpoints that replicas
 //!   compare with the leader's hash entries. A request that skips its client's next seq is
@@ -55,7 +57,6 @@ pub mod archive;
 pub mod batch;
 pub mod client;
 pub mod consumer;
-pub mod events;
 pub mod hooks;
 pub mod link;
 pub mod marketdata;
@@ -67,7 +68,7 @@ pub mod state;
 pub mod storage;
 pub mod stream;
 
-pub use batch::{ClientRequest, LogCommand};
+pub use batch::{Batch, ClientRequest, LogCommand};
 pub use client::{Acknowledged, Client, ClientError};
 pub use consumer::{EntryView, RequestView, StreamConsumer};
 pub use node::{ClusterConfig, FsyncSetting, Node, NodeAddr};

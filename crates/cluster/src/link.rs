@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::batch::decode_events;
+use bourse_core::codec::decode_events;
 use crate::client::{node_last_seq, node_status, PipelinedClient, StreamClient};
 use crate::{CommittedEntry, OutcomeKind, StreamError};
 use bourse_core::link::{CoreLink, CoreOutput, RequestKey, SubmitError};

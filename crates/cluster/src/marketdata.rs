@@ -1039,7 +1039,7 @@ mod tests {
                 client_id: 1,
                 request_seq: requests.len() as u64 + 1,
                 kind: OutcomeKind::Applied,
-                events: crate::batch::encode_events(&events),
+                events: bourse_core::codec::encode_events(&events),
             });
         }
         out.push(CommittedEntry {
@@ -1068,7 +1068,7 @@ mod tests {
                     client_id: 2,
                     request_seq: index * 100 + requests.len() as u64,
                     kind: OutcomeKind::Applied,
-                    events: crate::batch::encode_events(&events),
+                    events: bourse_core::codec::encode_events(&events),
                 });
             }
             if e % 5 == 0 {
@@ -1175,7 +1175,7 @@ mod tests {
                         .iter()
                         .filter(|r| r.kind == OutcomeKind::Applied)
                     {
-                        numbering.push_events(&crate::batch::decode_events(&r.events).unwrap());
+                        numbering.push_events(&bourse_core::codec::decode_events(&r.events).unwrap());
                     }
                     numbering.end_entry(&Engine::new(EngineConfig::default()));
                 }
@@ -1255,16 +1255,16 @@ mod tests {
                     .collect()
             };
             outcomes.clear();
-            state.apply_batch(&requests, &mut outcomes);
+            state.apply_batch(&crate::Batch::from_requests(&requests), &mut outcomes);
             state.entry_applied(index);
             if let Some((_, _, restored, _)) = resumed.as_mut() {
                 let mut again = Vec::new();
-                restored.apply_batch(&requests, &mut again);
+                restored.apply_batch(&crate::Batch::from_requests(&requests), &mut again);
                 restored.entry_applied(index);
                 assert_eq!(again, outcomes);
             }
             for o in &outcomes {
-                flow.observe(&crate::batch::decode_events(&o.events).unwrap());
+                flow.observe(&bourse_core::codec::decode_events(&o.events).unwrap());
             }
             let entry = CommittedEntry {
                 index,

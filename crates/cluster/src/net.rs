@@ -47,7 +47,7 @@ pub enum Request {
     Submit {
         client_id: u64,
         request_seq: u64,
-        /// The encoded `Command` (see `batch::encode_command`). Carried as one byte string
+        /// The encoded `Command` (see `bourse_core::codec::encode_command`). Carried as one byte string
         /// (`bytes_field`): the same bytes on the wire as a sequence of u8, without a serde
         /// call per byte.
         #[serde(with = "bytes_field")]

@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::archive::{ArchiveWriter, StreamArchive};
-use crate::batch::{decode_command, ClientRequest, LogCommand, REQUESTS_PER_BATCH_MAX};
+use crate::batch::{BatchBuilder, LogCommand, REQUESTS_PER_BATCH_MAX};
 use crate::consumer::StreamConsumer;
 use crate::hooks::NodeHooks;
 use crate::net::{
@@ -31,6 +31,7 @@ use crate::state::Outcome;
 use crate::storage::{Alarm, LogStore, StateMachineStore};
 use crate::stream::{StreamError, Subscription};
 use crate::{NodeId, Raft};
+use bourse_core::codec::check_command_form;
 
 /// Client requests a node queues for the batcher before it pushes back on connections.
 pub const PENDING_REQUESTS_MAX: usize = 65_536;
@@ -309,7 +310,11 @@ impl ClusterConfig {
 }
 
 struct Pending {
-    request: ClientRequest,
+    client_id: u64,
+    request_seq: u64,
+    /// The command as the client encoded it (form and length checked); the batcher copies
+    /// it into the batch without decoding it.
+    command: Vec<u8>,
     reply: ReplyTo,
     /// When the request was read off its connection (ns since the node's stage epoch).
     received_ns: u64,
@@ -939,7 +944,7 @@ async fn serve_connection(
                     &shared,
                     client_id,
                     request_seq,
-                    &command,
+                    command,
                     reply_to,
                     received_ns,
                 )
@@ -1029,7 +1034,7 @@ async fn enqueue(
     shared: &Shared,
     client_id: u64,
     request_seq: u64,
-    command: &[u8],
+    command: Vec<u8>,
     reply: ReplyTo,
     received_ns: u64,
 ) -> Result<(), (SubmitError, ReplyTo)> {
@@ -1039,16 +1044,13 @@ async fn enqueue(
             reply,
         ));
     }
-    let command = match decode_command(command) {
-        Ok(c) => c,
-        Err(e) => return Err((SubmitError::Invalid(e.to_string()), reply)),
-    };
+    if let Err(e) = check_command_form(&command) {
+        return Err((SubmitError::Invalid(e.to_string()), reply));
+    }
     let pending = Pending {
-        request: ClientRequest {
-            client_id,
-            request_seq,
-            command,
-        },
+        client_id,
+        request_seq,
+        command,
         reply,
         received_ns,
         queued_at: shared.hooks.sample_t2(),
@@ -1093,9 +1095,19 @@ async fn batcher(
             proposed_ns: 0,
             requests: batch.len() as u64,
         };
-        let (requests, replies): (Vec<_>, Vec<_>) =
-            batch.into_iter().map(|p| (p.request, p.reply)).unzip();
-        let receiver = match raft.client_write_ff(LogCommand::Batch(requests)).await {
+        let mut requests = BatchBuilder::with_capacity(batch.len());
+        let mut replies = Vec::with_capacity(batch.len());
+        for p in batch {
+            // `enqueue` checked the form already; the check is two comparisons.
+            match requests.push_encoded(p.client_id, p.request_seq, &p.command) {
+                Ok(()) => replies.push(p.reply),
+                Err(e) => p.reply.send(Err(SubmitError::Invalid(e.to_string()))),
+            }
+        }
+        let receiver = match raft
+            .client_write_ff(LogCommand::Batch(requests.finish()))
+            .await
+        {
             Ok(receiver) => receiver,
             Err(fatal) => {
                 for reply in replies {

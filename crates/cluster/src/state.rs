@@ -39,12 +39,14 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
-use bourse_core::codec::{DecodeError, Reader, Writer};
+use bourse_core::codec::{
+    decode_command, encode_events, DecodeError, Reader, Writer, EVENTS_SIZE_BYTES_MAX,
+};
 use bourse_core::Event;
 use bourse_engine::{Engine, EngineConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::batch::{encode_events, ClientRequest, EVENTS_SIZE_BYTES_MAX};
+use crate::batch::{Batch, RequestRef};
 
 /// Clients the table remembers; requests from further new clients are refused (a fixed limit
 /// keeps the refusal deterministic, unlike eviction by time).
@@ -68,6 +70,9 @@ pub enum OutcomeKind {
     Stale,
     /// The session table is full; the command was not applied.
     Refused,
+    /// The command's bytes did not decode (the leader relays them after checking only their
+    /// length and form byte): not applied, and the client's session is unchanged.
+    Invalid,
     /// The request skips sequence numbers: its client's next request must be `expected`
     /// (pipelined requests before it were dropped on the way, by a full queue or a lost
     /// leader). The command was not applied; the client resubmits from `expected`, in order.
@@ -235,10 +240,11 @@ impl ReplicatedState {
         })
     }
 
-    /// Applies the requests of one committed batch, each at most once per idempotency key.
-    pub fn apply_batch(&mut self, requests: &[ClientRequest], out: &mut Vec<Outcome>) {
-        out.reserve(requests.len());
-        for request in requests {
+    /// Applies the requests of one committed batch, each at most once per idempotency key,
+    /// decoding each command (once) only when it is to be applied.
+    pub fn apply_batch(&mut self, batch: &Batch, out: &mut Vec<Outcome>) {
+        out.reserve(batch.len());
+        for request in batch.requests() {
             let (outcome, events_hash) = self.apply_request(request);
             self.fold(&outcome, events_hash);
             out.push(outcome);
@@ -275,6 +281,7 @@ impl ReplicatedState {
             OutcomeKind::Stale => (3, 0),
             OutcomeKind::Refused => (4, 0),
             OutcomeKind::Gap { expected } => (5, expected),
+            OutcomeKind::Invalid => (6, 0),
         };
         let mut record = [0u8; 40];
         record[0..8].copy_from_slice(&outcome.client_id.to_le_bytes());
@@ -313,7 +320,7 @@ impl ReplicatedState {
 
     /// Answers one request: applies it (a new key) or answers from the table. Returns the
     /// outcome and the xxh3-64 of its events.
-    fn apply_request(&mut self, request: &ClientRequest) -> (Outcome, u64) {
+    fn apply_request(&mut self, request: RequestRef) -> (Outcome, u64) {
         let outcome = |kind, events| Outcome {
             client_id: request.client_id,
             request_seq: request.request_seq,
@@ -341,8 +348,11 @@ impl ReplicatedState {
             None if request.request_seq != 1 => return refused(OutcomeKind::Gap { expected: 1 }),
             _ => {}
         }
+        let Ok(command) = decode_command(request.command) else {
+            return refused(OutcomeKind::Invalid);
+        };
         self.events.clear();
-        self.engine.apply(&request.command, &mut self.events);
+        self.engine.apply(&command, &mut self.events);
         if let Some(md) = &mut self.marketdata {
             md.push_events(&self.events);
         }
@@ -516,6 +526,11 @@ impl ReplicatedState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::batch::{BatchBuilder, ClientRequest};
+
+    fn batch(requests: &[ClientRequest]) -> Batch {
+        Batch::from_requests(requests)
+    }
     use bourse_core::{AccountId, AccountSpec, Cash, Command, CommandBody, FirmId};
     use bourse_core::{StpMode, StpScope};
 
@@ -550,7 +565,7 @@ mod tests {
     fn a_retried_request_is_answered_from_the_table_not_applied_twice() {
         let mut s = ReplicatedState::new(config(), 10);
         let mut out = Vec::new();
-        s.apply_batch(&[add_account(7, 1, 100)], &mut out);
+        s.apply_batch(&batch(&[add_account(7, 1, 100)]), &mut out);
         let deposit = ClientRequest {
             client_id: 7,
             request_seq: 2,
@@ -562,15 +577,37 @@ mod tests {
                 },
             ),
         };
-        s.apply_batch(&[deposit.clone(), deposit.clone()], &mut out);
+        s.apply_batch(&batch(&[deposit.clone(), deposit.clone()]), &mut out);
         assert_eq!(out[1].kind, OutcomeKind::Applied);
         assert_eq!(out[2].kind, OutcomeKind::Duplicate);
         assert_eq!(out[1].events, out[2].events);
         assert_eq!(s.engine().account(AccountId(100)).unwrap().cash, Cash(50));
         assert_eq!(s.commands_applied(), 2);
-        s.apply_batch(&[add_account(7, 1, 101)], &mut out);
+        s.apply_batch(&batch(&[add_account(7, 1, 101)]), &mut out);
         assert_eq!(out[3].kind, OutcomeKind::Stale);
         assert!(s.engine().account(AccountId(101)).is_none());
+    }
+
+    #[test]
+    fn a_command_that_does_not_decode_is_answered_invalid_on_every_replica_and_applies_nothing() {
+        let mut damaged = BatchBuilder::with_capacity(2);
+        // A known form (new order) with a cut body: it passes the leader's form check.
+        damaged.push_encoded(9, 1, &[1, 2, 3]).unwrap();
+        damaged.push(&add_account(9, 1, 100));
+        let damaged = damaged.finish();
+        let mut a = ReplicatedState::new(config(), 10);
+        let mut b = ReplicatedState::new(config(), 10);
+        let (mut out_a, mut out_b) = (Vec::new(), Vec::new());
+        a.apply_batch(&damaged, &mut out_a);
+        b.apply_batch(&damaged, &mut out_b);
+        assert_eq!(out_a, out_b);
+        assert_eq!(out_a[0].kind, OutcomeKind::Invalid);
+        assert!(out_a[0].events.is_empty());
+        // The session did not move: the same key applies the next, sound command.
+        assert_eq!(out_a[1].kind, OutcomeKind::Applied);
+        assert!(a.engine().account(AccountId(100)).is_some());
+        assert_eq!(a.commands_applied(), 1);
+        assert_eq!(a.checkpoint_hash(10), b.checkpoint_hash(10));
     }
 
     #[test]
@@ -578,7 +615,7 @@ mod tests {
         let mut s = ReplicatedState::new(config(), 10);
         let mut out = Vec::new();
         for c in 1..5u64 {
-            s.apply_batch(&[add_account(c, 1, c as u32)], &mut out);
+            s.apply_batch(&batch(&[add_account(c, 1, c as u32)]), &mut out);
         }
         let bytes = s.snapshot();
         let restored = ReplicatedState::restore(&bytes, 10).unwrap();
@@ -594,15 +631,15 @@ mod tests {
         let mut s = ReplicatedState::new(config(), 10);
         let mut out = Vec::new();
         // A new client must start at 1.
-        s.apply_batch(&[add_account(4, 2, 10)], &mut out);
+        s.apply_batch(&batch(&[add_account(4, 2, 10)]), &mut out);
         assert_eq!(out[0].kind, OutcomeKind::Gap { expected: 1 });
         assert!(out[0].events.is_empty());
         s.apply_batch(
-            &[
+            &batch(&[
                 add_account(4, 1, 11),
                 add_account(4, 3, 13),
                 add_account(4, 2, 12),
-            ],
+            ]),
             &mut out,
         );
         assert_eq!(out[1].kind, OutcomeKind::Applied);
@@ -612,7 +649,7 @@ mod tests {
         assert!(s.engine().account(AccountId(10)).is_none());
         assert_eq!(s.last_seq(4), Some(2));
         // The resubmitted 3 now applies.
-        s.apply_batch(&[add_account(4, 3, 13)], &mut out);
+        s.apply_batch(&batch(&[add_account(4, 3, 13)]), &mut out);
         assert_eq!(out[4].kind, OutcomeKind::Applied);
         assert!(s.engine().account(AccountId(13)).is_some());
         assert_eq!(s.commands_applied(), 3);
@@ -623,8 +660,8 @@ mod tests {
         let mut a = ReplicatedState::new(config(), 10);
         let mut b = ReplicatedState::new(config(), 10);
         let mut out = Vec::new();
-        a.apply_batch(&[add_account(1, 1, 5)], &mut out);
-        b.apply_batch(&[add_account(2, 1, 5)], &mut out);
+        a.apply_batch(&batch(&[add_account(1, 1, 5)]), &mut out);
+        b.apply_batch(&batch(&[add_account(2, 1, 5)]), &mut out);
         assert_eq!(a.engine().state_hash(), b.engine().state_hash());
         assert_ne!(a.state_hash(), b.state_hash());
     }
@@ -634,8 +671,8 @@ mod tests {
         let mut a = ReplicatedState::new(config(), 2);
         let mut b = ReplicatedState::new(config(), 2);
         let mut out = Vec::new();
-        a.apply_batch(&[add_account(1, 1, 5)], &mut out);
-        b.apply_batch(&[add_account(1, 1, 5)], &mut out);
+        a.apply_batch(&batch(&[add_account(1, 1, 5)]), &mut out);
+        b.apply_batch(&batch(&[add_account(1, 1, 5)]), &mut out);
         assert_eq!(a.checkpoint_hash(2), b.checkpoint_hash(2));
         assert_ne!(
             a.checkpoint_hash(2),
@@ -644,7 +681,7 @@ mod tests {
         );
         // The same request again on one replica only: the engines and tables still agree,
         // but that replica answered one more time, and the checkpoint shows it.
-        a.apply_batch(&[add_account(1, 1, 5)], &mut out);
+        a.apply_batch(&batch(&[add_account(1, 1, 5)]), &mut out);
         assert_eq!(a.state_hash(), {
             let mut c = ReplicatedState::restore(&b.snapshot(), 2).unwrap();
             c.digest = a.digest;
@@ -653,8 +690,8 @@ mod tests {
         assert_ne!(a.checkpoint_hash(2), b.checkpoint_hash(2));
         // A state restored from a snapshot continues the chain where it was.
         let mut restored = ReplicatedState::restore(&a.snapshot(), 2).unwrap();
-        a.apply_batch(&[add_account(1, 2, 6)], &mut out);
-        restored.apply_batch(&[add_account(1, 2, 6)], &mut out);
+        a.apply_batch(&batch(&[add_account(1, 2, 6)]), &mut out);
+        restored.apply_batch(&batch(&[add_account(1, 2, 6)]), &mut out);
         assert_eq!(a.checkpoint_hash(6), restored.checkpoint_hash(6));
         assert_eq!(a.state_hash(), restored.state_hash());
     }
@@ -732,7 +769,7 @@ mod tests {
                     }
                 }
                 out.clear();
-                s.apply_batch(&batch, &mut out);
+                s.apply_batch(&Batch::from_requests(&batch), &mut out);
                 for o in &out {
                     kinds.insert(std::mem::discriminant(&o.kind));
                     if o.kind != OutcomeKind::Applied {
@@ -768,10 +805,10 @@ mod tests {
         let mut b = ReplicatedState::new(config(), 10);
         let mut out = Vec::new();
         for &id in &ids {
-            a.apply_batch(&[deposit(id, 1, 999, 5)], &mut out);
+            a.apply_batch(&batch(&[deposit(id, 1, 999, 5)]), &mut out);
         }
         for &id in ids.iter().rev() {
-            b.apply_batch(&[deposit(id, 1, 999, 5)], &mut out);
+            b.apply_batch(&batch(&[deposit(id, 1, 999, 5)]), &mut out);
         }
         assert_eq!(a.sessions_digest(), b.sessions_digest());
         assert_ne!(a.sessions_digest(), 0);
@@ -785,7 +822,7 @@ mod tests {
         assert_eq!(restored.sessions_digest(), a.sessions_digest());
         // A session's next request changes the digest.
         let before = a.sessions_digest();
-        a.apply_batch(&[deposit(ids[0], 2, 999, 5)], &mut out);
+        a.apply_batch(&batch(&[deposit(ids[0], 2, 999, 5)]), &mut out);
         assert_ne!(a.sessions_digest(), before);
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! - [`LogStore`] implements `RaftLogStorage` on a [`Journal`] (the mapping table is in
 //!   `bourse_journal`'s lib.rs). A journal record's payload is the bincode of openraft's whole
-//!   `Entry` (log id, and a blank, membership or [`LogCommand`] payload). openraft's append
+//!   `Entry` (log id, and a blank, membership or [`LogCommand`] payload, the latter one byte
+//!   string in its binary form, see `batch`: the journal keeps a batch's commands exactly as
+//!   the clients encoded them). openraft's append
 //!   callback fires only when the journal says the entries are durable under its fsync mode:
 //!   at once under `always` (append fsyncs) and `never` (the operator chose to count written
 //!   as appended), and under `batch` when the flusher thread's fsync has covered them. The
@@ -12,9 +14,10 @@
 //! - The log store keeps the newest appended entries in memory (its tail, bounded by count
 //!   and by bytes), shared by its readers: openraft reads every entry back at least three
 //!   times on a leader (once per follower to replicate it, once to apply it) and once on a
-//!   follower (to apply it), and each read from the journal costs a `pread`, a CRC check and a
-//!   decode of every command in the batch. Reads inside the tail clone the decoded entries
-//!   instead; a reader further behind (a lagging follower) reads the journal as before.
+//!   follower (to apply it), and each read from the journal costs a `pread`, a CRC check, a
+//!   copy of the batch and a check of its framing. Reads inside the tail clone the entries
+//!   instead (a batch's bytes are shared, not copied); a reader further behind (a lagging
+//!   follower) reads the journal as before.
 //! - [`StateMachineStore`] implements `RaftStateMachine` on a [`ReplicatedState`], with
 //!   snapshots in a [`SnapshotStore`]. Snapshot data = `membership_len u32, bincode of the
 //!   StoredMembership, state snapshot bytes`.
@@ -67,15 +70,13 @@ pub const LOG_TAIL_ENTRIES_MAX: usize = 1024;
 /// batch limit that is still some forty full batches.
 pub const LOG_TAIL_BYTES_MAX: usize = 16 * 1024 * 1024;
 
-/// An entry's estimated size in memory: the entry itself and, for a batch, its requests
-/// (administrative commands' few heap bytes are not counted).
+/// An entry's estimated size in memory: the entry itself and, for a batch, its bytes.
 fn entry_size_bytes(entry: &Entry<TypeConfig>) -> usize {
-    let requests = match &entry.payload {
-        EntryPayload::Normal(LogCommand::Batch(requests)) => requests.len(),
+    let batch_bytes = match &entry.payload {
+        EntryPayload::Normal(LogCommand::Batch(batch)) => batch.bytes().len(),
         _ => 0,
     };
-    std::mem::size_of::<Entry<TypeConfig>>()
-        + requests * std::mem::size_of::<crate::batch::ClientRequest>()
+    std::mem::size_of::<Entry<TypeConfig>>() + batch_bytes
 }
 
 /// The newest entries of the log, decoded, in index order with no gap: always a suffix of
@@ -892,8 +893,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 EntryPayload::Membership(m) => {
                     inner.membership = StoredMembership::new(Some(entry.log_id), m);
                 }
-                EntryPayload::Normal(LogCommand::Batch(requests)) => {
-                    inner.state.apply_batch(&requests, &mut outcomes);
+                EntryPayload::Normal(LogCommand::Batch(batch)) => {
+                    inner.state.apply_batch(&batch, &mut outcomes);
                     committed = outcomes
                         .iter()
                         .map(|o| CommittedRequest {

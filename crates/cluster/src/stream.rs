@@ -35,7 +35,7 @@ pub struct CommittedRequest {
     pub client_id: u64,
     pub request_seq: u64,
     pub kind: OutcomeKind,
-    /// The encoded events of the command (see `batch::decode_events`); for a duplicate, the
+    /// The encoded events of the command (see `bourse_core::codec::decode_events`); for a duplicate, the
     /// events of the first application (the command was not applied again); empty when the
     /// command was not applied (stale, refused, gap).
     pub events: Vec<u8>,

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use bourse_cluster::batch::decode_events;
+use bourse_core::codec::decode_events;
 use bourse_cluster::link::{ClusterLink, ClusterLinkConfig, FOREIGN_KEY};
 use bourse_cluster::tokio;
 use bourse_cluster::{ClusterConfig, FsyncSetting, Node, OutcomeKind};

@@ -31,13 +31,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bourse_cluster::batch::decode_events;
 use bourse_cluster::sim::{seed_thread_rng, Rates, Sim};
 use bourse_cluster::stream::CommittedStream;
 use bourse_cluster::{
     ClientRequest, ClusterConfig, CommittedEntry, FsyncSetting, LogCommand, Node, NodeId,
     OutcomeKind, Raft, StreamError, Subscription,
 };
+use bourse_core::codec::decode_events;
 use bourse_core::{
     AccountId, AccountSpec, Cancel, Cash, ClOrdId, Command, CommandBody, Event, FirmId,
     InstrumentId, NewOrder, OrdType, OrderId, OrderRef, Price, Qty, Side, StpMode, StpScope,
@@ -225,7 +225,7 @@ async fn submit(
         request_seq,
         command,
     };
-    let Ok(receiver) = raft.client_write_ff(LogCommand::Batch(vec![request])).await else {
+    let Ok(receiver) = raft.client_write_ff(LogCommand::batch(&[request])).await else {
         return Err(None);
     };
     match receiver.await {

@@ -33,7 +33,7 @@ fn entry(term: u64, index: u64, command: LogCommand) -> Entry<TypeConfig> {
 }
 
 fn add_account(seq: u64) -> LogCommand {
-    LogCommand::Batch(vec![ClientRequest {
+    LogCommand::batch(&[ClientRequest {
         client_id: 1,
         request_seq: seq,
         command: Command::new(
@@ -217,8 +217,8 @@ async fn a_failed_fsync_fails_the_append_and_every_later_one() {
 
 /// A batch of `requests` deposits, numbered from `seq` (distinct payloads, any size).
 fn deposits(seq: u64, requests: u64) -> LogCommand {
-    LogCommand::Batch(
-        (0..requests)
+    LogCommand::batch(
+        &(0..requests)
             .map(|i| ClientRequest {
                 client_id: 7,
                 request_seq: seq + i,
@@ -230,7 +230,7 @@ fn deposits(seq: u64, requests: u64) -> LogCommand {
                     },
                 ),
             })
-            .collect(),
+            .collect::<Vec<_>>(),
     )
 }
 
@@ -368,7 +368,7 @@ async fn the_tail_keeps_to_its_byte_bound_and_older_entries_come_from_the_journa
     let mut log = open_log(dir.path());
     let per_entry = 4096;
     // Enough entries to pass the byte bound well before the count bound.
-    let entry_bytes = per_entry as usize * std::mem::size_of::<ClientRequest>();
+    let entry_bytes = deposits(1, per_entry).encode().len();
     let entries = (bourse_cluster::storage::LOG_TAIL_BYTES_MAX / entry_bytes + 8) as u64;
     assert!(entries < bourse_cluster::storage::LOG_TAIL_ENTRIES_MAX as u64);
     let mut appended = Vec::new();

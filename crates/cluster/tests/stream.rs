@@ -234,7 +234,7 @@ async fn a_skipped_seq_is_refused_and_an_old_start_is_too_old() {
     let submit = |seq: u64| Request::Submit {
         client_id: 5,
         request_seq: seq,
-        command: bourse_cluster::batch::encode_command(&Command::new(0, CommandBody::EndOfDay)),
+        command: bourse_core::codec::encode_command(&Command::new(0, CommandBody::EndOfDay)),
     };
     let mut kinds = Vec::new();
     for seq in [1, 3, 2, 3] {

@@ -126,7 +126,7 @@ async fn a_retried_request_is_answered_from_the_table_and_applied_once() {
     let last_seq = client.next_seq() - 1;
     let mut conn = PeerConnection::new(leader_addr);
     let command =
-        bourse_cluster::batch::encode_command(&Command::new(0, bourse_core::CommandBody::EndOfDay));
+        bourse_core::codec::encode_command(&Command::new(0, bourse_core::CommandBody::EndOfDay));
     let response = conn
         .call(
             Request::Submit {

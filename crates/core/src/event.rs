@@ -294,3 +294,34 @@ pub enum Event {
         ts_ns: u64,
     },
 }
+
+impl Event {
+    /// The time stamped on the command that produced the event (every event carries it).
+    pub fn ts_ns(&self) -> u64 {
+        // Events are small `Copy` values: reading through the one match below is cheaper
+        // than keeping two lists of the variants in step.
+        let mut e = *self;
+        *e.ts_ns_mut()
+    }
+
+    /// The event's time stamp, to restamp it (a replay that measures delays from now).
+    pub fn ts_ns_mut(&mut self) -> &mut u64 {
+        match self {
+            Event::OrderLog(l) => &mut l.ts_ns,
+            Event::OrderAccepted { ts_ns, .. }
+            | Event::OrderRejected { ts_ns, .. }
+            | Event::CancelRejected { ts_ns, .. }
+            | Event::CommandRejected { ts_ns, .. }
+            | Event::Trade { ts_ns, .. }
+            | Event::OrderCancelled { ts_ns, .. }
+            | Event::OrderReplaced { ts_ns, .. }
+            | Event::OrderExpired { ts_ns, .. }
+            | Event::MassCancelDone { ts_ns, .. }
+            | Event::InstrumentAdded { ts_ns, .. }
+            | Event::AccountAdded { ts_ns, .. }
+            | Event::PhaseChanged { ts_ns, .. }
+            | Event::CashChanged { ts_ns, .. }
+            | Event::EndOfDayDone { ts_ns, .. } => ts_ns,
+        }
+    }
+}

@@ -15,7 +15,9 @@
 //! - [`Event`] is everything a core says in answer: acceptances, rejects with a specific
 //!   [`RejectReason`], trades, cancels, replaces, expiries, and an [`OrderLog`] record for every
 //!   change to an order, numbered by `rec` (per new record) and `seq` (per change).
-//! - [`codec`] is the small binary writer/reader that snapshots are made of.
+//! - [`codec`] is the small binary writer/reader that snapshots are made of, and the one
+//!   binary form of a command and of an event list (client RPC, log entries, journal,
+//!   committed stream).
 //! - [`link::CoreLink`] is the seam between an access server and a core: submit a command
 //!   under a [`link::RequestKey`] without blocking, receive [`link::CoreOutput`]s tagged by
 //!   key; implemented next to the engine (in process) and the cluster (a replica group).

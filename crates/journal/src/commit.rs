@@ -16,7 +16,7 @@
 //! fails the CRC and is reported like any other damage.
 //!
 //! ```text
-//!   0..8    magic "BOURSEJC"      8..12  format version (1)     12..16 reserved, zero
+//!   0..8    magic "BOURSEJC"      8..12  format version (2)     12..16 reserved, zero
 //!   16..32  cluster id            32..40 node id
 //!   40..48  committed index       48..56 committed term
 //!   56..60  reserved, zero        60..64 CRC32C of bytes 0..60

@@ -5,7 +5,7 @@
 //! ```text
 //! segment header (128 bytes, little endian)
 //!   0..8     magic "BOURSEJS"
-//!   8..12    format version (1)
+//!   8..12    format version (2: log entries carry commands in the core's binary form)
 //!   12..16   header size in bytes (128)
 //!   16..32   cluster id (u128)
 //!   32..40   node id
@@ -31,7 +31,7 @@
 use xxhash_rust::xxh3::Xxh3;
 
 pub const SEGMENT_MAGIC: [u8; 8] = *b"BOURSEJS";
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 pub const SEGMENT_HEADER_SIZE_BYTES: u64 = 128;
 pub const RECORD_HEADER_SIZE_BYTES: u64 = 32;
 

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //!   0..8     magic "BOURSEJM"
-//!   8..12    format version (1)
+//!   8..12    format version (2)
 //!   12..16   flags: 1 voted_for, 2 vote committed, 4 committed, 8 purged
 //!   16..32   cluster id          32..40  node id
 //!   40..48   term                48..56  voted_for

@@ -5,7 +5,7 @@
 //! ```text
 //! snapshot file: 128-byte header, then the data
 //!   0..8     magic "BOURSESN"
-//!   8..12    format version (1)
+//!   8..12    format version (2)
 //!   12..16   header size (128)
 //!   16..32   cluster id
 //!   32..40   last included index     40..48  last included term

@@ -955,7 +955,7 @@ impl Publisher {
     /// by the wall clock only a channel left idle: one whose unsent messages belong to an
     /// interval that ended at least one interval ago.
     pub fn publish(&mut self, events: &[Event], now_ns: u64, sink: &mut dyn PacketSink) {
-        self.transact_ns = events.first().map_or(now_ns, event_ts).max(1);
+        self.transact_ns = events.first().map_or(now_ns, Event::ts_ns).max(1);
         for c in Channel::ALL {
             let interval = self.channels[c.index()].mode.interval_ns();
             if interval == 0 || !c.is_incremental() {
@@ -1561,25 +1561,5 @@ impl Publisher {
         }
         let active = self.active;
         self.channels[Channel::Snapshot.index()].flush(now_ns, active, sink);
-    }
-}
-
-fn event_ts(e: &Event) -> u64 {
-    match *e {
-        Event::OrderAccepted { ts_ns, .. }
-        | Event::OrderRejected { ts_ns, .. }
-        | Event::CancelRejected { ts_ns, .. }
-        | Event::CommandRejected { ts_ns, .. }
-        | Event::Trade { ts_ns, .. }
-        | Event::OrderCancelled { ts_ns, .. }
-        | Event::OrderReplaced { ts_ns, .. }
-        | Event::OrderExpired { ts_ns, .. }
-        | Event::MassCancelDone { ts_ns, .. }
-        | Event::InstrumentAdded { ts_ns, .. }
-        | Event::AccountAdded { ts_ns, .. }
-        | Event::PhaseChanged { ts_ns, .. }
-        | Event::CashChanged { ts_ns, .. }
-        | Event::EndOfDayDone { ts_ns, .. } => ts_ns,
-        Event::OrderLog(ref l) => l.ts_ns,
     }
 }

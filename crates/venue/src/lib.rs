@@ -486,7 +486,7 @@ fn stamp_trades(
         if r.kind != bourse_cluster::OutcomeKind::Applied || r.events.is_empty() {
             continue;
         }
-        if let Ok(events) = bourse_cluster::batch::decode_events(&r.events) {
+        if let Ok(events) = bourse_core::codec::decode_events(&r.events) {
             trades.extend(events.iter().filter_map(|e| match e {
                 Event::Trade { trade_id, .. } => Some(trade_id.0),
                 _ => None,
@@ -553,7 +553,7 @@ async fn watch_core(
                         if r.kind != bourse_cluster::OutcomeKind::Applied {
                             continue;
                         }
-                        if let Ok(events) = bourse_cluster::batch::decode_events(&r.events) {
+                        if let Ok(events) = bourse_core::codec::decode_events(&r.events) {
                             metrics.on_applied_events(&events);
                         }
                     }

@@ -65,26 +65,6 @@ fn generate(commands: usize, seed: u64) -> (Stream, Vec<Instrument>) {
     (Stream { events, starts }, defs)
 }
 
-fn set_ts(e: &mut Event, ts: u64) {
-    match e {
-        Event::OrderAccepted { ts_ns, .. }
-        | Event::OrderRejected { ts_ns, .. }
-        | Event::CancelRejected { ts_ns, .. }
-        | Event::CommandRejected { ts_ns, .. }
-        | Event::Trade { ts_ns, .. }
-        | Event::OrderCancelled { ts_ns, .. }
-        | Event::OrderReplaced { ts_ns, .. }
-        | Event::OrderExpired { ts_ns, .. }
-        | Event::MassCancelDone { ts_ns, .. }
-        | Event::InstrumentAdded { ts_ns, .. }
-        | Event::AccountAdded { ts_ns, .. }
-        | Event::PhaseChanged { ts_ns, .. }
-        | Event::CashChanged { ts_ns, .. }
-        | Event::EndOfDayDone { ts_ns, .. } => *ts_ns = ts,
-        Event::OrderLog(l) => l.ts_ns = ts,
-    }
-}
-
 /// Sends through UDP and notes when the last order-log and top-20 packets' sendto returned.
 struct TimedSink {
     inner: UdpSink,
@@ -354,7 +334,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
                 let scheduled = start + k as u64 * interval_ns;
                 let (s, e) = (stream.starts[k] as usize, stream.starts[k + 1] as usize);
                 for ev in &mut stream.events[s..e] {
-                    set_ts(ev, scheduled);
+                    *ev.ts_ns_mut() = scheduled;
                 }
             }
             // Per command: from its scheduled time to the return of the sendto of the last

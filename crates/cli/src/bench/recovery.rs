@@ -6,9 +6,10 @@
 //!   record is openraft's entry holding a batch of `--batch` client requests, from
 //!   `--clients` clients, the exchange-core order flow generated against a shadow engine).
 //!   Then, `--rounds` times each: opening the journal (recovery's scan of every segment);
-//!   reading its entries; decoding them; applying the batches to a fresh replicated state (the
-//!   engine, the idempotency table with each request's encoded events, and a hash checkpoint
-//!   every 1,000 entries, as a node applies them); applying the same commands to a bare
+//!   reading its entries; decoding them (openraft's entry and the batch's framing: commands
+//!   stay in their binary form until applied); applying the batches to a fresh replicated
+//!   state (each command decoded once, the engine, the idempotency table with each request's
+//!   encoded events, and a hash checkpoint every 1,000 entries, as a node applies them); applying the same commands to a bare
 //!   engine (what the engine alone costs); and the whole path in one pass (read, decode,
 //!   apply: a restart's replay). Each prints commands/s and the time per entry (p50 … max).
 //!   Every replay must end in the shadow engine's state hash.
@@ -41,8 +42,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Result};
+use bourse_cluster::batch::BatchBuilder;
 use bourse_cluster::storage::{entry_command, entry_payload};
-use bourse_cluster::{ClientRequest, LogCommand, Outcome, ReplicatedState};
+use bourse_cluster::{Batch, ClientRequest, LogCommand, Outcome, ReplicatedState};
 use bourse_core::*;
 use bourse_engine::workload::{Flow, FlowConfig};
 use bourse_engine::{Engine, EngineConfig};
@@ -200,7 +202,7 @@ fn write_journal(dir: &Path, history: &History) -> Result<u64> {
     let (mut journal, _) = Journal::open(dir, journal_config())?;
     let mut chunk = Vec::with_capacity(APPEND_CHUNK_ENTRIES);
     for (index, requests) in history.batches.iter().enumerate() {
-        let payload = entry_payload(1, index as u64, LogCommand::Batch(requests.clone()));
+        let payload = entry_payload(1, index as u64, LogCommand::batch(requests));
         chunk.push(bourse_journal::Entry {
             index: index as u64,
             term: 1,
@@ -302,7 +304,7 @@ fn replay(args: &RecoveryBenchArgs, work: &Path) -> Result<()> {
             bail!("the replicated replay ended in another state than the shadow engine");
         }
         drop(state);
-        let engine = engine_pass(&batches, &mut engine_only);
+        let engine = engine_pass(&history.batches, &mut engine_only);
         engine_only.commands += history.commands;
         if engine.state_hash() != history.final_hash {
             bail!("the engine replay ended in another state than the shadow engine");
@@ -384,15 +386,15 @@ fn read_pass(journal: &Journal, entries: u64, figure: &mut Figure) -> Result<Vec
     Ok(payloads)
 }
 
-/// Decoding every payload (openraft's entry, then the batch) into its requests.
+/// Decoding every payload (openraft's entry, then the batch's framing) into its batch.
 #[inline(never)]
-fn decode_pass(payloads: &[Vec<u8>], figure: &mut Figure) -> Result<Vec<Vec<ClientRequest>>> {
+fn decode_pass(payloads: &[Vec<u8>], figure: &mut Figure) -> Result<Vec<Batch>> {
     let mut batches = Vec::with_capacity(payloads.len());
     let t = Instant::now();
     let mut last = t;
     for p in payloads {
         match entry_command(p).map_err(|e| anyhow!("decode: {e}"))? {
-            Some(LogCommand::Batch(requests)) => batches.push(requests),
+            Some(LogCommand::Batch(batch)) => batches.push(batch),
             other => bail!("unexpected entry {other:?}"),
         }
         let now = Instant::now();
@@ -405,11 +407,7 @@ fn decode_pass(payloads: &[Vec<u8>], figure: &mut Figure) -> Result<Vec<Vec<Clie
 
 /// Applying the batches to a fresh replicated state, as a node applies committed entries.
 #[inline(never)]
-fn apply_pass(
-    batches: &[Vec<ClientRequest>],
-    batch: usize,
-    figure: &mut Figure,
-) -> ReplicatedState {
+fn apply_pass(batches: &[Batch], batch: usize, figure: &mut Figure) -> ReplicatedState {
     let mut state = ReplicatedState::new(engine_config(), CHECKPOINT_EVERY_ENTRIES);
     let mut outcomes: Vec<Outcome> = Vec::with_capacity(batch);
     let t = Instant::now();
@@ -567,7 +565,7 @@ const BUILD_BATCH_REQUESTS: usize = 1_024;
 /// Feeds commands of one client to a replicated state in batches.
 struct Builder {
     state: ReplicatedState,
-    batch: Vec<ClientRequest>,
+    batch: BatchBuilder,
     outcomes: Vec<Outcome>,
     seq: u64,
 }
@@ -575,7 +573,7 @@ struct Builder {
 impl Builder {
     fn push(&mut self, body: CommandBody) {
         self.seq += 1;
-        self.batch.push(ClientRequest {
+        self.batch.push(&ClientRequest {
             client_id: 1,
             request_seq: self.seq,
             command: Command::new(self.seq, body),
@@ -587,8 +585,11 @@ impl Builder {
 
     fn flush(&mut self) {
         self.outcomes.clear();
-        self.state.apply_batch(&self.batch, &mut self.outcomes);
-        self.batch.clear();
+        let batch = std::mem::replace(
+            &mut self.batch,
+            BatchBuilder::with_capacity(BUILD_BATCH_REQUESTS),
+        );
+        self.state.apply_batch(&batch.finish(), &mut self.outcomes);
     }
 }
 
@@ -603,7 +604,7 @@ fn build_state(args: &RecoveryBenchArgs) -> Result<ReplicatedState> {
     };
     let mut b = Builder {
         state: ReplicatedState::new(config, u64::MAX),
-        batch: Vec::with_capacity(BUILD_BATCH_REQUESTS),
+        batch: BatchBuilder::with_capacity(BUILD_BATCH_REQUESTS),
         outcomes: Vec::with_capacity(BUILD_BATCH_REQUESTS),
         seq: 0,
     };

@@ -1,5 +1,5 @@
-//! A compact binary encoding of event lists, for the answers, the idempotency table and the
-//! committed stream.
+//! The one binary form of an event list: encoded once by the state machine that applied the
+//! command, decoded once by each consumer of the committed stream.
 //!
 //! ```text
 //! list   := count u32, count × event
@@ -10,17 +10,21 @@
 //!
 //! Every applied request's events are encoded on every replica, so this sits on the apply
 //! path; serde formats either wrote each variant's name (MessagePack) or cannot read the
-//! core's internally tagged `Event` back at all (bincode). Decoding checks the count against
-//! the bytes left before it allocates and refuses unknown kinds, enum values and trailing
-//! bytes, so garbage gives a [`DecodeError`], never a panic.
+//! core's internally tagged `Event` back at all (bincode). Decoding refuses a list longer
+//! than [`EVENTS_SIZE_BYTES_MAX`], checks the count against the bytes left before it
+//! allocates and refuses unknown kinds, enum values and trailing bytes, so garbage gives a
+//! [`DecodeError`], never a panic.
 
-use bourse_core::codec::{DecodeError, Reader, Writer};
-use bourse_core::Cash;
-use bourse_core::{
-    AccountId, CancelReason, CancelRejectTo, CashReason, ClOrdId, Event, Fill, FirmId,
-    InstrumentId, OrderId, OrderLog, OrderLogAction, OrderStatus, Phase, Price, Qty, RejectReason,
-    Side, TradeId,
+use super::command::{code_of, PHASES, SIDES};
+use super::{DecodeError, Reader, Writer};
+use crate::{
+    AccountId, CancelReason, CancelRejectTo, Cash, CashReason, ClOrdId, Event, Fill, FirmId,
+    InstrumentId, OrderId, OrderLog, OrderLogAction, OrderStatus, Price, Qty, RejectReason, Side,
+    TradeId,
 };
+
+/// The largest encoded event list of one command (a sweep such as a mass cancel may emit many).
+pub const EVENTS_SIZE_BYTES_MAX: usize = 16 * 1024 * 1024;
 
 /// The smallest encoded event (a kind byte and a u64 timestamp at least).
 const EVENT_SIZE_BYTES_MIN: usize = 9;
@@ -81,18 +85,12 @@ const REJECT_REASONS: [RejectReason; 32] = [
 ];
 
 fn side(w: &mut Writer, s: Side) {
-    w.u8(match s {
-        Side::Buy => 0,
-        Side::Sell => 1,
-    });
+    w.u8(code_of(&SIDES, &s));
 }
 
+#[inline(always)]
 fn read_side(r: &mut Reader) -> Result<Side, DecodeError> {
-    match r.u8()? {
-        0 => Ok(Side::Buy),
-        1 => Ok(Side::Sell),
-        _ => Err(r.error("invalid side")),
-    }
+    r.code(&SIDES, "invalid side")
 }
 
 fn read_reason(r: &mut Reader) -> Result<RejectReason, DecodeError> {
@@ -102,12 +100,6 @@ fn read_reason(r: &mut Reader) -> Result<RejectReason, DecodeError> {
         .copied()
         .find(|x| x.code() == code)
         .ok_or_else(|| r.error("unknown reject reason"))
-}
-
-/// Maps a byte to one of `values` (by position).
-fn pick<T: Copy>(r: &mut Reader, values: &[T], what: &'static str) -> Result<T, DecodeError> {
-    let b = r.u8()? as usize;
-    values.get(b).copied().ok_or_else(|| r.error(what))
 }
 
 const CANCEL_REASONS: [CancelReason; 6] = [
@@ -132,19 +124,11 @@ const LOG_ACTIONS: [OrderLogAction; 3] = [
     OrderLogAction::Change,
     OrderLogAction::Delete,
 ];
-const PHASES: [Phase; 3] = [Phase::Open, Phase::Halted, Phase::Closed];
 const CASH_REASONS: [CashReason; 3] = [
     CashReason::Deposit,
     CashReason::Withdraw,
     CashReason::SetCollateral,
 ];
-
-fn index_of<T: PartialEq>(values: &[T], v: &T) -> u8 {
-    values
-        .iter()
-        .position(|x| x == v)
-        .expect("every value is in its table") as u8
-}
 
 fn fill(w: &mut Writer, f: &Fill) {
     w.u64(f.order_id.0);
@@ -218,7 +202,7 @@ fn encode_event(w: &mut Writer, e: &Event) {
                 }
                 None => w.u8(0),
             }
-            w.u8(index_of(&CANCEL_REJECT_TO, &response_to));
+            w.u8(code_of(&CANCEL_REJECT_TO, &response_to));
             w.u16(reason.code());
             w.u64(ts_ns);
         }
@@ -264,7 +248,7 @@ fn encode_event(w: &mut Writer, e: &Event) {
             w.u32(instrument.0);
             side(w, s);
             w.i64(qty_cancelled.0);
-            w.u8(index_of(&CANCEL_REASONS, &reason));
+            w.u8(code_of(&CANCEL_REASONS, &reason));
             w.u64(ts_ns);
         }
         Event::OrderReplaced {
@@ -321,8 +305,8 @@ fn encode_event(w: &mut Writer, e: &Event) {
             w.u8(K_ORDER_LOG);
             w.u64(l.rec);
             w.u64(l.seq);
-            w.u8(index_of(&LOG_ACTIONS, &l.action));
-            w.u8(index_of(&ORDER_STATUSES, &l.status));
+            w.u8(code_of(&LOG_ACTIONS, &l.action));
+            w.u8(code_of(&ORDER_STATUSES, &l.status));
             w.u64(l.order_id.0);
             w.u32(l.instrument.0);
             w.u32(l.account.0);
@@ -358,7 +342,7 @@ fn encode_event(w: &mut Writer, e: &Event) {
         } => {
             w.u8(K_PHASE_CHANGED);
             w.u32(instrument.0);
-            w.u8(index_of(&PHASES, &phase));
+            w.u8(code_of(&PHASES, &phase));
             w.u64(ts_ns);
         }
         Event::CashChanged {
@@ -371,7 +355,7 @@ fn encode_event(w: &mut Writer, e: &Event) {
         } => {
             w.u8(K_CASH_CHANGED);
             w.u32(account.0);
-            w.u8(index_of(&CASH_REASONS, &reason));
+            w.u8(code_of(&CASH_REASONS, &reason));
             w.i128(amount.0);
             w.i128(cash.0);
             w.i128(cash_free.0);
@@ -388,7 +372,8 @@ fn encode_event(w: &mut Writer, e: &Event) {
     }
 }
 
-pub(crate) fn decode_event(r: &mut Reader) -> Result<Event, DecodeError> {
+#[inline]
+pub fn decode_event(r: &mut Reader) -> Result<Event, DecodeError> {
     Ok(match r.u8()? {
         K_ORDER_ACCEPTED => Event::OrderAccepted {
             order_id: OrderId(r.u64()?),
@@ -415,7 +400,7 @@ pub(crate) fn decode_event(r: &mut Reader) -> Result<Event, DecodeError> {
                 1 => Some(OrderId(r.u64()?)),
                 _ => return Err(r.error("invalid option flag")),
             },
-            response_to: pick(r, &CANCEL_REJECT_TO, "invalid cancel reject target")?,
+            response_to: r.code(&CANCEL_REJECT_TO, "invalid cancel reject target")?,
             reason: read_reason(r)?,
             ts_ns: r.u64()?,
         },
@@ -440,7 +425,7 @@ pub(crate) fn decode_event(r: &mut Reader) -> Result<Event, DecodeError> {
             instrument: InstrumentId(r.u32()?),
             side: read_side(r)?,
             qty_cancelled: Qty(r.i64()?),
-            reason: pick(r, &CANCEL_REASONS, "invalid cancel reason")?,
+            reason: r.code(&CANCEL_REASONS, "invalid cancel reason")?,
             ts_ns: r.u64()?,
         },
         K_ORDER_REPLACED => Event::OrderReplaced {
@@ -471,8 +456,8 @@ pub(crate) fn decode_event(r: &mut Reader) -> Result<Event, DecodeError> {
         K_ORDER_LOG => Event::OrderLog(OrderLog {
             rec: r.u64()?,
             seq: r.u64()?,
-            action: pick(r, &LOG_ACTIONS, "invalid order log action")?,
-            status: pick(r, &ORDER_STATUSES, "invalid order status")?,
+            action: r.code(&LOG_ACTIONS, "invalid order log action")?,
+            status: r.code(&ORDER_STATUSES, "invalid order status")?,
             order_id: OrderId(r.u64()?),
             instrument: InstrumentId(r.u32()?),
             account: AccountId(r.u32()?),
@@ -497,12 +482,12 @@ pub(crate) fn decode_event(r: &mut Reader) -> Result<Event, DecodeError> {
         },
         K_PHASE_CHANGED => Event::PhaseChanged {
             instrument: InstrumentId(r.u32()?),
-            phase: pick(r, &PHASES, "invalid phase")?,
+            phase: r.code(&PHASES, "invalid phase")?,
             ts_ns: r.u64()?,
         },
         K_CASH_CHANGED => Event::CashChanged {
             account: AccountId(r.u32()?),
-            reason: pick(r, &CASH_REASONS, "invalid cash reason")?,
+            reason: r.code(&CASH_REASONS, "invalid cash reason")?,
             amount: Cash(r.i128()?),
             cash: Cash(r.i128()?),
             cash_free: Cash(r.i128()?),
@@ -516,32 +501,67 @@ pub(crate) fn decode_event(r: &mut Reader) -> Result<Event, DecodeError> {
     })
 }
 
-/// Encodes an event list (see the module documentation).
-pub fn encode(events: &[Event]) -> Vec<u8> {
+/// Encodes an event list (see the module documentation) into a vector of its own.
+pub fn encode_events(events: &[Event]) -> Vec<u8> {
     // Sized for the largest event (a trade, 110 bytes) so that the buffer is allocated once:
     // a smaller guess made nearly every command with a trade pay a `realloc` and a copy,
     // which callgrind counted at about 570 instructions per command on replay.
     let mut w = Writer::with_capacity(4 + events.len() * EVENT_SIZE_BYTES_MAX);
-    w.u32(u32::try_from(events.len()).expect("fewer than 2^32 events"));
-    for e in events {
-        encode_event(&mut w, e);
-    }
+    encode_events_into(&mut w, events);
     w.finish()
 }
 
+/// Appends an event list's encoding to `w`. Panics if the list encodes larger than
+/// [`EVENTS_SIZE_BYTES_MAX`] (the engine's sweeps stay far below it).
+pub fn encode_events_into(w: &mut Writer, events: &[Event]) {
+    let start = w.buf.len();
+    w.u32(u32::try_from(events.len()).expect("fewer than 2^32 events"));
+    for e in events {
+        encode_event(w, e);
+    }
+    assert!(
+        w.buf.len() - start <= EVENTS_SIZE_BYTES_MAX,
+        "event list over the limit"
+    );
+}
+
 /// Decodes an event list, refusing anything but exactly one well-formed list.
-pub fn decode(bytes: &[u8]) -> Result<Vec<Event>, DecodeError> {
+pub fn decode_events(bytes: &[u8]) -> Result<Vec<Event>, DecodeError> {
+    let mut events = Vec::new();
+    decode_events_into(bytes, &mut events)?;
+    Ok(events)
+}
+
+/// Decodes an event list and appends its events to `out` (a consumer reuses one buffer). On
+/// an error `out` keeps what it had before the call.
+pub fn decode_events_into(bytes: &[u8], out: &mut Vec<Event>) -> Result<(), DecodeError> {
+    if bytes.len() > EVENTS_SIZE_BYTES_MAX {
+        return Err(DecodeError {
+            offset: 0,
+            what: "event list longer than allowed",
+        });
+    }
     let mut r = Reader::new(bytes);
     let count = r.u32()? as usize;
     if count > r.remaining() / EVENT_SIZE_BYTES_MIN {
         return Err(r.error("event count larger than the bytes can hold"));
     }
-    let mut events = Vec::with_capacity(count);
+    let start = out.len();
+    out.reserve(count);
     for _ in 0..count {
-        events.push(decode_event(&mut r)?);
+        match decode_event(&mut r) {
+            Ok(e) => out.push(e),
+            Err(e) => {
+                out.truncate(start);
+                return Err(e);
+            }
+        }
     }
-    r.expect_end()?;
-    Ok(events)
+    if let Err(e) = r.expect_end() {
+        out.truncate(start);
+        return Err(e);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -701,21 +721,24 @@ mod tests {
     #[test]
     fn every_kind_of_event_round_trips_and_a_cut_or_longer_list_is_refused() {
         let events = every_kind();
-        let bytes = encode(&events);
-        assert_eq!(decode(&bytes).unwrap(), events);
+        let bytes = encode_events(&events);
+        assert_eq!(decode_events(&bytes).unwrap(), events);
         for cut in 0..bytes.len() {
-            assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
+            assert!(decode_events(&bytes[..cut]).is_err(), "cut at {cut}");
         }
         let mut longer = bytes.clone();
         longer.push(0);
-        assert!(decode(&longer).is_err());
-        assert_eq!(decode(&encode(&[])).unwrap(), Vec::<Event>::new());
+        assert!(decode_events(&longer).is_err());
+        assert_eq!(
+            decode_events(&encode_events(&[])).unwrap(),
+            Vec::<Event>::new()
+        );
     }
 
     #[test]
     fn no_kind_of_event_encodes_larger_than_the_capacity_hint() {
         for e in every_kind() {
-            let one = encode(std::slice::from_ref(&e));
+            let one = encode_events(std::slice::from_ref(&e));
             assert!(
                 one.len() - 4 <= EVENT_SIZE_BYTES_MAX,
                 "{e:?} encodes to {} bytes",
@@ -724,36 +747,282 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_events_of_a_real_flow_round_trip() {
-        let mut engine = bourse_engine::Engine::new(bourse_engine::EngineConfig::default());
-        let mut flow = bourse_engine::workload::Flow::new(
-            bourse_engine::workload::FlowConfig::exchange_core(5),
-        );
-        let setup = flow.setup();
-        let mut events = Vec::new();
-        for i in 0..(setup.len() + 3_000) {
-            let body = setup.get(i).cloned().unwrap_or_else(|| flow.next_command());
-            events.clear();
-            engine.apply(&bourse_core::Command::new(i as u64, body), &mut events);
-            flow.observe(&events);
-            assert_eq!(decode(&encode(&events)).unwrap(), events);
-        }
+    fn id<T: Arbitrary>() -> impl Strategy<Value = T> {
+        any::<T>()
+    }
+
+    fn any_fill() -> impl Strategy<Value = Fill> {
+        (
+            id::<u64>(),
+            id::<u32>(),
+            id::<u64>(),
+            id::<i64>(),
+            id::<i64>(),
+        )
+            .prop_map(|(o, a, c, leaves, filled)| Fill {
+                order_id: OrderId(o),
+                account: AccountId(a),
+                cl_ord_id: ClOrdId(c),
+                qty_leaves: Qty(leaves),
+                qty_filled: Qty(filled),
+            })
+    }
+
+    fn reason() -> impl Strategy<Value = RejectReason> {
+        prop::sample::select(REJECT_REASONS.to_vec())
+    }
+
+    fn side() -> impl Strategy<Value = Side> {
+        prop::sample::select(SIDES.to_vec())
+    }
+
+    fn any_order_log() -> impl Strategy<Value = OrderLog> {
+        (
+            (
+                id::<u64>(),
+                id::<u64>(),
+                prop::sample::select(LOG_ACTIONS.to_vec()),
+            ),
+            (
+                prop::sample::select(ORDER_STATUSES.to_vec()),
+                id::<u64>(),
+                id::<u32>(),
+            ),
+            (id::<u32>(), id::<u32>(), id::<u64>(), side(), id::<i64>()),
+            (
+                id::<i64>(),
+                id::<i64>(),
+                id::<i64>(),
+                id::<i64>(),
+                id::<u64>(),
+            ),
+        )
+            .prop_map(
+                |(
+                    (rec, seq, action),
+                    (status, o, i),
+                    (a, f, c, side, price),
+                    (d, l, fi, t, ts),
+                )| {
+                    OrderLog {
+                        rec,
+                        seq,
+                        action,
+                        status,
+                        order_id: OrderId(o),
+                        instrument: InstrumentId(i),
+                        account: AccountId(a),
+                        firm: FirmId(f),
+                        cl_ord_id: ClOrdId(c),
+                        side,
+                        price: Price(price),
+                        qty_display: Qty(d),
+                        qty_leaves: Qty(l),
+                        qty_filled: Qty(fi),
+                        qty_total: Qty(t),
+                        ts_ns: ts,
+                    }
+                },
+            )
+    }
+
+    /// Every variant of `Event`, with any field values.
+    fn any_event() -> impl Strategy<Value = Event> {
+        let ts = id::<u64>;
+        prop_oneof![
+            (
+                (id::<u64>(), id::<u32>(), id::<u64>(), id::<u32>()),
+                (side(), id::<i64>(), id::<i64>(), ts())
+            )
+                .prop_map(|((o, a, c, i), (side, p, q, ts_ns))| Event::OrderAccepted {
+                    order_id: OrderId(o),
+                    account: AccountId(a),
+                    cl_ord_id: ClOrdId(c),
+                    instrument: InstrumentId(i),
+                    side,
+                    price: Price(p),
+                    qty: Qty(q),
+                    ts_ns,
+                }),
+            (id::<u32>(), id::<u64>(), id::<u32>(), reason(), ts()).prop_map(
+                |(a, c, i, reason, ts_ns)| Event::OrderRejected {
+                    account: AccountId(a),
+                    cl_ord_id: ClOrdId(c),
+                    instrument: InstrumentId(i),
+                    reason,
+                    ts_ns,
+                }
+            ),
+            (
+                (id::<u32>(), id::<u64>(), id::<Option<u64>>()),
+                (
+                    prop::sample::select(CANCEL_REJECT_TO.to_vec()),
+                    reason(),
+                    ts()
+                )
+            )
+                .prop_map(|((a, c, o), (response_to, reason, ts_ns))| {
+                    Event::CancelRejected {
+                        account: AccountId(a),
+                        cl_ord_id: ClOrdId(c),
+                        order_id: o.map(OrderId),
+                        response_to,
+                        reason,
+                        ts_ns,
+                    }
+                }),
+            (reason(), ts()).prop_map(|(reason, ts_ns)| Event::CommandRejected { reason, ts_ns }),
+            (
+                (id::<u64>(), id::<u32>(), id::<i64>(), id::<i64>()),
+                (side(), any_fill(), any_fill(), ts())
+            )
+                .prop_map(|((t, i, p, q), (aggressor, buy, sell, ts_ns))| {
+                    Event::Trade {
+                        trade_id: TradeId(t),
+                        instrument: InstrumentId(i),
+                        price: Price(p),
+                        qty: Qty(q),
+                        aggressor,
+                        buy,
+                        sell,
+                        ts_ns,
+                    }
+                }),
+            (
+                (id::<u64>(), id::<u32>(), id::<u64>(), id::<u32>()),
+                (
+                    side(),
+                    id::<i64>(),
+                    prop::sample::select(CANCEL_REASONS.to_vec()),
+                    ts()
+                )
+            )
+                .prop_map(|((o, a, c, i), (side, q, reason, ts_ns))| {
+                    Event::OrderCancelled {
+                        order_id: OrderId(o),
+                        account: AccountId(a),
+                        cl_ord_id: ClOrdId(c),
+                        instrument: InstrumentId(i),
+                        side,
+                        qty_cancelled: Qty(q),
+                        reason,
+                        ts_ns,
+                    }
+                }),
+            (
+                (
+                    id::<u64>(),
+                    id::<u32>(),
+                    id::<u64>(),
+                    id::<u64>(),
+                    id::<u32>()
+                ),
+                (id::<i64>(), id::<i64>(), id::<i64>(), any::<bool>(), ts())
+            )
+                .prop_map(|((o, a, c, oc, i), (p, total, leaves, kept, ts_ns))| {
+                    Event::OrderReplaced {
+                        order_id: OrderId(o),
+                        account: AccountId(a),
+                        cl_ord_id: ClOrdId(c),
+                        orig_cl_ord_id: ClOrdId(oc),
+                        instrument: InstrumentId(i),
+                        price: Price(p),
+                        qty_total: Qty(total),
+                        qty_leaves: Qty(leaves),
+                        priority_kept: kept,
+                        ts_ns,
+                    }
+                }),
+            (
+                id::<u64>(),
+                id::<u32>(),
+                id::<u64>(),
+                id::<u32>(),
+                id::<i64>(),
+                ts()
+            )
+                .prop_map(|(o, a, c, i, q, ts_ns)| Event::OrderExpired {
+                    order_id: OrderId(o),
+                    account: AccountId(a),
+                    cl_ord_id: ClOrdId(c),
+                    instrument: InstrumentId(i),
+                    qty_expired: Qty(q),
+                    ts_ns,
+                }),
+            (id::<u64>(), id::<u64>(), ts()).prop_map(|(c, n, ts_ns)| Event::MassCancelDone {
+                cl_ord_id: ClOrdId(c),
+                orders_cancelled: n,
+                ts_ns,
+            }),
+            any_order_log().prop_map(Event::OrderLog),
+            (id::<u32>(), ts()).prop_map(|(i, ts_ns)| Event::InstrumentAdded {
+                instrument: InstrumentId(i),
+                ts_ns,
+            }),
+            (id::<u32>(), id::<u32>(), ts()).prop_map(|(a, f, ts_ns)| Event::AccountAdded {
+                account: AccountId(a),
+                firm: FirmId(f),
+                ts_ns,
+            }),
+            (id::<u32>(), prop::sample::select(PHASES.to_vec()), ts()).prop_map(
+                |(i, phase, ts_ns)| Event::PhaseChanged {
+                    instrument: InstrumentId(i),
+                    phase,
+                    ts_ns,
+                }
+            ),
+            (
+                (id::<u32>(), prop::sample::select(CASH_REASONS.to_vec())),
+                (id::<i128>(), id::<i128>(), id::<i128>(), ts())
+            )
+                .prop_map(|((a, reason), (amount, cash, free, ts_ns))| {
+                    Event::CashChanged {
+                        account: AccountId(a),
+                        reason,
+                        amount: Cash(amount),
+                        cash: Cash(cash),
+                        cash_free: Cash(free),
+                        ts_ns,
+                    }
+                }),
+            (id::<u64>(), ts()).prop_map(|(n, ts_ns)| Event::EndOfDayDone {
+                orders_expired: n,
+                ts_ns,
+            }),
+        ]
     }
 
     proptest! {
         #[test]
         fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
-            let _ = decode(&bytes);
+            let _ = decode_events(&bytes);
+        }
+
+        #[test]
+        fn any_list_of_any_events_round_trips_and_keeps_its_ts(
+            events in proptest::collection::vec(any_event(), 0..12),
+        ) {
+            let bytes = encode_events(&events);
+            prop_assert_eq!(decode_events(&bytes), Ok(events.clone()));
+            for e in &events {
+                let one = encode_events(std::slice::from_ref(e));
+                prop_assert!(one.len() - 4 <= EVENT_SIZE_BYTES_MAX);
+                prop_assert_eq!(decode_events(&one).map(|d| d[0].ts_ns()), Ok(e.ts_ns()));
+            }
+            let mut out = vec![Event::EndOfDayDone { orders_expired: 0, ts_ns: 0 }];
+            if !bytes.is_empty() {
+                prop_assert!(decode_events_into(&bytes[..bytes.len() - 1], &mut out).is_err());
+                prop_assert_eq!(out.len(), 1);
+            }
         }
 
         #[test]
         fn a_flipped_byte_decodes_to_something_else_or_fails(i in any::<prop::sample::Index>(), bit in 0u8..8) {
             let events = every_kind();
-            let mut bytes = encode(&events);
+            let mut bytes = encode_events(&events);
             let n = i.index(bytes.len());
             bytes[n] ^= 1 << bit;
-            if let Ok(back) = decode(&bytes) {
+            if let Ok(back) = decode_events(&bytes) {
                 prop_assert_ne!(back, events);
             }
         }
