@@ -1,36 +1,40 @@
-//! A local deployment of the whole venue in this process: a trading core per market (a
-//! replica group of three `bourse_cluster::Node`s on a tokio runtime, or an in-process engine),
-//! market data published by the nodes, one or more gateways in front of every core, and the
-//! sessions the load generator (or the demo's participants) trade through.
+//! The whole venue deployed on one machine, in this process: per market a trading core (a
+//! replica group of three `bourse_cluster::Node`s on a tokio runtime, or an in-process
+//! engine) with its market data, gateways in front of every core, and the sessions the load
+//! generator or the demo's participants trade through.
 //!
-//! [`LocalDeployment::start`] takes a [`DeploymentSpec`] (markets with their instruments and
-//! setup commands, the sessions each generator worker gets, the backend) and brings it all up
-//! on 127.0.0.1 with ports chosen free: the nodes first, then the instruments and funded
-//! accounts, applied through the cluster client (many clients at once, so the setup of
-//! thousands of accounts is batched by the nodes), then the gateways with `[[cores]]` routing
-//! each market's instruments to its core. [`LocalDeployment::stop`] takes it down in the
-//! reverse order. It implements `bourse_loadgen::Deployment`, so a profile runs against it.
+//! [`LocalDeployment::start`] takes a [`DeploymentSpec`] (`spec`) and brings it up on
+//! 127.0.0.1 with free ports: the nodes, then the instruments and funded accounts through the
+//! cluster client, then the gateways, whose links count what they pass on (`links`);
+//! [`LocalDeployment::stop`] takes it down in reverse. It implements
+//! `bourse_loadgen::Deployment`, so a profile runs against it, and checks itself: each core
+//! applied what the gateways forwarded, the replicas' hashes agree, the feed carried every
+//! trade (`feed`), and each stage of the path is timed (`timing`).
 //!
-//! Order ids: core `i` numbers its orders from `i << ORDER_ID_CORE_SHIFT` (at least 1), so
-//! one gateway can serve every core and an order id names one order across the venue.
-//!
-//! Accounting: every gateway's link to a core is wrapped in a counter of the commands the
-//! gateway passed on, so that the report can check that each core applied exactly what the
-//! gateways forwarded (a gateway answers some requests itself: an unknown order, a full
-//! queue), and the cores' own counters are read at the end from every replica, whose state
-//! hashes must agree.
+//! Order ids: core `i` numbers its orders from `i << ORDER_ID_CORE_SHIFT` (at least 1), so one
+//! gateway serves every core and an order id names one order across the venue.
 
+mod feed;
 mod host;
+mod links;
+mod spec;
+mod timing;
+
 pub use host::{sample_of, tune_allocator};
+pub use spec::{Backend, DeploymentSpec, MarketSpec};
+
+use feed::MdCounter;
+use links::{cluster_link, CountingLink};
+use timing::{stage_figures, time_entries, EntryLegs};
 
 use anyhow::{anyhow, bail, Context, Result};
 use bourse_cluster::tokio;
 use bourse_cluster::{Client, ClusterConfig, FsyncSetting, Node};
 use bourse_core::*;
-use bourse_engine::in_process::InProcessCore;
 use bourse_engine::{Engine, EngineConfig, ORDER_ID_CORE_SHIFT};
 use bourse_gateway::config::CoreEntry;
-use bourse_gateway::{CoreLink, CoreOutput, GatewayConfig, GatewayHandle};
+use bourse_engine::in_process::InProcessCore;
+use bourse_gateway::{CoreLink, GatewayConfig, GatewayHandle};
 use bourse_loadgen::gateway::{SessionPlan, SessionProtocol, WorkerPlan};
 use bourse_loadgen::{Connection, CoreTotals, Deployment};
 use std::net::SocketAddr;
@@ -49,289 +53,6 @@ const CONVERGE_DEADLINE: Duration = Duration::from_secs(10);
 const LEADER_DEADLINE: Duration = Duration::from_secs(10);
 /// Client ids of the setup clients start here (gateways use 1..=gateways).
 const SETUP_CLIENT_ID_BASE: u64 = 1 << 32;
-
-/// What runs the trading cores.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    /// One engine per market inside the gateway's process (no replication).
-    InProcess,
-    /// One replica group of three nodes per market.
-    Cluster,
-}
-
-/// One market: its core's name, instruments and setup commands.
-pub struct MarketSpec {
-    pub name: String,
-    pub instruments: Vec<Instrument>,
-    /// Instruments, accounts and deposits, applied in order before the gateways start.
-    pub setup: Vec<CommandBody>,
-}
-
-/// Everything the deployment needs.
-pub struct DeploymentSpec {
-    pub markets: Vec<MarketSpec>,
-    pub backend: Backend,
-    pub protocol: SessionProtocol,
-    /// Gateways in front of the cores; sessions are spread over them.
-    pub gateways: usize,
-    /// For each generator worker, the accounts of each of its sessions.
-    pub worker_sessions: Vec<Vec<Vec<u32>>>,
-    /// Journals, snapshots and FIX stores go here.
-    pub data_dir: PathBuf,
-    pub orders_max: u32,
-    pub accounts_max: u32,
-    pub fsync: FsyncSetting,
-    /// Publish market data from the nodes (cluster backend only).
-    pub market_data: bool,
-    /// Gateway 0 reports into this monitor (its owner serves the dashboard and `/metrics`).
-    pub monitor: Option<Arc<bourse_monitor::Monitor>>,
-    /// FIX sessions for people (`bourse order`) on gateway 0: (CompID, accounts).
-    pub extra_fix_sessions: Vec<(String, Vec<u32>)>,
-    /// Print what starts, as it starts.
-    pub verbose: bool,
-}
-
-/// A core link that counts what the gateway passes on to the core.
-struct CountingLink {
-    inner: Box<dyn CoreLink>,
-    forwarded: Arc<AtomicU64>,
-    /// Commands from sessions outside the generator (a person's `bourse order`).
-    other: Arc<AtomicU64>,
-    /// Gateway session numbers (`RequestKey::session`) up to this one are not the
-    /// generator's: the people's FIX sessions come first in the gateway's configuration.
-    other_sessions_max: u32,
-}
-
-impl CoreLink for CountingLink {
-    fn submit(
-        &mut self,
-        key: bourse_gateway::RequestKey,
-        command: Command,
-    ) -> Result<(), bourse_gateway::SubmitError> {
-        let r = self.inner.submit(key, command);
-        // Session 0 is the gateway's own administration (bootstrap), not client traffic.
-        if r.is_ok() && key.session != 0 {
-            if key.session <= self.other_sessions_max {
-                self.other.fetch_add(1, Ordering::Relaxed);
-            } else {
-                self.forwarded.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        r
-    }
-    fn try_recv(&mut self) -> Option<CoreOutput> {
-        self.inner.try_recv()
-    }
-    fn set_notify(&mut self, notify: Arc<dyn Fn() + Send + Sync>) {
-        self.inner.set_notify(notify)
-    }
-}
-
-/// How many stamps of one side of the publication delay (trades applied, or trades read from
-/// the feed) may wait for the other side's before the oldest are dropped: this bounds the
-/// timer's memory when one side never comes (a trade of a lost packet that the subscriber
-/// recovered from the snapshot loop instead of a replay).
-const PUB_DELAY_PENDING_MAX: usize = 262_144;
-/// Seconds of a run the publication delay is kept for per second (for the report's load
-/// ranges); trades read later count in the overall figure only.
-const PUB_DELAY_SECONDS_MAX: usize = 3_600;
-/// How long the feed's subscriber blocks waiting for a datagram before it checks whether to
-/// stop and runs its gap recovery.
-const MD_WAIT_MS: u16 = 2;
-
-/// Market data publication delay of one core: for each trade, from the moment the core
-/// applied the log entry that made it to the moment the feed's subscriber read the first
-/// copy (feed A or B) of its Trade record. The apply is seen by two subscribers of the
-/// leader's committed stream, both woken by it: this deployment's entry timer, and the
-/// node's publisher, which stamps the moment it took the entry as the packet's SendingTime;
-/// the earlier of the two is the apply's time (whichever woke first is the closer to it).
-/// Every stamp is read from the one wall clock of this process
-/// (`bourse_marketdata::now_ns`, which the SendingTime also comes from). Whichever of the
-/// apply and the read comes first waits, keyed by trade id (unique within a core).
-struct PubDelay {
-    applied: std::collections::BTreeMap<u64, u64>,
-    /// Trade id -> (read at, the packet's SendingTime).
-    received: std::collections::BTreeMap<u64, (u64, u64)>,
-    /// The apply to the read.
-    delay: hdrhistogram::Histogram<u64>,
-    /// The packet's SendingTime to the read: the send, the loopback, the subscriber's
-    /// wake-up (the part of the delay after the publisher took the entry).
-    send_to_read: hdrhistogram::Histogram<u64>,
-    /// Trades whose packet's SendingTime came before the entry timer's stamp (the publisher
-    /// woke first, so its stamp stood for the apply).
-    publisher_first: u64,
-    /// When the generator's second 0 begins (ns since the Unix epoch), once the run starts.
-    run_start_ns: Option<u64>,
-    /// The delay by the generator's second in which the record was read.
-    by_second: Vec<hdrhistogram::Histogram<u64>>,
-}
-
-impl PubDelay {
-    fn new() -> PubDelay {
-        PubDelay {
-            applied: Default::default(),
-            received: Default::default(),
-            delay: bourse_loadgen::generator::second_histogram(),
-            send_to_read: bourse_loadgen::generator::second_histogram(),
-            publisher_first: 0,
-            run_start_ns: None,
-            by_second: Vec::new(),
-        }
-    }
-
-    fn pair(&mut self, applied_ns: u64, read_ns: u64, sending_ns: u64) {
-        let from = if sending_ns < applied_ns {
-            self.publisher_first += 1;
-            sending_ns
-        } else {
-            applied_ns
-        };
-        let ns = read_ns.saturating_sub(from);
-        bourse_loadgen::generator::record(&mut self.delay, ns);
-        let Some(start) = self.run_start_ns.filter(|s| read_ns >= *s) else {
-            return;
-        };
-        let second = ((read_ns - start) / 1_000_000_000) as usize;
-        if second >= PUB_DELAY_SECONDS_MAX {
-            return;
-        }
-        while self.by_second.len() <= second {
-            self.by_second
-                .push(bourse_loadgen::generator::second_histogram());
-        }
-        bourse_loadgen::generator::record(&mut self.by_second[second], ns);
-    }
-
-    fn applied(&mut self, trade_id: u64, at_ns: u64) {
-        match self.received.remove(&trade_id) {
-            Some((read, sending)) => self.pair(at_ns, read, sending),
-            None => {
-                self.applied.insert(trade_id, at_ns);
-                while self.applied.len() > PUB_DELAY_PENDING_MAX {
-                    self.applied.pop_first();
-                }
-            }
-        }
-    }
-
-    fn received(&mut self, trade_id: u64, read_ns: u64, sending_ns: u64) {
-        bourse_loadgen::generator::record(
-            &mut self.send_to_read,
-            read_ns.saturating_sub(sending_ns),
-        );
-        match self.applied.remove(&trade_id) {
-            Some(a) => self.pair(a, read_ns, sending_ns),
-            None => {
-                self.received.insert(trade_id, (read_ns, sending_ns));
-                while self.received.len() > PUB_DELAY_PENDING_MAX {
-                    self.received.pop_first();
-                }
-            }
-        }
-    }
-}
-
-/// Counts the trades one core publishes on its trades channel (feeds A and B, gaps
-/// recovered from the replay service), and times each one's publication ([`PubDelay`]), on
-/// a thread of its own.
-struct MdCounter {
-    trades: Arc<AtomicU64>,
-    delay: Arc<Mutex<PubDelay>>,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl MdCounter {
-    fn start(base_port: u16) -> Result<MdCounter> {
-        use bourse_marketdata::udp::{FeedAddrs, UdpSubscriber};
-        let addrs = FeedAddrs::localhost(base_port);
-        let mut sub = UdpSubscriber::bind(
-            &addrs,
-            &[bourse_marketdata::Channel::Trades],
-            bourse_marketdata::SubscriberConfig::default(),
-            true,
-        )
-        .with_context(|| format!("bind the market data feeds at {base_port}"))?;
-        let trades = Arc::new(AtomicU64::new(0));
-        let delay = Arc::new(Mutex::new(PubDelay::new()));
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (t, st, d) = (Arc::clone(&trades), Arc::clone(&stop), Arc::clone(&delay));
-        let thread = std::thread::Builder::new()
-            .name("bourse-md-count".into())
-            .spawn(move || {
-                // The highest MsgSeqNum read so far: a packet at or below it is the other
-                // feed's copy (or a replay) of one already timed.
-                let mut seq_seen = 0u32;
-                let mut ids: Vec<u64> = Vec::with_capacity(64);
-                let mut on_packet = |_: bourse_marketdata::Channel,
-                                     _: bourse_marketdata::Feed,
-                                     datagram: &[u8],
-                                     read_ns: u64| {
-                    use bourse_marketdata::wire::market_data::{parse_packet, Message};
-                    let Ok(mut delay) = d.lock() else { return };
-                    let Ok(p) = parse_packet(datagram) else {
-                        return;
-                    };
-                    if p.header.msg_seq_num <= seq_seen {
-                        return;
-                    }
-                    seq_seen = p.header.msg_seq_num;
-                    ids.clear();
-                    ids.extend(p.messages().filter_map(|m| match m {
-                        Message::Trade(t) => Some(t.trade_id()),
-                        _ => None,
-                    }));
-                    for id in &ids {
-                        delay.received(*id, read_ns, p.header.sending_time_ns);
-                    }
-                };
-                while !st.load(Ordering::Relaxed) {
-                    if sub.poll_once(&mut on_packet) == 0 {
-                        // Blocks until a datagram arrives, so a receipt is stamped when the
-                        // datagram is there, not when a sleep ends.
-                        if sub.wait_readable(MD_WAIT_MS).is_err() {
-                            std::thread::sleep(Duration::from_millis(u64::from(MD_WAIT_MS)));
-                        }
-                    }
-                    t.store(sub.sub.stats().trades, Ordering::Relaxed);
-                }
-            })
-            .context("market data thread")?;
-        Ok(MdCounter {
-            trades,
-            delay,
-            stop,
-            thread: Some(thread),
-        })
-    }
-
-    /// The trades seen, once they reach `expected` or the feed has been quiet for a while.
-    fn settle(&self, expected: u64) -> u64 {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let mut last = (self.trades.load(Ordering::Relaxed), Instant::now());
-        loop {
-            let n = self.trades.load(Ordering::Relaxed);
-            if n >= expected || Instant::now() >= deadline {
-                return n;
-            }
-            if n != last.0 {
-                last = (n, Instant::now());
-            } else if last.1.elapsed() > Duration::from_secs(2) {
-                return n;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for MdCounter {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
 
 /// A running core.
 enum CoreRun {
@@ -360,146 +81,6 @@ struct Core {
     journals: Vec<(PathBuf, bourse_journal::stats::HistogramReading)>,
     /// The legs of every entry the core applied since the setup.
     spread: Option<Arc<Mutex<EntryLegs>>>,
-}
-
-use bourse_cluster::link::LegTimes;
-
-/// Entries the replica-spread timer remembers while waiting for the other replicas.
-const SPREAD_ENTRIES_MAX: usize = 65_536;
-
-/// What [`time_entries`] measures of each entry a core applies.
-#[derive(Clone, Default)]
-struct EntryLegs {
-    /// From the first replica's journal append of the entry (the leader's) to the second's
-    /// (a quorum holds it): sending it to a follower, its append and fsync.
-    quorum_append: LegTimes,
-    /// From that second append to the first replica applying the entry: the follower's
-    /// answer, the commit, the apply.
-    commit_apply: LegTimes,
-    /// How much later the last replica applied the entry than the first.
-    apply_spread: LegTimes,
-}
-
-/// Appends remembered per replica while their entries are awaited.
-const APPENDS_KEPT: usize = 8_192;
-
-/// Times every entry a core applies, from the replicas' journals' append rings (when each
-/// append, fsync included, completed) and their committed streams (when each replica
-/// applied it), all on this process's one clock: one task per replica's stream stamps each
-/// entry as it arrives, this one pairs the stamps. The task that delivers an entry first
-/// (normally the leader's stream, which applies first) also stamps the apply of each of its
-/// trades for the publication delay (`pub_delay`). Ends when the streams end.
-async fn time_entries(
-    subs: Vec<bourse_cluster::Subscription>,
-    journal_dirs: Vec<PathBuf>,
-    out: Arc<Mutex<EntryLegs>>,
-    pub_delay: Option<Arc<Mutex<PubDelay>>>,
-) {
-    use std::collections::BTreeMap;
-    let replicas = subs.len() as u8;
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, Instant)>(SPREAD_ENTRIES_MAX);
-    // The highest index any replica's task has delivered: a task that moves it is the first.
-    let first_seen = Arc::new(AtomicU64::new(0));
-    for mut sub in subs {
-        let tx = tx.clone();
-        let first_seen = Arc::clone(&first_seen);
-        let pub_delay = pub_delay.clone();
-        tokio::spawn(async move {
-            let mut trades: Vec<u64> = Vec::new();
-            while let Ok(entry) = sub.recv().await {
-                let at = Instant::now();
-                if let Some(d) = &pub_delay {
-                    if first_seen.fetch_max(entry.index, Ordering::Relaxed) < entry.index {
-                        stamp_trades(&entry, bourse_marketdata::now_ns(), d, &mut trades);
-                    }
-                }
-                if tx.send((entry.index, at)).await.is_err() {
-                    return;
-                }
-            }
-        });
-    }
-    drop(tx);
-    let mut journals: Vec<Option<Arc<bourse_journal::JournalStats>>> =
-        journal_dirs.iter().map(|_| None).collect();
-    // Per replica: last index of an append -> (its first index, completed at).
-    let mut appends: Vec<BTreeMap<u64, (u64, Instant)>> =
-        journal_dirs.iter().map(|_| BTreeMap::new()).collect();
-    let mut seen: BTreeMap<u64, (Instant, u8)> = BTreeMap::new();
-    while let Some((index, at)) = rx.recv().await {
-        let e = seen.entry(index).or_insert((at, 0));
-        e.1 += 1;
-        let count = e.1;
-        if count == 1 {
-            // The first apply: a quorum has appended the entry by now.
-            let mut times = Vec::new();
-            for (n, dir) in journal_dirs.iter().enumerate() {
-                if journals[n].is_none() {
-                    journals[n] = bourse_journal::journal_stats_for(dir);
-                }
-                let Some(j) = &journals[n] else { continue };
-                let after = appends[n].keys().next_back().copied();
-                for (first, last, done) in j.append_times_after(after) {
-                    appends[n].insert(last, (first, done));
-                }
-                while appends[n].len() > APPENDS_KEPT {
-                    appends[n].pop_first();
-                }
-                if let Some((_, &(first, done))) = appends[n].range(index..).next() {
-                    if first <= index {
-                        times.push(done);
-                    }
-                }
-            }
-            times.sort();
-            if times.len() >= 2 {
-                let mut o = out.lock().expect("entry legs lock");
-                o.quorum_append
-                    .observe(times[1].saturating_duration_since(times[0]).as_nanos() as u64);
-                o.commit_apply
-                    .observe(at.saturating_duration_since(times[1]).as_nanos() as u64);
-            }
-        }
-        if count == replicas {
-            let first = seen.remove(&index).map_or(at, |e| e.0);
-            out.lock()
-                .expect("entry legs lock")
-                .apply_spread
-                .observe(at.saturating_duration_since(first).as_nanos() as u64);
-        }
-        while seen.len() > SPREAD_ENTRIES_MAX {
-            seen.pop_first();
-        }
-    }
-}
-
-/// Stamps the apply of every trade of `entry` (requests that applied; a duplicate's events
-/// were published when it first applied) for the publication delay.
-fn stamp_trades(
-    entry: &bourse_cluster::stream::CommittedEntry,
-    at_ns: u64,
-    delay: &Mutex<PubDelay>,
-    trades: &mut Vec<u64>,
-) {
-    trades.clear();
-    for r in &entry.requests {
-        if r.kind != bourse_cluster::OutcomeKind::Applied || r.events.is_empty() {
-            continue;
-        }
-        if let Ok(events) = bourse_core::codec::decode_events(&r.events) {
-            trades.extend(events.iter().filter_map(|e| match e {
-                Event::Trade { trade_id, .. } => Some(trade_id.0),
-                _ => None,
-            }));
-        }
-    }
-    if trades.is_empty() {
-        return;
-    }
-    let Ok(mut d) = delay.lock() else { return };
-    for id in trades.iter() {
-        d.applied(*id, at_ns);
-    }
 }
 
 /// The whole local venue.
@@ -1209,120 +790,6 @@ impl Deployment for LocalDeployment {
     }
 }
 
-/// What the deployment timed of one core's path over the run (see
-/// `bourse_loadgen::CoreTotals::stage_figures`).
-fn stage_figures(core: &Core) -> Vec<bourse_loadgen::StageFigure> {
-    let mut out = Vec::new();
-    if core.links.is_empty() {
-        return out;
-    }
-    let mut legs = bourse_cluster::link::LinkLegs::default();
-    for w in &core.links {
-        let l = w.status().legs;
-        legs.answered.add(&l.answered);
-        legs.streamed_after_answer.add(&l.streamed_after_answer);
-        legs.round_trip.add(&l.round_trip);
-    }
-    let mut push = |name: &str, what: &str, latency| {
-        out.push(bourse_loadgen::StageFigure {
-            name: name.into(),
-            what: what.into(),
-            latency,
-        })
-    };
-    push(
-        "link_round_trip",
-        "a gateway's link: command taken to its outputs handed to the gateway",
-        Option::unwrap_or_default(legs.round_trip.percentiles()),
-    );
-    push(
-        "group_answer",
-        "a gateway's link: command taken to the replica group's answer",
-        Option::unwrap_or_default(legs.answered.percentiles()),
-    );
-    push(
-        "stream_after_answer",
-        "a gateway's link: the group's answer to the entry on the committed stream",
-        Option::unwrap_or_default(legs.streamed_after_answer.percentiles()),
-    );
-    // The journals' fsyncs since the setup, over every replica.
-    let bounds = bourse_journal::FSYNC_BUCKETS_NS;
-    let mut buckets = vec![0u64; bounds.len() + 1];
-    let (mut sum_ns, mut count) = (0u64, 0u64);
-    for (dir, base) in &core.journals {
-        let Some(now) = bourse_journal::journal_stats_for(dir).map(|j| j.snapshot().fsync) else {
-            continue;
-        };
-        for (i, b) in buckets.iter_mut().enumerate() {
-            let at = |r: &bourse_journal::stats::HistogramReading| r.buckets.get(i).copied();
-            *b += at(&now).unwrap_or(0).saturating_sub(at(base).unwrap_or(0));
-        }
-        sum_ns += now.sum_ns.saturating_sub(base.sum_ns);
-        count += now.count.saturating_sub(base.count);
-    }
-    if count > 0 {
-        let mut all: Vec<u64> = bounds.to_vec();
-        all.push(bounds[bounds.len() - 1]);
-        let cumulative: Vec<u64> = buckets
-            .iter()
-            .scan(0u64, |acc, c| {
-                *acc += c;
-                Some(*acc)
-            })
-            .collect();
-        push(
-            "journal_fsync",
-            "one fsync of a replica's journal",
-            Option::unwrap_or_default(bourse_monitor::ltp::percentiles_from_buckets(
-                &all,
-                &cumulative,
-                sum_ns,
-                count,
-            )),
-        );
-    }
-    if let Some(legs) = &core.spread {
-        let t = legs.lock().expect("entry legs lock").clone();
-        push(
-            "quorum_append",
-            "an entry's first journal append (the leader's) to its second (a quorum holds it)",
-            Option::unwrap_or_default(t.quorum_append.percentiles()),
-        );
-        push(
-            "commit_apply",
-            "an entry's second journal append to the first replica applying it",
-            Option::unwrap_or_default(t.commit_apply.percentiles()),
-        );
-        push(
-            "replica_apply_spread",
-            "how much later the last replica applied an entry than the first",
-            Option::unwrap_or_default(t.apply_spread.percentiles()),
-        );
-    }
-    if let Some(md) = &core.md_counter {
-        let d = md.delay.lock().expect("publication delay lock");
-        out.push(bourse_loadgen::StageFigure {
-            name: "md_publication_delay".into(),
-            what: format!(
-                "a trade's apply (the earlier of the entry timer's stamp and the publisher's \
-                 SendingTime; the publisher's for {} of {} trades) to its Trade record read \
-                 from the feed (first of A and B)",
-                d.publisher_first,
-                d.delay.len()
-            ),
-            latency: bourse_loadgen::results::Latency::of(&d.delay),
-        });
-        out.push(bourse_loadgen::StageFigure {
-            name: "md_send_to_read".into(),
-            what: "a Trade record's packet SendingTime (the publisher took the entry) to its \
-                   read from the feed (first of A and B)"
-                .into(),
-            latency: bourse_loadgen::results::Latency::of(&d.send_to_read),
-        });
-    }
-    out
-}
-
 /// Waits (bounded) until every replica has applied the same last entry, which is the
 /// leader's last one once nothing more is being submitted.
 async fn converge(nodes: &[Node]) {
@@ -1396,21 +863,4 @@ async fn apply_setup(
             .map_err(|e| anyhow!(e))?;
     }
     Ok((setup.len() as u64, rejected))
-}
-
-/// The gateway's link to a replicated core: a `ClusterLink` (pipelined submissions, every
-/// output from the group's committed stream) under the gateway's own client id.
-fn cluster_link(
-    nodes: &[Node],
-    client_id: u64,
-    queue_depth: usize,
-) -> Result<(Box<dyn CoreLink>, bourse_cluster::link::ClusterLinkWatch)> {
-    let config = bourse_cluster::link::ClusterLinkConfig::new(
-        nodes.iter().map(|n| n.addr).collect(),
-        client_id,
-        queue_depth,
-    );
-    let link = bourse_cluster::link::ClusterLink::start(config).map_err(|e| anyhow!(e))?;
-    let watch = link.watch();
-    Ok((Box::new(link), watch))
 }
