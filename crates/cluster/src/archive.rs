@@ -68,6 +68,7 @@ pub fn encode_entry(entry: &CommittedEntry) -> Vec<u8> {
                 w.u8(4);
                 w.u64(expected);
             }
+            OutcomeKind::Invalid => w.u8(5),
         }
         w.bytes(&r.events);
     }
@@ -97,6 +98,7 @@ pub fn decode_entry(index: u64, bytes: &[u8]) -> Result<CommittedEntry, DecodeEr
             2 => OutcomeKind::Stale,
             3 => OutcomeKind::Refused,
             4 => OutcomeKind::Gap { expected: r.u64()? },
+            5 => OutcomeKind::Invalid,
             _ => return Err(r.error("unknown outcome kind")),
         };
         let events = r.bytes(ARCHIVE_ENTRY_BYTES_MAX as usize)?.to_vec();
@@ -431,7 +433,7 @@ mod tests {
                     events: vec![index as u8; k as usize * 3],
                 })
                 .collect(),
-            market_data_flush_ns: (index % 4 == 0).then_some(index * 1_000),
+            market_data_flush_ns: index.is_multiple_of(4).then_some(index * 1_000),
         }
     }
 

@@ -500,7 +500,10 @@ mod tests {
         let r = RequestView::new(&e.requests[0]);
         assert_eq!(r.key(), (1, 3));
         let events: Vec<Event> = r.events().map(|e| e.unwrap()).collect();
-        assert_eq!(events, bourse_core::codec::decode_events(r.event_bytes()).unwrap());
+        assert_eq!(
+            events,
+            bourse_core::codec::decode_events(r.event_bytes()).unwrap()
+        );
         assert_eq!(Events::new(&[]).count(), 0);
         let bytes = r.event_bytes();
         for cut in 1..bytes.len() {

@@ -26,9 +26,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use bourse_core::codec::decode_events;
 use crate::client::{node_last_seq, node_status, PipelinedClient, StreamClient};
 use crate::{CommittedEntry, OutcomeKind, StreamError};
+use bourse_core::codec::decode_events;
 use bourse_core::link::{CoreLink, CoreOutput, RequestKey, SubmitError};
 use bourse_core::{Command, Event};
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};

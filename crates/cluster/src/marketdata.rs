@@ -974,7 +974,7 @@ async fn run(
                         Err(e) => {
                             // The port is usually still held by the previous leader's service
                             // for a moment; say so once, then only every thousandth attempt.
-                            if replay_bind_failures % 1_000 == 0 {
+                            if replay_bind_failures.is_multiple_of(1_000) {
                                 eprintln!(
                                     "bourse node {id}: market data replay on {replay_addr}: \
                                      {e} (retrying every {REPLAY_BIND_RETRY_MS} ms)"
@@ -1175,7 +1175,8 @@ mod tests {
                         .iter()
                         .filter(|r| r.kind == OutcomeKind::Applied)
                     {
-                        numbering.push_events(&bourse_core::codec::decode_events(&r.events).unwrap());
+                        numbering
+                            .push_events(&bourse_core::codec::decode_events(&r.events).unwrap());
                     }
                     numbering.end_entry(&Engine::new(EngineConfig::default()));
                 }

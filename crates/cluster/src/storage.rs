@@ -879,7 +879,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             assert!(
                 inner
                     .last_applied
-                    .map_or(true, |l| l.index < entry.log_id.index),
+                    .is_none_or(|l| l.index < entry.log_id.index),
                 "entries are applied in log order, once"
             );
             inner.last_applied = Some(entry.log_id);

@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use bourse_core::codec::decode_events;
 use bourse_cluster::link::{ClusterLink, ClusterLinkConfig, FOREIGN_KEY};
 use bourse_cluster::tokio;
 use bourse_cluster::{ClusterConfig, FsyncSetting, Node, OutcomeKind};
+use bourse_core::codec::decode_events;
 use bourse_core::link::{CoreLink, CoreOutput, RequestKey, SubmitError};
 use bourse_core::{
     ClOrdId, Command, CommandBody, Event, NewOrder, OrdType, OrderId, Price, Qty, Side, TimeInForce,
@@ -173,7 +173,13 @@ fn losing_the_leader_mid_stream_loses_and_doubles_no_output() {
             "the flow made {trades_seen} trades in {n} commands"
         );
         while let Ok(Some(entry)) = watch.try_recv() {
-            for r in &entry.requests {
+            // Only an applied request's events are new: a duplicate repeats what was seen,
+            // and a request refused as a gap (after the leader was lost) carries none.
+            for r in entry
+                .requests
+                .iter()
+                .filter(|r| r.kind == OutcomeKind::Applied)
+            {
                 let events = decode_events(&r.events).unwrap();
                 trades_seen += events
                     .iter()

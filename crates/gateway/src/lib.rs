@@ -46,7 +46,7 @@
 //!   the nodes of its replica group), instruments, accounts and limits.
 //! - FIX sessions keep their state in `bourse_fix::FileStore` (sequence numbers overwritten in
 //!   place, sent messages appended), cheap enough for the order path.
-
+//!
 //! Limits: connections (`connections_max`), FIX message size, unsent output per connection
 //! (a client that does not read is closed as a slow consumer), queue depth to the core,
 //! messages kept for resend/retransmission, messages queued for a logged-off FIX session,

@@ -467,7 +467,7 @@ mod tests {
         SavedOrder {
             session: "FIX ALPHA".into(),
             order_id: OrderId(n),
-            client: if n % 2 == 0 {
+            client: if n.is_multiple_of(2) {
                 ClientId::Text(format!("c-{n}").into_boxed_str())
             } else {
                 ClientId::Num(n * 7)
@@ -476,7 +476,11 @@ mod tests {
             core: (n % 3) as u32,
             account: AccountId(101),
             instrument: InstrumentId(1),
-            side: if n % 2 == 0 { Side::Buy } else { Side::Sell },
+            side: if n.is_multiple_of(2) {
+                Side::Buy
+            } else {
+                Side::Sell
+            },
             ord_type: OrdType::Limit,
             tif: TimeInForce::Gtc,
             price: Price(10_000 + n as i64),

@@ -31,9 +31,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use bourse_cluster::tokio;
 use bourse_cluster::{Client, ClusterConfig, FsyncSetting, Node};
 use bourse_core::*;
+use bourse_engine::in_process::InProcessCore;
 use bourse_engine::{Engine, EngineConfig, ORDER_ID_CORE_SHIFT};
 use bourse_gateway::config::CoreEntry;
-use bourse_engine::in_process::InProcessCore;
 use bourse_gateway::{CoreLink, GatewayConfig, GatewayHandle};
 use bourse_loadgen::gateway::{SessionPlan, SessionProtocol, WorkerPlan};
 use bourse_loadgen::{Connection, CoreTotals, Deployment};
@@ -83,6 +83,9 @@ struct Core {
     spread: Option<Arc<Mutex<EntryLegs>>>,
 }
 
+/// Starts worker `n` of a plan elsewhere (a child process) and returns its connection.
+pub type RemoteWorkers = Box<dyn FnMut(usize, &WorkerPlan) -> Result<Connection, String>>;
+
 /// The whole local venue.
 pub struct LocalDeployment {
     runtime: Option<tokio::runtime::Runtime>,
@@ -94,7 +97,7 @@ pub struct LocalDeployment {
     sessions: u32,
     fsync: FsyncSetting,
     /// Serves worker connections: locally, or as child processes (see `loadtest_cmd`).
-    pub remote: Option<Box<dyn FnMut(usize, &WorkerPlan) -> Result<Connection, String>>>,
+    pub remote: Option<RemoteWorkers>,
     stopped: bool,
 }
 

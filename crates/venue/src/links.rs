@@ -50,10 +50,7 @@ pub(crate) fn cluster_link(
     nodes: &[Node],
     client_id: u64,
     queue_depth: usize,
-) -> Result<(
-    Box<dyn CoreLink>,
-    bourse_cluster::link::ClusterLinkWatch,
-)> {
+) -> Result<(Box<dyn CoreLink>, bourse_cluster::link::ClusterLinkWatch)> {
     let config = bourse_cluster::link::ClusterLinkConfig::new(
         nodes.iter().map(|n| n.addr).collect(),
         client_id,

@@ -4,8 +4,8 @@
 
 use crate::feed::{stamp_trades, PubDelay};
 use crate::Core;
-use bourse_cluster::tokio;
 use bourse_cluster::link::LegTimes;
+use bourse_cluster::tokio;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use bourse_cluster::batch::LogCommand;
-use bourse_core::codec::{decode_events, encode_command};
 use bourse_cluster::net::{decode_message, encode_frame_into, Request, Response, Tagged};
 use bourse_cluster::tokio;
 use bourse_cluster::{ClusterConfig, FsyncSetting, Node, OutcomeKind, ReplicatedState};
+use bourse_core::codec::{decode_events, encode_command};
 use bourse_core::Command;
 use bourse_engine::workload::{Flow, FlowConfig};
 use bourse_engine::EngineConfig;

@@ -171,6 +171,7 @@ impl Fixture {
     }
 
     /// A new order the core accepts as `order_id`; its report is taken.
+    #[allow(clippy::too_many_arguments)]
     fn accepted(
         &mut self,
         sref: SessionRef,
