@@ -160,9 +160,10 @@ fn start_dashboard(args: &DemoArgs) -> Result<Option<(Arc<Monitor>, DashboardSer
     if args.no_dashboard {
         return Ok(None);
     }
-    let mut config = MonitorConfig::default();
-    config.node_name = "demo gateway".into();
-    let monitor = Monitor::new(config);
+    let monitor = Monitor::new(MonitorConfig {
+        node_name: "demo gateway".into(),
+        ..MonitorConfig::default()
+    });
     let at = |port| SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let server = match args.dashboard_port {
         Some(port) => DashboardServer::start(monitor.clone(), at(port)).map_err(|e| {

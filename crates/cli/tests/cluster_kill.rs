@@ -49,6 +49,9 @@ const CONVERGE_LIMIT: Duration = Duration::from_secs(30);
 /// Failover times above this are clamped in the histogram.
 const FAILOVER_US_MAX: u64 = 60_000_000;
 
+// The kill moments are named as the issue names them: in the middle of a batch, a snapshot
+// and an election.
+#[allow(clippy::enum_variant_names)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Moment {
     MidBatch,

@@ -85,7 +85,6 @@ fn the_demo_runs_the_replicated_venue_and_its_report_cross_checks() {
     }
     let order_line = wait_for(&lines, "bourse order --fix", Duration::from_secs(5));
     let args: Vec<String> = order_line
-        .trim()
         .split_whitespace()
         .skip(2)
         .map(str::to_string)

@@ -722,10 +722,9 @@ fn chromium_shows_a_nodes_cluster_view_under_load_and_a_node_going_down() {
     let deadline = Instant::now() + Duration::from_secs(20);
     let down = loop {
         let v = wd.script(READ_NODE_PAGE);
-        let row_down = v["rows"].as_array().is_some_and(|r| {
-            r.iter()
-                .any(|row| row[0] == victim.to_string() && row[8] == "DOWN")
-        });
+        let row_down = v["rows"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|row| row[0] == victim && row[8] == "DOWN"));
         let alert = v["alerts"]
             .as_str()
             .is_some_and(|a| a.contains("node_down") && a.contains(&format!("node {victim}")));
