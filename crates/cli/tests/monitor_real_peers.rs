@@ -722,9 +722,12 @@ fn chromium_shows_a_nodes_cluster_view_under_load_and_a_node_going_down() {
     let deadline = Instant::now() + Duration::from_secs(20);
     let down = loop {
         let v = wd.script(READ_NODE_PAGE);
-        let row_down = v["rows"]
-            .as_array()
-            .is_some_and(|r| r.iter().any(|row| row[0] == victim && row[8] == "DOWN"));
+        let row_down = v["rows"].as_array().is_some_and(|r| {
+            // The row's first cell is the node id as text.
+            let id = victim.to_string();
+            r.iter()
+                .any(|row| row[0].as_str() == Some(id.as_str()) && row[8] == "DOWN")
+        });
         let alert = v["alerts"]
             .as_str()
             .is_some_and(|a| a.contains("node_down") && a.contains(&format!("node {victim}")));
