@@ -243,10 +243,13 @@ fn client_thread(
                 ts_ns += 1;
                 let mut attempts = 0u64;
                 loop {
-                    match client.submit(&command, Duration::from_secs(5)).await {
-                        Ok(ack) => {
+                    match client
+                        .submit_for_events(&command, Duration::from_secs(5))
+                        .await
+                    {
+                        Ok((ack, events)) => {
                             duplicates += ack.duplicate as u64;
-                            flow.observe(&ack.events);
+                            flow.observe(&events);
                             shared.acked.fetch_add(1, Ordering::SeqCst);
                             break;
                         }

@@ -448,12 +448,13 @@ impl Load {
                         let mut client = bourse_cluster::Client::new(nodes, 100 + c, 1);
                         while !s.load(Ordering::Relaxed) {
                             let command = bourse_core::Command::new(0, flow.next_command());
-                            match client.submit(&command, Duration::from_secs(10)).await {
-                                Ok(ack) => {
-                                    flow.observe(&ack.events);
-                                    // A duplicate answer carries the events of the one
+                            let deadline = Duration::from_secs(10);
+                            match client.submit_for_events(&command, deadline).await {
+                                Ok((_, events)) => {
+                                    flow.observe(&events);
+                                    // A duplicate's events are read at the entry of its one
                                     // application, so every request counts exactly once.
-                                    t.lock().unwrap().add_events(&ack.events);
+                                    t.lock().unwrap().add_events(&events);
                                     a.fetch_add(1, Ordering::Relaxed);
                                 }
                                 Err(_) => {

@@ -32,6 +32,10 @@ use bourse_journal::{ChainPoint, Config as JournalConfig, Entry, Fsync, Journal}
 use crate::state::OutcomeKind;
 use crate::stream::{CommittedEntry, CommittedRequest, CommittedStream, StreamError};
 
+/// The archive's directory under the node's: named for the entry encoding's version, so that
+/// a node never reads entries another version wrote (the archive is a cache of the log's
+/// applied entries: a new one simply starts empty). Version 2 added `applied_index`.
+pub const ARCHIVE_DIR: &str = "stream-v2";
 /// Size of one archive segment file.
 pub const ARCHIVE_SEGMENT_BYTES: u64 = 32 * 1024 * 1024;
 /// The largest archived entry (an entry whose encoding is larger restarts the archive after
@@ -46,7 +50,7 @@ const REQUESTS_PER_ENTRY_MAX: usize = 1 << 20;
 
 /// Encodes one committed entry's requests (the index is the record's own).
 pub fn encode_entry(entry: &CommittedEntry) -> Vec<u8> {
-    let bytes: usize = entry.requests.iter().map(|r| 30 + r.events.len()).sum();
+    let bytes: usize = entry.requests.iter().map(|r| 40 + r.events.len()).sum();
     let mut w = Writer::with_capacity(13 + bytes);
     match entry.market_data_flush_ns {
         None => w.u8(0),
@@ -59,17 +63,8 @@ pub fn encode_entry(entry: &CommittedEntry) -> Vec<u8> {
     for r in &entry.requests {
         w.u64(r.client_id);
         w.u64(r.request_seq);
-        match r.kind {
-            OutcomeKind::Applied => w.u8(0),
-            OutcomeKind::Duplicate => w.u8(1),
-            OutcomeKind::Stale => w.u8(2),
-            OutcomeKind::Refused => w.u8(3),
-            OutcomeKind::Gap { expected } => {
-                w.u8(4);
-                w.u64(expected);
-            }
-            OutcomeKind::Invalid => w.u8(5),
-        }
+        r.kind.encode(&mut w);
+        w.u64(r.applied_index);
         w.bytes(&r.events);
     }
     w.finish()
@@ -84,28 +79,23 @@ pub fn decode_entry(index: u64, bytes: &[u8]) -> Result<CommittedEntry, DecodeEr
         _ => return Err(r.error("bad market data flush flag")),
     };
     let count = r.u32()? as usize;
-    // Each request takes at least 21 bytes (two u64, the kind, an empty byte string's length).
-    if count > REQUESTS_PER_ENTRY_MAX || count > r.remaining() / 21 {
+    // Each request takes at least 29 bytes (three u64, the kind, an empty byte string's
+    // length).
+    if count > REQUESTS_PER_ENTRY_MAX || count > r.remaining() / 29 {
         return Err(r.error("request count larger than the bytes can hold"));
     }
     let mut requests = Vec::with_capacity(count);
     for _ in 0..count {
         let client_id = r.u64()?;
         let request_seq = r.u64()?;
-        let kind = match r.u8()? {
-            0 => OutcomeKind::Applied,
-            1 => OutcomeKind::Duplicate,
-            2 => OutcomeKind::Stale,
-            3 => OutcomeKind::Refused,
-            4 => OutcomeKind::Gap { expected: r.u64()? },
-            5 => OutcomeKind::Invalid,
-            _ => return Err(r.error("unknown outcome kind")),
-        };
+        let kind = OutcomeKind::decode(&mut r)?;
+        let applied_index = r.u64()?;
         let events = r.bytes(ARCHIVE_ENTRY_BYTES_MAX as usize)?.to_vec();
         requests.push(CommittedRequest {
             client_id,
             request_seq,
             kind,
+            applied_index,
             events,
         });
     }
@@ -430,6 +420,7 @@ mod tests {
                     } else {
                         OutcomeKind::Applied
                     },
+                    applied_index: if k == 1 { index - 1 } else { index },
                     events: vec![index as u8; k as usize * 3],
                 })
                 .collect(),
@@ -444,6 +435,7 @@ mod tests {
             Just(OutcomeKind::Stale),
             Just(OutcomeKind::Refused),
             any::<u64>().prop_map(|expected| OutcomeKind::Gap { expected }),
+            Just(OutcomeKind::Invalid),
         ]
     }
 
@@ -453,7 +445,10 @@ mod tests {
             index in any::<u64>(),
             market_data_flush_ns in proptest::option::of(any::<u64>()),
             requests in proptest::collection::vec(
-                (any::<u64>(), any::<u64>(), kind(), proptest::collection::vec(any::<u8>(), 0..40)),
+                (
+                    (any::<u64>(), any::<u64>(), kind(), any::<u64>()),
+                    proptest::collection::vec(any::<u8>(), 0..40),
+                ),
                 0..8,
             ),
         ) {
@@ -461,8 +456,8 @@ mod tests {
                 index,
                 requests: requests
                     .into_iter()
-                    .map(|(client_id, request_seq, kind, events)| CommittedRequest {
-                        client_id, request_seq, kind, events,
+                    .map(|((client_id, request_seq, kind, applied_index), events)| {
+                        CommittedRequest { client_id, request_seq, kind, applied_index, events }
                     })
                     .collect(),
                 market_data_flush_ns,

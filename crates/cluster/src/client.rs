@@ -1,5 +1,9 @@
 //! A client of a replica group: finds the leader, submits requests, and retries each request
 //! with the same idempotency key until the group answers it (or a deadline passes).
+//!
+//! An answer says how a request was answered and which log entry applied it, not what it did:
+//! a command's events travel once, on the committed stream. A client that wants them
+//! ([`Client::submit_for_events`]) reads them there, at the entry the answer names.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -8,6 +12,7 @@ use std::time::{Duration, Instant};
 use bourse_core::{Command, Event};
 use tokio::sync::mpsc;
 
+use crate::consumer::StreamConsumer;
 use crate::net::{
     decode_message, encode_frame, read_frame, NodeStatus, PeerConnection, Request, Response,
     SubmitError, Tagged,
@@ -22,13 +27,15 @@ pub const ATTEMPT_TIMEOUT_MS: u64 = 2_000;
 /// The pause before trying again when no node knows a leader (an election is under way).
 pub const RETRY_PAUSE_MS: u64 = 20;
 
-/// A request the group committed and applied, with its events.
+/// A request the group committed and applied.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Acknowledged {
     pub request_seq: u64,
     /// True if an earlier attempt had applied it and this answer came from the table.
     pub duplicate: bool,
-    pub events: Vec<Event>,
+    /// The log index of the entry that applied it: its events are on the committed stream
+    /// there.
+    pub applied_index: u64,
     /// The node that answered.
     pub leader: NodeId,
 }
@@ -42,6 +49,8 @@ pub enum ClientError {
     },
     /// The group refused the request itself (bad command, full session table, stale key).
     Rejected(String),
+    /// The request applied, but its events could not be read from the committed stream.
+    Events(String),
 }
 
 impl std::fmt::Display for ClientError {
@@ -55,6 +64,7 @@ impl std::fmt::Display for ClientError {
                 "request {request_seq} not answered in time: {last_error}"
             ),
             ClientError::Rejected(why) => write!(f, "request rejected: {why}"),
+            ClientError::Events(why) => write!(f, "applied, but its events are missing: {why}"),
         }
     }
 }
@@ -69,6 +79,8 @@ pub struct Client {
     /// Index into `nodes` of the node believed to lead.
     current: usize,
     conn: Option<PeerConnection>,
+    /// This client's events from the committed stream, once it asked for events.
+    own_events: Option<OwnEvents>,
 }
 
 impl Client {
@@ -82,11 +94,36 @@ impl Client {
             next_seq: first_seq,
             current: 0,
             conn: None,
+            own_events: None,
         }
     }
 
     pub fn client_id(&self) -> u64 {
         self.client_id
+    }
+
+    /// As [`Client::submit`], and then reads the request's events from the committed stream
+    /// (from any node), at the entry that applied it. The first call starts a stream consumer
+    /// there; later calls continue it, so each entry crosses the wire once per client.
+    pub async fn submit_for_events(
+        &mut self,
+        command: &Command,
+        deadline: Duration,
+    ) -> Result<(Acknowledged, Vec<Event>), ClientError> {
+        let started = Instant::now();
+        let ack = self.submit(command, deadline).await?;
+        // The node that answered first: it applied the entry before it answered.
+        let answered = self.current;
+        let nodes = || {
+            let n = self.nodes.len();
+            (0..n).map(|k| self.nodes[(answered + k) % n].1).collect()
+        };
+        let own = self
+            .own_events
+            .get_or_insert_with(|| OwnEvents::new(nodes(), self.client_id, ack.applied_index));
+        let left = deadline.saturating_sub(started.elapsed());
+        let events = own.take(ack.request_seq, ack.applied_index, left).await?;
+        Ok((ack, events))
     }
 
     /// The sequence number the next request will carry.
@@ -131,41 +168,35 @@ impl Client {
                 .call(request, Duration::from_millis(ATTEMPT_TIMEOUT_MS))
                 .await;
             match attempt {
-                Ok(Response::Submitted(Ok(outcome))) => {
-                    match outcome.kind {
-                        OutcomeKind::Applied | OutcomeKind::Duplicate => {
-                            // Only an applied request carries events; the refusals below carry
-                            // none, and their reason is the answer.
-                            let events = decode_events(&outcome.events)
-                                .map_err(|e| ClientError::Rejected(format!("bad events: {e}")))?;
-                            self.next_seq += 1;
-                            return Ok(Acknowledged {
-                                request_seq,
-                                duplicate: outcome.kind == OutcomeKind::Duplicate,
-                                events,
-                                leader: self.nodes[self.current].0,
-                            });
-                        }
-                        OutcomeKind::Stale => {
-                            return Err(ClientError::Rejected(format!(
-                                "request {request_seq} is older than the last applied one"
-                            )))
-                        }
-                        OutcomeKind::Refused => {
-                            return Err(ClientError::Rejected("session table full".into()))
-                        }
-                        OutcomeKind::Invalid => {
-                            return Err(ClientError::Rejected(format!(
-                                "request {request_seq}: the group could not decode the command"
-                            )))
-                        }
-                        OutcomeKind::Gap { expected } => {
-                            return Err(ClientError::Rejected(format!(
-                                "request {request_seq} skips ahead: the group expects {expected}"
-                            )))
-                        }
+                Ok(Response::Submitted(Ok(outcome))) => match outcome.kind {
+                    OutcomeKind::Applied | OutcomeKind::Duplicate => {
+                        self.next_seq += 1;
+                        return Ok(Acknowledged {
+                            request_seq,
+                            duplicate: outcome.kind == OutcomeKind::Duplicate,
+                            applied_index: outcome.applied_index,
+                            leader: self.nodes[self.current].0,
+                        });
                     }
-                }
+                    OutcomeKind::Stale => {
+                        return Err(ClientError::Rejected(format!(
+                            "request {request_seq} is older than the last applied one"
+                        )))
+                    }
+                    OutcomeKind::Refused => {
+                        return Err(ClientError::Rejected("session table full".into()))
+                    }
+                    OutcomeKind::Invalid => {
+                        return Err(ClientError::Rejected(format!(
+                            "request {request_seq}: the group could not decode the command"
+                        )))
+                    }
+                    OutcomeKind::Gap { expected } => {
+                        return Err(ClientError::Rejected(format!(
+                            "request {request_seq} skips ahead: the group expects {expected}"
+                        )))
+                    }
+                },
                 Ok(Response::Submitted(Err(SubmitError::NotLeader { leader }))) => {
                     last_error = format!("node {} is not the leader", self.nodes[self.current].0);
                     let hinted =
@@ -201,6 +232,69 @@ impl Client {
             request_seq,
             last_error,
         })
+    }
+}
+
+/// How long [`Client::submit_for_events`] waits for a silent stream node before it reads
+/// from the next one.
+const OWN_EVENTS_STALL_MS: u64 = 500;
+
+/// One client's events, read from the committed stream: each entry from the first the client
+/// asked about on, once, keeping the events of the client's own applied requests until they
+/// are taken.
+struct OwnEvents {
+    consumer: StreamConsumer,
+    client_id: u64,
+    /// Events read and not yet taken, by request seq (a request submitted without asking
+    /// for its events leaves them here until a later request's are taken).
+    found: BTreeMap<u64, Vec<u8>>,
+}
+
+impl OwnEvents {
+    fn new(nodes: Vec<SocketAddr>, client_id: u64, from_index: u64) -> OwnEvents {
+        let mut consumer = StreamConsumer::remote(nodes, from_index);
+        // The entries it waits for are committed: a node silent this long is stopped or cut
+        // off, and another one has them.
+        consumer.set_stall_timeout_ms(OWN_EVENTS_STALL_MS);
+        OwnEvents {
+            consumer,
+            client_id,
+            found: BTreeMap::new(),
+        }
+    }
+
+    /// The events of request `request_seq`, applied at `applied_index`: reads the stream up
+    /// to that entry, if it is not there yet.
+    async fn take(
+        &mut self,
+        request_seq: u64,
+        applied_index: u64,
+        deadline: Duration,
+    ) -> Result<Vec<Event>, ClientError> {
+        let deadline_ms = deadline.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
+        self.consumer.set_reconnect_timeout_ms(deadline_ms);
+        while self.consumer.position() <= applied_index {
+            let entry = self
+                .consumer
+                .next()
+                .await
+                .map_err(|e| ClientError::Events(format!("request {request_seq}: {e}")))?;
+            for r in entry.requests() {
+                let (client_id, seq) = r.key();
+                if client_id == self.client_id && r.applied_here() {
+                    self.found.insert(seq, r.event_bytes().to_vec());
+                }
+            }
+        }
+        // Older requests' events will never be asked for (seqs only grow).
+        let mut rest = self.found.split_off(&request_seq);
+        self.found = rest.split_off(&(request_seq + 1));
+        let bytes = rest.remove(&request_seq).ok_or_else(|| {
+            ClientError::Events(format!(
+                "request {request_seq} is not at entry {applied_index} of the stream"
+            ))
+        })?;
+        decode_events(&bytes).map_err(|e| ClientError::Events(format!("bad events: {e}")))
     }
 }
 
@@ -248,8 +342,9 @@ pub struct Answer {
     /// `Stale` (applied earlier, its answer no longer kept); a `Refused` request is final
     /// too. Gaps and errors are not answers: the client resubmits.
     pub kind: OutcomeKind,
-    /// The encoded events (see `bourse_core::codec::decode_events`); empty for `Stale` and `Refused`.
-    pub events: Vec<u8>,
+    /// The log index of the entry that applied it (its events are on the committed stream
+    /// there); 0 for `Stale` and `Refused`.
+    pub applied_index: u64,
     /// The node that answered.
     pub node: NodeId,
 }
@@ -559,7 +654,7 @@ impl Driver {
                             let _ = self.notes.send(Note::Answer(Answer {
                                 request_seq: seq,
                                 kind,
-                                events: outcome.events,
+                                applied_index: outcome.applied_index,
                                 node: self.nodes[self.current].0,
                             }));
                         }

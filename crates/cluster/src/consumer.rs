@@ -192,6 +192,8 @@ enum Source {
         /// Nodes that answered TooOld since the last entry received.
         too_old: Vec<StreamError>,
         reconnect_timeout_ms: u64,
+        /// A node that sends nothing for this long is left for the next one (none: wait).
+        stall_timeout_ms: Option<u64>,
         /// Since when no entry came (while reconnecting).
         failing_since: Option<Instant>,
     },
@@ -242,6 +244,7 @@ impl StreamConsumer {
                 link: None,
                 too_old: Vec::new(),
                 reconnect_timeout_ms: RECONNECT_TIMEOUT_MS_DEFAULT,
+                stall_timeout_ms: None,
                 failing_since: None,
             },
             pending: VecDeque::new(),
@@ -261,6 +264,19 @@ impl StreamConsumer {
         } = &mut self.source
         {
             *reconnect_timeout_ms = timeout_ms;
+        }
+    }
+
+    /// Makes a remote consumer leave a node that sends nothing for `timeout_ms` while
+    /// connected, for the next one. For a consumer that knows the entry it waits for exists
+    /// (a stopped or partitioned node keeps its connections open and silent); a consumer of
+    /// a stream that may simply be idle leaves it unset (the default: wait).
+    pub fn set_stall_timeout_ms(&mut self, timeout_ms: u64) {
+        if let Source::Remote {
+            stall_timeout_ms, ..
+        } = &mut self.source
+        {
+            *stall_timeout_ms = Some(timeout_ms);
         }
     }
 
@@ -388,6 +404,7 @@ impl StreamConsumer {
             link,
             too_old,
             reconnect_timeout_ms,
+            stall_timeout_ms,
             failing_since,
         } = &mut self.source
         else {
@@ -415,8 +432,19 @@ impl StreamConsumer {
             }
             return Ok(None);
         };
-        let got = client.recv().await;
         let node = client.node;
+        let got = match *stall_timeout_ms {
+            None => client.recv().await,
+            // Cut off mid-frame by the timeout, the connection is dropped below.
+            Some(ms) => tokio::time::timeout(Duration::from_millis(ms), client.recv())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("sent nothing for {ms} ms"),
+                    ))
+                }),
+        };
         let failed = |why: String, link: &mut Option<StreamClient>, current: &mut usize| {
             *link = None;
             *current = (*current + 1) % nodes.len();
@@ -488,6 +516,7 @@ mod tests {
                 client_id: 1,
                 request_seq: index,
                 kind: OutcomeKind::Applied,
+                applied_index: index,
                 events: bourse_core::codec::encode_events(&events),
             }],
             market_data_flush_ns: None,

@@ -1039,6 +1039,7 @@ mod tests {
                 client_id: 1,
                 request_seq: requests.len() as u64 + 1,
                 kind: OutcomeKind::Applied,
+                applied_index: index,
                 events: bourse_core::codec::encode_events(&events),
             });
         }
@@ -1068,12 +1069,14 @@ mod tests {
                     client_id: 2,
                     request_seq: index * 100 + requests.len() as u64,
                     kind: OutcomeKind::Applied,
+                    applied_index: index,
                     events: bourse_core::codec::encode_events(&events),
                 });
             }
             if e % 5 == 0 {
                 let mut dup = requests[0].clone();
                 dup.kind = OutcomeKind::Duplicate;
+                dup.events.clear();
                 requests.push(dup);
             }
             out.push(CommittedEntry {
@@ -1256,11 +1259,15 @@ mod tests {
                     .collect()
             };
             outcomes.clear();
-            state.apply_batch(&crate::Batch::from_requests(&requests), &mut outcomes);
+            state.apply_batch(
+                &crate::Batch::from_requests(&requests),
+                index,
+                &mut outcomes,
+            );
             state.entry_applied(index);
             if let Some((_, _, restored, _)) = resumed.as_mut() {
                 let mut again = Vec::new();
-                restored.apply_batch(&crate::Batch::from_requests(&requests), &mut again);
+                restored.apply_batch(&crate::Batch::from_requests(&requests), index, &mut again);
                 restored.entry_applied(index);
                 assert_eq!(again, outcomes);
             }
@@ -1269,15 +1276,7 @@ mod tests {
             }
             let entry = CommittedEntry {
                 index,
-                requests: outcomes
-                    .iter()
-                    .map(|o| CommittedRequest {
-                        client_id: o.client_id,
-                        request_seq: o.request_seq,
-                        kind: o.kind,
-                        events: o.events.clone(),
-                    })
-                    .collect(),
+                requests: outcomes.clone(),
                 market_data_flush_ns: None,
             };
             let added = full.on_entry(&entry, 5, &mut full_sink).to_vec();

@@ -153,7 +153,7 @@ pub struct ClusterConfig {
     #[serde(default = "d_stream_entries_kept")]
     pub stream_entries_kept: usize,
     /// Applied entries each node keeps on disk in its stream archive
-    /// (`node-<id>/stream`, see `crate::archive`), from which a consumer older than the
+    /// (`node-<id>/stream-v2`, see `crate::archive`), from which a consumer older than the
     /// ring catches up; 0 keeps no archive. At most [`STREAM_ARCHIVE_ENTRIES_LIMIT`].
     #[serde(default = "d_stream_archive_entries")]
     pub stream_archive_entries: u64,
@@ -441,7 +441,7 @@ impl Node {
         } else {
             Some(
                 StreamArchive::open(
-                    &dir.join("stream"),
+                    &dir.join(crate::archive::ARCHIVE_DIR),
                     u128::from(config.cluster_id),
                     id,
                     config.stream_archive_entries,

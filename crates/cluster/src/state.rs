@@ -1,10 +1,12 @@
 //! The replicated state: one trading core plus the idempotency table, applied only from
 //! committed log entries.
 //!
-//! The idempotency table (per client: the last applied `request_seq` and the encoded events it
-//! produced) is part of the state, of its snapshot and of its hash, so every replica, a
-//! restarted node and a node that installed a snapshot answer a retried request the same way:
-//! from the table, without applying it again.
+//! The idempotency table (per client: the last applied `request_seq`, the log index of the
+//! entry that applied it and the xxh3-64 of its encoded events) is part of the state, of its
+//! snapshot and of its hash, so every replica, a restarted node and a node that installed a
+//! snapshot answer a retried request the same way: from the table, without applying it again.
+//! The table keeps no events: a command's events are published once, on the committed stream
+//! at the index that applied it, and a duplicate's answer names that index.
 //!
 //! Hash checkpoints. Every replica takes one at the same log indexes and the leader's are
 //! compared with the followers' (hash entries). A checkpoint hashes the state itself, at O(1)
@@ -27,7 +29,8 @@
 //!
 //! ```text
 //! magic "BRSTATE2", engine_len u32, engine snapshot, session count u64,
-//! sessions sorted by client id: client_id u64, last_seq u64, events_len u32, events,
+//! sessions sorted by client id: client_id u64, last_seq u64, applied_index u64,
+//!   events_hash u64,
 //! output digest u64,
 //! [only when the core publishes market data: the feed's numbering,
 //!  `crate::marketdata::FeedNumbering::encode`]
@@ -47,6 +50,7 @@ use bourse_engine::{Engine, EngineConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::batch::{Batch, RequestRef};
+use crate::stream::CommittedRequest;
 
 /// Clients the table remembers; requests from further new clients are refused (a fixed limit
 /// keeps the refusal deterministic, unlike eviction by time).
@@ -56,14 +60,15 @@ pub const CHECKPOINTS_KEPT_MAX: usize = 64;
 /// The largest engine snapshot accepted inside a state snapshot.
 pub const ENGINE_SNAPSHOT_SIZE_BYTES_MAX: usize = 1 << 31;
 
-const MAGIC: &[u8; 8] = b"BRSTATE2";
+const MAGIC: &[u8; 8] = b"BRSTATE3";
 
 /// How one request of a batch was answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum OutcomeKind {
     /// Applied now, in this entry.
     Applied,
-    /// Applied earlier under the same key; `events` are the ones it produced then.
+    /// Applied earlier under the same key, at the entry the answer's `applied_index` names
+    /// (its events are on the committed stream there).
     Duplicate,
     /// Older than the client's last applied request: its answer is no longer kept. The command
     /// was applied once, earlier.
@@ -79,28 +84,74 @@ pub enum OutcomeKind {
     Gap { expected: u64 },
 }
 
-/// The answer to one request.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+impl OutcomeKind {
+    /// The kind's code in every binary form (the stream archive, the output digest), and the
+    /// expected sequence number of a gap (0 for the others).
+    fn code(self) -> (u8, u64) {
+        match self {
+            OutcomeKind::Applied => (0, 0),
+            OutcomeKind::Duplicate => (1, 0),
+            OutcomeKind::Stale => (2, 0),
+            OutcomeKind::Refused => (3, 0),
+            OutcomeKind::Gap { expected } => (4, expected),
+            OutcomeKind::Invalid => (5, 0),
+        }
+    }
+
+    /// Writes the code, and a gap's expected sequence number after it.
+    pub fn encode(self, w: &mut Writer) {
+        let (code, expected) = self.code();
+        w.u8(code);
+        if let OutcomeKind::Gap { .. } = self {
+            w.u64(expected);
+        }
+    }
+
+    /// Reads what [`OutcomeKind::encode`] wrote.
+    pub fn decode(r: &mut Reader) -> Result<OutcomeKind, DecodeError> {
+        Ok(match r.u8()? {
+            0 => OutcomeKind::Applied,
+            1 => OutcomeKind::Duplicate,
+            2 => OutcomeKind::Stale,
+            3 => OutcomeKind::Refused,
+            4 => OutcomeKind::Gap { expected: r.u64()? },
+            5 => OutcomeKind::Invalid,
+            _ => return Err(r.error("unknown outcome kind")),
+        })
+    }
+}
+
+/// The answer to one request: how it was answered, not what it did. Its events travel once,
+/// on the committed stream at `applied_index` (`crate::stream::CommittedRequest`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Outcome {
     pub client_id: u64,
     pub request_seq: u64,
     pub kind: OutcomeKind,
-    /// The command's events in the fixed-width codec of `events.rs`. Serialized as one byte
-    /// string (bincode writes the same bytes as for a `Vec<u8>`, but in one copy rather than
-    /// one call per byte).
-    #[serde(with = "crate::net::bytes_field")]
-    pub events: Vec<u8>,
+    /// The log index of the entry that applied the command: the answering entry's for
+    /// `Applied`, the first application's for `Duplicate`, 0 when it was not applied.
+    pub applied_index: u64,
+}
+
+impl From<&CommittedRequest> for Outcome {
+    fn from(r: &CommittedRequest) -> Outcome {
+        Outcome {
+            client_id: r.client_id,
+            request_seq: r.request_seq,
+            kind: r.kind,
+            applied_index: r.applied_index,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Session {
     last_seq: u64,
-    /// The encoded events of request `last_seq`. The buffer is reused from one request to the
-    /// next (cleared and refilled), so a session in steady state allocates nothing.
-    events: Vec<u8>,
-    /// xxh3-64 of `events`, computed once when they are stored: the output digest and the
-    /// session table's digest both use it, and a duplicate's answer is folded without hashing
-    /// the events again.
+    /// The log index of the entry that applied request `last_seq` (a duplicate's answer).
+    applied_index: u64,
+    /// xxh3-64 of the encoded events of request `last_seq`, computed once when it applied:
+    /// the output digest and the session table's digest both use it, and a duplicate's answer
+    /// is folded with it, as the first answer was.
     events_hash: u64,
 }
 
@@ -132,11 +183,12 @@ impl Hasher for ClientIdHasher {
 type SessionTable = HashMap<u64, Session, BuildHasherDefault<ClientIdHasher>>;
 
 /// One session's term in [`ReplicatedState::sessions_digest`].
-fn session_term(client_id: u64, last_seq: u64, events_hash: u64) -> u64 {
-    let mut words = [0u8; 24];
+fn session_term(client_id: u64, s: &Session) -> u64 {
+    let mut words = [0u8; 32];
     words[0..8].copy_from_slice(&client_id.to_le_bytes());
-    words[8..16].copy_from_slice(&last_seq.to_le_bytes());
-    words[16..24].copy_from_slice(&events_hash.to_le_bytes());
+    words[8..16].copy_from_slice(&s.last_seq.to_le_bytes());
+    words[16..24].copy_from_slice(&s.applied_index.to_le_bytes());
+    words[24..32].copy_from_slice(&s.events_hash.to_le_bytes());
     xxhash_rust::xxh3::xxh3_64(&words)
 }
 
@@ -225,7 +277,8 @@ impl ReplicatedState {
     }
 
     /// A digest of the idempotency table: the wrapping sum over its sessions of a hash of
-    /// (client id, last applied `request_seq`, xxh3-64 of the stored events). It is updated on
+    /// (client id, last applied `request_seq`, the index that applied it, xxh3-64 of its
+    /// events). It is updated on
     /// every change of the table (O(1) per request) and recomputed from the table on restore,
     /// so two replicas with equal tables have equal digests whatever order they filled them in.
     pub fn sessions_digest(&self) -> u64 {
@@ -236,18 +289,20 @@ impl ReplicatedState {
     /// must always equal).
     fn recompute_sessions_digest(sessions: &SessionTable) -> u64 {
         sessions.iter().fold(0u64, |sum, (client_id, s)| {
-            sum.wrapping_add(session_term(*client_id, s.last_seq, s.events_hash))
+            sum.wrapping_add(session_term(*client_id, s))
         })
     }
 
-    /// Applies the requests of one committed batch, each at most once per idempotency key,
-    /// decoding each command (once) only when it is to be applied.
-    pub fn apply_batch(&mut self, batch: &Batch, out: &mut Vec<Outcome>) {
+    /// Applies the requests of one committed batch, the log entry at `index`, each at most
+    /// once per idempotency key, decoding each command (once) only when it is to be applied.
+    /// Each request's answer, with the events of an applied one, goes to `out`.
+    pub fn apply_batch(&mut self, batch: &Batch, index: u64, out: &mut Vec<CommittedRequest>) {
+        assert!(index > 0, "log indexes start at 1");
         out.reserve(batch.len());
         for request in batch.requests() {
-            let (outcome, events_hash) = self.apply_request(request);
-            self.fold(&outcome, events_hash);
-            out.push(outcome);
+            let (answer, events_hash) = self.apply_request(request, index);
+            self.fold(&answer, events_hash);
+            out.push(answer);
         }
         if let Some(md) = &mut self.marketdata {
             md.end_entry(&self.engine);
@@ -270,25 +325,23 @@ impl ReplicatedState {
 
     /// Chains one answer into the output digest: one hash, with the running digest as the
     /// seed, of a fixed record (client, sequence number, outcome kind, the expected sequence
-    /// number of a gap, and `events_hash`, the xxh3-64 of the answer's events). The events are
+    /// number of a gap, the index that applied it, and `events_hash`, the xxh3-64 of the
+    /// events it applied with). The events are
     /// hashed once per answer, by the caller, which also keeps that hash in the session, so
     /// neither the table's digest nor a duplicate's answer hashes them again.
-    fn fold(&mut self, outcome: &Outcome, events_hash: u64) {
-        debug_assert_eq!(events_hash, xxhash_rust::xxh3::xxh3_64(&outcome.events));
-        let (kind, expected) = match outcome.kind {
-            OutcomeKind::Applied => (1u64, 0u64),
-            OutcomeKind::Duplicate => (2, 0),
-            OutcomeKind::Stale => (3, 0),
-            OutcomeKind::Refused => (4, 0),
-            OutcomeKind::Gap { expected } => (5, expected),
-            OutcomeKind::Invalid => (6, 0),
-        };
-        let mut record = [0u8; 40];
+    fn fold(&mut self, outcome: &CommittedRequest, events_hash: u64) {
+        debug_assert!(
+            outcome.kind == OutcomeKind::Duplicate
+                || events_hash == xxhash_rust::xxh3::xxh3_64(&outcome.events)
+        );
+        let (kind, expected) = outcome.kind.code();
+        let mut record = [0u8; 48];
         record[0..8].copy_from_slice(&outcome.client_id.to_le_bytes());
         record[8..16].copy_from_slice(&outcome.request_seq.to_le_bytes());
-        record[16..24].copy_from_slice(&kind.to_le_bytes());
+        record[16..24].copy_from_slice(&u64::from(kind).to_le_bytes());
         record[24..32].copy_from_slice(&expected.to_le_bytes());
-        record[32..40].copy_from_slice(&events_hash.to_le_bytes());
+        record[32..40].copy_from_slice(&outcome.applied_index.to_le_bytes());
+        record[40..48].copy_from_slice(&events_hash.to_le_bytes());
         self.digest = xxhash_rust::xxh3::xxh3_64_with_seed(&record, self.digest);
     }
 
@@ -318,23 +371,24 @@ impl ReplicatedState {
         xxhash_rust::xxh3::xxh3_64_with_seed(&buf, self.digest)
     }
 
-    /// Answers one request: applies it (a new key) or answers from the table. Returns the
-    /// outcome and the xxh3-64 of its events.
-    fn apply_request(&mut self, request: RequestRef) -> (Outcome, u64) {
-        let outcome = |kind, events| Outcome {
+    /// Answers one request of the entry at `index`: applies it (a new key) or answers from the
+    /// table. Returns the answer and the xxh3-64 of the events it folds into the output digest.
+    fn apply_request(&mut self, request: RequestRef, index: u64) -> (CommittedRequest, u64) {
+        let answer = |kind, applied_index, events| CommittedRequest {
             client_id: request.client_id,
             request_seq: request.request_seq,
             kind,
+            applied_index,
             events,
         };
-        let refused = |kind| (outcome(kind, Vec::new()), empty_events_hash());
+        let refused = |kind| (answer(kind, 0, Vec::new()), empty_events_hash());
         let sessions_count = self.sessions.len();
         // One lookup: the session is updated in place when the request applies.
         let session = self.sessions.get_mut(&request.client_id);
         match &session {
             Some(s) if request.request_seq == s.last_seq => {
-                let answer = outcome(OutcomeKind::Duplicate, s.events.clone());
-                return (answer, s.events_hash);
+                let duplicate = answer(OutcomeKind::Duplicate, s.applied_index, Vec::new());
+                return (duplicate, s.events_hash);
             }
             Some(s) if request.request_seq < s.last_seq => return refused(OutcomeKind::Stale),
             // Applying N+1 while N is missing would reorder one client's commands; refusing
@@ -360,31 +414,24 @@ impl ReplicatedState {
         let events = encode_events(&self.events);
         assert!(events.len() <= EVENTS_SIZE_BYTES_MAX);
         let events_hash = xxhash_rust::xxh3::xxh3_64(&events);
-        let term = session_term(request.client_id, request.request_seq, events_hash);
+        let new = Session {
+            last_seq: request.request_seq,
+            applied_index: index,
+            events_hash,
+        };
+        let term = session_term(request.client_id, &new);
         match session {
             Some(s) => {
-                // The answer keeps the encoded list; the session copies it into its own
-                // buffer, which keeps its capacity from one request to the next.
-                let old = session_term(request.client_id, s.last_seq, s.events_hash);
+                let old = session_term(request.client_id, s);
                 self.sessions_digest = self.sessions_digest.wrapping_sub(old).wrapping_add(term);
-                s.last_seq = request.request_seq;
-                s.events.clear();
-                s.events.extend_from_slice(&events);
-                s.events_hash = events_hash;
+                *s = new;
             }
             None => {
                 self.sessions_digest = self.sessions_digest.wrapping_add(term);
-                self.sessions.insert(
-                    request.client_id,
-                    Session {
-                        last_seq: request.request_seq,
-                        events: events.clone(),
-                        events_hash,
-                    },
-                );
+                self.sessions.insert(request.client_id, new);
             }
         }
-        (outcome(OutcomeKind::Applied, events), events_hash)
+        (answer(OutcomeKind::Applied, index, events), events_hash)
     }
 
     /// A market data idle flush entry (`LogCommand::MarketDataFlush`): the numbering closes
@@ -434,7 +481,7 @@ impl ReplicatedState {
     /// The state's canonical bytes.
     pub fn snapshot(&self) -> Vec<u8> {
         let engine = self.engine.snapshot();
-        let mut w = Writer::with_capacity(engine.len() + 64 + self.sessions.len() * 64);
+        let mut w = Writer::with_capacity(engine.len() + 64 + self.sessions.len() * 32);
         w.buf.extend_from_slice(MAGIC);
         w.bytes(&engine);
         w.u64(self.sessions.len() as u64);
@@ -444,7 +491,8 @@ impl ReplicatedState {
         for (client_id, s) in sorted {
             w.u64(*client_id);
             w.u64(s.last_seq);
-            w.bytes(&s.events);
+            w.u64(s.applied_index);
+            w.u64(s.events_hash);
         }
         w.u64(self.digest);
         if let Some(md) = &self.marketdata {
@@ -474,7 +522,7 @@ impl ReplicatedState {
             offset: MAGIC.len(),
             what: "engine snapshot does not restore",
         })?;
-        let count = r.count(20)?;
+        let count = r.count(32)?;
         if count > SESSIONS_MAX {
             return Err(r.error("more sessions than allowed"));
         }
@@ -487,17 +535,12 @@ impl ReplicatedState {
                 return Err(r.error("sessions out of order"));
             }
             previous = Some(client_id);
-            let last_seq = r.u64()?;
-            let events = r.bytes(EVENTS_SIZE_BYTES_MAX)?.to_vec();
-            let events_hash = xxhash_rust::xxh3::xxh3_64(&events);
-            sessions.insert(
-                client_id,
-                Session {
-                    last_seq,
-                    events,
-                    events_hash,
-                },
-            );
+            let session = Session {
+                last_seq: r.u64()?,
+                applied_index: r.u64()?,
+                events_hash: r.u64()?,
+            };
+            sessions.insert(client_id, session);
         }
         let sessions_digest = ReplicatedState::recompute_sessions_digest(&sessions);
         let digest = r.u64()?;
@@ -565,7 +608,7 @@ mod tests {
     fn a_retried_request_is_answered_from_the_table_not_applied_twice() {
         let mut s = ReplicatedState::new(config(), 10);
         let mut out = Vec::new();
-        s.apply_batch(&batch(&[add_account(7, 1, 100)]), &mut out);
+        s.apply_batch(&batch(&[add_account(7, 1, 100)]), 1, &mut out);
         let deposit = ClientRequest {
             client_id: 7,
             request_seq: 2,
@@ -577,13 +620,16 @@ mod tests {
                 },
             ),
         };
-        s.apply_batch(&batch(&[deposit.clone(), deposit.clone()]), &mut out);
+        s.apply_batch(&batch(&[deposit.clone(), deposit.clone()]), 2, &mut out);
         assert_eq!(out[1].kind, OutcomeKind::Applied);
         assert_eq!(out[2].kind, OutcomeKind::Duplicate);
-        assert_eq!(out[1].events, out[2].events);
+        // The duplicate names the entry that applied it and carries no events again.
+        assert_eq!(out[2].applied_index, out[1].applied_index);
+        assert!(!out[1].events.is_empty());
+        assert!(out[2].events.is_empty());
         assert_eq!(s.engine().account(AccountId(100)).unwrap().cash, Cash(50));
         assert_eq!(s.commands_applied(), 2);
-        s.apply_batch(&batch(&[add_account(7, 1, 101)]), &mut out);
+        s.apply_batch(&batch(&[add_account(7, 1, 101)]), 3, &mut out);
         assert_eq!(out[3].kind, OutcomeKind::Stale);
         assert!(s.engine().account(AccountId(101)).is_none());
     }
@@ -598,8 +644,8 @@ mod tests {
         let mut a = ReplicatedState::new(config(), 10);
         let mut b = ReplicatedState::new(config(), 10);
         let (mut out_a, mut out_b) = (Vec::new(), Vec::new());
-        a.apply_batch(&damaged, &mut out_a);
-        b.apply_batch(&damaged, &mut out_b);
+        a.apply_batch(&damaged, 4, &mut out_a);
+        b.apply_batch(&damaged, 4, &mut out_b);
         assert_eq!(out_a, out_b);
         assert_eq!(out_a[0].kind, OutcomeKind::Invalid);
         assert!(out_a[0].events.is_empty());
@@ -615,7 +661,7 @@ mod tests {
         let mut s = ReplicatedState::new(config(), 10);
         let mut out = Vec::new();
         for c in 1..5u64 {
-            s.apply_batch(&batch(&[add_account(c, 1, c as u32)]), &mut out);
+            s.apply_batch(&batch(&[add_account(c, 1, c as u32)]), 6, &mut out);
         }
         let bytes = s.snapshot();
         let restored = ReplicatedState::restore(&bytes, 10).unwrap();
@@ -631,7 +677,7 @@ mod tests {
         let mut s = ReplicatedState::new(config(), 10);
         let mut out = Vec::new();
         // A new client must start at 1.
-        s.apply_batch(&batch(&[add_account(4, 2, 10)]), &mut out);
+        s.apply_batch(&batch(&[add_account(4, 2, 10)]), 7, &mut out);
         assert_eq!(out[0].kind, OutcomeKind::Gap { expected: 1 });
         assert!(out[0].events.is_empty());
         s.apply_batch(
@@ -640,6 +686,7 @@ mod tests {
                 add_account(4, 3, 13),
                 add_account(4, 2, 12),
             ]),
+            8,
             &mut out,
         );
         assert_eq!(out[1].kind, OutcomeKind::Applied);
@@ -649,7 +696,7 @@ mod tests {
         assert!(s.engine().account(AccountId(10)).is_none());
         assert_eq!(s.last_seq(4), Some(2));
         // The resubmitted 3 now applies.
-        s.apply_batch(&batch(&[add_account(4, 3, 13)]), &mut out);
+        s.apply_batch(&batch(&[add_account(4, 3, 13)]), 9, &mut out);
         assert_eq!(out[4].kind, OutcomeKind::Applied);
         assert!(s.engine().account(AccountId(13)).is_some());
         assert_eq!(s.commands_applied(), 3);
@@ -660,8 +707,8 @@ mod tests {
         let mut a = ReplicatedState::new(config(), 10);
         let mut b = ReplicatedState::new(config(), 10);
         let mut out = Vec::new();
-        a.apply_batch(&batch(&[add_account(1, 1, 5)]), &mut out);
-        b.apply_batch(&batch(&[add_account(2, 1, 5)]), &mut out);
+        a.apply_batch(&batch(&[add_account(1, 1, 5)]), 10, &mut out);
+        b.apply_batch(&batch(&[add_account(2, 1, 5)]), 10, &mut out);
         assert_eq!(a.engine().state_hash(), b.engine().state_hash());
         assert_ne!(a.state_hash(), b.state_hash());
     }
@@ -671,8 +718,8 @@ mod tests {
         let mut a = ReplicatedState::new(config(), 2);
         let mut b = ReplicatedState::new(config(), 2);
         let mut out = Vec::new();
-        a.apply_batch(&batch(&[add_account(1, 1, 5)]), &mut out);
-        b.apply_batch(&batch(&[add_account(1, 1, 5)]), &mut out);
+        a.apply_batch(&batch(&[add_account(1, 1, 5)]), 12, &mut out);
+        b.apply_batch(&batch(&[add_account(1, 1, 5)]), 12, &mut out);
         assert_eq!(a.checkpoint_hash(2), b.checkpoint_hash(2));
         assert_ne!(
             a.checkpoint_hash(2),
@@ -681,7 +728,7 @@ mod tests {
         );
         // The same request again on one replica only: the engines and tables still agree,
         // but that replica answered one more time, and the checkpoint shows it.
-        a.apply_batch(&batch(&[add_account(1, 1, 5)]), &mut out);
+        a.apply_batch(&batch(&[add_account(1, 1, 5)]), 14, &mut out);
         assert_eq!(a.state_hash(), {
             let mut c = ReplicatedState::restore(&b.snapshot(), 2).unwrap();
             c.digest = a.digest;
@@ -690,8 +737,8 @@ mod tests {
         assert_ne!(a.checkpoint_hash(2), b.checkpoint_hash(2));
         // A state restored from a snapshot continues the chain where it was.
         let mut restored = ReplicatedState::restore(&a.snapshot(), 2).unwrap();
-        a.apply_batch(&batch(&[add_account(1, 2, 6)]), &mut out);
-        restored.apply_batch(&batch(&[add_account(1, 2, 6)]), &mut out);
+        a.apply_batch(&batch(&[add_account(1, 2, 6)]), 15, &mut out);
+        restored.apply_batch(&batch(&[add_account(1, 2, 6)]), 15, &mut out);
         assert_eq!(a.checkpoint_hash(6), restored.checkpoint_hash(6));
         assert_eq!(a.state_hash(), restored.state_hash());
     }
@@ -769,7 +816,7 @@ mod tests {
                     }
                 }
                 out.clear();
-                s.apply_batch(&Batch::from_requests(&batch), &mut out);
+                s.apply_batch(&Batch::from_requests(&batch), 17, &mut out);
                 for o in &out {
                     kinds.insert(std::mem::discriminant(&o.kind));
                     if o.kind != OutcomeKind::Applied {
@@ -805,10 +852,10 @@ mod tests {
         let mut b = ReplicatedState::new(config(), 10);
         let mut out = Vec::new();
         for &id in &ids {
-            a.apply_batch(&batch(&[deposit(id, 1, 999, 5)]), &mut out);
+            a.apply_batch(&batch(&[deposit(id, 1, 999, 5)]), 18, &mut out);
         }
         for &id in ids.iter().rev() {
-            b.apply_batch(&batch(&[deposit(id, 1, 999, 5)]), &mut out);
+            b.apply_batch(&batch(&[deposit(id, 1, 999, 5)]), 18, &mut out);
         }
         assert_eq!(a.sessions_digest(), b.sessions_digest());
         assert_ne!(a.sessions_digest(), 0);
@@ -822,7 +869,7 @@ mod tests {
         assert_eq!(restored.sessions_digest(), a.sessions_digest());
         // A session's next request changes the digest.
         let before = a.sessions_digest();
-        a.apply_batch(&batch(&[deposit(ids[0], 2, 999, 5)]), &mut out);
+        a.apply_batch(&batch(&[deposit(ids[0], 2, 999, 5)]), 20, &mut out);
         assert_ne!(a.sessions_digest(), before);
     }
 }

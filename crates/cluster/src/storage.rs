@@ -48,9 +48,7 @@ use openraft::{
 
 use crate::batch::LogCommand;
 use crate::state::{Outcome, ReplicatedState};
-use crate::stream::{
-    CommittedEntry, CommittedRequest, CommittedStream, STREAM_ENTRIES_KEPT_DEFAULT,
-};
+use crate::stream::{CommittedEntry, CommittedStream, STREAM_ENTRIES_KEPT_DEFAULT};
 use crate::{NodeId, TypeConfig};
 
 /// Largest membership record inside a snapshot.
@@ -883,8 +881,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 "entries are applied in log order, once"
             );
             inner.last_applied = Some(entry.log_id);
-            // A fresh vector per entry, moved into the response: reusing one and cloning it
-            // into the response copied every request's events once more.
+            // Per entry: the answers (no events) go to the response, the requests with their
+            // events move into the stream.
             let mut outcomes = Vec::new();
             let mut committed = Vec::new();
             let mut flush_ns = None;
@@ -894,16 +892,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     inner.membership = StoredMembership::new(Some(entry.log_id), m);
                 }
                 EntryPayload::Normal(LogCommand::Batch(batch)) => {
-                    inner.state.apply_batch(&batch, &mut outcomes);
-                    committed = outcomes
-                        .iter()
-                        .map(|o| CommittedRequest {
-                            client_id: o.client_id,
-                            request_seq: o.request_seq,
-                            kind: o.kind,
-                            events: o.events.clone(),
-                        })
-                        .collect();
+                    // The events go to the stream only; the answers name the entry.
+                    inner
+                        .state
+                        .apply_batch(&batch, entry.log_id.index, &mut committed);
+                    outcomes = committed.iter().map(Outcome::from).collect();
                 }
                 EntryPayload::Normal(LogCommand::MarketDataFlush { now_ns }) => {
                     inner.state.marketdata_flush(now_ns);

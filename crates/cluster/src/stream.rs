@@ -29,15 +29,18 @@ pub const STREAM_ENTRIES_KEPT_DEFAULT: usize = 65_536;
 /// The most entries a live subscriber may lag before it is cut off (the broadcast depth).
 pub const STREAM_SUBSCRIBER_LAG_ENTRIES: usize = 16_384;
 
-/// One request of a committed entry, as applied.
+/// One request of a committed entry, as applied: the one place its events travel (the
+/// answer to the client names the entry, `crate::state::Outcome`, and carries no events).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommittedRequest {
     pub client_id: u64,
     pub request_seq: u64,
     pub kind: OutcomeKind,
-    /// The encoded events of the command (see `bourse_core::codec::decode_events`); for a duplicate, the
-    /// events of the first application (the command was not applied again); empty when the
-    /// command was not applied (stale, refused, gap).
+    /// The index of the entry that applied the command: this entry's for `Applied`, the
+    /// first application's for `Duplicate`, 0 when it was not applied.
+    pub applied_index: u64,
+    /// The encoded events of the command (see `bourse_core::codec::decode_events`) when it
+    /// applied in this entry; empty otherwise (a duplicate's events are at `applied_index`).
     pub events: Vec<u8>,
 }
 
@@ -283,6 +286,7 @@ mod tests {
                 client_id: 1,
                 request_seq: index,
                 kind: OutcomeKind::Applied,
+                applied_index: index,
                 events: vec![index as u8],
             }],
             market_data_flush_ns: None,

@@ -109,14 +109,14 @@ async fn start(config: &ClusterConfig) -> Vec<(Node, MarketDataService)> {
 
 async fn drive(client: &mut Client, flow: &mut Flow, count: usize) {
     for _ in 0..count {
-        let ack = client
-            .submit(
+        let (_, events) = client
+            .submit_for_events(
                 &Command::new(bourse_marketdata::now_ns(), flow.next_command()),
                 DEADLINE,
             )
             .await
             .expect("command acknowledged");
-        flow.observe(&ack.events);
+        flow.observe(&events);
     }
 }
 

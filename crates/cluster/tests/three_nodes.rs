@@ -49,14 +49,14 @@ async fn drive(client: &mut Client, flow: &mut Flow, setup: bool, count: usize) 
         }
     }
     for i in 0..count {
-        let ack = client
-            .submit(
+        let (_, events) = client
+            .submit_for_events(
                 &Command::new(1_000 + i as u64, flow.next_command()),
                 DEADLINE,
             )
             .await
             .expect("command acknowledged");
-        flow.observe(&ack.events);
+        flow.observe(&events);
         acked += 1;
     }
     acked

@@ -830,11 +830,11 @@ async fn apply_setup(
     let client_base = SETUP_CLIENT_ID_BASE + (core_index as u64) * 1_000;
     let mut c = Client::new(nodes.to_vec(), client_base, 1);
     for b in first.iter() {
-        let ack = c
-            .submit(&Command::new(ts, (*b).clone()), SETUP_COMMAND_DEADLINE)
+        let (_, events) = c
+            .submit_for_events(&Command::new(ts, (*b).clone()), SETUP_COMMAND_DEADLINE)
             .await
             .map_err(|e| anyhow!("setup: {e}"))?;
-        rejected += ack.events.iter().filter(|e| is_reject(e)).count() as u64;
+        rejected += events.iter().filter(|e| is_reject(e)).count() as u64;
     }
     // Chunks that keep an account's AddAccount and Deposit together and in order.
     let per = rest.len().div_ceil(SETUP_CLIENTS).max(2);
@@ -850,11 +850,11 @@ async fn apply_setup(
             let mut c = Client::new(nodes, client_base + 1 + i as u64, 1);
             let mut rejected = 0u64;
             for b in chunk {
-                let ack = c
-                    .submit(&Command::new(ts, b), SETUP_COMMAND_DEADLINE)
+                let (_, events) = c
+                    .submit_for_events(&Command::new(ts, b), SETUP_COMMAND_DEADLINE)
                     .await
                     .map_err(|e| format!("setup: {e}"))?;
-                rejected += ack.events.iter().filter(|e| is_reject(e)).count() as u64;
+                rejected += events.iter().filter(|e| is_reject(e)).count() as u64;
             }
             Ok::<u64, String>(rejected)
         }));

@@ -75,15 +75,15 @@ fn replay_speed(config: &ClusterConfig) -> Result<(u64, f64)> {
         let command = bourse_cluster::storage::entry_command(&record.payload)
             .map_err(|e| anyhow!("journal record {}: {e}", record.info.index))?;
         if let Some(LogCommand::Batch(requests)) = command {
-            batches.push(requests);
+            batches.push((record.info.index, requests));
         }
     }
     let started = Instant::now();
     let mut outcomes = Vec::new();
     let mut commands = 0u64;
-    for requests in &batches {
+    for (index, requests) in &batches {
         outcomes.clear();
-        state.apply_batch(requests, &mut outcomes);
+        state.apply_batch(requests, *index, &mut outcomes);
         commands += requests.len() as u64;
     }
     let secs = started.elapsed().as_secs_f64().max(1e-9);
@@ -191,8 +191,19 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
                 n.node().stages().reset();
             }
             let cpu_before = thread_cpu();
+            // The flow learns its orders' ids from the leader's committed stream (answers
+            // carry no events), from the next entry on.
+            let next_index = rt
+                .block_on(nodes[leader].node().status())
+                .last_applied_index
+                .map_or(0, |i| i + 1);
+            let stream = nodes[leader]
+                .node()
+                .subscribe(next_index)
+                .map_err(|e| anyhow!("stream: {e}"))?;
             let r = open_loop(
                 leader_addr,
+                stream,
                 100 + i as u64,
                 &mut flow,
                 rate,
@@ -580,9 +591,11 @@ struct ScenarioRun {
 /// on one connection, open loop: each request has a due time on a fixed schedule, is sent as
 /// soon as it is due (all requests due together go in one write), and its latency runs from
 /// that due time, so a stalled cluster or a late client counts against the result, never
-/// hides it. A reader thread matches answers by tag (the request's seq).
+/// hides it. A reader thread matches answers by tag (the request's seq); the writer feeds the
+/// flow the events of its applied requests from `stream`, the leader's committed stream.
 fn open_loop(
     leader: SocketAddr,
+    mut stream_in: bourse_cluster::Subscription,
     client_id: u64,
     flow: &mut Flow,
     rate: Option<u64>,
@@ -600,9 +613,6 @@ fn open_loop(
     let acked = Arc::new(AtomicU64::new(0));
     let due_ns: Arc<Vec<AtomicU64>> =
         Arc::new((0..DUE_RING_SLOTS).map(|_| AtomicU64::new(0)).collect());
-    // The answers' events go back to the writer, which feeds them to the flow (so that its
-    // cancels and replaces name live orders).
-    let (events_tx, events_rx) = mpsc::channel::<Vec<u8>>();
     let acked_r = acked.clone();
     let due_r = due_ns.clone();
     let reader_thread = std::thread::Builder::new()
@@ -635,7 +645,6 @@ fn open_loop(
                 }
                 let due = due_r[(msg.tag as usize) % DUE_RING_SLOTS].load(Ordering::Acquire);
                 record(&mut h, now.saturating_sub(due));
-                let _ = events_tx.send(outcome.events);
                 acked_r.fetch_add(1, Ordering::Release);
             }
         })
@@ -646,8 +655,15 @@ fn open_loop(
     let mut send_lag = histogram();
     let result = (|| -> Result<()> {
         while sent < total {
-            while let Ok(events) = events_rx.try_recv() {
-                flow.observe(&decode_events(&events)?);
+            // The applied requests' events feed the flow, so that its cancels and replaces
+            // name live orders.
+            while let Some(entry) = stream_in.try_recv().map_err(|e| anyhow!("stream: {e}"))? {
+                let own = |r: &&bourse_cluster::CommittedRequest| {
+                    r.client_id == client_id && r.kind == OutcomeKind::Applied
+                };
+                for r in entry.requests.iter().filter(own) {
+                    flow.observe(&decode_events(&r.events)?);
+                }
             }
             let now_ns = start.elapsed().as_nanos() as u64;
             if now_ns >= deadline_ns {
@@ -711,8 +727,13 @@ fn open_loop(
         .join()
         .map_err(|_| anyhow!("reader panicked"))??;
     result?;
-    while let Ok(events) = events_rx.try_recv() {
-        flow.observe(&decode_events(&events)?);
+    // The last answers' events, so that the next run's flow knows every live order.
+    while let Some(entry) = stream_in.try_recv().map_err(|e| anyhow!("stream: {e}"))? {
+        for r in entry.requests.iter() {
+            if r.client_id == client_id && r.kind == OutcomeKind::Applied {
+                flow.observe(&decode_events(&r.events)?);
+            }
+        }
     }
     Ok(ScenarioRun {
         offered_per_s: rate,

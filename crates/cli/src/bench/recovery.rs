@@ -44,7 +44,7 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Result};
 use bourse_cluster::batch::BatchBuilder;
 use bourse_cluster::storage::{entry_command, entry_payload};
-use bourse_cluster::{Batch, ClientRequest, LogCommand, Outcome, ReplicatedState};
+use bourse_cluster::{Batch, ClientRequest, CommittedRequest, LogCommand, ReplicatedState};
 use bourse_core::*;
 use bourse_engine::workload::{Flow, FlowConfig};
 use bourse_engine::{Engine, EngineConfig};
@@ -409,13 +409,13 @@ fn decode_pass(payloads: &[Vec<u8>], figure: &mut Figure) -> Result<Vec<Batch>> 
 #[inline(never)]
 fn apply_pass(batches: &[Batch], batch: usize, figure: &mut Figure) -> ReplicatedState {
     let mut state = ReplicatedState::new(engine_config(), CHECKPOINT_EVERY_ENTRIES);
-    let mut outcomes: Vec<Outcome> = Vec::with_capacity(batch);
+    let mut outcomes: Vec<CommittedRequest> = Vec::with_capacity(batch);
     let t = Instant::now();
     let mut last = t;
-    for (index, requests) in batches.iter().enumerate() {
+    for (index, requests) in (1u64..).zip(batches) {
         outcomes.clear();
-        state.apply_batch(requests, &mut outcomes);
-        state.entry_applied(index as u64);
+        state.apply_batch(requests, index, &mut outcomes);
+        state.entry_applied(index);
         let now = Instant::now();
         record(&mut figure.per_entry, (now - last).as_nanos() as u64);
         last = now;
@@ -451,7 +451,7 @@ fn replay_pass(dir: &Path, batch: usize, figure: &mut Figure) -> Result<Replicat
     let t = Instant::now();
     let (journal, _) = Journal::open(dir, journal_config())?;
     let mut state = ReplicatedState::new(engine_config(), CHECKPOINT_EVERY_ENTRIES);
-    let mut outcomes: Vec<Outcome> = Vec::with_capacity(batch);
+    let mut outcomes: Vec<CommittedRequest> = Vec::with_capacity(batch);
     let mut last = Instant::now();
     for record_result in journal.entries(..)? {
         let r = record_result?;
@@ -461,7 +461,7 @@ fn replay_pass(dir: &Path, batch: usize, figure: &mut Figure) -> Result<Replicat
             bail!("unexpected entry at {}", r.index);
         };
         outcomes.clear();
-        state.apply_batch(&requests, &mut outcomes);
+        state.apply_batch(&requests, r.index, &mut outcomes);
         state.entry_applied(r.index);
         let now = Instant::now();
         record(&mut figure.per_entry, (now - last).as_nanos() as u64);
@@ -566,7 +566,9 @@ const BUILD_BATCH_REQUESTS: usize = 1_024;
 struct Builder {
     state: ReplicatedState,
     batch: BatchBuilder,
-    outcomes: Vec<Outcome>,
+    outcomes: Vec<CommittedRequest>,
+    /// The log index the next batch would have.
+    index: u64,
     seq: u64,
 }
 
@@ -589,7 +591,9 @@ impl Builder {
             &mut self.batch,
             BatchBuilder::with_capacity(BUILD_BATCH_REQUESTS),
         );
-        self.state.apply_batch(&batch.finish(), &mut self.outcomes);
+        self.index += 1;
+        self.state
+            .apply_batch(&batch.finish(), self.index, &mut self.outcomes);
     }
 }
 
@@ -606,6 +610,7 @@ fn build_state(args: &RecoveryBenchArgs) -> Result<ReplicatedState> {
         state: ReplicatedState::new(config, u64::MAX),
         batch: BatchBuilder::with_capacity(BUILD_BATCH_REQUESTS),
         outcomes: Vec::with_capacity(BUILD_BATCH_REQUESTS),
+        index: 0,
         seq: 0,
     };
     for i in 0..args.instruments {
