@@ -70,6 +70,31 @@ pub struct EngineConfig {
     pub first_order_id: u64,
 }
 
+impl EngineConfig {
+    /// Checks the limits [`Engine::new`] asserts, with an error that names the field and the
+    /// values it accepts: configs and command-line flags are checked with it at startup, so a
+    /// bad limit is a clear error rather than a panic.
+    pub fn check(&self) -> Result<(), String> {
+        if self.orders_max == 0 || self.orders_max >= NIL {
+            return Err(format!(
+                "orders_max {} is out of range: it must be in 1..={}",
+                self.orders_max,
+                NIL - 1
+            ));
+        }
+        if self.instruments_max == 0 {
+            return Err("instruments_max 0: a core needs room for at least one instrument".into());
+        }
+        if self.accounts_max == 0 {
+            return Err("accounts_max 0: a core needs room for at least one account".into());
+        }
+        if self.first_order_id == 0 {
+            return Err("first_order_id 0: order id 0 means no order".into());
+        }
+        Ok(())
+    }
+}
+
 /// The bits of an order id below a core's base: each core may accept 2^48 orders.
 pub const ORDER_ID_CORE_SHIFT: u32 = 48;
 
@@ -132,10 +157,11 @@ pub struct Engine {
 }
 
 impl Engine {
+    /// A core with the given limits, which must pass [`EngineConfig::check`].
     pub fn new(config: EngineConfig) -> Engine {
-        assert!(config.orders_max > 0 && config.orders_max < NIL);
-        assert!(config.instruments_max > 0 && config.accounts_max > 0);
-        assert!(config.first_order_id > 0, "order id 0 means no order");
+        if let Err(why) = config.check() {
+            panic!("Engine::new: {why}");
+        }
         let orders = config.orders_max as usize;
         // The lookup tables start small and grow with the largest number of orders ever live
         // at once (growth is the only allocation, and it stops once that peak is reached).
