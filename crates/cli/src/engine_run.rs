@@ -3,7 +3,7 @@
 //! A line that is not a valid command stops the run with its line number and the reason:
 //! replaying a trading day must not silently skip a command.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use bourse_core::{Command, Event};
 use bourse_engine::{Engine, EngineConfig};
 use std::fs::File;
@@ -14,6 +14,13 @@ use std::path::Path;
 const LINE_BYTES_MAX: usize = 64 * 1024;
 
 pub fn run(input: &Path, output: &Path, summary: bool, orders_max: u32) -> Result<()> {
+    let config = EngineConfig {
+        orders_max,
+        ..EngineConfig::default()
+    };
+    config
+        .check()
+        .map_err(|why| anyhow!("--orders-max: {why}"))?;
     let reader: Box<dyn BufRead> = if input == Path::new("-") {
         Box::new(BufReader::new(io::stdin()))
     } else {
@@ -28,10 +35,7 @@ pub fn run(input: &Path, output: &Path, summary: bool, orders_max: u32) -> Resul
             format!("cannot create {}", output.display())
         })?))
     };
-    let engine = Engine::new(EngineConfig {
-        orders_max,
-        ..EngineConfig::default()
-    });
+    let engine = Engine::new(config);
     let (engine, lines) = process(engine, reader, writer)?;
     if summary {
         let c = engine.counters();
@@ -158,5 +162,19 @@ mod tests {
         let text = format!("{err:#}");
         assert!(text.contains("line 2"), "{text}");
         assert!(text.contains("unknown field `display_qtty`"), "{text}");
+    }
+
+    #[test]
+    fn a_limit_out_of_range_is_a_clear_error_not_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in.jsonl");
+        std::fs::write(&input, "").unwrap();
+        for orders_max in [0, u32::MAX] {
+            let err =
+                run(&input, &dir.path().join("out.jsonl"), false, orders_max).expect_err("refused");
+            let text = format!("{err:#}");
+            assert!(text.contains("--orders-max"), "{text}");
+            assert!(text.contains("out of range"), "{text}");
+        }
     }
 }

@@ -44,6 +44,9 @@ pub fn core_links(config: &GatewayConfig, orders_max: u32) -> Result<Vec<Box<dyn
                 orders_max,
                 ..EngineConfig::default()
             };
+            engine
+                .check()
+                .map_err(|why| anyhow!("--orders-max: {why}"))?;
             links.push(Box::new(InProcessCore::engine(index, engine, depth)));
         } else {
             let client_id = core

@@ -244,6 +244,7 @@ impl ClusterConfig {
         if self.election_timeout_ms_max <= self.election_timeout_ms_min {
             return Err("election_timeout_ms_max must exceed election_timeout_ms_min".into());
         }
+        self.engine_config().check()?;
         if self.snapshot_every_entries == 0 || self.hash_checkpoint_every_entries == 0 {
             return Err(
                 "snapshot_every_entries and hash_checkpoint_every_entries must be > 0".into(),
