@@ -49,8 +49,14 @@ const RETRY_PAUSE_MS: u64 = 50;
 /// If the group has answered one of this link's requests and the stream has not shown it
 /// within this time, the stream's node is behind or cut off: resubscribe elsewhere.
 const STREAM_BEHIND_MS: u64 = 2_000;
-/// Outputs the gateway may leave undrained, per queued command.
+/// Outputs the gateway may leave undrained, per queued command, up to
+/// [`OUTPUTS_QUEUED_MAX`].
 const OUTPUTS_PER_COMMAND: usize = 16;
+/// The most outputs waiting for the gateway. The queue is an array allocated and written in
+/// full when the link starts (about 160 bytes a slot): 16 per command of a 65,536-deep
+/// command queue held 170 MB per link before the first order. Past this bound the link
+/// simply stops reading the stream until the gateway drains some.
+const OUTPUTS_QUEUED_MAX: usize = 65_536;
 
 /// What a [`ClusterLink`] connects to and how much it queues.
 #[derive(Clone, Debug)]
@@ -273,7 +279,11 @@ impl ClusterLink {
             .map_err(|e| format!("cluster link runtime: {e}"))?;
         let start = runtime.block_on(find_start(&config))?;
         let (command_tx, command_rx) = mpsc::channel(config.queue_depth);
-        let (output_tx, outputs) = bounded(config.queue_depth.saturating_mul(OUTPUTS_PER_COMMAND));
+        let outputs_max = config
+            .queue_depth
+            .saturating_mul(OUTPUTS_PER_COMMAND)
+            .min(OUTPUTS_QUEUED_MAX);
+        let (output_tx, outputs) = bounded(outputs_max);
         let notify: Notify = Arc::new(Mutex::new(None));
         let status = Arc::new(Mutex::new(ClusterLinkStatus {
             last_index: start.from_index.checked_sub(1),
