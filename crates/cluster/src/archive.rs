@@ -26,11 +26,9 @@ use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use bourse_core::codec::{DecodeError, Reader, Writer};
 use bourse_journal::{ChainPoint, Config as JournalConfig, Entry, Fsync, Journal};
 
-use crate::state::OutcomeKind;
-use crate::stream::{CommittedEntry, CommittedRequest, CommittedStream, StreamError};
+use crate::stream::{CommittedEntry, CommittedStream, StreamError};
 
 /// The archive's directory under the node's: named for the entry encoding's version, so that
 /// a node never reads entries another version wrote (the archive is a cache of the log's
@@ -40,72 +38,11 @@ pub const ARCHIVE_DIR: &str = "stream-v2";
 pub const ARCHIVE_SEGMENT_BYTES: u64 = 32 * 1024 * 1024;
 /// The largest archived entry (an entry whose encoding is larger restarts the archive after
 /// it, so it is never a hole in a run).
-pub const ARCHIVE_ENTRY_BYTES_MAX: u32 = 16 * 1024 * 1024;
+pub const ARCHIVE_ENTRY_BYTES_MAX: u32 = crate::stream::ENTRY_BYTES_MAX as u32;
 /// Entries the writer appends in one journal call at most.
 const APPEND_ENTRIES_MAX: usize = 1_024;
 /// The most entries one read hands out.
 pub const READ_ENTRIES_MAX: usize = 4_096;
-/// The most requests one archived entry may hold (a batch is far smaller).
-const REQUESTS_PER_ENTRY_MAX: usize = 1 << 20;
-
-/// Encodes one committed entry's requests (the index is the record's own).
-pub fn encode_entry(entry: &CommittedEntry) -> Vec<u8> {
-    let bytes: usize = entry.requests.iter().map(|r| 40 + r.events.len()).sum();
-    let mut w = Writer::with_capacity(13 + bytes);
-    match entry.market_data_flush_ns {
-        None => w.u8(0),
-        Some(ns) => {
-            w.u8(1);
-            w.u64(ns);
-        }
-    }
-    w.u32(entry.requests.len() as u32);
-    for r in &entry.requests {
-        w.u64(r.client_id);
-        w.u64(r.request_seq);
-        r.kind.encode(&mut w);
-        w.u64(r.applied_index);
-        w.bytes(&r.events);
-    }
-    w.finish()
-}
-
-/// Reads what [`encode_entry`] wrote for the entry at `index`; refuses anything else.
-pub fn decode_entry(index: u64, bytes: &[u8]) -> Result<CommittedEntry, DecodeError> {
-    let mut r = Reader::new(bytes);
-    let market_data_flush_ns = match r.u8()? {
-        0 => None,
-        1 => Some(r.u64()?),
-        _ => return Err(r.error("bad market data flush flag")),
-    };
-    let count = r.u32()? as usize;
-    // Each request takes at least 29 bytes (three u64, the kind, an empty byte string's
-    // length).
-    if count > REQUESTS_PER_ENTRY_MAX || count > r.remaining() / 29 {
-        return Err(r.error("request count larger than the bytes can hold"));
-    }
-    let mut requests = Vec::with_capacity(count);
-    for _ in 0..count {
-        let client_id = r.u64()?;
-        let request_seq = r.u64()?;
-        let kind = OutcomeKind::decode(&mut r)?;
-        let applied_index = r.u64()?;
-        let events = r.bytes(ARCHIVE_ENTRY_BYTES_MAX as usize)?.to_vec();
-        requests.push(CommittedRequest {
-            client_id,
-            request_seq,
-            kind,
-            applied_index,
-            events,
-        });
-    }
-    r.expect_end()?;
-    Ok(CommittedEntry {
-        index,
-        requests,
-        market_data_flush_ns,
-    })
-}
 
 struct Inner {
     journal: Journal,
@@ -176,7 +113,7 @@ impl StreamArchive {
             if e.index < next {
                 continue;
             }
-            let payload = encode_entry(e);
+            let payload = e.encode();
             let too_large = payload.len() > ARCHIVE_ENTRY_BYTES_MAX as usize;
             if e.index > next || too_large {
                 inner.flush_records(&mut records)?;
@@ -232,7 +169,7 @@ impl StreamArchive {
         records
             .into_iter()
             .map(|r| {
-                decode_entry(r.index, &r.payload)
+                CommittedEntry::decode(r.index, &r.payload)
                     .map(Arc::new)
                     .map_err(|e| {
                         StreamError::Refused(format!("stream archive entry {}: {e}", r.index))
@@ -406,6 +343,8 @@ async fn write_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::OutcomeKind;
+    use crate::stream::CommittedRequest;
     use proptest::prelude::*;
 
     fn entry(index: u64, requests: usize) -> CommittedEntry {
@@ -462,24 +401,27 @@ mod tests {
                     .collect(),
                 market_data_flush_ns,
             };
-            prop_assert_eq!(decode_entry(index, &encode_entry(&e)).unwrap(), e);
+            prop_assert_eq!(CommittedEntry::decode(index, &CommittedEntry::encode(&e)).unwrap(), e);
         }
 
         #[test]
         fn garbage_is_refused_or_decoded_never_a_panic(
             bytes in proptest::collection::vec(any::<u8>(), 0..200),
         ) {
-            if let Ok(e) = decode_entry(3, &bytes) {
-                prop_assert_eq!(encode_entry(&e), bytes);
+            if let Ok(e) = CommittedEntry::decode(3, &bytes) {
+                prop_assert_eq!(CommittedEntry::encode(&e), bytes);
             }
         }
     }
 
     #[test]
     fn a_cut_short_entry_is_refused() {
-        let bytes = encode_entry(&entry(4, 3));
+        let bytes = CommittedEntry::encode(&entry(4, 3));
         for cut in 0..bytes.len() {
-            assert!(decode_entry(4, &bytes[..cut]).is_err(), "cut at {cut}");
+            assert!(
+                CommittedEntry::decode(4, &bytes[..cut]).is_err(),
+                "cut at {cut}"
+            );
         }
     }
 

@@ -831,7 +831,14 @@ impl StreamClient {
             std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "node closed the stream")
         })?;
         match decode_message::<Tagged<Response>>(&frame)?.body {
-            Response::Committed(entry) => Ok(Ok(entry)),
+            Response::Committed { index, entry } => {
+                CommittedEntry::decode(index, &entry).map(Ok).map_err(|e| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("stream entry {index}: {e}"),
+                    )
+                })
+            }
             Response::StreamEnded(e) => Ok(Err(e)),
             _ => Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,

@@ -27,7 +27,7 @@ use tokio::net::TcpStream;
 
 use crate::stages::Stages;
 use crate::state::Outcome;
-use crate::stream::{CommittedEntry, StreamError};
+use crate::stream::StreamError;
 use crate::{NodeId, TypeConfig};
 
 /// The largest frame either side accepts (snapshot chunks are a few MiB).
@@ -161,7 +161,12 @@ pub enum Response {
     Status(NodeStatus),
     Snapshot(Result<(), String>),
     /// One entry of a subscription.
-    Committed(CommittedEntry),
+    /// One entry of a subscription, in its one binary form (`CommittedEntry::encode`).
+    Committed {
+        index: u64,
+        #[serde(with = "bytes_field")]
+        entry: Vec<u8>,
+    },
     /// A subscription could not start, or ended (the subscriber lagged, a snapshot gap).
     StreamEnded(StreamError),
     LastSeq(u64),

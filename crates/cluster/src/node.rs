@@ -93,6 +93,9 @@ fn d_fsync_interval_ms() -> u32 {
 fn d_stream_entries_kept() -> usize {
     crate::stream::STREAM_ENTRIES_KEPT_DEFAULT
 }
+fn d_stream_bytes_kept() -> usize {
+    crate::stream::STREAM_BYTES_KEPT_DEFAULT
+}
 fn d_stream_archive_entries() -> u64 {
     STREAM_ARCHIVE_ENTRIES_DEFAULT
 }
@@ -152,6 +155,10 @@ pub struct ClusterConfig {
     /// may resume from any of them); at most `stream::STREAM_ENTRIES_KEPT_LIMIT`.
     #[serde(default = "d_stream_entries_kept")]
     pub stream_entries_kept: usize,
+    /// Bytes of applied entries each node keeps in that ring (whichever bound is met first
+    /// drops the oldest); at most `stream::STREAM_BYTES_KEPT_LIMIT`.
+    #[serde(default = "d_stream_bytes_kept")]
+    pub stream_bytes_kept: usize,
     /// Applied entries each node keeps on disk in its stream archive
     /// (`node-<id>/stream-v2`, see `crate::archive`), from which a consumer older than the
     /// ring catches up; 0 keeps no archive. At most [`STREAM_ARCHIVE_ENTRIES_LIMIT`].
@@ -200,6 +207,7 @@ impl ClusterConfig {
             hash_checkpoint_every_entries: d_hash_every(),
             hash_check_interval_ms: d_hash_check_ms(),
             stream_entries_kept: d_stream_entries_kept(),
+            stream_bytes_kept: d_stream_bytes_kept(),
             stream_archive_entries: d_stream_archive_entries(),
             orders_max: d_orders_max(),
             accounts_max: d_accounts_max(),
@@ -256,6 +264,14 @@ impl ClusterConfig {
             return Err(format!(
                 "stream_entries_kept must be in 1..={}",
                 crate::stream::STREAM_ENTRIES_KEPT_LIMIT
+            ));
+        }
+        if self.stream_bytes_kept == 0
+            || self.stream_bytes_kept > crate::stream::STREAM_BYTES_KEPT_LIMIT
+        {
+            return Err(format!(
+                "stream_bytes_kept must be in 1..={}",
+                crate::stream::STREAM_BYTES_KEPT_LIMIT
             ));
         }
         if self.stream_archive_entries > STREAM_ARCHIVE_ENTRIES_LIMIT {
@@ -432,7 +448,8 @@ impl Node {
             alarm.clone(),
         )
         .map_err(|e| format!("node {id}: {e}"))?;
-        sm.stream().set_kept_max(config.stream_entries_kept);
+        sm.stream()
+            .set_kept(config.stream_entries_kept, config.stream_bytes_kept);
         // The market data numbering is part of the replicated state (crate::marketdata).
         if let Some(md) = &config.marketdata {
             sm.enable_marketdata(&md.publisher_config()).await;
@@ -814,7 +831,10 @@ async fn serve_subscription(
                 // Awaiting a full queue is what makes a slow reader lag, and the lag bound
                 // then cuts it off; a reader that stops reading altogether is dropped after
                 // a while.
-                let frame = reply(Response::Committed(entry.entry().clone()));
+                let frame = reply(Response::Committed {
+                    index: entry.index(),
+                    entry: entry.entry().encode(),
+                });
                 match tokio::time::timeout(
                     Duration::from_millis(SUBSCRIBER_STALL_MS),
                     tx.send(frame),

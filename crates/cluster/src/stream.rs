@@ -20,12 +20,20 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
+use bourse_core::codec::{DecodeError, Reader, Writer};
+
 use crate::state::OutcomeKind;
 
 /// The most entries `stream_entries_kept` may ask a node to keep in its ring.
 pub const STREAM_ENTRIES_KEPT_LIMIT: usize = 1 << 20;
 /// Entries a node keeps unless its configuration says otherwise.
 pub const STREAM_ENTRIES_KEPT_DEFAULT: usize = 65_536;
+/// The most bytes `stream_bytes_kept` may ask a node to keep in its ring.
+pub const STREAM_BYTES_KEPT_LIMIT: usize = 1 << 32;
+/// Bytes of entries a node keeps in its ring unless its configuration says otherwise: a count
+/// of entries alone does not bound memory (an entry holds a whole batch's events), and a
+/// consumer further behind catches up from the stream archive on disk.
+pub const STREAM_BYTES_KEPT_DEFAULT: usize = 16 << 20;
 /// The most entries a live subscriber may lag before it is cut off (the broadcast depth).
 pub const STREAM_SUBSCRIBER_LAG_ENTRIES: usize = 16_384;
 
@@ -54,6 +62,83 @@ pub struct CommittedEntry {
     /// A market data idle flush entry: the time it closes the idle 1 ms / 15 ms channels at
     /// (`LogCommand::MarketDataFlush`); `None` for every other entry.
     pub market_data_flush_ns: Option<u64>,
+}
+
+/// The most requests one encoded entry may hold (a batch is far smaller).
+const REQUESTS_PER_ENTRY_MAX: usize = 1 << 20;
+/// The largest encoded entry [`CommittedEntry::decode`] accepts.
+pub const ENTRY_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+impl CommittedEntry {
+    /// About how many bytes the entry holds in memory (its requests, their events and the
+    /// fixed parts), what the ring's byte bound counts.
+    pub fn size_bytes(&self) -> usize {
+        let request = std::mem::size_of::<CommittedRequest>();
+        let events: usize = self.requests.iter().map(|r| r.events.len()).sum();
+        std::mem::size_of::<CommittedEntry>() + self.requests.len() * request + events
+    }
+
+    /// The entry's one binary form, without its index (which the carrier gives: a stream
+    /// frame's header, an archive record's own index). The stream archive stores it and a
+    /// node sends it to remote subscribers: the events are copied as one byte string.
+    pub fn encode(&self) -> Vec<u8> {
+        let bytes: usize = self.requests.iter().map(|r| 40 + r.events.len()).sum();
+        let mut w = Writer::with_capacity(13 + bytes);
+        match self.market_data_flush_ns {
+            None => w.u8(0),
+            Some(ns) => {
+                w.u8(1);
+                w.u64(ns);
+            }
+        }
+        w.u32(self.requests.len() as u32);
+        for r in &self.requests {
+            w.u64(r.client_id);
+            w.u64(r.request_seq);
+            r.kind.encode(&mut w);
+            w.u64(r.applied_index);
+            w.bytes(&r.events);
+        }
+        w.finish()
+    }
+
+    /// Reads what [`CommittedEntry::encode`] wrote for the entry at `index`; refuses anything
+    /// else (bytes from a peer are checked as if hostile: counts bounded by the bytes there).
+    pub fn decode(index: u64, bytes: &[u8]) -> Result<CommittedEntry, DecodeError> {
+        let mut r = Reader::new(bytes);
+        let market_data_flush_ns = match r.u8()? {
+            0 => None,
+            1 => Some(r.u64()?),
+            _ => return Err(r.error("bad market data flush flag")),
+        };
+        let count = r.u32()? as usize;
+        // Each request takes at least 29 bytes (three u64, the kind, an empty byte string's
+        // length).
+        if count > REQUESTS_PER_ENTRY_MAX || count > r.remaining() / 29 {
+            return Err(r.error("request count larger than the bytes can hold"));
+        }
+        let mut requests = Vec::with_capacity(count);
+        for _ in 0..count {
+            let client_id = r.u64()?;
+            let request_seq = r.u64()?;
+            let kind = OutcomeKind::decode(&mut r)?;
+            let applied_index = r.u64()?;
+            let events = r.bytes(ENTRY_BYTES_MAX)?.to_vec();
+            requests.push(CommittedRequest {
+                client_id,
+                request_seq,
+                kind,
+                applied_index,
+                events,
+            });
+        }
+        r.expect_end()?;
+        Ok(CommittedEntry {
+            index,
+            requests,
+            market_data_flush_ns,
+        })
+    }
 }
 
 /// Why a subscription could not start or had to end.
@@ -106,8 +191,23 @@ impl std::error::Error for StreamError {}
 struct Inner {
     ring: VecDeque<Arc<CommittedEntry>>,
     kept_max: usize,
+    bytes_kept_max: usize,
+    /// [`CommittedEntry::size_bytes`] summed over the ring.
+    bytes: usize,
     /// The index the next applied entry will have.
     next_index: u64,
+}
+
+impl Inner {
+    /// Drops the oldest entries past either bound, keeping at least the newest one.
+    fn trim(&mut self) {
+        while self.ring.len() > 1
+            && (self.ring.len() > self.kept_max || self.bytes > self.bytes_kept_max)
+        {
+            let old = self.ring.pop_front().expect("more than one entry");
+            self.bytes -= old.size_bytes();
+        }
+    }
 }
 
 /// The committed stream of one node (cheap to clone: clones share it).
@@ -126,6 +226,8 @@ impl CommittedStream {
             inner: Arc::new(Mutex::new(Inner {
                 ring: VecDeque::new(),
                 kept_max: kept_max.clamp(1, STREAM_ENTRIES_KEPT_LIMIT),
+                bytes_kept_max: STREAM_BYTES_KEPT_DEFAULT,
+                bytes: 0,
                 next_index,
             })),
             live,
@@ -139,30 +241,37 @@ impl CommittedStream {
         if entry.index != inner.next_index {
             // Only a snapshot install moves the index otherwise; keep the ring contiguous.
             inner.ring.clear();
+            inner.bytes = 0;
         }
         inner.next_index = entry.index + 1;
-        if inner.ring.len() == inner.kept_max {
-            inner.ring.pop_front();
-        }
+        inner.bytes += entry.size_bytes();
         inner.ring.push_back(entry.clone());
+        inner.trim();
         // Sent under the lock, so a subscriber that copies the ring under the same lock sees
         // each entry exactly once (from the ring or from the channel). No receiver is fine.
         let _ = self.live.send(entry);
     }
 
-    /// Changes how many entries the ring keeps (clamped as in [`CommittedStream::new`]).
-    pub fn set_kept_max(&self, kept_max: usize) {
+    /// Changes how many entries, and how many bytes of them, the ring keeps at most (each
+    /// clamped to its limit; the newest entry is always kept).
+    pub fn set_kept(&self, kept_max: usize, bytes_kept_max: usize) {
         let mut inner = self.inner.lock().expect("stream lock");
         inner.kept_max = kept_max.clamp(1, STREAM_ENTRIES_KEPT_LIMIT);
-        while inner.ring.len() > inner.kept_max {
-            inner.ring.pop_front();
-        }
+        inner.bytes_kept_max = bytes_kept_max.clamp(1, STREAM_BYTES_KEPT_LIMIT);
+        inner.trim();
+    }
+
+    /// The ring's size now: entries and their bytes.
+    pub fn kept(&self) -> (usize, usize) {
+        let inner = self.inner.lock().expect("stream lock");
+        (inner.ring.len(), inner.bytes)
     }
 
     /// A snapshot replaced the state: the next entry will be `next_index`.
     pub fn reset(&self, next_index: u64) {
         let mut inner = self.inner.lock().expect("stream lock");
         inner.ring.clear();
+        inner.bytes = 0;
         inner.next_index = next_index;
     }
 
@@ -291,6 +400,22 @@ mod tests {
             }],
             market_data_flush_ns: None,
         }
+    }
+
+    #[test]
+    fn the_ring_keeps_at_most_its_bytes_whatever_the_entry_count_allows() {
+        let s = CommittedStream::new(1_000, 1);
+        let one = entry(1).size_bytes();
+        s.set_kept(1_000, 3 * one);
+        for i in 1..=10 {
+            s.publish(entry(i));
+        }
+        assert_eq!(s.kept(), (3, 3 * one));
+        assert_eq!(s.oldest_kept(), 8);
+        // A bound smaller than one entry still keeps the newest.
+        s.set_kept(1_000, 1);
+        assert_eq!(s.kept(), (1, one));
+        assert_eq!(s.oldest_kept(), 10);
     }
 
     #[tokio::test]

@@ -451,11 +451,15 @@ async fn frames_that_are_not_the_entry_due_are_refused_and_another_node_is_asked
     // well-formed entry that is not the one asked for. Each serves every connection so.
     let wrong = encode_frame(&Tagged {
         tag: 1,
-        body: Response::Committed(CommittedEntry {
+        body: Response::Committed {
             index: 7,
-            requests: Vec::new(),
-            market_data_flush_ns: None,
-        }),
+            entry: CommittedEntry {
+                index: 7,
+                requests: Vec::new(),
+                market_data_flush_ns: None,
+            }
+            .encode(),
+        },
     });
     let mut garbage = wrong.clone();
     for b in &mut garbage[4..] {

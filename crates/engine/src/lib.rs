@@ -75,7 +75,7 @@ impl EngineConfig {
     /// values it accepts: configs and command-line flags are checked with it at startup, so a
     /// bad limit is a clear error rather than a panic.
     pub fn check(&self) -> Result<(), String> {
-        if self.orders_max == 0 || self.orders_max >= NIL {
+        if self.orders_max == 0 || self.orders_max == NIL {
             return Err(format!(
                 "orders_max {} is out of range: it must be in 1..={}",
                 self.orders_max,
