@@ -29,8 +29,8 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             instruments_max: 64,
-            orders_max: 1 << 20,
-            levels_per_side_max: 4_096,
+            orders_max: 1 << 16,
+            levels_per_side_max: 1_024,
         }
     }
 }
@@ -129,16 +129,47 @@ pub struct Books {
     /// Instruments made at start-up and handed out on first sight.
     spare: Vec<Instrument>,
     last_hit: usize,
+    /// The slab, written in full at start-up so that no page is first touched on the hot
+    /// path; slots below `used` have been handed out at least once.
     nodes: Vec<Node>,
+    used: usize,
     free: Vec<u32>,
     table: Vec<Entry>,
     mask: usize,
+    /// `64 - log2(table length)`: the table is indexed by the hash's high bits, the well
+    /// mixed ones.
+    shift: u32,
     orders: usize,
 }
 
 #[inline]
 fn hash(order_id: u64, inst: u32) -> u64 {
     (order_id ^ (u64::from(inst) << 40)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+const NODE_EMPTY: Node = Node {
+    order_id: 0,
+    price: 0,
+    qty: 0,
+    inst: 0,
+    side: Side::Buy,
+    prev: NIL,
+    next: NIL,
+};
+
+const LEVEL_EMPTY: Level = Level {
+    price: 0,
+    qty: 0,
+    orders: 0,
+    head: NIL,
+    tail: NIL,
+};
+
+/// A vector with room for `n` elements whose pages have all been written once.
+fn touched_vec<T: Clone>(n: usize, fill: T) -> Vec<T> {
+    let mut v = vec![fill; n];
+    v.clear();
+    v
 }
 
 impl Books {
@@ -148,8 +179,8 @@ impl Books {
         let spare = (0..limits.instruments_max)
             .map(|_| Instrument {
                 security_id: 0,
-                bids: Vec::with_capacity(limits.levels_per_side_max),
-                asks: Vec::with_capacity(limits.levels_per_side_max),
+                bids: touched_vec(limits.levels_per_side_max, LEVEL_EMPTY),
+                asks: touched_vec(limits.levels_per_side_max, LEVEL_EMPTY),
             })
             .collect();
         Books {
@@ -157,10 +188,12 @@ impl Books {
             instruments: Vec::with_capacity(limits.instruments_max),
             spare,
             last_hit: 0,
-            nodes: Vec::with_capacity(limits.orders_max),
-            free: Vec::with_capacity(limits.orders_max),
+            nodes: vec![NODE_EMPTY; limits.orders_max],
+            used: 0,
+            free: touched_vec(limits.orders_max, 0),
             table: vec![Entry::default(); table_len],
             mask: table_len - 1,
+            shift: 64 - table_len.trailing_zeros(),
             orders: 0,
         }
     }
@@ -216,7 +249,7 @@ impl Books {
 
     #[inline]
     fn find(&self, order_id: u64, inst: u32) -> Option<(usize, u32)> {
-        let mut at = (hash(order_id, inst) as usize) & self.mask;
+        let mut at = (hash(order_id, inst) >> self.shift) as usize;
         loop {
             let e = self.table[at];
             if e.slot_plus_one == 0 {
@@ -230,7 +263,7 @@ impl Books {
     }
 
     fn table_insert(&mut self, order_id: u64, inst: u32, slot: u32) {
-        let mut at = (hash(order_id, inst) as usize) & self.mask;
+        let mut at = (hash(order_id, inst) >> self.shift) as usize;
         while self.table[at].slot_plus_one != 0 {
             at = (at + 1) & self.mask;
         }
@@ -252,7 +285,7 @@ impl Books {
             if e.slot_plus_one == 0 {
                 return;
             }
-            let home = (hash(e.order_id, e.inst) as usize) & self.mask;
+            let home = (hash(e.order_id, e.inst) >> self.shift) as usize;
             // The entry may move back to `at` unless its home lies cyclically in (at, next].
             let stays = if at <= next {
                 at < home && home <= next
@@ -283,7 +316,7 @@ impl Books {
         if self.find(order_id, inst32).is_some() {
             return Err(BookError::DuplicateOrder);
         }
-        if self.free.is_empty() && self.nodes.len() >= self.limits.orders_max {
+        if self.free.is_empty() && self.used >= self.nodes.len() {
             return Err(BookError::OrdersFull);
         }
         let levels_max = self.limits.levels_per_side_max;
@@ -324,8 +357,9 @@ impl Books {
                 slot
             }
             None => {
-                self.nodes.push(node);
-                (self.nodes.len() - 1) as u32
+                self.nodes[self.used] = node;
+                self.used += 1;
+                (self.used - 1) as u32
             }
         };
         level.tail = slot;
