@@ -70,6 +70,10 @@ pub struct DriveArgs {
     /// Longest wait for the client to connect and log on.
     #[arg(long, default_value_t = 60_000)]
     accept_timeout_ms: u64,
+    /// Pin the driver to this CPU (and the client to another): on a small machine the two
+    /// otherwise preempt each other and the clock stops while the client runs.
+    #[arg(long)]
+    cpu: Option<usize>,
     /// Write both directions (UDP feed, FIX orders) as a pcap.
     #[arg(long)]
     out_pcap: Option<PathBuf>,
@@ -95,6 +99,9 @@ pub struct ClientArgs {
     /// Time the stages of every reaction (decode, book update, decision, encode, send).
     #[arg(long)]
     stages: bool,
+    /// Pin the client to this CPU (another than the driver's).
+    #[arg(long)]
+    cpu: Option<usize>,
     /// Quantity of every order.
     #[arg(long, default_value_t = 1)]
     qty: i64,
@@ -182,6 +189,7 @@ fn drive_cmd(a: DriveArgs) -> Result<()> {
         price_scale: a.price_scale,
         accept_timeout_ms: a.accept_timeout_ms,
         keep_traffic: a.out_pcap.is_some(),
+        cpu: a.cpu,
         ..DriveConfig::new(a.target)
     };
     let report = drive(&replay, &listener, &cfg).map_err(|e| anyhow!(e))?;
@@ -235,6 +243,7 @@ pub fn client_config(a: &ClientArgs) -> ClientConfig {
         },
         busy_poll: a.busy_poll,
         packets_max: a.packets,
+        cpu: a.cpu,
         ..ClientConfig::new(a.fix)
     }
 }

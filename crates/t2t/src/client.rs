@@ -46,6 +46,8 @@ pub struct ClientConfig {
     /// Receive timeout between looks at the FIX connection (blocking mode).
     pub idle_poll_ms: u64,
     pub heartbeat_interval_s: u32,
+    /// Pin the client's thread to this CPU.
+    pub cpu: Option<usize>,
 }
 
 impl ClientConfig {
@@ -58,6 +60,7 @@ impl ClientConfig {
             connect_timeout_ms: 30_000,
             idle_poll_ms: 20,
             heartbeat_interval_s: 30,
+            cpu: None,
         }
     }
 }
@@ -281,6 +284,9 @@ pub fn run_client(
     feed: UdpSocket,
     stop: &AtomicBool,
 ) -> Result<ClientReport, String> {
+    if let Some(cpu) = cfg.cpu {
+        crate::pin_to_cpu(cpu)?;
+    }
     let mut reactor = Reactor::new(cfg.reactor.clone())?;
     let stream = connect_and_log_on(cfg)?;
     let mut session = Session {

@@ -221,6 +221,8 @@ pub struct DriveConfig {
     pub accept_timeout_ms: u64,
     /// Keep what was sent and received, for [`write_pcap`].
     pub keep_traffic: bool,
+    /// Pin the driver's thread to this CPU.
+    pub cpu: Option<usize>,
 }
 
 impl DriveConfig {
@@ -232,6 +234,7 @@ impl DriveConfig {
             price_scale: 0,
             accept_timeout_ms: 60_000,
             keep_traffic: false,
+            cpu: None,
         }
     }
 }
@@ -263,6 +266,10 @@ pub struct DriveReport {
     /// Received messages that are not a decodable NewOrderSingle.
     pub undecodable: u64,
     pub t2t_ns: Summary,
+    /// The same clock started before the UDP `send` call instead of after it returned: an
+    /// upper bound, where the seed's definition can read low when the client runs before the
+    /// driver's `send` has returned.
+    pub t2t_from_send_call_ns: Summary,
     pub t2t_by_size: Vec<SizeRow>,
     /// `send` call of the UDP packet itself (before the clock starts), for reference.
     pub udp_send_call_ns: Summary,
@@ -392,6 +399,9 @@ pub fn drive(
     listener: &TcpListener,
     cfg: &DriveConfig,
 ) -> Result<DriveReport, String> {
+    if let Some(cpu) = cfg.cpu {
+        crate::pin_to_cpu(cpu)?;
+    }
     let mut traffic = Traffic::default();
     let mut tcp = accept_client(listener, cfg, &mut traffic)?;
     let udp = UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
@@ -410,6 +420,7 @@ pub fn drive(
     let mut carried = 0usize;
     let mut by_size = BySize::default();
     let mut send_call = bourse_latency::histogram();
+    let mut from_send_call = bourse_latency::histogram();
     let mut samples = Vec::with_capacity(replay.packets.len());
     let mut received: Vec<Vec<u8>> = Vec::with_capacity(replay.packets.len());
     let (mut answered, mut timeouts) = (0u64, 0u64);
@@ -466,6 +477,11 @@ pub fn drive(
         if let Some(ns) = latency_ns {
             answered += 1;
             by_size.record(updates, ns);
+            let t2 = first.unwrap_or(t1);
+            bourse_latency::record(
+                &mut from_send_call,
+                t2.saturating_duration_since(before).as_nanos() as u64,
+            );
         }
         samples.push(Sample {
             updates,
@@ -498,6 +514,7 @@ pub fn drive(
         packets_wrong: check.packets_wrong,
         undecodable: check.undecodable,
         t2t_ns: Summary::of(&by_size.all),
+        t2t_from_send_call_ns: Summary::of(&from_send_call),
         t2t_by_size: by_size.rows(),
         udp_send_call_ns: Summary::of(&send_call),
         wall_s,
@@ -571,6 +588,11 @@ pub fn report_text(r: &DriveReport, title: &str) -> String {
     out.push_str(&seed_rows());
     out.push('\n');
     out.push_str(&table_row(title, &r.t2t_ns));
+    out.push('\n');
+    out.push_str(&table_row(
+        &format!("{title}, clock from the send call"),
+        &r.t2t_from_send_call_ns,
+    ));
     out.push_str("\n\n");
     out.push_str(&size_table("t2t", &r.t2t_by_size));
     out.push('\n');

@@ -23,7 +23,13 @@ use std::time::{Duration, Instant};
 
 /// One-way UDP latency over loopback of `count` datagrams of `payload_bytes`, sent one at a
 /// time (the receiver answers each so the next leaves only after it arrived).
-pub fn udp_one_way(count: usize, payload_bytes: usize) -> std::io::Result<Histogram<u64>> {
+/// `cpus` pins the sender and the receiver to a CPU each.
+pub fn udp_one_way(
+    count: usize,
+    payload_bytes: usize,
+    cpus: Option<(usize, usize)>,
+) -> std::io::Result<Histogram<u64>> {
+    let pin = |cpu: usize| crate::pin_to_cpu(cpu).map_err(std::io::Error::other);
     let rx = UdpSocket::bind("127.0.0.1:0")?;
     let tx = UdpSocket::bind("127.0.0.1:0")?;
     tx.connect(rx.local_addr()?)?;
@@ -32,6 +38,9 @@ pub fn udp_one_way(count: usize, payload_bytes: usize) -> std::io::Result<Histog
     tx.set_read_timeout(Some(Duration::from_secs(5)))?;
     let (stamps_tx, stamps_rx) = mpsc::channel();
     let receiver = std::thread::spawn(move || -> std::io::Result<()> {
+        if let Some((_, cpu)) = cpus {
+            pin(cpu)?;
+        }
         let mut buf = vec![0u8; payload_bytes.max(1) + 64];
         let mut stamps = Vec::with_capacity(count);
         for _ in 0..count {
@@ -42,6 +51,9 @@ pub fn udp_one_way(count: usize, payload_bytes: usize) -> std::io::Result<Histog
         let _ = stamps_tx.send(stamps);
         Ok(())
     });
+    if let Some((cpu, _)) = cpus {
+        pin(cpu)?;
+    }
     let payload = vec![7u8; payload_bytes];
     let mut sent = Vec::with_capacity(count);
     let mut ack = [0u8; 8];
@@ -78,6 +90,9 @@ pub fn run_null_client(
     feed: UdpSocket,
     stop: &AtomicBool,
 ) -> Result<u64, String> {
+    if let Some(cpu) = cfg.cpu {
+        crate::pin_to_cpu(cpu)?;
+    }
     let template = OrderTemplate::new(&cfg.reactor.order, 0)?;
     let order = template.bytes().to_vec();
     let mut stream = connect_and_log_on(cfg)?;

@@ -29,6 +29,15 @@ pub mod order;
 pub mod reactor;
 pub mod stats;
 
+/// Pins the calling thread to one CPU, so that the driver and the client do not preempt each
+/// other on a small machine (the driver's clock would then stop while the client runs).
+pub fn pin_to_cpu(cpu: usize) -> Result<(), String> {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu).map_err(|e| format!("CPU {cpu}: {e}"))?;
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+        .map_err(|e| format!("pinning to CPU {cpu}: {e}"))
+}
+
 /// UDP port the captures' order-log packets go to by default: feed A of the orders channel
 /// at `bourse md`'s default base port.
 pub const ORDERS_PORT_DEFAULT: u16 = bourse_marketdata::udp::BASE_PORT_DEFAULT;

@@ -53,6 +53,10 @@ pub struct T2tBenchArgs {
     /// The client spins on its feed socket (with the spinning driver: both cores busy).
     #[arg(long)]
     busy_poll: bool,
+    /// Leave the driver and the client unpinned (by default the driver runs on CPU 0 and the
+    /// client on CPU 1, so that neither preempts the other).
+    #[arg(long)]
+    no_pin: bool,
     /// One JSON object per scenario.
     #[arg(long)]
     json: bool,
@@ -90,6 +94,7 @@ fn generated(packets: usize, updates: &str, packet_bytes_max: usize) -> Result<R
 fn run_pair(
     replay: &Replay,
     client: &ClientConfig,
+    driver_cpu: Option<usize>,
     null: bool,
 ) -> Result<(DriveReport, Option<ClientReport>)> {
     let feed = bind_feed(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))?;
@@ -104,6 +109,7 @@ fn run_pair(
     let stop = AtomicBool::new(false);
     let drive_cfg = DriveConfig {
         timeout_ms: 1_000,
+        cpu: driver_cpu,
         ..DriveConfig::new(target)
     };
     let (report, client_report) = std::thread::scope(|s| {
@@ -137,8 +143,15 @@ pub fn bench(a: T2tBenchArgs) -> Result<()> {
         }
         None => generated(a.packets, &a.updates, 1472)?,
     };
+    let pin = !a.no_pin && machine.cpus >= 2;
+    let (driver_cpu, client_cpu) = if pin {
+        (Some(0), Some(1))
+    } else {
+        (None, None)
+    };
     let client = ClientConfig {
         busy_poll: a.busy_poll,
+        cpu: client_cpu,
         ..ClientConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)))
     };
     let mut sizes: Vec<usize> = replay.packets.iter().map(Vec::len).collect();
@@ -146,12 +159,16 @@ pub fn bench(a: T2tBenchArgs) -> Result<()> {
     let median_bytes = sizes[sizes.len() / 2];
 
     // 1. Floors.
-    let udp = Summary::of(&udp_one_way(UDP_FLOOR_PACKETS, median_bytes)?);
+    let udp = Summary::of(&udp_one_way(
+        UDP_FLOOR_PACKETS,
+        median_bytes,
+        pin.then_some((0, 1)),
+    )?);
     let echo = Summary::of(&echo_baseline()?);
-    let (null, _) = run_pair(&null_replay(&replay), &client, true)?;
+    let (null, _) = run_pair(&null_replay(&replay), &client, driver_cpu, true)?;
 
     // 2. t2t.
-    let (t2t, client_report) = run_pair(&replay, &client, false)?;
+    let (t2t, client_report) = run_pair(&replay, &client, driver_cpu, false)?;
     let client_report = client_report.ok_or_else(|| anyhow!("no client report"))?;
 
     // 3. Stages.
@@ -169,7 +186,7 @@ pub fn bench(a: T2tBenchArgs) -> Result<()> {
         },
         ..client.clone()
     };
-    let (_, stage_report) = run_pair(&stage_replay, &staged, false)?;
+    let (_, stage_report) = run_pair(&stage_replay, &staged, driver_cpu, false)?;
     let stage_report = stage_report.ok_or_else(|| anyhow!("no client report"))?;
 
     // 4. The size curve up to 128 updates.
@@ -182,7 +199,7 @@ pub fn bench(a: T2tBenchArgs) -> Result<()> {
             },
             ..client.clone()
         };
-        let (d, c) = run_pair(&curve_replay, &jumbo, false)?;
+        let (d, c) = run_pair(&curve_replay, &jumbo, driver_cpu, false)?;
         Some((d, c.ok_or_else(|| anyhow!("no client report"))?))
     } else {
         None
@@ -216,7 +233,7 @@ pub fn bench(a: T2tBenchArgs) -> Result<()> {
         machine.model, machine.cpus, machine.load_average_start, machine.load_average_end
     );
     println!(
-        "capture: {} packets ({}), median {} bytes; client {}; driver spinning\n",
+        "capture: {} packets ({}), median {} bytes; client {}; driver spinning; {}\n",
         replay.packets.len(),
         a.capture.as_ref().map_or(
             format!("generated, {} updates per packet", a.updates),
@@ -227,6 +244,11 @@ pub fn bench(a: T2tBenchArgs) -> Result<()> {
             "busy-polling"
         } else {
             "blocking in recv"
+        },
+        if pin {
+            "driver pinned to CPU 0, client to CPU 1"
+        } else {
+            "unpinned"
         }
     );
     println!("floors of this run, ns:");
@@ -247,6 +269,20 @@ pub fn bench(a: T2tBenchArgs) -> Result<()> {
     println!("{}", table_header());
     println!("{}", seed_rows());
     println!("{}", table_row("bourse t2t client, loopback", &t2t.t2t_ns));
+    println!(
+        "{}",
+        table_row(
+            "the same, clock from the send call",
+            &t2t.t2t_from_send_call_ns
+        )
+    );
+    println!(
+        "{}",
+        table_row(
+            "null client, clock from the send call",
+            &null.t2t_from_send_call_ns
+        )
+    );
     println!(
         "ratio to the null client of the same run: mean {ratio_mean:.2}x, p50 {ratio_p50:.2}x; orders {} expected, {} right, {} packets wrong, {} timeouts\n",
         t2t.orders_expected, t2t.orders_matching, t2t.packets_wrong, t2t.timeouts
