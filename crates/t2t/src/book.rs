@@ -136,15 +136,9 @@ pub struct Books {
     free: Vec<u32>,
     table: Vec<Entry>,
     mask: usize,
-    /// `64 - log2(table length)`: the table is indexed by the hash's high bits, the well
-    /// mixed ones.
-    shift: u32,
+    /// log2 of the table length.
+    bits: u32,
     orders: usize,
-}
-
-#[inline]
-fn hash(order_id: u64, inst: u32) -> u64 {
-    (order_id ^ (u64::from(inst) << 40)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 const NODE_EMPTY: Node = Node {
@@ -193,7 +187,7 @@ impl Books {
             free: touched_vec(limits.orders_max, 0),
             table: vec![Entry::default(); table_len],
             mask: table_len - 1,
-            shift: 64 - table_len.trailing_zeros(),
+            bits: table_len.trailing_zeros(),
             orders: 0,
         }
     }
@@ -247,9 +241,21 @@ impl Books {
         Ok(index)
     }
 
+    /// Where an order's probe starts. Exchanges number orders sequentially, so the low bits
+    /// of the id are kept as they are: orders placed close in time sit in neighbouring entries
+    /// (a few per cache line) instead of scattered over the table, which on a busy machine is
+    /// the difference between a cache hit and a miss per update. Higher bits are folded in and
+    /// each instrument starts at its own scattered offset.
+    #[inline]
+    fn home(&self, order_id: u64, inst: u32) -> usize {
+        let folded = order_id ^ (order_id >> self.bits);
+        let offset = u64::from(inst).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40;
+        (folded.wrapping_add(offset) as usize) & self.mask
+    }
+
     #[inline]
     fn find(&self, order_id: u64, inst: u32) -> Option<(usize, u32)> {
-        let mut at = (hash(order_id, inst) >> self.shift) as usize;
+        let mut at = self.home(order_id, inst);
         loop {
             let e = self.table[at];
             if e.slot_plus_one == 0 {
@@ -263,7 +269,7 @@ impl Books {
     }
 
     fn table_insert(&mut self, order_id: u64, inst: u32, slot: u32) {
-        let mut at = (hash(order_id, inst) >> self.shift) as usize;
+        let mut at = self.home(order_id, inst);
         while self.table[at].slot_plus_one != 0 {
             at = (at + 1) & self.mask;
         }
@@ -285,7 +291,7 @@ impl Books {
             if e.slot_plus_one == 0 {
                 return;
             }
-            let home = (hash(e.order_id, e.inst) >> self.shift) as usize;
+            let home = self.home(e.order_id, e.inst);
             // The entry may move back to `at` unless its home lies cyclically in (at, next].
             let stays = if at <= next {
                 at < home && home <= next

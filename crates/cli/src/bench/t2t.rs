@@ -12,7 +12,9 @@
 //!    1472 bytes), the seed's table, and the client's processing (recv returned → send
 //!    called) by packet size;
 //! 3. stages: the same with the client timing each stage;
-//! 4. size curve: a loopback-only capture of packets of 1-128 updates (jumbo datagrams).
+//! 4. size curve: a loopback-only capture of packets of 1-128 updates (jumbo datagrams);
+//! 5. the reaction alone: `Reactor::on_datagram` timed per packet in a loop over the same
+//!    captures, no sockets (warm caches: what the code costs, apart from the wake-up).
 
 use super::common::{echo_baseline, Machine};
 use anyhow::{anyhow, Result};
@@ -21,12 +23,16 @@ use bourse_t2t::client::{bind_feed, report_text, run_client, ClientConfig, Clien
 use bourse_t2t::driver::{drive, prepare, DriveConfig, DriveReport, Replay};
 use bourse_t2t::floor::{null_replay, run_null_client, udp_one_way};
 use bourse_t2t::gen::{synthetic, GenConfig, Sizes};
-use bourse_t2t::stats::{seed_rows, size_table, table_header, table_row, text_histogram, Summary};
+use bourse_t2t::reactor::{Reactor, ReactorConfig};
+use bourse_t2t::stats::{
+    seed_rows, size_table, table_header, table_row, text_histogram, BySize, Summary,
+};
 use clap::Args;
 use serde_json::json;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
+use std::time::Instant;
 
 /// Datagrams of the UDP one-way floor.
 const UDP_FLOOR_PACKETS: usize = 20_000;
@@ -130,6 +136,28 @@ fn run_pair(
     Ok((report, client_report))
 }
 
+/// Times `Reactor::on_datagram` per reacting packet, by packet size, in `rounds` passes over
+/// the packets (a fresh reactor each pass, so every pass sees the same books).
+fn reaction_alone(replay: &Replay, packet_bytes_max: usize, rounds: usize) -> Result<BySize> {
+    let mut by_size = BySize::default();
+    for _ in 0..rounds {
+        let mut r = Reactor::new(ReactorConfig {
+            packet_bytes_max,
+            ..ReactorConfig::default()
+        })
+        .map_err(|e| anyhow!(e))?;
+        for p in &replay.packets {
+            let t = Instant::now();
+            let reaction = r.on_datagram(p, 1_700_000_000_000_000_000);
+            let ns = t.elapsed().as_nanos() as u64;
+            if reaction.orders > 0 {
+                by_size.record(reaction.updates, ns);
+            }
+        }
+    }
+    Ok(by_size)
+}
+
 fn summary_json(s: &Summary) -> serde_json::Value {
     serde_json::to_value(s).unwrap_or_default()
 }
@@ -203,6 +231,17 @@ pub fn bench(a: T2tBenchArgs) -> Result<()> {
         Some((d, c.ok_or_else(|| anyhow!("no client report"))?))
     } else {
         None
+    };
+
+    // 5. The reaction alone.
+    let alone = reaction_alone(&replay, 1472, 3)?;
+    let alone_curve = match &curve {
+        Some(_) => Some(reaction_alone(
+            &generated(a.curve_packets, "1-128", JUMBO_PACKET_BYTES)?,
+            JUMBO_PACKET_BYTES,
+            3,
+        )?),
+        None => None,
     };
 
     machine.finish();
@@ -302,6 +341,12 @@ pub fn bench(a: T2tBenchArgs) -> Result<()> {
         println!("{}", table_row("t2t, all sizes", &d.t2t_ns));
         print!("{}", size_table("t2t", &d.t2t_by_size));
         print!("{}", size_table("processing", &c.processing_by_size));
+    }
+    println!("\nthe reaction alone (Reactor::on_datagram in a loop, no sockets, 3 passes), reacting packets:");
+    println!("{}", table_row("all sizes", &Summary::of(&alone.all)));
+    print!("{}", size_table("reaction", &alone.rows()));
+    if let Some(c) = &alone_curve {
+        print!("{}", size_table("reaction, 1-128 curve", &c.rows()));
     }
     Ok(())
 }
