@@ -543,6 +543,29 @@ mod tests {
     }
 
     proptest! {
+        /// Whatever the ids look like (strides that collide in the table, values near the
+        /// top of the range), the table finds every order and loses none.
+        #[test]
+        fn any_id_pattern_is_found_and_removed(
+            start in any::<u64>(),
+            stride in prop_oneof![Just(1u64), Just(128), Just(1 << 20), any::<u64>()],
+            removals in proptest::collection::vec(0usize..60, 0..60),
+        ) {
+            let mut b = Books::new(Limits { instruments_max: 2, orders_max: 64, levels_per_side_max: 64 });
+            let i = b.index_of(9).unwrap();
+            let ids: Vec<u64> = (0..60u64).map(|k| start.wrapping_add(k.wrapping_mul(stride))).collect();
+            let mut live = std::collections::BTreeSet::new();
+            for &id in &ids {
+                prop_assert_eq!(b.add(i, id, Side::Sell, (id % 50) as i64, 1).is_ok(), live.insert(id));
+            }
+            for k in removals {
+                prop_assert_eq!(b.remove(i, ids[k]).is_ok(), live.remove(&ids[k]));
+            }
+            let mut left: Vec<u64> = b.orders_of(9).iter().map(|o| o.0).collect();
+            left.sort_unstable();
+            prop_assert_eq!(left, live.into_iter().collect::<Vec<_>>());
+        }
+
         /// The client's book and the market data library's book agree order by order after
         /// any sequence of updates (refused ones included).
         #[test]
