@@ -112,7 +112,7 @@ pub fn reference_orders(
         let mut touched: Vec<(u32, Option<i64>)> = Vec::new();
         if let Ok(p) = parser.parse(payload) {
             let seq = p.header.msg_seq_num;
-            if !last_seq.is_some_and(|l| seq <= l) {
+            if last_seq.is_none_or(|l| seq > l) {
                 last_seq = Some(seq);
                 for m in p.messages() {
                     let Some(u) = order_log_update(&m) else {
