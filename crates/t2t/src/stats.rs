@@ -78,14 +78,14 @@ pub const SEED_ROWS: [(&str, [u64; 8]); 3] = [
 
 /// The header of [`table_row`]'s table.
 pub fn table_header() -> String {
-    "| SUT | min | mean | max | stddev | 95% | 97% | 99% | 99.9% | count |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into()
+    "| SUT | min | mean | p50 | max | stddev | 95% | 97% | 99% | 99.9% | count |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into()
 }
 
 /// One row of the seed's table.
 pub fn table_row(name: &str, s: &Summary) -> String {
     format!(
-        "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-        s.min, s.mean, s.max, s.stddev, s.p95, s.p97, s.p99, s.p999, s.count
+        "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        s.min, s.mean, s.p50, s.max, s.stddev, s.p95, s.p97, s.p99, s.p999, s.count
     )
 }
 
@@ -95,7 +95,7 @@ pub fn seed_rows() -> String {
         .iter()
         .map(|(name, v)| {
             format!(
-                "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | 90,000 |",
+                "| {name} | {} | {} | – | {} | {} | {} | {} | {} | {} | 90,000 |",
                 v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]
             )
         })
