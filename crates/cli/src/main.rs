@@ -17,6 +17,7 @@ mod md_cmd;
 mod node_monitor;
 mod order_cmd;
 mod report;
+mod t2t_cmd;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -81,6 +82,11 @@ enum Command {
         #[command(subcommand)]
         command: md_cmd::MdCommand,
     },
+    /// Tick-to-trade (seed 004): the replay driver, the reference reacting client, captures.
+    T2t {
+        #[command(subcommand)]
+        command: t2t_cmd::T2tCommand,
+    },
 }
 
 #[derive(Subcommand)]
@@ -131,6 +137,7 @@ fn main() {
             command: FixCommand::Acceptor(args),
         } => fix_acceptor::run(args),
         Command::Md { command } => md_cmd::run(command),
+        Command::T2t { command } => t2t_cmd::run(command),
         Command::Gateway(args) => gateway_cmd::run(args),
         Command::Order(args) => order_cmd::run(args),
         Command::Loadtest(args) => loadtest_cmd::loadtest(args),

@@ -1,6 +1,8 @@
 //! A classic pcap writer (the libpcap format tshark and Wireshark read), so a recorded feed can
 //! be opened in the usual tools. Each datagram is wrapped in Ethernet, IPv4 and UDP headers
-//! (link type 1), with a correct IPv4 header checksum and a zero (absent) UDP checksum.
+//! (link type 1), with a correct IPv4 header checksum and a zero (absent) UDP checksum; TCP
+//! segments (for a capture of both directions of a conversation) likewise, with a zero TCP
+//! checksum.
 
 use std::io::{self, Write};
 use std::net::SocketAddrV4;
@@ -11,6 +13,9 @@ const SNAPLEN_BYTES: u32 = 65_535;
 const ETHERNET_BYTES: usize = 14;
 const IPV4_BYTES: usize = 20;
 const UDP_BYTES: usize = 8;
+const TCP_BYTES: usize = 20;
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
 
 /// Writes pcap records to any `Write`.
 pub struct PcapWriter<W: Write> {
@@ -44,8 +49,48 @@ impl<W: Write> PcapWriter<W> {
         dst: SocketAddrV4,
         payload: &[u8],
     ) -> io::Result<()> {
-        let udp_len = UDP_BYTES + payload.len();
-        let ip_len = IPV4_BYTES + udp_len;
+        let mut udp = [0u8; UDP_BYTES];
+        udp[0..2].copy_from_slice(&src.port().to_be_bytes());
+        udp[2..4].copy_from_slice(&dst.port().to_be_bytes());
+        let udp_len = u16::try_from(UDP_BYTES + payload.len()).unwrap_or(u16::MAX);
+        udp[4..6].copy_from_slice(&udp_len.to_be_bytes());
+        self.write_ipv4(ts_ns, src, dst, IPPROTO_UDP, &udp, payload)
+    }
+
+    /// Writes one TCP segment (flags PSH and ACK, no options, a zero checksum) from `src` to
+    /// `dst` at `ts_ns`. `seq` is the sequence number of the first payload byte and `ack` the
+    /// next byte expected from the peer: a caller that keeps both running writes a stream
+    /// tshark reassembles.
+    pub fn write_tcp(
+        &mut self,
+        ts_ns: u64,
+        src: SocketAddrV4,
+        dst: SocketAddrV4,
+        seq: u32,
+        ack: u32,
+        payload: &[u8],
+    ) -> io::Result<()> {
+        let mut tcp = [0u8; TCP_BYTES];
+        tcp[0..2].copy_from_slice(&src.port().to_be_bytes());
+        tcp[2..4].copy_from_slice(&dst.port().to_be_bytes());
+        tcp[4..8].copy_from_slice(&seq.to_be_bytes());
+        tcp[8..12].copy_from_slice(&ack.to_be_bytes());
+        tcp[12] = ((TCP_BYTES / 4) as u8) << 4;
+        tcp[13] = 0x18; // PSH, ACK
+        tcp[14..16].copy_from_slice(&u16::MAX.to_be_bytes()); // window
+        self.write_ipv4(ts_ns, src, dst, IPPROTO_TCP, &tcp, payload)
+    }
+
+    fn write_ipv4(
+        &mut self,
+        ts_ns: u64,
+        src: SocketAddrV4,
+        dst: SocketAddrV4,
+        protocol: u8,
+        l4_header: &[u8],
+        payload: &[u8],
+    ) -> io::Result<()> {
+        let ip_len = IPV4_BYTES + l4_header.len() + payload.len();
         if ip_len > usize::from(u16::MAX) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -53,7 +98,7 @@ impl<W: Write> PcapWriter<W> {
             ));
         }
         let frame_len = ETHERNET_BYTES + ip_len;
-        let mut h = [0u8; ETHERNET_BYTES + IPV4_BYTES + UDP_BYTES];
+        let mut h = [0u8; ETHERNET_BYTES + IPV4_BYTES];
         // Ethernet: a multicast-style destination MAC for multicast, else zeros; IPv4 type.
         let dst_ip = dst.ip().octets();
         if dst.ip().is_multicast() {
@@ -68,15 +113,11 @@ impl<W: Write> PcapWriter<W> {
         self.ip_id = self.ip_id.wrapping_add(1);
         ip[6] = 0x40; // don't fragment
         ip[8] = 1; // TTL
-        ip[9] = 17; // UDP
+        ip[9] = protocol;
         ip[12..16].copy_from_slice(&src.ip().octets());
         ip[16..20].copy_from_slice(&dst_ip);
         let sum = ipv4_checksum(ip);
         ip[10..12].copy_from_slice(&sum.to_be_bytes());
-        let udp = &mut h[ETHERNET_BYTES + IPV4_BYTES..];
-        udp[0..2].copy_from_slice(&src.port().to_be_bytes());
-        udp[2..4].copy_from_slice(&dst.port().to_be_bytes());
-        udp[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
         let ts_us = ts_ns / 1_000;
         self.out
             .write_all(&((ts_us / 1_000_000) as u32).to_le_bytes())?;
@@ -85,6 +126,7 @@ impl<W: Write> PcapWriter<W> {
         self.out.write_all(&(frame_len as u32).to_le_bytes())?;
         self.out.write_all(&(frame_len as u32).to_le_bytes())?;
         self.out.write_all(&h)?;
+        self.out.write_all(l4_header)?;
         self.out.write_all(payload)?;
         self.packets += 1;
         Ok(())
@@ -132,5 +174,21 @@ mod tests {
             0,
             "a header with its checksum sums to zero"
         );
+    }
+
+    #[test]
+    fn tcp_segments_carry_their_ports_sequence_and_payload() {
+        let mut w = PcapWriter::new(Vec::new()).unwrap();
+        let a = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1000);
+        let b = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 2000);
+        w.write_tcp(1, a, b, 77, 5, b"8=FIX").unwrap();
+        let bytes = w.into_inner();
+        assert_eq!(bytes.len(), 24 + 16 + 14 + 20 + 20 + 5);
+        let ip = &bytes[24 + 16 + 14..24 + 16 + 14 + 20];
+        assert_eq!((ip[9], ipv4_checksum(ip)), (6, 0));
+        let tcp = &bytes[24 + 16 + 14 + 20..24 + 16 + 14 + 40];
+        assert_eq!(u16::from_be_bytes([tcp[2], tcp[3]]), 2000);
+        assert_eq!(u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]), 77);
+        assert_eq!(&bytes[bytes.len() - 5..], b"8=FIX");
     }
 }

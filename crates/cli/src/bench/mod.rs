@@ -12,6 +12,7 @@ mod gateway;
 mod journal;
 mod marketdata;
 mod recovery;
+mod t2t;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -35,6 +36,9 @@ pub enum BenchCommand {
     /// A node's recovery: journal replay (commands/s, read and apply apart) and snapshot
     /// size, write, fsync and restore time for 1M accounts and 10M positions.
     Recovery(recovery::RecoveryBenchArgs),
+    /// Tick-to-trade (seed 004) on loopback: the replay driver and the reference reacting
+    /// client, beside the UDP, TCP echo and null-client floors of the same run.
+    T2t(t2t::T2tBenchArgs),
 }
 
 /// Runs one benchmark.
@@ -47,5 +51,6 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Marketdata(args) => marketdata::bench(args),
         BenchCommand::Gateway(args) => gateway::bench(args),
         BenchCommand::Recovery(args) => recovery::recovery(args),
+        BenchCommand::T2t(args) => t2t::bench(args),
     }
 }
