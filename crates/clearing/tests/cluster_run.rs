@@ -96,6 +96,7 @@ async fn a_run_restarted_after_a_crash_applies_every_movement_once() {
     }
     let group = addrs(&config);
     let stream_nodes: Vec<SocketAddr> = group.iter().map(|n| n.1).collect();
+    let cores_streams = [stream_nodes.clone()];
 
     // Four accounts trade a future: 1 and 2 buy, 3 and 4 sell, at several prices.
     let mut trader = Client::new(group.clone(), 7, 1);
@@ -146,7 +147,7 @@ async fn a_run_restarted_after_a_crash_applies_every_movement_once() {
     let cut = stream_end(&stream_nodes).await.unwrap();
     let defs = [future(FUT, "FUT", 100_000)];
     let mut state = ClearingState::new(1, defs.clone());
-    replay(&mut state, &[stream_nodes.clone()], &[], &[cut])
+    replay(&mut state, &cores_streams, &[], &[cut])
         .await
         .unwrap();
     assert_eq!(state.trades(), 4);
@@ -215,14 +216,14 @@ async fn a_run_restarted_after_a_crash_applies_every_movement_once() {
     let mut replayed = ClearingState::new(1, defs);
     replay(
         &mut replayed,
-        &[stream_nodes.clone()],
-        &[plan.clone()],
+        &cores_streams,
+        std::slice::from_ref(&plan),
         &[end],
     )
     .await
     .unwrap();
     state.settle(&plan);
-    replay(&mut state, &[stream_nodes.clone()], &[], &[end])
+    replay(&mut state, &cores_streams, &[], &[end])
         .await
         .unwrap();
     assert_eq!(replayed.state_hash(), state.state_hash());
