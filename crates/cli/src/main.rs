@@ -6,6 +6,7 @@
 //! this file only parses arguments and dispatches.
 
 mod bench;
+mod clearing_cmd;
 mod cluster_cmd;
 mod demo;
 mod engine_run;
@@ -77,6 +78,12 @@ enum Command {
     /// One generator worker of `bourse loadtest --workers N` (started by it, not by hand).
     #[command(hide = true)]
     LoadgenWorker(loadtest_cmd::WorkerArgs),
+    /// Clearing: `run --intermediate|--end-of-day` clears the cores up to their current end
+    /// and feeds variation margin back to them as cash movements.
+    Clearing {
+        #[command(subcommand)]
+        command: clearing_cmd::ClearingCommand,
+    },
     /// Market data tools: listen, book, record, demo-publish.
     Md {
         #[command(subcommand)]
@@ -138,6 +145,7 @@ fn main() {
         } => fix_acceptor::run(args),
         Command::Md { command } => md_cmd::run(command),
         Command::T2t { command } => t2t_cmd::run(command),
+        Command::Clearing { command } => clearing_cmd::run(command),
         Command::Gateway(args) => gateway_cmd::run(args),
         Command::Order(args) => order_cmd::run(args),
         Command::Loadtest(args) => loadtest_cmd::loadtest(args),

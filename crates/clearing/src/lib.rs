@@ -1,0 +1,29 @@
+//! # bourse-clearing: clearing apart from trading
+//!
+//! Clearing follows the cores' committed streams (`bourse_cluster::StreamConsumer`) and never
+//! touches their state directly; what it decides goes back to them as ordinary commands.
+//!
+//! - [`ClearingState`] (`state`): per account and instrument, position in lots, average cost,
+//!   realised P&L, variation margin paid, equity and FX settlement obligations; per account
+//!   and core, cash as the core has it. Fixed-point integers only, `BTreeMap`s only, no clock:
+//!   fed the same entries it reaches the same [`ClearingState::state_hash`].
+//! - [`compute_run`] (`run`): a pure function of the state at a cut (a vector of per-core
+//!   stream positions) giving a [`RunPlan`]: settlement prices ([`SettlementRule`], a VWAP of
+//!   the last trades), variation margin per futures position (zero-sum per instrument before
+//!   rounding, the rounding kept apart), obligations, and the net cash [`Movement`]s per
+//!   account and core, each keyed by [`run_client_id`] and a seq, so a rerun applies nothing
+//!   twice.
+//! - `service`: feeding the state from the streams ([`feed_to`], [`replay`] of saved runs,
+//!   checking their hashes) and [`execute`], which submits a plan's movements through
+//!   `bourse_cluster::Client`, skipping what an earlier attempt of the run applied.
+
+pub mod run;
+pub mod service;
+pub mod state;
+
+pub use run::{
+    compute_run, run_client_id, settlement_prices, MarginLine, Movement, ObligationLine, RunKind,
+    RunPlan, SettlementRule,
+};
+pub use service::{execute, feed_to, replay, stream_end, ExecuteOptions, MovementResult};
+pub use state::{ClearingError, ClearingPosition, ClearingState};

@@ -1,0 +1,253 @@
+//! A clearing run as a pure function of the state at a cut: settlement prices, variation
+//! margin per futures position, equity and FX obligations, and the cash movements that feed
+//! the results back to the cores, each under an idempotency key derived from the run id.
+
+use std::collections::BTreeMap;
+
+use bourse_core::{AccountId, Cash, Command, CommandBody, InstrumentId, Market, Price};
+use serde::{Deserialize, Serialize};
+
+use crate::state::{trade_value, value_to_cash_floor, ClearingState, RECENT_TRADES_MAX};
+
+/// The upper 16 bits of every clearing run's client id, so that a run's keys never meet a
+/// gateway link's or a load generator's (which number from small ids or carry an epoch).
+pub const CLEARING_CLIENT_ID_TAG: u64 = 0xC1EA << 48;
+
+/// The client id under which run `run_id` submits its movements to core `core`: a function
+/// of both alone, so that a restarted run submits under the same keys.
+pub fn run_client_id(run_id: u32, core: usize) -> u64 {
+    CLEARING_CLIENT_ID_TAG | (u64::from(run_id) << 16) | (core as u64 & 0xFFFF)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunKind {
+    Intermediate,
+    EndOfDay,
+}
+
+/// How a run fixes settlement prices: the volume-weighted average of the last `last_trades`
+/// trades of the instrument before the cut, counting only those within `window_ns` of the
+/// newest one when a window is given (the newest trade always counts, so an instrument that
+/// traded has a price: at worst its last trade's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SettlementRule {
+    pub last_trades: usize,
+    #[serde(default)]
+    pub window_ns: Option<u64>,
+}
+
+impl Default for SettlementRule {
+    fn default() -> SettlementRule {
+        SettlementRule {
+            last_trades: 100,
+            window_ns: None,
+        }
+    }
+}
+
+impl SettlementRule {
+    pub fn check(&self) -> Result<(), String> {
+        if self.last_trades == 0 || self.last_trades > RECENT_TRADES_MAX {
+            return Err(format!(
+                "last_trades must be in 1..={RECENT_TRADES_MAX}, not {}",
+                self.last_trades
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Variation margin on one futures position in one run: what the account receives
+/// (positive) or pays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MarginLine {
+    pub account: AccountId,
+    pub instrument: InstrumentId,
+    pub qty: i64,
+    pub vm: Cash,
+}
+
+/// Equity or FX obligations of one account in one instrument since the previous run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObligationLine {
+    pub account: AccountId,
+    pub instrument: InstrumentId,
+    /// Units of the underlying to receive (positive) or deliver.
+    pub securities: i64,
+    /// Cash to receive (positive) or pay.
+    pub cash: Cash,
+}
+
+/// One cash movement fed back to a core: the account's net variation margin on that core.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Movement {
+    pub core: usize,
+    /// The request seq under the run's client id for this core (1, 2, 3, ... per core).
+    pub seq: u64,
+    pub account: AccountId,
+    /// Positive: a deposit; negative: a withdrawal of its absolute value.
+    pub amount: Cash,
+}
+
+impl Movement {
+    /// The command that makes the movement, stamped `ts_ns` (the cut's time).
+    pub fn command(&self, ts_ns: u64) -> Command {
+        let body = if self.amount.0 >= 0 {
+            CommandBody::Deposit {
+                account: self.account,
+                amount: self.amount,
+            }
+        } else {
+            CommandBody::Withdraw {
+                account: self.account,
+                amount: Cash(-self.amount.0),
+            }
+        };
+        Command::new(ts_ns, body)
+    }
+}
+
+/// Everything a run decides, fixed before anything is submitted (and saved, so that a
+/// restarted run submits exactly this again).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunPlan {
+    pub run_id: u32,
+    pub kind: RunKind,
+    pub rule: SettlementRule,
+    /// Per core, the stream position the run cleared up to (exclusive).
+    pub cut: Vec<u64>,
+    /// The time stamp of the newest event before the cut; the movements carry it.
+    pub cut_ts_ns: u64,
+    /// The clearing state's hash at the cut.
+    pub state_hash: u64,
+    pub prices: BTreeMap<InstrumentId, Price>,
+    pub margin: Vec<MarginLine>,
+    /// Per instrument, what rounding the accounts' margin to cash left with the clearing
+    /// house (minus the sum of the instrument's margin lines; 0 when the instrument's prices
+    /// have at most `CASH_SCALE` decimals).
+    pub rounding: BTreeMap<InstrumentId, Cash>,
+    pub obligations: Vec<ObligationLine>,
+    pub movements: Vec<Movement>,
+}
+
+/// The settlement price of every instrument that traded, by `rule`.
+pub fn settlement_prices(
+    state: &ClearingState,
+    rule: &SettlementRule,
+) -> BTreeMap<InstrumentId, Price> {
+    let mut prices = BTreeMap::new();
+    for (&id, s) in state.instruments() {
+        let Some(newest) = s.recent.back() else {
+            continue;
+        };
+        let mut value: i128 = 0;
+        let mut lots: i128 = 0;
+        for t in s.recent.iter().rev().take(rule.last_trades) {
+            if let Some(w) = rule.window_ns {
+                if newest.ts_ns.saturating_sub(t.ts_ns) > w {
+                    break;
+                }
+            }
+            value += t.price.0 as i128 * t.qty as i128;
+            lots += t.qty as i128;
+        }
+        let vwap = round_half_up(value, lots);
+        let tick = state.definition(id).map_or(1, |d| d.tick.0 as i128);
+        prices.insert(id, Price(round_half_up(vwap, tick) as i64 * tick as i64));
+    }
+    prices
+}
+
+/// `num / den` rounded to the nearest integer, halves up (`num`, `den` positive).
+fn round_half_up(num: i128, den: i128) -> i128 {
+    (2 * num + den).div_euclid(2 * den)
+}
+
+/// Computes run `run_id` on `state` (which stands at the run's cut). Pure: the same state,
+/// rule and id give the same plan.
+pub fn compute_run(
+    state: &ClearingState,
+    run_id: u32,
+    kind: RunKind,
+    rule: &SettlementRule,
+) -> RunPlan {
+    let prices = settlement_prices(state, rule);
+    let mut margin = Vec::new();
+    let mut rounding = BTreeMap::new();
+    let mut obligations = Vec::new();
+    let mut net: BTreeMap<(usize, AccountId), i128> = BTreeMap::new();
+    for (&(account, instrument), p) in state.positions() {
+        let Some(def) = state.definition(instrument) else {
+            continue;
+        };
+        let core = state.instruments().get(&instrument).map_or(0, |s| s.core);
+        if def.market == Market::Futures {
+            let Some(&price) = prices.get(&instrument) else {
+                continue;
+            };
+            // Total P&L since the position opened, marked to the settlement price, minus
+            // what earlier runs paid: value sums to zero over the accounts of an instrument
+            // exactly, so the rounding to cash below is all that can leave a remainder.
+            let marked =
+                trade_value(def, price, p.qty).expect("a position's value fits") - p.paid_value;
+            let vm = value_to_cash_floor(def, marked) - p.vm_paid.0;
+            *rounding.entry(instrument).or_insert(0i128) -= vm;
+            if vm != 0 {
+                margin.push(MarginLine {
+                    account,
+                    instrument,
+                    qty: p.qty,
+                    vm: Cash(vm),
+                });
+                *net.entry((core, account)).or_default() += vm;
+            }
+        } else if p.securities_due != 0 || p.cash_due.0 != 0 {
+            obligations.push(ObligationLine {
+                account,
+                instrument,
+                securities: p.securities_due,
+                cash: p.cash_due,
+            });
+        }
+    }
+    RunPlan {
+        run_id,
+        kind,
+        rule: *rule,
+        cut: state.cut().to_vec(),
+        cut_ts_ns: state.last_ts_ns(),
+        state_hash: state.state_hash(),
+        prices,
+        margin,
+        rounding: rounding.into_iter().map(|(i, c)| (i, Cash(c))).collect(),
+        obligations,
+        movements: movements(net),
+    }
+}
+
+/// Net amounts per core and account as movements: per core the withdrawals first (so that
+/// the losers' cash is taken before the winners' is credited), each group by account, then
+/// numbered 1, 2, 3, ... per core.
+fn movements(net: BTreeMap<(usize, AccountId), i128>) -> Vec<Movement> {
+    let mut list: Vec<Movement> = net
+        .into_iter()
+        .filter(|&(_, amount)| amount != 0)
+        .map(|((core, account), amount)| Movement {
+            core,
+            seq: 0,
+            account,
+            amount: Cash(amount),
+        })
+        .collect();
+    list.sort_by_key(|m| (m.core, m.amount.0 > 0, m.account));
+    let mut seq_of_core: BTreeMap<usize, u64> = BTreeMap::new();
+    for m in &mut list {
+        let seq = seq_of_core.entry(m.core).or_insert(0);
+        *seq += 1;
+        m.seq = *seq;
+    }
+    list
+}

@@ -1,0 +1,210 @@
+//! The clearing state's inputs and outputs over the network: feeding it from the cores'
+//! committed streams (up to a cut, replaying saved runs on the way), and executing a run's
+//! movements through the normal sequenced path, resumable after a crash.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bourse_cluster::client::node_status_brief;
+use bourse_cluster::{Client, NodeId, StreamConsumer};
+use bourse_core::{Event, RejectReason};
+use serde::Serialize;
+
+use crate::run::{run_client_id, Movement, RunPlan};
+use crate::state::ClearingState;
+
+/// How long a node may take to say where its stream ends.
+const STATUS_TIMEOUT_MS: u64 = 2_000;
+/// A node silent this long while it owes entries that exist is left for the next one.
+const STALL_TIMEOUT_MS: u64 = 1_000;
+/// How long one movement may take to be committed and applied, failovers included.
+pub const MOVEMENT_DEADLINE_MS: u64 = 20_000;
+
+/// The position just past the newest entry any of `nodes` applied: the cut a run takes now
+/// (trading goes on; what is applied later belongs to the next run).
+pub async fn stream_end(nodes: &[SocketAddr]) -> Result<u64, String> {
+    let mut end = None;
+    let mut errors = Vec::new();
+    for &addr in nodes {
+        match node_status_brief(addr, Duration::from_millis(STATUS_TIMEOUT_MS)).await {
+            Ok(s) => {
+                let here = s.last_applied_index.map_or(0, |i| i + 1);
+                end = Some(end.map_or(here, |e: u64| e.max(here)));
+            }
+            Err(e) => errors.push(format!("{addr}: {e}")),
+        }
+    }
+    end.ok_or_else(|| format!("no node answered: {}", errors.join("; ")))
+}
+
+/// Feeds `state` the entries of `core` from its position up to `until` (exclusive).
+pub async fn feed_to(
+    state: &mut ClearingState,
+    core: usize,
+    nodes: &[SocketAddr],
+    until: u64,
+) -> Result<(), String> {
+    let from = state.cut()[core];
+    if from >= until {
+        return Ok(());
+    }
+    let mut consumer = StreamConsumer::remote(nodes.to_vec(), from);
+    consumer.set_stall_timeout_ms(STALL_TIMEOUT_MS);
+    while consumer.position() < until {
+        let entry = consumer
+            .next()
+            .await
+            .map_err(|e| format!("core {core}, entry {}: {e}", consumer.position()))?;
+        state
+            .apply_entry(core, &entry)
+            .map_err(|e| format!("core {core}, entry {}: {e}", entry.index()))?;
+    }
+    Ok(())
+}
+
+/// Feeds `state` up to `until` (per core), settling each of the saved `runs` (in run order)
+/// when the state reaches its cut, and checks that the state there hashes as it did when the
+/// run was computed: clearing is reproducible, and a difference means a run was computed on
+/// other data.
+pub async fn replay(
+    state: &mut ClearingState,
+    cores: &[Vec<SocketAddr>],
+    runs: &[RunPlan],
+    until: &[u64],
+) -> Result<(), String> {
+    for run in runs {
+        if run.cut.len() != cores.len() {
+            return Err(format!(
+                "run {} cleared {} cores, this clearing follows {}",
+                run.run_id,
+                run.cut.len(),
+                cores.len()
+            ));
+        }
+        for (core, nodes) in cores.iter().enumerate() {
+            feed_to(state, core, nodes, run.cut[core]).await?;
+        }
+        if state.state_hash() != run.state_hash {
+            return Err(format!(
+                "the state at run {}'s cut {:?} hashes {:016x}, the run saw {:016x}",
+                run.run_id,
+                run.cut,
+                state.state_hash(),
+                run.state_hash
+            ));
+        }
+        state.settle(run);
+    }
+    for (core, nodes) in cores.iter().enumerate() {
+        feed_to(state, core, nodes, until[core]).await?;
+    }
+    Ok(())
+}
+
+/// What became of one movement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "result")]
+pub enum MovementResult {
+    /// The core applied it (now or in an earlier attempt of the run).
+    Done { applied_index: u64 },
+    /// The core refused it (a withdrawal above the account's free cash): a margin call the
+    /// member must meet.
+    Refused {
+        applied_index: u64,
+        reason: RejectReason,
+    },
+}
+
+/// Options of [`execute`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExecuteOptions {
+    /// Submit at most this many movements, then stop as if the process died (tests of a
+    /// restarted run).
+    pub stop_after: Option<usize>,
+}
+
+/// Submits the plan's movements to the cores (`cores[c]`: the nodes of core `c`), each once:
+/// first reads each core's stream from the run's cut for requests of the run's client id that
+/// are already applied (an earlier attempt of the same run), then submits the rest in seq
+/// order. Returns the result of every movement known so far, by (core, seq).
+pub async fn execute(
+    plan: &RunPlan,
+    cores: &[Vec<(NodeId, SocketAddr)>],
+    options: ExecuteOptions,
+) -> Result<BTreeMap<(usize, u64), MovementResult>, String> {
+    let mut results = BTreeMap::new();
+    let mut submitted = 0usize;
+    for (core, nodes) in cores.iter().enumerate() {
+        let mine: Vec<&Movement> = plan.movements.iter().filter(|m| m.core == core).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let client_id = run_client_id(plan.run_id, core);
+        let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.1).collect();
+        let earlier = applied_earlier(&addrs, plan.cut[core], client_id).await?;
+        for (&seq, &r) in &earlier {
+            results.insert((core, seq), r);
+        }
+        let last = earlier.keys().next_back().copied().unwrap_or(0);
+        let mut client = Client::new(nodes.clone(), client_id, last + 1);
+        for m in mine.into_iter().filter(|m| m.seq > last) {
+            if options.stop_after.is_some_and(|n| submitted >= n) {
+                return Ok(results);
+            }
+            debug_assert_eq!(m.seq, client.next_seq(), "movements are numbered 1, 2, 3");
+            let (ack, events) = client
+                .submit_for_events(
+                    &m.command(plan.cut_ts_ns),
+                    Duration::from_millis(MOVEMENT_DEADLINE_MS),
+                )
+                .await
+                .map_err(|e| format!("core {core}, movement {}: {e}", m.seq))?;
+            results.insert((core, m.seq), result_of(ack.applied_index, &events));
+            submitted += 1;
+        }
+    }
+    Ok(results)
+}
+
+/// The requests of `client_id` applied on the stream from `from` to its current end.
+async fn applied_earlier(
+    nodes: &[SocketAddr],
+    from: u64,
+    client_id: u64,
+) -> Result<BTreeMap<u64, MovementResult>, String> {
+    let end = stream_end(nodes).await?;
+    let mut found = BTreeMap::new();
+    if from >= end {
+        return Ok(found);
+    }
+    let mut consumer = StreamConsumer::remote(nodes.to_vec(), from);
+    consumer.set_stall_timeout_ms(STALL_TIMEOUT_MS);
+    while consumer.position() < end {
+        let entry = consumer.next().await.map_err(|e| e.to_string())?;
+        for r in entry.requests() {
+            if r.key().0 != client_id || !r.applied_here() {
+                continue;
+            }
+            let events: Vec<Event> = r
+                .events()
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("entry {}: {e}", entry.index()))?;
+            found.insert(r.key().1, result_of(entry.index(), &events));
+        }
+    }
+    Ok(found)
+}
+
+fn result_of(applied_index: u64, events: &[Event]) -> MovementResult {
+    match events.iter().find_map(|e| match e {
+        Event::CommandRejected { reason, .. } => Some(*reason),
+        _ => None,
+    }) {
+        Some(reason) => MovementResult::Refused {
+            applied_index,
+            reason,
+        },
+        None => MovementResult::Done { applied_index },
+    }
+}

@@ -1,0 +1,243 @@
+//! A clearing run against a replicated core (three nodes over TCP): the state is fed from the
+//! committed stream up to the cut, the run's movements are submitted through the sequenced
+//! path, a run that dies after its first movement is restarted and applies nothing twice
+//! (checked on the core's own balances), and a saved run replays onto a fresh state.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bourse_clearing::{
+    compute_run, execute, replay, run_client_id, stream_end, ClearingState, ExecuteOptions,
+    MovementResult, RunKind, SettlementRule,
+};
+use bourse_cluster::{Client, ClusterConfig, Node, NodeId, StreamConsumer};
+use bourse_core::*;
+use bourse_engine::fixtures::future;
+
+const DEADLINE: Duration = Duration::from_secs(20);
+const FUT: u32 = 1;
+const CASH_START: i128 = 1_000_000_0000;
+
+fn addrs(config: &ClusterConfig) -> Vec<(NodeId, SocketAddr)> {
+    config
+        .nodes
+        .iter()
+        .map(|n| (n.id, n.addr.parse().unwrap()))
+        .collect()
+}
+
+async fn submit(client: &mut Client, body: CommandBody) -> Vec<Event> {
+    client
+        .submit_for_events(&Command::new(1_000, body), DEADLINE)
+        .await
+        .expect("applied")
+        .1
+}
+
+fn order(account: u32, id: u64, side: Side, price: i64, qty: i64) -> CommandBody {
+    CommandBody::NewOrder(NewOrder {
+        account: AccountId(account),
+        cl_ord_id: ClOrdId(id),
+        instrument: InstrumentId(FUT),
+        side,
+        ord_type: OrdType::Limit,
+        price: Price(price),
+        qty: Qty(qty),
+        tif: TimeInForce::Day,
+        expire_ts_ns: 0,
+        display_qty: Qty(0),
+    })
+}
+
+/// The account's cash as the core has it: a deposit of one unit answers with the balance.
+async fn core_cash(client: &mut Client, account: u32) -> i128 {
+    let events = submit(
+        client,
+        CommandBody::Deposit {
+            account: AccountId(account),
+            amount: Cash(1),
+        },
+    )
+    .await;
+    match events[..] {
+        [Event::CashChanged { cash, .. }] => cash.0 - 1,
+        _ => panic!("a deposit answers with the balance: {events:?}"),
+    }
+}
+
+/// Applied requests of `client_id` on the whole stream, by seq, with how often each was
+/// applied.
+async fn applied_requests(nodes: &[SocketAddr], client_id: u64) -> Vec<(u64, u32)> {
+    let end = stream_end(nodes).await.unwrap();
+    let mut consumer = StreamConsumer::remote(nodes.to_vec(), 0);
+    let mut seen = std::collections::BTreeMap::new();
+    while consumer.position() < end {
+        let entry = consumer.next().await.unwrap();
+        for r in entry.requests() {
+            if r.key().0 == client_id && r.applied_here() {
+                *seen.entry(r.key().1).or_insert(0) += 1;
+            }
+        }
+    }
+    seen.into_iter().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_restarted_after_a_crash_applies_every_movement_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config =
+        ClusterConfig::local(16, dir.path().to_path_buf(), bourse_testkit::free_ports());
+    config.fsync = bourse_cluster::FsyncSetting::Never;
+    config.orders_max = 1024;
+    config.accounts_max = 64;
+    let mut nodes = Vec::new();
+    for n in &config.nodes {
+        nodes.push(Node::start(&config, n.id).await.unwrap());
+    }
+    let group = addrs(&config);
+    let stream_nodes: Vec<SocketAddr> = group.iter().map(|n| n.1).collect();
+    let cores_streams = [stream_nodes.clone()];
+
+    // Four accounts trade a future: 1 and 2 buy, 3 and 4 sell, at several prices.
+    let mut trader = Client::new(group.clone(), 7, 1);
+    submit(
+        &mut trader,
+        CommandBody::AddInstrument(future(FUT, "FUT", 100_000)),
+    )
+    .await;
+    for a in 1..=4 {
+        submit(
+            &mut trader,
+            CommandBody::AddAccount(AccountSpec {
+                account: AccountId(a),
+                firm: FirmId(1),
+                may_short: true,
+                stp: StpMode::None,
+                stp_scope: StpScope::Account,
+            }),
+        )
+        .await;
+        submit(
+            &mut trader,
+            CommandBody::Deposit {
+                account: AccountId(a),
+                amount: Cash(CASH_START),
+            },
+        )
+        .await;
+    }
+    let fills = [
+        (1, 3, 99_000, 5),
+        (2, 4, 101_000, 3),
+        (1, 4, 100_500, 2),
+        (2, 3, 100_020, 4),
+    ];
+    let mut id = 0;
+    for (buyer, seller, price, qty) in fills {
+        id += 2;
+        submit(&mut trader, order(seller, id, Side::Sell, price, qty)).await;
+        let events = submit(&mut trader, order(buyer, id + 1, Side::Buy, price, qty)).await;
+        assert!(
+            events.iter().any(|e| matches!(e, Event::Trade { .. })),
+            "{events:?}"
+        );
+    }
+
+    // The cut: where the stream ends now. The state is fed up to it.
+    let cut = stream_end(&stream_nodes).await.unwrap();
+    let defs = [future(FUT, "FUT", 100_000)];
+    let mut state = ClearingState::new(1, defs.clone());
+    replay(&mut state, &cores_streams, &[], &[cut])
+        .await
+        .unwrap();
+    assert_eq!(state.trades(), 4);
+    let rule = SettlementRule {
+        last_trades: 2,
+        window_ns: None,
+    };
+    let plan = compute_run(&state, 3, RunKind::Intermediate, &rule);
+    // VWAP of the last two trades: (100,500 × 2 + 100,020 × 4) / 6 = 100,180.
+    assert_eq!(plan.prices[&InstrumentId(FUT)], Price(100_180));
+    // Account 1 bought 5 at 99,000 and 2 at 100,500: (1,180 × 5 − 320 × 2) points.
+    let vm_of = |a: u32| {
+        plan.margin
+            .iter()
+            .filter(|l| l.account == AccountId(a))
+            .map(|l| l.vm.0)
+            .sum::<i128>()
+    };
+    assert_eq!(vm_of(1), (1_180 * 5 - 320 * 2) * 1_0000);
+    assert_eq!((1..=4).map(vm_of).sum::<i128>(), 0);
+    assert_eq!(plan.movements.len(), 4);
+
+    // The run dies after its first movement; the restarted run submits the other three.
+    let cores = [group.clone()];
+    let partial = execute(
+        &plan,
+        &cores,
+        ExecuteOptions {
+            stop_after: Some(1),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(partial.len(), 1);
+    let full = execute(&plan, &cores, ExecuteOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(full.len(), 4);
+    assert!(
+        full.values()
+            .all(|r| matches!(r, MovementResult::Done { .. })),
+        "{full:?}"
+    );
+    // A third attempt finds everything done and submits nothing.
+    let again = execute(&plan, &cores, ExecuteOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(again, full);
+
+    let run_client = run_client_id(3, 0);
+    let applied = applied_requests(&stream_nodes, run_client).await;
+    assert_eq!(
+        applied,
+        vec![(1, 1), (2, 1), (3, 1), (4, 1)],
+        "each movement applied once"
+    );
+    let mut checker = Client::new(group.clone(), 8, 1);
+    for a in 1..=4 {
+        let cash = core_cash(&mut checker, a).await;
+        assert_eq!(cash, CASH_START + vm_of(a), "account {a} on the core");
+    }
+
+    // A fresh clearing state replays the saved run and reaches the same state; with no
+    // trade since, a second run owes nothing.
+    let end = stream_end(&stream_nodes).await.unwrap();
+    let mut replayed = ClearingState::new(1, defs);
+    replay(
+        &mut replayed,
+        &cores_streams,
+        std::slice::from_ref(&plan),
+        &[end],
+    )
+    .await
+    .unwrap();
+    state.settle(&plan);
+    replay(&mut state, &cores_streams, &[], &[end])
+        .await
+        .unwrap();
+    assert_eq!(replayed.state_hash(), state.state_hash());
+    let next = compute_run(&replayed, 4, RunKind::EndOfDay, &rule);
+    assert!(next.movements.is_empty(), "{next:?}");
+    for a in 1..=4 {
+        // The mirror of each balance follows the core's own figure (plus the checker's unit).
+        assert_eq!(
+            replayed.cash()[&(0, AccountId(a))].cash.0,
+            CASH_START + vm_of(a) + 1
+        );
+    }
+
+    for n in nodes {
+        n.shutdown().await;
+    }
+}

@@ -1,0 +1,314 @@
+//! Clearing runs on the events of a real engine fed random orders: variation margin sums to
+//! zero per instrument (rounding kept apart) and the movements conserve cash; margin, P&L and
+//! obligations equal an independent recomputation from the trade list; the state and the
+//! plan are deterministic; a second run pays only what the first did not.
+
+use std::collections::BTreeMap;
+
+use bourse_clearing::{compute_run, ClearingState, RunKind, SettlementRule};
+use bourse_core::*;
+use bourse_engine::fixtures::{equity, future, Driver};
+use bourse_engine::EngineConfig;
+use proptest::prelude::*;
+
+const ACCOUNTS: u32 = 6;
+const FUT: u32 = 1;
+/// A future with 6 price decimals and a multiplier: its margin must be rounded to cash.
+const FUT_FINE: u32 = 2;
+const EQ: u32 = 3;
+
+fn fine_future() -> Instrument {
+    Instrument {
+        instrument: InstrumentId(FUT_FINE),
+        symbol: "FINE".into(),
+        market: Market::Futures,
+        price_scale: 6,
+        tick: Price(7),
+        lot_size: 1,
+        multiplier: 3,
+        initial_margin: Cash(10_0000),
+        band_bps: 1000,
+        reference_price: Price(1_000_006),
+    }
+}
+
+fn definitions() -> Vec<Instrument> {
+    vec![
+        future(FUT, "FUT", 100_000),
+        fine_future(),
+        equity(EQ, "EQ", 10_000),
+    ]
+}
+
+/// One random order: (account, instrument index, buy?, ticks from the reference, lots).
+type Order = (u32, usize, bool, i64, i64);
+
+fn orders() -> impl Strategy<Value = Vec<Order>> {
+    prop::collection::vec(
+        (0..ACCOUNTS, 0..3usize, any::<bool>(), -5i64..=5, 1i64..=20),
+        1..120,
+    )
+}
+
+/// Runs the orders through an engine; returns every event.
+fn trade(orders: &[Order]) -> Vec<Event> {
+    let mut d = Driver::new(EngineConfig {
+        orders_max: 4096,
+        accounts_max: 64,
+        ..EngineConfig::default()
+    });
+    let mut events = Vec::new();
+    for def in definitions() {
+        d.add_instrument(def);
+    }
+    for a in 0..ACCOUNTS {
+        d.add_account_spec(
+            AccountSpec {
+                account: AccountId(a),
+                firm: FirmId(a % 2),
+                may_short: true,
+                stp: StpMode::None,
+                stp_scope: StpScope::Account,
+            },
+            1_000_000_000_0000,
+        );
+        events.extend_from_slice(&d.events);
+    }
+    let defs = definitions();
+    for (i, &(account, inst, buy, ticks, lots)) in orders.iter().enumerate() {
+        let def = &defs[inst];
+        let price = def.reference_price.0 + ticks * def.tick.0;
+        let side = if buy { Side::Buy } else { Side::Sell };
+        events.extend(d.limit(account, i as u64 + 1, def.instrument.0, side, price, lots));
+    }
+    events
+}
+
+fn fed(events: &[Event]) -> ClearingState {
+    let mut s = ClearingState::new(1, definitions());
+    for e in events {
+        s.apply_event(0, e).unwrap();
+    }
+    s
+}
+
+/// Independently: every account's P&L on the whole-point future at `settle`, in cash units,
+/// from the trade list alone (Σ side × lots × (settle − price)).
+fn pnl_from_trades(events: &[Event], settle: i64) -> BTreeMap<AccountId, i128> {
+    let mut pnl = BTreeMap::new();
+    for e in events {
+        if let Event::Trade {
+            instrument,
+            price,
+            qty,
+            buy,
+            sell,
+            ..
+        } = e
+        {
+            if instrument.0 != FUT {
+                continue;
+            }
+            let per_lot = (settle - price.0) as i128 * 1_0000;
+            *pnl.entry(buy.account).or_insert(0) += qty.0 as i128 * per_lot;
+            *pnl.entry(sell.account).or_insert(0) -= qty.0 as i128 * per_lot;
+        }
+    }
+    pnl
+}
+
+fn rule() -> SettlementRule {
+    SettlementRule {
+        last_trades: 5,
+        window_ns: None,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn variation_margin_sums_to_zero_per_instrument_and_cash_is_conserved(o in orders()) {
+        let state = fed(&trade(&o));
+        let plan = compute_run(&state, 1, RunKind::Intermediate, &rule());
+        let mut per_instrument: BTreeMap<InstrumentId, i128> = BTreeMap::new();
+        for l in &plan.margin {
+            *per_instrument.entry(l.instrument).or_default() += l.vm.0;
+        }
+        for (i, r) in &plan.rounding {
+            let vm = per_instrument.get(i).copied().unwrap_or(0);
+            prop_assert_eq!(vm + r.0, 0, "instrument {}", i);
+            // Rounding down per account leaves the house less than one cash unit each.
+            prop_assert!(r.0 >= 0 && r.0 < ACCOUNTS as i128);
+        }
+        prop_assert_eq!(plan.rounding.get(&InstrumentId(FUT)).map_or(0, |c| c.0), 0);
+        let moved: i128 = plan.movements.iter().map(|m| m.amount.0).sum();
+        let rounding: i128 = plan.rounding.values().map(|c| c.0).sum();
+        prop_assert_eq!(moved + rounding, 0);
+        let mut securities: BTreeMap<InstrumentId, (i64, i128)> = BTreeMap::new();
+        for l in &plan.obligations {
+            let s = securities.entry(l.instrument).or_default();
+            s.0 += l.securities;
+            s.1 += l.cash.0;
+        }
+        for (i, (units, _cash)) in &securities {
+            prop_assert_eq!(*units, 0, "securities of {} conserved", i);
+        }
+    }
+
+    #[test]
+    fn margin_and_pnl_equal_a_recomputation_from_the_trade_list(o in orders()) {
+        let events = trade(&o);
+        let state = fed(&events);
+        let plan = compute_run(&state, 1, RunKind::Intermediate, &rule());
+        let Some(&settle) = plan.prices.get(&InstrumentId(FUT)) else {
+            return Ok(());
+        };
+        let expected = pnl_from_trades(&events, settle.0);
+        for (account, pnl) in &expected {
+            let vm = plan
+                .margin
+                .iter()
+                .find(|l| l.account == *account && l.instrument.0 == FUT)
+                .map_or(0, |l| l.vm.0);
+            prop_assert_eq!(vm, *pnl, "account {}", account);
+            let p = state.positions()[&(*account, InstrumentId(FUT))];
+            // Realised plus unrealised (against the average cost) is the whole P&L.
+            let unrealised = p.qty as i128 * settle.0 as i128 * 1_0000 - p.cost_value;
+            prop_assert_eq!(p.realised_value + unrealised, *pnl);
+        }
+        // The equity's obligations are what the core paid and received, trade by trade.
+        let mut cash: BTreeMap<AccountId, i128> = BTreeMap::new();
+        for e in &events {
+            if let Event::Trade { instrument, price, qty, buy, sell, .. } = e {
+                if instrument.0 == EQ {
+                    let v = equity(EQ, "EQ", 1).notional_floor(*price, *qty).unwrap();
+                    *cash.entry(buy.account).or_default() -= v;
+                    *cash.entry(sell.account).or_default() += v;
+                }
+            }
+        }
+        for (account, c) in cash {
+            let line = plan.obligations.iter().find(|l| l.account == account && l.instrument.0 == EQ);
+            prop_assert_eq!(line.map_or(0, |l| l.cash.0), c);
+        }
+    }
+
+    #[test]
+    fn a_second_run_pays_only_the_change_since_the_first(o in orders(), split in 0usize..120) {
+        let events = trade(&o);
+        let split = split.min(events.len());
+        let mut state = ClearingState::new(1, definitions());
+        for e in &events[..split] {
+            state.apply_event(0, e).unwrap();
+        }
+        let first = compute_run(&state, 1, RunKind::Intermediate, &rule());
+        state.settle(&first);
+        for e in &events[split..] {
+            state.apply_event(0, e).unwrap();
+        }
+        let second = compute_run(&state, 2, RunKind::EndOfDay, &rule());
+        let once = compute_run(&fed(&events), 1, RunKind::EndOfDay, &rule());
+        // Paid in two runs = paid in one run at the end, account by account.
+        let total = |plans: &[&bourse_clearing::RunPlan]| {
+            let mut t: BTreeMap<(AccountId, InstrumentId), i128> = BTreeMap::new();
+            for p in plans {
+                for l in &p.margin {
+                    *t.entry((l.account, l.instrument)).or_default() += l.vm.0;
+                }
+            }
+            t.retain(|_, v| *v != 0);
+            t
+        };
+        prop_assert_eq!(total(&[&first, &second]), total(&[&once]));
+        // And nothing more is due at the same prices.
+        state.settle(&second);
+        let third = compute_run(&state, 3, RunKind::EndOfDay, &rule());
+        prop_assert!(third.margin.is_empty() && third.movements.is_empty());
+        prop_assert!(third.obligations.is_empty());
+    }
+}
+
+#[test]
+fn the_same_events_give_the_same_state_and_plan() {
+    let o: Vec<Order> = (0..200)
+        .map(|i| {
+            (
+                (i * 7 % 6) as u32,
+                i % 3,
+                i % 2 == 0,
+                (i as i64 * 3) % 11 - 5,
+                1 + i as i64 % 9,
+            )
+        })
+        .collect();
+    let events = trade(&o);
+    let (a, b) = (fed(&events), fed(&events));
+    assert!(a.trades() > 20, "the flow trades");
+    assert_eq!(a.state_hash(), b.state_hash());
+    let (pa, pb) = (
+        compute_run(&a, 9, RunKind::Intermediate, &rule()),
+        compute_run(&b, 9, RunKind::Intermediate, &rule()),
+    );
+    assert_eq!(pa, pb);
+    // Leaving out the last trade changes the hash; feeding it again restores it.
+    let last_trade = events
+        .iter()
+        .rposition(|e| matches!(e, Event::Trade { .. }))
+        .unwrap();
+    let mut c = fed(&events[..last_trade]);
+    assert_ne!(
+        c.state_hash(),
+        a.state_hash(),
+        "the hash covers the last trade"
+    );
+    for e in &events[last_trade..] {
+        c.apply_event(0, e).unwrap();
+    }
+    assert_eq!(c.state_hash(), a.state_hash());
+}
+
+#[test]
+fn the_settlement_price_is_the_vwap_of_the_last_trades_on_the_tick() {
+    let def = future(FUT, "FUT", 100_000);
+    let mut s = ClearingState::new(1, [def]);
+    let fill = |account| Fill {
+        order_id: OrderId(1),
+        account: AccountId(account),
+        cl_ord_id: ClOrdId(1),
+        qty_leaves: Qty(0),
+        qty_filled: Qty(1),
+    };
+    for (ts, price, qty) in [(1, 90_000, 100), (2, 100_000, 1), (3, 100_020, 3)] {
+        s.apply_event(
+            0,
+            &Event::Trade {
+                trade_id: TradeId(ts),
+                instrument: InstrumentId(FUT),
+                price: Price(price),
+                qty: Qty(qty),
+                aggressor: Side::Buy,
+                buy: fill(1),
+                sell: fill(2),
+                ts_ns: ts * 1_000_000_000,
+            },
+        )
+        .unwrap();
+    }
+    let price = |last_trades, window_ns| {
+        bourse_clearing::settlement_prices(
+            &s,
+            &SettlementRule {
+                last_trades,
+                window_ns,
+            },
+        )[&InstrumentId(FUT)]
+    };
+    // (100,000 + 3 × 100,020) / 4 = 100,015, to the nearest tick of 10 (halves up).
+    assert_eq!(price(2, None), Price(100_020));
+    assert_eq!(price(1, None), Price(100_020));
+    // All three: (9,000,000 + 100,000 + 300,060) / 104 = 90,385.2 → 90,390.
+    assert_eq!(price(3, None), Price(90_390));
+    // A window of 1.5 s before the newest trade leaves the first trade out.
+    assert_eq!(price(3, Some(1_500_000_000)), Price(100_020));
+}

@@ -1,0 +1,199 @@
+//! `bourse clearing run` against a three-node core: the run pays variation margin through the
+//! sequenced path and writes its report; run again under the same id it resumes the saved
+//! plan and applies nothing twice (the core's balances say so); the next run owes nothing
+//! while no one trades.
+
+use std::net::SocketAddr;
+use std::process::Command as Process;
+use std::time::Duration;
+
+use bourse_cluster::tokio;
+use bourse_cluster::{Client, ClusterConfig, Node};
+use bourse_core::*;
+use bourse_engine::fixtures::future;
+
+const BOURSE: &str = env!("CARGO_BIN_EXE_bourse");
+const DEADLINE: Duration = Duration::from_secs(20);
+const CASH_START: i128 = 1_000_000_0000;
+
+async fn submit(client: &mut Client, body: CommandBody) -> Vec<Event> {
+    client
+        .submit_for_events(&Command::new(1_000, body), DEADLINE)
+        .await
+        .expect("applied")
+        .1
+}
+
+fn order(account: u32, id: u64, side: Side, price: i64, qty: i64) -> CommandBody {
+    CommandBody::NewOrder(NewOrder {
+        account: AccountId(account),
+        cl_ord_id: ClOrdId(id),
+        instrument: InstrumentId(1),
+        side,
+        ord_type: OrdType::Limit,
+        price: Price(price),
+        qty: Qty(qty),
+        tif: TimeInForce::Day,
+        expire_ts_ns: 0,
+        display_qty: Qty(0),
+    })
+}
+
+/// The balance as the core has it (a deposit of one unit answers with it).
+async fn core_cash(client: &mut Client, account: u32) -> i128 {
+    let deposit = CommandBody::Deposit {
+        account: AccountId(account),
+        amount: Cash(1),
+    };
+    match submit(client, deposit).await[..] {
+        [Event::CashChanged { cash, .. }] => cash.0 - 1,
+        ref other => panic!("a deposit answers with the balance: {other:?}"),
+    }
+}
+
+fn clearing(args: &[&str]) -> String {
+    let out = Process::new(BOURSE)
+        .arg("clearing")
+        .arg("run")
+        .args(args)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "bourse clearing run {args:?} failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+#[test]
+fn clearing_run_pays_margin_once_and_resumes_under_the_same_id() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config =
+        ClusterConfig::local(17, dir.path().join("nodes"), bourse_testkit::free_ports());
+    config.fsync = bourse_cluster::FsyncSetting::Never;
+    config.orders_max = 1024;
+    config.accounts_max = 64;
+    let nodes: Vec<Node> = rt.block_on(async {
+        let mut nodes = Vec::new();
+        for n in &config.nodes {
+            nodes.push(Node::start(&config, n.id).await.unwrap());
+        }
+        nodes
+    });
+    let group: Vec<(u64, SocketAddr)> = config
+        .nodes
+        .iter()
+        .map(|n| (n.id, n.addr.parse().unwrap()))
+        .collect();
+    let node_list = group
+        .iter()
+        .map(|n| n.1.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut trader = Client::new(group.clone(), 7, 1);
+    rt.block_on(async {
+        submit(
+            &mut trader,
+            CommandBody::AddInstrument(future(1, "FUT", 100_000)),
+        )
+        .await;
+        for a in 1..=3 {
+            let spec = AccountSpec {
+                account: AccountId(a),
+                firm: FirmId(a),
+                may_short: true,
+                stp: StpMode::None,
+                stp_scope: StpScope::Account,
+            };
+            submit(&mut trader, CommandBody::AddAccount(spec)).await;
+            let amount = Cash(CASH_START);
+            submit(
+                &mut trader,
+                CommandBody::Deposit {
+                    account: AccountId(a),
+                    amount,
+                },
+            )
+            .await;
+        }
+        // Account 1 buys 4 at 99,000 from 2 and 2 at 100,200 from 3.
+        submit(&mut trader, order(2, 1, Side::Sell, 99_000, 4)).await;
+        submit(&mut trader, order(1, 2, Side::Buy, 99_000, 4)).await;
+        submit(&mut trader, order(3, 3, Side::Sell, 100_200, 2)).await;
+        submit(&mut trader, order(1, 4, Side::Buy, 100_200, 2)).await;
+    });
+    let instruments = dir.path().join("instruments.json");
+    std::fs::write(
+        &instruments,
+        serde_json::to_string(&[future(1, "FUT", 100_000)]).unwrap(),
+    )
+    .unwrap();
+    let runs = dir.path().join("runs");
+    let out = dir.path().join("out");
+    let common = [
+        "--nodes",
+        &node_list,
+        "--instruments",
+        instruments.to_str().unwrap(),
+        "--dir",
+        runs.to_str().unwrap(),
+        "--last-trades",
+        "1",
+    ];
+    let mut args = vec!["--intermediate", "--out", out.to_str().unwrap()];
+    args.extend(common);
+    let first = clearing(&args);
+    // Account 3 sold at the settlement price: nothing to move.
+    assert!(first.contains("movements 2 refused 0"), "{first}");
+    assert!(runs.join("run-000001.json").exists());
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["settlement_prices"]["1"], 100_200);
+    let csv = std::fs::read_to_string(out.join("report.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 4, "a header and three accounts: {csv}");
+    assert!(
+        csv.contains("\n3,3,-2,0.0000,"),
+        "account 3 holds -2: {csv}"
+    );
+
+    // Settled at 100,200: account 1 gains 1,200 × 4; 2 loses 1,200 × 4; 3 nothing.
+    let expected = [(1, 4_800_0000i128), (2, -4_800_0000), (3, 0)];
+    let check = |rt: &tokio::runtime::Runtime, checker: &mut Client, units: i128| {
+        rt.block_on(async {
+            for (a, vm) in expected {
+                let cash = core_cash(checker, a).await;
+                assert_eq!(cash, CASH_START + vm + units, "account {a}");
+            }
+        })
+    };
+    let mut checker = Client::new(group.clone(), 8, 1);
+    check(&rt, &mut checker, 0);
+
+    // The same run again (as after a crash): it resumes the saved plan, applies nothing.
+    let mut again = vec!["--intermediate", "--run-id", "1"];
+    again.extend(common);
+    let resumed = clearing(&again);
+    assert!(resumed.contains("resuming run 1"), "{resumed}");
+    check(&rt, &mut checker, 1);
+
+    // The next run: no trade since, nothing owed.
+    let mut next = vec!["--end-of-day"];
+    next.extend(common);
+    let second = clearing(&next);
+    assert!(second.contains("clearing run 2 (EndOfDay)"), "{second}");
+    assert!(second.contains("movements 0"), "{second}");
+    check(&rt, &mut checker, 2);
+
+    rt.block_on(async {
+        for n in nodes {
+            n.shutdown().await;
+        }
+    });
+}
