@@ -20,7 +20,7 @@
 mod orders;
 
 pub use crate::reports::{
-    ExecKind, ExecReport, Finished, GatewayReject, RejectCause, Report, StatusQuery,
+    Echo, ExecKind, ExecReport, Finished, GatewayReject, RejectCause, Report, StatusQuery,
 };
 pub use orders::{RouterState, SavedOrder, FINISHED_ORDERS_KEPT};
 
@@ -690,6 +690,18 @@ impl Router {
         cause: RejectCause,
         ts_ns: u64,
     ) {
+        self.reject_new_echoing(sref, req, cause, ts_ns, None);
+    }
+
+    /// Rejects a new order, its report echoing `echo`, the request's fields as received.
+    pub fn reject_new_echoing(
+        &mut self,
+        sref: SessionRef,
+        req: &NewOrderRequest,
+        cause: RejectCause,
+        ts_ns: u64,
+        echo: Option<Box<Echo>>,
+    ) {
         if let RejectCause::Gateway(g) = cause {
             if g != GatewayReject::SystemBusy {
                 self.counters.gateway_rejects += 1;
@@ -710,6 +722,7 @@ impl Router {
             leaves_lots: 0,
             notional: 0,
             ts_ns,
+            echo,
         };
         self.outbox.push((sref, Report::Exec(report)));
     }
@@ -1133,6 +1146,7 @@ impl Router {
             leaves_lots: leaves,
             notional: o.notional,
             ts_ns,
+            echo: None,
         }
     }
 
