@@ -5,8 +5,8 @@
 use crate::convert::{avg_px, parse_decimal, Decimal};
 use crate::reports::Echo;
 use crate::router::{
-    ClientId, ExecKind, ExecReport, Finished, GatewayReject, NewOrderRequest, RejectCause, Report,
-    Request, Router, SessionRef, StatusQuery,
+    ClientId, ExecKind, ExecReport, Finished, GatewayReject, MassCancelScope, NewOrderRequest,
+    RejectCause, Report, Request, Router, SessionRef, StatusQuery,
 };
 use bourse_core::*;
 use bourse_fix::session::Inbound;
@@ -309,16 +309,23 @@ impl FixApp<'_> {
                 },
             )
         };
-        let instrument = match request_type {
-            b'1' => match self
-                .router
-                .instrument_by_symbol(m.get(tag::SYMBOL).unwrap_or(b""))
-            {
+        // MassCancelRequestType: 1 the session's orders in Symbol, 7 all the session's
+        // orders, 8 ("orders for a party") every order of Account, or of the firm without
+        // Account, whichever session entered them; Symbol and Side filter any of them.
+        let symbol = m.get(tag::SYMBOL);
+        let scope = match (request_type, m.get(tag::ACCOUNT)) {
+            (b'1' | b'7', _) => MassCancelScope::Session,
+            (b'8', Some(_)) => MassCancelScope::Account,
+            (b'8', None) => MassCancelScope::Firm,
+            _ => return reject(self.router, GatewayReject::UnsupportedValue),
+        };
+        let instrument = match (request_type, symbol) {
+            (b'1', None) => return reject(self.router, GatewayReject::UnknownSymbol),
+            (_, None) => None,
+            (_, Some(s)) => match self.router.instrument_by_symbol(s) {
                 Some(i) => Some(i.id),
                 None => return reject(self.router, GatewayReject::UnknownSymbol),
             },
-            b'7' => None,
-            _ => return reject(self.router, GatewayReject::UnsupportedValue),
         };
         let Ok(account) = account_of(m) else {
             return reject(self.router, GatewayReject::NotAuthorized);
@@ -327,6 +334,7 @@ impl FixApp<'_> {
         let mass_cancel = Request::MassCancel {
             client: client.clone(),
             request_type,
+            scope,
             account,
             instrument,
             side,

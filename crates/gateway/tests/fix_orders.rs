@@ -318,3 +318,46 @@ fn avg_px_is_rounded_to_six_decimals() {
     alpha.logout(WAIT).unwrap();
     beta.logout(WAIT).unwrap();
 }
+
+#[test]
+fn a_mass_cancel_reaches_the_sessions_own_orders_unless_it_asks_for_the_account() {
+    let gw = common::start();
+    // BETA and SLOW trade the same account (201).
+    let mut beta = login(&gw, "BETA");
+    let mut slow = login(&gw, "SLOW");
+    for id in ["m1", "m2"] {
+        beta.new_order(id, None, "SBER", true, 10, Some("90"), '0')
+            .unwrap();
+        exec(&mut beta);
+    }
+    slow.new_order("s1", None, "SBER", true, 10, Some("90"), '0')
+        .unwrap();
+    exec(&mut slow);
+
+    // By default, the session's own orders: two reports, and 533 says two.
+    beta.mass_cancel("mc1", None).unwrap();
+    let report = beta.recv_type("r", WAIT).unwrap().unwrap();
+    assert_eq!((f(&report, 531), f(&report, 533)), ("7", "2"));
+    for _ in 0..2 {
+        let r = exec(&mut beta);
+        assert_eq!((f(&r, 150), f(&r, 11)), ("4", "mc1"));
+    }
+    // SLOW's order is still live.
+    slow.order_status("s1", Some("SBER"), Some(true), None)
+        .unwrap();
+    assert_eq!(f(&exec(&mut slow), 39), "0");
+
+    // 530=8 with Account: every order of the account, whichever session entered it.
+    let mut m = bourse_fix::OutMessage::new("q");
+    m.push(11, "mc2");
+    m.push(530, "8");
+    m.push(1, "201");
+    m.push(60, "20260101-00:00:00.000");
+    beta.send(m).unwrap();
+    let report = beta.recv_type("r", WAIT).unwrap().unwrap();
+    assert_eq!((f(&report, 531), f(&report, 533)), ("8", "1"));
+    let r = exec(&mut slow);
+    assert_eq!((f(&r, 150), f(&r, 11)), ("4", "s1"), "the owner is told");
+    beta.logout(WAIT).unwrap();
+    slow.logout(WAIT).unwrap();
+}
