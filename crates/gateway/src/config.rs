@@ -3,7 +3,7 @@
 use bourse_core::{AccountId, FirmId, Instrument, InstrumentId};
 use serde::Deserialize;
 use std::collections::HashSet;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 /// Hard ceilings that no configuration can raise: they bound what one process may hold.
@@ -178,6 +178,9 @@ pub struct FixSessionConfig {
     pub drop_copy: bool,
     /// Overrides the default throttle.
     pub throttle_msgs_per_s: Option<u32>,
+    /// Source addresses the session may log on from; empty: any.
+    #[serde(default)]
+    pub allowed_addresses: Vec<IpAddr>,
 }
 
 fn default_gateway_comp_id() -> String {
@@ -192,6 +195,9 @@ pub struct BinarySessionConfig {
     pub firm: FirmId,
     pub accounts: Vec<AccountId>,
     pub throttle_msgs_per_s: Option<u32>,
+    /// Source addresses the session may establish from; empty: any.
+    #[serde(default)]
+    pub allowed_addresses: Vec<IpAddr>,
 }
 
 impl GatewayConfig {

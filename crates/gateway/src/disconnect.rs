@@ -39,8 +39,6 @@ pub enum DisconnectReason {
     UnknownSession,
     /// The session is already logged on over another connection.
     SessionInUse,
-    /// The session requires a password (credentials) and the one given is missing or wrong.
-    BadCredentials,
     /// The session may not log on from this source address.
     AddressNotAllowed,
     /// The Logon was refused for another reason (the session layer's text is logged).
@@ -58,7 +56,7 @@ pub enum DisconnectReason {
 }
 
 impl DisconnectReason {
-    pub const ALL: [DisconnectReason; 22] = [
+    pub const ALL: [DisconnectReason; 21] = [
         DisconnectReason::PeerClosed,
         DisconnectReason::IoError,
         DisconnectReason::SlowConsumer,
@@ -73,7 +71,6 @@ impl DisconnectReason {
         DisconnectReason::NotLogon,
         DisconnectReason::UnknownSession,
         DisconnectReason::SessionInUse,
-        DisconnectReason::BadCredentials,
         DisconnectReason::AddressNotAllowed,
         DisconnectReason::LogonRefused,
         DisconnectReason::Logout,
@@ -108,7 +105,6 @@ impl DisconnectReason {
             DisconnectReason::NotLogon => "not_logon",
             DisconnectReason::UnknownSession => "unknown_session",
             DisconnectReason::SessionInUse => "session_in_use",
-            DisconnectReason::BadCredentials => "bad_credentials",
             DisconnectReason::AddressNotAllowed => "address_not_allowed",
             DisconnectReason::LogonRefused => "logon_refused",
             DisconnectReason::Logout => "logout",

@@ -244,6 +244,7 @@ pub fn spawn_cores(
         .map_err(|e| format!("FIX store {}: {e}", dir.display()))?;
         fix.push(FixSlot {
             session: Session::new(sc, Arc::clone(&dictionary), Box::new(store)),
+            allowed_addresses: s.allowed_addresses.clone(),
             sref: SessionRef(i as u32),
             client_comp_id: s.client_comp_id.clone(),
             gateway_comp_id: s.gateway_comp_id.clone(),
@@ -259,6 +260,7 @@ pub fn spawn_cores(
         .map(|(j, s)| BinSlot {
             sref: SessionRef((fix_count + j) as u32),
             credentials: s.credentials.clone(),
+            allowed_addresses: s.allowed_addresses.clone(),
             conn: None,
             next_seq: 1,
             sent: VecDeque::new(),
@@ -329,6 +331,8 @@ const STOP_DRAIN_MS: u64 = 5_000;
 
 struct FixSlot {
     session: Session,
+    /// Where the session may log on from; empty: anywhere.
+    allowed_addresses: Vec<std::net::IpAddr>,
     sref: SessionRef,
     client_comp_id: String,
     gateway_comp_id: String,
@@ -340,6 +344,8 @@ struct FixSlot {
 struct BinSlot {
     sref: SessionRef,
     credentials: String,
+    /// Where the session may establish from; empty: anywhere.
+    allowed_addresses: Vec<std::net::IpAddr>,
     conn: Option<Token>,
     next_seq: u64,
     /// Sent responses kept for retransmission; the first has `first_kept_seq`.

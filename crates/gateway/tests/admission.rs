@@ -143,11 +143,21 @@ fn idle_and_trickling_strangers_cannot_keep_configured_sessions_from_logging_on(
 
     // Every close was counted by its reason.
     assert!(common::eventually(WAIT, || metric(&gw, "address_quota") == 3));
-    let displaced = metric(&gw, "prelogon_quota");
+    // Beyond the quota every stranger was closed: displaced by a newer one, refused for its
+    // address, or cut for its garbage (FIX bytes on the binary port).
+    let closed = || {
+        ["prelogon_quota", "address_quota", "garbled"]
+            .iter()
+            .map(|r| metric(&gw, r))
+            .sum::<u64>()
+    };
+    let beyond = (one.len() + many.len() - PRELOGON_MAX) as u64;
     assert!(
-        displaced >= (one.len() - 3 + many.len() - PRELOGON_MAX) as u64,
-        "displaced: {displaced}"
+        common::eventually(WAIT, || closed() >= beyond),
+        "closed {} of {beyond}",
+        closed()
     );
+    assert!(metric(&gw, "prelogon_quota") > 0);
     alpha.logout(WAIT).unwrap();
 }
 
@@ -213,4 +223,48 @@ fn each_careless_logon_is_closed_at_once_and_counted_by_its_reason() {
             "{reason} counted"
         );
     }
+}
+
+#[test]
+fn a_session_logs_on_only_from_its_allowed_addresses() {
+    let text = config()
+        .replace(
+            "client_comp_id = \"ALPHA\"\n",
+            "client_comp_id = \"ALPHA\"\nallowed_addresses = [\"127.0.0.1\"]\n",
+        )
+        .replace(
+            "credentials = \"alpha-bin\"\n",
+            "credentials = \"alpha-bin\"\nallowed_addresses = [\"127.0.0.1\"]\n",
+        );
+    let gw = common::start_with(&text);
+    let fix = gw.handle.fix_addr().unwrap();
+    let bin = gw.handle.binary_addr().unwrap();
+    // From another loopback address: refused, counted.
+    let mut s = connect_from(5, fix);
+    s.write_all(&logon(
+        "35=A\x0149=ALPHA\x0156=BOURSE\x0134=1\x0152=20260101-00:00:00.000\x0198=0\x01108=30\x01",
+    ))
+    .unwrap();
+    assert!(closed_within(&mut s, WAIT));
+    let mut b = connect_from(5, bin);
+    let mut establish = [0u8; 128];
+    let n = bourse_wire::frame::encode_frame(
+        &mut establish,
+        |mut e: bourse_wire::order_entry::codec::establish_codec::EstablishEncoder| {
+            e.timestamp_ns(1).keepalive_interval_ms(1_000);
+            e.credentials_zero_padded(b"alpha-bin");
+            e
+        },
+    )
+    .unwrap();
+    b.write_all(&establish[..n]).unwrap();
+    assert!(closed_within(&mut b, WAIT));
+    assert!(common::eventually(WAIT, || metric(
+        &gw,
+        "address_not_allowed"
+    ) == 2));
+    // From the allowed address: both log on.
+    let mut alpha = FixClient::connect(&FixClientConfig::new(fix, "ALPHA", "BOURSE")).unwrap();
+    let _bin = BinaryClient::connect(bin, "alpha-bin", 60_000, 1).unwrap();
+    alpha.logout(WAIT).unwrap();
 }

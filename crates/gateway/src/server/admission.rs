@@ -246,6 +246,10 @@ impl Server {
         else {
             return self.close_because(token, DisconnectReason::UnknownSession, names);
         };
+        let peer = self.conns.get(&token).map(|c| c.peer.ip());
+        if !address_allowed(&self.fix[slot].allowed_addresses, peer) {
+            return self.close_because(token, DisconnectReason::AddressNotAllowed, names);
+        }
         if self.fix[slot].conn.is_some() {
             return self.close_because(token, DisconnectReason::SessionInUse, names);
         }
@@ -304,6 +308,11 @@ impl Server {
             log.suppressed += 1;
         }
     }
+}
+
+/// Whether a session whose allowed addresses are `allowed` (empty: any) may log on from `peer`.
+pub(super) fn address_allowed(allowed: &[IpAddr], peer: Option<IpAddr>) -> bool {
+    allowed.is_empty() || peer.is_some_and(|p| allowed.contains(&p))
 }
 
 impl Kind {

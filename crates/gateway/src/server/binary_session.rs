@@ -105,8 +105,14 @@ impl Server {
         let mut buf = [0u8; FRAME_BYTES_MAX];
         let creds = bourse_wire::ascii_field(&credentials).unwrap_or("");
         let slot = self.bin.iter().position(|s| s.credentials == creds);
+        let peer = self.conns.get(&token).map(|c| c.peer.ip());
         let code = match slot {
             None => Some(EstablishmentRejectCode::BadCredentials),
+            // Refused with code Unspecified on the wire (a stranger learns nothing more),
+            // counted and logged as the address it is.
+            Some(j) if !admission::address_allowed(&self.bin[j].allowed_addresses, peer) => {
+                Some(EstablishmentRejectCode::Unspecified)
+            }
             Some(j) if self.bin[j].conn.is_some() => {
                 Some(EstablishmentRejectCode::AlreadyEstablished)
             }
@@ -126,6 +132,7 @@ impl Server {
             }
             let reason = match code {
                 EstablishmentRejectCode::BadCredentials => DisconnectReason::UnknownSession,
+                EstablishmentRejectCode::Unspecified => DisconnectReason::AddressNotAllowed,
                 EstablishmentRejectCode::AlreadyEstablished => DisconnectReason::SessionInUse,
                 _ => DisconnectReason::LogonRefused,
             };
