@@ -47,7 +47,7 @@ impl Prelogon {
         }
     }
 
-    fn from_address(&self, ip: IpAddr) -> usize {
+    fn held_by(&self, ip: IpAddr) -> usize {
         self.per_address.get(&ip).copied().unwrap_or(0)
     }
 
@@ -94,7 +94,7 @@ impl Server {
     /// every open connection is a session.
     fn make_room(&mut self, ip: IpAddr) -> Result<(), DisconnectReason> {
         let g = &self.config.gateway;
-        if self.prelogon.from_address(ip) >= g.prelogon_per_address_max {
+        if self.prelogon.held_by(ip) >= g.prelogon_per_address_max {
             return Err(DisconnectReason::AddressQuota);
         }
         let quota = g.prelogon_connections_max.min(g.connections_max);
