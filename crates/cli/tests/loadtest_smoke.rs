@@ -68,10 +68,11 @@ fn the_smoke_profile_runs_and_its_figures_cross_check() {
     // Every acknowledged order accounted for: the cores accepted exactly the orders the
     // generator saw acknowledged, and each is still live or left the book.
     assert_eq!(t["orders"].as_u64().unwrap(), sum(cores, "orders_accepted"));
-    // The cores applied exactly what the gateway passed on (it answers a cancel of an order
-    // it knows has left by itself), and that is every command sent but those.
+    // The cores applied exactly what the gateway passed on: it answers a cancel of an order
+    // it knows has left by itself, and turns a mass cancel (the session's own orders, see
+    // docs/gateway.md) into one cancel per live order, so the count is not bounded by the
+    // commands sent, only close to it.
     assert_eq!(sum(cores, "commands"), sum(cores, "commands_forwarded"));
-    assert!(sum(cores, "commands") <= t["commands_sent"].as_u64().unwrap());
     assert!(sum(cores, "commands") > t["commands_sent"].as_u64().unwrap() * 9 / 10);
     // Trades on the market data feed = trades the cores executed, core by core.
     for c in cores.as_array().unwrap() {

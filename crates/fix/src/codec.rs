@@ -317,6 +317,9 @@ pub enum FrameError {
         size_bytes: usize,
         size_max_bytes: usize,
     },
+    /// More bytes than one message may have arrived without a frame in them: a peer that
+    /// sends garbage is cut at the size limit rather than read for ever.
+    Garbled { skipped_bytes: usize },
 }
 
 impl std::fmt::Display for FrameError {
@@ -325,6 +328,10 @@ impl std::fmt::Display for FrameError {
             FrameError::TooLarge { size_bytes, size_max_bytes } => write!(
                 f,
                 "inbound message of at least {size_bytes} bytes exceeds the limit of {size_max_bytes} bytes"
+            ),
+            FrameError::Garbled { skipped_bytes } => write!(
+                f,
+                "garbled input: {skipped_bytes} bytes without a FIX message in them"
             ),
         }
     }
@@ -342,6 +349,8 @@ pub struct FrameBuffer {
     /// Bytes at the front of `bytes` already handed out or skipped.
     consumed: usize,
     message_size_max_bytes: usize,
+    /// Bytes discarded since the last frame (see [`FrameError::Garbled`]).
+    skipped_bytes: usize,
 }
 
 impl FrameBuffer {
@@ -354,6 +363,7 @@ impl FrameBuffer {
             bytes: Vec::new(),
             consumed: 0,
             message_size_max_bytes,
+            skipped_bytes: 0,
         }
     }
 
@@ -364,6 +374,7 @@ impl FrameBuffer {
     pub fn clear(&mut self) {
         self.bytes.clear();
         self.consumed = 0;
+        self.skipped_bytes = 0;
     }
 
     /// Removes and returns whatever is buffered, complete frames or not.
@@ -388,11 +399,24 @@ impl FrameBuffer {
         assert!(n <= self.buffered_bytes());
         self.consumed += n;
         if self.consumed == self.bytes.len() {
-            self.clear();
+            self.bytes.clear();
+            self.consumed = 0;
         } else if self.consumed >= 4096 && self.consumed * 2 >= self.bytes.len() {
             self.bytes.drain(..self.consumed);
             self.consumed = 0;
         }
+    }
+
+    /// Discards `n` bytes that are no frame; too many in a row end the stream.
+    fn skip(&mut self, n: usize) -> Result<(), FrameError> {
+        self.consume(n);
+        self.skipped_bytes += n;
+        if self.skipped_bytes > self.message_size_max_bytes {
+            let skipped_bytes = self.skipped_bytes;
+            self.clear();
+            return Err(FrameError::Garbled { skipped_bytes });
+        }
+        Ok(())
     }
 
     fn too_large(&mut self, size_bytes: usize) -> FrameError {
@@ -412,10 +436,10 @@ impl FrameBuffer {
             let Some(start) = find(self.view(), b"8=", 0) else {
                 // Keep a trailing '8', which may begin the next message.
                 let keep = usize::from(self.view().last() == Some(&b'8'));
-                self.consume(self.buffered_bytes() - keep);
+                self.skip(self.buffered_bytes() - keep)?;
                 return Ok(None);
             };
-            self.consume(start);
+            self.skip(start)?;
             match scan_frame(self.view(), self.message_size_max_bytes) {
                 Scan::Complete(end) => {
                     if end > self.message_size_max_bytes {
@@ -423,6 +447,7 @@ impl FrameBuffer {
                     }
                     let frame = self.view()[..end].to_vec();
                     self.consume(end);
+                    self.skipped_bytes = 0;
                     return Ok(Some(frame));
                 }
                 Scan::Incomplete => {
@@ -434,7 +459,7 @@ impl FrameBuffer {
                 Scan::TooLarge(size_bytes) => return Err(self.too_large(size_bytes)),
                 Scan::Garbled => {
                     // Skip this "8=" and resynchronise on the next one.
-                    self.consume(2);
+                    self.skip(2)?;
                 }
             }
         }
@@ -747,6 +772,23 @@ mod tests {
         fb.push(&soh("8=FIX.4.4|9=100|35=0|"));
         fb.push(&[b'x'; 80]);
         assert!(matches!(fb.next_frame(), Err(FrameError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn garbage_longer_than_a_message_ends_the_stream() {
+        let mut fb = FrameBuffer::new(64);
+        fb.push(&[b'x'; 60]);
+        assert_eq!(fb.next_frame(), Ok(None));
+        fb.push(&[b'x'; 10]);
+        assert!(matches!(
+            fb.next_frame(),
+            Err(FrameError::Garbled { skipped_bytes: 70 })
+        ));
+        // A BodyLength that never ends is garbage too, whatever its digits.
+        let mut fb = FrameBuffer::new(64);
+        fb.push(b"8=FIX.4.4\x019=");
+        fb.push(&[b'1'; 100]);
+        assert!(matches!(fb.next_frame(), Err(FrameError::Garbled { .. })));
     }
 
     #[test]

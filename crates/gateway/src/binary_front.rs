@@ -4,7 +4,8 @@
 //! retransmission) is the event loop's, `server::binary_session`.
 
 use crate::router::{
-    ClientId, ExecKind, GatewayReject, NewOrderRequest, RejectCause, Report, Request, Router,
+    ClientId, ExecKind, GatewayReject, MassCancelScope, NewOrderRequest, RejectCause, Report,
+    Request, Router,
 };
 use bourse_core::*;
 use bourse_wire::frame::encode_frame;
@@ -320,6 +321,9 @@ pub fn parse_request(router: &Router, message: &Message<'_>, ts_ns: u64) -> Opti
         Message::MassCancel(m) => Parsed::Request(Request::MassCancel {
             client: ClientId::Num(m.cl_ord_id()),
             request_type: b'7',
+            // The binary MassCancel has no scope field (schema version 1): the session's own
+            // orders, the default of both protocols.
+            scope: MassCancelScope::Session,
             account: m.account().map(AccountId),
             instrument: m.instrument_id().map(InstrumentId),
             side: side_of(m.side()),

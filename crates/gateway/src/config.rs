@@ -3,7 +3,7 @@
 use bourse_core::{AccountId, FirmId, Instrument, InstrumentId};
 use serde::Deserialize;
 use std::collections::HashSet;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 /// Hard ceilings that no configuration can raise: they bound what one process may hold.
@@ -48,14 +48,23 @@ pub struct Limits {
     pub store_dir: PathBuf,
     /// fsync the FIX stores on every write.
     pub store_sync: bool,
-    /// Open TCP connections at once, both protocols; more are accepted and closed at once.
+    /// Open TCP connections at once, both protocols. When it is reached, a new connection
+    /// displaces the oldest one not logged on yet; only when every open connection is a
+    /// logged-on session is it refused.
     pub connections_max: usize,
+    /// Connections not logged on (established) yet, both protocols: their own small quota.
+    /// When it is full a new connection displaces the oldest of them, so strangers cannot
+    /// keep a configured session from logging on (`docs/gateway.md`, "Admission").
+    pub prelogon_connections_max: usize,
+    /// Connections not logged on yet from one source address; more are refused at once.
+    pub prelogon_per_address_max: usize,
     /// Default throttle of every session, application messages per second.
     pub throttle_msgs_per_s: u32,
     pub fix_message_size_max_bytes: usize,
     /// A connection whose unsent output exceeds this is a slow consumer and is closed.
     pub outbound_buffer_max_bytes: usize,
-    /// A connection that has not logged on / established within this long is closed.
+    /// A connection that has not logged on / established within this long is closed (short:
+    /// a client logs on right after it connects).
     pub logon_timeout_ms: u64,
     /// Commands waiting for the core; beyond it requests are refused as "system busy".
     pub core_queue_depth: usize,
@@ -84,10 +93,12 @@ impl Default for Limits {
             store_dir: PathBuf::from("gateway-store"),
             store_sync: false,
             connections_max: 256,
+            prelogon_connections_max: 64,
+            prelogon_per_address_max: 8,
             throttle_msgs_per_s: 10_000,
             fix_message_size_max_bytes: 8 * 1024,
             outbound_buffer_max_bytes: 8 << 20,
-            logon_timeout_ms: 5_000,
+            logon_timeout_ms: 2_000,
             core_queue_depth: 16_384,
             stored_messages_max: 100_000,
             offline_messages_max: 100_000,
@@ -167,6 +178,9 @@ pub struct FixSessionConfig {
     pub drop_copy: bool,
     /// Overrides the default throttle.
     pub throttle_msgs_per_s: Option<u32>,
+    /// Source addresses the session may log on from; empty: any.
+    #[serde(default)]
+    pub allowed_addresses: Vec<IpAddr>,
 }
 
 fn default_gateway_comp_id() -> String {
@@ -181,6 +195,9 @@ pub struct BinarySessionConfig {
     pub firm: FirmId,
     pub accounts: Vec<AccountId>,
     pub throttle_msgs_per_s: Option<u32>,
+    /// Source addresses the session may establish from; empty: any.
+    #[serde(default)]
+    pub allowed_addresses: Vec<IpAddr>,
 }
 
 impl GatewayConfig {
@@ -301,6 +318,15 @@ impl GatewayConfig {
             return Err(format!(
                 "gateway.connections_max must be in 1..={CONNECTIONS_MAX_CEILING}"
             ));
+        }
+        if g.prelogon_connections_max == 0 || g.prelogon_per_address_max == 0 {
+            return Err(
+                "gateway.prelogon_connections_max and prelogon_per_address_max must be positive"
+                    .into(),
+            );
+        }
+        if g.logon_timeout_ms == 0 || g.logon_timeout_ms > 60_000 {
+            return Err("gateway.logon_timeout_ms must be in 1..=60000".into());
         }
         if g.fix_message_size_max_bytes < 256
             || g.fix_message_size_max_bytes > FIX_MESSAGE_SIZE_MAX_BYTES_CEILING

@@ -78,9 +78,43 @@ impl std::fmt::Display for Decimal {
     }
 }
 
+/// Decimals of every AvgPx the gateway sends (more only for an instrument whose prices have
+/// more): one format whatever the instrument, so a client parses all reports alike.
+pub const AVG_PX_DECIMALS: u8 = 6;
+
+/// The average price of `cum_lots` lots that cost `notional` (price mantissas at `scale`
+/// times lots), rounded half away from zero to [`AVG_PX_DECIMALS`] decimals; 0 without lots.
+pub fn avg_px(notional: i128, cum_lots: i64, scale: u8) -> Decimal {
+    let decimals = AVG_PX_DECIMALS.max(scale);
+    if cum_lots == 0 {
+        return Decimal(0, decimals);
+    }
+    let num = notional * 10i128.pow(u32::from(decimals - scale));
+    let den = i128::from(cum_lots);
+    // Half away from zero: add half the divisor in the direction of the sign.
+    let (n, d) = (num.unsigned_abs(), den.unsigned_abs());
+    let q = ((2 * n + d) / (2 * d)) as i128;
+    let negative = (num < 0) != (den < 0);
+    Decimal(if negative { -q } else { q }, decimals)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn avg_px_is_rounded_to_six_decimals_for_every_instrument() {
+        // 250.1666666...: rounded up, not truncated.
+        assert_eq!(avg_px(75_050, 3, 2).to_string(), "250.166667");
+        assert_eq!(avg_px(75_049, 3, 2).to_string(), "250.163333");
+        assert_eq!(avg_px(500, 2, 0).to_string(), "250.000000");
+        assert_eq!(avg_px(1, 3, 5).to_string(), "0.000003");
+        assert_eq!(avg_px(-75_050, 3, 2).to_string(), "-250.166667");
+        assert_eq!(avg_px(0, 0, 2).to_string(), "0.000000");
+        // Half a millionth rounds away from zero.
+        assert_eq!(avg_px(1, 2, 6).to_string(), "0.000001");
+        assert_eq!(avg_px(1, 2, 7).to_string(), "0.0000001");
+    }
 
     #[test]
     fn decimals_become_mantissas_at_the_instrument_scale() {

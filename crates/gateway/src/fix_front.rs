@@ -2,10 +2,11 @@
 //! parsed into router requests, and reports rendered as ExecutionReport (8, ExecType=I for
 //! status), OrderCancelReject (9), BusinessMessageReject (j) and OrderMassCancelReport (r).
 
-use crate::convert::{parse_decimal, Decimal};
+use crate::convert::{avg_px, parse_decimal, Decimal};
+use crate::reports::Echo;
 use crate::router::{
-    ClientId, ExecKind, ExecReport, Finished, GatewayReject, NewOrderRequest, RejectCause, Report,
-    Request, Router, SessionRef, StatusQuery,
+    ClientId, ExecKind, ExecReport, Finished, GatewayReject, MassCancelScope, NewOrderRequest,
+    RejectCause, Report, Request, Router, SessionRef, StatusQuery,
 };
 use bourse_core::*;
 use bourse_fix::session::Inbound;
@@ -156,8 +157,19 @@ impl FixApp<'_> {
             expire_ts_ns: 0,
             display_lots: 0,
         };
+        // A reject echoes what was sent, not what the gateway made of it.
+        let echo = || {
+            let field = |t| m.get(t).map(Box::<[u8]>::from);
+            Some(Box::new(Echo {
+                symbol: field(tag::SYMBOL),
+                side: field(tag::SIDE),
+                ord_type: field(tag::ORD_TYPE),
+                order_qty: field(tag::ORDER_QTY),
+                price: field(tag::PRICE),
+            }))
+        };
         let reject = |r: &mut Router, req: &NewOrderRequest, g: GatewayReject, ts| {
-            r.reject_new(self.sref, req, RejectCause::Gateway(g), ts)
+            r.reject_new_echoing(self.sref, req, RejectCause::Gateway(g), ts, echo())
         };
         let ts = self.now_ns;
         let Some(instrument) = instrument else {
@@ -297,16 +309,23 @@ impl FixApp<'_> {
                 },
             )
         };
-        let instrument = match request_type {
-            b'1' => match self
-                .router
-                .instrument_by_symbol(m.get(tag::SYMBOL).unwrap_or(b""))
-            {
+        // MassCancelRequestType: 1 the session's orders in Symbol, 7 all the session's
+        // orders, 8 ("orders for a party") every order of Account, or of the firm without
+        // Account, whichever session entered them; Symbol and Side filter any of them.
+        let symbol = m.get(tag::SYMBOL);
+        let scope = match (request_type, m.get(tag::ACCOUNT)) {
+            (b'1' | b'7', _) => MassCancelScope::Session,
+            (b'8', Some(_)) => MassCancelScope::Account,
+            (b'8', None) => MassCancelScope::Firm,
+            _ => return reject(self.router, GatewayReject::UnsupportedValue),
+        };
+        let instrument = match (request_type, symbol) {
+            (b'1', None) => return reject(self.router, GatewayReject::UnknownSymbol),
+            (_, None) => None,
+            (_, Some(s)) => match self.router.instrument_by_symbol(s) {
                 Some(i) => Some(i.id),
                 None => return reject(self.router, GatewayReject::UnknownSymbol),
             },
-            b'7' => None,
-            _ => return reject(self.router, GatewayReject::UnsupportedValue),
         };
         let Ok(account) = account_of(m) else {
             return reject(self.router, GatewayReject::NotAuthorized);
@@ -315,6 +334,7 @@ impl FixApp<'_> {
         let mass_cancel = Request::MassCancel {
             client: client.clone(),
             request_type,
+            scope,
             account,
             instrument,
             side,
@@ -541,19 +561,23 @@ pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage
         m.push_display(tag::TEXT, &format_args!("{reason:?}"));
     }
     m.push_display(tag::ACCOUNT, &r.account.0);
-    m.push(tag::SYMBOL, symbol);
-    m.push(tag::SIDE, side_code(r.side));
-    m.push_display(tag::ORDER_QTY, &units(r.qty_lots));
-    m.push(
-        tag::ORD_TYPE,
-        if r.ord_type == OrdType::Market {
-            "1"
-        } else {
-            "2"
-        },
-    );
-    if r.ord_type == OrdType::Limit {
-        m.push_display(tag::PRICE, &Decimal(i128::from(r.price.0), scale));
+    if let Some(echo) = &r.echo {
+        push_echo(&mut m, echo);
+    } else {
+        m.push(tag::SYMBOL, symbol);
+        m.push(tag::SIDE, side_code(r.side));
+        m.push_display(tag::ORDER_QTY, &units(r.qty_lots));
+        m.push(
+            tag::ORD_TYPE,
+            if r.ord_type == OrdType::Market {
+                "1"
+            } else {
+                "2"
+            },
+        );
+        if r.ord_type == OrdType::Limit {
+            m.push_display(tag::PRICE, &Decimal(i128::from(r.price.0), scale));
+        }
     }
     // TradeID (1003) is not an ExecutionReport field in FIX 4.4 (QuickFIX/J rejects it); the
     // trade is identified by ExecID, unique per report.
@@ -566,13 +590,7 @@ pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage
     }
     m.push_display(tag::LEAVES_QTY, &units(r.leaves_lots));
     m.push_display(tag::CUM_QTY, &units(r.cum_lots));
-    // AvgPx with four decimals more than the price, truncated: exact enough to reconcile.
-    let avg = if r.cum_lots > 0 {
-        r.notional * 10_000 / i128::from(r.cum_lots)
-    } else {
-        0
-    };
-    m.push_display(tag::AVG_PX, &Decimal(avg, scale + 4));
+    m.push_display(tag::AVG_PX, &avg_px(r.notional, r.cum_lots, scale));
     m.push_display(
         tag::TRANSACT_TIME,
         &UtcTimestamp((r.ts_ns / 1_000_000) as i64),
@@ -581,6 +599,23 @@ pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage
         push_status_query(&mut m, q);
     }
     m
+}
+
+/// A rejected request's fields as it sent them. Symbol and Side are required in an
+/// ExecutionReport: a request without them (which the session layer refuses before it gets
+/// here) would get the placeholders "[N/A]" and 7 (undisclosed).
+fn push_echo(m: &mut OutMessage, echo: &Echo) {
+    m.push(tag::SYMBOL, echo.symbol.as_deref().unwrap_or(b"[N/A]"));
+    m.push(tag::SIDE, echo.side.as_deref().unwrap_or(b"7"));
+    if let Some(q) = &echo.order_qty {
+        m.push(tag::ORDER_QTY, q);
+    }
+    if let Some(t) = &echo.ord_type {
+        m.push(tag::ORD_TYPE, t);
+    }
+    if let Some(p) = &echo.price {
+        m.push(tag::PRICE, p);
+    }
 }
 
 fn push_status_query(m: &mut OutMessage, q: &StatusQuery) {
@@ -690,7 +725,7 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
             m.push(tag::SIDE, side.map_or("7", side_code));
             m.push(tag::LEAVES_QTY, "0");
             m.push(tag::CUM_QTY, "0");
-            m.push(tag::AVG_PX, "0");
+            m.push_display(tag::AVG_PX, &avg_px(0, 0, 0));
             m.push_display(
                 tag::TRANSACT_TIME,
                 &UtcTimestamp((ts_ns / 1_000_000) as i64),

@@ -103,6 +103,19 @@ pub enum Finished {
     Expired,
 }
 
+/// A new order's fields exactly as the client sent them (FIX), echoed in the report that
+/// rejects it: a client's order manager matches a reject by these, and an invalid value (an
+/// unknown Symbol, a price off the tick, a quantity off the lot, Side=9) cannot be rendered
+/// from what the gateway parsed. Absent fields stay absent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Echo {
+    pub symbol: Option<Box<[u8]>>,
+    pub side: Option<Box<[u8]>>,
+    pub ord_type: Option<Box<[u8]>>,
+    pub order_qty: Option<Box<[u8]>>,
+    pub price: Option<Box<[u8]>>,
+}
+
 /// One execution report, with the order's state after it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExecReport {
@@ -120,6 +133,8 @@ pub struct ExecReport {
     pub leaves_lots: i64,
     pub notional: i128,
     pub ts_ns: u64,
+    /// A rejected request's fields as received (FIX gateway rejects of a new order).
+    pub echo: Option<Box<Echo>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -20,7 +20,7 @@
 mod orders;
 
 pub use crate::reports::{
-    ExecKind, ExecReport, Finished, GatewayReject, RejectCause, Report, StatusQuery,
+    Echo, ExecKind, ExecReport, Finished, GatewayReject, RejectCause, Report, StatusQuery,
 };
 pub use orders::{RouterState, SavedOrder, FINISHED_ORDERS_KEPT};
 
@@ -79,6 +79,9 @@ struct LiveRef {
     order_id: Option<OrderId>,
     /// Index of the core that holds the order.
     core: usize,
+    /// For a mass cancel's filters.
+    instrument: InstrumentId,
+    side: Side,
 }
 
 /// What the gateway knows about one session, whichever its protocol.
@@ -131,7 +134,46 @@ enum Pending {
     MassCancel {
         owner: SessionRef,
         agg: u64,
+        /// One order's cancel among the parts of a session-scope mass cancel (answered by
+        /// OrderCancelled or CancelRejected), not a core's MassCancel (answered by
+        /// MassCancelDone).
+        one_order: bool,
     },
+}
+
+/// Whose orders a mass cancel reaches (FIX MassCancelRequestType 1 and 7: the session's;
+/// 8 with Account: the account's; 8 without: the firm's; see `docs/gateway.md`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MassCancelScope {
+    /// The requesting session's own orders.
+    #[default]
+    Session,
+    /// Every order of the account (or of each account the session may trade), whichever
+    /// session entered it.
+    Account,
+    /// Every order of the session's firm.
+    Firm,
+}
+
+/// The filters of a mass cancel; none set matches every order in scope.
+#[derive(Clone, Copy, Debug, Default)]
+struct MassFilters {
+    account: Option<AccountId>,
+    instrument: Option<InstrumentId>,
+    side: Option<Side>,
+}
+
+impl MassFilters {
+    fn matches(&self, l: &LiveRef) -> bool {
+        self.account.is_none_or(|a| a == l.account)
+            && self.instrument.is_none_or(|i| i == l.instrument)
+            && self.side.is_none_or(|s| s == l.side)
+    }
+}
+
+/// Each account a session may trade, as mass cancel parties.
+fn meta_accounts(meta: &SessionMeta) -> Vec<(Option<AccountId>, Option<FirmId>)> {
+    meta.accounts.iter().map(|a| (Some(*a), None)).collect()
 }
 
 struct MassAgg {
@@ -307,11 +349,12 @@ pub enum Request {
         price: Option<Price>,
         qty_lots: Option<i64>,
     },
-    /// Cancels the session's orders matching the filters (`request_type` is echoed: FIX
+    /// Cancels the orders in `scope` matching the filters (`request_type` is echoed: FIX
     /// MassCancelRequestType).
     MassCancel {
         client: ClientId,
         request_type: u8,
+        scope: MassCancelScope,
         account: Option<AccountId>,
         instrument: Option<InstrumentId>,
         side: Option<Side>,
@@ -467,10 +510,18 @@ impl Router {
             Request::MassCancel {
                 client,
                 request_type,
+                scope,
                 account,
                 instrument,
                 side,
-            } => self.mass_cancel(sref, client, request_type, account, instrument, side, ts_ns),
+            } => {
+                let filters = MassFilters {
+                    account,
+                    instrument,
+                    side,
+                };
+                self.mass_cancel(sref, client, request_type, scope, filters, ts_ns)
+            }
             Request::Status {
                 client,
                 order_id,
@@ -690,6 +741,18 @@ impl Router {
         cause: RejectCause,
         ts_ns: u64,
     ) {
+        self.reject_new_echoing(sref, req, cause, ts_ns, None);
+    }
+
+    /// Rejects a new order, its report echoing `echo`, the request's fields as received.
+    pub fn reject_new_echoing(
+        &mut self,
+        sref: SessionRef,
+        req: &NewOrderRequest,
+        cause: RejectCause,
+        ts_ns: u64,
+        echo: Option<Box<Echo>>,
+    ) {
         if let RejectCause::Gateway(g) = cause {
             if g != GatewayReject::SystemBusy {
                 self.counters.gateway_rejects += 1;
@@ -710,6 +773,7 @@ impl Router {
             leaves_lots: 0,
             notional: 0,
             ts_ns,
+            echo,
         };
         self.outbox.push((sref, Report::Exec(report)));
     }
@@ -780,6 +844,8 @@ impl Router {
                 account,
                 order_id: None,
                 core,
+                instrument: req.instrument,
+                side: req.side,
             },
         );
         self.pending.insert(
@@ -927,15 +993,9 @@ impl Router {
             return self.cancel_reject_now(sref, client, orig, to, RejectCause::Gateway(g), ts_ns);
         }
         self.next_internal += 1;
-        self.sessions[sref.0 as usize].live.insert(
-            client.clone(),
-            LiveRef {
-                internal,
-                account: live.account,
-                order_id: live.order_id,
-                core: live.core,
-            },
-        );
+        self.sessions[sref.0 as usize]
+            .live
+            .insert(client.clone(), LiveRef { internal, ..live });
         self.pending.insert(
             key,
             Pending::Replace {
@@ -946,75 +1006,64 @@ impl Router {
         );
     }
 
-    /// Cancels the session's orders matching the filters: one core command per account and
-    /// core (the instrument's core, or every core without an instrument), answered by one
-    /// report that adds up what the cores cancelled.
-    #[allow(clippy::too_many_arguments)]
+    /// Cancels the orders of `scope` matching the filters, answered by one report whose
+    /// TotalAffectedOrders counts what was cancelled. Session scope: one cancel per live
+    /// order of the session (the core knows no sessions), so the count is exactly the
+    /// execution reports the session receives. Account and firm scope: one core MassCancel
+    /// per account (or for the firm) and core; orders of other sessions are reported to
+    /// their owners, and the count covers them too.
     fn mass_cancel(
         &mut self,
         sref: SessionRef,
         client: ClientId,
         request_type: u8,
-        account: Option<AccountId>,
-        instrument: Option<InstrumentId>,
-        side: Option<Side>,
+        scope: MassCancelScope,
+        filters: MassFilters,
         ts_ns: u64,
     ) {
         self.counters.mass_cancels += 1;
         let meta = &self.sessions[sref.0 as usize];
-        let accounts: Vec<AccountId> = match account {
-            Some(a) if meta.accounts.contains(&a) => vec![a],
-            Some(_) => Vec::new(),
-            None => meta.accounts.clone(),
-        };
-        let report_now = |router: &mut Router, cause: RejectCause| {
+        let allowed = !meta.drop_copy && filters.account.is_none_or(|a| meta.accounts.contains(&a));
+        let firm = meta.firm;
+        let report_now = |router: &mut Router, reject: Option<RejectCause>| {
             router.outbox.push((
                 sref,
                 Report::MassCancel {
                     client: client.clone(),
                     request_type,
                     total: 0,
-                    reject: Some(cause),
+                    reject,
                     ts_ns,
                 },
             ));
         };
-        if accounts.is_empty() || meta.drop_copy {
+        if !allowed {
             self.counters.gateway_rejects += 1;
-            return report_now(self, RejectCause::Gateway(GatewayReject::NotAuthorized));
+            return report_now(
+                self,
+                Some(RejectCause::Gateway(GatewayReject::NotAuthorized)),
+            );
         }
-        let cores: Vec<usize> = match instrument {
-            Some(i) => vec![self.core_of(i)],
-            None => (0..self.links.len()).collect(),
-        };
         let agg = self.next_mass;
-        self.next_mass += 1;
-        let mut submitted = 0u32;
-        'submit: for account in accounts {
-            for &core in &cores {
-                let cmd = Command::new(
-                    ts_ns,
-                    CommandBody::MassCancel(MassCancel {
-                        cl_ord_id: ClOrdId(self.next_internal),
-                        account: Some(account),
-                        firm: None,
-                        instrument,
-                        side,
-                    }),
-                );
-                let key = self.next_key(sref);
-                if self.submit(core, key, cmd).is_err() {
-                    break 'submit;
-                }
-                self.next_internal += 1;
-                self.pending
-                    .insert(key, Pending::MassCancel { owner: sref, agg });
-                submitted += 1;
+        let (submitted, busy) = match scope {
+            MassCancelScope::Session => self.mass_cancel_own(sref, agg, &filters, ts_ns),
+            MassCancelScope::Account | MassCancelScope::Firm => {
+                let parties: Vec<(Option<AccountId>, Option<FirmId>)> =
+                    match (scope, filters.account) {
+                        (MassCancelScope::Account, Some(a)) => vec![(Some(a), None)],
+                        (MassCancelScope::Account, None) => {
+                            meta_accounts(&self.sessions[sref.0 as usize])
+                        }
+                        _ => vec![(filters.account, Some(firm))],
+                    };
+                self.mass_cancel_parties(sref, agg, &parties, &filters, ts_ns)
             }
-        }
+        };
         if submitted == 0 {
-            return report_now(self, RejectCause::Gateway(GatewayReject::SystemBusy));
+            let reject = busy.then_some(RejectCause::Gateway(GatewayReject::SystemBusy));
+            return report_now(self, reject);
         }
+        self.next_mass += 1;
         self.mass.insert(
             agg,
             MassAgg {
@@ -1026,6 +1075,100 @@ impl Router {
                 reject: None,
             },
         );
+    }
+
+    /// Session scope: a cancel for each live order of the session that matches. Returns the
+    /// parts submitted and whether a full queue stopped it.
+    fn mass_cancel_own(
+        &mut self,
+        sref: SessionRef,
+        agg: u64,
+        filters: &MassFilters,
+        ts_ns: u64,
+    ) -> (u32, bool) {
+        let mut targets: Vec<LiveRef> = self.sessions[sref.0 as usize]
+            .live
+            .values()
+            .filter(|l| filters.matches(l))
+            .copied()
+            .collect();
+        // In entry order, whatever the map's order, so cores see the same sequence each run.
+        targets.sort_unstable_by_key(|l| l.internal.0);
+        let mut submitted = 0u32;
+        for live in targets {
+            let cmd = Command::new(
+                ts_ns,
+                CommandBody::Cancel(Cancel {
+                    account: live.account,
+                    cl_ord_id: ClOrdId(self.next_internal),
+                    target: OrderRef {
+                        order_id: None,
+                        orig_cl_ord_id: Some(live.internal),
+                    },
+                }),
+            );
+            let key = self.next_key(sref);
+            if self.submit(live.core, key, cmd).is_err() {
+                return (submitted, true);
+            }
+            self.next_internal += 1;
+            self.pending.insert(
+                key,
+                Pending::MassCancel {
+                    owner: sref,
+                    agg,
+                    one_order: true,
+                },
+            );
+            submitted += 1;
+        }
+        (submitted, false)
+    }
+
+    /// Account or firm scope: a core MassCancel per party and core (the instrument's core,
+    /// or every core without an instrument).
+    fn mass_cancel_parties(
+        &mut self,
+        sref: SessionRef,
+        agg: u64,
+        parties: &[(Option<AccountId>, Option<FirmId>)],
+        filters: &MassFilters,
+        ts_ns: u64,
+    ) -> (u32, bool) {
+        let cores: Vec<usize> = match filters.instrument {
+            Some(i) => vec![self.core_of(i)],
+            None => (0..self.links.len()).collect(),
+        };
+        let mut submitted = 0u32;
+        for &(account, firm) in parties {
+            for &core in &cores {
+                let cmd = Command::new(
+                    ts_ns,
+                    CommandBody::MassCancel(MassCancel {
+                        cl_ord_id: ClOrdId(self.next_internal),
+                        account,
+                        firm,
+                        instrument: filters.instrument,
+                        side: filters.side,
+                    }),
+                );
+                let key = self.next_key(sref);
+                if self.submit(core, key, cmd).is_err() {
+                    return (submitted, true);
+                }
+                self.next_internal += 1;
+                self.pending.insert(
+                    key,
+                    Pending::MassCancel {
+                        owner: sref,
+                        agg,
+                        one_order: false,
+                    },
+                );
+                submitted += 1;
+            }
+        }
+        (submitted, false)
     }
 
     pub fn business_reject(&mut self, sref: SessionRef, report: Report) {
@@ -1133,6 +1276,7 @@ impl Router {
             leaves_lots: leaves,
             notional: o.notional,
             ts_ns,
+            echo: None,
         }
     }
 
@@ -1238,7 +1382,7 @@ impl Router {
                     Some(Pending::Cancel { owner, client, .. }) if *owner == o.owner => {
                         Some(client.clone())
                     }
-                    Some(Pending::MassCancel { owner, agg }) if *owner == o.owner => {
+                    Some(Pending::MassCancel { owner, agg, .. }) if *owner == o.owner => {
                         self.mass.get(agg).map(|m| m.client.clone())
                     }
                     _ => None,
@@ -1251,6 +1395,9 @@ impl Router {
                 let report = Self::report_of(&o, order_id, kind, 0, ts_ns);
                 self.push_report(key, o.owner, Report::Exec(report));
                 self.remember_finished(order_id, o, Finished::Canceled);
+                if self.is_one_order_part(key) {
+                    self.mass_part_done(key, 1, None, ts_ns);
+                }
             }
             Event::OrderReplaced {
                 order_id,
@@ -1303,6 +1450,11 @@ impl Router {
                 ts_ns,
                 ..
             } => {
+                // One order of a session-scope mass cancel that ended before its cancel came:
+                // nothing to cancel, nothing counted.
+                if self.is_one_order_part(key) {
+                    return self.mass_part_done(key, 0, None, ts_ns);
+                }
                 let (owner, client, orig, to) = match self.pending.get(&key).cloned() {
                     Some(Pending::Cancel {
                         owner,
@@ -1341,10 +1493,21 @@ impl Router {
                 self.mass_part_done(key, orders_cancelled, None, ts_ns);
             }
             Event::CommandRejected { reason, ts_ns } => {
-                self.mass_part_done(key, 0, Some(reason), ts_ns);
+                let reject = (!self.is_one_order_part(key)).then_some(reason);
+                self.mass_part_done(key, 0, reject, ts_ns);
             }
             _ => {}
         }
+    }
+
+    fn is_one_order_part(&self, key: RequestKey) -> bool {
+        matches!(
+            self.pending.get(&key),
+            Some(Pending::MassCancel {
+                one_order: true,
+                ..
+            })
+        )
     }
 
     fn mass_part_done(

@@ -1,7 +1,9 @@
 //! The access server: one event-loop thread (mio) owns every socket, every FIX and binary
 //! session and the [`Router`]; the core runs behind a [`CoreLink`]. The loop reads the clock
-//! once per cycle, reads sockets, drains the core's outputs, delivers reports, and flushes
-//! what it wrote, so a burst of requests costs one write per connection (smart batching).
+//! once per cycle, reads sockets (at most `READ_BYTES_PER_TURN` per connection: its duty
+//! cycle), drains the core's outputs, delivers reports, and flushes what it wrote, so a burst
+//! of requests costs one write per connection per turn (smart batching) and its first reports
+//! leave while the rest of it is still being read.
 //!
 //! Monitoring: the loop counts in plain integers (`crate::metrics`) and publishes them to the
 //! monitor's counters on its 20 ms timer, so a message costs an add and no atomic operation;
@@ -14,7 +16,10 @@
 //! `binary_session` (binary sessions), `crate::bootstrap` (before the loop starts) and
 //! `crate::metrics` (what it counts).
 
+mod admission;
 mod binary_session;
+
+pub use crate::disconnect::DisconnectReason;
 
 use crate::binary_front;
 use crate::bootstrap::{bootstrap, restore_order_state};
@@ -25,7 +30,6 @@ use crate::recovery;
 use crate::router::{ExecKind, Proto, RejectCause, Report, Router, SessionRef};
 use bourse_core::link::CoreLink;
 use bourse_core::*;
-use bourse_fix::codec::FrameBuffer;
 use bourse_fix::session::{Action, Role, Session, SessionConfig};
 use bourse_fix::FileStore;
 use bourse_fix::{Dictionary, OutMessage};
@@ -47,64 +51,18 @@ const FIX_LISTENER: Token = Token(1);
 const BINARY_LISTENER: Token = Token(2);
 const FIRST_CONN: usize = 3;
 
-/// Bytes read from one connection per readiness event before others get their turn.
-const READ_BYTES_PER_EVENT_MAX: usize = 1 << 20;
+/// Bytes read from one connection per loop turn: the loop's duty cycle. A client that sends
+/// faster than the gateway processes would otherwise be read until it pauses, and every
+/// report would wait for the end of its burst; with the budget, each turn reads at most this
+/// much per connection, then hands over the core's answers and writes the reports before it
+/// reads on (about 80 FIX orders, 250 binary ones).
+pub const READ_BYTES_PER_TURN: usize = 16 * 1024;
 /// Core outputs handled per loop cycle before sockets get their turn.
 const CORE_OUTPUTS_PER_CYCLE_MAX: usize = 65_536;
 /// How often session timers run.
 const TICK_INTERVAL_MS: u64 = 20;
 /// Connections accepted per readiness event of a listener.
 const ACCEPTS_PER_EVENT_MAX: usize = 1_024;
-
-/// Why the gateway closed a connection (the `reason` label of the disconnect counter).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DisconnectReason {
-    /// The client closed its end.
-    PeerClosed,
-    /// A read or write failed.
-    IoError,
-    /// Its unsent output passed `outbound_buffer_max_bytes`.
-    SlowConsumer,
-    /// It did not log on (establish) within `logon_timeout_ms`.
-    LogonTimeout,
-    /// Its first message was not a valid Logon (Establish) for a configured session.
-    LogonRefused,
-    /// The FIX session ended it (Logout, or a session-level fault such as a bad sequence).
-    FixSession,
-    /// The binary session was terminated (by the client or by the gateway, with a code).
-    BinaryTerminate,
-    /// Accepted past `connections_max` and closed at once.
-    ConnectionsMax,
-    /// The gateway is stopping.
-    Shutdown,
-}
-
-impl DisconnectReason {
-    pub const ALL: [DisconnectReason; 9] = [
-        DisconnectReason::PeerClosed,
-        DisconnectReason::IoError,
-        DisconnectReason::SlowConsumer,
-        DisconnectReason::LogonTimeout,
-        DisconnectReason::LogonRefused,
-        DisconnectReason::FixSession,
-        DisconnectReason::BinaryTerminate,
-        DisconnectReason::ConnectionsMax,
-        DisconnectReason::Shutdown,
-    ];
-    pub fn name(self) -> &'static str {
-        match self {
-            DisconnectReason::PeerClosed => "peer_closed",
-            DisconnectReason::IoError => "io_error",
-            DisconnectReason::SlowConsumer => "slow_consumer",
-            DisconnectReason::LogonTimeout => "logon_timeout",
-            DisconnectReason::LogonRefused => "logon_refused",
-            DisconnectReason::FixSession => "fix_session",
-            DisconnectReason::BinaryTerminate => "binary_terminate",
-            DisconnectReason::ConnectionsMax => "connections_max",
-            DisconnectReason::Shutdown => "shutdown",
-        }
-    }
-}
 
 /// Counters anyone may read while the gateway runs (tests check them for leaks).
 #[derive(Debug, Default)]
@@ -121,6 +79,9 @@ pub struct GatewayStats {
     pub reports_out: AtomicU64,
     pub orders_tracked: AtomicUsize,
     pub requests_pending: AtomicUsize,
+    /// Loop turns that stopped reading a connection at [`READ_BYTES_PER_TURN`] with bytes
+    /// still waiting, to let reports out first.
+    pub read_yields: AtomicU64,
 }
 
 /// A running gateway (see [`spawn`]).
@@ -283,6 +244,7 @@ pub fn spawn_cores(
         .map_err(|e| format!("FIX store {}: {e}", dir.display()))?;
         fix.push(FixSlot {
             session: Session::new(sc, Arc::clone(&dictionary), Box::new(store)),
+            allowed_addresses: s.allowed_addresses.clone(),
             sref: SessionRef(i as u32),
             client_comp_id: s.client_comp_id.clone(),
             gateway_comp_id: s.gateway_comp_id.clone(),
@@ -298,6 +260,7 @@ pub fn spawn_cores(
         .map(|(j, s)| BinSlot {
             sref: SessionRef((fix_count + j) as u32),
             credentials: s.credentials.clone(),
+            allowed_addresses: s.allowed_addresses.clone(),
             conn: None,
             next_seq: 1,
             sent: VecDeque::new(),
@@ -342,6 +305,8 @@ pub fn spawn_cores(
         counters: LoopCounters::default(),
         metrics,
         awaiting_write: Vec::new(),
+        prelogon: admission::Prelogon::default(),
+        close_log: admission::CloseLog::default(),
     };
     let stop_loop = Arc::clone(&stop);
     let thread = std::thread::Builder::new()
@@ -366,6 +331,8 @@ const STOP_DRAIN_MS: u64 = 5_000;
 
 struct FixSlot {
     session: Session,
+    /// Where the session may log on from; empty: anywhere.
+    allowed_addresses: Vec<std::net::IpAddr>,
     sref: SessionRef,
     client_comp_id: String,
     gateway_comp_id: String,
@@ -377,6 +344,8 @@ struct FixSlot {
 struct BinSlot {
     sref: SessionRef,
     credentials: String,
+    /// Where the session may establish from; empty: anywhere.
+    allowed_addresses: Vec<std::net::IpAddr>,
     conn: Option<Token>,
     next_seq: u64,
     /// Sent responses kept for retransmission; the first has `first_kept_seq`.
@@ -401,12 +370,15 @@ struct Conn {
     opened_ms: u64,
     /// The FIX or binary slot this connection logged on to.
     attached: Option<usize>,
-    /// FIX: frames before logon; binary: bytes of an incomplete frame.
-    prelogon: Option<FrameBuffer>,
+    /// FIX: the bytes before logon (at most one message); binary: bytes of an incomplete
+    /// frame.
     inbuf: Vec<u8>,
     closing: bool,
     /// Why it is closing (counted when it is closed).
     close_reason: DisconnectReason,
+    /// What the log line of its close adds to the reason (a session's own words).
+    close_detail: Option<String>,
+    peer: SocketAddr,
 }
 
 struct Server {
@@ -431,6 +403,11 @@ struct Server {
     metrics: Option<GatewayMetrics>,
     /// Sampled traces whose report is in a connection's output, waiting for the write (t7).
     awaiting_write: Vec<(Token, Trace)>,
+    /// Connections not logged on yet, and how many of them each source address holds.
+    prelogon: admission::Prelogon,
+    /// Log lines of closes this second, to keep a flood of hostile connections from
+    /// flooding the log too (they are all counted on `/metrics`).
+    close_log: admission::CloseLog,
 }
 
 /// Sampled traces waiting for their write at most (a connection that does not drain must not
@@ -562,72 +539,17 @@ impl Server {
         }
     }
 
-    fn accept(&mut self, kind: Kind) {
-        for _ in 0..ACCEPTS_PER_EVENT_MAX {
-            let listener = match kind {
-                Kind::Fix => self.fix_listener.as_ref(),
-                Kind::Binary => self.binary_listener.as_ref(),
-            };
-            let Some(listener) = listener else { return };
-            match listener.accept() {
-                Ok((mut stream, _peer)) => {
-                    self.stats
-                        .connections_accepted
-                        .fetch_add(1, Ordering::Relaxed);
-                    if self.conns.len() >= self.config.gateway.connections_max {
-                        self.counters.disconnects[DisconnectReason::ConnectionsMax as usize] += 1;
-                        self.stats
-                            .connections_refused
-                            .fetch_add(1, Ordering::Relaxed);
-                        drop(stream);
-                        continue;
-                    }
-                    let _ = stream.set_nodelay(true);
-                    let token = Token(self.next_token);
-                    self.next_token += 1;
-                    if self
-                        .poll
-                        .registry()
-                        .register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)
-                        .is_err()
-                    {
-                        continue;
-                    }
-                    let prelogon = match kind {
-                        Kind::Fix => Some(FrameBuffer::new(
-                            self.config.gateway.fix_message_size_max_bytes,
-                        )),
-                        Kind::Binary => None,
-                    };
-                    self.conns.insert(
-                        token,
-                        Conn {
-                            stream,
-                            kind,
-                            out: Vec::new(),
-                            out_pos: 0,
-                            opened_ms: self.now_ms,
-                            attached: None,
-                            prelogon,
-                            inbuf: Vec::new(),
-                            closing: false,
-                            close_reason: DisconnectReason::PeerClosed,
-                        },
-                    );
-                    self.stats
-                        .connections_open
-                        .store(self.conns.len(), Ordering::Relaxed);
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
-                Err(_) => return,
-            }
-        }
-    }
-
-    /// Reads what the socket has (bounded). Returns true if more may be waiting.
+    /// Reads what the socket has, at most [`READ_BYTES_PER_TURN`]. Returns true if more may
+    /// be waiting (the connection is read again next turn, after the reports are out).
     fn read(&mut self, token: Token, scratch: &mut [u8]) -> bool {
         let mut total = 0usize;
         loop {
+            if total >= READ_BYTES_PER_TURN {
+                self.stats.read_yields.fetch_add(1, Ordering::Relaxed);
+                return true;
+            }
+            let budget = scratch.len().min(READ_BYTES_PER_TURN - total);
+            let scratch = &mut scratch[..budget];
             let Some(conn) = self.conns.get_mut(&token) else {
                 return false;
             };
@@ -656,65 +578,10 @@ impl Server {
                 Kind::Binary => self.on_binary_bytes(token, &scratch[..n]),
             }
             total += n;
-            if total >= READ_BYTES_PER_EVENT_MAX {
-                return true;
-            }
         }
     }
 
     // ----- FIX -----
-
-    fn on_fix_bytes(&mut self, token: Token, bytes: &[u8]) {
-        let Some(conn) = self.conns.get_mut(&token) else {
-            return;
-        };
-        if let Some(slot) = conn.attached {
-            self.fix_feed(slot, bytes);
-            return;
-        }
-        let Some(frames) = conn.prelogon.as_mut() else {
-            return;
-        };
-        frames.push(bytes);
-        let frame = match frames.next_frame() {
-            Ok(Some(frame)) => frame,
-            Ok(None) => return,
-            Err(_) => return self.close(token, DisconnectReason::LogonRefused),
-        };
-        let rest = frames.take_bytes();
-        // The first message must be a Logon for a configured session with our BeginString;
-        // anything else is closed without a word, as a FIX acceptor does.
-        let Ok(raw) =
-            bourse_fix::decode(&frame, None, self.config.gateway.fix_message_size_max_bytes)
-        else {
-            return self.close(token, DisconnectReason::LogonRefused);
-        };
-        if raw.begin_string() != b"FIX.4.4" || raw.msg_type() != b"A" {
-            return self.close(token, DisconnectReason::LogonRefused);
-        }
-        let (Some(sender), Some(target)) = (raw.get_str(49), raw.get_str(56)) else {
-            return self.close(token, DisconnectReason::LogonRefused);
-        };
-        let Some(slot) = self
-            .fix
-            .iter()
-            .position(|s| s.client_comp_id == sender && s.gateway_comp_id == target)
-        else {
-            return self.close(token, DisconnectReason::LogonRefused);
-        };
-        if self.fix[slot].conn.is_some() {
-            return self.close(token, DisconnectReason::LogonRefused);
-        }
-        if let Some(conn) = self.conns.get_mut(&token) {
-            conn.attached = Some(slot);
-            conn.prelogon = None;
-        }
-        self.fix[slot].conn = Some(token);
-        self.fix[slot].session.on_connect(self.now_ms as i64);
-        let mut all = frame;
-        all.extend_from_slice(&rest);
-        self.fix_feed(slot, &all);
-    }
 
     fn fix_feed(&mut self, slot: usize, bytes: &[u8]) {
         let FixSlot { session, sref, .. } = &mut self.fix[slot];
@@ -755,12 +622,12 @@ impl Server {
                         self.dirty.push(token.unwrap_or(WAKER));
                     }
                 }
-                Action::Disconnect { .. } => {
+                Action::Disconnect { reason } => {
                     if let Some(t) = token {
                         if let Some(conn) = self.conns.get_mut(&t) {
                             conn.closing = true;
-                            conn.close_reason = DisconnectReason::FixSession;
-                            conn.attached = None;
+                            conn.close_reason = DisconnectReason::of_fix_session_text(&reason);
+                            conn.close_detail = Some(reason);
                             self.dirty.push(t);
                         }
                     }
@@ -890,20 +757,7 @@ impl Server {
             }
         }
         self.binary_tick(now);
-        let logon_timeout = self.config.gateway.logon_timeout_ms;
-        let stale: Vec<Token> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| {
-                c.attached.is_none()
-                    && !c.closing
-                    && now.saturating_sub(c.opened_ms) >= logon_timeout
-            })
-            .map(|(t, _)| *t)
-            .collect();
-        for t in stale {
-            self.close(t, DisconnectReason::LogonTimeout);
-        }
+        self.close_stale_prelogon(now);
         let logged_on = self.fix.iter().filter(|s| s.session.is_logged_on()).count();
         let established = self.bin.iter().filter(|s| s.conn.is_some()).count();
         self.stats
@@ -1026,9 +880,9 @@ impl Server {
         let Some(mut conn) = self.conns.remove(&token) else {
             return;
         };
-        if let Some(i) = DisconnectReason::ALL.iter().position(|r| *r == reason) {
-            self.counters.disconnects[i] += 1;
-        }
+        self.counters.disconnects[reason.index()] += 1;
+        self.prelogon.remove(token, conn.peer.ip());
+        self.log_close(&conn, token, reason);
         self.awaiting_write.retain(|(t, _)| *t != token);
         let _ = self.poll.registry().deregister(&mut conn.stream);
         let _ = conn.stream.shutdown(std::net::Shutdown::Both);

@@ -61,7 +61,7 @@ fn fix_addr(gw: &common::TestGateway) -> SocketAddr {
 }
 
 #[test]
-fn garbage_bytes_are_dropped_and_the_connection_closed_at_the_logon_timeout() {
+fn garbage_bytes_close_the_connection_at_once_without_an_answer() {
     let gw = common::start();
     let mut s = TcpStream::connect(fix_addr(&gw)).unwrap();
     s.write_all(&[0xA5; 10_000]).unwrap();

@@ -233,3 +233,131 @@ fn fills_while_logged_off_arrive_after_the_next_logon() {
         .unwrap()
         .is_none());
 }
+
+/// A NewOrderSingle with its fields exactly as given (no checks on the client's side).
+fn raw_order(c: &mut FixClient, id: &str, symbol: &str, side: &str, qty: &str, price: &str) {
+    let mut m = bourse_fix::OutMessage::new("D");
+    m.push(11, id);
+    m.push(55, symbol);
+    m.push(54, side);
+    m.push(60, "20260101-00:00:00.000");
+    m.push(38, qty);
+    m.push(40, "2");
+    m.push(44, price);
+    c.send(m).unwrap();
+}
+
+#[test]
+fn a_rejected_order_is_reported_with_its_fields_as_sent() {
+    let gw = common::start();
+    let mut alpha = login(&gw, "ALPHA");
+    // Unknown symbol, price off the 0.01 tick, quantity off the 10 lot, an unsupported Side.
+    let cases = [
+        ("e1", "NOPE", "1", "15", "99.995", "unknown symbol"),
+        ("e2", "SBER", "1", "10", "99.995", "invalid price"),
+        ("e3", "SBER", "2", "15", "100", "quantity"),
+        ("e4", "SBER", "9", "10", "100", "unsupported"),
+    ];
+    for (id, symbol, side, qty, price, why) in cases {
+        raw_order(&mut alpha, id, symbol, side, qty, price);
+        let r = exec(&mut alpha);
+        assert_eq!((f(&r, 11), f(&r, 150), f(&r, 39)), (id, "8", "8"), "{id}");
+        assert!(f(&r, 58).contains(why), "{id}: {}", f(&r, 58));
+        assert_eq!(
+            (f(&r, 55), f(&r, 54), f(&r, 38), f(&r, 44)),
+            (symbol, side, qty, price),
+            "{id}: the request's fields as sent"
+        );
+    }
+    alpha.logout(WAIT).unwrap();
+}
+
+#[test]
+fn avg_px_is_rounded_to_six_decimals() {
+    let gw = common::start();
+    let mut alpha = login(&gw, "ALPHA");
+    let mut beta = login(&gw, "BETA");
+    // Three fills of 10 at 100.01, 100.01 and 100.02: average 100.013333...
+    for (id, px) in [("s1", "100.01"), ("s2", "100.01"), ("s3", "100.02")] {
+        alpha
+            .new_order(id, None, "SBER", false, 10, Some(px), '0')
+            .unwrap();
+        exec(&mut alpha);
+    }
+    beta.new_order("b", None, "SBER", true, 30, Some("100.02"), '0')
+        .unwrap();
+    let mut last = None;
+    while let Some(r) = beta.recv_type("8", WAIT).unwrap() {
+        if f(&r, 39) == "2" {
+            last = Some(r);
+            break;
+        }
+    }
+    let r = last.expect("filled");
+    assert_eq!(f(&r, 6), "100.013333");
+    // With two thirds: 100.016667, rounded up, not truncated.
+    alpha
+        .new_order("s4", None, "SBER", false, 10, Some("100.01"), '0')
+        .unwrap();
+    alpha
+        .new_order("s5", None, "SBER", false, 10, Some("100.02"), '0')
+        .unwrap();
+    alpha
+        .new_order("s6", None, "SBER", false, 10, Some("100.02"), '0')
+        .unwrap();
+    beta.new_order("b2", None, "SBER", true, 30, Some("100.02"), '0')
+        .unwrap();
+    let mut last = None;
+    while let Some(r) = beta.recv_type("8", WAIT).unwrap() {
+        if f(&r, 11) == "b2" && f(&r, 39) == "2" {
+            last = Some(r);
+            break;
+        }
+    }
+    assert_eq!(f(&last.expect("filled"), 6), "100.016667");
+    alpha.logout(WAIT).unwrap();
+    beta.logout(WAIT).unwrap();
+}
+
+#[test]
+fn a_mass_cancel_reaches_the_sessions_own_orders_unless_it_asks_for_the_account() {
+    let gw = common::start();
+    // BETA and SLOW trade the same account (201).
+    let mut beta = login(&gw, "BETA");
+    let mut slow = login(&gw, "SLOW");
+    for id in ["m1", "m2"] {
+        beta.new_order(id, None, "SBER", true, 10, Some("90"), '0')
+            .unwrap();
+        exec(&mut beta);
+    }
+    slow.new_order("s1", None, "SBER", true, 10, Some("90"), '0')
+        .unwrap();
+    exec(&mut slow);
+
+    // By default, the session's own orders: two reports, and 533 says two.
+    beta.mass_cancel("mc1", None).unwrap();
+    let report = beta.recv_type("r", WAIT).unwrap().unwrap();
+    assert_eq!((f(&report, 531), f(&report, 533)), ("7", "2"));
+    for _ in 0..2 {
+        let r = exec(&mut beta);
+        assert_eq!((f(&r, 150), f(&r, 11)), ("4", "mc1"));
+    }
+    // SLOW's order is still live.
+    slow.order_status("s1", Some("SBER"), Some(true), None)
+        .unwrap();
+    assert_eq!(f(&exec(&mut slow), 39), "0");
+
+    // 530=8 with Account: every order of the account, whichever session entered it.
+    let mut m = bourse_fix::OutMessage::new("q");
+    m.push(11, "mc2");
+    m.push(530, "8");
+    m.push(1, "201");
+    m.push(60, "20260101-00:00:00.000");
+    beta.send(m).unwrap();
+    let report = beta.recv_type("r", WAIT).unwrap().unwrap();
+    assert_eq!((f(&report, 531), f(&report, 533)), ("8", "1"));
+    let r = exec(&mut slow);
+    assert_eq!((f(&r, 150), f(&r, 11)), ("4", "s1"), "the owner is told");
+    beta.logout(WAIT).unwrap();
+    slow.logout(WAIT).unwrap();
+}

@@ -5,7 +5,7 @@
 use bourse_core::*;
 use bourse_engine::{EngineConfig, ORDER_ID_CORE_SHIFT};
 use bourse_gateway::router::{
-    ClientId, ExecKind, NewOrderRequest, Report, Request, Router, SessionRef,
+    ClientId, ExecKind, MassCancelScope, NewOrderRequest, Report, Request, Router, SessionRef,
 };
 use bourse_gateway::GatewayConfig;
 use std::time::{Duration, Instant};
@@ -173,6 +173,7 @@ fn a_mass_cancel_without_instrument_reaches_every_core_and_reports_once() {
     let mass_cancel = Request::MassCancel {
         client: ClientId::Text("m1".into()),
         request_type: b'7',
+        scope: MassCancelScope::Session,
         account: None,
         instrument: None,
         side: None,
@@ -213,6 +214,7 @@ fn a_mass_cancel_without_instrument_reaches_every_core_and_reports_once() {
     let mass_cancel = Request::MassCancel {
         client: ClientId::Text("m2".into()),
         request_type: b'1',
+        scope: MassCancelScope::Session,
         account: None,
         instrument: Some(InstrumentId(2)),
         side: None,

@@ -474,6 +474,7 @@ impl LocalDeployment {
                             accounts: accounts.iter().map(|&a| AccountId(a)).collect(),
                             drop_copy: false,
                             throttle_msgs_per_s: None,
+                            allowed_addresses: Vec::new(),
                         });
                 }
             }
@@ -508,6 +509,7 @@ impl LocalDeployment {
                                 firm: FirmId(1),
                                 accounts: accounts.iter().map(|&a| AccountId(a)).collect(),
                                 throttle_msgs_per_s: None,
+                                allowed_addresses: Vec::new(),
                             })
                     }
                     SessionProtocol::Fix => {
@@ -520,6 +522,7 @@ impl LocalDeployment {
                                 accounts: accounts.iter().map(|&a| AccountId(a)).collect(),
                                 drop_copy: false,
                                 throttle_msgs_per_s: None,
+                                allowed_addresses: Vec::new(),
                             })
                     }
                 }

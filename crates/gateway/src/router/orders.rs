@@ -209,6 +209,8 @@ impl Router {
                             account: s.account,
                             order_id: Some(s.order_id),
                             core: (s.core as usize).min(self.links.len().saturating_sub(1)),
+                            instrument: s.instrument,
+                            side: s.side,
                         },
                     );
                     self.orders.insert(s.order_id, o);

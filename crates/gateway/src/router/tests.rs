@@ -57,10 +57,17 @@ accounts = [101]
 client_comp_id = "BETA"
 firm = 2
 accounts = [201]
+
+[[fix_sessions]]
+client_comp_id = "ALPHA2"
+firm = 1
+accounts = [101]
 "#;
 
 const ALPHA: SessionRef = SessionRef(0);
 const BETA: SessionRef = SessionRef(1);
+/// A second session of ALPHA's firm, sharing its account.
+const ALPHA2: SessionRef = SessionRef(2);
 
 /// What one fake core saw and what it will answer.
 #[derive(Default)]
@@ -309,13 +316,14 @@ fn a_cancel_of_an_unknown_order_is_rejected_without_reaching_a_core() {
 }
 
 #[test]
-fn a_mass_cancel_reaches_every_core_and_is_answered_once_with_the_sum() {
+fn an_account_mass_cancel_reaches_every_core_and_is_answered_once_with_the_sum() {
     let mut f = Fixture::new();
     f.router.handle(
         ALPHA,
         Request::MassCancel {
             client: ClientId::Num(9),
             request_type: 7,
+            scope: MassCancelScope::Account,
             account: None,
             instrument: None,
             side: None,
@@ -349,6 +357,108 @@ fn a_mass_cancel_reaches_every_core_and_is_answered_once_with_the_sum() {
                     total: 5,
                     reject: None,
                     request_type: 7,
+                    ..
+                }
+            )]
+        ),
+        "{reports:?}"
+    );
+}
+
+#[test]
+fn a_session_mass_cancel_cancels_its_own_orders_and_counts_what_it_reports() {
+    let mut f = Fixture::new();
+    f.accepted(ALPHA, 1, 1, Side::Buy, 25_000, 1, 11);
+    f.accepted(ALPHA, 2, 2, Side::Sell, 108_000, 1, 12);
+    f.accepted(ALPHA2, 1, 1, Side::Buy, 25_000, 1, 13);
+    f.router.handle(
+        ALPHA,
+        Request::MassCancel {
+            client: ClientId::Num(9),
+            request_type: b'7',
+            scope: MassCancelScope::Session,
+            account: None,
+            instrument: None,
+            side: None,
+        },
+        6,
+    );
+    // One cancel per own order, on its core; none for ALPHA2's order in the same account.
+    let first = f.take_submitted(0);
+    let second = f.take_submitted(1);
+    assert_eq!((first.len(), second.len()), (1, 1));
+    assert!(first
+        .iter()
+        .chain(&second)
+        .all(|(_, c)| matches!(c.body, CommandBody::Cancel(_))));
+    let cancelled = Event::OrderCancelled {
+        order_id: OrderId(11),
+        account: AccountId(101),
+        cl_ord_id: ClOrdId(0),
+        instrument: InstrumentId(1),
+        side: Side::Buy,
+        qty_cancelled: Qty(1),
+        reason: CancelReason::MassCancel,
+        ts_ns: 7,
+    };
+    f.answer(0, first[0].0, &[cancelled]);
+    // The other order filled before its cancel arrived: nothing to cancel, nothing counted.
+    let too_late = Event::CancelRejected {
+        account: AccountId(101),
+        cl_ord_id: ClOrdId(0),
+        order_id: Some(OrderId(12)),
+        response_to: CancelRejectTo::Cancel,
+        reason: RejectReason::UnknownOrder,
+        ts_ns: 7,
+    };
+    f.answer(1, second[0].0, &[too_late]);
+    let reports = f.reports();
+    let execs = reports
+        .iter()
+        .filter(|(s, r)| {
+            *s == ALPHA
+                && matches!(r, Report::Exec(e) if matches!(e.kind, ExecKind::Canceled { .. }))
+        })
+        .count();
+    assert_eq!(execs, 1, "{reports:?}");
+    assert!(reports.iter().all(|(s, _)| *s == ALPHA), "{reports:?}");
+    assert!(
+        matches!(
+            reports.last(),
+            Some((
+                ALPHA,
+                Report::MassCancel {
+                    total: 1,
+                    reject: None,
+                    ..
+                }
+            ))
+        ),
+        "{reports:?}"
+    );
+    // A session with no live order is answered at once: total 0, not a reject.
+    f.router.handle(
+        BETA,
+        Request::MassCancel {
+            client: ClientId::Num(10),
+            request_type: b'7',
+            scope: MassCancelScope::Session,
+            account: None,
+            instrument: None,
+            side: None,
+        },
+        8,
+    );
+    assert!(f.take_submitted(0).is_empty() && f.take_submitted(1).is_empty());
+    let reports = f.reports();
+    assert!(
+        matches!(
+            &reports[..],
+            [(
+                BETA,
+                Report::MassCancel {
+                    total: 0,
+                    reject: None,
                     ..
                 }
             )]

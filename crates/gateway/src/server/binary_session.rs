@@ -34,8 +34,17 @@ impl Server {
                     }
                 }
                 Ok(None) => break,
-                Err(_) => {
-                    self.binary_terminate(token, TerminationCode::InvalidFrame);
+                Err(e) => {
+                    let attached = self.conns.get(&token).is_some_and(|c| c.attached.is_some());
+                    let reason = if attached {
+                        DisconnectReason::BinaryTerminate
+                    } else {
+                        DisconnectReason::Garbled
+                    };
+                    self.binary_terminate_because(token, TerminationCode::InvalidFrame, reason);
+                    if let Some(c) = self.conns.get_mut(&token) {
+                        c.close_detail = Some(format!("invalid frame: {e}"));
+                    }
                     return;
                 }
             }
@@ -56,6 +65,17 @@ impl Server {
     }
 
     pub(super) fn binary_terminate(&mut self, token: Token, code: TerminationCode) {
+        self.binary_terminate_because(token, code, DisconnectReason::BinaryTerminate);
+    }
+
+    /// Sends Terminate with `code` and closes the connection once it is written, counted as
+    /// `reason`.
+    pub(super) fn binary_terminate_because(
+        &mut self,
+        token: Token,
+        code: TerminationCode,
+        reason: DisconnectReason,
+    ) {
         let mut buf = [0u8; FRAME_BYTES_MAX];
         if let Ok(n) = encode_frame(&mut buf, |mut e: TerminateEncoder| {
             e.reason(code);
@@ -65,8 +85,11 @@ impl Server {
         }
         if let Some(conn) = self.conns.get_mut(&token) {
             conn.closing = true;
-            conn.close_reason = DisconnectReason::BinaryTerminate;
-            if let Some(j) = conn.attached.take() {
+            conn.close_reason = reason;
+            if conn.close_detail.is_none() {
+                conn.close_detail = Some(format!("Terminate {code:?}"));
+            }
+            if let Some(j) = conn.attached {
                 self.bin[j].conn = None;
             }
         }
@@ -82,8 +105,14 @@ impl Server {
         let mut buf = [0u8; FRAME_BYTES_MAX];
         let creds = bourse_wire::ascii_field(&credentials).unwrap_or("");
         let slot = self.bin.iter().position(|s| s.credentials == creds);
+        let peer = self.conns.get(&token).map(|c| c.peer.ip());
         let code = match slot {
             None => Some(EstablishmentRejectCode::BadCredentials),
+            // Refused with code Unspecified on the wire (a stranger learns nothing more),
+            // counted and logged as the address it is.
+            Some(j) if !admission::address_allowed(&self.bin[j].allowed_addresses, peer) => {
+                Some(EstablishmentRejectCode::Unspecified)
+            }
             Some(j) if self.bin[j].conn.is_some() => {
                 Some(EstablishmentRejectCode::AlreadyEstablished)
             }
@@ -101,9 +130,16 @@ impl Server {
             }) {
                 self.write_to(token, &buf[..n]);
             }
+            let reason = match code {
+                EstablishmentRejectCode::BadCredentials => DisconnectReason::UnknownSession,
+                EstablishmentRejectCode::Unspecified => DisconnectReason::AddressNotAllowed,
+                EstablishmentRejectCode::AlreadyEstablished => DisconnectReason::SessionInUse,
+                _ => DisconnectReason::LogonRefused,
+            };
             if let Some(c) = self.conns.get_mut(&token) {
                 c.closing = true;
-                c.close_reason = DisconnectReason::LogonRefused;
+                c.close_reason = reason;
+                c.close_detail = Some(format!("EstablishmentReject {code:?}"));
             }
             return;
         }
@@ -114,9 +150,7 @@ impl Server {
         s.last_recv_ms = self.now_ms;
         s.last_sent_ms = self.now_ms;
         let next = s.next_seq;
-        if let Some(c) = self.conns.get_mut(&token) {
-            c.attached = Some(j);
-        }
+        self.attach(token, j);
         if let Ok(n) = encode_frame(&mut buf, |mut e: EstablishmentAckEncoder| {
             e.request_timestamp_ns(ts)
                 .next_seq_no(next)
@@ -137,7 +171,11 @@ impl Server {
                     m.keepalive_interval_ms(),
                     m.credentials(),
                 ),
-                _ => self.binary_terminate(token, TerminationCode::NotEstablished),
+                _ => self.binary_terminate_because(
+                    token,
+                    TerminationCode::NotEstablished,
+                    DisconnectReason::NotLogon,
+                ),
             }
             return;
         };
@@ -178,7 +216,11 @@ impl Server {
         let ts = self.now_ns;
         match message {
             Message::Sequence(_) => {}
-            Message::Terminate(_) => self.binary_terminate(token, TerminationCode::Finished),
+            Message::Terminate(_) => self.binary_terminate_because(
+                token,
+                TerminationCode::Finished,
+                DisconnectReason::Logout,
+            ),
             Message::RetransmitRequest(m) => {
                 self.binary_retransmit(token, j, m.timestamp_ns(), m.from_seq_no(), m.count())
             }
@@ -262,7 +304,11 @@ impl Server {
             if now.saturating_sub(s.last_recv_ms)
                 > keepalive * u64::from(oe::KEEPALIVE_MISSED_INTERVALS_MAX)
             {
-                self.binary_terminate(token, TerminationCode::KeepaliveTimeout);
+                self.binary_terminate_because(
+                    token,
+                    TerminationCode::KeepaliveTimeout,
+                    DisconnectReason::HeartbeatTimeout,
+                );
                 continue;
             }
             if now.saturating_sub(s.last_sent_ms) >= keepalive {

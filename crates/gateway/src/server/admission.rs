@@ -1,0 +1,325 @@
+//! Who gets a connection, and what a connection must do before it is a session.
+//!
+//! Connections that have not logged on (established) yet are strangers: they get their own
+//! small quota (`prelogon_connections_max`), at most `prelogon_per_address_max` per source
+//! address, and `logon_timeout_ms` to log on. When the quota is full, a new connection
+//! displaces the oldest stranger rather than being turned away, and a logged-on session
+//! never counts against the quota: so idle or trickling sockets, however many, cannot keep a
+//! configured session from logging on (its Logon arrives right after its connect; the
+//! strangers before it are older). `connections_max` bounds everything open at once; only
+//! when every open connection is a logged-on session is a new one refused.
+//!
+//! A FIX stranger's bytes are judged as they arrive (`crate::prelogon`); every close is
+//! counted by reason and logged once, with the peer (at most [`CLOSE_LOG_LINES_PER_S`] lines
+//! a second; the rest are counted and summed up in one line).
+
+use super::*;
+use crate::prelogon::{decode_fault, scan_logon};
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+/// Close log lines per second at most; more closes are counted and summed up.
+pub(super) const CLOSE_LOG_LINES_PER_S: u32 = 50;
+
+/// The connections not logged on yet, oldest first (tokens grow with each accept).
+#[derive(Default)]
+pub(super) struct Prelogon {
+    tokens: BTreeSet<Token>,
+    per_address: HashMap<IpAddr, usize>,
+}
+
+impl Prelogon {
+    fn insert(&mut self, token: Token, ip: IpAddr) {
+        if self.tokens.insert(token) {
+            *self.per_address.entry(ip).or_insert(0) += 1;
+        }
+    }
+
+    /// Forgets `token` (it logged on or closed).
+    pub(super) fn remove(&mut self, token: Token, ip: IpAddr) {
+        if self.tokens.remove(&token) {
+            if let Some(n) = self.per_address.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    self.per_address.remove(&ip);
+                }
+            }
+        }
+    }
+
+    fn held_by(&self, ip: IpAddr) -> usize {
+        self.per_address.get(&ip).copied().unwrap_or(0)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.tokens.len()
+    }
+}
+
+/// The close log's budget for the current second.
+#[derive(Default)]
+pub(super) struct CloseLog {
+    second: u64,
+    lines: u32,
+    suppressed: u64,
+}
+
+impl Server {
+    pub(super) fn accept(&mut self, kind: Kind) {
+        for _ in 0..ACCEPTS_PER_EVENT_MAX {
+            let listener = match kind {
+                Kind::Fix => self.fix_listener.as_ref(),
+                Kind::Binary => self.binary_listener.as_ref(),
+            };
+            let Some(listener) = listener else { return };
+            match listener.accept() {
+                Ok((stream, peer)) => {
+                    self.stats
+                        .connections_accepted
+                        .fetch_add(1, Ordering::Relaxed);
+                    if let Err(reason) = self.make_room(peer.ip()) {
+                        self.refuse(stream, peer, kind, reason);
+                        continue;
+                    }
+                    self.admit(stream, peer, kind);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Makes room for a new stranger from `ip`: displaces the oldest stranger when the
+    /// quota or `connections_max` is reached; refuses when `ip` already has its share or
+    /// every open connection is a session.
+    fn make_room(&mut self, ip: IpAddr) -> Result<(), DisconnectReason> {
+        let g = &self.config.gateway;
+        if self.prelogon.held_by(ip) >= g.prelogon_per_address_max {
+            return Err(DisconnectReason::AddressQuota);
+        }
+        let quota = g.prelogon_connections_max.min(g.connections_max);
+        if self.prelogon.len() < quota && self.conns.len() < g.connections_max {
+            return Ok(());
+        }
+        match self.prelogon.tokens.first().copied() {
+            Some(oldest) => {
+                self.close(oldest, DisconnectReason::PrelogonQuota);
+                Ok(())
+            }
+            None => Err(DisconnectReason::ConnectionsMax),
+        }
+    }
+
+    fn refuse(
+        &mut self,
+        stream: TcpStream,
+        peer: SocketAddr,
+        kind: Kind,
+        reason: DisconnectReason,
+    ) {
+        self.counters.disconnects[reason.index()] += 1;
+        self.stats
+            .connections_refused
+            .fetch_add(1, Ordering::Relaxed);
+        drop(stream);
+        let what = match reason {
+            DisconnectReason::AddressQuota => "its address has too many connections not logged on",
+            _ => "every connection is a logged-on session",
+        };
+        self.log_line(format_args!(
+            "gateway: refused {} connection from {peer}: {} ({what})",
+            kind.name(),
+            reason.name()
+        ));
+    }
+
+    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, kind: Kind) {
+        let _ = stream.set_nodelay(true);
+        let token = Token(self.next_token);
+        self.next_token += 1;
+        if self
+            .poll
+            .registry()
+            .register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)
+            .is_err()
+        {
+            return;
+        }
+        self.conns.insert(
+            token,
+            Conn {
+                stream,
+                kind,
+                out: Vec::new(),
+                out_pos: 0,
+                opened_ms: self.now_ms,
+                attached: None,
+                inbuf: Vec::new(),
+                closing: false,
+                close_reason: DisconnectReason::PeerClosed,
+                close_detail: None,
+                peer,
+            },
+        );
+        self.prelogon.insert(token, peer.ip());
+        self.stats
+            .connections_open
+            .store(self.conns.len(), Ordering::Relaxed);
+    }
+
+    /// `token` logged on to (established) session `slot`: no longer a stranger.
+    pub(super) fn attach(&mut self, token: Token, slot: usize) {
+        if let Some(conn) = self.conns.get_mut(&token) {
+            conn.attached = Some(slot);
+            conn.inbuf = Vec::new();
+            let ip = conn.peer.ip();
+            self.prelogon.remove(token, ip);
+        }
+    }
+
+    /// Closes the strangers that did not log on within `logon_timeout_ms` (the oldest come
+    /// first, so the scan stops at the first one still in time).
+    pub(super) fn close_stale_prelogon(&mut self, now_ms: u64) {
+        let timeout = self.config.gateway.logon_timeout_ms;
+        let stale: Vec<Token> = self
+            .prelogon
+            .tokens
+            .iter()
+            .copied()
+            .take_while(|t| {
+                self.conns
+                    .get(t)
+                    .is_none_or(|c| now_ms.saturating_sub(c.opened_ms) >= timeout)
+            })
+            .collect();
+        for t in stale {
+            let closing = self.conns.get(&t).is_some_and(|c| c.closing);
+            if !closing {
+                self.close(t, DisconnectReason::LogonTimeout);
+            }
+        }
+    }
+
+    /// Closes `token` for `reason`, with `detail` in its log line.
+    pub(super) fn close_because(&mut self, token: Token, reason: DisconnectReason, detail: String) {
+        if let Some(conn) = self.conns.get_mut(&token) {
+            conn.close_detail = Some(detail);
+        }
+        self.close(token, reason);
+    }
+
+    // ----- FIX before logon -----
+
+    pub(super) fn on_fix_bytes(&mut self, token: Token, bytes: &[u8]) {
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        if let Some(slot) = conn.attached {
+            self.fix_feed(slot, bytes);
+            return;
+        }
+        conn.inbuf.extend_from_slice(bytes);
+        let size_max = self.config.gateway.fix_message_size_max_bytes;
+        let frame_bytes = match scan_logon(&conn.inbuf, size_max) {
+            Ok(Some(n)) => n,
+            Ok(None) => return,
+            Err(reason) => return self.close(token, reason),
+        };
+        let all = std::mem::take(&mut conn.inbuf);
+        // The first message must be a Logon for a configured session; anything else is
+        // closed without a word (as a FIX acceptor does), counted and logged.
+        let raw = match bourse_fix::decode(&all[..frame_bytes], None, size_max) {
+            Ok(raw) => raw,
+            Err(e) => return self.close_because(token, decode_fault(&e), e.to_string()),
+        };
+        if raw.msg_type() != b"A" {
+            let t = String::from_utf8_lossy(raw.msg_type()).into_owned();
+            return self.close_because(token, DisconnectReason::NotLogon, format!("MsgType {t}"));
+        }
+        let sender = raw.get_str(49).unwrap_or("");
+        let target = raw.get_str(56).unwrap_or("");
+        let names = format!("SenderCompID {sender:?} TargetCompID {target:?}");
+        let Some(slot) = self
+            .fix
+            .iter()
+            .position(|s| s.client_comp_id == sender && s.gateway_comp_id == target)
+        else {
+            return self.close_because(token, DisconnectReason::UnknownSession, names);
+        };
+        let peer = self.conns.get(&token).map(|c| c.peer.ip());
+        if !address_allowed(&self.fix[slot].allowed_addresses, peer) {
+            return self.close_because(token, DisconnectReason::AddressNotAllowed, names);
+        }
+        if self.fix[slot].conn.is_some() {
+            return self.close_because(token, DisconnectReason::SessionInUse, names);
+        }
+        self.attach(token, slot);
+        self.fix[slot].conn = Some(token);
+        self.fix[slot].session.on_connect(self.now_ms as i64);
+        self.fix_feed(slot, &all);
+    }
+
+    // ----- the close log -----
+
+    /// Logs the close of `conn` once: peer, protocol, session, reason and detail.
+    pub(super) fn log_close(&mut self, conn: &Conn, token: Token, reason: DisconnectReason) {
+        if reason == DisconnectReason::Shutdown {
+            return;
+        }
+        let session = match (conn.kind, conn.attached) {
+            (Kind::Fix, Some(slot)) => format!(" session {}", self.fix[slot].client_comp_id),
+            (Kind::Binary, Some(slot)) => format!(" binary session #{slot}"),
+            _ => String::new(),
+        };
+        let detail = conn
+            .close_detail
+            .as_deref()
+            .map(|d| format!(": {d}"))
+            .unwrap_or_default();
+        self.log_line(format_args!(
+            "gateway: closed {} connection {} from {}{session}: {}{detail}",
+            conn.kind.name(),
+            token.0,
+            conn.peer,
+            reason.name()
+        ));
+    }
+
+    fn log_line(&mut self, line: std::fmt::Arguments<'_>) {
+        let second = self.now_ms / 1_000;
+        let log = &mut self.close_log;
+        if second != log.second {
+            if log.suppressed > 0 {
+                eprintln!(
+                    "gateway: {} more closes in the last second not logged (counted in bourse_gateway_disconnects_total)",
+                    log.suppressed
+                );
+            }
+            *log = CloseLog {
+                second,
+                lines: 0,
+                suppressed: 0,
+            };
+        }
+        if log.lines < CLOSE_LOG_LINES_PER_S {
+            log.lines += 1;
+            eprintln!("{line}");
+        } else {
+            log.suppressed += 1;
+        }
+    }
+}
+
+/// Whether a session whose allowed addresses are `allowed` (empty: any) may log on from `peer`.
+pub(super) fn address_allowed(allowed: &[IpAddr], peer: Option<IpAddr>) -> bool {
+    allowed.is_empty() || peer.is_some_and(|p| allowed.contains(&p))
+}
+
+impl Kind {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Kind::Fix => "FIX",
+            Kind::Binary => "binary",
+        }
+    }
+}
