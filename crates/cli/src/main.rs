@@ -7,6 +7,7 @@
 
 mod bench;
 mod cluster_cmd;
+mod delivery_cmd;
 mod demo;
 mod engine_run;
 mod fix_acceptor;
@@ -76,6 +77,11 @@ enum Command {
     /// One generator worker of `bourse loadtest --workers N` (started by it, not by hand).
     #[command(hide = true)]
     LoadgenWorker(loadtest_cmd::WorkerArgs),
+    /// Data delivery (seed 003): serve the latest state of every order by cursor, or tail it.
+    Delivery {
+        #[command(subcommand)]
+        command: delivery_cmd::DeliveryCommand,
+    },
     /// Market data tools: listen, book, record, demo-publish.
     Md {
         #[command(subcommand)]
@@ -130,6 +136,7 @@ fn main() {
         Command::Fix {
             command: FixCommand::Acceptor(args),
         } => fix_acceptor::run(args),
+        Command::Delivery { command } => delivery_cmd::run(command),
         Command::Md { command } => md_cmd::run(command),
         Command::Gateway(args) => gateway_cmd::run(args),
         Command::Order(args) => order_cmd::run(args),

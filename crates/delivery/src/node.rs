@@ -91,6 +91,15 @@ fn persist_interval_ms_default() -> u64 {
 }
 
 impl DeliveryConfig {
+    /// Reads a TOML file of this shape (unknown keys are refused) and validates it.
+    pub fn load(path: &std::path::Path) -> Result<DeliveryConfig, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let config: DeliveryConfig =
+            toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         if self.cores.is_empty() {
             return Err("a delivery node needs at least one core".into());
