@@ -409,3 +409,35 @@ async fn feed(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_configuration_loads() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/delivery.toml");
+        let c = DeliveryConfig::load(std::path::Path::new(path)).unwrap();
+        assert_eq!(c.cores.len(), 1);
+        assert_eq!(c.limits, Limits::default());
+    }
+
+    #[test]
+    fn a_configuration_without_cores_or_with_a_core_twice_is_refused() {
+        let mut c = DeliveryConfig {
+            name: "x".into(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            state_dir: None,
+            persist_interval_ms: 10,
+            cores: Vec::new(),
+            limits: Limits::default(),
+        };
+        assert!(c.validate().unwrap_err().contains("at least one core"));
+        let core = CoreSource {
+            id: 3,
+            nodes: vec!["127.0.0.1:1".parse().unwrap()],
+        };
+        c.cores = vec![core.clone(), core];
+        assert!(c.validate().unwrap_err().contains("core 3 is listed twice"));
+    }
+}

@@ -467,9 +467,21 @@ fn peer_run(peer: &str, args: &DeliveryBenchArgs) -> Result<()> {
         return Ok(());
     }
     let scratch = common::ScratchDir::new("tarantool-delivery")?;
+    // run.sh writes under `$PWD/$RESULTS_DIR`, so the scratch directory is named relative
+    // to the peer's folder.
+    let dir = dir.canonicalize()?;
+    let up = "../".repeat(dir.components().count() - 1);
+    let results = format!(
+        "{up}{}",
+        scratch.0.display().to_string().trim_start_matches('/')
+    );
+    let seconds = args.seconds.ceil().max(1.0) as u64;
     let run = |env: &[(&str, String)]| -> Result<()> {
         let mut c = std::process::Command::new("./run.sh");
-        c.current_dir(dir).env("RESULTS_DIR", &scratch.0);
+        c.current_dir(&dir)
+            .env("RESULTS_DIR", &results)
+            .env("DURATION", seconds.to_string())
+            .env("WARMUP", "1");
         for (k, v) in env {
             c.env(k, v);
         }
@@ -480,20 +492,27 @@ fn peer_run(peer: &str, args: &DeliveryBenchArgs) -> Result<()> {
         Ok(())
     };
     run(&[("RATE", "0".into()), ("LABEL", "max".into())])?;
+    run(&[
+        ("RATE", "0".into()),
+        ("BATCH", args.entry_commands.to_string()),
+        ("LABEL", "max-batched".into()),
+    ])?;
     for &n in &args.readers {
-        run(&[
-            ("RATE", args.rate.to_string()),
-            ("READERS", n.to_string()),
-            ("UNFILTERED", (n / 5).max(1).to_string()),
-            ("WAIT_US", "500".into()),
-            ("MODE", "sleep".into()),
-            ("LABEL", format!("r{n}")),
-        ])?;
+        for wait_us in [500u64, 0] {
+            run(&[
+                ("RATE", args.rate.to_string()),
+                ("READERS", n.to_string()),
+                ("UNFILTERED", (n / 5).max(1).to_string()),
+                ("WAIT_US", wait_us.to_string()),
+                ("MODE", "sleep".into()),
+                ("LABEL", format!("r{n}-wait{wait_us}")),
+            ])?;
+        }
     }
     let table = std::process::Command::new("python3")
         .arg("table.py")
-        .current_dir(dir)
-        .env("RESULTS_DIR", &scratch.0)
+        .arg(scratch.0.join("all.jsonl"))
+        .current_dir(&dir)
         .output()?;
     println!(
         "\npeer tarantool:\n{}",
