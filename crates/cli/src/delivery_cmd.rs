@@ -189,6 +189,12 @@ fn tail(args: TailArgs) -> Result<()> {
             {
                 break Ok(());
             }
+            // Never ask for more than --count leaves, so the cursor printed at the end
+            // continues right after the last record printed.
+            if let Some(c) = args.count {
+                req.limit = Some(args.limit.min((c - printed) as usize));
+                req.min_rows = Some(args.min_rows.min(req.limit.unwrap_or(1)));
+            }
             let answer = match client.poll(&req).await {
                 Ok(a) => a,
                 Err(e) => break Err(anyhow!("{}: {e}", args.addr)),
