@@ -1,6 +1,8 @@
 //! [`DeliveryClient`]: a Rust client of the HTTP API, one keep-alive connection, just enough
 //! HTTP/1.1 for it (`Content-Length` bodies, which is what the server sends). Used by
-//! `bourse delivery tail`, the benchmark and the tests; the SDK (`bourse-client`) re-exports it.
+//! `bourse delivery tail`, the benchmark and the tests. It is not yet in the SDK
+//! (`bourse-client`): this crate depends on the cluster (the consumer API), which the SDK
+//! should not pull in; the client and the record types want a crate of their own first.
 
 use crate::record::{Filter, Record};
 use crate::server::{AnswerHeader, ApiError};
