@@ -94,7 +94,7 @@ impl Cursor {
         if text.len() > CURSOR_TEXT_MAX {
             return Err(bad("longer than any cursor"));
         }
-        if text.len() % 2 != 0 {
+        if !text.len().is_multiple_of(2) {
             return Err(bad("odd number of hex digits"));
         }
         let digit = |c: u8| match c {

@@ -87,13 +87,21 @@ fn error(status: StatusCode, code: &str, message: String) -> Response {
     r
 }
 
-fn cursor_error(e: &CursorError) -> Response {
+/// A refused request: status, error code, message.
+type Refusal = (StatusCode, &'static str, String);
+
+fn cursor_refusal(e: &CursorError) -> Refusal {
     let (status, code) = match e {
         CursorError::Malformed(_) => (StatusCode::BAD_REQUEST, "cursor_malformed"),
         CursorError::Foreign(_) => (StatusCode::CONFLICT, "cursor_foreign"),
         CursorError::TooOld { .. } => (StatusCode::GONE, "cursor_too_old"),
     };
-    error(status, code, e.to_string())
+    (status, code, e.to_string())
+}
+
+fn cursor_error(e: &CursorError) -> Response {
+    let (status, code, message) = cursor_refusal(e);
+    error(status, code, message)
 }
 
 pub fn router(shared: Arc<Shared>) -> Router {
@@ -123,9 +131,9 @@ struct Poll {
     min_rows: usize,
 }
 
-fn check(p: PollParams, s: &Shared) -> Result<Poll, Response> {
+fn check(p: PollParams, s: &Shared) -> Result<Poll, Refusal> {
     let l = &s.limits;
-    let bad = |m: String| error(StatusCode::BAD_REQUEST, "bad_request", m);
+    let bad = |m: String| (StatusCode::BAD_REQUEST, "bad_request", m);
     let limit = p.limit.unwrap_or(l.rows_per_answer_default);
     if limit == 0 || limit > l.rows_per_answer_max {
         return Err(bad(format!(
@@ -146,7 +154,7 @@ fn check(p: PollParams, s: &Shared) -> Result<Poll, Response> {
     }
     let cursor = match p.cursor.as_deref() {
         None | Some("") => None,
-        Some(text) => Some(Cursor::decode(text).map_err(|e| cursor_error(&e))?),
+        Some(text) => Some(Cursor::decode(text).map_err(|e| cursor_refusal(&e))?),
     };
     Ok(Poll {
         cursor,
@@ -183,13 +191,13 @@ async fn orders(
     };
     let poll = match query {
         Ok(Query(p)) => check(p, &s),
-        Err(e) => Err(error(StatusCode::BAD_REQUEST, "bad_request", e.body_text())),
+        Err(e) => Err((StatusCode::BAD_REQUEST, "bad_request", e.body_text())),
     };
     let poll = match poll {
         Ok(p) => p,
-        Err(r) => {
+        Err((status, code, message)) => {
             s.counters.polls_bad_request.fetch_add(1, Ordering::Relaxed);
-            return r;
+            return error(status, code, message);
         }
     };
     match answer(&s, &poll, started).await {
