@@ -14,6 +14,7 @@ TOOLS=(
   "tshark tshark"                      # marketdata: reads the pcap `bourse md record` writes
   "java default-jdk-headless"         # gateway: QuickFIX/J initiators; wire: sbe-tool
   "mvn maven"                          # gateway: builds the QuickFIX/J test client; wire: fetches sbe-tool
+  "python3 python3"                    # delivery: the example client examples/delivery_client.py
 )
 
 missing=()

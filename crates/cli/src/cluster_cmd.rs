@@ -81,7 +81,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("tokio runtime")
 }
 
-fn stop_flag() -> Arc<AtomicBool> {
+pub(crate) fn stop_flag() -> Arc<AtomicBool> {
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
     // Only one handler per process; a second call fails harmlessly.

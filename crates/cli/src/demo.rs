@@ -56,6 +56,51 @@ pub struct DemoArgs {
     /// Keep the dashboard serving this many seconds after the run ends (Ctrl-C ends it early).
     #[arg(long, default_value_t = 0)]
     linger_seconds: u64,
+    /// Port of the data-delivery node (GetOrders) on 127.0.0.1 (0: any free port). Without
+    /// it, 8700, or any free port if 8700 is taken.
+    #[arg(long)]
+    delivery_port: Option<u16>,
+    /// Run without the data-delivery node.
+    #[arg(long)]
+    no_delivery: bool,
+}
+
+/// Default delivery port when none is given.
+const DELIVERY_PORT_DEFAULT: u16 = 8700;
+
+/// A delivery node over every replicated core of the deployment (none for in-process cores).
+fn start_delivery(
+    args: &DemoArgs,
+    deployment: &LocalDeployment,
+) -> Result<Option<bourse_delivery::DeliveryNode>> {
+    let cores: Vec<bourse_delivery::CoreSource> = deployment
+        .node_addrs()
+        .into_iter()
+        .enumerate()
+        .filter(|(_, (_, nodes))| !nodes.is_empty())
+        .map(|(i, (_, nodes))| bourse_delivery::CoreSource {
+            id: i as u32,
+            nodes,
+        })
+        .collect();
+    if args.no_delivery || cores.is_empty() {
+        return Ok(None);
+    }
+    let config = |port: u16| bourse_delivery::DeliveryConfig {
+        name: "bourse-demo".into(),
+        listen: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        state_dir: None,
+        persist_interval_ms: 1_000,
+        cores: cores.clone(),
+        limits: bourse_delivery::Limits::default(),
+    };
+    let node = match args.delivery_port {
+        Some(port) => bourse_delivery::DeliveryNode::start(config(port)),
+        None => bourse_delivery::DeliveryNode::start(config(DELIVERY_PORT_DEFAULT))
+            .or_else(|_| bourse_delivery::DeliveryNode::start(config(0))),
+    }
+    .map_err(|e| anyhow!("delivery node: {e} (try --delivery-port 0 or --no-delivery)"))?;
+    Ok(Some(node))
 }
 
 /// Default dashboard port when none is given.
@@ -227,6 +272,15 @@ pub fn run(args: DemoArgs) -> Result<()> {
         deployment.describe()
     );
     print_layout(&deployment, &profile, &dashboard);
+    let delivery = start_delivery(&args, &deployment)?;
+    if let Some(d) = &delivery {
+        println!(
+            "  delivery: {}/v1/orders (every order's latest state by cursor); follow it with: \
+             bourse delivery tail --addr {}",
+            d.url(),
+            d.addr()
+        );
+    }
     match args.seconds {
         Some(s) => println!(
             "  participants offer {} commands/s for {s} s (Ctrl-C stops early)\n",
@@ -244,6 +298,9 @@ pub fn run(args: DemoArgs) -> Result<()> {
         stop: Some(Arc::clone(&stop)),
     };
     let result = bourse_loadgen::run_on(&profile, &options, &mut deployment);
+    if let Some(d) = delivery {
+        d.stop().map_err(|e| anyhow!(e))?;
+    }
     deployment.stop();
     let _ = std::fs::remove_dir_all(&data_dir);
     let results = result.map_err(|e| anyhow!(e))?;

@@ -8,6 +8,7 @@
 mod bench;
 mod clearing_cmd;
 mod cluster_cmd;
+mod delivery_cmd;
 mod demo;
 mod engine_run;
 mod fix_acceptor;
@@ -84,6 +85,11 @@ enum Command {
         #[command(subcommand)]
         command: clearing_cmd::ClearingCommand,
     },
+    /// Data delivery (seed 003): serve the latest state of every order by cursor, or tail it.
+    Delivery {
+        #[command(subcommand)]
+        command: delivery_cmd::DeliveryCommand,
+    },
     /// Market data tools: listen, book, record, demo-publish.
     Md {
         #[command(subcommand)]
@@ -143,6 +149,7 @@ fn main() {
         Command::Fix {
             command: FixCommand::Acceptor(args),
         } => fix_acceptor::run(args),
+        Command::Delivery { command } => delivery_cmd::run(command),
         Command::Md { command } => md_cmd::run(command),
         Command::T2t { command } => t2t_cmd::run(command),
         Command::Clearing { command } => clearing_cmd::run(command),

@@ -7,6 +7,7 @@
 mod capacity;
 mod cluster;
 mod common;
+mod delivery;
 mod engine;
 mod gateway;
 mod journal;
@@ -28,6 +29,9 @@ pub enum BenchCommand {
     /// Three local nodes on loopback: replicated commands/s and commit latency per fsync mode,
     /// beside a TCP echo round trip; replay speed.
     Cluster(cluster::ClusterBenchArgs),
+    /// The data-delivery store (seed 003): records/s written with no readers, and the lag,
+    /// batch size and share of empty answers of N polling readers at a given write rate.
+    Delivery(delivery::DeliveryBenchArgs),
     /// Market data publication delay, top-20 book delay and bandwidth over loopback UDP.
     Marketdata(marketdata::BenchArgs),
     /// Door-to-door round trips through the FIX and binary gateways over loopback, open loop
@@ -48,6 +52,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Capacity(args) => capacity::capacity(args),
         BenchCommand::Journal(args) => journal::bench(args),
         BenchCommand::Cluster(args) => cluster::bench(args),
+        BenchCommand::Delivery(args) => delivery::bench(args),
         BenchCommand::Marketdata(args) => marketdata::bench(args),
         BenchCommand::Gateway(args) => gateway::bench(args),
         BenchCommand::Recovery(args) => recovery::recovery(args),

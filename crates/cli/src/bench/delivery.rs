@@ -1,0 +1,522 @@
+//! `bourse bench delivery`: the data-delivery store (seed 003).
+//!
+//! Events come from a real engine running an order flow (new orders, cancels, replaces,
+//! trades; 200 accounts in 20 firms), generated ahead. Scenario `store-writes`: records/s
+//! written into the store on one thread with no readers, through the writer's real path (the
+//! write lock, the entry's decode, the indexes, the readers' wake-up); per-entry apply time.
+//! Scenario `readers`: a writer thread writes at `--rate` records/s (each entry stamped with
+//! its scheduled time, so a writer that falls behind shows in the lag) while N readers poll
+//! the HTTP API over loopback, 20% unfiltered and the rest filtered by firm, each from its
+//! own cursor in a tight loop: lag (receive time − scheduled write time of each record) mean,
+//! p50 … max, records per answer, share of empty answers, with the wait (`wait_us` 500) and
+//! without it (`wait_us` 0). Readers decode only each record's time stamp (a client that
+//! reads the header first). Writer, server and readers share this machine's cores.
+
+use super::common::{self, histogram, record, Latency, Machine};
+use anyhow::{anyhow, Result};
+use bourse_cluster::consumer::EntryView;
+use bourse_cluster::stream::{CommittedEntry, CommittedRequest};
+use bourse_cluster::{tokio, OutcomeKind};
+use bourse_core::{Command, Event, FirmId};
+use bourse_delivery::node::Shared;
+use bourse_delivery::{DeliveryClient, Filter, Limits, PollRequest, Store, StoreConfig};
+use bourse_engine::workload::{Flow, FlowConfig};
+use bourse_engine::{Engine, EngineConfig};
+use clap::Args;
+use hdrhistogram::Histogram;
+use serde::Deserialize;
+use serde_json::json;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Args)]
+pub struct DeliveryBenchArgs {
+    /// Commands run through the engine to make the events (the records written are about
+    /// twice as many).
+    #[arg(long, default_value_t = 400_000)]
+    commands: usize,
+    /// Commands per committed entry (a replicated core's batch).
+    #[arg(long, default_value_t = 32)]
+    entry_commands: usize,
+    /// Reader counts of the `readers` scenario.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![10usize, 100])]
+    readers: Vec<usize>,
+    /// Records per second the writer offers in the `readers` scenario.
+    #[arg(long, default_value_t = 100_000)]
+    rate: u64,
+    /// Seconds measured per `readers` scenario.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Also run a peer in the same invocation: `tarantool` (../shared/peers/tarantool-delivery).
+    #[arg(long)]
+    peer: Option<String>,
+    /// One JSON object per scenario.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One entry's requests as events, restamped and encoded when written.
+type EntryEvents = Vec<Vec<Event>>;
+
+fn generate(commands: usize, per_entry: usize) -> Vec<EntryEvents> {
+    let mut config = FlowConfig::exchange_core(7);
+    config.accounts = 200;
+    config.live_orders_target = 2_000;
+    let mut flow = Flow::new(config);
+    let mut engine = Engine::new(EngineConfig::default());
+    let mut out = Vec::new();
+    let mut events = Vec::new();
+    for body in flow.setup() {
+        engine.apply(&Command::new(0, body), &mut events);
+    }
+    let mut entry = vec![std::mem::take(&mut events)];
+    for i in 0..commands {
+        events.clear();
+        engine.apply(&Command::new(i as u64, flow.next_command()), &mut events);
+        flow.observe(&events);
+        entry.push(events.clone());
+        if entry.len() >= per_entry {
+            out.push(std::mem::take(&mut entry));
+        }
+    }
+    out
+}
+
+fn entry(index: u64, requests: &EntryEvents, ts_ns: Option<u64>) -> EntryView {
+    let requests = requests
+        .iter()
+        .enumerate()
+        .map(|(i, events)| {
+            let mut events = events.clone();
+            if let Some(ts) = ts_ns {
+                for e in &mut events {
+                    *e.ts_ns_mut() = ts;
+                }
+            }
+            CommittedRequest {
+                client_id: 1,
+                request_seq: index * 1_000 + i as u64,
+                kind: OutcomeKind::Applied,
+                events: bourse_core::codec::encode_events(&events),
+            }
+        })
+        .collect();
+    EntryView::new(Arc::new(CommittedEntry {
+        index,
+        requests,
+        market_data_flush_ns: None,
+    }))
+}
+
+fn shared() -> Arc<Shared> {
+    let store = Store::new(&StoreConfig {
+        deployment: "bench".into(),
+        cores: vec![0],
+        records_per_core_max: Limits::default().records_per_core_max,
+    });
+    Shared::new(store, Limits::default())
+}
+
+/// The writer's path for one entry: the write lock, the apply, the readers' wake-up.
+fn write(shared: &Shared, e: &EntryView) -> usize {
+    let n = shared
+        .store
+        .write()
+        .expect("store")
+        .apply_entry(0, e)
+        .expect("entries in order");
+    if n > 0 {
+        shared.changed.send_modify(|v| *v += 1);
+    }
+    n
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+pub fn bench(args: DeliveryBenchArgs) -> Result<()> {
+    let machine = Machine::this();
+    let started = Instant::now();
+    let entries = generate(args.commands, args.entry_commands.max(1));
+    if !args.json {
+        println!(
+            "delivery: {} entries of {} commands generated in {:.1} s; load: {}",
+            entries.len(),
+            args.entry_commands,
+            started.elapsed().as_secs_f64(),
+            loadavg()
+        );
+    }
+    store_writes(&args, &entries, &machine)?;
+    for &n in &args.readers {
+        for wait_us in [500u64, 0] {
+            readers(&args, &entries, n, wait_us, &machine)?;
+        }
+    }
+    if let Some(peer) = &args.peer {
+        peer_run(peer, &args)?;
+    }
+    Ok(())
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn store_writes(
+    args: &DeliveryBenchArgs,
+    entries: &[EntryEvents],
+    machine: &Machine,
+) -> Result<()> {
+    // Encoding is the core's work, done ahead; the store's work is timed.
+    let views: Vec<EntryView> = entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| entry(i as u64, e, None))
+        .collect();
+    let shared = shared();
+    let mut h = histogram();
+    let mut records = 0u64;
+    let t = Instant::now();
+    for v in &views {
+        let s = Instant::now();
+        records += write(&shared, v) as u64;
+        record(&mut h, s.elapsed().as_nanos() as u64);
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let per_s = (records as f64 / secs).round() as u64;
+    let l = Latency::of(&h);
+    let stats = shared.store.read().expect("store").stats();
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "bench": "delivery", "scenario": "store-writes", "offered_per_s": null,
+                "throughput_per_s": per_s, "records": records, "entries": views.len(),
+                "entry_apply_ns": l, "records_kept": stats[0].records,
+                "machine": machine, "version": common::version(),
+            })
+        );
+    } else {
+        println!(
+            "\nstore-writes (one thread, no readers): {} records in {} entries, {:.2} s: {} records/s",
+            common::count(records),
+            common::count(views.len() as u64),
+            secs,
+            common::count(per_s)
+        );
+        println!(
+            "  records kept {} (latest states, trades, rejects)",
+            common::count(stats[0].records as u64)
+        );
+        println!("{}", common::latency_header());
+        println!("{}", common::latency_row("entry apply", &l));
+    }
+    Ok(())
+}
+
+/// What a reader decodes of an answer: the header's count and each record's time stamp.
+#[derive(Deserialize)]
+struct LagAnswer {
+    header: LagHeader,
+    records: Vec<LagRecord>,
+}
+
+#[derive(Deserialize)]
+struct LagHeader {
+    next_cursor: String,
+    count: usize,
+}
+
+#[derive(Deserialize)]
+struct LagRecord {
+    ts_ns: u64,
+}
+
+#[derive(Default)]
+struct ReaderResult {
+    lag: Option<Histogram<u64>>,
+    batch: Option<Histogram<u64>>,
+    answers: u64,
+    empty: u64,
+    records: u64,
+    errors: u64,
+}
+
+async fn reader(
+    addr: std::net::SocketAddr,
+    filter: Filter,
+    wait_us: u64,
+    stop: Arc<AtomicBool>,
+) -> ReaderResult {
+    let mut client = DeliveryClient::new(addr);
+    let mut lag = histogram();
+    let mut batch = histogram();
+    let mut r = ReaderResult::default();
+    // Start from the live end: the first answer (a snapshot) is not timed.
+    let mut req = PollRequest {
+        cursor: None,
+        filter,
+        limit: Some(1_000),
+        wait_us: Some(wait_us),
+        min_rows: Some(1),
+    };
+    let mut first = true;
+    while !stop.load(Ordering::Relaxed) {
+        let Ok((200, body)) = client.get(&req.path()).await else {
+            r.errors += 1;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let received = now_ns();
+        let Ok(a) = serde_json::from_slice::<LagAnswer>(&body) else {
+            r.errors += 1;
+            continue;
+        };
+        req.cursor = Some(a.header.next_cursor);
+        if first {
+            first = false;
+            continue;
+        }
+        r.answers += 1;
+        r.records += a.header.count as u64;
+        if a.records.is_empty() {
+            r.empty += 1;
+        }
+        record(&mut batch, a.header.count as u64);
+        for rec in &a.records {
+            record(&mut lag, received.saturating_sub(rec.ts_ns));
+        }
+    }
+    r.lag = Some(lag);
+    r.batch = Some(batch);
+    r
+}
+
+fn readers(
+    args: &DeliveryBenchArgs,
+    entries: &[EntryEvents],
+    n: usize,
+    wait_us: u64,
+    machine: &Machine,
+) -> Result<()> {
+    let shared = shared();
+    let server_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("bench-delivery-server")
+        .enable_all()
+        .build()?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
+    let (stop_server, stopped) = tokio::sync::watch::channel(false);
+    {
+        let _g = server_rt.enter();
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        server_rt.spawn(bourse_delivery::server::serve(
+            listener,
+            shared.clone(),
+            stopped,
+        ));
+    }
+    let client_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("bench-delivery-readers")
+        .enable_all()
+        .build()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let filter = if i % 5 == 0 {
+                Filter::default()
+            } else {
+                Filter {
+                    firm: Some(FirmId(1 + (i % 20) as u32)),
+                    ..Filter::default()
+                }
+            };
+            client_rt.spawn(reader(addr, filter, wait_us, stop.clone()))
+        })
+        .collect();
+    // The writer: paced at `rate` records/s, each entry stamped with its scheduled time.
+    let rate = args.rate.max(1) as f64;
+    let duration = Duration::from_secs_f64(args.seconds);
+    let writer_shared = shared.clone();
+    let views_needed = entries.len();
+    let entries = entries.to_vec();
+    let writer = std::thread::Builder::new()
+        .name("bench-delivery-writer".into())
+        .spawn(move || {
+            let start = Instant::now();
+            let start_ns = now_ns();
+            let mut written = 0u64;
+            let mut index = 0u64;
+            while start.elapsed() < duration && (index as usize) < views_needed {
+                let due_ns = (written as f64 / rate * 1e9) as u64;
+                let ahead = Duration::from_nanos(due_ns).saturating_sub(start.elapsed());
+                if !ahead.is_zero() {
+                    std::thread::sleep(ahead.min(Duration::from_micros(200)));
+                    continue;
+                }
+                let e = entry(index, &entries[index as usize], Some(start_ns + due_ns));
+                written += write(&writer_shared, &e) as u64;
+                index += 1;
+            }
+            (written, start.elapsed())
+        })?;
+    let (written, elapsed) = writer.join().map_err(|_| anyhow!("writer panicked"))?;
+    stop.store(true, Ordering::Relaxed);
+    let results: Vec<ReaderResult> = client_rt.block_on(async {
+        let mut v = Vec::new();
+        for t in tasks {
+            v.push(t.await.unwrap_or_default());
+        }
+        v
+    });
+    let _ = stop_server.send(true);
+    client_rt.shutdown_timeout(Duration::from_secs(2));
+    server_rt.shutdown_timeout(Duration::from_secs(2));
+    let mut lag = histogram();
+    let mut batch = histogram();
+    let (mut answers, mut empty, mut records, mut errors) = (0, 0, 0, 0);
+    for r in &results {
+        if let Some(h) = &r.lag {
+            lag.add(h).map_err(|e| anyhow!("{e:?}"))?;
+        }
+        if let Some(h) = &r.batch {
+            batch.add(h).map_err(|e| anyhow!("{e:?}"))?;
+        }
+        answers += r.answers;
+        empty += r.empty;
+        records += r.records;
+        errors += r.errors;
+    }
+    let written_per_s = (written as f64 / elapsed.as_secs_f64()).round() as u64;
+    let l = Latency::of(&lag);
+    let b = Latency::of(&batch);
+    let empty_share = if answers == 0 {
+        0.0
+    } else {
+        empty as f64 / answers as f64
+    };
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "bench": "delivery", "scenario": format!("readers-{n}-wait-{wait_us}us"),
+                "offered_per_s": args.rate, "throughput_per_s": written_per_s,
+                "readers": n, "wait_us": wait_us, "lag_ns": l,
+                "batch_records": {"mean": b.mean, "p50": b.p50, "p99": b.p99, "max": b.max},
+                "answers": answers, "empty_share": (empty_share * 1e4).round() / 1e4,
+                "records_received": records, "errors": errors,
+                "machine": machine, "version": common::version(),
+            })
+        );
+    } else {
+        println!(
+            "\nreaders {n} (20% unfiltered), wait_us {wait_us}: offered {} records/s, written {} records/s; load {}",
+            common::count(args.rate),
+            common::count(written_per_s),
+            loadavg()
+        );
+        println!(
+            "  answers {} ({:.1}% empty), records per answer mean {} p50 {} p99 {} max {}, records received {}, errors {}",
+            common::count(answers),
+            empty_share * 100.0,
+            b.mean,
+            b.p50,
+            b.p99,
+            b.max,
+            common::count(records),
+            errors
+        );
+        println!("  lag mean {}", common::ns(l.mean));
+        println!("{}", common::latency_header());
+        println!("{}", common::latency_row("lag", &l));
+    }
+    Ok(())
+}
+
+fn peer_run(peer: &str, args: &DeliveryBenchArgs) -> Result<()> {
+    if peer != "tarantool" {
+        return Err(anyhow!(
+            "unknown peer `{peer}`: the one peer is `tarantool`"
+        ));
+    }
+    let dir = std::path::Path::new("../shared/peers/tarantool-delivery");
+    let have = std::process::Command::new("tarantool")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have || !dir.join("run.sh").is_file() {
+        println!(
+            "\npeer tarantool: not run ({}); install it with `apt-get install tarantool` and run \
+             from the repository's root, beside ../shared/peers/tarantool-delivery",
+            if have {
+                "the peer's scripts are not at ../shared/peers/tarantool-delivery"
+            } else {
+                "tarantool is not installed"
+            }
+        );
+        return Ok(());
+    }
+    let scratch = common::ScratchDir::new("tarantool-delivery")?;
+    // run.sh writes under `$PWD/$RESULTS_DIR`, so the scratch directory is named relative
+    // to the peer's folder.
+    let dir = dir.canonicalize()?;
+    let up = "../".repeat(dir.components().count() - 1);
+    let results = format!(
+        "{up}{}",
+        scratch.0.display().to_string().trim_start_matches('/')
+    );
+    let seconds = args.seconds.ceil().max(1.0) as u64;
+    let run = |env: &[(&str, String)]| -> Result<()> {
+        let mut c = std::process::Command::new("./run.sh");
+        c.current_dir(&dir)
+            .env("RESULTS_DIR", &results)
+            .env("DURATION", seconds.to_string())
+            .env("WARMUP", "1");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let status = c.status()?;
+        if !status.success() {
+            return Err(anyhow!("tarantool peer run failed: {status}"));
+        }
+        Ok(())
+    };
+    run(&[("RATE", "0".into()), ("LABEL", "max".into())])?;
+    run(&[
+        ("RATE", "0".into()),
+        ("BATCH", args.entry_commands.to_string()),
+        ("LABEL", "max-batched".into()),
+    ])?;
+    for &n in &args.readers {
+        for wait_us in [500u64, 0] {
+            run(&[
+                ("RATE", args.rate.to_string()),
+                ("READERS", n.to_string()),
+                ("UNFILTERED", (n / 5).max(1).to_string()),
+                ("WAIT_US", wait_us.to_string()),
+                ("MODE", "sleep".into()),
+                ("LABEL", format!("r{n}-wait{wait_us}")),
+            ])?;
+        }
+    }
+    let table = std::process::Command::new("python3")
+        .arg("table.py")
+        .arg(scratch.0.join("all.jsonl"))
+        .current_dir(&dir)
+        .output()?;
+    println!(
+        "\npeer tarantool:\n{}",
+        String::from_utf8_lossy(&table.stdout)
+    );
+    Ok(())
+}

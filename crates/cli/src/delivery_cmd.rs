@@ -1,0 +1,219 @@
+//! `bourse delivery serve | tail`: a data-delivery node over the committed streams of one or
+//! more cores (seed 003), and a client that follows it and prints records as JSON Lines.
+
+use anyhow::{anyhow, bail, Context, Result};
+use bourse_cluster::tokio;
+use bourse_core::{AccountId, FirmId, InstrumentId};
+use bourse_delivery::{
+    CoreSource, DeliveryClient, DeliveryConfig, DeliveryNode, Filter, Limits, PollRequest,
+};
+use clap::{Args, Subcommand};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+#[derive(Subcommand)]
+pub enum DeliveryCommand {
+    /// Serve GetOrders (HTTP/JSON long poll, `GET /v1/orders`) from a store fed by the
+    /// committed streams of the cores named, until interrupted.
+    Serve(ServeArgs),
+    /// Follow a delivery node from a cursor (none: a snapshot of the current state first) and
+    /// print every record as one JSON line; the last cursor goes to standard error.
+    Tail(TailArgs),
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// A TOML file of the node (`name`, `listen`, `state_dir`, `persist_interval_ms`,
+    /// `[[cores]] id, nodes`, `[limits]`); the flags below are then not used.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The deployment's name (cursors of another name are refused as foreign).
+    #[arg(long, default_value = "bourse")]
+    name: String,
+    #[arg(long, default_value = "127.0.0.1:8700")]
+    listen: SocketAddr,
+    /// A core: `ID=ADDR,ADDR,ADDR` (its id in cursors and the client addresses of its
+    /// nodes); repeat for each core.
+    #[arg(long = "core", required_unless_present = "config")]
+    cores: Vec<String>,
+    /// Where the store is persisted (kept in memory only if not given).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct TailArgs {
+    /// The delivery node's address.
+    #[arg(long, default_value = "127.0.0.1:8700")]
+    addr: SocketAddr,
+    /// Continue from this cursor (the one a previous tail printed last).
+    #[arg(long)]
+    cursor: Option<String>,
+    #[arg(long)]
+    firm: Option<u32>,
+    #[arg(long)]
+    account: Option<u32>,
+    #[arg(long)]
+    instrument: Option<u32>,
+    /// Rows per answer.
+    #[arg(long, default_value_t = 1_000)]
+    limit: usize,
+    /// How long a poll waits for `min_rows` rows.
+    #[arg(long, default_value_t = 500)]
+    wait_us: u64,
+    #[arg(long, default_value_t = 1)]
+    min_rows: usize,
+    /// Stop after this many records.
+    #[arg(long)]
+    count: Option<u64>,
+    /// Stop after this many seconds.
+    #[arg(long)]
+    seconds: Option<u64>,
+    /// Stop at the first empty answer (everything so far was printed).
+    #[arg(long)]
+    until_empty: bool,
+}
+
+pub fn run(command: DeliveryCommand) -> Result<()> {
+    match command {
+        DeliveryCommand::Serve(args) => serve(args),
+        DeliveryCommand::Tail(args) => tail(args),
+    }
+}
+
+fn parse_core(spec: &str) -> Result<CoreSource> {
+    let (id, nodes) = spec
+        .split_once('=')
+        .ok_or_else(|| anyhow!("--core {spec}: expected ID=ADDR,ADDR,..."))?;
+    let id = id
+        .parse()
+        .with_context(|| format!("--core {spec}: the id is not a number"))?;
+    let nodes = nodes
+        .split(',')
+        .map(|a| {
+            a.parse()
+                .with_context(|| format!("--core {spec}: `{a}` is not an address"))
+        })
+        .collect::<Result<Vec<SocketAddr>>>()?;
+    Ok(CoreSource { id, nodes })
+}
+
+fn serve(args: ServeArgs) -> Result<()> {
+    let config = match &args.config {
+        Some(path) => DeliveryConfig::load(path).map_err(|e| anyhow!(e))?,
+        None => DeliveryConfig {
+            name: args.name,
+            listen: args.listen,
+            state_dir: args.state_dir,
+            persist_interval_ms: 1_000,
+            cores: args
+                .cores
+                .iter()
+                .map(|c| parse_core(c))
+                .collect::<Result<_>>()?,
+            limits: Limits::default(),
+        },
+    };
+    let stop = crate::cluster_cmd::stop_flag();
+    let node = DeliveryNode::start(config.clone()).map_err(|e| anyhow!(e))?;
+    eprintln!(
+        "bourse delivery: serving {} core(s) on {} (GET /v1/orders, GET /v1/status); \
+         follow it with: bourse delivery tail --addr {}",
+        config.cores.len(),
+        node.url(),
+        node.addr()
+    );
+    let mut last = Instant::now();
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(100));
+        if last.elapsed() >= Duration::from_secs(10) {
+            last = Instant::now();
+            let c = &node.shared().counters;
+            let errors = node
+                .shared()
+                .feed_errors
+                .lock()
+                .expect("feed errors")
+                .clone();
+            eprintln!(
+                "bourse delivery: applied {:?}, polls {} ({} empty), rows sent {}{}",
+                node.applied_indexes(),
+                c.polls.load(Ordering::Relaxed),
+                c.polls_empty.load(Ordering::Relaxed),
+                c.rows_sent.load(Ordering::Relaxed),
+                errors
+                    .iter()
+                    .zip(&config.cores)
+                    .filter_map(|(e, c)| e.as_ref().map(|e| format!("; core {}: {e}", c.id)))
+                    .collect::<String>()
+            );
+        }
+    }
+    node.stop().map_err(|e| anyhow!(e))
+}
+
+fn tail(args: TailArgs) -> Result<()> {
+    if args.limit == 0 {
+        bail!("--limit must be at least 1");
+    }
+    let stop = crate::cluster_cmd::stop_flag();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    rt.block_on(async move {
+        let mut client = DeliveryClient::new(args.addr);
+        let mut req = PollRequest {
+            cursor: args.cursor.clone(),
+            filter: Filter {
+                firm: args.firm.map(FirmId),
+                account: args.account.map(AccountId),
+                instrument: args.instrument.map(InstrumentId),
+            },
+            limit: Some(args.limit),
+            wait_us: Some(args.wait_us),
+            min_rows: Some(args.min_rows),
+        };
+        let started = Instant::now();
+        let mut printed = 0u64;
+        let out = std::io::stdout();
+        let result = loop {
+            if stop.load(Ordering::SeqCst)
+                || args
+                    .seconds
+                    .is_some_and(|s| started.elapsed().as_secs() >= s)
+                || args.count.is_some_and(|c| printed >= c)
+            {
+                break Ok(());
+            }
+            // Never ask for more than --count leaves, so the cursor printed at the end
+            // continues right after the last record printed.
+            if let Some(c) = args.count {
+                req.limit = Some(args.limit.min((c - printed) as usize));
+                req.min_rows = Some(args.min_rows.min(req.limit.unwrap_or(1)));
+            }
+            let answer = match client.poll(&req).await {
+                Ok(a) => a,
+                Err(e) => break Err(anyhow!("{}: {e}", args.addr)),
+            };
+            req.cursor = Some(answer.header.next_cursor.clone());
+            let mut out = out.lock();
+            for r in &answer.records {
+                serde_json::to_writer(&mut out, r)?;
+                out.write_all(b"\n")?;
+                printed += 1;
+            }
+            out.flush()?;
+            if args.until_empty && answer.records.is_empty() {
+                break Ok(());
+            }
+        };
+        if let Some(c) = &req.cursor {
+            eprintln!("bourse delivery tail: {printed} records; continue with --cursor {c}");
+        }
+        result
+    })
+}

@@ -1,0 +1,210 @@
+//! The cursor: a vector of per-core positions, opaque to clients.
+//!
+//! A client gets a cursor in every answer and hands it back to continue; it never looks
+//! inside. The text form is hex of: a version byte, the hash of the delivery deployment's
+//! name (so a cursor from another deployment is recognised as foreign), the number of parts,
+//! each part `(core id u32, log index u64, ordinal u32)` meaning "everything of that core
+//! before this position was delivered", and a CRC-32C of all the bytes before it (so a
+//! damaged or hand-edited cursor is refused, never misread). A core missing from a cursor is
+//! read from its start.
+
+use crate::record::Pos;
+use bourse_core::codec::{Reader, Writer};
+use std::fmt;
+
+/// The only version written and read.
+pub const CURSOR_VERSION: u8 = 1;
+/// At most this many cores behind one cursor (and one delivery node).
+pub const CORES_MAX: usize = 64;
+/// The longest text a cursor can have; anything longer is refused before it is decoded.
+pub const CURSOR_TEXT_MAX: usize = 2 * (1 + 8 + 1 + CORES_MAX * 16 + 4);
+
+/// What a client sends back: per core, the first position it has not seen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cursor {
+    pub deployment: u64,
+    /// `(core id, position)`, in the order the deployment lists its cores.
+    pub parts: Vec<(u32, Pos)>,
+}
+
+/// Why a cursor cannot be used, with what the client should do about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CursorError {
+    /// Not a cursor this service wrote (bad text, length, version or checksum).
+    Malformed(String),
+    /// A cursor of another delivery deployment, or naming a core this one does not serve.
+    Foreign(String),
+    /// The store no longer keeps everything after the cursor for that core.
+    TooOld { core: u32, oldest_index: u64 },
+}
+
+impl fmt::Display for CursorError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CursorError::Malformed(why) => write!(
+                f,
+                "malformed cursor ({why}): send back the cursor of the last answer unchanged, \
+                 or no cursor to read a snapshot of the current state"
+            ),
+            CursorError::Foreign(why) => write!(
+                f,
+                "foreign cursor ({why}): it was issued by another delivery deployment; start \
+                 again with no cursor to read a snapshot of the current state"
+            ),
+            CursorError::TooOld { core, oldest_index } => write!(
+                f,
+                "cursor too old: core {core} keeps records from log index {oldest_index} on \
+                 and older changes were evicted; start again with no cursor to read a \
+                 snapshot of the current state"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for CursorError {}
+
+/// The hash of a deployment's name that every cursor of it carries.
+pub fn deployment_hash(name: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(name.as_bytes())
+}
+
+impl Cursor {
+    pub fn encode(&self) -> String {
+        let mut w = Writer::with_capacity(14 + 16 * self.parts.len());
+        w.u8(CURSOR_VERSION);
+        w.u64(self.deployment);
+        w.u8(self.parts.len() as u8);
+        for (core, pos) in &self.parts {
+            w.u32(*core);
+            w.u64(pos.index);
+            w.u32(pos.ord);
+        }
+        let crc = crc32c::crc32c(&w.buf);
+        w.u32(crc);
+        let mut text = String::with_capacity(w.buf.len() * 2);
+        for b in w.buf {
+            text.push(char::from(HEX[usize::from(b >> 4)]));
+            text.push(char::from(HEX[usize::from(b & 15)]));
+        }
+        text
+    }
+
+    pub fn decode(text: &str) -> Result<Cursor, CursorError> {
+        let bad = |why: &str| CursorError::Malformed(why.to_string());
+        if text.len() > CURSOR_TEXT_MAX {
+            return Err(bad("longer than any cursor"));
+        }
+        if !text.len().is_multiple_of(2) {
+            return Err(bad("odd number of hex digits"));
+        }
+        let digit = |c: u8| match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        };
+        let mut bytes = Vec::with_capacity(text.len() / 2);
+        for pair in text.as_bytes().chunks(2) {
+            match (digit(pair[0]), digit(pair[1])) {
+                (Some(h), Some(l)) => bytes.push(h << 4 | l),
+                _ => return Err(bad("not lowercase hex")),
+            }
+        }
+        if bytes.len() < 14 {
+            return Err(bad("too short"));
+        }
+        let (body, crc) = bytes.split_at(bytes.len() - 4);
+        let crc = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
+        if crc32c::crc32c(body) != crc {
+            return Err(bad("checksum does not match"));
+        }
+        let mut r = Reader::new(body);
+        let version = r.u8().map_err(|e| bad(e.what))?;
+        if version != CURSOR_VERSION {
+            return Err(CursorError::Malformed(format!(
+                "version {version}, this service reads version {CURSOR_VERSION}"
+            )));
+        }
+        let deployment = r.u64().map_err(|e| bad(e.what))?;
+        let n = usize::from(r.u8().map_err(|e| bad(e.what))?);
+        if n > CORES_MAX {
+            return Err(bad("more cores than a deployment has"));
+        }
+        let mut parts = Vec::with_capacity(n);
+        for _ in 0..n {
+            let core = r.u32().map_err(|e| bad(e.what))?;
+            let index = r.u64().map_err(|e| bad(e.what))?;
+            let ord = r.u32().map_err(|e| bad(e.what))?;
+            if parts.iter().any(|(c, _)| *c == core) {
+                return Err(bad("a core named twice"));
+            }
+            parts.push((core, Pos { index, ord }));
+        }
+        r.expect_end().map_err(|e| bad(e.what))?;
+        Ok(Cursor { deployment, parts })
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cursor(parts: Vec<(u32, u64, u32)>) -> Cursor {
+        Cursor {
+            deployment: deployment_hash("test"),
+            parts: parts
+                .into_iter()
+                .map(|(c, index, ord)| (c, Pos { index, ord }))
+                .collect(),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn every_cursor_reads_back_as_written(
+            parts in proptest::collection::btree_map(any::<u32>(), (any::<u64>(), any::<u32>()), 0..CORES_MAX)
+        ) {
+            let c = cursor(parts.into_iter().map(|(c, (i, o))| (c, i, o)).collect());
+            let text = c.encode();
+            prop_assert!(text.len() <= CURSOR_TEXT_MAX);
+            prop_assert_eq!(Cursor::decode(&text).unwrap(), c);
+        }
+
+        #[test]
+        fn arbitrary_text_is_refused_or_read_but_never_panics(text in ".{0,200}") {
+            let _ = Cursor::decode(&text);
+        }
+
+        #[test]
+        fn any_changed_digit_is_refused(
+            parts in proptest::collection::vec((any::<u32>(), any::<u64>(), any::<u32>()), 1..4),
+            at in any::<prop::sample::Index>(),
+            to in 0u8..16,
+        ) {
+            let mut seen = std::collections::BTreeSet::new();
+            let parts: Vec<_> = parts.into_iter().filter(|p| seen.insert(p.0)).collect();
+            let text = cursor(parts).encode();
+            let i = at.index(text.len());
+            let mut bytes = text.clone().into_bytes();
+            bytes[i] = HEX[usize::from(to)];
+            prop_assume!(bytes[i] != text.as_bytes()[i]);
+            let changed = String::from_utf8(bytes).unwrap();
+            prop_assert!(matches!(Cursor::decode(&changed), Err(CursorError::Malformed(_))));
+        }
+    }
+
+    #[test]
+    fn bad_text_is_refused_naming_what_is_wrong() {
+        let text = cursor(vec![(0, 9, 1)]).encode();
+        let why = |t: &str| Cursor::decode(t).unwrap_err().to_string();
+        assert!(why("xyz").contains("odd number"));
+        assert!(why("zz").contains("not lowercase hex"));
+        assert!(why(&text.to_uppercase()).contains("not lowercase hex"));
+        assert!(why(&text[..text.len() - 2]).contains("checksum"));
+        assert!(why("00").contains("too short"));
+        assert!(why(&"0".repeat(CURSOR_TEXT_MAX + 2)).contains("longer"));
+        assert!(why("zz").contains("no cursor to read a snapshot"));
+    }
+}

@@ -1,0 +1,27 @@
+//! Data delivery (seed 003): the latest state of every order and trade of one or more trading
+//! cores, for thousands of polling clients, by cursor, filtered, across cores.
+//!
+//! - [`store::Store`]: fed only by committed entries; per core an ordered index by
+//!   [`record::Pos`] (log index, ordinal in the entry) holding each order's latest state
+//!   (the core's `OrderLog` record), each trade and each rejected new order, with secondary
+//!   indexes by firm, account and instrument; bounded, evicting the oldest final records.
+//! - [`cursor::Cursor`]: a vector of per-core positions, opaque to clients (versioned,
+//!   deployment-bound, checksummed hex); valid across a delivery-node restart and a core
+//!   failover because positions are log indexes, the same on every replica.
+//! - [`node::DeliveryNode`]: the store, one feed per core (a remote `StreamConsumer`), the
+//!   persisted state file, and [`server`], the HTTP/JSON long-poll API (GetOrders).
+//! - [`client::DeliveryClient`]: a Rust client of that API.
+
+pub mod client;
+pub mod cursor;
+pub mod node;
+pub mod record;
+pub mod server;
+pub mod store;
+
+pub use client::{ClientError, DeliveryClient, PollAnswer, PollRequest};
+pub use cursor::{Cursor, CursorError};
+pub use node::{CoreSource, DeliveryConfig, DeliveryNode, Limits};
+pub use record::{Filter, Pos, Record};
+pub use server::{AnswerHeader, ServerTimings};
+pub use store::{Answer, Store, StoreConfig};

@@ -1,0 +1,443 @@
+//! [`DeliveryNode`]: a store fed by the committed streams of its cores, persisted to its state
+//! directory, and served over HTTP (`server`).
+//!
+//! One feed task per core reads the core's committed stream through a remote
+//! `StreamConsumer` (it moves to another node of the core when one fails, from the same log
+//! index) and applies each entry under the store's write lock; readers take the read lock
+//! only to copy out at most one answer's records, so neither a slow nor a stalled client
+//! holds back the writer. Every `persist_interval_ms` (and at stop) the whole store is written
+//! to `state_dir/delivery.state` (temporary file, then rename); at start the node loads it and
+//! resumes each core's stream at the index the file stops at. Entries apply
+//! deterministically, so records rebuilt after a restart sit at the same positions as
+//! before, and every cursor a client holds stays valid.
+
+use crate::store::{Store, StoreConfig};
+use bourse_cluster::consumer::StreamConsumer;
+use bourse_cluster::StreamError;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// One core the node follows: its id (as cursors name it) and its replica group's nodes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoreSource {
+    pub id: u32,
+    pub nodes: Vec<SocketAddr>,
+}
+
+/// Every explicit limit of a delivery node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Rows in one answer at most (a larger `limit` is refused).
+    pub rows_per_answer_max: usize,
+    /// Rows in one answer when the client names no `limit`.
+    pub rows_per_answer_default: usize,
+    /// How long a poll waits for `min_rows` when the client names no `wait_us`.
+    pub wait_us_default: u64,
+    /// The longest wait a client may ask for.
+    pub wait_us_max: u64,
+    /// Polls being answered at once (each holds no lock while it waits); more are refused
+    /// with 503 and `Retry-After`.
+    pub polls_in_flight_max: usize,
+    /// Open HTTP connections; more are closed on accept.
+    pub connections_max: usize,
+    /// Records kept per core before the oldest final ones are evicted.
+    pub records_per_core_max: usize,
+    /// A request head must arrive within this time.
+    pub header_read_timeout_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            rows_per_answer_max: 10_000,
+            rows_per_answer_default: 1_000,
+            wait_us_default: 500,
+            wait_us_max: 10_000_000,
+            polls_in_flight_max: 16_384,
+            connections_max: 16_384,
+            records_per_core_max: 2_000_000,
+            header_read_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// What a delivery node is (the `bourse delivery serve` TOML file has this shape).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeliveryConfig {
+    /// The deployment's name: cursors carry its hash and another deployment's are refused.
+    pub name: String,
+    pub listen: SocketAddr,
+    /// Where the store is persisted; `None` keeps it in memory only (it then rebuilds from
+    /// the cores' streams from log index 0 after a restart).
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
+    #[serde(default = "persist_interval_ms_default")]
+    pub persist_interval_ms: u64,
+    pub cores: Vec<CoreSource>,
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+fn persist_interval_ms_default() -> u64 {
+    1_000
+}
+
+impl DeliveryConfig {
+    /// Reads a TOML file of this shape (unknown keys are refused) and validates it.
+    pub fn load(path: &std::path::Path) -> Result<DeliveryConfig, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let config: DeliveryConfig =
+            toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.cores.is_empty() {
+            return Err("a delivery node needs at least one core".into());
+        }
+        if self.cores.len() > crate::cursor::CORES_MAX {
+            return Err(format!("at most {} cores", crate::cursor::CORES_MAX));
+        }
+        for (i, c) in self.cores.iter().enumerate() {
+            if c.nodes.is_empty() {
+                return Err(format!("core {} lists no node", c.id));
+            }
+            if self.cores[..i].iter().any(|d| d.id == c.id) {
+                return Err(format!("core {} is listed twice", c.id));
+            }
+        }
+        let l = &self.limits;
+        if l.rows_per_answer_default == 0 || l.rows_per_answer_default > l.rows_per_answer_max {
+            return Err("limits: rows_per_answer_default must be 1..=rows_per_answer_max".into());
+        }
+        if l.wait_us_default > l.wait_us_max {
+            return Err("limits: wait_us_default must not exceed wait_us_max".into());
+        }
+        Ok(())
+    }
+
+    fn store_config(&self) -> StoreConfig {
+        StoreConfig {
+            deployment: self.name.clone(),
+            cores: self.cores.iter().map(|c| c.id).collect(),
+            records_per_core_max: self.limits.records_per_core_max,
+        }
+    }
+
+    fn state_file(&self) -> Option<PathBuf> {
+        self.state_dir.as_ref().map(|d| d.join("delivery.state"))
+    }
+}
+
+/// Counters of the API, for `/v1/status` and the benchmark.
+#[derive(Default)]
+pub struct ApiCounters {
+    pub polls: AtomicU64,
+    pub polls_empty: AtomicU64,
+    pub rows_sent: AtomicU64,
+    pub polls_refused_busy: AtomicU64,
+    pub polls_bad_request: AtomicU64,
+}
+
+/// What the feeds, the server and the persister share.
+pub struct Shared {
+    pub store: RwLock<Store>,
+    /// Bumped after every entry that wrote records; waiting polls watch it.
+    pub changed: watch::Sender<u64>,
+    pub counters: ApiCounters,
+    /// Per core, why its feed is not running (or is retrying), if it is not well.
+    pub feed_errors: Mutex<Vec<Option<String>>>,
+    pub limits: Limits,
+}
+
+impl Shared {
+    pub fn new(store: Store, limits: Limits) -> Arc<Shared> {
+        let cores = store.core_ids().len();
+        Arc::new(Shared {
+            store: RwLock::new(store),
+            changed: watch::channel(0).0,
+            counters: ApiCounters::default(),
+            feed_errors: Mutex::new(vec![None; cores]),
+            limits,
+        })
+    }
+
+    fn set_feed_error(&self, slot: usize, why: Option<String>) {
+        self.feed_errors.lock().expect("feed errors")[slot] = why;
+    }
+}
+
+/// A running delivery node; [`DeliveryNode::stop`] (or dropping it) persists the store and
+/// stops everything.
+pub struct DeliveryNode {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    config: DeliveryConfig,
+    stop: watch::Sender<bool>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl DeliveryNode {
+    /// Loads the persisted store if there is one, binds the listener (a port in use is
+    /// reported here), and starts the feeds, the persister and the server on a runtime of
+    /// its own.
+    pub fn start(config: DeliveryConfig) -> Result<DeliveryNode, String> {
+        config.validate()?;
+        let store = load_store(&config)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("bourse-delivery")
+            .enable_all()
+            .build()
+            .map_err(|e| format!("runtime: {e}"))?;
+        let listener = std::net::TcpListener::bind(config.listen)
+            .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("listener: {e}"))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| format!("listener: {e}"))?;
+        let shared = Shared::new(store, config.limits.clone());
+        let (stop, stopped) = watch::channel(false);
+        {
+            let _guard = runtime.enter();
+            for (slot, core) in config.cores.iter().enumerate() {
+                tokio::spawn(feed(
+                    shared.clone(),
+                    slot,
+                    core.nodes.clone(),
+                    stopped.clone(),
+                ));
+            }
+            if let Some(file) = config.state_file() {
+                tokio::spawn(persist_every(
+                    shared.clone(),
+                    file,
+                    config.persist_interval_ms,
+                    stopped.clone(),
+                ));
+            }
+            let listener =
+                tokio::net::TcpListener::from_std(listener).map_err(|e| format!("{e}"))?;
+            tokio::spawn(crate::server::serve(listener, shared.clone(), stopped));
+        }
+        Ok(DeliveryNode {
+            shared,
+            addr,
+            config,
+            stop,
+            runtime: Some(runtime),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// The next log index the store applies, per core in configuration order.
+    pub fn applied_indexes(&self) -> Vec<u64> {
+        let store = self.shared.store.read().expect("store");
+        (0..self.config.cores.len())
+            .map(|s| store.applied_index(s))
+            .collect()
+    }
+
+    /// Stops the feeds and the server and writes the store to its state file.
+    pub fn stop(mut self) -> Result<(), String> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<(), String> {
+        let Some(runtime) = self.runtime.take() else {
+            return Ok(());
+        };
+        let _ = self.stop.send(true);
+        runtime.shutdown_timeout(Duration::from_secs(5));
+        match self.config.state_file() {
+            Some(file) => persist(&self.shared, &file),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops without writing the state file, as a crash would (for tests: the next start
+    /// resumes from the last periodic write).
+    pub fn kill(mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            let _ = self.stop.send(true);
+            runtime.shutdown_timeout(Duration::from_secs(5));
+        }
+    }
+}
+
+impl Drop for DeliveryNode {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+fn load_store(config: &DeliveryConfig) -> Result<Store, String> {
+    let Some(file) = config.state_file() else {
+        return Ok(Store::new(&config.store_config()));
+    };
+    match std::fs::read(&file) {
+        Ok(bytes) => Store::decode(&config.store_config(), &bytes).map_err(|e| {
+            format!(
+                "{}: {e}; move the file away to rebuild the store from the cores' streams",
+                file.display()
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(file.parent().expect("a state dir"))
+                .map_err(|e| format!("state dir: {e}"))?;
+            Ok(Store::new(&config.store_config()))
+        }
+        Err(e) => Err(format!("{}: {e}", file.display())),
+    }
+}
+
+/// Writes the store to `file` atomically (a temporary file, then rename). The encoding holds
+/// the read lock, which holds back the writer for as long (see BENCHMARKS.md).
+fn persist(shared: &Shared, file: &std::path::Path) -> Result<(), String> {
+    let bytes = shared.store.read().expect("store").encode();
+    let tmp = file.with_extension("state.tmp");
+    std::fs::write(&tmp, &bytes).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, file).map_err(|e| format!("{}: {e}", file.display()))
+}
+
+async fn persist_every(
+    shared: Arc<Shared>,
+    file: PathBuf,
+    interval_ms: u64,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let mut every = tokio::time::interval(Duration::from_millis(interval_ms.max(10)));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stopped.changed() => return,
+            _ = every.tick() => {}
+        }
+        let (s, f) = (shared.clone(), file.clone());
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || persist(&s, &f)).await {
+            eprintln!("bourse delivery: cannot persist the store: {e}");
+        }
+    }
+}
+
+/// The pause before a feed that found no node of its core tries again.
+const FEED_RETRY_MS: u64 = 200;
+
+/// Reads one core's committed stream into the store, from the index the store stops at.
+async fn feed(
+    shared: Arc<Shared>,
+    slot: usize,
+    nodes: Vec<SocketAddr>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    loop {
+        let position = shared.store.read().expect("store").applied_index(slot);
+        let mut consumer = StreamConsumer::remote(nodes.clone(), position);
+        loop {
+            let got = tokio::select! {
+                _ = stopped.changed() => return,
+                got = consumer.next() => got,
+            };
+            match got {
+                Ok(entry) => {
+                    let applied = shared
+                        .store
+                        .write()
+                        .expect("store")
+                        .apply_entry(slot, &entry);
+                    match applied {
+                        Ok(0) => {}
+                        Ok(_) => {
+                            shared.changed.send_modify(|v| *v += 1);
+                        }
+                        Err(e) => {
+                            // The store cannot go on past this entry without a gap.
+                            shared.set_feed_error(
+                                slot,
+                                Some(format!("stopped at entry {}: {e}", entry.index())),
+                            );
+                            return;
+                        }
+                    }
+                }
+                Err(StreamError::Unreachable(why)) => {
+                    shared.set_feed_error(slot, Some(format!("retrying: {why}")));
+                    tokio::select! {
+                        _ = stopped.changed() => return,
+                        _ = tokio::time::sleep(Duration::from_millis(FEED_RETRY_MS)) => {}
+                    }
+                    break;
+                }
+                Err(e) => {
+                    shared.set_feed_error(
+                        slot,
+                        Some(format!(
+                            "stopped at log index {}: {e}; the core no longer keeps the \
+                             events this store needs: move the state file away and restart \
+                             to rebuild from what the core keeps",
+                            consumer.position()
+                        )),
+                    );
+                    return;
+                }
+            }
+            if shared.feed_errors.lock().expect("feed errors")[slot].is_some() {
+                shared.set_feed_error(slot, None);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_configuration_loads() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/delivery.toml");
+        let c = DeliveryConfig::load(std::path::Path::new(path)).unwrap();
+        assert_eq!(c.cores.len(), 1);
+        assert_eq!(c.limits, Limits::default());
+    }
+
+    #[test]
+    fn a_configuration_without_cores_or_with_a_core_twice_is_refused() {
+        let mut c = DeliveryConfig {
+            name: "x".into(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            state_dir: None,
+            persist_interval_ms: 10,
+            cores: Vec::new(),
+            limits: Limits::default(),
+        };
+        assert!(c.validate().unwrap_err().contains("at least one core"));
+        let core = CoreSource {
+            id: 3,
+            nodes: vec!["127.0.0.1:1".parse().unwrap()],
+        };
+        c.cores = vec![core.clone(), core];
+        assert!(c.validate().unwrap_err().contains("core 3 is listed twice"));
+    }
+}

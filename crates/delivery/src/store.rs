@@ -1,0 +1,847 @@
+//! The store: per core, the latest state of every order, every trade and every rejected new
+//! order, in an ordered index by position, with secondary indexes by firm, account and
+//! instrument; and the query that reads it from a cursor.
+//!
+//! It is written only from committed entries ([`Store::apply_entry`]), so it never holds
+//! anything a core has not committed. An order that changes moves to the end of its core's
+//! index (its old record is replaced), so a client reading from a cursor gets each order once,
+//! in its latest state, in the order of its last change. When a core's records pass
+//! `records_per_core_max`, the oldest final records (trades, rejects, orders that left the
+//! book) are evicted and the core's horizon moves past them; a cursor behind the horizon is
+//! refused as too old. Live orders are never evicted (the core's own capacity bounds them).
+
+use crate::cursor::{Cursor, CursorError};
+use crate::record::{is_kept, Filter, Pos, Record};
+use bourse_cluster::consumer::EntryView;
+use bourse_core::codec::{decode_event, encode_events_into, DecodeError, Reader, Writer};
+use bourse_core::{AccountId, Event, FirmId, OrderId};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Bound;
+
+/// What a store is asked to hold.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// The deployment's name; its hash is in every cursor (see `cursor`).
+    pub deployment: String,
+    /// The ids of the cores it follows, in the order cursors list them.
+    pub cores: Vec<u32>,
+    /// Records kept per core before the oldest final ones are evicted.
+    pub records_per_core_max: usize,
+}
+
+/// Records examined per eviction pass at most, so that one entry's apply stays short even
+/// when the oldest records are all live orders.
+const EVICTION_SCAN_MAX: usize = 4096;
+
+/// Counters of one core's part of the store.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CoreStats {
+    pub core: u32,
+    /// The next log index the store will apply.
+    pub applied_index: u64,
+    pub records: usize,
+    pub live_orders: usize,
+    /// Records written (new or replacing an order's previous state).
+    pub writes: u64,
+    pub evicted: u64,
+    /// Positions below this one may have been evicted.
+    pub horizon_index: u64,
+    pub last_ts_ns: u64,
+}
+
+struct CoreStore {
+    id: u32,
+    applied: u64,
+    /// Every record before this position may have been evicted.
+    horizon: Pos,
+    records: BTreeMap<Pos, Record>,
+    orders: HashMap<OrderId, Pos>,
+    firms_of: HashMap<AccountId, FirmId>,
+    by_firm: BTreeSet<(u32, Pos)>,
+    by_account: BTreeSet<(u32, Pos)>,
+    by_instrument: BTreeSet<(u32, Pos)>,
+    writes: u64,
+    evicted: u64,
+    last_ts_ns: u64,
+}
+
+/// Why an entry could not be applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApplyError {
+    /// The entry is past the next one due: applying it would leave a gap.
+    Gap { expected: u64, got: u64 },
+    /// A request's events do not decode.
+    Events(DecodeError),
+}
+
+impl std::fmt::Display for ApplyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ApplyError::Gap { expected, got } => {
+                write!(f, "entry {got} arrived where {expected} was due")
+            }
+            ApplyError::Events(e) => write!(f, "events do not decode: {e}"),
+        }
+    }
+}
+
+/// The store of every core a delivery node follows.
+pub struct Store {
+    deployment: u64,
+    cores: Vec<CoreStore>,
+    records_per_core_max: usize,
+    events: Vec<Event>,
+}
+
+fn keys<const N: usize>(values: [Option<u32>; N]) -> impl Iterator<Item = u32> {
+    let mut seen: [Option<u32>; N] = [None; N];
+    let mut n = 0;
+    for v in values.into_iter().flatten() {
+        if !seen[..n].contains(&Some(v)) {
+            seen[n] = Some(v);
+            n += 1;
+        }
+    }
+    seen.into_iter().take(n).flatten()
+}
+
+impl CoreStore {
+    fn new(id: u32) -> CoreStore {
+        CoreStore {
+            id,
+            applied: 0,
+            horizon: Pos::START,
+            records: BTreeMap::new(),
+            orders: HashMap::new(),
+            firms_of: HashMap::new(),
+            by_firm: BTreeSet::new(),
+            by_account: BTreeSet::new(),
+            by_instrument: BTreeSet::new(),
+            writes: 0,
+            evicted: 0,
+            last_ts_ns: 0,
+        }
+    }
+
+    fn index_keys(r: &Record) -> (impl Iterator<Item = u32>, impl Iterator<Item = u32>) {
+        let [a, b] = r.firms;
+        let [x, y] = r.accounts();
+        (
+            keys([a.map(|f| f.0), b.map(|f| f.0)]),
+            keys([Some(x.0), Some(y.0)]),
+        )
+    }
+
+    fn insert(&mut self, r: Record) {
+        let pos = r.pos();
+        if let Some(id) = r.order_id() {
+            if let Some(old) = self.orders.insert(id, pos) {
+                self.remove(old);
+            }
+        }
+        let (firms, accounts) = Self::index_keys(&r);
+        for f in firms {
+            self.by_firm.insert((f, pos));
+        }
+        for a in accounts {
+            self.by_account.insert((a, pos));
+        }
+        self.by_instrument.insert((r.instrument().0, pos));
+        self.last_ts_ns = self.last_ts_ns.max(r.ts_ns());
+        self.records.insert(pos, r);
+        self.writes += 1;
+    }
+
+    /// Takes the record at `pos` out of every index (not out of `orders`).
+    fn remove(&mut self, pos: Pos) -> Option<Record> {
+        let r = self.records.remove(&pos)?;
+        let (firms, accounts) = Self::index_keys(&r);
+        for f in firms {
+            self.by_firm.remove(&(f, pos));
+        }
+        for a in accounts {
+            self.by_account.remove(&(a, pos));
+        }
+        self.by_instrument.remove(&(r.instrument().0, pos));
+        Some(r)
+    }
+
+    /// Evicts the oldest final records until the core holds `max` records or the scan bound
+    /// is reached; moves the horizon past every evicted one.
+    fn evict(&mut self, max: usize) {
+        if self.records.len() <= max {
+            return;
+        }
+        // Down to 7/8 of the bound, so eviction runs once per many entries, not every one.
+        let target = max - max / 8;
+        let mut gone = Vec::new();
+        for (pos, r) in self.records.iter().take(EVICTION_SCAN_MAX) {
+            if self.records.len() - gone.len() <= target {
+                break;
+            }
+            if r.is_final() {
+                gone.push(*pos);
+            }
+        }
+        for pos in gone {
+            if let Some(r) = self.remove(pos) {
+                if let Some(id) = r.order_id() {
+                    self.orders.remove(&id);
+                }
+                self.evicted += 1;
+                self.horizon = self.horizon.max(pos.next());
+            }
+        }
+    }
+
+    /// Up to `limit` records at or after `from` that match, in position order, appended to
+    /// `out`; true if that is all there is.
+    fn scan(&self, from: Pos, f: &Filter, limit: usize, out: &mut Vec<Record>) -> bool {
+        let start = out.len();
+        let mut push = |r: &Record| {
+            if r.matches(f) {
+                out.push(*r);
+            }
+            out.len() - start < limit
+        };
+        let index = match (f.account, f.instrument, f.firm) {
+            (Some(a), _, _) => Some((&self.by_account, a.0)),
+            (None, Some(i), _) => Some((&self.by_instrument, i.0)),
+            (None, None, Some(firm)) => Some((&self.by_firm, firm.0)),
+            (None, None, None) => None,
+        };
+        let exhausted = match index {
+            None => self.records.range(from..).all(|(_, r)| push(r)),
+            Some((set, key)) => set
+                .range((Bound::Included((key, from)), Bound::Unbounded))
+                .take_while(|(k, _)| *k == key)
+                .all(|(_, pos)| push(&self.records[pos])),
+        };
+        // `all` stops early only when the limit was reached; reaching it on the very last
+        // record still counts as not exhausted (the next scan finds nothing, which is fine).
+        exhausted && out.len() - start < limit
+    }
+
+    fn stats(&self) -> CoreStats {
+        CoreStats {
+            core: self.id,
+            applied_index: self.applied,
+            records: self.records.len(),
+            live_orders: self.records.values().filter(|r| !r.is_final()).count(),
+            writes: self.writes,
+            evicted: self.evicted,
+            horizon_index: self.horizon.index,
+            last_ts_ns: self.last_ts_ns,
+        }
+    }
+}
+
+/// One answer's records and the cursor that continues after them.
+#[derive(Clone, Debug, Default)]
+pub struct Answer {
+    pub records: Vec<Record>,
+    /// Per core (in the store's order), the first position not yet delivered.
+    pub next: Vec<Pos>,
+}
+
+impl Store {
+    pub fn new(config: &StoreConfig) -> Store {
+        assert!(
+            config.cores.len() <= crate::cursor::CORES_MAX,
+            "at most {} cores",
+            crate::cursor::CORES_MAX
+        );
+        Store {
+            deployment: crate::cursor::deployment_hash(&config.deployment),
+            cores: config.cores.iter().map(|&id| CoreStore::new(id)).collect(),
+            records_per_core_max: config.records_per_core_max.max(16),
+            events: Vec::new(),
+        }
+    }
+
+    pub fn deployment(&self) -> u64 {
+        self.deployment
+    }
+
+    pub fn core_ids(&self) -> Vec<u32> {
+        self.cores.iter().map(|c| c.id).collect()
+    }
+
+    /// The next log index the store will apply for the core at `slot`.
+    pub fn applied_index(&self, slot: usize) -> u64 {
+        self.cores[slot].applied
+    }
+
+    pub fn stats(&self) -> Vec<CoreStats> {
+        self.cores.iter().map(CoreStore::stats).collect()
+    }
+
+    /// Applies one committed entry of the core at `slot`: the records of its applied requests
+    /// at positions `(index, 0)`, `(index, 1)`, ... An entry already applied is skipped (a
+    /// feed that resumed earlier); one past the next due is refused. Returns the records
+    /// written.
+    pub fn apply_entry(&mut self, slot: usize, entry: &EntryView) -> Result<usize, ApplyError> {
+        let core = &mut self.cores[slot];
+        let index = entry.index();
+        if index < core.applied {
+            return Ok(0);
+        }
+        if index > core.applied {
+            return Err(ApplyError::Gap {
+                expected: core.applied,
+                got: index,
+            });
+        }
+        let mut ord = 0u32;
+        for request in entry.requests().filter(|r| r.applied_here()) {
+            self.events.clear();
+            bourse_core::codec::decode_events_into(request.event_bytes(), &mut self.events)
+                .map_err(ApplyError::Events)?;
+            // Learn the firms first: a trade comes before the order-log records of its
+            // orders, which carry their accounts' firms.
+            for e in &self.events {
+                match e {
+                    Event::AccountAdded { account, firm, .. } => {
+                        core.firms_of.insert(*account, *firm);
+                    }
+                    Event::OrderLog(l) => {
+                        core.firms_of.insert(l.account, l.firm);
+                    }
+                    _ => {}
+                }
+            }
+            for e in self.events.iter().filter(|e| is_kept(e)) {
+                let firm = |a: &AccountId| core.firms_of.get(a).copied();
+                let firms = match e {
+                    Event::OrderLog(l) => [Some(l.firm); 2],
+                    Event::Trade { buy, sell, .. } => [firm(&buy.account), firm(&sell.account)],
+                    Event::OrderRejected { account, .. } => [firm(account); 2],
+                    _ => [None; 2],
+                };
+                core.insert(Record {
+                    core: core.id,
+                    index,
+                    ord,
+                    firms,
+                    event: *e,
+                });
+                ord += 1;
+            }
+        }
+        core.applied = index + 1;
+        core.evict(self.records_per_core_max);
+        Ok(ord as usize)
+    }
+
+    /// The per-core start positions a cursor names (every core from its start for `None`).
+    pub fn resolve(&self, cursor: Option<&Cursor>) -> Result<Vec<Pos>, CursorError> {
+        let mut from = vec![Pos::START; self.cores.len()];
+        let Some(c) = cursor else {
+            return Ok(from);
+        };
+        if c.deployment != self.deployment {
+            return Err(CursorError::Foreign(
+                "it names another deployment".to_string(),
+            ));
+        }
+        for (core, pos) in &c.parts {
+            let Some(slot) = self.cores.iter().position(|s| s.id == *core) else {
+                return Err(CursorError::Foreign(format!(
+                    "it names core {core}, which this deployment does not serve"
+                )));
+            };
+            from[slot] = *pos;
+        }
+        for (slot, core) in self.cores.iter().enumerate() {
+            if from[slot] < core.horizon {
+                return Err(CursorError::TooOld {
+                    core: core.id,
+                    oldest_index: core.horizon.index,
+                });
+            }
+        }
+        Ok(from)
+    }
+
+    /// The cursor text for per-core positions.
+    pub fn cursor(&self, next: &[Pos]) -> Cursor {
+        Cursor {
+            deployment: self.deployment,
+            parts: self
+                .cores
+                .iter()
+                .map(|c| c.id)
+                .zip(next.iter().copied())
+                .collect(),
+        }
+    }
+
+    /// Up to `limit` matching records after `from`, merged across cores by time (each core's
+    /// own order kept), and the positions after them. A core with nothing more that matches
+    /// moves to its end, so a quiet core or a filter that matches nothing there never holds
+    /// a cursor behind the horizon.
+    pub fn query(&self, from: &[Pos], f: &Filter, limit: usize) -> Answer {
+        let limit = limit.max(1);
+        let mut per_core: Vec<Vec<Record>> = Vec::with_capacity(self.cores.len());
+        let mut exhausted = Vec::with_capacity(self.cores.len());
+        for (core, &from) in self.cores.iter().zip(from) {
+            let mut v = Vec::new();
+            exhausted.push(core.scan(from, f, limit, &mut v));
+            per_core.push(v);
+        }
+        let mut taken = vec![0usize; self.cores.len()];
+        let mut records = Vec::with_capacity(limit.min(per_core.iter().map(Vec::len).sum()));
+        while records.len() < limit {
+            // The core whose next record is oldest (ties: the first core).
+            let best = (0..per_core.len())
+                .filter(|&c| taken[c] < per_core[c].len())
+                .min_by_key(|&c| per_core[c][taken[c]].ts_ns());
+            let Some(c) = best else { break };
+            records.push(per_core[c][taken[c]]);
+            taken[c] += 1;
+        }
+        let next = (0..self.cores.len())
+            .map(|c| {
+                if taken[c] == per_core[c].len() && exhausted[c] {
+                    from[c].max(Pos::entry_start(self.cores[c].applied))
+                } else if taken[c] > 0 {
+                    per_core[c][taken[c] - 1].pos().next()
+                } else {
+                    from[c]
+                }
+            })
+            .collect();
+        Answer { records, next }
+    }
+
+    /// The whole store in its persisted form (see [`Store::decode`]).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::with_capacity(
+            64 + self
+                .cores
+                .iter()
+                .map(|c| c.records.len() * 96)
+                .sum::<usize>(),
+        );
+        w.u32(STATE_MAGIC);
+        w.u64(self.deployment);
+        w.u64(self.cores.len() as u64);
+        for c in &self.cores {
+            w.u32(c.id);
+            w.u64(c.applied);
+            w.u64(c.horizon.index);
+            w.u32(c.horizon.ord);
+            w.u64(c.writes);
+            w.u64(c.evicted);
+            let mut firms: Vec<_> = c.firms_of.iter().map(|(a, f)| (a.0, f.0)).collect();
+            firms.sort_unstable();
+            w.u64(firms.len() as u64);
+            for (a, f) in firms {
+                w.u32(a);
+                w.u32(f);
+            }
+            w.u64(c.records.len() as u64);
+            for r in c.records.values() {
+                w.u64(r.index);
+                w.u32(r.ord);
+                for firm in r.firms {
+                    w.bool(firm.is_some());
+                    w.u32(firm.map_or(0, |f| f.0));
+                }
+                encode_events_into(&mut w, &[r.event]);
+            }
+        }
+        let crc = crc32c::crc32c(&w.buf);
+        w.u32(crc);
+        w.finish()
+    }
+
+    /// A store from its persisted form. The file must be this deployment's and name only
+    /// cores it follows; a core it lacks starts empty.
+    pub fn decode(config: &StoreConfig, bytes: &[u8]) -> Result<Store, String> {
+        let mut store = Store::new(config);
+        if bytes.len() < 8 {
+            return Err("state file too short".into());
+        }
+        let (body, crc) = bytes.split_at(bytes.len() - 4);
+        if crc32c::crc32c(body) != u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) {
+            return Err("state file checksum does not match (damaged)".into());
+        }
+        let e = |e: DecodeError| format!("state file: {e}");
+        let mut r = Reader::new(body);
+        if r.u32().map_err(e)? != STATE_MAGIC {
+            return Err("not a delivery state file".into());
+        }
+        if r.u64().map_err(e)? != store.deployment {
+            return Err(format!(
+                "state file of another deployment than `{}`",
+                config.deployment
+            ));
+        }
+        let n = r.count(40).map_err(e)?;
+        for _ in 0..n {
+            let id = r.u32().map_err(e)?;
+            let Some(slot) = store.cores.iter().position(|c| c.id == id) else {
+                return Err(format!(
+                    "state file holds core {id}, which is not configured"
+                ));
+            };
+            let mut c = CoreStore::new(id);
+            c.applied = r.u64().map_err(e)?;
+            c.horizon = Pos {
+                index: r.u64().map_err(e)?,
+                ord: r.u32().map_err(e)?,
+            };
+            c.writes = r.u64().map_err(e)?;
+            c.evicted = r.u64().map_err(e)?;
+            for _ in 0..r.count(8).map_err(e)? {
+                let a = AccountId(r.u32().map_err(e)?);
+                c.firms_of.insert(a, FirmId(r.u32().map_err(e)?));
+            }
+            let writes = c.writes;
+            for _ in 0..r.count(30).map_err(e)? {
+                let index = r.u64().map_err(e)?;
+                let ord = r.u32().map_err(e)?;
+                let mut firms = [None; 2];
+                for f in &mut firms {
+                    let some = r.bool().map_err(e)?;
+                    let v = r.u32().map_err(e)?;
+                    *f = some.then_some(FirmId(v));
+                }
+                if r.u32().map_err(e)? != 1 {
+                    return Err("state file: a record holds other than one event".into());
+                }
+                let event = decode_event(&mut r).map_err(e)?;
+                c.insert(Record {
+                    core: id,
+                    index,
+                    ord,
+                    firms,
+                    event,
+                });
+            }
+            c.writes = writes;
+            store.cores[slot] = c;
+        }
+        r.expect_end().map_err(e)?;
+        Ok(store)
+    }
+}
+
+const STATE_MAGIC: u32 = u32::from_le_bytes(*b"BDS1");
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use bourse_cluster::stream::{CommittedEntry, CommittedRequest};
+    use bourse_cluster::OutcomeKind;
+    use bourse_core::{Command, OrderLog};
+    use bourse_engine::workload::{Flow, FlowConfig};
+    use bourse_engine::{Engine, EngineConfig};
+    use std::sync::Arc;
+
+    /// Committed entries of a small order flow through a real engine, `per_entry` commands
+    /// each, and the events of every command in order (the core's own event log).
+    pub(crate) fn flow_entries(seed: u64, commands: usize, per_entry: usize) -> Vec<EntryView> {
+        let mut config = FlowConfig::exchange_core(seed);
+        config.accounts = 40;
+        config.live_orders_target = 60;
+        let mut flow = Flow::new(config);
+        let mut engine = Engine::new(EngineConfig::default());
+        let mut bodies: Vec<_> = flow.setup();
+        let mut entries = Vec::new();
+        let mut requests = Vec::new();
+        let mut events = Vec::new();
+        let mut seq = 0;
+        let mut i = 0;
+        while i < commands {
+            let body = if bodies.is_empty() {
+                i += 1;
+                flow.next_command()
+            } else {
+                bodies.remove(0)
+            };
+            events.clear();
+            engine.apply(&Command::new(seq, body), &mut events);
+            flow.observe(&events);
+            seq += 1;
+            requests.push(CommittedRequest {
+                client_id: 1,
+                request_seq: seq,
+                kind: OutcomeKind::Applied,
+                events: bourse_core::codec::encode_events(&events),
+            });
+            if requests.len() == per_entry {
+                entries.push(EntryView::new(Arc::new(CommittedEntry {
+                    index: entries.len() as u64,
+                    requests: std::mem::take(&mut requests),
+                    market_data_flush_ns: None,
+                })));
+            }
+        }
+        entries
+    }
+
+    /// The latest order-log record of every order, and every trade, in the entries.
+    fn expected(entries: &[EntryView]) -> (BTreeMap<OrderId, OrderLog>, usize) {
+        let mut orders = BTreeMap::new();
+        let mut trades = 0;
+        for e in entries {
+            for r in e.requests() {
+                for ev in r.events() {
+                    match ev.unwrap() {
+                        Event::OrderLog(l) => {
+                            orders.insert(l.order_id, l);
+                        }
+                        Event::Trade { .. } => trades += 1,
+                        _ => {}
+                    }
+                }
+            }
+        }
+        (orders, trades)
+    }
+
+    fn config(cores: Vec<u32>, max: usize) -> StoreConfig {
+        StoreConfig {
+            deployment: "test".into(),
+            cores,
+            records_per_core_max: max,
+        }
+    }
+
+    /// Reads everything from `from` in answers of `limit`; returns the records and the end.
+    fn read_all(
+        store: &Store,
+        from: Vec<Pos>,
+        f: &Filter,
+        limit: usize,
+    ) -> (Vec<Record>, Vec<Pos>) {
+        let mut from = from;
+        let mut out = Vec::new();
+        loop {
+            let a = store.query(&from, f, limit);
+            if a.records.is_empty() {
+                return (out, a.next);
+            }
+            out.extend(a.records);
+            from = a.next;
+        }
+    }
+
+    #[test]
+    fn the_store_holds_each_orders_latest_state_and_every_trade() {
+        let entries = flow_entries(1, 3_000, 7);
+        let mut store = Store::new(&config(vec![0], 1 << 20));
+        for e in &entries {
+            store.apply_entry(0, e).unwrap();
+        }
+        let (orders, trades) = expected(&entries);
+        let (got, _) = read_all(&store, vec![Pos::START], &Filter::default(), 97);
+        let got_orders: BTreeMap<OrderId, OrderLog> = got
+            .iter()
+            .filter_map(|r| match r.event {
+                Event::OrderLog(l) => Some((l.order_id, l)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(got_orders, orders);
+        assert_eq!(
+            got.iter()
+                .filter(|r| matches!(r.event, Event::Trade { .. }))
+                .count(),
+            trades
+        );
+        assert!(
+            got.windows(2).all(|w| w[0].pos() < w[1].pos()),
+            "in position order"
+        );
+        // Every record is exactly the event the core wrote at that position.
+        for r in &got {
+            let events: Vec<Event> = entries[r.index as usize]
+                .requests()
+                .flat_map(|q| q.events().map(|e| e.unwrap()).collect::<Vec<_>>())
+                .filter(is_kept)
+                .collect();
+            assert_eq!(events[r.ord as usize], r.event);
+        }
+    }
+
+    #[test]
+    fn a_client_polling_while_the_store_is_written_misses_no_change() {
+        let entries = flow_entries(2, 2_000, 3);
+        let mut store = Store::new(&config(vec![0], 1 << 20));
+        let mut from = vec![Pos::START];
+        let mut seen: BTreeMap<OrderId, OrderLog> = BTreeMap::new();
+        let mut last_seq = BTreeMap::new();
+        for (i, e) in entries.iter().enumerate() {
+            store.apply_entry(0, e).unwrap();
+            if i % 5 == 0 {
+                let a = store.query(&from, &Filter::default(), 13);
+                for r in a.records {
+                    if let Event::OrderLog(l) = r.event {
+                        // An order's state never goes backwards.
+                        let prev = last_seq.insert(l.order_id, l.seq);
+                        assert!(prev.is_none_or(|p| p < l.seq));
+                        seen.insert(l.order_id, l);
+                    }
+                }
+                from = a.next;
+            }
+        }
+        let (rest, _) = read_all(&store, from, &Filter::default(), 13);
+        for r in rest {
+            if let Event::OrderLog(l) = r.event {
+                seen.insert(l.order_id, l);
+            }
+        }
+        assert_eq!(seen, expected(&entries).0);
+    }
+
+    #[test]
+    fn filters_are_exact() {
+        let entries = flow_entries(3, 2_000, 5);
+        let mut store = Store::new(&config(vec![0], 1 << 20));
+        for e in &entries {
+            store.apply_entry(0, e).unwrap();
+        }
+        let (all, _) = read_all(&store, vec![Pos::START], &Filter::default(), 1000);
+        let filters = [
+            Filter {
+                firm: Some(FirmId(2)),
+                ..Filter::default()
+            },
+            Filter {
+                account: Some(AccountId(all[5].accounts()[0].0)),
+                ..Filter::default()
+            },
+            Filter {
+                instrument: Some(all[0].instrument()),
+                ..Filter::default()
+            },
+            Filter {
+                firm: Some(FirmId(1)),
+                instrument: Some(all[0].instrument()),
+                ..Filter::default()
+            },
+            Filter {
+                firm: Some(FirmId(999)),
+                ..Filter::default()
+            },
+        ];
+        for f in filters {
+            let (got, _) = read_all(&store, vec![Pos::START], &f, 7);
+            let want: Vec<Record> = all.iter().filter(|r| r.matches(&f)).copied().collect();
+            assert_eq!(got, want, "{f:?}");
+        }
+        assert!(!read_all(&store, vec![Pos::START], &filters[0], 7)
+            .0
+            .is_empty());
+    }
+
+    #[test]
+    fn a_quiet_core_does_not_hold_back_the_merged_cursor() {
+        let entries = flow_entries(4, 600, 4);
+        let mut store = Store::new(&config(vec![7, 9], 1 << 20));
+        for e in &entries {
+            store.apply_entry(0, e).unwrap();
+        }
+        // Core 9 never wrote anything: core 7's records all come, and the cursor moves on.
+        let (got, next) = read_all(&store, vec![Pos::START; 2], &Filter::default(), 50);
+        assert_eq!(got.len(), store.stats()[0].records);
+        assert!(got.iter().all(|r| r.core == 7));
+        assert_eq!(next[0], Pos::entry_start(entries.len() as u64));
+        // Core 9 starts writing: its records come after the cursor, core 7's do not again.
+        for e in &entries {
+            store.apply_entry(1, e).unwrap();
+        }
+        let (more, _) = read_all(&store, next, &Filter::default(), 50);
+        assert!(!more.is_empty() && more.iter().all(|r| r.core == 9));
+    }
+
+    #[test]
+    fn eviction_moves_the_horizon_and_an_older_cursor_is_too_old() {
+        let entries = flow_entries(5, 3_000, 5);
+        let mut store = Store::new(&config(vec![0], 200));
+        let early = store.cursor(&[Pos::START]);
+        for e in &entries {
+            store.apply_entry(0, e).unwrap();
+        }
+        let s = &store.stats()[0];
+        assert!(s.evicted > 0 && s.records <= 200 + s.live_orders, "{s:?}");
+        assert!(matches!(
+            store.resolve(Some(&early)),
+            Err(CursorError::TooOld { core: 0, .. })
+        ));
+        // A snapshot (no cursor) still works and holds every live order.
+        let from = store.resolve(None).unwrap();
+        let (got, _) = read_all(&store, from, &Filter::default(), 100);
+        assert_eq!(got.len(), store.stats()[0].records);
+    }
+
+    #[test]
+    fn cursors_of_another_deployment_or_core_are_foreign() {
+        let store = Store::new(&config(vec![0, 1], 100));
+        let mut other = Store::new(&config(vec![0], 100)).cursor(&[Pos::START]);
+        other.deployment ^= 1;
+        assert!(matches!(
+            store.resolve(Some(&other)),
+            Err(CursorError::Foreign(_))
+        ));
+        let stranger = Cursor {
+            deployment: store.deployment(),
+            parts: vec![(5, Pos::START)],
+        };
+        let e = store.resolve(Some(&stranger)).unwrap_err();
+        assert!(e.to_string().contains("core 5"), "{e}");
+    }
+
+    #[test]
+    fn the_store_reads_back_from_its_persisted_form_and_goes_on_identically() {
+        let entries = flow_entries(6, 2_000, 4);
+        let (half, rest) = entries.split_at(entries.len() / 2);
+        let mut straight = Store::new(&config(vec![0], 1 << 20));
+        let mut saved = Store::new(&config(vec![0], 1 << 20));
+        for e in half {
+            straight.apply_entry(0, e).unwrap();
+            saved.apply_entry(0, e).unwrap();
+        }
+        let bytes = saved.encode();
+        let mut restored = Store::decode(&config(vec![0], 1 << 20), &bytes).unwrap();
+        assert_eq!(restored.encode(), bytes);
+        // Entries already applied are skipped; the rest applies as without the restart.
+        for e in entries.iter() {
+            straight.apply_entry(0, e).unwrap();
+            restored.apply_entry(0, e).unwrap();
+        }
+        assert_eq!(restored.encode(), straight.encode());
+        let mut damaged = bytes.clone();
+        damaged[20] ^= 1;
+        assert!(Store::decode(&config(vec![0], 100), &damaged)
+            .err()
+            .unwrap()
+            .contains("checksum"));
+        let other = StoreConfig {
+            deployment: "other".into(),
+            ..config(vec![0], 100)
+        };
+        assert!(Store::decode(&other, &bytes)
+            .err()
+            .unwrap()
+            .contains("another deployment"));
+        let _ = rest;
+    }
+
+    #[test]
+    fn an_entry_past_the_next_due_is_refused() {
+        let entries = flow_entries(7, 100, 10);
+        let mut store = Store::new(&config(vec![0], 100));
+        assert_eq!(
+            store.apply_entry(0, &entries[2]),
+            Err(ApplyError::Gap {
+                expected: 0,
+                got: 2
+            })
+        );
+    }
+}

@@ -1,0 +1,264 @@
+//! A delivery node over real replicated cores: no gap and no reordering for a client across
+//! a core failover and a delivery-node crash and restart (checked against the cores' own
+//! event logs), filters exact, a core that stops does not stall the merged cursor, a thousand
+//! clients at once, and bad input answered with a clear error.
+
+mod common;
+
+use std::time::Duration;
+
+use bourse_core::{AccountId, FirmId, InstrumentId};
+use bourse_delivery::{DeliveryClient, Filter};
+use common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_sees_no_gap_and_no_reordering_across_a_core_failover_and_a_delivery_restart() {
+    let mut a = Core::start(0, 11).await;
+    let mut b = Core::start(1, 12).await;
+    let state = tempfile::tempdir().unwrap();
+    let config = delivery_config(&[&a, &b], Some(state.path().to_path_buf()));
+    let node = start_delivery(config.clone()).await;
+    let mut client = DeliveryClient::new(node.addr());
+    let mut got = Received::default();
+    let all = Filter::default();
+
+    a.run(400).await;
+    b.run(400).await;
+    got.poll(&mut client, all, 37).await;
+    got.poll(&mut client, all, 37).await;
+
+    // Core A loses its leader; its stream is read from another node from the same index.
+    a.kill_leader().await;
+    a.run(400).await;
+    b.run(200).await;
+    got.poll(&mut client, all, 37).await;
+
+    // The delivery node crashes (no final write of its state): it restarts from its last
+    // periodic write, rebuilds the rest from the streams, and the client's cursor holds.
+    stop_delivery(node, true).await;
+    a.run(300).await;
+    let node = start_delivery(config.clone()).await;
+    b.run(300).await;
+    let ends = [a.end_index().await, b.end_index().await];
+    caught_up(&node, &ends).await;
+    got.drain(&mut client, all, 37).await;
+    assert!(got.answers > 10);
+
+    for core in [&a, &b] {
+        let log = core.event_log(ends[core.id as usize]).await;
+        check_against_log(&got.records, core.id, &log, &all);
+    }
+    // A client starting now from no cursor reads the same picture (a snapshot).
+    let mut fresh = Received::default();
+    fresh
+        .drain(&mut DeliveryClient::new(node.addr()), all, 1000)
+        .await;
+    for core in [&a, &b] {
+        let log = core.event_log(ends[core.id as usize]).await;
+        check_against_log(&fresh.records, core.id, &log, &all);
+    }
+    stop_delivery(node, false).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filters_are_exact_and_a_stopped_core_does_not_stall_the_cursor() {
+    let mut a = Core::start(0, 21).await;
+    let mut b = Core::start(1, 22).await;
+    a.run(300).await;
+    b.run(300).await;
+    let node = start_delivery(delivery_config(&[&a, &b], None)).await;
+    let mut client = DeliveryClient::new(node.addr());
+    let ends = [a.end_index().await, b.end_index().await];
+    caught_up(&node, &ends).await;
+    let mut plain = Received::default();
+    plain.drain(&mut client, Filter::default(), 100).await;
+
+    // Core B stops altogether; core A goes on and its records still come.
+    let b_end = ends[1];
+    b.stop().await;
+    a.run(300).await;
+    let a_end = a.end_index().await;
+    caught_up(&node, &[a_end, b_end]).await;
+    plain.drain(&mut client, Filter::default(), 100).await;
+    let log_a = a.event_log(a_end).await;
+    check_against_log(&plain.records, 0, &log_a, &Filter::default());
+    // The merged cursor moved on with core A while core B's part stayed where B stopped.
+    let status = client.status().await.unwrap();
+    assert_eq!(status["cores"][0]["applied_index"], a_end, "{status}");
+    assert_eq!(status["cores"][1]["applied_index"], b_end, "{status}");
+
+    let filters = [
+        Filter {
+            firm: Some(FirmId(2)),
+            ..Filter::default()
+        },
+        Filter {
+            account: Some(AccountId(1005)),
+            ..Filter::default()
+        },
+        Filter {
+            instrument: Some(InstrumentId(1)),
+            firm: Some(FirmId(1)),
+            ..Filter::default()
+        },
+    ];
+    for f in filters {
+        let mut got = Received::default();
+        got.drain(&mut client, f, 9).await;
+        check_against_log(&got.records, 0, &log_a, &f);
+    }
+    stop_delivery(node, false).await;
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_clients_polling_at_once_each_get_everything() {
+    let clients: usize = std::env::var("BOURSE_DELIVERY_TEST_CLIENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000);
+    let mut a = Core::start(0, 31).await;
+    let node = start_delivery(delivery_config(&[&a], None)).await;
+    let addr = node.addr();
+    // The clients poll while the core runs (long polls wake on each write).
+    let mut tasks = Vec::new();
+    for i in 0..clients {
+        tasks.push(tokio::spawn(async move {
+            let mut client = DeliveryClient::new(addr);
+            let mut got = Received::default();
+            let filter = if i % 5 == 0 {
+                Filter::default()
+            } else {
+                Filter {
+                    firm: Some(FirmId(1 + (i % 3) as u32)),
+                    ..Filter::default()
+                }
+            };
+            got.poll(&mut client, filter, 500).await;
+            (got, client, filter)
+        }));
+    }
+    a.run(300).await;
+    let end = a.end_index().await;
+    caught_up(&node, &[end]).await;
+    let log = a.event_log(end).await;
+    for t in tasks {
+        let (mut got, mut client, filter) = t.await.unwrap();
+        got.drain(&mut client, filter, 500).await;
+        check_against_log(&got.records, 0, &log, &filter);
+    }
+    stop_delivery(node, false).await;
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_clear_error_and_disturbs_nothing() {
+    let mut a = Core::start(0, 41).await;
+    a.run(100).await;
+    let config = delivery_config(&[&a], None);
+    let node = start_delivery(config.clone()).await;
+    caught_up(&node, &[a.end_index().await]).await;
+    let mut client = DeliveryClient::new(node.addr());
+    let mut good = Received::default();
+    good.poll(&mut client, Filter::default(), 10).await;
+    let cursor = good.cursor.clone().unwrap();
+
+    let foreign = {
+        let mut other = config.clone();
+        other.name = "another-venue".into();
+        other.listen = format!("127.0.0.1:{}", bourse_testkit::free_port())
+            .parse()
+            .unwrap();
+        let n = start_delivery(other).await;
+        let mut c = DeliveryClient::new(n.addr());
+        let mut r = Received::default();
+        r.poll(&mut c, Filter::default(), 1).await;
+        stop_delivery(n, false).await;
+        r.cursor.unwrap()
+    };
+    let cases: Vec<(String, u16, &str, &str)> = vec![
+        (
+            "/v1/orders?cursor=zz".into(),
+            400,
+            "cursor_malformed",
+            "not lowercase hex",
+        ),
+        (
+            format!("/v1/orders?cursor={}", &cursor[..cursor.len() - 2]),
+            400,
+            "cursor_malformed",
+            "checksum",
+        ),
+        (
+            format!("/v1/orders?cursor={foreign}"),
+            409,
+            "cursor_foreign",
+            "another delivery deployment",
+        ),
+        (
+            "/v1/orders?colour=red".into(),
+            400,
+            "bad_request",
+            "unknown field `colour`",
+        ),
+        (
+            "/v1/orders?limit=0".into(),
+            400,
+            "bad_request",
+            "limit 0 is outside",
+        ),
+        (
+            "/v1/orders?limit=100000000".into(),
+            400,
+            "bad_request",
+            "limit 100000000 is outside",
+        ),
+        ("/v1/orders?limit=ten".into(), 400, "bad_request", "limit"),
+        (
+            "/v1/orders?wait_us=99999999999".into(),
+            400,
+            "bad_request",
+            "wait_us",
+        ),
+        (
+            "/v1/orders?limit=5&min_rows=6".into(),
+            400,
+            "bad_request",
+            "min_rows 6 is above limit 5",
+        ),
+        ("/v1/orders?firm=-1".into(), 400, "bad_request", "firm"),
+        ("/v2/orders".into(), 404, "not_found", "GET /v1/orders"),
+    ];
+    for (path, status, code, says) in cases {
+        let (got_status, body) = client.get(&path).await.unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(got_status, status, "{path}: {body}");
+        assert_eq!(body["error"]["code"], code, "{path}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{path}: {message}");
+    }
+    // A poll that waits for more than there is answers after its wait, with what there is.
+    let (status, _) = client
+        .get(&format!(
+            "/v1/orders?cursor={cursor}&limit=10000&min_rows=10000&wait_us=1000"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    // Nothing was disturbed: the good client goes on where it was.
+    a.run(50).await;
+    let end = a.end_index().await;
+    caught_up(&node, &[end]).await;
+    good.drain(&mut client, Filter::default(), 10).await;
+    check_against_log(
+        &good.records,
+        0,
+        &a.event_log(end).await,
+        &Filter::default(),
+    );
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    stop_delivery(node, false).await;
+    a.stop().await;
+}
