@@ -569,6 +569,7 @@ pub(crate) mod tests {
                 client_id: 1,
                 request_seq: seq,
                 kind: OutcomeKind::Applied,
+                applied_index: entries.len() as u64,
                 events: bourse_core::codec::encode_events(&events),
             });
             if requests.len() == per_entry {

@@ -98,6 +98,7 @@ fn entry(index: u64, requests: &EntryEvents, ts_ns: Option<u64>) -> EntryView {
                 client_id: 1,
                 request_seq: index * 1_000 + i as u64,
                 kind: OutcomeKind::Applied,
+                applied_index: index,
                 events: bourse_core::codec::encode_events(&events),
             }
         })

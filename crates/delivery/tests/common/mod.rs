@@ -27,6 +27,9 @@ pub struct Core {
     pub flow: Flow,
     pub next_ts: u64,
     pub last_seq: u64,
+    /// The core's committed stream, from which the flow learns what its commands did
+    /// (answers carry no events).
+    feedback: StreamConsumer,
     _dir: tempfile::TempDir,
 }
 
@@ -52,6 +55,14 @@ impl Core {
             .map(|n| (n.id, n.addr.parse().unwrap()))
             .collect();
         let client = PipelinedClient::start(addrs, 1, 1, 256);
+        let feedback = StreamConsumer::remote(
+            config
+                .nodes
+                .iter()
+                .map(|n| n.addr.parse().unwrap())
+                .collect(),
+            0,
+        );
         let mut flow = FlowConfig::exchange_core(seed);
         flow.accounts = 30;
         flow.live_orders_target = 60;
@@ -63,6 +74,7 @@ impl Core {
             flow: Flow::new(flow),
             next_ts: 1,
             last_seq: 0,
+            feedback,
             _dir: dir,
         };
         for body in core.flow.setup() {
@@ -106,10 +118,24 @@ impl Core {
                 .await
                 .expect("answers arrive")
                 .unwrap();
-            self.flow
-                .observe(&bourse_core::codec::decode_events(&a.events).unwrap());
             if a.request_seq == self.last_seq {
+                self.observe_until(a.applied_index).await;
                 return;
+            }
+        }
+    }
+
+    /// Feeds the flow the events of this core's client's requests, from the stream up to
+    /// and including entry `index`.
+    async fn observe_until(&mut self, index: u64) {
+        while self.feedback.position() <= index {
+            let e = tokio::time::timeout(LIMIT, self.feedback.next())
+                .await
+                .expect("the stream goes on")
+                .unwrap();
+            for r in e.requests().filter(|r| r.applied_here() && r.key().0 == 1) {
+                let events: Vec<Event> = r.events().map(|e| e.unwrap()).collect();
+                self.flow.observe(&events);
             }
         }
     }
