@@ -1387,6 +1387,14 @@ impl Router {
                     }
                     _ => None,
                 };
+                // A session-scope mass cancel reaches the core as one cancel per order; its
+                // reports still say the order went in a mass cancel, as an account-wide one's do.
+                let one_order_part = self.is_one_order_part(key);
+                let reason = if one_order_part && reason == CancelReason::Requested {
+                    CancelReason::MassCancel
+                } else {
+                    reason
+                };
                 let kind = ExecKind::Canceled {
                     by,
                     reason,
@@ -1395,7 +1403,7 @@ impl Router {
                 let report = Self::report_of(&o, order_id, kind, 0, ts_ns);
                 self.push_report(key, o.owner, Report::Exec(report));
                 self.remember_finished(order_id, o, Finished::Canceled);
-                if self.is_one_order_part(key) {
+                if one_order_part {
                     self.mass_part_done(key, 1, None, ts_ns);
                 }
             }
