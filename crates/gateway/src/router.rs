@@ -894,6 +894,22 @@ impl Router {
     }
 
     /// Finds a live order of the session by its client id or, failing that, by exchange id.
+    /// The core's cancel of a live order by its internal client id, under the next internal
+    /// id (the caller advances `next_internal` once the core took it).
+    fn internal_cancel(&self, live: &LiveRef, ts_ns: u64) -> Command {
+        Command::new(
+            ts_ns,
+            CommandBody::Cancel(Cancel {
+                account: live.account,
+                cl_ord_id: ClOrdId(self.next_internal),
+                target: OrderRef {
+                    order_id: None,
+                    orig_cl_ord_id: Some(live.internal),
+                },
+            }),
+        )
+    }
+
     fn find_live(
         &self,
         sref: SessionRef,
@@ -927,17 +943,7 @@ impl Router {
             let cause = RejectCause::Gateway(GatewayReject::UnknownOrder);
             return self.cancel_reject_now(sref, client, orig, to, cause, ts_ns);
         };
-        let cmd = Command::new(
-            ts_ns,
-            CommandBody::Cancel(Cancel {
-                account: live.account,
-                cl_ord_id: ClOrdId(self.next_internal),
-                target: OrderRef {
-                    order_id: None,
-                    orig_cl_ord_id: Some(live.internal),
-                },
-            }),
-        );
+        let cmd = self.internal_cancel(&live, ts_ns);
         let key = self.next_key(sref);
         if let Err(g) = self.submit(live.core, key, cmd) {
             return self.cancel_reject_now(sref, client, orig, to, RejectCause::Gateway(g), ts_ns);
@@ -1096,17 +1102,7 @@ impl Router {
         targets.sort_unstable_by_key(|l| l.internal.0);
         let mut submitted = 0u32;
         for live in targets {
-            let cmd = Command::new(
-                ts_ns,
-                CommandBody::Cancel(Cancel {
-                    account: live.account,
-                    cl_ord_id: ClOrdId(self.next_internal),
-                    target: OrderRef {
-                        order_id: None,
-                        orig_cl_ord_id: Some(live.internal),
-                    },
-                }),
-            );
+            let cmd = self.internal_cancel(&live, ts_ns);
             let key = self.next_key(sref);
             if self.submit(live.core, key, cmd).is_err() {
                 return (submitted, true);
