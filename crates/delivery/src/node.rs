@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 
 /// One core the node follows: its id (as cursors name it) and its replica group's nodes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,11 +45,11 @@ pub struct Limits {
     /// Polls being answered at once (each holds no lock while it waits); more are refused
     /// with 503 and `Retry-After`.
     pub polls_in_flight_max: usize,
-    /// Open HTTP connections; more are closed on accept.
+    /// Open connections per front (HTTP, binary); more are closed on accept.
     pub connections_max: usize,
     /// Records kept per core before the oldest final ones are evicted.
     pub records_per_core_max: usize,
-    /// A request head must arrive within this time.
+    /// A request head (HTTP) or a whole request (binary) must arrive within this time.
     pub header_read_timeout_ms: u64,
 }
 
@@ -74,7 +74,11 @@ impl Default for Limits {
 pub struct DeliveryConfig {
     /// The deployment's name: cursors carry its hash and another deployment's are refused.
     pub name: String,
+    /// The HTTP/JSON API's address.
     pub listen: SocketAddr,
+    /// The binary (SBE over TCP) API's address; `None` serves HTTP only.
+    #[serde(default)]
+    pub binary_listen: Option<SocketAddr>,
     /// Where the store is persisted; `None` keeps it in memory only (it then rebuilds from
     /// the cores' streams from log index 0 after a restart).
     #[serde(default)]
@@ -157,6 +161,8 @@ pub struct Shared {
     /// Per core, why its feed is not running (or is retrying), if it is not well.
     pub feed_errors: Mutex<Vec<Option<String>>>,
     pub limits: Limits,
+    /// Polls being answered, over both fronts, at most `limits.polls_in_flight_max`.
+    pub polls: Semaphore,
 }
 
 impl Shared {
@@ -167,6 +173,7 @@ impl Shared {
             changed: watch::channel(0).0,
             counters: ApiCounters::default(),
             feed_errors: Mutex::new(vec![None; cores]),
+            polls: Semaphore::new(limits.polls_in_flight_max),
             limits,
         })
     }
@@ -181,6 +188,7 @@ impl Shared {
 pub struct DeliveryNode {
     shared: Arc<Shared>,
     addr: SocketAddr,
+    binary_addr: Option<SocketAddr>,
     config: DeliveryConfig,
     stop: watch::Sender<bool>,
     runtime: Option<tokio::runtime::Runtime>,
@@ -199,14 +207,18 @@ impl DeliveryNode {
             .enable_all()
             .build()
             .map_err(|e| format!("runtime: {e}"))?;
-        let listener = std::net::TcpListener::bind(config.listen)
-            .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| format!("listener: {e}"))?;
+        let listener = bind(config.listen)?;
         let addr = listener
             .local_addr()
             .map_err(|e| format!("listener: {e}"))?;
+        let binary = match config.binary_listen {
+            Some(a) => Some(bind(a)?),
+            None => None,
+        };
+        let binary_addr = match &binary {
+            Some(l) => Some(l.local_addr().map_err(|e| format!("listener: {e}"))?),
+            None => None,
+        };
         let shared = Shared::new(store, config.limits.clone());
         let (stop, stopped) = watch::channel(false);
         {
@@ -229,11 +241,21 @@ impl DeliveryNode {
             }
             let listener =
                 tokio::net::TcpListener::from_std(listener).map_err(|e| format!("{e}"))?;
+            if let Some(binary) = binary {
+                let binary =
+                    tokio::net::TcpListener::from_std(binary).map_err(|e| format!("{e}"))?;
+                tokio::spawn(crate::binary::serve(
+                    binary,
+                    shared.clone(),
+                    stopped.clone(),
+                ));
+            }
             tokio::spawn(crate::server::serve(listener, shared.clone(), stopped));
         }
         Ok(DeliveryNode {
             shared,
             addr,
+            binary_addr,
             config,
             stop,
             runtime: Some(runtime),
@@ -242,6 +264,11 @@ impl DeliveryNode {
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The binary API's address, when it is served.
+    pub fn binary_addr(&self) -> Option<SocketAddr> {
+        self.binary_addr
     }
 
     pub fn url(&self) -> String {
@@ -291,6 +318,15 @@ impl Drop for DeliveryNode {
     fn drop(&mut self) {
         let _ = self.shutdown();
     }
+}
+
+fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
+    let listener =
+        std::net::TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("listener: {e}"))?;
+    Ok(listener)
 }
 
 fn load_store(config: &DeliveryConfig) -> Result<Store, String> {
@@ -427,6 +463,7 @@ mod tests {
         let mut c = DeliveryConfig {
             name: "x".into(),
             listen: "127.0.0.1:0".parse().unwrap(),
+            binary_listen: None,
             state_dir: None,
             persist_interval_ms: 10,
             cores: Vec::new(),
