@@ -155,9 +155,9 @@ fn serve(args: ServeArgs) -> Result<()> {
             eprintln!(
                 "bourse delivery: applied {:?}, polls {} ({} empty), rows sent {}{}",
                 node.applied_indexes(),
-                c.polls.load(Ordering::Relaxed),
-                c.polls_empty.load(Ordering::Relaxed),
-                c.rows_sent.load(Ordering::Relaxed),
+                c.polls.get(),
+                c.polls_empty.get(),
+                c.rows_sent.get(),
                 errors
                     .iter()
                     .zip(&config.cores)

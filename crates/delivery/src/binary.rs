@@ -12,7 +12,7 @@
 
 use crate::client::{ClientError, PollAnswer, PollRequest};
 use crate::cursor::{hex_bytes, hex_text, Cursor, CURSOR_BYTES_MAX};
-use crate::node::Shared;
+use crate::node::{ConnectionGauge, Shared};
 use crate::poll::{self, Asked, Refusal, RefusalKind, Selected, ServerTimings};
 use crate::record::{Filter, Record};
 use crate::server::{AnswerHeader, ApiError};
@@ -25,7 +25,6 @@ use bourse_wire::delivery::{self as wire, FrameDecoder, Message, FRAME_BYTES_MAX
 use bourse_wire::frame::encode_frame;
 use bourse_wire::Error as WireError;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -58,8 +57,10 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watc
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
         let mut stopped = stopped.clone();
+        let open = ConnectionGauge::open(&shared.counters.connections_binary);
         tokio::spawn(async move {
             let _permit = permit;
+            let _open = open;
             tokio::select! {
                 _ = connection(stream, &shared) => {}
                 _ = stopped.changed() => {}
@@ -98,12 +99,12 @@ async fn connection(mut stream: TcpStream, s: &Shared) {
                 true
             }
             Ok((Err((id, why)), _)) => {
-                s.counters.polls_bad_request.fetch_add(1, Ordering::Relaxed);
+                s.counters.polls_bad_request.inc();
                 error_frame(id, &Refusal::bad_request(why), &mut out);
                 false
             }
             Err(why) => {
-                s.counters.polls_bad_request.fetch_add(1, Ordering::Relaxed);
+                s.counters.polls_bad_request.inc();
                 let why = format!("not a delivery frame: {why}");
                 error_frame(0, &Refusal::bad_request(why), &mut out);
                 false
@@ -150,11 +151,9 @@ fn request(m: &Message<'_>) -> Result<Request, (u64, String)> {
 
 async fn answer(s: &Shared, (id, asked, cursor): Request, out: &mut Vec<u8>) {
     let started = Instant::now();
-    s.counters.polls.fetch_add(1, Ordering::Relaxed);
+    s.counters.polls.inc();
     let Ok(_permit) = s.polls.try_acquire() else {
-        s.counters
-            .polls_refused_busy
-            .fetch_add(1, Ordering::Relaxed);
+        s.counters.polls_refused_busy.inc();
         error_frame(id, &Refusal::busy(s), out);
         return;
     };
@@ -167,7 +166,7 @@ async fn answer(s: &Shared, (id, asked, cursor): Request, out: &mut Vec<u8>) {
     match result {
         Ok(selected) => encode_answer(id, &selected, out),
         Err(r) => {
-            s.counters.polls_bad_request.fetch_add(1, Ordering::Relaxed);
+            s.counters.polls_bad_request.inc();
             error_frame(id, &r, out);
         }
     }

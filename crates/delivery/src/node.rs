@@ -14,10 +14,10 @@
 use crate::store::{Store, StoreConfig};
 use bourse_cluster::consumer::StreamConsumer;
 use bourse_cluster::StreamError;
+use bourse_monitor::metrics::{Counter, Gauge, Histogram, Registry};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::sync::{watch, Semaphore};
@@ -142,14 +142,116 @@ impl DeliveryConfig {
     }
 }
 
-/// Counters of the API, for `/v1/status` and the benchmark.
-#[derive(Default)]
+/// The node's figures, the seed's own (writes, readers, empty answers, records per answer,
+/// lag, per-stage timings), kept in a registry exported at `GET /metrics` (Prometheus text)
+/// and read by `/v1/status`.
 pub struct ApiCounters {
-    pub polls: AtomicU64,
-    pub polls_empty: AtomicU64,
-    pub rows_sent: AtomicU64,
-    pub polls_refused_busy: AtomicU64,
-    pub polls_bad_request: AtomicU64,
+    pub registry: Registry,
+    /// Polls received, over both fronts (refused ones included).
+    pub polls: Counter,
+    /// Polls answered with no record.
+    pub polls_empty: Counter,
+    /// Records sent in answers.
+    pub rows_sent: Counter,
+    pub polls_refused_busy: Counter,
+    pub polls_bad_request: Counter,
+    /// Records written into the store (new, or replacing an order's previous state).
+    pub records_written: Counter,
+    /// Committed entries applied.
+    pub entries_applied: Counter,
+    /// Open connections per front: the readers.
+    pub connections_http: Gauge,
+    pub connections_binary: Gauge,
+    /// Per record sent: the answer's time less the record's own time (the core's time of
+    /// the command that changed the order), which is how late the reader learns of it.
+    pub lag: Histogram,
+    /// Per poll: time selecting under the read lock, and from arrival to answer.
+    pub select: Histogram,
+    pub answer: Histogram,
+}
+
+impl ApiCounters {
+    pub fn new() -> ApiCounters {
+        let r = Registry::new();
+        let polls = |result: &str| {
+            r.counter(
+                "bourse_delivery_polls_total",
+                "GetOrders polls by result (both fronts)",
+                &[("result", result)],
+            )
+        };
+        let connections = |front: &str| {
+            r.gauge(
+                "bourse_delivery_connections",
+                "Open client connections per front",
+                &[("front", front)],
+            )
+        };
+        let stage = |stage: &str| {
+            r.histogram(
+                "bourse_delivery_poll_seconds",
+                "Per poll: selecting under the read lock, and arrival to answer",
+                &[("stage", stage)],
+            )
+        };
+        ApiCounters {
+            polls: r.counter(
+                "bourse_delivery_polls_received_total",
+                "GetOrders polls received",
+                &[],
+            ),
+            polls_empty: polls("empty"),
+            polls_refused_busy: polls("busy"),
+            polls_bad_request: polls("refused"),
+            rows_sent: r.counter(
+                "bourse_delivery_records_sent_total",
+                "Records sent in answers",
+                &[],
+            ),
+            records_written: r.counter(
+                "bourse_delivery_records_written_total",
+                "Records written into the store",
+                &[],
+            ),
+            entries_applied: r.counter(
+                "bourse_delivery_entries_applied_total",
+                "Committed entries applied",
+                &[],
+            ),
+            connections_http: connections("http"),
+            connections_binary: connections("binary"),
+            lag: r.histogram(
+                "bourse_delivery_lag_seconds",
+                "Per record sent: answer time less the record's time",
+                &[],
+            ),
+            select: stage("select"),
+            answer: stage("answer"),
+            registry: r,
+        }
+    }
+}
+
+impl Default for ApiCounters {
+    fn default() -> ApiCounters {
+        ApiCounters::new()
+    }
+}
+
+/// One open connection on a gauge: counted up when made, down when dropped.
+pub(crate) struct ConnectionGauge(Gauge);
+
+impl ConnectionGauge {
+    pub(crate) fn open(gauge: &Gauge) -> ConnectionGauge {
+        gauge.add(1);
+        ConnectionGauge(gauge.clone())
+    }
+}
+
+impl Drop for ConnectionGauge {
+    fn drop(&mut self) {
+        self.0.add(-1);
+    }
 }
 
 /// What the feeds, the server and the persister share.
@@ -403,9 +505,11 @@ async fn feed(
                         .write()
                         .expect("store")
                         .apply_entry(slot, &entry);
+                    shared.counters.entries_applied.inc();
                     match applied {
                         Ok(0) => {}
-                        Ok(_) => {
+                        Ok(n) => {
+                            shared.counters.records_written.add(n as u64);
                             shared.changed.send_modify(|v| *v += 1);
                         }
                         Err(e) => {

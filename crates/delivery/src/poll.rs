@@ -11,7 +11,6 @@ use crate::cursor::{Cursor, CursorError};
 use crate::node::Shared;
 use crate::record::{Filter, Record};
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -166,6 +165,22 @@ impl Selected {
     }
 }
 
+/// Counts one answer: empty or not, its records, their lag, its time.
+fn count_answer(s: &Shared, records: &[Record], total: Duration) {
+    let c = &s.counters;
+    if records.is_empty() {
+        c.polls_empty.inc();
+    }
+    c.rows_sent.add(records.len() as u64);
+    c.answer.observe(total);
+    let now_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    for r in records {
+        c.lag.observe_ns(now_ns.saturating_sub(r.ts_ns()));
+    }
+}
+
 /// Selects, and while fewer than `min_rows` are ready and the deadline has not passed, waits
 /// for the feeds' next write and selects again. Counts the answer.
 pub async fn select(s: &Shared, poll: &Poll, started: Instant) -> Result<Selected, CursorError> {
@@ -182,17 +197,15 @@ pub async fn select(s: &Shared, poll: &Poll, started: Instant) -> Result<Selecte
             let next = store.cursor(&a.next);
             (a, next)
         };
-        timings.select_us += t.elapsed().as_micros() as u64;
+        let select = t.elapsed();
+        s.counters.select.observe(select);
+        timings.select_us += select.as_micros() as u64;
         timings.selects += 1;
         let ready = answer.records.len() >= poll.min_rows;
         if ready || tokio::time::Instant::now() >= deadline {
-            timings.total_us = started.elapsed().as_micros() as u64;
-            let c = &s.counters;
-            if answer.records.is_empty() {
-                c.polls_empty.fetch_add(1, Ordering::Relaxed);
-            }
-            c.rows_sent
-                .fetch_add(answer.records.len() as u64, Ordering::Relaxed);
+            let total = started.elapsed();
+            timings.total_us = total.as_micros() as u64;
+            count_answer(s, &answer.records, total);
             return Ok(Selected {
                 records: answer.records,
                 next,

@@ -10,7 +10,7 @@
 //! (foreign cursor), 410 (cursor too old), 503 with `Retry-After` (too many polls at once).
 
 use crate::cursor::Cursor;
-use crate::node::Shared;
+use crate::node::{ConnectionGauge, Shared};
 use crate::poll::{self, Asked, Refusal, Selected};
 use crate::record::Filter;
 use axum::extract::rejection::QueryRejection;
@@ -23,7 +23,6 @@ use bourse_core::{AccountId, FirmId, InstrumentId};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
@@ -86,11 +85,12 @@ pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/orders", get(orders))
         .route("/v1/status", get(status))
+        .route("/metrics", get(metrics))
         .fallback(|| async {
             error(
                 StatusCode::NOT_FOUND,
                 "not_found",
-                "unknown path: the API is GET /v1/orders and GET /v1/status".into(),
+                "unknown path: the API is GET /v1/orders, GET /v1/status and GET /metrics".into(),
             )
         })
         .with_state(shared)
@@ -119,11 +119,9 @@ async fn orders(
     query: Result<Query<PollParams>, QueryRejection>,
 ) -> Response {
     let started = Instant::now();
-    s.counters.polls.fetch_add(1, Ordering::Relaxed);
+    s.counters.polls.inc();
     let Ok(_permit) = s.polls.try_acquire() else {
-        s.counters
-            .polls_refused_busy
-            .fetch_add(1, Ordering::Relaxed);
+        s.counters.polls_refused_busy.inc();
         return refused(&Refusal::busy(&s));
     };
     let checked = match query {
@@ -139,7 +137,7 @@ async fn orders(
     match result {
         Ok(selected) => respond(selected),
         Err(r) => {
-            s.counters.polls_bad_request.fetch_add(1, Ordering::Relaxed);
+            s.counters.polls_bad_request.inc();
             refused(&r)
         }
     }
@@ -182,18 +180,33 @@ async fn status(State(s): State<Arc<Shared>>) -> Response {
     let cores = s.store.read().expect("store").stats();
     let feeds = s.feed_errors.lock().expect("feed errors").clone();
     let c = &s.counters;
-    let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     axum::Json(serde_json::json!({
         "cores": cores,
         "feed_errors": feeds,
-        "polls": n(&c.polls),
-        "polls_empty": n(&c.polls_empty),
-        "rows_sent": n(&c.rows_sent),
-        "polls_refused_busy": n(&c.polls_refused_busy),
-        "polls_bad_request": n(&c.polls_bad_request),
+        "polls": c.polls.get(),
+        "polls_empty": c.polls_empty.get(),
+        "rows_sent": c.rows_sent.get(),
+        "polls_refused_busy": c.polls_refused_busy.get(),
+        "polls_bad_request": c.polls_bad_request.get(),
+        "records_written": c.records_written.get(),
+        "connections": {"http": c.connections_http.get(), "binary": c.connections_binary.get()},
         "limits": s.limits,
     }))
     .into_response()
+}
+
+/// The node's figures in the Prometheus text format.
+async fn metrics(State(s): State<Arc<Shared>>) -> Response {
+    let mut text = String::with_capacity(8 * 1024);
+    s.counters.registry.render(&mut text);
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        )],
+        text,
+    )
+        .into_response()
 }
 
 /// Serves until `stopped` changes: its own accept loop, for the limits (connections past
@@ -202,7 +215,7 @@ async fn status(State(s): State<Arc<Shared>>) -> Response {
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watch::Receiver<bool>) {
     let connections = Arc::new(Semaphore::new(shared.limits.connections_max));
     let timeout = Duration::from_millis(shared.limits.header_read_timeout_ms);
-    let app = router(shared);
+    let app = router(shared.clone());
     loop {
         let accepted = tokio::select! {
             _ = stopped.changed() => return,
@@ -223,8 +236,10 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watc
             app.clone().oneshot(req)
         });
         let mut stopped = stopped.clone();
+        let open = ConnectionGauge::open(&shared.counters.connections_http);
         tokio::spawn(async move {
             let _permit = permit;
+            let _open = open;
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(TokioTimer::new())
