@@ -72,8 +72,14 @@ pub const REPLAY_FRAME_BYTES_MAX: usize = FRAME_HEADER_BYTES + PACKET_BYTES_MAX;
 
 const GROUP_HEADER_BYTES: usize = 3;
 
+/// Every message of the market data schema is as version 1 defined it.
+fn no_older_block_length(_template: TemplateId, _version: u16) -> Option<u16> {
+    None
+}
+
 schema_messages! {
     sbe = bourse_sbe_market_data;
+    older_block_length = no_older_block_length;
     Heartbeat => heartbeat_codec::HeartbeatDecoder / HeartbeatEncoder [],
     SequenceReset => sequence_reset_codec::SequenceResetDecoder / SequenceResetEncoder [],
     BestPrices => best_prices_codec::BestPricesDecoder / BestPricesEncoder [GroupLayout {
