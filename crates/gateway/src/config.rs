@@ -1,5 +1,6 @@
 //! The gateway's configuration, read from TOML (see `examples/gateway.toml`).
 
+use bourse_auth::PasswordHashString;
 use bourse_core::{AccountId, FirmId, Instrument, InstrumentId};
 use serde::Deserialize;
 use std::collections::HashSet;
@@ -181,6 +182,9 @@ pub struct FixSessionConfig {
     /// Source addresses the session may log on from; empty: any.
     #[serde(default)]
     pub allowed_addresses: Vec<IpAddr>,
+    /// The Argon2id hash (PHC string, `bourse auth hash-password`) of the password the
+    /// client must send in Logon's Password (554); none: no password is asked for.
+    pub password_hash: Option<PasswordHashString>,
 }
 
 fn default_gateway_comp_id() -> String {
@@ -198,6 +202,9 @@ pub struct BinarySessionConfig {
     /// Source addresses the session may establish from; empty: any.
     #[serde(default)]
     pub allowed_addresses: Vec<IpAddr>,
+    /// The Argon2id hash (PHC string) of the password the client must send in Establish's
+    /// `password` (schema version 2; at most 32 printable ASCII bytes); none: no password.
+    pub password_hash: Option<PasswordHashString>,
 }
 
 impl GatewayConfig {

@@ -41,6 +41,9 @@ pub enum DisconnectReason {
     SessionInUse,
     /// The session may not log on from this source address.
     AddressNotAllowed,
+    /// The session has a `password_hash` and the Logon's Password (554), or the Establish's
+    /// password, was missing or did not match it.
+    BadPassword,
     /// The Logon was refused for another reason (the session layer's text is logged).
     LogonRefused,
     /// An orderly Logout (either side).
@@ -56,7 +59,7 @@ pub enum DisconnectReason {
 }
 
 impl DisconnectReason {
-    pub const ALL: [DisconnectReason; 21] = [
+    pub const ALL: [DisconnectReason; 22] = [
         DisconnectReason::PeerClosed,
         DisconnectReason::IoError,
         DisconnectReason::SlowConsumer,
@@ -72,6 +75,7 @@ impl DisconnectReason {
         DisconnectReason::UnknownSession,
         DisconnectReason::SessionInUse,
         DisconnectReason::AddressNotAllowed,
+        DisconnectReason::BadPassword,
         DisconnectReason::LogonRefused,
         DisconnectReason::Logout,
         DisconnectReason::HeartbeatTimeout,
@@ -106,6 +110,7 @@ impl DisconnectReason {
             DisconnectReason::UnknownSession => "unknown_session",
             DisconnectReason::SessionInUse => "session_in_use",
             DisconnectReason::AddressNotAllowed => "address_not_allowed",
+            DisconnectReason::BadPassword => "bad_password",
             DisconnectReason::LogonRefused => "logon_refused",
             DisconnectReason::Logout => "logout",
             DisconnectReason::HeartbeatTimeout => "heartbeat_timeout",

@@ -18,6 +18,7 @@
 
 mod admission;
 mod binary_session;
+mod credentials;
 
 pub use crate::disconnect::DisconnectReason;
 
@@ -32,7 +33,7 @@ use bourse_core::link::CoreLink;
 use bourse_core::*;
 use bourse_fix::session::{Action, Role, Session, SessionConfig};
 use bourse_fix::FileStore;
-use bourse_fix::{Dictionary, OutMessage};
+use bourse_fix::{Dictionary, OutMessage, RawMessage};
 use bourse_monitor::{DashboardServer, Monitor, MonitorConfig, Stage, Trace};
 use bourse_wire::frame::encode_frame;
 use bourse_wire::order_entry::{self as oe, FrameDecoder, Message, FRAME_BYTES_MAX};
@@ -285,6 +286,7 @@ pub fn spawn_cores(
     }
     let stats = Arc::new(GatewayStats::default());
     let stop = Arc::new(AtomicBool::new(false));
+    let checks = credentials::Checks::start(&config, Arc::clone(&waker))?;
     let mut server = Server {
         poll,
         fix_listener,
@@ -307,6 +309,7 @@ pub fn spawn_cores(
         awaiting_write: Vec::new(),
         prelogon: admission::Prelogon::default(),
         close_log: admission::CloseLog::default(),
+        checks,
     };
     let stop_loop = Arc::clone(&stop);
     let thread = std::thread::Builder::new()
@@ -379,6 +382,9 @@ struct Conn {
     /// What the log line of its close adds to the reason (a session's own words).
     close_detail: Option<String>,
     peer: SocketAddr,
+    /// Binary: the schema version the client established with; the gateway's frames to it
+    /// carry that version (`bourse_wire::order_entry::set_frame_version`).
+    wire_version: u16,
 }
 
 struct Server {
@@ -408,6 +414,8 @@ struct Server {
     /// Log lines of closes this second, to keep a flood of hostile connections from
     /// flooding the log too (they are all counted on `/metrics`).
     close_log: admission::CloseLog,
+    /// Password checks off the loop and the connections waiting for them.
+    checks: credentials::Checks,
 }
 
 /// Sampled traces waiting for their write at most (a connection that does not drain must not
@@ -464,6 +472,7 @@ impl Server {
                     again.push(token);
                 }
             }
+            self.finish_checks();
             self.router.poll_core(CORE_OUTPUTS_PER_CYCLE_MAX);
             self.deliver();
             if self.now_ms >= last_tick_ms + TICK_INTERVAL_MS {
@@ -880,6 +889,7 @@ impl Server {
         let Some(mut conn) = self.conns.remove(&token) else {
             return;
         };
+        self.checks.parked.remove(&token);
         self.counters.disconnects[reason.index()] += 1;
         self.prelogon.remove(token, conn.peer.ip());
         self.log_close(&conn, token, reason);

@@ -475,6 +475,7 @@ impl LocalDeployment {
                             drop_copy: false,
                             throttle_msgs_per_s: None,
                             allowed_addresses: Vec::new(),
+                            password_hash: None,
                         });
                 }
             }
@@ -510,6 +511,7 @@ impl LocalDeployment {
                                 accounts: accounts.iter().map(|&a| AccountId(a)).collect(),
                                 throttle_msgs_per_s: None,
                                 allowed_addresses: Vec::new(),
+                                password_hash: None,
                             })
                     }
                     SessionProtocol::Fix => {
@@ -523,6 +525,7 @@ impl LocalDeployment {
                                 drop_copy: false,
                                 throttle_msgs_per_s: None,
                                 allowed_addresses: Vec::new(),
+                                password_hash: None,
                             })
                     }
                 }

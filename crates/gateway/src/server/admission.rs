@@ -13,6 +13,7 @@
 //! counted by reason and logged once, with the peer (at most [`CLOSE_LOG_LINES_PER_S`] lines
 //! a second; the rest are counted and summed up in one line).
 
+use super::credentials;
 use super::*;
 use crate::prelogon::{decode_fault, scan_logon};
 use std::collections::BTreeSet;
@@ -159,6 +160,7 @@ impl Server {
                 close_reason: DisconnectReason::PeerClosed,
                 close_detail: None,
                 peer,
+                wire_version: oe::SCHEMA_VERSION,
             },
         );
         self.prelogon.insert(token, peer.ip());
@@ -218,6 +220,9 @@ impl Server {
             self.fix_feed(slot, bytes);
             return;
         }
+        if self.checks.is_parked(token) {
+            return self.hold_while_checking(token, bytes);
+        }
         conn.inbuf.extend_from_slice(bytes);
         let size_max = self.config.gateway.fix_message_size_max_bytes;
         let frame_bytes = match scan_logon(&conn.inbuf, size_max) {
@@ -253,10 +258,9 @@ impl Server {
         if self.fix[slot].conn.is_some() {
             return self.close_because(token, DisconnectReason::SessionInUse, names);
         }
-        self.attach(token, slot);
-        self.fix[slot].conn = Some(token);
-        self.fix[slot].session.on_connect(self.now_ms as i64);
-        self.fix_feed(slot, &all);
+        let required = self.config.fix_sessions[slot].password_hash.is_some();
+        let password = credentials::fix_password(&raw, required);
+        self.fix_logon_credentials(token, slot, password, all);
     }
 
     // ----- the close log -----
