@@ -56,10 +56,15 @@ pub enum DisconnectReason {
     BinaryTerminate,
     /// The gateway is stopping.
     Shutdown,
+    /// On a TLS listener: the handshake or a record failed (no common version or cipher,
+    /// a certificate the client refused, plain bytes instead of TLS).
+    TlsError,
+    /// The session logs on only over TLS (`tls_required`) and came over plain TCP.
+    TlsRequired,
 }
 
 impl DisconnectReason {
-    pub const ALL: [DisconnectReason; 22] = [
+    pub const ALL: [DisconnectReason; 24] = [
         DisconnectReason::PeerClosed,
         DisconnectReason::IoError,
         DisconnectReason::SlowConsumer,
@@ -82,6 +87,8 @@ impl DisconnectReason {
         DisconnectReason::FixSession,
         DisconnectReason::BinaryTerminate,
         DisconnectReason::Shutdown,
+        DisconnectReason::TlsError,
+        DisconnectReason::TlsRequired,
     ];
 
     /// Its position in [`DisconnectReason::ALL`] (the loop's counter index).
@@ -117,6 +124,8 @@ impl DisconnectReason {
             DisconnectReason::FixSession => "fix_session",
             DisconnectReason::BinaryTerminate => "binary_terminate",
             DisconnectReason::Shutdown => "shutdown",
+            DisconnectReason::TlsError => "tls_error",
+            DisconnectReason::TlsRequired => "tls_required",
         }
     }
 

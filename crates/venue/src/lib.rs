@@ -476,6 +476,7 @@ impl LocalDeployment {
                             throttle_msgs_per_s: None,
                             allowed_addresses: Vec::new(),
                             password_hash: None,
+                            tls_required: false,
                         });
                 }
             }
@@ -512,6 +513,7 @@ impl LocalDeployment {
                                 throttle_msgs_per_s: None,
                                 allowed_addresses: Vec::new(),
                                 password_hash: None,
+                                tls_required: false,
                             })
                     }
                     SessionProtocol::Fix => {
@@ -526,6 +528,7 @@ impl LocalDeployment {
                                 throttle_msgs_per_s: None,
                                 allowed_addresses: Vec::new(),
                                 password_hash: None,
+                                tls_required: false,
                             })
                     }
                 }

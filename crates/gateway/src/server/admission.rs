@@ -66,11 +66,13 @@ pub(super) struct CloseLog {
 }
 
 impl Server {
-    pub(super) fn accept(&mut self, kind: Kind) {
+    pub(super) fn accept(&mut self, kind: Kind, tls: bool) {
         for _ in 0..ACCEPTS_PER_EVENT_MAX {
-            let listener = match kind {
-                Kind::Fix => self.fix_listener.as_ref(),
-                Kind::Binary => self.binary_listener.as_ref(),
+            let listener = match (kind, tls) {
+                (Kind::Fix, false) => self.fix_listener.as_ref(),
+                (Kind::Binary, false) => self.binary_listener.as_ref(),
+                (Kind::Fix, true) => self.fix_tls_listener.as_ref(),
+                (Kind::Binary, true) => self.binary_tls_listener.as_ref(),
             };
             let Some(listener) = listener else { return };
             match listener.accept() {
@@ -82,7 +84,7 @@ impl Server {
                         self.refuse(stream, peer, kind, reason);
                         continue;
                     }
-                    self.admit(stream, peer, kind);
+                    self.admit(stream, peer, kind, tls);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                 Err(_) => return,
@@ -134,7 +136,7 @@ impl Server {
         ));
     }
 
-    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, kind: Kind) {
+    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, kind: Kind, tls: bool) {
         let _ = stream.set_nodelay(true);
         let token = Token(self.next_token);
         self.next_token += 1;
@@ -146,6 +148,14 @@ impl Server {
         {
             return;
         }
+        let stream = match (tls, &self.tls) {
+            (false, _) => Transport::Plain(stream),
+            (true, Some(config)) => match rustls::ServerConnection::new(Arc::clone(config)) {
+                Ok(c) => Transport::Tls(stream, Box::new(c)),
+                Err(_) => return,
+            },
+            (true, None) => return,
+        };
         self.conns.insert(
             token,
             Conn {
@@ -257,6 +267,15 @@ impl Server {
         }
         if self.fix[slot].conn.is_some() {
             return self.close_because(token, DisconnectReason::SessionInUse, names);
+        }
+        let tls = self.conns.get(&token).is_some_and(|c| c.stream.is_tls());
+        if self.config.fix_sessions[slot].tls_required && !tls {
+            return self.refuse_fix_logon(
+                token,
+                slot,
+                DisconnectReason::TlsRequired,
+                "This session logs on over TLS only",
+            );
         }
         let required = self.config.fix_sessions[slot].password_hash.is_some();
         let password = credentials::fix_password(&raw, required);

@@ -117,6 +117,16 @@ impl Server {
         let creds = bourse_wire::ascii_field(&credentials).unwrap_or("");
         let slot = self.bin.iter().position(|s| s.credentials == creds);
         let peer = self.conns.get(&token).map(|c| c.peer.ip());
+        let tls = self.conns.get(&token).is_some_and(|c| c.stream.is_tls());
+        if !tls && slot.is_some_and(|j| self.config.binary_sessions[j].tls_required) {
+            return self.binary_reject(
+                token,
+                ts,
+                EstablishmentRejectCode::Unspecified,
+                DisconnectReason::TlsRequired,
+                "this session establishes over TLS only",
+            );
+        }
         let code = match slot {
             None => Some(EstablishmentRejectCode::BadCredentials),
             // Refused with code Unspecified on the wire (a stranger learns nothing more),

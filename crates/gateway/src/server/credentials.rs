@@ -201,7 +201,7 @@ impl Server {
     /// Answers a refused Logon with a Logout saying why, then closes the connection. The
     /// Logout is built here, not by the session layer: a stranger must not move the
     /// session's sequence numbers or reach its store.
-    fn refuse_fix_logon(
+    pub(super) fn refuse_fix_logon(
         &mut self,
         token: Token,
         slot: usize,
