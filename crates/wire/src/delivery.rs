@@ -53,6 +53,8 @@ pub const FRAME_BYTES_MAX: usize = 2_048;
 
 schema_messages! {
     sbe = bourse_sbe_delivery;
+    // Every message of the delivery schema is as version 1 defined it.
+    older_block_length = crate::sbe::no_older_block_length;
     GetOrders => get_orders_codec::GetOrdersDecoder / GetOrdersEncoder []
         data [CURSOR_BYTES_MAX],
     OrdersHeader => orders_header_codec::OrdersHeaderDecoder / OrdersHeaderEncoder []

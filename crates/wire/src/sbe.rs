@@ -241,14 +241,23 @@ where
     Ok(encoder.message_bytes())
 }
 
+/// The `older_block_length` of a schema none of whose messages grew since version 1.
+pub(crate) fn no_older_block_length<T>(_template: T, _version: u16) -> Option<u16> {
+    None
+}
+
 /// Declares a schema's message list once and derives from it: the `Message` enum of typed
 /// decoders, the `TemplateId` enum, `decode_message`, and `MessageEncoder` for every encoder.
 ///
 /// Each entry is `Variant => codec_module::Decoder / Encoder [groups...]`, optionally followed by
 /// `data [max lengths...]` for the variable-length data fields after the groups.
+/// `older_block_length` names a `fn(TemplateId, version: u16) -> Option<u16>` giving a
+/// template's root block length in an older schema version whose block was shorter (fields
+/// appended since), so that a message of that version is read by its own `blockLength`.
 macro_rules! schema_messages {
     (
         sbe = $sbe:ident;
+        older_block_length = $older:path;
         $( $variant:ident => $codec:ident :: $dec:ident / $enc:ident [ $($group:expr),* ]
             $( data [ $($var_max:expr),* ] )? ),+ $(,)?
     ) => {
@@ -317,7 +326,11 @@ macro_rules! schema_messages {
             let template = TemplateId::from_u16(header.template_id).ok_or(
                 $crate::Error::UnknownTemplate { template_id: header.template_id },
             )?;
-            let message_bytes = $crate::sbe::measure_message(buf, &header, &template.layout())?;
+            let mut layout = template.layout();
+            if let Some(older) = $older(template, header.version) {
+                layout.block_length_min = older;
+            }
+            let message_bytes = $crate::sbe::measure_message(buf, &header, &layout)?;
             let message_buf = buf.get(..message_bytes).ok_or($crate::Error::Truncated {
                 needed_bytes: message_bytes,
                 available_bytes: buf.len(),
