@@ -1283,6 +1283,47 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_overload_refusal_is_busy_on_both_protocols_and_other_rejects_are_not() {
+        let busy = |r: Rep| matches!(r, Rep::Busy { cl: 7 });
+        let biz = |reason: u8| Response::BusinessReject {
+            ref_cl_ord_id: Some(7),
+            reason,
+            retry_after_ms: 0,
+        };
+        assert!(busy(Sessions::binary_rep(biz(
+            BIN_REASON_SYSTEM_UNAVAILABLE
+        ))));
+        assert!(busy(Sessions::binary_rep(biz(BIN_REASON_THROTTLED))));
+        assert!(matches!(
+            Sessions::binary_rep(biz(6)),
+            Rep::BusinessReject { cl: Some(7) }
+        ));
+        let fix = |msg_type: &str, fields: &[(i32, &str)]| {
+            let m = bourse_client::FixMessage {
+                msg_type: msg_type.into(),
+                seq_num: 1,
+                fields: fields
+                    .iter()
+                    .map(|&(tag, v)| (tag, v.as_bytes().to_vec()))
+                    .collect(),
+            };
+            Sessions::fix_rep(&m)
+        };
+        assert!(busy(fix(
+            "8",
+            &[(11, "7"), (150, "8"), (58, "system busy, retry")]
+        )));
+        assert!(busy(fix("9", &[(11, "7"), (58, "system busy, retry")])));
+        assert!(matches!(
+            fix(
+                "8",
+                &[(11, "7"), (150, "8"), (58, "InsufficientCollateral")]
+            ),
+            Rep::NewReject { cl: 7 }
+        ));
+    }
+
+    #[test]
     fn decimals_keep_every_digit_of_the_scale() {
         assert_eq!(decimal(12345, 2), "123.45");
         assert_eq!(decimal(5, 3), "0.005");

@@ -1002,6 +1002,32 @@ impl Worker {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_window_p99_is_the_bin_of_the_99th_answer_and_busy_answers_are_counted() {
+        let mut w = Window::default();
+        // 98 answers of 1 ms and 2 of 100 ms: the 99th is 100 ms (rank 99 of 100).
+        for i in 0..100 {
+            let ns = if i < 98 { 1_000_000 } else { 100_000_000 };
+            w.record(ns, i % 10 == 0);
+        }
+        assert_eq!(w.busy, 10);
+        let p99 = windows_p99_ns(std::slice::from_ref(&w)).unwrap();
+        assert!((100_000_000.0..=112_300_000.0).contains(&p99), "{p99}");
+        // With 99 quick answers the 99th is quick.
+        let mut quick = Window::default();
+        for _ in 0..99 {
+            quick.record(1_000_000, false);
+        }
+        quick.record(100_000_000, false);
+        let p99 = windows_p99_ns(std::slice::from_ref(&quick)).unwrap();
+        assert!((1_000_000.0..=1_123_000.0).contains(&p99), "{p99}");
+        assert_eq!(windows_p99_ns(&[Window::default()]), None);
+        // Windows add up.
+        let mut both = w.clone();
+        both.add(&quick);
+        assert_eq!((both.count, both.busy), (200, 10));
+    }
+
     fn profile_with(rate: &str, duration_s: u32) -> Profile {
         Profile::parse(&format!(
             r#"
