@@ -940,7 +940,9 @@ impl Worker {
                     }
                 }
                 if let Some(s) = search.as_mut() {
-                    s.step_answered += 1;
+                    // A request refused as busy was not served: a step whose load the target
+                    // refused in part did not keep up, however quick the refusals were.
+                    s.step_answered += u64::from(!a.busy);
                     record(&mut s.step_latency, latency_ns);
                 }
             }
