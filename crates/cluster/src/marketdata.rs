@@ -101,8 +101,8 @@ fn d_replay_history() -> usize {
 fn d_replay_history_bytes() -> usize {
     bourse_marketdata::REPLAY_HISTORY_BYTES_DEFAULT
 }
-fn d_snapshot_interval_us() -> u64 {
-    1_000
+fn d_snapshot_cycle_ms() -> u64 {
+    bourse_marketdata::SNAPSHOT_CYCLE_NS_DEFAULT / 1_000_000
 }
 fn d_instruments_interval_ms() -> u64 {
     100
@@ -143,6 +143,7 @@ const FLUSH_REPROPOSE_NS: u64 = 50_000_000;
 /// session_id = 1
 /// replay_history_packets = 100000
 /// replay_history_bytes = 16777216
+/// snapshot_cycle_ms = 1000   # every instrument's snapshot once per cycle
 /// modes = { orders = "online", trades = "online", book = "1ms", statistics = "15ms" }
 /// ports = { statistics = [31500, 31501] }   # optional: feed A and B ports of one channel
 /// ```
@@ -171,9 +172,10 @@ pub struct MarketDataSection {
     /// Bytes of packets kept for replay, per incremental channel (allocated up front).
     #[serde(default = "d_replay_history_bytes")]
     pub replay_history_bytes: usize,
-    /// The snapshot loop sends one instrument's book every this many µs.
-    #[serde(default = "d_snapshot_interval_us")]
-    pub snapshot_interval_us: u64,
+    /// The snapshot loop sends every instrument's book once per this many ms (one full
+    /// cycle, the instruments spread evenly over it).
+    #[serde(default = "d_snapshot_cycle_ms")]
+    pub snapshot_cycle_ms: u64,
     /// The instrument loop sends every definition every this many ms.
     #[serde(default = "d_instruments_interval_ms")]
     pub instruments_interval_ms: u64,
@@ -190,7 +192,7 @@ impl Default for MarketDataSection {
             session_id: d_session_id(),
             replay_history_packets: d_replay_history(),
             replay_history_bytes: d_replay_history_bytes(),
-            snapshot_interval_us: d_snapshot_interval_us(),
+            snapshot_cycle_ms: d_snapshot_cycle_ms(),
             instruments_interval_ms: d_instruments_interval_ms(),
         }
     }
@@ -250,9 +252,9 @@ impl MarketDataSection {
                 self.replay_history_bytes
             ));
         }
-        if self.snapshot_interval_us == 0 || self.instruments_interval_ms == 0 {
+        if self.snapshot_cycle_ms == 0 || self.instruments_interval_ms == 0 {
             return Err(
-                "marketdata.snapshot_interval_us and instruments_interval_ms must be > 0".into(),
+                "marketdata.snapshot_cycle_ms and instruments_interval_ms must be > 0".into(),
             );
         }
         let addrs = self.feed_addrs()?;
@@ -326,7 +328,7 @@ impl MarketDataSection {
             session_id: self.session_id,
             replay_history_packets: self.replay_history_packets,
             replay_history_bytes: self.replay_history_bytes,
-            snapshot_interval_ns: self.snapshot_interval_us * 1_000,
+            snapshot_cycle_ns: self.snapshot_cycle_ms.saturating_mul(1_000_000),
             instruments_interval_ns: self.instruments_interval_ms * 1_000_000,
             // Idle flushes are log entries the leader proposes (see the module documentation).
             idle_flush_by_clock: false,

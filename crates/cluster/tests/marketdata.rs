@@ -41,7 +41,7 @@ fn subscriber() -> (UdpSubscriber, MarketDataSection) {
     let replay_base = bourse_testkit::free_port_block(4);
     let mut section = MarketDataSection {
         replay_base_port: Some(replay_base),
-        snapshot_interval_us: 500,
+        snapshot_cycle_ms: 4,
         instruments_interval_ms: 20,
         ..MarketDataSection::default()
     };

@@ -119,6 +119,9 @@ pub fn render(router: &Router, report: &Report, buf: &mut [u8; FRAME_BYTES_MAX])
                         .instrument_id(r.instrument.0);
                     e
                 }),
+                ExecKind::Rejected(RejectCause::Gateway(GatewayReject::SystemBusy)) => {
+                    busy_reject(buf, cl, NEW_ORDER_TEMPLATE_ID, r.ts_ns)
+                }
                 ExecKind::Rejected(cause) => encode_frame(buf, |mut e: OrderRejectEncoder| {
                     e.cl_ord_id(cl)
                         .transact_time_ns(r.ts_ns)
@@ -185,6 +188,19 @@ pub fn render(router: &Router, report: &Report, buf: &mut [u8; FRAME_BYTES_MAX])
                     e
                 }),
             }
+        }
+        Report::CancelReject {
+            client,
+            to,
+            cause: RejectCause::Gateway(GatewayReject::SystemBusy),
+            ts_ns,
+            ..
+        } => {
+            let template = match to {
+                CancelRejectTo::Cancel => CANCEL_ORDER_TEMPLATE_ID,
+                CancelRejectTo::Replace => REPLACE_ORDER_TEMPLATE_ID,
+            };
+            busy_reject(buf, client.num(), template, *ts_ns)
         }
         Report::CancelReject {
             client,
@@ -264,6 +280,32 @@ pub fn render(router: &Router, report: &Report, buf: &mut [u8; FRAME_BYTES_MAX])
     };
     result.unwrap_or(0)
 }
+
+/// A request the gateway refused because its core is overloaded (the core's queue or its
+/// in-flight bound is full, or the order table is): not processed at all, so the protocol's
+/// BusinessReject with reason SystemUnavailable, naming the request's client order id and
+/// template (docs/protocol-binary-order-entry.md, 6.7), rather than an OrderReject whose
+/// reasons all describe the order itself.
+fn busy_reject(
+    buf: &mut [u8; FRAME_BYTES_MAX],
+    cl_ord_id: u64,
+    ref_template_id: u16,
+    ts_ns: u64,
+) -> Result<usize, bourse_wire::Error> {
+    encode_frame(buf, |mut e: BusinessRejectEncoder| {
+        e.ref_cl_ord_id_opt(Some(cl_ord_id)).transact_time_ns(ts_ns);
+        e.retry_after_ms(0).ref_template_id(ref_template_id);
+        e.reason(BinBizReason::SystemUnavailable);
+        e
+    })
+}
+
+const NEW_ORDER_TEMPLATE_ID: u16 =
+    bourse_wire::order_entry::codec::new_order_codec::SBE_TEMPLATE_ID;
+const CANCEL_ORDER_TEMPLATE_ID: u16 =
+    bourse_wire::order_entry::codec::cancel_order_codec::SBE_TEMPLATE_ID;
+const REPLACE_ORDER_TEMPLATE_ID: u16 =
+    bourse_wire::order_entry::codec::replace_order_codec::SBE_TEMPLATE_ID;
 
 /// What a binary client request becomes once decoded: a request for the router, or the
 /// reject a malformed one gets at once.

@@ -29,7 +29,7 @@ pub mod metric_names {
     pub const MESSAGES_TOTAL: &str = "bourse_gateway_messages_total";
     pub const REQUESTS_TOTAL: &str = "bourse_gateway_requests_total";
     pub const EXEC_REPORTS_TOTAL: &str = "bourse_gateway_execution_reports_total";
-    pub const REJECTS_TOTAL: &str = "bourse_gateway_rejects_total";
+    pub const REJECTS_TOTAL: &str = bourse_monitor::names::GATEWAY_REJECTS_TOTAL;
     pub const DISCONNECTS_TOTAL: &str = "bourse_gateway_disconnects_total";
     pub const CONNECTIONS: &str = "bourse_gateway_connections";
     pub const ORDERS_TRACKED: &str = "bourse_gateway_orders_tracked";
@@ -84,7 +84,7 @@ impl GatewayMetrics {
         let rej = |cause: &str| {
             r.counter(
                 REJECTS_TOTAL,
-                "Requests refused, by cause (busy: a core queue or the order table was full).",
+                "Requests refused, by cause (busy: overload, a core's in-flight bound or queue or the order table was full).",
                 &[("cause", cause)],
             )
         };

@@ -315,6 +315,8 @@ pub struct Router {
     links: Vec<Box<dyn CoreLink>>,
     /// Commands submitted to each core and not yet answered (`Done`).
     in_flight: Vec<usize>,
+    /// Past this many in flight to a core, requests are refused as busy (`Limits`).
+    core_in_flight_max: usize,
     orders_max: usize,
     /// Reports waiting for delivery by the front ends.
     outbox: Vec<(SessionRef, Report)>,
@@ -471,6 +473,7 @@ impl Router {
             next_internal: 1,
             next_admin_seq: 0,
             in_flight: vec![0; links.len()],
+            core_in_flight_max: limits.core_in_flight_max,
             links,
             orders_max: limits.orders_max,
             outbox: Vec::new(),
@@ -714,6 +717,11 @@ impl Router {
         let Some(link) = self.links.get_mut(core) else {
             return Err(GatewayReject::CoreUnavailable);
         };
+        // Admission: an overloaded core is refused here, before anything queues for it.
+        if self.in_flight[core] >= self.core_in_flight_max {
+            self.counters.busy_rejects += 1;
+            return Err(GatewayReject::SystemBusy);
+        }
         match link.submit(key, cmd) {
             Ok(()) => {
                 self.in_flight[core] += 1;

@@ -51,6 +51,10 @@ pub const ACCOUNTS_PER_SESSION_MAX: usize = 255;
 pub const LOGON_TIMEOUT_MS: u64 = 5_000;
 /// Reports read from one session in one turn of `poll` before the next session is read.
 const READS_PER_SESSION_MAX: usize = 4_096;
+/// BusinessRejectReason codes of the binary protocol that mean overload
+/// (docs/protocol-binary-order-entry.md): Throttled, SystemUnavailable.
+const BIN_REASON_THROTTLED: u8 = 1;
+const BIN_REASON_SYSTEM_UNAVAILABLE: u8 = 4;
 
 /// The order entry protocol of a session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -168,6 +172,12 @@ enum Rep {
     },
     BusinessReject {
         cl: Option<u64>,
+    },
+    /// The gateway refused the request for overload, not processing it: binary
+    /// BusinessReject(SystemUnavailable or Throttled), FIX reject text "system busy" or
+    /// "throttle".
+    Busy {
+        cl: u64,
     },
     Closed,
     Ignore,
@@ -595,6 +605,11 @@ impl Sessions {
                 // Wire code 0: done.
                 ok: result == 0,
             },
+            Response::BusinessReject {
+                ref_cl_ord_id: Some(cl),
+                reason: BIN_REASON_THROTTLED | BIN_REASON_SYSTEM_UNAVAILABLE,
+                ..
+            } => Rep::Busy { cl },
             Response::BusinessReject { ref_cl_ord_id, .. } => {
                 Rep::BusinessReject { cl: ref_cl_ord_id }
             }
@@ -608,7 +623,15 @@ impl Sessions {
         let num = |tag: i32| text(tag).and_then(|t| t.parse::<u64>().ok());
         let int = |tag: i32| text(tag).and_then(|t| t.parse::<i64>().ok());
         let cl = num(11).unwrap_or(0);
+        // The gateway's overload refusals say so in Text (58), whatever the message type.
+        let busy =
+            text(58).is_some_and(|t| t.starts_with("system busy") || t.starts_with("throttle"));
         match m.msg_type.as_str() {
+            "8" | "9" if busy && text(150).is_none_or(|t| t == "8") => Rep::Busy { cl },
+            "j" if busy => match num(379) {
+                Some(cl) => Rep::Busy { cl },
+                None => Rep::BusinessReject { cl: None },
+            },
             "8" => match text(150).unwrap_or("") {
                 "0" => Rep::NewAck {
                     cl,
@@ -686,6 +709,7 @@ impl Sessions {
             received,
             stages: None,
             events,
+            busy: false,
         };
         match rep {
             Rep::NewAck {
@@ -941,6 +965,19 @@ impl Sessions {
                     }],
                 ))
             }
+            Rep::Busy { cl } => {
+                let p = self.pending.remove(&cl)?;
+                Some(Answer {
+                    busy: true,
+                    ..answer(
+                        p,
+                        vec![Event::CommandRejected {
+                            reason: RejectReason::CapacityExceeded,
+                            ts_ns: 0,
+                        }],
+                    )
+                })
+            }
             Rep::Closed | Rep::Ignore => None,
         }
     }
@@ -971,6 +1008,7 @@ impl Sessions {
                     received: now,
                     stages: None,
                     events: std::mem::take(events),
+                    busy: false,
                 });
             }
         }
@@ -1243,6 +1281,47 @@ impl Drop for GatewayTarget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_overload_refusal_is_busy_on_both_protocols_and_other_rejects_are_not() {
+        let busy = |r: Rep| matches!(r, Rep::Busy { cl: 7 });
+        let biz = |reason: u8| Response::BusinessReject {
+            ref_cl_ord_id: Some(7),
+            reason,
+            retry_after_ms: 0,
+        };
+        assert!(busy(Sessions::binary_rep(biz(
+            BIN_REASON_SYSTEM_UNAVAILABLE
+        ))));
+        assert!(busy(Sessions::binary_rep(biz(BIN_REASON_THROTTLED))));
+        assert!(matches!(
+            Sessions::binary_rep(biz(6)),
+            Rep::BusinessReject { cl: Some(7) }
+        ));
+        let fix = |msg_type: &str, fields: &[(i32, &str)]| {
+            let m = bourse_client::FixMessage {
+                msg_type: msg_type.into(),
+                seq_num: 1,
+                fields: fields
+                    .iter()
+                    .map(|&(tag, v)| (tag, v.as_bytes().to_vec()))
+                    .collect(),
+            };
+            Sessions::fix_rep(&m)
+        };
+        assert!(busy(fix(
+            "8",
+            &[(11, "7"), (150, "8"), (58, "system busy, retry")]
+        )));
+        assert!(busy(fix("9", &[(11, "7"), (58, "system busy, retry")])));
+        assert!(matches!(
+            fix(
+                "8",
+                &[(11, "7"), (150, "8"), (58, "InsufficientCollateral")]
+            ),
+            Rep::NewReject { cl: 7 }
+        ));
+    }
 
     #[test]
     fn decimals_keep_every_digit_of_the_scale() {

@@ -75,15 +75,93 @@ pub struct Second {
     pub cancels: u64,
     pub trades: u64,
     pub rejects: u64,
+    /// Of the rejects, requests the target refused as busy (overload: a gateway's busy or
+    /// throttle reject), by the second the answer arrived.
+    #[serde(default)]
+    pub busy: u64,
     #[serde(skip)]
     pub latency: Option<Histogram<u64>>,
 }
 
 /// Latency of the answers that arrived in one window.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Window {
     pub count: u64,
     pub latency_ns_sum: u64,
+    /// Of them, requests the target refused as busy (overload).
+    #[serde(default)]
+    pub busy: u64,
+    /// Their latencies in [`WINDOW_BINS`] logarithmic bins (see [`window_bin`]); empty until
+    /// the first answer. Enough for a window's 99th percentile to within one bin (12%).
+    #[serde(default)]
+    pub bins: Vec<u32>,
+}
+
+/// Latency bins of a [`Window`]: 20 per decade from 100 ns to 10 s, the last one open.
+pub const WINDOW_BINS: usize = 161;
+const WINDOW_BINS_PER_DECADE: f64 = 20.0;
+const WINDOW_BIN_LOW_NS: f64 = 100.0;
+
+/// The bin of a latency (0: up to 100 ns).
+pub fn window_bin(ns: u64) -> usize {
+    if ns as f64 <= WINDOW_BIN_LOW_NS {
+        return 0;
+    }
+    let b = ((ns as f64 / WINDOW_BIN_LOW_NS).log10() * WINDOW_BINS_PER_DECADE).ceil() as usize;
+    b.min(WINDOW_BINS - 1)
+}
+
+/// The upper bound of a bin, in nanoseconds (the open last bin: its lower bound).
+pub fn window_bin_upper_ns(bin: usize) -> f64 {
+    WINDOW_BIN_LOW_NS * 10f64.powf(bin.min(WINDOW_BINS - 2) as f64 / WINDOW_BINS_PER_DECADE)
+}
+
+impl Window {
+    pub fn record(&mut self, latency_ns: u64, busy: bool) {
+        self.count += 1;
+        self.latency_ns_sum += latency_ns;
+        self.busy += busy as u64;
+        if self.bins.is_empty() {
+            self.bins = vec![0; WINDOW_BINS];
+        }
+        self.bins[window_bin(latency_ns)] += 1;
+    }
+
+    pub fn add(&mut self, other: &Window) {
+        self.count += other.count;
+        self.latency_ns_sum += other.latency_ns_sum;
+        self.busy += other.busy;
+        if !other.bins.is_empty() {
+            if self.bins.is_empty() {
+                self.bins = vec![0; WINDOW_BINS];
+            }
+            for (a, b) in self.bins.iter_mut().zip(&other.bins) {
+                *a += b;
+            }
+        }
+    }
+}
+
+/// The 99th percentile of some windows' answers together, as the upper bound of its bin;
+/// `None` without answers.
+pub fn windows_p99_ns(windows: &[Window]) -> Option<f64> {
+    let mut all = Window::default();
+    for w in windows {
+        all.add(w);
+    }
+    if all.count == 0 {
+        return None;
+    }
+    // The rank of the 99th percentile, rounded up (at least the first answer).
+    let rank = (all.count * 99).div_ceil(100).max(1);
+    let mut seen = 0u64;
+    for (bin, &n) in all.bins.iter().enumerate() {
+        seen += u64::from(n);
+        if seen >= rank {
+            return Some(window_bin_upper_ns(bin));
+        }
+    }
+    None
 }
 
 /// One step of a closed-loop search.
@@ -116,6 +194,10 @@ pub struct Counts {
     pub order_log_delete: u64,
     /// Times a submit found the queue to a core full.
     pub queue_full: u64,
+    /// Requests the target answered with a busy or throttle reject (overload refused at the
+    /// door: not processed at all).
+    #[serde(default)]
+    pub busy_rejects: u64,
     /// Commands the schedule offered that were never sent: still due when the phases had
     /// ended on the clock (the target did not take them in time), estimated from the
     /// schedule's rate.
@@ -177,6 +259,7 @@ impl Record {
             d.cancels += s.cancels;
             d.trades += s.trades;
             d.rejects += s.rejects;
+            d.busy += s.busy;
             match (&mut d.latency, s.latency) {
                 (Some(a), Some(b)) => {
                     let _ = a.add(&b);
@@ -189,8 +272,7 @@ impl Record {
             self.windows.resize(other.windows.len(), Window::default());
         }
         for (a, b) in self.windows.iter_mut().zip(&other.windows) {
-            a.count += b.count;
-            a.latency_ns_sum += b.latency_ns_sum;
+            a.add(b);
         }
         for i in 0..4 {
             self.stage_ns_sums[i] += other.stage_ns_sums[i];
@@ -211,6 +293,7 @@ impl Record {
         c.order_log_new += o.order_log_new;
         c.order_log_delete += o.order_log_delete;
         c.queue_full += o.queue_full;
+        c.busy_rejects += o.busy_rejects;
         c.not_sent += o.not_sent;
         for i in 0..7 {
             c.sent_by_op[i] += o.sent_by_op[i];
@@ -251,7 +334,7 @@ pub struct RecordWire {
     pub all: HistogramWire,
     pub seconds: Vec<Second>,
     pub second_latency: Vec<Option<HistogramWire>>,
-    pub windows: Vec<(u64, u64)>,
+    pub windows: Vec<Window>,
     pub stage_ns_sums: [u128; 4],
     pub stage_samples: u64,
     pub counts: Counts,
@@ -270,11 +353,7 @@ impl RecordWire {
                 .iter()
                 .map(|s| s.latency.as_ref().map(HistogramWire::of))
                 .collect(),
-            windows: r
-                .windows
-                .iter()
-                .map(|w| (w.count, w.latency_ns_sum))
-                .collect(),
+            windows: r.windows.clone(),
             stage_ns_sums: r.stage_ns_sums,
             stage_samples: r.stage_samples,
             counts: r.counts,
@@ -299,14 +378,7 @@ impl RecordWire {
                 .collect(),
             all: self.all.into_histogram(histogram()),
             seconds,
-            windows: self
-                .windows
-                .iter()
-                .map(|&(count, latency_ns_sum)| Window {
-                    count,
-                    latency_ns_sum,
-                })
-                .collect(),
+            windows: self.windows,
             stage_ns_sums: self.stage_ns_sums,
             stage_samples: self.stage_samples,
             counts: self.counts,
@@ -827,6 +899,9 @@ impl Worker {
                         _ => {}
                     }
                 }
+                if a.busy {
+                    c.busy_rejects += 1;
+                }
                 if rejected {
                     if p.op.is_new_order() {
                         c.orders_rejected += 1;
@@ -843,6 +918,7 @@ impl Worker {
                 sec.cancels += (ok && p.op == Op::Cancel) as u64;
                 sec.trades += trades;
                 sec.rejects += rejected as u64;
+                sec.busy += a.busy as u64;
                 let lat_sec = rec.second((p.scheduled_ns / SECOND_NS) as usize);
                 record(
                     lat_sec.latency.get_or_insert_with(second_histogram),
@@ -852,8 +928,7 @@ impl Worker {
                 if rec.windows.len() <= w {
                     rec.windows.resize(w + 1, Window::default());
                 }
-                rec.windows[w].count += 1;
-                rec.windows[w].latency_ns_sum += latency_ns;
+                rec.windows[w].record(latency_ns, a.busy);
                 if p.measured {
                     record(&mut rec.all, latency_ns);
                     record(&mut rec.by_op[p.op.index()], latency_ns);
@@ -865,7 +940,9 @@ impl Worker {
                     }
                 }
                 if let Some(s) = search.as_mut() {
-                    s.step_answered += 1;
+                    // A request refused as busy was not served: a step whose load the target
+                    // refused in part did not keep up, however quick the refusals were.
+                    s.step_answered += u64::from(!a.busy);
                     record(&mut s.step_latency, latency_ns);
                 }
             }
@@ -926,6 +1003,32 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_window_p99_is_the_bin_of_the_99th_answer_and_busy_answers_are_counted() {
+        let mut w = Window::default();
+        // 98 answers of 1 ms and 2 of 100 ms: the 99th is 100 ms (rank 99 of 100).
+        for i in 0..100 {
+            let ns = if i < 98 { 1_000_000 } else { 100_000_000 };
+            w.record(ns, i % 10 == 0);
+        }
+        assert_eq!(w.busy, 10);
+        let p99 = windows_p99_ns(std::slice::from_ref(&w)).unwrap();
+        assert!((100_000_000.0..=112_300_000.0).contains(&p99), "{p99}");
+        // With 99 quick answers the 99th is quick.
+        let mut quick = Window::default();
+        for _ in 0..99 {
+            quick.record(1_000_000, false);
+        }
+        quick.record(100_000_000, false);
+        let p99 = windows_p99_ns(std::slice::from_ref(&quick)).unwrap();
+        assert!((1_000_000.0..=1_123_000.0).contains(&p99), "{p99}");
+        assert_eq!(windows_p99_ns(&[Window::default()]), None);
+        // Windows add up.
+        let mut both = w.clone();
+        both.add(&quick);
+        assert_eq!((both.count, both.busy), (200, 10));
+    }
 
     fn profile_with(rate: &str, duration_s: u32) -> Profile {
         Profile::parse(&format!(

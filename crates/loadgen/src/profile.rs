@@ -82,6 +82,11 @@ pub struct TargetSpec {
     /// target).
     #[serde(default = "yes")]
     pub market_data: bool,
+    /// Commands each gateway keeps in flight to one core before it refuses more as busy
+    /// (`gateway.core_in_flight_max`; `gateway` and `cluster` targets). Absent: the
+    /// gateway's default.
+    #[serde(default)]
+    pub core_in_flight_max: Option<u32>,
 }
 
 fn one_u32() -> u32 {
@@ -111,6 +116,7 @@ impl Default for TargetSpec {
             gateways: 1,
             fsync: FsyncMode::Always,
             market_data: true,
+            core_in_flight_max: None,
         }
     }
 }
@@ -511,6 +517,12 @@ impl Profile {
             return err(
                 vec![Name("target"), Name("queue_capacity")],
                 format!("must be 16 to {QUEUE_CAPACITY_MAX}"),
+            );
+        }
+        if t.core_in_flight_max == Some(0) {
+            return err(
+                vec![Name("target"), Name("core_in_flight_max")],
+                "must be positive".into(),
             );
         }
         if t.gateways == 0 || t.gateways > GATEWAYS_MAX {

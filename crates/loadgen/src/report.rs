@@ -284,13 +284,14 @@ fn sections(r: &Results, baseline: Option<&Results>, with_charts: bool) -> Vec<S
             )
             .table(&["", "Transactions", "Orders", "Trades"], rows)
             .text(format!(
-                "Commands sent {}, answered {}, unanswered {}. Mean {} successful transactions/s over the measured phases. Rejected: {} orders, {} cancels/replaces (mostly orders that traded away before the cancel arrived). The generator found a core's queue full {} times.",
+                "Commands sent {}, answered {}, unanswered {}. Mean {} successful transactions/s over the measured phases. Rejected: {} orders, {} cancels/replaces (mostly orders that traded away before the cancel arrived); of all rejects, {} were refused as busy (overload refused at the gateway, not processed). The generator found a core's queue full {} times.",
                 count(t.commands_sent),
                 count(t.answers),
                 count(t.unanswered),
                 rate(t.transactions_mean_per_s),
                 count(t.orders_rejected),
                 count(t.cancels_rejected),
+                count(t.busy_rejects),
                 count(t.queue_full),
             ))
             .text(if t.not_sent > 0 {
@@ -532,9 +533,20 @@ fn sections(r: &Results, baseline: Option<&Results>, with_charts: bool) -> Vec<S
         rec = rec.text("This profile has no repeated peaks.");
     } else {
         rec = rec
-            .text("After each peak: the time until the mean response time of 100 ms windows is back within 1.5× (or +50 µs) of its mean over the 5 s before the peak, for three windows in a row.")
+            .text("After each peak: the share of the answers during the peak that were busy rejects (overload refused at the gateway); the 99th percentile of the answers in the 5 s before the peak and during it (by 100 ms windows of answer arrival, to one bin of 12%); the time from the peak's end until the 99th percentile of 100 ms windows is back within 1.5× its value before the peak, and until their mean is back within 1.5× (or +50 µs) of the mean before, each for three windows in a row.")
             .table(
-                &["peak", "from, s", "to, s", "mean before", "mean during", "recovery"],
+                &[
+                    "peak",
+                    "from, s",
+                    "to, s",
+                    "busy rejected",
+                    "99% before",
+                    "99% during",
+                    "p99 recovered after",
+                    "mean before",
+                    "mean during",
+                    "mean recovered after",
+                ],
                 r.recovery
                     .iter()
                     .map(|p| {
@@ -542,6 +554,22 @@ fn sections(r: &Results, baseline: Option<&Results>, with_charts: bool) -> Vec<S
                             p.peak.to_string(),
                             format!("{:.1}", p.peak_start_s),
                             format!("{:.1}", p.peak_end_s),
+                            if p.peak_answered == 0 {
+                                "–".into()
+                            } else {
+                                format!(
+                                    "{:.1}% ({} of {})",
+                                    100.0 * p.peak_busy as f64 / p.peak_answered as f64,
+                                    count(p.peak_busy),
+                                    count(p.peak_answered)
+                                )
+                            },
+                            p.baseline_p99_ns.map_or("–".into(), ns),
+                            p.peak_p99_ns.map_or("–".into(), ns),
+                            p.p99_recovery_ms.map_or(
+                                "not recovered before the next peak or the phase's end".into(),
+                                |ms| format!("{ms:.0} ms"),
+                            ),
                             ns(p.baseline_mean_ns),
                             ns(p.peak_mean_ns),
                             p.recovery_ms.map_or(

@@ -96,6 +96,9 @@ pub struct Totals {
     pub transactions_mean_per_s: f64,
     /// Times the generator found a core's queue full and held a command back.
     pub queue_full: u64,
+    /// Requests the target refused as busy (overload refused at the door; among the rejects).
+    #[serde(default)]
+    pub busy_rejects: u64,
     /// Commands the schedule offered that were never sent, because the phases had ended on
     /// the clock while the target still had not taken them (the backlog left in the
     /// generator; a target that keeps up leaves none).
@@ -169,6 +172,23 @@ pub struct Recovery {
     /// Time from the end of the peak until latency was back near the baseline; `None`: not
     /// within the time before the next peak (or the end of the run).
     pub recovery_ms: Option<f64>,
+    /// Answers that arrived during the peak, and of them the requests refused as busy
+    /// (overload refused at the door).
+    #[serde(default)]
+    pub peak_answered: u64,
+    #[serde(default)]
+    pub peak_busy: u64,
+    /// The 99th percentile of the answers in the 5 s before the peak and during it (to one
+    /// bin of 12%, see `generator::window_bin`).
+    #[serde(default)]
+    pub baseline_p99_ns: Option<f64>,
+    #[serde(default)]
+    pub peak_p99_ns: Option<f64>,
+    /// Time from the end of the peak until the 99th percentile of 100 ms windows was back at
+    /// its value before the peak (within [`RECOVERY_FACTOR`]) for [`RECOVERY_WINDOWS`]
+    /// windows in a row; `None`: not before the next peak (or the phase's end).
+    #[serde(default)]
+    pub p99_recovery_ms: Option<f64>,
 }
 
 /// A figure measured on a cross-check against what the cores themselves counted.
@@ -300,6 +320,7 @@ impl Results {
             trades_max_per_s: max_of(|s| s.trades),
             transactions_mean_per_s,
             queue_full: c.queue_full,
+            busy_rejects: c.busy_rejects,
             not_sent: c.not_sent,
         };
         let per_second = rec
@@ -767,25 +788,25 @@ fn recovery(profile: &Profile, rec: &Record) -> Vec<Recovery> {
             .map_or(end_of_run, |&(next, _)| w(next))
             .min(w(phase_end))
             .min(end_of_run);
-        let mut recovery_ms = None;
-        let mut run = 0;
-        for k in w(end)..until {
-            let window = &rec.windows[k];
-            let calm =
-                window.count > 0 && (window.latency_ns_sum as f64 / window.count as f64) <= limit;
-            if calm {
-                run += 1;
-                if run == RECOVERY_WINDOWS {
-                    let first = k + 1 - RECOVERY_WINDOWS;
-                    let ns = (first as u64 * WINDOW_NS).saturating_sub(end);
-                    recovery_ms = Some(ns as f64 / 1e6);
-                    break;
-                }
-            } else {
-                run = 0;
-            }
-        }
+        let recovery_ms = first_calm_run(&rec.windows, w(end)..until, end, |window| {
+            (window.latency_ns_sum as f64 / window.count as f64) <= limit
+        });
+        let before = slice(w(start.saturating_sub(BASELINE_NS)), w(start));
+        let during = slice(w(start), w(end));
+        let baseline_p99_ns = crate::generator::windows_p99_ns(before);
+        let p99_recovery_ms = baseline_p99_ns.and_then(|b| {
+            let limit = b * RECOVERY_FACTOR;
+            first_calm_run(&rec.windows, w(end)..until, end, |window| {
+                crate::generator::windows_p99_ns(std::slice::from_ref(window))
+                    .is_some_and(|p| p <= limit)
+            })
+        });
         out.push(Recovery {
+            peak_answered: during.iter().map(|x| x.count).sum(),
+            peak_busy: during.iter().map(|x| x.busy).sum(),
+            baseline_p99_ns,
+            peak_p99_ns: crate::generator::windows_p99_ns(during),
+            p99_recovery_ms,
             peak: i + 1,
             peak_start_s: start as f64 / 1e9,
             peak_end_s: end as f64 / 1e9,
@@ -795,6 +816,31 @@ fn recovery(profile: &Profile, rec: &Record) -> Vec<Recovery> {
         });
     }
     out
+}
+
+/// The time from `end_ns` to the first of [`RECOVERY_WINDOWS`] windows in a row (within
+/// `range`) that have answers and are `calm`.
+fn first_calm_run(
+    windows: &[crate::generator::Window],
+    range: std::ops::Range<usize>,
+    end_ns: u64,
+    calm: impl Fn(&crate::generator::Window) -> bool,
+) -> Option<f64> {
+    let mut run = 0;
+    for k in range {
+        let window = &windows[k];
+        if window.count > 0 && calm(window) {
+            run += 1;
+            if run == RECOVERY_WINDOWS {
+                let first = k + 1 - RECOVERY_WINDOWS;
+                let ns = (first as u64 * WINDOW_NS).saturating_sub(end_ns);
+                return Some(ns as f64 / 1e6);
+            }
+        } else {
+            run = 0;
+        }
+    }
+    None
 }
 
 fn checks(c: &crate::generator::Counts, cores: &[CoreTotals]) -> Vec<Check> {

@@ -45,6 +45,9 @@ pub struct Answer {
     pub stages: Option<Stages>,
     /// What the core said, in order.
     pub events: Vec<Event>,
+    /// The target refused the request as busy (overload: a gateway's busy or throttle
+    /// reject); `events` then hold one `CommandRejected`.
+    pub busy: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -403,6 +406,7 @@ impl InProcessTarget {
                 received,
                 stages: None,
                 events: a.events,
+                busy: false,
             };
         }
         Answer {
@@ -415,6 +419,7 @@ impl InProcessTarget {
                 queue_out_ns: received.saturating_duration_since(a.done).as_nanos() as u64,
             }),
             events: a.events,
+            busy: false,
         }
     }
 }

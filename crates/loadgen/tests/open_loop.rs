@@ -66,6 +66,7 @@ impl Target for StallingTarget {
             received: now,
             stages: None,
             events: Vec::<Event>::new(),
+            busy: false,
         }));
         if n == 0 {
             std::thread::sleep(wait.min(Duration::from_micros(200)));

@@ -1482,8 +1482,10 @@ impl Publisher {
     }
 
     fn snapshot_loop(&mut self, now_ns: u64, sink: &mut dyn PacketSink) {
-        if self.instruments.is_empty()
-            || now_ns.saturating_sub(self.last_snapshot_ns) < self.config.snapshot_interval_ns
+        // One instrument per slice of the cycle, so a full pass takes the cycle whatever the
+        // number of instruments.
+        let spacing_ns = self.config.snapshot_cycle_ns / (self.instruments.len().max(1) as u64);
+        if self.instruments.is_empty() || now_ns.saturating_sub(self.last_snapshot_ns) < spacing_ns
         {
             return;
         }

@@ -26,6 +26,8 @@ pub struct Rates {
     pub trades: f64,
     pub cancels: f64,
     pub rejects: f64,
+    /// Requests a gateway refused as busy (overload), per second.
+    pub busy: f64,
     /// Log entries a replica node applied (0 where there is no node).
     pub entries: f64,
 }
@@ -38,6 +40,7 @@ pub struct Totals {
     pub trades: u64,
     pub cancels: u64,
     pub rejects: u64,
+    pub busy: u64,
     pub entries: u64,
 }
 
@@ -311,6 +314,9 @@ fn totals(r: &Registry) -> Totals {
         trades: g(names::TRADES_TOTAL),
         cancels: g(names::CANCELS_TOTAL),
         rejects: g(names::REJECTS_TOTAL),
+        busy: r
+            .counter_sum_where(names::GATEWAY_REJECTS_TOTAL, "cause", "busy")
+            .unwrap_or(0),
     }
 }
 
@@ -338,6 +344,7 @@ pub fn tick(monitor: &Monitor) -> Arc<str> {
                     trades: rate(t.trades, p.trades),
                     cancels: rate(t.cancels, p.cancels),
                     rejects: rate(t.rejects, p.rejects),
+                    busy: rate(t.busy, p.busy),
                     entries: rate(t.entries, p.entries),
                 },
                 (

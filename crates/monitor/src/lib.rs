@@ -86,6 +86,9 @@ pub mod names {
     pub const MD_BYTES_TOTAL: &str = "bourse_marketdata_bytes_total";
     pub const SESSIONS: &str = "bourse_sessions";
     pub const THROTTLE_REJECTS_TOTAL: &str = "bourse_throttle_rejects_total";
+    /// A gateway's refused requests by `cause`; `cause="busy"` counts the overload refusals
+    /// (a core's in-flight bound or queue, or the order table, was full).
+    pub const GATEWAY_REJECTS_TOTAL: &str = "bourse_gateway_rejects_total";
     pub const ERRORS_TOTAL: &str = "bourse_errors_total";
     pub const ALERTS_FIRING: &str = "bourse_alerts_firing";
     pub const DASHBOARD_CLIENTS: &str = "bourse_dashboard_clients";

@@ -365,6 +365,22 @@ impl Registry {
         )
     }
 
+    /// The sum of a counter family over the series whose label `label` is `value`; `None` if
+    /// no such series is registered.
+    pub fn counter_sum_where(&self, name: &str, label: &str, value: &str) -> Option<u64> {
+        let families = self.families.lock().ok()?;
+        let mut found = None;
+        for f in families.iter().filter(|f| f.name == name) {
+            for s in &f.series {
+                let matches = s.labels.iter().any(|(k, v)| k == label && v == value);
+                if let (true, Cell::Counter(c)) = (matches, &s.cell) {
+                    *found.get_or_insert(0) += c.get();
+                }
+            }
+        }
+        found
+    }
+
     /// Every series of a gauge family as (labels, value); empty if nothing registered it.
     pub fn gauge_series(&self, name: &str) -> Vec<(Vec<(String, String)>, i64)> {
         let Ok(families) = self.families.lock() else {
@@ -464,6 +480,16 @@ pub fn render_histogram(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_counter_sum_where_takes_only_the_series_with_that_label_value() {
+        let r = Registry::new();
+        r.counter("rej_total", "r", &[("cause", "busy")]).add(5);
+        r.counter("rej_total", "r", &[("cause", "core")]).add(7);
+        assert_eq!(r.counter_sum_where("rej_total", "cause", "busy"), Some(5));
+        assert_eq!(r.counter_sum_where("rej_total", "cause", "gateway"), None);
+        assert_eq!(r.counter_sum("rej_total"), Some(12));
+    }
 
     #[test]
     fn same_name_and_labels_share_one_series() {

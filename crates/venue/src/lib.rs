@@ -463,6 +463,9 @@ impl LocalDeployment {
             config.gateway.throttle_msgs_per_s = 1_000_000;
             config.gateway.connections_max = (sessions.len() + 16).min(10_000);
             config.gateway.core_queue_depth = 65_536;
+            if let Some(n) = spec.core_in_flight_max {
+                config.gateway.core_in_flight_max = n;
+            }
             if g == 0 {
                 for (name, accounts) in &spec.extra_fix_sessions {
                     config

@@ -40,6 +40,9 @@ pub struct DeploymentSpec {
     pub fsync: FsyncSetting,
     /// Publish market data from the nodes (cluster backend only).
     pub market_data: bool,
+    /// Each gateway's bound on commands in flight to one core (`None`: the gateway's
+    /// default, `bourse_gateway::config::CORE_IN_FLIGHT_MAX_DEFAULT`).
+    pub core_in_flight_max: Option<usize>,
     /// Gateway 0 reports into this monitor (its owner serves the dashboard and `/metrics`).
     pub monitor: Option<Arc<bourse_monitor::Monitor>>,
     /// FIX sessions for people (`bourse order`) on gateway 0: (CompID, accounts).

@@ -258,7 +258,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         }
         let config = PublisherConfig {
             modes: [mode; CHANNEL_COUNT],
-            snapshot_interval_ns: u64::MAX / 4,
+            snapshot_cycle_ns: u64::MAX / 4,
             instruments_interval_ns: u64::MAX / 4,
             ..PublisherConfig::default()
         };

@@ -105,7 +105,11 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Fixture {
-        let config = GatewayConfig::from_toml(CONFIG).unwrap();
+        Fixture::with_config(CONFIG)
+    }
+
+    fn with_config(toml: &str) -> Fixture {
+        let config = GatewayConfig::from_toml(toml).unwrap();
         let cores: Vec<Arc<Mutex<FakeCore>>> = (0..config.core_plan().len())
             .map(|_| Arc::default())
             .collect();
@@ -561,6 +565,109 @@ fn a_status_request_answers_from_the_order_table() {
         ),
         "{reports:?}"
     );
+}
+
+fn limit_order(client: u64, instrument: u32) -> Request {
+    Request::New(NewOrderRequest {
+        client: ClientId::Num(client),
+        account: None,
+        instrument: InstrumentId(instrument),
+        side: Side::Buy,
+        ord_type: OrdType::Limit,
+        price: Price(25_000),
+        qty_lots: 1,
+        tif: TimeInForce::Day,
+        expire_ts_ns: 0,
+        display_lots: 0,
+    })
+}
+
+#[test]
+fn past_core_in_flight_max_every_request_is_refused_busy_and_each_gets_one_answer() {
+    let config = CONFIG.replace(
+        "fix_listen = \"127.0.0.1:0\"\n",
+        "fix_listen = \"127.0.0.1:0\"\ncore_in_flight_max = 3\n",
+    );
+    let mut f = Fixture::with_config(&config);
+    // Ten orders to a core that answers none of them yet: three go in, seven are refused.
+    for client in 1..=10 {
+        f.router.handle(ALPHA, limit_order(client, 1), 1);
+    }
+    let sent = f.take_submitted(0);
+    assert_eq!(sent.len(), 3);
+    assert_eq!(f.router.core_in_flight(0), 3);
+    let reports = f.reports();
+    let busy: Vec<u64> = reports
+        .iter()
+        .filter_map(|(s, r)| match r {
+            Report::Exec(e)
+                if *s == ALPHA
+                    && e.kind
+                        == ExecKind::Rejected(RejectCause::Gateway(GatewayReject::SystemBusy)) =>
+            {
+                Some(e.client.num())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(busy, (4..=10).collect::<Vec<u64>>(), "{reports:?}");
+    assert_eq!(
+        reports.len(),
+        7,
+        "nothing but the refusals yet: {reports:?}"
+    );
+    // On the binary protocol a refusal is a BusinessReject(SystemUnavailable) naming the
+    // request, not an OrderReject (docs/protocol-binary-order-entry.md, 6.7).
+    let mut frame = [0u8; bourse_wire::order_entry::FRAME_BYTES_MAX];
+    let n = crate::binary_front::render(&f.router, &reports[0].1, &mut frame);
+    let decoded = bourse_wire::order_entry::FrameDecoder::default()
+        .decode_exact(&frame[..n])
+        .unwrap();
+    let bourse_wire::order_entry::Message::BusinessReject(m) = decoded else {
+        panic!("not a business reject: {decoded:?}")
+    };
+    assert_eq!(m.ref_cl_ord_id(), Some(4));
+    assert_eq!(
+        m.reason(),
+        bourse_wire::order_entry::codec::business_reject_reason::BusinessRejectReason::SystemUnavailable
+    );
+    assert_eq!(m.ref_template_id(), 100);
+    assert_eq!(f.router.counters().busy_rejects, 7);
+    // The other core is not affected by this one's overload.
+    f.router.handle(ALPHA, limit_order(11, 2), 1);
+    assert_eq!(f.take_submitted(1).len(), 1);
+    // One answer frees one place: the next order goes in, the one after is refused.
+    let (key, command) = sent[0].clone();
+    let CommandBody::NewOrder(order) = command.body else {
+        panic!("not a new order")
+    };
+    f.answer(
+        0,
+        key,
+        &[Event::OrderAccepted {
+            order_id: OrderId(1),
+            account: order.account,
+            cl_ord_id: order.cl_ord_id,
+            instrument: order.instrument,
+            side: Side::Buy,
+            price: order.price,
+            qty: order.qty,
+            ts_ns: 2,
+        }],
+    );
+    f.router.handle(ALPHA, limit_order(12, 1), 1);
+    f.router.handle(ALPHA, limit_order(13, 1), 1);
+    assert_eq!(f.take_submitted(0).len(), 1);
+    assert_eq!(f.router.counters().busy_rejects, 8);
+    let kinds: Vec<(u64, bool)> = f
+        .reports()
+        .iter()
+        .filter_map(|(_, r)| match r {
+            Report::Exec(e) => Some((e.client.num(), e.kind == ExecKind::New)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(kinds, vec![(1, true), (13, false)]);
 }
 
 #[test]

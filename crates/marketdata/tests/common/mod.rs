@@ -22,7 +22,7 @@ pub struct Harness {
 
 pub fn test_publisher_config() -> PublisherConfig {
     PublisherConfig {
-        snapshot_interval_ns: 200_000,
+        snapshot_cycle_ns: 1_600_000,
         instruments_interval_ns: 20_000_000,
         ..PublisherConfig::default()
     }
