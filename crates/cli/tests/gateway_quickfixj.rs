@@ -68,6 +68,19 @@ impl Drop for Killed {
 
 #[test]
 fn quickfixj_initiators_trade_through_the_gateway() {
+    run_scenario(None);
+}
+
+/// The same scenario over the gateway's TLS listener, every Logon with a password: QuickFIX/J
+/// trusts the test's own certificate (rcgen, imported into a PKCS#12 trust store by keytool).
+#[test]
+fn quickfixj_initiators_trade_over_tls_with_passwords() {
+    run_scenario(Some("qfj pass"));
+}
+
+/// Runs `Scenario.java` against `bourse gateway`; with a password, over TLS only, the
+/// sessions' `password_hash` set and `tls_required`.
+fn run_scenario(tls_password: Option<&str>) {
     assert!(
         have("java", "-version") && have("mvn", "-v"),
         "this test needs Java 17+ and Maven on PATH (Debian: apt-get install -y openjdk-17-jdk-headless maven)"
@@ -76,10 +89,18 @@ fn quickfixj_initiators_trade_through_the_gateway() {
     let classpath = build_peer(&project);
     let dir = tempfile::tempdir().unwrap();
     let port = bourse_testkit::free_port();
+    let (listen, session_extra, java_extra) = match tls_password {
+        None => (
+            format!("fix_listen = \"127.0.0.1:{port}\""),
+            String::new(),
+            Vec::new(),
+        ),
+        Some(password) => tls_setup(dir.path(), port, password),
+    };
     let config = format!(
         r#"
 [gateway]
-fix_listen = "127.0.0.1:{port}"
+{listen}
 store_dir = "{store}"
 throttle_msgs_per_s = 1000
 
@@ -109,11 +130,13 @@ may_short = true
 client_comp_id = "QA"
 firm = 1
 accounts = [1]
+{session_extra}
 
 [[fix_sessions]]
 client_comp_id = "QB"
 firm = 2
 accounts = [2]
+{session_extra}
 "#,
         store = dir.path().join("gateway-store").display()
     );
@@ -148,6 +171,7 @@ accounts = [2]
             .arg("127.0.0.1")
             .arg(port.to_string())
             .arg(dir.path().join("qfj-store"))
+            .args(&java_extra)
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -188,4 +212,43 @@ accounts = [2]
         "scenario failed:\n{out}\n--- log tail ---\n{tail}"
     );
     drop(gateway);
+}
+
+/// For the TLS run: a certificate and key for the gateway, a trust store holding the
+/// certificate for QuickFIX/J, the `[gateway]` lines, the sessions' lines and Scenario's
+/// extra arguments.
+fn tls_setup(dir: &Path, port: u16, password: &str) -> (String, String, Vec<String>) {
+    let made =
+        rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+    let cert = dir.join("gateway.crt");
+    let key = dir.join("gateway.key");
+    std::fs::write(&cert, made.cert.pem()).unwrap();
+    std::fs::write(&key, made.key_pair.serialize_pem()).unwrap();
+    let trust = dir.join("trust.p12");
+    let imported = Command::new("keytool")
+        .args([
+            "-importcert",
+            "-noprompt",
+            "-alias",
+            "gateway",
+            "-storetype",
+            "PKCS12",
+        ])
+        .args(["-storepass", "changeit", "-file"])
+        .arg(&cert)
+        .arg("-keystore")
+        .arg(&trust)
+        .stdout(Stdio::null())
+        .status()
+        .expect("keytool (comes with the JDK)");
+    assert!(imported.success(), "keytool could not make the trust store");
+    let hash = bourse_auth::hash_password_with(password, bourse_auth::HashCost::TEST_ONLY).unwrap();
+    let listen = format!(
+        "fix_tls_listen = \"127.0.0.1:{port}\"\ntls_cert_path = \"{}\"\ntls_key_path = \"{}\"",
+        cert.display(),
+        key.display()
+    );
+    let session = format!("password_hash = \"{hash}\"\ntls_required = true");
+    let args = vec![trust.display().to_string(), password.to_string()];
+    (listen, session, args)
 }

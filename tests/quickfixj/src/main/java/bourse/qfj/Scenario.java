@@ -41,10 +41,15 @@ import quickfix.fix44.TestRequest;
  * HeartBtInt=1 with a TestRequest, and logout / restart from the persistent store with no
  * execution report missing or duplicated. Prints "ALL OK" and exits 0 on success.
  *
- * Usage: Scenario HOST PORT STORE_DIR
+ * Usage: Scenario HOST PORT STORE_DIR [TRUSTSTORE PASSWORD]: with a PKCS#12 trust store (its
+ * password "changeit"), the sessions connect over TLS and send PASSWORD in Logon's Password (554).
  */
 public final class Scenario {
     static final long WAIT_MS = 10_000;
+    /** Over TLS with this trust store, when set. */
+    static String trustStore;
+    /** Sent as Password (554) on every Logon, when set. */
+    static String logonPassword;
 
     /** Everything one session received, in order; consumed messages are marked. */
     static final class Peer implements Application {
@@ -56,7 +61,11 @@ public final class Scenario {
         public void onCreate(SessionID id) {}
         public void onLogon(SessionID id) { loggedOn = true; }
         public void onLogout(SessionID id) { loggedOn = false; }
-        public void toAdmin(Message m, SessionID id) {}
+        public void toAdmin(Message m, SessionID id) {
+            if (logonPassword != null && type(m).equals("A")) {
+                m.setString(554, logonPassword);
+            }
+        }
         public void toApp(Message m, SessionID id) {}
         public synchronized void fromAdmin(Message m, SessionID id) { admin.add(m); notifyAll(); }
         public synchronized void fromApp(Message m, SessionID id) { app.add(m); notifyAll(); }
@@ -140,6 +149,11 @@ public final class Scenario {
         s.setString(id, "ResetOnLogon", "N");
         s.setString(id, "ResetOnLogout", "N");
         s.setString(id, "ResetOnDisconnect", "N");
+        if (trustStore != null) {
+            s.setString(id, "SocketUseSSL", "Y");
+            s.setString(id, "SocketTrustStore", trustStore);
+            s.setString(id, "SocketTrustStorePassword", "changeit");
+        }
         SocketInitiator init = new SocketInitiator(peer, new FileStoreFactory(s), s,
                 new SLF4JLogFactory(s), new DefaultMessageFactory());
         init.start();
@@ -164,6 +178,10 @@ public final class Scenario {
         String host = args[0];
         int port = Integer.parseInt(args[1]);
         String store = args[2];
+        if (args.length >= 5) {
+            trustStore = args[3];
+            logonPassword = args[4];
+        }
         SessionID qa = new SessionID("FIX.4.4", "QA", "BOURSE");
         SessionID qb = new SessionID("FIX.4.4", "QB", "BOURSE");
         Peer a = new Peer();
