@@ -29,8 +29,8 @@ pub struct NodeArgs {
     /// This node's id in the configuration.
     #[arg(long)]
     id: u64,
-    /// Serve `/metrics` and the dashboard (with the group's cluster view) on this loopback
-    /// address, e.g. 127.0.0.1:9101 (port 0: any free port; the address is printed).
+    /// Serve `/metrics` and the dashboard (with the group's cluster view) on this address
+    /// (read-only; a loopback one such as 127.0.0.1:9101 keeps it on the host) (port 0: any free port; the address is printed).
     #[arg(long)]
     monitor_listen: Option<SocketAddr>,
     /// Monitoring settings (TOML: sample_every, status_poll_ms, [alerts], …; see
