@@ -106,8 +106,8 @@ pub fn node(args: NodeArgs) -> Result<()> {
                 let md = bourse_cluster::marketdata::MarketDataService::start(&node, section)
                     .map_err(|e| anyhow!(e))?;
                 eprintln!(
-                    "bourse node {}: market data on 127.0.0.1 from UDP port {} (sent while leading)",
-                    args.id, section.base_port
+                    "bourse node {}: market data to {} (A) and {} (B) from UDP port {} (sent while leading)",
+                    args.id, section.feed_a_host, section.feed_b_host, section.base_port
                 );
                 Some(md)
             }

@@ -49,7 +49,7 @@ pub struct Common {
     #[arg(long, default_value_t = Ipv4Addr::LOCALHOST)]
     feed_b_host: Ipv4Addr,
     /// The addresses of the interfaces to join feed A's and feed B's groups on ("A,B").
-    #[arg(long, value_delimiter = ',', num_args = 2, default_values_t = [Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST])]
+    #[arg(long, value_delimiter = ',', default_values_t = [Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST])]
     interfaces: Vec<Ipv4Addr>,
     /// The host of the replay service (the leading node's `replay_listen` address).
     #[arg(long, default_value_t = Ipv4Addr::LOCALHOST)]
@@ -230,7 +230,13 @@ impl Common {
         if self.self_test && self.addrs() != FeedAddrs::localhost(self.base_port) {
             bail!("--self-test publishes on 127.0.0.1 only: leave out the feed and replay hosts");
         }
-        let interfaces = [self.interfaces[0], self.interfaces[1]];
+        let [a, b] = self.interfaces[..] else {
+            bail!(
+                "--interfaces takes two addresses, feed A's interface and feed B's (\"A,B\"), not {}",
+                self.interfaces.len()
+            );
+        };
+        let interfaces = [a, b];
         UdpSubscriber::bind_on(
             &self.addrs(),
             channels,
@@ -265,7 +271,11 @@ fn listen(a: ListenArgs) -> Result<()> {
             printed += 1;
         }
     };
-    sub.run_until(deadline, &mut |_| false, &mut print);
+    // Ctrl-C (SIGINT) ends the listening early, still printing the counts.
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = Arc::clone(&stop);
+    let _ = ctrlc::set_handler(move || s.store(true, Ordering::Relaxed));
+    sub.run_until(deadline, &mut |_| stop.load(Ordering::Relaxed), &mut print);
     let s = sub.sub.stats();
     eprintln!(
         "packets A {} B {} replayed {}; duplicates {}; gaps {} (replayed {}, skipped {}); skipped datagrams {}{}",
