@@ -201,9 +201,10 @@ fn spawn_node(prefix: &str, dir: &Path, config: &Path, id: u64) -> Child {
     )
 }
 
+/// Sends signal `name` to `child` (through the shell's own `kill`, present wherever `sh` is).
 fn signal(child: &Child, name: &str) {
-    let ok = Command::new("kill")
-        .args([&format!("-{name}"), &child.id().to_string()])
+    let ok = Command::new("sh")
+        .args(["-c", &format!("kill -{name} {}", child.id())])
         .status()
         .unwrap()
         .success();
