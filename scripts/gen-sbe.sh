@@ -21,6 +21,7 @@ readonly SBE_JAR_SHA256="26e29e5503faa70cc56158fcdacd6369ecfc3088b9a61c90b882feb
 readonly SCHEMAS=(
   "bourse-order-entry.xml:bourse_sbe_order_entry:bourse-sbe-order-entry"
   "bourse-market-data.xml:bourse_sbe_market_data:bourse-sbe-market-data"
+  "bourse-delivery.xml:bourse_sbe_delivery:bourse-sbe-delivery"
 )
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

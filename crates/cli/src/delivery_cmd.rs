@@ -5,7 +5,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use bourse_cluster::tokio;
 use bourse_core::{AccountId, FirmId, InstrumentId};
 use bourse_delivery::{
-    CoreSource, DeliveryClient, DeliveryConfig, DeliveryNode, Filter, Limits, PollRequest,
+    AnyClient, CoreSource, DeliveryConfig, DeliveryNode, Filter, Limits, PollRequest,
 };
 use clap::{Args, Subcommand};
 use std::io::Write;
@@ -35,6 +35,9 @@ pub struct ServeArgs {
     name: String,
     #[arg(long, default_value = "127.0.0.1:8700")]
     listen: SocketAddr,
+    /// Also serve the binary API (SBE over TCP) on this address.
+    #[arg(long)]
+    binary_listen: Option<SocketAddr>,
     /// A core: `ID=ADDR,ADDR,ADDR` (its id in cursors and the client addresses of its
     /// nodes); repeat for each core.
     #[arg(long = "core", required_unless_present = "config")]
@@ -46,9 +49,13 @@ pub struct ServeArgs {
 
 #[derive(Args)]
 pub struct TailArgs {
-    /// The delivery node's address.
+    /// The delivery node's address (its HTTP API, or with `--binary` its binary API).
     #[arg(long, default_value = "127.0.0.1:8700")]
     addr: SocketAddr,
+    /// Read through the binary API (SBE over TCP) instead of HTTP; the records and cursors
+    /// are the same.
+    #[arg(long)]
+    binary: bool,
     /// Continue from this cursor (the one a previous tail printed last).
     #[arg(long)]
     cursor: Option<String>,
@@ -107,6 +114,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         None => DeliveryConfig {
             name: args.name,
             listen: args.listen,
+            binary_listen: args.binary_listen,
             state_dir: args.state_dir,
             persist_interval_ms: 1_000,
             cores: args
@@ -126,6 +134,12 @@ fn serve(args: ServeArgs) -> Result<()> {
         node.url(),
         node.addr()
     );
+    if let Some(b) = node.binary_addr() {
+        eprintln!(
+            "bourse delivery: binary API (SBE over TCP) on {b}; \
+             follow it with: bourse delivery tail --binary --addr {b}"
+        );
+    }
     let mut last = Instant::now();
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(100));
@@ -141,9 +155,9 @@ fn serve(args: ServeArgs) -> Result<()> {
             eprintln!(
                 "bourse delivery: applied {:?}, polls {} ({} empty), rows sent {}{}",
                 node.applied_indexes(),
-                c.polls.load(Ordering::Relaxed),
-                c.polls_empty.load(Ordering::Relaxed),
-                c.rows_sent.load(Ordering::Relaxed),
+                c.polls.get(),
+                c.polls_empty.get(),
+                c.rows_sent.get(),
                 errors
                     .iter()
                     .zip(&config.cores)
@@ -165,7 +179,11 @@ fn tail(args: TailArgs) -> Result<()> {
         .build()
         .context("tokio runtime")?;
     rt.block_on(async move {
-        let mut client = DeliveryClient::new(args.addr);
+        let mut client = if args.binary {
+            AnyClient::binary(args.addr)
+        } else {
+            AnyClient::http(args.addr)
+        };
         let mut req = PollRequest {
             cursor: args.cursor.clone(),
             filter: Filter {

@@ -89,6 +89,7 @@ fn start_delivery(
     let config = |port: u16| bourse_delivery::DeliveryConfig {
         name: "bourse-demo".into(),
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        binary_listen: None,
         state_dir: None,
         persist_interval_ms: 1_000,
         cores: cores.clone(),

@@ -84,6 +84,12 @@ pub fn run(args: GatewayArgs) -> Result<()> {
     if let Some(a) = handle.binary_addr() {
         println!("binary order entry listening on {a}");
     }
+    if let Some(a) = handle.fix_tls_addr() {
+        println!("FIX 4.4 over TLS listening on {a}");
+    }
+    if let Some(a) = handle.binary_tls_addr() {
+        println!("binary order entry over TLS listening on {a}");
+    }
     if let Some(a) = handle.monitor_addr() {
         println!("metrics on http://{a}/metrics, dashboard on http://{a}/");
     }

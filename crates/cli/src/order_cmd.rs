@@ -32,6 +32,10 @@ pub struct OrderArgs {
     /// How long to wait for the answers to a request.
     #[arg(long, default_value_t = 2000)]
     wait_ms: u64,
+    /// A file whose first line is the session's password (Logon's Password, 554), for a
+    /// session with a `password_hash`; read from a file so it stays off the command line.
+    #[arg(long)]
+    password_file: Option<PathBuf>,
     #[command(subcommand)]
     command: OrderCommand,
 }
@@ -275,6 +279,15 @@ pub fn run(args: OrderArgs) -> Result<()> {
     let mut orders = load(&orders_path);
     let mut cfg = FixClientConfig::new(args.fix, &args.sender, &args.target);
     cfg.store_dir = Some(args.store.join("session"));
+    if let Some(path) = &args.password_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the password file {}", path.display()))?;
+        let password = text.lines().next().unwrap_or("");
+        if password.is_empty() {
+            bail!("the password file {} is empty", path.display());
+        }
+        cfg.password = Some(password.to_string());
+    }
     let mut client =
         FixClient::connect(&cfg).with_context(|| format!("cannot log on to {}", args.fix))?;
     let wait = Duration::from_millis(args.wait_ms);

@@ -79,6 +79,7 @@ async fn tail_prints_the_latest_state_of_every_order_a_core_committed() {
     let end = nodes[0].status().await.last_applied_index.unwrap() + 1;
 
     let listen = format!("127.0.0.1:{}", bourse_testkit::free_port());
+    let binary_listen = format!("127.0.0.1:{}", bourse_testkit::free_port());
     let core = format!(
         "0={}",
         config
@@ -91,7 +92,16 @@ async fn tail_prints_the_latest_state_of_every_order_a_core_committed() {
     let _serve = Guard(
         Command::new(BOURSE)
             .args([
-                "delivery", "serve", "--name", "cli-test", "--listen", &listen, "--core", &core,
+                "delivery",
+                "serve",
+                "--name",
+                "cli-test",
+                "--listen",
+                &listen,
+                "--binary-listen",
+                &binary_listen,
+                "--core",
+                &core,
             ])
             .stderr(Stdio::null())
             .spawn()
@@ -102,7 +112,7 @@ async fn tail_prints_the_latest_state_of_every_order_a_core_committed() {
     let started = Instant::now();
     loop {
         if let Ok(s) = status_client.status().await {
-            if s["cores"][0]["applied_index"].as_u64() == Some(end) {
+            if s["cores"][0]["applied_index"].as_u64() >= Some(end) {
                 break;
             }
         }
@@ -202,6 +212,24 @@ async fn tail_prints_the_latest_state_of_every_order_a_core_committed() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(from_python, printed);
+
+    // The binary front gives the same records.
+    let out = Command::new(BOURSE)
+        .args(["delivery", "tail", "--binary", "--addr", &binary_listen])
+        .args(["--limit", "50", "--until-empty"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let from_binary: Vec<Record> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(from_binary, printed);
     drop(_serve);
     for n in nodes {
         n.shutdown().await;

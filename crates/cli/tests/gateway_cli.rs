@@ -42,6 +42,15 @@ fn order(port: u16, sender: &str, store: &std::path::Path, args: &[&str]) -> Str
 /// Starts `bourse gateway` with the example config on free ports (plus `extra` lines in its
 /// `[gateway]` table); returns the process and the FIX port once it listens.
 fn start_gateway(dir: &std::path::Path, extra: &str) -> (Killed, u16) {
+    start_gateway_with(dir, extra, &|config| config)
+}
+
+/// [`start_gateway`] with `edit` applied to the whole config text.
+fn start_gateway_with(
+    dir: &std::path::Path,
+    extra: &str,
+    edit: &dyn Fn(String) -> String,
+) -> (Killed, u16) {
     let port = bourse_testkit::free_port();
     let example = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -59,7 +68,7 @@ fn start_gateway(dir: &std::path::Path, extra: &str) -> (Killed, u16) {
             &format!("store_dir = \"{}\"", dir.join("gw").display()),
         );
     let path = dir.join("gateway.toml");
-    std::fs::write(&path, config).unwrap();
+    std::fs::write(&path, edit(config)).unwrap();
     let gateway = Killed(
         Command::new(BOURSE)
             .args(["gateway", "--config"])
@@ -330,4 +339,65 @@ fn the_gateway_benchmark_prints_one_json_object_per_scenario() {
         assert!(v["baseline"]["echo_rtt_ns"]["p50"].as_u64().unwrap() > 0);
         assert!(v["answered"].as_u64().unwrap() > 0);
     }
+}
+
+/// An operator hashes a password with `bourse auth hash-password`, puts the hash in the
+/// session's config, and the firm logs on with `bourse order --password-file`; without the
+/// password the Logon is refused with the gateway's reason.
+#[test]
+fn a_session_with_a_password_hash_logs_on_from_the_terminal_only_with_its_password() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let mut hasher = Command::new(BOURSE)
+        .args([
+            "auth",
+            "hash-password",
+            "--memory-kib",
+            "64",
+            "--iterations",
+            "1",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    hasher
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"beta secret\n")
+        .unwrap();
+    let out = hasher.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let hash = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let (_gateway, port) = start_gateway_with(dir.path(), "", &|config| {
+        config.replace(
+            "client_comp_id = \"BETA\"\n",
+            &format!("client_comp_id = \"BETA\"\npassword_hash = \"{hash}\"\n"),
+        )
+    });
+    let refused = Command::new(BOURSE)
+        .args([
+            "order",
+            "--fix",
+            &format!("127.0.0.1:{port}"),
+            "--sender",
+            "BETA",
+        ])
+        .arg("--store")
+        .arg(dir.path().join("without"))
+        .arg("list")
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("Password (554) required"), "{why}");
+    let password_file = dir.path().join("beta.password");
+    std::fs::write(&password_file, "beta secret\n").unwrap();
+    order(
+        port,
+        "BETA",
+        &dir.path().join("with"),
+        &["--password-file", password_file.to_str().unwrap(), "list"],
+    );
 }

@@ -314,6 +314,24 @@ impl BinaryClient {
         keepalive_ms: u32,
         expected_seq: u64,
     ) -> io::Result<BinaryClient> {
+        Self::connect_with_password(addr, credentials, "", keepalive_ms, expected_seq)
+    }
+
+    /// [`BinaryClient::connect`] for a session that has a password (Establish's `password`,
+    /// at most 32 bytes; empty: none).
+    pub fn connect_with_password(
+        addr: SocketAddr,
+        credentials: &str,
+        password: &str,
+        keepalive_ms: u32,
+        expected_seq: u64,
+    ) -> io::Result<BinaryClient> {
+        if password.len() > bourse_wire::order_entry::PASSWORD_BYTES {
+            return Err(io::Error::new(
+                ErrorKind::InvalidInput,
+                "a binary session's password has at most 32 bytes",
+            ));
+        }
         let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
         stream.set_nodelay(true)?;
         let mut c = BinaryClient {
@@ -329,10 +347,12 @@ impl BinaryClient {
             last_sent: Instant::now(),
         };
         let creds = credentials.as_bytes().to_vec();
+        let password = password.as_bytes().to_vec();
         c.write(|buf| {
             encode_frame(buf, |mut e: EstablishEncoder| {
                 e.timestamp_ns(now_ns()).keepalive_interval_ms(keepalive_ms);
                 e.credentials_zero_padded(&creds);
+                e.password_zero_padded(&password);
                 e
             })
         })?;

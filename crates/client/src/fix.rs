@@ -29,6 +29,8 @@ pub struct FixClientConfig {
     /// Start both sequence numbers from 1 at logon (ResetSeqNumFlag=Y).
     pub reset_on_logon: bool,
     pub logon_timeout: Duration,
+    /// Password (554) sent on Logon, for a session whose gateway config has a `password_hash`.
+    pub password: Option<String>,
 }
 
 impl FixClientConfig {
@@ -41,6 +43,7 @@ impl FixClientConfig {
             store_dir: None,
             reset_on_logon: false,
             logon_timeout: Duration::from_secs(5),
+            password: None,
         }
     }
 }
@@ -75,6 +78,7 @@ impl FixClient {
             },
         );
         sc.reset_on_logon = config.reset_on_logon;
+        sc.logon_password = config.password.clone();
         let session = Session::new(sc, Arc::new(dictionary()), store);
         let stream = TcpStream::connect_timeout(&config.addr, config.logon_timeout)?;
         stream.set_nodelay(true)?;

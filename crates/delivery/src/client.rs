@@ -218,3 +218,31 @@ async fn request(
     conn.read_exact(&mut body).await?;
     Ok((status, body))
 }
+
+/// Either front's client behind one type: both take the same [`PollRequest`] and give the
+/// same [`PollAnswer`] (cursors are the same bytes, in hex), so a program picks its front
+/// with one argument.
+pub enum AnyClient {
+    Http(DeliveryClient),
+    Binary(crate::binary::BinaryClient),
+}
+
+impl AnyClient {
+    /// A client of the HTTP front at `addr`.
+    pub fn http(addr: SocketAddr) -> AnyClient {
+        AnyClient::Http(DeliveryClient::new(addr))
+    }
+
+    /// A client of the binary front at `addr`.
+    pub fn binary(addr: SocketAddr) -> AnyClient {
+        AnyClient::Binary(crate::binary::BinaryClient::new(addr))
+    }
+
+    /// One GetOrders poll.
+    pub async fn poll(&mut self, req: &PollRequest) -> Result<PollAnswer, ClientError> {
+        match self {
+            AnyClient::Http(c) => c.poll(req).await,
+            AnyClient::Binary(c) => c.poll(req).await,
+        }
+    }
+}

@@ -16,8 +16,10 @@ use std::fmt;
 pub const CURSOR_VERSION: u8 = 1;
 /// At most this many cores behind one cursor (and one delivery node).
 pub const CORES_MAX: usize = 64;
+/// The longest binary form a cursor can have.
+pub const CURSOR_BYTES_MAX: usize = 1 + 8 + 1 + CORES_MAX * 16 + 4;
 /// The longest text a cursor can have; anything longer is refused before it is decoded.
-pub const CURSOR_TEXT_MAX: usize = 2 * (1 + 8 + 1 + CORES_MAX * 16 + 4);
+pub const CURSOR_TEXT_MAX: usize = 2 * CURSOR_BYTES_MAX;
 
 /// What a client sends back: per core, the first position it has not seen.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,7 +71,8 @@ pub fn deployment_hash(name: &str) -> u64 {
 }
 
 impl Cursor {
-    pub fn encode(&self) -> String {
+    /// The binary form (what the SBE protocol carries): version, deployment, parts, CRC.
+    pub fn to_bytes(&self) -> Vec<u8> {
         let mut w = Writer::with_capacity(14 + 16 * self.parts.len());
         w.u8(CURSOR_VERSION);
         w.u64(self.deployment);
@@ -81,12 +84,12 @@ impl Cursor {
         }
         let crc = crc32c::crc32c(&w.buf);
         w.u32(crc);
-        let mut text = String::with_capacity(w.buf.len() * 2);
-        for b in w.buf {
-            text.push(char::from(HEX[usize::from(b >> 4)]));
-            text.push(char::from(HEX[usize::from(b & 15)]));
-        }
-        text
+        w.buf
+    }
+
+    /// The text form (what the HTTP API carries): the binary form in lowercase hex.
+    pub fn encode(&self) -> String {
+        hex_text(&self.to_bytes())
     }
 
     pub fn decode(text: &str) -> Result<Cursor, CursorError> {
@@ -97,17 +100,15 @@ impl Cursor {
         if !text.len().is_multiple_of(2) {
             return Err(bad("odd number of hex digits"));
         }
-        let digit = |c: u8| match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            _ => None,
-        };
-        let mut bytes = Vec::with_capacity(text.len() / 2);
-        for pair in text.as_bytes().chunks(2) {
-            match (digit(pair[0]), digit(pair[1])) {
-                (Some(h), Some(l)) => bytes.push(h << 4 | l),
-                _ => return Err(bad("not lowercase hex")),
-            }
+        let bytes = hex_bytes(text).ok_or_else(|| bad("not lowercase hex"))?;
+        Cursor::from_bytes(&bytes)
+    }
+
+    /// Reads the binary form; refuses anything damaged, truncated or of another version.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Cursor, CursorError> {
+        let bad = |why: &str| CursorError::Malformed(why.to_string());
+        if bytes.len() > CURSOR_BYTES_MAX {
+            return Err(bad("longer than any cursor"));
         }
         if bytes.len() < 14 {
             return Err(bad("too short"));
@@ -145,6 +146,32 @@ impl Cursor {
 }
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// Bytes as lowercase hex, the cursor's text form.
+pub(crate) fn hex_text(bytes: &[u8]) -> String {
+    let mut text = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        text.push(char::from(HEX[usize::from(b >> 4)]));
+        text.push(char::from(HEX[usize::from(b & 15)]));
+    }
+    text
+}
+
+/// Lowercase hex back to bytes; `None` for an odd length or any other character.
+pub(crate) fn hex_bytes(text: &str) -> Option<Vec<u8>> {
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    text.as_bytes()
+        .chunks(2)
+        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
+        .collect()
+}
 
 #[cfg(test)]
 mod tests {

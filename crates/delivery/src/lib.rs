@@ -6,20 +6,24 @@
 //!   (the core's `OrderLog` record), each trade and each rejected new order, with secondary
 //!   indexes by firm, account and instrument; bounded, evicting the oldest final records.
 //! - [`cursor::Cursor`]: a vector of per-core positions, opaque to clients (versioned,
-//!   deployment-bound, checksummed hex); valid across a delivery-node restart and a core
-//!   failover because positions are log indexes, the same on every replica.
+//!   deployment-bound, checksummed; hex over HTTP, bytes over SBE); valid across a
+//!   delivery-node restart and a core failover because positions are log indexes.
 //! - [`node::DeliveryNode`]: the store, one feed per core (a remote `StreamConsumer`), the
-//!   persisted state file, and [`server`], the HTTP/JSON long-poll API (GetOrders).
-//! - [`client::DeliveryClient`]: a Rust client of that API.
+//!   persisted state file, and two fronts on one [`poll`] engine: [`server`], the HTTP/JSON
+//!   long poll, and [`binary`], SBE over TCP (GetOrders).
+//! - [`client::AnyClient`]: a Rust client of either front ([`DeliveryClient`], [`BinaryClient`]).
 
+pub mod binary;
 pub mod client;
 pub mod cursor;
 pub mod node;
+pub mod poll;
 pub mod record;
 pub mod server;
 pub mod store;
 
-pub use client::{ClientError, DeliveryClient, PollAnswer, PollRequest};
+pub use binary::BinaryClient;
+pub use client::{AnyClient, ClientError, DeliveryClient, PollAnswer, PollRequest};
 pub use cursor::{Cursor, CursorError};
 pub use node::{CoreSource, DeliveryConfig, DeliveryNode, Limits};
 pub use record::{Filter, Pos, Record};

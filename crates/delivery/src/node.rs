@@ -14,13 +14,13 @@
 use crate::store::{Store, StoreConfig};
 use bourse_cluster::consumer::StreamConsumer;
 use bourse_cluster::StreamError;
+use bourse_monitor::metrics::{Counter, Gauge, Histogram, Registry};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 
 /// One core the node follows: its id (as cursors name it) and its replica group's nodes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,11 +45,11 @@ pub struct Limits {
     /// Polls being answered at once (each holds no lock while it waits); more are refused
     /// with 503 and `Retry-After`.
     pub polls_in_flight_max: usize,
-    /// Open HTTP connections; more are closed on accept.
+    /// Open connections per front (HTTP, binary); more are closed on accept.
     pub connections_max: usize,
     /// Records kept per core before the oldest final ones are evicted.
     pub records_per_core_max: usize,
-    /// A request head must arrive within this time.
+    /// A request head (HTTP) or a whole request (binary) must arrive within this time.
     pub header_read_timeout_ms: u64,
 }
 
@@ -74,7 +74,11 @@ impl Default for Limits {
 pub struct DeliveryConfig {
     /// The deployment's name: cursors carry its hash and another deployment's are refused.
     pub name: String,
+    /// The HTTP/JSON API's address.
     pub listen: SocketAddr,
+    /// The binary (SBE over TCP) API's address; `None` serves HTTP only.
+    #[serde(default)]
+    pub binary_listen: Option<SocketAddr>,
     /// Where the store is persisted; `None` keeps it in memory only (it then rebuilds from
     /// the cores' streams from log index 0 after a restart).
     #[serde(default)]
@@ -138,14 +142,116 @@ impl DeliveryConfig {
     }
 }
 
-/// Counters of the API, for `/v1/status` and the benchmark.
-#[derive(Default)]
+/// The node's figures, the seed's own (writes, readers, empty answers, records per answer,
+/// lag, per-stage timings), kept in a registry exported at `GET /metrics` (Prometheus text)
+/// and read by `/v1/status`.
 pub struct ApiCounters {
-    pub polls: AtomicU64,
-    pub polls_empty: AtomicU64,
-    pub rows_sent: AtomicU64,
-    pub polls_refused_busy: AtomicU64,
-    pub polls_bad_request: AtomicU64,
+    pub registry: Registry,
+    /// Polls received, over both fronts (refused ones included).
+    pub polls: Counter,
+    /// Polls answered with no record.
+    pub polls_empty: Counter,
+    /// Records sent in answers.
+    pub rows_sent: Counter,
+    pub polls_refused_busy: Counter,
+    pub polls_bad_request: Counter,
+    /// Records written into the store (new, or replacing an order's previous state).
+    pub records_written: Counter,
+    /// Committed entries applied.
+    pub entries_applied: Counter,
+    /// Open connections per front: the readers.
+    pub connections_http: Gauge,
+    pub connections_binary: Gauge,
+    /// Per record sent: the answer's time less the record's own time (the core's time of
+    /// the command that changed the order), which is how late the reader learns of it.
+    pub lag: Histogram,
+    /// Per poll: time selecting under the read lock, and from arrival to answer.
+    pub select: Histogram,
+    pub answer: Histogram,
+}
+
+impl ApiCounters {
+    pub fn new() -> ApiCounters {
+        let r = Registry::new();
+        let polls = |result: &str| {
+            r.counter(
+                "bourse_delivery_polls_total",
+                "GetOrders polls by result (both fronts)",
+                &[("result", result)],
+            )
+        };
+        let connections = |front: &str| {
+            r.gauge(
+                "bourse_delivery_connections",
+                "Open client connections per front",
+                &[("front", front)],
+            )
+        };
+        let stage = |stage: &str| {
+            r.histogram(
+                "bourse_delivery_poll_seconds",
+                "Per poll: selecting under the read lock, and arrival to answer",
+                &[("stage", stage)],
+            )
+        };
+        ApiCounters {
+            polls: r.counter(
+                "bourse_delivery_polls_received_total",
+                "GetOrders polls received",
+                &[],
+            ),
+            polls_empty: polls("empty"),
+            polls_refused_busy: polls("busy"),
+            polls_bad_request: polls("refused"),
+            rows_sent: r.counter(
+                "bourse_delivery_records_sent_total",
+                "Records sent in answers",
+                &[],
+            ),
+            records_written: r.counter(
+                "bourse_delivery_records_written_total",
+                "Records written into the store",
+                &[],
+            ),
+            entries_applied: r.counter(
+                "bourse_delivery_entries_applied_total",
+                "Committed entries applied",
+                &[],
+            ),
+            connections_http: connections("http"),
+            connections_binary: connections("binary"),
+            lag: r.histogram(
+                "bourse_delivery_lag_seconds",
+                "Per record sent: answer time less the record's time",
+                &[],
+            ),
+            select: stage("select"),
+            answer: stage("answer"),
+            registry: r,
+        }
+    }
+}
+
+impl Default for ApiCounters {
+    fn default() -> ApiCounters {
+        ApiCounters::new()
+    }
+}
+
+/// One open connection on a gauge: counted up when made, down when dropped.
+pub(crate) struct ConnectionGauge(Gauge);
+
+impl ConnectionGauge {
+    pub(crate) fn open(gauge: &Gauge) -> ConnectionGauge {
+        gauge.add(1);
+        ConnectionGauge(gauge.clone())
+    }
+}
+
+impl Drop for ConnectionGauge {
+    fn drop(&mut self) {
+        self.0.add(-1);
+    }
 }
 
 /// What the feeds, the server and the persister share.
@@ -157,6 +263,8 @@ pub struct Shared {
     /// Per core, why its feed is not running (or is retrying), if it is not well.
     pub feed_errors: Mutex<Vec<Option<String>>>,
     pub limits: Limits,
+    /// Polls being answered, over both fronts, at most `limits.polls_in_flight_max`.
+    pub polls: Semaphore,
 }
 
 impl Shared {
@@ -167,6 +275,7 @@ impl Shared {
             changed: watch::channel(0).0,
             counters: ApiCounters::default(),
             feed_errors: Mutex::new(vec![None; cores]),
+            polls: Semaphore::new(limits.polls_in_flight_max),
             limits,
         })
     }
@@ -181,6 +290,7 @@ impl Shared {
 pub struct DeliveryNode {
     shared: Arc<Shared>,
     addr: SocketAddr,
+    binary_addr: Option<SocketAddr>,
     config: DeliveryConfig,
     stop: watch::Sender<bool>,
     runtime: Option<tokio::runtime::Runtime>,
@@ -199,14 +309,18 @@ impl DeliveryNode {
             .enable_all()
             .build()
             .map_err(|e| format!("runtime: {e}"))?;
-        let listener = std::net::TcpListener::bind(config.listen)
-            .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| format!("listener: {e}"))?;
+        let listener = bind(config.listen)?;
         let addr = listener
             .local_addr()
             .map_err(|e| format!("listener: {e}"))?;
+        let binary = match config.binary_listen {
+            Some(a) => Some(bind(a)?),
+            None => None,
+        };
+        let binary_addr = match &binary {
+            Some(l) => Some(l.local_addr().map_err(|e| format!("listener: {e}"))?),
+            None => None,
+        };
         let shared = Shared::new(store, config.limits.clone());
         let (stop, stopped) = watch::channel(false);
         {
@@ -229,11 +343,21 @@ impl DeliveryNode {
             }
             let listener =
                 tokio::net::TcpListener::from_std(listener).map_err(|e| format!("{e}"))?;
+            if let Some(binary) = binary {
+                let binary =
+                    tokio::net::TcpListener::from_std(binary).map_err(|e| format!("{e}"))?;
+                tokio::spawn(crate::binary::serve(
+                    binary,
+                    shared.clone(),
+                    stopped.clone(),
+                ));
+            }
             tokio::spawn(crate::server::serve(listener, shared.clone(), stopped));
         }
         Ok(DeliveryNode {
             shared,
             addr,
+            binary_addr,
             config,
             stop,
             runtime: Some(runtime),
@@ -242,6 +366,11 @@ impl DeliveryNode {
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The binary API's address, when it is served.
+    pub fn binary_addr(&self) -> Option<SocketAddr> {
+        self.binary_addr
     }
 
     pub fn url(&self) -> String {
@@ -291,6 +420,15 @@ impl Drop for DeliveryNode {
     fn drop(&mut self) {
         let _ = self.shutdown();
     }
+}
+
+fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
+    let listener =
+        std::net::TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("listener: {e}"))?;
+    Ok(listener)
 }
 
 fn load_store(config: &DeliveryConfig) -> Result<Store, String> {
@@ -367,9 +505,11 @@ async fn feed(
                         .write()
                         .expect("store")
                         .apply_entry(slot, &entry);
+                    shared.counters.entries_applied.inc();
                     match applied {
                         Ok(0) => {}
-                        Ok(_) => {
+                        Ok(n) => {
+                            shared.counters.records_written.add(n as u64);
                             shared.changed.send_modify(|v| *v += 1);
                         }
                         Err(e) => {
@@ -427,6 +567,7 @@ mod tests {
         let mut c = DeliveryConfig {
             name: "x".into(),
             listen: "127.0.0.1:0".parse().unwrap(),
+            binary_listen: None,
             state_dir: None,
             persist_interval_ms: 10,
             cores: Vec::new(),

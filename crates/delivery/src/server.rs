@@ -3,16 +3,15 @@
 //! `GET /v1/orders?cursor=&firm=&account=&instrument=&limit=&wait_us=&min_rows=` answers
 //! `{"header":{...},"records":[...]}` with the header first (next cursor, count, oldest
 //! record's time, the server's timings), and the next cursor also in the response header
-//! `x-bourse-next-cursor`, so a client can ask again before it decodes the records. When
-//! fewer than `min_rows` (default 1) records are ready, the poll waits up to `wait_us`
-//! (default 500 µs; tokio's timer rounds a deadline up to the next millisecond) for more,
-//! waking on every entry the feeds write. It holds no lock while it waits: the read lock is
-//! taken only to copy out at most `limit` records. Bad input gets a JSON error naming what is
-//! wrong: 400 (bad parameter, unknown parameter, malformed cursor), 409 (foreign cursor), 410
-//! (cursor too old), 503 with `Retry-After` (too many polls at once).
+//! `x-bourse-next-cursor`, so a client can ask again before it decodes the records. The poll
+//! itself (limits, the wait for `min_rows`; tokio's timer rounds a deadline up to the next
+//! millisecond) is [`crate::poll`]'s, shared with the binary front. Bad input gets a JSON
+//! error naming what is wrong: 400 (bad parameter, unknown parameter, malformed cursor), 409
+//! (foreign cursor), 410 (cursor too old), 503 with `Retry-After` (too many polls at once).
 
-use crate::cursor::{Cursor, CursorError};
-use crate::node::Shared;
+use crate::cursor::Cursor;
+use crate::node::{ConnectionGauge, Shared};
+use crate::poll::{self, Asked, Refusal, Selected};
 use crate::record::Filter;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -24,11 +23,12 @@ use bourse_core::{AccountId, FirmId, InstrumentId};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
+
+pub use crate::poll::ServerTimings;
 use tower::ServiceExt;
 
 /// The name of the response header that repeats the next cursor.
@@ -47,17 +47,6 @@ pub struct PollParams {
     pub limit: Option<usize>,
     pub wait_us: Option<u64>,
     pub min_rows: Option<usize>,
-}
-
-/// The server's own timings of one poll.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ServerTimings {
-    /// From the request's arrival to the answer, waiting included.
-    pub total_us: u64,
-    /// Time spent selecting records (under the read lock).
-    pub select_us: u64,
-    /// Selects made (1, plus one per wake-up while waiting for `min_rows`).
-    pub selects: u32,
 }
 
 /// The header that opens every answer.
@@ -87,174 +76,81 @@ fn error(status: StatusCode, code: &str, message: String) -> Response {
     r
 }
 
-/// A refused request: status, error code, message.
-type Refusal = (StatusCode, &'static str, String);
-
-fn cursor_refusal(e: &CursorError) -> Refusal {
-    let (status, code) = match e {
-        CursorError::Malformed(_) => (StatusCode::BAD_REQUEST, "cursor_malformed"),
-        CursorError::Foreign(_) => (StatusCode::CONFLICT, "cursor_foreign"),
-        CursorError::TooOld { .. } => (StatusCode::GONE, "cursor_too_old"),
-    };
-    (status, code, e.to_string())
-}
-
-fn cursor_error(e: &CursorError) -> Response {
-    let (status, code, message) = cursor_refusal(e);
-    error(status, code, message)
+fn refused(r: &Refusal) -> Response {
+    let status = StatusCode::from_u16(r.kind.http_status()).expect("refusal statuses are valid");
+    error(status, r.kind.code(), r.message.clone())
 }
 
 pub fn router(shared: Arc<Shared>) -> Router {
-    let polls = Arc::new(Semaphore::new(shared.limits.polls_in_flight_max));
     Router::new()
-        .route(
-            "/v1/orders",
-            get(move |state, query| orders(state, query, polls.clone())),
-        )
+        .route("/v1/orders", get(orders))
         .route("/v1/status", get(status))
+        .route("/metrics", get(metrics))
         .fallback(|| async {
             error(
                 StatusCode::NOT_FOUND,
                 "not_found",
-                "unknown path: the API is GET /v1/orders and GET /v1/status".into(),
+                "unknown path: the API is GET /v1/orders, GET /v1/status and GET /metrics".into(),
             )
         })
         .with_state(shared)
 }
 
-/// Checked parameters of one poll.
-struct Poll {
-    cursor: Option<Cursor>,
-    filter: Filter,
-    limit: usize,
-    wait: Duration,
-    min_rows: usize,
-}
-
-fn check(p: PollParams, s: &Shared) -> Result<Poll, Refusal> {
-    let l = &s.limits;
-    let bad = |m: String| (StatusCode::BAD_REQUEST, "bad_request", m);
-    let limit = p.limit.unwrap_or(l.rows_per_answer_default);
-    if limit == 0 || limit > l.rows_per_answer_max {
-        return Err(bad(format!(
-            "limit {limit} is outside 1..={}",
-            l.rows_per_answer_max
-        )));
-    }
-    let wait_us = p.wait_us.unwrap_or(l.wait_us_default);
-    if wait_us > l.wait_us_max {
-        return Err(bad(format!(
-            "wait_us {wait_us} is above the most a poll may wait, {}",
-            l.wait_us_max
-        )));
-    }
-    let min_rows = p.min_rows.unwrap_or(1);
-    if min_rows > limit {
-        return Err(bad(format!("min_rows {min_rows} is above limit {limit}")));
-    }
+fn checked(p: PollParams, s: &Shared) -> Result<poll::Poll, Refusal> {
     let cursor = match p.cursor.as_deref() {
         None | Some("") => None,
-        Some(text) => Some(Cursor::decode(text).map_err(|e| cursor_refusal(&e))?),
+        Some(text) => Some(Cursor::decode(text).map_err(|e| Refusal::from(&e))?),
     };
-    Ok(Poll {
-        cursor,
+    let asked = Asked {
         filter: Filter {
             firm: p.firm.map(FirmId),
             account: p.account.map(AccountId),
             instrument: p.instrument.map(InstrumentId),
         },
-        limit,
-        wait: Duration::from_micros(wait_us),
-        min_rows,
-    })
+        limit: p.limit,
+        wait_us: p.wait_us,
+        min_rows: p.min_rows,
+    };
+    poll::check(asked, cursor, s)
 }
 
 async fn orders(
     State(s): State<Arc<Shared>>,
     query: Result<Query<PollParams>, QueryRejection>,
-    polls: Arc<Semaphore>,
 ) -> Response {
     let started = Instant::now();
-    s.counters.polls.fetch_add(1, Ordering::Relaxed);
-    let Ok(_permit) = polls.try_acquire() else {
-        s.counters
-            .polls_refused_busy
-            .fetch_add(1, Ordering::Relaxed);
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "busy",
-            format!(
-                "more than {} polls at once; retry after a pause",
-                s.limits.polls_in_flight_max
-            ),
-        );
+    s.counters.polls.inc();
+    let Ok(_permit) = s.polls.try_acquire() else {
+        s.counters.polls_refused_busy.inc();
+        return refused(&Refusal::busy(&s));
     };
-    let poll = match query {
-        Ok(Query(p)) => check(p, &s),
-        Err(e) => Err((StatusCode::BAD_REQUEST, "bad_request", e.body_text())),
+    let checked = match query {
+        Ok(Query(p)) => checked(p, &s),
+        Err(e) => Err(Refusal::bad_request(e.body_text())),
     };
-    let poll = match poll {
-        Ok(p) => p,
-        Err((status, code, message)) => {
-            s.counters.polls_bad_request.fetch_add(1, Ordering::Relaxed);
-            return error(status, code, message);
-        }
+    let result = match checked {
+        Ok(p) => poll::select(&s, &p, started)
+            .await
+            .map_err(|e| Refusal::from(&e)),
+        Err(r) => Err(r),
     };
-    match answer(&s, &poll, started).await {
-        Ok(r) => r,
-        Err(e) => {
-            s.counters.polls_bad_request.fetch_add(1, Ordering::Relaxed);
-            cursor_error(&e)
+    match result {
+        Ok(selected) => respond(selected),
+        Err(r) => {
+            s.counters.polls_bad_request.inc();
+            refused(&r)
         }
     }
 }
 
-/// Selects, and while fewer than `min_rows` are ready and the deadline has not passed, waits
-/// for the feeds' next write and selects again.
-async fn answer(s: &Shared, poll: &Poll, started: Instant) -> Result<Response, CursorError> {
-    let deadline = tokio::time::Instant::from_std(started + poll.wait);
-    let mut changed: watch::Receiver<u64> = s.changed.subscribe();
-    let mut timings = ServerTimings::default();
-    loop {
-        changed.borrow_and_update();
-        let t = Instant::now();
-        let (answer, next) = {
-            let store = s.store.read().expect("store");
-            let from = store.resolve(poll.cursor.as_ref())?;
-            let a = store.query(&from, &poll.filter, poll.limit);
-            let next = store.cursor(&a.next).encode();
-            (a, next)
-        };
-        timings.select_us += t.elapsed().as_micros() as u64;
-        timings.selects += 1;
-        let ready = answer.records.len() >= poll.min_rows;
-        if ready || tokio::time::Instant::now() >= deadline {
-            timings.total_us = started.elapsed().as_micros() as u64;
-            return Ok(respond(s, answer.records, next, timings));
-        }
-        // A timeout or a closed channel: select once more and answer with what there is.
-        let _ = tokio::time::timeout_at(deadline, changed.changed()).await;
-    }
-}
-
-fn respond(
-    s: &Shared,
-    records: Vec<crate::record::Record>,
-    next: String,
-    timings: ServerTimings,
-) -> Response {
-    let c = &s.counters;
-    if records.is_empty() {
-        c.polls_empty.fetch_add(1, Ordering::Relaxed);
-    }
-    c.rows_sent
-        .fetch_add(records.len() as u64, Ordering::Relaxed);
+fn respond(selected: Selected) -> Response {
     let header = AnswerHeader {
-        next_cursor: next,
-        count: records.len(),
-        oldest_ts_ns: records.iter().map(|r| r.ts_ns()).min(),
-        server: timings,
+        next_cursor: selected.next.encode(),
+        count: selected.records.len(),
+        oldest_ts_ns: selected.oldest_ts_ns(),
+        server: selected.timings,
     };
+    let records = &selected.records;
     let mut body = Vec::with_capacity(256 + records.len() * 400);
     body.extend_from_slice(b"{\"header\":");
     serde_json::to_writer(&mut body, &header).expect("a header serialises");
@@ -284,18 +180,33 @@ async fn status(State(s): State<Arc<Shared>>) -> Response {
     let cores = s.store.read().expect("store").stats();
     let feeds = s.feed_errors.lock().expect("feed errors").clone();
     let c = &s.counters;
-    let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     axum::Json(serde_json::json!({
         "cores": cores,
         "feed_errors": feeds,
-        "polls": n(&c.polls),
-        "polls_empty": n(&c.polls_empty),
-        "rows_sent": n(&c.rows_sent),
-        "polls_refused_busy": n(&c.polls_refused_busy),
-        "polls_bad_request": n(&c.polls_bad_request),
+        "polls": c.polls.get(),
+        "polls_empty": c.polls_empty.get(),
+        "rows_sent": c.rows_sent.get(),
+        "polls_refused_busy": c.polls_refused_busy.get(),
+        "polls_bad_request": c.polls_bad_request.get(),
+        "records_written": c.records_written.get(),
+        "connections": {"http": c.connections_http.get(), "binary": c.connections_binary.get()},
         "limits": s.limits,
     }))
     .into_response()
+}
+
+/// The node's figures in the Prometheus text format.
+async fn metrics(State(s): State<Arc<Shared>>) -> Response {
+    let mut text = String::with_capacity(8 * 1024);
+    s.counters.registry.render(&mut text);
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        )],
+        text,
+    )
+        .into_response()
 }
 
 /// Serves until `stopped` changes: its own accept loop, for the limits (connections past
@@ -304,7 +215,7 @@ async fn status(State(s): State<Arc<Shared>>) -> Response {
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watch::Receiver<bool>) {
     let connections = Arc::new(Semaphore::new(shared.limits.connections_max));
     let timeout = Duration::from_millis(shared.limits.header_read_timeout_ms);
-    let app = router(shared);
+    let app = router(shared.clone());
     loop {
         let accepted = tokio::select! {
             _ = stopped.changed() => return,
@@ -325,8 +236,10 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watc
             app.clone().oneshot(req)
         });
         let mut stopped = stopped.clone();
+        let open = ConnectionGauge::open(&shared.counters.connections_http);
         tokio::spawn(async move {
             let _permit = permit;
+            let _open = open;
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(TokioTimer::new())

@@ -59,6 +59,8 @@ pub struct SessionConfig {
     pub resend_messages_max: u64,
     /// Logons asking for a longer HeartBtInt are refused.
     pub heart_bt_int_max_s: u32,
+    /// As initiator, the Password (554) sent on Logon; none: no Password field.
+    pub logon_password: Option<String>,
 }
 
 impl SessionConfig {
@@ -79,6 +81,7 @@ impl SessionConfig {
             queued_messages_max: 10_000,
             resend_messages_max: 100_000,
             heart_bt_int_max_s: 3_600,
+            logon_password: None,
         }
     }
 }
@@ -472,10 +475,14 @@ impl Session {
         match msg_type {
             b"A" => self.next_logon(now_ms, &inbound, app),
             _ if !self.state.received_logon => {
-                let text = format!(
-                    "Received msg type '{}' when not logged on",
-                    String::from_utf8_lossy(msg_type)
-                );
+                // A Logout in answer to our Logon says why the acceptor refused it.
+                let text = match (msg_type, raw.get_str(tags::TEXT)) {
+                    (b"5", Some(why)) => format!("Received logout before logon: {why}"),
+                    _ => format!(
+                        "Received msg type '{}' when not logged on",
+                        String::from_utf8_lossy(msg_type)
+                    ),
+                };
                 self.disconnect(&text, app);
             }
             b"0" => {
@@ -985,6 +992,9 @@ impl Session {
         let mut logon = OutMessage::new(msg_type::LOGON);
         logon.push(tags::ENCRYPT_METHOD, "0");
         logon.push(tags::HEART_BT_INT, self.state.heart_bt_int_s.to_string());
+        if let Some(password) = &self.config.logon_password {
+            logon.push(tags::PASSWORD, password);
+        }
         // With reset_on_logon both sides start again from 1: reset our store
         // and ask the peer to do the same with ResetSeqNumFlag=Y.
         let should_reset = self.config.reset_on_logon;

@@ -1,5 +1,6 @@
 //! The gateway's configuration, read from TOML (see `examples/gateway.toml`).
 
+use bourse_auth::PasswordHashString;
 use bourse_core::{AccountId, FirmId, Instrument, InstrumentId};
 use serde::Deserialize;
 use std::collections::HashSet;
@@ -44,6 +45,15 @@ pub struct Limits {
     pub fix_listen: Option<SocketAddr>,
     /// Where binary clients connect; none: no binary listener.
     pub binary_listen: Option<SocketAddr>,
+    /// Where FIX clients connect over TLS (needs `tls_cert_path` and `tls_key_path`); none:
+    /// no FIX TLS listener.
+    pub fix_tls_listen: Option<SocketAddr>,
+    /// Where binary clients connect over TLS; none: no binary TLS listener.
+    pub binary_tls_listen: Option<SocketAddr>,
+    /// The TLS listeners' certificate chain (PEM, leaf first).
+    pub tls_cert_path: Option<PathBuf>,
+    /// The TLS listeners' private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub tls_key_path: Option<PathBuf>,
     /// FIX session stores (sequence numbers and sent messages), one directory per session.
     pub store_dir: PathBuf,
     /// fsync the FIX stores on every write.
@@ -91,6 +101,10 @@ impl Default for Limits {
         Limits {
             fix_listen: None,
             binary_listen: None,
+            fix_tls_listen: None,
+            binary_tls_listen: None,
+            tls_cert_path: None,
+            tls_key_path: None,
             store_dir: PathBuf::from("gateway-store"),
             store_sync: false,
             connections_max: 256,
@@ -182,6 +196,12 @@ pub struct FixSessionConfig {
     /// Source addresses the session may log on from; empty: any.
     #[serde(default)]
     pub allowed_addresses: Vec<IpAddr>,
+    /// The Argon2id hash (PHC string, `bourse auth hash-password`) of the password the
+    /// client must send in Logon's Password (554); none: no password is asked for.
+    pub password_hash: Option<PasswordHashString>,
+    /// The session logs on only over the FIX TLS listener (`fix_tls_listen`).
+    #[serde(default)]
+    pub tls_required: bool,
 }
 
 fn default_gateway_comp_id() -> String {
@@ -199,6 +219,12 @@ pub struct BinarySessionConfig {
     /// Source addresses the session may establish from; empty: any.
     #[serde(default)]
     pub allowed_addresses: Vec<IpAddr>,
+    /// The Argon2id hash (PHC string) of the password the client must send in Establish's
+    /// `password` (schema version 2; at most 32 printable ASCII bytes); none: no password.
+    pub password_hash: Option<PasswordHashString>,
+    /// The session establishes only over the binary TLS listener (`binary_tls_listen`).
+    #[serde(default)]
+    pub tls_required: bool,
 }
 
 impl GatewayConfig {
@@ -312,8 +338,32 @@ impl GatewayConfig {
     /// Checks everything that would otherwise fail later, with a message naming the entry.
     pub fn validate(&self) -> Result<(), String> {
         let g = &self.gateway;
-        if g.fix_listen.is_none() && g.binary_listen.is_none() {
-            return Err("gateway: set fix_listen and/or binary_listen".into());
+        if g.fix_listen.is_none()
+            && g.binary_listen.is_none()
+            && g.fix_tls_listen.is_none()
+            && g.binary_tls_listen.is_none()
+        {
+            return Err(
+                "gateway: set fix_listen, binary_listen, fix_tls_listen and/or binary_tls_listen"
+                    .into(),
+            );
+        }
+        let tls_listen = g.fix_tls_listen.is_some() || g.binary_tls_listen.is_some();
+        let tls_files = (g.tls_cert_path.is_some(), g.tls_key_path.is_some());
+        match (tls_listen, tls_files) {
+            (true, (true, true)) | (false, (false, false)) => {}
+            (true, _) => {
+                return Err(
+                    "gateway: fix_tls_listen/binary_tls_listen need tls_cert_path and tls_key_path"
+                        .into(),
+                )
+            }
+            (false, _) => {
+                return Err(
+                    "gateway: tls_cert_path and tls_key_path go with fix_tls_listen or binary_tls_listen"
+                        .into(),
+                )
+            }
         }
         if g.connections_max == 0 || g.connections_max > CONNECTIONS_MAX_CEILING {
             return Err(format!(
@@ -386,6 +436,12 @@ impl GatewayConfig {
             if s.throttle_msgs_per_s == Some(0) {
                 return Err(format!("fix session {}: throttle 0", s.client_comp_id));
             }
+            if s.tls_required && g.fix_tls_listen.is_none() {
+                return Err(format!(
+                    "fix session {}: tls_required without fix_tls_listen",
+                    s.client_comp_id
+                ));
+            }
         }
         let mut creds = HashSet::new();
         for s in &self.binary_sessions {
@@ -408,6 +464,12 @@ impl GatewayConfig {
             }
             if s.throttle_msgs_per_s == Some(0) {
                 return Err(format!("binary session {}: throttle 0", s.credentials));
+            }
+            if s.tls_required && g.binary_tls_listen.is_none() {
+                return Err(format!(
+                    "binary session {}: tls_required without binary_tls_listen",
+                    s.credentials
+                ));
             }
         }
         Ok(())
@@ -527,6 +589,37 @@ reference_price = 108000
         let err = GatewayConfig::from_toml(&text).unwrap_err();
         assert!(
             err.contains("monitor_listen") && err.contains("multicast"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn tls_listeners_and_their_certificate_come_together() {
+        let base = "[gateway]\nfix_listen = \"127.0.0.1:0\"\n";
+        let no_files = format!("{base}fix_tls_listen = \"127.0.0.1:0\"\n");
+        let err = GatewayConfig::from_toml(&no_files).unwrap_err();
+        assert!(err.contains("need tls_cert_path and tls_key_path"), "{err}");
+        let no_listener = format!("{base}tls_cert_path = \"c.pem\"\ntls_key_path = \"k.pem\"\n");
+        let err = GatewayConfig::from_toml(&no_listener).unwrap_err();
+        assert!(err.contains("go with fix_tls_listen"), "{err}");
+        let tls_only = "[gateway]\nbinary_tls_listen = \"127.0.0.1:0\"\ntls_cert_path = \"c.pem\"\ntls_key_path = \"k.pem\"\n";
+        assert!(GatewayConfig::from_toml(tls_only).is_ok());
+    }
+
+    #[test]
+    fn a_password_hash_that_is_not_argon2id_is_refused_naming_the_field() {
+        let text = r#"
+[gateway]
+fix_listen = "127.0.0.1:0"
+[[fix_sessions]]
+client_comp_id = "X"
+firm = 1
+accounts = [1]
+password_hash = "secret"
+"#;
+        let err = GatewayConfig::from_toml(text).unwrap_err();
+        assert!(
+            err.contains("password_hash") || err.contains("PHC"),
             "{err}"
         );
     }

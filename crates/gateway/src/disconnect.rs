@@ -41,6 +41,9 @@ pub enum DisconnectReason {
     SessionInUse,
     /// The session may not log on from this source address.
     AddressNotAllowed,
+    /// The session has a `password_hash` and the Logon's Password (554), or the Establish's
+    /// password, was missing or did not match it.
+    BadPassword,
     /// The Logon was refused for another reason (the session layer's text is logged).
     LogonRefused,
     /// An orderly Logout (either side).
@@ -53,10 +56,15 @@ pub enum DisconnectReason {
     BinaryTerminate,
     /// The gateway is stopping.
     Shutdown,
+    /// On a TLS listener: the handshake or a record failed (no common version or cipher,
+    /// a certificate the client refused, plain bytes instead of TLS).
+    TlsError,
+    /// The session logs on only over TLS (`tls_required`) and came over plain TCP.
+    TlsRequired,
 }
 
 impl DisconnectReason {
-    pub const ALL: [DisconnectReason; 21] = [
+    pub const ALL: [DisconnectReason; 24] = [
         DisconnectReason::PeerClosed,
         DisconnectReason::IoError,
         DisconnectReason::SlowConsumer,
@@ -72,12 +80,15 @@ impl DisconnectReason {
         DisconnectReason::UnknownSession,
         DisconnectReason::SessionInUse,
         DisconnectReason::AddressNotAllowed,
+        DisconnectReason::BadPassword,
         DisconnectReason::LogonRefused,
         DisconnectReason::Logout,
         DisconnectReason::HeartbeatTimeout,
         DisconnectReason::FixSession,
         DisconnectReason::BinaryTerminate,
         DisconnectReason::Shutdown,
+        DisconnectReason::TlsError,
+        DisconnectReason::TlsRequired,
     ];
 
     /// Its position in [`DisconnectReason::ALL`] (the loop's counter index).
@@ -106,12 +117,15 @@ impl DisconnectReason {
             DisconnectReason::UnknownSession => "unknown_session",
             DisconnectReason::SessionInUse => "session_in_use",
             DisconnectReason::AddressNotAllowed => "address_not_allowed",
+            DisconnectReason::BadPassword => "bad_password",
             DisconnectReason::LogonRefused => "logon_refused",
             DisconnectReason::Logout => "logout",
             DisconnectReason::HeartbeatTimeout => "heartbeat_timeout",
             DisconnectReason::FixSession => "fix_session",
             DisconnectReason::BinaryTerminate => "binary_terminate",
             DisconnectReason::Shutdown => "shutdown",
+            DisconnectReason::TlsError => "tls_error",
+            DisconnectReason::TlsRequired => "tls_required",
         }
     }
 

@@ -72,6 +72,7 @@ pub mod reports;
 pub mod router;
 pub mod server;
 pub mod throttle;
+pub mod tls;
 
 pub use bourse_core::link::{CoreLink, CoreOutput, RequestKey, SubmitError};
 pub use config::GatewayConfig;

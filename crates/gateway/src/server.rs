@@ -18,6 +18,7 @@
 
 mod admission;
 mod binary_session;
+mod credentials;
 
 pub use crate::disconnect::DisconnectReason;
 
@@ -28,11 +29,12 @@ use crate::fix_front::{self, FixApp};
 use crate::metrics::{GatewayMetrics, LoopCounters};
 use crate::recovery;
 use crate::router::{ExecKind, Proto, RejectCause, Report, Router, SessionRef};
+use crate::tls::Transport;
 use bourse_core::link::CoreLink;
 use bourse_core::*;
 use bourse_fix::session::{Action, Role, Session, SessionConfig};
 use bourse_fix::FileStore;
-use bourse_fix::{Dictionary, OutMessage};
+use bourse_fix::{Dictionary, OutMessage, RawMessage};
 use bourse_monitor::{DashboardServer, Monitor, MonitorConfig, Stage, Trace};
 use bourse_wire::frame::encode_frame;
 use bourse_wire::order_entry::{self as oe, FrameDecoder, Message, FRAME_BYTES_MAX};
@@ -49,7 +51,9 @@ use std::time::Duration;
 const WAKER: Token = Token(0);
 const FIX_LISTENER: Token = Token(1);
 const BINARY_LISTENER: Token = Token(2);
-const FIRST_CONN: usize = 3;
+const FIX_TLS_LISTENER: Token = Token(3);
+const BINARY_TLS_LISTENER: Token = Token(4);
+const FIRST_CONN: usize = 5;
 
 /// Bytes read from one connection per loop turn: the loop's duty cycle. A client that sends
 /// faster than the gateway processes would otherwise be read until it pauses, and every
@@ -88,6 +92,8 @@ pub struct GatewayStats {
 pub struct GatewayHandle {
     fix_addr: Option<SocketAddr>,
     binary_addr: Option<SocketAddr>,
+    fix_tls_addr: Option<SocketAddr>,
+    binary_tls_addr: Option<SocketAddr>,
     stats: Arc<GatewayStats>,
     stop: Arc<AtomicBool>,
     waker: Arc<Waker>,
@@ -110,6 +116,14 @@ impl GatewayHandle {
     }
     pub fn binary_addr(&self) -> Option<SocketAddr> {
         self.binary_addr
+    }
+    /// Where FIX clients connect over TLS (`fix_tls_listen`), if they can.
+    pub fn fix_tls_addr(&self) -> Option<SocketAddr> {
+        self.fix_tls_addr
+    }
+    /// Where binary clients connect over TLS (`binary_tls_listen`), if they can.
+    pub fn binary_tls_addr(&self) -> Option<SocketAddr> {
+        self.binary_tls_addr
     }
     pub fn stats(&self) -> &Arc<GatewayStats> {
         &self.stats
@@ -210,6 +224,26 @@ pub fn spawn_cores(
     let mut binary_listener = config.gateway.binary_listen.map(bind).transpose()?;
     let fix_addr = fix_listener.as_ref().and_then(|l| l.local_addr().ok());
     let binary_addr = binary_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let tls = match (&config.gateway.tls_cert_path, &config.gateway.tls_key_path) {
+        (Some(cert), Some(key)) => Some(crate::tls::server_config(cert, key)?),
+        _ => None,
+    };
+    let mut fix_tls_listener = config.gateway.fix_tls_listen.map(bind).transpose()?;
+    let mut binary_tls_listener = config.gateway.binary_tls_listen.map(bind).transpose()?;
+    let fix_tls_addr = fix_tls_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let binary_tls_addr = binary_tls_listener
+        .as_ref()
+        .and_then(|l| l.local_addr().ok());
+    for (l, token) in [
+        (fix_tls_listener.as_mut(), FIX_TLS_LISTENER),
+        (binary_tls_listener.as_mut(), BINARY_TLS_LISTENER),
+    ] {
+        if let Some(l) = l {
+            poll.registry()
+                .register(l, token, Interest::READABLE)
+                .map_err(|e| e.to_string())?;
+        }
+    }
     if let Some(l) = fix_listener.as_mut() {
         poll.registry()
             .register(l, FIX_LISTENER, Interest::READABLE)
@@ -285,10 +319,14 @@ pub fn spawn_cores(
     }
     let stats = Arc::new(GatewayStats::default());
     let stop = Arc::new(AtomicBool::new(false));
+    let checks = credentials::Checks::start(&config, Arc::clone(&waker))?;
     let mut server = Server {
         poll,
         fix_listener,
         binary_listener,
+        fix_tls_listener,
+        binary_tls_listener,
+        tls,
         conns: HashMap::new(),
         next_token: FIRST_CONN,
         fix,
@@ -307,6 +345,7 @@ pub fn spawn_cores(
         awaiting_write: Vec::new(),
         prelogon: admission::Prelogon::default(),
         close_log: admission::CloseLog::default(),
+        checks,
     };
     let stop_loop = Arc::clone(&stop);
     let thread = std::thread::Builder::new()
@@ -316,6 +355,8 @@ pub fn spawn_cores(
     Ok(GatewayHandle {
         fix_addr,
         binary_addr,
+        fix_tls_addr,
+        binary_tls_addr,
         stats,
         stop,
         waker,
@@ -363,7 +404,8 @@ enum Kind {
 }
 
 struct Conn {
-    stream: TcpStream,
+    /// Plain TCP, or TLS over it (a connection accepted on a TLS listener).
+    stream: Transport,
     kind: Kind,
     out: Vec<u8>,
     out_pos: usize,
@@ -379,12 +421,19 @@ struct Conn {
     /// What the log line of its close adds to the reason (a session's own words).
     close_detail: Option<String>,
     peer: SocketAddr,
+    /// Binary: the schema version the client established with; the gateway's frames to it
+    /// carry that version (`bourse_wire::order_entry::set_frame_version`).
+    wire_version: u16,
 }
 
 struct Server {
     poll: Poll,
     fix_listener: Option<TcpListener>,
     binary_listener: Option<TcpListener>,
+    fix_tls_listener: Option<TcpListener>,
+    binary_tls_listener: Option<TcpListener>,
+    /// The TLS listeners' certificate and key.
+    tls: Option<Arc<rustls::ServerConfig>>,
     conns: HashMap<Token, Conn>,
     next_token: usize,
     fix: Vec<FixSlot>,
@@ -408,6 +457,8 @@ struct Server {
     /// Log lines of closes this second, to keep a flood of hostile connections from
     /// flooding the log too (they are all counted on `/metrics`).
     close_log: admission::CloseLog,
+    /// Password checks off the loop and the connections waiting for them.
+    checks: credentials::Checks,
 }
 
 /// Sampled traces waiting for their write at most (a connection that does not drain must not
@@ -445,8 +496,10 @@ impl Server {
             for event in events.iter() {
                 match event.token() {
                     WAKER => {}
-                    FIX_LISTENER => self.accept(Kind::Fix),
-                    BINARY_LISTENER => self.accept(Kind::Binary),
+                    FIX_LISTENER => self.accept(Kind::Fix, false),
+                    BINARY_LISTENER => self.accept(Kind::Binary, false),
+                    FIX_TLS_LISTENER => self.accept(Kind::Fix, true),
+                    BINARY_TLS_LISTENER => self.accept(Kind::Binary, true),
                     token => {
                         if event.is_readable() || event.is_read_closed() || event.is_error() {
                             readable.push(token);
@@ -464,6 +517,7 @@ impl Server {
                     again.push(token);
                 }
             }
+            self.finish_checks();
             self.router.poll_core(CORE_OUTPUTS_PER_CYCLE_MAX);
             self.deliver();
             if self.now_ms >= last_tick_ms + TICK_INTERVAL_MS {
@@ -556,6 +610,11 @@ impl Server {
             if conn.closing {
                 return false;
             }
+            if conn.stream.is_tls() {
+                // A read may finish the handshake or need the socket for its answers: let the
+                // flush look at it (output held back during the handshake leaves then).
+                self.dirty.push(token);
+            }
             let n = match conn.stream.read(scratch) {
                 Ok(0) => {
                     self.close(token, DisconnectReason::PeerClosed);
@@ -564,8 +623,13 @@ impl Server {
                 Ok(n) => n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(_) => {
-                    self.close(token, DisconnectReason::IoError);
+                Err(e) => {
+                    let reason = if e.kind() == ErrorKind::InvalidData {
+                        DisconnectReason::TlsError
+                    } else {
+                        DisconnectReason::IoError
+                    };
+                    self.close_because(token, reason, e.to_string());
                     return false;
                 }
             };
@@ -813,8 +877,8 @@ impl Server {
             let Some(conn) = self.conns.get_mut(&token) else {
                 continue;
             };
-            let mut failed = false;
-            while conn.out_pos < conn.out.len() {
+            let mut failed = conn.stream.flush_tls().is_err();
+            while !failed && conn.out_pos < conn.out.len() {
                 match conn.stream.write(&conn.out[conn.out_pos..]) {
                     Ok(0) => {
                         failed = true;
@@ -880,12 +944,17 @@ impl Server {
         let Some(mut conn) = self.conns.remove(&token) else {
             return;
         };
+        self.checks.parked.remove(&token);
         self.counters.disconnects[reason.index()] += 1;
         self.prelogon.remove(token, conn.peer.ip());
         self.log_close(&conn, token, reason);
         self.awaiting_write.retain(|(t, _)| *t != token);
-        let _ = self.poll.registry().deregister(&mut conn.stream);
-        let _ = conn.stream.shutdown(std::net::Shutdown::Both);
+        if let Transport::Tls(_, tls) = &mut conn.stream {
+            tls.send_close_notify();
+            let _ = conn.stream.flush_tls();
+        }
+        let _ = self.poll.registry().deregister(conn.stream.tcp());
+        let _ = conn.stream.tcp().shutdown(std::net::Shutdown::Both);
         if let Some(slot) = conn.attached {
             match conn.kind {
                 Kind::Fix => {

@@ -475,6 +475,8 @@ impl LocalDeployment {
                             drop_copy: false,
                             throttle_msgs_per_s: None,
                             allowed_addresses: Vec::new(),
+                            password_hash: None,
+                            tls_required: false,
                         });
                 }
             }
@@ -510,6 +512,8 @@ impl LocalDeployment {
                                 accounts: accounts.iter().map(|&a| AccountId(a)).collect(),
                                 throttle_msgs_per_s: None,
                                 allowed_addresses: Vec::new(),
+                                password_hash: None,
+                                tls_required: false,
                             })
                     }
                     SessionProtocol::Fix => {
@@ -523,6 +527,8 @@ impl LocalDeployment {
                                 drop_copy: false,
                                 throttle_msgs_per_s: None,
                                 allowed_addresses: Vec::new(),
+                                password_hash: None,
+                                tls_required: false,
                             })
                     }
                 }

@@ -77,6 +77,16 @@ pub enum Error {
         count_max: u16,
     },
 
+    /// A variable-length data field is longer than the schema allows.
+    #[error(
+        "template {template_id}: variable-length field of {length} bytes exceeds {length_max}"
+    )]
+    VarDataTooLong {
+        template_id: u16,
+        length: u16,
+        length_max: u16,
+    },
+
     /// Bytes follow the message inside a frame that must hold exactly one message.
     #[error("{trailing_bytes} unexpected bytes after the message")]
     TrailingBytes { trailing_bytes: usize },

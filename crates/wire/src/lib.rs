@@ -1,7 +1,7 @@
 //! bourse's wire formats: SBE schemas, the Rust codecs Real Logic's sbe-tool generates from
 //! them, and the thin safe layer that stands between those codecs and untrusted bytes.
 //!
-//! Two protocols, one schema each (in `schemas/` at the repository root):
+//! Three protocols, one schema each (in `schemas/` at the repository root):
 //!
 //! - [`order_entry`]: binary order entry, TWIME-like, SBE over TCP. Session messages
 //!   (Establish, Sequence, RetransmitRequest, Terminate, ...) and application messages
@@ -11,6 +11,8 @@
 //!   header on incremental feeds, then messages (OrderUpdate, OrderExecution,
 //!   OrderBookSnapshot, AggregatedBook, Statistics, Trade, SecurityDefinition, ...), plus the
 //!   two messages of the TCP replay service. Spec: `docs/protocol-market-data.md`.
+//! - [`delivery`]: data delivery's GetOrders, SBE over TCP: a request, then a header and
+//!   fixed-block records (order states, trades, rejects). Spec: `docs/delivery.md`.
 //!
 //! Principal types:
 //!
@@ -23,8 +25,8 @@
 //! - [`frame::encode_frame`] and [`sbe::encode_message`] start any generated encoder.
 //! - [`Error`] is the single error type; nothing in this crate panics on any input.
 //!
-//! The generated code lives in `crates/wire/generated/` as two crates, re-exported here as
-//! [`order_entry::codec`] and [`market_data::codec`]. It is written by `scripts/gen-sbe.sh`
+//! The generated code lives in `crates/wire/generated/` as three crates, re-exported here as
+//! [`order_entry::codec`], [`market_data::codec`] and [`delivery::codec`]. It is written by `scripts/gen-sbe.sh`
 //! and must not be edited by hand; CI runs `scripts/gen-sbe.sh --check`.
 //!
 //! The generated decoders index their buffer without checks and panic on short input, which
@@ -35,6 +37,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod delivery;
 mod error;
 pub mod frame;
 pub mod market_data;

@@ -74,6 +74,8 @@ const GROUP_HEADER_BYTES: usize = 3;
 
 schema_messages! {
     sbe = bourse_sbe_market_data;
+    // Every message of the market data schema is as version 1 defined it.
+    older_block_length = crate::sbe::no_older_block_length;
     Heartbeat => heartbeat_codec::HeartbeatDecoder / HeartbeatEncoder [],
     SequenceReset => sequence_reset_codec::SequenceResetDecoder / SequenceResetEncoder [],
     BestPrices => best_prices_codec::BestPricesDecoder / BestPricesEncoder [GroupLayout {

@@ -57,9 +57,31 @@ pub const ESTABLISH_TIMEOUT_MS: u32 = 5_000;
 
 /// Credentials field width in Establish.
 pub const CREDENTIALS_BYTES: usize = 32;
+/// Password field width in Establish (since version 2).
+pub const PASSWORD_BYTES: usize = 32;
+/// Establish's root block in version 1, before `password` was appended.
+pub const ESTABLISH_V1_BLOCK_LENGTH: u16 = 44;
+
+/// Root block lengths of older versions: version 2 appended `password` to Establish, so a
+/// version 1 Establish is 44 bytes; no other template changed.
+fn older_block_length(template: TemplateId, version: u16) -> Option<u16> {
+    (template == TemplateId::Establish && version < 2).then_some(ESTABLISH_V1_BLOCK_LENGTH)
+}
+
+/// Rewrites the schema version in the SBE header of a framed message (frame header, then SBE
+/// header) to `version`, for a peer that established with an older version: valid for every
+/// message a server sends, since no server message changed after version 1. Frames too short
+/// to hold both headers are left alone.
+pub fn set_frame_version(frame: &mut [u8], version: u16) {
+    let at = crate::frame::FRAME_HEADER_BYTES + 6;
+    if let Some(v) = frame.get_mut(at..at + 2) {
+        v.copy_from_slice(&version.to_le_bytes());
+    }
+}
 
 schema_messages! {
     sbe = bourse_sbe_order_entry;
+    older_block_length = older_block_length;
     Establish => establish_codec::EstablishDecoder / EstablishEncoder [],
     EstablishmentAck => establishment_ack_codec::EstablishmentAckDecoder / EstablishmentAckEncoder [],
     EstablishmentReject =>

@@ -73,6 +73,9 @@ pub(crate) struct GroupLayout {
 pub(crate) struct MessageLayout {
     pub block_length_min: u16,
     pub groups: &'static [GroupLayout],
+    /// The largest length accepted for each variable-length data field after the groups, in
+    /// schema order; each field is a u16 length and then that many bytes.
+    pub var_data_max: &'static [u16],
 }
 
 /// Checks the SBE header at the start of `buf` against a schema: the schema id must match and
@@ -152,8 +155,28 @@ pub(crate) fn measure_message(
             })?;
         ensure_available(buf, end)?;
     }
+    for &length_max in layout.var_data_max {
+        let length_end = end + VAR_DATA_LENGTH_BYTES;
+        let length = buf.get(end..length_end).ok_or(Error::Truncated {
+            needed_bytes: length_end,
+            available_bytes: buf.len(),
+        })?;
+        let length = u16::from_le_bytes([length[0], length[1]]);
+        if length > length_max {
+            return Err(Error::VarDataTooLong {
+                template_id: header.template_id,
+                length,
+                length_max,
+            });
+        }
+        end = length_end + usize::from(length);
+        ensure_available(buf, end)?;
+    }
     Ok(end)
 }
+
+/// Size of the length that precedes each variable-length data field.
+pub(crate) const VAR_DATA_LENGTH_BYTES: usize = 2;
 
 fn ensure_available(buf: &[u8], needed_bytes: usize) -> Result<(), Error> {
     if buf.len() < needed_bytes {
@@ -218,14 +241,25 @@ where
     Ok(encoder.message_bytes())
 }
 
+/// The `older_block_length` of a schema none of whose messages grew since version 1.
+pub(crate) fn no_older_block_length<T>(_template: T, _version: u16) -> Option<u16> {
+    None
+}
+
 /// Declares a schema's message list once and derives from it: the `Message` enum of typed
 /// decoders, the `TemplateId` enum, `decode_message`, and `MessageEncoder` for every encoder.
 ///
-/// Each entry is `Variant => codec_module::Decoder / Encoder [groups...]`.
+/// Each entry is `Variant => codec_module::Decoder / Encoder [groups...]`, optionally followed by
+/// `data [max lengths...]` for the variable-length data fields after the groups.
+/// `older_block_length` names a `fn(TemplateId, version: u16) -> Option<u16>` giving a
+/// template's root block length in an older schema version whose block was shorter (fields
+/// appended since), so that a message of that version is read by its own `blockLength`.
 macro_rules! schema_messages {
     (
         sbe = $sbe:ident;
-        $( $variant:ident => $codec:ident :: $dec:ident / $enc:ident [ $($group:expr),* ] ),+ $(,)?
+        older_block_length = $older:path;
+        $( $variant:ident => $codec:ident :: $dec:ident / $enc:ident [ $($group:expr),* ]
+            $( data [ $($var_max:expr),* ] )? ),+ $(,)?
     ) => {
         /// Every message of the schema, by template id.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -263,6 +297,7 @@ macro_rules! schema_messages {
                             const GROUPS: &[$crate::sbe::GroupLayout] = &[ $( $group, )* ];
                             GROUPS
                         },
+                        var_data_max: &[ $( $( $var_max, )* )? ],
                     }, )+
                 }
             }
@@ -291,7 +326,11 @@ macro_rules! schema_messages {
             let template = TemplateId::from_u16(header.template_id).ok_or(
                 $crate::Error::UnknownTemplate { template_id: header.template_id },
             )?;
-            let message_bytes = $crate::sbe::measure_message(buf, &header, &template.layout())?;
+            let mut layout = template.layout();
+            if let Some(older) = $older(template, header.version) {
+                layout.block_length_min = older;
+            }
+            let message_bytes = $crate::sbe::measure_message(buf, &header, &layout)?;
             let message_buf = buf.get(..message_bytes).ok_or($crate::Error::Truncated {
                 needed_bytes: message_bytes,
                 available_bytes: buf.len(),

@@ -515,7 +515,7 @@ fn frame_header_errors_come_before_the_body() {
         decoder.decode(&f).unwrap_err(),
         Error::VersionFromFuture {
             version: 7,
-            supported: 1
+            supported: bourse_wire::order_entry::SCHEMA_VERSION
         }
     );
     // A block length that disagrees with the frame.

@@ -62,6 +62,62 @@ fn establish() {
         bourse_wire::ascii_field(&d.credentials()),
         Some("firm-7:secret")
     );
+    assert_eq!(bourse_wire::ascii_field(&d.password()), Some(""));
+}
+
+#[test]
+fn establish_carries_a_password_since_version_2() {
+    let buf = encode!(EstablishEncoder, |e| {
+        e.timestamp_ns(T0).keepalive_interval_ms(1_000);
+        e.credentials_zero_padded(b"firm-7");
+        e.password_zero_padded(b"s3cret");
+    });
+    let Message::Establish(d) = decode(&buf) else {
+        panic!()
+    };
+    assert_eq!(bourse_wire::ascii_field(&d.password()), Some("s3cret"));
+}
+
+/// A version 1 client's Establish is 44 bytes long: read by its own blockLength, with no
+/// password; a version 1 block claiming version 2 is refused as too short.
+#[test]
+fn a_version_1_establish_is_read_by_its_own_block_length() {
+    let full = encode!(EstablishEncoder, |e| {
+        e.timestamp_ns(T0).keepalive_interval_ms(1_000);
+        e.credentials_zero_padded(b"firm-7");
+        e.password_zero_padded(b"ignored");
+    });
+    let v1_len = FRAME_HEADER_BYTES + MESSAGE_HEADER_BYTES + 44;
+    let mut v1 = full[..v1_len].to_vec();
+    v1[0..2].copy_from_slice(&(v1_len as u16).to_le_bytes());
+    v1[4..6].copy_from_slice(&44u16.to_le_bytes());
+    v1[10..12].copy_from_slice(&1u16.to_le_bytes());
+    let Message::Establish(d) = decode(&v1) else {
+        panic!()
+    };
+    assert_eq!(bourse_wire::ascii_field(&d.credentials()), Some("firm-7"));
+    assert_eq!(d.password(), [0u8; 32]);
+    let mut claims_v2 = v1.clone();
+    claims_v2[10..12].copy_from_slice(&2u16.to_le_bytes());
+    assert!(matches!(
+        FrameDecoder::default().decode(&claims_v2),
+        Err(bourse_wire::Error::BlockLengthTooShort { .. })
+    ));
+}
+
+#[test]
+fn a_server_frame_can_be_rewritten_for_a_version_1_peer() {
+    let mut buf = encode!(EstablishmentAckEncoder, |e| {
+        e.request_timestamp_ns(T0)
+            .next_seq_no(1)
+            .keepalive_interval_ms(500);
+    });
+    bourse_wire::order_entry::set_frame_version(&mut buf, 1);
+    assert_eq!(u16::from_le_bytes([buf[10], buf[11]]), 1);
+    let Message::EstablishmentAck(d) = decode(&buf) else {
+        panic!()
+    };
+    assert_eq!(d.next_seq_no(), 1);
 }
 
 #[test]
@@ -473,7 +529,7 @@ fn new_order_golden_bytes() {
     });
     let hex: Vec<String> = buf.iter().map(|b| format!("{b:02x}")).collect();
     let expected = "3f 00 50 eb \
-                    33 00 64 00 01 00 01 00 \
+                    33 00 64 00 01 00 02 00 \
                     2a 00 00 00 00 00 00 00 \
                     42 27 00 00 00 00 00 00 \
                     0a 00 00 00 00 00 00 00 \

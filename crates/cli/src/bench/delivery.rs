@@ -6,11 +6,12 @@
 //! write lock, the entry's decode, the indexes, the readers' wake-up); per-entry apply time.
 //! Scenario `readers`: a writer thread writes at `--rate` records/s (each entry stamped with
 //! its scheduled time, so a writer that falls behind shows in the lag) while N readers poll
-//! the HTTP API over loopback, 20% unfiltered and the rest filtered by firm, each from its
-//! own cursor in a tight loop: lag (receive time − scheduled write time of each record) mean,
-//! p50 … max, records per answer, share of empty answers, with the wait (`wait_us` 500) and
-//! without it (`wait_us` 0). Readers decode only each record's time stamp (a client that
-//! reads the header first). Writer, server and readers share this machine's cores.
+//! over loopback through each front of `--fronts` (HTTP/JSON, SBE over TCP), 20% unfiltered
+//! and the rest filtered by firm, each from its own cursor in a tight loop: lag (receive time
+//! − scheduled write time of each record) mean, p50 … max, records per answer, share of
+//! empty answers, with the wait (`wait_us` 500) and without it (`wait_us` 0). HTTP readers
+//! decode only each record's time stamp (a client that reads the header first); binary
+//! readers decode every record. Writer, server and readers share this machine's cores.
 
 use super::common::{self, histogram, record, Latency, Machine};
 use anyhow::{anyhow, Result};
@@ -19,7 +20,9 @@ use bourse_cluster::stream::{CommittedEntry, CommittedRequest};
 use bourse_cluster::{tokio, OutcomeKind};
 use bourse_core::{Command, Event, FirmId};
 use bourse_delivery::node::Shared;
-use bourse_delivery::{DeliveryClient, Filter, Limits, PollRequest, Store, StoreConfig};
+use bourse_delivery::{
+    BinaryClient, DeliveryClient, Filter, Limits, PollRequest, Store, StoreConfig,
+};
 use bourse_engine::workload::{Flow, FlowConfig};
 use bourse_engine::{Engine, EngineConfig};
 use clap::Args;
@@ -48,12 +51,31 @@ pub struct DeliveryBenchArgs {
     /// Seconds measured per `readers` scenario.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+    /// The fronts the readers poll through: `http` (JSON long poll), `binary` (SBE over TCP).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![Front::Http, Front::Binary])]
+    fronts: Vec<Front>,
     /// Also run a peer in the same invocation: `tarantool` (../shared/peers/tarantool-delivery).
     #[arg(long)]
     peer: Option<String>,
     /// One JSON object per scenario.
     #[arg(long)]
     json: bool,
+}
+
+/// The front a reader polls through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Front {
+    Http,
+    Binary,
+}
+
+impl std::fmt::Display for Front {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Front::Http => "http",
+            Front::Binary => "binary",
+        })
+    }
 }
 
 /// One entry's requests as events, restamped and encoded when written.
@@ -153,9 +175,11 @@ pub fn bench(args: DeliveryBenchArgs) -> Result<()> {
         );
     }
     store_writes(&args, &entries, &machine)?;
-    for &n in &args.readers {
-        for wait_us in [500u64, 0] {
-            readers(&args, &entries, n, wait_us, &machine)?;
+    for &front in &args.fronts {
+        for &n in &args.readers {
+            for wait_us in [500u64, 0] {
+                readers(&args, &entries, front, n, wait_us, &machine)?;
+            }
         }
     }
     if let Some(peer) = &args.peer {
@@ -250,13 +274,53 @@ struct ReaderResult {
     errors: u64,
 }
 
+/// What one answer told a reader: the next cursor, the count, each record's time.
+struct Lags {
+    next_cursor: String,
+    count: usize,
+    ts_ns: Vec<u64>,
+}
+
+/// One poll through `front`: an HTTP reader decodes the header and each record's time stamp
+/// only (a client that reads the header first); a binary reader decodes every record.
+async fn poll_once(
+    http: &mut DeliveryClient,
+    binary: &mut BinaryClient,
+    front: Front,
+    req: &PollRequest,
+) -> Option<Lags> {
+    match front {
+        Front::Http => {
+            let Ok((200, body)) = http.get(&req.path()).await else {
+                return None;
+            };
+            let a = serde_json::from_slice::<LagAnswer>(&body).ok()?;
+            Some(Lags {
+                next_cursor: a.header.next_cursor,
+                count: a.header.count,
+                ts_ns: a.records.iter().map(|r| r.ts_ns).collect(),
+            })
+        }
+        Front::Binary => {
+            let a = binary.poll(req).await.ok()?;
+            Some(Lags {
+                next_cursor: a.header.next_cursor,
+                count: a.header.count,
+                ts_ns: a.records.iter().map(|r| r.ts_ns()).collect(),
+            })
+        }
+    }
+}
+
 async fn reader(
     addr: std::net::SocketAddr,
+    front: Front,
     filter: Filter,
     wait_us: u64,
     stop: Arc<AtomicBool>,
 ) -> ReaderResult {
     let mut client = DeliveryClient::new(addr);
+    let mut binary = BinaryClient::new(addr);
     let mut lag = histogram();
     let mut batch = histogram();
     let mut r = ReaderResult::default();
@@ -270,29 +334,25 @@ async fn reader(
     };
     let mut first = true;
     while !stop.load(Ordering::Relaxed) {
-        let Ok((200, body)) = client.get(&req.path()).await else {
+        let Some(a) = poll_once(&mut client, &mut binary, front, &req).await else {
             r.errors += 1;
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
         let received = now_ns();
-        let Ok(a) = serde_json::from_slice::<LagAnswer>(&body) else {
-            r.errors += 1;
-            continue;
-        };
-        req.cursor = Some(a.header.next_cursor);
+        req.cursor = Some(a.next_cursor);
         if first {
             first = false;
             continue;
         }
         r.answers += 1;
-        r.records += a.header.count as u64;
-        if a.records.is_empty() {
+        r.records += a.count as u64;
+        if a.count == 0 {
             r.empty += 1;
         }
-        record(&mut batch, a.header.count as u64);
-        for rec in &a.records {
-            record(&mut lag, received.saturating_sub(rec.ts_ns));
+        record(&mut batch, a.count as u64);
+        for ts_ns in a.ts_ns {
+            record(&mut lag, received.saturating_sub(ts_ns));
         }
     }
     r.lag = Some(lag);
@@ -303,6 +363,7 @@ async fn reader(
 fn readers(
     args: &DeliveryBenchArgs,
     entries: &[EntryEvents],
+    front: Front,
     n: usize,
     wait_us: u64,
     machine: &Machine,
@@ -320,11 +381,18 @@ fn readers(
     {
         let _g = server_rt.enter();
         let listener = tokio::net::TcpListener::from_std(listener)?;
-        server_rt.spawn(bourse_delivery::server::serve(
-            listener,
-            shared.clone(),
-            stopped,
-        ));
+        match front {
+            Front::Http => server_rt.spawn(bourse_delivery::server::serve(
+                listener,
+                shared.clone(),
+                stopped,
+            )),
+            Front::Binary => server_rt.spawn(bourse_delivery::binary::serve(
+                listener,
+                shared.clone(),
+                stopped,
+            )),
+        };
     }
     let client_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -342,7 +410,7 @@ fn readers(
                     ..Filter::default()
                 }
             };
-            client_rt.spawn(reader(addr, filter, wait_us, stop.clone()))
+            client_rt.spawn(reader(addr, front, filter, wait_us, stop.clone()))
         })
         .collect();
     // The writer: paced at `rate` records/s, each entry stamped with its scheduled time.
@@ -410,7 +478,8 @@ fn readers(
         println!(
             "{}",
             json!({
-                "bench": "delivery", "scenario": format!("readers-{n}-wait-{wait_us}us"),
+                "bench": "delivery", "scenario": format!("readers-{front}-{n}-wait-{wait_us}us"),
+                "front": front.to_string(),
                 "offered_per_s": args.rate, "throughput_per_s": written_per_s,
                 "readers": n, "wait_us": wait_us, "lag_ns": l,
                 "batch_records": {"mean": b.mean, "p50": b.p50, "p99": b.p99, "max": b.max},
@@ -421,7 +490,7 @@ fn readers(
         );
     } else {
         println!(
-            "\nreaders {n} (20% unfiltered), wait_us {wait_us}: offered {} records/s, written {} records/s; load {}",
+            "\nreaders {n} on {front} (20% unfiltered), wait_us {wait_us}: offered {} records/s, written {} records/s; load {}",
             common::count(args.rate),
             common::count(written_per_s),
             loadavg()

@@ -93,13 +93,16 @@ fn read_side(r: &mut Reader) -> Result<Side, DecodeError> {
     r.code(&SIDES, "invalid side")
 }
 
+impl RejectReason {
+    /// The reason with this code ([`RejectReason::code`]), if there is one.
+    pub fn from_code(code: u16) -> Option<RejectReason> {
+        REJECT_REASONS.iter().copied().find(|x| x.code() == code)
+    }
+}
+
 fn read_reason(r: &mut Reader) -> Result<RejectReason, DecodeError> {
     let code = r.u16()?;
-    REJECT_REASONS
-        .iter()
-        .copied()
-        .find(|x| x.code() == code)
-        .ok_or_else(|| r.error("unknown reject reason"))
+    RejectReason::from_code(code).ok_or_else(|| r.error("unknown reject reason"))
 }
 
 const CANCEL_REASONS: [CancelReason; 6] = [

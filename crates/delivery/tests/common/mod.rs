@@ -11,8 +11,7 @@ use bourse_cluster::{ClusterConfig, Node, StreamConsumer};
 use bourse_core::{Command, Event, OrderId, OrderLog};
 use bourse_delivery::record::is_kept;
 use bourse_delivery::{
-    CoreSource, DeliveryClient, DeliveryConfig, DeliveryNode, Filter, Limits, PollRequest, Pos,
-    Record,
+    AnyClient, CoreSource, DeliveryConfig, DeliveryNode, Filter, Limits, PollRequest, Pos, Record,
 };
 use bourse_engine::workload::{Flow, FlowConfig};
 
@@ -221,6 +220,7 @@ pub fn delivery_config(cores: &[&Core], state_dir: Option<std::path::PathBuf>) -
         listen: format!("127.0.0.1:{}", bourse_testkit::free_port())
             .parse()
             .unwrap(),
+        binary_listen: Some("127.0.0.1:0".parse().unwrap()),
         state_dir,
         persist_interval_ms: 20,
         cores: cores.iter().map(|c| c.source()).collect(),
@@ -272,12 +272,7 @@ pub struct Received {
 
 impl Received {
     /// One poll; connection errors (a delivery node being restarted) are retried.
-    pub async fn poll(
-        &mut self,
-        client: &mut DeliveryClient,
-        filter: Filter,
-        limit: usize,
-    ) -> usize {
+    pub async fn poll(&mut self, client: &mut AnyClient, filter: Filter, limit: usize) -> usize {
         let req = PollRequest {
             cursor: self.cursor.clone(),
             filter,
@@ -309,7 +304,7 @@ impl Received {
     }
 
     /// Polls until an answer is empty.
-    pub async fn drain(&mut self, client: &mut DeliveryClient, filter: Filter, limit: usize) {
+    pub async fn drain(&mut self, client: &mut AnyClient, filter: Filter, limit: usize) {
         while self.poll(client, filter, limit).await > 0 {}
     }
 }

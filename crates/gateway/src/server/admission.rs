@@ -13,6 +13,7 @@
 //! counted by reason and logged once, with the peer (at most [`CLOSE_LOG_LINES_PER_S`] lines
 //! a second; the rest are counted and summed up in one line).
 
+use super::credentials;
 use super::*;
 use crate::prelogon::{decode_fault, scan_logon};
 use std::collections::BTreeSet;
@@ -65,11 +66,13 @@ pub(super) struct CloseLog {
 }
 
 impl Server {
-    pub(super) fn accept(&mut self, kind: Kind) {
+    pub(super) fn accept(&mut self, kind: Kind, tls: bool) {
         for _ in 0..ACCEPTS_PER_EVENT_MAX {
-            let listener = match kind {
-                Kind::Fix => self.fix_listener.as_ref(),
-                Kind::Binary => self.binary_listener.as_ref(),
+            let listener = match (kind, tls) {
+                (Kind::Fix, false) => self.fix_listener.as_ref(),
+                (Kind::Binary, false) => self.binary_listener.as_ref(),
+                (Kind::Fix, true) => self.fix_tls_listener.as_ref(),
+                (Kind::Binary, true) => self.binary_tls_listener.as_ref(),
             };
             let Some(listener) = listener else { return };
             match listener.accept() {
@@ -81,7 +84,7 @@ impl Server {
                         self.refuse(stream, peer, kind, reason);
                         continue;
                     }
-                    self.admit(stream, peer, kind);
+                    self.admit(stream, peer, kind, tls);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                 Err(_) => return,
@@ -133,7 +136,7 @@ impl Server {
         ));
     }
 
-    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, kind: Kind) {
+    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, kind: Kind, tls: bool) {
         let _ = stream.set_nodelay(true);
         let token = Token(self.next_token);
         self.next_token += 1;
@@ -145,6 +148,14 @@ impl Server {
         {
             return;
         }
+        let stream = match (tls, &self.tls) {
+            (false, _) => Transport::Plain(stream),
+            (true, Some(config)) => match rustls::ServerConnection::new(Arc::clone(config)) {
+                Ok(c) => Transport::Tls(stream, Box::new(c)),
+                Err(_) => return,
+            },
+            (true, None) => return,
+        };
         self.conns.insert(
             token,
             Conn {
@@ -159,6 +170,7 @@ impl Server {
                 close_reason: DisconnectReason::PeerClosed,
                 close_detail: None,
                 peer,
+                wire_version: oe::SCHEMA_VERSION,
             },
         );
         self.prelogon.insert(token, peer.ip());
@@ -218,6 +230,9 @@ impl Server {
             self.fix_feed(slot, bytes);
             return;
         }
+        if self.checks.is_parked(token) {
+            return self.hold_while_checking(token, bytes);
+        }
         conn.inbuf.extend_from_slice(bytes);
         let size_max = self.config.gateway.fix_message_size_max_bytes;
         let frame_bytes = match scan_logon(&conn.inbuf, size_max) {
@@ -253,10 +268,18 @@ impl Server {
         if self.fix[slot].conn.is_some() {
             return self.close_because(token, DisconnectReason::SessionInUse, names);
         }
-        self.attach(token, slot);
-        self.fix[slot].conn = Some(token);
-        self.fix[slot].session.on_connect(self.now_ms as i64);
-        self.fix_feed(slot, &all);
+        let tls = self.conns.get(&token).is_some_and(|c| c.stream.is_tls());
+        if self.config.fix_sessions[slot].tls_required && !tls {
+            return self.refuse_fix_logon(
+                token,
+                slot,
+                DisconnectReason::TlsRequired,
+                "This session logs on over TLS only",
+            );
+        }
+        let required = self.config.fix_sessions[slot].password_hash.is_some();
+        let password = credentials::fix_password(&raw, required);
+        self.fix_logon_credentials(token, slot, password, all);
     }
 
     // ----- the close log -----

@@ -16,6 +16,9 @@ use bourse_wire::order_entry::codec::{
 
 impl Server {
     pub(super) fn on_binary_bytes(&mut self, token: Token, bytes: &[u8]) {
+        if self.checks.is_parked(token) {
+            return self.hold_while_checking(token, bytes);
+        }
         let Some(conn) = self.conns.get_mut(&token) else {
             return;
         };
@@ -31,6 +34,10 @@ impl Server {
                     match self.conns.get(&token) {
                         Some(c) if !c.closing => {}
                         _ => return,
+                    }
+                    // An Establish whose password is being checked: the rest waits for it.
+                    if self.checks.is_parked(token) {
+                        break;
                     }
                 }
                 Ok(None) => break,
@@ -59,7 +66,11 @@ impl Server {
     pub(super) fn write_to(&mut self, token: Token, frame: &[u8]) {
         if let Some(conn) = self.conns.get_mut(&token) {
             self.counters.binary_msgs_out += 1;
+            let start = conn.out.len();
             conn.out.extend_from_slice(frame);
+            if conn.wire_version < oe::SCHEMA_VERSION {
+                oe::set_frame_version(&mut conn.out[start..], conn.wire_version);
+            }
             self.dirty.push(token);
         }
     }
@@ -101,11 +112,21 @@ impl Server {
         ts: u64,
         keepalive_ms: u32,
         credentials: [u8; 32],
+        password: [u8; 32],
     ) {
-        let mut buf = [0u8; FRAME_BYTES_MAX];
         let creds = bourse_wire::ascii_field(&credentials).unwrap_or("");
         let slot = self.bin.iter().position(|s| s.credentials == creds);
         let peer = self.conns.get(&token).map(|c| c.peer.ip());
+        let tls = self.conns.get(&token).is_some_and(|c| c.stream.is_tls());
+        if !tls && slot.is_some_and(|j| self.config.binary_sessions[j].tls_required) {
+            return self.binary_reject(
+                token,
+                ts,
+                EstablishmentRejectCode::Unspecified,
+                DisconnectReason::TlsRequired,
+                "this session establishes over TLS only",
+            );
+        }
         let code = match slot {
             None => Some(EstablishmentRejectCode::BadCredentials),
             // Refused with code Unspecified on the wire (a stranger learns nothing more),
@@ -124,26 +145,46 @@ impl Server {
             _ => None,
         };
         if let Some(code) = code {
-            if let Ok(n) = encode_frame(&mut buf, |mut e: EstablishmentRejectEncoder| {
-                e.request_timestamp_ns(ts).reason(code);
-                e
-            }) {
-                self.write_to(token, &buf[..n]);
-            }
             let reason = match code {
                 EstablishmentRejectCode::BadCredentials => DisconnectReason::UnknownSession,
                 EstablishmentRejectCode::Unspecified => DisconnectReason::AddressNotAllowed,
                 EstablishmentRejectCode::AlreadyEstablished => DisconnectReason::SessionInUse,
                 _ => DisconnectReason::LogonRefused,
             };
-            if let Some(c) = self.conns.get_mut(&token) {
-                c.closing = true;
-                c.close_reason = reason;
-                c.close_detail = Some(format!("EstablishmentReject {code:?}"));
-            }
-            return;
+            let detail = format!("EstablishmentReject {code:?}");
+            return self.binary_reject(token, ts, code, reason, &detail);
         }
         let Some(j) = slot else { return };
+        self.binary_establish_credentials(token, j, ts, keepalive_ms, password);
+    }
+
+    /// Answers an Establish with EstablishmentReject `code` and closes the connection once it
+    /// is written, counted as `reason` with `detail` in its log line.
+    pub(super) fn binary_reject(
+        &mut self,
+        token: Token,
+        ts: u64,
+        code: EstablishmentRejectCode,
+        reason: DisconnectReason,
+        detail: &str,
+    ) {
+        let mut buf = [0u8; FRAME_BYTES_MAX];
+        if let Ok(n) = encode_frame(&mut buf, |mut e: EstablishmentRejectEncoder| {
+            e.request_timestamp_ns(ts).reason(code);
+            e
+        }) {
+            self.write_to(token, &buf[..n]);
+        }
+        if let Some(c) = self.conns.get_mut(&token) {
+            c.closing = true;
+            c.close_reason = reason;
+            c.close_detail = Some(detail.to_string());
+        }
+    }
+
+    /// The connection becomes binary session `j`: EstablishmentAck.
+    pub(super) fn binary_accept(&mut self, token: Token, j: usize, ts: u64, keepalive_ms: u32) {
+        let mut buf = [0u8; FRAME_BYTES_MAX];
         let s = &mut self.bin[j];
         s.conn = Some(token);
         s.keepalive_ms = keepalive_ms;
@@ -165,12 +206,19 @@ impl Server {
         let attached = self.conns.get(&token).and_then(|c| c.attached);
         let Some(j) = attached else {
             match message {
-                Message::Establish(m) => self.binary_establish(
-                    token,
-                    m.timestamp_ns(),
-                    m.keepalive_interval_ms(),
-                    m.credentials(),
-                ),
+                Message::Establish(m) => {
+                    // Answer in the client's version (at least 1, at most ours).
+                    if let Some(c) = self.conns.get_mut(&token) {
+                        c.wire_version = m.acting_version.clamp(1, oe::SCHEMA_VERSION);
+                    }
+                    self.binary_establish(
+                        token,
+                        m.timestamp_ns(),
+                        m.keepalive_interval_ms(),
+                        m.credentials(),
+                        m.password(),
+                    )
+                }
                 _ => self.binary_terminate_because(
                     token,
                     TerminationCode::NotEstablished,

@@ -9,7 +9,7 @@ pub use crate::SBE_SCHEMA_ID;
 pub use crate::SBE_SCHEMA_VERSION;
 pub use crate::SBE_SEMANTIC_VERSION;
 
-pub const SBE_BLOCK_LENGTH: u16 = 44;
+pub const SBE_BLOCK_LENGTH: u16 = 76;
 pub const SBE_TEMPLATE_ID: u16 = 1;
 
 pub mod encoder {
@@ -163,6 +163,71 @@ pub mod encoder {
             self.credentials_from_iter(iter);
             self
         }
+
+        #[inline]
+        pub fn password_at(&mut self, index: usize, value: u8) -> &mut Self {
+            let offset = self.offset + 44;
+            let buf = self.get_buf_mut();
+            buf.put_u8_at(offset + index, value);
+            self
+        }
+
+        /// primitive array field 'password'
+        /// - min value: 32
+        /// - max value: 126
+        /// - null value: 0_u8
+        /// - characterEncoding: US-ASCII
+        /// - semanticType: null
+        /// - encodedOffset: 44
+        /// - encodedLength: 32
+        /// - version: 2
+        #[inline]
+        pub fn password(&mut self, value: &[u8]) -> &mut Self {
+            debug_assert_eq!(32, value.len());
+            let offset = self.offset + 44;
+            let buf = self.get_buf_mut();
+            buf.put_slice_at(offset, value);
+            self
+        }
+
+        /// primitive array field 'password' from an Iterator
+        /// - min value: 32
+        /// - max value: 126
+        /// - null value: 0_u8
+        /// - characterEncoding: US-ASCII
+        /// - semanticType: null
+        /// - encodedOffset: 44
+        /// - encodedLength: 32
+        /// - version: 2
+        #[inline]
+        pub fn password_from_iter(&mut self, iter: impl Iterator<Item = u8>) -> &mut Self {
+            let offset = self.offset + 44;
+            let buf = self.get_buf_mut();
+            for (i, v) in iter.enumerate() {
+                buf.put_u8_at(offset + i, v);
+            }
+            self
+        }
+
+        /// primitive array field 'password' with zero padding
+        /// - min value: 32
+        /// - max value: 126
+        /// - null value: 0_u8
+        /// - characterEncoding: US-ASCII
+        /// - semanticType: null
+        /// - encodedOffset: 44
+        /// - encodedLength: 32
+        /// - version: 2
+        #[inline]
+        pub fn password_zero_padded(&mut self, value: &[u8]) -> &mut Self {
+            let iter = value
+                .iter()
+                .copied()
+                .chain(std::iter::repeat(0_u8))
+                .take(32);
+            self.password_from_iter(iter);
+            self
+        }
     }
 } // end encoder
 
@@ -258,6 +323,16 @@ pub mod decoder {
         pub fn credentials(&self) -> [u8; 32] {
             let buf = self.get_buf();
             ReadBuf::get_bytes_at(buf.data, self.offset + 12)
+        }
+
+        #[inline]
+        pub fn password(&self) -> [u8; 32] {
+            if self.acting_version() < 2 {
+                return [0_u8; 32];
+            }
+
+            let buf = self.get_buf();
+            ReadBuf::get_bytes_at(buf.data, self.offset + 44)
         }
     }
 } // end decoder

@@ -41,8 +41,8 @@ pub mod termination_code;
 pub mod time_in_force;
 
 pub const SBE_SCHEMA_ID: u16 = 1;
-pub const SBE_SCHEMA_VERSION: u16 = 1;
-pub const SBE_SEMANTIC_VERSION: &str = "1.0.0";
+pub const SBE_SCHEMA_VERSION: u16 = 2;
+pub const SBE_SEMANTIC_VERSION: &str = "1.1.0";
 
 pub type SbeResult<T> = core::result::Result<T, SbeErr>;
 

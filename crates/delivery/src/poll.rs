@@ -1,0 +1,218 @@
+//! One GetOrders, whichever front it came through (HTTP/JSON in [`crate::server`], SBE over
+//! TCP in [`crate::binary`]): the parameters a client may give ([`Asked`]), their check
+//! against the node's limits ([`check`]), the reasons a poll is refused ([`Refusal`]), and
+//! the select-and-wait that answers it ([`select`]).
+//!
+//! When fewer than `min_rows` records are ready, a poll waits up to `wait_us` for more,
+//! waking on every entry the feeds write. It holds no lock while it waits: the read lock is
+//! taken only to copy out at most `limit` records.
+
+use crate::cursor::{Cursor, CursorError};
+use crate::node::Shared;
+use crate::record::{Filter, Record};
+use serde::{Deserialize, Serialize};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// What a client may ask of one poll, before it is checked; `None` takes the node's default.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Asked {
+    pub filter: Filter,
+    pub limit: Option<usize>,
+    pub wait_us: Option<u64>,
+    pub min_rows: Option<usize>,
+}
+
+/// Why a poll was refused, in terms both fronts translate (an HTTP status and code, an SBE
+/// `ErrorCode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefusalKind {
+    BadRequest,
+    CursorMalformed,
+    CursorForeign,
+    CursorTooOld,
+    /// Too many polls in flight; retry after a pause.
+    Busy,
+}
+
+impl RefusalKind {
+    /// The code both fronts name the refusal by (`error.code` in JSON).
+    pub fn code(self) -> &'static str {
+        match self {
+            RefusalKind::BadRequest => "bad_request",
+            RefusalKind::CursorMalformed => "cursor_malformed",
+            RefusalKind::CursorForeign => "cursor_foreign",
+            RefusalKind::CursorTooOld => "cursor_too_old",
+            RefusalKind::Busy => "busy",
+        }
+    }
+
+    /// The HTTP status the HTTP front answers with (the binary client reports the same).
+    pub fn http_status(self) -> u16 {
+        match self {
+            RefusalKind::BadRequest | RefusalKind::CursorMalformed => 400,
+            RefusalKind::CursorForeign => 409,
+            RefusalKind::CursorTooOld => 410,
+            RefusalKind::Busy => 503,
+        }
+    }
+}
+
+/// A refused poll: what kind, and a message naming what is wrong and what to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub kind: RefusalKind,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn bad_request(message: String) -> Refusal {
+        Refusal {
+            kind: RefusalKind::BadRequest,
+            message,
+        }
+    }
+
+    pub fn busy(s: &Shared) -> Refusal {
+        Refusal {
+            kind: RefusalKind::Busy,
+            message: format!(
+                "more than {} polls at once; retry after a pause",
+                s.limits.polls_in_flight_max
+            ),
+        }
+    }
+}
+
+impl From<&CursorError> for Refusal {
+    fn from(e: &CursorError) -> Refusal {
+        let kind = match e {
+            CursorError::Malformed(_) => RefusalKind::CursorMalformed,
+            CursorError::Foreign(_) => RefusalKind::CursorForeign,
+            CursorError::TooOld { .. } => RefusalKind::CursorTooOld,
+        };
+        Refusal {
+            kind,
+            message: e.to_string(),
+        }
+    }
+}
+
+/// A checked poll.
+#[derive(Clone, Debug)]
+pub struct Poll {
+    pub cursor: Option<Cursor>,
+    pub filter: Filter,
+    pub limit: usize,
+    pub wait: Duration,
+    pub min_rows: usize,
+}
+
+/// Checks what a client asked against the node's limits.
+pub fn check(asked: Asked, cursor: Option<Cursor>, s: &Shared) -> Result<Poll, Refusal> {
+    let l = &s.limits;
+    let limit = asked.limit.unwrap_or(l.rows_per_answer_default);
+    if limit == 0 || limit > l.rows_per_answer_max {
+        return Err(Refusal::bad_request(format!(
+            "limit {limit} is outside 1..={}",
+            l.rows_per_answer_max
+        )));
+    }
+    let wait_us = asked.wait_us.unwrap_or(l.wait_us_default);
+    if wait_us > l.wait_us_max {
+        return Err(Refusal::bad_request(format!(
+            "wait_us {wait_us} is above the most a poll may wait, {}",
+            l.wait_us_max
+        )));
+    }
+    let min_rows = asked.min_rows.unwrap_or(1);
+    if min_rows > limit {
+        return Err(Refusal::bad_request(format!(
+            "min_rows {min_rows} is above limit {limit}"
+        )));
+    }
+    Ok(Poll {
+        cursor,
+        filter: asked.filter,
+        limit,
+        wait: Duration::from_micros(wait_us),
+        min_rows,
+    })
+}
+
+/// The server's own timings of one poll.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerTimings {
+    /// From the request's arrival to the answer, waiting included.
+    pub total_us: u64,
+    /// Time spent selecting records (under the read lock).
+    pub select_us: u64,
+    /// Selects made (1, plus one per wake-up while waiting for `min_rows`).
+    pub selects: u32,
+}
+
+/// One poll's answer: its records in cursor order, the cursor after them, the timings.
+pub struct Selected {
+    pub records: Vec<Record>,
+    pub next: Cursor,
+    pub timings: ServerTimings,
+}
+
+impl Selected {
+    /// The time stamp of the oldest record (`None` when empty).
+    pub fn oldest_ts_ns(&self) -> Option<u64> {
+        self.records.iter().map(Record::ts_ns).min()
+    }
+}
+
+/// Counts one answer: empty or not, its records, their lag, its time.
+fn count_answer(s: &Shared, records: &[Record], total: Duration) {
+    let c = &s.counters;
+    if records.is_empty() {
+        c.polls_empty.inc();
+    }
+    c.rows_sent.add(records.len() as u64);
+    c.answer.observe(total);
+    let now_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    for r in records {
+        c.lag.observe_ns(now_ns.saturating_sub(r.ts_ns()));
+    }
+}
+
+/// Selects, and while fewer than `min_rows` are ready and the deadline has not passed, waits
+/// for the feeds' next write and selects again. Counts the answer.
+pub async fn select(s: &Shared, poll: &Poll, started: Instant) -> Result<Selected, CursorError> {
+    let deadline = tokio::time::Instant::from_std(started + poll.wait);
+    let mut changed: watch::Receiver<u64> = s.changed.subscribe();
+    let mut timings = ServerTimings::default();
+    loop {
+        changed.borrow_and_update();
+        let t = Instant::now();
+        let (answer, next) = {
+            let store = s.store.read().expect("store");
+            let from = store.resolve(poll.cursor.as_ref())?;
+            let a = store.query(&from, &poll.filter, poll.limit);
+            let next = store.cursor(&a.next);
+            (a, next)
+        };
+        let select = t.elapsed();
+        s.counters.select.observe(select);
+        timings.select_us += select.as_micros() as u64;
+        timings.selects += 1;
+        let ready = answer.records.len() >= poll.min_rows;
+        if ready || tokio::time::Instant::now() >= deadline {
+            let total = started.elapsed();
+            timings.total_us = total.as_micros() as u64;
+            count_answer(s, &answer.records, total);
+            return Ok(Selected {
+                records: answer.records,
+                next,
+                timings,
+            });
+        }
+        // A timeout or a closed channel: select once more and answer with what there is.
+        let _ = tokio::time::timeout_at(deadline, changed.changed()).await;
+    }
+}

@@ -1,0 +1,386 @@
+//! Passwords of sessions whose configuration holds a `password_hash`, checked off the event
+//! loop.
+//!
+//! An Argon2id check costs tens of milliseconds by design; run on the loop, every Logon with a
+//! known CompID and any password would stall every session for that long. So the loop hands
+//! the check to one thread of its own (`bourse-gw-auth`) through a bounded queue
+//! ([`CHECKS_PENDING_MAX`]; past it the Logon is refused at once as busy) and parks the
+//! connection, still a stranger under the admission rules (quota, deadline), until the answer
+//! comes back through the loop's waker. Bytes the client sends meanwhile are kept, at most
+//! [`BYTES_WHILE_CHECKING_MAX`]. A wrong or missing password is answered (FIX: Logout with a
+//! Text; binary: EstablishmentReject `BadCredentials`), counted as `bad_password` and logged.
+
+use super::*;
+use bourse_auth::PasswordHashString;
+use bourse_wire::order_entry::codec::establishment_reject_code::EstablishmentRejectCode;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+
+/// Password checks queued or running at once; more Logons are refused as busy.
+pub(super) const CHECKS_PENDING_MAX: usize = 32;
+/// Bytes a connection may send after its Logon (Establish) while its password is checked.
+pub(super) const BYTES_WHILE_CHECKING_MAX: usize = 64 * 1024;
+
+struct Job {
+    token: Token,
+    hash: PasswordHashString,
+    password: String,
+}
+
+struct Done {
+    token: Token,
+    ok: bool,
+}
+
+/// What a parked connection was doing when its check started.
+pub(super) enum Parked {
+    /// A FIX Logon for session `slot`; `bytes` are the Logon and everything after it.
+    Fix { slot: usize, bytes: Vec<u8> },
+    /// A binary Establish for session `slot`.
+    Binary {
+        slot: usize,
+        timestamp_ns: u64,
+        keepalive_ms: u32,
+    },
+}
+
+/// The checking thread and the connections waiting for it.
+#[derive(Default)]
+pub(super) struct Checks {
+    worker: Option<(SyncSender<Job>, Receiver<Done>)>,
+    pub(super) parked: HashMap<Token, Parked>,
+}
+
+impl Checks {
+    /// Starts the checking thread when some session has a password; none: no thread.
+    pub(super) fn start(config: &GatewayConfig, waker: Arc<Waker>) -> Result<Checks, String> {
+        let any = config
+            .fix_sessions
+            .iter()
+            .any(|s| s.password_hash.is_some())
+            || config
+                .binary_sessions
+                .iter()
+                .any(|s| s.password_hash.is_some());
+        if !any {
+            return Ok(Checks::default());
+        }
+        let (jobs, job_rx) = sync_channel::<Job>(CHECKS_PENDING_MAX);
+        let (done_tx, done) = std::sync::mpsc::channel::<Done>();
+        std::thread::Builder::new()
+            .name("bourse-gw-auth".into())
+            .spawn(move || {
+                // Ends when the loop drops its sender (the gateway stopped).
+                while let Ok(job) = job_rx.recv() {
+                    let ok = job.hash.verify(&job.password).is_ok();
+                    if done_tx
+                        .send(Done {
+                            token: job.token,
+                            ok,
+                        })
+                        .is_err()
+                    {
+                        return;
+                    }
+                    let _ = waker.wake();
+                }
+            })
+            .map_err(|e| format!("cannot start the password checker: {e}"))?;
+        Ok(Checks {
+            worker: Some((jobs, done)),
+            parked: HashMap::new(),
+        })
+    }
+
+    /// Queues a check of `password` against `hash` for `token`, parked as `parked`; false when
+    /// the queue is full.
+    fn submit(
+        &mut self,
+        token: Token,
+        hash: &PasswordHashString,
+        password: &str,
+        parked: Parked,
+    ) -> bool {
+        let Some((jobs, _)) = &self.worker else {
+            return false;
+        };
+        let job = Job {
+            token,
+            hash: hash.clone(),
+            password: password.to_string(),
+        };
+        match jobs.try_send(job) {
+            Ok(()) => {
+                self.parked.insert(token, parked);
+                true
+            }
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+        }
+    }
+
+    fn try_done(&self) -> Option<Done> {
+        self.worker
+            .as_ref()
+            .and_then(|(_, done)| done.try_recv().ok())
+    }
+
+    pub(super) fn is_parked(&self, token: Token) -> bool {
+        self.parked.contains_key(&token)
+    }
+}
+
+/// How a FIX Logon's credentials stand before any hash is computed.
+pub(super) enum FixPassword {
+    /// The session asks for none.
+    NotRequired,
+    /// To be checked.
+    Given(String),
+    /// Refused at once, with the Logout's text.
+    Refused(DisconnectReason, &'static str),
+}
+
+pub(super) fn fix_password(raw: &RawMessage<'_>, required: bool) -> FixPassword {
+    if raw.get(bourse_fix::tags::NEW_PASSWORD).is_some() {
+        return FixPassword::Refused(
+            DisconnectReason::LogonRefused,
+            "NewPassword (925) is not supported: the venue sets passwords in its configuration",
+        );
+    }
+    if !required {
+        return FixPassword::NotRequired;
+    }
+    match raw.get_str(bourse_fix::tags::PASSWORD) {
+        Some(p) if !p.is_empty() => FixPassword::Given(p.to_string()),
+        _ => FixPassword::Refused(
+            DisconnectReason::BadPassword,
+            "Password (554) required for this session",
+        ),
+    }
+}
+
+const FIX_WRONG_PASSWORD: &str = "Invalid password";
+const CHECKS_BUSY: &str = "Too many logons being checked; try again";
+
+impl Server {
+    /// A FIX Logon for `slot` passed the CompID, address and in-use checks: checks its
+    /// password, now (none required), later (parked), or refuses it.
+    pub(super) fn fix_logon_credentials(
+        &mut self,
+        token: Token,
+        slot: usize,
+        password: FixPassword,
+        all: Vec<u8>,
+    ) {
+        match password {
+            FixPassword::NotRequired => self.fix_logon_accepted(token, slot, all),
+            FixPassword::Refused(reason, text) => self.refuse_fix_logon(token, slot, reason, text),
+            FixPassword::Given(password) => {
+                let Some(hash) = self.config.fix_sessions[slot].password_hash.clone() else {
+                    return;
+                };
+                let parked = Parked::Fix { slot, bytes: all };
+                if !self.checks.submit(token, &hash, &password, parked) {
+                    self.refuse_fix_logon(token, slot, DisconnectReason::LogonRefused, CHECKS_BUSY);
+                }
+            }
+        }
+    }
+
+    /// The Logon for `slot` is accepted: the connection becomes the session and the session
+    /// layer reads the Logon (and anything after it) from `bytes`.
+    pub(super) fn fix_logon_accepted(&mut self, token: Token, slot: usize, bytes: Vec<u8>) {
+        if self.fix[slot].conn.is_some() {
+            let names = format!("SenderCompID {:?}", self.fix[slot].client_comp_id);
+            return self.close_because(token, DisconnectReason::SessionInUse, names);
+        }
+        self.attach(token, slot);
+        self.fix[slot].conn = Some(token);
+        self.fix[slot].session.on_connect(self.now_ms as i64);
+        self.fix_feed(slot, &bytes);
+    }
+
+    /// Answers a refused Logon with a Logout saying why, then closes the connection. The
+    /// Logout is built here, not by the session layer: a stranger must not move the
+    /// session's sequence numbers or reach its store.
+    pub(super) fn refuse_fix_logon(
+        &mut self,
+        token: Token,
+        slot: usize,
+        reason: DisconnectReason,
+        text: &str,
+    ) {
+        let s = &self.fix[slot];
+        let mut logout = OutMessage::new("5");
+        logout.push(bourse_fix::tags::TEXT, text);
+        logout.set_header(bourse_fix::tags::SENDER_COMP_ID, &s.gateway_comp_id);
+        logout.set_header(bourse_fix::tags::TARGET_COMP_ID, &s.client_comp_id);
+        logout.set_header_display(
+            bourse_fix::tags::MSG_SEQ_NUM,
+            &s.session.next_sender_seq_num(),
+        );
+        logout.set_header_display(
+            bourse_fix::tags::SENDING_TIME,
+            &bourse_fix::time::UtcTimestamp(self.now_ms as i64),
+        );
+        let bytes = logout.encode("FIX.4.4");
+        let detail = format!("SenderCompID {:?}: {text}", s.client_comp_id);
+        if let Some(conn) = self.conns.get_mut(&token) {
+            conn.out.extend_from_slice(&bytes);
+            conn.closing = true;
+            conn.close_reason = reason;
+            conn.close_detail = Some(detail);
+            self.dirty.push(token);
+        }
+    }
+
+    /// A binary Establish for `slot` passed the other checks: checks its password (none
+    /// required: established at once).
+    pub(super) fn binary_establish_credentials(
+        &mut self,
+        token: Token,
+        slot: usize,
+        timestamp_ns: u64,
+        keepalive_ms: u32,
+        password: [u8; 32],
+    ) {
+        let Some(hash) = self.config.binary_sessions[slot].password_hash.clone() else {
+            return self.binary_accept(token, slot, timestamp_ns, keepalive_ms);
+        };
+        let given = bourse_wire::ascii_field(&password).unwrap_or("");
+        if given.is_empty() {
+            return self.binary_reject(
+                token,
+                timestamp_ns,
+                EstablishmentRejectCode::BadCredentials,
+                DisconnectReason::BadPassword,
+                "no password (Establish version 2's password field)",
+            );
+        }
+        let parked = Parked::Binary {
+            slot,
+            timestamp_ns,
+            keepalive_ms,
+        };
+        if !self.checks.submit(token, &hash, given, parked) {
+            self.binary_reject(
+                token,
+                timestamp_ns,
+                EstablishmentRejectCode::ServerUnavailable,
+                DisconnectReason::LogonRefused,
+                CHECKS_BUSY,
+            );
+        }
+    }
+
+    /// Takes the answers of finished checks and lets each parked connection on or out.
+    pub(super) fn finish_checks(&mut self) {
+        while let Some(done) = self.checks.try_done() {
+            let Some(parked) = self.checks.parked.remove(&done.token) else {
+                continue;
+            };
+            let token = done.token;
+            let Some(conn) = self.conns.get_mut(&token) else {
+                continue;
+            };
+            if conn.closing {
+                continue;
+            }
+            let later = std::mem::take(&mut conn.inbuf);
+            match parked {
+                Parked::Fix { slot, mut bytes } => {
+                    if done.ok {
+                        bytes.extend_from_slice(&later);
+                        self.fix_logon_accepted(token, slot, bytes);
+                    } else {
+                        self.refuse_fix_logon(
+                            token,
+                            slot,
+                            DisconnectReason::BadPassword,
+                            FIX_WRONG_PASSWORD,
+                        );
+                    }
+                }
+                Parked::Binary {
+                    slot,
+                    timestamp_ns,
+                    keepalive_ms,
+                } => {
+                    if done.ok && self.bin[slot].conn.is_none() {
+                        self.binary_accept(token, slot, timestamp_ns, keepalive_ms);
+                        self.on_binary_bytes(token, &later);
+                    } else if done.ok {
+                        self.binary_reject(
+                            token,
+                            timestamp_ns,
+                            EstablishmentRejectCode::AlreadyEstablished,
+                            DisconnectReason::SessionInUse,
+                            "EstablishmentReject AlreadyEstablished",
+                        );
+                    } else {
+                        self.binary_reject(
+                            token,
+                            timestamp_ns,
+                            EstablishmentRejectCode::BadCredentials,
+                            DisconnectReason::BadPassword,
+                            "wrong password",
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Keeps bytes a parked connection sends while its password is checked; too many close
+    /// it as oversized.
+    pub(super) fn hold_while_checking(&mut self, token: Token, bytes: &[u8]) {
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        if conn.inbuf.len() + bytes.len() > BYTES_WHILE_CHECKING_MAX {
+            self.checks.parked.remove(&token);
+            return self.close_because(
+                token,
+                DisconnectReason::Oversized,
+                format!(
+                    "more than {BYTES_WHILE_CHECKING_MAX} bytes while its password was checked"
+                ),
+            );
+        }
+        conn.inbuf.extend_from_slice(bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logon(fields: &str) -> Vec<u8> {
+        let body = format!("35=A\x0149=ALPHA\x0156=BOURSE\x0134=1\x0152=20260101-00:00:00\x0198=0\x01108=30\x01{fields}");
+        let mut m = format!("8=FIX.4.4\x019={}\x01{body}", body.len()).into_bytes();
+        let sum: u32 = m.iter().map(|&b| u32::from(b)).sum();
+        m.extend_from_slice(format!("10={:03}\x01", sum % 256).as_bytes());
+        m
+    }
+
+    fn judge(fields: &str, required: bool) -> String {
+        let bytes = logon(fields);
+        let raw = bourse_fix::decode(&bytes, None, 8192).unwrap();
+        match fix_password(&raw, required) {
+            FixPassword::NotRequired => "not required".into(),
+            FixPassword::Given(p) => format!("given {p}"),
+            FixPassword::Refused(r, _) => format!("refused {}", r.name()),
+        }
+    }
+
+    #[test]
+    fn a_logon_password_is_judged_before_any_hash_is_computed() {
+        assert_eq!(judge("", false), "not required");
+        assert_eq!(judge("554=x\x01", false), "not required");
+        assert_eq!(judge("554=pw\x01", true), "given pw");
+        assert_eq!(judge("", true), "refused bad_password");
+        assert_eq!(
+            judge("554=pw\x01925=new\x01", true),
+            "refused logon_refused"
+        );
+        assert_eq!(judge("925=new\x01", false), "refused logon_refused");
+    }
+}
