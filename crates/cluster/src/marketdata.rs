@@ -360,7 +360,7 @@ impl MarketDataSection {
             multicast_loop: self.multicast_loop,
         };
         let on_host = |ip: Ipv4Addr| ip.is_loopback();
-        if self.interfaces.get(&id.to_string()).is_none()
+        if !self.interfaces.contains_key(&id.to_string())
             && !(on_host(self.feed_a_host) && on_host(self.feed_b_host))
         {
             return Err(format!(
