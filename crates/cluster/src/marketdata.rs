@@ -349,9 +349,17 @@ impl MarketDataSection {
     /// without an `interfaces` entry sends from 127.0.0.1, which only feeds kept on the host
     /// allow.
     pub fn send_routes(&self, id: crate::NodeId) -> Result<SendRoutes, String> {
+        let on_host = self.feed_a_host.is_loopback() && self.feed_b_host.is_loopback();
         let [interface_a, interface_b] = match self.interfaces.get(&id.to_string()) {
             Some(pair) => *pair,
-            None => [Ipv4Addr::LOCALHOST; 2],
+            None if on_host => [Ipv4Addr::LOCALHOST; 2],
+            None => {
+                return Err(format!(
+                    "marketdata: the feeds go to {} and {}, so node {id} needs an entry in \
+                     marketdata.interfaces (the addresses of its interfaces for feed A and feed B)",
+                    self.feed_a_host, self.feed_b_host
+                ))
+            }
         };
         let routes = SendRoutes {
             interface_a,
@@ -359,16 +367,6 @@ impl MarketDataSection {
             multicast_ttl: self.multicast_ttl,
             multicast_loop: self.multicast_loop,
         };
-        let on_host = |ip: Ipv4Addr| ip.is_loopback();
-        if !self.interfaces.contains_key(&id.to_string())
-            && !(on_host(self.feed_a_host) && on_host(self.feed_b_host))
-        {
-            return Err(format!(
-                "marketdata: the feeds go to {} and {}, so node {id} needs an entry in \
-                 marketdata.interfaces (the addresses of its interfaces for feed A and feed B)",
-                self.feed_a_host, self.feed_b_host
-            ));
-        }
         self.feed_addrs()?
             .check_routes(&routes)
             .map_err(|e| format!("marketdata, node {id}: {e}"))?;
