@@ -15,6 +15,7 @@ TOOLS=(
   "java default-jdk-headless"         # gateway: QuickFIX/J initiators; wire: sbe-tool
   "mvn maven"                          # gateway: builds the QuickFIX/J test client; wire: fetches sbe-tool
   "python3 python3"                    # delivery: the example client examples/delivery_client.py
+  "ip iproute2"                        # cli: the namespace test bed (scripts/netbed.sh)
 )
 
 missing=()

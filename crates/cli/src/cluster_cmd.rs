@@ -29,8 +29,8 @@ pub struct NodeArgs {
     /// This node's id in the configuration.
     #[arg(long)]
     id: u64,
-    /// Serve `/metrics` and the dashboard (with the group's cluster view) on this loopback
-    /// address, e.g. 127.0.0.1:9101 (port 0: any free port; the address is printed).
+    /// Serve `/metrics` and the dashboard (with the group's cluster view) on this address
+    /// (read-only; a loopback one such as 127.0.0.1:9101 keeps it on the host) (port 0: any free port; the address is printed).
     #[arg(long)]
     monitor_listen: Option<SocketAddr>,
     /// Monitoring settings (TOML: sample_every, status_poll_ms, [alerts], …; see
@@ -106,8 +106,8 @@ pub fn node(args: NodeArgs) -> Result<()> {
                 let md = bourse_cluster::marketdata::MarketDataService::start(&node, section)
                     .map_err(|e| anyhow!(e))?;
                 eprintln!(
-                    "bourse node {}: market data on 127.0.0.1 from UDP port {} (sent while leading)",
-                    args.id, section.base_port
+                    "bourse node {}: market data to {} (A) and {} (B) from UDP port {} (sent while leading)",
+                    args.id, section.feed_a_host, section.feed_b_host, section.base_port
                 );
                 Some(md)
             }

@@ -2,7 +2,9 @@
 //!
 //! Every tool talks UDP to 127.0.0.1 ports (`--base-port`, default 31400: channel i on
 //! base+2i for feed A and base+2i+1 for feed B; the TCP replay service of incremental channel
-//! i on base+20+i). With
+//! i on base+20+i) unless `--feed-a-host`/`--feed-b-host` name multicast groups (joined on the
+//! interfaces `--interfaces` names) or this host's addresses, and `--replay-host` the node
+//! serving replay. With
 //! `--self-test` a tool also runs an in-process core with simulated order flow publishing on
 //! those ports, so it can be tried on its own.
 
@@ -37,9 +39,21 @@ pub enum MdCommand {
 
 #[derive(Args, Clone)]
 pub struct Common {
-    /// First UDP port of the feeds on 127.0.0.1.
+    /// First UDP port of the feeds.
     #[arg(long, default_value_t = BASE_PORT_DEFAULT)]
     base_port: u16,
+    /// Feed A's multicast group, or this host's address it is sent to.
+    #[arg(long, default_value_t = Ipv4Addr::LOCALHOST)]
+    feed_a_host: Ipv4Addr,
+    /// Feed B's multicast group, or this host's address it is sent to.
+    #[arg(long, default_value_t = Ipv4Addr::LOCALHOST)]
+    feed_b_host: Ipv4Addr,
+    /// The addresses of the interfaces to join feed A's and feed B's groups on ("A,B").
+    #[arg(long, value_delimiter = ',', default_values_t = [Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST])]
+    interfaces: Vec<Ipv4Addr>,
+    /// The host of the replay service (the leading node's `replay_listen` address).
+    #[arg(long, default_value_t = Ipv4Addr::LOCALHOST)]
+    replay_host: Ipv4Addr,
     /// Stop after this many seconds.
     #[arg(long, default_value_t = 10)]
     seconds: u64,
@@ -203,6 +217,39 @@ fn spawn_self_test(c: &Common) -> Option<std::thread::JoinHandle<()>> {
     }))
 }
 
+impl Common {
+    /// The feeds' destinations as the options name them.
+    fn addrs(&self) -> FeedAddrs {
+        let mut addrs = FeedAddrs::on(self.feed_a_host, self.feed_b_host, self.base_port);
+        addrs.replay.set_ip(self.replay_host);
+        addrs
+    }
+
+    /// A subscriber of `channels` (all when empty) on the feeds the options name.
+    fn subscriber(&self, channels: &[Channel], use_replay: bool) -> Result<UdpSubscriber> {
+        if self.self_test && self.addrs() != FeedAddrs::localhost(self.base_port) {
+            bail!("--self-test publishes on 127.0.0.1 only: leave out the feed and replay hosts");
+        }
+        let [a, b] = self.interfaces[..] else {
+            bail!(
+                "--interfaces takes two addresses, feed A's interface and feed B's (\"A,B\"), not {}",
+                self.interfaces.len()
+            );
+        };
+        let interfaces = [a, b];
+        UdpSubscriber::bind_on(
+            &self.addrs(),
+            channels,
+            SubscriberConfig::default(),
+            use_replay,
+            interfaces,
+        )
+        .context(
+            "binding the feed ports (is another listener running, or an address not this host's?)",
+        )
+    }
+}
+
 fn parse_channels(names: &[String]) -> Result<Vec<Channel>> {
     names
         .iter()
@@ -212,9 +259,7 @@ fn parse_channels(names: &[String]) -> Result<Vec<Channel>> {
 
 fn listen(a: ListenArgs) -> Result<()> {
     let channels = parse_channels(&a.channels)?;
-    let addrs = FeedAddrs::localhost(a.common.base_port);
-    let mut sub = UdpSubscriber::bind(&addrs, &channels, SubscriberConfig::default(), true)
-        .context("binding the feed ports (is another listener running?)")?;
+    let mut sub = a.common.subscriber(&channels, true)?;
     let publisher = spawn_self_test(&a.common);
     let deadline = Instant::now() + Duration::from_secs(a.common.seconds);
     let mut printed = 0u64;
@@ -226,7 +271,11 @@ fn listen(a: ListenArgs) -> Result<()> {
             printed += 1;
         }
     };
-    sub.run_until(deadline, &mut |_| false, &mut print);
+    // Ctrl-C (SIGINT) ends the listening early, still printing the counts.
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = Arc::clone(&stop);
+    let _ = ctrlc::set_handler(move || s.store(true, Ordering::Relaxed));
+    sub.run_until(deadline, &mut |_| stop.load(Ordering::Relaxed), &mut print);
     let s = sub.sub.stats();
     eprintln!(
         "packets A {} B {} replayed {}; duplicates {}; gaps {} (replayed {}, skipped {}); skipped datagrams {}{}",
@@ -250,9 +299,7 @@ fn listen(a: ListenArgs) -> Result<()> {
 }
 
 fn book(a: BookArgs) -> Result<()> {
-    let addrs = FeedAddrs::localhost(a.common.base_port);
-    let mut sub = UdpSubscriber::bind(&addrs, &[], SubscriberConfig::default(), true)
-        .context("binding the feed ports (is another listener running?)")?;
+    let mut sub = a.common.subscriber(&[], true)?;
     let publisher = spawn_self_test(&a.common);
     let deadline = Instant::now() + Duration::from_secs(a.common.seconds);
     let mut last_draw = Instant::now() - Duration::from_secs(1);
@@ -346,9 +393,8 @@ fn render_book(sub: &UdpSubscriber, symbol: &str, depth: usize) -> String {
 }
 
 fn record_pcap(a: RecordArgs) -> Result<()> {
-    let addrs = FeedAddrs::localhost(a.common.base_port);
-    let mut sub = UdpSubscriber::bind(&addrs, &[], SubscriberConfig::default(), false)
-        .context("binding the feed ports (is another listener running?)")?;
+    let addrs = a.common.addrs();
+    let mut sub = a.common.subscriber(&[], false)?;
     let file =
         std::fs::File::create(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let mut w = PcapWriter::new(std::io::BufWriter::new(file))?;

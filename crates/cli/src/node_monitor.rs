@@ -77,7 +77,7 @@ pub struct NodeMonitor {
 }
 
 impl NodeMonitor {
-    /// Starts the dashboard server on `listen` (loopback only) and the peer pollers.
+    /// Starts the dashboard server on `listen` (read-only endpoints, any address) and the peer pollers.
     pub async fn start(
         node: &Node,
         config: &ClusterConfig,

@@ -18,21 +18,24 @@
 //! itself; kill → the client's next acknowledgement) as p50/p99/max from HDR histograms, and
 //! the seed (`BOURSE_KILL_SEED` replays the same kill schedule; thread timing still varies).
 
+#[path = "replica_check.rs"]
+mod replica_check;
+
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command as Process, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use bourse_cluster::client::node_status;
-use bourse_cluster::net::{NodeStatus, PeerConnection, Request};
+use bourse_cluster::net::{PeerConnection, Request};
 use bourse_cluster::tokio;
-use bourse_cluster::{Client, ClientError};
-use bourse_core::Command;
-use bourse_engine::workload::{Flow, FlowConfig, Rng};
+use bourse_engine::workload::Rng;
 use hdrhistogram::Histogram;
+use replica_check::{
+    check_replicas, client_thread, pause_client, resume_client, statuses, summary, Shared,
+    FAILOVER_LIMIT,
+};
 
 /// Kills in a CI run.
 const KILLS_DEFAULT: u64 = 20;
@@ -40,12 +43,8 @@ const KILLS_DEFAULT: u64 = 20;
 const TEST_TIME_LIMIT: Duration = Duration::from_secs(170);
 /// Per kill in a long run (it scales the limit above).
 const TIME_PER_KILL_LIMIT: Duration = Duration::from_secs(4);
-/// The longest a failover may take before the test calls it lost.
-const FAILOVER_LIMIT: Duration = Duration::from_secs(15);
 /// The replicas must agree this often (in kills), besides at the end.
 const CHECK_EVERY_KILLS: u64 = 10;
-/// The longest the replicas may take to converge once the client paused.
-const CONVERGE_LIMIT: Duration = Duration::from_secs(30);
 /// Failover times above this are clamped in the histogram.
 const FAILOVER_US_MAX: u64 = 60_000_000;
 
@@ -98,14 +97,6 @@ fn spawn(dir: &Path, config: &Path, id: u64) -> Child {
         .expect("spawn bourse node")
 }
 
-async fn statuses(addrs: &[(u64, SocketAddr)]) -> Vec<Option<NodeStatus>> {
-    let mut out = Vec::new();
-    for (_, a) in addrs {
-        out.push(node_status(*a, Duration::from_millis(300)).await.ok());
-    }
-    out
-}
-
 /// Interrupted snapshot writes in a node's snapshot directory.
 fn temp_snapshots(dir: &Path, id: u64) -> usize {
     let snapshots = dir
@@ -120,152 +111,6 @@ fn temp_snapshots(dir: &Path, id: u64) -> usize {
                 .count()
         })
         .unwrap_or(0)
-}
-
-fn summary(h: &Histogram<u64>) -> String {
-    let ms = |us: u64| us as f64 / 1000.0;
-    format!(
-        "p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms (n = {})",
-        ms(h.value_at_quantile(0.5)),
-        ms(h.value_at_quantile(0.99)),
-        ms(h.max()),
-        h.len()
-    )
-}
-
-/// What the test and the client thread share.
-struct Shared {
-    stop: AtomicBool,
-    /// Asks the client to stop between requests (for a consistency check).
-    pause: AtomicBool,
-    /// The client is between requests and waits for `pause` to clear.
-    idle: AtomicBool,
-    acked: AtomicU64,
-}
-
-/// Waits until the client is between requests (after it acknowledged its in-flight one).
-fn pause_client(shared: &Shared, seed: u64) {
-    shared.pause.store(true, Ordering::SeqCst);
-    let limit = Instant::now() + FAILOVER_LIMIT * 4;
-    while !shared.idle.load(Ordering::SeqCst) {
-        assert!(
-            Instant::now() < limit,
-            "the client did not finish its request (seed {seed})"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-fn resume_client(shared: &Shared) {
-    shared.idle.store(false, Ordering::SeqCst);
-    shared.pause.store(false, Ordering::SeqCst);
-}
-
-/// With the client paused: waits until the three replicas applied their whole logs, then
-/// checks equal state hashes, no alarm, and exactly the acknowledged commands in the history.
-async fn check_replicas(
-    addrs: &[(u64, SocketAddr)],
-    acked: u64,
-    seed: u64,
-    dir: &Path,
-) -> Vec<NodeStatus> {
-    let limit = Instant::now() + CONVERGE_LIMIT;
-    let finals = loop {
-        let s = statuses(addrs).await;
-        let all: Vec<NodeStatus> = s.into_iter().flatten().collect();
-        if all.len() == 3
-            && all.iter().any(|s| s.leader == Some(s.id))
-            && all.windows(2).all(|w| {
-                w[0].last_applied_index == w[1].last_applied_index
-                    && w[0].last_applied_index == w[0].last_log_index
-            })
-            && all[0].engine_commands >= acked
-        {
-            break all;
-        }
-        assert!(
-            Instant::now() < limit,
-            "replicas did not converge (seed {seed}; logs in {}): {all:#?}",
-            dir.display()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    for s in &finals {
-        assert!(s.alarm.is_none(), "node {} raised {:?}", s.id, s.alarm);
-        assert_eq!(
-            s.state_hash, finals[0].state_hash,
-            "replicas differ (seed {seed}): {finals:#?}"
-        );
-        assert_eq!(
-            s.engine_commands, acked,
-            "node {}: the history holds {} commands but {acked} were acknowledged (seed {seed})",
-            s.id, s.engine_commands
-        );
-    }
-    finals
-}
-
-/// The client: one request at a time, each retried under the same key until answered.
-fn client_thread(
-    shared: Arc<Shared>,
-    addrs: Vec<(u64, SocketAddr)>,
-    seed: u64,
-) -> std::thread::JoinHandle<(u64, u64)> {
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let mut flow_config = FlowConfig::exchange_core(seed);
-            flow_config.accounts = 20;
-            flow_config.live_orders_target = 100;
-            let mut flow = Flow::new(flow_config);
-            let mut client = Client::new(addrs, 1, 1);
-            let mut commands: Vec<Command> = flow
-                .setup()
-                .into_iter()
-                .map(|b| Command::new(0, b))
-                .collect();
-            commands.reverse();
-            let mut duplicates = 0u64;
-            let mut timeouts = 0u64;
-            let mut ts_ns = 1u64;
-            while !shared.stop.load(Ordering::SeqCst) {
-                if shared.pause.load(Ordering::SeqCst) {
-                    shared.idle.store(true, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                    continue;
-                }
-                let command = commands
-                    .pop()
-                    .unwrap_or_else(|| Command::new(ts_ns, flow.next_command()));
-                ts_ns += 1;
-                let mut attempts = 0u64;
-                loop {
-                    match client
-                        .submit_for_events(&command, Duration::from_secs(5))
-                        .await
-                    {
-                        Ok((ack, events)) => {
-                            duplicates += ack.duplicate as u64;
-                            flow.observe(&events);
-                            shared.acked.fetch_add(1, Ordering::SeqCst);
-                            break;
-                        }
-                        Err(ClientError::Timeout { .. }) => {
-                            // Unanswered: it may or may not be applied; same key again.
-                            timeouts += 1;
-                            attempts += 1;
-                            assert!(attempts < 20, "the group stopped answering (seed {seed})");
-                        }
-                        Err(e) => panic!("request refused: {e}"),
-                    }
-                }
-            }
-            (duplicates, timeouts)
-        })
-    })
 }
 
 #[test]
@@ -297,12 +142,7 @@ fn killing_the_leader_under_load_loses_nothing_acknowledged_and_applies_nothing_
         .collect();
     let mut children: Vec<Child> = (1..=3).map(|id| spawn(&dir, &config, id)).collect();
 
-    let shared = Arc::new(Shared {
-        stop: AtomicBool::new(false),
-        pause: AtomicBool::new(false),
-        idle: AtomicBool::new(false),
-        acked: AtomicU64::new(0),
-    });
+    let shared = Shared::new();
     let client = client_thread(shared.clone(), addrs.clone(), seed);
 
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -74,7 +74,7 @@ use bourse_core::codec::{DecodeError, Reader, Writer};
 use bourse_core::{Event, Instrument, InstrumentId};
 use bourse_marketdata::replay::ReplayServer;
 use bourse_marketdata::udp::{
-    ChannelAddrs, FeedAddrs, UdpSink, BASE_PORT_DEFAULT, REPLAY_PORT_OFFSET,
+    ChannelAddrs, FeedAddrs, SendRoutes, UdpSink, BASE_PORT_DEFAULT, REPLAY_PORT_OFFSET,
 };
 use bourse_marketdata::{
     Channel, PacketSink, PublicationMode, Publisher, PublisherConfig, PublisherState,
@@ -91,6 +91,15 @@ fn d_base_port() -> u16 {
 }
 fn d_packet_bytes() -> usize {
     PACKET_BYTES_DEFAULT
+}
+fn d_localhost() -> Ipv4Addr {
+    Ipv4Addr::LOCALHOST
+}
+fn d_multicast_ttl() -> u32 {
+    1
+}
+fn d_multicast_loop() -> bool {
+    true
 }
 fn d_session_id() -> u32 {
     1
@@ -146,6 +155,14 @@ const FLUSH_REPROPOSE_NS: u64 = 50_000_000;
 /// snapshot_cycle_ms = 1000   # every instrument's snapshot once per cycle
 /// modes = { orders = "online", trades = "online", book = "1ms", statistics = "15ms" }
 /// ports = { statistics = [31500, 31501] }   # optional: feed A and B ports of one channel
+/// # Across hosts (see docs/deploy.md): feeds A and B to two multicast groups, each node
+/// # sending feed A from its address on one network and feed B from its address on another.
+/// feed_a_host = "239.192.10.1"
+/// feed_b_host = "239.192.20.1"
+/// multicast_ttl = 1
+/// multicast_loop = false
+/// replay_listen = "0.0.0.0"
+/// interfaces = { 1 = ["10.1.0.11", "10.2.0.11"], 2 = ["10.1.0.12", "10.2.0.12"], 3 = ["10.1.0.13", "10.2.0.13"] }
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -179,6 +196,27 @@ pub struct MarketDataSection {
     /// The instrument loop sends every definition every this many ms.
     #[serde(default = "d_instruments_interval_ms")]
     pub instruments_interval_ms: u64,
+    /// Where feed A goes: a multicast group, or one host for unicast (127.0.0.1 by default).
+    #[serde(default = "d_localhost")]
+    pub feed_a_host: Ipv4Addr,
+    /// Where feed B goes (127.0.0.1 by default).
+    #[serde(default = "d_localhost")]
+    pub feed_b_host: Ipv4Addr,
+    /// Hops a multicast datagram may take (1: the sender's network; 0: this host only).
+    #[serde(default = "d_multicast_ttl")]
+    pub multicast_ttl: u32,
+    /// Whether subscribers on the sending host receive its multicast feeds.
+    #[serde(default = "d_multicast_loop")]
+    pub multicast_loop: bool,
+    /// The address the replay services bind (their ports from `replay_base_port`);
+    /// 127.0.0.1 by default, 0.0.0.0 serves every interface.
+    #[serde(default = "d_localhost")]
+    pub replay_listen: Ipv4Addr,
+    /// Per node id, the addresses of the interfaces it sends feed A and feed B from. Needed
+    /// for every node when a feed goes to a multicast group or another host; a node without
+    /// an entry sends from 127.0.0.1.
+    #[serde(default)]
+    pub interfaces: BTreeMap<String, [Ipv4Addr; 2]>,
 }
 
 impl Default for MarketDataSection {
@@ -194,6 +232,12 @@ impl Default for MarketDataSection {
             replay_history_bytes: d_replay_history_bytes(),
             snapshot_cycle_ms: d_snapshot_cycle_ms(),
             instruments_interval_ms: d_instruments_interval_ms(),
+            feed_a_host: d_localhost(),
+            feed_b_host: d_localhost(),
+            multicast_ttl: d_multicast_ttl(),
+            multicast_loop: d_multicast_loop(),
+            replay_listen: d_localhost(),
+            interfaces: BTreeMap::new(),
         }
     }
 }
@@ -270,7 +314,65 @@ impl MarketDataSection {
         if replay == 0 || replay.checked_add(CHANNEL_COUNT as u16).is_none() {
             return Err(format!("marketdata: replay ports from {replay} do not fit"));
         }
+        if self.multicast_ttl > 255 {
+            return Err(format!(
+                "marketdata.multicast_ttl = {}: must be in 0..=255",
+                self.multicast_ttl
+            ));
+        }
+        for key in self.interfaces.keys() {
+            if key.parse::<crate::NodeId>().is_err() {
+                return Err(format!(
+                    "marketdata.interfaces.{key}: the keys are node ids (1 = [\"feed A interface\", \"feed B interface\"])"
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// Checks the section against the replica group's node ids: every `interfaces` entry
+    /// names a node, and every node can send where the feeds go.
+    pub fn validate_for(&self, nodes: &[crate::NodeId]) -> Result<(), String> {
+        self.validate()?;
+        for key in self.interfaces.keys() {
+            if !nodes.iter().any(|id| id.to_string() == *key) {
+                return Err(format!(
+                    "marketdata.interfaces.{key}: no node {key} in the configuration"
+                ));
+            }
+        }
+        for id in nodes {
+            self.send_routes(*id)?;
+        }
+        Ok(())
+    }
+
+    /// How node `id` sends the feeds: its interfaces, the multicast TTL and loop. A node
+    /// without an `interfaces` entry sends from 127.0.0.1, which only feeds kept on the host
+    /// allow.
+    pub fn send_routes(&self, id: crate::NodeId) -> Result<SendRoutes, String> {
+        let on_host = self.feed_a_host.is_loopback() && self.feed_b_host.is_loopback();
+        let [interface_a, interface_b] = match self.interfaces.get(&id.to_string()) {
+            Some(pair) => *pair,
+            None if on_host => [Ipv4Addr::LOCALHOST; 2],
+            None => {
+                return Err(format!(
+                    "marketdata: the feeds go to {} and {}, so node {id} needs an entry in \
+                     marketdata.interfaces (the addresses of its interfaces for feed A and feed B)",
+                    self.feed_a_host, self.feed_b_host
+                ))
+            }
+        };
+        let routes = SendRoutes {
+            interface_a,
+            interface_b,
+            multicast_ttl: self.multicast_ttl,
+            multicast_loop: self.multicast_loop,
+        };
+        self.feed_addrs()?
+            .check_routes(&routes)
+            .map_err(|e| format!("marketdata, node {id}: {e}"))?;
+        Ok(routes)
     }
 
     fn replay_port(&self) -> Result<u16, String> {
@@ -288,7 +390,7 @@ impl MarketDataSection {
         }
     }
 
-    /// Where the feeds go (127.0.0.1 only) and where the order log's replay service listens.
+    /// Where the feeds go and where the order log's replay service listens.
     pub fn feed_addrs(&self) -> Result<FeedAddrs, String> {
         if self.base_port == 0
             || self
@@ -302,16 +404,16 @@ impl MarketDataSection {
                 2 * CHANNEL_COUNT
             ));
         }
-        let mut addrs = FeedAddrs::localhost(self.base_port);
+        let mut addrs = FeedAddrs::on(self.feed_a_host, self.feed_b_host, self.base_port);
         for (name, [a, b]) in &self.ports {
             let c = Channel::from_name(name)
                 .ok_or_else(|| format!("marketdata.ports.{name}: unknown channel"))?;
             addrs.channels[c.index()] = ChannelAddrs {
-                a: SocketAddrV4::new(Ipv4Addr::LOCALHOST, *a),
-                b: SocketAddrV4::new(Ipv4Addr::LOCALHOST, *b),
+                a: SocketAddrV4::new(self.feed_a_host, *a),
+                b: SocketAddrV4::new(self.feed_b_host, *b),
             };
         }
-        addrs.replay = SocketAddrV4::new(Ipv4Addr::LOCALHOST, self.replay_port()?);
+        addrs.replay = SocketAddrV4::new(self.replay_listen, self.replay_port()?);
         Ok(addrs)
     }
 
@@ -708,7 +810,9 @@ impl MarketDataService {
     ) -> Result<MarketDataService, String> {
         section.validate()?;
         let addrs = section.feed_addrs()?;
-        let sink = UdpSink::new(addrs).map_err(|e| format!("marketdata: UDP socket: {e}"))?;
+        let routes = section.send_routes(node.id())?;
+        let sink =
+            UdpSink::routed(addrs, routes).map_err(|e| format!("marketdata: UDP socket: {e}"))?;
         let config = section.publisher_config();
         let feed = NodeFeed::new(config.clone());
         let id = node.id();
@@ -1368,5 +1472,61 @@ mod tests {
             PublicationMode::Every15Ms
         );
         assert!(toml::from_str::<MarketDataSection>("base_prot = 1").is_err());
+    }
+
+    #[test]
+    fn feeds_to_groups_or_hosts_need_each_node_s_interfaces() {
+        let text = "feed_a_host = \"239.192.10.1\"\nfeed_b_host = \"239.192.20.1\"\n\
+                    multicast_ttl = 2\nmulticast_loop = false\nreplay_listen = \"0.0.0.0\"\n\
+                    interfaces = { 1 = [\"10.1.0.11\", \"10.2.0.11\"], 2 = [\"10.1.0.12\", \"10.2.0.12\"] }\n";
+        let s: MarketDataSection = toml::from_str(text).unwrap();
+        s.validate_for(&[1, 2]).unwrap();
+        let addrs = s.feed_addrs().unwrap();
+        assert_eq!(addrs.channels[0].a, "239.192.10.1:31400".parse().unwrap());
+        assert_eq!(addrs.channels[0].b, "239.192.20.1:31401".parse().unwrap());
+        assert_eq!(addrs.replay, "0.0.0.0:31420".parse().unwrap());
+        let r = s.send_routes(2).unwrap();
+        assert_eq!(
+            (
+                r.interface_a,
+                r.interface_b,
+                r.multicast_ttl,
+                r.multicast_loop
+            ),
+            (
+                "10.1.0.12".parse().unwrap(),
+                "10.2.0.12".parse().unwrap(),
+                2,
+                false
+            )
+        );
+        let e = s.validate_for(&[1, 2, 3]).unwrap_err();
+        assert!(
+            e.contains("node 3 needs an entry in marketdata.interfaces"),
+            "{e}"
+        );
+        let e = s.validate_for(&[1]).unwrap_err();
+        assert!(e.contains("marketdata.interfaces.2: no node 2"), "{e}");
+        let mut bad = s.clone();
+        bad.interfaces
+            .insert("one".into(), [Ipv4Addr::LOCALHOST; 2]);
+        assert!(bad.validate().unwrap_err().contains("keys are node ids"));
+        let mut bad = s.clone();
+        bad.multicast_ttl = 256;
+        assert!(bad.validate().unwrap_err().contains("multicast_ttl"));
+        // Unicast to another host cannot leave from the loopback interface.
+        let mut bad = s.clone();
+        bad.feed_a_host = "10.9.0.1".parse().unwrap();
+        bad.interfaces.insert("1".into(), [Ipv4Addr::LOCALHOST; 2]);
+        let e = bad.send_routes(1).unwrap_err();
+        assert!(e.contains("leaves the host") && e.contains("node 1"), "{e}");
+        // The default stays on 127.0.0.1 for every node, without interfaces.
+        let d = MarketDataSection::default();
+        d.validate_for(&[1, 2, 3]).unwrap();
+        let r = d.send_routes(3).unwrap();
+        assert_eq!(
+            (r.interface_a, r.interface_b),
+            (Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST)
+        );
     }
 }

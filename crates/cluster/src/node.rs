@@ -58,12 +58,18 @@ pub enum FsyncSetting {
     Never,
 }
 
-/// A member's id and address.
+/// A member's id and addresses.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeAddr {
     pub id: NodeId,
+    /// The advertised address: where peers, gateways and tools reach this node. It must name
+    /// one host (not 0.0.0.0) and a port, since others dial it.
     pub addr: String,
+    /// Where the node binds its listener when that differs from `addr` (say `0.0.0.0:7001`
+    /// behind an address translation, or one interface of several); `addr` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
 }
 
 fn d_heartbeat_ms() -> u64 {
@@ -217,6 +223,7 @@ impl ClusterConfig {
                 .map(|i| NodeAddr {
                     id: i as u64 + 1,
                     addr: format!("127.0.0.1:{}", ports[i]),
+                    listen: None,
                 })
                 .collect(),
             marketdata: None,
@@ -228,17 +235,7 @@ impl ClusterConfig {
             return Err(format!("a cluster has 1..={NODES_MAX} nodes"));
         }
         for (i, n) in self.nodes.iter().enumerate() {
-            let addr: SocketAddr = n
-                .addr
-                .parse()
-                .map_err(|e| format!("node {}: address {:?}: {e}", n.id, n.addr))?;
-            // Network safety: replication traffic stays on this machine.
-            if !addr.ip().is_loopback() {
-                return Err(format!(
-                    "node {}: {} is not a loopback address",
-                    n.id, n.addr
-                ));
-            }
+            n.check()?;
             if self.nodes[..i]
                 .iter()
                 .any(|m| m.id == n.id || m.addr == n.addr)
@@ -288,11 +285,19 @@ impl ClusterConfig {
             return Err("fsync_interval_ms out of range".into());
         }
         if let Some(md) = &self.marketdata {
-            md.validate()?;
+            let ids: Vec<NodeId> = self.nodes.iter().map(|n| n.id).collect();
+            md.validate_for(&ids)?;
         }
         Ok(())
     }
 
+    /// Where node `id` binds its listener: its `listen` address, or its advertised one.
+    pub fn listen_of(&self, id: NodeId) -> Option<SocketAddr> {
+        let n = self.nodes.iter().find(|n| n.id == id)?;
+        n.listen.as_deref().unwrap_or(&n.addr).parse().ok()
+    }
+
+    /// Node `id`'s advertised address (where peers, gateways and tools dial it).
     pub fn addr_of(&self, id: NodeId) -> Option<SocketAddr> {
         self.nodes
             .iter()
@@ -323,6 +328,42 @@ impl ClusterConfig {
                 bytes_max: 1 << 20,
             },
         }
+    }
+}
+
+impl NodeAddr {
+    /// The advertised address names one host and a port; the listen address parses. Any
+    /// address is accepted: the operator's configuration says where a venue runs (tests keep
+    /// to 127.0.0.0/8 or namespaces they create).
+    fn check(&self) -> Result<(), String> {
+        let addr: SocketAddr = self.addr.parse().map_err(|e| {
+            format!(
+                "node {}: addr {:?}: {e} (an IP address and a port, such as \"10.0.0.1:7001\")",
+                self.id, self.addr
+            )
+        })?;
+        if addr.ip().is_unspecified() || addr.ip().is_multicast() || addr.port() == 0 {
+            return Err(format!(
+                "node {}: addr {} is dialled by peers and gateways, so it must name one host \
+                 and a port (put a wildcard such as 0.0.0.0 in `listen`)",
+                self.id, self.addr
+            ));
+        }
+        if let Some(listen) = &self.listen {
+            let l: SocketAddr = listen.parse().map_err(|e| {
+                format!(
+                    "node {}: listen {listen:?}: {e} (an IP address and a port)",
+                    self.id
+                )
+            })?;
+            if l.ip().is_multicast() || l.port() == 0 {
+                return Err(format!(
+                    "node {}: listen {listen} must be a unicast or wildcard address with a port",
+                    self.id
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -412,7 +453,7 @@ impl Node {
     {
         config.validate()?;
         let addr = config
-            .addr_of(id)
+            .listen_of(id)
             .ok_or_else(|| format!("node {id} is not in the configuration"))?;
         let dir = config.node_dir(id);
         let mut jconfig = JournalConfig::new(u128::from(config.cluster_id), id);
@@ -1243,14 +1284,35 @@ mod tests {
     }
 
     #[test]
-    fn a_non_loopback_address_or_a_repeated_node_is_refused() {
+    fn a_node_on_any_host_is_accepted_and_a_wildcard_or_repeated_address_is_refused() {
         let mut config = ClusterConfig::local(1, PathBuf::from("x"), [7001, 7002, 7003]);
         assert!(config.validate().is_ok());
         config.nodes[1].addr = "10.0.0.2:7002".into();
-        assert!(config
-            .validate()
-            .unwrap_err()
-            .contains("not a loopback address"));
+        config.nodes[1].listen = Some("0.0.0.0:7002".into());
+        assert!(config.validate().is_ok());
+        assert_eq!(config.addr_of(2), Some("10.0.0.2:7002".parse().unwrap()));
+        assert_eq!(config.listen_of(2), Some("0.0.0.0:7002".parse().unwrap()));
+        assert_eq!(config.listen_of(1), config.addr_of(1));
+        for (addr, listen, says) in [
+            ("0.0.0.0:7002", None, "must name one host"),
+            ("10.0.0.2:0", None, "must name one host"),
+            ("node-2:7002", None, "an IP address and a port"),
+            (
+                "10.0.0.2:7002",
+                Some("239.1.1.1:7002"),
+                "unicast or wildcard",
+            ),
+            ("10.0.0.2:7002", Some("nowhere"), "listen \"nowhere\""),
+        ] {
+            config.nodes[1].addr = addr.into();
+            config.nodes[1].listen = listen.map(String::from);
+            let e = config.validate().unwrap_err();
+            assert!(
+                e.contains("node 2") && e.contains(says),
+                "{addr} {listen:?}: {e}"
+            );
+        }
+        config.nodes[1].listen = None;
         config.nodes[1].addr = "127.0.0.1:7001".into();
         assert!(config.validate().unwrap_err().contains("repeats"));
     }

@@ -92,8 +92,9 @@ pub struct Limits {
     pub sending_time_tolerance_ms: i64,
     /// Live orders the gateway tracks for all sessions together.
     pub orders_max: usize,
-    /// Where the gateway serves Prometheus `/metrics` and the dashboard (loopback only);
-    /// none: no monitoring, and the event loop keeps no probes.
+    /// Where the gateway serves Prometheus `/metrics` and the dashboard (read-only; any
+    /// address, `127.0.0.1:PORT` keeps them on the host); none: no monitoring, and the event
+    /// loop keeps no probes.
     pub monitor_listen: Option<SocketAddr>,
     /// Stage probes record one request in this many (0: counters only, no probes). 64 by
     /// default, as on the trading core: a sampled request costs two clock reads and a few
@@ -407,11 +408,12 @@ impl GatewayConfig {
             );
         }
         if let Some(a) = g.monitor_listen {
-            if !a.ip().is_loopback() {
-                return Err(
-                    "gateway.monitor_listen must be a loopback address: the dashboard has no authentication"
-                        .into(),
-                );
+            // Any address the operator names: the endpoints only read (GET `/metrics`, the
+            // dashboard and its event stream), nothing on them changes the gateway.
+            if a.ip().is_multicast() {
+                return Err(format!(
+                    "gateway.monitor_listen = {a}: a multicast group cannot be listened on"
+                ));
             }
         }
         if g.outbound_buffer_max_bytes < 64 * 1024 {
@@ -592,10 +594,19 @@ reference_price = 108000
     }
 
     #[test]
-    fn the_monitor_listens_on_loopback_only() {
+    fn the_monitor_listens_where_configured_but_not_on_a_group() {
         let text = "[gateway]\nfix_listen = \"127.0.0.1:0\"\nmonitor_listen = \"0.0.0.0:9100\"\n";
-        let err = GatewayConfig::from_toml(text).unwrap_err();
-        assert!(err.contains("loopback"), "{err}");
+        let c = GatewayConfig::from_toml(text).unwrap();
+        assert_eq!(
+            c.gateway.monitor_listen,
+            Some("0.0.0.0:9100".parse().unwrap())
+        );
+        let text = text.replace("0.0.0.0", "239.1.1.1");
+        let err = GatewayConfig::from_toml(&text).unwrap_err();
+        assert!(
+            err.contains("monitor_listen") && err.contains("multicast"),
+            "{err}"
+        );
     }
 
     #[test]

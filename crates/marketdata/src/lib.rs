@@ -21,7 +21,7 @@
 //! - [`History`]: the recent packets of one incremental channel; a [`replay::ReplayServer`]
 //!   resends them over TCP, one port per incremental channel.
 //! - [`udp::UdpSink`] / [`udp::UdpFeeds`]: sockets for feeds A and B (127.0.0.1 by default;
-//!   a multicast group only inside a network namespace a test created).
+//!   any multicast group or host through configured [`udp::SendRoutes`]).
 //! - [`Subscriber`] (sans-I/O): A/B arbitration, gap detection, recovery by replay or from the
 //!   snapshot loop, per-instrument books, late join, and counting of everything it skipped
 //!   ([`SubscriberStats`]). [`udp::UdpSubscriber`] runs one over real sockets.

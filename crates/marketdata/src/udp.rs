@@ -1,7 +1,9 @@
 //! UDP feeds A and B: destinations, the sending side, and a subscriber on real sockets.
 //!
-//! Network safety: a [`UdpSink`] sends only to 127.0.0.0/8, or to multicast groups when the
-//! caller explicitly allows it (tests do so only inside a network namespace they created).
+//! Where the feeds go is the operator's: [`UdpSink::routed`] sends to any multicast group or
+//! unicast host, from the interface its [`SendRoutes`] names, with the multicast TTL and loop
+//! set explicitly. [`UdpSink::new`] is the tools' sink and sends only to 127.0.0.0/8 (tests and
+//! tools keep their traffic on the host or in network namespaces they create).
 
 use crate::publisher::PacketSink;
 use crate::replay;
@@ -92,26 +94,94 @@ impl FeedAddrs {
         }
     }
 
-    fn is_multicast(&self) -> bool {
-        self.channels
-            .iter()
-            .any(|c| c.a.ip().is_multicast() || c.b.ip().is_multicast())
-    }
-
-    fn check(&self, allow_multicast: bool) -> io::Result<()> {
+    fn check_loopback(&self) -> io::Result<()> {
         for c in &self.channels {
             for a in [c.a, c.b] {
-                let ok = a.ip().is_loopback() || (allow_multicast && a.ip().is_multicast());
-                if !ok {
+                if !a.ip().is_loopback() {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidInput,
-                        format!("refusing to publish to {a}: only 127.0.0.0/8 (or multicast inside a test's own network namespace)"),
+                        format!("refusing to publish to {a}: this sink sends to 127.0.0.0/8 only (a configured one, UdpSink::routed, sends anywhere)"),
                     ));
                 }
             }
         }
         Ok(())
     }
+
+    /// Every destination is a multicast group or one host (not 0.0.0.0 or a broadcast), and a
+    /// feed leaving the host is not sent from the loopback interface.
+    pub fn check_routes(&self, routes: &SendRoutes) -> Result<(), String> {
+        for c in &self.channels {
+            for (feed, a, interface) in [
+                ("A", c.a, routes.interface_a),
+                ("B", c.b, routes.interface_b),
+            ] {
+                let ip = *a.ip();
+                if ip.is_unspecified() || ip.is_broadcast() {
+                    return Err(format!(
+                        "feed {feed} to {a}: a destination is a multicast group or one host"
+                    ));
+                }
+                if !ip.is_multicast() && !ip.is_loopback() && interface.is_loopback() {
+                    return Err(format!(
+                        "feed {feed} to {a} leaves the host, but is to be sent from {interface}"
+                    ));
+                }
+                if interface.is_multicast() || interface.is_broadcast() {
+                    return Err(format!(
+                        "feed {feed}: interface {interface} is not an interface's address"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How a configured sink's datagrams leave the host: the address of the interface each feed
+/// is sent from (feeds A and B may leave on different networks; 0.0.0.0 lets the routing
+/// table choose), and the multicast TTL (hops; 0 keeps a group on the host) and loop (whether
+/// this host's own subscribers receive the groups it sends to). All three are set on the
+/// socket explicitly rather than left to the kernel's defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendRoutes {
+    pub interface_a: Ipv4Addr,
+    pub interface_b: Ipv4Addr,
+    pub multicast_ttl: u32,
+    pub multicast_loop: bool,
+}
+
+impl SendRoutes {
+    /// Both feeds from 127.0.0.1; multicast stays on the host and loops back to it.
+    pub fn loopback() -> SendRoutes {
+        SendRoutes {
+            interface_a: Ipv4Addr::LOCALHOST,
+            interface_b: Ipv4Addr::LOCALHOST,
+            multicast_ttl: 0,
+            multicast_loop: true,
+        }
+    }
+}
+
+/// A sending socket bound to `interface` (port chosen by the kernel), with the multicast
+/// interface, TTL and loop of `routes` set.
+fn send_socket(interface: Ipv4Addr, routes: &SendRoutes) -> io::Result<UdpSocket> {
+    let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+    let _ = socket.set_send_buffer_size(SOCKET_BUFFER_BYTES);
+    socket.set_multicast_loop_v4(routes.multicast_loop)?;
+    socket.set_multicast_ttl_v4(routes.multicast_ttl)?;
+    if !interface.is_unspecified() {
+        socket.set_multicast_if_v4(&interface).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("multicast interface {interface}: {e} (is it this host's address?)"),
+            )
+        })?;
+    }
+    socket
+        .bind(&SocketAddr::from((interface, 0)).into())
+        .map_err(|e| io::Error::new(e.kind(), format!("binding {interface}: {e}")))?;
+    Ok(socket.into())
 }
 
 /// Packets handed to one `sendmmsg` call (each goes to feed A and feed B, so twice as many
@@ -131,7 +201,9 @@ thread_local! {
 /// [`SEND_BATCH_PACKETS`]), in one `sendmmsg` system call, through headers allocated once per
 /// sending thread.
 pub struct UdpSink {
-    socket: UdpSocket,
+    /// One socket for both feeds, or feed A's and feed B's when they leave on different
+    /// interfaces.
+    sockets: Vec<UdpSocket>,
     addrs: FeedAddrs,
     /// Feed A and B destinations per channel, in the form `sendmmsg` takes.
     dests: [[SockaddrIn; 2]; CHANNEL_COUNT],
@@ -142,24 +214,20 @@ pub struct UdpSink {
 }
 
 impl UdpSink {
-    /// A sink to loopback destinations.
+    /// A sink to loopback destinations only (the tools' and benchmarks' sink).
     pub fn new(addrs: FeedAddrs) -> io::Result<UdpSink> {
-        UdpSink::with_multicast(addrs, false)
+        addrs.check_loopback()?;
+        UdpSink::routed(addrs, SendRoutes::loopback())
     }
 
-    /// A sink that may also send to multicast groups. Only for a network namespace the caller
-    /// created (see DESIGN.md's multicast safety rule).
-    pub fn with_multicast(addrs: FeedAddrs, allow_multicast: bool) -> io::Result<UdpSink> {
-        addrs.check(allow_multicast)?;
-        let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
-        let _ = socket.set_send_buffer_size(SOCKET_BUFFER_BYTES);
-        if addrs.is_multicast() {
-            socket.set_multicast_loop_v4(true)?;
-            socket.set_multicast_ttl_v4(0)?; // never leaves the host
-            let _ = socket.set_multicast_if_v4(&Ipv4Addr::LOCALHOST);
-            socket.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)).into())?;
-        } else {
-            socket.bind(&SocketAddr::from((Ipv4Addr::LOCALHOST, 0)).into())?;
+    /// A sink to wherever `addrs` say, through `routes` (a deployment's configured feeds).
+    pub fn routed(addrs: FeedAddrs, routes: SendRoutes) -> io::Result<UdpSink> {
+        addrs
+            .check_routes(&routes)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let mut sockets = vec![send_socket(routes.interface_a, &routes)?];
+        if routes.interface_b != routes.interface_a {
+            sockets.push(send_socket(routes.interface_b, &routes)?);
         }
         let mut dests =
             [[SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)); 2]; CHANNEL_COUNT];
@@ -167,7 +235,7 @@ impl UdpSink {
             *d = [SockaddrIn::from(c.a), SockaddrIn::from(c.b)];
         }
         Ok(UdpSink {
-            socket: socket.into(),
+            sockets,
             addrs,
             dests,
             send_errors: 0,
@@ -195,22 +263,58 @@ impl UdpSink {
             to[2 * k + 1] = Some(b);
         }
         let n = 2 * packets.len();
+        if self.sockets.len() == 2 {
+            return self.send_split(&slices[..n], &to[..n]);
+        }
         self.send_calls += 1;
         // A failed call loses its datagrams; a call the kernel ends early after an error
         // (it returns how many it sent, which nix's wrapper does not pass on) loses the rest.
         // On a blocking socket to loopback neither happens short of a system fault, and
         // subscribers recover either like any other loss.
-        let fd = self.socket.as_raw_fd();
-        let sent = SEND_HEADERS.with(|h| {
-            let mut h = h.borrow_mut();
-            let headers =
-                h.get_or_insert_with(|| MultiHeaders::preallocate(SEND_BATCH_DATAGRAMS, None));
-            sendmmsg(fd, headers, &slices[..n], &to[..n], [], SendFlags::empty()).is_ok()
-        });
-        if !sent {
+        let fd = self.sockets[0].as_raw_fd();
+        if !send_many(fd, &slices[..n], &to[..n]) {
             self.send_errors += 1;
         }
     }
+
+    /// Feed A's copies through the first socket, then feed B's through the second (the two
+    /// feeds leave on different interfaces): two system calls per batch.
+    fn send_split(&mut self, slices: &[[IoSlice<'_>; 1]], to: &[Option<SockaddrIn>]) {
+        let mut a_slices = [[IoSlice::new(&[])]; SEND_BATCH_PACKETS];
+        let mut b_slices = [[IoSlice::new(&[])]; SEND_BATCH_PACKETS];
+        let mut a_to = [None; SEND_BATCH_PACKETS];
+        let mut b_to = [None; SEND_BATCH_PACKETS];
+        let k = slices.len() / 2;
+        for i in 0..k {
+            a_slices[i] = slices[2 * i];
+            a_to[i] = to[2 * i];
+            b_slices[i] = slices[2 * i + 1];
+            b_to[i] = to[2 * i + 1];
+        }
+        for (socket, s, t) in [
+            (0, &a_slices[..k], &a_to[..k]),
+            (1, &b_slices[..k], &b_to[..k]),
+        ] {
+            self.send_calls += 1;
+            if !send_many(self.sockets[socket].as_raw_fd(), s, t) {
+                self.send_errors += 1;
+            }
+        }
+    }
+}
+
+/// One `sendmmsg` of `slices` to `to` through the sending thread's headers; false if it failed.
+fn send_many(
+    fd: std::os::fd::RawFd,
+    slices: &[[IoSlice<'_>; 1]],
+    to: &[Option<SockaddrIn>],
+) -> bool {
+    SEND_HEADERS.with(|h| {
+        let mut h = h.borrow_mut();
+        let headers =
+            h.get_or_insert_with(|| MultiHeaders::preallocate(SEND_BATCH_DATAGRAMS, None));
+        sendmmsg(fd, headers, slices, to, [], SendFlags::empty()).is_ok()
+    })
 }
 
 impl PacketSink for UdpSink {
@@ -225,14 +329,29 @@ impl PacketSink for UdpSink {
     }
 }
 
-/// Binds a receiving socket for one destination (joining its group if multicast).
+/// Binds a receiving socket for one destination (joining its group on the loopback interface
+/// if multicast).
 pub fn bind_receiver(addr: SocketAddrV4) -> io::Result<UdpSocket> {
+    bind_receiver_on(addr, Ipv4Addr::LOCALHOST)
+}
+
+/// Binds a receiving socket for one destination, joining its group on the interface whose
+/// address is `interface` if it is a multicast group. Several receivers of one group on one
+/// host each get every datagram (the port is shared).
+pub fn bind_receiver_on(addr: SocketAddrV4, interface: Ipv4Addr) -> io::Result<UdpSocket> {
     let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
     socket.set_reuse_address(true)?;
     let _ = socket.set_recv_buffer_size(SOCKET_BUFFER_BYTES);
     if addr.ip().is_multicast() {
         socket.bind(&SocketAddr::from((*addr.ip(), addr.port())).into())?;
-        socket.join_multicast_v4(addr.ip(), &Ipv4Addr::LOCALHOST)?;
+        socket
+            .join_multicast_v4(addr.ip(), &interface)
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("joining {} on {interface}: {e}", addr.ip()),
+                )
+            })?;
     } else {
         socket.bind(&SocketAddr::V4(addr).into())?;
     }
@@ -253,12 +372,27 @@ pub struct UdpSubscriber {
 }
 
 impl UdpSubscriber {
-    /// Listens on the channels named (all when `channels` is empty), both feeds.
+    /// Listens on the channels named (all when `channels` is empty), both feeds, joining
+    /// multicast groups on the loopback interface.
     pub fn bind(
         addrs: &FeedAddrs,
         channels: &[Channel],
         config: SubscriberConfig,
         use_replay: bool,
+    ) -> io::Result<UdpSubscriber> {
+        let lo = Ipv4Addr::LOCALHOST;
+        UdpSubscriber::bind_on(addrs, channels, config, use_replay, [lo, lo])
+    }
+
+    /// As [`UdpSubscriber::bind`], joining feed A's multicast groups on the interface whose
+    /// address is `interfaces[0]` and feed B's on `interfaces[1]` (a subscriber on another
+    /// host than the publisher, the two feeds perhaps on two networks).
+    pub fn bind_on(
+        addrs: &FeedAddrs,
+        channels: &[Channel],
+        config: SubscriberConfig,
+        use_replay: bool,
+        interfaces: [Ipv4Addr; 2],
     ) -> io::Result<UdpSubscriber> {
         let mut sockets = Vec::new();
         for c in Channel::ALL {
@@ -266,8 +400,8 @@ impl UdpSubscriber {
                 continue;
             }
             let a = addrs.channels[c.index()];
-            sockets.push((c, Feed::A, bind_receiver(a.a)?));
-            sockets.push((c, Feed::B, bind_receiver(a.b)?));
+            sockets.push((c, Feed::A, bind_receiver_on(a.a, interfaces[0])?));
+            sockets.push((c, Feed::B, bind_receiver_on(a.b, interfaces[1])?));
         }
         Ok(UdpSubscriber {
             sockets,

@@ -6,7 +6,7 @@ mod common;
 
 use bourse_marketdata::pcap::PcapWriter;
 use bourse_marketdata::replay::{self, ReplayServer};
-use bourse_marketdata::udp::{FeedAddrs, UdpSink, UdpSubscriber};
+use bourse_marketdata::udp::{FeedAddrs, SendRoutes, UdpSink, UdpSubscriber};
 use bourse_marketdata::{now_ns, Channel, PacketSink, SubscriberConfig, VecSink};
 use bourse_wire::market_data::codec::replay_status::ReplayStatus;
 use common::*;
@@ -35,7 +35,7 @@ impl PacketSink for Dropping {
     }
 }
 
-fn run_over_udp(addrs: FeedAddrs, allow_multicast: bool, mut sub: UdpSubscriber, steps: u32) {
+fn run_over_udp(addrs: FeedAddrs, routes: SendRoutes, mut sub: UdpSubscriber, steps: u32) {
     let mut h = Harness::new(5, test_publisher_config());
     let server = ReplayServer::spawn(
         SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
@@ -44,7 +44,7 @@ fn run_over_udp(addrs: FeedAddrs, allow_multicast: bool, mut sub: UdpSubscriber,
     .unwrap();
     sub.set_replay(Some(server.local_addr()));
     let mut sink = Dropping {
-        inner: UdpSink::with_multicast(addrs, allow_multicast).unwrap(),
+        inner: UdpSink::routed(addrs, routes).unwrap(),
         every: 97,
         n: 0,
         dropped: 0,
@@ -95,7 +95,7 @@ fn run_over_udp(addrs: FeedAddrs, allow_multicast: bool, mut sub: UdpSubscriber,
 #[test]
 fn udp_feeds_on_loopback_with_loss_on_both_feeds_recover_by_tcp_replay() {
     let (sub, addrs) = UdpSubscriber::bind_ephemeral(SubscriberConfig::default()).unwrap();
-    run_over_udp(addrs, false, sub, 3_000);
+    run_over_udp(addrs, SendRoutes::loopback(), sub, 3_000);
 }
 
 #[test]
@@ -230,7 +230,7 @@ fn multicast_inner() {
         32_000,
     );
     let sub = UdpSubscriber::bind(&addrs, &[], SubscriberConfig::default(), true).unwrap();
-    run_over_udp(addrs, true, sub, 1_000);
+    run_over_udp(addrs, SendRoutes::loopback(), sub, 1_000);
 }
 
 #[test]

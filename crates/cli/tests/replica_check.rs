@@ -1,0 +1,222 @@
+//! The replica checker shared by the fault tests (`cluster_kill.rs`, `netns_faults.rs`,
+//! included with `#[path]`; compiled on its own it holds no tests): a client that sends one
+//! request at a time and retries it under the same key until answered, recording when each
+//! acknowledgement came; the pause that lets the replicas converge; and the check that every
+//! replica holds exactly the acknowledged commands (the engine's command counter equals the
+//! acknowledgements) with equal state hashes and no alarm.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bourse_cluster::client::node_status;
+use bourse_cluster::net::NodeStatus;
+use bourse_cluster::tokio;
+use bourse_cluster::{Client, ClientError};
+use bourse_core::Command;
+use bourse_engine::workload::{Flow, FlowConfig};
+use hdrhistogram::Histogram;
+
+/// The longest a failover may take before a test calls it lost.
+pub const FAILOVER_LIMIT: Duration = Duration::from_secs(15);
+/// The longest the replicas may take to converge once the client paused.
+pub const CONVERGE_LIMIT: Duration = Duration::from_secs(30);
+
+pub async fn statuses(addrs: &[(u64, SocketAddr)]) -> Vec<Option<NodeStatus>> {
+    let mut out = Vec::new();
+    for (_, a) in addrs {
+        out.push(node_status(*a, Duration::from_millis(300)).await.ok());
+    }
+    out
+}
+
+pub fn summary(h: &Histogram<u64>) -> String {
+    let ms = |us: u64| us as f64 / 1000.0;
+    format!(
+        "p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms (n = {})",
+        ms(h.value_at_quantile(0.5)),
+        ms(h.value_at_quantile(0.99)),
+        ms(h.max()),
+        h.len()
+    )
+}
+
+/// What the test and the client thread share.
+pub struct Shared {
+    pub stop: AtomicBool,
+    /// Asks the client to stop between requests (for a consistency check).
+    pub pause: AtomicBool,
+    /// The client is between requests and waits for `pause` to clear.
+    pub idle: AtomicBool,
+    pub acked: AtomicU64,
+    /// When the test started; acknowledgement times count from it.
+    pub epoch: Instant,
+    /// When each acknowledgement came, in µs since `epoch`, in order.
+    pub ack_times_us: Mutex<Vec<u64>>,
+}
+
+impl Shared {
+    pub fn new() -> Arc<Shared> {
+        Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            pause: AtomicBool::new(false),
+            idle: AtomicBool::new(false),
+            acked: AtomicU64::new(0),
+            epoch: Instant::now(),
+            ack_times_us: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Microseconds since `epoch`.
+    pub fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
+    }
+
+    /// The longest stretch without an acknowledgement in `from_us..to_us`, counted from
+    /// `from_us` (the moment of a fault or a heal): the wait for the first acknowledgement
+    /// after it, or a longer gap between two later ones, or the wait from the last one to
+    /// `to_us`.
+    pub fn longest_silence_us(&self, from_us: u64, to_us: u64) -> u64 {
+        let times = self.ack_times_us.lock().unwrap();
+        let start = times.partition_point(|&t| t < from_us);
+        let mut previous = from_us;
+        let mut longest = 0;
+        for &t in &times[start..] {
+            longest = longest.max(t - previous);
+            previous = t;
+            if t >= to_us {
+                return longest;
+            }
+        }
+        longest.max(to_us.saturating_sub(previous))
+    }
+}
+
+/// Waits until the client is between requests (after it acknowledged its in-flight one).
+pub fn pause_client(shared: &Shared, seed: u64) {
+    shared.pause.store(true, Ordering::SeqCst);
+    let limit = Instant::now() + FAILOVER_LIMIT * 4;
+    while !shared.idle.load(Ordering::SeqCst) {
+        assert!(
+            Instant::now() < limit,
+            "the client did not finish its request (seed {seed})"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+pub fn resume_client(shared: &Shared) {
+    shared.idle.store(false, Ordering::SeqCst);
+    shared.pause.store(false, Ordering::SeqCst);
+}
+
+/// With the client paused: waits until the three replicas applied their whole logs, then
+/// checks equal state hashes, no alarm, and exactly the acknowledged commands in the history.
+pub async fn check_replicas(
+    addrs: &[(u64, SocketAddr)],
+    acked: u64,
+    seed: u64,
+    dir: &Path,
+) -> Vec<NodeStatus> {
+    let limit = Instant::now() + CONVERGE_LIMIT;
+    let finals = loop {
+        let s = statuses(addrs).await;
+        let all: Vec<NodeStatus> = s.into_iter().flatten().collect();
+        if all.len() == 3
+            && all.iter().any(|s| s.leader == Some(s.id))
+            && all.windows(2).all(|w| {
+                w[0].last_applied_index == w[1].last_applied_index
+                    && w[0].last_applied_index == w[0].last_log_index
+            })
+            && all[0].engine_commands >= acked
+        {
+            break all;
+        }
+        assert!(
+            Instant::now() < limit,
+            "replicas did not converge (seed {seed}; logs in {}): {all:#?}",
+            dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    for s in &finals {
+        assert!(s.alarm.is_none(), "node {} raised {:?}", s.id, s.alarm);
+        assert_eq!(
+            s.state_hash, finals[0].state_hash,
+            "replicas differ (seed {seed}): {finals:#?}"
+        );
+        assert_eq!(
+            s.engine_commands, acked,
+            "node {}: the history holds {} commands but {acked} were acknowledged (seed {seed})",
+            s.id, s.engine_commands
+        );
+    }
+    finals
+}
+
+/// The client: one request at a time, each retried under the same key until answered.
+pub fn client_thread(
+    shared: Arc<Shared>,
+    addrs: Vec<(u64, SocketAddr)>,
+    seed: u64,
+) -> std::thread::JoinHandle<(u64, u64)> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let mut flow_config = FlowConfig::exchange_core(seed);
+            flow_config.accounts = 20;
+            flow_config.live_orders_target = 100;
+            let mut flow = Flow::new(flow_config);
+            let mut client = Client::new(addrs, 1, 1);
+            let mut commands: Vec<Command> = flow
+                .setup()
+                .into_iter()
+                .map(|b| Command::new(0, b))
+                .collect();
+            commands.reverse();
+            let mut duplicates = 0u64;
+            let mut timeouts = 0u64;
+            let mut ts_ns = 1u64;
+            while !shared.stop.load(Ordering::SeqCst) {
+                if shared.pause.load(Ordering::SeqCst) {
+                    shared.idle.store(true, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    continue;
+                }
+                let command = commands
+                    .pop()
+                    .unwrap_or_else(|| Command::new(ts_ns, flow.next_command()));
+                ts_ns += 1;
+                let mut attempts = 0u64;
+                loop {
+                    match client
+                        .submit_for_events(&command, Duration::from_secs(5))
+                        .await
+                    {
+                        Ok((ack, events)) => {
+                            duplicates += ack.duplicate as u64;
+                            flow.observe(&events);
+                            shared.ack_times_us.lock().unwrap().push(shared.now_us());
+                            shared.acked.fetch_add(1, Ordering::SeqCst);
+                            break;
+                        }
+                        Err(ClientError::Timeout { .. }) => {
+                            // Unanswered: it may or may not be applied; same key again.
+                            timeouts += 1;
+                            attempts += 1;
+                            assert!(attempts < 20, "the group stopped answering (seed {seed})");
+                        }
+                        Err(e) => panic!("request refused: {e}"),
+                    }
+                }
+            }
+            (duplicates, timeouts)
+        })
+    })
+}
