@@ -5,6 +5,7 @@
 //! and, with `--json`, one JSON object per scenario). Each subcommand lives in its own module;
 //! this file only parses arguments and dispatches.
 
+mod auth_cmd;
 mod bench;
 mod clearing_cmd;
 mod cluster_cmd;
@@ -95,6 +96,11 @@ enum Command {
         #[command(subcommand)]
         command: md_cmd::MdCommand,
     },
+    /// Credentials: `hash-password` prints the hash a config stores for a password.
+    Auth {
+        #[command(subcommand)]
+        command: auth_cmd::AuthCommand,
+    },
     /// Tick-to-trade (seed 004): the replay driver, the reference reacting client, captures.
     T2t {
         #[command(subcommand)]
@@ -144,6 +150,7 @@ fn main() {
         } => engine_run::run(&input, &output, summary, orders_max),
         Command::Bench { command } => bench::run(command),
         Command::Journal { command } => journal_cmd::run(command),
+        Command::Auth { command } => auth_cmd::run(command),
         Command::Node(args) => cluster_cmd::node(args),
         Command::Cluster { command } => cluster_cmd::run(command),
         Command::Fix {
