@@ -332,6 +332,49 @@ impl Engine {
         Some((Qty(p.qty), Cash(p.cost())))
     }
 
+    /// One account's positions as (instrument, net qty, net cost), in instrument order of
+    /// addition; empty for an unknown account.
+    pub fn account_positions(&self, account: AccountId) -> Vec<(InstrumentId, Qty, Cash)> {
+        let Some(&a) = self.account_index.get(&account) else {
+            return Vec::new();
+        };
+        self.accounts[a as usize]
+            .positions
+            .iter()
+            .map(|p| {
+                let instrument = self.books[p.book as usize].def.instrument;
+                (instrument, Qty(p.qty), Cash(p.cost()))
+            })
+            .collect()
+    }
+
+    /// Up to `max` live orders of one account, walking the books in their fixed order (best
+    /// price first, bids then asks). O(live orders): for operators' queries, not the hot path.
+    pub fn account_orders(&self, account: AccountId, max: usize) -> Vec<OrderView> {
+        let mut v = Vec::new();
+        let Some(&a) = self.account_index.get(&account) else {
+            return v;
+        };
+        for book in &self.books {
+            for side in [Side::Buy, Side::Sell] {
+                for level in book.side(side).iter().rev() {
+                    let mut slot = level.head;
+                    while slot != NIL {
+                        let o = self.pool.get(slot);
+                        if o.account == a {
+                            if v.len() == max {
+                                return v;
+                            }
+                            v.push(self.view(o));
+                        }
+                        slot = o.next;
+                    }
+                }
+            }
+        }
+        v
+    }
+
     /// Every (account, instrument, qty, cost) position, in account then instrument order.
     pub fn positions(&self) -> impl Iterator<Item = (AccountId, InstrumentId, Qty, Cash)> + '_ {
         self.accounts.iter().flat_map(move |a| {

@@ -14,12 +14,14 @@
 //! Order ids: core `i` numbers its orders from `i << ORDER_ID_CORE_SHIFT` (at least 1), so one
 //! gateway serves every core and an order id names one order across the venue.
 
+mod admin;
 mod feed;
 mod host;
 mod links;
 mod spec;
 mod timing;
 
+pub use admin::{VenueAdmin, ADMIN_CLIENT_ID_BASE, ADMIN_LANES};
 pub use host::{sample_of, tune_allocator};
 pub use spec::{Backend, DeploymentSpec, MarketSpec};
 
@@ -595,6 +597,52 @@ impl LocalDeployment {
 
     pub fn gateways(&self) -> &[GatewayHandle] {
         &self.gateways
+    }
+
+    /// The admin API's view of this venue (replicated cores only: see `admin`).
+    pub fn admin_venue(&self) -> Result<Arc<VenueAdmin>> {
+        let mut cores = Vec::new();
+        for c in &self.cores {
+            match &c.run {
+                CoreRun::Cluster { nodes, .. } => cores.push((c.name.clone(), nodes.as_slice())),
+                CoreRun::Engine(_) => bail!(
+                    "the admin API needs replicated cores: its commands go through the \
+                     sequenced, replicated path, where every gateway sees what they did"
+                ),
+            }
+        }
+        Ok(Arc::new(VenueAdmin::new(cores)))
+    }
+
+    /// Starts the admin API on this venue's runtime: its service (auditing into
+    /// `audit_path`, counting on `monitor`) behind a listener on `listen`, operators checked
+    /// against `credentials`.
+    pub fn start_admin(
+        &self,
+        credentials: Arc<bourse_auth::CredentialStore>,
+        audit_path: &std::path::Path,
+        listen: SocketAddr,
+        monitor: Option<Arc<bourse_monitor::Monitor>>,
+    ) -> Result<(Arc<bourse_admin::AdminService>, bourse_admin::AdminServer)> {
+        let venue = self.admin_venue()?;
+        let service = Arc::new(
+            bourse_admin::AdminService::new(venue, audit_path, monitor)
+                .with_context(|| format!("audit log {}", audit_path.display()))?,
+        );
+        let rt = self.runtime.as_ref().context("the deployment is stopped")?;
+        let server = rt
+            .block_on(bourse_admin::AdminServer::start(
+                Arc::clone(&service),
+                credentials,
+                bourse_admin::AdminServerConfig::new(listen),
+            ))
+            .with_context(|| format!("admin API on {listen}"))?;
+        Ok((service, server))
+    }
+
+    /// The deployment's runtime (the admin API's tasks and the schedule driver run on it).
+    pub fn runtime_handle(&self) -> Option<tokio::runtime::Handle> {
+        self.runtime.as_ref().map(|rt| rt.handle().clone())
     }
 
     /// The node addresses of each core (empty for in-process cores).
