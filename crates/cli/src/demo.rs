@@ -63,6 +63,60 @@ pub struct DemoArgs {
     /// Run without the data-delivery node.
     #[arg(long)]
     no_delivery: bool,
+    /// Port of the admin API on 127.0.0.1 (0: any free port). Without it, 8090, or any free
+    /// port if 8090 is taken.
+    #[arg(long)]
+    admin_port: Option<u16>,
+    /// Run without the admin API.
+    #[arg(long)]
+    no_admin: bool,
+}
+
+/// Default admin API port when none is given.
+const ADMIN_PORT_DEFAULT: u16 = 8090;
+/// The demo's operator (its password is made up at start and printed).
+const DEMO_OPERATOR: &str = "admin";
+
+/// A password for the demo's operator, different in every run.
+fn demo_password() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(bourse_loadgen::unix_ns());
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
+}
+
+/// The admin API over the replicated cores (none for in-process cores: see
+/// `bourse_venue::VenueAdmin`), its audit log in the report's directory.
+fn start_admin(
+    args: &DemoArgs,
+    deployment: &LocalDeployment,
+    out: &std::path::Path,
+    monitor: Option<Arc<Monitor>>,
+) -> Result<Option<(bourse_admin::AdminServer, String, PathBuf)>> {
+    if args.no_admin || args.in_process_cores {
+        return Ok(None);
+    }
+    let password = demo_password();
+    let hash = bourse_auth::hash_password(&password)?;
+    let mut store = bourse_auth::CredentialStore::new();
+    store.insert(
+        DEMO_OPERATOR,
+        hash,
+        vec![bourse_admin::ROLE_OPERATOR.to_string()],
+    )?;
+    let store = Arc::new(store);
+    let audit = out.join("admin-audit.jsonl");
+    let at = |port| SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let start =
+        |port| deployment.start_admin(Arc::clone(&store), &audit, at(port), monitor.clone());
+    let (_, server) = match args.admin_port {
+        Some(port) => {
+            start(port).map_err(|e| anyhow!("{e:#} (try --admin-port 0 or --no-admin)"))?
+        }
+        None => start(ADMIN_PORT_DEFAULT).or_else(|_| start(0))?,
+    };
+    Ok(Some((server, password, audit)))
 }
 
 /// Default delivery port when none is given.
@@ -281,6 +335,23 @@ pub fn run(args: DemoArgs) -> Result<()> {
             d.addr()
         );
     }
+    let admin = start_admin(
+        &args,
+        &deployment,
+        &out,
+        dashboard.as_ref().map(|(m, _)| Arc::clone(m)),
+    )?;
+    if let Some((server, password, audit)) = &admin {
+        println!(
+            "  admin API: {} (operator {DEMO_OPERATOR}, password {password}); audit log {}\n\
+             \x20   export BOURSE_ADMIN_URL={} BOURSE_ADMIN_PASSWORD={password}\n\
+             \x20   bourse admin instruments | halt --instrument ID | resume --instrument ID | \
+             kill --firm ID | release --firm ID | account ID | add-account ... (docs/admin.md)",
+            server.url(),
+            audit.display(),
+            server.url(),
+        );
+    }
     match args.seconds {
         Some(s) => println!(
             "  participants offer {} commands/s for {s} s (Ctrl-C stops early)\n",
@@ -298,6 +369,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         stop: Some(Arc::clone(&stop)),
     };
     let result = bourse_loadgen::run_on(&profile, &options, &mut deployment);
+    drop(admin);
     if let Some(d) = delivery {
         d.stop().map_err(|e| anyhow!(e))?;
     }

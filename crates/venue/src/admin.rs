@@ -33,6 +33,9 @@ struct Replica {
 }
 
 struct AdminCore {
+    /// Commands this core answered to the admin (applied, or refused by the engine): the
+    /// venue's accounting of the generator's commands leaves them out.
+    answered: std::sync::atomic::AtomicU64,
     nodes: Vec<(u64, SocketAddr)>,
     replicas: Vec<Replica>,
     /// Each lane's client, made on first use (it continues its id's numbering).
@@ -53,6 +56,7 @@ impl VenueAdmin {
         for (index, (name, nodes)) in cores.into_iter().enumerate() {
             markets.push(name);
             admin_cores.push(AdminCore {
+                answered: std::sync::atomic::AtomicU64::new(0),
                 nodes: nodes.iter().map(|n| (n.id(), n.addr)).collect(),
                 replicas: nodes
                     .iter()
@@ -72,6 +76,15 @@ impl VenueAdmin {
             markets,
             cores: admin_cores,
         }
+    }
+}
+
+impl VenueAdmin {
+    /// Commands the admin had applied in core `core` so far.
+    pub fn commands_applied(&self, core: usize) -> u64 {
+        self.cores
+            .get(core)
+            .map_or(0, |c| c.answered.load(std::sync::atomic::Ordering::Relaxed))
     }
 }
 
@@ -119,7 +132,13 @@ impl AdminCore {
         let mut out = Vec::with_capacity(commands.len());
         for c in &commands {
             match client.submit_for_events(c, ADMIN_COMMAND_DEADLINE).await {
-                Ok((_, events)) => out.push(events),
+                Ok((ack, events)) => {
+                    if !ack.duplicate {
+                        self.answered
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    out.push(events)
+                }
                 Err(e) => {
                     // The request may or may not have applied; a new client continues from
                     // the group's numbering next time.

@@ -101,6 +101,8 @@ pub struct LocalDeployment {
     /// Serves worker connections: locally, or as child processes (see `loadtest_cmd`).
     pub remote: Option<RemoteWorkers>,
     stopped: bool,
+    /// The admin API's view, once asked for: its commands are not the generator's.
+    admin: std::sync::OnceLock<Arc<VenueAdmin>>,
 }
 
 /// How often the demo's dashboard takes the counts and the nodes' status of a core.
@@ -212,6 +214,7 @@ impl LocalDeployment {
             fsync: spec.fsync,
             remote: None,
             stopped: false,
+            admin: std::sync::OnceLock::new(),
         };
         match d.start_inner(&spec) {
             Ok(()) => Ok(d),
@@ -601,6 +604,9 @@ impl LocalDeployment {
 
     /// The admin API's view of this venue (replicated cores only: see `admin`).
     pub fn admin_venue(&self) -> Result<Arc<VenueAdmin>> {
+        if let Some(a) = self.admin.get() {
+            return Ok(Arc::clone(a));
+        }
         let mut cores = Vec::new();
         for c in &self.cores {
             match &c.run {
@@ -611,7 +617,9 @@ impl LocalDeployment {
                 ),
             }
         }
-        Ok(Arc::new(VenueAdmin::new(cores)))
+        Ok(Arc::clone(
+            self.admin.get_or_init(|| Arc::new(VenueAdmin::new(cores))),
+        ))
     }
 
     /// Starts the admin API on this venue's runtime: its service (auditing into
@@ -671,7 +679,8 @@ impl LocalDeployment {
     pub fn totals(&mut self) -> Result<Vec<CoreTotals>> {
         let rt = self.runtime.as_ref().ok_or_else(|| anyhow!("stopped"))?;
         let mut out = Vec::new();
-        for core in &self.cores {
+        for (index, core) in self.cores.iter().enumerate() {
+            let admin_commands = self.admin.get().map_or(0, |a| a.commands_applied(index));
             let (c, live, hash, replicas) = match &core.run {
                 CoreRun::Engine(engine) => {
                     let e = engine.lock().map_err(|_| anyhow!("engine lock poisoned"))?;
@@ -711,7 +720,8 @@ impl LocalDeployment {
             let b = core.base;
             out.push(CoreTotals {
                 market: core.name.clone(),
-                commands: c.commands - b.commands,
+                // The admin's commands (a halt, a kill switch) are not the generator's.
+                commands: c.commands - b.commands - admin_commands,
                 orders_accepted: c.orders_accepted - b.orders_accepted,
                 orders_rejected: c.orders_rejected - b.orders_rejected,
                 trades: c.trades - b.trades,
