@@ -13,10 +13,13 @@
 //! - [`AdminServer`] (`server`): the listener (loopback only), operator authentication
 //!   against a `bourse_auth::CredentialStore` (HTTP Basic), the bulk NDJSON stream.
 //! - [`AdminClient`] (`client`): a small blocking HTTP/1.1 client for the CLI and tests.
+//! - [`schedule`]: the trading day's calendar, sessions and pauses, and the driver that
+//!   issues phase changes and the end of day through the same path at their times.
 
 pub mod action;
 pub mod audit;
 pub mod client;
+pub mod schedule;
 pub mod server;
 pub mod service;
 pub mod venue;
