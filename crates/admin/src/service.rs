@@ -35,6 +35,9 @@ pub const BULK_LINES_MAX: u64 = 20_000_000;
 /// Distinct errors a bulk answer lists (every one is counted).
 pub const BULK_ERRORS_SHOWN_MAX: usize = 16;
 
+/// One core's answer to submitted commands: each command's events, or why it is unknown.
+type CoreAnswer = Result<Vec<Vec<Event>>, String>;
+
 /// What the service answers: an HTTP status and a JSON body.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Answer {
@@ -461,11 +464,7 @@ impl AdminService {
     /// One answer from each core's events: `applied` when no core refused, `rejected` (422)
     /// with the reasons when one did, `unavailable` (503) when a core did not answer. For a
     /// phase change of one instrument sent to every core, the cores without it are left out.
-    fn summarise(
-        &self,
-        results: Vec<(usize, Result<Vec<Vec<Event>>, String>)>,
-        one_instrument: bool,
-    ) -> Answer {
+    fn summarise(&self, results: Vec<(usize, CoreAnswer)>, one_instrument: bool) -> Answer {
         let mut markets = Vec::new();
         let mut reasons = Vec::new();
         let mut unavailable = Vec::new();

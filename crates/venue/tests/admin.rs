@@ -328,9 +328,8 @@ fn the_admin_api_operates_a_running_replicated_venue() {
         .unwrap()
         .iter()
         .flat_map(|m| m["events"].as_array().unwrap().iter())
-        .filter_map(|e| {
-            (e["event"] == "kill_switch_set").then(|| e["orders_cancelled"].as_u64().unwrap())
-        })
+        .filter(|e| e["event"] == "kill_switch_set")
+        .map(|e| e["orders_cancelled"].as_u64().unwrap())
         .sum();
     assert_eq!(cancelled, 3, "{body}");
     let mut seen = Vec::new();
