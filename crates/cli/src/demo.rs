@@ -128,6 +128,15 @@ const ADMIN_PORT_DEFAULT: u16 = 8090;
 /// The demo's operator (its password is made up at start and printed).
 const DEMO_OPERATOR: &str = "admin";
 
+/// The demo's admin API: its listener, the operator's password, the audit log's path and
+/// the service (the schedule driver of `--day` acts through it).
+type DemoAdmin = (
+    bourse_admin::AdminServer,
+    String,
+    PathBuf,
+    Arc<bourse_admin::AdminService>,
+);
+
 /// A password for the demo's operator, different in every run.
 fn demo_password() -> String {
     use std::hash::{BuildHasher, Hasher};
@@ -144,14 +153,7 @@ fn start_admin(
     deployment: &LocalDeployment,
     out: &std::path::Path,
     monitor: Option<Arc<Monitor>>,
-) -> Result<
-    Option<(
-        bourse_admin::AdminServer,
-        String,
-        PathBuf,
-        Arc<bourse_admin::AdminService>,
-    )>,
-> {
+) -> Result<Option<DemoAdmin>> {
     if args.no_admin || args.in_process_cores {
         return Ok(None);
     }
