@@ -63,6 +63,120 @@ pub struct DemoArgs {
     /// Run without the data-delivery node.
     #[arg(long)]
     no_delivery: bool,
+    /// Port of the admin API on 127.0.0.1 (0: any free port). Without it, 8090, or any free
+    /// port if 8090 is taken.
+    #[arg(long)]
+    admin_port: Option<u16>,
+    /// Run without the admin API.
+    #[arg(long)]
+    no_admin: bool,
+    /// Play a MOEX derivatives trading day on every market, compressed: the schedule driver
+    /// issues the phases (open, the clearing pauses, closed) and the end of day through the
+    /// admin path, from 09:58 Moscow time of a Monday on (docs/admin.md, "The trading day").
+    #[arg(long)]
+    day: bool,
+    /// With --day: scheduled seconds per real second (60: a minute per hour).
+    #[arg(long, default_value_t = 60)]
+    day_speed: u64,
+}
+
+/// With `--day`: drives the schedule on the deployment's runtime over a clock that runs
+/// `speed` times faster than the wall clock from a Monday 09:58 Moscow time, printing each
+/// transition as it is issued, until `stop` is set.
+fn play_day(
+    deployment: &LocalDeployment,
+    service: Arc<bourse_admin::AdminService>,
+    speed: u64,
+    stop: Arc<AtomicBool>,
+) -> Result<()> {
+    use bourse_admin::schedule::{Schedule, ScheduleConfig, ScheduleDriver};
+    let markets: Vec<&str> = service.markets().iter().map(String::as_str).collect();
+    let schedule =
+        Schedule::new(&ScheduleConfig::moex_derivatives(&markets)).map_err(|e| anyhow!(e))?;
+    // Monday 2026-11-23 (day 20,780 since 1970-01-01), 09:58 in UTC+3.
+    const MIN_NS: u64 = 60_000_000_000;
+    let start_ns = (20_780 * 24 * 60 + 9 * 60 + 58 - 180) * MIN_NS;
+    let mut driver = ScheduleDriver::new(schedule, service, start_ns);
+    let rt = deployment
+        .runtime_handle()
+        .context("the deployment is stopped")?;
+    println!("  trading day: a MOEX derivatives day from 09:58 Moscow time, {speed}x faster");
+    rt.spawn(async move {
+        let t0 = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            tokio_sleep_ms(100).await;
+            let simulated = start_ns + t0.elapsed().as_nanos() as u64 * speed;
+            for (due, outcome) in driver.step(simulated).await {
+                println!(
+                    "  schedule {} {:<9} {:?}: {outcome}",
+                    &due.local[11..],
+                    due.market,
+                    due.transition
+                );
+            }
+        }
+    });
+    Ok(())
+}
+
+async fn tokio_sleep_ms(ms: u64) {
+    bourse_cluster::tokio::time::sleep(Duration::from_millis(ms)).await
+}
+
+/// Default admin API port when none is given.
+const ADMIN_PORT_DEFAULT: u16 = 8090;
+/// The demo's operator (its password is made up at start and printed).
+const DEMO_OPERATOR: &str = "admin";
+
+/// The demo's admin API: its listener, the operator's password, the audit log's path and
+/// the service (the schedule driver of `--day` acts through it).
+type DemoAdmin = (
+    bourse_admin::AdminServer,
+    String,
+    PathBuf,
+    Arc<bourse_admin::AdminService>,
+);
+
+/// A password for the demo's operator, different in every run.
+fn demo_password() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(bourse_loadgen::unix_ns());
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
+}
+
+/// The admin API over the replicated cores (none for in-process cores: see
+/// `bourse_venue::VenueAdmin`), its audit log in the report's directory.
+fn start_admin(
+    args: &DemoArgs,
+    deployment: &LocalDeployment,
+    out: &std::path::Path,
+    monitor: Option<Arc<Monitor>>,
+) -> Result<Option<DemoAdmin>> {
+    if args.no_admin || args.in_process_cores {
+        return Ok(None);
+    }
+    let password = demo_password();
+    let hash = bourse_auth::hash_password(&password)?;
+    let mut store = bourse_auth::CredentialStore::new();
+    store.insert(
+        DEMO_OPERATOR,
+        hash,
+        vec![bourse_admin::ROLE_OPERATOR.to_string()],
+    )?;
+    let store = Arc::new(store);
+    let audit = out.join("admin-audit.jsonl");
+    let at = |port| SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let start =
+        |port| deployment.start_admin(Arc::clone(&store), &audit, at(port), monitor.clone());
+    let (service, server) = match args.admin_port {
+        Some(port) => {
+            start(port).map_err(|e| anyhow!("{e:#} (try --admin-port 0 or --no-admin)"))?
+        }
+        None => start(ADMIN_PORT_DEFAULT).or_else(|_| start(0))?,
+    };
+    Ok(Some((server, password, audit, service)))
 }
 
 /// Default delivery port when none is given.
@@ -234,6 +348,9 @@ pub fn run(args: DemoArgs) -> Result<()> {
     if args.seconds == Some(0) {
         bail!("--seconds must be at least 1");
     }
+    if args.day_speed == 0 || args.day_speed > 86_400 {
+        bail!("--day-speed must be between 1 and 86,400 scheduled seconds per second");
+    }
     let profile = demo_profile(&args)?;
     let stop = Arc::new(AtomicBool::new(false));
     {
@@ -282,6 +399,33 @@ pub fn run(args: DemoArgs) -> Result<()> {
             d.addr()
         );
     }
+    let admin = start_admin(
+        &args,
+        &deployment,
+        &out,
+        dashboard.as_ref().map(|(m, _)| Arc::clone(m)),
+    )?;
+    if let Some((server, password, audit, service)) = &admin {
+        println!(
+            "  admin API: {} (operator {DEMO_OPERATOR}, password {password}); audit log {}\n\
+             \x20   export BOURSE_ADMIN_URL={} BOURSE_ADMIN_PASSWORD={password}\n\
+             \x20   bourse admin instruments | halt --instrument ID | resume --instrument ID | \
+             kill --firm ID | release --firm ID | account ID | add-account ... (docs/admin.md)",
+            server.url(),
+            audit.display(),
+            server.url(),
+        );
+        if args.day {
+            play_day(
+                &deployment,
+                Arc::clone(service),
+                args.day_speed,
+                Arc::clone(&stop),
+            )?;
+        }
+    } else if args.day {
+        bail!("--day needs the admin API (replicated cores, without --no-admin)");
+    }
     match args.seconds {
         Some(s) => println!(
             "  participants offer {} commands/s for {s} s (Ctrl-C stops early)\n",
@@ -299,6 +443,9 @@ pub fn run(args: DemoArgs) -> Result<()> {
         stop: Some(Arc::clone(&stop)),
     };
     let result = bourse_loadgen::run_on(&profile, &options, &mut deployment);
+    // Ends the schedule driver (if --day) before the cores stop.
+    stop.store(true, Ordering::SeqCst);
+    drop(admin);
     if let Some(d) = delivery {
         d.stop().map_err(|e| anyhow!(e))?;
     }

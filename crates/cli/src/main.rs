@@ -5,6 +5,7 @@
 //! and, with `--json`, one JSON object per scenario). Each subcommand lives in its own module;
 //! this file only parses arguments and dispatches.
 
+mod admin_cmd;
 mod auth_cmd;
 mod bench;
 mod clearing_cmd;
@@ -96,6 +97,9 @@ enum Command {
         #[command(subcommand)]
         command: md_cmd::MdCommand,
     },
+    /// Market operations on a running venue through its admin API: instruments and phases,
+    /// accounts and cash, halts, kill switches, end of day (`docs/admin.md`).
+    Admin(admin_cmd::AdminArgs),
     /// Credentials: `hash-password` prints the hash a config stores for a password.
     Auth {
         #[command(subcommand)]
@@ -151,6 +155,7 @@ fn main() {
         Command::Bench { command } => bench::run(command),
         Command::Journal { command } => journal_cmd::run(command),
         Command::Auth { command } => auth_cmd::run(command),
+        Command::Admin(args) => admin_cmd::run(args),
         Command::Node(args) => cluster_cmd::node(args),
         Command::Cluster { command } => cluster_cmd::run(command),
         Command::Fix {

@@ -160,6 +160,16 @@ pub enum CommandBody {
     },
     /// Close the trading day: expire Day orders, and GTD orders whose time has come.
     EndOfDay,
+    /// Engage (cancel every resting order of the target in this core and refuse its new
+    /// orders and replaces) or release the kill switch of one firm or one account. Exactly
+    /// one of `firm` and `account` is given.
+    KillSwitch {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        firm: Option<FirmId>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        account: Option<AccountId>,
+        engaged: bool,
+    },
 }
 
 /// A command with the time the gateway stamped on it.
@@ -341,6 +351,14 @@ mod strict {
         EndOfDay {
             ts_ns: u64,
         },
+        KillSwitch {
+            ts_ns: u64,
+            #[serde(default)]
+            firm: Option<FirmId>,
+            #[serde(default)]
+            account: Option<AccountId>,
+            engaged: bool,
+        },
     }
 
     impl From<StrictCommand> for Command {
@@ -496,6 +514,19 @@ mod strict {
                     amount,
                 } => (ts_ns, CommandBody::SetCollateral { account, amount }),
                 S::EndOfDay { ts_ns } => (ts_ns, CommandBody::EndOfDay),
+                S::KillSwitch {
+                    ts_ns,
+                    firm,
+                    account,
+                    engaged,
+                } => (
+                    ts_ns,
+                    CommandBody::KillSwitch {
+                        firm,
+                        account,
+                        engaged,
+                    },
+                ),
             };
             Command { ts_ns, body }
         }

@@ -67,6 +67,12 @@ pub enum RejectReason {
     MassCancelUnfiltered = 31,
     /// A GTD order needs an expiry; other orders must not carry one.
     ExpireTimeUnexpected = 32,
+    /// The instrument is in a scheduled pause (a clearing session); resting orders stay.
+    InstrumentPaused = 33,
+    /// The account, or its firm, is stopped by the kill switch until an operator releases it.
+    TradingSuspended = 34,
+    /// A kill switch names neither a firm nor an account, or both.
+    KillSwitchTargetInvalid = 35,
 }
 
 impl RejectReason {
@@ -293,6 +299,17 @@ pub enum Event {
         orders_expired: u64,
         ts_ns: u64,
     },
+    /// A kill switch was engaged (the target's orders cancelled, `orders_cancelled` of them in
+    /// this core, and its new orders refused) or released.
+    KillSwitchSet {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        firm: Option<FirmId>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        account: Option<AccountId>,
+        engaged: bool,
+        orders_cancelled: u64,
+        ts_ns: u64,
+    },
 }
 
 impl Event {
@@ -321,7 +338,8 @@ impl Event {
             | Event::AccountAdded { ts_ns, .. }
             | Event::PhaseChanged { ts_ns, .. }
             | Event::CashChanged { ts_ns, .. }
-            | Event::EndOfDayDone { ts_ns, .. } => ts_ns,
+            | Event::EndOfDayDone { ts_ns, .. }
+            | Event::KillSwitchSet { ts_ns, .. } => ts_ns,
         }
     }
 }

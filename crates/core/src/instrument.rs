@@ -51,6 +51,10 @@ pub enum Phase {
     /// The instrument is closed for the day: new orders and replaces are rejected, cancels are
     /// accepted.
     Closed,
+    /// A scheduled pause of the session (MOEX's intermediate and evening clearing): new
+    /// orders and replaces are rejected with `InstrumentPaused`, resting orders stay, cancels
+    /// are accepted. Apart from `Halted`, which is an operator's unscheduled stop.
+    Paused,
 }
 
 /// Self-trade prevention: what happens when an incoming order would trade against a resting

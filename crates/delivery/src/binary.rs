@@ -12,7 +12,8 @@
 
 use crate::client::{ClientError, PollAnswer, PollRequest};
 use crate::cursor::{hex_bytes, hex_text, Cursor, CURSOR_BYTES_MAX};
-use crate::node::{ConnectionGauge, Shared};
+use crate::node::Shared;
+use bourse_monitor::metrics::GaugeHold;
 use crate::poll::{self, Asked, Refusal, RefusalKind, Selected, ServerTimings};
 use crate::record::{Filter, Record};
 use crate::server::{AnswerHeader, ApiError};
@@ -57,7 +58,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watc
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
         let mut stopped = stopped.clone();
-        let open = ConnectionGauge::open(&shared.counters.connections_binary);
+        let open = GaugeHold::new(&shared.counters.connections_binary);
         tokio::spawn(async move {
             let _permit = permit;
             let _open = open;

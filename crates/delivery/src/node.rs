@@ -238,22 +238,6 @@ impl Default for ApiCounters {
     }
 }
 
-/// One open connection on a gauge: counted up when made, down when dropped.
-pub(crate) struct ConnectionGauge(Gauge);
-
-impl ConnectionGauge {
-    pub(crate) fn open(gauge: &Gauge) -> ConnectionGauge {
-        gauge.add(1);
-        ConnectionGauge(gauge.clone())
-    }
-}
-
-impl Drop for ConnectionGauge {
-    fn drop(&mut self) {
-        self.0.add(-1);
-    }
-}
-
 /// What the feeds, the server and the persister share.
 pub struct Shared {
     pub store: RwLock<Store>,

@@ -10,7 +10,7 @@
 //! (foreign cursor), 410 (cursor too old), 503 with `Retry-After` (too many polls at once).
 
 use crate::cursor::Cursor;
-use crate::node::{ConnectionGauge, Shared};
+use crate::node::Shared;
 use crate::poll::{self, Asked, Refusal, Selected};
 use crate::record::Filter;
 use axum::extract::rejection::QueryRejection;
@@ -20,21 +20,19 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use bourse_core::{AccountId, FirmId, InstrumentId};
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 pub use crate::poll::ServerTimings;
-use tower::ServiceExt;
 
 /// The name of the response header that repeats the next cursor.
 pub const NEXT_CURSOR_HEADER: &str = "x-bourse-next-cursor";
-/// Request line and headers together may take at most this many bytes.
-pub const REQUEST_HEAD_BYTES_MAX: usize = 8 * 1024;
+/// Request line and headers together may take at most this many bytes (the monitor's
+/// accept loop enforces it).
+pub use bourse_monitor::server::REQUEST_HEAD_BYTES_MAX;
 
 /// GetOrders' parameters; any other parameter is refused.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -209,47 +207,19 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
         .into_response()
 }
 
-/// Serves until `stopped` changes: its own accept loop, for the limits (connections past
-/// `connections_max` are closed on accept; request heads must arrive within
-/// `header_read_timeout_ms` and fit [`REQUEST_HEAD_BYTES_MAX`]).
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watch::Receiver<bool>) {
-    let connections = Arc::new(Semaphore::new(shared.limits.connections_max));
-    let timeout = Duration::from_millis(shared.limits.header_read_timeout_ms);
-    let app = router(shared.clone());
-    loop {
-        let accepted = tokio::select! {
-            _ = stopped.changed() => return,
-            r = listener.accept() => r,
-        };
-        let Ok((stream, _)) = accepted else {
-            // Out of file descriptors or similar: back off instead of spinning.
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            continue;
-        };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            drop(stream);
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        let app = app.clone();
-        let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
-            app.clone().oneshot(req)
-        });
-        let mut stopped = stopped.clone();
-        let open = ConnectionGauge::open(&shared.counters.connections_http);
-        tokio::spawn(async move {
-            let _permit = permit;
-            let _open = open;
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(timeout)
-                .max_buf_size(REQUEST_HEAD_BYTES_MAX);
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::select! {
-                _ = conn => {}
-                _ = stopped.changed() => {}
-            }
-        });
-    }
+/// Serves until `stopped` changes, on the monitor's accept loop with this node's limits
+/// (`bourse_monitor::server::serve_limited`).
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, stopped: watch::Receiver<bool>) {
+    let connections_max = shared.limits.connections_max;
+    let header_read_timeout_ms = shared.limits.header_read_timeout_ms;
+    let open = shared.counters.connections_http.clone();
+    bourse_monitor::server::serve_limited(
+        listener,
+        router(shared),
+        connections_max,
+        header_read_timeout_ms,
+        open,
+        stopped,
+    )
+    .await
 }

@@ -70,6 +70,7 @@ const TAG_POSITION: u64 = 0x1f83_d9ab_fb41_bd6b;
 const TAG_INSTRUMENT: u64 = 0xcbbb_9d5d_c105_9ed8;
 const TAG_BOOK: u64 = 0x629a_292a_367c_d507;
 const TAG_ENGINE: u64 = 0x9159_015a_3070_dd17;
+const TAG_SUSPENDED: u64 = 0x152f_ecd8_f70e_5939;
 
 /// The murmur3 64-bit finalizer: a bijection that spreads every input bit over the output.
 #[inline(always)]
@@ -317,8 +318,26 @@ impl Engine {
                 g.orders_max as u64 | (g.instruments_max as u64) << 32,
                 g.accounts_max as u64 | (g.levels_per_side_hint as u64) << 32,
                 g.first_order_id,
+                self.suspension_digest(),
             ],
         )
+    }
+
+    /// A hash of the kill switches engaged (two short sorted lists, folded in order; 0 when
+    /// none is).
+    fn suspension_digest(&self) -> u64 {
+        let (firms, accounts) = self.suspended();
+        if firms.is_empty() && accounts.is_empty() {
+            return 0;
+        }
+        let mut h = mix(TAG_SUSPENDED, [firms.len() as u64, accounts.len() as u64]);
+        for f in firms {
+            h = mix(TAG_SUSPENDED, [h, 1, u64::from(f.0)]);
+        }
+        for a in accounts {
+            h = mix(TAG_SUSPENDED, [h, 2, u64::from(a.0)]);
+        }
+        h
     }
 
     /// The sum of the resting orders' items, from scratch (keys included).

@@ -154,6 +154,10 @@ pub struct Engine {
     /// The state digest's sum over books, accounts and positions (the pool keeps the
     /// orders'; see `digest`).
     digest_items: u64,
+    /// Firms and accounts whose kill switch is engaged, each list sorted and without
+    /// duplicates (see `kill_switch`). Few entries: searched by bisection, never hashed.
+    suspended_firms: Vec<FirmId>,
+    suspended_accounts: Vec<AccountId>,
 }
 
 impl Engine {
@@ -188,6 +192,8 @@ impl Engine {
             counters: Counters::default(),
             scratch: Vec::with_capacity(orders),
             digest_items: 0,
+            suspended_firms: Vec::new(),
+            suspended_accounts: Vec::new(),
         }
     }
 
@@ -231,6 +237,11 @@ impl Engine {
                 self.cash_op(*account, CashReason::SetCollateral, *amount, ts, out)
             }
             CommandBody::EndOfDay => self.end_of_day(ts, out),
+            CommandBody::KillSwitch {
+                firm,
+                account,
+                engaged,
+            } => self.kill_switch(*firm, *account, *engaged, ts, out),
         }
     }
 
@@ -321,6 +332,49 @@ impl Engine {
         Some((Qty(p.qty), Cash(p.cost())))
     }
 
+    /// One account's positions as (instrument, net qty, net cost), in instrument order of
+    /// addition; empty for an unknown account.
+    pub fn account_positions(&self, account: AccountId) -> Vec<(InstrumentId, Qty, Cash)> {
+        let Some(&a) = self.account_index.get(&account) else {
+            return Vec::new();
+        };
+        self.accounts[a as usize]
+            .positions
+            .iter()
+            .map(|p| {
+                let instrument = self.books[p.book as usize].def.instrument;
+                (instrument, Qty(p.qty), Cash(p.cost()))
+            })
+            .collect()
+    }
+
+    /// Up to `max` live orders of one account, walking the books in their fixed order (best
+    /// price first, bids then asks). O(live orders): for operators' queries, not the hot path.
+    pub fn account_orders(&self, account: AccountId, max: usize) -> Vec<OrderView> {
+        let mut v = Vec::new();
+        let Some(&a) = self.account_index.get(&account) else {
+            return v;
+        };
+        for book in &self.books {
+            for side in [Side::Buy, Side::Sell] {
+                for level in book.side(side).iter().rev() {
+                    let mut slot = level.head;
+                    while slot != NIL {
+                        let o = self.pool.get(slot);
+                        if o.account == a {
+                            if v.len() == max {
+                                return v;
+                            }
+                            v.push(self.view(o));
+                        }
+                        slot = o.next;
+                    }
+                }
+            }
+        }
+        v
+    }
+
     /// Every (account, instrument, qty, cost) position, in account then instrument order.
     pub fn positions(&self) -> impl Iterator<Item = (AccountId, InstrumentId, Qty, Cash)> + '_ {
         self.accounts.iter().flat_map(move |a| {
@@ -400,12 +454,9 @@ impl Engine {
             .account_index
             .get(&o.account)
             .ok_or(RejectReason::UnknownAccount)?;
+        self.check_not_suspended(acct_idx)?;
         let book = &self.books[book_idx as usize];
-        match book.phase {
-            Phase::Open => {}
-            Phase::Halted => return Err(RejectReason::InstrumentHalted),
-            Phase::Closed => return Err(RejectReason::InstrumentClosed),
-        }
+        phase_admits(book.phase)?;
         if o.qty.0 <= 0 {
             return Err(RejectReason::QtyNotPositive);
         }
@@ -1040,12 +1091,9 @@ impl Engine {
     ) -> Result<(), RejectReason> {
         let slot = self.lookup(r.account, &r.target)?;
         let o = *self.pool.get(slot);
+        self.check_not_suspended(o.account)?;
         let book = &self.books[o.book as usize];
-        match book.phase {
-            Phase::Open => {}
-            Phase::Halted => return Err(RejectReason::InstrumentHalted),
-            Phase::Closed => return Err(RejectReason::InstrumentClosed),
-        }
+        phase_admits(book.phase)?;
         let new_price = r.price.map_or(o.price, |p| p.0);
         let new_total = r.qty.map_or(o.qty_total, |q| q.0);
         if new_price == o.price && new_total == o.qty_total {
@@ -1280,6 +1328,79 @@ impl Engine {
 
     // ----- administration -----
 
+    /// Refuses a new order or replace of an account whose kill switch, or whose firm's, is
+    /// engaged. Free when no switch is engaged (the common case).
+    fn check_not_suspended(&self, acct_idx: u32) -> Result<(), RejectReason> {
+        if self.suspended_firms.is_empty() && self.suspended_accounts.is_empty() {
+            return Ok(());
+        }
+        let acc = &self.accounts[acct_idx as usize];
+        if self.suspended_accounts.binary_search(&acc.id).is_ok()
+            || self.suspended_firms.binary_search(&acc.firm).is_ok()
+        {
+            return Err(RejectReason::TradingSuspended);
+        }
+        Ok(())
+    }
+
+    /// The firms and accounts whose kill switch is engaged, each sorted.
+    pub fn suspended(&self) -> (&[FirmId], &[AccountId]) {
+        (&self.suspended_firms, &self.suspended_accounts)
+    }
+
+    /// Engages or releases a kill switch. Engaging cancels every resting order of the target
+    /// (reason `MassCancel`, in the books' fixed order) and refuses its new orders and
+    /// replaces (`TradingSuspended`) until it is released; cancels stay possible. The target
+    /// need not be known to this core: a venue engages a firm's switch in every core, and an
+    /// account or firm added later is refused as well. Engaging twice or releasing what is
+    /// not engaged is accepted and changes nothing but the answer.
+    fn kill_switch(
+        &mut self,
+        firm: Option<FirmId>,
+        account: Option<AccountId>,
+        engaged: bool,
+        ts: u64,
+        out: &mut Vec<Event>,
+    ) {
+        if firm.is_some() == account.is_some() {
+            out.push(Event::CommandRejected {
+                reason: RejectReason::KillSwitchTargetInvalid,
+                ts_ns: ts,
+            });
+            return;
+        }
+        let mut orders_cancelled = 0;
+        if let Some(f) = firm {
+            set_member(&mut self.suspended_firms, f, engaged);
+        }
+        if let Some(a) = account {
+            set_member(&mut self.suspended_accounts, a, engaged);
+        }
+        if engaged {
+            let acct_filter = account.and_then(|a| self.account_index.get(&a).copied());
+            if firm.is_some() || acct_filter.is_some() {
+                self.collect(None, None, |o, accounts| match (firm, acct_filter) {
+                    (Some(f), _) => accounts[o.account as usize].firm == f,
+                    (None, Some(a)) => o.account == a,
+                    (None, None) => false,
+                });
+                let slots = std::mem::take(&mut self.scratch);
+                for &slot in &slots {
+                    self.cancel_order(slot, CancelReason::MassCancel, ts, out);
+                }
+                orders_cancelled = slots.len() as u64;
+                self.scratch = slots;
+            }
+        }
+        out.push(Event::KillSwitchSet {
+            firm,
+            account,
+            engaged,
+            orders_cancelled,
+            ts_ns: ts,
+        });
+    }
+
     fn set_phase(
         &mut self,
         instrument: Option<InstrumentId>,
@@ -1430,6 +1551,28 @@ impl Engine {
             }
             Err(reason) => out.push(Event::CommandRejected { reason, ts_ns: ts }),
         }
+    }
+}
+
+/// Adds `v` to or removes it from a sorted list without duplicates.
+fn set_member<T: Ord + Copy>(list: &mut Vec<T>, v: T, present: bool) {
+    match (list.binary_search(&v), present) {
+        (Err(at), true) => list.insert(at, v),
+        (Ok(at), false) => {
+            list.remove(at);
+        }
+        _ => {}
+    }
+}
+
+/// Whether an instrument in `phase` takes new orders and replaces; each phase that does not
+/// has a reject reason of its own.
+fn phase_admits(phase: Phase) -> Result<(), RejectReason> {
+    match phase {
+        Phase::Open => Ok(()),
+        Phase::Halted => Err(RejectReason::InstrumentHalted),
+        Phase::Closed => Err(RejectReason::InstrumentClosed),
+        Phase::Paused => Err(RejectReason::InstrumentPaused),
     }
 }
 

@@ -15,8 +15,8 @@ use bourse_core::*;
 use std::fmt;
 
 const MAGIC: &[u8; 8] = b"BOURSE01";
-/// Version 2 added the checksum trailer.
-const FORMAT_VERSION: u32 = 3;
+/// Version 2 added the checksum trailer; version 4 the kill switches (and the paused phase).
+const FORMAT_VERSION: u32 = 4;
 /// Bytes of the trailer: xxh3-64 of everything before it.
 const CHECKSUM_BYTES: usize = 8;
 
@@ -66,6 +66,7 @@ pub(crate) fn phase_code(p: Phase) -> u8 {
         Phase::Open => 0,
         Phase::Halted => 1,
         Phase::Closed => 2,
+        Phase::Paused => 3,
     }
 }
 pub(crate) fn market_code(m: Market) -> u8 {
@@ -176,6 +177,14 @@ impl Engine {
                     }
                 }
             }
+        }
+        w.u64(self.suspended_firms.len() as u64);
+        for f in &self.suspended_firms {
+            w.u32(f.0);
+        }
+        w.u64(self.suspended_accounts.len() as u64);
+        for a in &self.suspended_accounts {
+            w.u32(a.0);
         }
         // A checksum over everything before it, so that restore refuses any damage rather
         // than rebuilding a different but self-consistent state from a flipped bit.
@@ -317,7 +326,7 @@ impl Engine {
             };
             let phase = read_enum(
                 &mut r,
-                &[Phase::Open, Phase::Halted, Phase::Closed],
+                &[Phase::Open, Phase::Halted, Phase::Closed, Phase::Paused],
                 "bad phase",
             )?;
             def.validate().map_err(|why| {
@@ -491,12 +500,35 @@ impl Engine {
             e.clord_index.insert((o.account, o.cl_ord_id), slot);
             e.books[o.book as usize].push_back(&mut e.pool, slot);
         }
+        e.suspended_firms = read_sorted_ids(&mut r, FirmId, "kill-switched firms")?;
+        e.suspended_accounts = read_sorted_ids(&mut r, AccountId, "kill-switched accounts")?;
         r.expect_end()?;
         // The digest is not in the snapshot: it is a function of the state, recomputed here.
         e.rebuild_digest();
         e.check_invariants().map_err(RestoreError::Inconsistent)?;
         Ok(e)
     }
+}
+
+/// A count and that many u32 ids, strictly ascending (the engine keeps them sorted and
+/// without duplicates).
+fn read_sorted_ids<T>(
+    r: &mut Reader,
+    make: fn(u32) -> T,
+    what: &str,
+) -> Result<Vec<T>, RestoreError> {
+    let n = r.count(4)?;
+    let mut ids: Vec<u32> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let id = r.u32()?;
+        if ids.last().is_some_and(|&prev| prev >= id) {
+            return Err(RestoreError::Inconsistent(format!(
+                "{what}: not sorted or listed twice"
+            )));
+        }
+        ids.push(id);
+    }
+    Ok(ids.into_iter().map(make).collect())
 }
 
 fn write_order(w: &mut Writer, o: &Order) {

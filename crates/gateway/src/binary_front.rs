@@ -48,7 +48,10 @@ pub fn order_reject_reason(cause: RejectCause) -> OrderRejectReason {
                 OrderRejectReason::InvalidExpireTime
             }
             DisplayQtyInvalid => OrderRejectReason::InvalidDisplayQty,
-            InstrumentHalted | InstrumentClosed => OrderRejectReason::InstrumentNotTrading,
+            InstrumentClosed => OrderRejectReason::InstrumentNotTrading,
+            InstrumentHalted => OrderRejectReason::InstrumentHalted,
+            InstrumentPaused => OrderRejectReason::InstrumentPaused,
+            TradingSuspended => OrderRejectReason::TradingSuspended,
             InsufficientCollateral | InsufficientPosition => {
                 OrderRejectReason::InsufficientCollateral
             }
@@ -77,9 +80,12 @@ fn cancel_reject_reason(cause: RejectCause) -> CancelRejectReason {
             CancelRejectReason::DuplicateClOrdId
         }
         RejectCause::Gateway(GatewayReject::NotAuthorized) => CancelRejectReason::NotAuthorized,
-        RejectCause::Core(RejectReason::InstrumentHalted | RejectReason::InstrumentClosed) => {
-            CancelRejectReason::InstrumentNotTrading
-        }
+        RejectCause::Core(
+            RejectReason::InstrumentHalted
+            | RejectReason::InstrumentClosed
+            | RejectReason::InstrumentPaused,
+        ) => CancelRejectReason::InstrumentNotTrading,
+        RejectCause::Core(RejectReason::TradingSuspended) => CancelRejectReason::TradingSuspended,
         RejectCause::Core(RejectReason::OrderRefInvalid) => {
             CancelRejectReason::MissingOrderIdentifier
         }

@@ -467,7 +467,8 @@ fn ord_rej_reason(cause: RejectCause) -> u32 {
     match cause {
         RejectCause::Core(r) => match r {
             UnknownInstrument => 1,
-            InstrumentHalted | InstrumentClosed => 2,
+            // 2 = exchange closed; Text (58) names which of them it is.
+            InstrumentHalted | InstrumentClosed | InstrumentPaused => 2,
             InsufficientCollateral | InsufficientPosition | PositionLimit => 3,
             UnknownOrder => 5,
             DuplicateClOrdId => 6,

@@ -132,6 +132,9 @@ fn wire_status(phase: Phase) -> SecurityTradingStatus {
         Phase::Open => SecurityTradingStatus::Trading,
         Phase::Halted => SecurityTradingStatus::Halted,
         Phase::Closed => SecurityTradingStatus::Closed,
+        // A scheduled clearing pause: the feed's one status for "not trading now, resting
+        // orders kept, back by schedule".
+        Phase::Paused => SecurityTradingStatus::Suspended,
     }
 }
 
@@ -579,6 +582,7 @@ fn encode_instrument(inst: &InstrumentOut, w: &mut Writer) {
         Some(Phase::Open) => 1,
         Some(Phase::Halted) => 2,
         Some(Phase::Closed) => 3,
+        Some(Phase::Paused) => 4,
     });
     let s = &inst.stats;
     opt_i64(w, s.last_px);
@@ -649,6 +653,7 @@ fn decode_instrument(r: &mut Reader<'_>) -> Result<InstrumentOut, DecodeError> {
         1 => Some(Phase::Open),
         2 => Some(Phase::Halted),
         3 => Some(Phase::Closed),
+        4 => Some(Phase::Paused),
         _ => return Err(r.error("bad phase in the publisher state")),
     };
     inst.stats = Stats {

@@ -89,6 +89,23 @@ impl Gauge {
     }
 }
 
+/// One unit held on a gauge: added when made, taken back when dropped (an open connection,
+/// say), so the gauge is right however its holder ends.
+pub struct GaugeHold(Gauge);
+
+impl GaugeHold {
+    pub fn new(gauge: &Gauge) -> GaugeHold {
+        gauge.add(1);
+        GaugeHold(gauge.clone())
+    }
+}
+
+impl Drop for GaugeHold {
+    fn drop(&mut self) {
+        self.0.add(-1);
+    }
+}
+
 /// A Prometheus histogram of durations recorded in nanoseconds and exported in seconds.
 #[derive(Clone, Debug)]
 pub struct Histogram(Arc<HistogramCells>);

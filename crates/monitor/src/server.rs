@@ -172,6 +172,59 @@ async fn serve(listener: TcpListener, monitor: Arc<Monitor>, mut shutdown: onesh
     }
 }
 
+/// Serves `app` until `stopped` changes, on an accept loop of its own for the limits that
+/// `axum::serve` lacks: connections past `connections_max` are closed on accept, request
+/// heads must arrive within `header_read_timeout_ms` and fit [`REQUEST_HEAD_BYTES_MAX`].
+/// `connections_open` counts the connections open. The one such loop for a service's
+/// HTTP/JSON API (data delivery, the admin API).
+pub async fn serve_limited(
+    listener: TcpListener,
+    app: Router,
+    connections_max: usize,
+    header_read_timeout_ms: u64,
+    connections_open: crate::metrics::Gauge,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    let connections = Arc::new(Semaphore::new(connections_max));
+    let timeout = Duration::from_millis(header_read_timeout_ms);
+    loop {
+        let accepted = tokio::select! {
+            _ = stopped.changed() => return,
+            r = listener.accept() => r,
+        };
+        let Ok((stream, _)) = accepted else {
+            // Out of file descriptors or similar: back off instead of spinning.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+            app.clone().oneshot(req)
+        });
+        let mut stopped = stopped.clone();
+        let open = crate::metrics::GaugeHold::new(&connections_open);
+        tokio::spawn(async move {
+            let _permit = permit;
+            let _open = open;
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(timeout)
+                .max_buf_size(REQUEST_HEAD_BYTES_MAX);
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = conn => {}
+                _ = stopped.changed() => {}
+            }
+        });
+    }
+}
+
 async fn page() -> Response {
     (
         [

@@ -14,12 +14,14 @@
 //! Order ids: core `i` numbers its orders from `i << ORDER_ID_CORE_SHIFT` (at least 1), so one
 //! gateway serves every core and an order id names one order across the venue.
 
+mod admin;
 mod feed;
 mod host;
 mod links;
 mod spec;
 mod timing;
 
+pub use admin::{VenueAdmin, ADMIN_CLIENT_ID_BASE, ADMIN_LANES};
 pub use host::{sample_of, tune_allocator};
 pub use spec::{Backend, DeploymentSpec, MarketSpec};
 
@@ -99,6 +101,8 @@ pub struct LocalDeployment {
     /// Serves worker connections: locally, or as child processes (see `loadtest_cmd`).
     pub remote: Option<RemoteWorkers>,
     stopped: bool,
+    /// The admin API's view, once asked for: its commands are not the generator's.
+    admin: std::sync::OnceLock<Arc<VenueAdmin>>,
 }
 
 /// How often the demo's dashboard takes the counts and the nodes' status of a core.
@@ -210,6 +214,7 @@ impl LocalDeployment {
             fsync: spec.fsync,
             remote: None,
             stopped: false,
+            admin: std::sync::OnceLock::new(),
         };
         match d.start_inner(&spec) {
             Ok(()) => Ok(d),
@@ -606,6 +611,57 @@ impl LocalDeployment {
         &self.gateways
     }
 
+    /// The admin API's view of this venue (replicated cores only: see `admin`).
+    pub fn admin_venue(&self) -> Result<Arc<VenueAdmin>> {
+        if let Some(a) = self.admin.get() {
+            return Ok(Arc::clone(a));
+        }
+        let mut cores = Vec::new();
+        for c in &self.cores {
+            match &c.run {
+                CoreRun::Cluster { nodes, .. } => cores.push((c.name.clone(), nodes.as_slice())),
+                CoreRun::Engine(_) => bail!(
+                    "the admin API needs replicated cores: its commands go through the \
+                     sequenced, replicated path, where every gateway sees what they did"
+                ),
+            }
+        }
+        Ok(Arc::clone(
+            self.admin.get_or_init(|| Arc::new(VenueAdmin::new(cores))),
+        ))
+    }
+
+    /// Starts the admin API on this venue's runtime: its service (auditing into
+    /// `audit_path`, counting on `monitor`) behind a listener on `listen`, operators checked
+    /// against `credentials`.
+    pub fn start_admin(
+        &self,
+        credentials: Arc<bourse_auth::CredentialStore>,
+        audit_path: &std::path::Path,
+        listen: SocketAddr,
+        monitor: Option<Arc<bourse_monitor::Monitor>>,
+    ) -> Result<(Arc<bourse_admin::AdminService>, bourse_admin::AdminServer)> {
+        let venue = self.admin_venue()?;
+        let service = Arc::new(
+            bourse_admin::AdminService::new(venue, audit_path, monitor)
+                .with_context(|| format!("audit log {}", audit_path.display()))?,
+        );
+        let rt = self.runtime.as_ref().context("the deployment is stopped")?;
+        let server = rt
+            .block_on(bourse_admin::AdminServer::start(
+                Arc::clone(&service),
+                credentials,
+                bourse_admin::AdminServerConfig::new(listen),
+            ))
+            .with_context(|| format!("admin API on {listen}"))?;
+        Ok((service, server))
+    }
+
+    /// The deployment's runtime (the admin API's tasks and the schedule driver run on it).
+    pub fn runtime_handle(&self) -> Option<tokio::runtime::Handle> {
+        self.runtime.as_ref().map(|rt| rt.handle().clone())
+    }
+
     /// The node addresses of each core (empty for in-process cores).
     pub fn node_addrs(&self) -> Vec<(String, Vec<SocketAddr>)> {
         self.cores
@@ -632,7 +688,8 @@ impl LocalDeployment {
     pub fn totals(&mut self) -> Result<Vec<CoreTotals>> {
         let rt = self.runtime.as_ref().ok_or_else(|| anyhow!("stopped"))?;
         let mut out = Vec::new();
-        for core in &self.cores {
+        for (index, core) in self.cores.iter().enumerate() {
+            let admin_commands = self.admin.get().map_or(0, |a| a.commands_applied(index));
             let (c, live, hash, replicas) = match &core.run {
                 CoreRun::Engine(engine) => {
                     let e = engine.lock().map_err(|_| anyhow!("engine lock poisoned"))?;
@@ -672,7 +729,8 @@ impl LocalDeployment {
             let b = core.base;
             out.push(CoreTotals {
                 market: core.name.clone(),
-                commands: c.commands - b.commands,
+                // The admin's commands (a halt, a kill switch) are not the generator's.
+                commands: c.commands - b.commands - admin_commands,
                 orders_accepted: c.orders_accepted - b.orders_accepted,
                 orders_rejected: c.orders_rejected - b.orders_rejected,
                 trades: c.trades - b.trades,

@@ -18,6 +18,7 @@
 //!                          tick i64, lot_size i64, multiplier i64, initial_margin i128,
 //!                          band_bps u32, reference_price i64
 //!   form 11 add account    account u32, firm u32, may_short u8, stp u8, stp_scope u8
+//!   form 12 kill switch    firm opt_u32, account opt_u32, engaged u8
 //! order_ref := order_id opt_u64, orig_cl_ord_id opt_u64
 //! opt_X    := flag u8 (0 absent, 1 present) [, X]
 //! ```
@@ -53,6 +54,9 @@ const FORM_END_OF_DAY: u8 = 8;
 const FORM_SET_PHASE: u8 = 9;
 const FORM_ADD_INSTRUMENT: u8 = 10;
 const FORM_ADD_ACCOUNT: u8 = 11;
+const FORM_KILL_SWITCH: u8 = 12;
+/// The last form byte in use: the form check accepts `FORM_NEW_ORDER..=FORM_LAST`.
+const FORM_LAST: u8 = FORM_KILL_SWITCH;
 
 pub(super) const SIDES: [Side; 2] = [Side::Buy, Side::Sell];
 const ORD_TYPES: [OrdType; 2] = [OrdType::Limit, OrdType::Market];
@@ -63,7 +67,7 @@ const TIFS: [TimeInForce; 5] = [
     TimeInForce::Ioc,
     TimeInForce::Fok,
 ];
-pub(super) const PHASES: [Phase; 3] = [Phase::Open, Phase::Halted, Phase::Closed];
+pub(super) const PHASES: [Phase; 4] = [Phase::Open, Phase::Halted, Phase::Closed, Phase::Paused];
 const MARKETS: [Market; 3] = [Market::Equity, Market::Fx, Market::Futures];
 const STP_MODES: [StpMode; 4] = [
     StpMode::None,
@@ -92,7 +96,7 @@ fn opt_u64(w: &mut Writer, v: Option<u64>) {
     }
 }
 
-fn opt_u32(w: &mut Writer, v: Option<u32>) {
+pub(super) fn opt_u32(w: &mut Writer, v: Option<u32>) {
     match v {
         Some(v) => {
             w.u8(1);
@@ -118,7 +122,7 @@ fn read_opt_u64(r: &mut Reader) -> Result<Option<u64>, DecodeError> {
 }
 
 #[inline(always)]
-fn read_opt_u32(r: &mut Reader) -> Result<Option<u32>, DecodeError> {
+pub(super) fn read_opt_u32(r: &mut Reader) -> Result<Option<u32>, DecodeError> {
     Ok(if present(r)? { Some(r.u32()?) } else { None })
 }
 
@@ -183,6 +187,16 @@ pub fn encode_command_into(w: &mut Writer, command: &Command) {
             w.bool(a.may_short);
             w.u8(code_of(&STP_MODES, &a.stp));
             w.u8(code_of(&STP_SCOPES, &a.stp_scope));
+        }
+        CommandBody::KillSwitch {
+            firm,
+            account,
+            engaged,
+        } => {
+            w.u8(FORM_KILL_SWITCH);
+            opt_u32(w, firm.map(|f| f.0));
+            opt_u32(w, account.map(|a| a.0));
+            w.bool(*engaged);
         }
     }
     w.u64(command.ts_ns);
@@ -257,7 +271,7 @@ pub fn check_command_form(bytes: &[u8]) -> Result<(), DecodeError> {
             offset: 0,
             what: "unexpected end of data",
         }),
-        Some(form) if (FORM_NEW_ORDER..=FORM_ADD_ACCOUNT).contains(form) => Ok(()),
+        Some(form) if (FORM_NEW_ORDER..=FORM_LAST).contains(form) => Ok(()),
         Some(_) => Err(DecodeError {
             offset: 1,
             what: "unknown command form",
@@ -342,6 +356,11 @@ fn decode_body(r: &mut Reader) -> Result<CommandBody, DecodeError> {
             stp: r.code(&STP_MODES, "invalid stp mode")?,
             stp_scope: r.code(&STP_SCOPES, "invalid stp scope")?,
         }),
+        FORM_KILL_SWITCH => CommandBody::KillSwitch {
+            firm: read_opt_u32(r)?.map(FirmId),
+            account: read_opt_u32(r)?.map(AccountId),
+            engaged: r.bool()?,
+        },
         _ => {
             return Err(DecodeError {
                 offset: r.offset(),
@@ -516,6 +535,13 @@ pub(crate) mod tests {
                         stp_scope,
                     })
                 }),
+            (any::<Option<u32>>(), any::<Option<u32>>(), any::<bool>()).prop_map(
+                |(f, a, engaged)| CommandBody::KillSwitch {
+                    firm: f.map(FirmId),
+                    account: a.map(AccountId),
+                    engaged,
+                }
+            ),
         ]
     }
 
@@ -549,7 +575,7 @@ pub(crate) mod tests {
 
         #[test]
         fn bytes_after_a_valid_form_byte_never_panic(
-            form in FORM_NEW_ORDER..=FORM_ADD_ACCOUNT,
+            form in FORM_NEW_ORDER..=FORM_LAST,
             rest in proptest::collection::vec(any::<u8>(), 0..96),
         ) {
             let mut bytes = vec![form];

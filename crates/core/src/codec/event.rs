@@ -15,7 +15,7 @@
 //! allocates and refuses unknown kinds, enum values and trailing bytes, so garbage gives a
 //! [`DecodeError`], never a panic.
 
-use super::command::{code_of, PHASES, SIDES};
+use super::command::{code_of, opt_u32, read_opt_u32, PHASES, SIDES};
 use super::{DecodeError, Reader, Writer};
 use crate::{
     AccountId, CancelReason, CancelRejectTo, Cash, CashReason, ClOrdId, Event, Fill, FirmId,
@@ -47,9 +47,10 @@ const K_ACCOUNT_ADDED: u8 = 12;
 const K_PHASE_CHANGED: u8 = 13;
 const K_CASH_CHANGED: u8 = 14;
 const K_END_OF_DAY_DONE: u8 = 15;
+const K_KILL_SWITCH_SET: u8 = 16;
 
 /// Every reject reason, to map codes back (the codes are the enum's discriminants).
-const REJECT_REASONS: [RejectReason; 32] = [
+const REJECT_REASONS: [RejectReason; 35] = [
     RejectReason::UnknownInstrument,
     RejectReason::UnknownAccount,
     RejectReason::UnknownOrder,
@@ -82,6 +83,9 @@ const REJECT_REASONS: [RejectReason; 32] = [
     RejectReason::CapacityExceeded,
     RejectReason::MassCancelUnfiltered,
     RejectReason::ExpireTimeUnexpected,
+    RejectReason::InstrumentPaused,
+    RejectReason::TradingSuspended,
+    RejectReason::KillSwitchTargetInvalid,
 ];
 
 fn side(w: &mut Writer, s: Side) {
@@ -372,6 +376,20 @@ fn encode_event(w: &mut Writer, e: &Event) {
             w.u64(orders_expired);
             w.u64(ts_ns);
         }
+        Event::KillSwitchSet {
+            firm,
+            account,
+            engaged,
+            orders_cancelled,
+            ts_ns,
+        } => {
+            w.u8(K_KILL_SWITCH_SET);
+            opt_u32(w, firm.map(|f| f.0));
+            opt_u32(w, account.map(|a| a.0));
+            w.bool(engaged);
+            w.u64(orders_cancelled);
+            w.u64(ts_ns);
+        }
     }
 }
 
@@ -498,6 +516,13 @@ pub fn decode_event(r: &mut Reader) -> Result<Event, DecodeError> {
         },
         K_END_OF_DAY_DONE => Event::EndOfDayDone {
             orders_expired: r.u64()?,
+            ts_ns: r.u64()?,
+        },
+        K_KILL_SWITCH_SET => Event::KillSwitchSet {
+            firm: read_opt_u32(r)?.map(FirmId),
+            account: read_opt_u32(r)?.map(AccountId),
+            engaged: r.bool()?,
+            orders_cancelled: r.u64()?,
             ts_ns: r.u64()?,
         },
         _ => return Err(r.error("unknown event kind")),
@@ -662,6 +687,20 @@ mod tests {
             Event::EndOfDayDone {
                 orders_expired: 1,
                 ts_ns: 2,
+            },
+            Event::KillSwitchSet {
+                firm: Some(FirmId(1)),
+                account: None,
+                engaged: true,
+                orders_cancelled: 3,
+                ts_ns: 4,
+            },
+            Event::KillSwitchSet {
+                firm: None,
+                account: Some(AccountId(2)),
+                engaged: false,
+                orders_cancelled: 0,
+                ts_ns: 5,
             },
         ];
         for reason in REJECT_REASONS {
@@ -992,6 +1031,20 @@ mod tests {
                 orders_expired: n,
                 ts_ns,
             }),
+            (
+                any::<Option<u32>>(),
+                any::<Option<u32>>(),
+                any::<bool>(),
+                id::<u64>(),
+                ts()
+            )
+                .prop_map(|(f, a, engaged, n, ts_ns)| Event::KillSwitchSet {
+                    firm: f.map(FirmId),
+                    account: a.map(AccountId),
+                    engaged,
+                    orders_cancelled: n,
+                    ts_ns,
+                }),
         ]
     }
 

@@ -214,6 +214,25 @@ impl Gen {
                 return self.stamp(body);
             }
         }
+        // A kill switch now and then, on an account or on its firm, engaged or released
+        // at random, so that switches come and go.
+        if self.rng.below(2_000) == 0 {
+            let account = self.account();
+            let on_firm = self.rng.chance(500);
+            let body = CommandBody::KillSwitch {
+                firm: on_firm
+                    .then(|| {
+                        m.accounts
+                            .iter()
+                            .find(|a| a.id == account)
+                            .map_or(0, |a| a.firm)
+                    })
+                    .map(FirmId),
+                account: (!on_firm).then_some(AccountId(account)),
+                engaged: self.rng.chance(500),
+            };
+            return self.stamp(body);
+        }
         let roll = self.rng.below(1000);
         let body = if roll < 4 {
             self.phase(m)
@@ -244,7 +263,9 @@ impl Gen {
         } else {
             Some(InstrumentId(self.instrument(m)))
         };
-        let phase = self.rng.pick(&[Phase::Open, Phase::Halted, Phase::Closed]);
+        let phase = self
+            .rng
+            .pick(&[Phase::Open, Phase::Halted, Phase::Closed, Phase::Paused]);
         CommandBody::SetPhase { instrument, phase }
     }
 

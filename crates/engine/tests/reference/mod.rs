@@ -80,6 +80,10 @@ pub enum Out {
     CashChanged {
         account: u32,
     },
+    KillSwitchSet {
+        engaged: bool,
+        n: u64,
+    },
 }
 
 /// Projects engine events onto [`Out`]; order-log records are dropped.
@@ -167,6 +171,14 @@ pub fn project(events: &[Event]) -> Vec<Out> {
                 Event::AccountAdded { account, .. } => Out::AccountAdded { account: account.0 },
                 Event::CashChanged { account, .. } => Out::CashChanged { account: account.0 },
                 Event::OrderLog(_) => return None,
+                Event::KillSwitchSet {
+                    engaged,
+                    orders_cancelled,
+                    ..
+                } => Out::KillSwitchSet {
+                    engaged,
+                    n: orders_cancelled,
+                },
             })
         })
         .collect()
@@ -331,6 +343,9 @@ pub struct Model {
     pub accounts: Vec<RAccount>,
     next_order_id: u64,
     next_stamp: u64,
+    /// Firms and accounts whose kill switch is engaged.
+    suspended_firms: std::collections::BTreeSet<u32>,
+    suspended_accounts: std::collections::BTreeSet<u32>,
 }
 
 impl Model {
@@ -451,6 +466,11 @@ impl Model {
                 }
             }
             CommandBody::MassCancel(m) => self.mass_cancel(m, &mut out),
+            CommandBody::KillSwitch {
+                firm,
+                account,
+                engaged,
+            } => self.kill_switch(*firm, *account, *engaged, &mut out),
             CommandBody::SetPhase { instrument, phase } => match instrument {
                 Some(id) => match self.book_index(*id) {
                     Some(b) => {
@@ -620,11 +640,13 @@ impl Model {
             .ok_or(RejectReason::UnknownInstrument)?;
         self.account(o.account)
             .ok_or(RejectReason::UnknownAccount)?;
+        self.check_not_suspended(o.account.0)?;
         let book = &self.books[b];
         match book.phase {
             Phase::Open => {}
             Phase::Halted => return Err(RejectReason::InstrumentHalted),
             Phase::Closed => return Err(RejectReason::InstrumentClosed),
+            Phase::Paused => return Err(RejectReason::InstrumentPaused),
         }
         if o.qty.0 <= 0 {
             return Err(RejectReason::QtyNotPositive);
@@ -829,11 +851,13 @@ impl Model {
 
     fn replace(&mut self, r: &Replace, out: &mut Vec<Out>) -> Result<(), RejectReason> {
         let (b, i) = self.lookup(r.account, &r.target)?;
+        self.check_not_suspended(r.account.0)?;
         let book = &self.books[b];
         match book.phase {
             Phase::Open => {}
             Phase::Halted => return Err(RejectReason::InstrumentHalted),
             Phase::Closed => return Err(RejectReason::InstrumentClosed),
+            Phase::Paused => return Err(RejectReason::InstrumentPaused),
         }
         let o = &book.resting[i];
         let new_price = r.price.map_or(o.price, |p| p.0);
@@ -943,5 +967,63 @@ impl Model {
         out.push(Out::MassCancelDone {
             n: victims.len() as u64,
         });
+    }
+
+    fn check_not_suspended(&self, account: u32) -> Result<(), RejectReason> {
+        if self.suspended_accounts.contains(&account)
+            || self.suspended_firms.contains(&self.firm_of(account))
+        {
+            return Err(RejectReason::TradingSuspended);
+        }
+        Ok(())
+    }
+
+    fn kill_switch(
+        &mut self,
+        firm: Option<FirmId>,
+        account: Option<AccountId>,
+        engaged: bool,
+        out: &mut Vec<Out>,
+    ) {
+        if firm.is_some() == account.is_some() {
+            out.push(Out::CommandRejected {
+                reason: RejectReason::KillSwitchTargetInvalid,
+            });
+            return;
+        }
+        let (set, id) = match (firm, account) {
+            (Some(f), _) => (&mut self.suspended_firms, f.0),
+            (_, Some(a)) => (&mut self.suspended_accounts, a.0),
+            _ => unreachable!(),
+        };
+        if engaged {
+            set.insert(id);
+        } else {
+            set.remove(&id);
+        }
+        let mut n = 0;
+        if engaged {
+            let victims: Vec<u64> = self
+                .books
+                .iter()
+                .flat_map(|b| b.in_priority())
+                .filter(|o| {
+                    firm.is_some_and(|f| f.0 == self.firm_of(o.account))
+                        || account.is_some_and(|a| a.0 == o.account)
+                })
+                .map(|o| o.id)
+                .collect();
+            for id in &victims {
+                let (b, i) = self.find(*id).expect("live");
+                let o = self.books[b].resting.remove(i);
+                out.push(Out::Cancelled {
+                    order_id: o.id,
+                    qty: o.leaves,
+                    reason: CancelReason::MassCancel,
+                });
+            }
+            n = victims.len() as u64;
+        }
+        out.push(Out::KillSwitchSet { engaged, n });
     }
 }

@@ -10,6 +10,7 @@ pub enum CancelRejectReason {
     DuplicateClOrdId = 0x4_u8,
     MissingOrderIdentifier = 0x5_u8,
     InstrumentNotTrading = 0x6_u8,
+    TradingSuspended = 0x7_u8,
     #[default]
     NullVal = 0xff_u8,
 }
@@ -24,6 +25,7 @@ impl From<u8> for CancelRejectReason {
             0x4_u8 => Self::DuplicateClOrdId,
             0x5_u8 => Self::MissingOrderIdentifier,
             0x6_u8 => Self::InstrumentNotTrading,
+            0x7_u8 => Self::TradingSuspended,
             _ => Self::NullVal,
         }
     }
@@ -39,6 +41,7 @@ impl From<CancelRejectReason> for u8 {
             CancelRejectReason::DuplicateClOrdId => 0x4_u8,
             CancelRejectReason::MissingOrderIdentifier => 0x5_u8,
             CancelRejectReason::InstrumentNotTrading => 0x6_u8,
+            CancelRejectReason::TradingSuspended => 0x7_u8,
             CancelRejectReason::NullVal => 0xff_u8,
         }
     }
@@ -56,6 +59,7 @@ impl core::str::FromStr for CancelRejectReason {
             "DuplicateClOrdId" => Ok(Self::DuplicateClOrdId),
             "MissingOrderIdentifier" => Ok(Self::MissingOrderIdentifier),
             "InstrumentNotTrading" => Ok(Self::InstrumentNotTrading),
+            "TradingSuspended" => Ok(Self::TradingSuspended),
             _ => Ok(Self::NullVal),
         }
     }
@@ -71,6 +75,7 @@ impl core::fmt::Display for CancelRejectReason {
             Self::DuplicateClOrdId => write!(f, "DuplicateClOrdId"),
             Self::MissingOrderIdentifier => write!(f, "MissingOrderIdentifier"),
             Self::InstrumentNotTrading => write!(f, "InstrumentNotTrading"),
+            Self::TradingSuspended => write!(f, "TradingSuspended"),
             Self::NullVal => write!(f, "NullVal"),
         }
     }

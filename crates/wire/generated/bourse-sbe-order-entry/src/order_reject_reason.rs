@@ -25,6 +25,9 @@ pub enum OrderRejectReason {
     UnknownOrder = 0x13_u16,
     TooLateToReplace = 0x14_u16,
     MarketOrderNotAllowed = 0x15_u16,
+    InstrumentHalted = 0x16_u16,
+    InstrumentPaused = 0x17_u16,
+    TradingSuspended = 0x18_u16,
     #[default]
     NullVal = 0xffff_u16,
 }
@@ -54,6 +57,9 @@ impl From<u16> for OrderRejectReason {
             0x13_u16 => Self::UnknownOrder,
             0x14_u16 => Self::TooLateToReplace,
             0x15_u16 => Self::MarketOrderNotAllowed,
+            0x16_u16 => Self::InstrumentHalted,
+            0x17_u16 => Self::InstrumentPaused,
+            0x18_u16 => Self::TradingSuspended,
             _ => Self::NullVal,
         }
     }
@@ -84,6 +90,9 @@ impl From<OrderRejectReason> for u16 {
             OrderRejectReason::UnknownOrder => 0x13_u16,
             OrderRejectReason::TooLateToReplace => 0x14_u16,
             OrderRejectReason::MarketOrderNotAllowed => 0x15_u16,
+            OrderRejectReason::InstrumentHalted => 0x16_u16,
+            OrderRejectReason::InstrumentPaused => 0x17_u16,
+            OrderRejectReason::TradingSuspended => 0x18_u16,
             OrderRejectReason::NullVal => 0xffff_u16,
         }
     }
@@ -116,6 +125,9 @@ impl core::str::FromStr for OrderRejectReason {
             "UnknownOrder" => Ok(Self::UnknownOrder),
             "TooLateToReplace" => Ok(Self::TooLateToReplace),
             "MarketOrderNotAllowed" => Ok(Self::MarketOrderNotAllowed),
+            "InstrumentHalted" => Ok(Self::InstrumentHalted),
+            "InstrumentPaused" => Ok(Self::InstrumentPaused),
+            "TradingSuspended" => Ok(Self::TradingSuspended),
             _ => Ok(Self::NullVal),
         }
     }
@@ -146,6 +158,9 @@ impl core::fmt::Display for OrderRejectReason {
             Self::UnknownOrder => write!(f, "UnknownOrder"),
             Self::TooLateToReplace => write!(f, "TooLateToReplace"),
             Self::MarketOrderNotAllowed => write!(f, "MarketOrderNotAllowed"),
+            Self::InstrumentHalted => write!(f, "InstrumentHalted"),
+            Self::InstrumentPaused => write!(f, "InstrumentPaused"),
+            Self::TradingSuspended => write!(f, "TradingSuspended"),
             Self::NullVal => write!(f, "NullVal"),
         }
     }

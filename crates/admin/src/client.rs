@@ -1,0 +1,162 @@
+//! [`AdminClient`]: a blocking client of the admin API, just enough HTTP/1.1 for it (one
+//! request per connection, `Connection: close`, the answer read to its end). Used by
+//! `bourse admin`, the tests and the benchmark.
+
+use base64ct::{Base64, Encoding};
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+/// The largest answer read.
+pub const ANSWER_BYTES_MAX: usize = 16 << 20;
+
+/// A client for one admin API address and operator.
+#[derive(Clone, Debug)]
+pub struct AdminClient {
+    addr: SocketAddr,
+    authorization: Option<String>,
+    timeout: Duration,
+}
+
+/// An answer: the HTTP status and the JSON body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reply {
+    pub status: u16,
+    pub body: Value,
+}
+
+impl AdminClient {
+    /// A client of `addr` (`host:port`, or a URL `http://host:port`).
+    pub fn new(addr: &str) -> Result<AdminClient, String> {
+        let hostport = addr
+            .strip_prefix("http://")
+            .unwrap_or(addr)
+            .trim_end_matches('/');
+        let addr: SocketAddr = hostport
+            .parse()
+            .map_err(|e| format!("admin address {hostport:?}: {e} (use 127.0.0.1:PORT)"))?;
+        Ok(AdminClient {
+            addr,
+            authorization: None,
+            timeout: Duration::from_secs(600),
+        })
+    }
+
+    /// Sends these credentials with every request (HTTP Basic).
+    pub fn with_credentials(mut self, name: &str, password: &str) -> AdminClient {
+        let plain = format!("{name}:{password}");
+        let mut buf = vec![0u8; plain.len().div_ceil(3) * 4 + 4];
+        let encoded = Base64::encode(plain.as_bytes(), &mut buf).unwrap_or_default();
+        self.authorization = Some(format!("Basic {encoded}"));
+        self
+    }
+
+    /// How long one request may take (connect, send, answer).
+    pub fn with_timeout(mut self, timeout: Duration) -> AdminClient {
+        self.timeout = timeout;
+        self
+    }
+
+    pub fn get(&self, path: &str) -> Result<Reply, String> {
+        self.request(
+            "GET",
+            path,
+            None,
+            "application/json",
+            &mut std::io::empty(),
+            0,
+        )
+    }
+
+    /// Posts one action under `request_id`.
+    pub fn action(&self, request_id: &str, action: &Value) -> Result<Reply, String> {
+        let body = action.to_string();
+        self.request(
+            "POST",
+            "/v1/actions",
+            Some(request_id),
+            "application/json",
+            &mut body.as_bytes(),
+            body.len() as u64,
+        )
+    }
+
+    /// Streams `len` bytes of NDJSON from `body` to the bulk account addition.
+    pub fn bulk_accounts(
+        &self,
+        request_id: &str,
+        body: &mut dyn Read,
+        len: u64,
+    ) -> Result<Reply, String> {
+        self.request(
+            "POST",
+            "/v1/accounts/bulk",
+            Some(request_id),
+            "application/x-ndjson",
+            body,
+            len,
+        )
+    }
+
+    fn request(
+        &self,
+        method: &str,
+        path: &str,
+        request_id: Option<&str>,
+        content_type: &str,
+        body: &mut dyn Read,
+        len: u64,
+    ) -> Result<Reply, String> {
+        let fail = |e: std::io::Error| format!("admin API at {}: {e}", self.addr);
+        let mut stream = TcpStream::connect_timeout(&self.addr, self.timeout).map_err(fail)?;
+        stream.set_read_timeout(Some(self.timeout)).map_err(fail)?;
+        stream.set_write_timeout(Some(self.timeout)).map_err(fail)?;
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: {content_type}\r\nContent-Length: {len}\r\n",
+            self.addr
+        );
+        if let Some(a) = &self.authorization {
+            head.push_str(&format!("Authorization: {a}\r\n"));
+        }
+        if let Some(id) = request_id {
+            head.push_str(&format!("X-Request-Id: {id}\r\n"));
+        }
+        head.push_str("\r\n");
+        stream.write_all(head.as_bytes()).map_err(fail)?;
+        let sent = std::io::copy(&mut body.take(len), &mut stream).map_err(fail)?;
+        if sent != len {
+            return Err(format!("the body ended after {sent} of {len} bytes"));
+        }
+        let mut answer = Vec::new();
+        stream
+            .take(ANSWER_BYTES_MAX as u64 + 1)
+            .read_to_end(&mut answer)
+            .map_err(fail)?;
+        if answer.len() > ANSWER_BYTES_MAX {
+            return Err(format!("answer longer than {ANSWER_BYTES_MAX} bytes"));
+        }
+        parse_reply(&answer)
+    }
+}
+
+fn parse_reply(bytes: &[u8]) -> Result<Reply, String> {
+    let split = bytes
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or("the answer has no end of head")?;
+    let head = std::str::from_utf8(&bytes[..split]).map_err(|_| "the answer head is not text")?;
+    let status: u16 = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status in {:?}", head.lines().next()))?;
+    let body = &bytes[split + 4..];
+    let body = if body.iter().all(u8::is_ascii_whitespace) {
+        Value::Null
+    } else {
+        serde_json::from_slice(body)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(body).into_owned()))
+    };
+    Ok(Reply { status, body })
+}

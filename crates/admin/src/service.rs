@@ -1,0 +1,935 @@
+//! [`AdminService`]: runs operators' actions against an [`AdminVenue`].
+//!
+//! Each action becomes commands for the cores it concerns (`plan`), submitted through the
+//! venue's sequenced path and answered once they committed, with what each core said. A
+//! request carries a request id: the first request under an id runs (on a task of its own, so
+//! that a client hanging up cannot stop it half way), every later request under the same id
+//! waits for that run and gets its answer, and a different request under a used id is refused
+//! (`409`). Finished answers are kept for [`REQUEST_IDS_MAX`] ids and are written to the audit
+//! log, which is read back at start, so a retry after a restart is answered from it too.
+
+use crate::action::{Action, NewAccount};
+use crate::audit::{AuditLog, AuditRecord};
+use crate::venue::AdminVenue;
+use bourse_core::*;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Request ids whose answers are kept (oldest forgotten first).
+pub const REQUEST_IDS_MAX: usize = 65_536;
+/// The longest request id accepted.
+pub const REQUEST_ID_BYTES_MAX: usize = 128;
+/// Events shown per market in an answer; the rest are counted.
+pub const EVENTS_PER_MARKET_SHOWN_MAX: usize = 64;
+/// Live orders an account query lists per market.
+pub const ORDERS_PER_QUERY_MAX: usize = 1_000;
+/// Accounts a bulk addition submits to the cores at a time (the memory it holds is bounded
+/// by this, whatever the length of the stream).
+pub const BULK_BATCH_ACCOUNTS: usize = 8_192;
+/// The longest line of a bulk addition.
+pub const BULK_LINE_BYTES_MAX: usize = 4_096;
+/// The most lines one bulk addition may carry.
+pub const BULK_LINES_MAX: u64 = 20_000_000;
+/// Distinct errors a bulk answer lists (every one is counted).
+pub const BULK_ERRORS_SHOWN_MAX: usize = 16;
+
+/// One core's answer to submitted commands: each command's events, or why it is unknown.
+type CoreAnswer = Result<Vec<Vec<Event>>, String>;
+
+/// What the service answers: an HTTP status and a JSON body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Answer {
+    pub status: u16,
+    pub body: Value,
+}
+
+impl Answer {
+    pub fn new(status: u16, body: Value) -> Answer {
+        Answer { status, body }
+    }
+
+    /// An error answer: `{"outcome": kind, "error": message}`.
+    pub fn error(status: u16, kind: &str, message: impl Into<String>) -> Answer {
+        Answer::new(status, json!({ "outcome": kind, "error": message.into() }))
+    }
+
+    pub fn outcome(&self) -> &str {
+        self.body["outcome"].as_str().unwrap_or("unknown")
+    }
+}
+
+/// The metrics the service keeps on the venue's monitor (`/metrics`).
+struct Metrics {
+    monitor: Arc<bourse_monitor::Monitor>,
+}
+
+impl Metrics {
+    fn count(&self, action: &str, outcome: &str) {
+        self.monitor
+            .registry()
+            .counter(
+                "bourse_admin_requests_total",
+                "Admin API requests answered, by action and outcome.",
+                &[("action", action), ("outcome", outcome)],
+            )
+            .inc();
+    }
+
+    fn refused(&self, reason: &str) {
+        self.monitor
+            .registry()
+            .counter(
+                "bourse_admin_auth_refused_total",
+                "Admin API requests refused before they ran: unauthenticated or unauthorised.",
+                &[("reason", reason)],
+            )
+            .inc();
+    }
+}
+
+/// One request id's slot: the answer once the run finished. The run holds the lock until
+/// then, so a retry waits on it.
+type Slot = Arc<tokio::sync::Mutex<Option<Answer>>>;
+
+struct RequestTable {
+    slots: HashMap<String, (u64, Slot)>,
+    order: VecDeque<String>,
+}
+
+impl RequestTable {
+    fn forget_oldest(&mut self) {
+        while self.slots.len() > REQUEST_IDS_MAX {
+            let Some(id) = self.order.pop_front() else {
+                return;
+            };
+            let running = self
+                .slots
+                .get(&id)
+                .is_some_and(|(_, slot)| slot.try_lock().is_err());
+            if running {
+                // Still running: keep it, try the next oldest.
+                self.order.push_back(id);
+                if self.order.len() <= 1 {
+                    return;
+                }
+                continue;
+            }
+            self.slots.remove(&id);
+        }
+    }
+}
+
+/// Runs actions; see the module documentation.
+pub struct AdminService {
+    venue: Arc<dyn AdminVenue>,
+    markets: Vec<String>,
+    requests: Mutex<RequestTable>,
+    audit: Mutex<AuditLog>,
+    metrics: Option<Metrics>,
+}
+
+/// Unix time in nanoseconds: the time stamp on the commands this service submits (the
+/// core reads no clock; as a gateway does, the service stamps what it sends).
+pub fn unix_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// A fingerprint of a request: the same request retried has the same one.
+pub fn fingerprint(request: &Value) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(request.to_string().as_bytes())
+}
+
+/// Checks a request id's form: 1 to [`REQUEST_ID_BYTES_MAX`] printable ASCII bytes.
+pub fn check_request_id(id: &str) -> Result<(), String> {
+    if id.is_empty()
+        || id.len() > REQUEST_ID_BYTES_MAX
+        || !id.bytes().all(|b| (0x21..0x7f).contains(&b))
+    {
+        return Err(format!(
+            "request id: 1 to {REQUEST_ID_BYTES_MAX} printable ASCII bytes without spaces"
+        ));
+    }
+    Ok(())
+}
+
+impl AdminService {
+    /// A service over `venue`, auditing into `audit` (whose earlier answers it remembers).
+    pub fn new(
+        venue: Arc<dyn AdminVenue>,
+        audit_path: &std::path::Path,
+        monitor: Option<Arc<bourse_monitor::Monitor>>,
+    ) -> std::io::Result<AdminService> {
+        let (audit, earlier) = AuditLog::open(audit_path)?;
+        let mut table = RequestTable {
+            slots: HashMap::new(),
+            order: VecDeque::new(),
+        };
+        for r in earlier {
+            if r.outcome == "refused" || r.outcome == "invalid" {
+                continue;
+            }
+            let slot = Arc::new(tokio::sync::Mutex::new(Some(Answer::new(
+                r.status, r.answer,
+            ))));
+            if table
+                .slots
+                .insert(r.request_id.clone(), (r.fingerprint, slot))
+                .is_none()
+            {
+                table.order.push_back(r.request_id);
+            }
+            table.forget_oldest();
+        }
+        Ok(AdminService {
+            markets: venue.markets(),
+            venue,
+            requests: Mutex::new(table),
+            audit: Mutex::new(audit),
+            metrics: monitor.map(|monitor| Metrics { monitor }),
+        })
+    }
+
+    pub fn markets(&self) -> &[String] {
+        &self.markets
+    }
+
+    pub fn audit_path(&self) -> std::path::PathBuf {
+        self.audit.lock().expect("audit lock").path().to_path_buf()
+    }
+
+    /// Counts and audits a request refused before it ran (no or wrong credentials, a role
+    /// missing): `reason` is `unauthenticated` or `unauthorised`.
+    pub fn refused(&self, claimed: &str, what: &str, reason: &str) {
+        if let Some(m) = &self.metrics {
+            m.refused(reason);
+        }
+        self.write_audit(AuditRecord {
+            ts_ns: unix_ns(),
+            operator: claimed.to_string(),
+            request_id: String::new(),
+            action: what.to_string(),
+            request: Value::Null,
+            outcome: "refused".into(),
+            status: if reason == "unauthenticated" {
+                401
+            } else {
+                403
+            },
+            answer: json!({ "reason": reason }),
+            fingerprint: 0,
+        });
+    }
+
+    fn write_audit(&self, record: AuditRecord) {
+        if let Err(e) = self.audit.lock().expect("audit lock").append(&record) {
+            eprintln!("admin: could not write the audit log: {e}");
+        }
+    }
+
+    fn market_index(&self, name: &str) -> Result<usize, Answer> {
+        self.markets.iter().position(|m| m == name).ok_or_else(|| {
+            Answer::error(
+                400,
+                "invalid",
+                format!(
+                    "market: no market {name:?} (markets: {})",
+                    self.markets.join(", ")
+                ),
+            )
+        })
+    }
+
+    /// Runs `action` for `operator` under `request_id` (see the module documentation).
+    pub async fn run(self: &Arc<Self>, operator: &str, request_id: &str, action: Action) -> Answer {
+        let request = serde_json::to_value(&action).unwrap_or(Value::Null);
+        let name = action.name();
+        if let Err(e) = check_request_id(request_id).and_then(|()| action.check()) {
+            let answer = Answer::error(400, "invalid", e);
+            self.finish(operator, request_id, name, request, 0, &answer);
+            return answer;
+        }
+        let this = Arc::clone(self);
+        self.once(operator, request_id, name, request, move || async move {
+            this.execute(&action).await
+        })
+        .await
+    }
+
+    /// Runs `work` once per request id: a retry (same fingerprint) gets the first run's
+    /// answer, another request under the same id a `409`.
+    pub(crate) async fn once<F, Fut>(
+        self: &Arc<Self>,
+        operator: &str,
+        request_id: &str,
+        name: &str,
+        request: Value,
+        work: F,
+    ) -> Answer
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Answer> + Send + 'static,
+    {
+        let print = fingerprint(&request);
+        let (slot, guard) = {
+            let mut table = self.requests.lock().expect("request table lock");
+            match table.slots.get(request_id) {
+                Some((p, _)) if *p != print => {
+                    return Answer::error(
+                        409,
+                        "conflict",
+                        format!("request id {request_id:?} was used for another request"),
+                    );
+                }
+                Some((_, slot)) => (Arc::clone(slot), None),
+                None => {
+                    let slot: Slot = Arc::new(tokio::sync::Mutex::new(None));
+                    let guard = Arc::clone(&slot)
+                        .try_lock_owned()
+                        .expect("a new slot is free");
+                    table
+                        .slots
+                        .insert(request_id.to_string(), (print, Arc::clone(&slot)));
+                    table.order.push_back(request_id.to_string());
+                    table.forget_oldest();
+                    (slot, Some(guard))
+                }
+            }
+        };
+        if let Some(mut guard) = guard {
+            // The first run: on a task of its own, so that it finishes (and is audited) even
+            // if the client that asked hangs up.
+            let this = Arc::clone(self);
+            let operator = operator.to_string();
+            let request_id = request_id.to_string();
+            let name = name.to_string();
+            let task = tokio::spawn(async move {
+                let answer = work().await;
+                this.finish(&operator, &request_id, &name, request, print, &answer);
+                *guard = Some(answer.clone());
+                answer
+            });
+            return task.await.unwrap_or_else(|e| {
+                Answer::error(500, "unavailable", format!("the action's task failed: {e}"))
+            });
+        }
+        let done = slot.lock().await;
+        let mut answer = done.clone().unwrap_or_else(|| {
+            Answer::error(
+                500,
+                "unavailable",
+                "the first run of this request id failed",
+            )
+        });
+        answer.body["retried"] = Value::Bool(true);
+        answer
+    }
+
+    fn finish(
+        &self,
+        operator: &str,
+        request_id: &str,
+        action: &str,
+        request: Value,
+        print: u64,
+        answer: &Answer,
+    ) {
+        if let Some(m) = &self.metrics {
+            m.count(action, answer.outcome());
+        }
+        self.write_audit(AuditRecord {
+            ts_ns: unix_ns(),
+            operator: operator.to_string(),
+            request_id: request_id.to_string(),
+            action: action.to_string(),
+            request,
+            outcome: answer.outcome().to_string(),
+            status: answer.status,
+            answer: answer.body.clone(),
+            fingerprint: print,
+        });
+    }
+
+    /// The cores an action goes to, and the command each gets.
+    fn plan(&self, action: &Action) -> Result<Vec<(usize, CommandBody)>, Answer> {
+        let every = |body: CommandBody| -> Vec<(usize, CommandBody)> {
+            (0..self.markets.len()).map(|c| (c, body.clone())).collect()
+        };
+        Ok(match action {
+            Action::AddInstrument { market, instrument } => {
+                vec![(
+                    self.market_index(market)?,
+                    CommandBody::AddInstrument(instrument.clone()),
+                )]
+            }
+            Action::AddAccount(_) => unreachable!("account additions have a plan of their own"),
+            Action::Deposit {
+                market,
+                account,
+                amount,
+            } => vec![(
+                self.market_index(market)?,
+                CommandBody::Deposit {
+                    account: *account,
+                    amount: *amount,
+                },
+            )],
+            Action::Withdraw {
+                market,
+                account,
+                amount,
+            } => vec![(
+                self.market_index(market)?,
+                CommandBody::Withdraw {
+                    account: *account,
+                    amount: *amount,
+                },
+            )],
+            Action::SetCollateral {
+                market,
+                account,
+                amount,
+            } => vec![(
+                self.market_index(market)?,
+                CommandBody::SetCollateral {
+                    account: *account,
+                    amount: *amount,
+                },
+            )],
+            Action::SetPhase {
+                market,
+                instrument,
+                phase,
+            } => {
+                let body = CommandBody::SetPhase {
+                    instrument: *instrument,
+                    phase: *phase,
+                };
+                match market {
+                    Some(m) => vec![(self.market_index(m)?, body)],
+                    // One instrument: every core is asked, the one that has it applies it.
+                    None => every(body),
+                }
+            }
+            Action::KillSwitch {
+                firm,
+                account,
+                engaged,
+            } => every(CommandBody::KillSwitch {
+                firm: *firm,
+                account: *account,
+                engaged: *engaged,
+            }),
+            Action::EndOfDay { market } => match market {
+                Some(m) => vec![(self.market_index(m)?, CommandBody::EndOfDay)],
+                None => every(CommandBody::EndOfDay),
+            },
+        })
+    }
+
+    async fn execute(&self, action: &Action) -> Answer {
+        if let Action::AddAccount(a) = action {
+            return self
+                .add_accounts(std::slice::from_ref(a))
+                .await
+                .into_answer(false);
+        }
+        let ts = unix_ns();
+        let plan = match self.plan(action) {
+            Ok(p) => p,
+            Err(answer) => return answer,
+        };
+        let runs = plan.into_iter().map(|(core, body)| async move {
+            let result = self
+                .venue
+                .submit(core, vec![Command::new(ts, body)], true)
+                .await;
+            (core, result)
+        });
+        let results = futures_util::future::join_all(runs).await;
+        let one_instrument = matches!(
+            action,
+            Action::SetPhase {
+                instrument: Some(_),
+                market: None,
+                ..
+            }
+        );
+        self.summarise(results, one_instrument)
+    }
+
+    /// One answer from each core's events: `applied` when no core refused, `rejected` (422)
+    /// with the reasons when one did, `unavailable` (503) when a core did not answer. For a
+    /// phase change of one instrument sent to every core, the cores without it are left out.
+    fn summarise(&self, results: Vec<(usize, CoreAnswer)>, one_instrument: bool) -> Answer {
+        let mut markets = Vec::new();
+        let mut reasons = Vec::new();
+        let mut unavailable = Vec::new();
+        let mut applied_in = 0usize;
+        for (core, result) in results {
+            let name = self.markets[core].clone();
+            match result {
+                Err(e) => {
+                    unavailable.push(format!("{name}: {e}"));
+                    markets.push(json!({ "market": name, "error": e }));
+                }
+                Ok(per_command) => {
+                    let events: Vec<Event> = per_command.into_iter().flatten().collect();
+                    let rejected = events.iter().find_map(|e| match e {
+                        Event::CommandRejected { reason, .. } => Some(*reason),
+                        _ => None,
+                    });
+                    if one_instrument && rejected == Some(RejectReason::UnknownInstrument) {
+                        continue;
+                    }
+                    match rejected {
+                        Some(r) => reasons.push(json!({ "market": name, "reason": r })),
+                        None => applied_in += 1,
+                    }
+                    markets.push(market_events(&name, &events));
+                }
+            }
+        }
+        if one_instrument && applied_in == 0 && reasons.is_empty() && unavailable.is_empty() {
+            reasons.push(json!({ "market": null, "reason": RejectReason::UnknownInstrument }));
+        }
+        let (status, outcome) = if !unavailable.is_empty() {
+            (503, "unavailable")
+        } else if !reasons.is_empty() {
+            (422, "rejected")
+        } else {
+            (200, "applied")
+        };
+        let mut body = json!({ "outcome": outcome, "markets": markets });
+        if !reasons.is_empty() {
+            body["rejections"] = Value::Array(reasons);
+        }
+        if !unavailable.is_empty() {
+            body["error"] = Value::String(format!(
+                "no answer from {}: the action may or may not have applied there; query before \
+                 sending it again under a new request id",
+                unavailable.join("; ")
+            ));
+        }
+        Answer::new(status, body)
+    }
+
+    /// Adds accounts: in each core concerned, the additions first (unordered: independent
+    /// accounts may be spread over several clients), then a deposit of `cash` for each account
+    /// that was new there. An account that exists already is counted as such and gets no
+    /// deposit, so a bulk addition sent again (after a broken connection, say) adds what is
+    /// missing and deposits nothing twice.
+    pub(crate) async fn add_accounts(&self, accounts: &[NewAccount]) -> AccountsTally {
+        let mut tally = AccountsTally::default();
+        let mut per_core: Vec<Vec<&NewAccount>> = vec![Vec::new(); self.markets.len()];
+        for a in accounts {
+            match &a.markets {
+                None => per_core.iter_mut().for_each(|v| v.push(a)),
+                Some(names) => {
+                    for n in names {
+                        match self.markets.iter().position(|m| m == n) {
+                            Some(c) => per_core[c].push(a),
+                            None => tally.error(format!(
+                                "account {}: no market {n:?} (markets: {})",
+                                a.account,
+                                self.markets.join(", ")
+                            )),
+                        }
+                    }
+                }
+            }
+        }
+        let ts = unix_ns();
+        let runs = per_core
+            .into_iter()
+            .enumerate()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(core, list)| async move { (core, self.add_in_core(core, list, ts).await) });
+        for (core, result) in futures_util::future::join_all(runs).await {
+            match result {
+                Ok(t) => tally.merge(t),
+                Err(e) => tally
+                    .unavailable
+                    .push(format!("{}: {e}", self.markets[core])),
+            }
+        }
+        tally
+    }
+
+    async fn add_in_core(
+        &self,
+        core: usize,
+        list: Vec<&NewAccount>,
+        ts: u64,
+    ) -> Result<AccountsTally, String> {
+        let mut tally = AccountsTally::default();
+        let adds = list
+            .iter()
+            .map(|a| Command::new(ts, CommandBody::AddAccount(a.spec())))
+            .collect();
+        let answers = self.venue.submit(core, adds, false).await?;
+        let mut deposits = Vec::new();
+        for (a, events) in list.iter().zip(&answers) {
+            match reject_of(events) {
+                None => {
+                    tally.added += 1;
+                    if a.cash.0 > 0 {
+                        deposits.push(Command::new(
+                            ts,
+                            CommandBody::Deposit {
+                                account: a.account,
+                                amount: a.cash,
+                            },
+                        ));
+                    }
+                }
+                Some(RejectReason::DuplicateAccount) => tally.existing += 1,
+                Some(r) => tally.reject(a.account, r),
+            }
+        }
+        if !deposits.is_empty() {
+            let accounts: Vec<AccountId> = deposits
+                .iter()
+                .map(|c| match c.body {
+                    CommandBody::Deposit { account, .. } => account,
+                    _ => unreachable!("only deposits"),
+                })
+                .collect();
+            let answers = self.venue.submit(core, deposits, false).await?;
+            for (account, events) in accounts.iter().zip(&answers) {
+                match reject_of(events) {
+                    None => tally.funded += 1,
+                    Some(r) => tally.reject(*account, r),
+                }
+            }
+        }
+        Ok(tally)
+    }
+
+    // ----- queries -----
+
+    /// Every market's instruments with their phase, and the kill switches engaged.
+    pub async fn instruments(&self) -> Answer {
+        self.read_all(|e: &bourse_engine::Engine| {
+            let instruments: Vec<Value> = e
+                .instruments()
+                .map(|i| {
+                    json!({
+                        "instrument": i.instrument,
+                        "symbol": i.symbol,
+                        "market": i.market,
+                        "phase": e.phase(i.instrument),
+                        "reference_price": i.reference_price,
+                    })
+                })
+                .collect();
+            let (firms, accounts) = e.suspended();
+            json!({
+                "instruments": instruments,
+                "kill_switches": { "firms": firms, "accounts": accounts },
+            })
+        })
+        .await
+    }
+
+    /// One account's balances, positions and live orders (at most
+    /// [`ORDERS_PER_QUERY_MAX`] per market), market by market.
+    pub async fn account(&self, account: AccountId) -> Answer {
+        self.read_all(move |e: &bourse_engine::Engine| {
+            let Some(v) = e.account(account) else {
+                return Value::Null;
+            };
+            let positions: Vec<Value> = e
+                .account_positions(account)
+                .into_iter()
+                .map(|(i, q, c)| json!({ "instrument": i, "qty": q, "cost": c }))
+                .collect();
+            let orders = e.account_orders(account, ORDERS_PER_QUERY_MAX + 1);
+            let truncated = orders.len() > ORDERS_PER_QUERY_MAX;
+            let orders: Vec<Value> = orders
+                .iter()
+                .take(ORDERS_PER_QUERY_MAX)
+                .map(|o| {
+                    json!({
+                        "order_id": o.order_id, "cl_ord_id": o.cl_ord_id,
+                        "instrument": o.instrument, "side": o.side, "price": o.price,
+                        "qty_total": o.qty_total, "qty_filled": o.qty_filled,
+                        "qty_leaves": o.qty_leaves, "tif": o.tif,
+                    })
+                })
+                .collect();
+            let (firms, accounts) = e.suspended();
+            let suspended = accounts.contains(&account) || firms.contains(&v.firm);
+            json!({
+                "firm": v.firm, "cash": v.cash, "cash_reserved": v.cash_reserved,
+                "margin_locked": v.margin_locked, "cash_free": v.cash_free,
+                "kill_switch_engaged": suspended,
+                "positions": positions, "orders": orders, "orders_truncated": truncated,
+            })
+        })
+        .await
+    }
+
+    async fn read_all<F>(&self, read: F) -> Answer
+    where
+        F: Fn(&bourse_engine::Engine) -> Value + Clone + Send + 'static,
+    {
+        let reads = (0..self.markets.len()).map(|core| {
+            let read = read.clone();
+            async move { (core, self.venue.read(core, Box::new(read)).await) }
+        });
+        let mut markets = Vec::new();
+        for (core, result) in futures_util::future::join_all(reads).await {
+            match result {
+                Ok(v) => markets.push(json!({ "market": self.markets[core], "state": v })),
+                Err(e) => {
+                    return Answer::error(
+                        503,
+                        "unavailable",
+                        format!("market {}: {e}", self.markets[core]),
+                    )
+                }
+            }
+        }
+        Answer::new(200, json!({ "outcome": "ok", "markets": markets }))
+    }
+}
+
+fn reject_of(events: &[Event]) -> Option<RejectReason> {
+    events.iter().find_map(|e| match e {
+        Event::CommandRejected { reason, .. } => Some(*reason),
+        _ => None,
+    })
+}
+
+fn market_events(name: &str, events: &[Event]) -> Value {
+    let shown: Vec<&Event> = events
+        .iter()
+        .filter(|e| !matches!(e, Event::OrderLog(_)))
+        .take(EVENTS_PER_MARKET_SHOWN_MAX)
+        .collect();
+    json!({ "market": name, "events": shown, "events_total": events.len() })
+}
+
+/// What an account addition did, over every core it went to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AccountsTally {
+    /// Account additions applied (one per account and core).
+    pub added: u64,
+    /// Accounts a core had already (no deposit made).
+    pub existing: u64,
+    /// Deposits applied.
+    pub funded: u64,
+    /// Refusals by reason.
+    pub rejected: BTreeMap<String, u64>,
+    /// The first refusals and input errors, as text.
+    pub errors: Vec<String>,
+    pub errors_total: u64,
+    /// Cores that did not answer.
+    pub unavailable: Vec<String>,
+}
+
+impl AccountsTally {
+    fn error(&mut self, e: String) {
+        self.errors_total += 1;
+        if self.errors.len() < BULK_ERRORS_SHOWN_MAX {
+            self.errors.push(e);
+        }
+    }
+
+    fn reject(&mut self, account: AccountId, r: RejectReason) {
+        let name = serde_json::to_value(r)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default();
+        *self.rejected.entry(name.clone()).or_default() += 1;
+        self.error(format!("account {account}: {name}"));
+    }
+
+    pub(crate) fn merge(&mut self, o: AccountsTally) {
+        self.added += o.added;
+        self.existing += o.existing;
+        self.funded += o.funded;
+        for (k, v) in o.rejected {
+            *self.rejected.entry(k).or_default() += v;
+        }
+        for e in o.errors {
+            if self.errors.len() < BULK_ERRORS_SHOWN_MAX {
+                self.errors.push(e);
+            }
+        }
+        self.errors_total += o.errors_total;
+        self.unavailable.extend(o.unavailable);
+    }
+
+    /// The answer: `applied` (200) when nothing was refused, `rejected` (422) otherwise,
+    /// `unavailable` (503) when a core did not answer. `one` words a single addition.
+    pub(crate) fn into_answer(self, bulk: bool) -> Answer {
+        let (status, outcome) = if !self.unavailable.is_empty() {
+            (503, "unavailable")
+        } else if self.errors_total > 0 {
+            (422, "rejected")
+        } else {
+            (200, "applied")
+        };
+        let mut body = json!({
+            "outcome": outcome,
+            "accounts_added": self.added,
+            "accounts_existing": self.existing,
+            "deposits": self.funded,
+            "rejected": self.rejected,
+            "errors": self.errors,
+            "errors_total": self.errors_total,
+        });
+        if bulk {
+            body["bulk"] = Value::Bool(true);
+        }
+        if !self.unavailable.is_empty() {
+            body["error"] = Value::String(format!(
+                "no answer from {}: some additions may not have applied; send the same request \
+                 again under a new request id (existing accounts are skipped and get no \
+                 deposit: an account added whose deposit did not apply stays unfunded, so \
+                 query the accounts the errors name)",
+                self.unavailable.join("; ")
+            ));
+        }
+        Answer::new(status, body)
+    }
+}
+
+impl AdminService {
+    /// Answers and audits a request whose body could not be read as an action.
+    pub fn invalid_input(&self, operator: &str, request_id: &str, message: String) -> Answer {
+        let answer = Answer::error(400, "invalid", message);
+        self.finish(operator, request_id, "unknown", Value::Null, 0, &answer);
+        answer
+    }
+
+    /// A bulk account addition: `body` is a stream of NDJSON chunks, one [`NewAccount`] per
+    /// line (blank lines skipped), read and submitted [`BULK_BATCH_ACCOUNTS`] at a time, so
+    /// that a stream of millions holds one batch in memory. A line that does not parse stops
+    /// the stream there (the answer names it and counts what was added before); what the cores
+    /// refused is counted by reason and does not stop it. Runs once per request id.
+    pub async fn bulk<S, B, E>(
+        self: &Arc<Self>,
+        operator: &str,
+        request_id: &str,
+        body: S,
+    ) -> Answer
+    where
+        S: futures_util::Stream<Item = Result<B, E>> + Send + Unpin + 'static,
+        B: AsRef<[u8]> + Send,
+        E: std::fmt::Display + Send,
+    {
+        if let Err(e) = check_request_id(request_id) {
+            return self.invalid_input(operator, request_id, e);
+        }
+        let this = Arc::clone(self);
+        let request = json!({ "action": "add_accounts_bulk" });
+        self.once(
+            operator,
+            request_id,
+            "add_accounts_bulk",
+            request,
+            move || async move { this.run_bulk(body).await },
+        )
+        .await
+    }
+
+    async fn run_bulk<S, B, E>(&self, mut body: S) -> Answer
+    where
+        S: futures_util::Stream<Item = Result<B, E>> + Send + Unpin,
+        B: AsRef<[u8]> + Send,
+        E: std::fmt::Display + Send,
+    {
+        use futures_util::StreamExt;
+        let started = std::time::Instant::now();
+        let mut tally = AccountsTally::default();
+        let mut line = Vec::with_capacity(256);
+        let mut batch: Vec<NewAccount> = Vec::with_capacity(BULK_BATCH_ACCOUNTS);
+        let mut lines = 0u64;
+        let mut stop: Option<(u16, String)> = None;
+        'read: loop {
+            let chunk = match body.next().await {
+                None => break,
+                Some(Err(e)) => {
+                    stop = Some((400, format!("the request body broke off: {e}")));
+                    break;
+                }
+                Some(Ok(chunk)) => chunk,
+            };
+            for &b in chunk.as_ref() {
+                if b != b'\n' {
+                    if line.len() == BULK_LINE_BYTES_MAX {
+                        stop = Some((
+                            400,
+                            format!(
+                                "line {}: longer than {BULK_LINE_BYTES_MAX} bytes",
+                                lines + 1
+                            ),
+                        ));
+                        break 'read;
+                    }
+                    line.push(b);
+                    continue;
+                }
+                lines += 1;
+                if let Err(e) = take_line(&mut line, &mut batch, lines) {
+                    stop = Some((400, e));
+                    break 'read;
+                }
+                if lines > BULK_LINES_MAX {
+                    stop = Some((400, format!("more than {BULK_LINES_MAX} lines")));
+                    break 'read;
+                }
+                if batch.len() == BULK_BATCH_ACCOUNTS {
+                    tally.merge(self.add_accounts(&batch).await);
+                    batch.clear();
+                    if !tally.unavailable.is_empty() {
+                        break 'read;
+                    }
+                }
+            }
+        }
+        if stop.is_none() && !line.is_empty() {
+            lines += 1;
+            if let Err(e) = take_line(&mut line, &mut batch, lines) {
+                stop = Some((400, e));
+            }
+        }
+        if !batch.is_empty() && tally.unavailable.is_empty() {
+            tally.merge(self.add_accounts(&batch).await);
+        }
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        let added = tally.added;
+        let mut answer = tally.into_answer(true);
+        answer.body["lines"] = json!(lines);
+        answer.body["elapsed_ms"] = json!(elapsed_ms);
+        answer.body["accounts_added_per_s"] = json!(added.saturating_mul(1000) / elapsed_ms.max(1));
+        if let Some((status, e)) = stop {
+            answer.status = status;
+            answer.body["outcome"] = json!("invalid");
+            answer.body["error"] = json!(format!(
+                "{e}; the lines before it were submitted (see the counts), nothing after it"
+            ));
+        }
+        answer
+    }
+}
+
+/// Parses one bulk line into `batch` (a blank line is skipped).
+fn take_line(line: &mut Vec<u8>, batch: &mut Vec<NewAccount>, number: u64) -> Result<(), String> {
+    let text = std::str::from_utf8(line).map_err(|_| format!("line {number}: not UTF-8"))?;
+    let text = text.trim();
+    if !text.is_empty() {
+        let account: NewAccount =
+            serde_json::from_str(text).map_err(|e| format!("line {number}: {e}"))?;
+        account.check().map_err(|e| format!("line {number}: {e}"))?;
+        batch.push(account);
+    }
+    line.clear();
+    Ok(())
+}

@@ -1,0 +1,162 @@
+//! The schedule driver over a simulated clock (no sleeps): stepping through a MOEX
+//! derivatives day moves the core's phases as the schedule says, an order during the clearing
+//! pause is refused with its own reason while the resting order stays, the end of day expires
+//! Day orders, and stepping over the same instants again applies nothing twice.
+
+use bourse_admin::schedule::{Schedule, ScheduleConfig, ScheduleDriver};
+use bourse_admin::{AdminService, AdminVenue, BoxFuture, EngineRead};
+use bourse_core::*;
+use bourse_engine::fixtures::future;
+use bourse_engine::{Engine, EngineConfig};
+use std::sync::{Arc, Mutex};
+
+/// One market whose core is an engine applied in place (the sequenced path is the venue's
+/// business; the driver only needs answers).
+struct EngineVenue {
+    engine: Mutex<Engine>,
+    applied: Mutex<Vec<CommandBody>>,
+}
+
+impl AdminVenue for EngineVenue {
+    fn markets(&self) -> Vec<String> {
+        vec!["futures".into()]
+    }
+
+    fn submit(
+        &self,
+        _core: usize,
+        commands: Vec<Command>,
+        _ordered: bool,
+    ) -> BoxFuture<'_, Result<Vec<Vec<Event>>, String>> {
+        Box::pin(async move {
+            let mut e = self.engine.lock().unwrap();
+            Ok(commands
+                .iter()
+                .map(|c| {
+                    self.applied.lock().unwrap().push(c.body.clone());
+                    let mut out = Vec::new();
+                    e.apply(c, &mut out);
+                    out
+                })
+                .collect())
+        })
+    }
+
+    fn read(
+        &self,
+        _core: usize,
+        read: EngineRead,
+    ) -> BoxFuture<'_, Result<serde_json::Value, String>> {
+        Box::pin(async move { Ok(read(&self.engine.lock().unwrap())) })
+    }
+}
+
+const MIN_NS: u64 = 60_000_000_000;
+
+/// Unix ns of Monday 2026-11-23 at `hh:mm` Moscow time (UTC+3).
+fn monday(hh: u64, mm: u64) -> u64 {
+    // 2026-11-23 is day 20_780 since 1970-01-01.
+    (20_780 * 24 * 60 + hh * 60 + mm - 180) * MIN_NS
+}
+
+fn order(e: &mut Engine, cl: u64, price: i64) -> Vec<Event> {
+    let mut out = Vec::new();
+    e.apply(
+        &Command::new(
+            1,
+            CommandBody::NewOrder(NewOrder {
+                account: AccountId(1),
+                cl_ord_id: ClOrdId(cl),
+                instrument: InstrumentId(1),
+                side: Side::Buy,
+                ord_type: OrdType::Limit,
+                price: Price(price),
+                qty: Qty(1),
+                tif: TimeInForce::Day,
+                expire_ts_ns: 0,
+                display_qty: Qty(0),
+            }),
+        ),
+        &mut out,
+    );
+    out
+}
+
+#[tokio::test]
+async fn a_simulated_day_moves_the_phases_and_ends_the_day_once() {
+    let mut engine = Engine::new(EngineConfig::default());
+    let mut out = Vec::new();
+    for body in [
+        CommandBody::AddInstrument(future(1, "SI", 100_000)),
+        CommandBody::AddAccount(AccountSpec {
+            account: AccountId(1),
+            firm: FirmId(1),
+            may_short: true,
+            stp: StpMode::None,
+            stp_scope: StpScope::Account,
+        }),
+        CommandBody::Deposit {
+            account: AccountId(1),
+            amount: Cash(1_000_000_0000),
+        },
+    ] {
+        engine.apply(&Command::new(0, body), &mut out);
+    }
+    let venue = Arc::new(EngineVenue {
+        engine: Mutex::new(engine),
+        applied: Mutex::new(Vec::new()),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let service =
+        Arc::new(AdminService::new(venue.clone(), &dir.path().join("audit.jsonl"), None).unwrap());
+    let schedule = Schedule::new(&ScheduleConfig::moex_derivatives(&["futures"])).unwrap();
+    let mut driver = ScheduleDriver::new(schedule, Arc::clone(&service), monday(9, 0));
+    let phase = |v: &EngineVenue| v.engine.lock().unwrap().phase(InstrumentId(1)).unwrap();
+
+    // 10:00: open. A Day order rests.
+    assert_eq!(driver.step(monday(10, 0)).await.len(), 1);
+    assert_eq!(phase(&venue), Phase::Open);
+    let resting = order(&mut venue.engine.lock().unwrap(), 1, 99_000);
+    assert!(
+        matches!(resting[0], Event::OrderAccepted { .. }),
+        "{resting:?}"
+    );
+
+    // 14:02: the intermediate clearing pause. A new order is refused with its own reason;
+    // the resting one stays.
+    let done = driver.step(monday(14, 2)).await;
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].1, "applied");
+    assert_eq!(phase(&venue), Phase::Paused);
+    let refused = order(&mut venue.engine.lock().unwrap(), 2, 99_000);
+    assert!(matches!(
+        refused[0],
+        Event::OrderRejected {
+            reason: RejectReason::InstrumentPaused,
+            ..
+        }
+    ));
+    assert_eq!(venue.engine.lock().unwrap().live_orders(), 1);
+
+    // 14:05 open again; 18:50 the end of day expires the Day order during the evening pause.
+    driver.step(monday(14, 5)).await;
+    assert_eq!(phase(&venue), Phase::Open);
+    let done = driver.step(monday(18, 55)).await;
+    assert_eq!(done.len(), 2, "{done:?}");
+    assert_eq!(phase(&venue), Phase::Paused);
+    assert_eq!(venue.engine.lock().unwrap().live_orders(), 0);
+
+    // Evening session, then closed.
+    driver.step(monday(23, 59)).await;
+    assert_eq!(phase(&venue), Phase::Closed);
+    let issued = venue.applied.lock().unwrap().len();
+    assert_eq!(issued, 7);
+
+    // A second driver over the same day (a restart) issues the same request ids: every one is
+    // answered from the first run, nothing applies again.
+    let schedule = Schedule::new(&ScheduleConfig::moex_derivatives(&["futures"])).unwrap();
+    let mut again = ScheduleDriver::new(schedule, service, monday(9, 0));
+    let done = again.step(monday(23, 59)).await;
+    assert_eq!(done.len(), 7);
+    assert_eq!(venue.applied.lock().unwrap().len(), issued);
+}

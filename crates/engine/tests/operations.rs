@@ -1,0 +1,169 @@
+//! The engine's side of market operations: the kill switch (per firm or account: resting
+//! orders cancelled, new orders and replaces refused until released, cancels still taken; part
+//! of the snapshot and the digest) and the paused phase (a scheduled clearing pause: new
+//! orders refused with a reason of its own, resting orders stay).
+
+use bourse_core::*;
+use bourse_engine::fixtures::{accepted_id, equity, reject_reason, Driver};
+use bourse_engine::{Engine, EngineConfig};
+
+const SBER: u32 = 1;
+const GAZP: u32 = 2;
+const REF: i64 = 10_000;
+
+fn driver() -> Driver {
+    let mut d = Driver::new(EngineConfig {
+        orders_max: 1024,
+        instruments_max: 4,
+        accounts_max: 16,
+        levels_per_side_hint: 8,
+        first_order_id: 1,
+    });
+    d.add_instrument(equity(SBER, "SBER", REF));
+    d.add_instrument(equity(GAZP, "GAZP", REF));
+    // Accounts 1 and 2 belong to firm 7, account 3 to firm 8; all may sell short.
+    for (account, firm) in [(1, 7), (2, 7), (3, 8)] {
+        let spec = AccountSpec {
+            account: AccountId(account),
+            firm: FirmId(firm),
+            may_short: true,
+            stp: StpMode::None,
+            stp_scope: StpScope::Account,
+        };
+        d.add_account_spec(spec, 1_000_000_000_0000);
+    }
+    d
+}
+
+fn kill(firm: Option<u32>, account: Option<u32>, engaged: bool) -> CommandBody {
+    CommandBody::KillSwitch {
+        firm: firm.map(FirmId),
+        account: account.map(AccountId),
+        engaged,
+    }
+}
+
+fn cancelled(events: &[Event]) -> Vec<OrderId> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::OrderCancelled { order_id, .. } => Some(*order_id),
+            _ => None,
+        })
+        .collect()
+}
+
+fn check(d: &Driver) {
+    let restored = Engine::restore(&d.engine.snapshot()).expect("restores");
+    assert_eq!(restored.state_hash(), d.engine.state_hash());
+    assert_eq!(restored.state_digest(), d.engine.state_digest());
+    assert_eq!(d.engine.recompute_state_digest(), d.engine.state_digest());
+}
+
+#[test]
+fn a_firm_kill_switch_cancels_its_orders_in_every_book_and_refuses_new_ones_until_released() {
+    let mut d = driver();
+    let a = accepted_id(&d.limit(1, 1, SBER, Side::Buy, 9_900, 5)).unwrap();
+    let b = accepted_id(&d.limit(2, 1, GAZP, Side::Sell, 10_100, 5)).unwrap();
+    let other = accepted_id(&d.limit(3, 1, SBER, Side::Buy, 9_900, 5)).unwrap();
+    let before = d.engine.state_digest();
+
+    let ev = d.run(kill(Some(7), None, true)).to_vec();
+    let mut gone = cancelled(&ev);
+    gone.sort();
+    assert_eq!(gone, vec![a, b]);
+    assert!(ev.iter().any(|e| matches!(
+        e,
+        Event::KillSwitchSet {
+            firm: Some(FirmId(7)),
+            engaged: true,
+            orders_cancelled: 2,
+            ..
+        }
+    )));
+    assert!(
+        d.engine.order(other).is_some(),
+        "another firm's order stays"
+    );
+    assert_ne!(d.engine.state_digest(), before);
+    check(&d);
+
+    for account in [1, 2] {
+        let ev = d.limit(account, 2, SBER, Side::Buy, 9_900, 1);
+        assert_eq!(reject_reason(&ev), Some(RejectReason::TradingSuspended));
+    }
+    assert!(accepted_id(&d.limit(3, 2, SBER, Side::Buy, 9_900, 1)).is_some());
+
+    let ev = d.run(kill(Some(7), None, false)).to_vec();
+    assert!(ev
+        .iter()
+        .any(|e| matches!(e, Event::KillSwitchSet { engaged: false, .. })));
+    assert!(accepted_id(&d.limit(1, 3, SBER, Side::Buy, 9_900, 1)).is_some());
+    check(&d);
+}
+
+#[test]
+fn an_account_kill_switch_stops_that_account_only() {
+    let mut d = driver();
+    let resting = accepted_id(&d.limit(1, 1, SBER, Side::Buy, 9_900, 5)).unwrap();
+    // Engaging on account 2 leaves account 1 (same firm) alone.
+    d.run(kill(None, Some(2), true));
+    assert!(d.engine.order(resting).is_some());
+    assert_eq!(
+        reject_reason(&d.limit(2, 1, SBER, Side::Buy, 9_900, 1)),
+        Some(RejectReason::TradingSuspended)
+    );
+    // Account 1's own switch: its order goes; a new one is refused.
+    let ev = d.run(kill(None, Some(1), true)).to_vec();
+    assert_eq!(cancelled(&ev), vec![resting]);
+    let ev = d.limit(1, 2, SBER, Side::Buy, 9_900, 1);
+    assert_eq!(reject_reason(&ev), Some(RejectReason::TradingSuspended));
+    check(&d);
+    // Released, it trades again.
+    d.run(kill(None, Some(1), false));
+    assert!(accepted_id(&d.limit(1, 3, SBER, Side::Buy, 9_900, 5)).is_some());
+    check(&d);
+}
+
+#[test]
+fn a_kill_switch_names_exactly_one_target() {
+    let mut d = driver();
+    let ev = d.run(kill(None, None, true)).to_vec();
+    assert_eq!(
+        reject_reason(&ev),
+        Some(RejectReason::KillSwitchTargetInvalid)
+    );
+    let ev = d.run(kill(Some(7), Some(1), true)).to_vec();
+    assert_eq!(
+        reject_reason(&ev),
+        Some(RejectReason::KillSwitchTargetInvalid)
+    );
+    assert_eq!(d.engine.suspended(), (&[][..], &[][..]));
+}
+
+#[test]
+fn a_paused_instrument_refuses_new_orders_with_its_own_reason_and_keeps_resting_ones() {
+    let mut d = driver();
+    let resting = accepted_id(&d.limit(1, 1, SBER, Side::Buy, 9_900, 5)).unwrap();
+    d.run(CommandBody::SetPhase {
+        instrument: Some(InstrumentId(SBER)),
+        phase: Phase::Paused,
+    });
+    assert_eq!(
+        reject_reason(&d.limit(3, 1, SBER, Side::Sell, 9_900, 1)),
+        Some(RejectReason::InstrumentPaused)
+    );
+    assert!(d.engine.order(resting).is_some(), "resting orders stay");
+    // The other instrument trades on.
+    assert!(accepted_id(&d.limit(3, 2, GAZP, Side::Buy, 9_900, 1)).is_some());
+    check(&d);
+    d.run(CommandBody::SetPhase {
+        instrument: Some(InstrumentId(SBER)),
+        phase: Phase::Open,
+    });
+    let ev = d.limit(3, 3, SBER, Side::Sell, 9_900, 1);
+    assert!(
+        ev.iter().any(|e| matches!(e, Event::Trade { .. })),
+        "{ev:?}"
+    );
+}
