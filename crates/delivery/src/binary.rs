@@ -13,7 +13,6 @@
 use crate::client::{ClientError, PollAnswer, PollRequest};
 use crate::cursor::{hex_bytes, hex_text, Cursor, CURSOR_BYTES_MAX};
 use crate::node::Shared;
-use bourse_monitor::metrics::GaugeHold;
 use crate::poll::{self, Asked, Refusal, RefusalKind, Selected, ServerTimings};
 use crate::record::{Filter, Record};
 use crate::server::{AnswerHeader, ApiError};
@@ -21,6 +20,7 @@ use bourse_core::{
     AccountId, ClOrdId, Event, Fill, FirmId, InstrumentId, OrderId, OrderLog, OrderLogAction,
     OrderStatus, Price, Qty, RejectReason, Side, TradeId,
 };
+use bourse_monitor::metrics::GaugeHold;
 use bourse_wire::delivery::codec;
 use bourse_wire::delivery::{self as wire, FrameDecoder, Message, FRAME_BYTES_MAX};
 use bourse_wire::frame::encode_frame;
