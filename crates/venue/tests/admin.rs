@@ -75,6 +75,7 @@ fn start() -> Venue {
         monitor: None,
         extra_fix_sessions: vec![("OPS".into(), vec![1, 2])],
         verbose: false,
+        core_in_flight_max: None,
     };
     let deployment = LocalDeployment::start(spec).expect("venue starts");
     let entries =
