@@ -416,10 +416,12 @@ async fn observer(
 
 fn config(dir: &Path, seed: u64) -> ClusterConfig {
     let mut config = ClusterConfig::local(7, dir.to_path_buf(), [0, 0, 0]);
-    // The client port is bound but never used in the simulation; port 0 on three distinct
-    // loopback addresses keeps the configuration valid without reserving real ports.
+    // The client port is bound but never used in the simulation: each node listens on port
+    // 0 of its own loopback address, reserving no real port, and advertises an address no one
+    // dials (peers talk through the simulated network).
     for (i, n) in config.nodes.iter_mut().enumerate() {
-        n.addr = format!("127.0.0.{}:0", i + 1);
+        n.addr = format!("127.0.0.{}:9", i + 1);
+        n.listen = Some(format!("127.0.0.{}:0", i + 1));
     }
     config.fsync = FsyncSetting::Never;
     config.snapshot_every_entries = 60;
