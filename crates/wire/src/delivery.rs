@@ -33,7 +33,7 @@
 
 pub use bourse_sbe_delivery as codec;
 
-use crate::frame::{Encoding, FrameReader, RawFrame};
+use crate::frame::{FrameReader, RawFrame};
 use crate::sbe::schema_messages;
 use crate::Error;
 
@@ -103,19 +103,7 @@ impl FrameDecoder {
 }
 
 fn message_from_frame<'a>(frame: &RawFrame<'a>) -> Result<Message<'a>, Error> {
-    if frame.encoding != Encoding::SbeMessage {
-        return Err(Error::UnexpectedEncoding {
-            encoding: frame.encoding as u16,
-            expected: Encoding::SbeMessage as u16,
-        });
-    }
-    let (message, message_bytes) = decode_message(frame.payload)?;
-    if message_bytes != frame.payload.len() {
-        return Err(Error::TrailingBytes {
-            trailing_bytes: frame.payload.len() - message_bytes,
-        });
-    }
-    Ok(message)
+    crate::sbe::message_from_frame(frame, decode_message)
 }
 
 #[cfg(test)]

@@ -241,6 +241,32 @@ where
     Ok(encoder.message_bytes())
 }
 
+/// A schema's `decode_message`: the message at the start of the bytes and its size.
+pub(crate) type DecodeMessage<'a, M> = fn(&'a [u8]) -> Result<(M, usize), Error>;
+
+/// Checks that a frame holds exactly one SBE message of a schema and decodes it with that
+/// schema's `decode_message`: the frame's encoding must be an SBE message and no byte may
+/// follow the message.
+pub(crate) fn message_from_frame<'a, M>(
+    frame: &crate::frame::RawFrame<'a>,
+    decode_message: DecodeMessage<'a, M>,
+) -> Result<M, Error> {
+    use crate::frame::Encoding;
+    if frame.encoding != Encoding::SbeMessage {
+        return Err(Error::UnexpectedEncoding {
+            encoding: frame.encoding as u16,
+            expected: Encoding::SbeMessage as u16,
+        });
+    }
+    let (message, message_bytes) = decode_message(frame.payload)?;
+    if message_bytes != frame.payload.len() {
+        return Err(Error::TrailingBytes {
+            trailing_bytes: frame.payload.len() - message_bytes,
+        });
+    }
+    Ok(message)
+}
+
 /// The `older_block_length` of a schema none of whose messages grew since version 1.
 pub(crate) fn no_older_block_length<T>(_template: T, _version: u16) -> Option<u16> {
     None
