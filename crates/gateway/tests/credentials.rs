@@ -202,3 +202,86 @@ fn a_version_1_client_is_served_in_version_1_and_cannot_skip_a_password() {
     );
     assert!(common::eventually(WAIT, || metric(&gw, "bad_password") == 1));
 }
+
+/// The answer a FIX Logon gets: everything sent until the close.
+fn fix_answer(gw: &common::TestGateway, fields: &str) -> String {
+    let mut s = TcpStream::connect(gw.handle.fix_addr().unwrap()).unwrap();
+    let body = format!("35=A\x01{fields}34=1\x0152=20260101-00:00:00.000\x0198=0\x01108=30\x01");
+    s.write_all(&raw_logon(&body)).unwrap();
+    read_to_close(&mut s)
+}
+
+/// The Logout's Text, and the CompIDs it was sent from and to.
+fn logout_text(answer: &str) -> (String, String, String) {
+    assert!(answer.contains("\x0135=5\x01"), "not a Logout: {answer:?}");
+    let field = |tag: &str| {
+        answer
+            .split('\x01')
+            .find_map(|f| f.strip_prefix(tag))
+            .unwrap_or_default()
+            .to_string()
+    };
+    (field("58="), field("49="), field("56="))
+}
+
+#[test]
+fn a_stranger_is_answered_as_a_wrong_password_is_and_counted_as_what_it_was() {
+    // BETA may log on only from an address this test does not use.
+    let config = config().replace(
+        "client_comp_id = \"BETA\"\n",
+        "client_comp_id = \"BETA\"\nallowed_addresses = [\"127.0.0.2\"]\n",
+    );
+    let gw = common::start_with(&config);
+
+    let wrong = fix_answer(&gw, "49=ALPHA\x0156=BOURSE\x01554=guess\x01");
+    let ghost = fix_answer(&gw, "49=GHOST\x0156=BOURSE\x01554=guess\x01");
+    let foreign = fix_answer(&gw, "49=BETA\x0156=BOURSE\x01554=guess\x01");
+    assert_eq!(logout_text(&wrong).0, "Invalid password");
+    assert_eq!(
+        logout_text(&ghost),
+        ("Invalid password".into(), "BOURSE".into(), "GHOST".into())
+    );
+    assert_eq!(logout_text(&foreign).0, "Invalid password");
+
+    let ghost_bare = fix_answer(&gw, "49=GHOST\x0156=BOURSE\x01");
+    let alpha_bare = fix_answer(&gw, "49=ALPHA\x0156=BOURSE\x01");
+    assert_eq!(logout_text(&ghost_bare).0, logout_text(&alpha_bare).0);
+
+    // The operator's counters say what each really was.
+    assert!(common::eventually(WAIT, || {
+        metric(&gw, "bad_password") == 2
+            && metric(&gw, "unknown_session") == 2
+            && metric(&gw, "address_not_allowed") == 1
+    }));
+
+    let bin = gw.handle.binary_addr().unwrap();
+    let stranger = BinaryClient::connect_with_password(bin, "ghost-bin", "nope", 60_000, 1)
+        .err()
+        .expect("unknown credentials are refused")
+        .to_string();
+    assert!(stranger.contains(BAD_CREDENTIALS), "{stranger}");
+    assert!(common::eventually(WAIT, || metric(&gw, "unknown_session") == 3));
+}
+
+#[test]
+fn a_session_with_a_password_says_it_is_in_use_only_to_whoever_knows_the_password() {
+    let gw = common::start_with(&config());
+    let fix = gw.handle.fix_addr().unwrap();
+    let mut alpha = FixClient::connect(&fix_config(fix, "ALPHA", Some("alpha pass"))).unwrap();
+
+    let guess = fix_answer(&gw, "49=ALPHA\x0156=BOURSE\x01554=guess\x01");
+    assert_eq!(logout_text(&guess).0, "Invalid password");
+    assert!(common::eventually(WAIT, || metric(&gw, "bad_password") == 1));
+
+    // The right password learns the session is taken: closed, counted as in use.
+    let twin = fix_answer(&gw, "49=ALPHA\x0156=BOURSE\x01554=alpha pass\x01");
+    assert!(!twin.contains("\x0135=A\x01"), "{twin:?}");
+    assert!(common::eventually(WAIT, || metric(&gw, "session_in_use") == 1));
+
+    // The session itself was not disturbed.
+    alpha
+        .new_order("o1", None, "SBER", true, 10, Some("100.00"), '0')
+        .unwrap();
+    assert!(alpha.recv_type("8", WAIT).unwrap().is_some());
+    alpha.logout(WAIT).unwrap();
+}

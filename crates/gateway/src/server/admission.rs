@@ -259,13 +259,17 @@ impl Server {
             .iter()
             .position(|s| s.client_comp_id == sender && s.gateway_comp_id == target)
         else {
-            return self.close_because(token, DisconnectReason::UnknownSession, names);
+            return self.refuse_fix_stranger(token, &raw, DisconnectReason::UnknownSession, names);
         };
         let peer = self.conns.get(&token).map(|c| c.peer.ip());
         if !address_allowed(&self.fix[slot].allowed_addresses, peer) {
-            return self.close_because(token, DisconnectReason::AddressNotAllowed, names);
+            let reason = DisconnectReason::AddressNotAllowed;
+            return self.refuse_fix_stranger(token, &raw, reason, names);
         }
-        if self.fix[slot].conn.is_some() {
+        // A session with a password says it is in use only to whoever knows the password
+        // (checked again once the password is).
+        let hidden = self.config.fix_sessions[slot].password_hash.is_some();
+        if self.fix[slot].conn.is_some() && !hidden {
             return self.close_because(token, DisconnectReason::SessionInUse, names);
         }
         let tls = self.conns.get(&token).is_some_and(|c| c.stream.is_tls());

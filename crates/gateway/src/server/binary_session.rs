@@ -127,34 +127,44 @@ impl Server {
                 "this session establishes over TLS only",
             );
         }
-        let code = match slot {
-            None => Some(EstablishmentRejectCode::BadCredentials),
-            // Refused with code Unspecified on the wire (a stranger learns nothing more),
-            // counted and logged as the address it is.
-            Some(j) if !admission::address_allowed(&self.bin[j].allowed_addresses, peer) => {
-                Some(EstablishmentRejectCode::Unspecified)
-            }
-            Some(j) if self.bin[j].conn.is_some() => {
-                Some(EstablishmentRejectCode::AlreadyEstablished)
-            }
-            _ if !(oe::KEEPALIVE_INTERVAL_MS_MIN..=oe::KEEPALIVE_INTERVAL_MS_MAX)
-                .contains(&keepalive_ms) =>
-            {
-                Some(EstablishmentRejectCode::KeepaliveOutOfRange)
-            }
-            _ => None,
+        // A stranger (unknown credentials, or an address its session does not allow) is
+        // answered as a wrong password is; the log and the counter say what it was.
+        let names = format!("credentials {creds:?}");
+        // Without passwords in use, an address refused is told Unspecified (a stranger learns
+        // nothing more).
+        let Some(j) = slot else {
+            let refusal = (
+                DisconnectReason::UnknownSession,
+                EstablishmentRejectCode::BadCredentials,
+            );
+            return self.refuse_binary_stranger(token, ts, &password, refusal, names);
+        };
+        if !admission::address_allowed(&self.bin[j].allowed_addresses, peer) {
+            let refusal = (
+                DisconnectReason::AddressNotAllowed,
+                EstablishmentRejectCode::Unspecified,
+            );
+            return self.refuse_binary_stranger(token, ts, &password, refusal, names);
+        }
+        // A session with a password says it is in use only to whoever knows the password
+        // (checked again once the password is).
+        let hidden = self.config.binary_sessions[j].password_hash.is_some();
+        let keepalive_range = oe::KEEPALIVE_INTERVAL_MS_MIN..=oe::KEEPALIVE_INTERVAL_MS_MAX;
+        let code = if self.bin[j].conn.is_some() && !hidden {
+            Some(EstablishmentRejectCode::AlreadyEstablished)
+        } else if !keepalive_range.contains(&keepalive_ms) {
+            Some(EstablishmentRejectCode::KeepaliveOutOfRange)
+        } else {
+            None
         };
         if let Some(code) = code {
             let reason = match code {
-                EstablishmentRejectCode::BadCredentials => DisconnectReason::UnknownSession,
-                EstablishmentRejectCode::Unspecified => DisconnectReason::AddressNotAllowed,
                 EstablishmentRejectCode::AlreadyEstablished => DisconnectReason::SessionInUse,
                 _ => DisconnectReason::LogonRefused,
             };
             let detail = format!("EstablishmentReject {code:?}");
             return self.binary_reject(token, ts, code, reason, &detail);
         }
-        let Some(j) = slot else { return };
         self.binary_establish_credentials(token, j, ts, keepalive_ms, password);
     }
 

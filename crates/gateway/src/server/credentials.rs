@@ -9,6 +9,11 @@
 //! comes back through the loop's waker. Bytes the client sends meanwhile are kept, at most
 //! [`BYTES_WHILE_CHECKING_MAX`]. A wrong or missing password is answered (FIX: Logout with a
 //! Text; binary: EstablishmentReject `BadCredentials`), counted as `bad_password` and logged.
+//!
+//! Once any session has a password, a stranger must not learn which CompIDs exist: a Logon
+//! for an unknown session, or from an address its session does not allow, gets the answer a
+//! wrong password gets, after the same work (a check against a decoy hash of the venue's own
+//! cost). Only the operator's log and counters say what really happened.
 
 use super::*;
 use bourse_auth::PasswordHashString;
@@ -41,6 +46,23 @@ pub(super) enum Parked {
         timestamp_ns: u64,
         keepalive_ms: u32,
     },
+    /// A Logon or Establish refused whatever its password, checked against the decoy only so
+    /// that its answer comes as late as a wrong password's.
+    Stranger(Stranger),
+}
+
+/// Who a refused stranger claimed to be, for its answer and the operator's log.
+pub(super) struct Stranger {
+    /// The answer: a FIX Logout to these CompIDs, or a binary EstablishmentReject.
+    pub(super) answer: StrangerAnswer,
+    /// What really happened (the counter and the log line).
+    pub(super) reason: DisconnectReason,
+    pub(super) detail: String,
+}
+
+pub(super) enum StrangerAnswer {
+    Fix { sender: String, target: String },
+    Binary { timestamp_ns: u64 },
 }
 
 /// The checking thread and the connections waiting for it.
@@ -48,20 +70,25 @@ pub(super) enum Parked {
 pub(super) struct Checks {
     worker: Option<(SyncSender<Job>, Receiver<Done>)>,
     pub(super) parked: HashMap<Token, Parked>,
+    /// A configured session's hash: checking a stranger's password against it costs what a
+    /// real check costs. Its result is never used. None: no session has a password.
+    decoy: Option<PasswordHashString>,
 }
 
 impl Checks {
     /// Starts the checking thread when some session has a password; none: no thread.
     pub(super) fn start(config: &GatewayConfig, waker: Arc<Waker>) -> Result<Checks, String> {
-        let any = config
+        let decoy = config
             .fix_sessions
             .iter()
-            .any(|s| s.password_hash.is_some())
-            || config
-                .binary_sessions
-                .iter()
-                .any(|s| s.password_hash.is_some());
-        if !any {
+            .find_map(|s| s.password_hash.clone())
+            .or_else(|| {
+                config
+                    .binary_sessions
+                    .iter()
+                    .find_map(|s| s.password_hash.clone())
+            });
+        if decoy.is_none() {
             return Ok(Checks::default());
         }
         let (jobs, job_rx) = sync_channel::<Job>(CHECKS_PENDING_MAX);
@@ -88,20 +115,26 @@ impl Checks {
         Ok(Checks {
             worker: Some((jobs, done)),
             parked: HashMap::new(),
+            decoy,
         })
     }
 
-    /// Queues a check of `password` against `hash` for `token`, parked as `parked`; false when
-    /// the queue is full.
+    /// Whether strangers are answered as wrong passwords are (some session has a password).
+    pub(super) fn hides_sessions(&self) -> bool {
+        self.decoy.is_some()
+    }
+
+    /// Queues a check of `password` against `hash` for `token`, parked as `parked`; hands
+    /// `parked` back when the queue is full.
     fn submit(
         &mut self,
         token: Token,
         hash: &PasswordHashString,
         password: &str,
         parked: Parked,
-    ) -> bool {
+    ) -> Result<(), Parked> {
         let Some((jobs, _)) = &self.worker else {
-            return false;
+            return Err(parked);
         };
         let job = Job {
             token,
@@ -111,9 +144,9 @@ impl Checks {
         match jobs.try_send(job) {
             Ok(()) => {
                 self.parked.insert(token, parked);
-                true
+                Ok(())
             }
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => Err(parked),
         }
     }
 
@@ -161,6 +194,142 @@ const FIX_WRONG_PASSWORD: &str = "Invalid password";
 const CHECKS_BUSY: &str = "Too many logons being checked; try again";
 
 impl Server {
+    /// Refuses a stranger's FIX Logon (unknown CompIDs, or an address its session does not
+    /// allow) as a wrong or missing password would be, when some session has a password;
+    /// otherwise closes it without a word, as a FIX acceptor does. `reason` and `detail` are
+    /// what the operator's counter and log say.
+    pub(super) fn refuse_fix_stranger(
+        &mut self,
+        token: Token,
+        raw: &RawMessage<'_>,
+        reason: DisconnectReason,
+        detail: String,
+    ) {
+        if !self.checks.hides_sessions() {
+            return self.close_because(token, reason, detail);
+        }
+        let stranger = Stranger {
+            answer: StrangerAnswer::Fix {
+                sender: raw
+                    .get_str(bourse_fix::tags::SENDER_COMP_ID)
+                    .unwrap_or("")
+                    .into(),
+                target: raw
+                    .get_str(bourse_fix::tags::TARGET_COMP_ID)
+                    .unwrap_or("")
+                    .into(),
+            },
+            reason,
+            detail,
+        };
+        match fix_password(raw, true) {
+            FixPassword::Given(password) => self.check_stranger(token, &password, stranger),
+            FixPassword::Refused(_, text) => self.answer_stranger(token, stranger, text),
+            FixPassword::NotRequired => unreachable!("a password is asked of strangers"),
+        }
+    }
+
+    /// Refuses a stranger's binary Establish as a wrong password would be (see
+    /// [`Server::refuse_fix_stranger`]); without passwords in use, at once with the refusal's
+    /// own code.
+    pub(super) fn refuse_binary_stranger(
+        &mut self,
+        token: Token,
+        timestamp_ns: u64,
+        password: &[u8; 32],
+        (reason, plain_code): (DisconnectReason, EstablishmentRejectCode),
+        detail: String,
+    ) {
+        if !self.checks.hides_sessions() {
+            let detail = format!("{detail}: EstablishmentReject {plain_code:?}");
+            return self.binary_reject(token, timestamp_ns, plain_code, reason, &detail);
+        }
+        let given = bourse_wire::ascii_field(password).unwrap_or("");
+        let stranger = Stranger {
+            answer: StrangerAnswer::Binary { timestamp_ns },
+            reason,
+            detail,
+        };
+        if given.is_empty() {
+            return self.answer_stranger(token, stranger, FIX_WRONG_PASSWORD);
+        }
+        let given = given.to_string();
+        self.check_stranger(token, &given, stranger);
+    }
+
+    /// Parks a stranger behind a decoy check; a full queue answers it as busy, as it would a
+    /// session.
+    fn check_stranger(&mut self, token: Token, password: &str, stranger: Stranger) {
+        let Some(decoy) = self.checks.decoy.clone() else {
+            return self.answer_stranger(token, stranger, FIX_WRONG_PASSWORD);
+        };
+        if let Err(parked) = self
+            .checks
+            .submit(token, &decoy, password, Parked::Stranger(stranger))
+        {
+            let Parked::Stranger(stranger) = parked else {
+                unreachable!("submit hands back what it was given")
+            };
+            self.answer_stranger(token, stranger, CHECKS_BUSY);
+        }
+    }
+
+    /// Answers a stranger as a refused session is answered (FIX: a Logout with `text` from the
+    /// CompIDs it named, reversed; binary: BadCredentials) and closes it, counted and logged
+    /// as what it really was.
+    fn answer_stranger(&mut self, token: Token, stranger: Stranger, text: &str) {
+        let Stranger {
+            answer,
+            reason,
+            detail,
+        } = stranger;
+        match answer {
+            StrangerAnswer::Fix { sender, target } => {
+                let bytes = self.fix_logout_bytes(&target, &sender, 1, text);
+                self.send_and_close(token, bytes, reason, format!("{detail}: {text}"));
+            }
+            StrangerAnswer::Binary { timestamp_ns } => {
+                let code = if text == CHECKS_BUSY {
+                    EstablishmentRejectCode::ServerUnavailable
+                } else {
+                    EstablishmentRejectCode::BadCredentials
+                };
+                self.binary_reject(token, timestamp_ns, code, reason, &detail);
+            }
+        }
+    }
+
+    /// A FIX Logout with `text`, from `sender` to `target`, numbered `seq`.
+    fn fix_logout_bytes(&self, sender: &str, target: &str, seq: u64, text: &str) -> Vec<u8> {
+        let mut logout = OutMessage::new("5");
+        logout.push(bourse_fix::tags::TEXT, text);
+        logout.set_header(bourse_fix::tags::SENDER_COMP_ID, sender);
+        logout.set_header(bourse_fix::tags::TARGET_COMP_ID, target);
+        logout.set_header_display(bourse_fix::tags::MSG_SEQ_NUM, &seq);
+        logout.set_header_display(
+            bourse_fix::tags::SENDING_TIME,
+            &bourse_fix::time::UtcTimestamp(self.now_ms as i64),
+        );
+        logout.encode("FIX.4.4")
+    }
+
+    /// Queues `bytes` for `token` and closes it once they are written.
+    fn send_and_close(
+        &mut self,
+        token: Token,
+        bytes: Vec<u8>,
+        reason: DisconnectReason,
+        detail: String,
+    ) {
+        if let Some(conn) = self.conns.get_mut(&token) {
+            conn.out.extend_from_slice(&bytes);
+            conn.closing = true;
+            conn.close_reason = reason;
+            conn.close_detail = Some(detail);
+            self.dirty.push(token);
+        }
+    }
+
     /// A FIX Logon for `slot` passed the CompID, address and in-use checks: checks its
     /// password, now (none required), later (parked), or refuses it.
     pub(super) fn fix_logon_credentials(
@@ -178,7 +347,7 @@ impl Server {
                     return;
                 };
                 let parked = Parked::Fix { slot, bytes: all };
-                if !self.checks.submit(token, &hash, &password, parked) {
+                if self.checks.submit(token, &hash, &password, parked).is_err() {
                     self.refuse_fix_logon(token, slot, DisconnectReason::LogonRefused, CHECKS_BUSY);
                 }
             }
@@ -209,27 +378,10 @@ impl Server {
         text: &str,
     ) {
         let s = &self.fix[slot];
-        let mut logout = OutMessage::new("5");
-        logout.push(bourse_fix::tags::TEXT, text);
-        logout.set_header(bourse_fix::tags::SENDER_COMP_ID, &s.gateway_comp_id);
-        logout.set_header(bourse_fix::tags::TARGET_COMP_ID, &s.client_comp_id);
-        logout.set_header_display(
-            bourse_fix::tags::MSG_SEQ_NUM,
-            &s.session.next_sender_seq_num(),
-        );
-        logout.set_header_display(
-            bourse_fix::tags::SENDING_TIME,
-            &bourse_fix::time::UtcTimestamp(self.now_ms as i64),
-        );
-        let bytes = logout.encode("FIX.4.4");
+        let seq = s.session.next_sender_seq_num();
+        let bytes = self.fix_logout_bytes(&s.gateway_comp_id, &s.client_comp_id, seq, text);
         let detail = format!("SenderCompID {:?}: {text}", s.client_comp_id);
-        if let Some(conn) = self.conns.get_mut(&token) {
-            conn.out.extend_from_slice(&bytes);
-            conn.closing = true;
-            conn.close_reason = reason;
-            conn.close_detail = Some(detail);
-            self.dirty.push(token);
-        }
+        self.send_and_close(token, bytes, reason, detail);
     }
 
     /// A binary Establish for `slot` passed the other checks: checks its password (none
@@ -260,7 +412,7 @@ impl Server {
             timestamp_ns,
             keepalive_ms,
         };
-        if !self.checks.submit(token, &hash, given, parked) {
+        if self.checks.submit(token, &hash, given, parked).is_err() {
             self.binary_reject(
                 token,
                 timestamp_ns,
@@ -286,6 +438,9 @@ impl Server {
             }
             let later = std::mem::take(&mut conn.inbuf);
             match parked {
+                Parked::Stranger(stranger) => {
+                    self.answer_stranger(token, stranger, FIX_WRONG_PASSWORD)
+                }
                 Parked::Fix { slot, mut bytes } => {
                     if done.ok {
                         bytes.extend_from_slice(&later);
