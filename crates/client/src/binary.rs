@@ -16,7 +16,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 pub use bourse_wire::order_entry::codec::{
-    side::Side as BinSide, time_in_force::TimeInForce as BinTif,
+    mass_cancel_scope::MassCancelScope, side::Side as BinSide, time_in_force::TimeInForce as BinTif,
 };
 
 /// A server message, decoded into owned values. Enum fields are their wire codes.
@@ -471,9 +471,22 @@ impl BinaryClient {
         })
     }
 
+    /// Cancels the session's own live orders, of `account` and `instrument` when given.
     pub fn mass_cancel(
         &mut self,
         cl_ord_id: u64,
+        account: Option<u32>,
+        instrument: Option<u32>,
+    ) -> io::Result<()> {
+        self.mass_cancel_scoped(cl_ord_id, MassCancelScope::Session, account, instrument)
+    }
+
+    /// Cancels the live orders in `scope` (the session's own, the account's whichever session
+    /// entered them, or the firm's; docs/gateway.md "Mass cancel scope").
+    pub fn mass_cancel_scoped(
+        &mut self,
+        cl_ord_id: u64,
+        scope: MassCancelScope,
         account: Option<u32>,
         instrument: Option<u32>,
     ) -> io::Result<()> {
@@ -482,7 +495,8 @@ impl BinaryClient {
                 e.cl_ord_id(cl_ord_id)
                     .account_opt(account)
                     .instrument_id_opt(instrument)
-                    .side_opt(None);
+                    .side_opt(None)
+                    .scope(scope);
                 e
             })
         })

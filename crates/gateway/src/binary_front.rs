@@ -15,7 +15,8 @@ use bourse_wire::order_entry::codec::{
     cancel_ack_codec::CancelAckEncoder, cancel_reason::CancelReason as BinCancelReason,
     cancel_reject_codec::CancelRejectEncoder, cancel_reject_reason::CancelRejectReason,
     execution_report_codec::ExecutionReportEncoder, mass_cancel_ack_codec::MassCancelAckEncoder,
-    mass_cancel_result::MassCancelResult, new_order_ack_codec::NewOrderAckEncoder,
+    mass_cancel_codec::MassCancelDecoder, mass_cancel_result::MassCancelResult,
+    mass_cancel_scope::MassCancelScope as WireScope, new_order_ack_codec::NewOrderAckEncoder,
     new_order_codec::NewOrderDecoder, ord_type::OrdType as BinOrdType,
     order_reject_codec::OrderRejectEncoder, order_reject_reason::OrderRejectReason,
     replace_ack_codec::ReplaceAckEncoder, replace_reject_codec::ReplaceRejectEncoder,
@@ -249,6 +250,9 @@ pub fn render(router: &Router, report: &Report, buf: &mut [u8; FRAME_BYTES_MAX])
                 Some(RejectCause::Core(RejectReason::UnknownInstrument)) => {
                     MassCancelResult::UnknownInstrument
                 }
+                Some(RejectCause::Gateway(GatewayReject::UnsupportedScope)) => {
+                    MassCancelResult::UnsupportedScope
+                }
                 Some(_) => MassCancelResult::Other,
             };
             e.cl_ord_id(client.num()).transact_time_ns(*ts_ns);
@@ -366,18 +370,41 @@ pub fn parse_request(router: &Router, message: &Message<'_>, ts_ns: u64) -> Opti
                 }),
             }
         }
-        Message::MassCancel(m) => Parsed::Request(Request::MassCancel {
-            client: ClientId::Num(m.cl_ord_id()),
-            request_type: b'7',
-            // The binary MassCancel has no scope field (schema version 1): the session's own
-            // orders, the default of both protocols.
-            scope: MassCancelScope::Session,
-            account: m.account().map(AccountId),
-            instrument: m.instrument_id().map(InstrumentId),
-            side: side_of(m.side()),
-        }),
+        Message::MassCancel(m) => {
+            let Some(scope) = mass_cancel_scope(&m) else {
+                return Some(Parsed::Reject(Report::MassCancel {
+                    client: ClientId::Num(m.cl_ord_id()),
+                    request_type: b'7',
+                    total: 0,
+                    reject: Some(RejectCause::Gateway(GatewayReject::UnsupportedScope)),
+                    ts_ns,
+                }));
+            };
+            Parsed::Request(Request::MassCancel {
+                client: ClientId::Num(m.cl_ord_id()),
+                request_type: b'7',
+                scope,
+                account: m.account().map(AccountId),
+                instrument: m.instrument_id().map(InstrumentId),
+                side: side_of(m.side()),
+            })
+        }
         _ => return None,
     })
+}
+
+/// A MassCancel's scope: versions 1 and 2 have none (the session's own orders, the default of
+/// both protocols); in version 3 a value outside the enum is refused (None).
+fn mass_cancel_scope(m: &MassCancelDecoder<'_>) -> Option<MassCancelScope> {
+    if m.acting_version < 3 {
+        return Some(MassCancelScope::Session);
+    }
+    match m.scope() {
+        WireScope::Session => Some(MassCancelScope::Session),
+        WireScope::Account => Some(MassCancelScope::Account),
+        WireScope::Firm => Some(MassCancelScope::Firm),
+        WireScope::NullVal => None,
+    }
 }
 
 fn parse_new_order(router: &Router, m: &NewOrderDecoder<'_>) -> Parsed {

@@ -16,6 +16,8 @@ pub enum GatewayReject {
     InvalidQty,
     InvalidField,
     UnsupportedValue,
+    /// A binary MassCancel's scope holds no valid value.
+    UnsupportedScope,
     DuplicateClOrdId,
     UnknownOrder,
     /// The queue to the core is full, or the gateway's order table is.
@@ -32,6 +34,7 @@ impl GatewayReject {
             GatewayReject::InvalidQty => "quantity must be a positive multiple of the lot size",
             GatewayReject::InvalidField => "invalid field value",
             GatewayReject::UnsupportedValue => "unsupported value",
+            GatewayReject::UnsupportedScope => "mass cancel scope must be Session, Account or Firm",
             GatewayReject::DuplicateClOrdId => "duplicate ClOrdID among the session's live orders",
             GatewayReject::UnknownOrder => "unknown order",
             GatewayReject::SystemBusy => "system busy, retry",

@@ -204,3 +204,73 @@ fn garbage_on_an_established_session_is_terminated_as_an_invalid_frame() {
         Response::Terminate { reason: 3 }
     ));
 }
+
+/// Rests a buy of 10 at `price` for account 201 and returns once it is acknowledged.
+fn rest(c: &mut BinaryClient, id: u64, price: i64) {
+    c.new_order(id, 201, 1, true, 10, Some(price), BinTif::Day)
+        .unwrap();
+    assert!(matches!(
+        next(c).response,
+        Response::NewOrderAck { cl_ord_id, .. } if cl_ord_id == id
+    ));
+}
+
+/// The CancelAcks a session receives before its MassCancelAck, and that ack's count and result.
+fn mass_cancel_answer(c: &mut BinaryClient, id: u64) -> (usize, u32, u8) {
+    let mut cancels = 0;
+    loop {
+        match next(c).response {
+            Response::CancelAck { reason: 1, .. } => cancels += 1,
+            Response::MassCancelAck {
+                cl_ord_id,
+                canceled_count,
+                result,
+            } if cl_ord_id == id => return (cancels, canceled_count, result),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_binary_mass_cancel_reaches_the_account_or_the_firm_when_it_asks() {
+    use bourse_client::binary::MassCancelScope;
+    let gw = common::start();
+    let addr = gw.handle.binary_addr().unwrap();
+    // Two sessions of firm 2 share account 201.
+    let mut beta = BinaryClient::connect(addr, "beta-bin", 1000, 1).unwrap();
+    let mut other = BinaryClient::connect(addr, "flood", 1000, 1).unwrap();
+
+    rest(&mut beta, 1, 9_000);
+    rest(&mut other, 1, 9_001);
+    rest(&mut other, 2, 9_002);
+    // Session scope (the default): beta's own order only.
+    beta.mass_cancel(2, Some(201), None).unwrap();
+    assert_eq!(mass_cancel_answer(&mut beta, 2), (1, 1, 0));
+
+    // Account scope: every order of 201, whoever entered it; beta hears of its own only.
+    rest(&mut beta, 3, 9_003);
+    beta.mass_cancel_scoped(4, MassCancelScope::Account, Some(201), None)
+        .unwrap();
+    assert_eq!(mass_cancel_answer(&mut beta, 4), (1, 3, 0));
+    for _ in 0..2 {
+        assert!(matches!(
+            next(&mut other).response,
+            Response::CancelAck { reason: 1, .. }
+        ));
+    }
+
+    // Firm scope: the firm's orders.
+    rest(&mut other, 3, 9_004);
+    beta.mass_cancel_scoped(5, MassCancelScope::Firm, None, None)
+        .unwrap();
+    assert_eq!(mass_cancel_answer(&mut beta, 5), (0, 1, 0));
+    assert!(matches!(
+        next(&mut other).response,
+        Response::CancelAck { reason: 1, .. }
+    ));
+
+    // A scope outside the enum is refused by name.
+    beta.mass_cancel_scoped(6, MassCancelScope::NullVal, None, None)
+        .unwrap();
+    assert_eq!(mass_cancel_answer(&mut beta, 6), (0, 0, 5));
+}

@@ -62,10 +62,18 @@ pub const PASSWORD_BYTES: usize = 32;
 /// Establish's root block in version 1, before `password` was appended.
 pub const ESTABLISH_V1_BLOCK_LENGTH: u16 = 44;
 
-/// Root block lengths of older versions: version 2 appended `password` to Establish, so a
-/// version 1 Establish is 44 bytes; no other template changed.
+/// MassCancel's root block in versions 1 and 2, before `scope` was appended.
+pub const MASS_CANCEL_V2_BLOCK_LENGTH: u16 = 17;
+
+/// Root block lengths of older versions: version 2 appended `password` to Establish (a
+/// version 1 Establish is 44 bytes), version 3 appended `scope` to MassCancel (17 bytes
+/// before); no other template changed.
 fn older_block_length(template: TemplateId, version: u16) -> Option<u16> {
-    (template == TemplateId::Establish && version < 2).then_some(ESTABLISH_V1_BLOCK_LENGTH)
+    match template {
+        TemplateId::Establish if version < 2 => Some(ESTABLISH_V1_BLOCK_LENGTH),
+        TemplateId::MassCancel if version < 3 => Some(MASS_CANCEL_V2_BLOCK_LENGTH),
+        _ => None,
+    }
 }
 
 /// Rewrites the schema version in the SBE header of a framed message (frame header, then SBE

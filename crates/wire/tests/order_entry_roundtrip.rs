@@ -7,11 +7,11 @@ use bourse_wire::order_entry::codec::{
     cancel_ack_codec::*, cancel_order_codec::*, cancel_reason::*, cancel_reject_codec::*,
     cancel_reject_reason::*, establish_codec::*, establishment_ack_codec::*,
     establishment_reject_code::*, establishment_reject_codec::*, execution_report_codec::*,
-    mass_cancel_ack_codec::*, mass_cancel_codec::*, mass_cancel_result::*, new_order_ack_codec::*,
-    new_order_codec::*, ord_type::OrdType, order_reject_codec::*, order_reject_reason::*,
-    replace_ack_codec::*, replace_order_codec::*, replace_reject_codec::*, retransmission_codec::*,
-    retransmit_request_codec::*, sequence_codec::*, side::Side, terminate_codec::*,
-    termination_code::*, time_in_force::TimeInForce,
+    mass_cancel_ack_codec::*, mass_cancel_codec::*, mass_cancel_result::*, mass_cancel_scope::*,
+    new_order_ack_codec::*, new_order_codec::*, ord_type::OrdType, order_reject_codec::*,
+    order_reject_reason::*, replace_ack_codec::*, replace_order_codec::*, replace_reject_codec::*,
+    retransmission_codec::*, retransmit_request_codec::*, sequence_codec::*, side::Side,
+    terminate_codec::*, termination_code::*, time_in_force::TimeInForce,
 };
 use bourse_wire::order_entry::{FrameDecoder, Message, TemplateId, FRAME_BYTES_MAX};
 use bourse_wire::sbe::MESSAGE_HEADER_BYTES;
@@ -289,7 +289,7 @@ fn cancel_replace_mass_cancel() {
 
     let buf = encode!(MassCancelEncoder, |e| {
         e.cl_ord_id(12).account_opt(Some(3)).instrument_id_opt(None);
-        e.side_opt(None);
+        e.side_opt(None).scope(MassCancelScope::Firm);
     });
     assert_frame_size(&buf, TemplateId::MassCancel);
     let Message::MassCancel(d) = decode(&buf) else {
@@ -300,6 +300,34 @@ fn cancel_replace_mass_cancel() {
         (12, Some(3), None)
     );
     assert_eq!(d.side(), Side::NullVal);
+    assert_eq!(d.scope(), MassCancelScope::Firm);
+}
+
+/// A version 1 or 2 MassCancel is 17 bytes long: read by its own blockLength, with no scope
+/// (the decoder's null, which the gateway reads as the session's own orders); a 17-byte block
+/// claiming version 3 is refused as too short.
+#[test]
+fn a_version_2_mass_cancel_is_read_by_its_own_block_length() {
+    let full = encode!(MassCancelEncoder, |e| {
+        e.cl_ord_id(12).account_opt(Some(3)).instrument_id_opt(None);
+        e.side_opt(None).scope(MassCancelScope::Account);
+    });
+    let v2_len = FRAME_HEADER_BYTES + MESSAGE_HEADER_BYTES + 17;
+    let mut v2 = full[..v2_len].to_vec();
+    v2[0..2].copy_from_slice(&(v2_len as u16).to_le_bytes());
+    v2[4..6].copy_from_slice(&17u16.to_le_bytes());
+    v2[10..12].copy_from_slice(&2u16.to_le_bytes());
+    let Message::MassCancel(d) = decode(&v2) else {
+        panic!()
+    };
+    assert_eq!((d.cl_ord_id(), d.account()), (12, Some(3)));
+    assert_eq!((d.acting_version, d.scope()), (2, MassCancelScope::NullVal));
+    let mut claims_v3 = v2.clone();
+    claims_v3[10..12].copy_from_slice(&3u16.to_le_bytes());
+    assert!(matches!(
+        FrameDecoder::default().decode(&claims_v3),
+        Err(bourse_wire::Error::BlockLengthTooShort { .. })
+    ));
 }
 
 #[test]
@@ -529,7 +557,7 @@ fn new_order_golden_bytes() {
     });
     let hex: Vec<String> = buf.iter().map(|b| format!("{b:02x}")).collect();
     let expected = "3f 00 50 eb \
-                    33 00 64 00 01 00 02 00 \
+                    33 00 64 00 01 00 03 00 \
                     2a 00 00 00 00 00 00 00 \
                     42 27 00 00 00 00 00 00 \
                     0a 00 00 00 00 00 00 00 \

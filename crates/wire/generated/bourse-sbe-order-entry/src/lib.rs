@@ -23,6 +23,7 @@ pub mod execution_report_codec;
 pub mod mass_cancel_ack_codec;
 pub mod mass_cancel_codec;
 pub mod mass_cancel_result;
+pub mod mass_cancel_scope;
 pub mod message_header_codec;
 pub mod new_order_ack_codec;
 pub mod new_order_codec;
@@ -41,8 +42,8 @@ pub mod termination_code;
 pub mod time_in_force;
 
 pub const SBE_SCHEMA_ID: u16 = 1;
-pub const SBE_SCHEMA_VERSION: u16 = 2;
-pub const SBE_SEMANTIC_VERSION: &str = "1.1.0";
+pub const SBE_SCHEMA_VERSION: u16 = 3;
+pub const SBE_SEMANTIC_VERSION: &str = "1.2.0";
 
 pub type SbeResult<T> = core::result::Result<T, SbeErr>;
 

@@ -9,7 +9,7 @@ pub use crate::SBE_SCHEMA_ID;
 pub use crate::SBE_SCHEMA_VERSION;
 pub use crate::SBE_SEMANTIC_VERSION;
 
-pub const SBE_BLOCK_LENGTH: u16 = 17;
+pub const SBE_BLOCK_LENGTH: u16 = 18;
 pub const SBE_TEMPLATE_ID: u16 = 103;
 
 pub mod encoder {
@@ -188,6 +188,14 @@ pub mod encoder {
             };
             self
         }
+
+        /// REQUIRED enum
+        #[inline]
+        pub fn scope(&mut self, value: mass_cancel_scope::MassCancelScope) -> &mut Self {
+            let offset = self.offset + 17;
+            self.get_buf_mut().put_u8_at(offset, value as u8);
+            self
+        }
     }
 } // end encoder
 
@@ -299,6 +307,16 @@ pub mod decoder {
         #[inline]
         pub fn side(&self) -> side::Side {
             self.get_buf().get_u8_at(self.offset + 16).into()
+        }
+
+        /// REQUIRED enum
+        #[inline]
+        pub fn scope(&self) -> mass_cancel_scope::MassCancelScope {
+            if self.acting_version() < 3 {
+                return mass_cancel_scope::MassCancelScope::default();
+            }
+
+            self.get_buf().get_u8_at(self.offset + 17).into()
         }
     }
 } // end decoder

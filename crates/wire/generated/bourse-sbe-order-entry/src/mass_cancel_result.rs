@@ -8,6 +8,7 @@ pub enum MassCancelResult {
     UnknownInstrument = 0x2_u8,
     NotAuthorized = 0x3_u8,
     Other = 0x4_u8,
+    UnsupportedScope = 0x5_u8,
     #[default]
     NullVal = 0xff_u8,
 }
@@ -20,6 +21,7 @@ impl From<u8> for MassCancelResult {
             0x2_u8 => Self::UnknownInstrument,
             0x3_u8 => Self::NotAuthorized,
             0x4_u8 => Self::Other,
+            0x5_u8 => Self::UnsupportedScope,
             _ => Self::NullVal,
         }
     }
@@ -33,6 +35,7 @@ impl From<MassCancelResult> for u8 {
             MassCancelResult::UnknownInstrument => 0x2_u8,
             MassCancelResult::NotAuthorized => 0x3_u8,
             MassCancelResult::Other => 0x4_u8,
+            MassCancelResult::UnsupportedScope => 0x5_u8,
             MassCancelResult::NullVal => 0xff_u8,
         }
     }
@@ -48,6 +51,7 @@ impl core::str::FromStr for MassCancelResult {
             "UnknownInstrument" => Ok(Self::UnknownInstrument),
             "NotAuthorized" => Ok(Self::NotAuthorized),
             "Other" => Ok(Self::Other),
+            "UnsupportedScope" => Ok(Self::UnsupportedScope),
             _ => Ok(Self::NullVal),
         }
     }
@@ -61,6 +65,7 @@ impl core::fmt::Display for MassCancelResult {
             Self::UnknownInstrument => write!(f, "UnknownInstrument"),
             Self::NotAuthorized => write!(f, "NotAuthorized"),
             Self::Other => write!(f, "Other"),
+            Self::UnsupportedScope => write!(f, "UnsupportedScope"),
             Self::NullVal => write!(f, "NullVal"),
         }
     }
