@@ -371,7 +371,7 @@ pub fn parse_request(router: &Router, message: &Message<'_>, ts_ns: u64) -> Opti
             }
         }
         Message::MassCancel(m) => {
-            let Some(scope) = mass_cancel_scope(&m) else {
+            let Some(scope) = mass_cancel_scope(m) else {
                 return Some(Parsed::Reject(Report::MassCancel {
                     client: ClientId::Num(m.cl_ord_id()),
                     request_type: b'7',
