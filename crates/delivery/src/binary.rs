@@ -12,7 +12,7 @@
 
 use crate::client::{ClientError, PollAnswer, PollRequest};
 use crate::cursor::{hex_bytes, hex_text, Cursor, CURSOR_BYTES_MAX};
-use crate::node::Shared;
+use crate::node::{Front, Shared};
 use crate::poll::{self, Asked, Refusal, RefusalKind, Selected, ServerTimings};
 use crate::record::{Filter, Record};
 use crate::server::{AnswerHeader, ApiError};
@@ -20,7 +20,6 @@ use bourse_core::{
     AccountId, ClOrdId, Event, Fill, FirmId, InstrumentId, OrderId, OrderLog, OrderLogAction,
     OrderStatus, Price, Qty, RejectReason, Side, TradeId,
 };
-use bourse_monitor::metrics::GaugeHold;
 use bourse_wire::delivery::codec;
 use bourse_wire::delivery::{self as wire, FrameDecoder, Message, FRAME_BYTES_MAX};
 use bourse_wire::frame::encode_frame;
@@ -30,38 +29,36 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 const _: () = assert!(CURSOR_BYTES_MAX <= wire::CURSOR_BYTES_MAX as usize);
 
 /// `waitUs` that asks for the node's default wait.
 pub const WAIT_US_DEFAULT: u32 = u32::MAX;
 
-/// Serves binary connections until `stopped` changes; connections past `connections_max`
-/// are closed on accept.
+/// Serves binary connections until `stopped` changes; connections past `connections_max`,
+/// or past `connections_per_address_max` from one address, are closed on accept.
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watch::Receiver<bool>) {
-    let connections = Arc::new(Semaphore::new(shared.limits.connections_max));
+    let slots = shared.counters.slots(Front::Binary, &shared.limits);
     loop {
         let accepted = tokio::select! {
             _ = stopped.changed() => return,
             r = listener.accept() => r,
         };
-        let Ok((stream, _)) = accepted else {
+        let Ok((stream, peer)) = accepted else {
             // Out of file descriptors or similar: back off instead of spinning.
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
+        let Ok(slot) = slots.try_take(peer.ip()) else {
             drop(stream);
             continue;
         };
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
         let mut stopped = stopped.clone();
-        let open = GaugeHold::new(&shared.counters.connections_binary);
         tokio::spawn(async move {
-            let _permit = permit;
-            let _open = open;
+            let _slot = slot;
             tokio::select! {
                 _ = connection(stream, &shared) => {}
                 _ = stopped.changed() => {}

@@ -15,6 +15,7 @@ use crate::store::{Store, StoreConfig};
 use bourse_cluster::consumer::StreamConsumer;
 use bourse_cluster::StreamError;
 use bourse_monitor::metrics::{Counter, Gauge, Histogram, Registry};
+use bourse_monitor::slots::ConnectionSlots;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -47,6 +48,9 @@ pub struct Limits {
     pub polls_in_flight_max: usize,
     /// Open connections per front (HTTP, binary); more are closed on accept.
     pub connections_max: usize,
+    /// Open connections per front from any one peer address, so that one client cannot take
+    /// every slot; more are closed on accept.
+    pub connections_per_address_max: usize,
     /// Records kept per core before the oldest final ones are evicted.
     pub records_per_core_max: usize,
     /// A request head (HTTP) or a whole request (binary) must arrive within this time.
@@ -62,6 +66,7 @@ impl Default for Limits {
             wait_us_max: 10_000_000,
             polls_in_flight_max: 16_384,
             connections_max: 16_384,
+            connections_per_address_max: 4_096,
             records_per_core_max: 2_000_000,
             header_read_timeout_ms: 10_000,
         }
@@ -126,6 +131,14 @@ impl DeliveryConfig {
         if l.wait_us_default > l.wait_us_max {
             return Err("limits: wait_us_default must not exceed wait_us_max".into());
         }
+        if l.connections_max == 0
+            || l.connections_per_address_max == 0
+            || l.connections_per_address_max > l.connections_max
+        {
+            return Err("limits: connections_max must be positive and \
+                 connections_per_address_max 1..=connections_max"
+                .into());
+        }
         Ok(())
     }
 
@@ -162,6 +175,9 @@ pub struct ApiCounters {
     /// Open connections per front: the readers.
     pub connections_http: Gauge,
     pub connections_binary: Gauge,
+    /// Connections closed on accept, per front: `[per address, all slots taken]`.
+    pub connections_refused_http: [Counter; 2],
+    pub connections_refused_binary: [Counter; 2],
     /// Per record sent: the answer's time less the record's own time (the core's time of
     /// the command that changed the order), which is how late the reader learns of it.
     pub lag: Histogram,
@@ -186,6 +202,15 @@ impl ApiCounters {
                 "Open client connections per front",
                 &[("front", front)],
             )
+        };
+        let refused = |front: &str| {
+            ["per_address", "full"].map(|cause| {
+                r.counter(
+                    "bourse_delivery_connections_refused_total",
+                    "Connections closed on accept, per front and cause",
+                    &[("front", front), ("cause", cause)],
+                )
+            })
         };
         let stage = |stage: &str| {
             r.histogram(
@@ -220,6 +245,8 @@ impl ApiCounters {
             ),
             connections_http: connections("http"),
             connections_binary: connections("binary"),
+            connections_refused_http: refused("http"),
+            connections_refused_binary: refused("binary"),
             lag: r.histogram(
                 "bourse_delivery_lag_seconds",
                 "Per record sent: answer time less the record's time",
@@ -230,6 +257,30 @@ impl ApiCounters {
             registry: r,
         }
     }
+}
+
+impl ApiCounters {
+    /// The connection slots of one front (`http` or `binary`) under `limits`, counted into
+    /// this node's gauges and counters.
+    pub fn slots(&self, front: Front, limits: &Limits) -> ConnectionSlots {
+        let (open, [per_address, full]) = match front {
+            Front::Http => (&self.connections_http, &self.connections_refused_http),
+            Front::Binary => (&self.connections_binary, &self.connections_refused_binary),
+        };
+        ConnectionSlots::new(
+            limits.connections_max,
+            limits.connections_per_address_max,
+            open.clone(),
+        )
+        .with_refusal_counters(per_address.clone(), full.clone())
+    }
+}
+
+/// A delivery node's two fronts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Front {
+    Http,
+    Binary,
 }
 
 impl Default for ApiCounters {

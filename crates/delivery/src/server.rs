@@ -10,7 +10,7 @@
 //! (foreign cursor), 410 (cursor too old), 503 with `Retry-After` (too many polls at once).
 
 use crate::cursor::Cursor;
-use crate::node::Shared;
+use crate::node::{Front, Shared};
 use crate::poll::{self, Asked, Refusal, Selected};
 use crate::record::Filter;
 use axum::extract::rejection::QueryRejection;
@@ -208,17 +208,15 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
 }
 
 /// Serves until `stopped` changes, on the monitor's accept loop with this node's limits
-/// (`bourse_monitor::server::serve_limited`).
+/// (`bourse_monitor::server::serve_with_slots`: in all and per peer address).
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>, stopped: watch::Receiver<bool>) {
-    let connections_max = shared.limits.connections_max;
+    let slots = shared.counters.slots(Front::Http, &shared.limits);
     let header_read_timeout_ms = shared.limits.header_read_timeout_ms;
-    let open = shared.counters.connections_http.clone();
-    bourse_monitor::server::serve_limited(
+    bourse_monitor::server::serve_with_slots(
         listener,
         router(shared),
-        connections_max,
+        slots,
         header_read_timeout_ms,
-        open,
         stopped,
     )
     .await

@@ -394,3 +394,70 @@ async fn bad_input_gets_a_clear_error_and_disturbs_nothing() {
     stop_delivery(node, false).await;
     a.stop().await;
 }
+
+/// Whether the connection was closed without a byte (refused on accept) after `bytes` were
+/// sent, as opposed to answered.
+async fn closed_unanswered(mut s: tokio::net::TcpStream, bytes: &[u8]) -> bool {
+    let _ = s.write_all(bytes).await;
+    let mut buf = [0u8; 256];
+    match tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await {
+        Ok(Ok(0)) | Ok(Err(_)) => true,
+        Ok(Ok(_)) => false,
+        Err(_) => panic!("neither answered nor closed"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_take_every_connection_of_a_front() {
+    let mut a = Core::start(0, 51).await;
+    a.run(10).await;
+    let mut config = delivery_config(&[&a], None);
+    config.limits.connections_per_address_max = 3;
+    let node = start_delivery(config).await;
+    let binary_addr = node.binary_addr().unwrap();
+    let poll = PollRequest {
+        cursor: None,
+        filter: Filter::default(),
+        limit: Some(10),
+        wait_us: Some(0),
+        min_rows: Some(0),
+    };
+    // Three readers from 127.0.0.1 hold their connections open.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut c = AnyClient::binary(binary_addr);
+        c.poll(&poll).await.expect("within the address's share");
+        held.push(c);
+    }
+    // A fourth from the same address is closed on accept, without an answer.
+    let fourth = tokio::net::TcpStream::connect(binary_addr).await.unwrap();
+    assert!(closed_unanswered(fourth, b"garbage").await);
+    // Another address is still served: its garbage gets an error frame, not a bare close.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let other = socket.connect(binary_addr).await.unwrap();
+    assert!(!closed_unanswered(other, b"garbage").await);
+
+    let mut http = DeliveryClient::new(node.addr());
+    let (_, body) = http.get("/metrics").await.unwrap();
+    let text = String::from_utf8(body).unwrap();
+    let refused =
+        "bourse_delivery_connections_refused_total{cause=\"per_address\",front=\"binary\"} 1";
+    assert!(text.contains(refused), "{text}");
+
+    // A reader that leaves gives its place back.
+    drop(held.pop());
+    let mut again = AnyClient::binary(binary_addr);
+    let mut served = false;
+    for _ in 0..500 {
+        if again.poll(&poll).await.is_ok() {
+            served = true;
+            break;
+        }
+        again = AnyClient::binary(binary_addr);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(served, "a slot came back once a reader left");
+    stop_delivery(node, false).await;
+    a.stop().await;
+}

@@ -44,6 +44,7 @@ pub mod metrics;
 pub mod node;
 pub mod probe;
 pub mod server;
+pub mod slots;
 
 pub use cluster::{AlertThresholds, ClusterView, NodeStatus, Role};
 pub use core_probe::CoreMonitor;

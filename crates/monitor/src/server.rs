@@ -9,6 +9,7 @@
 //! [`Notify`].
 
 use crate::dashboard::{tick, Dashboard, Subscription};
+use crate::slots::ConnectionSlots;
 use crate::Monitor;
 use axum::extract::{Extension, State};
 use axum::http::{header, StatusCode};
@@ -176,28 +177,41 @@ async fn serve(listener: TcpListener, monitor: Arc<Monitor>, mut shutdown: onesh
 /// `axum::serve` lacks: connections past `connections_max` are closed on accept, request
 /// heads must arrive within `header_read_timeout_ms` and fit [`REQUEST_HEAD_BYTES_MAX`].
 /// `connections_open` counts the connections open. The one such loop for a service's
-/// HTTP/JSON API (data delivery, the admin API).
+/// HTTP/JSON API (data delivery, the admin API); [`serve_with_slots`] adds a limit per peer
+/// address.
 pub async fn serve_limited(
     listener: TcpListener,
     app: Router,
     connections_max: usize,
     header_read_timeout_ms: u64,
     connections_open: crate::metrics::Gauge,
+    stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    let slots = ConnectionSlots::new(connections_max, connections_max, connections_open);
+    serve_with_slots(listener, app, slots, header_read_timeout_ms, stopped).await
+}
+
+/// [`serve_limited`] with the connection limits of `slots` (in all and per peer address):
+/// a connection without a slot is closed on accept.
+pub async fn serve_with_slots(
+    listener: TcpListener,
+    app: Router,
+    slots: ConnectionSlots,
+    header_read_timeout_ms: u64,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
-    let connections = Arc::new(Semaphore::new(connections_max));
     let timeout = Duration::from_millis(header_read_timeout_ms);
     loop {
         let accepted = tokio::select! {
             _ = stopped.changed() => return,
             r = listener.accept() => r,
         };
-        let Ok((stream, _)) = accepted else {
+        let Ok((stream, peer)) = accepted else {
             // Out of file descriptors or similar: back off instead of spinning.
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
+        let Ok(slot) = slots.try_take(peer.ip()) else {
             drop(stream);
             continue;
         };
@@ -207,10 +221,8 @@ pub async fn serve_limited(
             app.clone().oneshot(req)
         });
         let mut stopped = stopped.clone();
-        let open = crate::metrics::GaugeHold::new(&connections_open);
         tokio::spawn(async move {
-            let _permit = permit;
-            let _open = open;
+            let _slot = slot;
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(TokioTimer::new())

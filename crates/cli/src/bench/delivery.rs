@@ -138,7 +138,12 @@ fn shared() -> Arc<Shared> {
         cores: vec![0],
         records_per_core_max: Limits::default().records_per_core_max,
     });
-    Shared::new(store, Limits::default())
+    // Every reader of the bench connects from 127.0.0.1: the per-address share is the whole.
+    let limits = Limits {
+        connections_per_address_max: Limits::default().connections_max,
+        ..Limits::default()
+    };
+    Shared::new(store, limits)
 }
 
 /// The writer's path for one entry: the write lock, the apply, the readers' wake-up.
