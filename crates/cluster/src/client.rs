@@ -19,6 +19,7 @@ use crate::net::{
 };
 use crate::state::OutcomeKind;
 use crate::stream::{CommittedEntry, StreamError};
+use crate::transport::{NodeReadHalf, NodeWriteHalf};
 use crate::NodeId;
 use bourse_core::codec::{decode_events, encode_command};
 
@@ -543,7 +544,7 @@ struct Driver {
 
 /// One connection of the driver: its write half and the task that reads answers.
 struct Link {
-    writer: tokio::net::tcp::OwnedWriteHalf,
+    writer: NodeWriteHalf,
     answers: mpsc::Receiver<std::io::Result<Tagged<Response>>>,
     reader: tokio::task::JoinHandle<()>,
 }
@@ -564,13 +565,7 @@ enum Rewind {
 
 impl Driver {
     async fn connect(&self) -> std::io::Result<Link> {
-        let stream = tokio::time::timeout(
-            Duration::from_millis(crate::net::CONNECT_TIMEOUT_MS),
-            tokio::net::TcpStream::connect(self.nodes[self.current].1),
-        )
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
-        stream.set_nodelay(true)?;
+        let stream = crate::transport::dial(self.nodes[self.current].1).await?;
         let (read, writer) = stream.into_split();
         // Buffered: the answers to a batch arrive together and are read in one call.
         let mut read = tokio::io::BufReader::with_capacity(crate::net::READ_BUFFER_BYTES, read);
@@ -623,6 +618,7 @@ impl Driver {
         }
         if !buf.is_empty() {
             link.writer.write_all(buf).await?;
+            link.writer.flush().await?;
         }
         Ok(())
     }
@@ -793,9 +789,9 @@ async fn sleep_until(at: Option<Instant>) {
 
 /// A subscription to one node's committed stream over TCP.
 pub struct StreamClient {
-    reader: tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>,
+    reader: tokio::io::BufReader<NodeReadHalf>,
     /// Kept so the connection stays open.
-    _writer: tokio::net::tcp::OwnedWriteHalf,
+    _writer: NodeWriteHalf,
     pub node: SocketAddr,
 }
 
@@ -803,13 +799,7 @@ impl StreamClient {
     /// Connects and subscribes from `from_index`.
     pub async fn connect(addr: SocketAddr, from_index: u64) -> std::io::Result<StreamClient> {
         use tokio::io::AsyncWriteExt;
-        let stream = tokio::time::timeout(
-            Duration::from_millis(crate::net::CONNECT_TIMEOUT_MS),
-            tokio::net::TcpStream::connect(addr),
-        )
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
-        stream.set_nodelay(true)?;
+        let stream = crate::transport::dial(addr).await?;
         let (reader, mut writer) = stream.into_split();
         writer
             .write_all(&encode_frame(&Tagged {
@@ -817,6 +807,7 @@ impl StreamClient {
                 body: Request::Subscribe { from_index },
             }))
             .await?;
+        writer.flush().await?;
         Ok(StreamClient {
             reader: tokio::io::BufReader::with_capacity(crate::net::READ_BUFFER_BYTES, reader),
             _writer: writer,
