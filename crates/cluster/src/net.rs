@@ -128,6 +128,10 @@ pub enum SubmitError {
     /// The node could not get the request committed (shutting down, lost leadership while it
     /// was in flight): the request may or may not have been applied; retry it with the same key.
     Unavailable(String),
+    /// This node leads but no quorum has acknowledged it for longer than the election timeout
+    /// (the followers are gone, paused or cut off): the request was not proposed now. An
+    /// earlier attempt under the same key may still be pending; retry later with the same key.
+    NoQuorum { quorum_ack_ms_ago: u64 },
 }
 
 /// A node's view of the cluster.

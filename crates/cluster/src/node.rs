@@ -1201,6 +1201,11 @@ async fn enqueue(
     if let Err(e) = check_command_form(&command) {
         return Err((SubmitError::Invalid(e.to_string()), reply));
     }
+    if let Some(quorum_ack_ms_ago) = quorum_lost_ms(shared) {
+        // Refused at once rather than proposed into a log that cannot commit: the client
+        // hears why within the election timeout instead of waiting out its attempt.
+        return Err((SubmitError::NoQuorum { quorum_ack_ms_ago }, reply));
+    }
     let pending = Pending {
         client_id,
         request_seq,
@@ -1215,6 +1220,19 @@ async fn enqueue(
             e.0.reply,
         )
     })
+}
+
+/// For a leader that no quorum has acknowledged for longer than the election timeout (its
+/// followers would have elected another leader by now if they could hear each other): how
+/// long ago the last quorum acknowledged it. `None` while it has a quorum, or does not lead.
+fn quorum_lost_ms(shared: &Shared) -> Option<u64> {
+    let metrics = shared.raft.metrics();
+    let m = metrics.borrow();
+    if m.current_leader != Some(shared.id) {
+        return None;
+    }
+    m.millis_since_quorum_ack
+        .filter(|&ms| ms > shared.config.election_timeout_ms_max)
 }
 
 /// Smart batching: takes whatever requests are queued (up to the batch limit) as one entry;
