@@ -302,7 +302,7 @@ impl Refusals {
     /// Counts one refusal and logs it (thinned out past the first few of its kind).
     fn count(&self, node: u64, why: Refusal, from: SocketAddr, detail: &str) {
         let n = self.counts[why as usize].fetch_add(1, Ordering::Relaxed) + 1;
-        if n <= REFUSALS_LOGGED_FIRST || n % REFUSALS_LOGGED_EVERY == 0 {
+        if n <= REFUSALS_LOGGED_FIRST || n.is_multiple_of(REFUSALS_LOGGED_EVERY) {
             eprintln!(
                 "bourse node {node}: refused a connection from {from}: {} ({detail}; {n} so far)",
                 why.name()

@@ -3,8 +3,7 @@
 //! holds no memory until its bytes arrive, and well-formed frames decode to what was sent.
 
 use bourse_cluster::net::{
-    decode_message, encode_frame, read_frame_into, Request, Response, Tagged,
-    FRAME_SIZE_BYTES_MAX,
+    decode_message, encode_frame, read_frame_into, Request, Response, Tagged, FRAME_SIZE_BYTES_MAX,
 };
 use bourse_cluster::tokio;
 use proptest::prelude::*;
