@@ -18,6 +18,11 @@
 //! Verification costs what the hash's parameters say (about 20–50 ms at [`HashCost::DEFAULT`]
 //! on one core), so a server that must not stall runs it off its event loop. Hash costs above
 //! [`HashCost::MAX`] are refused when a hash is read, so a config cannot make a check unbounded.
+//!
+//! [`tls`]: the venue's TLS identities from PEM files (a gateway's certificate; the mutual TLS
+//! of the links between the venue's own processes, signed by the venue's authority).
+
+pub mod tls;
 
 use argon2::{Algorithm, Argon2, Params, Version};
 use password_hash::rand_core::OsRng;

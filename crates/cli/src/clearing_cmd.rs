@@ -68,6 +68,8 @@ pub struct RunArgs {
     /// Write report.json and report.csv into this directory.
     #[arg(long)]
     out: Option<PathBuf>,
+    #[command(flatten)]
+    tls: crate::cluster_cmd::NodeTlsArgs,
 }
 
 pub fn run(command: ClearingCommand) -> Result<()> {
@@ -162,6 +164,7 @@ async fn with_ids(nodes: &[SocketAddr]) -> Result<Vec<(NodeId, SocketAddr)>> {
 
 async fn clearing_run(args: RunArgs) -> Result<()> {
     let cores = parse_cores(&args.nodes)?;
+    args.tls.apply(&cores.concat())?;
     let defs = load_instruments(&args.instruments)?;
     let rule = SettlementRule {
         last_trades: args.last_trades,

@@ -62,6 +62,10 @@ pub enum ClusterCommand {
         /// One JSON object per node.
         #[arg(long)]
         json: bool,
+        /// With `[tls]`: present this node's certificate (run on its host; default: the
+        /// configuration's first node).
+        #[arg(long)]
+        as_node: Option<u64>,
     },
     /// Ask nodes to take a snapshot now.
     Snapshot {
@@ -70,7 +74,40 @@ pub enum ClusterCommand {
         /// Only this node (default: all).
         #[arg(long)]
         id: Option<u64>,
+        /// With `[tls]`: present this node's certificate (default: the configuration's first
+        /// node).
+        #[arg(long)]
+        as_node: Option<u64>,
     },
+}
+
+/// Mutual TLS to nodes off the loopback, for tools that name nodes on the command line: the
+/// venue's authority and this tool's certificate and key (PEM; docs/deploy.md).
+#[derive(Args, Clone, Debug, Default)]
+pub struct NodeTlsArgs {
+    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+    tls_ca: Option<PathBuf>,
+    #[arg(long, requires = "tls_ca")]
+    tls_cert: Option<PathBuf>,
+    #[arg(long, requires = "tls_ca")]
+    tls_key: Option<PathBuf>,
+}
+
+impl NodeTlsArgs {
+    /// This process reaches `nodes` over TLS with these files, if given (plain TCP
+    /// otherwise, which only loopback addresses allow).
+    pub fn apply(&self, nodes: &[SocketAddr]) -> Result<()> {
+        let files = match (&self.tls_ca, &self.tls_cert, &self.tls_key) {
+            (Some(ca), Some(cert), Some(key)) => Some(bourse_cluster::TlsFiles {
+                ca_path: ca.clone(),
+                cert_path: cert.clone(),
+                key_path: key.clone(),
+            }),
+            _ => None,
+        };
+        bourse_cluster::transport::configure_client(nodes, files.as_ref())
+            .map_err(|e| anyhow!("--tls-*: {e}"))
+    }
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -93,6 +130,9 @@ pub(crate) fn stop_flag() -> Arc<AtomicBool> {
 pub fn node(args: NodeArgs) -> Result<()> {
     bourse_venue::tune_allocator();
     let config = ClusterConfig::load(&args.config).map_err(|e| anyhow!(e))?;
+    // The node's own clients (its monitor's status calls to its peers) present its
+    // certificate, as its raft RPCs do.
+    config.use_tls_as(args.id).map_err(|e| anyhow!(e))?;
     let stop = stop_flag();
     let rt = runtime()?;
     rt.block_on(async {
@@ -155,14 +195,24 @@ pub fn run(command: ClusterCommand) -> Result<()> {
             monitor_base_port,
             monitor_config,
         } => up(&config, monitor_base_port, monitor_config.as_deref()),
-        ClusterCommand::Status { config, json } => {
+        ClusterCommand::Status {
+            config,
+            json,
+            as_node,
+        } => {
             let config = ClusterConfig::load(&config).map_err(|e| anyhow!(e))?;
+            use_tls(&config, as_node)?;
             let statuses = runtime()?.block_on(statuses(&config));
             print_status(&config, &statuses, json);
             Ok(())
         }
-        ClusterCommand::Snapshot { config, id } => {
+        ClusterCommand::Snapshot {
+            config,
+            id,
+            as_node,
+        } => {
             let config = ClusterConfig::load(&config).map_err(|e| anyhow!(e))?;
+            use_tls(&config, as_node)?;
             runtime()?.block_on(async {
                 for n in &config.nodes {
                     if id.is_some_and(|id| id != n.id) {
@@ -178,6 +228,12 @@ pub fn run(command: ClusterCommand) -> Result<()> {
             })
         }
     }
+}
+
+/// An operator's tool reaches the nodes as one of them (see `ClusterConfig::use_tls_as`).
+fn use_tls(config: &ClusterConfig, as_node: Option<u64>) -> Result<()> {
+    let id = as_node.unwrap_or(config.nodes[0].id);
+    config.use_tls_as(id).map_err(|e| anyhow!(e))
 }
 
 async fn statuses(config: &ClusterConfig) -> Vec<(u64, Result<NodeStatus, String>)> {

@@ -105,7 +105,11 @@ fn parse_core(spec: &str) -> Result<CoreSource> {
                 .with_context(|| format!("--core {spec}: `{a}` is not an address"))
         })
         .collect::<Result<Vec<SocketAddr>>>()?;
-    Ok(CoreSource { id, nodes })
+    Ok(CoreSource {
+        id,
+        nodes,
+        tls: None,
+    })
 }
 
 fn serve(args: ServeArgs) -> Result<()> {

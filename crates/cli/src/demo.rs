@@ -195,6 +195,7 @@ fn start_delivery(
         .map(|(i, (_, nodes))| bourse_delivery::CoreSource {
             id: i as u32,
             nodes,
+            tls: None,
         })
         .collect();
     if args.no_delivery || cores.is_empty() {

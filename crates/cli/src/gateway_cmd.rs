@@ -52,6 +52,8 @@ pub fn core_links(config: &GatewayConfig, orders_max: u32) -> Result<Vec<Box<dyn
             let client_id = core
                 .client_id
                 .ok_or_else(|| anyhow!("core {}: no client_id", core.name))?;
+            bourse_cluster::transport::configure_client(&core.nodes, core.tls.as_ref())
+                .map_err(|e| anyhow!("core {}: tls: {e}", core.name))?;
             let link_config = match &recovery {
                 Some(r) => ClusterLinkConfig {
                     from_index: r.resume_index(index),

@@ -25,6 +25,10 @@
 //! replays a schedule. It needs root and `ip netns`; without them it says SKIPPED and passes.
 //! Not emulated (this kernel has no netem, tc classifiers, iptables or nft): delay, loss,
 //! duplication and reordering.
+//!
+//! Every link to a node runs over mutual TLS (the nodes are off the loopback, where plain TCP
+//! is refused): the test makes a venue authority, a certificate per node naming its address on
+//! network 1, and one for its own client (rcgen, never committed).
 
 #[path = "replica_check.rs"]
 mod replica_check;
@@ -155,6 +159,14 @@ fn write_config(dir: &Path) -> PathBuf {
         dir.join("data")
     )
     .unwrap();
+    writeln!(
+        f,
+        "[tls]\nca_path = {:?}\ncert_path = {:?}\nkey_path = {:?}",
+        dir.join("venue-ca.crt"),
+        dir.join("venue-node-{id}.crt"),
+        dir.join("venue-node-{id}.key")
+    )
+    .unwrap();
     for id in 1..=3 {
         writeln!(
             f,
@@ -171,6 +183,21 @@ fn write_config(dir: &Path) -> PathBuf {
     )
     .unwrap();
     path
+}
+
+/// The venue's authority, a certificate per node (for its address on network 1) and one for
+/// this test's client; returns the client's files.
+fn make_certs(dir: &Path) -> bourse_cluster::TlsFiles {
+    let venue = bourse_testkit::certs::Authority::new(dir, "venue");
+    for id in 1..=3 {
+        venue.issue(&format!("node-{id}"), &[format!("10.201.0.{id}").as_str()]);
+    }
+    let (cert_path, key_path) = venue.issue("client", &[]);
+    bourse_cluster::TlsFiles {
+        ca_path: venue.ca_path(),
+        cert_path,
+        key_path,
+    }
 }
 
 /// A process on one of the bed's hosts; `netbed.sh run` execs `ip netns exec`, which execs
@@ -406,6 +433,7 @@ fn inner(prefix: &str) {
     let started = Instant::now();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
+    let client_tls = make_certs(&dir);
     let config = write_config(&dir);
     let addrs: Vec<(u64, SocketAddr)> = (1..=3)
         .map(|id| {
@@ -413,6 +441,8 @@ fn inner(prefix: &str) {
             (id, a)
         })
         .collect();
+    let node_addrs: Vec<SocketAddr> = addrs.iter().map(|(_, a)| *a).collect();
+    bourse_cluster::transport::configure_client(&node_addrs, Some(&client_tls)).unwrap();
     let nodes = (1..=3)
         .map(|id| spawn_node(prefix, &dir, &config, id))
         .collect();

@@ -330,7 +330,7 @@ fn submit_orders(link: &mut bourse_cluster::link::ClusterLink, first: u64, n: u6
         loop {
             match link.submit(key, cmd.clone()) {
                 Ok(()) => break,
-                Err(SubmitError::Full) => {
+                Err(SubmitError::Full | SubmitError::NoQuorum) => {
                     assert!(Instant::now() < deadline, "link stayed full");
                     std::thread::sleep(Duration::from_millis(1));
                 }

@@ -7,6 +7,8 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bourse_core::{Command, Event};
@@ -19,6 +21,7 @@ use crate::net::{
 };
 use crate::state::OutcomeKind;
 use crate::stream::{CommittedEntry, StreamError};
+use crate::transport::{NodeReadHalf, NodeWriteHalf};
 use crate::NodeId;
 use bourse_core::codec::{decode_events, encode_command};
 
@@ -26,6 +29,15 @@ use bourse_core::codec::{decode_events, encode_command};
 pub const ATTEMPT_TIMEOUT_MS: u64 = 2_000;
 /// The pause before trying again when no node knows a leader (an election is under way).
 pub const RETRY_PAUSE_MS: u64 = 20;
+/// How long a [`PipelinedClient`] waits for the answer to its oldest request before it gives
+/// the node up and re-sends elsewhere. Shorter than [`ATTEMPT_TIMEOUT_MS`]: a leader that
+/// lost its quorum says so at once (`SubmitError::NoQuorum`), so silence this long means a
+/// paused or cut-off node, and a re-send is always safe (answered from the idempotency table
+/// if it was applied).
+pub const PIPELINE_ATTEMPT_TIMEOUT_MS: u64 = 1_000;
+/// While the leader answers that it has no quorum, one request (the oldest unanswered) is
+/// sent again this often to learn when the quorum is back; the others wait unsent.
+pub const NO_QUORUM_PROBE_MS: u64 = 100;
 
 /// A request the group committed and applied.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -212,6 +224,13 @@ impl Client {
                 Ok(Response::Submitted(Err(SubmitError::Invalid(why)))) => {
                     return Err(ClientError::Rejected(why))
                 }
+                Ok(Response::Submitted(Err(SubmitError::NoQuorum { quorum_ack_ms_ago }))) => {
+                    last_error = format!(
+                        "node {} leads without a quorum (last acknowledged {quorum_ack_ms_ago} ms ago)",
+                        self.nodes[self.current].0
+                    );
+                    tokio::time::sleep(Duration::from_millis(NO_QUORUM_PROBE_MS)).await;
+                }
                 Ok(Response::Submitted(Err(SubmitError::Unavailable(why)))) => {
                     last_error = why;
                     tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)).await;
@@ -384,11 +403,12 @@ enum Note {
 /// Requests get consecutive sequence numbers as they are queued. A driver task sends them
 /// (frames written while a write is under way go out together), matches answers by tag,
 /// follows `NotLeader` hints, and whenever a request is not answered (an error, a `Gap`, a
-/// lost connection, no answer within [`ATTEMPT_TIMEOUT_MS`]) it resubmits every unanswered
+/// lost connection, no answer within [`PIPELINE_ATTEMPT_TIMEOUT_MS`]) it resubmits every unanswered
 /// request in sequence order under the same keys, on the leader it finds. Because the state
 /// machine refuses a request whose predecessor is missing, each client's commands are
 /// applied gaplessly and in order, exactly once.
 pub struct PipelinedClient {
+    health: Arc<PipelineHealth>,
     queue: mpsc::Sender<(u64, Vec<u8>)>,
     notes: mpsc::UnboundedReceiver<Note>,
     next_seq: u64,
@@ -406,6 +426,18 @@ impl PipelinedClient {
         first_seq: u64,
         window: usize,
     ) -> PipelinedClient {
+        let health = Arc::new(PipelineHealth::default());
+        PipelinedClient::start_with_health(nodes, client_id, first_seq, window, health)
+    }
+
+    /// As [`PipelinedClient::start`], reporting into `health` (which its owner reads).
+    pub fn start_with_health(
+        nodes: Vec<(NodeId, SocketAddr)>,
+        client_id: u64,
+        first_seq: u64,
+        window: usize,
+        health: Arc<PipelineHealth>,
+    ) -> PipelinedClient {
         assert!(!nodes.is_empty());
         assert!(first_seq > 0);
         let window = window.clamp(1, PIPELINE_WINDOW_MAX);
@@ -414,6 +446,8 @@ impl PipelinedClient {
         // from the bounded queue, and holds at most `window` of them.
         let (notes_tx, notes) = mpsc::unbounded_channel();
         let driver = Driver {
+            health: health.clone(),
+            held: false,
             nodes,
             current: 0,
             client_id,
@@ -423,6 +457,7 @@ impl PipelinedClient {
             notes: notes_tx,
         };
         PipelinedClient {
+            health,
             queue,
             notes,
             next_seq: first_seq,
@@ -434,6 +469,12 @@ impl PipelinedClient {
 
     pub fn client_id(&self) -> u64 {
         self.client_id
+    }
+
+    /// Whether the group lacks a quorum, and what was re-sent: shared with the driver, read
+    /// from any thread.
+    pub fn health(&self) -> &Arc<PipelineHealth> {
+        &self.health
     }
 
     /// The sequence number the next queued request will get.
@@ -528,9 +569,41 @@ struct Unanswered {
     command: Vec<u8>,
     /// When it was last sent (None: not yet sent on the current connection).
     sent_at: Option<Instant>,
+    /// Sent at least once before (a send now is a re-send).
+    sent_before: bool,
+}
+
+/// What a [`PipelinedClient`]'s driver tells its owner besides answers, as it happens.
+#[derive(Debug, Default)]
+pub struct PipelineHealth {
+    /// The leader answered that it has no quorum, and nothing was acknowledged since: the
+    /// client holds its requests (probing with one) instead of re-sending them.
+    no_quorum: AtomicBool,
+    /// Requests sent again after a first send (failover, gap, timeout, probe).
+    resent: AtomicU64,
+    /// Probes sent while the quorum was lost.
+    probes: AtomicU64,
+}
+
+impl PipelineHealth {
+    pub fn no_quorum(&self) -> bool {
+        self.no_quorum.load(Ordering::Acquire)
+    }
+
+    pub fn resent(&self) -> u64 {
+        self.resent.load(Ordering::Acquire)
+    }
+
+    pub fn probes(&self) -> u64 {
+        self.probes.load(Ordering::Acquire)
+    }
 }
 
 struct Driver {
+    health: Arc<PipelineHealth>,
+    /// The leader said it has no quorum: send only the oldest unanswered request (a probe),
+    /// take nothing more from the queue, until an answer comes.
+    held: bool,
     nodes: Vec<(NodeId, SocketAddr)>,
     current: usize,
     client_id: u64,
@@ -543,7 +616,7 @@ struct Driver {
 
 /// One connection of the driver: its write half and the task that reads answers.
 struct Link {
-    writer: tokio::net::tcp::OwnedWriteHalf,
+    writer: NodeWriteHalf,
     answers: mpsc::Receiver<std::io::Result<Tagged<Response>>>,
     reader: tokio::task::JoinHandle<()>,
 }
@@ -560,17 +633,14 @@ enum Rewind {
     To(usize),
     /// Pause, then try the next node.
     Next(String),
+    /// The leader has no quorum: stay, hold every request, probe with the oldest after a
+    /// pause.
+    Hold,
 }
 
 impl Driver {
     async fn connect(&self) -> std::io::Result<Link> {
-        let stream = tokio::time::timeout(
-            Duration::from_millis(crate::net::CONNECT_TIMEOUT_MS),
-            tokio::net::TcpStream::connect(self.nodes[self.current].1),
-        )
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
-        stream.set_nodelay(true)?;
+        let stream = crate::transport::dial(self.nodes[self.current].1).await?;
         let (read, writer) = stream.into_split();
         // Buffered: the answers to a batch arrive together and are read in one call.
         let mut read = tokio::io::BufReader::with_capacity(crate::net::READ_BUFFER_BYTES, read);
@@ -607,9 +677,18 @@ impl Driver {
         let generation = self.generation;
         for (&seq, u) in self.unanswered.iter_mut() {
             if u.sent_at.is_some() {
+                if self.held {
+                    break;
+                }
                 continue;
             }
             u.sent_at = Some(now);
+            if std::mem::replace(&mut u.sent_before, true) {
+                self.health.resent.fetch_add(1, Ordering::AcqRel);
+            }
+            if self.held {
+                self.health.probes.fetch_add(1, Ordering::AcqRel);
+            }
             let tag = (generation << TAG_SEQ_BITS) | (seq & ((1 << TAG_SEQ_BITS) - 1));
             let frame = encode_frame(&Tagged {
                 tag,
@@ -620,9 +699,14 @@ impl Driver {
                 },
             });
             buf.extend_from_slice(&frame);
+            if self.held {
+                // One probe at a time.
+                break;
+            }
         }
         if !buf.is_empty() {
             link.writer.write_all(buf).await?;
+            link.writer.flush().await?;
         }
         Ok(())
     }
@@ -650,6 +734,11 @@ impl Driver {
                         return Err(format!("request {seq}: the group could not decode it"))
                     }
                     kind => {
+                        if self.held {
+                            // Something was acknowledged: the quorum is back.
+                            self.held = false;
+                            self.health.no_quorum.store(false, Ordering::Release);
+                        }
                         if self.unanswered.remove(&seq).is_some() {
                             let _ = self.notes.send(Note::Answer(Answer {
                                 request_seq: seq,
@@ -680,6 +769,7 @@ impl Driver {
                 }))
             }
             Err(SubmitError::Unavailable(why)) => Ok(Some(Rewind::Next(why))),
+            Err(SubmitError::NoQuorum { .. }) => Ok(Some(Rewind::Hold)),
         }
     }
 
@@ -700,7 +790,7 @@ impl Driver {
             }
             let l = link.as_mut().expect("connected above");
             // Take what is queued, up to the window, then send it all at once.
-            while queue_open && self.unanswered.len() < self.window {
+            while queue_open && !self.held && self.unanswered.len() < self.window {
                 match queue.try_recv() {
                     Ok((seq, command)) => {
                         self.unanswered.insert(
@@ -708,6 +798,7 @@ impl Driver {
                             Unanswered {
                                 command,
                                 sent_at: None,
+                                sent_before: false,
                             },
                         );
                     }
@@ -728,8 +819,8 @@ impl Driver {
                     .values()
                     .next()
                     .and_then(|u| u.sent_at)
-                    .map(|t| t + Duration::from_millis(ATTEMPT_TIMEOUT_MS));
-                let room = queue_open && self.unanswered.len() < self.window;
+                    .map(|t| t + Duration::from_millis(PIPELINE_ATTEMPT_TIMEOUT_MS));
+                let room = queue_open && !self.held && self.unanswered.len() < self.window;
                 tokio::select! {
                     answer = l.answers.recv() => match answer {
                         Some(Ok(tagged)) => match self.on_answer(tagged.tag, tagged.body) {
@@ -744,7 +835,7 @@ impl Driver {
                     },
                     next = queue.recv(), if room => match next {
                         Some((seq, command)) => {
-                            self.unanswered.insert(seq, Unanswered { command, sent_at: None });
+                            self.unanswered.insert(seq, Unanswered { command, sent_at: None, sent_before: false });
                         }
                         None => queue_open = false,
                     },
@@ -760,6 +851,11 @@ impl Driver {
                     u.sent_at = None;
                 }
                 match r {
+                    Rewind::Hold => {
+                        self.held = true;
+                        self.health.no_quorum.store(true, Ordering::Release);
+                        tokio::time::sleep(Duration::from_millis(NO_QUORUM_PROBE_MS)).await;
+                    }
                     Rewind::To(i) if i == self.current => {}
                     Rewind::To(i) => {
                         self.current = i;
@@ -793,9 +889,9 @@ async fn sleep_until(at: Option<Instant>) {
 
 /// A subscription to one node's committed stream over TCP.
 pub struct StreamClient {
-    reader: tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>,
+    reader: tokio::io::BufReader<NodeReadHalf>,
     /// Kept so the connection stays open.
-    _writer: tokio::net::tcp::OwnedWriteHalf,
+    _writer: NodeWriteHalf,
     pub node: SocketAddr,
 }
 
@@ -803,13 +899,7 @@ impl StreamClient {
     /// Connects and subscribes from `from_index`.
     pub async fn connect(addr: SocketAddr, from_index: u64) -> std::io::Result<StreamClient> {
         use tokio::io::AsyncWriteExt;
-        let stream = tokio::time::timeout(
-            Duration::from_millis(crate::net::CONNECT_TIMEOUT_MS),
-            tokio::net::TcpStream::connect(addr),
-        )
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
-        stream.set_nodelay(true)?;
+        let stream = crate::transport::dial(addr).await?;
         let (reader, mut writer) = stream.into_split();
         writer
             .write_all(&encode_frame(&Tagged {
@@ -817,6 +907,7 @@ impl StreamClient {
                 body: Request::Subscribe { from_index },
             }))
             .await?;
+        writer.flush().await?;
         Ok(StreamClient {
             reader: tokio::io::BufReader::with_capacity(crate::net::READ_BUFFER_BYTES, reader),
             _writer: writer,

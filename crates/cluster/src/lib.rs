@@ -21,8 +21,11 @@
 //!   node's copy of the stream on disk for consumers older than the ring.
 //! - [`LogStore`] and [`StateMachineStore`] (`storage`): openraft's `RaftLogStorage` over a
 //!   `bourse_journal::Journal` and `RaftStateMachine` with snapshots in a `SnapshotStore`.
-//! - [`net`]: length-prefixed bincode frames over TCP on 127.0.0.1, the node-to-node RPCs
-//!   (openraft's `RaftNetwork`) and the client protocol on the same port.
+//! - [`net`]: length-prefixed bincode frames, the node-to-node RPCs (openraft's
+//!   `RaftNetwork`) and the client protocol on the same port.
+//! - [`transport`]: the connections under them: plain TCP on the loopback, mutual TLS
+//!   (rustls) with the venue's authority anywhere; [`transport::dial`] for every client,
+//!   [`transport::Acceptor`] for the node, refusals counted by reason.
 //! - [`ClusterConfig`], [`Node`] (`node`): a node's configuration (TOML), its start-up, its
 //!   smart batcher (requests that arrive while earlier batches are in flight form the next
 //!   batch), its hash-check proposer, and its server.
@@ -71,6 +74,7 @@ pub mod stages;
 pub mod state;
 pub mod storage;
 pub mod stream;
+pub mod transport;
 
 pub use batch::{Batch, ClientRequest, LogCommand};
 pub use client::{Acknowledged, Client, ClientError};
@@ -79,6 +83,7 @@ pub use node::{ClusterConfig, FsyncSetting, Node, NodeAddr};
 pub use state::{Outcome, OutcomeKind, ReplicatedState};
 pub use storage::{LogStore, StateMachineStore};
 pub use stream::{CommittedEntry, CommittedRequest, StreamError, Subscription};
+pub use transport::TlsFiles;
 
 pub type NodeId = u64;
 

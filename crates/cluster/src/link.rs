@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::client::{node_last_seq, node_status, PipelinedClient, StreamClient};
+use crate::client::{node_last_seq, node_status, PipelineHealth, PipelinedClient, StreamClient};
 use crate::{CommittedEntry, OutcomeKind, StreamError};
 use bourse_core::codec::decode_events;
 use bourse_core::link::{CoreLink, CoreOutput, RequestKey, SubmitError};
@@ -209,6 +209,9 @@ enum Item {
 /// A replicated core behind the gateway. See the module documentation.
 pub struct ClusterLink {
     commands: Option<mpsc::Sender<(RequestKey, Command)>>,
+    /// The pipelined client's view of the group: while it holds its requests for want of a
+    /// quorum, new commands are refused ([`SubmitError::NoQuorum`]) rather than queued.
+    health: Arc<PipelineHealth>,
     outputs: Receiver<Item>,
     /// The last log index whose outputs the gateway has taken, all of them (see [`Item`]).
     taken_index: Option<u64>,
@@ -290,7 +293,9 @@ impl ClusterLink {
             ..ClusterLinkStatus::default()
         }));
         let (stop, stop_rx) = watch::channel(false);
+        let health = Arc::new(PipelineHealth::default());
         let worker = Worker {
+            health: health.clone(),
             nodes: config.nodes.clone(),
             client_id: config.client_id,
             keys: BTreeMap::new(),
@@ -311,6 +316,7 @@ impl ClusterLink {
             .map_err(|e| format!("cluster link thread: {e}"))?;
         Ok(ClusterLink {
             commands: Some(command_tx),
+            health,
             outputs,
             taken_index: start.from_index.checked_sub(1),
             notify,
@@ -318,6 +324,11 @@ impl ClusterLink {
             stop,
             thread: Some(thread),
         })
+    }
+
+    /// Whether the group lacks a quorum, and what the link re-sent (see [`PipelineHealth`]).
+    pub fn health(&self) -> Arc<PipelineHealth> {
+        self.health.clone()
     }
 
     /// The link's progress and state.
@@ -346,6 +357,9 @@ impl CoreLink for ClusterLink {
         let Some(tx) = &self.commands else {
             return Err(SubmitError::Closed);
         };
+        if self.health.no_quorum() {
+            return Err(SubmitError::NoQuorum);
+        }
         match tx.try_send((key, command)) {
             Ok(()) => Ok(()),
             Err(mpsc::error::TrySendError::Full(_)) => Err(SubmitError::Full),
@@ -396,6 +410,7 @@ struct RequestTimes {
 const REQUEST_TIMES_MAX: usize = 1 << 20;
 
 struct Worker {
+    health: Arc<PipelineHealth>,
     nodes: Vec<SocketAddr>,
     client_id: u64,
     /// The gateway's key of each of this link's requests not yet seen in the stream.
@@ -666,7 +681,13 @@ impl Worker {
             .enumerate()
             .map(|(i, a)| (i as u64 + 1, *a))
             .collect();
-        let mut client = PipelinedClient::start(ids, self.client_id, first_seq, window);
+        let mut client = PipelinedClient::start_with_health(
+            ids,
+            self.client_id,
+            first_seq,
+            window,
+            self.health.clone(),
+        );
         let mut stream = match self.subscribe(None).await {
             Ok(s) => s,
             Err(e) => return e,

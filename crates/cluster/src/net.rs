@@ -1,5 +1,6 @@
-//! The wire: length-prefixed bincode frames over TCP on 127.0.0.1, one [`Request`] →
-//! one [`Response`] per frame pair, and openraft's `RaftNetwork` on top of it.
+//! The wire: length-prefixed bincode frames over a node connection (plain TCP on the
+//! loopback, mutual TLS anywhere: `transport`), one [`Request`] → one [`Response`] per frame
+//! pair, and openraft's `RaftNetwork` on top of it.
 //!
 //! ```text
 //! frame := len u32 (little-endian, ≤ FRAME_SIZE_BYTES_MAX), bincode (varint) of the message
@@ -8,6 +9,11 @@
 //! Node-to-node RPCs and the client protocol share one port per node. Every request carries a
 //! `tag` that its response echoes, so a client may keep many requests in flight on one
 //! connection and match the answers as they come.
+//!
+//! Frames are read as if from a hostile peer: the length is checked against
+//! [`FRAME_SIZE_BYTES_MAX`] before anything is read, the buffer grows only as bytes arrive (a
+//! peer announcing a large frame and sending nothing holds no memory for it), and decoding is
+//! bounded by the same limit; a frame that does not decode closes the connection.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,11 +29,12 @@ use openraft::raft::{
 use openraft::BasicNode;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use tokio_rustls::rustls::ClientConfig;
 
 use crate::stages::Stages;
 use crate::state::Outcome;
 use crate::stream::StreamError;
+use crate::transport::NodeStream;
 use crate::{NodeId, TypeConfig};
 
 /// The largest frame either side accepts (snapshot chunks are a few MiB).
@@ -121,6 +128,10 @@ pub enum SubmitError {
     /// The node could not get the request committed (shutting down, lost leadership while it
     /// was in flight): the request may or may not have been applied; retry it with the same key.
     Unavailable(String),
+    /// This node leads but no quorum has acknowledged it for longer than the election timeout
+    /// (the followers are gone, paused or cut off): the request was not proposed now. An
+    /// earlier attempt under the same key may still be pending; retry later with the same key.
+    NoQuorum { quorum_ack_ms_ago: u64 },
 }
 
 /// A node's view of the cluster.
@@ -262,8 +273,14 @@ pub async fn read_frame_into<R: AsyncReadExt + Unpin>(
     }
     shrink_frame_buffer(body, len as usize);
     body.clear();
-    body.resize(len as usize, 0);
-    reader.read_exact(body).await?;
+    // Grown as the bytes arrive, not to the announced length at once.
+    let read = reader.take(u64::from(len)).read_to_end(body).await?;
+    if read != len as usize {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("frame of {len} bytes cut after {read}"),
+        ));
+    }
     Ok(true)
 }
 
@@ -272,7 +289,9 @@ pub struct PeerConnection {
     addr: SocketAddr,
     /// Buffered for reading (one system call per burst of frames, not two per frame);
     /// writes go straight through.
-    stream: Option<BufReader<TcpStream>>,
+    stream: Option<BufReader<NodeStream>>,
+    /// TLS to the node, or plain TCP (loopback only).
+    tls: Option<Arc<ClientConfig>>,
     next_tag: u64,
     /// Set while a call is under way: if the caller drops the call's future half way (openraft
     /// wraps RPCs in its own timeout), the stream may hold a late answer, so the next call
@@ -284,9 +303,16 @@ pub struct PeerConnection {
 }
 
 impl PeerConnection {
+    /// A connection as this process reaches `addr` (`transport::use_tls_for`).
     pub fn new(addr: SocketAddr) -> PeerConnection {
+        PeerConnection::with_tls(addr, crate::transport::tls_for(addr))
+    }
+
+    /// A connection over TLS with `tls`, or plain TCP (`None`, loopback only).
+    pub fn with_tls(addr: SocketAddr, tls: Option<Arc<ClientConfig>>) -> PeerConnection {
         PeerConnection {
             addr,
+            tls,
             stream: None,
             next_tag: 1,
             busy: false,
@@ -327,15 +353,7 @@ impl PeerConnection {
 
     async fn exchange(&mut self, body: Request) -> std::io::Result<Response> {
         if self.stream.is_none() {
-            let stream = tokio::time::timeout(
-                Duration::from_millis(CONNECT_TIMEOUT_MS),
-                TcpStream::connect(self.addr),
-            )
-            .await
-            .map_err(|_| {
-                std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")
-            })??;
-            stream.set_nodelay(true)?;
+            let stream = crate::transport::dial_with(self.addr, self.tls.clone()).await?;
             self.stream = Some(BufReader::with_capacity(READ_BUFFER_BYTES, stream));
         }
         let stream = self.stream.as_mut().expect("connected above");
@@ -344,6 +362,7 @@ impl PeerConnection {
         self.out.clear();
         encode_frame_into(&mut self.out, &Tagged { tag, body });
         stream.get_mut().write_all(&self.out).await?;
+        stream.get_mut().flush().await?;
         shrink_frame_buffer(&mut self.out, 0);
         if !read_frame_into(stream, &mut self.frame).await? {
             return Err(std::io::Error::new(
@@ -367,6 +386,8 @@ impl PeerConnection {
 pub struct Network {
     /// Where the AppendEntries round trips and acknowledgements are recorded.
     stages: Option<Arc<Stages>>,
+    /// The node's own TLS identity towards its peers (none: plain TCP, loopback only).
+    tls: Option<Arc<ClientConfig>>,
 }
 
 impl Network {
@@ -374,7 +395,14 @@ impl Network {
     pub fn with_stages(stages: Arc<Stages>) -> Network {
         Network {
             stages: Some(stages),
+            tls: None,
         }
+    }
+
+    /// The same network, reaching peers over TLS with `tls`.
+    pub fn with_tls(mut self, tls: Option<Arc<ClientConfig>>) -> Network {
+        self.tls = tls;
+        self
     }
 }
 
@@ -384,7 +412,11 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
         PeerClient {
             target,
-            conn: node.addr.parse().ok().map(PeerConnection::new),
+            conn: node
+                .addr
+                .parse()
+                .ok()
+                .map(|a| PeerConnection::with_tls(a, self.tls.clone())),
             stages: self.stages.clone(),
         }
     }

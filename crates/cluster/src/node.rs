@@ -14,7 +14,7 @@ use bourse_journal::{
 use openraft::error::ClientWriteError;
 use openraft::{BasicNode, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 
@@ -30,6 +30,7 @@ use crate::stages::{BatchStamps, ReplyStamp, Stages};
 use crate::state::Outcome;
 use crate::storage::{Alarm, LogStore, StateMachineStore};
 use crate::stream::{StreamError, Subscription};
+use crate::transport::{Acceptor, NodeStream, NodeWriteHalf, Refusals, TlsFiles};
 use crate::{NodeId, Raft};
 use bourse_core::codec::check_command_form;
 
@@ -186,6 +187,11 @@ pub struct ClusterConfig {
     /// none when absent). See `crate::marketdata`.
     #[serde(default)]
     pub marketdata: Option<crate::marketdata::MarketDataSection>,
+    /// Mutual TLS for every link to and between the nodes (`[tls]`: the venue's authority,
+    /// each node's certificate and key, `{id}` standing for the node's id). Without it the
+    /// nodes speak plain TCP, which only loopback addresses may.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsFiles>,
 }
 
 impl ClusterConfig {
@@ -227,6 +233,7 @@ impl ClusterConfig {
                 })
                 .collect(),
             marketdata: None,
+            tls: None,
         }
     }
 
@@ -288,7 +295,60 @@ impl ClusterConfig {
             let ids: Vec<NodeId> = self.nodes.iter().map(|n| n.id).collect();
             md.validate_for(&ids)?;
         }
+        if self.tls.is_none() {
+            self.check_loopback_only()?;
+        }
         Ok(())
+    }
+
+    /// Without `[tls]`, every address a node binds or is dialled at must be on the loopback:
+    /// plain TCP never leaves the host.
+    fn check_loopback_only(&self) -> Result<(), String> {
+        for n in &self.nodes {
+            let addrs = [Some(&n.addr), n.listen.as_ref()];
+            for a in addrs.into_iter().flatten() {
+                let ip = a.parse::<SocketAddr>().map(|a| a.ip());
+                if ip.is_ok_and(|ip| !ip.is_loopback()) {
+                    return Err(format!(
+                        "node {}: {a} is not a loopback address, and links off the loopback \
+                         need TLS: add [tls] with ca_path, cert_path and key_path \
+                         (docs/deploy.md)",
+                        n.id
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// This process reaches every node of the group as node `id` does (its certificate from
+    /// `[tls]`): what `bourse node` and the operator's tools on a node's host do. Without
+    /// `[tls]`, nothing changes (plain TCP on the loopback).
+    pub fn use_tls_as(&self, id: NodeId) -> Result<(), String> {
+        if let Some(tls) = self.peer_tls(id)? {
+            let addrs: Vec<SocketAddr> = self
+                .nodes
+                .iter()
+                .filter_map(|n| self.addr_of(n.id))
+                .collect();
+            crate::transport::use_tls_for(&addrs, tls);
+        }
+        Ok(())
+    }
+
+    /// Node `id`'s TLS identity towards its peers (none without `[tls]`).
+    pub fn peer_tls(
+        &self,
+        id: NodeId,
+    ) -> Result<Option<Arc<tokio_rustls::rustls::ClientConfig>>, String> {
+        match &self.tls {
+            Some(files) => files
+                .for_node(id)
+                .client_config()
+                .map(Some)
+                .map_err(|e| format!("node {id}: [tls] {e}")),
+            None => Ok(None),
+        }
     }
 
     /// Where node `id` binds its listener: its `listen` address, or its advertised one.
@@ -384,6 +444,9 @@ struct Pending {
 
 /// What the server tasks share.
 struct Shared {
+    /// How connections are accepted (plain, or TLS with the venue's authority) and the
+    /// refusals counted.
+    acceptor: Acceptor,
     id: NodeId,
     config: ClusterConfig,
     raft: Raft,
@@ -412,7 +475,8 @@ impl Node {
     /// with the configured members, and serves on the node's address.
     pub async fn start(config: &ClusterConfig, id: NodeId) -> Result<Node, String> {
         let stages = Arc::new(Stages::new());
-        let network = crate::net::Network::with_stages(stages.clone());
+        let network =
+            crate::net::Network::with_stages(stages.clone()).with_tls(config.peer_tls(id)?);
         Node::start_with(config, id, network, Arc::new(RealStorage), stages).await
     }
 
@@ -439,7 +503,8 @@ impl Node {
         storage: Arc<dyn Storage>,
     ) -> Result<Node, String> {
         let stages = Arc::new(Stages::new());
-        let network = crate::net::Network::with_stages(stages.clone());
+        let network =
+            crate::net::Network::with_stages(stages.clone()).with_tls(config.peer_tls(id)?);
         Node::start_with(config, id, network, storage, stages).await
     }
 
@@ -524,6 +589,16 @@ impl Node {
         }
         .validate()
         .map_err(|e| format!("raft config: {e}"))?;
+        let server_tls = match &config.tls {
+            Some(files) => Some(
+                files
+                    .for_node(id)
+                    .server_config()
+                    .map_err(|e| format!("node {id}: [tls] {e}"))?,
+            ),
+            None => None,
+        };
+        let acceptor = Acceptor::new(id, server_tls);
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|e| format!("node {id}: bind {addr}: {e}"))?;
@@ -548,6 +623,7 @@ impl Node {
         let (submit, submit_rx) = mpsc::channel(PENDING_REQUESTS_MAX);
         let hooks = Arc::new(NodeHooks::default());
         let shared = Arc::new(Shared {
+            acceptor,
             id,
             config: config.clone(),
             raft,
@@ -589,6 +665,12 @@ impl Node {
 
     pub fn id(&self) -> NodeId {
         self.shared.id
+    }
+
+    /// The connections this node refused before reading a frame (TLS handshakes without a
+    /// certificate of the venue's authority, plain bytes, timeouts), by reason.
+    pub fn refusals(&self) -> &Arc<Refusals> {
+        self.shared.acceptor.refusals()
     }
 
     pub fn raft(&self) -> &Raft {
@@ -736,9 +818,16 @@ async fn accept_loop(
 ) {
     loop {
         match listener.accept().await {
-            Ok((stream, _)) => {
-                let _ = stream.set_nodelay(true);
-                tokio::spawn(serve_connection(stream, shared.clone(), closing.clone()));
+            Ok((tcp, from)) => {
+                let shared = shared.clone();
+                let closing = closing.clone();
+                // The handshake runs on the connection's own task, bounded in time and in
+                // number (`transport::Acceptor`), so a slow or hostile peer holds up no one.
+                tokio::spawn(async move {
+                    if let Some(stream) = shared.acceptor.accept(tcp, from).await {
+                        serve_connection(stream, shared, closing).await;
+                    }
+                });
             }
             Err(e) => {
                 eprintln!("bourse node {}: accept: {e}", shared.id);
@@ -754,7 +843,7 @@ const COALESCE_BYTES_MAX: usize = 256 * 1024;
 /// Writes a connection's frames; frames queued while a write is in flight go out together in
 /// the next one (one system call for many answers under load, no delay when idle).
 async fn connection_writer(
-    mut writer: tokio::net::tcp::OwnedWriteHalf,
+    mut writer: NodeWriteHalf,
     mut rx: mpsc::Receiver<Vec<u8>>,
     out: Arc<ConnectionOut>,
 ) {
@@ -769,7 +858,8 @@ async fn connection_writer(
                 Err(_) => break,
             }
         }
-        if writer.write_all(&buf).await.is_err() {
+        // Flushed: under TLS a write may leave ciphertext in rustls until flushed.
+        if writer.write_all(&buf).await.is_err() || writer.flush().await.is_err() {
             return;
         }
         if let Some(queued_ns) = out.stamp.take() {
@@ -909,7 +999,7 @@ async fn serve_subscription(
 /// subscriptions, in any order), and from then on every answer goes through a writer task's
 /// bounded queue, so answers never interleave within a frame.
 enum Answers {
-    Direct(tokio::net::tcp::OwnedWriteHalf),
+    Direct(NodeWriteHalf),
     Queued {
         tx: mpsc::Sender<Vec<u8>>,
         out: Arc<ConnectionOut>,
@@ -953,7 +1043,7 @@ impl Answers {
         use tokio::io::AsyncWriteExt;
         match self {
             Answers::Direct(writer) => {
-                if writer.write_all(&frame).await.is_err() {
+                if writer.write_all(&frame).await.is_err() || writer.flush().await.is_err() {
                     *self = Answers::Gone;
                     return false;
                 }
@@ -966,7 +1056,7 @@ impl Answers {
 }
 
 async fn serve_connection(
-    stream: TcpStream,
+    stream: NodeStream,
     shared: Arc<Shared>,
     mut closing: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -1111,6 +1201,11 @@ async fn enqueue(
     if let Err(e) = check_command_form(&command) {
         return Err((SubmitError::Invalid(e.to_string()), reply));
     }
+    if let Some(quorum_ack_ms_ago) = quorum_lost_ms(shared) {
+        // Refused at once rather than proposed into a log that cannot commit: the client
+        // hears why within the election timeout instead of waiting out its attempt.
+        return Err((SubmitError::NoQuorum { quorum_ack_ms_ago }, reply));
+    }
     let pending = Pending {
         client_id,
         request_seq,
@@ -1125,6 +1220,19 @@ async fn enqueue(
             e.0.reply,
         )
     })
+}
+
+/// For a leader that no quorum has acknowledged for longer than the election timeout (its
+/// followers would have elected another leader by now if they could hear each other): how
+/// long ago the last quorum acknowledged it. `None` while it has a quorum, or does not lead.
+fn quorum_lost_ms(shared: &Shared) -> Option<u64> {
+    let metrics = shared.raft.metrics();
+    let m = metrics.borrow();
+    if m.current_leader != Some(shared.id) {
+        return None;
+    }
+    m.millis_since_quorum_ack
+        .filter(|&ms| ms > shared.config.election_timeout_ms_max)
 }
 
 /// Smart batching: takes whatever requests are queued (up to the batch limit) as one entry;
@@ -1291,7 +1399,26 @@ mod tests {
         assert!(config.validate().is_ok());
         config.nodes[1].addr = "10.0.0.2:7002".into();
         config.nodes[1].listen = Some("0.0.0.0:7002".into());
+        // Off the loopback only with TLS.
+        let e = config.validate().unwrap_err();
+        assert!(
+            e.contains("node 2: 10.0.0.2:7002 is not a loopback address") && e.contains("[tls]"),
+            "{e}"
+        );
+        config.nodes[1].addr = "127.0.0.2:7002".into();
+        let e = config.validate().unwrap_err();
+        assert!(e.contains("node 2: 0.0.0.0:7002 is not a loopback"), "{e}");
+        config.nodes[1].addr = "10.0.0.2:7002".into();
+        config.tls = Some(TlsFiles {
+            ca_path: "ca.crt".into(),
+            cert_path: "node-{id}.crt".into(),
+            key_path: "node-{id}.key".into(),
+        });
         assert!(config.validate().is_ok());
+        assert_eq!(
+            config.tls.as_ref().unwrap().for_node(2).cert_path,
+            PathBuf::from("node-2.crt")
+        );
         assert_eq!(config.addr_of(2), Some("10.0.0.2:7002".parse().unwrap()));
         assert_eq!(config.listen_of(2), Some("0.0.0.0:7002".parse().unwrap()));
         assert_eq!(config.listen_of(1), config.addr_of(1));

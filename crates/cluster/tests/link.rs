@@ -102,7 +102,7 @@ fn submit(link: &mut ClusterLink, key: RequestKey, command: Command, out: &mut V
     loop {
         match link.submit(key, command.clone()) {
             Ok(()) => return,
-            Err(SubmitError::Full) => {
+            Err(SubmitError::Full | SubmitError::NoQuorum) => {
                 while let Some(o) = link.try_recv() {
                     out.push(o);
                 }
@@ -441,6 +441,141 @@ fn a_restarted_link_continues_its_numbering() {
     collect_dones(&mut link, &mut out, 1);
     let leader = group.leader();
     assert_eq!(group.rt.block_on(group.nodes[leader].last_seq(9)), 4);
+    drop(link);
+    group.shutdown();
+}
+
+/// Submits one command with a fresh key unless the link refuses it for want of a quorum;
+/// true if it was taken.
+fn try_one(link: &mut ClusterLink, flow: &mut Flow, seq: &mut u64) -> bool {
+    let key = RequestKey {
+        session: 1,
+        seq: *seq + 1,
+    };
+    match link.submit(key, Command::new(*seq, flow.next_command())) {
+        Ok(()) => {
+            *seq += 1;
+            true
+        }
+        Err(SubmitError::NoQuorum) => false,
+        // Taken by nothing: the next call tries again.
+        Err(SubmitError::Full) => true,
+        Err(SubmitError::Closed) => panic!("link closed: {:?}", link.status()),
+    }
+}
+
+#[test]
+fn without_a_quorum_new_commands_are_refused_and_the_window_is_not_resent_in_a_loop() {
+    let mut group = Group::start();
+    let leader = group.leader();
+    let mut link = ClusterLink::start(ClusterLinkConfig::new(group.addrs(), 45, 512)).unwrap();
+    let health = link.health();
+    let mut flow = Flow::new(flow_config(45));
+    let mut out = Vec::new();
+    let setup = flow.setup();
+    let mut seq = 0u64;
+    for body in setup {
+        seq += 1;
+        let key = RequestKey { session: 1, seq };
+        submit(&mut link, key, Command::new(seq, body), &mut out);
+    }
+    collect_dones(&mut link, &mut out, seq as usize);
+
+    // Both followers go: the leader stays leader but nothing can commit.
+    let leader_id = group.nodes[leader].id();
+    let followers: Vec<Node> = {
+        let mut kept = Vec::new();
+        let mut gone = Vec::new();
+        for n in std::mem::take(&mut group.nodes) {
+            if n.id() == leader_id {
+                kept.push(n);
+            } else {
+                gone.push(n);
+            }
+        }
+        group.nodes = kept;
+        gone
+    };
+    let follower_ids: Vec<u64> = followers.iter().map(|n| n.id()).collect();
+    group.rt.block_on(async {
+        for n in followers {
+            n.shutdown().await;
+        }
+    });
+    // Commands keep coming until the link refuses one with the reason (the leader answers
+    // "no quorum" once its last quorum acknowledgement is older than the election timeout).
+    let started = Instant::now();
+    while try_one(&mut link, &mut flow, &mut seq) {
+        assert!(
+            started.elapsed() < LIMIT,
+            "never refused: {:?}",
+            link.status()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(health.no_quorum());
+    let taken_during_outage = seq;
+    // While it lasts, the link holds what it took and probes with one request at a time: no
+    // more re-sends than probes, and every new command is refused at once.
+    let (resent, probes) = (health.resent(), health.probes());
+    let started = Instant::now();
+    while health.probes() < probes + 3 {
+        assert!(
+            !try_one(&mut link, &mut flow, &mut seq),
+            "taken without a quorum"
+        );
+        assert!(started.elapsed() < LIMIT, "no probe: {:?}", link.status());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let resent_during = health.resent() - resent;
+    let probed_during = health.probes() - probes;
+    assert!(
+        resent_during <= probed_during,
+        "{resent_during} re-sent for {probed_during} probes"
+    );
+    assert_eq!(seq, taken_during_outage);
+
+    // The followers return: the link takes commands again, and every command it took, held
+    // ones included, is done exactly once.
+    group.rt.block_on(async {
+        for id in follower_ids {
+            group
+                .nodes
+                .push(Node::start(&group.config, id).await.unwrap());
+        }
+    });
+    let started = Instant::now();
+    while health.no_quorum() {
+        assert!(
+            started.elapsed() < LIMIT,
+            "quorum not back: {:?}",
+            link.status()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for _ in 0..20 {
+        let key = RequestKey {
+            session: 1,
+            seq: seq + 1,
+        };
+        seq += 1;
+        submit(
+            &mut link,
+            key,
+            Command::new(seq, flow.next_command()),
+            &mut out,
+        );
+    }
+    collect_dones(&mut link, &mut out, seq as usize);
+    let mut dones: Vec<u64> = out
+        .iter()
+        .filter_map(|o| match o {
+            CoreOutput::Done { key } => Some(key.seq),
+            _ => None,
+        })
+        .collect();
+    dones.sort_unstable();
+    assert_eq!(dones, (1..=seq).collect::<Vec<u64>>());
     drop(link);
     group.shutdown();
 }

@@ -49,6 +49,9 @@ pub enum SubmitError {
     Full,
     /// The core is gone.
     Closed,
+    /// The core cannot commit now (a replica group without a quorum): refused at once, not
+    /// queued; the gateway rejects with that reason and the client may retry later.
+    NoQuorum,
 }
 
 /// The core behind a gateway (see the module documentation for the contract).

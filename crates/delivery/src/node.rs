@@ -29,6 +29,10 @@ use tokio::sync::{watch, Semaphore};
 pub struct CoreSource {
     pub id: u32,
     pub nodes: Vec<SocketAddr>,
+    /// Mutual TLS to the core's nodes (`tls = { ca_path, cert_path, key_path }`); without
+    /// it, plain TCP, which only loopback node addresses allow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<bourse_cluster::TlsFiles>,
 }
 
 /// Every explicit limit of a delivery node.
@@ -119,6 +123,14 @@ impl DeliveryConfig {
         for (i, c) in self.cores.iter().enumerate() {
             if c.nodes.is_empty() {
                 return Err(format!("core {} lists no node", c.id));
+            }
+            // Plain TCP never leaves the host.
+            if let (None, Some(a)) = (&c.tls, c.nodes.iter().find(|a| !a.ip().is_loopback())) {
+                return Err(format!(
+                    "core {}: node {a} is not on the loopback, so reading it needs \
+                     tls = {{ ca_path, cert_path, key_path }} (docs/deploy.md)",
+                    c.id
+                ));
             }
             if self.cores[..i].iter().any(|d| d.id == c.id) {
                 return Err(format!("core {} is listed twice", c.id));
@@ -361,6 +373,8 @@ impl DeliveryNode {
         {
             let _guard = runtime.enter();
             for (slot, core) in config.cores.iter().enumerate() {
+                bourse_cluster::transport::configure_client(&core.nodes, core.tls.as_ref())
+                    .map_err(|e| format!("core {}: tls: {e}", core.id))?;
                 tokio::spawn(feed(
                     shared.clone(),
                     slot,
@@ -612,6 +626,7 @@ mod tests {
         let core = CoreSource {
             id: 3,
             nodes: vec!["127.0.0.1:1".parse().unwrap()],
+            tls: None,
         };
         c.cores = vec![core.clone(), core];
         assert!(c.validate().unwrap_err().contains("core 3 is listed twice"));

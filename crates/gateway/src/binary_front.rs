@@ -126,9 +126,9 @@ pub fn render(router: &Router, report: &Report, buf: &mut [u8; FRAME_BYTES_MAX])
                         .instrument_id(r.instrument.0);
                     e
                 }),
-                ExecKind::Rejected(RejectCause::Gateway(GatewayReject::SystemBusy)) => {
-                    busy_reject(buf, cl, NEW_ORDER_TEMPLATE_ID, r.ts_ns)
-                }
+                ExecKind::Rejected(RejectCause::Gateway(
+                    GatewayReject::SystemBusy | GatewayReject::CoreNoQuorum,
+                )) => busy_reject(buf, cl, NEW_ORDER_TEMPLATE_ID, r.ts_ns),
                 ExecKind::Rejected(cause) => encode_frame(buf, |mut e: OrderRejectEncoder| {
                     e.cl_ord_id(cl)
                         .transact_time_ns(r.ts_ns)

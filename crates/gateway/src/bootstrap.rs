@@ -75,7 +75,9 @@ fn admin_round(
                 Err(bourse_core::link::SubmitError::Closed) => {
                     return Err(format!("core {core} closed during bootstrap"))
                 }
-                Err(bourse_core::link::SubmitError::Full) => {
+                Err(
+                    bourse_core::link::SubmitError::Full | bourse_core::link::SubmitError::NoQuorum,
+                ) => {
                     router.poll_core(usize::MAX);
                     if std::time::Instant::now() > deadline {
                         return Err(format!("core {core} did not take the bootstrap commands"));

@@ -167,6 +167,11 @@ pub struct CoreEntry {
     pub client_id: Option<u64>,
     /// Overrides `[core] bootstrap` for this core.
     pub bootstrap: Option<bool>,
+    /// Mutual TLS to the core's nodes (`tls = { ca_path, cert_path, key_path }`: the venue's
+    /// authority, the gateway's certificate and key). Without it the link is plain TCP, which
+    /// only loopback node addresses allow.
+    #[serde(default)]
+    pub tls: Option<bourse_auth::tls::TlsFiles>,
 }
 
 impl CoreEntry {
@@ -254,6 +259,7 @@ impl GatewayConfig {
             nodes: Vec::new(),
             client_id: None,
             bootstrap: None,
+            tls: None,
         }]
     }
 
@@ -292,6 +298,16 @@ impl GatewayConfig {
             }
             if c.nodes.len() > CORE_NODES_MAX {
                 return Err(format!("core {}: at most {CORE_NODES_MAX} nodes", c.name));
+            }
+            // Plain TCP never leaves the host: a node elsewhere is reached over mutual TLS.
+            if c.tls.is_none() {
+                if let Some(a) = c.nodes.iter().find(|a| !a.ip().is_loopback()) {
+                    return Err(format!(
+                        "core {}: node {a} is not on the loopback, so the link needs \
+                         tls = {{ ca_path, cert_path, key_path }} (docs/deploy.md)",
+                        c.name
+                    ));
+                }
             }
             if !c.nodes.is_empty() && c.client_id.is_none() {
                 return Err(format!(
@@ -558,6 +574,28 @@ lot_size = 1000
 band_bps = 500
 reference_price = 108000
 "#;
+
+    #[test]
+    fn a_core_off_the_loopback_is_reached_only_over_tls() {
+        let remote = TWO_CORES.replace("127.0.0.1:7102", "10.1.0.12:7101");
+        let err = GatewayConfig::from_toml(&remote).unwrap_err();
+        assert!(
+            err.contains("core fx: node 10.1.0.12:7101 is not on the loopback")
+                && err.contains("tls"),
+            "{err}"
+        );
+        let with_tls = remote.replace(
+            "client_id = 7\n",
+            "client_id = 7\ntls = { ca_path = \"ca.crt\", cert_path = \"gw.crt\", key_path = \"gw.key\" }\n",
+        );
+        let c = GatewayConfig::from_toml(&with_tls).unwrap();
+        let tls = c.core_plan()[1].tls.clone().unwrap();
+        assert_eq!(tls.cert_path, std::path::PathBuf::from("gw.crt"));
+        let typo = with_tls.replace("key_path", "keypath");
+        assert!(GatewayConfig::from_toml(&typo)
+            .unwrap_err()
+            .contains("keypath"));
+    }
 
     #[test]
     fn cores_own_instruments_and_every_instrument_has_one_core() {

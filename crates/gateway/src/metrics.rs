@@ -48,6 +48,7 @@ pub(crate) struct GatewayMetrics {
     status_requests: Counter,
     exec_reports: Counter,
     busy_rejects: Counter,
+    no_quorum_rejects: Counter,
     gateway_rejects: Counter,
     core_rejects: Counter,
     session_rejects: Counter,
@@ -106,6 +107,7 @@ impl GatewayMetrics {
                 &[],
             ),
             busy_rejects: rej("busy"),
+            no_quorum_rejects: rej("no_quorum"),
             gateway_rejects: rej("gateway"),
             core_rejects: rej("core"),
             session_rejects: rej("fix_session_reject"),
@@ -160,6 +162,8 @@ impl GatewayMetrics {
         self.status_requests
             .add(d(rc.status_requests, pr.status_requests));
         self.busy_rejects.add(d(rc.busy_rejects, pr.busy_rejects));
+        self.no_quorum_rejects
+            .add(d(rc.no_quorum_rejects, pr.no_quorum_rejects));
         self.gateway_rejects
             .add(d(rc.gateway_rejects, pr.gateway_rejects));
         self.core_rejects.add(d(rc.core_rejects, pr.core_rejects));

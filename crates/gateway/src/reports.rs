@@ -23,6 +23,8 @@ pub enum GatewayReject {
     /// The queue to the core is full, or the gateway's order table is.
     SystemBusy,
     CoreUnavailable,
+    /// The core's replica group has no quorum: nothing can be committed until it has.
+    CoreNoQuorum,
 }
 
 impl GatewayReject {
@@ -39,6 +41,9 @@ impl GatewayReject {
             GatewayReject::UnknownOrder => "unknown order",
             GatewayReject::SystemBusy => "system busy, retry",
             GatewayReject::CoreUnavailable => "trading core unavailable",
+            GatewayReject::CoreNoQuorum => {
+                "trading core has no quorum (replicas unreachable): not accepted, retry later"
+            }
         }
     }
 }

@@ -235,6 +235,8 @@ pub struct RouterCounters {
     pub fix_requests_in: u64,
     /// Requests refused because a core's queue (or the order table) was full.
     pub busy_rejects: u64,
+    /// Requests refused because a core's replica group had no quorum.
+    pub no_quorum_rejects: u64,
     /// Requests refused by a session's throttle, by protocol.
     pub fix_throttle_rejects: u64,
     pub binary_throttle_rejects: u64,
@@ -738,6 +740,10 @@ impl Router {
                 Err(GatewayReject::SystemBusy)
             }
             Err(SubmitError::Closed) => Err(GatewayReject::CoreUnavailable),
+            Err(SubmitError::NoQuorum) => {
+                self.counters.no_quorum_rejects += 1;
+                Err(GatewayReject::CoreNoQuorum)
+            }
         }
     }
 

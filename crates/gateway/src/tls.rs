@@ -10,34 +10,15 @@
 //! slow-consumer limit sees it. A TLS failure (handshake, bad record, plain bytes on a TLS port)
 //! reads as `ErrorKind::InvalidData`, which the loop counts as `tls_error`.
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ServerConfig, ServerConnection};
 use std::io::{self, ErrorKind, Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 
-/// The server side of TLS from a certificate chain and a private key in PEM files.
+/// The server side of TLS from a certificate chain and a private key in PEM files (the
+/// venue's one loader, `bourse_auth::tls`).
 pub fn server_config(cert_path: &Path, key_path: &Path) -> Result<Arc<ServerConfig>, String> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_path)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("tls_cert_path {}: {e}", cert_path.display()))?;
-    if certs.is_empty() {
-        return Err(format!(
-            "tls_cert_path {}: no certificate in the file",
-            cert_path.display()
-        ));
-    }
-    let key = PrivateKeyDer::from_pem_file(key_path)
-        .map_err(|e| format!("tls_key_path {}: {e}", key_path.display()))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS: {e}"))?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| format!("TLS certificate and key: {e}"))?;
-    Ok(Arc::new(config))
+    bourse_auth::tls::server_config(cert_path, key_path)
 }
 
 /// A connection's byte stream: plain TCP, or TLS over it.

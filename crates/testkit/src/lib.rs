@@ -9,6 +9,11 @@
 //! which happened in CI. Within one process every call takes the next block after the last
 //! one handed out, so parallel tests in one binary never get the same port; separate
 //! processes start at a place drawn from their process id and the time.
+//!
+//! [`certs::Authority`]: a certificate authority and the certificates it signs, for the tests
+//! and benchmarks of the venue's mutual TLS.
+
+pub mod certs;
 
 use std::net::{TcpListener, UdpSocket};
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -506,6 +506,7 @@ impl LocalDeployment {
                         Backend::InProcess => None,
                     },
                     bootstrap: Some(false),
+                    tls: None,
                 })
                 .collect();
             for (w, s, accounts) in sessions {

@@ -44,6 +44,12 @@ pub struct ClusterBenchArgs {
     /// current-thread runtime, where a journal fsync stalls the whole node).
     #[arg(long, default_value_t = 2)]
     node_threads: usize,
+    /// The links: `direct` (the client's plain TCP straight to the leader), `relay` (plain
+    /// TCP, the client through a relay thread that dials the leader as every bourse client
+    /// does), `tls` (mutual TLS between the nodes and from the relay to the leader; the
+    /// same relay). `relay` against `tls` is what TLS costs.
+    #[arg(long, default_value = "direct")]
+    links: String,
 }
 
 /// The most commands one scenario offers (bounds memory and time).
@@ -111,9 +117,10 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
     let machine = Machine::this();
     if !args.json {
         println!(
-            "bourse bench cluster — 3 nodes on loopback TCP, each on its own tokio runtime ({} \
+            "bourse bench cluster — 3 nodes on loopback ({} links), each on its own tokio runtime ({} \
              thread{}) as if a process of its own; an open-loop client on two threads of its \
              own; {} ({} cpus), version {}",
+            args.links,
             args.node_threads,
             if args.node_threads == 1 { "" } else { "s" },
             machine.model,
@@ -138,10 +145,16 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("tokio runtime")?;
+    if !["direct", "relay", "tls"].contains(&args.links.as_str()) {
+        bail!("--links {}: use direct, relay or tls", args.links);
+    }
     for mode in modes {
         let dir = common::ScratchDir::new("bench-cluster")?;
         let mut config = ClusterConfig::local(99, dir.0.clone(), common::free_ports()?);
         config.fsync = mode;
+        if args.links == "tls" {
+            use_tls(&mut config, &dir.0)?;
+        }
         let mode_name = format!("{mode:?}").to_lowercase();
         let mut nodes = Vec::new();
         for n in &config.nodes {
@@ -201,8 +214,12 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
                 .node()
                 .subscribe(next_index)
                 .map_err(|e| anyhow!("stream: {e}"))?;
+            let target = match args.links.as_str() {
+                "direct" => leader_addr,
+                _ => relay(leader_addr)?,
+            };
             let r = open_loop(
-                leader_addr,
+                target,
                 stream,
                 100 + i as u64,
                 &mut flow,
@@ -593,6 +610,69 @@ struct ScenarioRun {
 /// that due time, so a stalled cluster or a late client counts against the result, never
 /// hides it. A reader thread matches answers by tag (the request's seq); the writer feeds the
 /// flow the events of its applied requests from `stream`, the leader's committed stream.
+/// Certificates of a throw-away authority for the three nodes (127.0.0.1) and the bench's
+/// own client, `[tls]` in `config`, and this process reaching the nodes with them.
+fn use_tls(config: &mut ClusterConfig, dir: &std::path::Path) -> Result<()> {
+    let venue = bourse_testkit::certs::Authority::new(dir, "bench");
+    for n in &config.nodes {
+        venue.issue(&format!("node-{}", n.id), &["127.0.0.1"]);
+    }
+    let (cert_path, key_path) = venue.paths("node-{id}");
+    config.tls = Some(bourse_cluster::TlsFiles {
+        ca_path: venue.ca_path(),
+        cert_path,
+        key_path,
+    });
+    let (cert_path, key_path) = venue.issue("client", &[]);
+    let client = bourse_cluster::TlsFiles {
+        ca_path: venue.ca_path(),
+        cert_path,
+        key_path,
+    };
+    let addrs: Vec<SocketAddr> = config
+        .nodes
+        .iter()
+        .filter_map(|n| n.addr.parse().ok())
+        .collect();
+    bourse_cluster::transport::configure_client(&addrs, Some(&client)).map_err(|e| anyhow!(e))
+}
+
+/// A relay on a thread of its own: takes one plain connection on a loopback port (returned)
+/// and joins it to `leader` through `transport::dial` (TLS when this process was told so),
+/// until either side ends.
+fn relay(leader: SocketAddr) -> Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
+    std::thread::Builder::new()
+        .name("bench-relay".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("relay runtime");
+            let run = rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener)?;
+                let (local, _) = listener.accept().await?;
+                local.set_nodelay(true)?;
+                let remote = bourse_cluster::transport::dial(leader).await?;
+                let (mut lr, mut lw) = local.into_split();
+                let (mut rr, mut rw) = remote.into_split();
+                // `copy` flushes whenever its reader has nothing more for now, so nothing
+                // waits in rustls' buffer.
+                tokio::select! {
+                    r = tokio::io::copy(&mut lr, &mut rw) => r.map(|_| ()),
+                    r = tokio::io::copy(&mut rr, &mut lw) => r.map(|_| ()),
+                }
+            });
+            if let Err(e) = run {
+                eprintln!("bench relay: {e}");
+            }
+        })
+        .context("relay thread")?;
+    Ok(addr)
+}
+
 fn open_loop(
     leader: SocketAddr,
     mut stream_in: bourse_cluster::Subscription,

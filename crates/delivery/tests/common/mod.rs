@@ -86,6 +86,7 @@ impl Core {
         CoreSource {
             id: self.id,
             nodes: self.addrs(),
+            tls: None,
         }
     }
 

@@ -76,6 +76,8 @@ struct FakeCore {
     outputs: VecDeque<CoreOutput>,
     /// Answer every submission `Full`, as a link whose queue is full does.
     full: bool,
+    /// Answer every submission `NoQuorum`, as the link of a group without a quorum does.
+    no_quorum: bool,
 }
 
 /// A `CoreLink` over a shared [`FakeCore`] the test keeps a handle to.
@@ -86,6 +88,9 @@ impl CoreLink for FakeLink {
         let mut core = self.0.lock().unwrap();
         if core.full {
             return Err(SubmitError::Full);
+        }
+        if core.no_quorum {
+            return Err(SubmitError::NoQuorum);
         }
         core.submitted.push((key, command));
         Ok(())
@@ -755,4 +760,28 @@ fn events_of_another_session_are_routed_to_the_owner_by_order_id() {
             if matches!(e.kind, ExecKind::Canceled { by: None, .. }) && e.order_id == Some(OrderId(9))),
         "{reports:?}"
     );
+}
+
+#[test]
+fn an_order_for_a_core_without_a_quorum_is_rejected_at_once_with_that_reason() {
+    let mut f = Fixture::new();
+    f.cores[0].lock().unwrap().no_quorum = true;
+    f.router.handle(ALPHA, limit_order(1, 1), 1);
+    assert!(f.take_submitted(0).is_empty());
+    let reports = f.reports();
+    let [(s, Report::Exec(e))] = reports.as_slice() else {
+        panic!("one execution report: {reports:?}")
+    };
+    assert_eq!(*s, ALPHA);
+    assert_eq!(
+        e.kind,
+        ExecKind::Rejected(RejectCause::Gateway(GatewayReject::CoreNoQuorum))
+    );
+    assert!(GatewayReject::CoreNoQuorum.text().contains("no quorum"));
+    assert_eq!(f.router.counters().no_quorum_rejects, 1);
+    assert_eq!(f.router.core_in_flight(0), 0);
+    // The quorum is back: the next order goes to the core.
+    f.cores[0].lock().unwrap().no_quorum = false;
+    f.router.handle(ALPHA, limit_order(2, 1), 1);
+    assert_eq!(f.take_submitted(0).len(), 1);
 }
