@@ -900,6 +900,34 @@ per_s = 1000
     }
 
     #[test]
+    fn accounts_under_load_are_refused_by_name_unless_a_cluster_adds_them_to_a_known_market() {
+        let section = "\n[accounts_under_load]\nmarket = \"eq\"\ncount = 10\nstart_s = 0.5\n";
+        let in_process = Profile::parse(&format!("{GOOD}{section}")).unwrap_err();
+        assert!(
+            in_process
+                .to_string()
+                .contains("accounts_under_load.market"),
+            "{in_process}"
+        );
+        assert!(in_process.reason.contains("cluster"), "{in_process}");
+        let cluster = GOOD.replacen(
+            "name = \"t\"\n",
+            "name = \"t\"\n[target]\nkind = \"cluster\"\nprotocol = \"binary\"\nsessions = 1\nqueue_capacity = 64\n",
+            1,
+        );
+        let ok = Profile::parse(&format!("{cluster}{section}")).unwrap();
+        assert_eq!(ok.accounts_under_load.unwrap().count, 10);
+        let unknown = section.replace("\"eq\"", "\"nowhere\"");
+        let e = Profile::parse(&format!("{cluster}{unknown}")).unwrap_err();
+        assert!(e.reason.contains("no market named \"nowhere\""), "{e}");
+        let zero = section.replace("count = 10", "count = 0");
+        let e = Profile::parse(&format!("{cluster}{zero}")).unwrap_err();
+        assert!(e.to_string().contains("accounts_under_load.count"), "{e}");
+        let typo = section.replace("start_s", "start_secs");
+        assert!(Profile::parse(&format!("{cluster}{typo}")).is_err());
+    }
+
+    #[test]
     fn an_unknown_key_names_its_line() {
         let bad = GOOD.replace("accounts = 100", "accounts = 100\nacounts = 7");
         let e = Profile::parse(&bad).unwrap_err();
