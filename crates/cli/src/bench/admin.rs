@@ -283,7 +283,7 @@ fn run(args: &AdminBenchArgs, measured_s: Option<f64>) -> Result<RunFigures> {
         bail!("the run's cross-checks failed: {}", failed.join("; "));
     }
     Ok(RunFigures {
-        trading: results.latency_all.clone(),
+        trading: results.latency_all,
         trading_sent: results.totals.commands_sent,
         measured_s: results.elapsed_s,
         added,
