@@ -26,8 +26,9 @@ pub const EVENTS_PER_MARKET_SHOWN_MAX: usize = 64;
 /// Live orders an account query lists per market.
 pub const ORDERS_PER_QUERY_MAX: usize = 1_000;
 /// Accounts a bulk addition submits to the cores at a time (the memory it holds is bounded
-/// by this, whatever the length of the stream).
-pub const BULK_BATCH_ACCOUNTS: usize = 8_192;
+/// by two such batches, the one submitted and the one read meanwhile, whatever the length of
+/// the stream). Large, because each batch waits for its additions before its deposits.
+pub const BULK_BATCH_ACCOUNTS: usize = 65_536;
 /// The longest line of a bulk addition.
 pub const BULK_LINE_BYTES_MAX: usize = 4_096;
 /// The most lines one bulk addition may carry.
@@ -570,7 +571,9 @@ impl AdminService {
             .iter()
             .map(|a| Command::new(ts, CommandBody::AddAccount(a.spec())))
             .collect();
+        let t = std::time::Instant::now();
         let answers = self.venue.submit(core, adds, false).await?;
+        tally.additions_ns = t.elapsed().as_nanos() as u64;
         let mut deposits = Vec::new();
         for (a, events) in list.iter().zip(&answers) {
             match reject_of(events) {
@@ -598,7 +601,9 @@ impl AdminService {
                     _ => unreachable!("only deposits"),
                 })
                 .collect();
+            let t = std::time::Instant::now();
             let answers = self.venue.submit(core, deposits, false).await?;
+            tally.deposits_ns = t.elapsed().as_nanos() as u64;
             for (account, events) in accounts.iter().zip(&answers) {
                 match reject_of(events) {
                     None => tally.funded += 1,
@@ -730,6 +735,10 @@ pub struct AccountsTally {
     pub errors_total: u64,
     /// Cores that did not answer.
     pub unavailable: Vec<String>,
+    /// Time spent submitting additions and deposits, summed over the cores (which run side
+    /// by side): where a bulk addition's time goes.
+    pub additions_ns: u64,
+    pub deposits_ns: u64,
 }
 
 impl AccountsTally {
@@ -763,6 +772,8 @@ impl AccountsTally {
         }
         self.errors_total += o.errors_total;
         self.unavailable.extend(o.unavailable);
+        self.additions_ns += o.additions_ns;
+        self.deposits_ns += o.deposits_ns;
     }
 
     /// The answer: `applied` (200) when nothing was refused, `rejected` (422) otherwise,
@@ -839,77 +850,53 @@ impl AdminService {
         .await
     }
 
-    async fn run_bulk<S, B, E>(&self, mut body: S) -> Answer
+    /// Reads the stream a batch at a time; while one batch is submitted, the next is read and
+    /// parsed (so at most two batches are held).
+    async fn run_bulk<S, B, E>(&self, body: S) -> Answer
     where
         S: futures_util::Stream<Item = Result<B, E>> + Send + Unpin,
         B: AsRef<[u8]> + Send,
         E: std::fmt::Display + Send,
     {
-        use futures_util::StreamExt;
         let started = std::time::Instant::now();
         let mut tally = AccountsTally::default();
-        let mut line = Vec::with_capacity(256);
-        let mut batch: Vec<NewAccount> = Vec::with_capacity(BULK_BATCH_ACCOUNTS);
-        let mut lines = 0u64;
-        let mut stop: Option<(u16, String)> = None;
-        'read: loop {
-            let chunk = match body.next().await {
-                None => break,
-                Some(Err(e)) => {
-                    stop = Some((400, format!("the request body broke off: {e}")));
-                    break;
-                }
-                Some(Ok(chunk)) => chunk,
-            };
-            for &b in chunk.as_ref() {
-                if b != b'\n' {
-                    if line.len() == BULK_LINE_BYTES_MAX {
-                        stop = Some((
-                            400,
-                            format!(
-                                "line {}: longer than {BULK_LINE_BYTES_MAX} bytes",
-                                lines + 1
-                            ),
-                        ));
-                        break 'read;
-                    }
-                    line.push(b);
-                    continue;
-                }
-                lines += 1;
-                if let Err(e) = take_line(&mut line, &mut batch, lines) {
-                    stop = Some((400, e));
-                    break 'read;
-                }
-                if lines > BULK_LINES_MAX {
-                    stop = Some((400, format!("more than {BULK_LINES_MAX} lines")));
-                    break 'read;
-                }
-                if batch.len() == BULK_BATCH_ACCOUNTS {
-                    tally.merge(self.add_accounts(&batch).await);
-                    batch.clear();
-                    if !tally.unavailable.is_empty() {
-                        break 'read;
-                    }
-                }
+        let mut reader = BulkReader::new(body);
+        let mut read_ns = 0u64;
+        let mut submit_ns = 0u64;
+        let t = std::time::Instant::now();
+        let mut next = reader.next_batch().await;
+        read_ns += t.elapsed().as_nanos() as u64;
+        while let Some(batch) = next.take().filter(|b| !b.is_empty()) {
+            let t = std::time::Instant::now();
+            let (done, (following, following_ns)) =
+                futures_util::future::join(self.add_accounts(&batch), async {
+                    let t = std::time::Instant::now();
+                    let b = reader.next_batch().await;
+                    (b, t.elapsed().as_nanos() as u64)
+                })
+                .await;
+            submit_ns += t.elapsed().as_nanos() as u64;
+            read_ns += following_ns;
+            tally.merge(done);
+            if !tally.unavailable.is_empty() {
+                break;
             }
-        }
-        if stop.is_none() && !line.is_empty() {
-            lines += 1;
-            if let Err(e) = take_line(&mut line, &mut batch, lines) {
-                stop = Some((400, e));
-            }
-        }
-        if !batch.is_empty() && tally.unavailable.is_empty() {
-            tally.merge(self.add_accounts(&batch).await);
+            next = following;
         }
         let elapsed_ms = started.elapsed().as_millis() as u64;
         let added = tally.added;
+        let timing = json!({
+            "read_and_parse_ms": read_ns / 1_000_000,
+            "submit_ms": submit_ns / 1_000_000,
+            "additions_ms": tally.additions_ns / 1_000_000,
+            "deposits_ms": tally.deposits_ns / 1_000_000,
+        });
         let mut answer = tally.into_answer(true);
-        answer.body["lines"] = json!(lines);
+        answer.body["lines"] = json!(reader.lines);
         answer.body["elapsed_ms"] = json!(elapsed_ms);
+        answer.body["time"] = timing;
         answer.body["accounts_added_per_s"] = json!(added.saturating_mul(1000) / elapsed_ms.max(1));
-        if let Some((status, e)) = stop {
+        if let Some((status, e)) = reader.stop {
             answer.status = status;
             answer.body["outcome"] = json!("invalid");
             answer.body["error"] = json!(format!(
@@ -917,6 +904,86 @@ impl AdminService {
             ));
         }
         answer
+    }
+}
+
+/// A bulk addition's body read into batches of [`BULK_BATCH_ACCOUNTS`] accounts.
+struct BulkReader<S> {
+    body: S,
+    line: Vec<u8>,
+    lines: u64,
+    /// Why reading stopped early (the status and the message), once it did.
+    stop: Option<(u16, String)>,
+    ended: bool,
+}
+
+impl<S, B, E> BulkReader<S>
+where
+    S: futures_util::Stream<Item = Result<B, E>> + Send + Unpin,
+    B: AsRef<[u8]> + Send,
+    E: std::fmt::Display + Send,
+{
+    fn new(body: S) -> BulkReader<S> {
+        BulkReader {
+            body,
+            line: Vec::with_capacity(256),
+            lines: 0,
+            stop: None,
+            ended: false,
+        }
+    }
+
+    /// The next batch (empty once the body ended or a line stopped it). A chunk is read
+    /// whole, so a batch may run past [`BULK_BATCH_ACCOUNTS`] by one chunk's lines.
+    async fn next_batch(&mut self) -> Option<Vec<NewAccount>> {
+        use futures_util::StreamExt;
+        let mut batch: Vec<NewAccount> = Vec::with_capacity(BULK_BATCH_ACCOUNTS);
+        while !self.ended && batch.len() < BULK_BATCH_ACCOUNTS {
+            let chunk = match self.body.next().await {
+                None => {
+                    self.ended = true;
+                    if !self.line.is_empty() {
+                        self.lines += 1;
+                        if let Err(e) = take_line(&mut self.line, &mut batch, self.lines) {
+                            self.stop = Some((400, e));
+                        }
+                    }
+                    break;
+                }
+                Some(Err(e)) => {
+                    self.stop = Some((400, format!("the request body broke off: {e}")));
+                    self.ended = true;
+                    break;
+                }
+                Some(Ok(chunk)) => chunk,
+            };
+            if let Err(e) = self.take_chunk(chunk.as_ref(), &mut batch) {
+                self.stop = Some((400, e));
+                self.ended = true;
+            }
+        }
+        Some(batch)
+    }
+
+    fn take_chunk(&mut self, chunk: &[u8], batch: &mut Vec<NewAccount>) -> Result<(), String> {
+        for &b in chunk {
+            if b != b'\n' {
+                if self.line.len() == BULK_LINE_BYTES_MAX {
+                    return Err(format!(
+                        "line {}: longer than {BULK_LINE_BYTES_MAX} bytes",
+                        self.lines + 1
+                    ));
+                }
+                self.line.push(b);
+                continue;
+            }
+            self.lines += 1;
+            take_line(&mut self.line, batch, self.lines)?;
+            if self.lines > BULK_LINES_MAX {
+                return Err(format!("more than {BULK_LINES_MAX} lines"));
+            }
+        }
+        Ok(())
     }
 }
 

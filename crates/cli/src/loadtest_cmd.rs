@@ -281,6 +281,12 @@ pub fn deployment_spec(profile: &Profile, data_dir: PathBuf, verbose: bool) -> D
             .map(|m| m.accounts)
             .max()
             .unwrap_or(1)
+            .saturating_add(
+                profile
+                    .accounts_under_load
+                    .as_ref()
+                    .map_or(0, |a| a.count.min(u64::from(u32::MAX)) as u32),
+            )
             + 16,
         fsync: match profile.target.fsync {
             FsyncMode::Always => bourse_cluster::FsyncSetting::Always,
@@ -315,6 +321,11 @@ fn run_deployed(
         t0.elapsed().as_secs_f64(),
         deployment.describe()
     );
+    if let Some(plan) = &profile.accounts_under_load {
+        std::fs::create_dir_all(&args.out)
+            .map_err(|e| anyhow!("cannot create {}: {e}", args.out.display()))?;
+        deployment.add_accounts_under_load(plan.clone(), args.out.join("admin-audit.jsonl"));
+    }
     if args.workers.is_some() {
         let dir = args.out.join("workers");
         std::fs::create_dir_all(&dir)

@@ -105,6 +105,11 @@ pub trait Deployment {
     /// second 0 begins, so figures the deployment times itself per second (the market data
     /// publication delay) line up with the generator's seconds. Default: nothing to line up.
     fn run_starts_at(&mut self, _start_unix_ns: u64) {}
+    /// Called after [`Deployment::finish`]: the accounts the deployment added through its
+    /// admin API during the run (a profile's `[accounts_under_load]`). Default: none.
+    fn accounts_added(&mut self) -> Option<results::AccountsAdded> {
+        None
+    }
 }
 
 /// The flows of every worker on every market, in the order [`run_on`] gives them out:
@@ -390,6 +395,13 @@ pub fn run_on(
         options.version.clone(),
         started_unix_s,
     );
+    if let Some(added) = deployment.accounts_added() {
+        results.accounts_under_load = Some(results::AccountsUnderLoadFigures::of(
+            &rec,
+            added,
+            start_unix_ns,
+        ));
+    }
     results.target.note = deployment.note();
     results.target.sessions = deployment.sessions();
     Ok(results)

@@ -51,6 +51,29 @@ pub struct Profile {
     pub phases: Vec<Phase>,
     #[serde(default)]
     pub report: ReportSpec,
+    /// Accounts added through the venue's admin API while the load runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accounts_under_load: Option<AccountsUnderLoad>,
+}
+
+/// The most accounts a profile may add under load.
+pub const ACCOUNTS_UNDER_LOAD_MAX: u64 = 10_000_000;
+
+/// `[accounts_under_load]`: accounts added to one market through the venue's admin API (one
+/// bulk request, each account added and then funded) while the load runs, as SPECTRA's 2020
+/// test added its client accounts during the load. Replicated targets only (the admin API
+/// acts through the replicated path).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccountsUnderLoad {
+    /// The market (by name) they are added to.
+    pub market: String,
+    pub count: u64,
+    /// When the additions start, in seconds from the run's start (warm-up included).
+    pub start_s: f64,
+    /// Cash deposited in each, in units of 10^-4.
+    #[serde(default)]
+    pub cash: i64,
 }
 
 fn default_seed() -> u64 {
@@ -450,6 +473,43 @@ fn line_of_path(source: &str, path: &[Key]) -> Option<usize> {
 }
 
 impl Profile {
+    fn validate_accounts_under_load(
+        &self,
+        a: &AccountsUnderLoad,
+    ) -> Result<(), (Vec<Key>, String)> {
+        use Key::*;
+        let at = |field: &'static str| vec![Name("accounts_under_load"), Name(field)];
+        if self.target.kind != TargetKind::Cluster {
+            return Err((
+                at("market"),
+                "needs target.kind = \"cluster\" (the admin API acts through the replicated path)"
+                    .into(),
+            ));
+        }
+        if !self.markets.iter().any(|m| m.name == a.market) {
+            return Err((at("market"), format!("no market named {:?}", a.market)));
+        }
+        if a.count == 0 || a.count > ACCOUNTS_UNDER_LOAD_MAX {
+            return Err((
+                at("count"),
+                format!("must be 1 to {ACCOUNTS_UNDER_LOAD_MAX}"),
+            ));
+        }
+        if !(a.start_s >= 0.0 && a.start_s < self.duration_s()) {
+            return Err((
+                at("start_s"),
+                format!(
+                    "must be 0 or more and before the run's end ({} s)",
+                    self.duration_s()
+                ),
+            ));
+        }
+        if a.cash < 0 {
+            return Err((at("cash"), "must be 0 or more".into()));
+        }
+        Ok(())
+    }
+
     /// Parses and validates a profile. Every error names its line and its reason.
     pub fn parse(source: &str) -> Result<Profile, ProfileError> {
         let profile: Profile = toml::from_str(source).map_err(|e| ProfileError {
@@ -505,6 +565,9 @@ impl Profile {
         let err = |path: Vec<Key>, reason: String| Err((path, reason));
         if self.name.trim().is_empty() {
             return err(vec![Name("name")], "must not be empty".into());
+        }
+        if let Some(a) = &self.accounts_under_load {
+            self.validate_accounts_under_load(a)?;
         }
         let t = &self.target;
         if t.sessions == 0 || t.sessions > SESSIONS_MAX {
@@ -834,6 +897,34 @@ per_s = 1000
         assert_eq!(p.markets[0].instruments, 4);
         assert_eq!(p.target.kind, TargetKind::InProcess);
         assert!(p.check_runnable().is_ok());
+    }
+
+    #[test]
+    fn accounts_under_load_are_refused_by_name_unless_a_cluster_adds_them_to_a_known_market() {
+        let section = "\n[accounts_under_load]\nmarket = \"eq\"\ncount = 10\nstart_s = 0.5\n";
+        let in_process = Profile::parse(&format!("{GOOD}{section}")).unwrap_err();
+        assert!(
+            in_process
+                .to_string()
+                .contains("accounts_under_load.market"),
+            "{in_process}"
+        );
+        assert!(in_process.reason.contains("cluster"), "{in_process}");
+        let cluster = GOOD.replacen(
+            "name = \"t\"\n",
+            "name = \"t\"\n[target]\nkind = \"cluster\"\nprotocol = \"binary\"\nsessions = 1\nqueue_capacity = 64\n",
+            1,
+        );
+        let ok = Profile::parse(&format!("{cluster}{section}")).unwrap();
+        assert_eq!(ok.accounts_under_load.unwrap().count, 10);
+        let unknown = section.replace("\"eq\"", "\"nowhere\"");
+        let e = Profile::parse(&format!("{cluster}{unknown}")).unwrap_err();
+        assert!(e.reason.contains("no market named \"nowhere\""), "{e}");
+        let zero = section.replace("count = 10", "count = 0");
+        let e = Profile::parse(&format!("{cluster}{zero}")).unwrap_err();
+        assert!(e.to_string().contains("accounts_under_load.count"), "{e}");
+        let typo = section.replace("start_s", "start_secs");
+        assert!(Profile::parse(&format!("{cluster}{typo}")).is_err());
     }
 
     #[test]

@@ -190,6 +190,36 @@ fn utc(unix_s: u64) -> String {
     )
 }
 
+/// Accounts added through the admin API during the run: their rate, and trading latency in
+/// the seconds they overlapped against the other measured seconds.
+fn accounts_under_load_section(a: &crate::results::AccountsUnderLoadFigures) -> Section {
+    let mut during = vec![format!(
+        "trading, seconds {}–{} (during)",
+        a.first_s, a.end_s
+    )];
+    during.extend(latency_cells(&a.latency_during));
+    let mut outside = vec!["trading, other measured seconds".to_string()];
+    outside.extend(latency_cells(&a.latency_outside));
+    let outcome = match &a.added.error {
+        Some(e) => format!("{} ({e})", a.added.outcome),
+        None => a.added.outcome.clone(),
+    };
+    Section::new("Accounts added under load")
+        .text(format!(
+            "{} accounts added to market `{}` through the venue's admin API (one bulk request; each account added, then funded: {} commands through the replicated path) in {:.2} s while the load ran: {} accounts/s. Outcome: {}. Trading latency below is the generator's (scheduled send → answer), merged from the HDR histograms of the measured seconds the additions overlapped, against the other measured seconds (warm-up left out).",
+            count(a.added.accounts),
+            a.added.market,
+            count(a.added.commands),
+            a.elapsed_s,
+            count(a.accounts_per_s as u64),
+            outcome,
+        ))
+        .table(
+            &["figure", "mean", "median", "90%", "99%", "99.9%", "max"],
+            vec![during, outside],
+        )
+}
+
 fn sections(r: &Results, baseline: Option<&Results>, with_charts: bool) -> Vec<Section> {
     let t = &r.totals;
     let mut out = Vec::new();
@@ -527,6 +557,10 @@ fn sections(r: &Results, baseline: Option<&Results>, with_charts: bool) -> Vec<S
             })
             .table(&["figure", "mean", "median", "90%", "99%", "99.9%", "max"], md_rows),
     );
+
+    if let Some(a) = &r.accounts_under_load {
+        out.push(accounts_under_load_section(a));
+    }
 
     let mut rec = Section::new("Recovery after peaks");
     if r.recovery.is_empty() {

@@ -245,6 +245,75 @@ pub struct Results {
     pub sustainable_per_s: Option<f64>,
     pub cores: Vec<CoreTotals>,
     pub checks: Vec<Check>,
+    /// Accounts added through the admin API during the run (`None`: the profile adds none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accounts_under_load: Option<AccountsUnderLoadFigures>,
+}
+
+/// What a deployment reports of the accounts it added under load.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AccountsAdded {
+    pub market: String,
+    /// Accounts the admin API added, and the commands that took (additions and deposits).
+    pub accounts: u64,
+    pub commands: u64,
+    pub start_unix_ns: u64,
+    pub end_unix_ns: u64,
+    /// The bulk request's outcome (`applied`, or why not) and its error, if any.
+    pub outcome: String,
+    pub error: Option<String>,
+}
+
+/// The report's section on accounts added under load: their rate, and the trading latency
+/// of the measured seconds they overlapped against the other measured seconds (each merged
+/// from the seconds' HDR histograms).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AccountsUnderLoadFigures {
+    pub added: AccountsAdded,
+    pub elapsed_s: f64,
+    pub accounts_per_s: f64,
+    /// The run's seconds the additions overlapped, `[first_s, end_s)`.
+    pub first_s: u64,
+    pub end_s: u64,
+    pub latency_during: Latency,
+    pub latency_outside: Latency,
+}
+
+impl AccountsUnderLoadFigures {
+    /// The figures of `added` over the run recorded in `rec`, whose second 0 began at
+    /// `run_start_unix_ns`.
+    pub fn of(
+        rec: &Record,
+        added: AccountsAdded,
+        run_start_unix_ns: u64,
+    ) -> AccountsUnderLoadFigures {
+        let second_of = |ns: u64| ns.saturating_sub(run_start_unix_ns) / 1_000_000_000;
+        let first_s = second_of(added.start_unix_ns);
+        let end_s = second_of(added.end_unix_ns) + 1;
+        let mut during = crate::generator::histogram();
+        let mut outside = crate::generator::histogram();
+        for (i, s) in rec.seconds.iter().enumerate() {
+            let (Some(h), false) = (&s.latency, s.warmup) else {
+                continue;
+            };
+            let into = if (first_s..end_s).contains(&(i as u64)) {
+                &mut during
+            } else {
+                &mut outside
+            };
+            let _ = into.add(h);
+        }
+        let elapsed_s = added.end_unix_ns.saturating_sub(added.start_unix_ns) as f64 / 1e9;
+        AccountsUnderLoadFigures {
+            accounts_per_s: added.accounts as f64 / elapsed_s.max(1e-9),
+            elapsed_s,
+            first_s,
+            end_s,
+            latency_during: Latency::of(&during),
+            latency_outside: Latency::of(&outside),
+            added,
+        }
+    }
 }
 
 /// Bin edges: `BINS_PER_DECADE` per decade from 100 ns to 10 s (the last bin takes the rest).
@@ -417,6 +486,7 @@ impl Results {
             sustainable_per_s,
             cores,
             checks,
+            accounts_under_load: None,
         }
     }
 

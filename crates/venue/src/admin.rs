@@ -4,23 +4,35 @@
 //! answered after commit with their events read from the committed stream; reads run on the
 //! state of the core's current leader, which applied every entry it answered.
 //!
+//! Ordered commands (a phase change, a kill switch) go one at a time through a sequential
+//! client. Unordered ones (many account additions) go through a `PipelinedClient`: up to
+//! [`ADMIN_PIPELINE_WINDOW`] in flight at once, so the leader's batcher puts hundreds of them
+//! into one log entry, while a consumer of the committed stream in this process collects
+//! their events by request seq as the entries apply.
+//!
 //! Only replicated cores are served: the gateways take every output of a replica group from
 //! its committed stream, so they see what an admin command did (a kill switch's cancels, for
 //! one). An in-process core reports only to the gateway that submitted, so an action there
 //! would leave the gateway's order table stale.
 
 use bourse_admin::{AdminVenue, BoxFuture, EngineRead};
-use bourse_cluster::{tokio, Client, Raft, StateMachineStore};
+use bourse_cluster::client::{PipelineError, PipelinedClient};
+use bourse_cluster::{tokio, Client, OutcomeKind, Raft, StateMachineStore, StreamConsumer};
 use bourse_core::{Command, Event};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-/// The sequenced clients each core's admin commands are spread over when their order does
-/// not matter (many account additions); ordered commands use the first.
-pub const ADMIN_LANES: usize = 8;
+/// The admin's client ids per core: lane 0 (ordered commands, one at a time) and lane 1
+/// (unordered commands, pipelined).
+pub const ADMIN_LANES: usize = 2;
 /// Client ids of the admin's clients start here (gateways use 1..=gateways, the setup
 /// `1 << 32` on): core `c`'s lane `l` is `ADMIN_CLIENT_ID_BASE + 1000 c + l`.
 pub const ADMIN_CLIENT_ID_BASE: u64 = 3 << 32;
+/// Unordered admin commands in flight to one core at most (the pipelined client's window:
+/// it holds the rest back, so memory and the node's queue stay bounded).
+pub const ADMIN_PIPELINE_WINDOW: usize = 4_096;
+/// The lane of the pipelined client.
+const PIPELINED_LANE: usize = 1;
 /// How long one admin command may take to be answered (an election included).
 const ADMIN_COMMAND_DEADLINE: Duration = Duration::from_secs(10);
 /// How long a read waits for a core to have a leader.
@@ -38,8 +50,10 @@ struct AdminCore {
     answered: std::sync::atomic::AtomicU64,
     nodes: Vec<(u64, SocketAddr)>,
     replicas: Vec<Replica>,
-    /// Each lane's client, made on first use (it continues its id's numbering).
-    lanes: Vec<tokio::sync::Mutex<Option<Client>>>,
+    /// The ordered lane's client, made on first use (it continues its id's numbering).
+    ordered: tokio::sync::Mutex<Option<Client>>,
+    /// The pipelined lane's client, made on first use; one bulk submission at a time.
+    pipelined: tokio::sync::Mutex<Option<PipelinedClient>>,
     client_base: u64,
 }
 
@@ -66,9 +80,8 @@ impl VenueAdmin {
                         state: n.state_machine().clone(),
                     })
                     .collect(),
-                lanes: (0..ADMIN_LANES)
-                    .map(|_| tokio::sync::Mutex::new(None))
-                    .collect(),
+                ordered: tokio::sync::Mutex::new(None),
+                pipelined: tokio::sync::Mutex::new(None),
                 client_base: ADMIN_CLIENT_ID_BASE + 1_000 * index as u64,
             });
         }
@@ -89,8 +102,9 @@ impl VenueAdmin {
 }
 
 impl AdminCore {
-    /// The lane's client, continuing the numbering its id has at the group's leader.
-    async fn client(&self, lane: usize) -> Result<Client, String> {
+    /// The lane's client id and the next seq it must use: the numbering its id has at the
+    /// group's leader, continued.
+    async fn resume(&self, lane: usize) -> Result<(u64, u64), String> {
         let id = self.client_base + lane as u64;
         let deadline = Instant::now() + ADMIN_COMMAND_DEADLINE;
         let mut last_error = String::from("no node answered");
@@ -108,7 +122,7 @@ impl AdminCore {
                     continue;
                 }
                 match bourse_cluster::client::node_last_seq(addr, id, timeout).await {
-                    Ok(last) => return Ok(Client::new(self.nodes.clone(), id, last + 1)),
+                    Ok(last) => return Ok((id, last + 1)),
                     Err(e) => last_error = format!("{addr}: {e}"),
                 }
             }
@@ -119,14 +133,11 @@ impl AdminCore {
         ))
     }
 
-    async fn run_lane(
-        &self,
-        lane: usize,
-        commands: Vec<Command>,
-    ) -> Result<Vec<Vec<Event>>, String> {
-        let mut slot = self.lanes[lane].lock().await;
+    async fn run_ordered(&self, commands: Vec<Command>) -> Result<Vec<Vec<Event>>, String> {
+        let mut slot = self.ordered.lock().await;
         if slot.is_none() {
-            *slot = Some(self.client(lane).await?);
+            let (id, first_seq) = self.resume(0).await?;
+            *slot = Some(Client::new(self.nodes.clone(), id, first_seq));
         }
         let client = slot.as_mut().expect("made above");
         let mut out = Vec::with_capacity(commands.len());
@@ -151,6 +162,117 @@ impl AdminCore {
     }
 }
 
+impl AdminCore {
+    /// Submits unordered commands through the pipelined lane (see the module documentation)
+    /// and answers each command's events in the order given.
+    async fn run_pipelined(&self, commands: Vec<Command>) -> Result<Vec<Vec<Event>>, String> {
+        let mut slot = self.pipelined.lock().await;
+        if slot.is_none() {
+            let (id, first_seq) = self.resume(PIPELINED_LANE).await?;
+            *slot = Some(PipelinedClient::start(
+                self.nodes.clone(),
+                id,
+                first_seq,
+                ADMIN_PIPELINE_WINDOW,
+            ));
+        }
+        let client = slot.as_mut().expect("made above");
+        let result = self.pipeline(client, &commands).await;
+        if result.is_err() {
+            // Some requests may be unanswered: a new client continues from the group's
+            // numbering next time, and the requests left behind can no longer apply.
+            *slot = None;
+        }
+        result
+    }
+
+    /// The replica whose committed stream the pipelined lane reads: the leader if one is
+    /// known (it applied every entry it answered), else the first (every replica applies the
+    /// same entries at the same indexes).
+    fn stream_replica(&self) -> &Replica {
+        self.replicas
+            .iter()
+            .find(|r| r.raft.metrics().borrow().current_leader == Some(r.id))
+            .unwrap_or(&self.replicas[0])
+    }
+
+    /// Keeps up to the window of `commands` in flight while the replica's committed stream
+    /// hands back their events (matched by request seq, so answers and entries may come in
+    /// any order); done when every command is answered and its events are read.
+    async fn pipeline(
+        &self,
+        client: &mut PipelinedClient,
+        commands: &[Command],
+    ) -> Result<Vec<Vec<Event>>, String> {
+        let stream = self.stream_replica().state.stream().clone();
+        // Nothing of this call is proposed yet, so every command applies at or after the
+        // stream's next index.
+        let from = stream.next_index();
+        let mut consumer = StreamConsumer::local(stream, None, from);
+        let client_id = client.client_id();
+        let first_seq = client.next_seq();
+        let n = commands.len();
+        let submit = async {
+            let (mut sent, mut answered, mut applied) = (0usize, 0usize, 0u64);
+            while answered < n {
+                while sent < n {
+                    match client.try_submit(&commands[sent]) {
+                        Ok(_) => sent += 1,
+                        Err(PipelineError::Full) => break,
+                        Err(e) => return Err(e.to_string()),
+                    }
+                }
+                let answer = tokio::time::timeout(ADMIN_COMMAND_DEADLINE, client.next_answer())
+                    .await
+                    .map_err(|_| {
+                        format!("no answer within {} s", ADMIN_COMMAND_DEADLINE.as_secs())
+                    })?
+                    .map_err(|e| e.to_string())?;
+                match answer.kind {
+                    OutcomeKind::Applied => applied += 1,
+                    OutcomeKind::Duplicate => {}
+                    other => return Err(format!("request {}: {other:?}", answer.request_seq)),
+                }
+                answered += 1;
+            }
+            Ok::<u64, String>(applied)
+        };
+        let read = async {
+            let mut found: Vec<Option<Vec<Event>>> = vec![None; n];
+            let mut missing = n;
+            while missing > 0 {
+                let entry = tokio::time::timeout(ADMIN_COMMAND_DEADLINE, consumer.next())
+                    .await
+                    .map_err(|_| "the committed stream stalled".to_string())?
+                    .map_err(|e| format!("the committed stream: {e}"))?;
+                for r in entry.requests() {
+                    let (id, seq) = r.key();
+                    if id != client_id || !r.applied_here() || seq < first_seq {
+                        continue;
+                    }
+                    let Some(place) = found.get_mut((seq - first_seq) as usize) else {
+                        continue;
+                    };
+                    if place.is_none() {
+                        let events = bourse_core::codec::decode_events(r.event_bytes())
+                            .map_err(|e| format!("request {seq}: bad events: {e}"))?;
+                        *place = Some(events);
+                        missing -= 1;
+                    }
+                }
+            }
+            Ok::<_, String>(found)
+        };
+        let (applied, found) = tokio::try_join!(submit, read)?;
+        self.answered
+            .fetch_add(applied, std::sync::atomic::Ordering::Relaxed);
+        Ok(found
+            .into_iter()
+            .map(|e| e.expect("every command's events were read"))
+            .collect())
+    }
+}
+
 impl AdminVenue for VenueAdmin {
     fn markets(&self) -> Vec<String> {
         self.markets.clone()
@@ -167,27 +289,11 @@ impl AdminVenue for VenueAdmin {
                 .cores
                 .get(core)
                 .ok_or_else(|| format!("no core {core}"))?;
-            if ordered || commands.len() < 2 * ADMIN_LANES {
-                return c.run_lane(0, commands).await;
+            if ordered || commands.len() < 2 {
+                c.run_ordered(commands).await
+            } else {
+                c.run_pipelined(commands).await
             }
-            // Contiguous chunks, one per lane, so the answers come back in the order given.
-            let per = commands.len().div_ceil(ADMIN_LANES);
-            let mut chunks = Vec::new();
-            let mut rest = commands;
-            while !rest.is_empty() {
-                let tail = rest.split_off(per.min(rest.len()));
-                chunks.push(rest);
-                rest = tail;
-            }
-            let runs = chunks
-                .into_iter()
-                .enumerate()
-                .map(|(lane, chunk)| c.run_lane(lane, chunk));
-            let mut out = Vec::new();
-            for r in futures_util::future::join_all(runs).await {
-                out.extend(r?);
-            }
-            Ok(out)
         })
     }
 

@@ -20,10 +20,12 @@ mod host;
 mod links;
 mod spec;
 mod timing;
+mod under_load;
 
 pub use admin::{VenueAdmin, ADMIN_CLIENT_ID_BASE, ADMIN_LANES};
 pub use host::{sample_of, tune_allocator};
 pub use spec::{Backend, DeploymentSpec, MarketSpec};
+pub use under_load::ACCOUNTS_UNDER_LOAD_ID_BASE;
 
 use feed::MdCounter;
 use links::{cluster_link, CountingLink};
@@ -103,6 +105,9 @@ pub struct LocalDeployment {
     stopped: bool,
     /// The admin API's view, once asked for: its commands are not the generator's.
     admin: std::sync::OnceLock<Arc<VenueAdmin>>,
+    /// Accounts to add through the admin path while the load runs, then what was added.
+    under_load: Option<under_load::UnderLoad>,
+    accounts_added: Option<bourse_loadgen::results::AccountsAdded>,
 }
 
 /// How often the demo's dashboard takes the counts and the nodes' status of a core.
@@ -215,6 +220,8 @@ impl LocalDeployment {
             remote: None,
             stopped: false,
             admin: std::sync::OnceLock::new(),
+            under_load: None,
+            accounts_added: None,
         };
         match d.start_inner(&spec) {
             Ok(()) => Ok(d),
@@ -861,6 +868,74 @@ impl Deployment for LocalDeployment {
                 d.run_start_ns = Some(start_unix_ns);
             }
         }
+        if let Err(e) = self.start_under_load(start_unix_ns) {
+            self.accounts_added = Some(bourse_loadgen::results::AccountsAdded {
+                market: self
+                    .under_load
+                    .as_ref()
+                    .map_or_else(String::new, |u| u.plan.market.clone()),
+                accounts: 0,
+                commands: 0,
+                start_unix_ns,
+                end_unix_ns: start_unix_ns,
+                outcome: "failed".into(),
+                error: Some(format!("{e:#}")),
+            });
+        }
+    }
+    fn accounts_added(&mut self) -> Option<bourse_loadgen::results::AccountsAdded> {
+        if let Some(thread) = self.under_load.as_mut().and_then(|u| u.running.take()) {
+            self.accounts_added =
+                Some(
+                    thread
+                        .join()
+                        .unwrap_or_else(|_| bourse_loadgen::results::AccountsAdded {
+                            market: String::new(),
+                            accounts: 0,
+                            commands: 0,
+                            start_unix_ns: 0,
+                            end_unix_ns: 0,
+                            outcome: "failed".into(),
+                            error: Some("the adding thread panicked".into()),
+                        }),
+                );
+        }
+        self.accounts_added.take()
+    }
+}
+
+impl LocalDeployment {
+    /// Adds `plan.count` accounts to `plan.market` through the admin path while the load
+    /// runs (from `plan.start_s` after the run's start), auditing into `audit_path`; the
+    /// load test's results then say what was added and the latency during it.
+    pub fn add_accounts_under_load(
+        &mut self,
+        plan: bourse_loadgen::profile::AccountsUnderLoad,
+        audit_path: PathBuf,
+    ) {
+        self.under_load = Some(under_load::UnderLoad {
+            plan,
+            audit_path,
+            running: None,
+        });
+    }
+
+    fn start_under_load(&mut self, start_unix_ns: u64) -> Result<()> {
+        let Some(u) = &self.under_load else {
+            return Ok(());
+        };
+        let venue = self.admin_venue()?;
+        let service = Arc::new(
+            bourse_admin::AdminService::new(venue, &u.audit_path, None)
+                .with_context(|| format!("audit log {}", u.audit_path.display()))?,
+        );
+        let handle = self.runtime_handle().context("the deployment is stopped")?;
+        let plan = u.plan.clone();
+        let thread = under_load::start(service, handle, plan, start_unix_ns)?;
+        if let Some(u) = self.under_load.as_mut() {
+            u.running = Some(thread);
+        }
+        Ok(())
     }
 }
 

@@ -4,6 +4,7 @@
 //! latency summary, table rows, the loopback echo baseline, medians, free ports, scratch
 //! directories) is in `common`.
 
+mod admin;
 mod capacity;
 mod cluster;
 mod common;
@@ -20,6 +21,9 @@ use clap::Subcommand;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
+    /// Accounts added per second through the admin API of a replicated venue, and trading
+    /// latency while they are added against a run without.
+    Admin(admin::AdminBenchArgs),
     /// One core in-process on one thread, no I/O: throughput and latency per command type.
     Engine(engine::EngineBenchArgs),
     /// Memory per account, per position and per resting order at the seeds' scale.
@@ -48,6 +52,7 @@ pub enum BenchCommand {
 /// Runs one benchmark.
 pub fn run(command: BenchCommand) -> Result<()> {
     match command {
+        BenchCommand::Admin(args) => admin::bench(args),
         BenchCommand::Engine(args) => engine::engine(args),
         BenchCommand::Capacity(args) => capacity::capacity(args),
         BenchCommand::Journal(args) => journal::bench(args),

@@ -1,0 +1,175 @@
+//! A load test whose profile adds accounts through the admin path while the load runs
+//! (`[accounts_under_load]`): every account is added and funded in its market, on every
+//! replica alike, the load's cross-checks hold, and the results carry the section.
+
+use bourse_loadgen::gateway::SessionProtocol;
+use bourse_loadgen::{Profile, RunOptions};
+use bourse_venue::{
+    Backend, DeploymentSpec, LocalDeployment, MarketSpec, ACCOUNTS_UNDER_LOAD_ID_BASE,
+};
+
+const ADDED: u64 = 3_000;
+
+fn profile() -> Profile {
+    let text = format!(
+        r#"
+name = "under-load"
+seed = 7
+
+[target]
+kind = "cluster"
+protocol = "binary"
+sessions = 1
+queue_capacity = 4096
+fsync = "never"
+market_data = false
+
+[generator]
+workers = 1
+pacing = "uniform"
+inflight_max = 4096
+drain_timeout_s = 10
+
+[[markets]]
+name = "spot"
+kind = "equity"
+instruments = 2
+accounts = 8
+share = 0.5
+live_orders_target = 50
+
+[[markets]]
+name = "derivatives"
+kind = "futures"
+instruments = 2
+accounts = 8
+share = 0.5
+live_orders_target = 50
+
+[mix]
+limit = 56
+market = 1
+ioc = 2
+fok = 1
+cancel = 40
+replace = 0
+mass_cancel = 0
+crossing_share = 0.05
+
+[[phases]]
+name = "warm-up"
+duration_s = 1
+warmup = true
+[phases.rate]
+shape = "constant"
+per_s = 200
+
+[[phases]]
+name = "measured"
+duration_s = 2
+[phases.rate]
+shape = "constant"
+per_s = 200
+
+[accounts_under_load]
+market = "derivatives"
+count = {ADDED}
+start_s = 0.5
+cash = 5000000
+"#
+    );
+    let profile = Profile::parse(&text).expect("the profile parses");
+    profile.check_runnable().expect("the profile runs");
+    profile
+}
+
+/// Every account the generator trades, on any market (as `bourse loadtest` plans them).
+fn session_accounts(profile: &Profile) -> Vec<u32> {
+    let mut accounts: Vec<u32> = Vec::new();
+    for m in &profile.markets {
+        let (first, count) = bourse_loadgen::flow::worker_accounts(m.accounts, 0, 1);
+        accounts.extend(first..first + count);
+    }
+    accounts.sort_unstable();
+    accounts.dedup();
+    accounts
+}
+
+#[test]
+fn accounts_added_under_load_are_in_their_market_on_every_replica_and_reported() {
+    let profile = profile();
+    let dir = tempfile::tempdir().unwrap();
+    let markets = profile
+        .markets
+        .iter()
+        .enumerate()
+        .map(|(m, spec)| MarketSpec {
+            name: spec.name.clone(),
+            instruments: bourse_loadgen::flow::instruments(spec, m),
+            setup: bourse_loadgen::setup_commands(&profile, m, 0),
+        })
+        .collect();
+    let spec = DeploymentSpec {
+        markets,
+        backend: Backend::Cluster,
+        protocol: SessionProtocol::Binary,
+        gateways: 1,
+        worker_sessions: vec![vec![session_accounts(&profile)]],
+        data_dir: dir.path().join("venue"),
+        orders_max: bourse_loadgen::orders_max_of(&profile),
+        accounts_max: 64 + ADDED as u32,
+        fsync: bourse_cluster::FsyncSetting::Never,
+        market_data: false,
+        monitor: None,
+        extra_fix_sessions: Vec::new(),
+        verbose: false,
+        core_in_flight_max: None,
+    };
+    let mut deployment = LocalDeployment::start(spec).expect("venue starts");
+    deployment.add_accounts_under_load(
+        profile.accounts_under_load.clone().unwrap(),
+        dir.path().join("audit.jsonl"),
+    );
+    let options = RunOptions {
+        progress: false,
+        version: "test".into(),
+        ticker: false,
+        stop: None,
+    };
+    let results = bourse_loadgen::run_on(&profile, &options, &mut deployment).expect("the run");
+    let section = results
+        .accounts_under_load
+        .as_ref()
+        .expect("the results have the section");
+    assert_eq!(
+        section.added.outcome, "applied",
+        "{:?}",
+        section.added.error
+    );
+    assert_eq!(section.added.accounts, ADDED);
+    assert_eq!(section.added.commands, 2 * ADDED);
+    assert_eq!(section.added.market, "derivatives");
+    let failed: Vec<_> = results.checks.iter().filter(|c| !c.ok).collect();
+    assert!(failed.is_empty(), "cross-checks failed: {failed:?}");
+
+    // The last account is funded in derivatives (core 1) and absent from spot (core 0).
+    let admin = deployment.admin_venue().unwrap();
+    let rt = deployment.runtime_handle().unwrap();
+    let last = ACCOUNTS_UNDER_LOAD_ID_BASE + ADDED as u32 - 1;
+    let read = |core: usize| {
+        use bourse_admin::AdminVenue;
+        rt.block_on(admin.read(
+            core,
+            Box::new(move |e: &bourse_engine::Engine| {
+                serde_json::json!(e.account(bourse_core::AccountId(last)).map(|a| a.cash.0))
+            }),
+        ))
+        .unwrap()
+    };
+    assert_eq!(read(1), serde_json::json!(5_000_000));
+    assert_eq!(read(0), serde_json::Value::Null);
+    deployment.stop();
+
+    let md = bourse_loadgen::report::markdown(&results, None);
+    assert!(md.contains("Accounts added under load"), "{md}");
+}
