@@ -847,6 +847,8 @@ impl Deployment for LocalDeployment {
         Ok(Connection::Local(Box::new(target)))
     }
     fn finish(&mut self) -> Result<Vec<CoreTotals>, String> {
+        // The admin's commands are left out of the counts: all of them must have applied.
+        self.join_under_load();
         // Let the gateways hand over what is still in flight before the counts are read.
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline
@@ -884,6 +886,15 @@ impl Deployment for LocalDeployment {
         }
     }
     fn accounts_added(&mut self) -> Option<bourse_loadgen::results::AccountsAdded> {
+        self.join_under_load();
+        self.accounts_added.take()
+    }
+}
+
+impl LocalDeployment {
+    /// Waits for the accounts under load to be added (each command is bounded by the admin
+    /// path's deadline), so that the counts read next include every admin command.
+    fn join_under_load(&mut self) {
         if let Some(thread) = self.under_load.as_mut().and_then(|u| u.running.take()) {
             self.accounts_added =
                 Some(
@@ -900,7 +911,6 @@ impl Deployment for LocalDeployment {
                         }),
                 );
         }
-        self.accounts_added.take()
     }
 }
 
