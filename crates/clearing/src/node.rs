@@ -1023,7 +1023,8 @@ mod tests {
         c.cores.pop();
         c.listen = "0.0.0.0:9460".parse().unwrap();
         assert!(c.validate().unwrap_err().contains("needs operators"));
-        let unknown = "name = \"x\"\ncores = []\ninstruments = \"i\"\nstate_dir = \"s\"\ncolour = 1\n";
+        let unknown =
+            "name = \"x\"\ncores = []\ninstruments = \"i\"\nstate_dir = \"s\"\ncolour = 1\n";
         assert!(toml::from_str::<ClearingConfig>(unknown)
             .unwrap_err()
             .to_string()
