@@ -45,6 +45,7 @@ step "benchmarks run (smoke sizes; figures are in BENCHMARKS.md)"
 ./target/release/bourse bench t2t --packets 2000 --stage-packets 500 --curve-packets 500 --json >/dev/null
 ./target/release/bourse bench delivery --commands 20000 --readers 10 --seconds 0.5 --rate 20000 --json >/dev/null
 ./target/release/bourse bench admin --accounts 20000 --rate 500 --warmup-s 1 --no-baseline --json >/dev/null
+./target/release/bourse bench clearing --accounts 10000 --positions-per-account 3 --instruments 10 --runs 2 --json >/dev/null
 
 echo
 echo "scripts/test.sh: all checks passed"

@@ -82,6 +82,24 @@ impl AdminClient {
         )
     }
 
+    /// Posts a JSON body to `path` (another operator API on the same client: clearing's).
+    pub fn post_json(
+        &self,
+        path: &str,
+        request_id: Option<&str>,
+        body: &Value,
+    ) -> Result<Reply, String> {
+        let body = body.to_string();
+        self.request(
+            "POST",
+            path,
+            request_id,
+            "application/json",
+            &mut body.as_bytes(),
+            body.len() as u64,
+        )
+    }
+
     /// Streams `len` bytes of NDJSON from `body` to the bulk account addition.
     pub fn bulk_accounts(
         &self,

@@ -147,8 +147,9 @@ fn respond(answer: Answer) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-/// Reads HTTP Basic credentials: (name, password).
-fn basic_credentials(headers: &HeaderMap) -> Option<(String, String)> {
+/// Reads HTTP Basic credentials: (name, password). Public for the other operator APIs
+/// (clearing's run API) that check the same credential store.
+pub fn basic_credentials(headers: &HeaderMap) -> Option<(String, String)> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     if value.len() > AUTHORIZATION_BYTES_MAX {
         return None;

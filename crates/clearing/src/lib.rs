@@ -16,14 +16,25 @@
 //! - `service`: feeding the state from the streams ([`feed_to`], [`replay`] of saved runs,
 //!   checking their hashes) and [`execute`], which submits a plan's movements through
 //!   `bourse_cluster::Client`, skipping what an earlier attempt of the run applied.
+//! - [`ClearingNode`] (`node`): the clearing service (`bourse clearing serve`): feeds that
+//!   follow every core continuously, runs on request (resumable, idempotent by run id),
+//!   snapshots through `bourse_journal`'s snapshot store, a standby that reads its primary's
+//!   runs and can take over; `server`: its HTTP/JSON API (positions, P&L, margin and
+//!   obligations per account and firm, run reports, `POST /v1/runs`, `/metrics` with the lag).
+//! - `report`: saved plans and run reports (JSON and CSV, whole and per firm).
 
+pub mod node;
+pub mod report;
 pub mod run;
+pub mod server;
 pub mod service;
 pub mod state;
 
+pub use node::{load_instruments, ClearingConfig, ClearingNode, RunRequest};
+pub use report::{save_plan, saved_runs, Report};
 pub use run::{
     compute_run, run_client_id, settlement_prices, MarginLine, Movement, ObligationLine, RunKind,
     RunPlan, SettlementRule,
 };
-pub use service::{execute, feed_to, replay, stream_end, ExecuteOptions, MovementResult};
+pub use service::{execute, feed_to, replay, stream_end, with_ids, ExecuteOptions, MovementResult};
 pub use state::{ClearingError, ClearingPosition, ClearingState};

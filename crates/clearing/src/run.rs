@@ -133,6 +133,25 @@ pub struct RunPlan {
     pub movements: Vec<Movement>,
 }
 
+impl RunPlan {
+    /// The commands the run submits to `core`, in seq order (1, 2, 3, ...): its movements,
+    /// then, at the end of the day, the engine's `EndOfDay` (Day orders expire), so that
+    /// every command of a run, the day's close included, is keyed and applied once.
+    pub fn commands(&self, core: usize) -> Vec<(u64, Command)> {
+        let mut out: Vec<(u64, Command)> = self
+            .movements
+            .iter()
+            .filter(|m| m.core == core)
+            .map(|m| (m.seq, m.command(self.cut_ts_ns)))
+            .collect();
+        if self.kind == RunKind::EndOfDay {
+            let seq = out.len() as u64 + 1;
+            out.push((seq, Command::new(self.cut_ts_ns, CommandBody::EndOfDay)));
+        }
+        out
+    }
+}
+
 /// The settlement price of every instrument that traded, by `rule`.
 pub fn settlement_prices(
     state: &ClearingState,
@@ -250,4 +269,9 @@ fn movements(net: BTreeMap<(usize, AccountId), i128>) -> Vec<Movement> {
         m.seq = *seq;
     }
     list
+}
+
+/// The run id a client id belongs to, if it is a clearing run's (see [`run_client_id`]).
+pub fn run_of_client_id(client_id: u64) -> Option<u32> {
+    (client_id & (0xFFFF << 48) == CLEARING_CLIENT_ID_TAG).then_some((client_id >> 16) as u32)
 }

@@ -11,7 +11,7 @@ use bourse_cluster::{Client, NodeId, StreamConsumer};
 use bourse_core::{Event, RejectReason};
 use serde::Serialize;
 
-use crate::run::{run_client_id, Movement, RunPlan};
+use crate::run::{run_client_id, RunPlan};
 use crate::state::ClearingState;
 
 /// How long a node may take to say where its stream ends.
@@ -20,6 +20,18 @@ const STATUS_TIMEOUT_MS: u64 = 2_000;
 const STALL_TIMEOUT_MS: u64 = 1_000;
 /// How long one movement may take to be committed and applied, failovers included.
 pub const MOVEMENT_DEADLINE_MS: u64 = 20_000;
+
+/// Each node's id, asked of the node (the client follows the leader by id).
+pub async fn with_ids(nodes: &[SocketAddr]) -> Result<Vec<(NodeId, SocketAddr)>, String> {
+    let mut out = Vec::new();
+    for &addr in nodes {
+        let status = node_status_brief(addr, Duration::from_millis(STATUS_TIMEOUT_MS))
+            .await
+            .map_err(|e| format!("node {addr} does not answer: {e}"))?;
+        out.push((status.id, addr));
+    }
+    Ok(out)
+}
 
 /// The position just past the newest entry any of `nodes` applied: the cut a run takes now
 /// (trading goes on; what is applied later belongs to the next run).
@@ -102,12 +114,16 @@ pub async fn replay(
     Ok(())
 }
 
-/// What became of one movement.
+/// What became of one command of a run (a movement, or the end of day).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "result")]
 pub enum MovementResult {
-    /// The core applied it (now or in an earlier attempt of the run).
-    Done { applied_index: u64 },
+    /// The core applied it (now or in an earlier attempt of the run); an end of day says
+    /// how many Day orders it expired.
+    Done {
+        applied_index: u64,
+        orders_expired: u64,
+    },
     /// The core refused it (a withdrawal above the account's free cash): a margin call the
     /// member must meet.
     Refused {
@@ -136,7 +152,7 @@ pub async fn execute(
     let mut results = BTreeMap::new();
     let mut submitted = 0usize;
     for (core, nodes) in cores.iter().enumerate() {
-        let mine: Vec<&Movement> = plan.movements.iter().filter(|m| m.core == core).collect();
+        let mine = plan.commands(core);
         if mine.is_empty() {
             continue;
         }
@@ -148,19 +164,16 @@ pub async fn execute(
         }
         let last = earlier.keys().next_back().copied().unwrap_or(0);
         let mut client = Client::new(nodes.clone(), client_id, last + 1);
-        for m in mine.into_iter().filter(|m| m.seq > last) {
+        for (seq, command) in mine.into_iter().filter(|c| c.0 > last) {
             if options.stop_after.is_some_and(|n| submitted >= n) {
                 return Ok(results);
             }
-            debug_assert_eq!(m.seq, client.next_seq(), "movements are numbered 1, 2, 3");
+            debug_assert_eq!(seq, client.next_seq(), "commands are numbered 1, 2, 3");
             let (ack, events) = client
-                .submit_for_events(
-                    &m.command(plan.cut_ts_ns),
-                    Duration::from_millis(MOVEMENT_DEADLINE_MS),
-                )
+                .submit_for_events(&command, Duration::from_millis(MOVEMENT_DEADLINE_MS))
                 .await
-                .map_err(|e| format!("core {core}, movement {}: {e}", m.seq))?;
-            results.insert((core, m.seq), result_of(ack.applied_index, &events));
+                .map_err(|e| format!("core {core}, command {seq}: {e}"))?;
+            results.insert((core, seq), result_of(ack.applied_index, &events));
             submitted += 1;
         }
     }
@@ -205,6 +218,15 @@ fn result_of(applied_index: u64, events: &[Event]) -> MovementResult {
             applied_index,
             reason,
         },
-        None => MovementResult::Done { applied_index },
+        None => MovementResult::Done {
+            applied_index,
+            orders_expired: events
+                .iter()
+                .find_map(|e| match e {
+                    Event::EndOfDayDone { orders_expired, .. } => Some(*orders_expired),
+                    _ => None,
+                })
+                .unwrap_or(0),
+        },
     }
 }

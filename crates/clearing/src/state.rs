@@ -5,7 +5,7 @@
 //! larger of its price scale and `CASH_SCALE`), so that sums over accounts are exact and
 //! variation margin sums to zero before it is rounded to cash once, at a run.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bourse_core::{
     AccountId, Cash, CashReason, Event, FirmId, Instrument, InstrumentId, Market, Price, Side,
@@ -26,6 +26,8 @@ pub enum ClearingError {
     CoreOutOfRange { core: usize, cores: usize },
     /// A value does not fit the arithmetic.
     Overflow(&'static str),
+    /// A snapshot that does not decode (named: what is wrong and where).
+    BadSnapshot(String),
 }
 
 impl std::fmt::Display for ClearingError {
@@ -42,6 +44,7 @@ impl std::fmt::Display for ClearingError {
                 )
             }
             ClearingError::Overflow(what) => write!(f, "{what} does not fit 128 bits"),
+            ClearingError::BadSnapshot(why) => write!(f, "clearing snapshot: {why}"),
         }
     }
 }
@@ -107,11 +110,19 @@ pub struct ClearingState {
     instruments: BTreeMap<InstrumentId, InstrumentState>,
     cash: BTreeMap<(usize, AccountId), AccountCash>,
     firms: BTreeMap<AccountId, FirmId>,
+    /// The accounts of each firm (derived from `firms`, for per-firm queries and reports).
+    firm_accounts: BTreeSet<(FirmId, AccountId)>,
     /// Per core, the position (log index) of the next entry to apply.
     cut: Vec<u64>,
     /// The newest event time stamp seen (the cores' clock, never clearing's).
     last_ts_ns: u64,
     trades: u64,
+    /// The id of the last run settled in this state (0: none).
+    last_settled_run: u32,
+    /// The highest run id whose commands appear on the streams (a run's client id carries
+    /// it): a run this state has not settled but the cores applied must be known before a new
+    /// run is computed, or its margin would be paid twice.
+    runs_on_stream_max: u32,
 }
 
 impl ClearingState {
@@ -123,10 +134,69 @@ impl ClearingState {
             instruments: BTreeMap::new(),
             cash: BTreeMap::new(),
             firms: BTreeMap::new(),
+            firm_accounts: BTreeSet::new(),
             cut: vec![0; cores],
             last_ts_ns: 0,
             trades: 0,
+            last_settled_run: 0,
+            runs_on_stream_max: 0,
         }
+    }
+
+    pub fn last_settled_run(&self) -> u32 {
+        self.last_settled_run
+    }
+
+    pub fn runs_on_stream_max(&self) -> u32 {
+        self.runs_on_stream_max
+    }
+
+    pub fn cores(&self) -> usize {
+        self.cut.len()
+    }
+
+    /// The positions of one account, by instrument.
+    pub fn account_positions(
+        &self,
+        account: AccountId,
+    ) -> impl Iterator<Item = (InstrumentId, &ClearingPosition)> + '_ {
+        self.positions
+            .range((account, InstrumentId(0))..=(account, InstrumentId(u32::MAX)))
+            .map(|(&(_, i), p)| (i, p))
+    }
+
+    /// The cash of one account on each core it has cash on.
+    pub fn account_cash(&self, account: AccountId) -> Vec<(usize, AccountCash)> {
+        self.cash
+            .iter()
+            .filter(|((_, a), _)| *a == account)
+            .map(|(&(core, _), &c)| (core, c))
+            .collect()
+    }
+
+    /// The accounts of `firm` after `after` (exclusive), in order.
+    pub fn firm_accounts(
+        &self,
+        firm: FirmId,
+        after: Option<AccountId>,
+    ) -> impl Iterator<Item = AccountId> + '_ {
+        use std::ops::Bound;
+        let start = match after {
+            Some(a) => Bound::Excluded((firm, a)),
+            None => Bound::Included((firm, AccountId(0))),
+        };
+        self.firm_accounts
+            .range((start, Bound::Included((firm, AccountId(u32::MAX)))))
+            .map(|&(_, a)| a)
+    }
+
+    /// Every firm with its accounts' count.
+    pub fn firms(&self) -> BTreeMap<FirmId, u64> {
+        let mut out = BTreeMap::new();
+        for &(f, _) in &self.firm_accounts {
+            *out.entry(f).or_insert(0) += 1;
+        }
+        out
     }
 
     /// The position of each core's stream: the next entry this state has not applied.
@@ -174,6 +244,9 @@ impl ClearingState {
         for request in entry.requests() {
             if !request.applied_here() {
                 continue;
+            }
+            if let Some(run) = crate::run::run_of_client_id(request.key().0) {
+                self.runs_on_stream_max = self.runs_on_stream_max.max(run);
             }
             for event in request.events() {
                 // The node encoded these events itself and the consumer checked the frame;
@@ -252,7 +325,10 @@ impl ClearingState {
                 }
             }
             Event::AccountAdded { account, firm, .. } => {
-                self.firms.insert(account, firm);
+                if let Some(old) = self.firms.insert(account, firm) {
+                    self.firm_accounts.remove(&(old, account));
+                }
+                self.firm_accounts.insert((firm, account));
                 self.cash.entry((core, account)).or_default();
             }
             _ => {}
@@ -315,6 +391,7 @@ impl ClearingState {
     /// Records a run's results (see `run::RunPlan`): the variation margin it paid on each
     /// futures position, its settlement prices, and the equity and FX obligations it settled.
     pub fn settle(&mut self, plan: &crate::run::RunPlan) {
+        self.last_settled_run = self.last_settled_run.max(plan.run_id);
         for line in &plan.margin {
             if let Some(p) = self.positions.get_mut(&(line.account, line.instrument)) {
                 p.vm_paid.0 += line.vm.0;
@@ -333,20 +410,32 @@ impl ClearingState {
         }
     }
 
-    /// A hash of the whole state, in a fixed order: two states fed the same entries (and
-    /// settled by the same runs) have the same hash.
+    /// A hash of the whole state: xxh3 of its snapshot encoding (fixed order, fixed widths),
+    /// so two states fed the same entries and settled by the same runs hash alike, and a
+    /// state decoded from a snapshot hashes as the one that wrote it.
     pub fn state_hash(&self) -> u64 {
-        let mut h = Vec::with_capacity(64 + self.positions.len() * 120);
-        for c in &self.cut {
-            h.extend_from_slice(&c.to_le_bytes());
+        xxhash_rust::xxh3::xxh3_64(&self.encode())
+    }
+
+    /// The state as bytes (the snapshot's data; the definitions are configuration and are
+    /// not included). Little-endian, fixed widths, every map in key order.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer(Vec::with_capacity(64 + self.positions.len() * 110));
+        w.0.extend_from_slice(SNAPSHOT_MAGIC);
+        w.u32(self.cut.len() as u32);
+        for &c in &self.cut {
+            w.u64(c);
         }
-        h.extend_from_slice(&self.last_ts_ns.to_le_bytes());
-        h.extend_from_slice(&self.trades.to_le_bytes());
-        for ((a, i), p) in &self.positions {
-            h.extend_from_slice(&a.0.to_le_bytes());
-            h.extend_from_slice(&i.0.to_le_bytes());
+        w.u64(self.last_ts_ns);
+        w.u64(self.trades);
+        w.u32(self.last_settled_run);
+        w.u32(self.runs_on_stream_max);
+        w.u64(self.positions.len() as u64);
+        for (&(a, i), p) in &self.positions {
+            w.u32(a.0);
+            w.u32(i.0);
             for v in [p.qty, p.securities_due, p.lots_bought, p.lots_sold] {
-                h.extend_from_slice(&v.to_le_bytes());
+                w.i64(v);
             }
             for v in [
                 p.cost_value,
@@ -355,32 +444,214 @@ impl ClearingState {
                 p.vm_paid.0,
                 p.cash_due.0,
             ] {
-                h.extend_from_slice(&v.to_le_bytes());
+                w.i128(v);
             }
         }
+        w.u64(self.instruments.len() as u64);
         for (i, s) in &self.instruments {
-            h.extend_from_slice(&i.0.to_le_bytes());
-            h.extend_from_slice(&(s.core as u64).to_le_bytes());
-            h.extend_from_slice(&s.trades.to_le_bytes());
-            h.extend_from_slice(&s.settlement.map_or(-1, |p| p.0).to_le_bytes());
+            w.u32(i.0);
+            w.u32(s.core as u32);
+            w.u64(s.trades);
+            w.u8(s.settlement.is_some() as u8);
+            w.i64(s.settlement.map_or(0, |p| p.0));
+            w.u32(s.recent.len() as u32);
             for t in &s.recent {
-                h.extend_from_slice(&t.ts_ns.to_le_bytes());
-                h.extend_from_slice(&t.price.0.to_le_bytes());
-                h.extend_from_slice(&t.qty.to_le_bytes());
+                w.u64(t.ts_ns);
+                w.i64(t.price.0);
+                w.i64(t.qty);
             }
         }
-        for ((core, a), c) in &self.cash {
-            h.extend_from_slice(&(*core as u64).to_le_bytes());
-            h.extend_from_slice(&a.0.to_le_bytes());
+        w.u64(self.cash.len() as u64);
+        for (&(core, a), c) in &self.cash {
+            w.u32(core as u32);
+            w.u32(a.0);
             for v in [c.cash.0, c.deposited.0, c.withdrawn.0] {
-                h.extend_from_slice(&v.to_le_bytes());
+                w.i128(v);
             }
         }
+        w.u64(self.firms.len() as u64);
         for (a, f) in &self.firms {
-            h.extend_from_slice(&a.0.to_le_bytes());
-            h.extend_from_slice(&f.0.to_le_bytes());
+            w.u32(a.0);
+            w.u32(f.0);
         }
-        xxhash_rust::xxh3::xxh3_64(&h)
+        w.0
+    }
+
+    /// The state [`ClearingState::encode`] wrote, given the same definitions; refuses bytes
+    /// that are short, long, of another format, or for another number of cores.
+    pub fn decode(
+        cores: usize,
+        definitions: impl IntoIterator<Item = Instrument>,
+        bytes: &[u8],
+    ) -> Result<ClearingState, ClearingError> {
+        let mut s = ClearingState::new(cores, definitions);
+        let mut r = Reader { bytes, at: 0 };
+        if r.take(SNAPSHOT_MAGIC.len())? != SNAPSHOT_MAGIC {
+            return Err(ClearingError::BadSnapshot(
+                "not a clearing snapshot (magic)".into(),
+            ));
+        }
+        let n = r.u32()? as usize;
+        if n != cores {
+            return Err(ClearingError::BadSnapshot(format!(
+                "written for {n} cores, this clearing follows {cores}"
+            )));
+        }
+        for c in 0..n {
+            s.cut[c] = r.u64()?;
+        }
+        s.last_ts_ns = r.u64()?;
+        s.trades = r.u64()?;
+        s.last_settled_run = r.u32()?;
+        s.runs_on_stream_max = r.u32()?;
+        for _ in 0..r.count(56)? {
+            let key = (AccountId(r.u32()?), InstrumentId(r.u32()?));
+            let mut p = ClearingPosition {
+                qty: r.i64()?,
+                securities_due: r.i64()?,
+                lots_bought: r.i64()?,
+                lots_sold: r.i64()?,
+                ..ClearingPosition::default()
+            };
+            p.cost_value = r.i128()?;
+            p.paid_value = r.i128()?;
+            p.realised_value = r.i128()?;
+            p.vm_paid = Cash(r.i128()?);
+            p.cash_due = Cash(r.i128()?);
+            s.positions.insert(key, p);
+        }
+        for _ in 0..r.count(29)? {
+            let id = InstrumentId(r.u32()?);
+            let core = r.u32()? as usize;
+            if core >= cores {
+                return Err(ClearingError::BadSnapshot(format!(
+                    "instrument {id} on core {core} of {cores}"
+                )));
+            }
+            let trades = r.u64()?;
+            let has = r.u8()? != 0;
+            let price = r.i64()?;
+            let mut state = InstrumentState {
+                core,
+                trades,
+                settlement: has.then_some(Price(price)),
+                recent: VecDeque::new(),
+            };
+            let recent = r.u32()? as usize;
+            if recent > RECENT_TRADES_MAX {
+                return Err(ClearingError::BadSnapshot(format!(
+                    "instrument {id} keeps {recent} trades, more than {RECENT_TRADES_MAX}"
+                )));
+            }
+            for _ in 0..recent {
+                state.recent.push_back(RecentTrade {
+                    ts_ns: r.u64()?,
+                    price: Price(r.i64()?),
+                    qty: r.i64()?,
+                });
+            }
+            s.instruments.insert(id, state);
+        }
+        for _ in 0..r.count(56)? {
+            let key = (r.u32()? as usize, AccountId(r.u32()?));
+            let c = AccountCash {
+                cash: Cash(r.i128()?),
+                deposited: Cash(r.i128()?),
+                withdrawn: Cash(r.i128()?),
+            };
+            s.cash.insert(key, c);
+        }
+        for _ in 0..r.count(8)? {
+            let (a, f) = (AccountId(r.u32()?), FirmId(r.u32()?));
+            s.firms.insert(a, f);
+            s.firm_accounts.insert((f, a));
+        }
+        if r.at != bytes.len() {
+            return Err(ClearingError::BadSnapshot(format!(
+                "{} bytes after the end of the state",
+                bytes.len() - r.at
+            )));
+        }
+        Ok(s)
+    }
+}
+
+/// The first bytes of a clearing snapshot's data (format 1).
+const SNAPSHOT_MAGIC: &[u8; 8] = b"BCLEAR01";
+
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn i64(&mut self, v: i64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn i128(&mut self, v: i128) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ClearingError> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
+        let Some(end) = end else {
+            return Err(ClearingError::BadSnapshot(format!(
+                "ends at byte {} inside a field of {n} bytes",
+                self.bytes.len()
+            )));
+        };
+        let out = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(out)
+    }
+    fn u8(&mut self) -> Result<u8, ClearingError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, ClearingError> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn u64(&mut self) -> Result<u64, ClearingError> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    fn i64(&mut self) -> Result<i64, ClearingError> {
+        Ok(i64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    fn i128(&mut self) -> Result<i128, ClearingError> {
+        Ok(i128::from_le_bytes(
+            self.take(16)?.try_into().expect("16 bytes"),
+        ))
+    }
+    /// A count of records of at least `min_bytes` each, refused when the bytes left cannot
+    /// hold that many (so a damaged count cannot make the decoder loop for long).
+    fn count(&mut self, min_bytes: usize) -> Result<u64, ClearingError> {
+        let n = self.u64()?;
+        let left = (self.bytes.len() - self.at) as u64;
+        if n.saturating_mul(min_bytes as u64) > left {
+            return Err(ClearingError::BadSnapshot(format!(
+                "a count of {n} records at byte {} where {left} bytes are left",
+                self.at - 8
+            )));
+        }
+        Ok(n)
     }
 }
 

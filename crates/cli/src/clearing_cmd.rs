@@ -4,33 +4,40 @@
 //! computes the run, saves its plan (before submitting anything), submits the cash movements
 //! through the sequenced path, and prints a report per account (CSV and JSON with `--out`).
 //! Run again with the same `--run-id` after a crash, it resumes the saved plan and applies
-//! nothing twice.
+//! nothing twice. With `--service URL` it asks a running clearing service instead.
+//!
+//! `bourse clearing serve --config clearing.toml`: the clearing service (`ClearingNode`):
+//! it follows the cores continuously, answers clearing data over HTTP/JSON, runs clearings on
+//! `POST /v1/runs`, snapshots its state, and may stand by for another.
 
-use std::collections::BTreeMap;
-use std::fs;
-use std::io::Write;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
-use bourse_clearing::state::value_to_cash_floor;
+use anyhow::{anyhow, bail, Context, Result};
 use bourse_clearing::{
-    compute_run, execute, replay, stream_end, ClearingState, ExecuteOptions, MovementResult,
-    RunKind, RunPlan, SettlementRule,
+    compute_run, execute, load_instruments, replay, save_plan, saved_runs, stream_end, with_ids,
+    ClearingConfig, ClearingNode, ClearingState, ExecuteOptions, Report, RunKind, RunPlan,
+    RunRequest, SettlementRule,
 };
-use bourse_cluster::client::node_status_brief;
-use bourse_cluster::{tokio, NodeId};
-use bourse_core::{format_scaled, AccountId, Instrument, Market, CASH_SCALE};
+use bourse_cluster::tokio;
 use clap::{Args, Subcommand};
-use serde::Serialize;
-
-const STATUS_TIMEOUT_MS: u64 = 2_000;
 
 #[derive(Subcommand)]
 pub enum ClearingCommand {
     /// Clear the cores up to their current end and feed the results back to them.
     Run(RunArgs),
+    /// The clearing service: follow the cores, serve clearing data, run clearings on request.
+    Serve(ServeArgs),
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// The service's TOML file (see examples/clearing.toml).
+    #[arg(long)]
+    config: PathBuf,
+    /// Listen here instead of the file's `listen` (loopback unless operators are set).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
 }
 
 #[derive(Args)]
@@ -45,27 +52,36 @@ pub struct RunArgs {
     /// The end-of-day clearing (the same computation, recorded as the day's last run).
     #[arg(long)]
     end_of_day: bool,
+    /// Ask the clearing service at this address (http://host:port) to run; the operator's
+    /// name is --user, the password comes from BOURSE_CLEARING_PASSWORD.
+    #[arg(long, conflicts_with_all = ["nodes", "instruments", "out"])]
+    service: Option<String>,
+    /// The operator's name for --service.
+    #[arg(long, env = "BOURSE_CLEARING_USER", default_value = "admin")]
+    user: String,
     /// The nodes of one core, comma-separated (host:port); repeat for each core, in the
     /// venue's core order.
-    #[arg(long, required = true)]
+    #[arg(long, required_unless_present = "service")]
     nodes: Vec<String>,
     /// The instruments the cores trade: a JSON array of instrument definitions (the
     /// `AddInstrument` form).
-    #[arg(long)]
-    instruments: PathBuf,
+    #[arg(long, required_unless_present = "service")]
+    instruments: Option<PathBuf>,
     /// Where the runs' plans are kept (`run-<id>.json`); every run replays the earlier ones.
     #[arg(long, default_value = "clearing")]
     dir: PathBuf,
     /// The run's id (default: one past the highest saved). An existing run's id resumes it.
     #[arg(long)]
     run_id: Option<u32>,
-    /// Settlement price: VWAP of this many last trades before the cut.
-    #[arg(long, default_value_t = 100)]
-    last_trades: usize,
+    /// Settlement price: VWAP of this many last trades before the cut (the service's
+    /// configured rule when asking a service).
+    #[arg(long)]
+    last_trades: Option<usize>,
     /// Settlement price: only trades within this many milliseconds of the newest one.
     #[arg(long)]
     window_ms: Option<u64>,
-    /// Write report.json and report.csv into this directory.
+    /// Write report.json and report.csv, and firm-<id>.json and .csv per firm, into this
+    /// directory (a service writes its own under its state_dir).
     #[arg(long)]
     out: Option<PathBuf>,
     #[command(flatten)]
@@ -74,6 +90,7 @@ pub struct RunArgs {
 
 pub fn run(command: ClearingCommand) -> Result<()> {
     match command {
+        ClearingCommand::Run(args) if args.service.is_some() => run_on_service(&args),
         ClearingCommand::Run(args) => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -82,7 +99,63 @@ pub fn run(command: ClearingCommand) -> Result<()> {
                 .context("tokio runtime")?;
             rt.block_on(clearing_run(args))
         }
+        ClearingCommand::Serve(args) => serve(args),
     }
+}
+
+fn serve(args: ServeArgs) -> Result<()> {
+    let mut config = ClearingConfig::load(&args.config).map_err(|e| anyhow!(e))?;
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    let defs = load_instruments(&config.instruments).map_err(|e| anyhow!(e))?;
+    let node = ClearingNode::start(config, defs).map_err(|e| anyhow!(e))?;
+    println!(
+        "bourse clearing: serving {} (GET /v1/accounts/ID, /v1/firms/ID, /v1/runs, /v1/status, /metrics; POST /v1/runs)",
+        node.url()
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    ctrlc::set_handler(move || {
+        let _ = tx.send(());
+    })
+    .context("installing the Ctrl-C handler")?;
+    let _ = rx.recv();
+    println!("bourse clearing: stopping (snapshotting the state)");
+    node.stop().map_err(|e| anyhow!(e))
+}
+
+/// Asks a running clearing service to run (or resume `--run-id`) and prints its report.
+fn run_on_service(args: &RunArgs) -> Result<()> {
+    let url = args.service.as_deref().expect("--service");
+    let password = std::env::var("BOURSE_CLEARING_PASSWORD")
+        .context("set BOURSE_CLEARING_PASSWORD to the operator's password")?;
+    let client = bourse_admin::AdminClient::new(url)
+        .map_err(|e| anyhow!(e))?
+        .with_credentials(&args.user, &password);
+    let request = RunRequest {
+        kind: Some(if args.end_of_day {
+            RunKind::EndOfDay
+        } else {
+            RunKind::Intermediate
+        }),
+        run_id: args.run_id,
+        last_trades: args.last_trades,
+        window_ms: args.window_ms,
+    };
+    let reply = client
+        .post_json("/v1/runs", None, &serde_json::to_value(&request)?)
+        .map_err(|e| anyhow!(e))?;
+    if reply.status != 200 {
+        bail!(
+            "the clearing service answered {}: {}",
+            reply.status,
+            reply.body
+        );
+    }
+    let report: Report = serde_json::from_value(reply.body)
+        .context("the clearing service's answer is not a run report")?;
+    report.print();
+    Ok(())
 }
 
 fn parse_cores(nodes: &[String]) -> Result<Vec<Vec<SocketAddr>>> {
@@ -100,74 +173,15 @@ fn parse_cores(nodes: &[String]) -> Result<Vec<Vec<SocketAddr>>> {
         .collect()
 }
 
-fn load_instruments(path: &Path) -> Result<Vec<Instrument>> {
-    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let defs: Vec<Instrument> = serde_json::from_str(&text)
-        .with_context(|| format!("{}: not a JSON array of instruments", path.display()))?;
-    for d in &defs {
-        d.validate()
-            .map_err(|e| anyhow::anyhow!("{}: instrument {}: {e}", path.display(), d.instrument))?;
-    }
-    Ok(defs)
-}
-
-fn plan_path(dir: &Path, run_id: u32) -> PathBuf {
-    dir.join(format!("run-{run_id:06}.json"))
-}
-
-/// The saved plans, in run order.
-fn saved_runs(dir: &Path) -> Result<Vec<RunPlan>> {
-    let mut runs = Vec::new();
-    if !dir.exists() {
-        return Ok(runs);
-    }
-    for entry in fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
-        let path = entry?.path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if !(name.starts_with("run-") && name.ends_with(".json")) {
-            continue;
-        }
-        let text = fs::read_to_string(&path)?;
-        let plan: RunPlan = serde_json::from_str(&text)
-            .with_context(|| format!("{}: not a clearing run plan", path.display()))?;
-        runs.push(plan);
-    }
-    runs.sort_by_key(|r| r.run_id);
-    Ok(runs)
-}
-
-/// Writes the plan durably (temporary file, fsync, rename, fsync of the directory) before
-/// anything of it is submitted, so that a restarted run finds exactly this plan.
-fn save_plan(dir: &Path, plan: &RunPlan) -> Result<()> {
-    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let path = plan_path(dir, plan.run_id);
-    let tmp = path.with_extension("json.tmp");
-    let mut f = fs::File::create(&tmp)?;
-    f.write_all(serde_json::to_string_pretty(plan)?.as_bytes())?;
-    f.sync_all()?;
-    fs::rename(&tmp, &path)?;
-    fs::File::open(dir)?.sync_all()?;
-    Ok(())
-}
-
-/// Each node's id, asked of the node (the client follows the leader by id).
-async fn with_ids(nodes: &[SocketAddr]) -> Result<Vec<(NodeId, SocketAddr)>> {
-    let mut out = Vec::new();
-    for &addr in nodes {
-        let status = node_status_brief(addr, Duration::from_millis(STATUS_TIMEOUT_MS))
-            .await
-            .with_context(|| format!("node {addr} does not answer"))?;
-        out.push((status.id, addr));
-    }
-    Ok(out)
-}
-
 async fn clearing_run(args: RunArgs) -> Result<()> {
     let cores = parse_cores(&args.nodes)?;
     args.tls.apply(&cores.concat())?;
-    let defs = load_instruments(&args.instruments)?;
+    let defs = load_instruments(args.instruments.as_deref().expect("--instruments"))
+        .map_err(|e| anyhow!(e))?;
     let rule = SettlementRule {
-        last_trades: args.last_trades,
+        last_trades: args
+            .last_trades
+            .unwrap_or(SettlementRule::default().last_trades),
         window_ns: args.window_ms.map(|ms| ms.saturating_mul(1_000_000)),
     };
     rule.check()
@@ -177,7 +191,7 @@ async fn clearing_run(args: RunArgs) -> Result<()> {
     } else {
         RunKind::Intermediate
     };
-    let saved = saved_runs(&args.dir)?;
+    let saved = saved_runs(&args.dir).map_err(|e| anyhow!(e))?;
     let run_id = args
         .run_id
         .unwrap_or_else(|| saved.last().map_or(1, |r| r.run_id + 1));
@@ -217,13 +231,13 @@ async fn clearing_run(args: RunArgs) -> Result<()> {
                 .await
                 .map_err(anyhow::Error::msg)?;
             let plan = compute_run(&state, run_id, kind, &rule);
-            save_plan(&args.dir, &plan)?;
+            save_plan(&args.dir, &plan).map_err(|e| anyhow!(e))?;
             plan
         }
     };
     let mut groups = Vec::new();
     for nodes in &cores {
-        groups.push(with_ids(nodes).await?);
+        groups.push(with_ids(nodes).await.map_err(|e| anyhow!(e))?);
     }
     let results = execute(&plan, &groups, ExecuteOptions::default())
         .await
@@ -231,179 +245,11 @@ async fn clearing_run(args: RunArgs) -> Result<()> {
     let report = Report::new(&state, &plan, &results);
     report.print();
     if let Some(out) = &args.out {
-        report.write(out)?;
-        println!("wrote {}/report.json and report.csv", out.display());
+        let firms = report.write(out).map_err(|e| anyhow!(e))?;
+        println!(
+            "wrote {}/report.json and report.csv, and {firms} firms' firm-<id>.json and .csv",
+            out.display()
+        );
     }
     Ok(())
-}
-
-/// One account's lines of a run.
-#[derive(Serialize, Default)]
-struct AccountLine {
-    account: u32,
-    firm: Option<u32>,
-    /// Futures contracts held, net, over all instruments.
-    futures_lots: i64,
-    variation_margin: String,
-    realised_pnl: String,
-    obligations_cash: String,
-    obligations_securities: i64,
-    movement: String,
-    result: String,
-}
-
-#[derive(Serialize)]
-struct Report {
-    run_id: u32,
-    kind: RunKind,
-    cut: Vec<u64>,
-    state_hash: String,
-    settlement_prices: BTreeMap<u32, i64>,
-    rounding_kept: String,
-    movements: usize,
-    refused: usize,
-    accounts: Vec<AccountLine>,
-}
-
-impl Report {
-    fn new(
-        state: &ClearingState,
-        plan: &RunPlan,
-        results: &BTreeMap<(usize, u64), MovementResult>,
-    ) -> Report {
-        let cash = |v: i128| format_scaled(v, CASH_SCALE);
-        let mut vm: BTreeMap<AccountId, i128> = BTreeMap::new();
-        let mut lots: BTreeMap<AccountId, i64> = BTreeMap::new();
-        for l in &plan.margin {
-            *vm.entry(l.account).or_default() += l.vm.0;
-        }
-        let mut realised: BTreeMap<AccountId, i128> = BTreeMap::new();
-        for (&(account, instrument), p) in state.positions() {
-            if let Some(def) = state.definition(instrument) {
-                if def.market == Market::Futures {
-                    *lots.entry(account).or_default() += p.qty;
-                }
-                *realised.entry(account).or_default() += value_to_cash_floor(def, p.realised_value);
-            }
-        }
-        let mut obligations: BTreeMap<AccountId, (i128, i64)> = BTreeMap::new();
-        for l in &plan.obligations {
-            let o = obligations.entry(l.account).or_default();
-            o.0 += l.cash.0;
-            o.1 += l.securities;
-        }
-        let mut moved: BTreeMap<AccountId, (i128, String)> = BTreeMap::new();
-        let mut refused = 0;
-        for m in &plan.movements {
-            let result = match results.get(&(m.core, m.seq)) {
-                Some(MovementResult::Done { applied_index }) => format!("applied@{applied_index}"),
-                Some(MovementResult::Refused { reason, .. }) => {
-                    refused += 1;
-                    format!("margin call ({reason:?})")
-                }
-                None => "not submitted".into(),
-            };
-            let e = moved.entry(m.account).or_default();
-            e.0 += m.amount.0;
-            e.1 = result;
-        }
-        let accounts = realised
-            .keys()
-            .chain(vm.keys())
-            .copied()
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .map(|a| {
-                let (mv, result) = moved.get(&a).cloned().unwrap_or_default();
-                let (ob_cash, ob_sec) = obligations.get(&a).copied().unwrap_or_default();
-                AccountLine {
-                    account: a.0,
-                    firm: state.firm_of(a).map(|f| f.0),
-                    futures_lots: lots.get(&a).copied().unwrap_or(0),
-                    variation_margin: cash(vm.get(&a).copied().unwrap_or(0)),
-                    realised_pnl: cash(realised.get(&a).copied().unwrap_or(0)),
-                    obligations_cash: cash(ob_cash),
-                    obligations_securities: ob_sec,
-                    movement: cash(mv),
-                    result,
-                }
-            })
-            .collect();
-        Report {
-            run_id: plan.run_id,
-            kind: plan.kind,
-            cut: plan.cut.clone(),
-            state_hash: format!("{:016x}", plan.state_hash),
-            settlement_prices: plan.prices.iter().map(|(i, p)| (i.0, p.0)).collect(),
-            rounding_kept: cash(plan.rounding.values().map(|c| c.0).sum()),
-            movements: plan.movements.len(),
-            refused,
-            accounts,
-        }
-    }
-
-    fn print(&self) {
-        println!(
-            "clearing run {} ({:?}) cut {:?} state {} movements {} refused {} rounding kept {}",
-            self.run_id,
-            self.kind,
-            self.cut,
-            self.state_hash,
-            self.movements,
-            self.refused,
-            self.rounding_kept
-        );
-        for (i, p) in &self.settlement_prices {
-            println!("  settlement price of instrument {i}: {p}");
-        }
-        println!(
-            "{:>10} {:>6} {:>8} {:>18} {:>18} {:>18} {:>12} {:>18}  result",
-            "account",
-            "firm",
-            "fut.lots",
-            "variation margin",
-            "realised P&L",
-            "obligation cash",
-            "oblig.units",
-            "movement"
-        );
-        for a in &self.accounts {
-            println!(
-                "{:>10} {:>6} {:>8} {:>18} {:>18} {:>18} {:>12} {:>18}  {}",
-                a.account,
-                a.firm.map_or("-".into(), |f| f.to_string()),
-                a.futures_lots,
-                a.variation_margin,
-                a.realised_pnl,
-                a.obligations_cash,
-                a.obligations_securities,
-                a.movement,
-                a.result
-            );
-        }
-    }
-
-    fn write(&self, out: &Path) -> Result<()> {
-        fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-        fs::write(out.join("report.json"), serde_json::to_string_pretty(self)?)?;
-        let mut csv = String::from(
-            "account,firm,futures_lots,variation_margin,realised_pnl,obligations_cash,obligations_securities,movement,result\n",
-        );
-        for a in &self.accounts {
-            csv.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{}\n",
-                a.account,
-                a.firm.map_or(String::new(), |f| f.to_string()),
-                a.futures_lots,
-                a.variation_margin,
-                a.realised_pnl,
-                a.obligations_cash,
-                a.obligations_securities,
-                a.movement,
-                a.result
-            ));
-        }
-        fs::write(out.join("report.csv"), csv)?;
-        Ok(())
-    }
 }

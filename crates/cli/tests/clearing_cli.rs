@@ -1,7 +1,8 @@
 //! `bourse clearing run` against a three-node core: the run pays variation margin through the
 //! sequenced path and writes its report; run again under the same id it resumes the saved
 //! plan and applies nothing twice (the core's balances say so); the next run owes nothing
-//! while no one trades.
+//! while no one trades. `bourse clearing serve` follows the same core, answers clearing data,
+//! runs when `bourse clearing run --service` asks, and snapshots its state when stopped.
 
 use std::net::SocketAddr;
 use std::process::Command as Process;
@@ -67,16 +68,17 @@ fn clearing(args: &[&str]) -> String {
     text
 }
 
-#[test]
-fn clearing_run_pays_margin_once_and_resumes_under_the_same_id() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut config =
-        ClusterConfig::local(17, dir.path().join("nodes"), bourse_testkit::free_ports());
+struct Venue {
+    nodes: Vec<Node>,
+    group: Vec<(u64, SocketAddr)>,
+    node_list: String,
+    instruments: std::path::PathBuf,
+}
+
+/// A three-node core where account 1 buys 4 at 99,000 from 2 and 2 at 100,200 from 3
+/// (accounts of firms 1, 2, 3), and the instruments file clearing needs.
+fn venue(rt: &tokio::runtime::Runtime, dir: &std::path::Path) -> Venue {
+    let mut config = ClusterConfig::local(17, dir.join("nodes"), bourse_testkit::free_ports());
     config.fsync = bourse_cluster::FsyncSetting::Never;
     config.orders_max = 1024;
     config.accounts_max = 64;
@@ -129,12 +131,34 @@ fn clearing_run_pays_margin_once_and_resumes_under_the_same_id() {
         submit(&mut trader, order(3, 3, Side::Sell, 100_200, 2)).await;
         submit(&mut trader, order(1, 4, Side::Buy, 100_200, 2)).await;
     });
-    let instruments = dir.path().join("instruments.json");
+    let instruments = dir.join("instruments.json");
     std::fs::write(
         &instruments,
         serde_json::to_string(&[future(1, "FUT", 100_000)]).unwrap(),
     )
     .unwrap();
+    Venue {
+        nodes,
+        group,
+        node_list,
+        instruments,
+    }
+}
+
+#[test]
+fn clearing_run_pays_margin_once_and_resumes_under_the_same_id() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let Venue {
+        nodes,
+        group,
+        node_list,
+        instruments,
+    } = venue(&rt, dir.path());
     let runs = dir.path().join("runs");
     let out = dir.path().join("out");
     let common = [
@@ -193,6 +217,115 @@ fn clearing_run_pays_margin_once_and_resumes_under_the_same_id() {
 
     rt.block_on(async {
         for n in nodes {
+            n.shutdown().await;
+        }
+    });
+}
+
+#[test]
+fn clearing_serve_runs_when_the_cli_asks_and_answers_clearing_data() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let v = venue(&rt, dir.path());
+    let hash = bourse_auth::hash_password_with("op-pw", bourse_auth::HashCost::TEST_ONLY).unwrap();
+    let listen = format!("127.0.0.1:{}", bourse_testkit::free_port());
+    let nodes: Vec<String> = v.group.iter().map(|n| format!("\"{}\"", n.1)).collect();
+    let config = dir.path().join("clearing.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "name = \"cli\"\nlisten = \"{listen}\"\ncores = [[{}]]\ninstruments = \"instruments.json\"\n\
+             state_dir = \"clearing\"\n[settlement]\nlast_trades = 1\n\
+             [[operators]]\nname = \"op\"\npassword_hash = \"{}\"\nroles = [\"operator\"]\n",
+            nodes.join(","),
+            hash.as_str()
+        ),
+    )
+    .unwrap();
+    let mut serve = Process::new(BOURSE)
+        .args(["clearing", "serve", "--config", config.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("http://{listen}");
+    let admin = bourse_admin::AdminClient::new(&url)
+        .unwrap()
+        .with_timeout(Duration::from_secs(5));
+    // The service is up and has read the trades (a hang guard, not a timing).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let ok = admin.get("/v1/status").is_ok_and(|r| r.body["trades"] == 2);
+        if ok {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the service never caught up"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = Process::new(BOURSE)
+        .args([
+            "clearing",
+            "run",
+            "--intermediate",
+            "--service",
+            &url,
+            "--user",
+            "op",
+        ])
+        .env("BOURSE_CLEARING_PASSWORD", "op-pw")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("clearing run 1 (Intermediate)"), "{text}");
+    assert!(text.contains("movements 2 refused 0 pending 0"), "{text}");
+    // A wrong password is refused, and says so.
+    let refused = Process::new(BOURSE)
+        .args([
+            "clearing",
+            "run",
+            "--intermediate",
+            "--service",
+            &url,
+            "--user",
+            "op",
+        ])
+        .env("BOURSE_CLEARING_PASSWORD", "wrong")
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("401"));
+    // Clearing data: account 1 holds 6 lots and was paid 1,200 x 4 at 100,200.
+    let account = admin.get("/v1/accounts/1").unwrap();
+    assert_eq!(account.body["positions"][0]["qty"], 6, "{:?}", account.body);
+    assert_eq!(account.body["variation_margin_paid"], "4800.0000");
+    assert!(dir
+        .path()
+        .join("clearing/reports/run-000001/firm-1.csv")
+        .exists());
+    // Stopped with SIGINT, it snapshots its state.
+    let stopped = Process::new("kill")
+        .args(["-INT", &serve.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    assert!(serve.wait().unwrap().success());
+    let snapshots = std::fs::read_dir(dir.path().join("clearing/snapshots")).unwrap();
+    assert!(snapshots
+        .map(|f| f.unwrap().file_name().to_string_lossy().into_owned())
+        .any(|name| name.ends_with(".snap")));
+    rt.block_on(async {
+        for n in v.nodes {
             n.shutdown().await;
         }
     });

@@ -6,6 +6,7 @@
 
 mod admin;
 mod capacity;
+mod clearing;
 mod cluster;
 mod common;
 mod delivery;
@@ -47,6 +48,9 @@ pub enum BenchCommand {
     /// Tick-to-trade (seed 004) on loopback: the replay driver and the reference reacting
     /// client, beside the UDP, TCP echo and null-client floors of the same run.
     T2t(t2t::T2tBenchArgs),
+    /// An intermediate clearing of N accounts × M positions in process: positions/s of the
+    /// run and memory per position of the clearing state.
+    Clearing(clearing::ClearingBenchArgs),
 }
 
 /// Runs one benchmark.
@@ -62,5 +66,6 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Gateway(args) => gateway::bench(args),
         BenchCommand::Recovery(args) => recovery::recovery(args),
         BenchCommand::T2t(args) => t2t::bench(args),
+        BenchCommand::Clearing(args) => clearing::bench(args),
     }
 }

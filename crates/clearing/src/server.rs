@@ -1,0 +1,412 @@
+//! The clearing node's HTTP/JSON API (clearing data access).
+//!
+//! Queries (no credentials; the node listens on loopback by default):
+//! - `GET /v1/accounts/{id}`: the account's firm, cash per core, and per instrument its
+//!   position, average cost, realised P&L, variation margin paid and still open at the last
+//!   trade price, and obligations since the last run;
+//! - `GET /v1/firms/{id}?after=&limit=`: the firm's accounts (a page of at most
+//!   `limits.accounts_per_answer_max`) with each one's totals, and the firm's totals over the
+//!   page;
+//! - `GET /v1/runs`, `GET /v1/runs/{id}` (the report), `GET /v1/runs/{id}/plan` (what a
+//!   standby reads);
+//! - `GET /v1/status` (cut, the cores' ends, pending runs, feed errors), `GET /metrics`,
+//!   `GET /healthz`.
+//!
+//! Operator actions (HTTP Basic, role `operator`, checked against the node's credential
+//! store off the runtime's workers): `POST /v1/runs` (a [`RunRequest`]; a known `run_id`
+//! resumes that run) and `POST /v1/takeover` (a standby becomes the primary). Errors are
+//! `{"error":{"code":..,"message":..}}` with 400, 401, 403, 404, 409 or 503.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use bourse_core::{format_scaled, AccountId, FirmId, Market, CASH_SCALE};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::node::{RunRequest, Shared};
+use crate::state::{trade_value, value_to_cash_floor, ClearingState};
+
+/// The role that may run clearings.
+pub const ROLE_OPERATOR: &str = "operator";
+/// The largest body of a run request.
+const RUN_BODY_BYTES_MAX: usize = 4 * 1024;
+
+fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    let body = json!({ "error": { "code": code, "message": message.into() } });
+    (status, axum::Json(body)).into_response()
+}
+
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/accounts/{id}", get(account))
+        .route("/v1/firms/{id}", get(firm))
+        .route("/v1/runs", get(runs).post(run))
+        .route("/v1/runs/{id}", get(run_report))
+        .route("/v1/runs/{id}/plan", get(run_plan))
+        .route("/v1/takeover", post(takeover))
+        .route("/v1/status", get(status))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .layer(DefaultBodyLimit::max(RUN_BODY_BYTES_MAX))
+        .fallback(|| async {
+            error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "unknown path: see GET /v1/accounts/{id}, /v1/firms/{id}, /v1/runs, /v1/status",
+            )
+        })
+        .with_state(shared)
+}
+
+fn cash(v: i128) -> String {
+    format_scaled(v, CASH_SCALE)
+}
+
+/// One account's clearing data (and its totals in cash units, for firm sums).
+fn account_json(state: &ClearingState, account: AccountId) -> (Value, [i128; 3]) {
+    let mut positions = Vec::new();
+    let mut totals = [0i128; 3]; // realised, variation margin paid, variation margin open
+    for (instrument, p) in state.account_positions(account) {
+        let Some(def) = state.definition(instrument) else {
+            continue;
+        };
+        let realised = value_to_cash_floor(def, p.realised_value);
+        totals[0] += realised;
+        let mut line = json!({
+            "instrument": instrument.0,
+            "market": def.market,
+            "qty": p.qty,
+            "lots_bought": p.lots_bought,
+            "lots_sold": p.lots_sold,
+            "cost": cash(value_to_cash_floor(def, p.cost_value)),
+            "realised_pnl": cash(realised),
+        });
+        if def.market == Market::Futures {
+            // Variation margin still open: the position marked to the instrument's last
+            // trade, less what runs paid (what the next run would pay at that price).
+            let last = state
+                .instruments()
+                .get(&instrument)
+                .and_then(|s| s.recent.back())
+                .map(|t| t.price);
+            let open = last
+                .and_then(|price| trade_value(def, price, p.qty).ok())
+                .map(|marked| value_to_cash_floor(def, marked - p.paid_value) - p.vm_paid.0);
+            totals[1] += p.vm_paid.0;
+            totals[2] += open.unwrap_or(0);
+            line["variation_margin_paid"] = json!(cash(p.vm_paid.0));
+            line["variation_margin_open"] = json!(open.map(cash));
+            line["mark_price"] = json!(last.map(|p| p.0));
+        } else {
+            line["obligations"] =
+                json!({ "securities": p.securities_due, "cash": cash(p.cash_due.0) });
+        }
+        positions.push(line);
+    }
+    let cash_lines: Vec<Value> = state
+        .account_cash(account)
+        .into_iter()
+        .map(|(core, c)| {
+            json!({
+                "core": core,
+                "cash": cash(c.cash.0),
+                "deposited": cash(c.deposited.0),
+                "withdrawn": cash(c.withdrawn.0),
+            })
+        })
+        .collect();
+    let v = json!({
+        "account": account.0,
+        "firm": state.firm_of(account).map(|f| f.0),
+        "cash": cash_lines,
+        "positions": positions,
+        "realised_pnl": cash(totals[0]),
+        "variation_margin_paid": cash(totals[1]),
+        "variation_margin_open": cash(totals[2]),
+    });
+    (v, totals)
+}
+
+fn cut_json(state: &ClearingState) -> Value {
+    json!({ "cut": state.cut(), "as_of_ts_ns": state.last_ts_ns() })
+}
+
+async fn account(State(s): State<Arc<Shared>>, Path(id): Path<u32>) -> Response {
+    let inner = s.inner.read().expect("state");
+    let state = &inner.state;
+    let account = AccountId(id);
+    if state.firm_of(account).is_none() && state.account_positions(account).next().is_none() {
+        return error(
+            StatusCode::NOT_FOUND,
+            "unknown_account",
+            format!("account {id} has neither been added nor traded on the cores clearing follows"),
+        );
+    }
+    let (mut v, _) = account_json(state, account);
+    v["as_of"] = cut_json(state);
+    axum::Json(v).into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FirmParams {
+    after: Option<u32>,
+    limit: Option<usize>,
+}
+
+async fn firm(
+    State(s): State<Arc<Shared>>,
+    Path(id): Path<u32>,
+    query: Result<Query<FirmParams>, QueryRejection>,
+) -> Response {
+    let params = match query {
+        Ok(Query(p)) => p,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
+    };
+    let max = s.config.limits.accounts_per_answer_max;
+    let limit = params.limit.unwrap_or(max);
+    if limit == 0 || limit > max {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("limit must be 1..={max}, not {limit}"),
+        );
+    }
+    let inner = s.inner.read().expect("state");
+    let state = &inner.state;
+    let mut accounts = Vec::new();
+    let mut totals = [0i128; 3];
+    let mut more = false;
+    for a in state.firm_accounts(FirmId(id), params.after.map(AccountId)) {
+        if accounts.len() == limit {
+            more = true;
+            break;
+        }
+        let (v, t) = account_json(state, a);
+        for (sum, x) in totals.iter_mut().zip(t) {
+            *sum += x;
+        }
+        accounts.push(v);
+    }
+    if accounts.is_empty() && params.after.is_none() {
+        return error(
+            StatusCode::NOT_FOUND,
+            "unknown_firm",
+            format!("firm {id} has no account on the cores clearing follows"),
+        );
+    }
+    let next_after = more.then(|| accounts.last().map(|a| a["account"].clone()));
+    axum::Json(json!({
+        "firm": id,
+        "accounts": accounts,
+        "next_after": next_after.flatten(),
+        "page_totals": {
+            "realised_pnl": cash(totals[0]),
+            "variation_margin_paid": cash(totals[1]),
+            "variation_margin_open": cash(totals[2]),
+        },
+        "as_of": cut_json(state),
+    }))
+    .into_response()
+}
+
+async fn runs(State(s): State<Arc<Shared>>) -> Response {
+    let inner = s.inner.read().expect("state");
+    let list: Vec<Value> = inner
+        .runs
+        .values()
+        .map(|r| {
+            json!({
+                "run_id": r.plan.run_id,
+                "kind": r.plan.kind,
+                "cut": r.plan.cut,
+                "movements": r.plan.movements.len(),
+                "settled": inner.state.last_settled_run() >= r.plan.run_id,
+                "pending_commands": r.report.as_ref().map(|rep| rep.pending),
+            })
+        })
+        .collect();
+    axum::Json(json!({ "runs": list })).into_response()
+}
+
+fn bad_run_id(text: &str) -> Response {
+    error(
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+        format!("run id {text:?} is not a number"),
+    )
+}
+
+fn unknown_run(id: u32) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "unknown_run",
+        format!("no run {id} here"),
+    )
+}
+
+async fn run_report(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+    let Ok(id) = id.parse::<u32>() else {
+        return bad_run_id(&id);
+    };
+    let inner = s.inner.read().expect("state");
+    match inner.runs.get(&id) {
+        Some(r) => match &r.report {
+            Some(report) => axum::Json(report).into_response(),
+            None => error(
+                StatusCode::NOT_FOUND,
+                "no_report",
+                format!("run {id} is known (read from the primary) but has no report here"),
+            ),
+        },
+        None => unknown_run(id),
+    }
+}
+
+async fn run_plan(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+    let Ok(id) = id.parse::<u32>() else {
+        return bad_run_id(&id);
+    };
+    let plan = s
+        .inner
+        .read()
+        .expect("state")
+        .runs
+        .get(&id)
+        .map(|r| r.plan.clone());
+    match plan {
+        Some(p) => axum::Json(&*p).into_response(),
+        None => unknown_run(id),
+    }
+}
+
+async fn status(State(s): State<Arc<Shared>>) -> Response {
+    let ends = s.stream_ends.lock().expect("ends").clone();
+    let feeds = s.feed_errors.lock().expect("feed errors").clone();
+    let inner = s.inner.read().expect("state");
+    let runs: BTreeMap<u32, bool> = inner
+        .runs
+        .keys()
+        .map(|&id| (id, inner.state.last_settled_run() >= id))
+        .collect();
+    axum::Json(json!({
+        "cut": inner.state.cut(),
+        "stream_ends": ends,
+        "as_of_ts_ns": inner.state.last_ts_ns(),
+        "positions": inner.state.positions().len(),
+        "trades": inner.state.trades(),
+        "last_settled_run": inner.state.last_settled_run(),
+        "runs_settled": runs,
+        "standby": s.is_standby(),
+        "feed_errors": feeds,
+        "limits": s.config.limits,
+    }))
+    .into_response()
+}
+
+async fn metrics(State(s): State<Arc<Shared>>) -> Response {
+    let mut text = String::with_capacity(8 * 1024);
+    s.metrics.registry.render(&mut text);
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// The operator's name if the credentials are right and hold the operator role.
+async fn authenticate(s: &Shared, headers: &HeaderMap) -> Result<String, Response> {
+    let Some((name, password)) = bourse_admin::server::basic_credentials(headers) else {
+        return Err(unauthenticated("credentials required (HTTP Basic)"));
+    };
+    let store = Arc::clone(&s.credentials);
+    let checked = name.clone();
+    let check = tokio::task::spawn_blocking(move || {
+        store
+            .verify(&checked, &password)
+            .map(|id| id.has_role(ROLE_OPERATOR))
+    })
+    .await;
+    match check {
+        Ok(Ok(true)) => Ok(name),
+        Ok(Ok(false)) => Err(error(
+            StatusCode::FORBIDDEN,
+            "refused",
+            format!("{name} does not hold the role {ROLE_OPERATOR}"),
+        )),
+        _ => Err(unauthenticated("invalid credentials")),
+    }
+}
+
+fn unauthenticated(message: &str) -> Response {
+    let mut r = error(StatusCode::UNAUTHORIZED, "refused", message);
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Basic realm=\"bourse clearing\""),
+    );
+    r
+}
+
+async fn run(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(refusal) = authenticate(&s, &headers).await {
+        return refusal;
+    }
+    let request: RunRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", format!("run: {e}")),
+    };
+    // The run goes on in a task of its own, so that a client hanging up cannot stop it
+    // half way (it would resume under its id, but need not).
+    let task = tokio::spawn(async move { s.run(request).await });
+    match task.await {
+        Ok(Ok(report)) => axum::Json(report).into_response(),
+        Ok(Err(e)) => {
+            let status =
+                StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            error(status, "run_refused", e.message)
+        }
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "run_failed",
+            e.to_string(),
+        ),
+    }
+}
+
+async fn takeover(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    if let Err(refusal) = authenticate(&s, &headers).await {
+        return refusal;
+    }
+    let was = s.is_standby();
+    s.takeover();
+    axum::Json(json!({ "standby": false, "was_standby": was })).into_response()
+}
+
+/// Serves until `stopped` changes, on the monitor's accept loop with the node's limits.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, stopped: watch::Receiver<bool>) {
+    let connections_max = shared.config.limits.connections_max;
+    let header_read_timeout_ms = shared.config.limits.header_read_timeout_ms;
+    let open = shared.metrics.connections.clone();
+    bourse_monitor::server::serve_limited(
+        listener,
+        router(shared),
+        connections_max,
+        header_read_timeout_ms,
+        open,
+        stopped,
+    )
+    .await
+}

@@ -1,0 +1,472 @@
+//! The clearing service (`ClearingNode`) against a replicated core (three nodes over TCP):
+//! it follows the stream, answers clearing data over HTTP, runs on an operator's request
+//! (and only an operator's), closes the day (Day orders expire once), writes per-firm
+//! reports; restarted from its snapshot it reaches the same state as a fresh node that read
+//! the streams from index 0; a standby takes over a run stopped half way and applies nothing
+//! twice.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use bourse_admin::AdminClient;
+use bourse_auth::{hash_password_with, CredentialEntry, HashCost};
+use bourse_clearing::node::Limits;
+use bourse_clearing::{
+    run_client_id, stream_end, ClearingConfig, ClearingNode, ExecuteOptions, RunKind, RunRequest,
+    SettlementRule,
+};
+use bourse_cluster::{Client, ClusterConfig, Node, NodeId, StreamConsumer};
+use bourse_core::*;
+use bourse_engine::fixtures::future;
+use serde_json::{json, Value};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+const WAIT: Duration = Duration::from_secs(30);
+const FUT: u32 = 1;
+const CASH_START: i128 = 1_000_000_0000;
+
+struct Core {
+    runtime: tokio::runtime::Runtime,
+    nodes: Vec<Node>,
+    group: Vec<(NodeId, SocketAddr)>,
+    _dir: tempfile::TempDir,
+}
+
+impl Core {
+    fn addrs(&self) -> Vec<SocketAddr> {
+        self.group.iter().map(|n| n.1).collect()
+    }
+
+    fn end(&self) -> u64 {
+        self.runtime.block_on(stream_end(&self.addrs())).unwrap()
+    }
+
+    fn submit(&self, client: &mut Client, body: CommandBody) -> Vec<Event> {
+        self.runtime.block_on(async {
+            client
+                .submit_for_events(&Command::new(1_000, body), DEADLINE)
+                .await
+                .expect("applied")
+                .1
+        })
+    }
+
+    /// The account's cash as the core has it: a deposit of one unit answers with it.
+    fn cash(&self, client: &mut Client, account: u32) -> i128 {
+        let body = CommandBody::Deposit {
+            account: AccountId(account),
+            amount: Cash(1),
+        };
+        match self.submit(client, body)[..] {
+            [Event::CashChanged { cash, .. }] => cash.0 - 1,
+            ref other => panic!("a deposit answers with the balance: {other:?}"),
+        }
+    }
+
+    /// How often each seq of `client_id` was applied on the whole stream.
+    fn applied(&self, client_id: u64) -> Vec<(u64, u32)> {
+        let nodes = self.addrs();
+        let end = self.end();
+        self.runtime.block_on(async {
+            let mut consumer = StreamConsumer::remote(nodes, 0);
+            let mut seen = std::collections::BTreeMap::new();
+            while consumer.position() < end {
+                let entry = consumer.next().await.unwrap();
+                for r in entry.requests() {
+                    if r.key().0 == client_id && r.applied_here() {
+                        *seen.entry(r.key().1).or_insert(0) += 1;
+                    }
+                }
+            }
+            seen.into_iter().collect()
+        })
+    }
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        let nodes = std::mem::take(&mut self.nodes);
+        self.runtime.block_on(async {
+            for n in nodes {
+                n.shutdown().await;
+            }
+        });
+    }
+}
+
+fn order(account: u32, id: u64, side: Side, price: i64, qty: i64) -> CommandBody {
+    CommandBody::NewOrder(NewOrder {
+        account: AccountId(account),
+        cl_ord_id: ClOrdId(id),
+        instrument: InstrumentId(FUT),
+        side,
+        ord_type: OrdType::Limit,
+        price: Price(price),
+        qty: Qty(qty),
+        tif: TimeInForce::Day,
+        expire_ts_ns: 0,
+        display_qty: Qty(0),
+    })
+}
+
+/// A three-node core where accounts 1, 2 (firm 1) and 3, 4 (firm 2) trade a future four
+/// times: 1 buys 5 at 99,000 and 2 at 100,500; 2 buys 3 at 101,000 and 4 at 100,020.
+fn core_with_trades() -> (Core, Client) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config =
+        ClusterConfig::local(17, dir.path().to_path_buf(), bourse_testkit::free_ports());
+    config.fsync = bourse_cluster::FsyncSetting::Never;
+    config.orders_max = 1024;
+    config.accounts_max = 64;
+    let nodes = runtime.block_on(async {
+        let mut nodes = Vec::new();
+        for n in &config.nodes {
+            nodes.push(Node::start(&config, n.id).await.unwrap());
+        }
+        nodes
+    });
+    let group = config
+        .nodes
+        .iter()
+        .map(|n| (n.id, n.addr.parse().unwrap()))
+        .collect();
+    let core = Core {
+        runtime,
+        nodes,
+        group,
+        _dir: dir,
+    };
+    let mut trader = Client::new(core.group.clone(), 7, 1);
+    core.submit(
+        &mut trader,
+        CommandBody::AddInstrument(future(FUT, "FUT", 100_000)),
+    );
+    for a in 1..=4 {
+        let spec = AccountSpec {
+            account: AccountId(a),
+            firm: FirmId(if a <= 2 { 1 } else { 2 }),
+            may_short: true,
+            stp: StpMode::None,
+            stp_scope: StpScope::Account,
+        };
+        core.submit(&mut trader, CommandBody::AddAccount(spec));
+        let deposit = CommandBody::Deposit {
+            account: AccountId(a),
+            amount: Cash(CASH_START),
+        };
+        core.submit(&mut trader, deposit);
+    }
+    let mut id = 0;
+    for (buyer, seller, price, qty) in [
+        (1, 3, 99_000, 5),
+        (2, 4, 101_000, 3),
+        (1, 4, 100_500, 2),
+        (2, 3, 100_020, 4),
+    ] {
+        id += 2;
+        core.submit(&mut trader, order(seller, id, Side::Sell, price, qty));
+        let events = core.submit(&mut trader, order(buyer, id + 1, Side::Buy, price, qty));
+        assert!(events.iter().any(|e| matches!(e, Event::Trade { .. })));
+    }
+    (core, trader)
+}
+
+fn config(core: &Core, state_dir: &Path, standby_of: Option<String>) -> ClearingConfig {
+    let instruments = state_dir.join("instruments.json");
+    std::fs::create_dir_all(state_dir).unwrap();
+    std::fs::write(
+        &instruments,
+        serde_json::to_string(&[future(FUT, "FUT", 100_000)]).unwrap(),
+    )
+    .unwrap();
+    let operators = [("alice", "operator"), ("victor", "viewer")]
+        .map(|(name, role)| CredentialEntry {
+            name: name.into(),
+            password_hash: hash_password_with(&format!("{name}-pw"), HashCost::TEST_ONLY).unwrap(),
+            roles: vec![role.into()],
+        })
+        .to_vec();
+    ClearingConfig {
+        name: "test".into(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        cores: vec![core.addrs()],
+        instruments,
+        state_dir: state_dir.to_path_buf(),
+        snapshot_interval_ms: 0,
+        settlement: SettlementRule {
+            last_trades: 2,
+            window_ns: None,
+        },
+        standby_of,
+        operators,
+        limits: Limits {
+            status_interval_ms: 50,
+            standby_poll_ms: 20,
+            ..Limits::default()
+        },
+    }
+}
+
+fn start(config: ClearingConfig) -> ClearingNode {
+    let defs = bourse_clearing::load_instruments(&config.instruments).unwrap();
+    ClearingNode::start(config, defs).unwrap()
+}
+
+fn client(node: &ClearingNode, who: Option<&str>) -> AdminClient {
+    let c = AdminClient::new(&node.url()).unwrap();
+    match who {
+        Some(name) => c.with_credentials(name, &format!("{name}-pw")),
+        None => c,
+    }
+}
+
+fn post_run(node: &ClearingNode, who: Option<&str>, body: Value) -> (u16, Value) {
+    let reply = client(node, who)
+        .post_json("/v1/runs", None, &body)
+        .unwrap();
+    (reply.status, reply.body)
+}
+
+fn cash(v: i128) -> String {
+    format_scaled(v, CASH_SCALE)
+}
+
+/// Variation margin of each account at the settlement price 100,180 (the VWAP of the last two
+/// trades): Σ side × lots × (S − p), one cash unit 1.0000 per point.
+fn vm_of(account: u32) -> i128 {
+    let points = match account {
+        1 => 1_180 * 5 - 320 * 2,
+        2 => -820 * 3 + 160 * 4,
+        3 => -1_180 * 5 - 160 * 4,
+        _ => 820 * 3 + 320 * 2,
+    };
+    points * 1_0000
+}
+
+#[test]
+fn the_service_answers_clearing_data_and_runs_on_an_operators_request() {
+    let (core, mut trader) = core_with_trades();
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(config(&core, dir.path(), None));
+    assert!(node.wait_for_cut(&[core.end()], WAIT), "the feed follows");
+
+    // Clearing data: account 1's position, and its open margin at the last trade (100,020).
+    let account = client(&node, None).get("/v1/accounts/1").unwrap();
+    assert_eq!(account.status, 200, "{:?}", account.body);
+    let b = &account.body;
+    assert_eq!(b["firm"], 1);
+    assert_eq!(b["positions"][0]["qty"], 7);
+    let open_points = 1_020 * 5 - 480 * 2;
+    assert_eq!(b["variation_margin_open"], cash(open_points * 1_0000));
+    assert_eq!(b["cash"][0]["cash"], cash(CASH_START));
+    let missing = client(&node, None).get("/v1/accounts/99").unwrap();
+    assert_eq!(missing.status, 404);
+    // Firm 2 a page of one account at a time.
+    let page = client(&node, None).get("/v1/firms/2?limit=1").unwrap();
+    assert_eq!(page.status, 200, "{:?}", page.body);
+    assert_eq!(page.body["accounts"][0]["account"], 3);
+    assert_eq!(page.body["next_after"], 3);
+    let page = client(&node, None).get("/v1/firms/2?after=3").unwrap();
+    assert_eq!(page.body["accounts"][0]["account"], 4);
+    assert_eq!(page.body["next_after"], Value::Null);
+    let bad = client(&node, None).get("/v1/firms/2?limit=0").unwrap();
+    assert_eq!(bad.status, 400);
+    let bad = client(&node, None).get("/v1/firms/2?colour=red").unwrap();
+    assert_eq!(bad.status, 400);
+
+    // Only an operator runs a clearing.
+    let ask = json!({ "kind": "intermediate" });
+    assert_eq!(post_run(&node, None, ask.clone()).0, 401);
+    assert_eq!(post_run(&node, Some("victor"), ask.clone()).0, 403);
+    let (status, report) = post_run(&node, Some("alice"), ask);
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["run_id"], 1);
+    assert_eq!(report["settlement_prices"]["1"], 100_180);
+    assert_eq!(report["movements"], 4);
+    assert_eq!(report["pending"], 0);
+    for line in report["accounts"].as_array().unwrap() {
+        let a = line["account"].as_u64().unwrap() as u32;
+        assert_eq!(line["variation_margin"], cash(vm_of(a)), "account {a}");
+        assert!(line["result"].as_str().unwrap().starts_with("applied@"));
+    }
+    for a in 1..=4 {
+        assert_eq!(
+            core.cash(&mut trader, a),
+            CASH_START + vm_of(a),
+            "account {a}"
+        );
+    }
+    // Per-firm reports: firm 1's files hold accounts 1 and 2 only.
+    let run_dir = dir.path().join("reports/run-000001");
+    let firm1 = std::fs::read_to_string(run_dir.join("firm-1.csv")).unwrap();
+    let accounts: Vec<&str> = firm1
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').next().unwrap())
+        .collect();
+    assert_eq!(accounts, ["1", "2"]);
+    let firm2: Value =
+        serde_json::from_slice(&std::fs::read(run_dir.join("firm-2.json")).unwrap()).unwrap();
+    assert_eq!(firm2["accounts"].as_array().unwrap().len(), 2);
+
+    // The same run again resumes: nothing is submitted twice.
+    let (status, again) = post_run(&node, Some("alice"), json!({ "run_id": 1 }));
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["accounts"], report["accounts"]);
+    assert_eq!(
+        core.applied(run_client_id(1, 0)),
+        vec![(1, 1), (2, 1), (3, 1), (4, 1)]
+    );
+
+    // End of day: a resting Day order expires, through the run's own keyed command, once.
+    let rests = core.submit(&mut trader, order(1, 100, Side::Sell, 100_900, 1));
+    assert!(
+        rests
+            .iter()
+            .any(|e| matches!(e, Event::OrderAccepted { .. })),
+        "{rests:?}"
+    );
+    assert!(node.wait_for_cut(&[core.end()], WAIT));
+    let (status, eod) = post_run(&node, Some("alice"), json!({ "kind": "end_of_day" }));
+    assert_eq!(status, 200, "{eod}");
+    assert_eq!(eod["run_id"], 2);
+    assert_eq!(eod["movements"], 0, "no trade since run 1: no margin");
+    assert_eq!(eod["orders_expired"], 1);
+    let (_, again) = post_run(&node, Some("alice"), json!({ "run_id": 2 }));
+    assert_eq!(again["orders_expired"], 1);
+    assert_eq!(core.applied(run_client_id(2, 0)), vec![(1, 1)]);
+
+    // The lag and the runs are on /metrics; the runs are listed.
+    let end = core.end();
+    assert!(node.wait_until(WAIT, |i| i.state.cut()[0] >= end));
+    let metrics = client(&node, None).get("/metrics").unwrap();
+    let text = metrics.body.as_str().unwrap().to_string();
+    assert!(
+        text.contains("bourse_clearing_lag_entries{core=\"0\"}"),
+        "{text}"
+    );
+    assert!(
+        text.contains("bourse_clearing_runs_total{outcome=\"done\"} 4"),
+        "{text}"
+    );
+    let runs = client(&node, None).get("/v1/runs").unwrap();
+    assert_eq!(runs.body["runs"].as_array().unwrap().len(), 2);
+    node.stop().unwrap();
+}
+
+#[test]
+fn a_restarted_service_reaches_the_state_a_fresh_one_rebuilds_from_the_streams() {
+    let (core, mut trader) = core_with_trades();
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(config(&core, dir.path(), None));
+    assert!(node.wait_for_cut(&[core.end()], WAIT));
+    let (status, report) = post_run(&node, Some("alice"), json!({ "kind": "intermediate" }));
+    assert_eq!(status, 200, "{report}");
+    // Trading goes on after the run.
+    core.submit(&mut trader, order(3, 200, Side::Sell, 100_300, 2));
+    core.submit(&mut trader, order(2, 201, Side::Buy, 100_300, 2));
+    let end = core.end();
+    assert!(node.wait_for_cut(&[end], WAIT));
+    let (cut, hash) = node.cut_and_hash();
+    node.stop().unwrap();
+    assert!(
+        std::fs::read_dir(dir.path().join("snapshots"))
+            .unwrap()
+            .any(|f| f.unwrap().file_name().to_string_lossy().ends_with(".snap")),
+        "stopping writes a snapshot"
+    );
+
+    // Restarted from its snapshot: the same cut and hash at once.
+    let restarted = start(config(&core, dir.path(), None));
+    assert_eq!(restarted.cut_and_hash(), (cut.clone(), hash));
+    restarted.stop().unwrap();
+
+    // A fresh node with the saved runs only reads the stream from index 0, settles run 1 at
+    // its cut (checking the hash there), and reaches the same state.
+    let fresh_dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(fresh_dir.path().join("runs")).unwrap();
+    std::fs::copy(
+        dir.path().join("runs/run-000001.json"),
+        fresh_dir.path().join("runs/run-000001.json"),
+    )
+    .unwrap();
+    let fresh = start(config(&core, fresh_dir.path(), None));
+    assert!(fresh.wait_for_cut(&cut, WAIT));
+    assert_eq!(fresh.cut_and_hash(), (cut, hash));
+    drop(fresh);
+
+    // A node that knows no run refuses to compute one while run 1's commands are on the
+    // stream: it would pay the margin twice.
+    let blind_dir = tempfile::tempdir().unwrap();
+    let blind = start(config(&core, blind_dir.path(), None));
+    let (status, body) = post_run(&blind, Some("alice"), json!({ "kind": "intermediate" }));
+    assert_eq!(status, 409, "{body}");
+    assert!(body
+        .to_string()
+        .contains("run 1's commands are on the streams"));
+}
+
+#[test]
+fn a_standby_takes_over_a_run_stopped_half_way_and_applies_nothing_twice() {
+    let (core, mut trader) = core_with_trades();
+    let primary_dir = tempfile::tempdir().unwrap();
+    let standby_dir = tempfile::tempdir().unwrap();
+    let primary = start(config(&core, primary_dir.path(), None));
+    let standby = start(config(&core, standby_dir.path(), Some(primary.url())));
+    assert!(primary.wait_for_cut(&[core.end()], WAIT));
+
+    // A standby computes no run of its own.
+    let (status, _) = post_run(&standby, Some("alice"), json!({ "kind": "intermediate" }));
+    assert_eq!(status, 409);
+
+    // The primary dies after the first of its four movements.
+    let partial = primary
+        .block_on(primary.shared().run_with(
+            RunRequest {
+                kind: Some(RunKind::Intermediate),
+                ..RunRequest::default()
+            },
+            ExecuteOptions {
+                stop_after: Some(1),
+            },
+        ))
+        .unwrap();
+    assert_eq!(partial.pending, 3);
+    assert!(
+        standby.wait_until(WAIT, |i| i.state.last_settled_run() == 1),
+        "the standby reads and settles the primary's run"
+    );
+    primary.kill();
+
+    // The standby resumes it: the other three movements, each once.
+    let (status, report) = post_run(&standby, Some("alice"), json!({ "run_id": 1 }));
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["pending"], 0);
+    assert_eq!(
+        core.applied(run_client_id(1, 0)),
+        vec![(1, 1), (2, 1), (3, 1), (4, 1)]
+    );
+    for a in 1..=4 {
+        assert_eq!(
+            core.cash(&mut trader, a),
+            CASH_START + vm_of(a),
+            "account {a}"
+        );
+    }
+
+    // Taken over, it runs the next clearing itself; with no trade since, nothing is owed.
+    let takeover = client(&standby, Some("alice"))
+        .post_json("/v1/takeover", None, &json!({}))
+        .unwrap();
+    assert_eq!(takeover.status, 200);
+    let (status, next) = post_run(&standby, Some("alice"), json!({ "kind": "intermediate" }));
+    assert_eq!(status, 200, "{next}");
+    assert_eq!(next["run_id"], 2);
+    assert_eq!(next["movements"], 0);
+}
