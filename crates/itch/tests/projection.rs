@@ -176,3 +176,153 @@ fn bourse_consumer_builds_the_same_books_as_the_independent_reading() {
     }
     assert_books_equal_engine(&rec, &books, |id| feed.projection().locate(id).unwrap());
 }
+
+#[test]
+fn a_load_run_exercises_every_message_kind() {
+    let rec = record(7, 3_000);
+    let (_, packets) = itch_packets(&rec, FeedLimits::default());
+    let mut kinds = BTreeMap::new();
+    for (_, m) in messages_of(&packets) {
+        *kinds.entry(m[0] as char).or_insert(0u64) += 1;
+    }
+    for k in ['S', 'R', 'A', 'E', 'D', 'U'] {
+        assert!(
+            kinds.get(&k).copied().unwrap_or(0) > 0,
+            "no '{k}' in {kinds:?}"
+        );
+    }
+}
+
+/// A hand-written day: a replace that lowers the quantity (priority kept: Order Cancel), one
+/// that moves the price (Order Replace with a new reference), an iceberg traded through its
+/// refills (Order Executed, then Add Order under a new reference), and a cancel (Order
+/// Delete); decoded by `itchy`, message for message.
+#[test]
+fn replaces_icebergs_and_cancels_become_cancel_replace_trade_and_delete() {
+    use bourse_core::*;
+    use bourse_engine::fixtures::{accepted_id, equity, Driver};
+    use bourse_itch::feed::Feed;
+    use bourse_itch::mold::session_of;
+    let mut d = Driver::new(bourse_engine::EngineConfig::default());
+    let def = equity(1, "SBER", 30_000);
+    d.add_instrument(def.clone());
+    d.add_account(1, 1, 1_000_000_000_0000);
+    let seller = AccountSpec {
+        account: AccountId(2),
+        firm: FirmId(2),
+        may_short: true,
+        stp: StpMode::None,
+        stp_scope: StpScope::Account,
+    };
+    d.add_account_spec(seller, 1_000_000_000_0000);
+    let mut feed = Feed::new(session_of("S").unwrap(), FeedLimits::default(), 4).unwrap();
+    let mut packets = Vec::new();
+    let mut send = |p: &[u8]| packets.push(p.to_vec());
+    feed.define(&def, d.ts_ns, &mut send);
+    let mut step = |d: &mut Driver, body: CommandBody, send: &mut dyn FnMut(&[u8])| {
+        let ev = d.run(body).to_vec();
+        feed.publish(&ev, send);
+        ev
+    };
+    let new = |cl: u64, side, price, qty, display| {
+        CommandBody::NewOrder(NewOrder {
+            account: AccountId(if side == Side::Buy { 1 } else { 2 }),
+            cl_ord_id: ClOrdId(cl),
+            instrument: InstrumentId(1),
+            side,
+            ord_type: OrdType::Limit,
+            price: Price(price),
+            qty: Qty(qty),
+            tif: TimeInForce::Day,
+            expire_ts_ns: 0,
+            display_qty: Qty(display),
+        })
+    };
+    let ev = step(&mut d, new(1, Side::Buy, 29_900, 100, 0), &mut send);
+    let bid = accepted_id(&ev).unwrap_or_else(|| panic!("{ev:?}"));
+    let replace = |cl: u64, id: OrderId, price: Option<i64>, qty: Option<i64>| {
+        CommandBody::Replace(Replace {
+            account: AccountId(1),
+            cl_ord_id: ClOrdId(cl),
+            target: OrderRef {
+                order_id: Some(id),
+                orig_cl_ord_id: None,
+            },
+            price: price.map(Price),
+            qty: qty.map(Qty),
+        })
+    };
+    step(&mut d, replace(2, bid, None, Some(60)), &mut send);
+    step(&mut d, replace(3, bid, Some(29_950), None), &mut send);
+    let ice = accepted_id(&step(&mut d, new(4, Side::Sell, 30_100, 50, 10), &mut send)).unwrap();
+    step(&mut d, new(5, Side::Buy, 30_100, 25, 0), &mut send);
+    step(
+        &mut d,
+        CommandBody::Cancel(Cancel {
+            account: AccountId(1),
+            cl_ord_id: ClOrdId(6),
+            target: OrderRef {
+                order_id: Some(bid),
+                orig_cl_ord_id: None,
+            },
+        }),
+        &mut send,
+    );
+    let got: Vec<itchy::Body> = messages_of(&packets)
+        .iter()
+        .map(|(_, m)| itchy_decode(m).body)
+        .collect();
+    use itchy::Body as B;
+    let price = |p: i64| itch_price(p, 2);
+    let mut k = 0;
+    let mut next = || {
+        k += 1;
+        got[k].clone()
+    };
+    // got[0] is the stock directory.
+    assert!(matches!(got[0], B::StockDirectory(_)));
+    assert!(
+        matches!(next(), B::AddOrder(a) if a.reference == bid.0 && a.shares == 100 && a.price.raw() == price(29_900))
+    );
+    assert!(matches!(next(), B::OrderCancelled { reference, cancelled: 40 } if reference == bid.0));
+    let B::ReplaceOrder(r) = next() else {
+        panic!("{got:?}")
+    };
+    assert_eq!(
+        (r.old_reference, r.shares, r.price.raw()),
+        (bid.0, 60, price(29_950))
+    );
+    assert!(r.new_reference >= REPLACEMENT_REF_BASE);
+    assert!(
+        matches!(next(), B::AddOrder(a) if a.reference == ice.0 && a.shares == 10 && a.side == itchy::Side::Sell)
+    );
+    // 25 bought from the iceberg: the core trades it a shown slice at a time (10, 10, 5),
+    // each refill entering the book anew (a new reference at the back of the queue).
+    let mut shown_ref = ice.0;
+    for (n, executed) in [10, 10, 5].into_iter().enumerate() {
+        let B::OrderExecuted {
+            reference,
+            executed: e,
+            match_number,
+        } = next()
+        else {
+            panic!("{got:?}")
+        };
+        assert_eq!(
+            (reference, e, match_number),
+            (shown_ref, executed, n as u64 + 1)
+        );
+        if n < 2 {
+            let B::AddOrder(a) = next() else {
+                panic!("{got:?}")
+            };
+            assert!(
+                a.reference >= REPLACEMENT_REF_BASE && a.shares == 10,
+                "{a:?}"
+            );
+            shown_ref = a.reference;
+        }
+    }
+    assert!(matches!(next(), B::DeleteOrder { reference } if reference == r.new_reference));
+    assert_eq!(k + 1, got.len(), "{got:?}");
+}
