@@ -145,6 +145,11 @@ impl Feed {
     pub fn end(&mut self, ts_ns: u64, send: &mut dyn FnMut(&[u8])) {
         self.projection.end(ts_ns, &mut self.messages);
         self.flush(send);
+        self.end_of_session(send);
+    }
+
+    /// The end-of-session packet alone.
+    pub fn end_of_session(&mut self, send: &mut dyn FnMut(&[u8])) {
         let mut p = Vec::with_capacity(HEADER_BYTES);
         self.builder
             .empty_packet(self.next_sequence(), true, &mut p);
@@ -243,5 +248,74 @@ impl RateLimit {
         }
         self.tokens -= 1;
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rate_limit_allows_a_burst_then_refills_with_time() {
+        let mut r = RateLimit::new(3);
+        let t0 = 5_000_000_000;
+        assert!((0..3).all(|_| r.allow(t0)));
+        assert!(!r.allow(t0), "the fourth in the same instant is refused");
+        assert!(
+            r.allow(t0 + 340_000_000),
+            "a third of a second gives one back"
+        );
+        assert!(!r.allow(t0 + 340_000_000));
+        assert!(
+            (0..3).all(|_| r.allow(t0 + 10_000_000_000)),
+            "never more than the burst"
+        );
+        assert!(!r.allow(t0 + 10_000_000_000));
+    }
+
+    #[test]
+    fn requests_are_answered_from_the_window_or_refused_by_reason() {
+        let mut w = Window::new(4);
+        for k in 1..=6u8 {
+            w.push(&[k; 21]);
+        }
+        let s = *b"S         ";
+        let request = |seq: u64, count: u16| {
+            let mut r = Vec::new();
+            crate::mold::PacketHeader {
+                session: s,
+                sequence: seq,
+                count,
+            }
+            .encode(&mut r);
+            r
+        };
+        let mut out = Vec::new();
+        assert_eq!(answer_request(&request(4, 2), s, &w, 200, &mut out), Ok(2));
+        let p = crate::mold::Packet::parse(&out).unwrap();
+        let got: Vec<_> = p.messages().map(|(q, m)| (q, m.to_vec())).collect();
+        assert_eq!(got, vec![(4, vec![4; 21]), (5, vec![5; 21])]);
+        assert_eq!(
+            answer_request(&request(2, 1), s, &w, 200, &mut out),
+            Err(RequestError::Refused(Refusal::TooOld { oldest: 3 }))
+        );
+        assert_eq!(
+            answer_request(&request(7, 1), s, &w, 200, &mut out),
+            Err(RequestError::Refused(Refusal::NotYetSent { next: 7 }))
+        );
+        assert_eq!(
+            answer_request(&request(4, 1), *b"OTHER     ", &w, 200, &mut out),
+            Err(RequestError::WrongSession)
+        );
+        assert_eq!(
+            answer_request(&[1, 2, 3], s, &w, 200, &mut out),
+            Err(RequestError::Malformed)
+        );
+        // One packet per request: what does not fit is asked for again.
+        let two_blocks = crate::mold::PACKET_BYTES_MIN;
+        assert_eq!(
+            answer_request(&request(3, 4), s, &w, two_blocks, &mut out),
+            Ok(2)
+        );
     }
 }

@@ -156,6 +156,12 @@ impl UdpFeed {
         self.with_sender(|f, send| f.end(ts, send));
     }
 
+    /// Sends the end-of-session packet again (a consumer that lost it learns the session
+    /// ended; MoldUDP64 servers repeat it).
+    pub fn repeat_end_of_session(&mut self) {
+        self.with_sender(|f, send| f.end_of_session(send));
+    }
+
     /// Stops the request server.
     pub fn stop(mut self) -> FeedReport {
         self.stop.store(true, Ordering::Relaxed);
@@ -240,7 +246,7 @@ pub fn run_consumer(
     let mut buf = vec![0u8; crate::mold::PACKET_BYTES_MAX];
     let mut request = Vec::with_capacity(crate::mold::HEADER_BYTES);
     let deadline = Instant::now() + Duration::from_millis(limits.deadline_ms);
-    let mut last_request: Option<Instant> = None;
+    let mut last_request: Option<(u64, Instant)> = None;
     let (mut live, mut requests) = (0u64, 0u64);
     while Instant::now() < deadline {
         if consumer.stats().end_of_session && consumer.complete() {
@@ -255,17 +261,22 @@ pub fn run_consumer(
             }
             consumer.on_datagram(&buf[..n]);
         }
-        let due =
-            last_request.is_none_or(|t| t.elapsed() >= Duration::from_millis(limits.retry_ms));
-        if let (Some(gap), Some(session), true) = (
-            consumer.gap(limits.request_count_max),
-            consumer.session(),
-            due,
-        ) {
-            gap.encode(session, &mut request);
-            socket.send_to(&request, request_server)?;
-            requests += 1;
-            last_request = Some(Instant::now());
+        if let (Some(gap), Some(session)) =
+            (consumer.gap(limits.request_count_max), consumer.session())
+        {
+            // A new gap is asked for at once; the same one again only after `retry_ms`.
+            let due = match last_request {
+                Some((seq, t)) if seq == gap.sequence => {
+                    t.elapsed() >= Duration::from_millis(limits.retry_ms)
+                }
+                _ => true,
+            };
+            if due {
+                gap.encode(session, &mut request);
+                socket.send_to(&request, request_server)?;
+                requests += 1;
+                last_request = Some((gap.sequence, Instant::now()));
+            }
         }
     }
     Ok((consumer, requests))
