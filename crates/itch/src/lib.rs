@@ -13,6 +13,8 @@
 //!   [`window::Window`], packing; [`feed::answer_request`] answers a request from the window.
 //! - [`consumer::Consumer`] (sans-I/O): a gap-filling subscriber building books.
 //! - [`net`]: the feed over UDP with its request server thread, and a consumer loop.
+//! - [`service::ItchService`]: the feed fed from a core's committed stream (as delivery and
+//!   clearing are), with heartbeats while the stream is idle.
 //!
 //! Every limit is explicit (packet bytes, window messages, requests per second, messages held
 //! past a gap) and every refusal counted by reason.
@@ -25,4 +27,5 @@ pub mod mold;
 pub mod msg;
 pub mod net;
 pub mod project;
+pub mod service;
 pub mod window;

@@ -233,13 +233,14 @@ impl Default for ConsumerLimits {
 
 /// Follows the feed arriving on `socket`, requesting gaps from `request_server` (through the
 /// same socket, so answers arrive with the feed), until the session ended and nothing is
-/// missing, or the deadline. `drop_live` may discard live datagrams (tests inject loss with it);
-/// retransmissions are told apart by coming from the request server.
+/// missing, or the deadline. Every datagram is shown to `keep` first, with its number if it is
+/// live (retransmissions are told apart by coming from the request server); what it returns
+/// false for is not applied (tests inject loss so; a recorder writes them down).
 pub fn run_consumer(
     socket: &UdpSocket,
     request_server: SocketAddr,
     limits: ConsumerLimits,
-    mut drop_live: impl FnMut(u64) -> bool,
+    mut keep: impl FnMut(Option<u64>, &[u8]) -> bool,
 ) -> io::Result<(Consumer, u64)> {
     socket.set_read_timeout(Some(Duration::from_millis(limits.retry_ms.max(1))))?;
     let mut consumer = Consumer::new(limits.held_max);
@@ -253,13 +254,13 @@ pub fn run_consumer(
             break;
         }
         if let Ok((n, from)) = socket.recv_from(&mut buf) {
-            if from != request_server {
+            let number = (from != request_server).then(|| {
                 live += 1;
-                if drop_live(live) {
-                    continue;
-                }
+                live
+            });
+            if keep(number, &buf[..n]) {
+                consumer.on_datagram(&buf[..n]);
             }
-            consumer.on_datagram(&buf[..n]);
         }
         if let (Some(gap), Some(session)) =
             (consumer.gap(limits.request_count_max), consumer.session())

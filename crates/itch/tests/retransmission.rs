@@ -154,7 +154,9 @@ fn a_consumer_that_loses_packets_fills_the_gaps_and_ends_with_the_subscriber_boo
                 ..ConsumerLimits::default()
             };
             // Every fifth live packet is lost.
-            let r = run_consumer(&consumer_socket, server, limits, |k| k % 5 == 0);
+            let r = run_consumer(&consumer_socket, server, limits, |k, _| {
+                k.is_none_or(|k| k % 5 != 0)
+            });
             done.store(true, std::sync::atomic::Ordering::Relaxed);
             r
         })
