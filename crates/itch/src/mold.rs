@@ -277,15 +277,13 @@ mod tests {
         ) {
             let mut b = PacketBuilder::new(session_of("TEST").unwrap(), size).unwrap();
             let mut got = Vec::new();
-            let mut seq = first;
-            for m in &messages {
+            for (seq, m) in (first..).zip(messages.iter()) {
                 if !b.fits(m.len()) {
                     let p = b.take().unwrap().to_vec();
                     prop_assert!(p.len() <= size);
                     got.extend(Packet::parse(&p).unwrap().messages().map(|(s, m)| (s, m.to_vec())));
                 }
                 b.push(seq, m);
-                seq += 1;
             }
             let p = b.take().unwrap().to_vec();
             got.extend(Packet::parse(&p).unwrap().messages().map(|(s, m)| (s, m.to_vec())));

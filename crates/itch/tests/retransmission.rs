@@ -103,7 +103,9 @@ fn a_request_gets_exactly_the_messages_asked_for_and_out_of_window_is_refused() 
 }
 
 /// Per instrument id, the orders as bourse's SBE subscriber holds them, in ITCH's units.
-fn subscriber_books(rec: &Recording) -> Vec<(u32, Vec<(Side, u32, u32)>)> {
+type Books = Vec<(u32, Vec<(Side, u32, u32)>)>;
+
+fn subscriber_books(rec: &Recording) -> Books {
     let mut publisher = Publisher::new(PublisherConfig::default(), &rec.defs);
     let mut sub = Subscriber::new(SubscriberConfig::default());
     let mut sink = VecSink::default();

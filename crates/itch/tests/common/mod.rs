@@ -171,8 +171,8 @@ impl IndependentBooks {
         let mut bids: Vec<_> = book.iter().filter(|o| o.1 == Side::Buy).cloned().collect();
         let mut asks: Vec<_> = book.iter().filter(|o| o.1 == Side::Sell).cloned().collect();
         // Stable sorts keep arrival order within a price.
-        bids.sort_by(|a, b| b.2.cmp(&a.2));
-        asks.sort_by(|a, b| a.2.cmp(&b.2));
+        bids.sort_by_key(|o| std::cmp::Reverse(o.2));
+        asks.sort_by_key(|o| o.2);
         bids.extend(asks);
         bids
     }
@@ -201,8 +201,8 @@ pub fn engine_shown(engine: &Engine, def: &Instrument) -> Vec<(u64, Side, u32, u
         .collect();
     let mut bids: Vec<_> = v.iter().filter(|o| o.1 == Side::Buy).cloned().collect();
     let mut asks: Vec<_> = v.drain(..).filter(|o| o.1 == Side::Sell).collect();
-    bids.sort_by(|a, b| b.2.cmp(&a.2));
-    asks.sort_by(|a, b| a.2.cmp(&b.2));
+    bids.sort_by_key(|o| std::cmp::Reverse(o.2));
+    asks.sort_by_key(|o| o.2);
     bids.extend(asks);
     bids
 }
