@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-fn books(c: &Consumer) -> Vec<(u16, Vec<(u64, bourse_core::Side, i64, i64)>)> {
+type Books = Vec<(u16, Vec<(u64, bourse_core::Side, i64, i64)>)>;
+
+fn books(c: &Consumer) -> Books {
     c.stocks()
         .iter()
         .map(|(l, s)| {
@@ -99,13 +101,11 @@ fn the_service_publishes_the_committed_stream_and_a_lossy_consumer_ends_complete
             .map(|n| (n.id, n.addr.parse().unwrap()))
             .collect();
         let mut client = PipelinedClient::start(ids, 1, 1, 256);
-        let mut ts = 1;
         let mut bodies = flow.setup();
         bodies.extend((0..1_500).map(|_| flow.next_command()));
         let mut last = 0;
-        for body in bodies {
+        for (ts, body) in (1..).zip(bodies) {
             last = client.submit(&Command::new(ts, body)).await.unwrap();
-            ts += 1;
         }
         loop {
             let a = tokio::time::timeout(LIMIT, client.next_answer())
