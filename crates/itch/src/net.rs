@@ -14,6 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// Copies of the end-of-session packet sent at the end.
+const END_OF_SESSION_COPIES: usize = 3;
 /// How often the request server looks at its stop flag while idle.
 const REQUEST_POLL_MS: u64 = 50;
 
@@ -154,6 +156,11 @@ impl UdpFeed {
     pub fn end(&mut self) {
         let ts = now_ns();
         self.with_sender(|f, send| f.end(ts, send));
+        // Nothing retransmits the end-of-session packet, so it goes out more than once: a
+        // consumer that lost one copy still learns that the session ended.
+        for _ in 1..END_OF_SESSION_COPIES {
+            self.repeat_end_of_session();
+        }
     }
 
     /// Sends the end-of-session packet again (a consumer that lost it learns the session
