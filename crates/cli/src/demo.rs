@@ -63,6 +63,10 @@ pub struct DemoArgs {
     /// Run without the data-delivery node.
     #[arg(long)]
     no_delivery: bool,
+    /// Also publish each replicated core's order log as TotalView-ITCH 5.0 over MoldUDP64 to
+    /// 127.0.0.1:PORT+2i (core i), with its retransmission server on PORT+2i+1.
+    #[arg(long)]
+    itch_port: Option<u16>,
     /// Port of the admin API on 127.0.0.1 (0: any free port). Without it, 8090, or any free
     /// port if 8090 is taken.
     #[arg(long)]
@@ -217,6 +221,61 @@ fn start_delivery(
     }
     .map_err(|e| anyhow!("delivery node: {e} (try --delivery-port 0 or --no-delivery)"))?;
     Ok(Some(node))
+}
+
+/// With `--itch-port`: an ITCH feed per replicated core, fed from its committed stream from
+/// the start, its stock directory from the profile's instruments.
+fn start_itch(
+    args: &DemoArgs,
+    deployment: &LocalDeployment,
+    profile: &Profile,
+) -> Result<Vec<bourse_itch::service::ItchService>> {
+    let Some(base) = args.itch_port else {
+        return Ok(Vec::new());
+    };
+    let mut services = Vec::new();
+    for (i, (name, nodes)) in deployment.node_addrs().into_iter().enumerate() {
+        if nodes.is_empty() {
+            continue;
+        }
+        let port = |k: u16| {
+            base.checked_add(2 * i as u16 + k)
+                .ok_or_else(|| anyhow!("--itch-port {base} leaves no room for core {i}"))
+        };
+        let instruments = profile
+            .markets
+            .iter()
+            .position(|m| m.name == name)
+            .map(|m| bourse_loadgen::flow::instruments(&profile.markets[m], m))
+            .unwrap_or_default();
+        let config = bourse_itch::service::ServiceConfig {
+            nodes,
+            from_position: 0,
+            serve: bourse_itch::net::ServeConfig {
+                session: bourse_itch::mold::session_of(&format!("DEMO{i}"))
+                    .map_err(|e| anyhow!(e))?,
+                dest: std::net::SocketAddr::from(([127, 0, 0, 1], port(0)?)),
+                request_listen: std::net::SocketAddr::from(([127, 0, 0, 1], port(1)?)),
+                limits: bourse_itch::feed::FeedLimits::default(),
+                heartbeat_ms: 1_000,
+                default_price_scale: 4,
+            },
+            instruments,
+            entries_max: None,
+        };
+        let s = bourse_itch::service::ItchService::start(config)
+            .map_err(|e| anyhow!("ITCH feed of core {name}: {e}"))?;
+        println!(
+            "  ITCH 5.0 of core {name}: udp 127.0.0.1:{}, retransmission on {}; follow it with: \
+             bourse itch tail --listen 127.0.0.1:{} --request {}",
+            port(0)?,
+            s.request_addr(),
+            port(0)?,
+            s.request_addr()
+        );
+        services.push(s);
+    }
+    Ok(services)
 }
 
 /// Default dashboard port when none is given.
@@ -392,6 +451,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     );
     print_layout(&deployment, &profile, &dashboard);
     let delivery = start_delivery(&args, &deployment)?;
+    let itch = start_itch(&args, &deployment, &profile)?;
     if let Some(d) = &delivery {
         println!(
             "  delivery: {}/v1/orders (every order's latest state by cursor); follow it with: \
@@ -449,6 +509,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
     drop(admin);
     if let Some(d) = delivery {
         d.stop().map_err(|e| anyhow!(e))?;
+    }
+    for s in itch {
+        // Ends each session (End of Messages, end-of-session packet) before the cores stop.
+        s.stop().map_err(|e| anyhow!(e))?;
     }
     deployment.stop();
     let _ = std::fs::remove_dir_all(&data_dir);

@@ -15,6 +15,7 @@ mod demo;
 mod engine_run;
 mod fix_acceptor;
 mod gateway_cmd;
+mod itch_cmd;
 mod journal_cmd;
 mod loadtest_cmd;
 mod md_cmd;
@@ -105,6 +106,12 @@ enum Command {
         #[command(subcommand)]
         command: auth_cmd::AuthCommand,
     },
+    /// One core's order log as NASDAQ TotalView-ITCH 5.0 over MoldUDP64 (with retransmission),
+    /// and a gap-filling consumer of it.
+    Itch {
+        #[command(subcommand)]
+        command: itch_cmd::ItchCommand,
+    },
     /// Tick-to-trade (seed 004): the replay driver, the reference reacting client, captures.
     T2t {
         #[command(subcommand)]
@@ -163,6 +170,7 @@ fn main() {
         } => fix_acceptor::run(args),
         Command::Delivery { command } => delivery_cmd::run(command),
         Command::Md { command } => md_cmd::run(command),
+        Command::Itch { command } => itch_cmd::run(command),
         Command::T2t { command } => t2t_cmd::run(command),
         Command::Clearing { command } => clearing_cmd::run(command),
         Command::Gateway(args) => gateway_cmd::run(args),
