@@ -79,6 +79,10 @@ pub struct ClearingConfig {
     pub listen: SocketAddr,
     /// The nodes of each core, in the venue's core order.
     pub cores: Vec<Vec<SocketAddr>>,
+    /// Mutual TLS to every core's nodes (`tls = { ca_path, cert_path, key_path }`, this
+    /// service's own certificate); without it, plain TCP, which only loopback nodes allow.
+    #[serde(default)]
+    pub tls: Option<bourse_cluster::TlsFiles>,
     /// The instruments the cores trade: a JSON array of `AddInstrument` definitions.
     pub instruments: PathBuf,
     /// Runs (`runs/`), reports (`reports/run-<id>/`) and snapshots (`snapshots/`).
@@ -628,6 +632,10 @@ impl ClearingNode {
         definitions: Vec<Instrument>,
     ) -> Result<ClearingNode, String> {
         config.validate()?;
+        for nodes in &config.cores {
+            bourse_cluster::transport::configure_client(nodes, config.tls.as_ref())
+                .map_err(|e| format!("cores: {e}"))?;
+        }
         let credentials = CredentialStore::from_entries(&config.operators)
             .map_err(|e| format!("operators: {e}"))?;
         std::fs::create_dir_all(config.snapshots_dir())

@@ -196,6 +196,7 @@ fn config(core: &Core, state_dir: &Path, standby_of: Option<String>) -> Clearing
         name: "test".into(),
         listen: "127.0.0.1:0".parse().unwrap(),
         cores: vec![core.addrs()],
+        tls: None,
         instruments,
         state_dir: state_dir.to_path_buf(),
         snapshot_interval_ms: 0,

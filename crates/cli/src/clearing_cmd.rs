@@ -25,7 +25,7 @@ use clap::{Args, Subcommand};
 #[derive(Subcommand)]
 pub enum ClearingCommand {
     /// Clear the cores up to their current end and feed the results back to them.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// The clearing service: follow the cores, serve clearing data, run clearings on request.
     Serve(ServeArgs),
 }
@@ -97,7 +97,7 @@ pub fn run(command: ClearingCommand) -> Result<()> {
                 .enable_all()
                 .build()
                 .context("tokio runtime")?;
-            rt.block_on(clearing_run(args))
+            rt.block_on(clearing_run(*args))
         }
         ClearingCommand::Serve(args) => serve(args),
     }
