@@ -279,12 +279,12 @@ impl ApiCounters {
             Front::Http => (&self.connections_http, &self.connections_refused_http),
             Front::Binary => (&self.connections_binary, &self.connections_refused_binary),
         };
-        ConnectionSlots::new(
+        ConnectionSlots::counted(
             limits.connections_max,
             limits.connections_per_address_max,
             open.clone(),
+            (per_address.clone(), full.clone()),
         )
-        .with_refusal_counters(per_address.clone(), full.clone())
     }
 }
 

@@ -400,7 +400,7 @@ async fn bad_input_gets_a_clear_error_and_disturbs_nothing() {
 async fn closed_unanswered(mut s: tokio::net::TcpStream, bytes: &[u8]) -> bool {
     let _ = s.write_all(bytes).await;
     let mut buf = [0u8; 256];
-    match tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await {
+    match tokio::time::timeout(Duration::from_secs(60), s.read(&mut buf)).await {
         Ok(Ok(0)) | Ok(Err(_)) => true,
         Ok(Ok(_)) => false,
         Err(_) => panic!("neither answered nor closed"),
@@ -447,17 +447,20 @@ async fn one_address_cannot_take_every_connection_of_a_front() {
 
     // A reader that leaves gives its place back.
     drop(held.pop());
-    let mut again = AnyClient::binary(binary_addr);
-    let mut served = false;
-    for _ in 0..500 {
+    // The server learns of the close asynchronously: wait for it (the deadline only guards
+    // against a hang; the assertion is that the slot comes back at all).
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let mut again = AnyClient::binary(binary_addr);
         if again.poll(&poll).await.is_ok() {
-            served = true;
             break;
         }
-        again = AnyClient::binary(binary_addr);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a slot came back once a reader left"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(served, "a slot came back once a reader left");
     stop_delivery(node, false).await;
     a.stop().await;
 }

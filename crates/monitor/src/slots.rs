@@ -42,6 +42,17 @@ impl ConnectionSlots {
     /// Slots with both limits; `open_gauge` follows the connections open. Both limits must
     /// be positive.
     pub fn new(connections_max: usize, per_address_max: usize, open_gauge: Gauge) -> Self {
+        let uncounted = (Counter::default(), Counter::default());
+        Self::counted(connections_max, per_address_max, open_gauge, uncounted)
+    }
+
+    /// [`ConnectionSlots::new`], counting refusals into `(per_address, full)`.
+    pub fn counted(
+        connections_max: usize,
+        per_address_max: usize,
+        open_gauge: Gauge,
+        (refused_per_address, refused_full): (Counter, Counter),
+    ) -> Self {
         assert!(connections_max > 0, "connections_max must be positive");
         assert!(per_address_max > 0, "per_address_max must be positive");
         ConnectionSlots {
@@ -50,20 +61,8 @@ impl ConnectionSlots {
                 per_address_max,
                 open: Mutex::new((0, BTreeMap::new())),
                 open_gauge,
-                refused_per_address: Counter::default(),
-                refused_full: Counter::default(),
-            }),
-        }
-    }
-
-    /// Counts refusals into these counters (per address, and all slots taken).
-    pub fn with_refusal_counters(self, per_address: Counter, full: Counter) -> Self {
-        let inner = Arc::try_unwrap(self.inner).expect("counters are set before any slot is taken");
-        ConnectionSlots {
-            inner: Arc::new(Inner {
-                refused_per_address: per_address,
-                refused_full: full,
-                ..inner
+                refused_per_address,
+                refused_full,
             }),
         }
     }
@@ -130,8 +129,8 @@ mod tests {
     fn one_address_cannot_take_more_than_its_share_and_slots_come_back_when_dropped() {
         let gauge = Gauge::default();
         let (per_address, full) = (Counter::default(), Counter::default());
-        let slots = ConnectionSlots::new(3, 2, gauge.clone())
-            .with_refusal_counters(per_address.clone(), full.clone());
+        let counters = (per_address.clone(), full.clone());
+        let slots = ConnectionSlots::counted(3, 2, gauge.clone(), counters);
         let a1 = slots.try_take(ip(1)).unwrap();
         let _a2 = slots.try_take(ip(1)).unwrap();
         assert_eq!(slots.try_take(ip(1)).unwrap_err(), NoSlot::PerAddress);
