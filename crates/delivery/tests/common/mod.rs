@@ -160,10 +160,15 @@ impl Core {
         self.nodes.remove(l).shutdown().await;
     }
 
-    /// The next log index after everything applied (on a running node).
+    /// The next log index after everything applied on any running node. A follower may
+    /// lag the leader that answered, so the furthest node is the end of what was committed.
     pub async fn end_index(&self) -> u64 {
-        let s = self.nodes[0].status().await;
-        s.last_applied_index.map_or(0, |i| i + 1)
+        let mut end = 0;
+        for n in &self.nodes {
+            let s = n.status().await;
+            end = end.max(s.last_applied_index.map_or(0, |i| i + 1));
+        }
+        end
     }
 
     /// The core's own event log, read from its committed stream: the record of every kept
