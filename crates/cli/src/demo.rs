@@ -620,7 +620,7 @@ fn print_layout(
         println!(
             "  core {name:<9} {nodes_text}{}; {} instruments ({} .. {})",
             md_port.map_or(String::new(), |p| format!(
-                "; market data on udp 127.0.0.1:{p}.."
+                "; market data on udp 127.255.255.255:{p}.. (`bourse md record --base-port {p}`)"
             )),
             symbols.len(),
             symbols.first().unwrap_or(&"-"),

@@ -1,8 +1,10 @@
 //! `bourse md ...`: market data tools (listen, book, record, demo-publish).
 //!
-//! Every tool talks UDP to 127.0.0.1 ports (`--base-port`, default 31400: channel i on
-//! base+2i for feed A and base+2i+1 for feed B; the TCP replay service of incremental channel
-//! i on base+20+i) unless `--feed-a-host`/`--feed-b-host` name multicast groups (joined on the
+//! Every tool reads UDP on ports of the loopback broadcast address 127.255.255.255
+//! (`--base-port`, default 31400: channel i on base+2i for feed A and base+2i+1 for feed B;
+//! the TCP replay service of incremental channel i on 127.0.0.1, base+20+i), which every
+//! reader on the host receives whole, so a recorder and the venue's own subscribers coexist,
+//! unless `--feed-a-host`/`--feed-b-host` name multicast groups (joined on the
 //! interfaces `--interfaces` names) or this host's addresses, and `--replay-host` the node
 //! serving replay. With
 //! `--self-test` a tool also runs an in-process core with simulated order flow publishing on
@@ -14,7 +16,9 @@ use bourse_engine::workload::{Flow, FlowConfig};
 use bourse_engine::{Engine, EngineConfig};
 use bourse_marketdata::pcap::PcapWriter;
 use bourse_marketdata::replay::ReplayServer;
-use bourse_marketdata::udp::{FeedAddrs, UdpSink, UdpSubscriber, BASE_PORT_DEFAULT};
+use bourse_marketdata::udp::{
+    FeedAddrs, UdpSink, UdpSubscriber, BASE_PORT_DEFAULT, LOOPBACK_BROADCAST,
+};
 use bourse_marketdata::{
     describe, now_ns, Channel, Feed, PublicationMode, Publisher, PublisherConfig, SubscriberConfig,
     CHANNEL_COUNT,
@@ -33,7 +37,8 @@ pub enum MdCommand {
     Book(BookArgs),
     /// Write the feeds to a pcap file (Ethernet/IPv4/UDP) that tshark and Wireshark open.
     Record(RecordArgs),
-    /// Run a core with simulated order flow and publish its market data on 127.0.0.1.
+    /// Run a core with simulated order flow and publish its market data on this host
+    /// (127.255.255.255).
     DemoPublish(DemoPublishArgs),
 }
 
@@ -42,11 +47,12 @@ pub struct Common {
     /// First UDP port of the feeds.
     #[arg(long, default_value_t = BASE_PORT_DEFAULT)]
     base_port: u16,
-    /// Feed A's multicast group, or this host's address it is sent to.
-    #[arg(long, default_value_t = Ipv4Addr::LOCALHOST)]
+    /// Feed A's multicast group, or this host's address it is sent to (by default the
+    /// loopback broadcast address, which every local reader receives whole).
+    #[arg(long, default_value_t = LOOPBACK_BROADCAST)]
     feed_a_host: Ipv4Addr,
     /// Feed B's multicast group, or this host's address it is sent to.
-    #[arg(long, default_value_t = Ipv4Addr::LOCALHOST)]
+    #[arg(long, default_value_t = LOOPBACK_BROADCAST)]
     feed_b_host: Ipv4Addr,
     /// The addresses of the interfaces to join feed A's and feed B's groups on ("A,B").
     #[arg(long, value_delimiter = ',', default_values_t = [Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST])]
@@ -106,7 +112,7 @@ pub struct RecordArgs {
 
 #[derive(Args)]
 pub struct DemoPublishArgs {
-    /// First UDP port of the feeds on 127.0.0.1.
+    /// First UDP port of the feeds (on 127.255.255.255).
     #[arg(long, default_value_t = BASE_PORT_DEFAULT)]
     base_port: u16,
     /// Stop after this many seconds.
@@ -132,7 +138,7 @@ pub fn run(command: MdCommand) -> Result<()> {
             let _ = ctrlc::set_handler(move || s.store(true, Ordering::Relaxed));
             let addrs = FeedAddrs::localhost(a.base_port);
             println!(
-                "publishing on 127.0.0.1:{}..{} (A/B), replay on tcp {} for {} s at {} commands/s, mode {}",
+                "publishing on 127.255.255.255:{}..{} (A/B), replay on tcp {} for {} s at {} commands/s, mode {}",
                 a.base_port,
                 a.base_port as usize + 2 * CHANNEL_COUNT - 1,
                 addrs.replay,
@@ -228,7 +234,7 @@ impl Common {
     /// A subscriber of `channels` (all when empty) on the feeds the options name.
     fn subscriber(&self, channels: &[Channel], use_replay: bool) -> Result<UdpSubscriber> {
         if self.self_test && self.addrs() != FeedAddrs::localhost(self.base_port) {
-            bail!("--self-test publishes on 127.0.0.1 only: leave out the feed and replay hosts");
+            bail!("--self-test publishes on this host only (127.255.255.255): leave out the feed and replay hosts");
         }
         let [a, b] = self.interfaces[..] else {
             bail!(

@@ -95,6 +95,9 @@ fn d_packet_bytes() -> usize {
 fn d_localhost() -> Ipv4Addr {
     Ipv4Addr::LOCALHOST
 }
+fn d_feed_host() -> Ipv4Addr {
+    bourse_marketdata::udp::LOOPBACK_BROADCAST
+}
 fn d_multicast_ttl() -> u32 {
     1
 }
@@ -196,11 +199,13 @@ pub struct MarketDataSection {
     /// The instrument loop sends every definition every this many ms.
     #[serde(default = "d_instruments_interval_ms")]
     pub instruments_interval_ms: u64,
-    /// Where feed A goes: a multicast group, or one host for unicast (127.0.0.1 by default).
-    #[serde(default = "d_localhost")]
+    /// Where feed A goes: a multicast group, or one host for unicast; by default the
+    /// loopback broadcast address 127.255.255.255, which every subscriber on this host
+    /// receives whole (see `bourse_marketdata::udp::LOOPBACK_BROADCAST`).
+    #[serde(default = "d_feed_host")]
     pub feed_a_host: Ipv4Addr,
-    /// Where feed B goes (127.0.0.1 by default).
-    #[serde(default = "d_localhost")]
+    /// Where feed B goes (127.255.255.255 by default).
+    #[serde(default = "d_feed_host")]
     pub feed_b_host: Ipv4Addr,
     /// Hops a multicast datagram may take (1: the sender's network; 0: this host only).
     #[serde(default = "d_multicast_ttl")]
@@ -232,8 +237,8 @@ impl Default for MarketDataSection {
             replay_history_bytes: d_replay_history_bytes(),
             snapshot_cycle_ms: d_snapshot_cycle_ms(),
             instruments_interval_ms: d_instruments_interval_ms(),
-            feed_a_host: d_localhost(),
-            feed_b_host: d_localhost(),
+            feed_a_host: d_feed_host(),
+            feed_b_host: d_feed_host(),
             multicast_ttl: d_multicast_ttl(),
             multicast_loop: d_multicast_loop(),
             replay_listen: d_localhost(),

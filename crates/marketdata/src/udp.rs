@@ -21,6 +21,12 @@ use std::time::{Duration, Instant};
 /// (feed B); the replay service of incremental channel `i` listens on TCP
 /// `BASE_PORT_DEFAULT + REPLAY_PORT_OFFSET + i`.
 pub const BASE_PORT_DEFAULT: u16 = 31_400;
+/// Where feeds on one host go by default: the loopback network's broadcast address. Every
+/// socket bound to it and a feed's port receives every datagram, so the venue's own
+/// subscribers, `bourse md listen` and `bourse md record` can all read one feed at once; to
+/// 127.0.0.1 the kernel would hand each datagram to one of them only. It never leaves the
+/// host.
+pub const LOOPBACK_BROADCAST: Ipv4Addr = Ipv4Addr::new(127, 255, 255, 255);
 pub const REPLAY_PORT_OFFSET: u16 = 20;
 /// Socket buffers asked for on both sides, so bursts at 500k events/s fit.
 pub const SOCKET_BUFFER_BYTES: usize = 8 << 20;
@@ -55,9 +61,10 @@ pub fn replay_addr_of(orders: SocketAddr, channel: Channel) -> Option<SocketAddr
 }
 
 impl FeedAddrs {
-    /// The default configuration: ports from `base_port` on 127.0.0.1.
+    /// The default configuration: ports from `base_port` on the loopback broadcast address
+    /// ([`LOOPBACK_BROADCAST`]), so that every subscriber on the host gets every packet.
     pub fn localhost(base_port: u16) -> FeedAddrs {
-        FeedAddrs::on(Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST, base_port)
+        FeedAddrs::on(LOOPBACK_BROADCAST, LOOPBACK_BROADCAST, base_port)
     }
 
     /// Feed A to `host_a`, feed B to `host_b` (two multicast groups, or loopback).
@@ -168,6 +175,8 @@ impl SendRoutes {
 fn send_socket(interface: Ipv4Addr, routes: &SendRoutes) -> io::Result<UdpSocket> {
     let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
     let _ = socket.set_send_buffer_size(SOCKET_BUFFER_BYTES);
+    // Needed to send to the loopback broadcast address (the default on one host).
+    socket.set_broadcast(true)?;
     socket.set_multicast_loop_v4(routes.multicast_loop)?;
     socket.set_multicast_ttl_v4(routes.multicast_ttl)?;
     if !interface.is_unspecified() {
@@ -412,14 +421,15 @@ impl UdpSubscriber {
         })
     }
 
-    /// Binds every channel's feeds A and B on free ports of 127.0.0.1 and returns the
-    /// addresses to publish to (tests run in parallel and must not share ports).
+    /// Binds every channel's feeds A and B on free ports of the loopback broadcast address
+    /// and returns the addresses to publish to (tests run in parallel and must not share
+    /// ports).
     pub fn bind_ephemeral(config: SubscriberConfig) -> io::Result<(UdpSubscriber, FeedAddrs)> {
         let mut addrs = FeedAddrs::localhost(0);
         let mut sockets = Vec::new();
         for c in Channel::ALL {
             for feed in [Feed::A, Feed::B] {
-                let s = bind_receiver(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))?;
+                let s = bind_receiver(SocketAddrV4::new(LOOPBACK_BROADCAST, 0))?;
                 let SocketAddr::V4(local) = s.local_addr()? else {
                     return Err(io::Error::other("IPv4 socket with an IPv6 address"));
                 };

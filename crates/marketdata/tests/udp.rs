@@ -336,3 +336,35 @@ fn recorded_pcap_opens_in_tshark_with_every_packet() {
         }
     }
 }
+
+/// Feeds on one host go to the loopback broadcast address by default, so two readers of the
+/// same ports (the venue's subscriber and `bourse md record`, say) each get every datagram;
+/// to 127.0.0.1 the kernel would give each datagram to one of them.
+#[test]
+fn two_readers_of_the_default_feed_each_get_every_packet() {
+    use bourse_marketdata::udp::{bind_receiver, LOOPBACK_BROADCAST};
+    let (first, addrs) = UdpSubscriber::bind_ephemeral(SubscriberConfig::default()).unwrap();
+    drop(first);
+    assert_eq!(*addrs.channels[0].a.ip(), LOOPBACK_BROADCAST);
+    let target = addrs.channels[Channel::Orders.index()].a;
+    let readers = [
+        bind_receiver(target).unwrap(),
+        bind_receiver(target).unwrap(),
+    ];
+    let mut sink = UdpSink::new(addrs).unwrap();
+    const PACKETS: usize = 200;
+    for i in 0..PACKETS {
+        sink.send(Channel::Orders, &(i as u32).to_le_bytes());
+    }
+    assert_eq!(sink.send_errors, 0);
+    for r in &readers {
+        r.set_nonblocking(false).unwrap();
+        // A hang guard only: loopback datagrams are already queued when send returns.
+        r.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; 16];
+        for i in 0..PACKETS {
+            let n = r.recv(&mut buf).expect("every packet reaches every reader");
+            assert_eq!(&buf[..n], &(i as u32).to_le_bytes());
+        }
+    }
+}
