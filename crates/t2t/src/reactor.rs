@@ -19,7 +19,7 @@ use crate::order::{OrderSpec, OrderTemplate, TimestampCache};
 use crate::FeedFormat;
 use bourse_core::Side;
 use bourse_itch::mold::{FrameError, Packet as MoldPacket};
-use bourse_itch::msg::{DecodeError, Message as ItchMessage};
+use bourse_itch::msg::{Body, DecodeError, Message as ItchMessage};
 use bourse_marketdata::wire::market_data::codec::{
     md_update_action::MdUpdateAction, side::Side as WireSide,
 };
@@ -223,6 +223,8 @@ pub struct Reactor {
     books: Books,
     /// One template per instrument, indexed like the books' instruments.
     templates: Vec<OrderTemplate>,
+    /// Per instrument, whether the feed named it (ITCH stock directory or Add Order).
+    named: Vec<bool>,
     out: Vec<u8>,
     touched: [(u32, Option<i64>); TOUCHED_MAX],
     touched_len: usize,
@@ -254,6 +256,7 @@ impl Reactor {
             sequencer: Sequencer::default(),
             books: Books::new(config.limits),
             templates: Vec::with_capacity(instruments_max),
+            named: Vec::with_capacity(instruments_max),
             out: Vec::with_capacity(out_bytes),
             touched: [(0, None); TOUCHED_MAX],
             touched_len: 0,
@@ -395,7 +398,15 @@ impl Reactor {
             if seq < from {
                 continue;
             }
-            match ItchMessage::decode(bytes).map(|m| item_of(&m)) {
+            let message = ItchMessage::decode(bytes);
+            if let Ok(ItchMessage {
+                header,
+                body: Body::AddOrder { stock, .. },
+            }) = message
+            {
+                self.name_from_add(header.stock_locate, &stock);
+            }
+            match message.map(|m| item_of(&m)) {
                 Ok(Item::Update(u)) => {
                     updates += 1;
                     self.apply(u);
@@ -407,6 +418,17 @@ impl Reactor {
             }
         }
         Some(updates)
+    }
+
+    /// A client that joined after the stock directory went out learns a stock's symbol from
+    /// its first Add Order (which carries it): once per stock, so the allocation of
+    /// [`Reactor::define`] happens once.
+    #[inline]
+    fn name_from_add(&mut self, locate: u16, stock: &[u8; 8]) {
+        match self.instrument(u32::from(locate)) {
+            Ok(inst) if !self.named[inst] => self.define(locate, stock),
+            _ => {}
+        }
     }
 
     /// An ITCH stock directory entry: the instrument's orders carry its symbol from now on.
@@ -427,6 +449,8 @@ impl Reactor {
             Ok(t) => self.templates[inst] = t,
             Err(_) => self.stats.updates_refused += 1,
         }
+        // Named by the feed, well or not: an Add Order does not try again.
+        self.named[inst] = true;
     }
 
     fn count_refused(&mut self, e: &WireError) {
@@ -466,6 +490,7 @@ impl Reactor {
             let t = OrderTemplate::new(&self.config.order, security_id)
                 .map_err(|_| BookError::InstrumentsFull)?;
             self.templates.push(t);
+            self.named.push(false);
         }
         Ok(inst)
     }

@@ -269,7 +269,7 @@ fn damaged_foreign_and_repeated_packets_are_counted_and_skipped() {
     assert_eq!(fresh.stats().unknown_template, 1);
     assert_eq!(fresh.stats().malformed_messages, 1);
     assert_eq!(reaction.orders, 1);
-    assert_eq!(orders_of(fresh.out()), vec![(1, 1_234_500, "1".into())]);
+    assert_eq!(orders_of(fresh.out()), vec![(1, 1_234_500, "T2T1".into())]);
     // A packet overlapping what was applied is applied from the next number on; one past a
     // gap is followed and the gap counted.
     let p2 = packet(&session, 3, &[&add(8, b'S', 1), &add(9, b'S', 1_234_400)]);
@@ -313,4 +313,24 @@ proptest! {
         }
         prop_assert_eq!(r.stats().packets, 200);
     }
+}
+
+#[test]
+fn a_client_that_joins_after_the_stock_directory_names_stocks_from_their_add_orders() {
+    let packets = synthetic_capture(1_000, "1-20", 9);
+    let mut r = reactor();
+    let mut orders = Vec::new();
+    // The first packets (Start of Messages and the stock directory) were missed.
+    for p in &packets[50..] {
+        r.on_datagram(p, T0_NS);
+        orders.extend(orders_of(r.out()));
+    }
+    assert!(orders.len() > 20);
+    let unnamed: Vec<_> = orders
+        .iter()
+        .filter(|(locate, _, symbol)| *symbol != format!("T2T{locate}"))
+        .collect();
+    // A best ask moves only once an order of the stock is known, and an order becomes known
+    // by its Add Order, which carries the stock: no order goes out by number.
+    assert!(unnamed.is_empty(), "{unnamed:?}");
 }
