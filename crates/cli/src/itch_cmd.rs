@@ -55,6 +55,10 @@ pub struct ServeArgs {
     /// A heartbeat goes out after this long without a packet.
     #[arg(long, default_value_t = 1_000)]
     heartbeat_ms: u64,
+    /// Coalesce: a message waits up to this long for later entries' messages to share its
+    /// packet (1000 is the SBE feed's 1 ms channel); 0 sends each entry's messages at once.
+    #[arg(long, default_value_t = 0)]
+    coalesce_us: u64,
     /// Instrument definitions (a JSON array, as `AddInstrument` takes them): symbols, price
     /// scales and lot sizes for the stock directory. An instrument met without one is
     /// published under its id with --default-price-scale.
@@ -111,7 +115,7 @@ pub fn run(command: ItchCommand) -> Result<()> {
     }
 }
 
-fn read_instruments(path: &std::path::Path) -> Result<Vec<Instrument>> {
+pub(crate) fn read_instruments(path: &std::path::Path) -> Result<Vec<Instrument>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let defs: Vec<Instrument> = serde_json::from_str(&text)
@@ -139,6 +143,7 @@ fn serve(args: ServeArgs) -> Result<()> {
                 packet_bytes_max: args.packet_bytes,
                 window_messages: args.window_messages,
                 requests_per_s_max: args.requests_per_s,
+                coalesce_us_max: args.coalesce_us,
             },
             heartbeat_ms: args.heartbeat_ms,
             default_price_scale: args.default_price_scale,

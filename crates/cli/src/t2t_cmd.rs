@@ -9,6 +9,11 @@
 //! bourse t2t drive --capture t2t.pcap --target 127.0.0.1:31400 --listen 31500 &
 //! bourse t2t client --md 31400 --fix 127.0.0.1:31500
 //! ```
+//!
+//! The same with ITCH 5.0 over MoldUDP64: `gen --format itch`, `drive --feed itch`, `client
+//! --feed itch` (a `bourse itch tail --pcap` recording replays the same way). Against
+//! bourse's FIX gateway the client sends each instrument's symbol and prices at its scale:
+//! from the ITCH stock directory, or for SBE from `--instruments defs.json`.
 
 use anyhow::{anyhow, bail, Context, Result};
 use bourse_t2t::book::Limits;
@@ -16,8 +21,9 @@ use bourse_t2t::capture::read_pcap_file;
 use bourse_t2t::client::{self, bind_feed, run_client, ClientConfig};
 use bourse_t2t::driver::{self, drive, prepare, samples_csv, write_pcap, DriveConfig};
 use bourse_t2t::gen::{self, GenConfig, Sizes};
-use bourse_t2t::order::OrderSpec;
+use bourse_t2t::order::{InstrumentName, OrderSpec};
 use bourse_t2t::reactor::ReactorConfig;
+use bourse_t2t::FeedFormat;
 use clap::{Args, Subcommand};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
 use std::path::PathBuf;
@@ -39,9 +45,13 @@ pub enum T2tCommand {
 
 #[derive(Args)]
 pub struct DriveArgs {
-    /// The capture to replay (pcap, as `bourse md record` or `bourse t2t gen` write it).
+    /// The capture to replay (pcap, as `bourse md record`, `bourse itch tail --pcap` or
+    /// `bourse t2t gen` write it).
     #[arg(long)]
     capture: PathBuf,
+    /// What the capture carries: `sbe` (bourse's order log) or `itch` (MoldUDP64/ITCH 5.0).
+    #[arg(long, default_value = "sbe", value_parser = FeedFormat::parse)]
+    feed: FeedFormat,
     /// The client's feed address.
     #[arg(long)]
     target: SocketAddrV4,
@@ -61,7 +71,7 @@ pub struct DriveArgs {
     /// Wait after a packet that should cause no order (to catch an unexpected one).
     #[arg(long, default_value_t = 50)]
     quiet_us: u64,
-    /// Decimal places of the prices in the client's orders.
+    /// Decimal places of the prices in the client's orders (SBE; ITCH prices have four).
     #[arg(long, default_value_t = 0)]
     price_scale: u8,
     /// Largest packet accepted (1472, the feed's, unless the capture was generated larger).
@@ -90,6 +100,9 @@ pub struct ClientArgs {
     /// UDP port on 127.0.0.1 the feed arrives on.
     #[arg(long)]
     md: u16,
+    /// What the feed carries: `sbe` (bourse's order log) or `itch` (MoldUDP64/ITCH 5.0).
+    #[arg(long, default_value = "sbe", value_parser = FeedFormat::parse)]
+    feed: FeedFormat,
     /// The FIX acceptor (the driver's --listen port, or an exchange).
     #[arg(long)]
     fix: SocketAddr,
@@ -105,9 +118,19 @@ pub struct ClientArgs {
     /// Quantity of every order.
     #[arg(long, default_value_t = 1)]
     qty: i64,
-    /// Decimal places of the feed's prices.
+    /// Decimal places of the feed's prices (SBE, for instruments not in --instruments; ITCH
+    /// prices have four).
     #[arg(long, default_value_t = 0)]
     price_scale: u8,
+    /// Instrument definitions (JSON, as `bourse itch serve --instruments` reads): orders
+    /// carry each instrument's symbol and its prices at its scale, as bourse's gateway wants.
+    /// An ITCH feed names its stocks itself (stock directory).
+    #[arg(long)]
+    instruments: Option<PathBuf>,
+    /// At the end, wait up to this long for the exchange's answer to every order (against a
+    /// gateway; the t2t driver answers none).
+    #[arg(long)]
+    await_answers_ms: Option<u64>,
     #[arg(long, default_value = "T2T")]
     sender_comp_id: String,
     #[arg(long, default_value = "BOURSE")]
@@ -137,6 +160,10 @@ pub struct GenArgs {
     /// The capture to write.
     #[arg(long)]
     out: PathBuf,
+    /// `sbe` (bourse's order log) or `itch` (MoldUDP64 packets of 1 to 128 ITCH 5.0
+    /// messages).
+    #[arg(long, default_value = "sbe", value_parser = FeedFormat::parse)]
+    format: FeedFormat,
     /// Repack the order-log messages of this capture (from `bourse md record`) instead of
     /// generating a flow.
     #[arg(long)]
@@ -173,7 +200,7 @@ pub fn run(command: T2tCommand) -> Result<()> {
 fn drive_cmd(a: DriveArgs) -> Result<()> {
     let capture = read_pcap_file(&a.capture).map_err(|e| anyhow!(e))?;
     let replay =
-        prepare(&capture, a.port, a.packets, a.packet_bytes_max).map_err(|e| anyhow!(e))?;
+        prepare(&capture, a.feed, a.port, a.packets, a.packet_bytes_max).map_err(|e| anyhow!(e))?;
     let listener = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, a.listen))
         .with_context(|| format!("listening on 127.0.0.1:{}", a.listen))?;
     eprintln!(
@@ -222,10 +249,27 @@ fn drive_cmd(a: DriveArgs) -> Result<()> {
     Ok(())
 }
 
+/// Symbols and price scales from a file of instrument definitions.
+fn instrument_names(path: &std::path::Path) -> Result<Vec<InstrumentName>> {
+    Ok(crate::itch_cmd::read_instruments(path)?
+        .into_iter()
+        .map(|d| InstrumentName {
+            security_id: d.instrument.0,
+            symbol: d.symbol,
+            price_scale: d.price_scale,
+        })
+        .collect())
+}
+
 /// The client's settings from its arguments.
-pub fn client_config(a: &ClientArgs) -> ClientConfig {
-    ClientConfig {
+pub fn client_config(a: &ClientArgs) -> Result<ClientConfig> {
+    let instruments = match &a.instruments {
+        Some(p) => instrument_names(p)?,
+        None => Vec::new(),
+    };
+    Ok(ClientConfig {
         reactor: ReactorConfig {
+            feed: a.feed,
             limits: Limits {
                 instruments_max: a.instruments_max,
                 orders_max: a.orders_max,
@@ -236,6 +280,7 @@ pub fn client_config(a: &ClientArgs) -> ClientConfig {
                 target_comp_id: a.target_comp_id.clone(),
                 qty: a.qty,
                 price_scale: a.price_scale,
+                instruments,
             },
             stages: a.stages,
             packet_bytes_max: a.packet_bytes_max,
@@ -244,12 +289,13 @@ pub fn client_config(a: &ClientArgs) -> ClientConfig {
         busy_poll: a.busy_poll,
         packets_max: a.packets,
         cpu: a.cpu,
+        await_answers_ms: a.await_answers_ms,
         ..ClientConfig::new(a.fix)
-    }
+    })
 }
 
 fn client_cmd(a: ClientArgs) -> Result<()> {
-    let cfg = client_config(&a);
+    let cfg = client_config(&a)?;
     let feed = bind_feed(SocketAddrV4::new(Ipv4Addr::LOCALHOST, a.md))
         .with_context(|| format!("binding UDP 127.0.0.1:{}", a.md))?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -266,8 +312,20 @@ fn client_cmd(a: ClientArgs) -> Result<()> {
 
 fn gen_cmd(a: GenArgs) -> Result<()> {
     let sizes = Sizes::parse(&a.updates).map_err(|e| anyhow!(e))?;
-    let packets = match &a.from {
-        Some(from) => {
+    let packets = match (&a.from, a.format) {
+        (Some(_), FeedFormat::Itch) => bail!(
+            "--from repacks a bourse md recording (SBE); an ITCH recording from `bourse itch tail --pcap` replays as it is with `bourse t2t drive --feed itch`"
+        ),
+        (None, FeedFormat::Itch) => bourse_t2t::itch::synthetic(&GenConfig {
+            packets: a.packets,
+            instruments: a.instruments,
+            sizes,
+            seed: a.seed,
+            packet_bytes_max: a.packet_bytes_max,
+            ..GenConfig::default()
+        })
+        .map_err(|e| anyhow!(e))?,
+        (Some(from), FeedFormat::Sbe) => {
             let capture = read_pcap_file(from).map_err(|e| anyhow!(e))?;
             let messages = gen::order_log_messages(&capture, a.port, a.packet_bytes_max)
                 .map_err(|e| anyhow!(e))?;
@@ -279,7 +337,7 @@ fn gen_cmd(a: GenArgs) -> Result<()> {
             gen::repack(&messages, &sizes, a.seed, a.packet_bytes_max, a.packets)
                 .map_err(|e| anyhow!(e))?
         }
-        None => gen::synthetic(&GenConfig {
+        (None, FeedFormat::Sbe) => gen::synthetic(&GenConfig {
             packets: a.packets,
             instruments: a.instruments,
             sizes,
@@ -291,17 +349,20 @@ fn gen_cmd(a: GenArgs) -> Result<()> {
     };
     gen::write_capture(&a.out, &packets, a.dst_port, GenConfig::default().start_ns)
         .map_err(|e| anyhow!(e))?;
-    let updates: usize = driver::reference_orders(
-        &packets,
-        &bourse_marketdata::wire::market_data::PacketParser::new(
-            a.packet_bytes_max,
-            bourse_marketdata::wire::market_data::MESSAGES_PER_PACKET_MAX,
-        ),
-    )
-    .0
-    .iter()
-    .map(|&u| usize::from(u))
-    .sum();
+    let per_packet = match a.format {
+        FeedFormat::Sbe => {
+            driver::reference_orders(
+                &packets,
+                &bourse_marketdata::wire::market_data::PacketParser::new(
+                    a.packet_bytes_max,
+                    bourse_marketdata::wire::market_data::MESSAGES_PER_PACKET_MAX,
+                ),
+            )
+            .0
+        }
+        FeedFormat::Itch => driver::reference_orders_itch(&packets, a.packet_bytes_max).0,
+    };
+    let updates: usize = per_packet.iter().map(|&u| usize::from(u)).sum();
     println!(
         "wrote {} packets ({updates} updates) to {} (UDP to 127.0.0.1:{})",
         packets.len(),

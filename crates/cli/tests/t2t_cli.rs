@@ -12,6 +12,16 @@ fn json(bytes: &[u8]) -> serde_json::Value {
 
 #[test]
 fn drive_and_client_processes_agree_on_every_order() {
+    drive_and_client_agree("sbe");
+}
+
+#[test]
+fn drive_and_client_processes_agree_on_every_order_of_an_itch_capture() {
+    drive_and_client_agree("itch");
+}
+
+/// `gen --format FEED`, then `drive --feed FEED` and `client --feed FEED` as two processes.
+fn drive_and_client_agree(feed: &str) {
     let dir = tempfile::tempdir().unwrap();
     let capture = dir.path().join("gen.pcap");
     let both = dir.path().join("both.pcap");
@@ -19,6 +29,8 @@ fn drive_and_client_processes_agree_on_every_order() {
         .args([
             "t2t",
             "gen",
+            "--format",
+            feed,
             "--packets",
             "1500",
             "--updates",
@@ -38,6 +50,8 @@ fn drive_and_client_processes_agree_on_every_order() {
         .args([
             "t2t",
             "drive",
+            "--feed",
+            feed,
             "--json",
             "--timeout-ms",
             "20000",
@@ -59,7 +73,15 @@ fn drive_and_client_processes_agree_on_every_order() {
         .spawn()
         .unwrap();
     let client = Command::new(BOURSE)
-        .args(["t2t", "client", "--json", "--md", &md.to_string()])
+        .args([
+            "t2t",
+            "client",
+            "--feed",
+            feed,
+            "--json",
+            "--md",
+            &md.to_string(),
+        ])
         .args(["--fix", &format!("127.0.0.1:{fix}")])
         .output()
         .unwrap();

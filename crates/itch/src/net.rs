@@ -50,6 +50,7 @@ pub struct UdpFeed {
     socket: UdpSocket,
     dest: SocketAddr,
     heartbeat: Duration,
+    coalesce_us: u64,
     last_send: Instant,
     send_errors: u64,
     request_addr: SocketAddr,
@@ -92,6 +93,7 @@ impl UdpFeed {
             socket,
             dest: config.dest,
             heartbeat: Duration::from_millis(config.heartbeat_ms.max(1)),
+            coalesce_us: config.limits.coalesce_us_max,
             last_send: Instant::now(),
             send_errors: 0,
             request_addr,
@@ -129,13 +131,25 @@ impl UdpFeed {
         self.with_sender(|f, send| f.define(def, ts, send));
     }
 
-    /// One committed entry's events.
+    /// One committed entry's events (coalesced into an open packet when the limits ask for
+    /// it; see [`Feed::publish_at`]).
     pub fn publish(&mut self, events: &[Event]) {
-        self.with_sender(|f, send| f.publish(events, send));
+        let now = now_ns();
+        self.with_sender(|f, send| f.publish_at(events, now, send));
     }
 
-    /// Sends a heartbeat if nothing left for the heartbeat interval.
+    /// How often [`UdpFeed::tick`] must run: the coalescing delay, if any.
+    pub fn tick_every(&self) -> Option<Duration> {
+        self.feed
+            .coalescing()
+            .then(|| Duration::from_micros(self.coalesce_us.max(1)))
+    }
+
+    /// Sends an open packet that has waited long enough, and a heartbeat if nothing left for
+    /// the heartbeat interval.
     pub fn tick(&mut self) {
+        let now = now_ns();
+        self.with_sender(|f, send| f.flush_due(now, send));
         if self.last_send.elapsed() >= self.heartbeat {
             self.with_sender(|f, send| f.heartbeat(send));
         }

@@ -101,7 +101,9 @@ fn follow(
         .build()
         .map_err(|e| format!("ITCH feed runtime: {e}"))?;
     let mut consumer = StreamConsumer::remote(config.nodes.clone(), config.from_position);
-    let idle = Duration::from_millis(config.serve.heartbeat_ms.clamp(1, 100));
+    // Wake up for heartbeats, and for coalesced packets that have waited long enough.
+    let heartbeat = Duration::from_millis(config.serve.heartbeat_ms.clamp(1, 100));
+    let idle = feed.tick_every().map_or(heartbeat, |t| t.min(heartbeat));
     let mut events: Vec<Event> = Vec::with_capacity(1024);
     let mut entries = 0u64;
     let result = runtime.block_on(async {

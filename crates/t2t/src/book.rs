@@ -401,6 +401,44 @@ impl Books {
         Ok(())
     }
 
+    /// Takes `by` off an order's visible quantity (an ITCH execution or partial cancel): it
+    /// keeps its place, or leaves the book when nothing is left. More than it shows is refused.
+    pub fn reduce(&mut self, inst: usize, order_id: u64, by: i64) -> Result<(), BookError> {
+        let (_, slot) = self
+            .find(order_id, inst as u32)
+            .ok_or(BookError::UnknownOrder)?;
+        let left = self.nodes[slot as usize].qty - by;
+        match left {
+            0 => self.remove(inst, order_id),
+            l if l > 0 && by > 0 => self.change_qty(inst, order_id, l),
+            _ => Err(BookError::QtyNotPositive),
+        }
+    }
+
+    /// Replaces an order by a new one on the same side (an ITCH Order Replace): the old one
+    /// leaves, the new one enters at the back of its level under `new_order_id`.
+    pub fn replace(
+        &mut self,
+        inst: usize,
+        order_id: u64,
+        new_order_id: u64,
+        price: i64,
+        qty: i64,
+    ) -> Result<(), BookError> {
+        let (_, slot) = self
+            .find(order_id, inst as u32)
+            .ok_or(BookError::UnknownOrder)?;
+        let side = self.nodes[slot as usize].side;
+        if qty <= 0 {
+            return Err(BookError::QtyNotPositive);
+        }
+        if new_order_id != order_id && self.find(new_order_id, inst as u32).is_some() {
+            return Err(BookError::DuplicateOrder);
+        }
+        self.remove(inst, order_id)?;
+        self.add(inst, new_order_id, side, price, qty)
+    }
+
     /// Removes an order.
     pub fn remove(&mut self, inst: usize, order_id: u64) -> Result<(), BookError> {
         let (entry, slot) = self

@@ -48,6 +48,9 @@ pub struct ClientConfig {
     pub heartbeat_interval_s: u32,
     /// Pin the client's thread to this CPU.
     pub cpu: Option<usize>,
+    /// At the end of the run, wait up to this long for the exchange's first answer to every
+    /// order sent (an exchange acknowledges or rejects each; the t2t driver answers none).
+    pub await_answers_ms: Option<u64>,
 }
 
 impl ClientConfig {
@@ -61,6 +64,7 @@ impl ClientConfig {
             idle_poll_ms: 20,
             heartbeat_interval_s: 30,
             cpu: None,
+            await_answers_ms: None,
         }
     }
 }
@@ -77,10 +81,73 @@ pub struct Stages {
     pub send: Summary,
 }
 
+/// What the exchange answered to the client's orders, read between packets (never on the hot
+/// path) and at the end of the run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Answers {
+    /// ExecutionReports by ExecType: New (the order was accepted), Trade, Canceled or Expired
+    /// (an IOC's rest), Rejected.
+    pub accepted: u64,
+    pub trades: u64,
+    pub canceled_or_expired: u64,
+    pub rejected: u64,
+    /// BusinessMessageReject and session-level Reject messages.
+    pub business_rejects: u64,
+    pub session_rejects: u64,
+    /// The text of the first rejection, if any (to say why).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_reject_text: Option<String>,
+}
+
+impl Answers {
+    /// Orders that got their first answer: accepted or refused one way or another.
+    pub fn orders_answered(&self) -> u64 {
+        self.accepted + self.rejected + self.business_rejects + self.session_rejects
+    }
+
+    fn note(&mut self, m: &bourse_fix::codec::RawMessage<'_>) {
+        let rejected = match m.msg_type() {
+            b"8" => match m.get(150) {
+                Some(b"0") => {
+                    self.accepted += 1;
+                    false
+                }
+                Some(b"F") => {
+                    self.trades += 1;
+                    false
+                }
+                Some(b"4" | b"C") => {
+                    self.canceled_or_expired += 1;
+                    false
+                }
+                Some(b"8") => {
+                    self.rejected += 1;
+                    true
+                }
+                _ => false,
+            },
+            b"j" => {
+                self.business_rejects += 1;
+                true
+            }
+            b"3" => {
+                self.session_rejects += 1;
+                true
+            }
+            _ => false,
+        };
+        if rejected && self.first_reject_text.is_none() {
+            self.first_reject_text = Some(m.get_str(58).unwrap_or("no text").to_string());
+        }
+    }
+}
+
 /// What a run of the client did and how long its reactions took.
 #[derive(Clone, Debug, Serialize)]
 pub struct ClientReport {
     pub stats: ReactorStats,
+    /// The exchange's answers to the orders.
+    pub answers: Answers,
     /// Datagrams that caused at least one order.
     pub reactions: u64,
     /// `recv` returned → `write` called, for packets that caused orders.
@@ -232,27 +299,43 @@ struct Session {
     frames: FrameBuffer,
     last_sent: Instant,
     heartbeat: Duration,
+    answers: Answers,
 }
 
 impl Session {
-    /// Reads whatever the peer sent, without blocking. `Some(reason)` ends the run.
-    fn poll(&mut self, reactor: &mut Reactor, sender: &str, target: &str) -> Option<String> {
+    /// Reads whatever the peer sent, without blocking (or waiting up to `wait` for it).
+    /// `Some(reason)` ends the run.
+    fn poll(
+        &mut self,
+        reactor: &mut Reactor,
+        sender: &str,
+        target: &str,
+        wait: Option<Duration>,
+    ) -> Option<String> {
         let mut buf = [0u8; 4096];
-        if let Err(e) = self.stream.set_nonblocking(true) {
+        let mode = match wait {
+            None => self.stream.set_nonblocking(true),
+            Some(w) => self
+                .stream
+                .set_read_timeout(Some(w.max(Duration::from_millis(1)))),
+        };
+        if let Err(e) = mode {
             return Some(format!("FIX socket: {e}"));
         }
         let read = self.stream.read(&mut buf);
         let _ = self.stream.set_nonblocking(false);
+        let _ = self.stream.set_read_timeout(None);
         match read {
             Ok(0) => return Some("the FIX peer closed the connection".into()),
             Ok(n) => self.frames.push(&buf[..n]),
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
             Err(e) => return Some(format!("reading the FIX connection: {e}")),
         }
         while let Ok(Some(frame)) = self.frames.next_frame() {
             let Ok(m) = decode(&frame, None, FIX_MESSAGE_BYTES_MAX) else {
                 continue;
             };
+            self.answers.note(&m);
             match m.msg_type() {
                 b"5" => return Some("the FIX peer logged out".into()),
                 b"1" => {
@@ -294,6 +377,7 @@ pub fn run_client(
         frames: FrameBuffer::new(FIX_MESSAGE_BYTES_MAX),
         last_sent: Instant::now(),
         heartbeat: Duration::from_secs(u64::from(cfg.heartbeat_interval_s.max(1))),
+        answers: Answers::default(),
     };
     if cfg.busy_poll {
         feed.set_nonblocking(true).map_err(|e| e.to_string())?;
@@ -333,7 +417,7 @@ pub fn run_client(
                     if stop.load(Ordering::Relaxed) {
                         break "stopped".to_string();
                     }
-                    if let Some(reason) = session.poll(&mut reactor, &sender, &target) {
+                    if let Some(reason) = session.poll(&mut reactor, &sender, &target, None) {
                         break reason;
                     }
                 }
@@ -367,8 +451,25 @@ pub fn run_client(
             record(&mut stages.send, ns_between(send_called, sent));
         }
     };
+    if let Some(ms) = cfg.await_answers_ms {
+        let deadline = Instant::now() + Duration::from_millis(ms);
+        while session.answers.orders_answered() < reactor.stats().orders {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let wait = left.min(Duration::from_millis(50));
+            if session
+                .poll(&mut reactor, &sender, &target, Some(wait))
+                .is_some()
+            {
+                break;
+            }
+        }
+    }
     Ok(ClientReport {
         stats: *reactor.stats(),
+        answers: session.answers.clone(),
         reactions,
         processing_ns: Summary::of(&processing.all),
         processing_by_size: processing.rows(),
@@ -393,6 +494,20 @@ pub fn report_text(r: &ClientReport) -> String {
         s.packets, r.reactions, s.orders, s.updates_applied, s.updates_refused, s.skipped(),
         s.malformed, s.truncated, s.unknown_template, s.future_version, s.wrong_schema, s.duplicates, r.exit
     );
+    if s.malformed_messages + s.other_session + s.heartbeats + s.gaps > 0 {
+        out.push_str(&format!(
+            "ITCH: {} malformed messages skipped, {} packets of another session, {} heartbeats, {} gaps followed\n",
+            s.malformed_messages, s.other_session, s.heartbeats, s.gaps
+        ));
+    }
+    let a = &r.answers;
+    if a.orders_answered() + a.trades > 0 {
+        out.push_str(&format!(
+            "answers: {} accepted, {} trades, {} canceled or expired, {} rejected, {} business rejects, {} session rejects{}\n",
+            a.accepted, a.trades, a.canceled_or_expired, a.rejected, a.business_rejects, a.session_rejects,
+            a.first_reject_text.as_ref().map(|t| format!(" (first: {t})")).unwrap_or_default()
+        ));
+    }
     let p = &r.processing_ns;
     out.push_str(&format!(
         "processing (recv returned -> send called), reacting packets: p50 {} p99 {} p99.9 {} max {} mean {} ns (n={}); packets without order: p50 {} p99 {} ns\n",

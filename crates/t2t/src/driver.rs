@@ -16,11 +16,13 @@
 
 use crate::capture::Capture;
 use crate::client::{read_frame, session_message, FIX_MESSAGE_BYTES_MAX};
+use crate::itch::{item_of, Admit, ItchMessage, Item, Sequencer};
 use crate::order::parse_price;
 use crate::reactor::{order_log_update, Update};
 use crate::stats::{
     seed_rows, size_table, table_header, table_row, text_histogram, BySize, SizeRow, Summary,
 };
+use crate::FeedFormat;
 use bourse_core::Side;
 use bourse_fix::codec::{decode, FrameBuffer};
 use bourse_marketdata::book::{BookOrder, OrderBook};
@@ -36,6 +38,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// The packets to replay with what a correct client answers to each.
 #[derive(Clone, Debug, Default)]
 pub struct Replay {
+    pub feed: FeedFormat,
     /// UDP destination port the packets were taken from.
     pub port: u16,
     pub packets: Vec<Vec<u8>>,
@@ -58,11 +61,26 @@ fn carries_order_log(parser: &PacketParser, payload: &[u8]) -> bool {
         .is_ok_and(|p| p.messages().any(|m| order_log_update(&m).is_some()))
 }
 
+/// Whether a datagram is a MoldUDP64 packet with an ITCH message that updates a book.
+fn carries_itch(payload: &[u8]) -> bool {
+    bourse_itch::mold::Packet::parse(payload).is_ok_and(|p| {
+        p.messages().any(|(_, m)| {
+            matches!(
+                ItchMessage::decode(m).map(|m| item_of(&m)),
+                Ok(Item::Update(_))
+            )
+        })
+    })
+}
+
 /// Picks the datagrams to replay: those sent to `port`, or, when none is given, to the port of
-/// the first order-log packet (feed A of the orders channel in a `bourse md record` capture).
+/// the first order-log packet (feed A of the orders channel in a `bourse md record` capture;
+/// the feed's port in a `bourse itch tail --pcap` capture, whose retransmitted packets are
+/// recorded to the same port and replay as copies or gap fills).
 /// Invalid datagrams to that port stay in: the client must count and skip them.
 pub fn prepare(
     capture: &Capture,
+    feed: FeedFormat,
     port: Option<u16>,
     packets_max: usize,
     packet_bytes_max: usize,
@@ -73,11 +91,15 @@ pub fn prepare(
         None => capture
             .datagrams
             .iter()
-            .find(|d| carries_order_log(&parser, &d.payload))
+            .find(|d| match feed {
+                FeedFormat::Sbe => carries_order_log(&parser, &d.payload),
+                FeedFormat::Itch => carries_itch(&d.payload),
+            })
             .map(|d| d.dst.port())
-            .ok_or(
-                "the capture holds no order-log packet (OrderUpdate, OrderExecution, EmptyBook)",
-            )?,
+            .ok_or(match feed {
+                FeedFormat::Sbe => "the capture holds no order-log packet (OrderUpdate, OrderExecution, EmptyBook); an ITCH capture needs --feed itch",
+                FeedFormat::Itch => "the capture holds no MoldUDP64 packet of ITCH book messages (Add, Executed, Cancel, Delete, Replace)",
+            })?,
     };
     let packets: Vec<Vec<u8>> = capture
         .datagrams
@@ -89,8 +111,12 @@ pub fn prepare(
     if packets.is_empty() {
         return Err(format!("the capture holds no datagram to UDP port {port}"));
     }
-    let (updates, expected) = reference_orders(&packets, &parser);
+    let (updates, expected) = match feed {
+        FeedFormat::Sbe => reference_orders(&packets, &parser),
+        FeedFormat::Itch => reference_orders_itch(&packets, packet_bytes_max),
+    };
     Ok(Replay {
+        feed,
         port,
         packets,
         updates,
@@ -124,19 +150,61 @@ pub fn reference_orders(
                 }
             }
         }
-        let mut orders: Vec<(u32, i64)> = touched
-            .iter()
-            .filter_map(|&(sid, before)| {
-                let now = books
-                    .get(&sid)
-                    .and_then(|b| b.best(Side::Sell))
-                    .map(|l| l.price);
-                now.filter(|&p| before != Some(p)).map(|p| (sid, p))
-            })
-            .collect();
-        orders.sort_unstable();
         updates.push(n);
-        expected.push(orders);
+        expected.push(ask_changes(&books, &touched));
+    }
+    (updates, expected)
+}
+
+/// The orders a correct client sends after a packet: one per touched book whose best ask
+/// moved to a price, sorted.
+fn ask_changes(
+    books: &BTreeMap<u32, OrderBook>,
+    touched: &[(u32, Option<i64>)],
+) -> Vec<(u32, i64)> {
+    let mut orders: Vec<(u32, i64)> = touched
+        .iter()
+        .filter_map(|&(sid, before)| {
+            let now = books
+                .get(&sid)
+                .and_then(|b| b.best(Side::Sell))
+                .map(|l| l.price);
+            now.filter(|&p| before != Some(p)).map(|p| (sid, p))
+        })
+        .collect();
+    orders.sort_unstable();
+    orders
+}
+
+/// The reference model of an ITCH replay: the client's reading of the sequence numbers and
+/// messages ([`Sequencer`], [`item_of`]) applied to the market data library's own books.
+pub fn reference_orders_itch(
+    packets: &[Vec<u8>],
+    packet_bytes_max: usize,
+) -> (Vec<u16>, Vec<Vec<(u32, i64)>>) {
+    let mut books: BTreeMap<u32, OrderBook> = BTreeMap::new();
+    let mut sequencer = Sequencer::default();
+    let mut updates = Vec::with_capacity(packets.len());
+    let mut expected = Vec::with_capacity(packets.len());
+    for payload in packets {
+        let mut n = 0u16;
+        let mut touched: Vec<(u32, Option<i64>)> = Vec::new();
+        let packet = (payload.len() <= packet_bytes_max)
+            .then(|| bourse_itch::mold::Packet::parse(payload).ok())
+            .flatten();
+        if let Some(p) = packet {
+            if let Admit::Apply { from, .. } = sequencer.admit(&p.header) {
+                for (seq, bytes) in p.messages() {
+                    let item = ItchMessage::decode(bytes).map(|m| item_of(&m));
+                    if let (true, Ok(Item::Update(u))) = (seq >= from, item) {
+                        n += 1;
+                        apply_reference(&mut books, &mut touched, u);
+                    }
+                }
+            }
+        }
+        updates.push(n);
+        expected.push(ask_changes(&books, &touched));
     }
     (updates, expected)
 }
@@ -190,6 +258,44 @@ fn apply_reference(
             touch(books, security_id);
             let _ = books.entry(security_id).or_default().remove(order_id);
         }
+        Update::Reduce {
+            security_id,
+            order_id,
+            by,
+        } => {
+            touch(books, security_id);
+            let book = books.entry(security_id).or_default();
+            match book.get(order_id).map(|o| o.qty - by) {
+                Some(0) => {
+                    let _ = book.remove(order_id);
+                }
+                Some(left) if left > 0 && by > 0 => {
+                    let _ = book.change_qty(order_id, left);
+                }
+                _ => {}
+            }
+        }
+        Update::Replace {
+            security_id,
+            order_id,
+            new_order_id,
+            price,
+            qty,
+        } => {
+            touch(books, security_id);
+            let book = books.entry(security_id).or_default();
+            let fresh = new_order_id == order_id || book.get(new_order_id).is_none();
+            if let (Some(old), true, true) = (book.get(order_id).copied(), fresh, qty > 0) {
+                let _ = book.remove(order_id);
+                let _ = book.add(BookOrder {
+                    order_id: new_order_id,
+                    side: old.side,
+                    price,
+                    qty,
+                    ts_ns: 0,
+                });
+            }
+        }
         Update::Empty {
             security_id: Some(security_id),
         } => {
@@ -215,7 +321,7 @@ pub struct DriveConfig {
     pub timeout_ms: u64,
     /// Wait this long after a packet that should cause no order.
     pub quiet_us: u64,
-    /// Decimal places of prices in the client's orders.
+    /// Decimal places of prices in the client's orders (SBE; ITCH prices have four).
     pub price_scale: u8,
     /// How long to wait for the client to connect and log on.
     pub accept_timeout_ms: u64,
@@ -503,7 +609,11 @@ pub fn drive(
     }
     let wall_s = started.elapsed().as_secs_f64();
     drop(tcp);
-    let check = check_orders(replay, &received, cfg.price_scale);
+    let price_scale = match replay.feed {
+        FeedFormat::Sbe => cfg.price_scale,
+        FeedFormat::Itch => crate::itch::PRICE_SCALE,
+    };
+    let check = check_orders(replay, &received, price_scale);
     Ok(DriveReport {
         packets_sent: replay.packets.len() as u64,
         answered,

@@ -64,14 +64,16 @@ impl Sizes {
         ))
     }
 
-    fn max(&self) -> u16 {
+    /// The largest size asked for.
+    pub fn max(&self) -> u16 {
         match self {
             Sizes::Uniform { max, .. } => *max,
             Sizes::Cycle(v) => v.iter().copied().max().unwrap_or(1),
         }
     }
 
-    fn next(&self, k: usize, rng: &mut Rng) -> usize {
+    /// The size of packet `k`.
+    pub fn next_size(&self, k: usize, rng: &mut Rng) -> usize {
         match self {
             Sizes::Uniform { min, max } => {
                 usize::from(*min) + rng.below(u64::from(max - min) + 1) as usize
@@ -324,7 +326,7 @@ pub fn synthetic(cfg: &GenConfig) -> Result<Vec<Vec<u8>>, String> {
     }
     let mut packets = Vec::with_capacity(cfg.packets);
     for k in 0..cfg.packets {
-        let size = cfg.sizes.next(k, &mut rng);
+        let size = cfg.sizes.next_size(k, &mut rng);
         let mut messages = Vec::with_capacity(size);
         while messages.len() < size {
             match pending.pop_front() {
@@ -360,7 +362,13 @@ pub fn order_log_messages(
     port: Option<u16>,
     packet_bytes_max: usize,
 ) -> Result<Vec<(IncrementalHeader, Vec<u8>)>, String> {
-    let replay = crate::driver::prepare(capture, port, usize::MAX, packet_bytes_max)?;
+    let replay = crate::driver::prepare(
+        capture,
+        crate::FeedFormat::Sbe,
+        port,
+        usize::MAX,
+        packet_bytes_max,
+    )?;
     let parser = PacketParser::new(packet_bytes_max, MESSAGES_PER_PACKET_MAX);
     let mut out = Vec::new();
     let mut last_seq: Option<u32> = None;
@@ -417,7 +425,9 @@ pub fn repack(
     let mut packets = Vec::new();
     let mut at = 0;
     while at < messages.len() && packets.len() < packets_max {
-        let size = sizes.next(packets.len(), &mut rng).min(messages.len() - at);
+        let size = sizes
+            .next_size(packets.len(), &mut rng)
+            .min(messages.len() - at);
         let chunk = &messages[at..at + size];
         let refs: Vec<&[u8]> = chunk.iter().map(|m| m.1.as_slice()).collect();
         let inc = chunk[0].0;

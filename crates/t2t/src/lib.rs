@@ -8,8 +8,9 @@
 //! - [`book::Books`]: the client's books, allocated once, updated without allocation.
 //! - [`order::OrderTemplate`]: a FIX NewOrderSingle encoded once and patched in place
 //!   (MsgSeqNum, ClOrdID, Price, SendingTime, TransactTime, CheckSum).
-//! - [`reactor::Reactor`] (sans-I/O): one datagram in (validated by the subscriber's
-//!   decoder), the orders for every best-ask change out.
+//! - [`reactor::Reactor`] (sans-I/O): one datagram in (bourse's SBE, validated by the
+//!   subscriber's decoder, or MoldUDP64/ITCH 5.0 read by `bourse_itch`'s, see [`itch`]), the
+//!   orders for every best-ask change out.
 //! - [`client`]: the reference reacting client around a reactor (UDP in, FIX over TCP out).
 //! - [`driver`]: the replay driver playing the exchange's side (feed out, FIX session in), its
 //!   reference model of the expected orders, and its report ([`stats`]).
@@ -25,6 +26,7 @@ pub mod client;
 pub mod driver;
 pub mod floor;
 pub mod gen;
+pub mod itch;
 pub mod order;
 pub mod reactor;
 pub mod stats;
@@ -41,3 +43,24 @@ pub fn pin_to_cpu(cpu: usize) -> Result<(), String> {
 /// UDP port the captures' order-log packets go to by default: feed A of the orders channel
 /// at `bourse md`'s default base port.
 pub const ORDERS_PORT_DEFAULT: u16 = bourse_marketdata::udp::BASE_PORT_DEFAULT;
+
+/// The market data a capture, a driver and a client speak.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub enum FeedFormat {
+    /// bourse's SBE order log (the orders channel of `bourse md`).
+    #[default]
+    Sbe,
+    /// NASDAQ TotalView-ITCH 5.0 over MoldUDP64 (`bourse itch serve`).
+    Itch,
+}
+
+impl FeedFormat {
+    /// `sbe` or `itch`.
+    pub fn parse(text: &str) -> Result<FeedFormat, String> {
+        match text {
+            "sbe" => Ok(FeedFormat::Sbe),
+            "itch" => Ok(FeedFormat::Itch),
+            other => Err(format!("feed format {other:?} is neither sbe nor itch")),
+        }
+    }
+}

@@ -24,6 +24,15 @@ pub const TIMESTAMP_BYTES: usize = 21;
 /// Most decimal places of a price.
 pub const PRICE_SCALE_MAX: u8 = 9;
 
+/// What an exchange calls an instrument the feed names by number: its symbol (FIX tag 55, which
+/// bourse's gateway looks orders up by) and the decimal places of its price mantissas.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstrumentName {
+    pub security_id: u32,
+    pub symbol: String,
+    pub price_scale: u8,
+}
+
 /// What every order of a client carries.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OrderSpec {
@@ -31,8 +40,11 @@ pub struct OrderSpec {
     pub target_comp_id: String,
     /// Quantity of every order.
     pub qty: i64,
-    /// Decimal places of the feed's price mantissas.
+    /// Decimal places of the feed's price mantissas, for instruments not in `instruments`.
     pub price_scale: u8,
+    /// Symbols and price scales by security id (from instrument definitions); an instrument
+    /// not listed is sent with its number as Symbol.
+    pub instruments: Vec<InstrumentName>,
 }
 
 impl Default for OrderSpec {
@@ -42,6 +54,21 @@ impl Default for OrderSpec {
             target_comp_id: "BOURSE".into(),
             qty: 1,
             price_scale: 0,
+            instruments: Vec::new(),
+        }
+    }
+}
+
+impl OrderSpec {
+    /// The symbol and price scale an instrument's orders are written with.
+    pub fn name_of(&self, security_id: u32) -> (Option<&str>, u8) {
+        match self
+            .instruments
+            .iter()
+            .find(|i| i.security_id == security_id)
+        {
+            Some(i) => (Some(i.symbol.as_str()), i.price_scale),
+            None => (None, self.price_scale),
         }
     }
 }
@@ -80,23 +107,40 @@ fn value_offset(bytes: &[u8], tag: i32) -> Option<usize> {
 }
 
 impl OrderTemplate {
-    /// Encodes the template of a buy order for `security_id` (sent as Symbol and as
-    /// SecurityID with IDSource 8, exchange symbol).
+    /// Encodes the template of a buy order for `security_id`, with the symbol and price scale
+    /// `spec` names it by (see [`OrderTemplate::named`]).
     pub fn new(spec: &OrderSpec, security_id: u32) -> Result<OrderTemplate, String> {
-        if spec.price_scale > PRICE_SCALE_MAX {
+        let (symbol, price_scale) = spec.name_of(security_id);
+        OrderTemplate::named(spec, security_id, symbol, price_scale)
+    }
+
+    /// Encodes the template of a buy order for `security_id`: Symbol (55) is `symbol`, or the
+    /// number when there is none; SecurityID (48) is the number with IDSource (22) 8, so a
+    /// driver can check the instrument whatever the symbol; prices are written with
+    /// `price_scale` decimal places.
+    pub fn named(
+        spec: &OrderSpec,
+        security_id: u32,
+        symbol: Option<&str>,
+        price_scale: u8,
+    ) -> Result<OrderTemplate, String> {
+        if price_scale > PRICE_SCALE_MAX {
             return Err(format!(
-                "price scale {} is above {PRICE_SCALE_MAX}",
-                spec.price_scale
+                "price scale {price_scale} is above {PRICE_SCALE_MAX}"
             ));
+        }
+        if let Some(s) = symbol {
+            if s.is_empty() || !s.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(format!("symbol {s:?} is not printable ASCII"));
+            }
         }
         if spec.qty <= 0 {
             return Err(format!("order quantity {} must be positive", spec.qty));
         }
         let zeros = |n: usize| "0".repeat(n);
-        let price_width = 1
-            + PRICE_INT_DIGITS
-            + usize::from(spec.price_scale > 0)
-            + usize::from(spec.price_scale);
+        let price_width =
+            1 + PRICE_INT_DIGITS + usize::from(price_scale > 0) + usize::from(price_scale);
+        let number = security_id.to_string();
         let time = "00000000-00:00:00.000";
         let mut m = OutMessage::new("D");
         m.set_header(34, zeros(SEQ_DIGITS))
@@ -104,7 +148,7 @@ impl OrderTemplate {
             .set_header(52, time)
             .set_header(56, &spec.target_comp_id);
         m.push(11, zeros(CL_ORD_ID_DIGITS))
-            .push_display(55, &security_id)
+            .push(55, symbol.unwrap_or(&number))
             .push_display(48, &security_id)
             .push(22, "8")
             .push(54, "1")
@@ -132,7 +176,7 @@ impl OrderTemplate {
             price_at: find(44)?,
             transact_at: find(60)?,
             checksum_at: find(10)?,
-            price_scale: spec.price_scale,
+            price_scale,
         })
     }
 
@@ -273,6 +317,29 @@ mod tests {
         assert_eq!(m.get_str(52), Some("20231114-22:13:20.123"));
         assert_eq!(m.get_str(48), Some("1001"));
         assert_eq!(parse_price(m.get(44).unwrap(), 2), Some(10_050));
+    }
+
+    #[test]
+    fn a_named_instrument_is_sent_with_its_symbol_and_price_scale() {
+        let spec = OrderSpec {
+            instruments: vec![InstrumentName {
+                security_id: 7,
+                symbol: "SBER".into(),
+                price_scale: 2,
+            }],
+            ..OrderSpec::default()
+        };
+        let mut t = OrderTemplate::new(&spec, 7).unwrap();
+        let ts = *TimestampCache::default().at(1_700_000_000_000_000_000);
+        let m = decode(t.patch(2, 1, 10_050, &ts), None, 4096).unwrap();
+        assert_eq!(m.get_str(55), Some("SBER"));
+        assert_eq!(m.get_str(48), Some("7"));
+        assert_eq!(parse_price(m.get(44).unwrap(), 2), Some(10_050));
+        let mut other = OrderTemplate::new(&spec, 8).unwrap();
+        let m = decode(other.patch(3, 2, 5, &ts), None, 4096).unwrap();
+        assert_eq!(m.get_str(55), Some("8"));
+        assert_eq!(parse_price(m.get(44).unwrap(), 0), Some(5));
+        assert!(OrderTemplate::named(&spec, 9, Some("A B"), 2).is_err());
     }
 
     #[test]

@@ -41,7 +41,14 @@ fn every_expected_order_arrives_right_and_nothing_else() {
     let cut = packets[200][..20].to_vec();
     packets.insert(200, cut);
     let capture = parse_pcap(&capture_bytes(&packets, 31_400)).unwrap();
-    let replay = prepare(&capture, None, usize::MAX, 1472).unwrap();
+    let replay = prepare(
+        &capture,
+        bourse_t2t::FeedFormat::Sbe,
+        None,
+        usize::MAX,
+        1472,
+    )
+    .unwrap();
     assert_eq!(replay.packets.len(), 401);
     assert!(replay.orders_expected() > 20);
 
@@ -126,4 +133,59 @@ fn tshark_sees_the_orders(path: &std::path::Path, fix_port: u16, orders: u64) {
     let text = String::from_utf8_lossy(&out.stdout);
     let prices: usize = text.lines().map(|l| l.split(',').count()).sum();
     assert_eq!(prices as u64, orders, "tshark output:\n{text}");
+}
+
+#[test]
+fn an_itch_capture_replays_with_every_expected_order_right_and_nothing_else() {
+    let mut packets = bourse_t2t::itch::synthetic(&GenConfig {
+        packets: 400,
+        instruments: 3,
+        sizes: Sizes::parse("1-31").unwrap(),
+        ..GenConfig::default()
+    })
+    .unwrap();
+    // A truncated packet and a copy of an earlier one (as a retransmission recorded by
+    // `bourse itch tail --pcap` replays): the client counts both and carries on.
+    let cut = packets[200][..30].to_vec();
+    packets.insert(200, cut);
+    let copy = packets[100].clone();
+    packets.insert(300, copy);
+    let capture = parse_pcap(&capture_bytes(&packets, 26_400)).unwrap();
+    let feed_format = bourse_t2t::FeedFormat::Itch;
+    let replay = prepare(&capture, feed_format, None, usize::MAX, 1472).unwrap();
+    assert_eq!(replay.packets.len(), 402);
+    assert!(replay.orders_expected() > 20);
+
+    let feed = bind_feed(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let SocketAddr::V4(feed_addr) = feed.local_addr().unwrap() else {
+        unreachable!()
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut cfg = ClientConfig::new(listener.local_addr().unwrap());
+    cfg.reactor.feed = feed_format;
+    let stop = AtomicBool::new(false);
+    let (report, client) = std::thread::scope(|s| {
+        let client = s.spawn(|| run_client(&cfg, feed, &stop));
+        let report = drive(
+            &replay,
+            &listener,
+            &DriveConfig {
+                timeout_ms: 20_000,
+                ..DriveConfig::new(feed_addr)
+            },
+        );
+        (report, client.join().unwrap())
+    });
+    let report = report.unwrap();
+    let client = client.unwrap();
+    assert_eq!(report.orders_received, report.orders_expected);
+    assert_eq!(report.orders_matching, report.orders_expected);
+    assert_eq!(
+        (report.packets_wrong, report.timeouts, report.undecodable),
+        (0, 0, 0)
+    );
+    assert_eq!(client.stats.orders, report.orders_expected);
+    assert_eq!(client.stats.truncated, 1);
+    assert_eq!(client.stats.duplicates, 1);
+    assert_eq!(client.stats.packets, 402);
 }

@@ -15,6 +15,9 @@
 //! 4. size curve: a loopback-only capture of packets of 1-128 updates (jumbo datagrams);
 //! 5. the reaction alone: `Reactor::on_datagram` timed per packet in a loop over the same
 //!    captures, no sockets (warm caches: what the code costs, apart from the wake-up).
+//!
+//! `--feed itch` runs every scenario on MoldUDP64 packets of ITCH 5.0 messages instead of
+//! bourse's SBE order log (an update is then one ITCH book message).
 
 use super::common::{echo_baseline, Machine};
 use anyhow::{anyhow, Result};
@@ -27,6 +30,7 @@ use bourse_t2t::reactor::{Reactor, ReactorConfig};
 use bourse_t2t::stats::{
     seed_rows, size_table, table_header, table_row, text_histogram, BySize, Summary,
 };
+use bourse_t2t::FeedFormat;
 use clap::Args;
 use serde_json::json;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
@@ -64,6 +68,9 @@ pub struct T2tBenchArgs {
     /// on its core (DESIGN.md: no core pinning on small machines).
     #[arg(long)]
     pin: bool,
+    /// The feed: `sbe` (bourse's order log) or `itch` (MoldUDP64/ITCH 5.0).
+    #[arg(long, default_value = "sbe", value_parser = FeedFormat::parse)]
+    feed: FeedFormat,
     /// One JSON object per scenario.
     #[arg(long)]
     json: bool,
@@ -86,15 +93,31 @@ fn in_memory(packets: Vec<Vec<u8>>) -> Capture {
     }
 }
 
-fn generated(packets: usize, updates: &str, packet_bytes_max: usize) -> Result<Replay> {
-    let packets = synthetic(&GenConfig {
+fn generated(
+    feed: FeedFormat,
+    packets: usize,
+    updates: &str,
+    packet_bytes_max: usize,
+) -> Result<Replay> {
+    let cfg = GenConfig {
         packets,
         sizes: Sizes::parse(updates).map_err(|e| anyhow!(e))?,
         packet_bytes_max,
         ..GenConfig::default()
-    })
+    };
+    let packets = match feed {
+        FeedFormat::Sbe => synthetic(&cfg),
+        FeedFormat::Itch => bourse_t2t::itch::synthetic(&cfg),
+    }
     .map_err(|e| anyhow!(e))?;
-    prepare(&in_memory(packets), None, usize::MAX, packet_bytes_max).map_err(|e| anyhow!(e))
+    prepare(
+        &in_memory(packets),
+        feed,
+        None,
+        usize::MAX,
+        packet_bytes_max,
+    )
+    .map_err(|e| anyhow!(e))
 }
 
 /// Runs the driver against a client thread; `null` runs the floor's null client instead.
@@ -143,6 +166,7 @@ fn reaction_alone(replay: &Replay, packet_bytes_max: usize, rounds: usize) -> Re
     let mut by_size = BySize::default();
     for _ in 0..rounds {
         let mut r = Reactor::new(ReactorConfig {
+            feed: replay.feed,
             packet_bytes_max,
             ..ReactorConfig::default()
         })
@@ -168,9 +192,9 @@ pub fn bench(a: T2tBenchArgs) -> Result<()> {
     let replay = match &a.capture {
         Some(path) => {
             let capture = read_pcap_file(path).map_err(|e| anyhow!(e))?;
-            prepare(&capture, None, a.packets, 1472).map_err(|e| anyhow!(e))?
+            prepare(&capture, a.feed, None, a.packets, 1472).map_err(|e| anyhow!(e))?
         }
-        None => generated(a.packets, &a.updates, 1472)?,
+        None => generated(a.feed, a.packets, &a.updates, 1472)?,
     };
     let pin = a.pin && machine.cpus >= 2;
     let (driver_cpu, client_cpu) = if pin {
@@ -178,11 +202,12 @@ pub fn bench(a: T2tBenchArgs) -> Result<()> {
     } else {
         (None, None)
     };
-    let client = ClientConfig {
+    let mut client = ClientConfig {
         busy_poll: a.busy_poll,
         cpu: client_cpu,
         ..ClientConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)))
     };
+    client.reactor.feed = a.feed;
     let mut sizes: Vec<usize> = replay.packets.iter().map(Vec::len).collect();
     sizes.sort_unstable();
     let median_bytes = sizes[sizes.len() / 2];
@@ -203,6 +228,7 @@ pub fn bench(a: T2tBenchArgs) -> Result<()> {
     // 3. Stages.
     let n = a.stage_packets.min(replay.packets.len());
     let stage_replay = Replay {
+        feed: replay.feed,
         port: replay.port,
         packets: replay.packets[..n].to_vec(),
         updates: replay.updates[..n].to_vec(),
@@ -220,7 +246,7 @@ pub fn bench(a: T2tBenchArgs) -> Result<()> {
 
     // 4. The size curve up to 128 updates.
     let curve = if a.curve_packets > 0 {
-        let curve_replay = generated(a.curve_packets, "1-128", JUMBO_PACKET_BYTES)?;
+        let curve_replay = generated(a.feed, a.curve_packets, "1-128", JUMBO_PACKET_BYTES)?;
         let jumbo = ClientConfig {
             reactor: bourse_t2t::reactor::ReactorConfig {
                 packet_bytes_max: JUMBO_PACKET_BYTES,
@@ -238,7 +264,7 @@ pub fn bench(a: T2tBenchArgs) -> Result<()> {
     let alone = reaction_alone(&replay, 1472, 3)?;
     let alone_curve = match &curve {
         Some(_) => Some(reaction_alone(
-            &generated(a.curve_packets, "1-128", JUMBO_PACKET_BYTES)?,
+            &generated(a.feed, a.curve_packets, "1-128", JUMBO_PACKET_BYTES)?,
             JUMBO_PACKET_BYTES,
             3,
         )?),
@@ -273,8 +299,12 @@ pub fn bench(a: T2tBenchArgs) -> Result<()> {
         machine.model, machine.cpus, machine.load_average_start, machine.load_average_end
     );
     println!(
-        "capture: {} packets ({}), median {} bytes; client {}; driver spinning; {}\n",
+        "capture: {} packets of {} ({}), median {} bytes; client {}; driver spinning; {}\n",
         replay.packets.len(),
+        match a.feed {
+            FeedFormat::Sbe => "bourse's SBE order log",
+            FeedFormat::Itch => "ITCH 5.0 over MoldUDP64",
+        },
         a.capture.as_ref().map_or(
             format!("generated, {} updates per packet", a.updates),
             |p| p.display().to_string()
