@@ -240,6 +240,13 @@ impl NodeMonitor {
         self.metrics.publish_events();
         self.metrics
             .observe_batcher_queue(node.batcher_queue_depth() as u64);
+        let refusals: Vec<_> = node
+            .refusals()
+            .all()
+            .into_iter()
+            .map(|(why, n)| (why.name(), n))
+            .collect();
+        self.metrics.observe_refusals(&refusals);
         node.stages().take_interval(&mut self.stage_interval);
         self.metrics
             .observe_node_stages(self.stage_interval.latencies());

@@ -112,6 +112,9 @@ pub mod names {
     pub const SNAPSHOT_SIZE_BYTES: &str = "bourse_snapshot_size_bytes";
     pub const SNAPSHOT_WRITE_SECONDS: &str = "bourse_snapshot_write_seconds";
     pub const SNAPSHOT_BUILD_SECONDS: &str = "bourse_snapshot_build_seconds";
+    /// Connections a node refused before reading a frame (label `reason`: no_certificate,
+    /// untrusted_certificate, not_tls, handshake_failed, handshake_timeout, busy).
+    pub const NODE_CONNECTIONS_REFUSED_TOTAL: &str = "bourse_node_connections_refused_total";
 }
 
 /// Monitoring settings; every field has a default, and a TOML file may set any of them.

@@ -231,6 +231,8 @@ pub struct NodeMetrics {
     event_counters: [Counter; 5],
     /// `bourse_node_stage_seconds` by stage, registered as stages first report.
     node_stages: Vec<(String, Histogram)>,
+    /// `bourse_node_connections_refused_total` by reason, registered as reasons first report.
+    refusals: Vec<(&'static str, Rebased)>,
 }
 
 impl NodeMetrics {
@@ -365,6 +367,7 @@ impl NodeMetrics {
             events_published: Tally::default(),
             event_counters,
             node_stages: Vec::new(),
+            refusals: Vec::new(),
             monitor,
         };
         m
@@ -506,6 +509,31 @@ impl NodeMetrics {
     }
 
     /// Client requests waiting for the node's batcher now.
+    /// The node's refused connections so far, by reason (totals kept by the node's acceptor;
+    /// a reason is exported from its first report on, zero included).
+    pub fn observe_refusals(&mut self, totals: &[(&'static str, u64)]) {
+        for &(reason, total) in totals {
+            let at = match self.refusals.iter().position(|(r, _)| *r == reason) {
+                Some(at) => at,
+                None => {
+                    let node = self.id.to_string();
+                    let counter = self.monitor.registry().counter(
+                        names::NODE_CONNECTIONS_REFUSED_TOTAL,
+                        "Connections the node refused before reading a frame, by reason.",
+                        &[("node", node.as_str()), ("reason", reason)],
+                    );
+                    let mut rebased = Rebased::new(counter);
+                    // The first reading counts from zero: refusals before the monitor began
+                    // are refusals too.
+                    rebased.update(0);
+                    self.refusals.push((reason, rebased));
+                    self.refusals.len() - 1
+                }
+            };
+            self.refusals[at].1.update(total);
+        }
+    }
+
     pub fn observe_batcher_queue(&self, depth: u64) {
         self.batcher_queue.set(depth.min(i64::MAX as u64) as i64);
     }
@@ -638,6 +666,23 @@ mod tests {
             alarm: None,
             checkpoint: None,
             commit_index: None,
+        }
+    }
+
+    #[test]
+    fn refused_connections_are_exported_by_reason_counting_those_before_the_first_reading() {
+        let m = Monitor::new(MonitorConfig::default());
+        let mut n = NodeMetrics::new(m.clone(), 2, &[1, 2, 3], "equities");
+        n.observe_refusals(&[("not_tls", 3), ("busy", 0)]);
+        n.observe_refusals(&[("not_tls", 5), ("busy", 0), ("no_certificate", 1)]);
+        let mut text = String::new();
+        m.registry().render(&mut text);
+        for line in [
+            "bourse_node_connections_refused_total{node=\"2\",reason=\"not_tls\"} 5",
+            "bourse_node_connections_refused_total{node=\"2\",reason=\"busy\"} 0",
+            "bourse_node_connections_refused_total{node=\"2\",reason=\"no_certificate\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
         }
     }
 
