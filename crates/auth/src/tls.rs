@@ -132,3 +132,31 @@ pub fn mutual_client_config(files: &TlsFiles) -> Result<Arc<ClientConfig>, Strin
         .map_err(|e| format!("cert_path and key_path: {e}"))?;
     Ok(Arc::new(config))
 }
+
+/// The subjectAltName entries of a DER certificate: its IP addresses and DNS names, in
+/// certificate order. A certificate that does not parse, or has no such extension, names
+/// nothing. The caller has verified the certificate (rustls did, in the handshake); this only
+/// reads who it names.
+pub fn names_in_certificate(der: &[u8]) -> (Vec<std::net::IpAddr>, Vec<String>) {
+    use x509_parser::extensions::GeneralName;
+    let mut ips = Vec::new();
+    let mut dns = Vec::new();
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+        return (ips, dns);
+    };
+    let Ok(Some(san)) = cert.subject_alternative_name() else {
+        return (ips, dns);
+    };
+    for name in &san.value.general_names {
+        match name {
+            GeneralName::IPAddress(b) => match b.len() {
+                4 => ips.push(std::net::IpAddr::from(<[u8; 4]>::try_from(*b).unwrap())),
+                16 => ips.push(std::net::IpAddr::from(<[u8; 16]>::try_from(*b).unwrap())),
+                _ => {}
+            },
+            GeneralName::DNSName(d) => dns.push(d.to_ascii_lowercase()),
+            _ => {}
+        }
+    }
+    (ips, dns)
+}

@@ -30,7 +30,9 @@ use crate::stages::{BatchStamps, ReplyStamp, Stages};
 use crate::state::Outcome;
 use crate::storage::{Alarm, LogStore, StateMachineStore};
 use crate::stream::{StreamError, Subscription};
-use crate::transport::{Acceptor, NodeStream, NodeWriteHalf, Refusals, TlsFiles};
+use crate::transport::{
+    Acceptor, NodeStream, NodeWriteHalf, PeerRole, Refusal, Refusals, TlsFiles,
+};
 use crate::{NodeId, Raft};
 use bourse_core::codec::check_command_form;
 
@@ -357,6 +359,22 @@ impl ClusterConfig {
         n.listen.as_deref().unwrap_or(&n.addr).parse().ok()
     }
 
+    /// The hosts of every node's advertised address (an IP address as text, or a name): a
+    /// certificate naming one of them is a node's (`transport::PeerRole`).
+    pub fn node_hosts(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|n| match n.addr.parse::<SocketAddr>() {
+                Ok(a) => a.ip().to_string(),
+                Err(_) => n
+                    .addr
+                    .rsplit_once(':')
+                    .map_or(n.addr.as_str(), |(host, _)| host)
+                    .to_string(),
+            })
+            .collect()
+    }
+
     /// Node `id`'s advertised address (where peers, gateways and tools dial it).
     pub fn addr_of(&self, id: NodeId) -> Option<SocketAddr> {
         self.nodes
@@ -598,7 +616,7 @@ impl Node {
             ),
             None => None,
         };
-        let acceptor = Acceptor::new(id, server_tls);
+        let acceptor = Acceptor::new(id, server_tls, config.node_hosts());
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|e| format!("node {id}: bind {addr}: {e}"))?;
@@ -824,8 +842,8 @@ async fn accept_loop(
                 // The handshake runs on the connection's own task, bounded in time and in
                 // number (`transport::Acceptor`), so a slow or hostile peer holds up no one.
                 tokio::spawn(async move {
-                    if let Some(stream) = shared.acceptor.accept(tcp, from).await {
-                        serve_connection(stream, shared, closing).await;
+                    if let Some((stream, role)) = shared.acceptor.accept(tcp, from).await {
+                        serve_connection(stream, role, from, shared, closing).await;
                     }
                 });
             }
@@ -1055,8 +1073,18 @@ impl Answers {
     }
 }
 
+/// Whether a request is one only a replica of the group may send.
+fn is_raft(request: &Request) -> bool {
+    matches!(
+        request,
+        Request::AppendEntries(_) | Request::Vote(_) | Request::InstallSnapshot(_)
+    )
+}
+
 async fn serve_connection(
     stream: NodeStream,
+    role: PeerRole,
+    from: SocketAddr,
     shared: Arc<Shared>,
     mut closing: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -1080,6 +1108,17 @@ async fn serve_connection(
             break;
         };
         let tag = request.tag;
+        if role == PeerRole::Client && is_raft(&request.body) {
+            // A client's certificate cannot act as a replica: the connection is closed and
+            // the refusal counted, and nothing reaches raft.
+            shared.acceptor.refusals().count(
+                shared.id,
+                Refusal::NotANode,
+                from,
+                "a raft request from a certificate that names no node of the group",
+            );
+            break;
+        }
         let reply = move |body: Response| encode_frame(&Tagged { tag, body });
         let answer = match request.body {
             Request::Submit {

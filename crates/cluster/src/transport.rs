@@ -13,6 +13,11 @@
 //!   certificate of the venue's authority within [`HANDSHAKE_TIMEOUT_MS`], at most
 //!   [`HANDSHAKES_MAX`] at once; every refusal is counted by [`Refusal`] and logged with its
 //!   reason (the first few of each kind, then one in [`REFUSALS_LOGGED_EVERY`]).
+//! - [`PeerRole`]: whom an accepted connection speaks for. Any certificate of the venue's
+//!   authority may submit, query and subscribe; only a node's may speak raft (append
+//!   entries, votes, installing a snapshot). A node's certificate is one whose subjectAltName names one of
+//!   the group's node hosts (as `docs/deploy.md` makes them); a gateway's or a service's link
+//!   certificate names none. Plain TCP is on the loopback only, where every peer is trusted.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -252,16 +257,20 @@ pub enum Refusal {
     HandshakeTimeout,
     /// [`HANDSHAKES_MAX`] handshakes were already under way.
     Busy,
+    /// A peer whose certificate names no node of the group sent a raft request (append
+    /// entries, vote, install snapshot): a client's identity cannot act as a replica.
+    NotANode,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 6] = [
+    pub const ALL: [Refusal; 7] = [
         Refusal::NoCertificate,
         Refusal::UntrustedCertificate,
         Refusal::NotTls,
         Refusal::HandshakeFailed,
         Refusal::HandshakeTimeout,
         Refusal::Busy,
+        Refusal::NotANode,
     ];
 
     /// The reason's name in logs and metrics.
@@ -273,6 +282,7 @@ impl Refusal {
             Refusal::HandshakeFailed => "handshake_failed",
             Refusal::HandshakeTimeout => "handshake_timeout",
             Refusal::Busy => "busy",
+            Refusal::NotANode => "not_a_node",
         }
     }
 
@@ -300,7 +310,7 @@ pub struct Refusals {
 
 impl Refusals {
     /// Counts one refusal and logs it (thinned out past the first few of its kind).
-    fn count(&self, node: u64, why: Refusal, from: SocketAddr, detail: &str) {
+    pub fn count(&self, node: u64, why: Refusal, from: SocketAddr, detail: &str) {
         let n = self.counts[why as usize].fetch_add(1, Ordering::Relaxed) + 1;
         if n <= REFUSALS_LOGGED_FIRST || n.is_multiple_of(REFUSALS_LOGGED_EVERY) {
             eprintln!(
@@ -333,17 +343,59 @@ pub struct Acceptor {
     tls: Option<TlsAcceptor>,
     handshakes: Arc<Semaphore>,
     refusals: Arc<Refusals>,
+    /// The hosts of the group's nodes (IP addresses or DNS names, lower case), as their
+    /// advertised addresses give them: a certificate naming one of them is a node's.
+    node_hosts: Arc<Vec<String>>,
+}
+
+/// Whom an accepted connection speaks for (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerRole {
+    /// A replica of the group (or any peer on the loopback): every request.
+    Node,
+    /// Another of the venue's processes (a gateway, a delivery or clearing service, a
+    /// tool): submits, queries and subscriptions, never raft.
+    Client,
 }
 
 impl Acceptor {
     /// `tls`: the node's server configuration (`None`: plain TCP, allowed on the loopback only;
-    /// `ClusterConfig::validate` refuses any other address without `[tls]`).
-    pub fn new(node: u64, tls: Option<Arc<rustls::ServerConfig>>) -> Acceptor {
+    /// `ClusterConfig::validate` refuses any other address without `[tls]`). `node_hosts`: the
+    /// hosts of the group's nodes' advertised addresses.
+    pub fn new(
+        node: u64,
+        tls: Option<Arc<rustls::ServerConfig>>,
+        node_hosts: Vec<String>,
+    ) -> Acceptor {
         Acceptor {
             node,
             tls: tls.map(TlsAcceptor::from),
             handshakes: Arc::new(Semaphore::new(HANDSHAKES_MAX)),
             refusals: Arc::new(Refusals::default()),
+            node_hosts: Arc::new(
+                node_hosts
+                    .into_iter()
+                    .map(|h| h.to_ascii_lowercase())
+                    .collect(),
+            ),
+        }
+    }
+
+    /// The role of a peer that presented `certificate` (verified in the handshake).
+    fn role_of(&self, certificate: Option<&[u8]>) -> PeerRole {
+        let Some(der) = certificate else {
+            return PeerRole::Client;
+        };
+        let (ips, dns) = bourse_auth::tls::names_in_certificate(der);
+        let named = ips
+            .iter()
+            .map(|ip| ip.to_string())
+            .chain(dns)
+            .any(|name| self.node_hosts.contains(&name));
+        if named {
+            PeerRole::Node
+        } else {
+            PeerRole::Client
         }
     }
 
@@ -355,12 +407,12 @@ impl Acceptor {
         self.tls.is_some()
     }
 
-    /// The accepted connection, after its handshake; `None` if it was refused (counted and
-    /// logged).
-    pub async fn accept(&self, tcp: TcpStream, from: SocketAddr) -> Option<NodeStream> {
+    /// The accepted connection, after its handshake, and whom it speaks for; `None` if it was
+    /// refused (counted and logged).
+    pub async fn accept(&self, tcp: TcpStream, from: SocketAddr) -> Option<(NodeStream, PeerRole)> {
         let _ = tcp.set_nodelay(true);
         let Some(tls) = &self.tls else {
-            return Some(NodeStream::Plain(tcp));
+            return Some((NodeStream::Plain(tcp), PeerRole::Node));
         };
         let Ok(_permit) = self.handshakes.clone().try_acquire_owned() else {
             self.refusals.count(
@@ -374,7 +426,16 @@ impl Acceptor {
         match tokio::time::timeout(Duration::from_millis(HANDSHAKE_TIMEOUT_MS), tls.accept(tcp))
             .await
         {
-            Ok(Ok(s)) => Some(NodeStream::Tls(Box::new(TlsStream::Server(s)))),
+            Ok(Ok(s)) => {
+                let role = self.role_of(
+                    s.get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                        .map(|c| c.as_ref()),
+                );
+                Some((NodeStream::Tls(Box::new(TlsStream::Server(s))), role))
+            }
             Ok(Err(e)) => {
                 self.refusals
                     .count(self.node, Refusal::of(&e), from, &e.to_string());

@@ -239,3 +239,38 @@ async fn a_peer_without_a_certificate_of_the_venue_s_authority_is_refused_and_co
     assert_eq!(node.refusals().get(Refusal::Busy), 0, "{counts:?}");
     node.shutdown().await;
 }
+
+/// Any certificate of the venue's authority may query and submit, but only one that names a
+/// node of the group may speak raft: a gateway's link certificate asking for a vote is cut off
+/// and counted, and nothing reaches raft.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_cannot_speak_raft_as_a_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let venue = Authority::new(dir.path(), "venue");
+    let config = tls_config(dir.path(), &venue, 1);
+    let node = Node::start(&config, 1).await.expect("node starts");
+    let addr = config.addr_of(1).unwrap();
+    reach_over_tls(&config, &venue);
+    let vote = || {
+        Request::Vote(openraft::raft::VoteRequest::new(
+            openraft::Vote::new(0, 7),
+            None,
+        ))
+    };
+    // A link certificate, as a gateway's: the authority's, naming no host.
+    let link = files(&venue, "gateway-link", &[]);
+    let link = client_presenting(&venue, Some(&link));
+    assert!(status_with(addr, Some(link.clone())).await, "it may query");
+    let mut conn = PeerConnection::with_tls(addr, Some(link));
+    let answer = conn.call(vote(), Duration::from_secs(5)).await;
+    assert!(answer.is_err(), "cut off, not answered: {answer:?}");
+    refused(&node, Refusal::NotANode, 1).await;
+    // A node's certificate (it names the node's host) is answered (a stale vote, refused by
+    // raft itself without a change).
+    let peer = files(&venue, "node-2", &["127.0.0.1"]);
+    let mut conn = PeerConnection::with_tls(addr, Some(client_presenting(&venue, Some(&peer))));
+    let answer = conn.call(vote(), Duration::from_secs(5)).await;
+    assert!(matches!(answer, Ok(Response::Vote(_))), "{answer:?}");
+    assert_eq!(node.refusals().get(Refusal::NotANode), 1);
+    node.shutdown().await;
+}
