@@ -64,7 +64,35 @@ fn weekdays() -> Vec<String> {
         .to_vec()
 }
 
+/// The part of a venue's config file the schedule driver reads: its `[schedule]` table (with
+/// `[[schedule.markets]]`). Nothing else may be in the file: a misspelled section would
+/// otherwise leave the venue on the default day without a word.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VenueScheduleFile {
+    schedule: ScheduleConfig,
+}
+
 impl ScheduleConfig {
+    /// Reads a venue config's `[schedule]` and checks it against the venue: every market it
+    /// names must be one of `markets`. Errors name the field, the line (TOML's) or the
+    /// market.
+    pub fn from_venue_toml(text: &str, markets: &[&str]) -> Result<ScheduleConfig, String> {
+        let file: VenueScheduleFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        let config = file.schedule;
+        for m in &config.markets {
+            if !markets.contains(&m.market.as_str()) {
+                return Err(format!(
+                    "schedule.markets: no market {:?} in this venue (markets: {})",
+                    m.market,
+                    markets.join(", ")
+                ));
+            }
+        }
+        Schedule::new(&config).map_err(|e| format!("schedule: {e}"))?;
+        Ok(config)
+    }
+
     /// MOEX's derivatives day for each named market: main session 10:00–14:00, the
     /// intermediate clearing pause 14:00–14:05, main session to 18:45, the pause through the
     /// evening clearing 18:50–19:05 (the trading day ends at 18:50), evening session to 23:50;
@@ -428,6 +456,42 @@ mod tests {
         let e =
             toml::from_str::<ScheduleConfig>("markets = []\nutc_ofset_minutes = 1\n").unwrap_err();
         assert!(e.to_string().contains("utc_ofset_minutes"), "{e}");
+    }
+
+    #[test]
+    fn a_venue_config_schedule_is_read_and_refused_by_name() {
+        let text = r#"
+[schedule]
+utc_offset_minutes = 180
+business_days = ["mon", "tue", "wed", "thu", "fri"]
+holidays = ["2026-12-31"]
+
+[[schedule.markets]]
+market = "equities"
+sessions = [{ from = "10:00", to = "18:40" }, { from = "19:05", to = "23:50" }]
+end_of_day = "18:45"
+"#;
+        let c = ScheduleConfig::from_venue_toml(text, &["equities", "fx"]).unwrap();
+        assert_eq!(c.markets.len(), 1);
+        assert_eq!(c.markets[0].sessions[1].from, "19:05");
+        assert_eq!(c.holidays, vec!["2026-12-31".to_string()]);
+        let schedule = Schedule::new(&c).unwrap();
+        // Monday 2026-11-23 at 18:40 Moscow (15:40 UTC): equities pause until 19:05.
+        let at = |h: u64, m: u64| ((20_780 * 24 + h) * 60 + m) * NS_PER_MIN;
+        let due = schedule.transitions(at(15, 39), at(15, 41));
+        assert_eq!(due.len(), 1, "{due:?}");
+        assert_eq!(due[0].transition, Transition::Phase(Phase::Paused));
+        let e = ScheduleConfig::from_venue_toml(text, &["fx"]).unwrap_err();
+        assert!(e.contains("\"equities\"") && e.contains("fx"), "{e}");
+        let e = ScheduleConfig::from_venue_toml(&text.replace("[schedule]", "[schedul]"), &[])
+            .unwrap_err();
+        assert!(e.contains("schedul"), "{e}");
+        let e = ScheduleConfig::from_venue_toml(&text.replace("end_of_day", "end_of_dya"), &[])
+            .unwrap_err();
+        assert!(e.contains("end_of_dya"), "{e}");
+        let e = ScheduleConfig::from_venue_toml(&text.replace("19:05", "18:00"), &["equities"])
+            .unwrap_err();
+        assert!(e.contains("in order"), "{e}");
     }
 
     #[test]

@@ -518,11 +518,12 @@ impl AdminService {
         Answer::new(status, body)
     }
 
-    /// Adds accounts: in each core concerned, the additions first (unordered: independent
-    /// accounts may be spread over several clients), then a deposit of `cash` for each account
-    /// that was new there. An account that exists already is counted as such and gets no
+    /// Adds accounts: in each core concerned, one command per account that adds it with its
+    /// `cash` (`add_funded_account`: unordered, so independent accounts may be spread over
+    /// several clients). An account that exists already is counted as such and gets no
     /// deposit, so a bulk addition sent again (after a broken connection, say) adds what is
-    /// missing and deposits nothing twice.
+    /// missing and deposits nothing twice; and since addition and deposit are one command,
+    /// no account is ever left added but unfunded.
     pub(crate) async fn add_accounts(&self, accounts: &[NewAccount]) -> AccountsTally {
         let mut tally = AccountsTally::default();
         let mut per_core: Vec<Vec<&NewAccount>> = vec![Vec::new(); self.markets.len()];
@@ -569,46 +570,34 @@ impl AdminService {
         let mut tally = AccountsTally::default();
         let adds = list
             .iter()
-            .map(|a| Command::new(ts, CommandBody::AddAccount(a.spec())))
+            .map(|a| {
+                let body = CommandBody::AddFundedAccount {
+                    spec: a.spec(),
+                    cash: a.cash,
+                };
+                Command::new(ts, body)
+            })
             .collect();
         let t = std::time::Instant::now();
         let answers = self.venue.submit(core, adds, false).await?;
         tally.additions_ns = t.elapsed().as_nanos() as u64;
-        let mut deposits = Vec::new();
         for (a, events) in list.iter().zip(&answers) {
             match reject_of(events) {
                 None => {
                     tally.added += 1;
-                    if a.cash.0 > 0 {
-                        deposits.push(Command::new(
-                            ts,
-                            CommandBody::Deposit {
-                                account: a.account,
-                                amount: a.cash,
-                            },
-                        ));
-                    }
+                    let deposited = events.iter().any(|e| {
+                        matches!(
+                            e,
+                            Event::CashChanged {
+                                reason: CashReason::Deposit,
+                                ..
+                            }
+                        )
+                    });
+                    tally.funded += u64::from(deposited);
                 }
                 Some(RejectReason::DuplicateAccount) => tally.existing += 1,
                 Some(r) => tally.reject(a.account, r),
-            }
-        }
-        if !deposits.is_empty() {
-            let accounts: Vec<AccountId> = deposits
-                .iter()
-                .map(|c| match c.body {
-                    CommandBody::Deposit { account, .. } => account,
-                    _ => unreachable!("only deposits"),
-                })
-                .collect();
-            let t = std::time::Instant::now();
-            let answers = self.venue.submit(core, deposits, false).await?;
-            tally.deposits_ns = t.elapsed().as_nanos() as u64;
-            for (account, events) in accounts.iter().zip(&answers) {
-                match reject_of(events) {
-                    None => tally.funded += 1,
-                    Some(r) => tally.reject(*account, r),
-                }
             }
         }
         Ok(tally)
@@ -735,10 +724,9 @@ pub struct AccountsTally {
     pub errors_total: u64,
     /// Cores that did not answer.
     pub unavailable: Vec<String>,
-    /// Time spent submitting additions and deposits, summed over the cores (which run side
+    /// Time spent submitting the (funded) additions, summed over the cores (which run side
     /// by side): where a bulk addition's time goes.
     pub additions_ns: u64,
-    pub deposits_ns: u64,
 }
 
 impl AccountsTally {
@@ -773,7 +761,6 @@ impl AccountsTally {
         self.errors_total += o.errors_total;
         self.unavailable.extend(o.unavailable);
         self.additions_ns += o.additions_ns;
-        self.deposits_ns += o.deposits_ns;
     }
 
     /// The answer: `applied` (200) when nothing was refused, `rejected` (422) otherwise,
@@ -802,8 +789,7 @@ impl AccountsTally {
             body["error"] = Value::String(format!(
                 "no answer from {}: some additions may not have applied; send the same request \
                  again under a new request id (existing accounts are skipped and get no \
-                 deposit: an account added whose deposit did not apply stays unfunded, so \
-                 query the accounts the errors name)",
+                 second deposit)",
                 self.unavailable.join("; ")
             ));
         }
@@ -889,7 +875,6 @@ impl AdminService {
             "read_and_parse_ms": read_ns / 1_000_000,
             "submit_ms": submit_ns / 1_000_000,
             "additions_ms": tally.additions_ns / 1_000_000,
-            "deposits_ms": tally.deposits_ns / 1_000_000,
         });
         let mut answer = tally.into_answer(true);
         answer.body["lines"] = json!(reader.lines);

@@ -8,8 +8,8 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bourse_core::{
-    AccountId, Cash, CashReason, Event, FirmId, Instrument, InstrumentId, Market, Price, Side,
-    CASH_SCALE,
+    AccountId, Cash, CashReason, Event, FirmId, Instrument, InstrumentDef, InstrumentId, Market,
+    Price, Side, CASH_SCALE,
 };
 use serde::Serialize;
 
@@ -35,7 +35,8 @@ impl std::fmt::Display for ClearingError {
         match self {
             ClearingError::UnknownInstrument(i) => write!(
                 f,
-                "a trade in instrument {i}, which is not among the instruments given to clearing"
+                "a trade in instrument {i}, whose definition clearing was never given (not in its \
+                 instruments file, no InstrumentAdded on its streams)"
             ),
             ClearingError::CoreOutOfRange { core, cores } => {
                 write!(
@@ -106,6 +107,10 @@ pub struct AccountCash {
 #[derive(Clone, Debug)]
 pub struct ClearingState {
     definitions: BTreeMap<InstrumentId, Instrument>,
+    /// The definitions the streams announced (`InstrumentAdded`): they win over the
+    /// configuration's, and, unlike those, are in the snapshot, so an instrument an operator
+    /// added at run time is still known to a clearing restarted from its snapshot.
+    learned: BTreeMap<InstrumentId, InstrumentDef>,
     positions: BTreeMap<(AccountId, InstrumentId), ClearingPosition>,
     instruments: BTreeMap<InstrumentId, InstrumentState>,
     cash: BTreeMap<(usize, AccountId), AccountCash>,
@@ -130,6 +135,7 @@ impl ClearingState {
     pub fn new(cores: usize, definitions: impl IntoIterator<Item = Instrument>) -> ClearingState {
         ClearingState {
             definitions: definitions.into_iter().map(|d| (d.instrument, d)).collect(),
+            learned: BTreeMap::new(),
             positions: BTreeMap::new(),
             instruments: BTreeMap::new(),
             cash: BTreeMap::new(),
@@ -206,6 +212,13 @@ impl ClearingState {
 
     pub fn definition(&self, instrument: InstrumentId) -> Option<&Instrument> {
         self.definitions.get(&instrument)
+    }
+
+    /// Takes an instrument's definition from its `InstrumentAdded` event.
+    fn learn(&mut self, instrument: InstrumentId, definition: InstrumentDef) {
+        self.definitions
+            .insert(instrument, definition.instrument(instrument));
+        self.learned.insert(instrument, definition);
     }
 
     pub fn positions(&self) -> &BTreeMap<(AccountId, InstrumentId), ClearingPosition> {
@@ -324,6 +337,11 @@ impl ClearingState {
                     CashReason::SetCollateral => {}
                 }
             }
+            Event::InstrumentAdded {
+                instrument,
+                definition,
+                ..
+            } => self.learn(instrument, definition),
             Event::AccountAdded { account, firm, .. } => {
                 if let Some(old) = self.firms.insert(account, firm) {
                     self.firm_accounts.remove(&(old, account));
@@ -417,8 +435,8 @@ impl ClearingState {
         xxhash_rust::xxh3::xxh3_64(&self.encode())
     }
 
-    /// The state as bytes (the snapshot's data; the definitions are configuration and are
-    /// not included). Little-endian, fixed widths, every map in key order.
+    /// The state as bytes (the snapshot's data; the configuration's definitions are not
+    /// included, those learned from the streams are). Little-endian, fixed widths, every map in key order.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer(Vec::with_capacity(64 + self.positions.len() * 110));
         w.0.extend_from_slice(SNAPSHOT_MAGIC);
@@ -474,6 +492,19 @@ impl ClearingState {
             w.u32(a.0);
             w.u32(f.0);
         }
+        // The learned definitions as the events that announced them, in the core's codec.
+        let learned: Vec<Event> = self
+            .learned
+            .iter()
+            .map(|(&instrument, &definition)| Event::InstrumentAdded {
+                instrument,
+                definition,
+                ts_ns: 0,
+            })
+            .collect();
+        let bytes = bourse_core::codec::encode_events(&learned);
+        w.u64(bytes.len() as u64);
+        w.0.extend_from_slice(&bytes);
         w.0
     }
 
@@ -566,6 +597,22 @@ impl ClearingState {
             s.firms.insert(a, f);
             s.firm_accounts.insert((f, a));
         }
+        let len = r.count(1)? as usize;
+        let events = bourse_core::codec::decode_events(r.take(len)?)
+            .map_err(|e| ClearingError::BadSnapshot(format!("learned instruments: {e}")))?;
+        for e in events {
+            let Event::InstrumentAdded {
+                instrument,
+                definition,
+                ..
+            } = e
+            else {
+                return Err(ClearingError::BadSnapshot(
+                    "learned instruments: an event that is not an instrument's".into(),
+                ));
+            };
+            s.learn(instrument, definition);
+        }
         if r.at != bytes.len() {
             return Err(ClearingError::BadSnapshot(format!(
                 "{} bytes after the end of the state",
@@ -576,8 +623,9 @@ impl ClearingState {
     }
 }
 
-/// The first bytes of a clearing snapshot's data (format 1).
-const SNAPSHOT_MAGIC: &[u8; 8] = b"BCLEAR01";
+/// The first bytes of a clearing snapshot's data (format 2: with the instruments learned from
+/// the streams; format 1 had none and is refused by its magic).
+const SNAPSHOT_MAGIC: &[u8; 8] = b"BCLEAR02";
 
 struct Writer(Vec<u8>);
 

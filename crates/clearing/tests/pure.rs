@@ -365,3 +365,59 @@ fn the_settlement_price_is_the_vwap_of_the_last_trades_on_the_tick() {
     // A window of 1.5 s before the newest trade leaves the first trade out.
     assert_eq!(price(3, Some(1_500_000_000)), Price(100_020));
 }
+
+/// The instruments' definitions from their `InstrumentAdded` events, as an operator's
+/// addition at run time gives them (the engine's events for `definitions()`).
+fn added_events() -> Vec<Event> {
+    let mut d = Driver::new(EngineConfig::default());
+    let mut events = Vec::new();
+    for def in definitions() {
+        events.extend_from_slice(d.run(CommandBody::AddInstrument(def)));
+    }
+    events
+}
+
+#[test]
+fn definitions_are_learned_from_the_stream_kept_in_the_snapshot_and_required() {
+    let o: Vec<Order> = (0..40)
+        .map(|k| {
+            (
+                k % ACCOUNTS,
+                (k % 3) as usize,
+                k % 2 == 0,
+                0,
+                1 + i64::from(k % 4),
+            )
+        })
+        .collect();
+    let traded = trade(&o);
+    assert!(traded.iter().any(|e| matches!(e, Event::Trade { .. })));
+    // Given no instruments file, a trade with no definition on the stream stops clearing,
+    // naming the instrument.
+    let mut blind = ClearingState::new(1, Vec::new());
+    let err = traded
+        .iter()
+        .try_for_each(|e| blind.apply_event(0, e))
+        .unwrap_err();
+    assert!(err.to_string().contains("never given"), "{err}");
+    // With the stream's definitions first, it clears as if it had been given the file.
+    let mut learned = ClearingState::new(1, Vec::new());
+    for e in added_events().iter().chain(&traded) {
+        learned.apply_event(0, e).unwrap();
+    }
+    let configured = fed(&traded);
+    assert_eq!(learned.positions(), configured.positions());
+    // The same run, but for the state hash (the learned definitions are part of the state).
+    let mut from_stream = compute_run(&learned, 1, RunKind::EndOfDay, &rule());
+    let mut from_file = compute_run(&configured, 1, RunKind::EndOfDay, &rule());
+    assert_ne!(from_stream.state_hash, from_file.state_hash);
+    (from_stream.state_hash, from_file.state_hash) = (0, 0);
+    assert_eq!(from_stream, from_file);
+    // A clearing restarted from the snapshot, with no file either, still knows them.
+    let decoded = ClearingState::decode(1, Vec::new(), &learned.encode()).unwrap();
+    assert_eq!(decoded.state_hash(), learned.state_hash());
+    assert_eq!(
+        decoded.definition(InstrumentId(FUT_FINE)),
+        Some(&fine_future())
+    );
+}

@@ -82,6 +82,11 @@ pub struct DemoArgs {
     /// With --day: scheduled seconds per real second (60: a minute per hour).
     #[arg(long, default_value_t = 60)]
     day_speed: u64,
+    /// With --day: the venue config whose `[schedule]` the day follows (calendar, and per
+    /// market its sessions and end of day; docs/admin.md, "The trading day"). Without it,
+    /// MOEX's derivatives day on every market.
+    #[arg(long)]
+    schedule: Option<PathBuf>,
 }
 
 /// With `--day`: drives the schedule on the deployment's runtime over a clock that runs
@@ -90,13 +95,14 @@ pub struct DemoArgs {
 fn play_day(
     deployment: &LocalDeployment,
     service: Arc<bourse_admin::AdminService>,
-    speed: u64,
+    (speed, config): (u64, Option<bourse_admin::schedule::ScheduleConfig>),
     stop: Arc<AtomicBool>,
 ) -> Result<()> {
     use bourse_admin::schedule::{Schedule, ScheduleConfig, ScheduleDriver};
     let markets: Vec<&str> = service.markets().iter().map(String::as_str).collect();
-    let schedule =
-        Schedule::new(&ScheduleConfig::moex_derivatives(&markets)).map_err(|e| anyhow!(e))?;
+    let config_given = config.is_some();
+    let config = config.unwrap_or_else(|| ScheduleConfig::moex_derivatives(&markets));
+    let schedule = Schedule::new(&config).map_err(|e| anyhow!(e))?;
     // Monday 2026-11-23 (day 20,780 since 1970-01-01), 09:58 in UTC+3.
     const MIN_NS: u64 = 60_000_000_000;
     let start_ns = (20_780 * 24 * 60 + 9 * 60 + 58 - 180) * MIN_NS;
@@ -104,7 +110,14 @@ fn play_day(
     let rt = deployment
         .runtime_handle()
         .context("the deployment is stopped")?;
-    println!("  trading day: a MOEX derivatives day from 09:58 Moscow time, {speed}x faster");
+    println!(
+        "  trading day: {} from 09:58 Moscow time, {speed}x faster",
+        if config_given {
+            "the --schedule day"
+        } else {
+            "a MOEX derivatives day"
+        }
+    );
     rt.spawn(async move {
         let t0 = Instant::now();
         while !stop.load(Ordering::Relaxed) {
@@ -412,6 +425,19 @@ pub fn run(args: DemoArgs) -> Result<()> {
         bail!("--day-speed must be between 1 and 86,400 scheduled seconds per second");
     }
     let profile = demo_profile(&args)?;
+    // The schedule is checked against the demo's markets before anything starts.
+    let schedule = match &args.schedule {
+        None => None,
+        Some(_) if !args.day => bail!("--schedule is the day of --day; give --day too"),
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--schedule {}", path.display()))?;
+            let markets: Vec<&str> = profile.markets.iter().map(|m| m.name.as_str()).collect();
+            let config = bourse_admin::schedule::ScheduleConfig::from_venue_toml(&text, &markets)
+                .map_err(|e| anyhow!("--schedule {}: {e}", path.display()))?;
+            Some(config)
+        }
+    };
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();
@@ -480,7 +506,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             play_day(
                 &deployment,
                 Arc::clone(service),
-                args.day_speed,
+                (args.day_speed, schedule.clone()),
                 Arc::clone(&stop),
             )?;
         }

@@ -229,8 +229,12 @@ pub fn worker_sessions(profile: &Profile) -> Vec<Vec<Vec<u32>>> {
     (0..workers)
         .map(|w| {
             let mut accounts: Vec<u32> = Vec::new();
-            for m in &profile.markets {
+            for (i, m) in profile.markets.iter().enumerate() {
                 let (first, count) = bourse_loadgen::flow::worker_accounts(m.accounts, w, workers);
+                accounts.extend(first..first + count);
+                // The accounts added under load it trades: allowed from the start, refused
+                // by the core until they are added.
+                let (first, count) = bourse_loadgen::flow::worker_late_accounts(profile, i, w);
                 accounts.extend(first..first + count);
             }
             accounts.sort_unstable();

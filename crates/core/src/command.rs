@@ -142,6 +142,15 @@ pub enum CommandBody {
     },
     AddInstrument(Instrument),
     AddAccount(AccountSpec),
+    /// Add an account with its initial cash: the addition and a deposit of `cash` in one
+    /// command (cash 0: no deposit), so that a bulk addition is one command per account and
+    /// no account is ever left added but unfunded. A negative or too large `cash` refuses
+    /// the whole command, and nothing is added.
+    AddFundedAccount {
+        #[serde(flatten)]
+        spec: AccountSpec,
+        cash: Cash,
+    },
     /// Add cash to an account.
     Deposit {
         account: AccountId,
@@ -333,6 +342,18 @@ mod strict {
             #[serde(default)]
             stp_scope: StpScope,
         },
+        AddFundedAccount {
+            ts_ns: u64,
+            account: AccountId,
+            firm: FirmId,
+            #[serde(default)]
+            may_short: bool,
+            #[serde(default)]
+            stp: StpMode,
+            #[serde(default)]
+            stp_scope: StpScope,
+            cash: Cash,
+        },
         Deposit {
             ts_ns: u64,
             account: AccountId,
@@ -498,6 +519,24 @@ mod strict {
                     };
                     (ts_ns, CommandBody::AddAccount(spec))
                 }
+                S::AddFundedAccount {
+                    ts_ns,
+                    account,
+                    firm,
+                    may_short,
+                    stp,
+                    stp_scope,
+                    cash,
+                } => {
+                    let spec = AccountSpec {
+                        account,
+                        firm,
+                        may_short,
+                        stp,
+                        stp_scope,
+                    };
+                    (ts_ns, CommandBody::AddFundedAccount { spec, cash })
+                }
                 S::Deposit {
                     ts_ns,
                     account,
@@ -625,6 +664,16 @@ mod tests {
                 stp: StpMode::CancelBoth,
                 stp_scope: StpScope::Firm,
             }),
+            CommandBody::AddFundedAccount {
+                spec: AccountSpec {
+                    account: AccountId(2),
+                    firm: FirmId(3),
+                    may_short: true,
+                    stp: StpMode::CancelResting,
+                    stp_scope: StpScope::Firm,
+                },
+                cash: Cash(1_000_000),
+            },
             CommandBody::Deposit {
                 account: AccountId(1),
                 amount: Cash(5),

@@ -5,7 +5,7 @@
 
 use crate::command::Side;
 use crate::ids::{AccountId, ClOrdId, FirmId, InstrumentId, OrderId, TradeId};
-use crate::instrument::Phase;
+use crate::instrument::{InstrumentDef, Phase};
 use crate::num::{Cash, Price, Qty};
 use serde::{Deserialize, Serialize};
 
@@ -273,8 +273,13 @@ pub enum Event {
         ts_ns: u64,
     },
     OrderLog(OrderLog),
+    /// An instrument was added; its definition comes with it, so that whoever reads the
+    /// committed stream can route, publish and clear it.
     InstrumentAdded {
         instrument: InstrumentId,
+        /// Flattened, so that the JSON Lines event stays one flat object.
+        #[serde(flatten)]
+        definition: InstrumentDef,
         ts_ns: u64,
     },
     AccountAdded {

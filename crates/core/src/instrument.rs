@@ -82,6 +82,96 @@ pub enum StpScope {
     Firm,
 }
 
+/// An instrument's symbol held inline (1 to [`SYMBOL_LEN_MAX`] bytes of UTF-8), so that the
+/// event announcing an instrument stays `Copy` like every other event.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Symbol {
+    len: u8,
+    bytes: [u8; SYMBOL_LEN_MAX],
+}
+
+impl Symbol {
+    /// The symbol, or None unless it has 1 to [`SYMBOL_LEN_MAX`] bytes.
+    pub fn new(s: &str) -> Option<Symbol> {
+        if s.is_empty() || s.len() > SYMBOL_LEN_MAX {
+            return None;
+        }
+        let mut bytes = [0u8; SYMBOL_LEN_MAX];
+        bytes[..s.len()].copy_from_slice(s.as_bytes());
+        Some(Symbol {
+            len: s.len() as u8,
+            bytes,
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Built only from a `&str` cut at its own length, so always UTF-8.
+        std::str::from_utf8(&self.bytes[..self.len as usize]).expect("a symbol is UTF-8")
+    }
+}
+
+impl std::fmt::Debug for Symbol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl std::fmt::Display for Symbol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Symbol {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Symbol {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Symbol, D::Error> {
+        let s = String::deserialize(d)?;
+        Symbol::new(&s).ok_or_else(|| serde::de::Error::custom("symbol must have 1 to 32 bytes"))
+    }
+}
+
+/// An instrument's definition as the event that announces it carries it: everything of an
+/// [`Instrument`] but its id (which the event carries beside it), with the reference price it
+/// was added with. Consumers of the committed stream (gateways, market data, ITCH, clearing)
+/// learn instruments added at run time from it. An output only, flattened into the event's
+/// JSON object (serde cannot refuse unknown fields of a flattened struct; inputs use
+/// [`Instrument`], which does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstrumentDef {
+    pub symbol: Symbol,
+    pub market: Market,
+    pub price_scale: u8,
+    pub tick: Price,
+    pub lot_size: i64,
+    pub multiplier: i64,
+    pub initial_margin: Cash,
+    pub band_bps: u32,
+    pub reference_price: Price,
+}
+
+impl InstrumentDef {
+    /// The instrument `id` with this definition.
+    pub fn instrument(&self, id: InstrumentId) -> Instrument {
+        Instrument {
+            instrument: id,
+            symbol: self.symbol.as_str().to_owned(),
+            market: self.market,
+            price_scale: self.price_scale,
+            tick: self.tick,
+            lot_size: self.lot_size,
+            multiplier: self.multiplier,
+            initial_margin: self.initial_margin,
+            band_bps: self.band_bps,
+            reference_price: self.reference_price,
+        }
+    }
+}
+
 /// The definition of an instrument, given by `AddInstrument`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -153,6 +243,22 @@ impl Instrument {
             }
         }
         Ok(())
+    }
+
+    /// The definition an `InstrumentAdded` event carries; None if the symbol is not 1 to
+    /// [`SYMBOL_LEN_MAX`] bytes (never for an instrument that passed [`Instrument::validate`]).
+    pub fn def(&self) -> Option<InstrumentDef> {
+        Some(InstrumentDef {
+            symbol: Symbol::new(&self.symbol)?,
+            market: self.market,
+            price_scale: self.price_scale,
+            tick: self.tick,
+            lot_size: self.lot_size,
+            multiplier: self.multiplier,
+            initial_margin: self.initial_margin,
+            band_bps: self.band_bps,
+            reference_price: self.reference_price,
+        })
     }
 
     /// The value of `qty` lots at `price`, in cash units, rounded down (what changes hands in
@@ -324,5 +430,51 @@ mod tests {
         let mut i = equity();
         i.market = Market::Futures;
         assert!(i.validate().is_err(), "futures need margin");
+    }
+}
+
+#[cfg(test)]
+mod definition_tests {
+    use super::*;
+    use crate::Event;
+
+    #[test]
+    fn an_instrument_added_event_is_one_flat_json_object_that_reads_back() {
+        let def = Instrument {
+            instrument: InstrumentId(4),
+            symbol: "Si-12.26".into(),
+            market: Market::Futures,
+            price_scale: 0,
+            tick: Price(1),
+            lot_size: 1_000,
+            multiplier: 1,
+            initial_margin: Cash(5_000_0000),
+            band_bps: 700,
+            reference_price: Price(80_000),
+        };
+        let event = Event::InstrumentAdded {
+            instrument: def.instrument,
+            definition: def.def().unwrap(),
+            ts_ns: 9,
+        };
+        let json = serde_json::to_value(event).unwrap();
+        assert_eq!(json["event"], "instrument_added");
+        assert_eq!(json["symbol"], "Si-12.26");
+        assert_eq!(json["lot_size"], 1_000);
+        let back: Event = serde_json::from_value(json).unwrap();
+        assert_eq!(back, event);
+        let Event::InstrumentAdded { definition, .. } = back else {
+            unreachable!()
+        };
+        assert_eq!(definition.instrument(InstrumentId(4)), def);
+    }
+
+    #[test]
+    fn a_symbol_holds_one_to_32_bytes() {
+        assert!(Symbol::new("").is_none());
+        assert!(Symbol::new(&"x".repeat(SYMBOL_LEN_MAX + 1)).is_none());
+        let s = Symbol::new("ГАЗП").unwrap();
+        assert_eq!(s.as_str(), "ГАЗП");
+        assert!(serde_json::from_str::<Symbol>("\"\"").is_err());
     }
 }

@@ -227,6 +227,9 @@ impl Engine {
             }
             CommandBody::AddInstrument(def) => self.add_instrument(def, ts, out),
             CommandBody::AddAccount(spec) => self.add_account(spec, ts, out),
+            CommandBody::AddFundedAccount { spec, cash } => {
+                self.add_funded_account(spec, *cash, ts, out)
+            }
             CommandBody::Deposit { account, amount } => {
                 self.cash_op(*account, CashReason::Deposit, *amount, ts, out)
             }
@@ -1440,9 +1443,12 @@ impl Engine {
 
     fn add_instrument(&mut self, def: &Instrument, ts: u64, out: &mut Vec<Event>) {
         let reject = |reason| Event::CommandRejected { reason, ts_ns: ts };
-        if def.validate().is_err() {
+        // A valid definition always has one for its event (its symbol fits).
+        let Some(definition) = def.validate().ok().and_then(|()| def.def()) else {
             out.push(reject(RejectReason::InvalidInstrument));
-        } else if self.book_index.contains_key(&def.instrument) {
+            return;
+        };
+        if self.book_index.contains_key(&def.instrument) {
             out.push(reject(RejectReason::DuplicateInstrument));
         } else if self.books.len() >= self.config.instruments_max as usize {
             out.push(reject(RejectReason::CapacityExceeded));
@@ -1455,6 +1461,7 @@ impl Engine {
             self.books.push(book);
             out.push(Event::InstrumentAdded {
                 instrument: def.instrument,
+                definition,
                 ts_ns: ts,
             });
         }
@@ -1487,6 +1494,33 @@ impl Engine {
                 firm: spec.firm,
                 ts_ns: ts,
             });
+        }
+    }
+
+    /// An addition and its deposit as one command: the cash is checked before anything is
+    /// added (a negative amount, or one over the deposit limit, refuses the command), and the
+    /// deposit follows only an addition that happened (a duplicate account gets nothing).
+    fn add_funded_account(
+        &mut self,
+        spec: &AccountSpec,
+        cash: Cash,
+        ts: u64,
+        out: &mut Vec<Event>,
+    ) {
+        let reject = |reason| Event::CommandRejected { reason, ts_ns: ts };
+        if cash.0 < 0 {
+            out.push(reject(RejectReason::AmountNotPositive));
+            return;
+        }
+        if cash.0 > CASH_AMOUNT_MAX {
+            out.push(reject(RejectReason::Overflow));
+            return;
+        }
+        let before = out.len();
+        self.add_account(spec, ts, out);
+        let added = matches!(out[before..], [Event::AccountAdded { .. }]);
+        if added && cash.0 > 0 {
+            self.cash_op(spec.account, CashReason::Deposit, cash, ts, out);
         }
     }
 

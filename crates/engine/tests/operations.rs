@@ -167,3 +167,59 @@ fn a_paused_instrument_refuses_new_orders_with_its_own_reason_and_keeps_resting_
         "{ev:?}"
     );
 }
+
+#[test]
+fn a_funded_addition_adds_and_deposits_in_one_command_or_does_nothing() {
+    let mut d = driver();
+    let spec = |account| AccountSpec {
+        account: AccountId(account),
+        firm: FirmId(9),
+        may_short: false,
+        stp: StpMode::None,
+        stp_scope: StpScope::Account,
+    };
+    let funded = |account, cash| CommandBody::AddFundedAccount {
+        spec: spec(account),
+        cash: Cash(cash),
+    };
+    // Added and funded: both events, in that order, under one command.
+    let ev = d.run(funded(10, 5_000_0000)).to_vec();
+    assert!(
+        matches!(
+            ev[..],
+            [
+                Event::AccountAdded {
+                    account: AccountId(10),
+                    firm: FirmId(9),
+                    ..
+                },
+                Event::CashChanged {
+                    account: AccountId(10),
+                    reason: CashReason::Deposit,
+                    amount: Cash(5_000_0000),
+                    cash: Cash(5_000_0000),
+                    ..
+                },
+            ]
+        ),
+        "{ev:?}"
+    );
+    // Cash 0 adds the account without a deposit.
+    let ev = d.run(funded(11, 0)).to_vec();
+    assert!(matches!(ev[..], [Event::AccountAdded { .. }]), "{ev:?}");
+    // A duplicate is refused and deposits nothing; the first account keeps its cash.
+    let ev = d.run(funded(10, 7)).to_vec();
+    assert_eq!(reject_reason(&ev), Some(RejectReason::DuplicateAccount));
+    assert_eq!(ev.len(), 1);
+    // A negative or too large amount refuses the whole command: the account is not added.
+    let ev = d.run(funded(12, -1)).to_vec();
+    assert_eq!(reject_reason(&ev), Some(RejectReason::AmountNotPositive));
+    let ev = d.run(funded(12, CASH_AMOUNT_MAX + 1)).to_vec();
+    assert_eq!(reject_reason(&ev), Some(RejectReason::Overflow));
+    let ev = d.run(CommandBody::Deposit {
+        account: AccountId(12),
+        amount: Cash(1),
+    });
+    assert_eq!(reject_reason(ev), Some(RejectReason::UnknownAccount));
+    check(&d);
+}

@@ -852,8 +852,10 @@ impl Checker {
                     t.display = l.qty_display.0;
                 }
                 Event::AccountAdded { account, .. } => {
-                    let CommandBody::AddAccount(spec) = &cmd.body else {
-                        return Err("an account added by another command".into());
+                    let spec = match &cmd.body {
+                        CommandBody::AddAccount(spec)
+                        | CommandBody::AddFundedAccount { spec, .. } => spec,
+                        _ => return Err("an account added by another command".into()),
                     };
                     self.may_short.insert(account, spec.may_short);
                 }

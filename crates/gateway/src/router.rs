@@ -666,6 +666,37 @@ impl Router {
         self.by_id.get(&id).map(|&n| &self.instruments[n])
     }
 
+    /// Learns an instrument from its `InstrumentAdded` event on core `core`'s stream (an
+    /// operator's addition at run time), so that both protocols route it from now on. An id
+    /// already known (the configuration's, announced again by the bootstrap) is kept as it
+    /// is; so is a symbol already taken by another id, which would otherwise make FIX orders
+    /// ambiguous: that instrument stays reachable by id over binary only. Returns whether
+    /// the instrument was new.
+    pub fn learn_instrument(
+        &mut self,
+        core: usize,
+        id: InstrumentId,
+        definition: &InstrumentDef,
+    ) -> bool {
+        if self.by_id.contains_key(&id) {
+            return false;
+        }
+        let n = self.instruments.len();
+        let symbol = definition.symbol.as_str();
+        if !self.by_symbol.contains_key(symbol) {
+            self.by_symbol.insert(symbol.to_owned(), n);
+        }
+        self.by_id.insert(id, n);
+        self.instruments.push(InstrumentInfo {
+            id,
+            symbol: symbol.to_owned(),
+            price_scale: definition.price_scale,
+            lot_size: definition.lot_size,
+            core,
+        });
+        true
+    }
+
     pub fn drop_copies_of(&self, firm: FirmId) -> &[SessionRef] {
         self.drop_copies.get(&firm).map_or(&[], Vec::as_slice)
     }
@@ -1224,7 +1255,19 @@ impl Router {
                             self.in_flight[core] = self.in_flight[core].saturating_sub(1);
                             self.on_done(key);
                         }
-                        CoreOutput::Event { key, event } => self.on_event(key, event),
+                        CoreOutput::Event { key, event } => {
+                            // Whoever added it (an operator, another gateway, this one's
+                            // bootstrap), an instrument is routable from its event on.
+                            if let Event::InstrumentAdded {
+                                instrument,
+                                definition,
+                                ..
+                            } = event
+                            {
+                                self.learn_instrument(core, instrument, &definition);
+                            }
+                            self.on_event(key, event)
+                        }
                     }
                 }
                 progressed |= taken > 0;

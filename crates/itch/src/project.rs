@@ -273,6 +273,16 @@ impl Projection {
     fn on_event(&mut self, e: &Event, out: &mut Vec<Message>) {
         match *e {
             Event::OrderLog(ref l) => self.order_log(l, out),
+            // An instrument added while the feed runs (an operator's addition) gets its stock
+            // directory from its event; one defined already (at start) is left as it is.
+            Event::InstrumentAdded {
+                instrument,
+                definition,
+                ts_ns,
+            } => {
+                self.flush_pending(out);
+                self.define(&definition.instrument(instrument), ts_ns, out);
+            }
             Event::Trade {
                 trade_id,
                 instrument,

@@ -326,3 +326,33 @@ fn replaces_icebergs_and_cancels_become_cancel_replace_trade_and_delete() {
     assert!(matches!(next(), B::DeleteOrder { reference } if reference == r.new_reference));
     assert_eq!(k + 1, got.len(), "{got:?}");
 }
+
+#[test]
+fn an_instrument_added_at_run_time_gets_its_stock_directory_from_its_event() {
+    use bourse_core::*;
+    use bourse_engine::fixtures::{equity, Driver};
+    use bourse_itch::msg::{Body, Message};
+    use bourse_itch::project::Projection;
+    let mut d = Driver::new(bourse_engine::EngineConfig::default());
+    let mut projection = Projection::new(4);
+    let mut out: Vec<Message> = Vec::new();
+    // Defined at start, then added: one directory entry, not two.
+    let sber = equity(1, "SBER", 30_000);
+    projection.define(&sber, d.ts_ns, &mut out);
+    let ev = d.run(CommandBody::AddInstrument(sber)).to_vec();
+    projection.on_events(&ev, &mut out);
+    // Added while the feed runs, with nothing defined beforehand: its event defines it.
+    let ev = d
+        .run(CommandBody::AddInstrument(equity(2, "GAZP", 16_000)))
+        .to_vec();
+    projection.on_events(&ev, &mut out);
+    let stocks: Vec<[u8; 8]> = out
+        .iter()
+        .filter_map(|m| match &m.body {
+            Body::StockDirectory(dir) => Some(dir.stock),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stocks, vec![*b"SBER    ", *b"GAZP    "]);
+    assert_eq!(projection.locate(2), Some(2));
+}

@@ -101,6 +101,33 @@ pub fn instruments(m: &MarketSpec, market_index: usize) -> Vec<Instrument> {
         .collect()
 }
 
+/// The accounts added under load (`[accounts_under_load]`) that worker `worker` trades in
+/// market `market`: a disjoint slice of the `traded` first ones, (first, count), the count
+/// 0 for a worker without any or a market they are not added to.
+pub fn worker_late_accounts(
+    profile: &crate::profile::Profile,
+    market: usize,
+    worker: u32,
+) -> (u32, u32) {
+    let Some(a) = &profile.accounts_under_load else {
+        return (0, 0);
+    };
+    if profile.markets[market].name != a.market || a.traded == 0 {
+        return (0, 0);
+    }
+    let workers = profile.generator.workers.max(1);
+    let per_worker = a.traded / workers;
+    let count = if worker + 1 == workers {
+        a.traded - worker * per_worker
+    } else {
+        per_worker
+    };
+    (
+        crate::profile::ACCOUNTS_UNDER_LOAD_ID_BASE + worker * per_worker,
+        count,
+    )
+}
+
 /// The accounts worker `worker` of `workers` owns in a market of `accounts` accounts: a
 /// disjoint slice, so that workers never cancel each other's orders. Returns (first, count).
 pub fn worker_accounts(accounts: u32, worker: u32, workers: u32) -> (u32, u32) {
@@ -156,6 +183,8 @@ pub struct MarketFlow {
     instruments: Vec<Instrument>,
     first_account: u32,
     accounts: u32,
+    /// Accounts added while the run goes on that this flow also trades (first, count).
+    late: (u32, u32),
     thresholds: Thresholds,
     crossing_ppm: u64,
     live_orders_target: usize,
@@ -187,6 +216,7 @@ impl MarketFlow {
             instruments,
             first_account,
             accounts,
+            late: (0, 0),
             thresholds: Thresholds::of(mix),
             crossing_ppm: (mix.crossing_share * 1e6).round() as u64,
             live_orders_target,
@@ -238,6 +268,18 @@ impl MarketFlow {
         (self.first_account, self.accounts)
     }
 
+    /// Also trades `count` accounts from `first` that the venue adds while the run goes on
+    /// (`[accounts_under_load]`), picked like its own: orders for one not yet added are
+    /// refused by the core until it is.
+    pub fn set_late_accounts(&mut self, first: u32, count: u32) {
+        self.late = (first, count);
+    }
+
+    /// The added accounts this flow trades: (first, count).
+    pub fn late_accounts(&self) -> (u32, u32) {
+        self.late
+    }
+
     pub fn set_hot(&mut self, hot: Option<Hot>) {
         self.hot = hot;
     }
@@ -247,7 +289,12 @@ impl MarketFlow {
     }
 
     fn account(&mut self) -> AccountId {
-        AccountId(self.first_account + self.rng.below(self.accounts as u64) as u32)
+        let k = self.rng.below(u64::from(self.accounts + self.late.1)) as u32;
+        if k < self.accounts {
+            AccountId(self.first_account + k)
+        } else {
+            AccountId(self.late.0 + k - self.accounts)
+        }
     }
 
     fn instrument(&mut self) -> usize {

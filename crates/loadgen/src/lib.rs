@@ -127,14 +127,17 @@ pub fn worker_flows(profile: &Profile, worker: u32) -> Vec<flow::MarketFlow> {
         .iter()
         .enumerate()
         .map(|(m, spec)| {
-            flow::MarketFlow::new(
+            let mut f = flow::MarketFlow::new(
                 spec,
                 m,
                 &profile.mix,
                 worker,
                 workers,
                 profile.seed ^ ((m as u64) << 40),
-            )
+            );
+            let (first, count) = flow::worker_late_accounts(profile, m, worker);
+            f.set_late_accounts(first, count);
+            f
         })
         .collect()
 }

@@ -59,10 +59,16 @@ pub struct Profile {
 /// The most accounts a profile may add under load.
 pub const ACCOUNTS_UNDER_LOAD_MAX: u64 = 10_000_000;
 
+/// The id of the first account added under load (far above the generator's own); the rest
+/// follow in order.
+pub const ACCOUNTS_UNDER_LOAD_ID_BASE: u32 = 100_000_000;
+/// The most added accounts the generator may trade (its sessions list them one by one).
+pub const ACCOUNTS_UNDER_LOAD_TRADED_MAX: u32 = 10_000;
+
 /// `[accounts_under_load]`: accounts added to one market through the venue's admin API (one
-/// bulk request, each account added and then funded) while the load runs, as SPECTRA's 2020
-/// test added its client accounts during the load. Replicated targets only (the admin API
-/// acts through the replicated path).
+/// bulk request, one command per account adding it with its cash) while the load runs, as
+/// SPECTRA's 2020 test added its client accounts during the load, and opened positions on
+/// them. Replicated targets only (the admin API acts through the replicated path).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AccountsUnderLoad {
@@ -74,6 +80,12 @@ pub struct AccountsUnderLoad {
     /// Cash deposited in each, in units of 10^-4.
     #[serde(default)]
     pub cash: i64,
+    /// How many of them (the first added) the generator trades, as it trades its own
+    /// accounts: its sessions are allowed them from the start, its orders for one not yet
+    /// added are refused `unknown_account` until the addition reaches it, and the positions
+    /// it opens on them are counted in the report. 0: none.
+    #[serde(default)]
+    pub traded: u32,
 }
 
 fn default_seed() -> u64 {
@@ -507,6 +519,18 @@ impl Profile {
         if a.cash < 0 {
             return Err((at("cash"), "must be 0 or more".into()));
         }
+        if u64::from(a.traded) > a.count || a.traded > ACCOUNTS_UNDER_LOAD_TRADED_MAX {
+            return Err((
+                at("traded"),
+                format!("must be at most count and at most {ACCOUNTS_UNDER_LOAD_TRADED_MAX}"),
+            ));
+        }
+        if a.traded > 0 && a.cash == 0 {
+            return Err((
+                at("cash"),
+                "traded accounts need cash to trade with (cash > 0)".into(),
+            ));
+        }
         Ok(())
     }
 
@@ -546,7 +570,12 @@ impl Profile {
             .iter()
             .map(|m| m.accounts as u64)
             .max()
-            .unwrap_or(0);
+            .unwrap_or(0)
+            // The added accounts the generator trades take places in its sessions too.
+            + self
+                .accounts_under_load
+                .as_ref()
+                .map_or(0, |a| u64::from(a.traded));
         let sessions = accounts.div_ceil(per_session).max(workers);
         if sessions > GATEWAY_SESSIONS_MAX as u64 {
             return Err(format!(

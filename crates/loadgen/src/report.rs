@@ -214,6 +214,15 @@ fn accounts_under_load_section(a: &crate::results::AccountsUnderLoadFigures) -> 
             count(a.accounts_per_s as u64),
             outcome,
         ))
+        .text(if a.added.traded_accounts > 0 {
+            format!(
+                "The generator traded {} of the added accounts alongside its own (its sessions may trade them from the start; the core refuses their orders `unknown_account` until the addition reaches them): at the end of the run they held {} positions (account × instrument with a non-zero net quantity).",
+                count(a.added.traded_accounts),
+                count(a.added.positions_held),
+            )
+        } else {
+            "The generator did not trade the added accounts (`traded` = 0).".to_string()
+        })
         .table(
             &["figure", "mean", "median", "90%", "99%", "99.9%", "max"],
             vec![during, outside],

@@ -262,6 +262,13 @@ pub struct AccountsAdded {
     /// The bulk request's outcome (`applied`, or why not) and its error, if any.
     pub outcome: String,
     pub error: Option<String>,
+    /// Of these, the accounts the generator traded (`traded` of the profile), and the
+    /// positions (account × instrument) they held with a non-zero net quantity at the end of
+    /// the run, read from the core's state once the load was done.
+    #[serde(default)]
+    pub traded_accounts: u64,
+    #[serde(default)]
+    pub positions_held: u64,
 }
 
 /// The report's section on accounts added under load: their rate, and the trading latency

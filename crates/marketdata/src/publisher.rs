@@ -1097,10 +1097,19 @@ impl Publisher {
                     self.emit_update(i, &o, 0, MdUpdateAction::Delete, now_ns);
                 }
             }
-            Event::InstrumentAdded { instrument, .. } => {
-                // Known from now on (announced with EmptyBook on the next batch); its
-                // definition comes from whoever holds it (`add_instrument`).
-                self.instrument_index(instrument);
+            Event::InstrumentAdded {
+                instrument,
+                definition,
+                ..
+            } => {
+                // Known from now on (announced with EmptyBook on the next batch), and
+                // defined by its event unless a definition was given already
+                // (`add_instrument`): an operator's addition at run time reaches the
+                // instruments channel on its next pass.
+                let i = self.instrument_index(instrument);
+                if self.instruments[i].def.is_none() {
+                    self.instruments[i].def = Some(definition.instrument(instrument));
+                }
             }
             Event::PhaseChanged {
                 instrument, phase, ..

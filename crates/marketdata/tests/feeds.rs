@@ -244,3 +244,41 @@ fn best_prices_and_loop_sequence_resets_are_understood() {
     assert_eq!(sub.stats().sequence_resets, 0);
     assert_eq!(sub.stats().skipped(), 0, "{:?}", sub.last_skipped());
 }
+
+#[test]
+fn an_instrument_added_at_run_time_is_defined_from_its_event() {
+    use bourse_core::{Cash, Command, CommandBody, Instrument, InstrumentId, Market, Price};
+    let mut h = Harness::new(5, test_publisher_config());
+    let mut sink = VecSink::default();
+    h.step(20, &mut sink);
+    // The publisher was built with the flow's instruments only; this one reaches it as an
+    // event of the committed stream, as an operator's addition does.
+    let added = Instrument {
+        instrument: InstrumentId(900),
+        symbol: "RTS-3.27".into(),
+        market: Market::Futures,
+        price_scale: 0,
+        tick: Price(10),
+        lot_size: 1,
+        multiplier: 2,
+        initial_margin: Cash(15_000),
+        band_bps: 500,
+        reference_price: Price(110_000),
+    };
+    h.now_ns += 1_000;
+    let mut events = Vec::new();
+    h.engine.apply(
+        &Command::new(h.now_ns, CommandBody::AddInstrument(added)),
+        &mut events,
+    );
+    h.publisher.publish(&events, h.now_ns, &mut sink);
+    h.publisher.send_definitions(h.now_ns, &mut sink);
+    let mut sub = Subscriber::new(SubscriberConfig::default());
+    for (channel, p) in &sink.packets {
+        sub.on_packet(*channel, Feed::A, p, h.now_ns);
+    }
+    let view = sub
+        .by_symbol("RTS-3.27")
+        .expect("the added instrument is defined");
+    assert_eq!((view.id, view.price_scale, view.tick), (900, 0, 10));
+}

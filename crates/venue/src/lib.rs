@@ -882,12 +882,25 @@ impl Deployment for LocalDeployment {
                 end_unix_ns: start_unix_ns,
                 outcome: "failed".into(),
                 error: Some(format!("{e:#}")),
+                traded_accounts: 0,
+                positions_held: 0,
             });
         }
     }
     fn accounts_added(&mut self) -> Option<bourse_loadgen::results::AccountsAdded> {
         self.join_under_load();
-        self.accounts_added.take()
+        let mut added = self.accounts_added.take()?;
+        let traded = self.under_load.as_ref().map_or(0, |u| u.plan.traded);
+        if traded > 0 {
+            added.traded_accounts = u64::from(traded);
+            match self.positions_held(&added.market, traded) {
+                Ok(n) => added.positions_held = n,
+                Err(e) => {
+                    added.error = Some(format!("counting their positions: {e:#}"));
+                }
+            }
+        }
+        Some(added)
     }
 }
 
@@ -908,6 +921,8 @@ impl LocalDeployment {
                             end_unix_ns: 0,
                             outcome: "failed".into(),
                             error: Some("the adding thread panicked".into()),
+                            traded_accounts: 0,
+                            positions_held: 0,
                         }),
                 );
         }
@@ -928,6 +943,34 @@ impl LocalDeployment {
             audit_path,
             running: None,
         });
+    }
+
+    /// The positions with a non-zero net quantity that the first `traded` accounts added
+    /// under load hold in `market`, read at its core's leader.
+    fn positions_held(&self, market: &str, traded: u32) -> Result<u64> {
+        use bourse_admin::AdminVenue;
+        let core = self
+            .cores
+            .iter()
+            .position(|c| c.name == market)
+            .with_context(|| format!("no market {market}"))?;
+        let venue = self.admin_venue()?;
+        let rt = self.runtime.as_ref().context("the deployment is stopped")?;
+        let read: bourse_admin::EngineRead = Box::new(move |e: &Engine| {
+            let held: usize = (0..traded)
+                .map(|n| {
+                    e.account_positions(AccountId(ACCOUNTS_UNDER_LOAD_ID_BASE + n))
+                        .iter()
+                        .filter(|(_, qty, _)| qty.0 != 0)
+                        .count()
+                })
+                .sum();
+            serde_json::json!(held)
+        });
+        let v = rt
+            .block_on(venue.read(core, read))
+            .map_err(|e| anyhow!(e))?;
+        v.as_u64().context("a count")
     }
 
     fn start_under_load(&mut self, start_unix_ns: u64) -> Result<()> {

@@ -1,6 +1,6 @@
 //! Accounts added under load: a profile's `[accounts_under_load]`, run through the venue's
 //! admin service (the admin path: one bulk addition under one request id, each account added
-//! and then funded through the replicated path) on a thread of its own while the load runs,
+//! with its cash by one command through the replicated path) on a thread of its own while the load runs,
 //! as SPECTRA's 2020 test added its client accounts during the load.
 
 use bourse_admin::AdminService;
@@ -9,8 +9,7 @@ use bourse_loadgen::results::AccountsAdded;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The first id of the accounts added under load (far above the generator's).
-pub const ACCOUNTS_UNDER_LOAD_ID_BASE: u32 = 100_000_000;
+pub use bourse_loadgen::profile::ACCOUNTS_UNDER_LOAD_ID_BASE;
 /// Lines per chunk of the generated bulk body.
 const LINES_PER_CHUNK: u64 = 1_024;
 /// The operator named in the audit log.
@@ -67,15 +66,18 @@ pub(crate) fn start(
             let answer = runtime.block_on(service.bulk(OPERATOR, "accounts-under-load", body));
             let end_unix_ns = bourse_loadgen::unix_ns();
             let added = answer.body["accounts_added"].as_u64().unwrap_or(0);
-            let funded = answer.body["deposits"].as_u64().unwrap_or(0);
             AccountsAdded {
                 market: plan.market.clone(),
                 accounts: added,
-                commands: added + funded,
+                // One `add_funded_account` per account: its deposit is in the same command.
+                commands: added,
                 start_unix_ns,
                 end_unix_ns,
                 outcome: answer.outcome().to_string(),
                 error: answer.body["error"].as_str().map(String::from),
+                // Filled in by the deployment once the load is done.
+                traded_accounts: 0,
+                positions_held: 0,
             }
         })
 }
@@ -91,6 +93,7 @@ mod tests {
             count: 2_500,
             start_s: 0.0,
             cash: 7,
+            traded: 0,
         };
         let mut n = 0u64;
         for chunk in chunks(&plan) {

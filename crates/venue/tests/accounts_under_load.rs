@@ -1,6 +1,7 @@
 //! A load test whose profile adds accounts through the admin path while the load runs
 //! (`[accounts_under_load]`): every account is added and funded in its market, on every
-//! replica alike, the load's cross-checks hold, and the results carry the section.
+//! replica alike, the load's cross-checks hold, the generator opens positions on the added
+//! accounts it trades, and the results carry the section.
 
 use bourse_loadgen::gateway::SessionProtocol;
 use bourse_loadgen::{Profile, RunOptions};
@@ -9,6 +10,8 @@ use bourse_venue::{
 };
 
 const ADDED: u64 = 3_000;
+/// Of them, the generator trades the first this many (as many as its own in that market).
+const TRADED: u32 = 8;
 
 fn profile() -> Profile {
     let text = format!(
@@ -54,7 +57,7 @@ fok = 1
 cancel = 40
 replace = 0
 mass_cancel = 0
-crossing_share = 0.05
+crossing_share = 0.3
 
 [[phases]]
 name = "warm-up"
@@ -74,8 +77,9 @@ per_s = 200
 [accounts_under_load]
 market = "derivatives"
 count = {ADDED}
-start_s = 0.5
-cash = 5000000
+start_s = 0.2
+cash = 10000000000000000
+traded = {TRADED}
 "#
     );
     let profile = Profile::parse(&text).expect("the profile parses");
@@ -86,8 +90,10 @@ cash = 5000000
 /// Every account the generator trades, on any market (as `bourse loadtest` plans them).
 fn session_accounts(profile: &Profile) -> Vec<u32> {
     let mut accounts: Vec<u32> = Vec::new();
-    for m in &profile.markets {
+    for (i, m) in profile.markets.iter().enumerate() {
         let (first, count) = bourse_loadgen::flow::worker_accounts(m.accounts, 0, 1);
+        accounts.extend(first..first + count);
+        let (first, count) = bourse_loadgen::flow::worker_late_accounts(profile, i, 0);
         accounts.extend(first..first + count);
     }
     accounts.sort_unstable();
@@ -147,7 +153,7 @@ fn accounts_added_under_load_are_in_their_market_on_every_replica_and_reported()
         section.added.error
     );
     assert_eq!(section.added.accounts, ADDED);
-    assert_eq!(section.added.commands, 2 * ADDED);
+    assert_eq!(section.added.commands, ADDED, "one command per account");
     assert_eq!(section.added.market, "derivatives");
     let failed: Vec<_> = results.checks.iter().filter(|c| !c.ok).collect();
     assert!(failed.is_empty(), "cross-checks failed: {failed:?}");
@@ -166,8 +172,32 @@ fn accounts_added_under_load_are_in_their_market_on_every_replica_and_reported()
         ))
         .unwrap()
     };
-    assert_eq!(read(1), serde_json::json!(5_000_000));
+    assert_eq!(read(1), serde_json::json!(10_000_000_000_000_000i64));
     assert_eq!(read(0), serde_json::Value::Null);
+
+    // The generator traded the first added accounts: the report's count of their positions
+    // is the core's, and trading opened some (a third of the orders cross, half of the
+    // derivatives orders are theirs, and they are added in the first fifth of the run).
+    assert_eq!(section.added.traded_accounts, u64::from(TRADED));
+    let held = rt
+        .block_on(bourse_admin::AdminVenue::read(
+            &*admin,
+            1,
+            Box::new(|e: &bourse_engine::Engine| {
+                let n: usize = (0..TRADED)
+                    .map(|k| {
+                        e.account_positions(bourse_core::AccountId(ACCOUNTS_UNDER_LOAD_ID_BASE + k))
+                            .iter()
+                            .filter(|p| p.1 .0 != 0)
+                            .count()
+                    })
+                    .sum();
+                serde_json::json!(n)
+            }),
+        ))
+        .unwrap();
+    assert_eq!(serde_json::json!(section.added.positions_held), held);
+    assert!(section.added.positions_held > 0, "{section:?}");
     deployment.stop();
 
     let md = bourse_loadgen::report::markdown(&results, None);

@@ -4,12 +4,13 @@
 //! Two runs of the same venue (one market, a replica group of three nodes, a gateway, the
 //! load generator's sessions at a constant rate):
 //! - *with additions*: after the warm-up, one bulk NDJSON request adds `--accounts` accounts
-//!   (each added, then funded, in every market) through `POST /v1/accounts/bulk`; the measured
+//!   (each added with its cash, one command per account, in every market) through
+//!   `POST /v1/accounts/bulk`; the measured
 //!   trading phase ends when the answer arrives;
 //! - *without*: a fresh venue, the same trading for as long as the additions took.
 //!
 //! Included in the addition rate: the HTTP request with its NDJSON parsing, planning, the
-//! pipelined submission of each account's two commands, replication and apply on three
+//! pipelined submission of each account's one command, replication and apply on three
 //! replicas, and reading their events from the committed stream. Excluded: starting the venue
 //! and generating the request's lines (done lazily while it is sent). Trading latency is the
 //! load generator's, from each command's scheduled send time to its answer through the gateway.
@@ -355,7 +356,8 @@ fn add_accounts(client: &bourse_admin::AdminClient, accounts: u64, markets: u64)
     }
     Ok(Added {
         accounts,
-        commands: added + funded,
+        // One `add_funded_account` per account and market.
+        commands: added,
         elapsed_s,
         answer: reply.body,
     })

@@ -19,6 +19,8 @@
 //!                          band_bps u32, reference_price i64
 //!   form 11 add account    account u32, firm u32, may_short u8, stp u8, stp_scope u8
 //!   form 12 kill switch    firm opt_u32, account opt_u32, engaged u8
+//!   form 13 add funded     account u32, firm u32, may_short u8, stp u8, stp_scope u8,
+//!           account        cash i128
 //! order_ref := order_id opt_u64, orig_cl_ord_id opt_u64
 //! opt_X    := flag u8 (0 absent, 1 present) [, X]
 //! ```
@@ -55,8 +57,11 @@ const FORM_SET_PHASE: u8 = 9;
 const FORM_ADD_INSTRUMENT: u8 = 10;
 const FORM_ADD_ACCOUNT: u8 = 11;
 const FORM_KILL_SWITCH: u8 = 12;
+/// Added after the journal's format version 2 without changing another form's layout: a
+/// journal of an older build reads as before, and an older build refuses this form by name.
+const FORM_ADD_FUNDED_ACCOUNT: u8 = 13;
 /// The last form byte in use: the form check accepts `FORM_NEW_ORDER..=FORM_LAST`.
-const FORM_LAST: u8 = FORM_KILL_SWITCH;
+const FORM_LAST: u8 = FORM_ADD_FUNDED_ACCOUNT;
 
 pub(super) const SIDES: [Side; 2] = [Side::Buy, Side::Sell];
 const ORD_TYPES: [OrdType; 2] = [OrdType::Limit, OrdType::Market];
@@ -68,7 +73,7 @@ const TIFS: [TimeInForce; 5] = [
     TimeInForce::Fok,
 ];
 pub(super) const PHASES: [Phase; 4] = [Phase::Open, Phase::Halted, Phase::Closed, Phase::Paused];
-const MARKETS: [Market; 3] = [Market::Equity, Market::Fx, Market::Futures];
+pub(super) const MARKETS: [Market; 3] = [Market::Equity, Market::Fx, Market::Futures];
 const STP_MODES: [StpMode; 4] = [
     StpMode::None,
     StpMode::CancelResting,
@@ -182,11 +187,12 @@ pub fn encode_command_into(w: &mut Writer, command: &Command) {
         CommandBody::AddInstrument(i) => add_instrument(w, i),
         CommandBody::AddAccount(a) => {
             w.u8(FORM_ADD_ACCOUNT);
-            w.u32(a.account.0);
-            w.u32(a.firm.0);
-            w.bool(a.may_short);
-            w.u8(code_of(&STP_MODES, &a.stp));
-            w.u8(code_of(&STP_SCOPES, &a.stp_scope));
+            account_spec(w, a);
+        }
+        CommandBody::AddFundedAccount { spec, cash } => {
+            w.u8(FORM_ADD_FUNDED_ACCOUNT);
+            account_spec(w, spec);
+            w.i128(cash.0);
         }
         CommandBody::KillSwitch {
             firm,
@@ -229,6 +235,24 @@ fn mass_cancel(w: &mut Writer, m: &MassCancel) {
         }
         None => w.u8(0),
     }
+}
+
+fn account_spec(w: &mut Writer, a: &AccountSpec) {
+    w.u32(a.account.0);
+    w.u32(a.firm.0);
+    w.bool(a.may_short);
+    w.u8(code_of(&STP_MODES, &a.stp));
+    w.u8(code_of(&STP_SCOPES, &a.stp_scope));
+}
+
+fn read_account_spec(r: &mut Reader) -> Result<AccountSpec, DecodeError> {
+    Ok(AccountSpec {
+        account: AccountId(r.u32()?),
+        firm: FirmId(r.u32()?),
+        may_short: r.bool()?,
+        stp: r.code(&STP_MODES, "invalid stp mode")?,
+        stp_scope: r.code(&STP_SCOPES, "invalid stp scope")?,
+    })
 }
 
 fn cash(w: &mut Writer, form: u8, account: &AccountId, amount: &Cash) {
@@ -349,13 +373,11 @@ fn decode_body(r: &mut Reader) -> Result<CommandBody, DecodeError> {
             phase: r.code(&PHASES, "invalid phase")?,
         },
         FORM_ADD_INSTRUMENT => CommandBody::AddInstrument(read_instrument(r)?),
-        FORM_ADD_ACCOUNT => CommandBody::AddAccount(AccountSpec {
-            account: AccountId(r.u32()?),
-            firm: FirmId(r.u32()?),
-            may_short: r.bool()?,
-            stp: r.code(&STP_MODES, "invalid stp mode")?,
-            stp_scope: r.code(&STP_SCOPES, "invalid stp scope")?,
-        }),
+        FORM_ADD_ACCOUNT => CommandBody::AddAccount(read_account_spec(r)?),
+        FORM_ADD_FUNDED_ACCOUNT => CommandBody::AddFundedAccount {
+            spec: read_account_spec(r)?,
+            cash: Cash(r.i128()?),
+        },
         FORM_KILL_SWITCH => CommandBody::KillSwitch {
             firm: read_opt_u32(r)?.map(FirmId),
             account: read_opt_u32(r)?.map(AccountId),
@@ -534,6 +556,24 @@ pub(crate) mod tests {
                         stp,
                         stp_scope,
                     })
+                }),
+            (
+                (any::<u32>(), any::<u32>(), any::<bool>()),
+                prop::sample::select(STP_MODES.to_vec()),
+                prop::sample::select(STP_SCOPES.to_vec()),
+                any::<i128>()
+            )
+                .prop_map(|((a, f, may_short), stp, stp_scope, cash)| {
+                    CommandBody::AddFundedAccount {
+                        spec: AccountSpec {
+                            account: AccountId(a),
+                            firm: FirmId(f),
+                            may_short,
+                            stp,
+                            stp_scope,
+                        },
+                        cash: Cash(cash),
+                    }
                 }),
             (any::<Option<u32>>(), any::<Option<u32>>(), any::<bool>()).prop_map(
                 |(f, a, engaged)| CommandBody::KillSwitch {

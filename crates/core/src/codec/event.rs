@@ -5,8 +5,14 @@
 //! list   := count u32, count × event
 //! event  := kind u8, the variant's fields in declaration order, fixed width, little-endian
 //!           (ids at their own width, prices and quantities i64, cash i128, enums one byte,
-//!            a reject reason its u16 code, an optional order id a flag byte and a u64)
+//!            a reject reason its u16 code, an optional order id a flag byte and a u64,
+//!            a symbol its length u32 and its UTF-8 bytes)
 //! ```
+//!
+//! The kinds are the `K_*` constants. A change to a kind's fields takes a new kind number
+//! and retires the old one, so that a consumer never misreads a stream written by another
+//! build: instruments added (with their definition) are kind 17 since kind 11 carried only
+//! the id.
 //!
 //! Every applied request's events are encoded on every replica, so this sits on the apply
 //! path; serde formats either wrote each variant's name (MessagePack) or cannot read the
@@ -15,12 +21,12 @@
 //! allocates and refuses unknown kinds, enum values and trailing bytes, so garbage gives a
 //! [`DecodeError`], never a panic.
 
-use super::command::{code_of, opt_u32, read_opt_u32, PHASES, SIDES};
+use super::command::{code_of, opt_u32, read_opt_u32, MARKETS, PHASES, SIDES};
 use super::{DecodeError, Reader, Writer};
 use crate::{
     AccountId, CancelReason, CancelRejectTo, Cash, CashReason, ClOrdId, Event, Fill, FirmId,
-    InstrumentId, OrderId, OrderLog, OrderLogAction, OrderStatus, Price, Qty, RejectReason, Side,
-    TradeId,
+    InstrumentDef, InstrumentId, OrderId, OrderLog, OrderLogAction, OrderStatus, Price, Qty,
+    RejectReason, Side, Symbol, TradeId, SYMBOL_LEN_MAX,
 };
 
 /// The largest encoded event list of one command (a sweep such as a mass cancel may emit many).
@@ -42,7 +48,10 @@ const K_ORDER_REPLACED: u8 = 7;
 const K_ORDER_EXPIRED: u8 = 8;
 const K_MASS_CANCEL_DONE: u8 = 9;
 const K_ORDER_LOG: u8 = 10;
-const K_INSTRUMENT_ADDED: u8 = 11;
+/// Kind 11 was an instrument added without its definition (before instruments could be
+/// learned from the stream); it is retired, so a stream from an older core is refused as an
+/// unknown kind rather than misread.
+const K_INSTRUMENT_ADDED: u8 = 17;
 const K_ACCOUNT_ADDED: u8 = 12;
 const K_PHASE_CHANGED: u8 = 13;
 const K_CASH_CHANGED: u8 = 14;
@@ -102,6 +111,24 @@ impl RejectReason {
     pub fn from_code(code: u16) -> Option<RejectReason> {
         REJECT_REASONS.iter().copied().find(|x| x.code() == code)
     }
+}
+
+fn read_definition(r: &mut Reader) -> Result<InstrumentDef, DecodeError> {
+    let symbol = std::str::from_utf8(r.bytes(SYMBOL_LEN_MAX)?)
+        .ok()
+        .and_then(Symbol::new)
+        .ok_or_else(|| r.error("symbol is not 1 to 32 bytes of UTF-8"))?;
+    Ok(InstrumentDef {
+        symbol,
+        market: r.code(&MARKETS, "invalid market")?,
+        price_scale: r.u8()?,
+        tick: Price(r.i64()?),
+        lot_size: r.i64()?,
+        multiplier: r.i64()?,
+        initial_margin: Cash(r.i128()?),
+        band_bps: r.u32()?,
+        reference_price: Price(r.i64()?),
+    })
 }
 
 fn read_reason(r: &mut Reader) -> Result<RejectReason, DecodeError> {
@@ -327,9 +354,22 @@ fn encode_event(w: &mut Writer, e: &Event) {
             w.i64(l.qty_total.0);
             w.u64(l.ts_ns);
         }
-        Event::InstrumentAdded { instrument, ts_ns } => {
+        Event::InstrumentAdded {
+            instrument,
+            definition: d,
+            ts_ns,
+        } => {
             w.u8(K_INSTRUMENT_ADDED);
             w.u32(instrument.0);
+            w.bytes(d.symbol.as_str().as_bytes());
+            w.u8(code_of(&MARKETS, &d.market));
+            w.u8(d.price_scale);
+            w.i64(d.tick.0);
+            w.i64(d.lot_size);
+            w.i64(d.multiplier);
+            w.i128(d.initial_margin.0);
+            w.u32(d.band_bps);
+            w.i64(d.reference_price.0);
             w.u64(ts_ns);
         }
         Event::AccountAdded {
@@ -494,6 +534,7 @@ pub fn decode_event(r: &mut Reader) -> Result<Event, DecodeError> {
         }),
         K_INSTRUMENT_ADDED => Event::InstrumentAdded {
             instrument: InstrumentId(r.u32()?),
+            definition: read_definition(r)?,
             ts_ns: r.u64()?,
         },
         K_ACCOUNT_ADDED => Event::AccountAdded {
@@ -595,6 +636,7 @@ pub fn decode_events_into(bytes: &[u8], out: &mut Vec<Event>) -> Result<(), Deco
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Market;
     use proptest::prelude::*;
 
     fn every_kind() -> Vec<Event> {
@@ -669,6 +711,18 @@ mod tests {
             },
             Event::InstrumentAdded {
                 instrument: InstrumentId(1),
+                definition: InstrumentDef {
+                    // The longest symbol, so that the capacity hint is checked against it.
+                    symbol: Symbol::new(&"S".repeat(SYMBOL_LEN_MAX)).unwrap(),
+                    market: Market::Futures,
+                    price_scale: 0,
+                    tick: Price(1),
+                    lot_size: 1_000,
+                    multiplier: 1,
+                    initial_margin: Cash(i128::MAX),
+                    band_bps: u32::MAX,
+                    reference_price: Price(i64::MIN),
+                },
                 ts_ns: 2,
             },
             Event::AccountAdded {
@@ -778,6 +832,26 @@ mod tests {
     }
 
     #[test]
+    fn the_retired_instrument_kind_and_a_bad_symbol_are_refused() {
+        // Kind 11 (an instrument without its definition), as an older core wrote it.
+        let mut w = Writer::with_capacity(32);
+        w.u32(1);
+        w.u8(11);
+        w.u32(5);
+        w.u64(9);
+        let err = decode_events(&w.finish()).unwrap_err();
+        assert!(err.to_string().contains("kind"), "{err}");
+        // A definition whose symbol is empty.
+        let mut w = Writer::with_capacity(32);
+        w.u32(1);
+        w.u8(K_INSTRUMENT_ADDED);
+        w.u32(5);
+        w.bytes(b"");
+        let err = decode_events(&w.finish()).unwrap_err();
+        assert!(err.to_string().contains("symbol"), "{err}");
+    }
+
+    #[test]
     fn no_kind_of_event_encodes_larger_than_the_capacity_hint() {
         for e in every_kind() {
             let one = encode_events(std::slice::from_ref(&e));
@@ -791,6 +865,34 @@ mod tests {
 
     fn id<T: Arbitrary>() -> impl Strategy<Value = T> {
         any::<T>()
+    }
+
+    fn any_definition() -> impl Strategy<Value = InstrumentDef> {
+        (
+            (
+                "\\PC{1,8}",
+                prop::sample::select(MARKETS.to_vec()),
+                any::<u8>(),
+            ),
+            (id::<i64>(), id::<i64>(), id::<i64>(), id::<i128>()),
+            (id::<u32>(), id::<i64>()),
+        )
+            .prop_filter_map(
+                "a symbol of 1 to 32 bytes",
+                |((symbol, market, price_scale), (tick, lot, mult, margin), (band, reference))| {
+                    Some(InstrumentDef {
+                        symbol: Symbol::new(&symbol)?,
+                        market,
+                        price_scale,
+                        tick: Price(tick),
+                        lot_size: lot,
+                        multiplier: mult,
+                        initial_margin: Cash(margin),
+                        band_bps: band,
+                        reference_price: Price(reference),
+                    })
+                },
+            )
     }
 
     fn any_fill() -> impl Strategy<Value = Fill> {
@@ -997,9 +1099,12 @@ mod tests {
                 ts_ns,
             }),
             any_order_log().prop_map(Event::OrderLog),
-            (id::<u32>(), ts()).prop_map(|(i, ts_ns)| Event::InstrumentAdded {
-                instrument: InstrumentId(i),
-                ts_ns,
+            (id::<u32>(), any_definition(), ts()).prop_map(|(i, definition, ts_ns)| {
+                Event::InstrumentAdded {
+                    instrument: InstrumentId(i),
+                    definition,
+                    ts_ns,
+                }
             }),
             (id::<u32>(), id::<u32>(), ts()).prop_map(|(a, f, ts_ns)| Event::AccountAdded {
                 account: AccountId(a),

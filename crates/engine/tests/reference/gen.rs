@@ -84,17 +84,25 @@ pub fn setup() -> Vec<CommandBody> {
         CommandBody::AddInstrument(fixtures::future(4, "FUT", 100_000)),
     ];
     for (id, firm, stp, scope) in ACCOUNTS {
-        v.push(CommandBody::AddAccount(AccountSpec {
+        let spec = AccountSpec {
             account: AccountId(id),
             firm: FirmId(firm),
             may_short: true,
             stp,
             stp_scope: scope,
-        }));
-        v.push(CommandBody::Deposit {
-            account: AccountId(id),
-            amount: Cash(CASH_AMOUNT_MAX),
-        });
+        };
+        let cash = Cash(CASH_AMOUNT_MAX);
+        // Even accounts come funded in one command, odd ones as an addition and a deposit
+        // (which the risk variant below changes).
+        if id % 2 == 0 {
+            v.push(CommandBody::AddFundedAccount { spec, cash });
+        } else {
+            v.push(CommandBody::AddAccount(spec));
+            v.push(CommandBody::Deposit {
+                account: AccountId(id),
+                amount: cash,
+            });
+        }
     }
     v
 }

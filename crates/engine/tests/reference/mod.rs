@@ -71,8 +71,11 @@ pub enum Out {
         instrument: u32,
         phase: Phase,
     },
+    /// The id and the definition as the command gave it: symbol, market, price scale, tick,
+    /// lot, multiplier, initial margin, band and reference price.
     InstrumentAdded {
         instrument: u32,
+        definition: (String, Market, u8, i64, i64, i64, i128, u32, i64),
     },
     AccountAdded {
         account: u32,
@@ -165,8 +168,23 @@ pub fn project(events: &[Event]) -> Vec<Out> {
                     instrument: instrument.0,
                     phase,
                 },
-                Event::InstrumentAdded { instrument, .. } => Out::InstrumentAdded {
+                Event::InstrumentAdded {
+                    instrument,
+                    definition: d,
+                    ..
+                } => Out::InstrumentAdded {
                     instrument: instrument.0,
+                    definition: (
+                        d.symbol.as_str().to_owned(),
+                        d.market,
+                        d.price_scale,
+                        d.tick.0,
+                        d.lot_size,
+                        d.multiplier,
+                        d.initial_margin.0,
+                        d.band_bps,
+                        d.reference_price.0,
+                    ),
                 },
                 Event::AccountAdded { account, .. } => Out::AccountAdded { account: account.0 },
                 Event::CashChanged { account, .. } => Out::CashChanged { account: account.0 },
@@ -517,6 +535,17 @@ impl Model {
                     });
                     out.push(Out::InstrumentAdded {
                         instrument: def.instrument.0,
+                        definition: (
+                            def.symbol.clone(),
+                            def.market,
+                            def.price_scale,
+                            def.tick.0,
+                            def.lot_size,
+                            def.multiplier,
+                            def.initial_margin.0,
+                            def.band_bps,
+                            def.reference_price.0,
+                        ),
                     });
                 }
             }
@@ -539,6 +568,39 @@ impl Model {
                     out.push(Out::AccountAdded {
                         account: spec.account.0,
                     });
+                }
+            }
+            CommandBody::AddFundedAccount { spec, cash } => {
+                let reason = if cash.0 < 0 {
+                    Some(RejectReason::AmountNotPositive)
+                } else if cash.0 > CASH_AMOUNT_MAX {
+                    Some(RejectReason::Overflow)
+                } else if self.account(spec.account).is_some() {
+                    Some(RejectReason::DuplicateAccount)
+                } else {
+                    None
+                };
+                if let Some(reason) = reason {
+                    out.push(Out::CommandRejected { reason });
+                } else {
+                    assert!(
+                        spec.may_short,
+                        "the model does not model risk: accounts must be allowed to short"
+                    );
+                    self.accounts.push(RAccount {
+                        id: spec.account.0,
+                        firm: spec.firm.0,
+                        stp: spec.stp,
+                        scope: spec.stp_scope,
+                    });
+                    out.push(Out::AccountAdded {
+                        account: spec.account.0,
+                    });
+                    if cash.0 > 0 {
+                        out.push(Out::CashChanged {
+                            account: spec.account.0,
+                        });
+                    }
                 }
             }
             CommandBody::Deposit { account, amount } => {

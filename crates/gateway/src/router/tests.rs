@@ -785,3 +785,88 @@ fn an_order_for_a_core_without_a_quorum_is_rejected_at_once_with_that_reason() {
     f.router.handle(ALPHA, limit_order(2, 1), 1);
     assert_eq!(f.take_submitted(0).len(), 1);
 }
+
+/// An `InstrumentAdded` event on core `core`'s stream under another client's key.
+fn announce(f: &mut Fixture, core: usize, id: u32, symbol: &str) {
+    let def = bourse_core::Instrument {
+        instrument: InstrumentId(id),
+        symbol: symbol.into(),
+        market: Market::Fx,
+        price_scale: 4,
+        tick: Price(1),
+        lot_size: 100,
+        multiplier: 1,
+        initial_margin: Cash(0),
+        band_bps: 500,
+        reference_price: Price(9_000),
+    };
+    let event = Event::InstrumentAdded {
+        instrument: def.instrument,
+        definition: def.def().unwrap(),
+        ts_ns: 1,
+    };
+    let foreign = RequestKey {
+        session: u32::MAX,
+        seq: 0,
+    };
+    f.cores[core]
+        .lock()
+        .unwrap()
+        .outputs
+        .push_back(CoreOutput::Event {
+            key: foreign,
+            event,
+        });
+    f.router.poll_core(usize::MAX);
+}
+
+#[test]
+fn an_instrument_added_on_a_core_stream_is_routed_to_that_core_from_then_on() {
+    let mut f = Fixture::new();
+    assert!(f.router.instrument_by_symbol(b"GBPUSD").is_none());
+    announce(&mut f, 1, 7, "GBPUSD");
+    let info = f
+        .router
+        .instrument_by_symbol(b"GBPUSD")
+        .expect("learned")
+        .clone();
+    assert_eq!(
+        (info.id, info.core, info.lot_size),
+        (InstrumentId(7), 1, 100)
+    );
+    assert_eq!(info.lots(300), Some(3));
+    // An order for it goes to the core that announced it.
+    f.router.handle(
+        ALPHA,
+        Request::New(NewOrderRequest {
+            client: ClientId::Num(1),
+            account: None,
+            instrument: InstrumentId(7),
+            side: Side::Buy,
+            ord_type: OrdType::Limit,
+            price: Price(9_000),
+            qty_lots: 1,
+            tif: TimeInForce::Day,
+            expire_ts_ns: 0,
+            display_lots: 0,
+        }),
+        1,
+    );
+    assert!(f.take_submitted(0).is_empty());
+    let sent = f.take_submitted(1);
+    assert!(
+        matches!(&sent[..], [(_, c)] if matches!(&c.body, CommandBody::NewOrder(o) if o.instrument == InstrumentId(7))),
+        "{sent:?}"
+    );
+    // A configured id announced again (the bootstrap's) and a symbol already taken by
+    // another id change nothing.
+    announce(&mut f, 1, 1, "SBER2");
+    assert_eq!(f.router.instrument(InstrumentId(1)).unwrap().symbol, "SBER");
+    assert!(f.router.instrument_by_symbol(b"SBER2").is_none());
+    announce(&mut f, 0, 8, "GBPUSD");
+    assert_eq!(
+        f.router.instrument_by_symbol(b"GBPUSD").unwrap().id,
+        InstrumentId(7)
+    );
+    assert_eq!(f.router.instrument(InstrumentId(8)).unwrap().core, 0);
+}
