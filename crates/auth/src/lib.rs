@@ -235,6 +235,21 @@ impl PasswordHashString {
     pub fn as_str(&self) -> &str {
         &self.phc
     }
+
+    /// The cost this hash was made with (a new password of the same account is hashed at the
+    /// cost its operator chose for the old one).
+    pub fn cost(&self) -> HashCost {
+        // Parsed and bounded at construction, so the parameters are there; the default only
+        // guards against a change of that rule.
+        PasswordHash::new(&self.phc)
+            .ok()
+            .and_then(|parsed| Params::try_from(&parsed).ok())
+            .map_or(HashCost::DEFAULT, |p| HashCost {
+                memory_kib: p.m_cost(),
+                iterations: p.t_cost(),
+                lanes: p.p_cost(),
+            })
+    }
 }
 
 /// One entry of a credential store as configs write it (`[[operators]]`, a session's fields).
@@ -385,6 +400,17 @@ mod tests {
         assert_eq!(h.verify("s3cret"), Ok(()));
         assert_eq!(h.verify("s3creT"), Err(AuthError::Denied));
         assert_eq!(h.verify(""), Err(AuthError::Denied));
+    }
+
+    #[test]
+    fn a_hash_tells_the_cost_it_was_made_with() {
+        assert_eq!(cheap("pw").cost(), HashCost::TEST_ONLY);
+        let other = HashCost {
+            memory_kib: 16,
+            iterations: 2,
+            lanes: 1,
+        };
+        assert_eq!(hash_password_with("pw", other).unwrap().cost(), other);
     }
 
     #[test]

@@ -311,6 +311,24 @@ fn demo_profile(args: &DemoArgs) -> Result<Profile> {
         // Until Ctrl-C, bounded by the longest phase a profile may have.
         None => PHASE_DURATION_S_MAX,
     };
+    participants_profile(
+        seconds,
+        args.rate,
+        args.accounts,
+        args.seed,
+        args.in_process_cores,
+    )
+}
+
+/// The demo's participants as a load profile: `rate` commands/s for `seconds`, `accounts` per
+/// market (`bourse soak` runs the same flow).
+pub(crate) fn participants_profile(
+    seconds: f64,
+    rate: u64,
+    accounts: u32,
+    seed: u64,
+    in_process_cores: bool,
+) -> Result<Profile> {
     let text = format!(
         r#"
 name = "demo"
@@ -373,16 +391,16 @@ duration_s = {seconds}
 shape = "constant"
 per_s = {rate}
 "#,
-        seed = args.seed,
-        kind = if args.in_process_cores {
+        seed = seed,
+        kind = if in_process_cores {
             "gateway"
         } else {
             "cluster"
         },
         sessions = DEMO_SESSIONS,
-        accounts = args.accounts,
+        accounts = accounts,
         seconds = seconds,
-        rate = args.rate,
+        rate = rate,
     );
     let profile = Profile::parse(&text).map_err(|e| anyhow!("the demo's profile: {e}"))?;
     profile.check_runnable().map_err(|e| anyhow!(e))?;

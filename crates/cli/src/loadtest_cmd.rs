@@ -299,6 +299,7 @@ pub fn deployment_spec(profile: &Profile, data_dir: PathBuf, verbose: bool) -> D
         },
         market_data: profile.target.market_data && profile.target.kind == TargetKind::Cluster,
         core_in_flight_max: profile.target.core_in_flight_max.map(|n| n as usize),
+        bounds: None,
         monitor: None,
         extra_fix_sessions: Vec::new(),
         verbose,

@@ -22,6 +22,7 @@ mod md_cmd;
 mod node_monitor;
 mod order_cmd;
 mod report;
+mod soak_cmd;
 mod t2t_cmd;
 
 use clap::{Parser, Subcommand};
@@ -74,6 +75,9 @@ enum Command {
     Gateway(gateway_cmd::GatewayArgs),
     /// Order entry at a terminal over FIX: send, cancel, replace, mass-cancel, list, watch.
     Order(order_cmd::OrderArgs),
+    /// The demo's participants for a long time (60 min at 2,000 commands/s by default), with
+    /// the venue's memory sampled every --sample-s seconds (docs/results/memory.md).
+    Soak(soak_cmd::SoakArgs),
     /// Run a load profile (profiles/*.toml) against a local deployment and write the report
     /// (results.json, report.md, report.html) into --out.
     Loadtest(loadtest_cmd::LoadtestArgs),
@@ -175,6 +179,7 @@ fn main() {
         Command::Clearing { command } => clearing_cmd::run(command),
         Command::Gateway(args) => gateway_cmd::run(args),
         Command::Order(args) => order_cmd::run(args),
+        Command::Soak(args) => soak_cmd::run(args),
         Command::Loadtest(args) => loadtest_cmd::loadtest(args),
         Command::Report(args) => loadtest_cmd::report_cmd(args),
         Command::LoadgenWorker(args) => loadtest_cmd::worker(args),

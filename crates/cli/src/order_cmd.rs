@@ -36,6 +36,18 @@ pub struct OrderArgs {
     /// session with a `password_hash`; read from a file so it stays off the command line.
     #[arg(long)]
     password_file: Option<PathBuf>,
+    /// A file whose first line is a new password for the session: sent on Logon as
+    /// NewPassword (925) with --password-file's, the gateway changes the session's password
+    /// before it accepts the Logon (or refuses it, saying why).
+    #[arg(long, requires = "password_file")]
+    new_password_file: Option<PathBuf>,
+    /// Connect over TLS, trusting the authorities of this PEM file (--fix then names the
+    /// gateway's `fix_tls_listen`).
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+    /// The name the gateway's certificate must carry, with --tls-ca.
+    #[arg(long, default_value = "localhost", requires = "tls_ca")]
+    tls_name: String,
     #[command(subcommand)]
     command: OrderCommand,
 }
@@ -272,6 +284,17 @@ fn absorb(m: &FixMessage, orders: &mut BTreeMap<String, Known>) {
     }
 }
 
+/// A password file's first line (passwords stay off the command line).
+fn first_line(path: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the password file {}", path.display()))?;
+    let password = text.lines().next().unwrap_or("");
+    if password.is_empty() {
+        bail!("the password file {} is empty", path.display());
+    }
+    Ok(password.to_string())
+}
+
 pub fn run(args: OrderArgs) -> Result<()> {
     std::fs::create_dir_all(&args.store)
         .with_context(|| format!("cannot create {}", args.store.display()))?;
@@ -279,14 +302,16 @@ pub fn run(args: OrderArgs) -> Result<()> {
     let mut orders = load(&orders_path);
     let mut cfg = FixClientConfig::new(args.fix, &args.sender, &args.target);
     cfg.store_dir = Some(args.store.join("session"));
-    if let Some(path) = &args.password_file {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the password file {}", path.display()))?;
-        let password = text.lines().next().unwrap_or("");
-        if password.is_empty() {
-            bail!("the password file {} is empty", path.display());
-        }
-        cfg.password = Some(password.to_string());
+    cfg.password = args.password_file.as_deref().map(first_line).transpose()?;
+    cfg.new_password = args
+        .new_password_file
+        .as_deref()
+        .map(first_line)
+        .transpose()?;
+    if let Some(ca) = &args.tls_ca {
+        let tls =
+            bourse_client::TlsClient::from_ca_file(ca, &args.tls_name).map_err(|e| anyhow!(e))?;
+        cfg.tls = Some(tls);
     }
     let mut client =
         FixClient::connect(&cfg).with_context(|| format!("cannot log on to {}", args.fix))?;

@@ -401,3 +401,98 @@ fn a_session_with_a_password_hash_logs_on_from_the_terminal_only_with_its_passwo
         &["--password-file", password_file.to_str().unwrap(), "list"],
     );
 }
+
+/// `bourse order` reaches a session that logs on over TLS only (`--tls-ca`, the gateway's
+/// certificate made here) and changes its password on Logon (`--new-password-file`): the old
+/// password stops working, the new one works, and over plain TCP the session is refused as a
+/// stranger is.
+#[test]
+fn the_terminal_logs_on_over_tls_and_changes_its_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let made = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let (cert, key) = (dir.path().join("gw.crt"), dir.path().join("gw.key"));
+    std::fs::write(&cert, made.cert.pem()).unwrap();
+    std::fs::write(&key, made.key_pair.serialize_pem()).unwrap();
+    let hash =
+        bourse_auth::hash_password_with("beta old", bourse_auth::HashCost::TEST_ONLY).unwrap();
+    let tls_port = bourse_testkit::free_port();
+    let extra = format!(
+        "fix_tls_listen = \"127.0.0.1:{tls_port}\"\ntls_cert_path = \"{}\"\ntls_key_path = \"{}\"\npassword_store_path = \"{}\"",
+        cert.display(),
+        key.display(),
+        dir.path().join("passwords.toml").display()
+    );
+    let (_gateway, plain_port) = start_gateway_with(dir.path(), &extra, &|config| {
+        config.replace(
+            "client_comp_id = \"BETA\"\n",
+            &format!(
+                "client_comp_id = \"BETA\"\npassword_hash = \"{hash}\"\ntls_required = true\n"
+            ),
+        )
+    });
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let (old, new) = (write("old", "beta old\n"), write("new", "beta new\n"));
+    let ca = cert.to_str().unwrap().to_string();
+    let run = |port: u16, store: &str, args: &[&str]| {
+        Command::new(BOURSE)
+            .args([
+                "order",
+                "--fix",
+                &format!("127.0.0.1:{port}"),
+                "--sender",
+                "BETA",
+            ])
+            .arg("--store")
+            .arg(dir.path().join(store))
+            .args(["--wait-ms", "300"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let over_tls = |store: &str, args: &[&str]| {
+        let mut all = vec!["--tls-ca", ca.as_str()];
+        all.extend_from_slice(args);
+        run(tls_port, store, &all)
+    };
+    // The terminal's session store ("s") carries the sequence numbers from one successful
+    // logon to the next; refused attempts use stores of their own.
+    let changed = over_tls(
+        "s",
+        &["--password-file", &old, "--new-password-file", &new, "list"],
+    );
+    assert!(
+        changed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&changed.stderr)
+    );
+    let stale = over_tls("x1", &["--password-file", &old, "list"]);
+    assert!(!stale.status.success());
+    let why = String::from_utf8_lossy(&stale.stderr);
+    assert!(why.contains("Invalid password"), "{why}");
+    let fresh = over_tls("s", &["--password-file", &new, "list"]);
+    assert!(
+        fresh.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fresh.stderr)
+    );
+    // Over plain TCP even the right password is told what a stranger is told.
+    let plain = run(plain_port, "x2", &["--password-file", &new, "list"]);
+    assert!(!plain.status.success());
+    let why = String::from_utf8_lossy(&plain.stderr);
+    assert!(why.contains("Invalid password"), "{why}");
+    // A certificate the terminal does not trust fails the connect, saying so.
+    let other = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let untrusted = write("other.crt", &other.cert.pem());
+    let doubt = run(
+        tls_port,
+        "x3",
+        &["--tls-ca", &untrusted, "--password-file", &new, "list"],
+    );
+    assert!(!doubt.status.success());
+    let why = String::from_utf8_lossy(&doubt.stderr);
+    assert!(why.contains("TLS handshake"), "{why}");
+}

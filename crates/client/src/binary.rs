@@ -1,5 +1,6 @@
-//! A client of the binary (SBE) order entry protocol over a blocking TCP stream.
+//! A client of the binary (SBE) order entry protocol over a blocking TCP stream (or TLS over it).
 
+use crate::transport::{Stream, TlsClient};
 use bourse_wire::frame::encode_frame;
 use bourse_wire::order_entry::codec::{
     aggressor_flag::AggressorFlag, cancel_order_codec::CancelOrderEncoder,
@@ -289,7 +290,7 @@ impl BinaryWriter {
 
 /// An established binary session.
 pub struct BinaryClient {
-    stream: TcpStream,
+    stream: Stream,
     inbuf: Vec<u8>,
     scratch: Vec<u8>,
     /// The sequence number the next server response will carry.
@@ -326,14 +327,50 @@ impl BinaryClient {
         keepalive_ms: u32,
         expected_seq: u64,
     ) -> io::Result<BinaryClient> {
+        Self::establish(
+            addr,
+            None,
+            credentials,
+            password,
+            keepalive_ms,
+            expected_seq,
+        )
+    }
+
+    /// [`BinaryClient::connect_with_password`] over TLS (the gateway's `binary_tls_listen`).
+    pub fn connect_tls(
+        addr: SocketAddr,
+        tls: &TlsClient,
+        credentials: &str,
+        password: &str,
+        keepalive_ms: u32,
+        expected_seq: u64,
+    ) -> io::Result<BinaryClient> {
+        Self::establish(
+            addr,
+            Some(tls),
+            credentials,
+            password,
+            keepalive_ms,
+            expected_seq,
+        )
+    }
+
+    fn establish(
+        addr: SocketAddr,
+        tls: Option<&TlsClient>,
+        credentials: &str,
+        password: &str,
+        keepalive_ms: u32,
+        expected_seq: u64,
+    ) -> io::Result<BinaryClient> {
         if password.len() > bourse_wire::order_entry::PASSWORD_BYTES {
             return Err(io::Error::new(
                 ErrorKind::InvalidInput,
                 "a binary session's password has at most 32 bytes",
             ));
         }
-        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-        stream.set_nodelay(true)?;
+        let stream = Stream::connect(&addr, Duration::from_secs(5), tls)?;
         let mut c = BinaryClient {
             stream,
             inbuf: Vec::new(),
@@ -431,7 +468,7 @@ impl BinaryClient {
     /// still sent by [`BinaryClient::recv`] when this handle is used for requests.
     pub fn writer(&self) -> io::Result<BinaryWriter> {
         Ok(BinaryWriter {
-            stream: self.stream.try_clone()?,
+            stream: self.stream.try_clone_plain()?,
             buf: [0u8; FRAME_BYTES_MAX],
         })
     }

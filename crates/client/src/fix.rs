@@ -1,11 +1,12 @@
 //! A FIX 4.4 initiator over a blocking TCP stream.
 
+use crate::transport::{Stream, TlsClient};
 use bourse_fix::echo::QueueingApplication;
 use bourse_fix::session::{Action, Role, Session, SessionConfig};
 use bourse_fix::time::system_now_ms;
 use bourse_fix::{Dictionary, FileStore, MemoryStore, MessageStore, OutMessage, OwnedMessage, Tag};
 use std::io::{self, ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,6 +32,11 @@ pub struct FixClientConfig {
     pub logon_timeout: Duration,
     /// Password (554) sent on Logon, for a session whose gateway config has a `password_hash`.
     pub password: Option<String>,
+    /// NewPassword (925) sent on Logon with `password`: the gateway changes the session's
+    /// password to it once `password` is checked (or refuses the Logon saying why).
+    pub new_password: Option<String>,
+    /// Connect over TLS (the gateway's `fix_tls_listen`); none: plain TCP.
+    pub tls: Option<TlsClient>,
 }
 
 impl FixClientConfig {
@@ -44,13 +50,15 @@ impl FixClientConfig {
             reset_on_logon: false,
             logon_timeout: Duration::from_secs(5),
             password: None,
+            new_password: None,
+            tls: None,
         }
     }
 }
 
 /// A logged-on FIX session to the gateway.
 pub struct FixClient {
-    stream: TcpStream,
+    stream: Stream,
     session: Session,
     app: QueueingApplication,
     scratch: Vec<u8>,
@@ -79,9 +87,9 @@ impl FixClient {
         );
         sc.reset_on_logon = config.reset_on_logon;
         sc.logon_password = config.password.clone();
+        sc.logon_new_password = config.new_password.clone();
         let session = Session::new(sc, Arc::new(dictionary()), store);
-        let stream = TcpStream::connect_timeout(&config.addr, config.logon_timeout)?;
-        stream.set_nodelay(true)?;
+        let stream = Stream::connect(&config.addr, config.logon_timeout, config.tls.as_ref())?;
         let mut client = FixClient {
             stream,
             session,
@@ -446,7 +454,7 @@ impl FixClient {
                     }
                 }
                 Action::Disconnect { reason } => {
-                    let _ = self.stream.shutdown(std::net::Shutdown::Both);
+                    let _ = self.stream.shutdown();
                     self.closed = Some(reason);
                 }
             }

@@ -14,6 +14,9 @@
 //!   response decoded into an owned [`binary::Response`] with its sequence number;
 //!   retransmission on request.
 //!
+//! - [`TlsClient`]: either client over TLS to a gateway's TLS listeners (`FixClientConfig::tls`,
+//!   [`BinaryClient::connect_tls`]), trusting the authorities of a PEM file.
+//!
 //! Both read with a timeout the caller chooses (or without blocking) and never panic on what
 //! the server sends: a malformed byte stream ends the connection with an error.
 
@@ -21,9 +24,11 @@
 
 pub mod binary;
 pub mod fix;
+pub mod transport;
 
 pub use binary::{BinaryClient, Received, Response};
 pub use fix::{FixClient, FixClientConfig, FixMessage};
+pub use transport::TlsClient;
 
 /// The FIX 4.4 dictionary the gateway speaks (its own compact one, shared with the client so
 /// both validate the same messages).

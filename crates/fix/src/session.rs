@@ -61,6 +61,9 @@ pub struct SessionConfig {
     pub heart_bt_int_max_s: u32,
     /// As initiator, the Password (554) sent on Logon; none: no Password field.
     pub logon_password: Option<String>,
+    /// As initiator, the NewPassword (925) sent on Logon with the Password: asks the acceptor
+    /// to change the session's password once the old one is checked; none: no change.
+    pub logon_new_password: Option<String>,
 }
 
 impl SessionConfig {
@@ -82,6 +85,7 @@ impl SessionConfig {
             resend_messages_max: 100_000,
             heart_bt_int_max_s: 3_600,
             logon_password: None,
+            logon_new_password: None,
         }
     }
 }
@@ -995,6 +999,9 @@ impl Session {
         if let Some(password) = &self.config.logon_password {
             logon.push(tags::PASSWORD, password);
         }
+        if let Some(new_password) = &self.config.logon_new_password {
+            logon.push(tags::NEW_PASSWORD, new_password);
+        }
         // With reset_on_logon both sides start again from 1: reset our store
         // and ask the peer to do the same with ResetSeqNumFlag=Y.
         let should_reset = self.config.reset_on_logon;
@@ -1279,6 +1286,28 @@ mod tests {
         pump(&mut init, &mut init_app, &mut acc, &mut acc_app, T0);
         assert!(init.is_logged_on() && acc.is_logged_on());
         (init, init_app, acc, acc_app)
+    }
+
+    #[test]
+    fn an_initiator_sends_its_password_and_new_password_on_logon_only_when_configured() {
+        let mut plain = session(initiator_config(30));
+        plain.on_connect(T0);
+        let logon = sent(&mut plain).remove(0);
+        assert_eq!(
+            (
+                field(&logon, tags::PASSWORD),
+                field(&logon, tags::NEW_PASSWORD)
+            ),
+            (None, None)
+        );
+        let mut config = initiator_config(30);
+        config.logon_password = Some("old".into());
+        config.logon_new_password = Some("new".into());
+        let mut changing = session(config);
+        changing.on_connect(T0);
+        let logon = sent(&mut changing).remove(0);
+        assert_eq!(field(&logon, tags::PASSWORD).as_deref(), Some("old"));
+        assert_eq!(field(&logon, tags::NEW_PASSWORD).as_deref(), Some("new"));
     }
 
     #[test]

@@ -54,6 +54,10 @@ pub struct Limits {
     pub tls_cert_path: Option<PathBuf>,
     /// The TLS listeners' private key (PEM: PKCS#8, PKCS#1 or SEC1).
     pub tls_key_path: Option<PathBuf>,
+    /// Where the passwords FIX clients change on Logon (NewPassword, 925) are kept; its
+    /// entries replace the sessions' configured `password_hash` at start
+    /// (`crate::password_store`). None: passwords are read-only and a change is refused.
+    pub password_store_path: Option<PathBuf>,
     /// FIX session stores (sequence numbers and sent messages), one directory per session.
     pub store_dir: PathBuf,
     /// fsync the FIX stores on every write.
@@ -116,6 +120,7 @@ impl Default for Limits {
             binary_tls_listen: None,
             tls_cert_path: None,
             tls_key_path: None,
+            password_store_path: None,
             store_dir: PathBuf::from("gateway-store"),
             store_sync: false,
             connections_max: 256,

@@ -66,6 +66,7 @@ pub mod convert;
 pub mod disconnect;
 pub mod fix_front;
 pub mod metrics;
+pub mod password_store;
 pub mod prelogon;
 pub mod recovery;
 pub mod reports;

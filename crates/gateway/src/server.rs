@@ -183,6 +183,16 @@ pub fn spawn_cores(
     mut links: Vec<Box<dyn CoreLink>>,
     monitor: Option<Arc<Monitor>>,
 ) -> Result<GatewayHandle, String> {
+    let mut config = config;
+    // Passwords the clients changed replace the configured ones before anything reads them.
+    let password_store = match &config.gateway.password_store_path {
+        Some(path) => {
+            let store = crate::password_store::PasswordStore::open(path)?;
+            store.apply(&mut config)?;
+            Some(store)
+        }
+        None => None,
+    };
     config.validate()?;
     let plan = config.core_plan();
     if links.len() != plan.len() {
@@ -319,7 +329,7 @@ pub fn spawn_cores(
     }
     let stats = Arc::new(GatewayStats::default());
     let stop = Arc::new(AtomicBool::new(false));
-    let checks = credentials::Checks::start(&config, Arc::clone(&waker))?;
+    let checks = credentials::Checks::start(&config, Arc::clone(&waker), password_store)?;
     let mut server = Server {
         poll,
         fix_listener,

@@ -104,7 +104,7 @@ fn read_to_close(s: &mut TcpStream) -> String {
 }
 
 #[test]
-fn new_password_on_logon_is_refused_saying_it_is_not_supported() {
+fn new_password_on_logon_without_a_password_store_is_refused_as_read_only() {
     let gw = common::start_with(&config());
     let mut s = TcpStream::connect(gw.handle.fix_addr().unwrap()).unwrap();
     s.write_all(&raw_logon(
@@ -113,10 +113,7 @@ fn new_password_on_logon_is_refused_saying_it_is_not_supported() {
     .unwrap();
     let answer = read_to_close(&mut s);
     assert!(answer.contains("\x0135=5\x01"), "{answer:?}");
-    assert!(
-        answer.contains("NewPassword (925) is not supported"),
-        "{answer:?}"
-    );
+    assert!(answer.contains("passwords are read-only"), "{answer:?}");
     assert!(common::eventually(WAIT, || metric(&gw, "logon_refused") == 1));
 }
 

@@ -24,7 +24,7 @@ mod under_load;
 
 pub use admin::{VenueAdmin, ADMIN_CLIENT_ID_BASE, ADMIN_LANES};
 pub use host::{sample_of, tune_allocator};
-pub use spec::{Backend, DeploymentSpec, MarketSpec};
+pub use spec::{Backend, DeploymentSpec, MarketSpec, MemoryBounds};
 pub use under_load::ACCOUNTS_UNDER_LOAD_ID_BASE;
 
 use feed::MdCounter;
@@ -322,14 +322,26 @@ impl LocalDeployment {
         config.first_order_id = first_order_id;
         // Snapshots of a big core are large; take them rarely in a run of minutes.
         config.snapshot_every_entries = 200_000;
+        if let Some(b) = &spec.bounds {
+            config.stream_entries_kept = b.stream_entries_kept;
+            config.stream_bytes_kept = b.stream_bytes_kept;
+            config.snapshot_every_entries = b.snapshot_every_entries;
+        }
         let md_base_port = if spec.market_data {
             Some(bourse_testkit::try_free_port_block(40)?)
         } else {
             None
         };
-        let md_section = md_base_port.map(|base| bourse_cluster::marketdata::MarketDataSection {
-            base_port: base,
-            ..Default::default()
+        let md_section = md_base_port.map(|base| {
+            let mut section = bourse_cluster::marketdata::MarketDataSection {
+                base_port: base,
+                ..Default::default()
+            };
+            if let Some(b) = &spec.bounds {
+                section.replay_history_packets = b.replay_history_packets;
+                section.replay_history_bytes = b.replay_history_bytes;
+            }
+            section
         });
         // The section goes into the nodes' config too: the replicated state then keeps the
         // feed's numbering (in its snapshots), so a node restored from a snapshot can publish.
@@ -478,6 +490,9 @@ impl LocalDeployment {
             if let Some(n) = spec.core_in_flight_max {
                 config.gateway.core_in_flight_max = n;
             }
+            if let Some(b) = &spec.bounds {
+                config.gateway.stored_messages_max = b.gateway_stored_messages_max;
+            }
             if g == 0 {
                 for (name, accounts) in &spec.extra_fix_sessions {
                     config
@@ -617,6 +632,21 @@ impl LocalDeployment {
 
     pub fn gateways(&self) -> &[GatewayHandle] {
         &self.gateways
+    }
+
+    /// Each replica's committed stream ring, named "core/node": what a sampler reads to
+    /// attribute held bytes to the nodes (`CommittedStream::kept`). Clones share the ring.
+    pub fn stream_rings(&self) -> Vec<(String, bourse_cluster::stream::CommittedStream)> {
+        let mut rings = Vec::new();
+        for core in &self.cores {
+            if let CoreRun::Cluster { nodes, .. } = &core.run {
+                for n in nodes {
+                    let name = format!("{}/{}", core.name, n.id());
+                    rings.push((name, n.state_machine().stream().clone()));
+                }
+            }
+        }
+        rings
     }
 
     /// The admin API's view of this venue (replicated cores only: see `admin`).

@@ -49,4 +49,35 @@ pub struct DeploymentSpec {
     pub extra_fix_sessions: Vec<(String, Vec<u32>)>,
     /// Print what starts, as it starts.
     pub verbose: bool,
+    /// The sizes of the structures that grow with the flow until their bound (`None`: each
+    /// component's default). Small bounds make a short run reach all of them (the
+    /// steady-memory test and `bourse soak --small-bounds`).
+    pub bounds: Option<MemoryBounds>,
+}
+
+/// The bounds of every structure of the venue that fills with the flow and then stays at its
+/// size: each node's committed stream ring, each feed's replay history per channel, each
+/// gateway's binary resend store per session, and the raft log a node keeps between
+/// snapshots. (The gateway's finished orders are bounded by
+/// `bourse_gateway::router::FINISHED_ORDERS_KEPT`, a constant.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryBounds {
+    pub stream_entries_kept: usize,
+    pub stream_bytes_kept: usize,
+    pub replay_history_packets: usize,
+    pub replay_history_bytes: usize,
+    pub gateway_stored_messages_max: usize,
+    pub snapshot_every_entries: u64,
+}
+
+impl MemoryBounds {
+    /// Bounds a run of some ten thousand commands reaches: a few hundred KiB each.
+    pub const SMALL: MemoryBounds = MemoryBounds {
+        stream_entries_kept: 512,
+        stream_bytes_kept: 256 * 1024,
+        replay_history_packets: 512,
+        replay_history_bytes: 256 * 1024,
+        gateway_stored_messages_max: 1_024,
+        snapshot_every_entries: 2_000,
+    };
 }

@@ -130,6 +130,7 @@ fn accounts_added_under_load_are_in_their_market_on_every_replica_and_reported()
         extra_fix_sessions: Vec::new(),
         verbose: false,
         core_in_flight_max: None,
+        bounds: None,
     };
     let mut deployment = LocalDeployment::start(spec).expect("venue starts");
     deployment.add_accounts_under_load(

@@ -76,6 +76,7 @@ fn start() -> Venue {
         extra_fix_sessions: vec![("OPS".into(), vec![1, 2])],
         verbose: false,
         core_in_flight_max: None,
+        bounds: None,
     };
     let deployment = LocalDeployment::start(spec).expect("venue starts");
     let entries =

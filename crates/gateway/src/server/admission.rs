@@ -274,6 +274,13 @@ impl Server {
         }
         let tls = self.conns.get(&token).is_some_and(|c| c.stream.is_tls());
         if self.config.fix_sessions[slot].tls_required && !tls {
+            // With passwords in use, the session is not named to whoever reaches it over
+            // plain TCP: it is refused as a stranger is, after the same decoy check.
+            if self.checks.hides_sessions() {
+                let reason = DisconnectReason::TlsRequired;
+                let detail = format!("{names}: over plain TCP, the session logs on over TLS only");
+                return self.refuse_fix_stranger(token, &raw, reason, detail);
+            }
             return self.refuse_fix_logon(
                 token,
                 slot,

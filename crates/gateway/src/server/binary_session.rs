@@ -118,18 +118,18 @@ impl Server {
         let slot = self.bin.iter().position(|s| s.credentials == creds);
         let peer = self.conns.get(&token).map(|c| c.peer.ip());
         let tls = self.conns.get(&token).is_some_and(|c| c.stream.is_tls());
-        if !tls && slot.is_some_and(|j| self.config.binary_sessions[j].tls_required) {
-            return self.binary_reject(
-                token,
-                ts,
-                EstablishmentRejectCode::Unspecified,
-                DisconnectReason::TlsRequired,
-                "this session establishes over TLS only",
-            );
-        }
-        // A stranger (unknown credentials, or an address its session does not allow) is
-        // answered as a wrong password is; the log and the counter say what it was.
+        // A stranger (unknown credentials, an address its session does not allow, or plain
+        // TCP for a session that establishes over TLS only) is answered as a wrong password
+        // is; the log and the counter say what it was.
         let names = format!("credentials {creds:?}");
+        if !tls && slot.is_some_and(|j| self.config.binary_sessions[j].tls_required) {
+            let refusal = (
+                DisconnectReason::TlsRequired,
+                EstablishmentRejectCode::Unspecified,
+            );
+            let detail = format!("{names}: over plain TCP, the session establishes over TLS only");
+            return self.refuse_binary_stranger(token, ts, &password, refusal, detail);
+        }
         // Without passwords in use, an address refused is told Unspecified (a stranger learns
         // nothing more).
         let Some(j) = slot else {

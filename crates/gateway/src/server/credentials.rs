@@ -13,9 +13,17 @@
 //! Once any session has a password, a stranger must not learn which CompIDs exist: a Logon
 //! for an unknown session, or from an address its session does not allow, gets the answer a
 //! wrong password gets, after the same work (a check against a decoy hash of the venue's own
-//! cost). Only the operator's log and counters say what really happened.
+//! cost). Only the operator's log and counters say what really happened. A known session's
+//! refusal is numbered 1, as a stranger's is, and a `tls_required` session reached over plain
+//! TCP is refused as a stranger is, so neither the number nor the text tells them apart.
+//!
+//! A FIX Logon may change its session's password (NewPassword, 925): the same thread checks
+//! the old one, hashes the new one at the old hash's cost and writes it to the password store
+//! (`crate::password_store`) before the Logon is accepted. Without a store, or when the store
+//! cannot be written, the Logon is refused saying why, only after the old password was right.
 
 use super::*;
+use crate::password_store::{PasswordStore, SessionNames};
 use bourse_auth::PasswordHashString;
 use bourse_wire::order_entry::codec::establishment_reject_code::EstablishmentRejectCode;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
@@ -29,11 +37,53 @@ struct Job {
     token: Token,
     hash: PasswordHashString,
     password: String,
+    /// A password change asked for with the Logon: the session and the new password.
+    change: Option<(SessionNames, String)>,
 }
 
 struct Done {
     token: Token,
     ok: bool,
+    /// When a change was asked for and the password was right: the new hash, written to the
+    /// store, or why it was not.
+    changed: Option<Result<PasswordHashString, String>>,
+}
+
+/// Why a NewPassword is refused when the gateway has no password store.
+const PASSWORDS_READ_ONLY: &str =
+    "NewPassword (925) not applied: this venue's passwords are read-only (set by its operator)";
+
+/// The checking thread's work: one check, and a change when asked for and the password is
+/// right.
+fn check(job: Job, store: &mut Option<PasswordStore>) -> Done {
+    let ok = job.hash.verify(&job.password).is_ok();
+    let changed = match job.change {
+        Some((names, new_password)) if ok => Some(change(store, &job.hash, &names, &new_password)),
+        _ => None,
+    };
+    Done {
+        token: job.token,
+        ok,
+        changed,
+    }
+}
+
+fn change(
+    store: &mut Option<PasswordStore>,
+    old: &PasswordHashString,
+    names: &SessionNames,
+    new_password: &str,
+) -> Result<PasswordHashString, String> {
+    let Some(store) = store.as_mut() else {
+        return Err(PASSWORDS_READ_ONLY.into());
+    };
+    // The new hash costs what the operator chose for the old one.
+    let hash = bourse_auth::hash_password_with(new_password, old.cost())
+        .map_err(|e| format!("NewPassword (925) not applied: {e}"))?;
+    store
+        .set(names, hash.clone())
+        .map_err(|e| format!("NewPassword (925) not applied: the password store failed ({e})"))?;
+    Ok(hash)
 }
 
 /// What a parked connection was doing when its check started.
@@ -77,7 +127,11 @@ pub(super) struct Checks {
 
 impl Checks {
     /// Starts the checking thread when some session has a password; none: no thread.
-    pub(super) fn start(config: &GatewayConfig, waker: Arc<Waker>) -> Result<Checks, String> {
+    pub(super) fn start(
+        config: &GatewayConfig,
+        waker: Arc<Waker>,
+        mut store: Option<PasswordStore>,
+    ) -> Result<Checks, String> {
         let decoy = config
             .fix_sessions
             .iter()
@@ -98,14 +152,7 @@ impl Checks {
             .spawn(move || {
                 // Ends when the loop drops its sender (the gateway stopped).
                 while let Ok(job) = job_rx.recv() {
-                    let ok = job.hash.verify(&job.password).is_ok();
-                    if done_tx
-                        .send(Done {
-                            token: job.token,
-                            ok,
-                        })
-                        .is_err()
-                    {
+                    if done_tx.send(check(job, &mut store)).is_err() {
                         return;
                     }
                     let _ = waker.wake();
@@ -131,6 +178,7 @@ impl Checks {
         token: Token,
         hash: &PasswordHashString,
         password: &str,
+        change: Option<(SessionNames, String)>,
         parked: Parked,
     ) -> Result<(), Parked> {
         let Some((jobs, _)) = &self.worker else {
@@ -140,6 +188,7 @@ impl Checks {
             token,
             hash: hash.clone(),
             password: password.to_string(),
+            change,
         };
         match jobs.try_send(job) {
             Ok(()) => {
@@ -165,24 +214,31 @@ impl Checks {
 pub(super) enum FixPassword {
     /// The session asks for none.
     NotRequired,
-    /// To be checked.
-    Given(String),
+    /// To be checked; with the new password when the Logon asks for a change (925).
+    Given {
+        password: String,
+        new_password: Option<String>,
+    },
     /// Refused at once, with the Logout's text.
     Refused(DisconnectReason, &'static str),
 }
 
 pub(super) fn fix_password(raw: &RawMessage<'_>, required: bool) -> FixPassword {
-    if raw.get(bourse_fix::tags::NEW_PASSWORD).is_some() {
-        return FixPassword::Refused(
-            DisconnectReason::LogonRefused,
-            "NewPassword (925) is not supported: the venue sets passwords in its configuration",
-        );
-    }
+    let new_password = raw.get_str(bourse_fix::tags::NEW_PASSWORD);
     if !required {
+        if new_password.is_some() {
+            return FixPassword::Refused(
+                DisconnectReason::LogonRefused,
+                "NewPassword (925) not applied: this session has no password to change",
+            );
+        }
         return FixPassword::NotRequired;
     }
     match raw.get_str(bourse_fix::tags::PASSWORD) {
-        Some(p) if !p.is_empty() => FixPassword::Given(p.to_string()),
+        Some(p) if !p.is_empty() => FixPassword::Given {
+            password: p.to_string(),
+            new_password: new_password.map(str::to_string),
+        },
         _ => FixPassword::Refused(
             DisconnectReason::BadPassword,
             "Password (554) required for this session",
@@ -223,7 +279,7 @@ impl Server {
             detail,
         };
         match fix_password(raw, true) {
-            FixPassword::Given(password) => self.check_stranger(token, &password, stranger),
+            FixPassword::Given { password, .. } => self.check_stranger(token, &password, stranger),
             FixPassword::Refused(_, text) => self.answer_stranger(token, stranger, text),
             FixPassword::NotRequired => unreachable!("a password is asked of strangers"),
         }
@@ -263,9 +319,9 @@ impl Server {
         let Some(decoy) = self.checks.decoy.clone() else {
             return self.answer_stranger(token, stranger, FIX_WRONG_PASSWORD);
         };
-        if let Err(parked) = self
-            .checks
-            .submit(token, &decoy, password, Parked::Stranger(stranger))
+        if let Err(parked) =
+            self.checks
+                .submit(token, &decoy, password, None, Parked::Stranger(stranger))
         {
             let Parked::Stranger(stranger) = parked else {
                 unreachable!("submit hands back what it was given")
@@ -342,12 +398,25 @@ impl Server {
         match password {
             FixPassword::NotRequired => self.fix_logon_accepted(token, slot, all),
             FixPassword::Refused(reason, text) => self.refuse_fix_logon(token, slot, reason, text),
-            FixPassword::Given(password) => {
-                let Some(hash) = self.config.fix_sessions[slot].password_hash.clone() else {
+            FixPassword::Given {
+                password,
+                new_password,
+            } => {
+                let session = &self.config.fix_sessions[slot];
+                let Some(hash) = session.password_hash.clone() else {
                     return;
                 };
+                let names = (
+                    session.client_comp_id.clone(),
+                    session.gateway_comp_id.clone(),
+                );
+                let change = new_password.map(|p| (names, p));
                 let parked = Parked::Fix { slot, bytes: all };
-                if self.checks.submit(token, &hash, &password, parked).is_err() {
+                if self
+                    .checks
+                    .submit(token, &hash, &password, change, parked)
+                    .is_err()
+                {
                     self.refuse_fix_logon(token, slot, DisconnectReason::LogonRefused, CHECKS_BUSY);
                 }
             }
@@ -369,7 +438,9 @@ impl Server {
 
     /// Answers a refused Logon with a Logout saying why, then closes the connection. The
     /// Logout is built here, not by the session layer: a stranger must not move the
-    /// session's sequence numbers or reach its store.
+    /// session's sequence numbers or reach its store. It is numbered 1, as a stranger's
+    /// refusal is: the session's real next number would tell a prober the session exists
+    /// (and how busy it is). A refused Logon starts no session, so the number binds nothing.
     pub(super) fn refuse_fix_logon(
         &mut self,
         token: Token,
@@ -378,8 +449,7 @@ impl Server {
         text: &str,
     ) {
         let s = &self.fix[slot];
-        let seq = s.session.next_sender_seq_num();
-        let bytes = self.fix_logout_bytes(&s.gateway_comp_id, &s.client_comp_id, seq, text);
+        let bytes = self.fix_logout_bytes(&s.gateway_comp_id, &s.client_comp_id, 1, text);
         let detail = format!("SenderCompID {:?}: {text}", s.client_comp_id);
         self.send_and_close(token, bytes, reason, detail);
     }
@@ -412,7 +482,11 @@ impl Server {
             timestamp_ns,
             keepalive_ms,
         };
-        if self.checks.submit(token, &hash, given, parked).is_err() {
+        if self
+            .checks
+            .submit(token, &hash, given, None, parked)
+            .is_err()
+        {
             self.binary_reject(
                 token,
                 timestamp_ns,
@@ -441,19 +515,27 @@ impl Server {
                 Parked::Stranger(stranger) => {
                     self.answer_stranger(token, stranger, FIX_WRONG_PASSWORD)
                 }
-                Parked::Fix { slot, mut bytes } => {
-                    if done.ok {
+                Parked::Fix { slot, mut bytes } => match (done.ok, done.changed) {
+                    (true, Some(Err(why))) => {
+                        let reason = DisconnectReason::LogonRefused;
+                        self.refuse_fix_logon(token, slot, reason, &why);
+                    }
+                    (true, changed) => {
+                        if let Some(Ok(hash)) = changed {
+                            self.config.fix_sessions[slot].password_hash = Some(hash);
+                            let who = &self.fix[slot].client_comp_id;
+                            eprintln!("gateway: session {who} changed its password (NewPassword)");
+                        }
                         bytes.extend_from_slice(&later);
                         self.fix_logon_accepted(token, slot, bytes);
-                    } else {
-                        self.refuse_fix_logon(
-                            token,
-                            slot,
-                            DisconnectReason::BadPassword,
-                            FIX_WRONG_PASSWORD,
-                        );
                     }
-                }
+                    (false, _) => self.refuse_fix_logon(
+                        token,
+                        slot,
+                        DisconnectReason::BadPassword,
+                        FIX_WRONG_PASSWORD,
+                    ),
+                },
                 Parked::Binary {
                     slot,
                     timestamp_ns,
@@ -521,7 +603,10 @@ mod tests {
         let raw = bourse_fix::decode(&bytes, None, 8192).unwrap();
         match fix_password(&raw, required) {
             FixPassword::NotRequired => "not required".into(),
-            FixPassword::Given(p) => format!("given {p}"),
+            FixPassword::Given {
+                password,
+                new_password,
+            } => format!("given {password} {new_password:?}"),
             FixPassword::Refused(r, _) => format!("refused {}", r.name()),
         }
     }
@@ -530,12 +615,14 @@ mod tests {
     fn a_logon_password_is_judged_before_any_hash_is_computed() {
         assert_eq!(judge("", false), "not required");
         assert_eq!(judge("554=x\x01", false), "not required");
-        assert_eq!(judge("554=pw\x01", true), "given pw");
+        assert_eq!(judge("554=pw\x01", true), "given pw None");
         assert_eq!(judge("", true), "refused bad_password");
         assert_eq!(
             judge("554=pw\x01925=new\x01", true),
-            "refused logon_refused"
+            "given pw Some(\"new\")"
         );
+        // A change without the old password is refused as a missing password is.
+        assert_eq!(judge("925=new\x01", true), "refused bad_password");
         assert_eq!(judge("925=new\x01", false), "refused logon_refused");
     }
 }

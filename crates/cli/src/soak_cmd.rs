@@ -1,0 +1,233 @@
+//! `bourse soak`: the demo's participants for a long time (an hour at 2,000 commands/s by
+//! default), with the memory of the venue sampled as it runs.
+//!
+//! The venue is the demo's (three replicated cores with their market data, one gateway, in
+//! this process), without the dashboard, delivery, admin and ITCH services. Every
+//! `--sample-s` seconds one row goes to standard output and to `--out` (tab-separated): the
+//! seconds since the load started, the commands the gateway has received, the process's
+//! resident anonymous memory (`RssAnon`) and resident set (`VmRSS`) from `/proc/self/status`,
+//! and what the bounded structures hold per role where they count it themselves: the nodes'
+//! committed stream rings (the sum over the replicas and the largest one) and the orders the
+//! gateway tracks. The roles share the process, so RSS is the venue's, not a role's.
+//!
+//! `--small-bounds` sizes the bounded structures small (`bourse_venue::MemoryBounds::SMALL`),
+//! so the plateau comes within minutes instead of the defaults' quarter of an hour.
+
+use anyhow::{anyhow, bail, Context, Result};
+use bourse_loadgen::RunOptions;
+use bourse_venue::{LocalDeployment, MemoryBounds};
+use clap::Args;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Args)]
+pub struct SoakArgs {
+    /// How long the participants trade.
+    #[arg(long, default_value_t = 60)]
+    minutes: u64,
+    /// Commands per second the participants send, all markets together.
+    #[arg(long, default_value_t = 2_000)]
+    rate: u64,
+    /// Seconds between two samples.
+    #[arg(long, default_value_t = 30)]
+    sample_s: u64,
+    /// Size the bounded structures small (stream rings, replay history, resend stores,
+    /// snapshots), so they fill within minutes.
+    #[arg(long)]
+    small_bounds: bool,
+    /// The samples as tab-separated values (default: bourse-soak-<unix time>.tsv).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+/// Participant accounts per market, as the demo's default.
+const ACCOUNTS: u32 = 2_000;
+
+/// One sample of the process and its bounded structures.
+struct Sample {
+    t_s: f64,
+    commands: u64,
+    rss_anon_kib: u64,
+    vm_rss_kib: u64,
+    rings_bytes: usize,
+    ring_bytes_max: usize,
+    orders_tracked: usize,
+}
+
+const HEADER: &str = "t_s\tcommands\trss_anon_mib\tvm_rss_mib\tstream_rings_mib\tstream_ring_max_mib\tgateway_orders_tracked";
+
+impl Sample {
+    fn row(&self) -> String {
+        let mib = |kib: u64| kib as f64 / 1024.0;
+        let bmib = |b: usize| b as f64 / (1 << 20) as f64;
+        format!(
+            "{:.0}\t{}\t{:.1}\t{:.1}\t{:.1}\t{:.2}\t{}",
+            self.t_s,
+            self.commands,
+            mib(self.rss_anon_kib),
+            mib(self.vm_rss_kib),
+            bmib(self.rings_bytes),
+            bmib(self.ring_bytes_max),
+            self.orders_tracked
+        )
+    }
+}
+
+/// A field of `/proc/self/status` in KiB ("RssAnon", "VmRSS"); 0 where there is none.
+fn status_kib(status: &str, field: &str) -> u64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+pub fn run(args: SoakArgs) -> Result<()> {
+    if args.minutes == 0 || args.rate == 0 || args.sample_s == 0 {
+        bail!("--minutes, --rate and --sample-s must be positive");
+    }
+    let seconds = (args.minutes * 60) as f64;
+    let profile =
+        crate::demo::participants_profile(seconds, args.rate, ACCOUNTS, args.seed, false)?;
+    let out = args.out.clone().unwrap_or_else(|| {
+        PathBuf::from(format!(
+            "bourse-soak-{}.tsv",
+            bourse_loadgen::unix_ns() / 1_000_000_000
+        ))
+    });
+    let mut file =
+        std::fs::File::create(&out).with_context(|| format!("cannot create {}", out.display()))?;
+    let data_dir = std::env::temp_dir().join(format!("bourse-soak-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let mut spec = crate::loadtest_cmd::deployment_spec(&profile, data_dir.clone(), false);
+    if args.small_bounds {
+        spec.bounds = Some(MemoryBounds::SMALL);
+    }
+    let mut deployment = LocalDeployment::start(spec).context("starting the venue")?;
+    println!(
+        "bourse soak: the demo's participants at {} commands/s for {} min, a sample every {} s \
+         into {}{}",
+        args.rate,
+        args.minutes,
+        args.sample_s,
+        out.display(),
+        if args.small_bounds {
+            " (small bounds)"
+        } else {
+            ""
+        }
+    );
+    println!("{HEADER}");
+    writeln!(file, "{HEADER}")?;
+    let rings = deployment.stream_rings();
+    let stats: Vec<_> = deployment
+        .gateways()
+        .iter()
+        .map(|g| Arc::clone(g.stats()))
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let stop = Arc::clone(&stop);
+        let every = Duration::from_secs(args.sample_s);
+        std::thread::Builder::new()
+            .name("bourse-soak-sampler".into())
+            .spawn(move || -> std::io::Result<Vec<Sample>> {
+                let t0 = Instant::now();
+                let mut samples = Vec::new();
+                let mut next = t0;
+                while !stop.load(Ordering::Relaxed) {
+                    if Instant::now() < next {
+                        std::thread::sleep(Duration::from_millis(100));
+                        continue;
+                    }
+                    next += every;
+                    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+                    let kept: Vec<usize> = rings.iter().map(|(_, r)| r.kept().1).collect();
+                    let s = Sample {
+                        t_s: t0.elapsed().as_secs_f64(),
+                        commands: stats
+                            .iter()
+                            .map(|g| g.requests_in.load(Ordering::Relaxed))
+                            .sum(),
+                        rss_anon_kib: status_kib(&status, "RssAnon"),
+                        vm_rss_kib: status_kib(&status, "VmRSS"),
+                        rings_bytes: kept.iter().sum(),
+                        ring_bytes_max: kept.iter().copied().max().unwrap_or(0),
+                        orders_tracked: stats
+                            .iter()
+                            .map(|g| g.orders_tracked.load(Ordering::Relaxed))
+                            .sum(),
+                    };
+                    println!("{}", s.row());
+                    writeln!(file, "{}", s.row())?;
+                    samples.push(s);
+                }
+                Ok(samples)
+            })?
+    };
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let interrupted = Arc::clone(&interrupted);
+        // Ctrl-C ends the load early; the samples so far are kept and summed up.
+        let _ = ctrlc::set_handler(move || interrupted.store(true, Ordering::SeqCst));
+    }
+    let options = RunOptions {
+        progress: false,
+        version: crate::report::version().to_string(),
+        ticker: false,
+        stop: Some(interrupted),
+    };
+    let result = bourse_loadgen::run_on(&profile, &options, &mut deployment);
+    stop.store(true, Ordering::SeqCst);
+    let samples = sampler
+        .join()
+        .map_err(|_| anyhow!("the sampler panicked"))?
+        .context("writing the samples")?;
+    deployment.stop();
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let results = result.map_err(|e| anyhow!(e))?;
+    summarize(&samples);
+    println!(
+        "  {} transactions, {} trades; samples in {}",
+        results.totals.transactions,
+        results.totals.trades,
+        out.display()
+    );
+    Ok(())
+}
+
+/// The growth of RssAnon over the second half of the run, in all and per command.
+fn summarize(samples: &[Sample]) {
+    let (Some(mid), Some(last)) = (samples.get(samples.len() / 2), samples.last()) else {
+        return;
+    };
+    let grown_kib = last.rss_anon_kib as f64 - mid.rss_anon_kib as f64;
+    let commands = last.commands.saturating_sub(mid.commands).max(1) as f64;
+    println!(
+        "\nsecond half ({:.0} s → {:.0} s): RssAnon {:.1} → {:.1} MiB, {:+.1} MiB, {:+.1} bytes per command",
+        mid.t_s,
+        last.t_s,
+        mid.rss_anon_kib as f64 / 1024.0,
+        last.rss_anon_kib as f64 / 1024.0,
+        grown_kib / 1024.0,
+        grown_kib * 1024.0 / commands
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_fields_are_read_in_kib_and_absent_ones_are_zero() {
+        let status = "Name:\tbourse\nVmRSS:\t  123456 kB\nRssAnon:\t  100000 kB\n";
+        assert_eq!(status_kib(status, "VmRSS"), 123_456);
+        assert_eq!(status_kib(status, "RssAnon"), 100_000);
+        assert_eq!(status_kib(status, "RssFile"), 0);
+    }
+}
