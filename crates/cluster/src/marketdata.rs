@@ -1090,6 +1090,13 @@ impl NodeFeed {
         &self.published
     }
 
+    /// The loops' SequenceReset after activation (first, at the start of a duty cycle).
+    pub fn announce_loops(&mut self, now_ns: u64, sink: &mut dyn PacketSink) {
+        if self.detached.is_none() {
+            self.sender.announce_loops(now_ns, sink);
+        }
+    }
+
     pub fn heartbeats(&mut self, now_ns: u64, sink: &mut dyn PacketSink) {
         if self.detached.is_none() {
             self.sender.heartbeats(now_ns, sink);
@@ -1241,8 +1248,8 @@ async fn attach(sm: &crate::StateMachineStore, config: &PublisherConfig) -> Node
     NodeFeed::new(config.clone(), handoff, detached)
 }
 
-/// The loops' turn: the instrument loop's definitions (taken from the state only when they
-/// changed) and one instrument's snapshot (its orders copied under the state machine's lock,
+/// The loops' turn: their SequenceReset after activation, the instrument loop's definitions
+/// (taken from the state only when they changed) and one instrument's snapshot (its orders copied under the state machine's lock,
 /// one instrument at a time), then the heartbeats.
 async fn run_loops(
     feed: &mut NodeFeed,
@@ -1251,6 +1258,7 @@ async fn run_loops(
     orders: &mut Vec<BookOrder>,
     now: u64,
 ) {
+    feed.announce_loops(now, &mut t.sink);
     let due = feed.loops_due(now);
     if due.definitions {
         let version = feed.marks().definitions_version;

@@ -233,23 +233,27 @@ impl FeedSender {
         ch.flush(now_ns, self.active, sink);
     }
 
-    /// The loops' SequenceReset after activation, and a Heartbeat on every channel idle for
-    /// the heartbeat interval (repeating its last MsgSeqNum).
-    pub fn heartbeats(&mut self, now_ns: u64, sink: &mut dyn PacketSink) {
-        let active = self.active;
+    /// After activation, the loops' SequenceReset (before anything else on them, so a
+    /// subscriber learns their new numbering first). Call at the start of each duty cycle.
+    pub fn announce_loops(&mut self, now_ns: u64, sink: &mut dyn PacketSink) {
         if self.loop_reset_due {
             self.loop_reset_due = false;
             for c in [Channel::Instruments, Channel::Snapshot] {
-                self.channels[c.index()].sequence_reset(now_ns, active, sink);
+                self.channels[c.index()].sequence_reset(now_ns, self.active, sink);
             }
         }
-        if !active {
+    }
+
+    /// A Heartbeat on every channel idle for the heartbeat interval (repeating its last
+    /// MsgSeqNum); nothing while standby.
+    pub fn heartbeats(&mut self, now_ns: u64, sink: &mut dyn PacketSink) {
+        if !self.active {
             return;
         }
         let hb = self.config.heartbeat_interval_ns;
         for ch in &mut self.channels {
             if !ch.has_unsent() && now_ns.saturating_sub(ch.last_send_ns) >= hb {
-                ch.heartbeat(now_ns, active, sink);
+                ch.heartbeat(now_ns, true, sink);
             }
         }
     }
@@ -308,6 +312,7 @@ mod tests {
         assert!(due.definitions);
         assert_eq!(due.snapshot, Some(0));
         let mut sink = VecSink::default();
+        sender.announce_loops(10_000_000_000, &mut sink);
         sender.heartbeats(10_000_000_000, &mut sink);
         let resets: Vec<Channel> = Channel::ALL
             .into_iter()
