@@ -731,6 +731,22 @@ pub struct PublisherAnomalies {
     pub last_error: Option<BookError>,
 }
 
+/// A replay history per incremental channel, `None` for the loops, as `config` asks; none at
+/// all when it asks for none (a publisher kept only for its numbering copies no packet).
+pub(crate) fn replay_histories(config: &PublisherConfig) -> Vec<Option<Arc<Mutex<History>>>> {
+    Channel::ALL
+        .iter()
+        .map(|c| {
+            (c.is_incremental() && config.replay_history_packets > 0).then(|| {
+                Arc::new(Mutex::new(History::with_bytes(
+                    config.replay_history_packets,
+                    config.replay_history_bytes,
+                )))
+            })
+        })
+        .collect()
+}
+
 /// The market data publisher of one core. See the module documentation.
 pub struct Publisher {
     config: PublisherConfig,
@@ -776,19 +792,7 @@ impl Publisher {
                 ChannelOut::new(c, mode, config.packet_bytes_max)
             })
             .collect();
-        let histories = Channel::ALL
-            .iter()
-            .map(|c| {
-                // No history at all when none is asked for: a publisher kept only for its
-                // numbering (the replicated state's copy) copies no packet.
-                (c.is_incremental() && config.replay_history_packets > 0).then(|| {
-                    Arc::new(Mutex::new(History::with_bytes(
-                        config.replay_history_packets,
-                        config.replay_history_bytes,
-                    )))
-                })
-            })
-            .collect();
+        let histories = replay_histories(&config);
         let mut p = Publisher {
             config,
             channels,
@@ -1491,9 +1495,7 @@ impl Publisher {
         }
         // A snapshot must reflect exactly the order-log packets already sent: skip this turn
         // while the order log holds unsent messages (1 ms / 15 ms modes between flushes).
-        if self.channels[Channel::Orders.index()].has_unsent()
-            || self.instruments.iter().any(|i| i.announce)
-        {
+        if !self.snapshot_consistent() {
             return;
         }
         self.last_snapshot_ns = now_ns;
@@ -1504,15 +1506,8 @@ impl Publisher {
 
     /// Sends one instrument's snapshot (one or more packets) on the snapshot channel.
     fn send_snapshot(&mut self, i: usize, now_ns: u64, sink: &mut dyn PacketSink) {
+        let head = self.snapshot_head(i);
         let inst = &self.instruments[i];
-        let head = SnapshotHead {
-            security_id: inst.id,
-            rpt_seq: inst.rpt_seq,
-            last_msg_seq_num: self.channels[Channel::Orders.index()]
-                .next_seq
-                .wrapping_sub(1),
-            instruments_total: self.instruments.len() as u32,
-        };
         let ch = &mut self.channels[Channel::Snapshot.index()];
         put_snapshot(
             ch,
@@ -1552,23 +1547,32 @@ impl Publisher {
         position: usize,
         orders: &mut Vec<BookOrder>,
     ) -> Option<SnapshotHead> {
-        if self.instruments.is_empty()
-            || self.channels[Channel::Orders.index()].has_unsent()
-            || self.instruments.iter().any(|i| i.announce)
-        {
+        if self.instruments.is_empty() || !self.snapshot_consistent() {
             return None;
         }
-        let inst = &self.instruments[position % self.instruments.len()];
+        let i = position % self.instruments.len();
         orders.clear();
-        orders.extend(inst.book.orders().copied());
-        Some(SnapshotHead {
-            security_id: inst.id,
-            rpt_seq: inst.rpt_seq,
+        orders.extend(self.instruments[i].book.orders().copied());
+        Some(self.snapshot_head(i))
+    }
+
+    /// Whether a snapshot taken now reflects exactly the order-log packets closed so far: no
+    /// order-log message waits in an open packet, no new instrument waits for its EmptyBook.
+    fn snapshot_consistent(&self) -> bool {
+        !self.channels[Channel::Orders.index()].has_unsent()
+            && !self.instruments.iter().any(|i| i.announce)
+    }
+
+    /// What the snapshot of the instrument at `i` says besides its orders.
+    fn snapshot_head(&self, i: usize) -> SnapshotHead {
+        SnapshotHead {
+            security_id: self.instruments[i].id,
+            rpt_seq: self.instruments[i].rpt_seq,
             last_msg_seq_num: self.channels[Channel::Orders.index()]
                 .next_seq
                 .wrapping_sub(1),
             instruments_total: self.instruments.len() as u32,
-        })
+        }
     }
 
     /// When the next idle flush falls due (see [`Publisher::idle_flush_due`]): the earliest

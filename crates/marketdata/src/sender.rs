@@ -17,7 +17,9 @@ use bourse_wire::market_data::PacketHeader;
 
 use crate::book::BookOrder;
 use crate::history::History;
-use crate::publisher::{put_definitions, put_snapshot, ChannelCounters, ChannelOut};
+use crate::publisher::{
+    put_definitions, put_snapshot, replay_histories, ChannelCounters, ChannelOut,
+};
 use crate::{Channel, PacketSink, PublicationMode, PublisherConfig, SnapshotHead, CHANNEL_COUNT};
 
 /// What the loops want from the numbering publisher at a duty cycle.
@@ -62,17 +64,7 @@ impl FeedSender {
                 ch
             })
             .collect();
-        let histories = Channel::ALL
-            .iter()
-            .map(|c| {
-                (c.is_incremental() && config.replay_history_packets > 0).then(|| {
-                    Arc::new(Mutex::new(History::with_bytes(
-                        config.replay_history_packets,
-                        config.replay_history_bytes,
-                    )))
-                })
-            })
-            .collect();
+        let histories = replay_histories(&config);
         FeedSender {
             config,
             channels,
