@@ -36,10 +36,12 @@
 //! - [`sim`]: deterministic simulation support: [`sim::SeededRuntime`] (openraft's runtime:
 //!   tokio, with a random generator the simulation can seed) and an in-memory network with
 //!   seeded partitions, loss, delay, duplication and reordering.
-//! - [`marketdata::MarketDataService`] (`marketdata`): the node's market data publisher, a
-//!   consumer of its committed stream, sending only while the node leads (standby otherwise,
-//!   numbering identically: idle flushes are entries the leader proposes);
-//!   [`marketdata::NodeFeed`] is its sans-I/O core.
+//! - [`marketdata::MarketDataService`] (`marketdata`): the node's market data thread. The
+//!   node's one publisher ([`marketdata::FeedNumbering`]) runs inside the replicated state's
+//!   apply and hands the packets it closes through a bounded [`marketdata::PacketHandoff`];
+//!   the thread ([`marketdata::NodeFeed`], sans-I/O) keeps the replay history, sends only
+//!   while the node leads, and runs the loops and heartbeats (idle flushes are entries the
+//!   leader proposes).
 //! - [`Client`] (`client`): submits requests to the leader, follows redirects, retries with
 //!   the same idempotency key across failover. [`client::PipelinedClient`]: many requests in
 //!   flight on one connection, resubmitting every unanswered one in seq order after a

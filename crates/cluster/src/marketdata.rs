@@ -1,62 +1,84 @@
-//! The market data publisher of a node: each replica runs its core's
-//! [`bourse_marketdata::Publisher`], fed from its own committed stream, and sends only while
-//! it leads.
+//! The market data publisher of a node: one [`bourse_marketdata::Publisher`] per node, inside
+//! its replicated state, fed by the state machine as it applies each entry; the node's market
+//! data thread only sends what it closed, and only while the node leads.
 //!
 //! # Numbering is a function of the log
 //!
-//! [`NodeFeed`] (sans-I/O) takes the committed entries in log order, through a
-//! [`StreamConsumer`], and calls [`Publisher::publish`] once per entry that applied at least
-//! one command, with the events of the requests applied in that entry
-//! (`OutcomeKind::Applied`; a duplicate's events were published when it was first applied,
-//! and stale or refused requests have none). Packets close in three ways, all decided by the
-//! log: online channels at the end of each such entry; 1 ms / 15 ms channels when a batch's
-//! time (the `ts_ns` the core took from the command) enters a new interval; and the idle
-//! flush, which is a log entry too. No replica reads a clock to decide a packet boundary.
+//! [`FeedNumbering`] is the publisher of the replicated state ([`crate::ReplicatedState`]).
+//! The state machine gives it the events of every request applied in an entry (a duplicate's
+//! events were published when it was first applied; stale or refused requests have none)
+//! and calls [`Publisher::publish`] once per entry that applied at least one command.
+//! Packets close in three ways, all decided by the log: online channels at the end of each
+//! such entry; 1 ms / 15 ms channels when a batch's time (the `ts_ns` the core took from the
+//! command) enters a new interval; and the idle flush, which is a log entry too. No replica
+//! reads a clock to decide a packet boundary.
 //!
 //! The idle flush: a 1 ms / 15 ms channel whose unsent messages belong to an interval that
 //! ended at least one interval ago, with no later batch to close it, must still go out. The
-//! leader's feed sees that on its duty cycle and proposes a
+//! leader's market data thread sees that on its duty cycle (from the deadline the numbering
+//! hands it, [`HandoffMarks::idle_flush_deadline_ns`]) and proposes a
 //! [`crate::batch::LogCommand::MarketDataFlush`] entry carrying its clock reading (one at a
 //! time; another only if the first was not applied within `FLUSH_REPROPOSE_NS`), as it
 //! proposes hash checks. Every replica applies it at the same log index with the same time
-//! ([`Publisher::idle_flush`]), so every packet boundary, MsgSeqNum and RptSeq is the same
-//! on every replica in every mode: a follower's publisher is a standby (it builds the
-//! packets and its replay history and sends nothing) and a new leader continues the
-//! sequence exactly where the old one stopped. A flush proposed by a leader that loses
-//! office before it commits is simply proposed again by the next one; a flush that commits
-//! after a later batch already closed the interval closes nothing. The price is that an idle
-//! interval's last packet leaves one commit round trip later than a clock could send it.
-//! Packets carry the sender's clock only in SendingTime, which no numbering reads.
-//!
-//! The instrument and snapshot loops and the heartbeats follow each node's wall clock (they
-//! carry no incremental numbering); a publisher that becomes active announces the loops'
-//! numbering with SequenceReset, which costs the subscriber nothing.
+//! ([`Publisher::idle_flush`]), so every packet boundary, MsgSeqNum and RptSeq is the same on
+//! every replica in every mode, and a new leader continues the sequence exactly where the old
+//! one stopped. A flush proposed by a leader that loses office before it commits is simply
+//! proposed again by the next one; a flush that commits after a later batch already closed
+//! the interval closes nothing. The price is that an idle interval's last packet leaves one
+//! commit round trip later than a clock could send it. Packets carry the sender's clock only
+//! in SendingTime, which the sender stamps and no numbering reads.
 //!
 //! # Numbering survives snapshots
 //!
-//! A publisher must know what was published up to the entry it starts after. The replicated
-//! state keeps it: [`FeedNumbering`] is a standby publisher inside
-//! [`crate::ReplicatedState`], fed by the state machine with the events of every applied
-//! request and every idle flush entry, exactly as [`NodeFeed`] is fed from the stream. Its
-//! state (next MsgSeqNum per channel, RptSeq, books, statistics and last published top 20 per
-//! instrument) is part of the state's snapshot and hash. So a node that restarted from a
-//! snapshot, installed one from the leader, or whose consumer lost entries it could not catch
-//! up (see [`crate::consumer`]) starts its feed from the state's numbering at index N and
-//! consumes the stream from N + 1 (both under the state machine's lock, so nothing falls
-//! between them); from there it numbers every packet as the others do and can take over as
-//! publisher, in every mode. After a restart of every node the new leader continues the same
-//! sequences. What a restarted feed lacks is the replay history of packets published before
-//! it started: a subscriber that needs those is refused by the replay service and recovers
-//! from the snapshot loop.
+//! The numbering's state (next MsgSeqNum per channel, RptSeq, books, statistics and last
+//! published top 20 per instrument) is part of the state's snapshot and hash. So a node that
+//! restarted from a snapshot or installed one from the leader numbers every later packet as
+//! the others do and can take over as publisher, in every mode; after a restart of every
+//! node the new leader continues the same sequences. What a restarted node lacks is the
+//! replay history of packets published before it started: a subscriber that needs those is
+//! refused by the replay service and recovers from the snapshot loop.
 //!
 //! The numbering settings (`packet_bytes_max`, `modes`, `session_id`) must be the same on
 //! every node and across restarts; a state restored from a snapshot taken without
-//! `[marketdata]` keeps no numbering, and such a node's feed follows the stream from index 1
-//! or, if it cannot, stays standby-only ([`FeedStatus::detached`] says why).
+//! `[marketdata]` keeps no numbering, and such a node's feed stays standby-only
+//! ([`FeedStatus::detached`] says why).
 //!
-//! Each node still runs the publisher twice, the state's numbering and the feed, doing the
-//! same work on the same entries: the feed's loops and heartbeats run on the wall clock and
-//! would otherwise have to run under the state machine's lock, between applies.
+//! # One publisher, two halves
+//!
+//! Each node runs the publisher once. The state's publisher encodes every incremental
+//! packet during apply; at the end of each entry it moves the packets it closed, with the
+//! numbering's marks ([`HandoffMarks`]: the applied index, each channel's next MsgSeqNum,
+//! the idle flush deadline, the instruments known), into a [`PacketHandoff`], one short lock
+//! per entry. The market data thread ([`NodeFeed`], a [`bourse_marketdata::FeedSender`])
+//! takes them in one swap, stamps SendingTime, keeps the replay history and sends them while
+//! the node leads. Every replica does this, so a follower's replay history is ready when it
+//! takes over. The thread encodes no incremental message and keeps no book.
+//!
+//! The instrument and snapshot loops and the heartbeats follow the wall clock, so they run
+//! on the thread, and only while the node leads (they carry no incremental numbering; a
+//! sender that becomes active announces the loops' numbering with SequenceReset, which costs
+//! the subscriber nothing). They take what they need from the state under the state
+//! machine's lock: the definitions only when their version changed, and one instrument's
+//! orders per snapshot turn (a copy, proportional to that one book, once per
+//! `snapshot_cycle_ms` / instruments). A snapshot is sent only after every packet handed off
+//! before it was taken, so a subscriber never sees a snapshot ahead of the order log.
+//!
+//! Why this split rather than the others weighed: running the loops and heartbeats inside
+//! the state machine would put wall-clock work, and its numbering of the loop channels
+//! (different on every node), under the lock between applies and into a state that must be
+//! equal everywhere; keeping a second full publisher on the thread (as before) doubled the
+//! encoding and book work of every entry; publishing a copy of the books from every apply
+//! would copy far more than the loops read (one instrument per turn). The hand-off moves
+//! the bytes the publisher produced anyway.
+//!
+//! The hand-off is bounded ([`HANDOFF_PACKETS_MAX`] packets). Apply never waits for the
+//! thread: if the queue is full, the state machine drops every further entry's packets until
+//! the thread takes what waits (their numbers are still taken, so every replica's numbering
+//! stays the same). The thread then sees that packets were lost and continues from the
+//! numbering's marks ([`FeedStatus::resyncs`], [`FeedStatus::lost_packets`]), as it does
+//! when the node installs a snapshot across entries it never applied
+//! ([`carry_handoff`]): its replay history restarts at the next packet, and a subscriber
+//! that missed the lost ones recovers them from the snapshot loop, as from any gap.
 //!
 //! # Replay
 //!
@@ -77,14 +99,11 @@ use bourse_marketdata::udp::{
     ChannelAddrs, FeedAddrs, SendRoutes, UdpSink, BASE_PORT_DEFAULT, REPLAY_PORT_OFFSET,
 };
 use bourse_marketdata::{
-    Channel, PacketSink, PublicationMode, Publisher, PublisherConfig, PublisherState,
-    CHANNEL_COUNT, PACKET_BYTES_DEFAULT, REPLAY_HISTORY_PACKETS_DEFAULT,
+    BookOrder, Channel, FeedSender, LoopsDue, PacketSink, PublicationMode, Publisher,
+    PublisherConfig, PublisherState, SnapshotHead, CHANNEL_COUNT, PACKET_BYTES_DEFAULT,
+    REPLAY_HISTORY_PACKETS_DEFAULT,
 };
 use serde::{Deserialize, Serialize};
-
-use crate::archive::StreamArchive;
-use crate::consumer::{RequestView, StreamConsumer};
-use crate::stream::{CommittedEntry, StreamError};
 
 fn d_base_port() -> u16 {
     BASE_PORT_DEFAULT
@@ -129,18 +148,9 @@ const REPLAY_BIND_RETRY_MS: u64 = 100;
 /// Smallest pause between two duty cycles ([`Publisher::tick`]) while entries stream in.
 const TICK_INTERVAL_NS: u64 = 200_000;
 /// How often an idle standby feed wakes up: it sends nothing and closes no packet by its
-/// clock (idle flushes are log entries), so only its status needs refreshing.
+/// clock (idle flushes are log entries), so only its status needs refreshing. The leader's
+/// wakes every millisecond (idle flush proposals, heartbeats, the loops).
 const STANDBY_WAKE_MS: u64 = 100;
-
-/// How long the feed's loop may sleep when no entry comes: the leader runs its duty cycle
-/// (idle flush proposals, heartbeats, the loops) every millisecond.
-fn idle_wake_ms(feed: &NodeFeed) -> u64 {
-    if feed.is_active() {
-        1
-    } else {
-        STANDBY_WAKE_MS
-    }
-}
 
 /// A leader whose idle flush entry was not applied within this long proposes another.
 const FLUSH_REPROPOSE_NS: u64 = 50_000_000;
@@ -447,24 +457,25 @@ impl MarketDataSection {
 /// What a node's feed is doing.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FeedStatus {
-    /// Sending (this node leads and its feed has the whole history).
+    /// Sending (this node leads and its feed follows the replicated state's numbering).
     pub active: bool,
     /// Why this node's feed can never send (see the module documentation), if so.
     pub detached: Option<String>,
-    /// The log index the feed takes next.
+    /// The log index after the last entry whose packets the feed took.
     pub next_index: u64,
-    /// Entries that applied commands and were published (sent or, as standby, numbered).
+    /// Entries that applied commands and were published (sent or, as standby, kept for
+    /// replay), since the feed started.
     pub entries_published: u64,
     /// The MsgSeqNum the next data packet of each channel takes, by [`Channel::index`].
     pub next_seq: [u32; CHANNEL_COUNT],
     /// Packets sent per channel by this node.
     pub packets_sent: [u64; CHANNEL_COUNT],
-    /// Events that did not decode (counted and skipped; the state machine wrote them, so this
-    /// stays 0 unless the stream is damaged).
-    pub undecodable_events: u64,
+    /// Packets the state machine numbered that never reached this feed: the hand-off was
+    /// full (the feed fell behind) or the node installed a snapshot across them.
+    pub lost_packets: u64,
     /// The replay services listen (only while active).
     pub replay_listening: bool,
-    /// Times the feed lost entries of its stream and restarted from the replicated state.
+    /// Times the feed lost packets and continued from the replicated state's numbering.
     pub resyncs: u64,
     /// Idle flush entries applied (see the module documentation).
     pub idle_flushes: u64,
@@ -472,16 +483,236 @@ pub struct FeedStatus {
     pub idle_flushes_proposed: u64,
 }
 
+/// Most packets waiting in the hand-off from the state machine to the market data thread
+/// (at most this many times `packet_bytes_max` bytes). When it is full the state machine
+/// drops the packets of further entries until the thread takes what waits, and the thread
+/// then continues from the numbering (see the module documentation): apply never waits.
+pub const HANDOFF_PACKETS_MAX: usize = 16_384;
+
+/// What the numbering stands at after the last entry handed off, taken with its packets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HandoffMarks {
+    /// The last log index applied.
+    pub applied_index: u64,
+    /// Per channel, the MsgSeqNum of the next packet not yet handed off.
+    pub next_seq: [u32; CHANNEL_COUNT],
+    /// Entries whose events were published since the hand-off was attached.
+    pub entries_published: u64,
+    /// Idle flush entries applied since the hand-off was attached.
+    pub idle_flushes: u64,
+    /// When the leader should propose the next idle flush ([`Publisher::idle_flush_deadline_ns`]).
+    pub idle_flush_deadline_ns: Option<u64>,
+    /// Instruments the numbering knows (the snapshot loop's length).
+    pub instruments: usize,
+    /// [`Publisher::definitions_version`].
+    pub definitions_version: u64,
+}
+
+struct HandoffQueue {
+    /// Channel and entry index of each packet in `packets`.
+    meta: Vec<(Channel, u64)>,
+    packets: Vec<Vec<u8>>,
+    /// Buffers the sender is done with, for the state machine to reuse.
+    returned: Vec<Vec<u8>>,
+    marks: HandoffMarks,
+    /// Full: every further entry's packets are dropped until the sender takes.
+    overflowed: bool,
+    /// Packets were lost since the sender last took.
+    lost: bool,
+    lost_packets: u64,
+    /// The sender is gone: hand over nothing more.
+    closed: bool,
+    detached: Option<String>,
+}
+
+/// The bounded hand-off of closed incremental packets from the state's publisher (under
+/// apply, [`FeedNumbering`]) to the node's market data thread ([`NodeFeed`]). Both ends
+/// hold a clone. One lock per entry on the apply side, one per take on the other; each
+/// moves whole vectors, never waits for the other side.
+#[derive(Clone)]
+pub struct PacketHandoff {
+    shared: Arc<HandoffShared>,
+}
+
+struct HandoffShared {
+    queue: Mutex<HandoffQueue>,
+    notify: tokio::sync::Notify,
+}
+
+/// What the sender took in one go: the packets handed off since the last take, in order,
+/// and the numbering after them.
+#[derive(Default)]
+pub struct HandoffTake {
+    pub meta: Vec<(Channel, u64)>,
+    pub packets: Vec<Vec<u8>>,
+    pub marks: HandoffMarks,
+    pub lost: bool,
+    pub lost_packets: u64,
+    pub detached: Option<String>,
+}
+
+impl Default for PacketHandoff {
+    fn default() -> Self {
+        PacketHandoff::new()
+    }
+}
+
+impl PacketHandoff {
+    pub fn new() -> PacketHandoff {
+        PacketHandoff {
+            shared: Arc::new(HandoffShared {
+                queue: Mutex::new(HandoffQueue {
+                    meta: Vec::new(),
+                    packets: Vec::new(),
+                    returned: Vec::new(),
+                    marks: HandoffMarks::default(),
+                    overflowed: false,
+                    lost: false,
+                    lost_packets: 0,
+                    closed: false,
+                    detached: None,
+                }),
+                notify: tokio::sync::Notify::new(),
+            }),
+        }
+    }
+
+    fn queue(&self) -> std::sync::MutexGuard<'_, HandoffQueue> {
+        // A panic while holding this lock leaves plain vectors behind: still usable.
+        self.shared
+            .queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The state machine's side, at the end of an entry: moves the staged packets in (or
+    /// drops them if the queue is full) and publishes the numbering's marks. Returns false
+    /// once the sender is gone.
+    fn hand_over(
+        &self,
+        staged: &mut Staged,
+        marks: HandoffMarks,
+        published: bool,
+        flushed: bool,
+    ) -> bool {
+        let mut q = self.queue();
+        if q.closed {
+            return false;
+        }
+        if staged.spare.len() < HANDOFF_PACKETS_MAX {
+            staged.spare.append(&mut q.returned);
+        } else {
+            q.returned.clear();
+        }
+        let n = staged.packets.len();
+        let pushed = n > 0 && !q.overflowed && q.packets.len() + n <= HANDOFF_PACKETS_MAX;
+        if pushed {
+            let index = marks.applied_index;
+            q.meta.extend(staged.channels.drain(..).map(|c| (c, index)));
+            q.packets.append(&mut staged.packets);
+        } else if n > 0 {
+            q.overflowed = true;
+            q.lost = true;
+            q.lost_packets += n as u64;
+            staged.channels.clear();
+            staged.spare.append(&mut staged.packets);
+        }
+        let (entries, flushes) = (q.marks.entries_published, q.marks.idle_flushes);
+        q.marks = HandoffMarks {
+            entries_published: entries + u64::from(published),
+            idle_flushes: flushes + u64::from(flushed),
+            ..marks
+        };
+        drop(q);
+        if pushed || flushed {
+            self.shared.notify.notify_one();
+        }
+        true
+    }
+
+    /// Packets of entries this node never applied one by one (it installed a snapshot across
+    /// them): the sender continues from the new numbering.
+    fn mark_lost(&self) {
+        self.queue().lost = true;
+        self.shared.notify.notify_one();
+    }
+
+    /// The state no longer keeps a numbering to follow.
+    fn detach(&self, why: String) {
+        self.queue().detached.get_or_insert(why);
+        self.shared.notify.notify_one();
+    }
+
+    /// The sender's side: takes everything handed off since the last take into `into`,
+    /// giving back the buffers of the previous take.
+    pub fn take(&self, into: &mut HandoffTake) {
+        let mut q = self.queue();
+        if q.returned.len() < HANDOFF_PACKETS_MAX {
+            q.returned.append(&mut into.packets);
+        }
+        into.packets.clear();
+        into.meta.clear();
+        std::mem::swap(&mut q.meta, &mut into.meta);
+        std::mem::swap(&mut q.packets, &mut into.packets);
+        into.marks = q.marks;
+        into.lost = std::mem::take(&mut q.lost);
+        into.lost_packets = q.lost_packets;
+        into.detached.clone_from(&q.detached);
+        q.overflowed = false;
+    }
+
+    /// Resolves when packets were handed off (or something else happened) since the last
+    /// call; a notification that came while nobody waited is kept for the next.
+    pub async fn notified(&self) {
+        self.shared.notify.notified().await;
+    }
+
+    /// The sender is gone: the state machine hands over nothing more.
+    pub fn close(&self) {
+        let mut q = self.queue();
+        q.closed = true;
+        q.meta.clear();
+        q.packets.clear();
+        q.returned.clear();
+    }
+}
+
+/// The packets the state's publisher closed during the current entry, waiting for its end
+/// (none kept while no hand-off is attached: the numbering alone matters then).
+#[derive(Default)]
+struct Staged {
+    enabled: bool,
+    channels: Vec<Channel>,
+    packets: Vec<Vec<u8>>,
+    spare: Vec<Vec<u8>>,
+}
+
+impl PacketSink for Staged {
+    fn send(&mut self, channel: Channel, packet: &[u8]) {
+        if !self.enabled {
+            return;
+        }
+        let mut buf = self.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(packet);
+        self.channels.push(channel);
+        self.packets.push(buf);
+    }
+}
+
 /// Version byte of [`FeedNumbering`]'s encoding inside the replicated state's snapshot.
 const NUMBERING_VERSION: u8 = 1;
 
-/// The feed's numbering as part of the replicated state: a standby [`Publisher`] (no replay
-/// history, no sink) that the state machine feeds with the events of every applied request,
-/// entry by entry, exactly as [`NodeFeed`] does from the committed stream. Its state (next
-/// MsgSeqNum per channel, per instrument RptSeq, books, statistics, last published top 20)
-/// is therefore what every full-history publisher has after the same log index; it travels
-/// in the state's snapshot, so a node restored from a snapshot at index N (or that installed
-/// one) starts its feed from it and numbers every later packet like the others.
+/// The node's one market data publisher, inside the replicated state: the state machine
+/// feeds it with the events of every applied request, entry by entry, and every idle flush
+/// entry. Its state (next MsgSeqNum per channel, per instrument RptSeq, books, statistics,
+/// last published top 20) is therefore the same on every replica after the same log index;
+/// it travels in the state's snapshot, so a node restored from a snapshot at index N (or that
+/// installed one) numbers every later packet like the others.
+///
+/// The packets it closes go, at the end of each entry, into the [`PacketHandoff`] the
+/// node's market data thread attached ([`FeedNumbering::attach`]); with none attached it
+/// numbers and drops them.
 ///
 /// Only the settings that decide numbering (packet size, publication modes, session id) are
 /// kept with it; they come from `[marketdata]`, which must be the same on every node.
@@ -491,13 +722,11 @@ pub struct FeedNumbering {
     index: u64,
     events: Vec<Event>,
     added: Vec<InstrumentId>,
-}
-
-/// A sink for a publisher that must not send.
-struct NoSink;
-
-impl PacketSink for NoSink {
-    fn send(&mut self, _channel: Channel, _packet: &[u8]) {}
+    handoff: Option<PacketHandoff>,
+    staged: Staged,
+    /// The current entry published events / was an idle flush (for the hand-off's counters).
+    published: bool,
+    flushed: bool,
 }
 
 impl FeedNumbering {
@@ -506,13 +735,50 @@ impl FeedNumbering {
         FeedNumbering::with_publisher(Publisher::new(numbering_config(config), &[]), 0)
     }
 
-    fn with_publisher(mut publisher: Publisher, index: u64) -> FeedNumbering {
-        publisher.set_active(false);
+    fn with_publisher(publisher: Publisher, index: u64) -> FeedNumbering {
+        // Active, so that the packets it closes reach its sink (the hand-off); it keeps no
+        // replay history and never ticks, so activity changes nothing else.
         FeedNumbering {
             publisher,
             index,
             events: Vec::with_capacity(1024),
             added: Vec::new(),
+            handoff: None,
+            staged: Staged::default(),
+            published: false,
+            flushed: false,
+        }
+    }
+
+    /// Hands every packet closed from now on to `handoff`, and publishes the current marks
+    /// there at once (the sender starts from them).
+    pub fn attach(&mut self, handoff: PacketHandoff) {
+        self.staged.channels.clear();
+        self.staged.packets.clear();
+        let marks = self.marks();
+        handoff.hand_over(&mut self.staged, marks, false, false);
+        self.staged.enabled = true;
+        self.handoff = Some(handoff);
+    }
+
+    /// The hand-off, leaving none (to carry it to a state installed from a snapshot).
+    pub fn take_handoff(&mut self) -> Option<PacketHandoff> {
+        self.staged.enabled = false;
+        self.handoff.take()
+    }
+
+    fn marks(&self) -> HandoffMarks {
+        let mut next_seq = [1u32; CHANNEL_COUNT];
+        for c in Channel::ALL {
+            next_seq[c.index()] = self.publisher.next_unsent_seq(c);
+        }
+        HandoffMarks {
+            applied_index: self.index,
+            next_seq,
+            idle_flush_deadline_ns: self.publisher.idle_flush_deadline_ns(),
+            instruments: self.publisher.instrument_count(),
+            definitions_version: self.publisher.definitions_version(),
+            ..HandoffMarks::default()
         }
     }
 
@@ -522,8 +788,7 @@ impl FeedNumbering {
     }
 
     /// The current entry's requests are all applied: publish their events (if any) as one
-    /// batch, as [`NodeFeed::on_entry`] does, then give the definitions of the instruments it
-    /// added from `engine`.
+    /// batch, then give the definitions of the instruments it added from `engine`.
     pub fn end_entry(&mut self, engine: &bourse_engine::Engine) {
         if self.events.is_empty() {
             return;
@@ -534,9 +799,12 @@ impl FeedNumbering {
                 self.added.push(*instrument);
             }
         }
-        // The time only stamps SendingTime, which nothing keeps; numbering never reads it.
-        self.publisher.publish(&self.events, 0, &mut NoSink);
+        let events = std::mem::take(&mut self.events);
+        // The time only stamps SendingTime, which the sender sets when it sends.
+        self.publisher.publish(&events, 0, &mut self.staged);
+        self.events = events;
         self.events.clear();
+        self.published = true;
         for id in &self.added {
             if let Some(def) = engine.instrument(*id) {
                 self.publisher.add_instrument(def.clone());
@@ -546,12 +814,23 @@ impl FeedNumbering {
 
     /// A market data idle flush entry: closes what every replica's publisher closes.
     pub fn idle_flush(&mut self, now_ns: u64) {
-        self.publisher.idle_flush(now_ns, &mut NoSink);
+        self.publisher.idle_flush(now_ns, &mut self.staged);
+        self.flushed = true;
     }
 
-    /// Every entry, of any kind, once applied.
+    /// Every entry, of any kind, once applied: the entry's packets and the marks go to the
+    /// hand-off.
     pub fn entry_applied(&mut self, index: u64) {
         self.index = index;
+        let (published, flushed) = (self.published, self.flushed);
+        self.published = false;
+        self.flushed = false;
+        if let Some(h) = &self.handoff {
+            let marks = self.marks();
+            if !h.hand_over(&mut self.staged, marks, published, flushed) {
+                self.take_handoff();
+            }
+        }
     }
 
     /// The last log index applied.
@@ -559,7 +838,12 @@ impl FeedNumbering {
         self.index
     }
 
-    /// The publisher state after [`FeedNumbering::index`], to start a feed from.
+    /// The publisher (for the loops: definitions and book snapshots).
+    pub fn publisher(&self) -> &Publisher {
+        &self.publisher
+    }
+
+    /// The publisher state after [`FeedNumbering::index`].
     pub fn checkpoint(&self) -> (u64, PublisherState) {
         (self.index, self.publisher.state())
     }
@@ -622,6 +906,27 @@ impl FeedNumbering {
     }
 }
 
+/// Moves the market data hand-off from a state to the one that replaces it (a snapshot
+/// installed from the leader). The entries in between were never applied here one by one, so
+/// their packets never existed on this node: the sender is told it lost some. A new state
+/// without a numbering detaches the feed.
+pub(crate) fn carry_handoff(old: &mut crate::ReplicatedState, new: &mut crate::ReplicatedState) {
+    let Some(handoff) = old.marketdata_mut().and_then(FeedNumbering::take_handoff) else {
+        return;
+    };
+    match new.marketdata_mut() {
+        Some(md) => {
+            handoff.mark_lost();
+            md.attach(handoff);
+        }
+        None => handoff.detach(
+            "the snapshot installed from the leader keeps no market data numbering (it \
+             predates [marketdata]): this node's feed stays standby-only"
+                .to_string(),
+        ),
+    }
+}
+
 /// The settings of the state's publisher: numbering ones as given, no replay history.
 fn numbering_config(config: &PublisherConfig) -> PublisherConfig {
     PublisherConfig {
@@ -634,57 +939,47 @@ fn numbering_config(config: &PublisherConfig) -> PublisherConfig {
     }
 }
 
-/// The sans-I/O glue between a committed stream and a publisher.
+/// The market data thread's side of a node's feed (sans-I/O): takes the packets the state's
+/// publisher handed off and sends them through a [`FeedSender`] while the node leads; runs
+/// the loops from what the caller takes from the state ([`NodeFeed::loops_due`]).
 pub struct NodeFeed {
-    publisher: Publisher,
-    next_index: u64,
+    sender: FeedSender,
+    handoff: PacketHandoff,
+    take: HandoffTake,
     leader: bool,
     detached: Option<String>,
-    events: Vec<Event>,
-    added: Vec<InstrumentId>,
+    /// Entry indexes whose order-log packets the last drain sent.
+    published: Vec<u64>,
     status: FeedStatus,
 }
 
 impl NodeFeed {
-    /// A feed that expects the log from index 1, standby until told it leads.
-    pub fn new(config: PublisherConfig) -> NodeFeed {
-        let mut publisher = Publisher::new(config, &[]);
-        publisher.set_active(false);
-        NodeFeed {
-            publisher,
-            next_index: 1,
+    /// A standby feed taking from `handoff`, which a [`FeedNumbering`] was just attached to
+    /// (or `detached`, with the reason, if the state keeps no numbering).
+    pub fn new(
+        config: PublisherConfig,
+        handoff: PacketHandoff,
+        detached: Option<String>,
+    ) -> NodeFeed {
+        let mut take = HandoffTake::default();
+        handoff.take(&mut take);
+        let sender = FeedSender::new(config, take.marks.next_seq);
+        let mut feed = NodeFeed {
+            sender,
+            handoff,
+            take,
             leader: false,
-            detached: None,
-            events: Vec::with_capacity(4096),
-            added: Vec::new(),
-            status: FeedStatus {
-                next_index: 1,
-                ..FeedStatus::default()
-            },
-        }
-    }
-
-    /// A feed that continues from the replicated state's numbering after log index
-    /// `last_index` (see [`FeedNumbering::checkpoint`]): it takes `last_index + 1` next and
-    /// numbers every packet from there exactly as a feed that saw the whole log.
-    pub fn resume(config: PublisherConfig, last_index: u64, state: PublisherState) -> NodeFeed {
-        let mut feed = NodeFeed::new(config.clone());
-        feed.publisher = Publisher::from_state(config, state);
-        feed.publisher.set_active(false);
-        feed.next_index = last_index + 1;
-        feed.status.next_index = feed.next_index;
+            detached,
+            published: Vec::new(),
+            status: FeedStatus::default(),
+        };
+        feed.status.next_index = feed.take.marks.applied_index + 1;
         feed
-    }
-
-    pub fn publisher(&self) -> &Publisher {
-        &self.publisher
     }
 
     /// The feed can never send again (see the module documentation).
     pub fn detach(&mut self, why: String) {
-        if self.detached.is_none() {
-            self.detached = Some(why);
-        }
+        self.detached.get_or_insert(why);
         self.apply_activity();
     }
 
@@ -700,105 +995,137 @@ impl NodeFeed {
 
     fn apply_activity(&mut self) {
         let active = self.leader && self.detached.is_none();
-        if active != self.publisher.is_active() {
-            self.publisher.set_active(active);
+        if active != self.sender.is_active() {
+            self.sender.set_active(active);
         }
     }
 
     pub fn is_active(&self) -> bool {
-        self.publisher.is_active()
+        self.sender.is_active()
     }
 
-    /// The log index the feed takes next.
-    pub fn next_index(&self) -> u64 {
-        self.next_index
+    pub fn sender(&self) -> &FeedSender {
+        &self.sender
     }
 
-    /// Publishes one committed entry, which must be the next index. An entry out of order
-    /// detaches the feed (its numbering can no longer match the other replicas'). Returns
-    /// the instruments the entry added, whose definitions the caller hands to
-    /// [`NodeFeed::define`].
-    pub fn on_entry(
-        &mut self,
-        entry: &CommittedEntry,
-        now_ns: u64,
-        sink: &mut dyn PacketSink,
-    ) -> &[InstrumentId] {
-        self.added.clear();
-        if self.detached.is_some() {
-            return &self.added;
+    /// The numbering's marks as of the last drain.
+    pub fn marks(&self) -> &HandoffMarks {
+        &self.take.marks
+    }
+
+    /// Takes everything handed off and sends it (while active), in order, each channel's run
+    /// of packets in one hand-over to `sink`. Returns the entry indexes whose order-log
+    /// packets were sent.
+    pub fn drain(&mut self, now_ns: u64, sink: &mut dyn PacketSink) -> &[u64] {
+        self.published.clear();
+        self.handoff.take(&mut self.take);
+        if let Some(why) = self.take.detached.clone() {
+            self.detach(why);
         }
-        if entry.index != self.next_index {
-            self.detach(format!(
-                "the committed stream jumped from index {} to {}: this node's feed has no \
-                 history and stays standby-only",
-                self.next_index, entry.index
-            ));
-            return &self.added;
-        }
-        self.next_index += 1;
-        self.status.next_index = self.next_index;
-        if let Some(flush_ns) = entry.market_data_flush_ns {
-            self.publisher.idle_flush(flush_ns, sink);
-            self.status.idle_flushes += 1;
-            return &self.added;
-        }
-        self.events.clear();
-        for r in entry.requests.iter().map(RequestView::new) {
-            if !r.applied_here() {
-                continue;
-            }
-            let start = self.events.len();
-            for e in r.events() {
-                match e {
-                    Ok(e) => self.events.push(e),
-                    Err(_) => {
-                        // The whole request's events or none: a half list would number
-                        // messages no other replica numbers.
-                        self.events.truncate(start);
-                        self.status.undecodable_events += 1;
+        let take = &mut self.take;
+        let mut start = 0;
+        while start < take.packets.len() {
+            let channel = take.meta[start].0;
+            let end = start
+                + take.meta[start..]
+                    .iter()
+                    .take_while(|(c, _)| *c == channel)
+                    .count();
+            if self.detached.is_none() {
+                self.sender
+                    .send(channel, &mut take.packets[start..end], now_ns, sink);
+                if channel == Channel::Orders && self.sender.is_active() {
+                    for &(_, index) in &take.meta[start..end] {
+                        if self.published.last() != Some(&index) {
+                            self.published.push(index);
+                        }
                     }
                 }
             }
+            start = end;
         }
-        if self.events.is_empty() {
-            return &self.added;
+        if take.lost {
+            // Packets numbered by the state never reached this feed: it continues from the
+            // numbering; the replay history restarts at the next packet, and subscribers
+            // recover the missing ones from the snapshot loop.
+            self.status.resyncs += 1;
         }
-        for e in &self.events {
-            if let Event::InstrumentAdded { instrument, .. } = e {
-                self.added.push(*instrument);
-            }
-        }
-        self.publisher.publish(&self.events, now_ns, sink);
-        self.status.entries_published += 1;
-        &self.added
+        self.sender.resume_at(take.marks.next_seq);
+        self.status.next_index = take.marks.applied_index + 1;
+        self.status.lost_packets = take.lost_packets;
+        &self.published
     }
 
-    /// Gives an instrument's definition (for the instrument loop and SecurityStatus limits).
-    pub fn define(&mut self, def: Instrument) {
-        self.publisher.add_instrument(def);
+    /// Whether the leader should propose an idle flush entry now.
+    pub fn idle_flush_due(&self, now_ns: u64) -> bool {
+        self.take
+            .marks
+            .idle_flush_deadline_ns
+            .is_some_and(|d| now_ns >= d)
     }
 
-    /// The duty cycle: idle flushes, heartbeats, the loops.
-    pub fn tick(&mut self, now_ns: u64, sink: &mut dyn PacketSink) {
-        self.publisher.tick(now_ns, sink);
+    /// What the loops want now (nothing while standby or detached).
+    pub fn loops_due(&self, now_ns: u64) -> LoopsDue {
+        if self.detached.is_some() {
+            return LoopsDue::default();
+        }
+        self.sender.loops_due(now_ns, self.take.marks.instruments)
+    }
+
+    pub fn send_definitions(
+        &mut self,
+        defs: &[Instrument],
+        now_ns: u64,
+        sink: &mut dyn PacketSink,
+    ) {
+        self.sender.send_definitions(defs, now_ns, sink);
+    }
+
+    /// Sends a snapshot taken from the state: first every packet handed off until now (the
+    /// snapshot reflects them), then the snapshot.
+    pub fn send_snapshot(
+        &mut self,
+        head: &SnapshotHead,
+        orders: &[BookOrder],
+        now_ns: u64,
+        sink: &mut dyn PacketSink,
+    ) -> &[u64] {
+        self.drain(now_ns, sink);
+        self.sender.send_snapshot(head, orders, now_ns, sink);
+        &self.published
+    }
+
+    /// The loops' SequenceReset after activation (first, at the start of a duty cycle).
+    pub fn announce_loops(&mut self, now_ns: u64, sink: &mut dyn PacketSink) {
+        if self.detached.is_none() {
+            self.sender.announce_loops(now_ns, sink);
+        }
+    }
+
+    pub fn heartbeats(&mut self, now_ns: u64, sink: &mut dyn PacketSink) {
+        if self.detached.is_none() {
+            self.sender.heartbeats(now_ns, sink);
+        }
     }
 
     pub fn status(&self) -> FeedStatus {
         let mut s = self.status.clone();
-        s.active = self.publisher.is_active();
+        s.active = self.sender.is_active();
         s.detached = self.detached.clone();
+        s.entries_published = self.take.marks.entries_published;
+        s.idle_flushes = self.take.marks.idle_flushes;
         for c in Channel::ALL {
-            s.next_seq[c.index()] = self.publisher.next_seq(c);
-            s.packets_sent[c.index()] = self.publisher.counters(c).packets_sent;
+            s.next_seq[c.index()] = self.sender.next_seq(c);
+            s.packets_sent[c.index()] = self.sender.counters(c).packets_sent;
         }
         s
     }
 }
 
-/// A node's market data service: a thread that follows the node's committed stream and its
-/// leadership and drives a [`NodeFeed`] into UDP feeds A and B. Stop it with
-/// [`MarketDataService::stop`] (dropping it stops it too).
+/// A node's market data service: a thread that takes the packets the node's replicated
+/// state numbered (a [`PacketHandoff`]), follows its leadership and drives a [`NodeFeed`]
+/// into UDP feeds A and B. Stop it with [`MarketDataService::stop`] (dropping it stops it
+/// too).
 pub struct MarketDataService {
     stop: tokio::sync::watch::Sender<bool>,
     status: Arc<Mutex<FeedStatus>>,
@@ -806,9 +1133,9 @@ pub struct MarketDataService {
 }
 
 impl MarketDataService {
-    /// Starts publishing for `node` as `section` says. The feed starts from the replicated
-    /// state's numbering (see the module documentation), so a node restarted from a snapshot
-    /// publishes like the others; `section` must be the one the node was started with.
+    /// Starts publishing for `node` as `section` says, from where the replicated state's
+    /// numbering stands (see the module documentation); `section` must be the one the node
+    /// was started with.
     pub fn start(
         node: &crate::Node,
         section: &MarketDataSection,
@@ -819,15 +1146,13 @@ impl MarketDataService {
         let sink =
             UdpSink::routed(addrs, routes).map_err(|e| format!("marketdata: UDP socket: {e}"))?;
         let config = section.publisher_config();
-        let feed = NodeFeed::new(config.clone());
         let id = node.id();
         let metrics = node.raft().metrics();
         let raft = node.raft().clone();
         let sm = node.state_machine().clone();
-        let archive = node.archive().cloned();
         // The publication delay (`md_published`) goes into the node's stage histograms.
         let stages = node.stages().clone();
-        let status = Arc::new(Mutex::new(feed.status()));
+        let status = Arc::new(Mutex::new(FeedStatus::default()));
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let status2 = Arc::clone(&status);
         let replay_addr = SocketAddr::V4(addrs.replay);
@@ -844,19 +1169,18 @@ impl MarketDataService {
                         return;
                     }
                 };
-                rt.block_on(run(
+                rt.block_on(run(Thread {
                     id,
                     config,
                     raft,
                     metrics,
                     sm,
-                    archive,
                     sink,
                     replay_addr,
-                    status2,
-                    stop_rx,
+                    status: status2,
+                    stop: stop_rx,
                     stages,
-                ));
+                }));
             })
             .map_err(|e| format!("marketdata: thread: {e}"))?;
         Ok(MarketDataService {
@@ -900,183 +1224,169 @@ fn is_leader(
     m.state == openraft::ServerState::Leader && m.current_leader == Some(id)
 }
 
-/// Starts (or restarts) a feed where the replicated state's numbering stands, with a
-/// consumer of the committed stream right after it. Taken under the state machine's lock
-/// (the consumer subscribes at once), so no entry falls between the state and the
-/// consumer. A state without the numbering (taken before market data was configured) can
-/// only be followed from index 1. The flag says whether the feed starts from the state.
-async fn attach(
-    sm: &crate::StateMachineStore,
-    archive: &Option<StreamArchive>,
-    config: &PublisherConfig,
-) -> (NodeFeed, Option<StreamConsumer>, bool) {
-    let stream = sm.stream().clone();
-    let resumed = sm
-        .with_state(|s| {
-            s.marketdata().map(|md| {
-                let (index, state) = md.checkpoint();
-                let consumer = StreamConsumer::local(stream.clone(), archive.clone(), index + 1);
-                (index, state, consumer)
-            })
-        })
-        .await;
-    match resumed {
-        Some((index, state, consumer)) => (
-            NodeFeed::resume(config.clone(), index, state),
-            Some(consumer),
-            true,
-        ),
-        None => (
-            NodeFeed::new(config.clone()),
-            Some(StreamConsumer::local(stream, archive.clone(), 1)),
-            false,
-        ),
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn run(
+/// What the market data thread runs with.
+struct Thread {
     id: crate::NodeId,
     config: PublisherConfig,
     raft: crate::Raft,
-    mut metrics: tokio::sync::watch::Receiver<
-        openraft::RaftMetrics<crate::NodeId, openraft::BasicNode>,
-    >,
+    metrics:
+        tokio::sync::watch::Receiver<openraft::RaftMetrics<crate::NodeId, openraft::BasicNode>>,
     sm: crate::StateMachineStore,
-    archive: Option<StreamArchive>,
-    mut sink: UdpSink,
+    sink: UdpSink,
     replay_addr: SocketAddr,
     status: Arc<Mutex<FeedStatus>>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::watch::Receiver<bool>,
     stages: crate::stages::Stages,
+}
+
+/// Attaches a hand-off to the replicated state's numbering (under the state machine's lock,
+/// so the feed starts exactly where the numbering stands) and makes the feed that takes from
+/// it; detached if the state keeps no numbering.
+async fn attach(sm: &crate::StateMachineStore, config: &PublisherConfig) -> NodeFeed {
+    let handoff = PacketHandoff::new();
+    let attached = sm.attach_marketdata(handoff.clone()).await;
+    let detached = (!attached).then(|| {
+        "the replicated state keeps no market data numbering (its snapshot predates \
+         [marketdata]): this node's feed stays standby-only"
+            .to_string()
+    });
+    NodeFeed::new(config.clone(), handoff, detached)
+}
+
+/// The loops' turn: their SequenceReset after activation, the instrument loop's definitions
+/// (taken from the state only when they changed) and one instrument's snapshot (its orders copied under the state machine's lock,
+/// one instrument at a time), then the heartbeats.
+async fn run_loops(
+    feed: &mut NodeFeed,
+    t: &mut Thread,
+    defs: &mut (Option<u64>, Vec<Instrument>),
+    orders: &mut Vec<BookOrder>,
+    now: u64,
 ) {
-    // In online mode the order log's packet of an entry is sent before `on_entry` returns;
-    // in the 1 / 15 ms modes it waits for its interval, so the delay is not timed there.
-    let orders_online = config.modes[Channel::Orders.index()] == PublicationMode::Online;
+    feed.announce_loops(now, &mut t.sink);
+    let due = feed.loops_due(now);
+    if due.definitions {
+        let version = feed.marks().definitions_version;
+        if defs.0 != Some(version) {
+            let list = &mut defs.1;
+            t.sm.with_state(|s| {
+                if let Some(md) = s.marketdata() {
+                    md.publisher().definitions_into(list);
+                }
+            })
+            .await;
+            defs.0 = Some(version);
+        }
+        feed.send_definitions(&defs.1, now, &mut t.sink);
+    }
+    if let Some(position) = due.snapshot {
+        let head =
+            t.sm.with_state(|s| {
+                s.marketdata()
+                    .and_then(|md| md.publisher().snapshot_of(position, orders))
+            })
+            .await;
+        if let Some(head) = head {
+            let published = feed.send_snapshot(&head, orders, now, &mut t.sink).to_vec();
+            record_published(t, &published);
+        }
+    }
+    feed.heartbeats(now, &mut t.sink);
+}
+
+/// The publication delay of the entries whose order-log packets just went out (online mode).
+fn record_published(t: &Thread, indexes: &[u64]) {
+    if t.config.modes[Channel::Orders.index()] == PublicationMode::Online {
+        for &index in indexes {
+            t.stages.on_md_published(index);
+        }
+    }
+}
+
+async fn run(mut t: Thread) {
+    let id = t.id;
+    let mut feed = attach(&t.sm, &t.config).await;
     let mut replay: Option<ReplayServer> = None;
     let mut replay_bind_failures: u64 = 0;
     let mut replay_tried: Option<Instant> = None;
     let mut last_tick_ns = 0u64;
     let mut metrics_open = true;
-    let (mut feed, mut subscription, mut from_state) = attach(&sm, &archive, &config).await;
-    let mut resyncs: u64 = 0;
     let mut flush_proposed_ns: Option<u64> = None;
-    feed.set_leader(is_leader(&metrics.borrow(), id));
+    let mut idle_flushes_seen = 0u64;
+    let mut idle_flushes_proposed = 0u64;
+    let mut resyncs_seen = 0u64;
+    let mut defs = (None, Vec::new());
+    let mut orders = Vec::new();
+    feed.set_leader(is_leader(&t.metrics.borrow(), id));
     loop {
-        if *stop.borrow() {
+        if *t.stop.borrow() {
             break;
         }
-        // Wait for the next entry, a change of leadership, the stop signal, or the next duty
-        // cycle (the loops and heartbeats run even when nothing commits).
-        let entry = tokio::select! {
-            r = async {
-                match subscription.as_mut() {
-                    Some(s) => Some(s.next().await),
-                    None => std::future::pending().await,
-                }
-            } => r,
-            changed = metrics.changed(), if metrics_open => {
+        // Wait for handed-off packets, a change of leadership, the stop signal, or the next
+        // duty cycle (the loops and heartbeats run even when nothing commits).
+        let wake_ms = if feed.is_active() { 1 } else { STANDBY_WAKE_MS };
+        tokio::select! {
+            _ = feed.handoff.notified() => {}
+            changed = t.metrics.changed(), if metrics_open => {
                 if changed.is_err() {
                     // openraft stopped: this node leads nothing any more.
                     metrics_open = false;
                     feed.set_leader(false);
                 } else {
-                    feed.set_leader(is_leader(&metrics.borrow(), id));
-                }
-                None
-            }
-            _ = stop.changed() => None,
-            _ = tokio::time::sleep(Duration::from_millis(idle_wake_ms(&feed))) => None,
-        };
-        match entry {
-            Some(Ok(entry)) => {
-                if entry.market_data_flush_ns().is_some() {
-                    flush_proposed_ns = None;
-                }
-                let sent_before = feed.publisher().counters(Channel::Orders).packets_sent;
-                let added = feed.on_entry(entry.entry(), now_ns(), &mut sink).to_vec();
-                if orders_online
-                    && feed.publisher().counters(Channel::Orders).packets_sent != sent_before
-                {
-                    stages.on_md_published(entry.index());
-                }
-                if !added.is_empty() {
-                    let defs: Vec<Instrument> = sm
-                        .with_state(|s| {
-                            added
-                                .iter()
-                                .filter_map(|i| s.engine().instrument(*i).cloned())
-                                .collect()
-                        })
-                        .await;
-                    for d in defs {
-                        feed.define(d);
-                    }
+                    feed.set_leader(is_leader(&t.metrics.borrow(), id));
                 }
             }
-            Some(Err(StreamError::Closed)) => {
-                feed.detach("the node stopped".to_string());
-                subscription = None;
-            }
-            Some(Err(e)) if !from_state => {
-                feed.detach(format!(
-                    "the replicated state keeps no market data numbering (its snapshot \
-                     predates [marketdata]) and the committed stream cannot be followed from \
-                     index 1 ({e}): this node's feed stays standby-only"
-                ));
-                subscription = None;
-            }
-            Some(Err(e)) => {
-                // Entries were lost to this feed (the node installed a snapshot across its
-                // position, or its position is older than the ring and the archive: a
-                // consumer that merely lagged caught up by itself): start again from the
-                // replicated state's numbering, which continues exactly where every other
-                // replica's feed stands. Packets of the skipped entries were never sent by
-                // this node; a subscriber recovers them by replay or from the snapshot loop.
-                // The replay service restarts with the new publisher's history.
-                eprintln!("bourse node {id}: market data: {e}; resuming from the state");
-                let leader = feed.leader;
-                let (f, sub, state) = attach(&sm, &archive, &config).await;
-                feed = f;
-                subscription = sub;
-                from_state = state;
-                resyncs += 1;
-                feed.status.resyncs = resyncs;
-                feed.set_leader(leader);
-                replay = None;
-                replay_tried = None;
-            }
-            None => {}
+            _ = t.stop.changed() => {}
+            _ = tokio::time::sleep(Duration::from_millis(wake_ms)) => {}
+        }
+        let published = feed.drain(now_ns(), &mut t.sink).to_vec();
+        record_published(&t, &published);
+        let status = feed.status();
+        if status.resyncs != resyncs_seen {
+            resyncs_seen = status.resyncs;
+            eprintln!(
+                "bourse node {id}: market data: {} packets never reached this node's feed \
+                 (it fell behind, or the node installed a snapshot); continuing from the \
+                 replicated state's numbering",
+                status.lost_packets
+            );
+        }
+        if status.idle_flushes != idle_flushes_seen {
+            idle_flushes_seen = status.idle_flushes;
+            flush_proposed_ns = None;
         }
         let now = now_ns();
         if now.saturating_sub(last_tick_ns) >= TICK_INTERVAL_NS {
             last_tick_ns = now;
-            feed.tick(now, &mut sink);
+            run_loops(&mut feed, &mut t, &mut defs, &mut orders, now).await;
             // The leader proposes the idle flush as a log entry, so that every replica closes
             // the same packets at the same point of the log; one at a time.
             if feed.is_active()
-                && feed.publisher().idle_flush_due(now)
-                && flush_proposed_ns.is_none_or(|t| now.saturating_sub(t) >= FLUSH_REPROPOSE_NS)
+                && feed.idle_flush_due(now)
+                && flush_proposed_ns.is_none_or(|p| now.saturating_sub(p) >= FLUSH_REPROPOSE_NS)
             {
                 flush_proposed_ns = Some(now);
-                feed.status.idle_flushes_proposed += 1;
+                idle_flushes_proposed += 1;
                 // Fire and forget: if leadership is lost, the next leader proposes its own.
-                let _ = raft
+                let _ = t
+                    .raft
                     .client_write_ff(crate::batch::LogCommand::MarketDataFlush { now_ns: now })
                     .await;
             }
             // The replay services listen only while this node's feed sends.
             if feed.is_active() {
                 let due = replay_tried
-                    .is_none_or(|t| t.elapsed() >= Duration::from_millis(REPLAY_BIND_RETRY_MS));
+                    .is_none_or(|p| p.elapsed() >= Duration::from_millis(REPLAY_BIND_RETRY_MS));
                 if replay.is_none() && due {
                     replay_tried = Some(Instant::now());
-                    match ReplayServer::spawn_for(replay_addr, feed.publisher()) {
+                    let sender = feed.sender();
+                    match ReplayServer::spawn_histories(t.replay_addr, |c| sender.history_of(c)) {
                         Ok(s) => {
                             if replay_bind_failures > 0 {
                                 eprintln!(
-                                    "bourse node {id}: market data replay listening on \
-                                     {replay_addr} after {replay_bind_failures} failed attempts"
+                                    "bourse node {id}: market data replay listening on {} \
+                                     after {replay_bind_failures} failed attempts",
+                                    t.replay_addr
                                 );
                             }
                             replay_bind_failures = 0;
@@ -1087,8 +1397,9 @@ async fn run(
                             // for a moment; say so once, then only every thousandth attempt.
                             if replay_bind_failures.is_multiple_of(1_000) {
                                 eprintln!(
-                                    "bourse node {id}: market data replay on {replay_addr}: \
-                                     {e} (retrying every {REPLAY_BIND_RETRY_MS} ms)"
+                                    "bourse node {id}: market data replay on {}: {e} \
+                                     (retrying every {REPLAY_BIND_RETRY_MS} ms)",
+                                    t.replay_addr
                                 );
                             }
                             replay_bind_failures += 1;
@@ -1099,223 +1410,158 @@ async fn run(
                 replay = None;
                 replay_tried = None;
             }
-            let mut s = feed.status();
-            s.replay_listening = replay.is_some();
-            if let Ok(mut shared) = status.lock() {
-                *shared = s;
-            }
+        }
+        let mut s = feed.status();
+        s.replay_listening = replay.is_some();
+        s.idle_flushes_proposed = idle_flushes_proposed;
+        if let Ok(mut shared) = t.status.lock() {
+            *shared = s;
         }
     }
+    feed.handoff.close();
     feed.set_leader(false);
     drop(replay);
-    if let Ok(mut shared) = status.lock() {
-        *shared = feed.status();
+    let mut s = feed.status();
+    s.idle_flushes_proposed = idle_flushes_proposed;
+    if let Ok(mut shared) = t.status.lock() {
+        *shared = s;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::OutcomeKind;
-    use crate::stream::CommittedRequest;
+    use crate::batch::ClientRequest;
+    use crate::state::ReplicatedState;
+    use crate::Batch;
     use bourse_core::Command;
     use bourse_engine::workload::{Flow, FlowConfig};
-    use bourse_engine::{Engine, EngineConfig};
+    use bourse_engine::EngineConfig;
     use bourse_marketdata::VecSink;
 
-    /// Committed entries of a seeded flow: `per_entry` commands per entry, each command its own
-    /// request; every fifth entry also repeats its first request as a duplicate.
-    fn entries(count: usize, per_entry: usize) -> Vec<CommittedEntry> {
-        entries_with_idle(count, per_entry, None)
+    /// One log entry of the tests: a batch of client requests, or an idle flush.
+    #[derive(Clone)]
+    enum Step {
+        Batch(Vec<ClientRequest>),
+        Flush(u64),
     }
 
-    /// As [`entries`]; with `idle_every: Some(n)`, every n entries the flow pauses for 5 ms
-    /// and the log holds the idle flush entry a leader proposes 3 ms into the pause.
-    fn entries_with_idle(
-        count: usize,
-        per_entry: usize,
-        idle_every: Option<usize>,
-    ) -> Vec<CommittedEntry> {
-        let fc = FlowConfig::three_markets(50, 3);
-        let mut flow = Flow::new(fc);
-        let mut engine = Engine::new(EngineConfig::default());
-        let mut out = Vec::new();
-        let mut index = 1;
+    /// The log of a seeded flow: the setup, then `per_entry` commands per entry (each its own
+    /// request); every fifth entry also repeats its first request (a duplicate, which the
+    /// state answers from its table). With `idle_every: Some(n)`, every n entries the flow
+    /// pauses for 5 ms and the log holds the idle flush entry a leader proposes 3 ms into
+    /// the pause.
+    fn steps(count: usize, per_entry: usize, idle_every: Option<usize>) -> Vec<Step> {
+        let mut flow = Flow::new(FlowConfig::three_markets(50, 3));
+        // The flow draws its next orders from what the core answered: a reference state.
+        let mut reference = ReplicatedState::new(EngineConfig::default(), 64);
         let mut ts = 1_000_000_000u64;
-        let mut requests = Vec::new();
-        for body in flow.setup() {
-            let mut events = Vec::new();
-            engine.apply(&Command::new(ts, body), &mut events);
-            requests.push(CommittedRequest {
+        let mut seq = 0u64;
+        let setup: Vec<ClientRequest> = flow
+            .setup()
+            .into_iter()
+            .enumerate()
+            .map(|(k, body)| ClientRequest {
                 client_id: 1,
-                request_seq: requests.len() as u64 + 1,
-                kind: OutcomeKind::Applied,
-                applied_index: index,
-                events: bourse_core::codec::encode_events(&events),
-            });
-        }
-        out.push(CommittedEntry {
-            index,
-            requests: std::mem::take(&mut requests),
-            market_data_flush_ns: None,
-        });
+                request_seq: k as u64 + 1,
+                command: Command::new(ts, body),
+            })
+            .collect();
+        let mut out = vec![Step::Batch(setup)];
+        let mut answers = Vec::new();
+        reference.apply_batch(&batch_of(&out[0]), 1, &mut answers);
         for e in 0..count {
-            index += 1;
             if idle_every.is_some_and(|n| e > 0 && e % n == 0) {
-                out.push(CommittedEntry {
-                    index,
-                    requests: Vec::new(),
-                    market_data_flush_ns: Some(ts + 3_000_000),
-                });
-                index += 1;
+                out.push(Step::Flush(ts + 3_000_000));
                 ts += 5_000_000;
             }
-            for _ in 0..per_entry {
-                ts += 10_000;
-                let body = flow.next_command();
-                let mut events = Vec::new();
-                engine.apply(&Command::new(ts, body), &mut events);
-                flow.observe(&events);
-                requests.push(CommittedRequest {
-                    client_id: 2,
-                    request_seq: index * 100 + requests.len() as u64,
-                    kind: OutcomeKind::Applied,
-                    applied_index: index,
-                    events: bourse_core::codec::encode_events(&events),
-                });
-            }
+            let mut requests: Vec<ClientRequest> = (0..per_entry)
+                .map(|_| {
+                    ts += 10_000;
+                    seq += 1;
+                    ClientRequest {
+                        client_id: 2,
+                        request_seq: seq,
+                        command: Command::new(ts, flow.next_command()),
+                    }
+                })
+                .collect();
             if e % 5 == 0 {
-                let mut dup = requests[0].clone();
-                dup.kind = OutcomeKind::Duplicate;
-                dup.events.clear();
-                requests.push(dup);
+                requests.push(requests[0].clone());
             }
-            out.push(CommittedEntry {
-                index,
-                requests: std::mem::take(&mut requests),
-                market_data_flush_ns: None,
-            });
+            answers.clear();
+            reference.apply_batch(
+                &Batch::from_requests(&requests),
+                out.len() as u64 + 1,
+                &mut answers,
+            );
+            for a in answers
+                .iter()
+                .filter(|a| a.kind == crate::OutcomeKind::Applied)
+            {
+                flow.observe(&bourse_core::codec::decode_events(&a.events).unwrap());
+            }
+            out.push(Step::Batch(requests));
         }
         out
     }
 
-    #[test]
-    fn replicas_number_alike_only_the_leader_sends_and_duplicates_are_not_republished() {
-        let log = entries(400, 4);
-        let config = PublisherConfig::default();
-        let mut feeds: Vec<NodeFeed> = (0..3).map(|_| NodeFeed::new(config.clone())).collect();
-        let mut sinks: Vec<VecSink> = (0..3).map(|_| VecSink::default()).collect();
-        feeds[0].set_leader(true);
-        for (k, entry) in log.iter().enumerate() {
-            if k == 200 {
-                // Failover: node 0 stops leading, node 2 takes over.
-                feeds[0].set_leader(false);
-                feeds[2].set_leader(true);
-            }
-            for (f, s) in feeds.iter_mut().zip(sinks.iter_mut()) {
-                f.on_entry(entry, 5, s);
-            }
+    fn batch_of(step: &Step) -> Batch {
+        match step {
+            Step::Batch(requests) => Batch::from_requests(requests),
+            Step::Flush(_) => unreachable!("a flush entry is no batch"),
         }
-        assert!(sinks[1].packets.is_empty(), "a follower sends nothing");
-        assert!(!sinks[0].packets.is_empty() && !sinks[2].packets.is_empty());
-        let seqs: Vec<_> = feeds.iter().map(|f| f.status().next_seq).collect();
-        assert!(seqs.windows(2).all(|w| w[0] == w[1]), "{seqs:?}");
-        // The leader before and the leader after together sent each order-log MsgSeqNum once,
-        // in order, with no gap.
-        let orders: Vec<u32> = sinks[0]
-            .packets
-            .iter()
-            .chain(sinks[2].packets.iter())
-            .filter(|(c, _)| *c == Channel::Orders)
-            .map(|(_, p)| u32::from_le_bytes([p[0], p[1], p[2], p[3]]))
-            .collect();
-        assert_eq!(
-            orders,
-            (1..seqs[0][Channel::Orders.index()]).collect::<Vec<_>>()
-        );
-        // Publishing the same log without the duplicates gives the same numbering.
-        let mut plain = NodeFeed::new(config);
-        let mut nowhere = VecSink::default();
-        for entry in &log {
-            let mut e = entry.clone();
-            e.requests.retain(|r| r.kind == OutcomeKind::Applied);
-            plain.on_entry(&e, 5, &mut nowhere);
-        }
-        assert_eq!(plain.status().next_seq, seqs[0]);
     }
 
-    #[test]
-    fn in_1ms_mode_idle_flushes_from_the_log_keep_every_replica_byte_identical_across_a_failover() {
-        let log = entries_with_idle(300, 3, Some(20));
-        let flushes: Vec<usize> = (0..log.len())
-            .filter(|&k| log[k].market_data_flush_ns.is_some())
-            .collect();
-        assert!(flushes.len() >= 10);
-        let config = MarketDataSection {
-            modes: ["orders", "trades", "book", "statistics"]
-                .iter()
-                .map(|c| (c.to_string(), "1ms".to_string()))
-                .collect(),
-            ..MarketDataSection::default()
+    /// A replica: its replicated state (the one publisher) and its market data thread's feed.
+    struct Replica {
+        state: ReplicatedState,
+        feed: NodeFeed,
+        sink: VecSink,
+    }
+
+    impl Replica {
+        fn new(config: &PublisherConfig) -> Replica {
+            let mut state = ReplicatedState::new(EngineConfig::default(), 64);
+            state.enable_marketdata(config);
+            Replica::from_state(state, config)
         }
-        .publisher_config();
-        assert!(!config.idle_flush_by_clock);
-        // Three replicas with a failover right after an idle flush, a reference feed that
-        // leads throughout, and the replicated state's numbering.
-        let mut feeds: Vec<NodeFeed> = (0..4).map(|_| NodeFeed::new(config.clone())).collect();
-        let mut sinks: Vec<VecSink> = (0..4).map(|_| VecSink::default()).collect();
-        let mut numbering = FeedNumbering::new(&config);
-        feeds[0].set_leader(true);
-        feeds[3].set_leader(true);
-        let failover = flushes[flushes.len() / 2] + 1;
-        let mut flushed_packets = 0;
-        for (k, entry) in log.iter().enumerate() {
-            if k == failover {
-                feeds[0].set_leader(false);
-                feeds[2].set_leader(true);
+
+        fn from_state(mut state: ReplicatedState, config: &PublisherConfig) -> Replica {
+            let handoff = PacketHandoff::new();
+            state.marketdata_mut().unwrap().attach(handoff.clone());
+            Replica {
+                state,
+                feed: NodeFeed::new(config.clone(), handoff, None),
+                sink: VecSink::default(),
             }
-            let before = sinks[3].packets.len();
-            for (f, s) in feeds.iter_mut().zip(sinks.iter_mut()) {
-                f.on_entry(entry, 7, s);
-            }
-            match entry.market_data_flush_ns {
-                Some(ns) => {
-                    numbering.idle_flush(ns);
-                    flushed_packets += sinks[3].packets.len() - before;
+        }
+
+        /// Applies the entry at `index` (as the state machine does); the feed does not take it.
+        fn apply_only(&mut self, index: u64, step: &Step) {
+            match step {
+                Step::Batch(_) => {
+                    let mut answers = Vec::new();
+                    self.state.apply_batch(&batch_of(step), index, &mut answers);
                 }
-                None => {
-                    for r in entry
-                        .requests
-                        .iter()
-                        .filter(|r| r.kind == OutcomeKind::Applied)
-                    {
-                        numbering
-                            .push_events(&bourse_core::codec::decode_events(&r.events).unwrap());
-                    }
-                    numbering.end_entry(&Engine::new(EngineConfig::default()));
-                }
+                Step::Flush(ns) => self.state.marketdata_flush(*ns),
             }
-            // A duty cycle long after the interval: no replica closes packets by its clock.
-            if k == 30 {
-                let seqs = feeds[3].status().next_seq;
-                feeds[3].tick(10_000_000_000, &mut VecSink::default());
-                assert_eq!(feeds[3].status().next_seq, seqs);
-            }
+            self.state.entry_applied(index);
         }
-        assert!(flushed_packets > 0, "the idle flush entries closed packets");
-        assert!(sinks[1].packets.is_empty(), "a follower sends nothing");
-        let seqs: Vec<_> = feeds.iter().map(|f| f.status().next_seq).collect();
-        assert!(seqs.windows(2).all(|w| w[0] == w[1]), "{seqs:?}");
-        for c in Channel::ALL.into_iter().filter(|c| c.is_incremental()) {
-            assert_eq!(numbering.next_seq(c), seqs[0][c.index()], "{c:?}");
+
+        /// Applies the entry at `index`, then the feed takes and sends what it handed off.
+        fn apply(&mut self, index: u64, step: &Step) {
+            self.apply_only(index, step);
+            self.feed.drain(7, &mut self.sink);
         }
-        // The old leader's packets then the new leader's are, byte for byte, what one
-        // leader sends for the whole log: MsgSeqNum and RptSeq continue with no reset.
-        let mut sent = incremental(&sinks[0], 0);
-        sent.extend(incremental(&sinks[2], 0));
-        let reference = incremental(&sinks[3], 0);
-        assert!(reference.len() > 50, "{} packets", reference.len());
-        assert_eq!(sent, reference);
+
+        fn incremental_seqs(&self) -> Vec<u32> {
+            Channel::ALL
+                .into_iter()
+                .filter(|c| c.is_incremental())
+                .map(|c| self.feed.status().next_seq[c.index()])
+                .collect()
+        }
     }
 
     /// Packets of the incremental channels, as (channel, bytes).
@@ -1327,130 +1573,265 @@ mod tests {
             .collect()
     }
 
+    fn msg_seq_num(packet: &[u8]) -> u32 {
+        u32::from_le_bytes([packet[0], packet[1], packet[2], packet[3]])
+    }
+
+    #[test]
+    fn replicas_number_alike_only_the_leader_sends_and_duplicates_are_not_republished() {
+        let log = steps(400, 4, None);
+        let config = PublisherConfig::default();
+        let mut replicas: Vec<Replica> = (0..3).map(|_| Replica::new(&config)).collect();
+        replicas[0].feed.set_leader(true);
+        for (k, step) in log.iter().enumerate() {
+            if k == 200 {
+                // Failover: node 0 stops leading, node 2 takes over.
+                replicas[0].feed.set_leader(false);
+                replicas[2].feed.set_leader(true);
+            }
+            for r in &mut replicas {
+                r.apply(k as u64 + 1, step);
+            }
+        }
+        assert!(
+            replicas[1].sink.packets.is_empty(),
+            "a follower sends nothing"
+        );
+        assert!(!replicas[0].sink.packets.is_empty() && !replicas[2].sink.packets.is_empty());
+        let seqs: Vec<_> = replicas.iter().map(|r| r.feed.status().next_seq).collect();
+        assert!(seqs.windows(2).all(|w| w[0] == w[1]), "{seqs:?}");
+        // The leader before and the leader after together sent each order-log MsgSeqNum once,
+        // in order, with no gap.
+        let orders: Vec<u32> = replicas[0]
+            .sink
+            .packets
+            .iter()
+            .chain(replicas[2].sink.packets.iter())
+            .filter(|(c, _)| *c == Channel::Orders)
+            .map(|(_, p)| msg_seq_num(p))
+            .collect();
+        assert_eq!(
+            orders,
+            (1..seqs[0][Channel::Orders.index()]).collect::<Vec<_>>()
+        );
+        // Publishing the same log without the duplicates gives the same numbering.
+        let mut plain = Replica::new(&config);
+        for (k, step) in log.iter().enumerate() {
+            let mut step = step.clone();
+            if let Step::Batch(requests) = &mut step {
+                let mut seen = std::collections::BTreeSet::new();
+                requests.retain(|r| seen.insert((r.client_id, r.request_seq)));
+            }
+            plain.apply(k as u64 + 1, &step);
+        }
+        assert_eq!(plain.feed.status().next_seq, seqs[0]);
+    }
+
+    #[test]
+    fn in_1ms_mode_idle_flushes_from_the_log_keep_every_replica_byte_identical_across_a_failover() {
+        let log = steps(300, 3, Some(20));
+        let flushes: Vec<usize> = (0..log.len())
+            .filter(|&k| matches!(log[k], Step::Flush(_)))
+            .collect();
+        assert!(flushes.len() >= 10);
+        let config = MarketDataSection {
+            modes: ["orders", "trades", "book", "statistics"]
+                .iter()
+                .map(|c| (c.to_string(), "1ms".to_string()))
+                .collect(),
+            ..MarketDataSection::default()
+        }
+        .publisher_config();
+        assert!(!config.idle_flush_by_clock);
+        // Three replicas with a failover right after an idle flush, and a reference that
+        // leads throughout.
+        let mut replicas: Vec<Replica> = (0..4).map(|_| Replica::new(&config)).collect();
+        replicas[0].feed.set_leader(true);
+        replicas[3].feed.set_leader(true);
+        let failover = flushes[flushes.len() / 2] + 1;
+        let mut flushed_packets = 0;
+        for (k, step) in log.iter().enumerate() {
+            if k == failover {
+                replicas[0].feed.set_leader(false);
+                replicas[2].feed.set_leader(true);
+            }
+            let before = replicas[3].sink.packets.len();
+            for r in &mut replicas {
+                r.apply(k as u64 + 1, step);
+            }
+            if matches!(step, Step::Flush(_)) {
+                flushed_packets += replicas[3].sink.packets.len() - before;
+            }
+            // A duty cycle long after the interval: no feed closes packets by its clock.
+            if k == 30 {
+                let seqs = replicas[3].feed.status().next_seq;
+                replicas[3]
+                    .feed
+                    .heartbeats(10_000_000_000, &mut VecSink::default());
+                assert_eq!(replicas[3].feed.status().next_seq, seqs);
+            }
+        }
+        assert!(flushed_packets > 0, "the idle flush entries closed packets");
+        assert!(
+            replicas[1].sink.packets.is_empty(),
+            "a follower sends nothing"
+        );
+        let seqs: Vec<_> = replicas.iter().map(Replica::incremental_seqs).collect();
+        assert!(seqs.windows(2).all(|w| w[0] == w[1]), "{seqs:?}");
+        // The old leader's packets then the new leader's are, byte for byte, what one
+        // leader sends for the whole log: MsgSeqNum and RptSeq continue with no reset.
+        let mut sent = incremental(&replicas[0].sink, 0);
+        sent.extend(incremental(&replicas[2].sink, 0));
+        let reference = incremental(&replicas[3].sink, 0);
+        assert!(reference.len() > 50, "{} packets", reference.len());
+        assert_eq!(sent, reference);
+    }
+
     #[test]
     fn a_feed_resumed_from_a_restored_state_s_numbering_sends_what_a_full_history_feed_sends() {
-        use crate::batch::ClientRequest;
-        use crate::state::ReplicatedState;
         let config = PublisherConfig::default();
-        let mut flow = Flow::new(FlowConfig::three_markets(50, 3));
-        let mut state = ReplicatedState::new(EngineConfig::default(), 64);
-        state.enable_marketdata(&config);
-        let mut full = NodeFeed::new(config.clone());
-        full.set_leader(true);
-        let mut full_sink = VecSink::default();
-        let mut resumed: Option<(NodeFeed, VecSink, ReplicatedState, usize)> = None;
-        let mut ts = 1_000_000_000u64;
-        let mut seq = 0u64;
-        let mut outcomes = Vec::new();
-        let setup: Vec<ClientRequest> = flow
-            .setup()
-            .into_iter()
-            .enumerate()
-            .map(|(k, body)| ClientRequest {
-                client_id: 1,
-                request_seq: k as u64 + 1,
-                command: Command::new(ts, body),
-            })
-            .collect();
-        let cut = 150u64;
-        for index in 1..=300u64 {
-            let requests: Vec<ClientRequest> = if index == 1 {
-                setup.clone()
-            } else {
-                (0..4)
-                    .map(|_| {
-                        ts += 10_000;
-                        seq += 1;
-                        ClientRequest {
-                            client_id: 2,
-                            request_seq: seq,
-                            command: Command::new(ts, flow.next_command()),
-                        }
-                    })
-                    .collect()
-            };
-            outcomes.clear();
-            state.apply_batch(
-                &crate::Batch::from_requests(&requests),
-                index,
-                &mut outcomes,
-            );
-            state.entry_applied(index);
-            if let Some((_, _, restored, _)) = resumed.as_mut() {
-                let mut again = Vec::new();
-                restored.apply_batch(&crate::Batch::from_requests(&requests), index, &mut again);
-                restored.entry_applied(index);
-                assert_eq!(again, outcomes);
+        let log = steps(300, 4, None);
+        let mut full = Replica::new(&config);
+        full.feed.set_leader(true);
+        let cut = 150usize;
+        let mut resumed: Option<(Replica, usize)> = None;
+        for (k, step) in log.iter().enumerate() {
+            let index = k as u64 + 1;
+            full.apply(index, step);
+            if let Some((r, _)) = resumed.as_mut() {
+                r.apply(index, step);
             }
-            for o in &outcomes {
-                flow.observe(&bourse_core::codec::decode_events(&o.events).unwrap());
-            }
-            let entry = CommittedEntry {
-                index,
-                requests: outcomes.clone(),
-                market_data_flush_ns: None,
-            };
-            let added = full.on_entry(&entry, 5, &mut full_sink).to_vec();
-            for id in added {
-                full.define(state.engine().instrument(id).unwrap().clone());
-            }
-            if let Some((feed, sink, restored, _)) = resumed.as_mut() {
-                let added = feed.on_entry(&entry, 5, sink).to_vec();
-                for id in added {
-                    feed.define(restored.engine().instrument(id).unwrap().clone());
-                }
-            }
-            if index == cut {
+            if k + 1 == cut {
                 // A node restarts from a snapshot taken here: bytes, restore, resume.
-                let bytes = state.snapshot();
+                let bytes = full.state.snapshot();
                 let restored = ReplicatedState::restore(&bytes, 64).unwrap();
-                assert_eq!(restored.state_hash(), state.state_hash());
+                assert_eq!(restored.state_hash(), full.state.state_hash());
                 assert_eq!(restored.snapshot(), bytes);
-                let (at, checkpoint) = restored.marketdata().unwrap().checkpoint();
-                assert_eq!(at, cut);
-                let mut feed = NodeFeed::resume(config.clone(), at, checkpoint);
-                assert_eq!(feed.next_index(), cut + 1);
-                assert_eq!(feed.status().next_seq, full.status().next_seq);
-                feed.set_leader(true);
-                resumed = Some((feed, VecSink::default(), restored, full_sink.packets.len()));
+                assert_eq!(restored.marketdata().unwrap().index(), index);
+                let mut r = Replica::from_state(restored, &config);
+                assert_eq!(r.feed.status().next_index, index + 1);
+                assert_eq!(r.feed.status().next_seq, full.feed.status().next_seq);
+                r.feed.set_leader(true);
+                resumed = Some((r, full.sink.packets.len()));
             }
         }
-        let (feed, sink, restored, from) = resumed.unwrap();
-        assert_eq!(restored.state_hash(), state.state_hash());
-        let expected = incremental(&full_sink, from);
+        let (r, from) = resumed.unwrap();
+        assert_eq!(r.state.state_hash(), full.state.state_hash());
+        let expected = incremental(&full.sink, from);
         assert!(expected.len() > 100, "{} packets", expected.len());
-        assert_eq!(incremental(&sink, 0), expected);
-        assert_eq!(feed.status().next_seq, full.status().next_seq);
-        let md = state.marketdata().unwrap();
+        assert_eq!(incremental(&r.sink, 0), expected);
+        assert_eq!(r.feed.status().next_seq, full.feed.status().next_seq);
+        let md = full.state.marketdata().unwrap();
         for c in Channel::ALL.into_iter().filter(|c| c.is_incremental()) {
-            assert_eq!(md.next_seq(c), full.publisher().next_seq(c), "{c:?}");
+            assert_eq!(md.next_seq(c), full.feed.sender().next_seq(c), "{c:?}");
         }
         // A damaged numbering section is refused, never a panic.
-        let bytes = state.snapshot();
+        let bytes = full.state.snapshot();
         for cut in [bytes.len() - 1, bytes.len() - 40] {
             assert!(ReplicatedState::restore(&bytes[..cut], 64).is_err());
         }
     }
 
     #[test]
-    fn a_jump_in_the_stream_detaches_the_feed_for_good() {
-        let log = entries(20, 2);
-        let mut feed = NodeFeed::new(PublisherConfig::default());
-        feed.set_leader(true);
-        let mut sink = VecSink::default();
-        feed.on_entry(&log[0], 1, &mut sink);
-        feed.on_entry(&log[2], 1, &mut sink);
-        assert!(feed
-            .detached()
-            .is_some_and(|w| w.contains("jumped from index 2 to 3")));
-        assert!(!feed.is_active());
-        let sent = sink.packets.len();
-        feed.set_leader(true);
-        for e in &log[3..] {
-            feed.on_entry(e, 1, &mut sink);
+    fn a_snapshot_installed_across_entries_keeps_the_feed_which_continues_the_numbering() {
+        let config = PublisherConfig::default();
+        let log = steps(200, 4, None);
+        let mut leader = Replica::new(&config);
+        let mut behind = Replica::new(&config);
+        leader.feed.set_leader(true);
+        behind.feed.set_leader(true);
+        let (stop, install) = (60usize, 120usize);
+        let mut from = 0;
+        for (k, step) in log.iter().enumerate() {
+            let index = k as u64 + 1;
+            leader.apply(index, step);
+            if k < stop {
+                behind.apply(index, step);
+            } else if k + 1 == install {
+                // The lagging node installs the leader's snapshot, as openraft does.
+                let bytes = leader.state.snapshot();
+                let mut state = ReplicatedState::restore(&bytes, 64).unwrap();
+                carry_handoff(&mut behind.state, &mut state);
+                behind.state = state;
+                behind.feed.drain(7, &mut behind.sink);
+                from = leader.sink.packets.len();
+                behind.sink.packets.clear();
+            } else if k + 1 > install {
+                behind.apply(index, step);
+            }
         }
-        feed.tick(10_000_000_000, &mut sink);
-        assert_eq!(sink.packets.len(), sent, "a detached feed never sends");
+        let status = behind.feed.status();
+        assert_eq!(status.resyncs, 1, "{status:?}");
+        assert_eq!(status.detached, None);
+        assert_eq!(status.next_seq, leader.feed.status().next_seq);
+        let expected = incremental(&leader.sink, from);
+        assert!(expected.len() > 100, "{} packets", expected.len());
+        assert_eq!(incremental(&behind.sink, 0), expected);
+        // Its replay history restarted at the first packet after the install.
+        let history = behind.feed.sender().history_of(Channel::Orders).unwrap();
+        let first = msg_seq_num(
+            &expected
+                .iter()
+                .find(|(c, _)| *c == Channel::Orders)
+                .unwrap()
+                .1,
+        );
+        assert_eq!(history.lock().unwrap().range().unwrap().0, first);
+    }
+
+    #[test]
+    fn a_feed_that_falls_behind_the_bounded_hand_off_loses_packets_and_continues_from_the_numbering(
+    ) {
+        let config = PublisherConfig::default();
+        let log = steps(8_000, 4, None);
+        let mut r = Replica::new(&config);
+        r.feed.set_leader(true);
+        // The feed takes nothing while the state applies every entry: the hand-off fills up,
+        // apply goes on, the packets beyond the bound are dropped.
+        let stalled = 7_000;
+        for (k, step) in log.iter().take(stalled).enumerate() {
+            r.apply_only(k as u64 + 1, step);
+        }
+        let numbered = r.state.marketdata().unwrap().next_seq(Channel::Orders);
+        r.feed.drain(7, &mut r.sink);
+        let status = r.feed.status();
+        assert!(status.lost_packets > 0, "{status:?}");
+        assert_eq!(status.resyncs, 1);
+        assert_eq!(status.next_index, stalled as u64 + 1);
+        assert!(r.sink.packets.len() <= HANDOFF_PACKETS_MAX);
+        assert!((r.sink.packets.len() as u64) + status.lost_packets > HANDOFF_PACKETS_MAX as u64);
+        assert_eq!(status.next_seq[Channel::Orders.index()], numbered);
+        // From there it sends every packet again, numbered on from the state's numbering.
+        let sent = r.sink.packets.len();
+        for (k, step) in log.iter().enumerate().skip(stalled) {
+            r.apply(k as u64 + 1, step);
+        }
+        let orders: Vec<u32> = r.sink.packets[sent..]
+            .iter()
+            .filter(|(c, _)| *c == Channel::Orders)
+            .map(|(_, p)| msg_seq_num(p))
+            .collect();
+        let next = r.state.marketdata().unwrap().next_seq(Channel::Orders);
+        assert_eq!(orders, (numbered..next).collect::<Vec<_>>());
+        assert_eq!(r.feed.status().resyncs, 1);
+    }
+
+    #[test]
+    fn a_feed_whose_state_keeps_no_numbering_is_detached_and_never_sends() {
+        let handoff = PacketHandoff::new();
+        let mut feed = NodeFeed::new(
+            PublisherConfig::default(),
+            handoff,
+            Some("no numbering".to_string()),
+        );
+        feed.set_leader(true);
+        assert!(!feed.is_active());
+        let mut sink = VecSink::default();
+        feed.drain(1, &mut sink);
+        assert_eq!(feed.loops_due(10_000_000_000), LoopsDue::default());
+        feed.heartbeats(10_000_000_000, &mut sink);
+        assert!(sink.packets.is_empty(), "a detached feed never sends");
+        assert_eq!(feed.status().detached.as_deref(), Some("no numbering"));
     }
 
     #[test]

@@ -323,6 +323,11 @@ impl ReplicatedState {
         self.marketdata.as_ref()
     }
 
+    /// The numbering, to attach the market data thread's hand-off to it.
+    pub fn marketdata_mut(&mut self) -> Option<&mut crate::marketdata::FeedNumbering> {
+        self.marketdata.as_mut()
+    }
+
     /// Chains one answer into the output digest: one hash, with the running digest as the
     /// seed, of a fixed record (client, sequence number, outcome kind, the expected sequence
     /// number of a gap, the index that applied it, and `events_hash`, the xxh3-64 of the

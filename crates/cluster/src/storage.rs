@@ -793,6 +793,19 @@ impl StateMachineStore {
     pub async fn enable_marketdata(&self, config: &bourse_marketdata::PublisherConfig) {
         self.inner.lock().await.state.enable_marketdata(config);
     }
+
+    /// Hands every market data packet the state numbers from now on to `handoff` (the
+    /// node's market data thread); false if the state keeps no numbering. A snapshot
+    /// installed later keeps the hand-off (`crate::marketdata::carry_handoff`).
+    pub async fn attach_marketdata(&self, handoff: crate::marketdata::PacketHandoff) -> bool {
+        match self.inner.lock().await.state.marketdata_mut() {
+            Some(md) => {
+                md.attach(handoff);
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 impl SmInner {
@@ -949,8 +962,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             ))
         };
         let (membership, state_bytes) = decode_snapshot_data(&data).map_err(bad)?;
-        let state = ReplicatedState::restore(state_bytes, inner.checkpoint_every_entries)
+        let mut state = ReplicatedState::restore(state_bytes, inner.checkpoint_every_entries)
             .map_err(|e| bad(e.to_string()))?;
+        crate::marketdata::carry_handoff(&mut inner.state, &mut state);
         inner.state = state;
         inner.membership = membership;
         inner.last_applied = meta.last_log_id;

@@ -16,8 +16,12 @@
 //!   A standby publisher (not active) does all the same work without sending, which is how a
 //!   new leader continues the sequence ([`Publisher::set_active`], [`Publisher::state`],
 //!   [`Publisher::from_state`]); on activation it renumbers its loops with SequenceReset.
-//!   `bourse_cluster::marketdata` runs one on every node of a replica group, fed from the
-//!   node's committed stream and sending only while the node leads.
+//!   `bourse_cluster::marketdata` runs one inside every node's replicated state, fed by the
+//!   state machine as it applies each entry, so numbering is a function of the log.
+//! - [`FeedSender`]: the sending half for such a publisher, on the node's market data
+//!   thread: takes the packets it closed, stamps SendingTime, keeps the replay history, sends
+//!   while the node leads, and runs the loops and heartbeats on the wall clock from
+//!   definitions and book snapshots taken from the publisher.
 //! - [`History`]: the recent packets of one incremental channel; a [`replay::ReplayServer`]
 //!   resends them over TCP, one port per incremental channel.
 //! - [`udp::UdpSink`] / [`udp::UdpFeeds`]: sockets for feeds A and B (127.0.0.1 by default;
@@ -40,6 +44,7 @@ mod history;
 pub mod pcap;
 mod publisher;
 pub mod replay;
+mod sender;
 mod subscriber;
 pub mod udp;
 
@@ -48,7 +53,10 @@ pub use bourse_wire as wire;
 
 pub use book::{BookOrder, LevelView, OrderBook};
 pub use history::History;
-pub use publisher::{PacketSink, Publisher, PublisherState, VecSink, PACKET_BYTES_MIN};
+pub use publisher::{
+    PacketSink, Publisher, PublisherState, SnapshotHead, VecSink, PACKET_BYTES_MIN,
+};
+pub use sender::{FeedSender, LoopsDue};
 pub use subscriber::{
     InstrumentView, RecoveryRequest, Subscriber, SubscriberConfig, SubscriberStats,
 };

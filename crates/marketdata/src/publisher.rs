@@ -151,12 +151,12 @@ pub struct ChannelCounters {
 
 /// One channel's packet under construction and its queue of finished, unsent packets.
 #[derive(Clone, Debug)]
-struct ChannelOut {
+pub(crate) struct ChannelOut {
     channel: Channel,
     mode: PublicationMode,
     packet_bytes_max: usize,
     /// MsgSeqNum the next data packet takes.
-    next_seq: u32,
+    pub(crate) next_seq: u32,
     buf: Vec<u8>,
     /// Bytes of the open packet; 0 when none is open.
     len: usize,
@@ -166,16 +166,20 @@ struct ChannelOut {
     flags_extra: u16,
     ready: Vec<Vec<u8>>,
     spare: Vec<Vec<u8>>,
-    last_send_ns: u64,
+    pub(crate) last_send_ns: u64,
     last_flush_ns: u64,
     /// Interval modes: the `ts_ns / interval` bucket of the commands whose messages the
     /// channel holds unsent (see [`Publisher::publish`]).
     bucket: u64,
-    counters: ChannelCounters,
+    pub(crate) counters: ChannelCounters,
 }
 
 impl ChannelOut {
-    fn new(channel: Channel, mode: PublicationMode, packet_bytes_max: usize) -> ChannelOut {
+    pub(crate) fn new(
+        channel: Channel,
+        mode: PublicationMode,
+        packet_bytes_max: usize,
+    ) -> ChannelOut {
         ChannelOut {
             channel,
             mode,
@@ -195,11 +199,11 @@ impl ChannelOut {
         }
     }
 
-    fn has_unsent(&self) -> bool {
+    pub(crate) fn has_unsent(&self) -> bool {
         self.len > 0 || !self.ready.is_empty()
     }
 
-    fn open(&mut self, transact_ns: u64, session_id: u32) {
+    pub(crate) fn open(&mut self, transact_ns: u64, session_id: u32) {
         debug_assert_eq!(self.len, 0);
         self.len = PACKET_HEADER_BYTES;
         self.msgs = 0;
@@ -217,7 +221,7 @@ impl ChannelOut {
     }
 
     /// Makes room for a message of `message_bytes`, closing the open packet if it is full.
-    fn reserve(
+    pub(crate) fn reserve(
         &mut self,
         message_bytes: usize,
         now_ns: u64,
@@ -237,7 +241,7 @@ impl ChannelOut {
     }
 
     /// Appends one message to the open packet. The caller reserved room for it.
-    fn put<'s, E, F>(&'s mut self, fill: F)
+    pub(crate) fn put<'s, E, F>(&'s mut self, fill: F)
     where
         E: MessageEncoder<'s>,
         F: FnOnce(E) -> E,
@@ -256,7 +260,7 @@ impl ChannelOut {
     }
 
     /// Closes the open packet: numbers it, keeps it for replay, queues it for sending.
-    fn close(&mut self, now_ns: u64, history: Option<&Mutex<History>>) {
+    pub(crate) fn close(&mut self, now_ns: u64, history: Option<&Mutex<History>>) {
         if self.len == 0 {
             return;
         }
@@ -296,7 +300,7 @@ impl ChannelOut {
     }
 
     /// Sends every queued packet (when active) and recycles the buffers.
-    fn flush(&mut self, now_ns: u64, active: bool, sink: &mut dyn PacketSink) {
+    pub(crate) fn flush(&mut self, now_ns: u64, active: bool, sink: &mut dyn PacketSink) {
         self.last_flush_ns = now_ns;
         if self.ready.is_empty() {
             return;
@@ -315,7 +319,7 @@ impl ChannelOut {
     /// Sends a SequenceReset packet (MsgSeqNum 0) announcing that the next data packet takes
     /// `next_seq`: a publisher that takes over says so on the loop channels, whose numbering
     /// (driven by the wall clock) is not shared with the publisher it replaces.
-    fn sequence_reset(&mut self, now_ns: u64, active: bool, sink: &mut dyn PacketSink) {
+    pub(crate) fn sequence_reset(&mut self, now_ns: u64, active: bool, sink: &mut dyn PacketSink) {
         let next = self.next_seq;
         let mut buf = [0u8; PACKET_HEADER_BYTES + SEQUENCE_RESET_BYTES];
         let Ok(n) =
@@ -343,7 +347,7 @@ impl ChannelOut {
     }
 
     /// Sends a Heartbeat packet repeating the last MsgSeqNum; it takes no number itself.
-    fn heartbeat(&mut self, now_ns: u64, active: bool, sink: &mut dyn PacketSink) {
+    pub(crate) fn heartbeat(&mut self, now_ns: u64, active: bool, sink: &mut dyn PacketSink) {
         let last = self.next_seq.wrapping_sub(1);
         let mut buf = [0u8; PACKET_HEADER_BYTES + HEARTBEAT_BYTES];
         let Ok(n) =
@@ -727,6 +731,22 @@ pub struct PublisherAnomalies {
     pub last_error: Option<BookError>,
 }
 
+/// A replay history per incremental channel, `None` for the loops, as `config` asks; none at
+/// all when it asks for none (a publisher kept only for its numbering copies no packet).
+pub(crate) fn replay_histories(config: &PublisherConfig) -> Vec<Option<Arc<Mutex<History>>>> {
+    Channel::ALL
+        .iter()
+        .map(|c| {
+            (c.is_incremental() && config.replay_history_packets > 0).then(|| {
+                Arc::new(Mutex::new(History::with_bytes(
+                    config.replay_history_packets,
+                    config.replay_history_bytes,
+                )))
+            })
+        })
+        .collect()
+}
+
 /// The market data publisher of one core. See the module documentation.
 pub struct Publisher {
     config: PublisherConfig,
@@ -749,6 +769,8 @@ pub struct Publisher {
     last_instruments_ns: Option<u64>,
     scratch: [LevelView; 2 * TOP_LEVELS],
     anomalies: PublisherAnomalies,
+    /// See [`Publisher::definitions_version`].
+    definitions_version: u64,
 }
 
 impl Publisher {
@@ -770,19 +792,7 @@ impl Publisher {
                 ChannelOut::new(c, mode, config.packet_bytes_max)
             })
             .collect();
-        let histories = Channel::ALL
-            .iter()
-            .map(|c| {
-                // No history at all when none is asked for: a publisher kept only for its
-                // numbering (the replicated state's copy) copies no packet.
-                (c.is_incremental() && config.replay_history_packets > 0).then(|| {
-                    Arc::new(Mutex::new(History::with_bytes(
-                        config.replay_history_packets,
-                        config.replay_history_bytes,
-                    )))
-                })
-            })
-            .collect();
+        let histories = replay_histories(&config);
         let mut p = Publisher {
             config,
             channels,
@@ -802,6 +812,7 @@ impl Publisher {
             last_instruments_ns: None,
             scratch: [LevelView::default(); 2 * TOP_LEVELS],
             anomalies: PublisherAnomalies::default(),
+            definitions_version: 0,
         };
         for def in instruments {
             p.add_instrument(def.clone());
@@ -907,6 +918,13 @@ impl Publisher {
         self.channels[channel.index()].next_seq
     }
 
+    /// The MsgSeqNum of the next packet of `channel` not yet handed to a sink: packets closed
+    /// but waiting for their flush (1 ms / 15 ms modes) are numbered and not yet handed over.
+    pub fn next_unsent_seq(&self, channel: Channel) -> u32 {
+        let ch = &self.channels[channel.index()];
+        ch.next_seq.wrapping_sub(ch.ready.len() as u32)
+    }
+
     /// The publisher's book of an instrument.
     pub fn book(&self, instrument: u32) -> Option<&OrderBook> {
         self.index
@@ -922,6 +940,7 @@ impl Publisher {
     /// Gives (or replaces) an instrument's definition. A new instrument is announced on the
     /// order log with an EmptyBook (RptSeq 1) on the next publish.
     pub fn add_instrument(&mut self, def: Instrument) {
+        self.definitions_version += 1;
         let id = def.instrument.0;
         match self.index.get(&id) {
             Some(&i) => self.instruments[i].def = Some(def),
@@ -1467,31 +1486,11 @@ impl Publisher {
 
     /// Sends one full pass of SecurityDefinition messages now.
     pub fn send_definitions(&mut self, now_ns: u64, sink: &mut dyn PacketSink) {
-        let total = self.instruments.iter().filter(|i| i.def.is_some()).count() as u32;
-        for i in 0..self.instruments.len() {
-            let Some(def) = self.instruments[i].def.clone() else {
-                continue;
-            };
-            self.reserve(Channel::Instruments, SECURITY_DEFINITION_BYTES, now_ns);
-            let symbol = def.symbol.as_bytes();
-            let symbol = &symbol[..symbol.len().min(24)];
-            let (low, high) = def.band();
-            self.channels[Channel::Instruments.index()].put(|mut e: SecurityDefinitionEncoder| {
-                e.security_id(def.instrument.0)
-                    .tick_size(def.tick.0)
-                    .lot_size(def.lot_size)
-                    .contract_multiplier(def.multiplier);
-                e.low_limit_px_opt(Some(low.0))
-                    .high_limit_px_opt(Some(high.0))
-                    .tot_num_reports(total)
-                    .maturity_date_opt(None);
-                e.symbol_zero_padded(symbol)
-                    .currency(b"XXX")
-                    .market(wire_market(def.market))
-                    .price_scale(def.price_scale);
-                e
-            });
-        }
+        put_definitions(
+            &mut self.channels[Channel::Instruments.index()],
+            self.instruments.iter().filter_map(|i| i.def.as_ref()),
+            now_ns,
+        );
         self.flush_channel(Channel::Instruments, now_ns, sink);
     }
 
@@ -1505,9 +1504,7 @@ impl Publisher {
         }
         // A snapshot must reflect exactly the order-log packets already sent: skip this turn
         // while the order log holds unsent messages (1 ms / 15 ms modes between flushes).
-        if self.channels[Channel::Orders.index()].has_unsent()
-            || self.instruments.iter().any(|i| i.announce)
-        {
+        if !self.snapshot_consistent() {
             return;
         }
         self.last_snapshot_ns = now_ns;
@@ -1518,64 +1515,196 @@ impl Publisher {
 
     /// Sends one instrument's snapshot (one or more packets) on the snapshot channel.
     fn send_snapshot(&mut self, i: usize, now_ns: u64, sink: &mut dyn PacketSink) {
-        let per_packet =
-            ((self.config.packet_bytes_max - PACKET_HEADER_BYTES - SNAPSHOT_ROOT_BYTES)
-                / SNAPSHOT_ENTRY_BYTES)
-                .min(usize::from(bourse_wire::market_data::GROUP_COUNT_MAX));
-        let last_seq = self.channels[Channel::Orders.index()]
-            .next_seq
-            .wrapping_sub(1);
-        let total = self.instruments.len() as u32;
-        let session = self.config.session_id;
+        let head = self.snapshot_head(i);
         let inst = &self.instruments[i];
-        let (sid, rpt) = (inst.id, inst.rpt_seq);
-        let mut remaining = inst.book.len();
-        let mut orders = inst.book.orders();
         let ch = &mut self.channels[Channel::Snapshot.index()];
-        let mut first = true;
-        loop {
-            let n = remaining.min(per_packet);
-            remaining -= n;
-            ch.open(0, session);
-            let mut flags = 0;
-            if first {
-                flags |= MsgFlags::START_OF_SNAPSHOT;
-            }
-            if remaining == 0 {
-                flags |= MsgFlags::END_OF_SNAPSHOT;
-            }
-            ch.flags_extra = flags;
-            ch.put(
-                |mut e: order_book_snapshot_codec::OrderBookSnapshotEncoder| {
-                    e.security_id(sid)
-                        .last_msg_seq_num_processed(last_seq)
-                        .rpt_seq(rpt);
-                    e.exchange_trading_session_id(session)
-                        .tot_num_reports(total);
-                    let mut g = e.entries_encoder(
-                        n as u8,
-                        order_book_snapshot_codec::encoder::EntriesEncoder::default(),
-                    );
-                    while let Ok(Some(_)) = g.advance() {
-                        let Some(o) = orders.next() else { break };
-                        g.md_entry_id(o.order_id)
-                            .transact_time_ns(o.ts_ns)
-                            .md_entry_px(o.price);
-                        g.md_entry_size(o.qty).side(wire_side(o.side));
-                    }
-                    // The group was wrapped around its parent just above; it is always there.
-                    g.parent().expect("group parent set by entries_encoder")
-                },
-            );
-            let flags_extra = ch.flags_extra;
-            ch.close(now_ns, None);
-            ch.flags_extra = flags_extra;
-            first = false;
-            if remaining == 0 {
-                break;
-            }
+        put_snapshot(
+            ch,
+            self.config.packet_bytes_max,
+            self.config.session_id,
+            &head,
+            inst.book.orders(),
+            inst.book.len(),
+            now_ns,
+        );
+        ch.flush(now_ns, self.active, sink);
+    }
+
+    /// The instruments known (those the snapshot loop cycles over).
+    pub fn instrument_count(&self) -> usize {
+        self.instruments.len()
+    }
+
+    /// Grows by one whenever an instrument's definition is given or replaced, so that a
+    /// holder of a copy of the definitions knows when to take them again.
+    pub fn definitions_version(&self) -> u64 {
+        self.definitions_version
+    }
+
+    /// Copies every known definition, in the order the instrument loop sends them.
+    pub fn definitions_into(&self, out: &mut Vec<Instrument>) {
+        out.clear();
+        out.extend(self.instruments.iter().filter_map(|i| i.def.clone()));
+    }
+
+    /// What the snapshot of the instrument at `position` (modulo the number known) says, its
+    /// orders copied into `orders` in priority order; `None` while the order log holds
+    /// messages not yet in a closed packet or a new instrument is not yet announced (a
+    /// snapshot must reflect exactly the order-log packets closed so far).
+    pub fn snapshot_of(
+        &self,
+        position: usize,
+        orders: &mut Vec<BookOrder>,
+    ) -> Option<SnapshotHead> {
+        if self.instruments.is_empty() || !self.snapshot_consistent() {
+            return None;
         }
-        let active = self.active;
-        self.channels[Channel::Snapshot.index()].flush(now_ns, active, sink);
+        let i = position % self.instruments.len();
+        orders.clear();
+        orders.extend(self.instruments[i].book.orders().copied());
+        Some(self.snapshot_head(i))
+    }
+
+    /// Whether a snapshot taken now reflects exactly the order-log packets closed so far: no
+    /// order-log message waits in an open packet, no new instrument waits for its EmptyBook.
+    fn snapshot_consistent(&self) -> bool {
+        !self.channels[Channel::Orders.index()].has_unsent()
+            && !self.instruments.iter().any(|i| i.announce)
+    }
+
+    /// What the snapshot of the instrument at `i` says besides its orders.
+    fn snapshot_head(&self, i: usize) -> SnapshotHead {
+        SnapshotHead {
+            security_id: self.instruments[i].id,
+            rpt_seq: self.instruments[i].rpt_seq,
+            last_msg_seq_num: self.channels[Channel::Orders.index()]
+                .next_seq
+                .wrapping_sub(1),
+            instruments_total: self.instruments.len() as u32,
+        }
+    }
+
+    /// When the next idle flush falls due (see [`Publisher::idle_flush_due`]): the earliest
+    /// time at which a 1 ms / 15 ms channel holding unsent messages is idle; `None` when
+    /// nothing waits.
+    pub fn idle_flush_deadline_ns(&self) -> Option<u64> {
+        Channel::ALL
+            .into_iter()
+            .filter(|&c| self.has_pending(c))
+            .filter_map(|c| {
+                let ch = &self.channels[c.index()];
+                let interval = ch.mode.interval_ns();
+                (interval > 0).then(|| ch.bucket.saturating_add(2).saturating_mul(interval))
+            })
+            .min()
+    }
+}
+
+/// What one instrument's snapshot says besides its orders.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotHead {
+    pub security_id: u32,
+    /// The instrument's RptSeq after the last order-log message about it.
+    pub rpt_seq: u32,
+    /// The order log's last MsgSeqNum the snapshot reflects.
+    pub last_msg_seq_num: u32,
+    /// Instruments in the loop (TotNumReports).
+    pub instruments_total: u32,
+}
+
+/// Puts one full pass of SecurityDefinition messages on the instrument loop's channel; the
+/// caller closes and flushes it.
+pub(crate) fn put_definitions<'a>(
+    ch: &mut ChannelOut,
+    defs: impl Iterator<Item = &'a Instrument> + Clone,
+    now_ns: u64,
+) {
+    let total = defs.clone().count() as u32;
+    for def in defs {
+        ch.reserve(SECURITY_DEFINITION_BYTES, now_ns, 0, 0, None);
+        let symbol = def.symbol.as_bytes();
+        let symbol = &symbol[..symbol.len().min(24)];
+        let (low, high) = def.band();
+        ch.put(|mut e: SecurityDefinitionEncoder| {
+            e.security_id(def.instrument.0)
+                .tick_size(def.tick.0)
+                .lot_size(def.lot_size)
+                .contract_multiplier(def.multiplier);
+            e.low_limit_px_opt(Some(low.0))
+                .high_limit_px_opt(Some(high.0))
+                .tot_num_reports(total)
+                .maturity_date_opt(None);
+            e.symbol_zero_padded(symbol)
+                .currency(b"XXX")
+                .market(wire_market(def.market))
+                .price_scale(def.price_scale);
+            e
+        });
+    }
+}
+
+/// Puts one instrument's snapshot (one or more closed packets) on the snapshot channel; the
+/// caller flushes it.
+pub(crate) fn put_snapshot<'a>(
+    ch: &mut ChannelOut,
+    packet_bytes_max: usize,
+    session: u32,
+    head: &SnapshotHead,
+    mut orders: impl Iterator<Item = &'a BookOrder>,
+    count: usize,
+    now_ns: u64,
+) {
+    let per_packet = ((packet_bytes_max - PACKET_HEADER_BYTES - SNAPSHOT_ROOT_BYTES)
+        / SNAPSHOT_ENTRY_BYTES)
+        .min(usize::from(bourse_wire::market_data::GROUP_COUNT_MAX));
+    let (sid, rpt, last_seq, total) = (
+        head.security_id,
+        head.rpt_seq,
+        head.last_msg_seq_num,
+        head.instruments_total,
+    );
+    let mut remaining = count;
+    let mut first = true;
+    loop {
+        let n = remaining.min(per_packet);
+        remaining -= n;
+        ch.open(0, session);
+        let mut flags = 0;
+        if first {
+            flags |= MsgFlags::START_OF_SNAPSHOT;
+        }
+        if remaining == 0 {
+            flags |= MsgFlags::END_OF_SNAPSHOT;
+        }
+        ch.flags_extra = flags;
+        ch.put(
+            |mut e: order_book_snapshot_codec::OrderBookSnapshotEncoder| {
+                e.security_id(sid)
+                    .last_msg_seq_num_processed(last_seq)
+                    .rpt_seq(rpt);
+                e.exchange_trading_session_id(session)
+                    .tot_num_reports(total);
+                let mut g = e.entries_encoder(
+                    n as u8,
+                    order_book_snapshot_codec::encoder::EntriesEncoder::default(),
+                );
+                while let Ok(Some(_)) = g.advance() {
+                    let Some(o) = orders.next() else { break };
+                    g.md_entry_id(o.order_id)
+                        .transact_time_ns(o.ts_ns)
+                        .md_entry_px(o.price);
+                    g.md_entry_size(o.qty).side(wire_side(o.side));
+                }
+                // The group was wrapped around its parent just above; it is always there.
+                g.parent().expect("group parent set by entries_encoder")
+            },
+        );
+        let flags_extra = ch.flags_extra;
+        ch.close(now_ns, None);
+        ch.flags_extra = flags_extra;
+        first = false;
+        if remaining == 0 {
+            break;
+        }
     }
 }

@@ -99,9 +99,18 @@ impl ReplayServer {
     /// channel `i` on its port + `i` (see [`crate::udp::replay_addr_of`]); port 0 takes any
     /// free ports (then ask [`ReplayServer::local_addr_of`]).
     pub fn spawn_for(orders_addr: SocketAddr, publisher: &Publisher) -> io::Result<ReplayServer> {
+        ReplayServer::spawn_histories(orders_addr, |c| publisher.history_of(c))
+    }
+
+    /// As [`ReplayServer::spawn_for`], serving the history `history_of` gives for each
+    /// channel (none for the loops), such as a [`crate::FeedSender`]'s.
+    pub fn spawn_histories(
+        orders_addr: SocketAddr,
+        history_of: impl Fn(Channel) -> Option<Arc<Mutex<History>>>,
+    ) -> io::Result<ReplayServer> {
         let mut services = Vec::new();
         for c in Channel::ALL {
-            let Some(history) = publisher.history_of(c) else {
+            let Some(history) = history_of(c) else {
                 continue;
             };
             let addr = if orders_addr.port() == 0 {
