@@ -65,6 +65,7 @@ fn venue(dir: &std::path::Path, sessions: &[&str]) -> LocalDeployment {
             .collect(),
         verbose: false,
         core_in_flight_max: None,
+        bounds: None,
     };
     LocalDeployment::start(spec).expect("venue starts")
 }

@@ -261,8 +261,23 @@ mod tests {
         // Order-log packets closed and numbered by a publisher, as the state's would be.
         let mut publisher = Publisher::new(PublisherConfig::default(), &[]);
         let mut closed = VecSink::default();
+        let definition = bourse_core::Instrument {
+            instrument: bourse_core::InstrumentId(7),
+            symbol: "SBER".into(),
+            market: bourse_core::Market::Equity,
+            price_scale: 2,
+            tick: bourse_core::Price(1),
+            lot_size: 1,
+            multiplier: 1,
+            initial_margin: bourse_core::Cash(0),
+            band_bps: 1_000,
+            reference_price: bourse_core::Price(10_000),
+        }
+        .def()
+        .unwrap();
         let events = vec![bourse_core::Event::InstrumentAdded {
             instrument: bourse_core::InstrumentId(7),
+            definition,
             ts_ns: 1_000,
         }];
         publisher.publish(&events, 5, &mut closed);

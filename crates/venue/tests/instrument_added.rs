@@ -122,6 +122,7 @@ fn an_instrument_added_at_run_time_trades_over_fix_and_binary_and_is_published()
         extra_fix_sessions: vec![("OPS".into(), vec![1, 2])],
         verbose: false,
         core_in_flight_max: None,
+        bounds: None,
     };
     let mut deployment = LocalDeployment::start(spec).expect("venue starts");
     let entry = CredentialEntry {
