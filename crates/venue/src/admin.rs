@@ -230,7 +230,11 @@ impl AdminCore {
                     .map_err(|e| e.to_string())?;
                 match answer.kind {
                     OutcomeKind::Applied => applied += 1,
-                    OutcomeKind::Duplicate => {}
+                    // Both mean an earlier attempt of this request applied (a resend after a
+                    // rewind, under load): `Stale` when the group no longer keeps its answer
+                    // because a later request of this client applied since. Its events are
+                    // on the stream at that first application, where `read` finds them.
+                    OutcomeKind::Duplicate | OutcomeKind::Stale => {}
                     other => return Err(format!("request {}: {other:?}", answer.request_seq)),
                 }
                 answered += 1;
