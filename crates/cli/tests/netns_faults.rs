@@ -52,8 +52,6 @@ const TEST_NAME: &str =
 /// Set in the inner run (inside the client's namespace) to the bed's prefix.
 const INNER_ENV: &str = "BOURSE_NETBED_INNER";
 const NODE_PORT: u16 = 7101;
-/// Each node's /metrics port (on its own address).
-const MONITOR_PORT: u16 = 9100;
 const FEED_BASE_PORT: u16 = 32000;
 const GROUP_A: &str = "239.192.77.1";
 const GROUP_B: &str = "239.192.78.1";
@@ -222,73 +220,12 @@ fn spawn_on(prefix: &str, host: &str, args: &[&str], log: &Path) -> Child {
 fn spawn_node(prefix: &str, dir: &Path, config: &Path, id: u64) -> Child {
     let config = config.to_str().unwrap();
     let host = format!("n{id}");
-    let monitor = monitor_addr(id);
     spawn_on(
         prefix,
         &host,
-        &[
-            "node",
-            "--config",
-            config,
-            "--id",
-            &id.to_string(),
-            "--monitor-listen",
-            &monitor,
-        ],
+        &["node", "--config", config, "--id", &id.to_string()],
         &dir.join(format!("node-{id}.log")),
     )
-}
-
-/// Where node `id` serves /metrics (on its address in network 1).
-fn monitor_addr(id: u64) -> String {
-    format!("10.201.0.{id}:{MONITOR_PORT}")
-}
-
-/// A plain-TCP stranger at node 1's port is refused (the node speaks TLS only), and the
-/// refusal is on its /metrics by reason.
-fn plain_tcp_refusal_is_on_the_nodes_metrics() {
-    use std::io::{Read, Write};
-    let node = format!("10.201.0.1:{NODE_PORT}");
-    let before = refused_not_tls(1);
-    let mut s = std::net::TcpStream::connect(&node).expect("connect to node 1");
-    let _ = s.write_all(b"GET / HTTP/1.0\r\n\r\n");
-    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-    let _ = s.read(&mut [0u8; 64]);
-    drop(s);
-    // The monitor polls its node every 250 ms: wait for the count, with a hang guard only.
-    let limit = Instant::now() + Duration::from_secs(60);
-    while refused_not_tls(1) <= before {
-        assert!(
-            Instant::now() < limit,
-            "no not_tls refusal on node 1's /metrics"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// `bourse_node_connections_refused_total{reason="not_tls"}` on node `id`'s /metrics (0
-/// when absent or unreachable).
-fn refused_not_tls(id: u64) -> u64 {
-    use std::io::{Read, Write};
-    let addr = monitor_addr(id);
-    let Ok(mut s) = std::net::TcpStream::connect(&addr) else {
-        return 0;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    let _ = write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    );
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    text.lines()
-        .find(|l| {
-            l.starts_with("bourse_node_connections_refused_total{")
-                && l.contains("reason=\"not_tls\"")
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 /// Sends signal `name` to `child` (through the shell's own `kill`, present wherever `sh` is).
@@ -594,7 +531,6 @@ fn inner(prefix: &str) {
     pause_client(&shared, seed);
     let acked = shared.acked.load(Ordering::SeqCst);
     let finals = rt.block_on(check_replicas(&addrs, acked, seed, &dir));
-    plain_tcp_refusal_is_on_the_nodes_metrics();
     shared.stop.store(true, Ordering::SeqCst);
     let (duplicates, timeouts) = client.join().expect("client thread");
     signal(&subscriber, "INT");
