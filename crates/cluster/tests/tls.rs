@@ -123,14 +123,24 @@ async fn three_nodes_over_mutual_tls_commit_stream_and_fail_over() {
         assert!(s.alarm.is_none(), "{:?}", s.alarm);
         assert_ne!(s.leader, Some(leader));
     }
+    // No node refused another's certificate or identity. (A handshake cut short when the old
+    // leader shut down, or one that timed out on a loaded machine, is a matter of timing, not
+    // of who the peer is, and is not asserted.)
     for n in &nodes {
-        assert_eq!(
-            n.refusals().total(),
-            0,
-            "node {} refused one of its own: {:?}",
-            n.id(),
-            n.refusals().all()
-        );
+        for why in [
+            Refusal::NoCertificate,
+            Refusal::UntrustedCertificate,
+            Refusal::NotTls,
+            Refusal::NotANode,
+        ] {
+            assert_eq!(
+                n.refusals().get(why),
+                0,
+                "node {} refused one of its own: {:?}",
+                n.id(),
+                n.refusals().all()
+            );
+        }
     }
     for n in nodes {
         n.shutdown().await;
