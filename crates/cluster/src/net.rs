@@ -159,6 +159,11 @@ pub struct NodeStatus {
     /// The commit index this node knows: on the leader the index a majority matched, on a
     /// follower the leader's commit index from its latest AppendEntries (at most its log).
     pub commit_index: Option<u64>,
+    /// On a leader that no quorum has acknowledged for longer than the election timeout: how
+    /// long ago one last did (it refuses new commands meanwhile). `None` otherwise.
+    pub quorum_lost_ms: Option<u64>,
+    /// Client commands this node refused for want of a quorum since it started.
+    pub no_quorum_refusals: u64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -474,6 +475,8 @@ struct Shared {
     hooks: Arc<NodeHooks>,
     stages: Arc<Stages>,
     archive: Option<StreamArchive>,
+    /// Client commands refused because this leader had no quorum (for the node's monitor).
+    no_quorum_refusals: AtomicU64,
 }
 
 /// A running node. Dropping it does not stop it; call [`Node::shutdown`].
@@ -651,6 +654,7 @@ impl Node {
             hooks: hooks.clone(),
             stages: stages.clone(),
             archive: archive.clone(),
+            no_quorum_refusals: AtomicU64::new(0),
         });
         let archive_writer = match archive {
             Some(a) => Some(ArchiveWriter::start(
@@ -812,6 +816,8 @@ async fn status(shared: &Shared, hash: bool) -> NodeStatus {
         engine_commands: applied.engine_commands,
         hash_checks_passed: applied.hash_checks_passed,
         matched,
+        quorum_lost_ms: quorum_lost_ms(shared),
+        no_quorum_refusals: shared.no_quorum_refusals.load(Ordering::Relaxed),
         // A hash alarm, else the fatal error that stopped openraft (a journal write or fsync
         // failure: fail-stop), so that status says why the node no longer acknowledges.
         alarm: shared
@@ -1243,6 +1249,7 @@ async fn enqueue(
     if let Some(quorum_ack_ms_ago) = quorum_lost_ms(shared) {
         // Refused at once rather than proposed into a log that cannot commit: the client
         // hears why within the election timeout instead of waiting out its attempt.
+        shared.no_quorum_refusals.fetch_add(1, Ordering::Relaxed);
         return Err((SubmitError::NoQuorum { quorum_ack_ms_ago }, reply));
     }
     let pending = Pending {

@@ -514,6 +514,14 @@ fn without_a_quorum_new_commands_are_refused_and_the_window_is_not_resent_in_a_l
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(health.no_quorum());
+    // The leader says so in its status (what its monitor exports): it leads without a
+    // quorum and has counted the refusal the link just heard.
+    let status = group.rt.block_on(group.nodes[0].status_brief());
+    assert!(
+        status.quorum_lost_ms.is_some(),
+        "status without quorum loss: {status:?}"
+    );
+    assert!(status.no_quorum_refusals >= 1, "{status:?}");
     let taken_during_outage = seq;
     // While it lasts, the link holds what it took and probes with one request at a time: no
     // more re-sends than probes, and every new command is refused at once.

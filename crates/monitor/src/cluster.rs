@@ -56,6 +56,8 @@ pub struct NodeView {
     pub state_hash_hex: Option<String>,
     /// The node's own divergence alarm (it stopped on a state hash mismatch), if raised.
     pub alarm: Option<String>,
+    /// A leader refusing commands for want of a quorum: ms since one last acknowledged it.
+    pub quorum_lost_ms: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -76,6 +78,7 @@ struct Entry {
     /// (applied index, hash) pairs kept for comparison: the last few per node.
     hashes: Vec<(u64, u64)>,
     alarm: Option<String>,
+    quorum_lost_ms: Option<u64>,
 }
 
 const HASHES_KEPT_PER_NODE: usize = 16;
@@ -98,6 +101,7 @@ impl ClusterView {
             seen: Instant::now(),
             hashes: Vec::new(),
             alarm: None,
+            quorum_lost_ms: None,
         });
         if let Some(h) = status.state_hash {
             let index = status.hash_index.unwrap_or(status.applied_index);
@@ -135,7 +139,18 @@ impl ClusterView {
                 seen: Instant::now(),
                 hashes: Vec::new(),
                 alarm: None,
+                quorum_lost_ms: None,
             });
+        }
+    }
+
+    /// Records whether a leader refuses commands for want of a quorum (`None`: it does not).
+    /// Only nodes the view knows.
+    pub fn set_quorum_lost(&self, id: u64, quorum_lost_ms: Option<u64>) {
+        if let Ok(mut nodes) = self.nodes.lock() {
+            if let Some(e) = nodes.get_mut(&id) {
+                e.quorum_lost_ms = quorum_lost_ms;
+            }
         }
     }
 
@@ -212,6 +227,7 @@ impl ClusterView {
                 up: last_seen_ms <= node_down_ms,
                 state_hash_hex: e.status.state_hash.map(|h| format!("{h:016x}")),
                 alarm: e.alarm.clone(),
+                quorum_lost_ms: e.quorum_lost_ms,
             });
         }
         let mut mismatch = Vec::new();
@@ -327,6 +343,17 @@ pub fn evaluate(
             out.push(Alert {
                 name: "divergence",
                 message: format!("node {} stopped on a state hash alarm: {a}", n.status.id),
+            });
+        }
+    }
+    for n in cluster.nodes.iter() {
+        if let Some(ms) = n.quorum_lost_ms {
+            out.push(Alert {
+                name: "no_quorum",
+                message: format!(
+                    "node {} leads without a quorum (last acknowledged {ms} ms ago) and refuses new commands",
+                    n.status.id
+                ),
             });
         }
     }

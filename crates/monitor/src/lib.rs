@@ -115,6 +115,11 @@ pub mod names {
     /// Connections a node refused before reading a frame (label `reason`: no_certificate,
     /// untrusted_certificate, not_tls, handshake_failed, handshake_timeout, busy).
     pub const NODE_CONNECTIONS_REFUSED_TOTAL: &str = "bourse_node_connections_refused_total";
+    /// On a leader without a quorum (it refuses new commands): milliseconds since a quorum
+    /// last acknowledged it; 0 while it has one or does not lead.
+    pub const NODE_QUORUM_LOST_MS: &str = "bourse_node_quorum_lost_ms";
+    /// Client commands a node refused because it led without a quorum.
+    pub const NODE_NO_QUORUM_REFUSALS_TOTAL: &str = "bourse_node_no_quorum_refusals_total";
 }
 
 /// Monitoring settings; every field has a default, and a TOML file may set any of them.

@@ -63,6 +63,10 @@ pub struct NodeSample {
     /// The commit index the node knows (leader: majority matched; follower: the leader's
     /// commit index from its latest AppendEntries), when it reports one.
     pub commit_index: Option<u64>,
+    /// On a leader refusing commands for want of a quorum: ms since one last acknowledged it.
+    pub quorum_lost_ms: Option<u64>,
+    /// Client commands the node refused for want of a quorum since it started.
+    pub no_quorum_refusals: u64,
 }
 
 /// openraft's role names (`Leader`, `Follower`, …) as a [`Role`].
@@ -174,6 +178,15 @@ impl Rebased {
             last: None,
         }
     }
+    /// A counter of totals kept since the process started: the first reading counts from
+    /// zero (what happened before the monitor began happened too).
+    fn from_zero(counter: Counter) -> Rebased {
+        Rebased {
+            counter,
+            last: Some(0),
+        }
+    }
+
     fn update(&mut self, total: u64) {
         if let Some(last) = self.last {
             if total >= last {
@@ -207,6 +220,8 @@ pub struct NodeMetrics {
     is_leader: Gauge,
     leader_id: Gauge,
     alarm: Gauge,
+    quorum_lost_ms: Gauge,
+    no_quorum_refusals: Rebased,
     peer_lag: Vec<(u64, Gauge)>,
     journal_bytes: Counter,
     journal_records: Counter,
@@ -325,6 +340,17 @@ impl NodeMetrics {
                 "1 once the node stopped on a state hash mismatch (divergence alarm).",
                 &l,
             ),
+            quorum_lost_ms: r.gauge(
+                names::NODE_QUORUM_LOST_MS,
+                "On a leader refusing commands for want of a quorum: ms since a quorum last \
+                 acknowledged it (0: it has one, or does not lead).",
+                &l,
+            ),
+            no_quorum_refusals: Rebased::from_zero(r.counter(
+                names::NODE_NO_QUORUM_REFUSALS_TOTAL,
+                "Client commands the node refused because it led without a quorum.",
+                &l,
+            )),
             peer_lag,
             journal_bytes: journal.bytes,
             journal_records: journal.records,
@@ -446,6 +472,9 @@ impl NodeMetrics {
         self.is_leader.set(leading as i64);
         self.leader_id.set(clamp(s.leader.unwrap_or(0)));
         self.alarm.set(s.alarm.is_some() as i64);
+        self.quorum_lost_ms
+            .set(clamp(s.quorum_lost_ms.unwrap_or(0)));
+        self.no_quorum_refusals.update(s.no_quorum_refusals);
         let last = s.last_log_index.unwrap_or(0);
         for (peer, gauge) in &self.peer_lag {
             let lag = if leading {
@@ -473,6 +502,7 @@ impl NodeMetrics {
         let view = self.monitor.cluster();
         view.report(s.view_status(self.members.len()));
         view.set_alarm(s.id, s.alarm.clone());
+        view.set_quorum_lost(s.id, s.quorum_lost_ms);
     }
 
     pub fn id(&self) -> u64 {
@@ -522,11 +552,7 @@ impl NodeMetrics {
                         "Connections the node refused before reading a frame, by reason.",
                         &[("node", node.as_str()), ("reason", reason)],
                     );
-                    let mut rebased = Rebased::new(counter);
-                    // The first reading counts from zero: refusals before the monitor began
-                    // are refusals too.
-                    rebased.update(0);
-                    self.refusals.push((reason, rebased));
+                    self.refusals.push((reason, Rebased::from_zero(counter)));
                     self.refusals.len() - 1
                 }
             };
@@ -666,7 +692,49 @@ mod tests {
             alarm: None,
             checkpoint: None,
             commit_index: None,
+            quorum_lost_ms: None,
+            no_quorum_refusals: 0,
         }
+    }
+
+    #[test]
+    fn a_leader_without_a_quorum_is_on_metrics_and_raises_an_alert_until_it_has_one_again() {
+        let m = Monitor::new(MonitorConfig::default());
+        let mut n = NodeMetrics::new(m.clone(), 1, &[1, 2, 3], "equities");
+        n.observe(&NodeSample {
+            quorum_lost_ms: Some(1_700),
+            no_quorum_refusals: 12,
+            ..sample(1, Role::Leader, 100, 10)
+        });
+        let mut text = String::new();
+        m.registry().render(&mut text);
+        for line in [
+            "bourse_node_quorum_lost_ms{node=\"1\"} 1700",
+            "bourse_node_no_quorum_refusals_total{node=\"1\"} 12",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+        let snap = m.cluster().snapshot(3_000, m.registry());
+        let v = snap.nodes.iter().find(|v| v.status.id == 1).unwrap();
+        assert_eq!(v.quorum_lost_ms, Some(1_700));
+        let alerts = crate::cluster::evaluate(&Default::default(), None, None, &snap);
+        assert!(alerts.iter().any(|a| a.name == "no_quorum"), "{alerts:?}");
+
+        // The quorum is back: the gauge returns to 0, the counter keeps its total, no alert.
+        n.observe(&NodeSample {
+            no_quorum_refusals: 12,
+            ..sample(1, Role::Leader, 110, 12)
+        });
+        let mut text = String::new();
+        m.registry().render(&mut text);
+        assert!(
+            text.contains("bourse_node_quorum_lost_ms{node=\"1\"} 0"),
+            "{text}"
+        );
+        assert!(text.contains("bourse_node_no_quorum_refusals_total{node=\"1\"} 12"));
+        let snap = m.cluster().snapshot(3_000, m.registry());
+        let alerts = crate::cluster::evaluate(&Default::default(), None, None, &snap);
+        assert!(!alerts.iter().any(|a| a.name == "no_quorum"), "{alerts:?}");
     }
 
     #[test]

@@ -49,5 +49,7 @@ pub fn sample_of(s: &ClusterStatus) -> NodeSample {
         alarm: s.alarm.clone(),
         checkpoint: s.checkpoint,
         commit_index: s.commit_index,
+        quorum_lost_ms: s.quorum_lost_ms,
+        no_quorum_refusals: s.no_quorum_refusals,
     }
 }
