@@ -97,16 +97,20 @@ impl NodeTlsArgs {
     /// This process reaches `nodes` over TLS with these files, if given (plain TCP
     /// otherwise, which only loopback addresses allow).
     pub fn apply(&self, nodes: &[SocketAddr]) -> Result<()> {
-        let files = match (&self.tls_ca, &self.tls_cert, &self.tls_key) {
+        bourse_cluster::transport::configure_client(nodes, self.files().as_ref())
+            .map_err(|e| anyhow!("--tls-*: {e}"))
+    }
+
+    /// The files, when all three were given (clap requires them together).
+    pub fn files(&self) -> Option<bourse_cluster::TlsFiles> {
+        match (&self.tls_ca, &self.tls_cert, &self.tls_key) {
             (Some(ca), Some(cert), Some(key)) => Some(bourse_cluster::TlsFiles {
                 ca_path: ca.clone(),
                 cert_path: cert.clone(),
                 key_path: key.clone(),
             }),
             _ => None,
-        };
-        bourse_cluster::transport::configure_client(nodes, files.as_ref())
-            .map_err(|e| anyhow!("--tls-*: {e}"))
+        }
     }
 }
 

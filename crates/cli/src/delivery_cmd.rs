@@ -45,6 +45,9 @@ pub struct ServeArgs {
     /// Where the store is persisted (kept in memory only if not given).
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// Mutual TLS to every `--core`'s nodes (required for nodes off the loopback).
+    #[command(flatten)]
+    tls: crate::cluster_cmd::NodeTlsArgs,
 }
 
 #[derive(Args)]
@@ -91,7 +94,7 @@ pub fn run(command: DeliveryCommand) -> Result<()> {
     }
 }
 
-fn parse_core(spec: &str) -> Result<CoreSource> {
+fn parse_core(spec: &str, tls: Option<bourse_cluster::TlsFiles>) -> Result<CoreSource> {
     let (id, nodes) = spec
         .split_once('=')
         .ok_or_else(|| anyhow!("--core {spec}: expected ID=ADDR,ADDR,..."))?;
@@ -105,11 +108,7 @@ fn parse_core(spec: &str) -> Result<CoreSource> {
                 .with_context(|| format!("--core {spec}: `{a}` is not an address"))
         })
         .collect::<Result<Vec<SocketAddr>>>()?;
-    Ok(CoreSource {
-        id,
-        nodes,
-        tls: None,
-    })
+    Ok(CoreSource { id, nodes, tls })
 }
 
 fn serve(args: ServeArgs) -> Result<()> {
@@ -124,7 +123,7 @@ fn serve(args: ServeArgs) -> Result<()> {
             cores: args
                 .cores
                 .iter()
-                .map(|c| parse_core(c))
+                .map(|c| parse_core(c, args.tls.files()))
                 .collect::<Result<_>>()?,
             limits: Limits::default(),
         },

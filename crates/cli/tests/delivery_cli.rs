@@ -1,17 +1,20 @@
 //! `bourse delivery serve` over a replicated core and `bourse delivery tail` reading it: what
 //! tail prints is each order's latest state, every trade and reject, as the core's committed
-//! stream says, and the example Python client reads the same; a config file with an unknown
-//! key is refused naming it.
+//! stream says, and the example Python client reads the same; with the TLS flags it follows a
+//! core that requires certificates; a config file with an unknown key is refused naming it.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bourse_cluster::client::PipelinedClient;
-use bourse_cluster::{tokio, ClusterConfig, Node, StreamConsumer};
+use bourse_cluster::transport;
+use bourse_cluster::{tokio, ClusterConfig, Node, StreamConsumer, TlsFiles};
 use bourse_core::Event;
 use bourse_delivery::{DeliveryClient, Record};
 use bourse_engine::workload::{Flow, FlowConfig};
+use bourse_testkit::certs::Authority;
 
 const BOURSE: &str = env!("CARGO_BIN_EXE_bourse");
 const LIMIT: Duration = Duration::from_secs(60);
@@ -44,56 +47,11 @@ async fn tail_prints_the_latest_state_of_every_order_a_core_committed() {
     config.fsync = bourse_cluster::FsyncSetting::Never;
     config.orders_max = 4096;
     config.accounts_max = 256;
-    let mut nodes = Vec::new();
-    for n in &config.nodes {
-        nodes.push(Node::start(&config, n.id).await.unwrap());
-    }
-    let addrs: Vec<_> = config
-        .nodes
-        .iter()
-        .map(|n| (n.id, n.addr.parse().unwrap()))
-        .collect();
-    let mut client = PipelinedClient::start(addrs, 1, 1, 256);
-    let mut flow = FlowConfig::exchange_core(5);
-    flow.accounts = 20;
-    let mut flow = Flow::new(flow);
-    let mut last = 0;
-    let bodies: Vec<_> = flow
-        .setup()
-        .into_iter()
-        .chain((0..300).map(|_| flow.next_command()))
-        .collect();
-    for (i, body) in bodies.into_iter().enumerate() {
-        last = client
-            .submit(&bourse_core::Command::new(i as u64, body))
-            .await
-            .unwrap();
-    }
-    while tokio::time::timeout(LIMIT, client.next_answer())
-        .await
-        .unwrap()
-        .unwrap()
-        .request_seq
-        != last
-    {}
-    // A follower may lag the leader that answered: the furthest node's applied index ends
-    // what was committed.
-    let mut end = 0;
-    for n in &nodes {
-        end = end.max(n.status().await.last_applied_index.map_or(0, |i| i + 1));
-    }
+    let (nodes, end) = start_and_drive(&config, 300).await;
 
     let listen = format!("127.0.0.1:{}", bourse_testkit::free_port());
     let binary_listen = format!("127.0.0.1:{}", bourse_testkit::free_port());
-    let core = format!(
-        "0={}",
-        config
-            .nodes
-            .iter()
-            .map(|n| n.addr.clone())
-            .collect::<Vec<_>>()
-            .join(",")
-    );
+    let core = core_arg(&config);
     let _serve = Guard(
         Command::new(BOURSE)
             .args([
@@ -112,18 +70,7 @@ async fn tail_prints_the_latest_state_of_every_order_a_core_committed() {
             .spawn()
             .unwrap(),
     );
-    // Wait until the node serves and has applied the whole stream.
-    let mut status_client = DeliveryClient::new(listen.parse().unwrap());
-    let started = Instant::now();
-    loop {
-        if let Ok(s) = status_client.status().await {
-            if s["cores"][0]["applied_index"].as_u64() >= Some(end) {
-                break;
-            }
-        }
-        assert!(started.elapsed() < LIMIT, "delivery node did not catch up");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_caught_up(&listen, end).await;
     let out = Command::new(BOURSE)
         .args([
             "delivery",
@@ -235,6 +182,141 @@ async fn tail_prints_the_latest_state_of_every_order_a_core_committed() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(from_binary, printed);
+    drop(_serve);
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+/// Starts `config`'s nodes and commits the flow's set-up and `orders` commands; returns the
+/// nodes and the end of what was committed (the furthest node's applied index + 1: a
+/// follower may lag the leader that answered).
+async fn start_and_drive(config: &ClusterConfig, orders: usize) -> (Vec<Node>, u64) {
+    let mut nodes = Vec::new();
+    for n in &config.nodes {
+        nodes.push(Node::start(config, n.id).await.unwrap());
+    }
+    let addrs: Vec<_> = config
+        .nodes
+        .iter()
+        .map(|n| (n.id, n.addr.parse().unwrap()))
+        .collect();
+    let mut client = PipelinedClient::start(addrs, 1, 1, 256);
+    let mut flow = FlowConfig::exchange_core(5);
+    flow.accounts = 20;
+    let mut flow = Flow::new(flow);
+    let mut last = 0;
+    let bodies: Vec<_> = flow
+        .setup()
+        .into_iter()
+        .chain((0..orders).map(|_| flow.next_command()))
+        .collect();
+    for (i, body) in bodies.into_iter().enumerate() {
+        last = client
+            .submit(&bourse_core::Command::new(i as u64, body))
+            .await
+            .unwrap();
+    }
+    while tokio::time::timeout(LIMIT, client.next_answer())
+        .await
+        .unwrap()
+        .unwrap()
+        .request_seq
+        != last
+    {}
+    let mut end = 0;
+    for n in &nodes {
+        end = end.max(n.status().await.last_applied_index.map_or(0, |i| i + 1));
+    }
+    (nodes, end)
+}
+
+/// Waits until the delivery node at `listen` serves and has applied core 0 up to `end`.
+async fn wait_caught_up(listen: &str, end: u64) {
+    let mut status_client = DeliveryClient::new(listen.parse().unwrap());
+    let started = Instant::now();
+    loop {
+        if let Ok(s) = status_client.status().await {
+            if s["cores"][0]["applied_index"].as_u64() >= Some(end) {
+                return;
+            }
+        }
+        assert!(started.elapsed() < LIMIT, "delivery node did not catch up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `--core ID=ADDR,...` for `config`'s nodes, as core 0.
+fn core_arg(config: &ClusterConfig) -> String {
+    format!(
+        "0={}",
+        config
+            .nodes
+            .iter()
+            .map(|n| n.addr.clone())
+            .collect::<Vec<_>>()
+            .join(",")
+    )
+}
+
+/// With `--tls-ca/--tls-cert/--tls-key`, `serve` follows a core whose nodes accept only
+/// certificates of the venue's authority (plain TCP would be refused before any frame).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_follows_a_core_that_requires_certificates_with_the_tls_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let venue = Authority::new(dir.path(), "venue");
+    let mut config =
+        ClusterConfig::local(78, dir.path().join("data"), bourse_testkit::free_ports());
+    config.fsync = bourse_cluster::FsyncSetting::Never;
+    config.orders_max = 4096;
+    config.accounts_max = 256;
+    for n in &config.nodes {
+        venue.issue(&format!("node-{}", n.id), &["127.0.0.1"]);
+    }
+    let (cert_path, key_path) = venue.paths("node-{id}");
+    config.tls = Some(TlsFiles {
+        ca_path: venue.ca_path(),
+        cert_path,
+        key_path,
+    });
+    // This process reaches the nodes as a gateway would, with a certificate of its own.
+    let node_addrs: Vec<SocketAddr> = config
+        .nodes
+        .iter()
+        .map(|n| n.addr.parse().unwrap())
+        .collect();
+    let (cert_path, key_path) = venue.issue("test-client", &[]);
+    let files = TlsFiles {
+        ca_path: venue.ca_path(),
+        cert_path,
+        key_path,
+    };
+    transport::configure_client(&node_addrs, Some(&files)).unwrap();
+    let (nodes, end) = start_and_drive(&config, 100).await;
+
+    let listen = format!("127.0.0.1:{}", bourse_testkit::free_port());
+    let (cert, key) = venue.issue("delivery", &[]);
+    let _serve = Guard(
+        Command::new(BOURSE)
+            .args([
+                "delivery",
+                "serve",
+                "--listen",
+                &listen,
+                "--core",
+                &core_arg(&config),
+            ])
+            .arg("--tls-ca")
+            .arg(venue.ca_path())
+            .arg("--tls-cert")
+            .arg(&cert)
+            .arg("--tls-key")
+            .arg(&key)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_caught_up(&listen, end).await;
     drop(_serve);
     for n in nodes {
         n.shutdown().await;
