@@ -50,6 +50,11 @@ pub struct ClusterBenchArgs {
     /// same relay). `relay` against `tls` is what TLS costs.
     #[arg(long, default_value = "direct")]
     links: String,
+    /// One-way distances between the nodes in µs, a set of scenarios per value: each node's
+    /// peers reach it through a delay line holding every byte this long each way (what
+    /// separate hosts cost; the client still reaches the leader directly). 0: no line.
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    distance_us: Vec<u64>,
 }
 
 /// The most commands one scenario offers (bounds memory and time).
@@ -148,10 +153,41 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
     if !["direct", "relay", "tls"].contains(&args.links.as_str()) {
         bail!("--links {}: use direct, relay or tls", args.links);
     }
-    for mode in modes {
+    if let Some(d) = args
+        .distance_us
+        .iter()
+        .find(|&&d| d > super::delay::ONE_WAY_US_MAX)
+    {
+        bail!(
+            "--distance-us {d}: at most {} µs one way",
+            super::delay::ONE_WAY_US_MAX
+        );
+    }
+    let runs = modes
+        .iter()
+        .flat_map(|&m| args.distance_us.iter().map(move |&d| (m, d)));
+    for (mode, distance_us) in runs {
         let dir = common::ScratchDir::new("bench-cluster")?;
         let mut config = ClusterConfig::local(99, dir.0.clone(), common::free_ports()?);
         config.fsync = mode;
+        // Kept until the nodes are gone.
+        let _lines = behind_delay_lines(&mut config, distance_us)?;
+        let echo = if distance_us == 0 {
+            echo
+        } else {
+            let floor = Latency::of(&common::echo_baseline_via(Some(Duration::from_micros(
+                distance_us,
+            )))?);
+            if !args.json {
+                println!(
+                    "  distance {distance_us} µs one way between the nodes (delay lines): echo round trip through a line p50 {}  p99 {}  p99.9 {} — a commit's floor (one round trip to the nearer follower); the x columns below are against it",
+                    common::ns(floor.p50),
+                    common::ns(floor.p99),
+                    common::ns(floor.p999)
+                );
+            }
+            floor
+        };
         if args.links == "tls" {
             use_tls(&mut config, &dir.0)?;
         }
@@ -245,8 +281,13 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
             let lat = Latency::of(&r.latency);
             let tput = r.acked as f64 / r.elapsed.as_secs_f64();
             let scenario = format!(
-                "fsync-{mode_name}-{}",
-                rate.map_or("saturation".to_string(), |r| format!("{}k", r / 1000))
+                "fsync-{mode_name}-{}{}",
+                rate.map_or("saturation".to_string(), |r| format!("{}k", r / 1000)),
+                if distance_us == 0 {
+                    String::new()
+                } else {
+                    format!("-d{distance_us}us")
+                }
             );
             let ratio = |v: u64, base: u64| (v as f64 / base.max(1) as f64 * 100.0).round() / 100.0;
             let stages = stage_breakdown(&nodes, leader);
@@ -265,6 +306,7 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
                         "ratio_to_echo": {"p50": ratio(lat.p50, echo.p50), "p99": ratio(lat.p99, echo.p99), "p999": ratio(lat.p999, echo.p999)},
                         "baseline": {"echo_rtt_ns": {"p50": echo.p50, "p99": echo.p99, "p999": echo.p999}},
                         "stages_ns": stage_json, "node_threads": args.node_threads,
+                        "distance_us": distance_us,
                         "send_lag_ns": Latency::of(&r.send_lag), "cpu": cpu,
                         "machine": machine, "version": common::version(),
                     })
@@ -635,6 +677,31 @@ fn use_tls(config: &mut ClusterConfig, dir: &std::path::Path) -> Result<()> {
         .filter_map(|n| n.addr.parse().ok())
         .collect();
     bourse_cluster::transport::configure_client(&addrs, Some(&client)).map_err(|e| anyhow!(e))
+}
+
+/// With `distance_us` > 0, puts a delay line in front of every node: its peers (and set-up
+/// clients) dial the line's port, which is now the node's advertised address, and the node
+/// listens on its old one. Returns the lines (dropping one stops it).
+fn behind_delay_lines(
+    config: &mut ClusterConfig,
+    distance_us: u64,
+) -> Result<Vec<super::delay::DelayLine>> {
+    if distance_us == 0 {
+        return Ok(Vec::new());
+    }
+    let mut lines = Vec::new();
+    for n in config.nodes.iter_mut() {
+        let listen: SocketAddr = n.addr.parse().context("node address")?;
+        let line = super::delay::DelayLine::start(
+            "127.0.0.1:0".parse()?,
+            listen,
+            Duration::from_micros(distance_us),
+        )?;
+        n.listen = Some(listen.to_string());
+        n.addr = line.addr().to_string();
+        lines.push(line);
+    }
+    Ok(lines)
 }
 
 /// A relay on a thread of its own: takes one plain connection on a loopback port (returned)

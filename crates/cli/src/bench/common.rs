@@ -6,7 +6,7 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
 use hdrhistogram::Histogram;
@@ -20,8 +20,23 @@ pub const ECHO_ROUND_TRIPS: u32 = 20_000;
 /// A plain TCP echo of 64-byte messages on loopback, one at a time: the floor every
 /// door-to-door figure is compared with.
 pub fn echo_baseline() -> Result<Histogram<u64>> {
+    echo_baseline_via(None)
+}
+
+/// As [`echo_baseline`], through a delay line of `one_way` each way when given: the floor of
+/// anything that needs one round trip over that distance.
+pub fn echo_baseline_via(one_way: Option<Duration>) -> Result<Histogram<u64>> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
+    let server_addr = listener.local_addr()?;
+    let line = match one_way {
+        Some(d) => Some(super::delay::DelayLine::start(
+            "127.0.0.1:0".parse()?,
+            server_addr,
+            d,
+        )?),
+        None => None,
+    };
+    let addr = line.as_ref().map_or(server_addr, |l| l.addr());
     let server = std::thread::spawn(move || -> std::io::Result<()> {
         let (mut s, _) = listener.accept()?;
         s.set_nodelay(true)?;
@@ -39,13 +54,19 @@ pub fn echo_baseline() -> Result<Histogram<u64>> {
     let msg = [7u8; 64];
     let mut back = [0u8; 64];
     let mut h = histogram();
-    for _ in 0..ECHO_ROUND_TRIPS {
+    // Through a line, about two seconds' worth (at least 200): 20,000 round trips of 2 ms
+    // would take 40 s.
+    let round_trips = one_way.map_or(ECHO_ROUND_TRIPS, |d| {
+        (1_000_000 / (d.as_micros() as u32).max(1)).clamp(200, ECHO_ROUND_TRIPS)
+    });
+    for _ in 0..round_trips {
         let t = Instant::now();
         c.write_all(&msg)?;
         c.read_exact(&mut back)?;
         record(&mut h, t.elapsed().as_nanos() as u64);
     }
     drop(c);
+    drop(line);
     server
         .join()
         .map_err(|_| anyhow!("echo server panicked"))??;

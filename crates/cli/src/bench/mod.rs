@@ -9,6 +9,7 @@ mod capacity;
 mod clearing;
 mod cluster;
 mod common;
+mod delay;
 mod delivery;
 mod engine;
 mod gateway;
