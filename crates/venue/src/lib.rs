@@ -330,6 +330,8 @@ impl LocalDeployment {
             config.stream_entries_kept = b.stream_entries_kept;
             config.stream_bytes_kept = b.stream_bytes_kept;
             config.snapshot_every_entries = b.snapshot_every_entries;
+            config.log_tail_entries_kept = b.log_tail_entries_kept;
+            config.log_tail_bytes_kept = b.log_tail_bytes_kept;
         }
         let md_base_port = if spec.market_data {
             Some(bourse_testkit::try_free_port_block(40)?)
