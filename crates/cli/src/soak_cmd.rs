@@ -127,7 +127,8 @@ fn status_kib(status: &str, field: &str) -> u64 {
 }
 
 pub fn run(args: SoakArgs) -> Result<()> {
-    if !(args.minutes > 0.0) || args.rate == 0 || args.sample_s == 0 {
+    // `is_finite` also refuses NaN, which compares false with everything.
+    if !args.minutes.is_finite() || args.minutes <= 0.0 || args.rate == 0 || args.sample_s == 0 {
         bail!("--minutes, --rate and --sample-s must be positive");
     }
     let seconds = args.minutes * 60.0;
