@@ -28,6 +28,23 @@ mod t2t_cmd;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+// The allocator is chosen when the binary is built: glibc's malloc by default; mimalloc with
+// the `mimalloc` feature; with `count-alloc`, either one wrapped in a counter of live bytes
+// (`bourse soak` prints it beside RSS). Nothing counts in a default build.
+#[cfg(all(feature = "count-alloc", not(feature = "mimalloc")))]
+#[global_allocator]
+static HEAP: bourse_venue::heap::Counting<std::alloc::System> =
+    bourse_venue::heap::Counting::new(std::alloc::System);
+
+#[cfg(all(feature = "count-alloc", feature = "mimalloc"))]
+#[global_allocator]
+static HEAP: bourse_venue::heap::Counting<mimalloc::MiMalloc> =
+    bourse_venue::heap::Counting::new(mimalloc::MiMalloc);
+
+#[cfg(all(feature = "mimalloc", not(feature = "count-alloc")))]
+#[global_allocator]
+static HEAP: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "bourse",

@@ -12,6 +12,13 @@
 //!
 //! `--small-bounds` sizes the bounded structures small (`bourse_venue::MemoryBounds::SMALL`),
 //! so the plateau comes within minutes instead of the defaults' quarter of an hour.
+//!
+//! Per role, each row has what the structures count themselves: the nodes' stream rings, the
+//! feeds' replay history (the resident part of each channel's ring, summed over the feeds),
+//! the gateway's binary resend stores and the orders it tracks. A binary built with the
+//! `count-alloc` feature adds the heap's live bytes (`bourse_venue::heap`): when RSS grows
+//! and they do not, the growth is the allocator keeping freed memory, not the venue holding
+//! more. Each row also carries the machine's one-minute load average.
 
 use anyhow::{anyhow, bail, Context, Result};
 use bourse_loadgen::RunOptions;
@@ -25,9 +32,9 @@ use std::time::{Duration, Instant};
 
 #[derive(Args)]
 pub struct SoakArgs {
-    /// How long the participants trade.
-    #[arg(long, default_value_t = 60)]
-    minutes: u64,
+    /// How long the participants trade (fractions allowed: 0.5 is 30 s).
+    #[arg(long, default_value_t = 60.0)]
+    minutes: f64,
     /// Commands per second the participants send, all markets together.
     #[arg(long, default_value_t = 2_000)]
     rate: u64,
@@ -48,34 +55,66 @@ pub struct SoakArgs {
 /// Participant accounts per market, as the demo's default.
 const ACCOUNTS: u32 = 2_000;
 
+/// The heap's live bytes are counted (the binary was built with `count-alloc`).
+const HEAP_COUNTED: bool = cfg!(feature = "count-alloc");
+
+/// The allocator this binary was built with.
+const ALLOCATOR: &str = if cfg!(feature = "mimalloc") {
+    "mimalloc"
+} else {
+    "glibc malloc"
+};
+
 /// One sample of the process and its bounded structures.
 struct Sample {
     t_s: f64,
+    load_1m: f64,
     commands: u64,
     rss_anon_kib: u64,
     vm_rss_kib: u64,
+    /// `None` unless the binary counts its heap.
+    live_heap_bytes: Option<i64>,
     rings_bytes: usize,
     ring_bytes_max: usize,
+    replay_history_bytes: u64,
+    resend_bytes: usize,
     orders_tracked: usize,
 }
 
-const HEADER: &str = "t_s\tcommands\trss_anon_mib\tvm_rss_mib\tstream_rings_mib\tstream_ring_max_mib\tgateway_orders_tracked";
+const HEADER: &str = "t_s\tload_1m\tcommands\trss_anon_mib\tvm_rss_mib\tlive_heap_mib\tstream_rings_mib\tstream_ring_max_mib\treplay_history_mib\tgateway_resend_mib\tgateway_orders_tracked";
+
+fn mib(bytes: f64) -> f64 {
+    bytes / (1u64 << 20) as f64
+}
 
 impl Sample {
     fn row(&self) -> String {
-        let mib = |kib: u64| kib as f64 / 1024.0;
-        let bmib = |b: usize| b as f64 / (1 << 20) as f64;
+        let live = match self.live_heap_bytes {
+            Some(b) => format!("{:.1}", mib(b as f64)),
+            None => "-".into(),
+        };
         format!(
-            "{:.0}\t{}\t{:.1}\t{:.1}\t{:.1}\t{:.2}\t{}",
+            "{:.0}\t{:.2}\t{}\t{:.1}\t{:.1}\t{live}\t{:.1}\t{:.2}\t{:.1}\t{:.1}\t{}",
             self.t_s,
+            self.load_1m,
             self.commands,
-            mib(self.rss_anon_kib),
-            mib(self.vm_rss_kib),
-            bmib(self.rings_bytes),
-            bmib(self.ring_bytes_max),
+            self.rss_anon_kib as f64 / 1024.0,
+            self.vm_rss_kib as f64 / 1024.0,
+            mib(self.rings_bytes as f64),
+            mib(self.ring_bytes_max as f64),
+            mib(self.replay_history_bytes as f64),
+            mib(self.resend_bytes as f64),
             self.orders_tracked
         )
     }
+}
+
+/// The one-minute load average from `/proc/loadavg` (0 where there is none).
+fn load_1m() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// A field of `/proc/self/status` in KiB ("RssAnon", "VmRSS"); 0 where there is none.
@@ -88,10 +127,11 @@ fn status_kib(status: &str, field: &str) -> u64 {
 }
 
 pub fn run(args: SoakArgs) -> Result<()> {
-    if args.minutes == 0 || args.rate == 0 || args.sample_s == 0 {
+    // `is_finite` also refuses NaN, which compares false with everything.
+    if !args.minutes.is_finite() || args.minutes <= 0.0 || args.rate == 0 || args.sample_s == 0 {
         bail!("--minutes, --rate and --sample-s must be positive");
     }
-    let seconds = (args.minutes * 60) as f64;
+    let seconds = args.minutes * 60.0;
     let profile =
         crate::demo::participants_profile(seconds, args.rate, ACCOUNTS, args.seed, false)?;
     let out = args.out.clone().unwrap_or_else(|| {
@@ -111,7 +151,7 @@ pub fn run(args: SoakArgs) -> Result<()> {
     let mut deployment = LocalDeployment::start(spec).context("starting the venue")?;
     println!(
         "bourse soak: the demo's participants at {} commands/s for {} min, a sample every {} s \
-         into {}{}",
+         into {}{}; {ALLOCATOR}, {}",
         args.rate,
         args.minutes,
         args.sample_s,
@@ -120,11 +160,17 @@ pub fn run(args: SoakArgs) -> Result<()> {
             " (small bounds)"
         } else {
             ""
+        },
+        if HEAP_COUNTED {
+            "live heap bytes counted"
+        } else {
+            "live heap not counted (build with --features count-alloc)"
         }
     );
     println!("{HEADER}");
     writeln!(file, "{HEADER}")?;
     let rings = deployment.stream_rings();
+    let feeds = deployment.feed_statuses();
     let stats: Vec<_> = deployment
         .gateways()
         .iter()
@@ -150,6 +196,16 @@ pub fn run(args: SoakArgs) -> Result<()> {
                     let kept: Vec<usize> = rings.iter().map(|(_, r)| r.kept().1).collect();
                     let s = Sample {
                         t_s: t0.elapsed().as_secs_f64(),
+                        load_1m: load_1m(),
+                        live_heap_bytes: HEAP_COUNTED.then(bourse_venue::heap::live_bytes),
+                        replay_history_bytes: feeds
+                            .iter()
+                            .map(|(_, f)| f.read().replay_history_bytes.iter().sum::<u64>())
+                            .sum(),
+                        resend_bytes: stats
+                            .iter()
+                            .map(|g| g.binary_resend_bytes.load(Ordering::Relaxed))
+                            .sum(),
                         commands: stats
                             .iter()
                             .map(|g| g.requests_in.load(Ordering::Relaxed))
@@ -201,22 +257,31 @@ pub fn run(args: SoakArgs) -> Result<()> {
     Ok(())
 }
 
-/// The growth of RssAnon over the second half of the run, in all and per command.
+/// The growth of RssAnon (and of the live heap, when counted) over the second half of the
+/// run, in all and per command.
 fn summarize(samples: &[Sample]) {
     let (Some(mid), Some(last)) = (samples.get(samples.len() / 2), samples.last()) else {
         return;
     };
-    let grown_kib = last.rss_anon_kib as f64 - mid.rss_anon_kib as f64;
     let commands = last.commands.saturating_sub(mid.commands).max(1) as f64;
-    println!(
-        "\nsecond half ({:.0} s → {:.0} s): RssAnon {:.1} → {:.1} MiB, {:+.1} MiB, {:+.1} bytes per command",
-        mid.t_s,
-        last.t_s,
-        mid.rss_anon_kib as f64 / 1024.0,
-        last.rss_anon_kib as f64 / 1024.0,
-        grown_kib / 1024.0,
-        grown_kib * 1024.0 / commands
+    let grown = |from: f64, to: f64, what: &str| {
+        println!(
+            "  {what} {:.1} → {:.1} MiB, {:+.1} MiB, {:+.1} bytes per command",
+            mib(from),
+            mib(to),
+            mib(to - from),
+            (to - from) / commands
+        );
+    };
+    println!("\nsecond half ({:.0} s → {:.0} s):", mid.t_s, last.t_s);
+    grown(
+        mid.rss_anon_kib as f64 * 1024.0,
+        last.rss_anon_kib as f64 * 1024.0,
+        "RssAnon",
     );
+    if let (Some(a), Some(b)) = (mid.live_heap_bytes, last.live_heap_bytes) {
+        grown(a as f64, b as f64, "live heap");
+    }
 }
 
 #[cfg(test)]

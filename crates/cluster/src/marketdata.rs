@@ -470,6 +470,9 @@ pub struct FeedStatus {
     pub next_seq: [u32; CHANNEL_COUNT],
     /// Packets sent per channel by this node.
     pub packets_sent: [u64; CHANNEL_COUNT],
+    /// Bytes of each channel's replay history that are resident (written at least once;
+    /// `History::touched_bytes`), 0 for channels that keep none: the feed's memory.
+    pub replay_history_bytes: [u64; CHANNEL_COUNT],
     /// Packets the state machine numbered that never reached this feed: the hand-off was
     /// full (the feed fell behind) or the node installed a snapshot across them.
     pub lost_packets: u64,
@@ -1117,6 +1120,11 @@ impl NodeFeed {
         for c in Channel::ALL {
             s.next_seq[c.index()] = self.sender.next_seq(c);
             s.packets_sent[c.index()] = self.sender.counters(c).packets_sent;
+            s.replay_history_bytes[c.index()] = self
+                .sender
+                .history_of(c)
+                .and_then(|h| h.lock().ok().map(|h| h.touched_bytes() as u64))
+                .unwrap_or(0);
         }
         s
     }
@@ -1194,6 +1202,11 @@ impl MarketDataService {
         self.status.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
+    /// A reader of this service's status that outlives borrows of it (a sampler thread's).
+    pub fn status_reader(&self) -> FeedStatusReader {
+        FeedStatusReader(Arc::clone(&self.status))
+    }
+
     /// Stops sending and closes the replay ports; returns when the thread has ended.
     pub fn stop(mut self) {
         self.halt();
@@ -1204,6 +1217,17 @@ impl MarketDataService {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// Reads a [`MarketDataService`]'s latest status from any thread (see
+/// [`MarketDataService::status_reader`]); after the service stops, its last status.
+#[derive(Clone)]
+pub struct FeedStatusReader(Arc<Mutex<FeedStatus>>);
+
+impl FeedStatusReader {
+    pub fn read(&self) -> FeedStatus {
+        self.0.lock().map(|s| s.clone()).unwrap_or_default()
     }
 }
 

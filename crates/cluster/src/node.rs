@@ -103,6 +103,12 @@ fn d_fsync_interval_ms() -> u32 {
 fn d_stream_entries_kept() -> usize {
     crate::stream::STREAM_ENTRIES_KEPT_DEFAULT
 }
+fn d_log_tail_entries_kept() -> usize {
+    crate::storage::LOG_TAIL_ENTRIES_MAX
+}
+fn d_log_tail_bytes_kept() -> usize {
+    crate::storage::LOG_TAIL_BYTES_MAX
+}
 fn d_stream_bytes_kept() -> usize {
     crate::stream::STREAM_BYTES_KEPT_DEFAULT
 }
@@ -169,6 +175,12 @@ pub struct ClusterConfig {
     /// drops the oldest); at most `stream::STREAM_BYTES_KEPT_LIMIT`.
     #[serde(default = "d_stream_bytes_kept")]
     pub stream_bytes_kept: usize,
+    /// Newest log entries each node keeps decoded in memory (older ones are read from the
+    /// journal), and their bytes: whichever bound is met first drops the oldest.
+    #[serde(default = "d_log_tail_entries_kept")]
+    pub log_tail_entries_kept: usize,
+    #[serde(default = "d_log_tail_bytes_kept")]
+    pub log_tail_bytes_kept: usize,
     /// Applied entries each node keeps on disk in its stream archive
     /// (`node-<id>/stream-v2`, see `crate::archive`), from which a consumer older than the
     /// ring catches up; 0 keeps no archive. At most [`STREAM_ARCHIVE_ENTRIES_LIMIT`].
@@ -223,6 +235,8 @@ impl ClusterConfig {
             hash_check_interval_ms: d_hash_check_ms(),
             stream_entries_kept: d_stream_entries_kept(),
             stream_bytes_kept: d_stream_bytes_kept(),
+            log_tail_entries_kept: d_log_tail_entries_kept(),
+            log_tail_bytes_kept: d_log_tail_bytes_kept(),
             stream_archive_entries: d_stream_archive_entries(),
             orders_max: d_orders_max(),
             accounts_max: d_accounts_max(),
@@ -280,6 +294,9 @@ impl ClusterConfig {
                 "stream_bytes_kept must be in 1..={}",
                 crate::stream::STREAM_BYTES_KEPT_LIMIT
             ));
+        }
+        if self.log_tail_entries_kept == 0 || self.log_tail_bytes_kept == 0 {
+            return Err("log_tail_entries_kept and log_tail_bytes_kept must be positive".into());
         }
         if self.stream_archive_entries > STREAM_ARCHIVE_ENTRIES_LIMIT {
             return Err(format!(
@@ -596,7 +613,11 @@ impl Node {
                 .map_err(|e| format!("node {id}: {e}"))?,
             )
         };
-        let log = LogStore::new(journal);
+        let log = LogStore::with_tail_bounds(
+            journal,
+            config.log_tail_entries_kept,
+            config.log_tail_bytes_kept,
+        );
 
         let raft_config = openraft::Config {
             cluster_name: format!("bourse-{}", config.cluster_id),

@@ -81,13 +81,24 @@ fn entry_size_bytes(entry: &Entry<TypeConfig>) -> usize {
 /// the journal (`first_index()..journal.next_index()`), so a read inside it returns exactly
 /// what the journal would. Every change of the journal's end (append, truncate, purge,
 /// reset) updates it under the same lock.
-#[derive(Default)]
 struct LogTail {
     entries: VecDeque<(Arc<Entry<TypeConfig>>, usize)>,
     bytes: usize,
+    /// The bounds: whichever is met first drops the oldest entries.
+    entries_max: usize,
+    bytes_max: usize,
 }
 
 impl LogTail {
+    fn new(entries_max: usize, bytes_max: usize) -> LogTail {
+        LogTail {
+            entries: VecDeque::new(),
+            bytes: 0,
+            entries_max: entries_max.max(1),
+            bytes_max,
+        }
+    }
+
     /// The index of the oldest entry kept (None when empty).
     fn first_index(&self) -> Option<u64> {
         self.entries.front().map(|(e, _)| e.log_id.index)
@@ -122,8 +133,8 @@ impl LogTail {
             self.bytes += size;
             self.entries.push_back((entry, size));
         }
-        while self.entries.len() > LOG_TAIL_ENTRIES_MAX
-            || (self.bytes > LOG_TAIL_BYTES_MAX && self.entries.len() > 1)
+        while self.entries.len() > self.entries_max
+            || (self.bytes > self.bytes_max && self.entries.len() > 1)
         {
             let (_, size) = self.entries.pop_front().expect("not empty");
             self.bytes -= size;
@@ -300,7 +311,19 @@ pub struct LogStore {
 }
 
 impl LogStore {
-    pub fn new(mut journal: Journal) -> LogStore {
+    /// A log store whose tail keeps the default bounds ([`LOG_TAIL_ENTRIES_MAX`],
+    /// [`LOG_TAIL_BYTES_MAX`]).
+    pub fn new(journal: Journal) -> LogStore {
+        LogStore::with_tail_bounds(journal, LOG_TAIL_ENTRIES_MAX, LOG_TAIL_BYTES_MAX)
+    }
+
+    /// A log store whose tail keeps at most `tail_entries_max` entries and
+    /// `tail_bytes_max` bytes of them (at least one entry).
+    pub fn with_tail_bounds(
+        mut journal: Journal,
+        tail_entries_max: usize,
+        tail_bytes_max: usize,
+    ) -> LogStore {
         let batch = matches!(journal.config().fsync, Fsync::Batch { .. });
         let flush_signal = batch.then(|| Arc::new(FlushSignal::default()));
         if batch {
@@ -311,7 +334,7 @@ impl LogStore {
         let store = LogStore {
             inner: Arc::new(Mutex::new(LogInner {
                 journal,
-                tail: LogTail::default(),
+                tail: LogTail::new(tail_entries_max, tail_bytes_max),
                 waiting: VecDeque::new(),
                 flush_signal: flush_signal.clone(),
             })),

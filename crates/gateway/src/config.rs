@@ -96,6 +96,9 @@ pub struct Limits {
     pub sending_time_tolerance_ms: i64,
     /// Live orders the gateway tracks for all sessions together.
     pub orders_max: usize,
+    /// Finished orders remembered for status requests, all sessions together, the oldest
+    /// forgotten first (about 200 bytes each).
+    pub finished_orders_kept: usize,
     /// Where the gateway serves Prometheus `/metrics` and the dashboard (read-only; any
     /// address, `127.0.0.1:PORT` keeps them on the host); none: no monitoring, and the event
     /// loop keeps no probes.
@@ -110,6 +113,10 @@ pub struct Limits {
 /// carries 20,000 commands/s on this project's 2-CPU machine, and ten times what its batching
 /// needs in flight to reach that rate (20,000/s × a 10-20 ms round trip).
 pub const CORE_IN_FLIGHT_MAX_DEFAULT: usize = 4_096;
+
+/// The most finished orders a gateway may be told to remember (about 200 bytes each: some
+/// 3 GiB), so that a typo cannot ask for more memory than a machine has.
+pub const FINISHED_ORDERS_KEPT_CEILING: usize = 1 << 24;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -136,6 +143,7 @@ impl Default for Limits {
             offline_messages_max: 100_000,
             sending_time_tolerance_ms: 120_000,
             orders_max: 1 << 20,
+            finished_orders_kept: crate::router::FINISHED_ORDERS_KEPT,
             monitor_listen: None,
             monitor_sample_every: 64,
         }
@@ -428,6 +436,12 @@ impl GatewayConfig {
                 "gateway: throttle, queue depth, core_in_flight_max and stored messages must be positive".into(),
             );
         }
+        if g.finished_orders_kept == 0 || g.finished_orders_kept > FINISHED_ORDERS_KEPT_CEILING {
+            return Err(format!(
+                "gateway.finished_orders_kept = {}: must be in 1..={FINISHED_ORDERS_KEPT_CEILING}",
+                g.finished_orders_kept
+            ));
+        }
         if let Some(a) = g.monitor_listen {
             // Any address the operator names: the endpoints only read (GET `/metrics`, the
             // dashboard and its event stream), nothing on them changes the gateway.
@@ -650,6 +664,26 @@ reference_price = 108000
             err.contains("monitor_listen") && err.contains("multicast"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn finished_orders_kept_defaults_to_the_router_bound_and_is_checked_at_start() {
+        let base = "[gateway]\nfix_listen = \"127.0.0.1:0\"\n";
+        let c = GatewayConfig::from_toml(base).unwrap();
+        assert_eq!(
+            c.gateway.finished_orders_kept,
+            crate::router::FINISHED_ORDERS_KEPT
+        );
+        let c = GatewayConfig::from_toml(&format!("{base}finished_orders_kept = 100\n")).unwrap();
+        assert_eq!(c.gateway.finished_orders_kept, 100);
+        for bad in [0, FINISHED_ORDERS_KEPT_CEILING + 1] {
+            let err = GatewayConfig::from_toml(&format!("{base}finished_orders_kept = {bad}\n"))
+                .unwrap_err();
+            assert!(
+                err.contains(&format!("gateway.finished_orders_kept = {bad}")),
+                "{err}"
+            );
+        }
     }
 
     #[test]

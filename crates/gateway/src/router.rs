@@ -309,6 +309,8 @@ pub struct Router {
     finished: HashMap<OrderId, (OrderState, Finished)>,
     finished_by_client: HashMap<(SessionRef, ClientId), OrderId>,
     finished_order: VecDeque<OrderId>,
+    /// How many finished orders are kept (`Limits::finished_orders_kept`).
+    finished_orders_kept: usize,
     pending: HashMap<RequestKey, Pending>,
     mass: HashMap<u64, MassAgg>,
     next_mass: u64,
@@ -469,6 +471,7 @@ impl Router {
             finished: HashMap::new(),
             finished_by_client: HashMap::new(),
             finished_order: VecDeque::new(),
+            finished_orders_kept: limits.finished_orders_kept.max(1),
             pending: HashMap::new(),
             mass: HashMap::new(),
             next_mass: 1,

@@ -82,6 +82,9 @@ pub struct GatewayStats {
     pub requests_in: AtomicU64,
     pub reports_out: AtomicU64,
     pub orders_tracked: AtomicUsize,
+    /// Bytes of the frames the binary sessions keep for retransmission (at most
+    /// `stored_messages_max` frames per session): the resend stores' memory.
+    pub binary_resend_bytes: AtomicUsize,
     pub requests_pending: AtomicUsize,
     /// Loop turns that stopped reading a connection at [`READ_BYTES_PER_TURN`] with bytes
     /// still waiting, to let reports out first.

@@ -27,6 +27,11 @@ pub struct History {
     /// MsgSeqNum of `slots.front()`.
     first_seq: u32,
     capacity_packets: usize,
+    /// Bytes of the packets in `slots`.
+    kept_bytes: usize,
+    /// The furthest the byte ring was ever written: the part of it that is resident (the
+    /// rest was never touched since its zeroed allocation).
+    touched_bytes: usize,
 }
 
 /// The largest packet a history keeps (the wire format's largest packet).
@@ -54,6 +59,8 @@ impl History {
             slots: VecDeque::with_capacity(capacity_packets),
             first_seq: 0,
             capacity_packets,
+            kept_bytes: 0,
+            touched_bytes: 0,
         }
     }
 
@@ -75,6 +82,7 @@ impl History {
             || msg_seq_num != self.first_seq.wrapping_add(self.slots.len() as u32)
         {
             self.slots.clear();
+            self.kept_bytes = 0;
             self.head = 0;
             self.first_seq = msg_seq_num;
         }
@@ -87,8 +95,7 @@ impl History {
                 .front()
                 .is_some_and(|f| f.offset as usize >= self.head)
             {
-                self.slots.pop_front();
-                self.first_seq = self.first_seq.wrapping_add(1);
+                self.pop_oldest();
             }
             self.head = 0;
         }
@@ -102,8 +109,7 @@ impl History {
             if self.slots.len() < self.capacity_packets && !overlaps {
                 break;
             }
-            self.slots.pop_front();
-            self.first_seq = self.first_seq.wrapping_add(1);
+            self.pop_oldest();
         }
         if self.slots.is_empty() {
             self.first_seq = msg_seq_num;
@@ -113,7 +119,27 @@ impl History {
             offset: start as u32,
             len: len as u32,
         });
+        self.kept_bytes += len;
+        self.touched_bytes = self.touched_bytes.max(end);
         self.head = end;
+    }
+
+    fn pop_oldest(&mut self) {
+        if let Some(f) = self.slots.pop_front() {
+            self.kept_bytes -= f.len as usize;
+            self.first_seq = self.first_seq.wrapping_add(1);
+        }
+    }
+
+    /// Bytes of the packets kept now.
+    pub fn kept_bytes(&self) -> usize {
+        self.kept_bytes
+    }
+
+    /// Bytes of the ring ever written: what it holds resident, at most its size (the ring is
+    /// allocated zeroed at its full size, and the rest is never touched).
+    pub fn touched_bytes(&self) -> usize {
+        self.touched_bytes
     }
 
     /// The range of sequence numbers kept, if any.
@@ -181,6 +207,8 @@ mod tests {
                 .map(|s| pushed.iter().find(|(q, _)| *q == s).unwrap().1)
                 .sum();
             assert!(kept_bytes <= 400);
+            assert_eq!(h.kept_bytes(), kept_bytes);
+            assert!(h.touched_bytes() >= kept_bytes && h.touched_bytes() <= 400);
             assert!(h.get(first.wrapping_sub(1)).is_none());
             assert!(h.get(last + 1).is_none());
         }
@@ -200,6 +228,8 @@ mod tests {
                 assert!(h.len() <= capacity);
                 let kept: usize = (first..=last).map(|s| lens[s as usize - 1]).sum();
                 assert!(kept <= capacity * size_max);
+                assert_eq!(h.kept_bytes(), kept);
+                assert!(h.touched_bytes() <= capacity * size_max);
                 for s in first..=last {
                     assert_eq!(
                         h.get(s).unwrap(),
@@ -225,5 +255,6 @@ mod tests {
         h.push(500, &packet(500, 8));
         assert_eq!(h.range(), Some((500, 500)));
         assert_eq!(h.get(500).unwrap(), packet(500, 8).as_slice());
+        assert_eq!(h.kept_bytes(), 8);
     }
 }

@@ -11,11 +11,15 @@
 //! applied what the gateways forwarded, the replicas' hashes agree, the feed carried every
 //! trade (`feed`), and each stage of the path is timed (`timing`).
 //!
+//! [`heap::Counting`]: a global allocator that counts the heap's live bytes, for the
+//! steady-memory test and the `bourse` binary's `count-alloc` feature.
+//!
 //! Order ids: core `i` numbers its orders from `i << ORDER_ID_CORE_SHIFT` (at least 1), so one
 //! gateway serves every core and an order id names one order across the venue.
 
 mod admin;
 mod feed;
+pub mod heap;
 mod host;
 mod links;
 mod spec;
@@ -326,6 +330,8 @@ impl LocalDeployment {
             config.stream_entries_kept = b.stream_entries_kept;
             config.stream_bytes_kept = b.stream_bytes_kept;
             config.snapshot_every_entries = b.snapshot_every_entries;
+            config.log_tail_entries_kept = b.log_tail_entries_kept;
+            config.log_tail_bytes_kept = b.log_tail_bytes_kept;
         }
         let md_base_port = if spec.market_data {
             Some(bourse_testkit::try_free_port_block(40)?)
@@ -492,6 +498,7 @@ impl LocalDeployment {
             }
             if let Some(b) = &spec.bounds {
                 config.gateway.stored_messages_max = b.gateway_stored_messages_max;
+                config.gateway.finished_orders_kept = b.gateway_finished_orders_kept;
             }
             if g == 0 {
                 for (name, accounts) in &spec.extra_fix_sessions {
@@ -647,6 +654,21 @@ impl LocalDeployment {
             }
         }
         rings
+    }
+
+    /// Each replica's market data feed status, named "core/node": what a sampler reads to
+    /// attribute the replay history's resident bytes to the feeds
+    /// (`FeedStatus::replay_history_bytes`).
+    pub fn feed_statuses(&self) -> Vec<(String, bourse_cluster::marketdata::FeedStatusReader)> {
+        let mut readers = Vec::new();
+        for core in &self.cores {
+            if let CoreRun::Cluster { nodes, feeds } = &core.run {
+                for (n, f) in nodes.iter().zip(feeds) {
+                    readers.push((format!("{}/{}", core.name, n.id()), f.status_reader()));
+                }
+            }
+        }
+        readers
     }
 
     /// The admin API's view of this venue (replicated cores only: see `admin`).

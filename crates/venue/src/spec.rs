@@ -57,9 +57,8 @@ pub struct DeploymentSpec {
 
 /// The bounds of every structure of the venue that fills with the flow and then stays at its
 /// size: each node's committed stream ring, each feed's replay history per channel, each
-/// gateway's binary resend store per session, and the raft log a node keeps between
-/// snapshots. (The gateway's finished orders are bounded by
-/// `bourse_gateway::router::FINISHED_ORDERS_KEPT`, a constant.)
+/// gateway's binary resend store per session, the finished orders a gateway remembers, the
+/// raft log a node keeps between snapshots and the part of it a node keeps decoded in memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryBounds {
     pub stream_entries_kept: usize,
@@ -67,7 +66,13 @@ pub struct MemoryBounds {
     pub replay_history_packets: usize,
     pub replay_history_bytes: usize,
     pub gateway_stored_messages_max: usize,
+    /// The gateway's `finished_orders_kept`.
+    pub gateway_finished_orders_kept: usize,
     pub snapshot_every_entries: u64,
+    /// Each node's decoded log tail: entries and bytes (`log_tail_entries_kept`,
+    /// `log_tail_bytes_kept`).
+    pub log_tail_entries_kept: usize,
+    pub log_tail_bytes_kept: usize,
 }
 
 impl MemoryBounds {
@@ -78,6 +83,9 @@ impl MemoryBounds {
         replay_history_packets: 512,
         replay_history_bytes: 256 * 1024,
         gateway_stored_messages_max: 1_024,
+        gateway_finished_orders_kept: 4_096,
         snapshot_every_entries: 2_000,
+        log_tail_entries_kept: 64,
+        log_tail_bytes_kept: 256 * 1024,
     };
 }

@@ -5,8 +5,9 @@
 
 use super::*;
 
-/// Finished orders the router remembers for status requests, the oldest forgotten first: a
-/// bound on memory (about 200 bytes each), and far more than a session asks about.
+/// Finished orders the router remembers for status requests by default, the oldest forgotten
+/// first: a bound on memory (about 200 bytes each), and far more than a session asks about.
+/// A gateway's `[gateway] finished_orders_kept` sets its own.
 pub const FINISHED_ORDERS_KEPT: usize = 65_536;
 
 /// One order as [`Router::export_state`] saves it and [`Router::import_state`] restores it:
@@ -88,9 +89,10 @@ impl Router {
         Some((oid, o.clone(), false, Some(*how)))
     }
 
-    /// Remembers an order that ended, forgetting the oldest past [`FINISHED_ORDERS_KEPT`].
+    /// Remembers an order that ended, forgetting the oldest past the gateway's
+    /// `finished_orders_kept`.
     pub(super) fn remember_finished(&mut self, order_id: OrderId, o: OrderState, how: Finished) {
-        while self.finished_order.len() >= FINISHED_ORDERS_KEPT {
+        while self.finished_order.len() >= self.finished_orders_kept {
             let Some(old) = self.finished_order.pop_front() else {
                 break;
             };

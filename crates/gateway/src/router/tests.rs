@@ -572,6 +572,51 @@ fn a_status_request_answers_from_the_order_table() {
     );
 }
 
+#[test]
+fn the_finished_orders_kept_are_the_newest_up_to_the_configured_bound() {
+    let config = CONFIG.replace(
+        "fix_listen = \"127.0.0.1:0\"",
+        "fix_listen = \"127.0.0.1:0\"\nfinished_orders_kept = 3",
+    );
+    let mut f = Fixture::with_config(&config);
+    let finished = |n: u64| SavedOrder {
+        session: "FIX ALPHA".into(),
+        order_id: OrderId(n),
+        client: ClientId::Num(n),
+        internal: ClOrdId(n),
+        core: 0,
+        account: AccountId(101),
+        instrument: InstrumentId(1),
+        side: Side::Buy,
+        ord_type: OrdType::Limit,
+        tif: TimeInForce::Day,
+        price: Price(25_000),
+        qty_lots: 1,
+        cum_lots: 1,
+        notional: 25_000,
+        finished: Some(Finished::Filled),
+    };
+    let dropped = f.router.import_state(RouterState {
+        next_internal: 10,
+        positions: vec![None, None],
+        live: Vec::new(),
+        finished: (1..=5).map(finished).collect(),
+    });
+    assert_eq!(dropped, 0);
+    assert_eq!(f.router.finished_orders(), 3);
+    let kept: Vec<u64> = f
+        .router
+        .export_state()
+        .finished
+        .iter()
+        .map(|o| o.order_id.0)
+        .collect();
+    assert_eq!(kept, [3, 4, 5], "the oldest are forgotten first");
+    // The default is unchanged.
+    let f = Fixture::new();
+    assert_eq!(f.router.finished_orders_kept, FINISHED_ORDERS_KEPT);
+}
+
 fn limit_order(client: u64, instrument: u32) -> Request {
     Request::New(NewOrderRequest {
         client: ClientId::Num(client),

@@ -338,8 +338,15 @@ impl Server {
         let s = &mut self.bin[j];
         s.next_seq += 1;
         s.sent.push_back(frame.into());
+        self.stats
+            .binary_resend_bytes
+            .fetch_add(frame.len(), Ordering::Relaxed);
         if s.sent.len() > self.config.gateway.stored_messages_max {
-            s.sent.pop_front();
+            if let Some(old) = s.sent.pop_front() {
+                self.stats
+                    .binary_resend_bytes
+                    .fetch_sub(old.len(), Ordering::Relaxed);
+            }
             s.first_kept_seq += 1;
         }
         s.last_sent_ms = self.now_ms;
