@@ -12,6 +12,8 @@ use crate::action::{Action, NewAccount};
 use crate::audit::{AuditLog, AuditRecord};
 use crate::venue::AdminVenue;
 use bourse_core::*;
+use bourse_monitor::admin::{AdminEntry, ADMIN_RECENT_MAX};
+use bourse_monitor::names;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -61,7 +63,8 @@ impl Answer {
     }
 }
 
-/// The metrics the service keeps on the venue's monitor (`/metrics`).
+/// What the service reports to the venue's monitor: counters on `/metrics` and, for the
+/// dashboard's admin panel, each audited request.
 struct Metrics {
     monitor: Arc<bourse_monitor::Monitor>,
 }
@@ -71,7 +74,7 @@ impl Metrics {
         self.monitor
             .registry()
             .counter(
-                "bourse_admin_requests_total",
+                names::ADMIN_REQUESTS_TOTAL,
                 "Admin API requests answered, by action and outcome.",
                 &[("action", action), ("outcome", outcome)],
             )
@@ -82,11 +85,48 @@ impl Metrics {
         self.monitor
             .registry()
             .counter(
-                "bourse_admin_auth_refused_total",
+                names::ADMIN_AUTH_REFUSED_TOTAL,
                 "Admin API requests refused before they ran: unauthenticated or unauthorised.",
                 &[("reason", reason)],
             )
             .inc();
+    }
+
+    /// Counts the refusals the cores gave in `answer`: a bulk or single account addition
+    /// says them as `rejected: {reason: count}`, any other action as `rejections: [{reason}]`.
+    fn rejects(&self, answer: &Answer) {
+        let add = |reason: &str, n: u64| {
+            self.monitor
+                .registry()
+                .counter(
+                    names::ADMIN_REJECTS_TOTAL,
+                    "Admin commands a core refused, by reject reason.",
+                    &[("reason", reason)],
+                )
+                .add(n);
+        };
+        if let Some(by_reason) = answer.body["rejected"].as_object() {
+            for (reason, n) in by_reason {
+                add(reason, n.as_u64().unwrap_or(0));
+            }
+        }
+        if let Some(list) = answer.body["rejections"].as_array() {
+            for r in list {
+                add(r["reason"].as_str().unwrap_or("unknown"), 1);
+            }
+        }
+    }
+
+    /// Hands an audited request to the dashboard.
+    fn show(&self, record: &AuditRecord) {
+        self.monitor.admin().record(AdminEntry {
+            ts_ns: record.ts_ns,
+            operator: record.operator.clone(),
+            request_id: record.request_id.clone(),
+            action: record.action.clone(),
+            outcome: record.outcome.clone(),
+            status: record.status,
+        });
     }
 }
 
@@ -169,8 +209,17 @@ impl AdminService {
             slots: HashMap::new(),
             order: VecDeque::new(),
         };
+        let metrics = monitor.map(|monitor| Metrics { monitor });
+        if let Some(m) = &metrics {
+            // The dashboard opens with the newest requests of earlier runs.
+            for r in &earlier[earlier.len().saturating_sub(ADMIN_RECENT_MAX)..] {
+                m.show(r);
+            }
+        }
         for r in earlier {
-            if r.outcome == "refused" || r.outcome == "invalid" {
+            // Refused, invalid and conflicting requests ran nothing: their ids keep (or
+            // never had) the answer of the request that ran under them.
+            if r.outcome == "refused" || r.outcome == "invalid" || r.outcome == "conflict" {
                 continue;
             }
             let slot = Arc::new(tokio::sync::Mutex::new(Some(Answer::new(
@@ -190,7 +239,7 @@ impl AdminService {
             venue,
             requests: Mutex::new(table),
             audit: Mutex::new(audit),
-            metrics: monitor.map(|monitor| Metrics { monitor }),
+            metrics,
         })
     }
 
@@ -226,6 +275,9 @@ impl AdminService {
     }
 
     fn write_audit(&self, record: AuditRecord) {
+        if let Some(m) = &self.metrics {
+            m.show(&record);
+        }
         if let Err(e) = self.audit.lock().expect("audit lock").append(&record) {
             eprintln!("admin: could not write the audit log: {e}");
         }
@@ -279,11 +331,14 @@ impl AdminService {
             let mut table = self.requests.lock().expect("request table lock");
             match table.slots.get(request_id) {
                 Some((p, _)) if *p != print => {
-                    return Answer::error(
+                    drop(table);
+                    let answer = Answer::error(
                         409,
                         "conflict",
                         format!("request id {request_id:?} was used for another request"),
                     );
+                    self.finish(operator, request_id, name, request, print, &answer);
+                    return answer;
                 }
                 Some((_, slot)) => (Arc::clone(slot), None),
                 None => {
@@ -340,6 +395,7 @@ impl AdminService {
     ) {
         if let Some(m) = &self.metrics {
             m.count(action, answer.outcome());
+            m.rejects(answer);
         }
         self.write_audit(AuditRecord {
             ts_ns: unix_ns(),

@@ -393,3 +393,161 @@ fn a_restarted_gateway_never_reuses_the_request_keys_of_its_previous_run() {
     drop(link2);
     group.shutdown();
 }
+
+/// Submits one command through `link` under `key` and waits for its answer (its events).
+fn submit_and_wait(
+    link: &mut bourse_cluster::link::ClusterLink,
+    key: bourse_gateway::RequestKey,
+    command: bourse_core::Command,
+) -> Vec<bourse_core::Event> {
+    use bourse_gateway::{CoreLink, CoreOutput, SubmitError};
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match link.submit(key, command.clone()) {
+            Ok(()) => break,
+            Err(SubmitError::Full | SubmitError::NoQuorum) => {
+                assert!(Instant::now() < deadline, "the link never took the command");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(SubmitError::Closed) => panic!("link closed"),
+        }
+    }
+    let mut events = Vec::new();
+    loop {
+        assert!(Instant::now() < deadline, "no answer to the command");
+        match link.try_recv() {
+            Some(CoreOutput::Done { key: k }) if k == key => return events,
+            Some(CoreOutput::Event { key: k, event }) if k == key => events.push(event),
+            Some(_) => {}
+            None => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+}
+
+#[test]
+fn a_gateway_restarted_on_its_saved_state_still_routes_an_instrument_added_at_run_time() {
+    use bourse_client::{BinaryClient, Received, Response};
+    use bourse_cluster::link::{ClusterLink, ClusterLinkConfig};
+    use bourse_core::*;
+    use bourse_wire::order_entry::codec::time_in_force::TimeInForce as BinTif;
+    const RTS: u32 = 3;
+    let group = Group::start();
+    let dir = tempfile::tempdir().unwrap();
+    let clients = tempfile::tempdir().unwrap();
+    let text = format!(
+        "{}{G1_SESSIONS}\n[[binary_sessions]]\ncredentials = \"BIN\"\nfirm = 2\naccounts = [201]\n",
+        SESSIONS.replace(
+            "fix_listen = \"127.0.0.1:0\"",
+            "fix_listen = \"127.0.0.1:0\"\nbinary_listen = \"127.0.0.1:0\""
+        )
+    );
+    let config = || gateway_config(&text, &group, 1, dir.path());
+    let g1 = start_gateway(config());
+
+    // An operator adds RTS (futures, instrument 3) at run time, through a link of its own.
+    let mut ops = ClusterLink::start(ClusterLinkConfig::new(group.addrs(), 77, 64)).unwrap();
+    let rts = Instrument {
+        instrument: InstrumentId(RTS),
+        symbol: "RTS".into(),
+        market: Market::Futures,
+        price_scale: 0,
+        tick: Price(10),
+        lot_size: 1,
+        multiplier: 1,
+        initial_margin: Cash(5_000),
+        band_bps: 1_000,
+        reference_price: Price(110_000),
+    };
+    let key = bourse_gateway::RequestKey { session: 1, seq: 1 };
+    let events = submit_and_wait(
+        &mut ops,
+        key,
+        Command::new(1, CommandBody::AddInstrument(rts)),
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Event::InstrumentAdded { instrument, .. } if instrument.0 == RTS)),
+        "{events:?}"
+    );
+    drop(ops);
+
+    // The running gateway learns it from its stream (retried until it has read the event):
+    // alpha rests a sell at 120,000 by symbol.
+    let mut alpha = login(g1.fix_addr().unwrap(), "ALPHA", clients.path());
+    let mut a = Seen::default();
+    let deadline = Instant::now() + WAIT;
+    let mut attempt = 0;
+    let resting = loop {
+        attempt += 1;
+        let cl = format!("s1-{attempt}");
+        alpha
+            .new_order(&cl, None, "RTS", false, 1, Some("120000"), '0')
+            .unwrap();
+        a.until(&mut alpha, &cl, |m| {
+            f(m, 11) == cl && (f(m, 150) == "0" || f(m, 150) == "8")
+        });
+        if a.reports.last().is_some_and(|m| f(m, 150) == "0") {
+            break cl;
+        }
+        assert!(Instant::now() < deadline, "RTS never routable over FIX");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    g1.shutdown();
+    drop(alpha);
+    // The saved state keeps RTS: the restarted gateway's link resumes after its addition.
+    let state = bourse_gateway::recovery::read_state(dir.path())
+        .unwrap()
+        .expect("a saved state");
+    let learned: Vec<(u32, u32, &str)> = state
+        .instruments
+        .iter()
+        .map(|i| (i.core, i.instrument.0, i.definition.symbol.as_str()))
+        .collect();
+    assert_eq!(learned, vec![(0, RTS, "RTS")]);
+
+    // Restarted on that state: RTS is routed at once, over FIX by symbol and binary by id.
+    let g1 = start_gateway(config());
+    let mut alpha = login(g1.fix_addr().unwrap(), "ALPHA", clients.path());
+    alpha
+        .new_order("s2", None, "RTS", false, 1, Some("110000"), '0')
+        .unwrap();
+    a.until(&mut alpha, "s2 answered", |m| f(m, 11) == "s2");
+    assert_eq!(f(a.reports.last().unwrap(), 150), "0", "s2 accepted");
+    let mut bin = BinaryClient::connect(g1.binary_addr().unwrap(), "BIN", 30_000, 1).unwrap();
+    bin.new_order(1, 201, RTS, true, 2, Some(120_000), BinTif::Day)
+        .unwrap();
+    // The buy takes s2 at 110,000, then the restored resting order at 120,000.
+    let mut fills = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while fills.len() < 2 {
+        assert!(Instant::now() < deadline, "binary fills so far: {fills:?}");
+        if let Some(Received { response, .. }) = bin.recv(Duration::from_millis(100)).unwrap() {
+            match response {
+                Response::Execution {
+                    cl_ord_id: 1,
+                    last_px,
+                    last_qty,
+                    ..
+                } => fills.push((last_px, last_qty)),
+                Response::OrderReject {
+                    cl_ord_id: 1,
+                    reason,
+                } => {
+                    panic!("binary order in RTS refused: reason {reason}")
+                }
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(fills, vec![(110_000, 1), (120_000, 1)]);
+    a.until(&mut alpha, "s2 filled", |m| {
+        f(m, 11) == "s2" && f(m, 150) == "F"
+    });
+    a.until(&mut alpha, "the restored order filled", |m| {
+        f(m, 11) == resting && f(m, 150) == "F"
+    });
+    drop((alpha, bin));
+    g1.shutdown();
+    group.shutdown();
+}

@@ -1,8 +1,9 @@
 //! What a gateway does before it serves: [`bootstrap`] creates the configuration's
 //! instruments and accounts in the cores that own them (idempotently: a replicated core that
 //! already has them after a gateway restart is fine, and cash is deposited only where an
-//! account is new), and `restore_order_state` loads the order table a previous run saved
-//! when the links resume exactly where it is exact (`crate::recovery`).
+//! account is new), and `restore_order_state` loads the order table (and the instruments
+//! learned at run time) a previous run saved when the links resume exactly where it is exact
+//! (`crate::recovery`).
 
 use crate::config::GatewayConfig;
 use crate::recovery;
@@ -40,12 +41,22 @@ pub(crate) fn restore_order_state(
     }
     let (live, finished) = (state.live.len(), state.finished.len());
     state.positions.clear();
+    // Instruments first: the restored orders may be in instruments added at run time.
+    let instruments = std::mem::take(&mut state.instruments);
+    let left_out = router.restore_instruments(&instruments);
     let dropped = router.import_state(state);
     eprintln!(
-        "gateway: restored {live} live and {finished} finished orders from {}{}",
+        "gateway: restored {live} live and {finished} finished orders and {} instruments \
+         added at run time from {}{}{}",
+        instruments.len() - left_out,
         dir.display(),
         if dropped > 0 {
             format!(" ({dropped} of sessions no longer configured dropped)")
+        } else {
+            String::new()
+        },
+        if left_out > 0 {
+            format!(" ({left_out} instruments of cores no longer configured left out)")
         } else {
             String::new()
         }

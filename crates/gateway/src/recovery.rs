@@ -27,11 +27,18 @@
 //!
 //! The state file: `BGWS`, version u32, body length u64, body, FNV-1a 64 of the body; every
 //! number little-endian; lengths and counts are checked against limits before anything is
-//! allocated, so a damaged file is refused with a reason, never trusted.
+//! allocated, so a damaged file is refused with a reason, never trusted. Version 2 adds, after
+//! the orders, the instruments learned from the cores' streams ([`SavedInstrument`]: a link
+//! resumed after an `InstrumentAdded` never sees it again): a count, then per instrument its
+//! core (u32) and its `InstrumentAdded` event as a one-event list in the core's event codec
+//! (`bourse_core::codec`), length u16 first. Version 1 files are still read (no instruments).
 
 use crate::config::GatewayConfig;
-use crate::router::{ClientId, Finished, RouterState, SavedOrder};
-use bourse_core::{AccountId, ClOrdId, InstrumentId, OrdType, OrderId, Price, Side, TimeInForce};
+use crate::router::{ClientId, Finished, RouterState, SavedInstrument, SavedOrder};
+use bourse_core::codec::{decode_events, encode_events};
+use bourse_core::{
+    AccountId, ClOrdId, Event, InstrumentId, OrdType, OrderId, Price, Side, TimeInForce,
+};
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
@@ -41,7 +48,13 @@ pub const STATE_FILE_LOADED: &str = "orders.state.loaded";
 pub const EPOCH_FILE: &str = "link-epoch";
 
 const MAGIC: &[u8; 4] = b"BGWS";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
+/// The first version, without learned instruments: still read.
+const VERSION_WITHOUT_INSTRUMENTS: u32 = 1;
+/// Learned instruments in one state file at most.
+const INSTRUMENTS_MAX: u32 = 1 << 20;
+/// The longest encoded `InstrumentAdded` event list a state may hold.
+const INSTRUMENT_EVENT_BYTES_MAX: usize = 1_024;
 /// A state file may not exceed this (about 2.5 million orders); more is damage.
 pub const STATE_FILE_BYTES_MAX: u64 = 512 << 20;
 /// Orders in one state file at most (live plus finished).
@@ -254,6 +267,17 @@ pub fn encode_state(state: &RouterState) -> Vec<u8> {
             put_order(&mut body, o);
         }
     }
+    body.extend_from_slice(&(state.instruments.len() as u32).to_le_bytes());
+    for i in &state.instruments {
+        body.extend_from_slice(&i.core.to_le_bytes());
+        let event = encode_events(&[Event::InstrumentAdded {
+            instrument: i.instrument,
+            definition: i.definition,
+            ts_ns: 0,
+        }]);
+        body.extend_from_slice(&(event.len() as u16).to_le_bytes());
+        body.extend_from_slice(&event);
+    }
     let mut out = Vec::with_capacity(body.len() + 24);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
@@ -393,7 +417,7 @@ pub fn decode_state(bytes: &[u8]) -> Result<RouterState, String> {
         return Err("not a gateway order state (bad magic)".into());
     }
     let version = r.u32("version")?;
-    if version != VERSION {
+    if version != VERSION && version != VERSION_WITHOUT_INSTRUMENTS {
         return Err(format!(
             "state version {version}, this gateway reads {VERSION}"
         ));
@@ -447,8 +471,21 @@ pub fn decode_state(bytes: &[u8]) -> Result<RouterState, String> {
             list.push(o);
         }
     }
+    let instruments = if version == VERSION_WITHOUT_INSTRUMENTS {
+        Vec::new()
+    } else {
+        get_instruments(&mut r)?
+    };
     if r.pos != body.len() {
-        return Err(format!("{} bytes after the last order", body.len() - r.pos));
+        return Err(format!(
+            "{} bytes after the last {}",
+            body.len() - r.pos,
+            if version == VERSION_WITHOUT_INSTRUMENTS {
+                "order"
+            } else {
+                "instrument"
+            }
+        ));
     }
     let [live, finished] = lists;
     Ok(RouterState {
@@ -456,7 +493,48 @@ pub fn decode_state(bytes: &[u8]) -> Result<RouterState, String> {
         positions,
         live,
         finished,
+        instruments,
     })
+}
+
+/// The learned instruments of a version 2 state (see the module documentation).
+fn get_instruments(r: &mut Reader<'_>) -> Result<Vec<SavedInstrument>, String> {
+    let n = r.count("learned instruments", INSTRUMENTS_MAX)?;
+    // Each takes at least 6 bytes: never reserve more than the body could hold.
+    let mut out = Vec::with_capacity(n.min(r.bytes.len() / 6));
+    for k in 0..n {
+        let core = r.u32("instrument core")?;
+        let len = r.u16("instrument event length")? as usize;
+        if len > INSTRUMENT_EVENT_BYTES_MAX {
+            return Err(format!(
+                "learned instrument {k}: event of {len} bytes, more than {INSTRUMENT_EVENT_BYTES_MAX}"
+            ));
+        }
+        let bytes = r.take(len, "instrument event")?;
+        let events = decode_events(bytes).map_err(|e| {
+            format!(
+                "learned instrument {k}: {} at byte {} of its event",
+                e.what, e.offset
+            )
+        })?;
+        match events.as_slice() {
+            [Event::InstrumentAdded {
+                instrument,
+                definition,
+                ..
+            }] => out.push(SavedInstrument {
+                core,
+                instrument: *instrument,
+                definition: *definition,
+            }),
+            _ => {
+                return Err(format!(
+                    "learned instrument {k}: not one instrument_added event"
+                ))
+            }
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -504,7 +582,42 @@ mod tests {
                     )
                 })
                 .collect(),
+            instruments: vec![learned(3, 0, "RTS"), learned(9, 2, "SILVER-12.26")],
         }
+    }
+
+    fn learned(id: u32, core: u32, symbol: &str) -> SavedInstrument {
+        SavedInstrument {
+            core,
+            instrument: InstrumentId(id),
+            definition: bourse_core::InstrumentDef {
+                symbol: bourse_core::Symbol::new(symbol).unwrap(),
+                market: bourse_core::Market::Futures,
+                price_scale: 0,
+                tick: Price(10),
+                lot_size: 1,
+                multiplier: 1,
+                initial_margin: bourse_core::Cash(5_000),
+                band_bps: 1_000,
+                reference_price: Price(110_000),
+            },
+        }
+    }
+
+    #[test]
+    fn a_version_1_state_is_read_without_instruments() {
+        let mut s = sample();
+        s.instruments.clear();
+        let mut bytes = encode_state(&s);
+        // Version 1 is version 2 without the instrument count at the body's end.
+        bytes[4..8].copy_from_slice(&VERSION_WITHOUT_INSTRUMENTS.to_le_bytes());
+        let body_len = u64::from_le_bytes(bytes[8..16].try_into().unwrap()) - 4;
+        bytes[8..16].copy_from_slice(&body_len.to_le_bytes());
+        let body_end = 16 + body_len as usize;
+        bytes.truncate(body_end);
+        let sum = fnv1a64(&bytes[16..body_end]);
+        bytes.extend_from_slice(&sum.to_le_bytes());
+        assert_eq!(decode_state(&bytes).unwrap(), s);
     }
 
     #[test]

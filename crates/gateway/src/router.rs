@@ -22,7 +22,7 @@ mod orders;
 pub use crate::reports::{
     Echo, ExecKind, ExecReport, Finished, GatewayReject, RejectCause, Report, StatusQuery,
 };
-pub use orders::{RouterState, SavedOrder, FINISHED_ORDERS_KEPT};
+pub use orders::{RouterState, SavedInstrument, SavedOrder, FINISHED_ORDERS_KEPT};
 
 use crate::config::{GatewayConfig, Limits};
 use crate::throttle::Throttle;
@@ -302,6 +302,8 @@ pub struct Router {
     instruments: Vec<InstrumentInfo>,
     by_symbol: HashMap<String, usize>,
     by_id: HashMap<InstrumentId, usize>,
+    /// Instruments learned from the cores' streams (saved in the state; see `orders`).
+    learned: Vec<SavedInstrument>,
     drop_copies: HashMap<FirmId, Vec<SessionRef>>,
     orders: HashMap<OrderId, OrderState>,
     /// Orders no longer live, for status requests: by order id, by owner and client id
@@ -466,6 +468,7 @@ impl Router {
             instruments,
             by_symbol,
             by_id,
+            learned: Vec::new(),
             drop_copies,
             orders: HashMap::new(),
             finished: HashMap::new(),
@@ -696,6 +699,11 @@ impl Router {
             price_scale: definition.price_scale,
             lot_size: definition.lot_size,
             core,
+        });
+        self.learned.push(SavedInstrument {
+            core: core as u32,
+            instrument: id,
+            definition: *definition,
         });
         true
     }

@@ -3,6 +3,7 @@
 //! every event-stream client through that client's bounded queue. A client whose queue is full
 //! is cut off (its connection closed), so a client that never reads costs a bounded amount.
 
+use crate::admin::AdminPanel;
 use crate::cluster::{evaluate, Alert, ClusterSnapshot};
 use crate::metrics::{render_histogram, Counter, Gauge, Registry, LATENCY_BUCKETS_NS};
 use crate::probe::{
@@ -110,6 +111,8 @@ pub struct Frame {
     pub figures: Vec<Figure>,
     pub cluster: ClusterSnapshot,
     pub alerts: Vec<Alert>,
+    /// What operators did through the admin API (none where this process has none).
+    pub admin: Option<AdminPanel>,
     pub dashboard_clients: usize,
 }
 
@@ -432,6 +435,7 @@ pub fn tick(monitor: &Monitor) -> Arc<str> {
             .collect(),
         cluster,
         alerts,
+        admin: monitor.admin().panel(r, interval_s),
         dashboard_clients: monitor.dashboard.clients(),
     };
     let json: Arc<str> = serde_json::to_string(&frame)

@@ -25,6 +25,8 @@
 //!   openraft's metrics, its hooks, its committed stream and the journal's counters.
 //! - [`ltp`]: the cross-process breakdown (network, gateway, IPC, replication, matching) from
 //!   a gateway's and a node's stage histograms by LTP's T1 = T7 = (T0,7 − T1,6) / 2.
+//! - [`admin::AdminFeed`]: the admin API's newest audit entries; with the admin counters it
+//!   makes the dashboard's admin panel (actions per second, refusals by reason, who did what).
 //! - [`server::DashboardServer`]: an HTTP server on its own thread (tokio, current-thread
 //!   runtime) serving the self-contained dashboard at `/`, live frames over server-sent events at
 //!   `/events`, `/metrics`, and `/api/frame`. Slow event-stream clients are cut off rather than
@@ -35,6 +37,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod clock;
 pub mod cluster;
 pub mod core_probe;
@@ -120,6 +123,13 @@ pub mod names {
     pub const NODE_QUORUM_LOST_MS: &str = "bourse_node_quorum_lost_ms";
     /// Client commands a node refused because it led without a quorum.
     pub const NODE_NO_QUORUM_REFUSALS_TOTAL: &str = "bourse_node_no_quorum_refusals_total";
+    // The admin API (`bourse_admin`).
+    /// Admin requests answered, by `action` and `outcome`.
+    pub const ADMIN_REQUESTS_TOTAL: &str = "bourse_admin_requests_total";
+    /// Admin requests refused before they ran, by `reason` (unauthenticated, unauthorised).
+    pub const ADMIN_AUTH_REFUSED_TOTAL: &str = "bourse_admin_auth_refused_total";
+    /// Admin commands a core refused, by `reason` (the reject reason).
+    pub const ADMIN_REJECTS_TOTAL: &str = "bourse_admin_rejects_total";
 }
 
 /// Monitoring settings; every field has a default, and a TOML file may set any of them.
@@ -215,6 +225,7 @@ pub struct Monitor {
     probes: ProbeHub,
     cluster: ClusterView,
     dashboard: dashboard::Dashboard,
+    admin: admin::AdminFeed,
     started: Instant,
     /// A process's own named figures for the dashboard (e.g. a node's snapshot build time).
     figures: std::sync::Mutex<Vec<(String, String)>>,
@@ -270,6 +281,7 @@ impl Monitor {
             dashboard: dashboard::Dashboard::new(&config, &registry),
             registry,
             cluster: ClusterView::default(),
+            admin: admin::AdminFeed::default(),
             started: Instant::now(),
             figures: std::sync::Mutex::new(Vec::new()),
             config,
@@ -308,6 +320,10 @@ impl Monitor {
     }
     pub fn dashboard(&self) -> &dashboard::Dashboard {
         &self.dashboard
+    }
+    /// Where the admin API hands its audit entries for the dashboard.
+    pub fn admin(&self) -> &admin::AdminFeed {
+        &self.admin
     }
     pub fn uptime(&self) -> std::time::Duration {
         self.started.elapsed()

@@ -398,6 +398,22 @@ impl Registry {
         found
     }
 
+    /// Every series of a counter family as (labels, value); empty if nothing registered it.
+    pub fn counter_series(&self, name: &str) -> Vec<(Vec<(String, String)>, u64)> {
+        let Ok(families) = self.families.lock() else {
+            return Vec::new();
+        };
+        families
+            .iter()
+            .filter(|f| f.name == name)
+            .flat_map(|f| f.series.iter())
+            .filter_map(|s| match &s.cell {
+                Cell::Counter(c) => Some((s.labels.clone(), c.get())),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Every series of a gauge family as (labels, value); empty if nothing registered it.
     pub fn gauge_series(&self, name: &str) -> Vec<(Vec<(String, String)>, i64)> {
         let Ok(families) = self.families.lock() else {

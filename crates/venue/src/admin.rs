@@ -204,10 +204,21 @@ impl AdminCore {
         client: &mut PipelinedClient,
         commands: &[Command],
     ) -> Result<Vec<Vec<Event>>, String> {
-        let stream = self.stream_replica().state.stream().clone();
         // Nothing of this call is proposed yet, so every command applies at or after the
         // stream's next index.
-        let from = stream.next_index();
+        let from = self.stream_replica().state.stream().next_index();
+        self.pipeline_from(client, commands, from).await
+    }
+
+    /// [`AdminCore::pipeline`] reading the committed stream from index `from`, at or before
+    /// the first application of any of `commands`.
+    async fn pipeline_from(
+        &self,
+        client: &mut PipelinedClient,
+        commands: &[Command],
+        from: u64,
+    ) -> Result<Vec<Vec<Event>>, String> {
+        let stream = self.stream_replica().state.stream().clone();
         let mut consumer = StreamConsumer::local(stream, None, from);
         let client_id = client.client_id();
         let first_seq = client.next_seq();
@@ -326,5 +337,90 @@ impl AdminVenue for VenueAdmin {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bourse_cluster::{ClusterConfig, FsyncSetting, Node};
+    use bourse_core::{AccountId, AccountSpec, CommandBody, FirmId, StpMode, StpScope};
+    use std::sync::atomic::Ordering;
+
+    fn add_account(account: u32) -> Command {
+        Command::new(
+            1,
+            CommandBody::AddAccount(AccountSpec {
+                account: AccountId(account),
+                firm: FirmId(1),
+                may_short: false,
+                stp: StpMode::None,
+                stp_scope: StpScope::Account,
+            }),
+        )
+    }
+
+    /// What a rewind of the pipelined lane does under load, made deterministic: an earlier
+    /// attempt applied requests 1 and 2 of the lane, and the pipelined client then sends 1,
+    /// 2 and 3. The group answers 1 `Stale` (2 applied since, so it no longer keeps 1's
+    /// answer), 2 `Duplicate`, and applies 3; the admin takes all three as applied, with
+    /// the events of their first application read from the committed stream.
+    #[test]
+    fn a_request_resent_after_a_later_one_applied_is_answered_with_its_first_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = ClusterConfig::local(
+            5,
+            dir.path().to_path_buf(),
+            bourse_testkit::free_ports::<3>(),
+        );
+        config.fsync = FsyncSetting::Never;
+        config.orders_max = 1_024;
+        config.accounts_max = 1_024;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut nodes = Vec::new();
+            for n in &config.nodes {
+                nodes.push(Node::start(&config, n.id).await.unwrap());
+            }
+            let admin = VenueAdmin::new(vec![("equities".into(), nodes.as_slice())]);
+            let core = &admin.cores[0];
+            // `resume` waits for a leader; a fresh lane starts at request 1.
+            let (id, first_seq) = core.resume(PIPELINED_LANE).await.unwrap();
+            assert_eq!(first_seq, 1);
+            let commands: Vec<Command> = (1..=3).map(add_account).collect();
+            let from = core.stream_replica().state.stream().next_index();
+            let mut earlier = Client::new(core.nodes.clone(), id, 1);
+            for c in &commands[..2] {
+                let (ack, _) = earlier
+                    .submit_for_events(c, ADMIN_COMMAND_DEADLINE)
+                    .await
+                    .unwrap();
+                assert!(!ack.duplicate);
+            }
+            let mut client = PipelinedClient::start(core.nodes.clone(), id, 1, 16);
+            let events = core
+                .pipeline_from(&mut client, &commands, from)
+                .await
+                .expect("Stale and Duplicate answers are applied earlier, not errors");
+            for (n, events) in events.iter().enumerate() {
+                let added = events.iter().any(|e| {
+                    matches!(e, Event::AccountAdded { account, .. } if account.0 == n as u32 + 1)
+                });
+                assert!(added, "request {}: {events:?}", n + 1);
+            }
+            assert_eq!(
+                core.answered.load(Ordering::Relaxed),
+                1,
+                "only request 3 was applied by the pipelined client"
+            );
+            drop(client);
+            for n in nodes {
+                n.shutdown().await;
+            }
+        });
     }
 }

@@ -400,6 +400,47 @@ fn the_admin_api_operates_a_running_replicated_venue() {
         r.body
     );
 
+    // A core's refusal: a deposit to an account the market does not have.
+    let (status, body) = act(
+        &ops,
+        "dep-unknown",
+        json!({"action": "deposit", "market": "equities", "account": 999, "amount": 1}),
+    );
+    assert_eq!(status, 422, "{body}");
+
+    // The dashboard's admin panel: actions by kind, refusals by reason, the last requests.
+    let frame: Value = serde_json::from_str(&bourse_monitor::dashboard::tick(&v.monitor)).unwrap();
+    let admin = &frame["admin"];
+    let total = |list: &str, name: &str| -> u64 {
+        admin[list]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .map_or(0, |r| r["total"].as_u64().unwrap())
+    };
+    // Deposits: dep-1 ran (its retry was answered from that run, uncounted), its id reused
+    // for another deposit (409), bad-1 and bad-2 refused as invalid, and dep-unknown.
+    assert_eq!(total("actions", "deposit"), 5, "{admin}");
+    assert_eq!(total("actions", "kill_switch"), 2, "{admin}");
+    assert_eq!(total("actions", "add_accounts_bulk"), 3, "{admin}");
+    assert_eq!(total("refusals", "unauthenticated"), 2, "{admin}");
+    assert_eq!(total("refusals", "unauthorised"), 1, "{admin}");
+    assert_eq!(total("refusals", "conflict"), 1, "{admin}");
+    assert_eq!(total("refusals", "invalid"), 3, "{admin}");
+    assert_eq!(total("refusals", "unknown_account"), 1, "{admin}");
+    let newest = &admin["recent"][0];
+    assert_eq!(
+        (
+            &newest["operator"],
+            &newest["request_id"],
+            &newest["action"]
+        ),
+        (&json!("alice"), &json!("dep-unknown"), &json!("deposit")),
+        "{admin}"
+    );
+    assert_eq!(newest["outcome"], "rejected");
+
     // End of day through the same path; then every replica agrees.
     let (status, body) = act(&ops, "eod-1", json!({"action": "end_of_day"}));
     assert_eq!(status, 200, "{body}");

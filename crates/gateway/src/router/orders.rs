@@ -34,8 +34,19 @@ pub struct SavedOrder {
     pub finished: Option<Finished>,
 }
 
+/// An instrument the router learned from a core's stream (`InstrumentAdded`), as the state
+/// keeps it: a gateway restarted on its state resumes the stream after the addition, so the
+/// state is the only place it can learn the instrument from again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SavedInstrument {
+    /// The core whose stream announced it (in `GatewayConfig::core_plan` order).
+    pub core: u32,
+    pub instrument: InstrumentId,
+    pub definition: InstrumentDef,
+}
+
 /// The router's durable part: what a restarted gateway needs to answer status requests and to
-/// route what the cores do to the orders' owners. `positions` are the cores' stream positions
+/// route what the cores do to the orders' owners, and the instruments added at run time. `positions` are the cores' stream positions
 /// ([`crate::CoreLink::stream_position`]) the state is exact at.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RouterState {
@@ -45,6 +56,8 @@ pub struct RouterState {
     pub live: Vec<SavedOrder>,
     /// Finished orders, oldest first.
     pub finished: Vec<SavedOrder>,
+    /// Instruments learned from the cores' streams, in the order learned.
+    pub instruments: Vec<SavedInstrument>,
 }
 
 impl Router {
@@ -168,7 +181,23 @@ impl Router {
             positions: Vec::new(),
             live,
             finished,
+            instruments: self.learned.clone(),
         }
+    }
+
+    /// Learns again the instruments a saved state kept (see [`SavedInstrument`]); one whose
+    /// core is not configured any more is left out. Returns how many were left out.
+    pub fn restore_instruments(&mut self, instruments: &[SavedInstrument]) -> usize {
+        let mut left_out = 0;
+        for s in instruments {
+            let core = s.core as usize;
+            if core < self.links.len() {
+                self.learn_instrument(core, s.instrument, &s.definition);
+            } else {
+                left_out += 1;
+            }
+        }
+        left_out
     }
 
     /// Restores a state [`Router::export_state`] saved: live orders (routed by order id from
