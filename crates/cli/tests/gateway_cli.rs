@@ -341,6 +341,17 @@ fn the_gateway_benchmark_prints_one_json_object_per_scenario() {
     }
 }
 
+#[test]
+fn the_gateway_benchmark_refuses_a_window_of_zero_by_name() {
+    let out = Command::new(BOURSE)
+        .args(["bench", "gateway", "--window", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--window must be in 1..="), "{err}");
+}
+
 /// An operator hashes a password with `bourse auth hash-password`, puts the hash in the
 /// session's config, and the firm logs on with `bourse order --password-file`; without the
 /// password the Logon is refused with the gateway's reason.

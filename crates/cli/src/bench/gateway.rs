@@ -462,6 +462,10 @@ fn drive_binary_split(
     })
 }
 
+/// Requests in flight at most in the saturation run (a gateway session's own limits are
+/// far below; this only refuses absurd values).
+const WINDOW_MAX: usize = 1 << 20;
+
 pub fn bench(args: GatewayBenchArgs) -> Result<()> {
     let modes: Vec<bool> = match args.monitor.as_str() {
         "off" => vec![false],
@@ -474,6 +478,10 @@ pub fn bench(args: GatewayBenchArgs) -> Result<()> {
             "--core must be in-process or replicated, not {}",
             args.core
         ));
+    }
+    // A window of 0 would make the saturation run send nothing and report it as a figure.
+    if args.window == 0 || args.window > WINDOW_MAX {
+        return Err(anyhow!("--window must be in 1..={WINDOW_MAX}"));
     }
     let machine = common::Machine::this();
     let echo = Latency::of(&common::echo_baseline()?);
