@@ -169,7 +169,12 @@ fn find_byte(haystack: &[u8], byte: u8, from: usize) -> Option<usize> {
 
 /// The sum of all bytes modulo 256, as CheckSum (10) defines it.
 pub fn checksum(bytes: &[u8]) -> u8 {
-    bytes.iter().fold(0u8, |acc, &b| acc.wrapping_add(b))
+    // Summed in 32-bit lanes (which the compiler vectorises) a block at a time, so that no
+    // lane can overflow whatever the length; only the low byte matters.
+    bytes
+        .chunks(1 << 20)
+        .map(|block| block.iter().map(|&b| u32::from(b)).sum::<u32>())
+        .fold(0u32, u32::wrapping_add) as u8
 }
 
 /// Data fields whose value may contain SOH, keyed by their length field, for
@@ -525,46 +530,46 @@ enum Scan {
 /// tag order, then the body fields in the order they were added, then
 /// CheckSum.
 ///
-/// Every value lives in one byte buffer (`values`) and fields are
-/// `(tag, start, end)` ranges into it, so that building a message costs a few
-/// allocations in all rather than one per field; numbers and other
-/// [`std::fmt::Display`] values are written straight into the buffer
-/// ([`OutMessage::push_display`]). The header is kept sorted by tag as it is
-/// set, so encoding sorts nothing.
+/// The body is kept already encoded: every [`OutMessage::push`] appends
+/// `tag=value<SOH>` to one byte buffer (`body_text`) and remembers where the value
+/// lies, so that encoding copies the body in one piece instead of field by field.
+/// Header values live in a second buffer as `(tag, start, end)` ranges, kept sorted
+/// by tag as they are set, so encoding sorts nothing. Numbers have their own pushes
+/// ([`OutMessage::push_u64`], [`OutMessage::push_int`]) that write digits by hand;
+/// [`OutMessage::push_with`] lets a caller write any value in place.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OutMessage {
     pub msg_type: String,
     header: Vec<(Tag, u32, u32)>,
+    header_values: Vec<u8>,
+    /// Value ranges of the body fields in `body_text`, in order.
     body: Vec<(Tag, u32, u32)>,
-    values: Vec<u8>,
+    /// The body fields encoded, `tag=value<SOH>` each, in order.
+    body_text: Vec<u8>,
 }
 
-/// Fields and value bytes an execution report needs, reserved up front.
+/// Header fields and value bytes the session sets on every message, reserved up front.
+const HEADER_FIELDS_TYPICAL: usize = 8;
+const HEADER_VALUE_BYTES_TYPICAL: usize = 64;
+/// Fields and encoded bytes an execution report's body needs, reserved up front.
 const BODY_FIELDS_TYPICAL: usize = 24;
-const VALUE_BYTES_TYPICAL: usize = 320;
+const BODY_BYTES_TYPICAL: usize = 320;
 
 impl OutMessage {
     pub fn new(msg_type: &str) -> Self {
         OutMessage {
             msg_type: msg_type.to_string(),
-            header: Vec::with_capacity(8),
+            header: Vec::with_capacity(HEADER_FIELDS_TYPICAL),
+            header_values: Vec::with_capacity(HEADER_VALUE_BYTES_TYPICAL),
             body: Vec::with_capacity(BODY_FIELDS_TYPICAL),
-            values: Vec::with_capacity(VALUE_BYTES_TYPICAL),
+            body_text: Vec::with_capacity(BODY_BYTES_TYPICAL),
         }
     }
 
-    fn append(&mut self, value: &[u8]) -> (u32, u32) {
-        let start = self.values.len() as u32;
-        self.values.extend_from_slice(value);
-        (start, self.values.len() as u32)
-    }
-
-    fn append_display(&mut self, value: &dyn std::fmt::Display) -> (u32, u32) {
-        use std::io::Write as _;
-        let start = self.values.len() as u32;
-        // Writing into a Vec cannot fail.
-        let _ = write!(self.values, "{value}");
-        (start, self.values.len() as u32)
+    fn append_header(&mut self, write: impl FnOnce(&mut Vec<u8>)) -> (u32, u32) {
+        let start = self.header_values.len() as u32;
+        write(&mut self.header_values);
+        (start, self.header_values.len() as u32)
     }
 
     fn place_header(&mut self, tag: Tag, range: (u32, u32)) {
@@ -583,16 +588,28 @@ impl OutMessage {
 
     /// Sets a header field, replacing any earlier value of the same tag.
     pub fn set_header(&mut self, tag: Tag, value: impl AsRef<[u8]>) -> &mut Self {
-        let range = self.append(value.as_ref());
+        let range = self.append_header(|out| out.extend_from_slice(value.as_ref()));
         self.place_header(tag, range);
         self
     }
 
     /// Sets a header field to a value's text, written in place.
     pub fn set_header_display(&mut self, tag: Tag, value: &dyn std::fmt::Display) -> &mut Self {
-        let range = self.append_display(value);
+        let range = self.append_header(|out| write_display(out, value));
         self.place_header(tag, range);
         self
+    }
+
+    /// Sets a header field to a value written in place by `write`.
+    pub fn set_header_with(&mut self, tag: Tag, write: impl FnOnce(&mut Vec<u8>)) -> &mut Self {
+        let range = self.append_header(write);
+        self.place_header(tag, range);
+        self
+    }
+
+    /// Sets a header field to an unsigned number.
+    pub fn set_header_u64(&mut self, tag: Tag, value: u64) -> &mut Self {
+        self.set_header_with(tag, |out| write_u64(out, value))
     }
 
     pub fn remove_header(&mut self, tag: Tag) -> &mut Self {
@@ -600,44 +617,74 @@ impl OutMessage {
         self
     }
 
-    fn value(&self, f: &(Tag, u32, u32)) -> &[u8] {
-        &self.values[f.1 as usize..f.2 as usize]
-    }
-
     pub fn header_value(&self, tag: Tag) -> Option<&[u8]> {
         self.header
             .iter()
             .find(|f| f.0 == tag)
-            .map(|f| self.value(f))
+            .map(|f| &self.header_values[f.1 as usize..f.2 as usize])
+    }
+
+    fn body_value_of(&self, f: &(Tag, u32, u32)) -> &[u8] {
+        &self.body_text[f.1 as usize..f.2 as usize]
+    }
+
+    /// Appends a body field whose value `write` appends to the buffer it is given.
+    pub fn push_with(&mut self, tag: Tag, write: impl FnOnce(&mut Vec<u8>)) -> &mut Self {
+        write_tag(&mut self.body_text, tag);
+        self.body_text.push(b'=');
+        let start = self.body_text.len() as u32;
+        write(&mut self.body_text);
+        let end = self.body_text.len() as u32;
+        self.body_text.push(SOH);
+        self.body.push((tag, start, end));
+        self
     }
 
     /// Appends a body field.
     pub fn push(&mut self, tag: Tag, value: impl AsRef<[u8]>) -> &mut Self {
-        let (start, end) = self.append(value.as_ref());
-        self.body.push((tag, start, end));
-        self
+        self.push_with(tag, |out| out.extend_from_slice(value.as_ref()))
     }
 
     /// Appends a body field whose value is `value`'s text, written in place (no
     /// intermediate `String`).
     pub fn push_display(&mut self, tag: Tag, value: &dyn std::fmt::Display) -> &mut Self {
-        let (start, end) = self.append_display(value);
-        self.body.push((tag, start, end));
-        self
+        self.push_with(tag, |out| write_display(out, value))
+    }
+
+    /// Appends a body field holding an unsigned number, its digits written by hand.
+    pub fn push_u64(&mut self, tag: Tag, value: u64) -> &mut Self {
+        self.push_with(tag, |out| write_u64(out, value))
+    }
+
+    /// Appends a body field holding a signed number, its digits written by hand.
+    pub fn push_int(&mut self, tag: Tag, value: i128) -> &mut Self {
+        self.push_with(tag, |out| write_i128(out, value))
     }
 
     pub fn body_value(&self, tag: Tag) -> Option<&[u8]> {
-        self.body.iter().find(|f| f.0 == tag).map(|f| self.value(f))
+        self.body
+            .iter()
+            .find(|f| f.0 == tag)
+            .map(|f| self.body_value_of(f))
     }
 
     /// The body fields in order, as (tag, value).
     pub fn body_fields(&self) -> impl Iterator<Item = (Tag, &[u8])> + '_ {
-        self.body.iter().map(|f| (f.0, self.value(f)))
+        self.body.iter().map(|f| (f.0, self.body_value_of(f)))
     }
 
     /// Keeps only the body fields whose tag passes `keep`.
     pub fn retain_body(&mut self, mut keep: impl FnMut(Tag) -> bool) -> &mut Self {
-        self.body.retain(|f| keep(f.0));
+        if self.body.iter().all(|f| keep(f.0)) {
+            return self;
+        }
+        let old_text = std::mem::take(&mut self.body_text);
+        let old_body = std::mem::take(&mut self.body);
+        for (tag, start, end) in old_body {
+            if keep(tag) {
+                self.push(tag, &old_text[start as usize..end as usize]);
+            }
+        }
         self
     }
 
@@ -649,16 +696,16 @@ impl OutMessage {
     }
 
     /// Appends the encoded message to `out`: the body length is summed first so
-    /// that everything is written once, in place.
+    /// that everything is written once, in place; the body is copied in one piece.
     pub fn encode_into(&self, begin_string: &str, out: &mut Vec<u8>) {
         let field_len = |tag: Tag, value_len: usize| tag_digits(tag) + value_len + 2;
         let body_len = field_len(tags::MSG_TYPE, self.msg_type.len())
             + self
                 .header
                 .iter()
-                .chain(self.body.iter())
                 .map(|f| field_len(f.0, (f.2 - f.1) as usize))
-                .sum::<usize>();
+                .sum::<usize>()
+            + self.body_text.len();
         let begin = out.len();
         out.reserve(body_len + begin_string.len() + 24);
         write_field(out, tags::BEGIN_STRING, begin_string.as_bytes());
@@ -667,13 +714,27 @@ impl OutMessage {
         write_u64(out, body_len as u64);
         out.push(SOH);
         write_field(out, tags::MSG_TYPE, self.msg_type.as_bytes());
-        for f in self.header.iter().chain(self.body.iter()) {
-            write_field(out, f.0, self.value(f));
+        for f in &self.header {
+            write_field(out, f.0, &self.header_values[f.1 as usize..f.2 as usize]);
         }
+        out.extend_from_slice(&self.body_text);
         let sum = checksum(&out[begin..]);
-        out.extend_from_slice(b"10=");
-        out.extend_from_slice(&[b'0' + sum / 100, b'0' + sum / 10 % 10, b'0' + sum % 10, SOH]);
+        out.extend_from_slice(&[
+            b'1',
+            b'0',
+            b'=',
+            b'0' + sum / 100,
+            b'0' + sum / 10 % 10,
+            b'0' + sum % 10,
+            SOH,
+        ]);
     }
+}
+
+fn write_display(out: &mut Vec<u8>, value: &dyn std::fmt::Display) {
+    use std::io::Write as _;
+    // Writing into a Vec cannot fail.
+    let _ = write!(out, "{value}");
 }
 
 fn tag_digits(tag: Tag) -> usize {
@@ -686,9 +747,20 @@ fn tag_digits(tag: Tag) -> usize {
     n
 }
 
-fn write_u64(out: &mut Vec<u8>, mut v: u64) {
+/// Appends the decimal digits of `v`.
+pub fn write_u64(out: &mut Vec<u8>, v: u64) {
+    // The common small values take one fixed-size copy each, which the compiler inlines.
+    if v < 10 {
+        out.push(b'0' + v as u8);
+        return;
+    }
+    if v < 100 {
+        out.extend_from_slice(&[b'0' + (v / 10) as u8, b'0' + (v % 10) as u8]);
+        return;
+    }
     let mut digits = [0u8; 20];
     let mut i = digits.len();
+    let mut v = v;
     loop {
         i -= 1;
         digits[i] = b'0' + (v % 10) as u8;
@@ -698,6 +770,31 @@ fn write_u64(out: &mut Vec<u8>, mut v: u64) {
         }
     }
     out.extend_from_slice(&digits[i..]);
+}
+
+/// Appends the decimal digits of `v`, with a minus sign if negative.
+pub fn write_i128(out: &mut Vec<u8>, v: i128) {
+    if v < 0 {
+        out.push(b'-');
+    }
+    let abs = v.unsigned_abs();
+    match u64::try_from(abs) {
+        Ok(small) => write_u64(out, small),
+        Err(_) => {
+            let mut digits = [0u8; 40];
+            let mut i = digits.len();
+            let mut v = abs;
+            loop {
+                i -= 1;
+                digits[i] = b'0' + (v % 10) as u8;
+                v /= 10;
+                if v == 0 {
+                    break;
+                }
+            }
+            out.extend_from_slice(&digits[i..]);
+        }
+    }
 }
 
 fn write_tag(out: &mut Vec<u8>, tag: Tag) {

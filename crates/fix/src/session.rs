@@ -956,8 +956,10 @@ impl Session {
     fn fill_and_encode(&self, now_ms: UnixMs, mut m: OutMessage, seq: u64) -> Vec<u8> {
         m.set_header(tags::SENDER_COMP_ID, &self.config.sender_comp_id);
         m.set_header(tags::TARGET_COMP_ID, &self.config.target_comp_id);
-        m.set_header_display(tags::MSG_SEQ_NUM, &seq);
-        m.set_header_display(tags::SENDING_TIME, &time::UtcTimestamp(now_ms));
+        m.set_header_u64(tags::MSG_SEQ_NUM, seq);
+        m.set_header_with(tags::SENDING_TIME, |out| {
+            time::UtcTimestamp(now_ms).write_to(out)
+        });
         m.encode(&self.config.begin_string)
     }
 
