@@ -48,12 +48,26 @@ impl<'a> RawMessage<'a> {
         self.get(tag).and_then(parse_u64)
     }
 
+    /// MsgType: the third field of anything [`decode`] accepts, so looked for there first.
     pub fn msg_type(&self) -> &'a [u8] {
-        self.get(tags::MSG_TYPE).unwrap_or(b"")
+        match self.fields.get(..3) {
+            Some([a, b, f])
+                if f.tag == tags::MSG_TYPE
+                    && a.tag != tags::MSG_TYPE
+                    && b.tag != tags::MSG_TYPE =>
+            {
+                f.value
+            }
+            _ => self.get(tags::MSG_TYPE).unwrap_or(b""),
+        }
     }
 
+    /// BeginString: the first field of anything [`decode`] accepts, so looked for there first.
     pub fn begin_string(&self) -> &'a [u8] {
-        self.get(tags::BEGIN_STRING).unwrap_or(b"")
+        match self.fields.first() {
+            Some(f) if f.tag == tags::BEGIN_STRING => f.value,
+            _ => self.get(tags::BEGIN_STRING).unwrap_or(b""),
+        }
     }
 }
 
@@ -135,6 +149,28 @@ pub fn parse_tag(bytes: &[u8]) -> Option<Tag> {
     }
     let value = if negative { -value } else { value };
     Tag::try_from(value).ok()
+}
+
+/// Reads the tag of the field at `pos` and finds its `=` in one pass: Some((tag, index of
+/// `=`)) exactly when [`parse_tag`] accepts the bytes from `pos` to the first `=`.
+fn scan_tag(frame: &[u8], pos: usize) -> Option<(Tag, usize)> {
+    let rest = frame.get(pos..)?;
+    let (negative, digits_from) = match rest.first() {
+        Some(b'-') => (true, 1),
+        _ => (false, 0),
+    };
+    let mut value: i64 = 0;
+    for (i, &b) in rest.iter().enumerate().skip(digits_from) {
+        match b {
+            b'0'..=b'9' if i - digits_from < 10 => value = value * 10 + i64::from(b - b'0'),
+            b'=' if i > digits_from => {
+                let value = if negative { -value } else { value };
+                return Tag::try_from(value).ok().map(|tag| (tag, pos + i));
+            }
+            _ => return None,
+        }
+    }
+    None
 }
 
 /// Parses an unsigned decimal integer without sign or spaces.
@@ -238,8 +274,7 @@ pub fn decode<'a>(
     let mut checksum_start: Option<usize> = None;
     let mut pos = 0usize;
     while pos < frame.len() {
-        let eq = find_byte(frame, b'=', pos).ok_or(DecodeError::Garbled { offset: pos })?;
-        let tag = parse_tag(&frame[pos..eq]).ok_or(DecodeError::Garbled { offset: pos })?;
+        let (tag, eq) = scan_tag(frame, pos).ok_or(DecodeError::Garbled { offset: pos })?;
         let value_start = eq + 1;
         let value_end = match data_field_length(dictionary, fields.last(), tag) {
             Some(len) => {
@@ -272,8 +307,8 @@ pub fn decode<'a>(
         }
         pos = value_end + 1;
     }
-    let leading: Vec<Tag> = fields.iter().take(3).map(|f| f.tag).collect();
-    if leading != [tags::BEGIN_STRING, tags::BODY_LENGTH, tags::MSG_TYPE] {
+    let leading = fields.iter().take(3).map(|f| f.tag);
+    if !leading.eq([tags::BEGIN_STRING, tags::BODY_LENGTH, tags::MSG_TYPE]) {
         return Err(DecodeError::HeaderOutOfOrder);
     }
     let last = fields.last().ok_or(DecodeError::MissingCheckSum)?;
@@ -437,12 +472,19 @@ impl FrameBuffer {
     /// connection should then be dropped: the stream cannot be resynchronised
     /// without reading unbounded data).
     pub fn next_frame(&mut self) -> Result<Option<Vec<u8>>, FrameError> {
+        let mut frame = Vec::new();
+        Ok(self.next_frame_into(&mut frame)?.then_some(frame))
+    }
+
+    /// As [`FrameBuffer::next_frame`], but the frame replaces the contents of `frame`, whose
+    /// allocation a caller keeps from one message to the next; false if more bytes are needed.
+    pub fn next_frame_into(&mut self, frame: &mut Vec<u8>) -> Result<bool, FrameError> {
         loop {
             let Some(start) = find(self.view(), b"8=", 0) else {
                 // Keep a trailing '8', which may begin the next message.
                 let keep = usize::from(self.view().last() == Some(&b'8'));
                 self.skip(self.buffered_bytes() - keep)?;
-                return Ok(None);
+                return Ok(false);
             };
             self.skip(start)?;
             match scan_frame(self.view(), self.message_size_max_bytes) {
@@ -450,16 +492,17 @@ impl FrameBuffer {
                     if end > self.message_size_max_bytes {
                         return Err(self.too_large(end));
                     }
-                    let frame = self.view()[..end].to_vec();
+                    frame.clear();
+                    frame.extend_from_slice(&self.view()[..end]);
                     self.consume(end);
                     self.skipped_bytes = 0;
-                    return Ok(Some(frame));
+                    return Ok(true);
                 }
                 Scan::Incomplete => {
                     if self.buffered_bytes() > self.message_size_max_bytes {
                         return Err(self.too_large(self.buffered_bytes()));
                     }
-                    return Ok(None);
+                    return Ok(false);
                 }
                 Scan::TooLarge(size_bytes) => return Err(self.too_large(size_bytes)),
                 Scan::Garbled => {
@@ -817,6 +860,82 @@ mod tests {
 
     fn soh(text: &str) -> Vec<u8> {
         text.replace('|', "\x01").into_bytes()
+    }
+
+    proptest::proptest! {
+        /// The one-pass tag reader accepts and reads exactly what finding `=` and then
+        /// [`parse_tag`] did.
+        #[test]
+        fn scan_tag_agrees_with_find_then_parse(
+            bytes in proptest::collection::vec(
+                proptest::prop_oneof![b'0'..=b'9', proptest::strategy::Just(b'-'),
+                    proptest::strategy::Just(b'='), proptest::strategy::Just(SOH), 0u8..=255],
+                0..16),
+            pos in 0usize..4,
+        ) {
+            let expected = find_byte(&bytes, b'=', pos)
+                .and_then(|eq| parse_tag(&bytes[pos..eq]).map(|tag| (tag, eq)));
+            proptest::prop_assert_eq!(scan_tag(&bytes, pos), expected);
+        }
+
+        /// Numbers written by hand read back as the standard formatting writes them.
+        #[test]
+        fn written_integers_equal_the_formatted_ones(v in proptest::num::i128::ANY, small in 0u64..1000) {
+            let mut out = Vec::new();
+            write_i128(&mut out, v);
+            proptest::prop_assert_eq!(out, v.to_string().into_bytes());
+            let mut out = Vec::new();
+            write_u64(&mut out, small);
+            proptest::prop_assert_eq!(out, small.to_string().into_bytes());
+        }
+    }
+
+    /// The encoder as it was before the body was kept encoded: field by field. What a
+    /// message encodes to must not have changed.
+    fn encode_field_by_field(m: &OutMessage, begin_string: &str) -> Vec<u8> {
+        let mut fields: Vec<(Tag, Vec<u8>)> = vec![(35, m.msg_type.as_bytes().to_vec())];
+        for f in &m.header {
+            fields.push((f.0, m.header_values[f.1 as usize..f.2 as usize].to_vec()));
+        }
+        fields.extend(m.body_fields().map(|(t, v)| (t, v.to_vec())));
+        let body: Vec<u8> = fields
+            .iter()
+            .flat_map(|(t, v)| [format!("{t}=").into_bytes(), v.clone(), vec![SOH]].concat())
+            .collect();
+        let mut out = format!("8={begin_string}\x019={}\x01", body.len()).into_bytes();
+        out.extend_from_slice(&body);
+        let sum = out.iter().fold(0u8, |a, &b| a.wrapping_add(b));
+        out.extend_from_slice(format!("10={sum:03}\x01").as_bytes());
+        out
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn encoding_equals_the_field_by_field_encoder(
+            header in proptest::collection::vec((proptest::prop_oneof![
+                proptest::strategy::Just(34), proptest::strategy::Just(49),
+                proptest::strategy::Just(52), proptest::strategy::Just(56)],
+                proptest::collection::vec(0x20u8..0x7f, 0..12)), 0..6),
+            body in proptest::collection::vec((1..20_000i32, proptest::collection::vec(0x20u8..0x7f, 0..12)), 0..20),
+            numbers in proptest::collection::vec((1..1000i32, proptest::num::i64::ANY), 0..4),
+            drop_tag in 1..20_000i32,
+        ) {
+            let mut m = OutMessage::new("8");
+            for (t, v) in &header {
+                m.set_header(*t, v);
+            }
+            for (t, v) in &body {
+                m.push(*t, v);
+            }
+            for (t, v) in &numbers {
+                m.push_int(*t, i128::from(*v));
+                m.push_u64(*t, v.unsigned_abs());
+            }
+            proptest::prop_assert_eq!(m.encode("FIX.4.4"), encode_field_by_field(&m, "FIX.4.4"));
+            m.retain_body(|t| t != drop_tag);
+            proptest::prop_assert!(m.body_fields().all(|(t, _)| t != drop_tag));
+            proptest::prop_assert_eq!(m.encode("FIX.4.4"), encode_field_by_field(&m, "FIX.4.4"));
+        }
     }
 
     #[test]

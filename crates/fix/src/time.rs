@@ -210,6 +210,23 @@ mod tests {
         assert_eq!(format_utc_timestamp_ms(0), "19700101-00:00:00.000");
     }
 
+    proptest::proptest! {
+        /// The hand-written digits equal the generic formatting they replaced, for any time,
+        /// years past 9999 and before 0 included (which take the generic path).
+        #[test]
+        fn written_timestamps_equal_the_formatted_ones(unix_ms in -400_000_000_000_000i64..400_000_000_000_000) {
+            let days = unix_ms.div_euclid(86_400_000);
+            let ms_of_day = unix_ms.rem_euclid(86_400_000);
+            let (y, m, d) = civil_from_days(days);
+            let (hh, mm, ss, ms) = (ms_of_day / 3_600_000, (ms_of_day / 60_000) % 60, (ms_of_day / 1000) % 60, ms_of_day % 1000);
+            let expected = format!("{y:04}{m:02}{d:02}-{hh:02}:{mm:02}:{ss:02}.{ms:03}");
+            let mut written = b"x".to_vec();
+            UtcTimestamp(unix_ms).write_to(&mut written);
+            proptest::prop_assert_eq!(&written[1..], expected.as_bytes());
+            proptest::prop_assert_eq!(UtcTimestamp(unix_ms).to_string(), expected);
+        }
+    }
+
     #[test]
     fn rejects_bad_forms() {
         assert!(parse_utc_timestamp_ms(b"20040415").is_none());

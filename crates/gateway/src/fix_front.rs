@@ -5,8 +5,8 @@
 use crate::convert::{avg_px, parse_decimal, Decimal};
 use crate::reports::Echo;
 use crate::router::{
-    ClientId, ExecKind, ExecReport, Finished, GatewayReject, MassCancelScope, NewOrderRequest,
-    RejectCause, Report, Request, Router, SessionRef, StatusQuery,
+    ClientId, ExecKind, ExecReport, Finished, GatewayReject, InstrumentInfo, MassCancelScope,
+    NewOrderRequest, RejectCause, Report, Request, Router, SessionRef, StatusQuery,
 };
 use bourse_core::*;
 use bourse_fix::session::Inbound;
@@ -102,6 +102,18 @@ fn account_of(m: &Inbound<'_>) -> Result<Option<AccountId>, ()> {
     }
 }
 
+/// An instrument's numbers without its symbol, which a request already has: copying them is
+/// free where cloning the symbol cost an allocation per order.
+fn without_symbol(i: &InstrumentInfo) -> InstrumentInfo {
+    InstrumentInfo {
+        id: i.id,
+        symbol: String::new(),
+        price_scale: i.price_scale,
+        lot_size: i.lot_size,
+        core: i.core,
+    }
+}
+
 impl FixApp<'_> {
     fn business_reject(
         &mut self,
@@ -143,7 +155,7 @@ impl FixApp<'_> {
         let instrument = self
             .router
             .instrument_by_symbol(m.get(tag::SYMBOL).unwrap_or(b""))
-            .cloned();
+            .map(without_symbol);
         let account = account_of(m);
         let mut req = NewOrderRequest {
             client,
@@ -259,7 +271,7 @@ impl FixApp<'_> {
         let Some(instrument) = self
             .router
             .instrument_by_symbol(m.get(tag::SYMBOL).unwrap_or(b""))
-            .cloned()
+            .map(without_symbol)
         else {
             return reject(self.router, GatewayReject::UnknownSymbol);
         };
@@ -643,6 +655,28 @@ fn push_status_query(m: &mut OutMessage, q: &StatusQuery) {
         m.push(tag::MASS_STATUS_REQ_ID, id.as_bytes());
         m.push_display(tag::TOT_NUM_REPORTS, &total);
         m.push(tag::LAST_RPT_REQUESTED, if *last { "Y" } else { "N" });
+    }
+}
+
+/// Writes the ExecID `<prefix>-<n>` into `out` (emptied first), digits by hand: one per
+/// execution report, into a buffer the caller keeps.
+pub fn exec_id_into(out: &mut String, prefix: &str, n: u64) {
+    out.clear();
+    out.push_str(prefix);
+    out.push('-');
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut v = n;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    for &d in &digits[i..] {
+        out.push(char::from(d));
     }
 }
 
