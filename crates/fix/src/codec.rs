@@ -48,12 +48,26 @@ impl<'a> RawMessage<'a> {
         self.get(tag).and_then(parse_u64)
     }
 
+    /// MsgType: the third field of anything [`decode`] accepts, so looked for there first.
     pub fn msg_type(&self) -> &'a [u8] {
-        self.get(tags::MSG_TYPE).unwrap_or(b"")
+        match self.fields.get(..3) {
+            Some([a, b, f])
+                if f.tag == tags::MSG_TYPE
+                    && a.tag != tags::MSG_TYPE
+                    && b.tag != tags::MSG_TYPE =>
+            {
+                f.value
+            }
+            _ => self.get(tags::MSG_TYPE).unwrap_or(b""),
+        }
     }
 
+    /// BeginString: the first field of anything [`decode`] accepts, so looked for there first.
     pub fn begin_string(&self) -> &'a [u8] {
-        self.get(tags::BEGIN_STRING).unwrap_or(b"")
+        match self.fields.first() {
+            Some(f) if f.tag == tags::BEGIN_STRING => f.value,
+            _ => self.get(tags::BEGIN_STRING).unwrap_or(b""),
+        }
     }
 }
 
@@ -137,6 +151,28 @@ pub fn parse_tag(bytes: &[u8]) -> Option<Tag> {
     Tag::try_from(value).ok()
 }
 
+/// Reads the tag of the field at `pos` and finds its `=` in one pass: Some((tag, index of
+/// `=`)) exactly when [`parse_tag`] accepts the bytes from `pos` to the first `=`.
+fn scan_tag(frame: &[u8], pos: usize) -> Option<(Tag, usize)> {
+    let rest = frame.get(pos..)?;
+    let (negative, digits_from) = match rest.first() {
+        Some(b'-') => (true, 1),
+        _ => (false, 0),
+    };
+    let mut value: i64 = 0;
+    for (i, &b) in rest.iter().enumerate().skip(digits_from) {
+        match b {
+            b'0'..=b'9' if i - digits_from < 10 => value = value * 10 + i64::from(b - b'0'),
+            b'=' if i > digits_from => {
+                let value = if negative { -value } else { value };
+                return Tag::try_from(value).ok().map(|tag| (tag, pos + i));
+            }
+            _ => return None,
+        }
+    }
+    None
+}
+
 /// Parses an unsigned decimal integer without sign or spaces.
 pub fn parse_u64(bytes: &[u8]) -> Option<u64> {
     if bytes.is_empty() || bytes.len() > 19 || !bytes.iter().all(u8::is_ascii_digit) {
@@ -169,7 +205,12 @@ fn find_byte(haystack: &[u8], byte: u8, from: usize) -> Option<usize> {
 
 /// The sum of all bytes modulo 256, as CheckSum (10) defines it.
 pub fn checksum(bytes: &[u8]) -> u8 {
-    bytes.iter().fold(0u8, |acc, &b| acc.wrapping_add(b))
+    // Summed in 32-bit lanes (which the compiler vectorises) a block at a time, so that no
+    // lane can overflow whatever the length; only the low byte matters.
+    bytes
+        .chunks(1 << 20)
+        .map(|block| block.iter().map(|&b| u32::from(b)).sum::<u32>())
+        .fold(0u32, u32::wrapping_add) as u8
 }
 
 /// Data fields whose value may contain SOH, keyed by their length field, for
@@ -233,8 +274,7 @@ pub fn decode<'a>(
     let mut checksum_start: Option<usize> = None;
     let mut pos = 0usize;
     while pos < frame.len() {
-        let eq = find_byte(frame, b'=', pos).ok_or(DecodeError::Garbled { offset: pos })?;
-        let tag = parse_tag(&frame[pos..eq]).ok_or(DecodeError::Garbled { offset: pos })?;
+        let (tag, eq) = scan_tag(frame, pos).ok_or(DecodeError::Garbled { offset: pos })?;
         let value_start = eq + 1;
         let value_end = match data_field_length(dictionary, fields.last(), tag) {
             Some(len) => {
@@ -267,8 +307,8 @@ pub fn decode<'a>(
         }
         pos = value_end + 1;
     }
-    let leading: Vec<Tag> = fields.iter().take(3).map(|f| f.tag).collect();
-    if leading != [tags::BEGIN_STRING, tags::BODY_LENGTH, tags::MSG_TYPE] {
+    let leading = fields.iter().take(3).map(|f| f.tag);
+    if !leading.eq([tags::BEGIN_STRING, tags::BODY_LENGTH, tags::MSG_TYPE]) {
         return Err(DecodeError::HeaderOutOfOrder);
     }
     let last = fields.last().ok_or(DecodeError::MissingCheckSum)?;
@@ -432,12 +472,19 @@ impl FrameBuffer {
     /// connection should then be dropped: the stream cannot be resynchronised
     /// without reading unbounded data).
     pub fn next_frame(&mut self) -> Result<Option<Vec<u8>>, FrameError> {
+        let mut frame = Vec::new();
+        Ok(self.next_frame_into(&mut frame)?.then_some(frame))
+    }
+
+    /// As [`FrameBuffer::next_frame`], but the frame replaces the contents of `frame`, whose
+    /// allocation a caller keeps from one message to the next; false if more bytes are needed.
+    pub fn next_frame_into(&mut self, frame: &mut Vec<u8>) -> Result<bool, FrameError> {
         loop {
             let Some(start) = find(self.view(), b"8=", 0) else {
                 // Keep a trailing '8', which may begin the next message.
                 let keep = usize::from(self.view().last() == Some(&b'8'));
                 self.skip(self.buffered_bytes() - keep)?;
-                return Ok(None);
+                return Ok(false);
             };
             self.skip(start)?;
             match scan_frame(self.view(), self.message_size_max_bytes) {
@@ -445,16 +492,17 @@ impl FrameBuffer {
                     if end > self.message_size_max_bytes {
                         return Err(self.too_large(end));
                     }
-                    let frame = self.view()[..end].to_vec();
+                    frame.clear();
+                    frame.extend_from_slice(&self.view()[..end]);
                     self.consume(end);
                     self.skipped_bytes = 0;
-                    return Ok(Some(frame));
+                    return Ok(true);
                 }
                 Scan::Incomplete => {
                     if self.buffered_bytes() > self.message_size_max_bytes {
                         return Err(self.too_large(self.buffered_bytes()));
                     }
-                    return Ok(None);
+                    return Ok(false);
                 }
                 Scan::TooLarge(size_bytes) => return Err(self.too_large(size_bytes)),
                 Scan::Garbled => {
@@ -525,46 +573,46 @@ enum Scan {
 /// tag order, then the body fields in the order they were added, then
 /// CheckSum.
 ///
-/// Every value lives in one byte buffer (`values`) and fields are
-/// `(tag, start, end)` ranges into it, so that building a message costs a few
-/// allocations in all rather than one per field; numbers and other
-/// [`std::fmt::Display`] values are written straight into the buffer
-/// ([`OutMessage::push_display`]). The header is kept sorted by tag as it is
-/// set, so encoding sorts nothing.
+/// The body is kept already encoded: every [`OutMessage::push`] appends
+/// `tag=value<SOH>` to one byte buffer (`body_text`) and remembers where the value
+/// lies, so that encoding copies the body in one piece instead of field by field.
+/// Header values live in a second buffer as `(tag, start, end)` ranges, kept sorted
+/// by tag as they are set, so encoding sorts nothing. Numbers have their own pushes
+/// ([`OutMessage::push_u64`], [`OutMessage::push_int`]) that write digits by hand;
+/// [`OutMessage::push_with`] lets a caller write any value in place.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OutMessage {
     pub msg_type: String,
     header: Vec<(Tag, u32, u32)>,
+    header_values: Vec<u8>,
+    /// Value ranges of the body fields in `body_text`, in order.
     body: Vec<(Tag, u32, u32)>,
-    values: Vec<u8>,
+    /// The body fields encoded, `tag=value<SOH>` each, in order.
+    body_text: Vec<u8>,
 }
 
-/// Fields and value bytes an execution report needs, reserved up front.
+/// Header fields and value bytes the session sets on every message, reserved up front.
+const HEADER_FIELDS_TYPICAL: usize = 8;
+const HEADER_VALUE_BYTES_TYPICAL: usize = 64;
+/// Fields and encoded bytes an execution report's body needs, reserved up front.
 const BODY_FIELDS_TYPICAL: usize = 24;
-const VALUE_BYTES_TYPICAL: usize = 320;
+const BODY_BYTES_TYPICAL: usize = 320;
 
 impl OutMessage {
     pub fn new(msg_type: &str) -> Self {
         OutMessage {
             msg_type: msg_type.to_string(),
-            header: Vec::with_capacity(8),
+            header: Vec::with_capacity(HEADER_FIELDS_TYPICAL),
+            header_values: Vec::with_capacity(HEADER_VALUE_BYTES_TYPICAL),
             body: Vec::with_capacity(BODY_FIELDS_TYPICAL),
-            values: Vec::with_capacity(VALUE_BYTES_TYPICAL),
+            body_text: Vec::with_capacity(BODY_BYTES_TYPICAL),
         }
     }
 
-    fn append(&mut self, value: &[u8]) -> (u32, u32) {
-        let start = self.values.len() as u32;
-        self.values.extend_from_slice(value);
-        (start, self.values.len() as u32)
-    }
-
-    fn append_display(&mut self, value: &dyn std::fmt::Display) -> (u32, u32) {
-        use std::io::Write as _;
-        let start = self.values.len() as u32;
-        // Writing into a Vec cannot fail.
-        let _ = write!(self.values, "{value}");
-        (start, self.values.len() as u32)
+    fn append_header(&mut self, write: impl FnOnce(&mut Vec<u8>)) -> (u32, u32) {
+        let start = self.header_values.len() as u32;
+        write(&mut self.header_values);
+        (start, self.header_values.len() as u32)
     }
 
     fn place_header(&mut self, tag: Tag, range: (u32, u32)) {
@@ -583,16 +631,28 @@ impl OutMessage {
 
     /// Sets a header field, replacing any earlier value of the same tag.
     pub fn set_header(&mut self, tag: Tag, value: impl AsRef<[u8]>) -> &mut Self {
-        let range = self.append(value.as_ref());
+        let range = self.append_header(|out| out.extend_from_slice(value.as_ref()));
         self.place_header(tag, range);
         self
     }
 
     /// Sets a header field to a value's text, written in place.
     pub fn set_header_display(&mut self, tag: Tag, value: &dyn std::fmt::Display) -> &mut Self {
-        let range = self.append_display(value);
+        let range = self.append_header(|out| write_display(out, value));
         self.place_header(tag, range);
         self
+    }
+
+    /// Sets a header field to a value written in place by `write`.
+    pub fn set_header_with(&mut self, tag: Tag, write: impl FnOnce(&mut Vec<u8>)) -> &mut Self {
+        let range = self.append_header(write);
+        self.place_header(tag, range);
+        self
+    }
+
+    /// Sets a header field to an unsigned number.
+    pub fn set_header_u64(&mut self, tag: Tag, value: u64) -> &mut Self {
+        self.set_header_with(tag, |out| write_u64(out, value))
     }
 
     pub fn remove_header(&mut self, tag: Tag) -> &mut Self {
@@ -600,44 +660,74 @@ impl OutMessage {
         self
     }
 
-    fn value(&self, f: &(Tag, u32, u32)) -> &[u8] {
-        &self.values[f.1 as usize..f.2 as usize]
-    }
-
     pub fn header_value(&self, tag: Tag) -> Option<&[u8]> {
         self.header
             .iter()
             .find(|f| f.0 == tag)
-            .map(|f| self.value(f))
+            .map(|f| &self.header_values[f.1 as usize..f.2 as usize])
+    }
+
+    fn body_value_of(&self, f: &(Tag, u32, u32)) -> &[u8] {
+        &self.body_text[f.1 as usize..f.2 as usize]
+    }
+
+    /// Appends a body field whose value `write` appends to the buffer it is given.
+    pub fn push_with(&mut self, tag: Tag, write: impl FnOnce(&mut Vec<u8>)) -> &mut Self {
+        write_tag(&mut self.body_text, tag);
+        self.body_text.push(b'=');
+        let start = self.body_text.len() as u32;
+        write(&mut self.body_text);
+        let end = self.body_text.len() as u32;
+        self.body_text.push(SOH);
+        self.body.push((tag, start, end));
+        self
     }
 
     /// Appends a body field.
     pub fn push(&mut self, tag: Tag, value: impl AsRef<[u8]>) -> &mut Self {
-        let (start, end) = self.append(value.as_ref());
-        self.body.push((tag, start, end));
-        self
+        self.push_with(tag, |out| out.extend_from_slice(value.as_ref()))
     }
 
     /// Appends a body field whose value is `value`'s text, written in place (no
     /// intermediate `String`).
     pub fn push_display(&mut self, tag: Tag, value: &dyn std::fmt::Display) -> &mut Self {
-        let (start, end) = self.append_display(value);
-        self.body.push((tag, start, end));
-        self
+        self.push_with(tag, |out| write_display(out, value))
+    }
+
+    /// Appends a body field holding an unsigned number, its digits written by hand.
+    pub fn push_u64(&mut self, tag: Tag, value: u64) -> &mut Self {
+        self.push_with(tag, |out| write_u64(out, value))
+    }
+
+    /// Appends a body field holding a signed number, its digits written by hand.
+    pub fn push_int(&mut self, tag: Tag, value: i128) -> &mut Self {
+        self.push_with(tag, |out| write_i128(out, value))
     }
 
     pub fn body_value(&self, tag: Tag) -> Option<&[u8]> {
-        self.body.iter().find(|f| f.0 == tag).map(|f| self.value(f))
+        self.body
+            .iter()
+            .find(|f| f.0 == tag)
+            .map(|f| self.body_value_of(f))
     }
 
     /// The body fields in order, as (tag, value).
     pub fn body_fields(&self) -> impl Iterator<Item = (Tag, &[u8])> + '_ {
-        self.body.iter().map(|f| (f.0, self.value(f)))
+        self.body.iter().map(|f| (f.0, self.body_value_of(f)))
     }
 
     /// Keeps only the body fields whose tag passes `keep`.
     pub fn retain_body(&mut self, mut keep: impl FnMut(Tag) -> bool) -> &mut Self {
-        self.body.retain(|f| keep(f.0));
+        if self.body.iter().all(|f| keep(f.0)) {
+            return self;
+        }
+        let old_text = std::mem::take(&mut self.body_text);
+        let old_body = std::mem::take(&mut self.body);
+        for (tag, start, end) in old_body {
+            if keep(tag) {
+                self.push(tag, &old_text[start as usize..end as usize]);
+            }
+        }
         self
     }
 
@@ -649,16 +739,16 @@ impl OutMessage {
     }
 
     /// Appends the encoded message to `out`: the body length is summed first so
-    /// that everything is written once, in place.
+    /// that everything is written once, in place; the body is copied in one piece.
     pub fn encode_into(&self, begin_string: &str, out: &mut Vec<u8>) {
         let field_len = |tag: Tag, value_len: usize| tag_digits(tag) + value_len + 2;
         let body_len = field_len(tags::MSG_TYPE, self.msg_type.len())
             + self
                 .header
                 .iter()
-                .chain(self.body.iter())
                 .map(|f| field_len(f.0, (f.2 - f.1) as usize))
-                .sum::<usize>();
+                .sum::<usize>()
+            + self.body_text.len();
         let begin = out.len();
         out.reserve(body_len + begin_string.len() + 24);
         write_field(out, tags::BEGIN_STRING, begin_string.as_bytes());
@@ -667,13 +757,27 @@ impl OutMessage {
         write_u64(out, body_len as u64);
         out.push(SOH);
         write_field(out, tags::MSG_TYPE, self.msg_type.as_bytes());
-        for f in self.header.iter().chain(self.body.iter()) {
-            write_field(out, f.0, self.value(f));
+        for f in &self.header {
+            write_field(out, f.0, &self.header_values[f.1 as usize..f.2 as usize]);
         }
+        out.extend_from_slice(&self.body_text);
         let sum = checksum(&out[begin..]);
-        out.extend_from_slice(b"10=");
-        out.extend_from_slice(&[b'0' + sum / 100, b'0' + sum / 10 % 10, b'0' + sum % 10, SOH]);
+        out.extend_from_slice(&[
+            b'1',
+            b'0',
+            b'=',
+            b'0' + sum / 100,
+            b'0' + sum / 10 % 10,
+            b'0' + sum % 10,
+            SOH,
+        ]);
     }
+}
+
+fn write_display(out: &mut Vec<u8>, value: &dyn std::fmt::Display) {
+    use std::io::Write as _;
+    // Writing into a Vec cannot fail.
+    let _ = write!(out, "{value}");
 }
 
 fn tag_digits(tag: Tag) -> usize {
@@ -686,9 +790,20 @@ fn tag_digits(tag: Tag) -> usize {
     n
 }
 
-fn write_u64(out: &mut Vec<u8>, mut v: u64) {
+/// Appends the decimal digits of `v`.
+pub fn write_u64(out: &mut Vec<u8>, v: u64) {
+    // The common small values take one fixed-size copy each, which the compiler inlines.
+    if v < 10 {
+        out.push(b'0' + v as u8);
+        return;
+    }
+    if v < 100 {
+        out.extend_from_slice(&[b'0' + (v / 10) as u8, b'0' + (v % 10) as u8]);
+        return;
+    }
     let mut digits = [0u8; 20];
     let mut i = digits.len();
+    let mut v = v;
     loop {
         i -= 1;
         digits[i] = b'0' + (v % 10) as u8;
@@ -698,6 +813,31 @@ fn write_u64(out: &mut Vec<u8>, mut v: u64) {
         }
     }
     out.extend_from_slice(&digits[i..]);
+}
+
+/// Appends the decimal digits of `v`, with a minus sign if negative.
+pub fn write_i128(out: &mut Vec<u8>, v: i128) {
+    if v < 0 {
+        out.push(b'-');
+    }
+    let abs = v.unsigned_abs();
+    match u64::try_from(abs) {
+        Ok(small) => write_u64(out, small),
+        Err(_) => {
+            let mut digits = [0u8; 40];
+            let mut i = digits.len();
+            let mut v = abs;
+            loop {
+                i -= 1;
+                digits[i] = b'0' + (v % 10) as u8;
+                v /= 10;
+                if v == 0 {
+                    break;
+                }
+            }
+            out.extend_from_slice(&digits[i..]);
+        }
+    }
 }
 
 fn write_tag(out: &mut Vec<u8>, tag: Tag) {
@@ -720,6 +860,82 @@ mod tests {
 
     fn soh(text: &str) -> Vec<u8> {
         text.replace('|', "\x01").into_bytes()
+    }
+
+    proptest::proptest! {
+        /// The one-pass tag reader accepts and reads exactly what finding `=` and then
+        /// [`parse_tag`] did.
+        #[test]
+        fn scan_tag_agrees_with_find_then_parse(
+            bytes in proptest::collection::vec(
+                proptest::prop_oneof![b'0'..=b'9', proptest::strategy::Just(b'-'),
+                    proptest::strategy::Just(b'='), proptest::strategy::Just(SOH), 0u8..=255],
+                0..16),
+            pos in 0usize..4,
+        ) {
+            let expected = find_byte(&bytes, b'=', pos)
+                .and_then(|eq| parse_tag(&bytes[pos..eq]).map(|tag| (tag, eq)));
+            proptest::prop_assert_eq!(scan_tag(&bytes, pos), expected);
+        }
+
+        /// Numbers written by hand read back as the standard formatting writes them.
+        #[test]
+        fn written_integers_equal_the_formatted_ones(v in proptest::num::i128::ANY, small in 0u64..1000) {
+            let mut out = Vec::new();
+            write_i128(&mut out, v);
+            proptest::prop_assert_eq!(out, v.to_string().into_bytes());
+            let mut out = Vec::new();
+            write_u64(&mut out, small);
+            proptest::prop_assert_eq!(out, small.to_string().into_bytes());
+        }
+    }
+
+    /// The encoder as it was before the body was kept encoded: field by field. What a
+    /// message encodes to must not have changed.
+    fn encode_field_by_field(m: &OutMessage, begin_string: &str) -> Vec<u8> {
+        let mut fields: Vec<(Tag, Vec<u8>)> = vec![(35, m.msg_type.as_bytes().to_vec())];
+        for f in &m.header {
+            fields.push((f.0, m.header_values[f.1 as usize..f.2 as usize].to_vec()));
+        }
+        fields.extend(m.body_fields().map(|(t, v)| (t, v.to_vec())));
+        let body: Vec<u8> = fields
+            .iter()
+            .flat_map(|(t, v)| [format!("{t}=").into_bytes(), v.clone(), vec![SOH]].concat())
+            .collect();
+        let mut out = format!("8={begin_string}\x019={}\x01", body.len()).into_bytes();
+        out.extend_from_slice(&body);
+        let sum = out.iter().fold(0u8, |a, &b| a.wrapping_add(b));
+        out.extend_from_slice(format!("10={sum:03}\x01").as_bytes());
+        out
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn encoding_equals_the_field_by_field_encoder(
+            header in proptest::collection::vec((proptest::prop_oneof![
+                proptest::strategy::Just(34), proptest::strategy::Just(49),
+                proptest::strategy::Just(52), proptest::strategy::Just(56)],
+                proptest::collection::vec(0x20u8..0x7f, 0..12)), 0..6),
+            body in proptest::collection::vec((1..20_000i32, proptest::collection::vec(0x20u8..0x7f, 0..12)), 0..20),
+            numbers in proptest::collection::vec((1..1000i32, proptest::num::i64::ANY), 0..4),
+            drop_tag in 1..20_000i32,
+        ) {
+            let mut m = OutMessage::new("8");
+            for (t, v) in &header {
+                m.set_header(*t, v);
+            }
+            for (t, v) in &body {
+                m.push(*t, v);
+            }
+            for (t, v) in &numbers {
+                m.push_int(*t, i128::from(*v));
+                m.push_u64(*t, v.unsigned_abs());
+            }
+            proptest::prop_assert_eq!(m.encode("FIX.4.4"), encode_field_by_field(&m, "FIX.4.4"));
+            m.retain_body(|t| t != drop_tag);
+            proptest::prop_assert!(m.body_fields().all(|(t, _)| t != drop_tag));
+            proptest::prop_assert_eq!(m.encode("FIX.4.4"), encode_field_by_field(&m, "FIX.4.4"));
+        }
     }
 
     #[test]

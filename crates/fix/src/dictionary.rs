@@ -83,9 +83,45 @@ const COMPONENT_DEPTH_MAX: usize = 32;
 /// Tags at or above this are user defined.
 pub const USER_DEFINED_TAG_MIN: Tag = 5000;
 
+/// Tags below this are looked up in tables indexed by tag number (a load, no hashing): every
+/// standard FIX tag and the usual user-defined range. A tag above falls back to the hash
+/// tables, with the same answers.
+const DENSE_TAGS: usize = 8192;
+
+fn dense_index(tag: Tag) -> Option<usize> {
+    usize::try_from(tag).ok().filter(|&t| t < DENSE_TAGS)
+}
+
+fn bit_set(bits: &mut Vec<u64>, index: usize) {
+    if bits.len() <= index / 64 {
+        bits.resize(index / 64 + 1, 0);
+    }
+    bits[index / 64] |= 1 << (index % 64);
+}
+
+fn bit_get(bits: &[u64], index: usize) -> bool {
+    bits.get(index / 64)
+        .is_some_and(|w| (w >> (index % 64)) & 1 != 0)
+}
+
+/// What validation asks about a tag, for the dense table: flags and the value syntax.
+#[derive(Clone, Copy, Debug, Default)]
+struct TagInfo {
+    flags: u8,
+    kind: FieldKind,
+}
+
+const TAG_KNOWN: u8 = 1;
+const TAG_HEADER: u8 = 2;
+const TAG_TRAILER: u8 = 4;
+const TAG_DATA: u8 = 8;
+const TAG_LENGTH: u8 = 16;
+const TAG_ENUMERATED: u8 = 32;
+
 /// The value syntax a field's type implies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FieldKind {
+    #[default]
     String,
     Char,
     Int,
@@ -121,6 +157,15 @@ pub struct MapSpec {
     pub groups: DictMap<Tag, MapSpec>,
     /// For a group, the tag that must open every entry; 0 otherwise.
     pub delimiter: Tag,
+    /// Set by `finish`: `fields` and the keys of `groups` below [`DENSE_TAGS`] as bitsets,
+    /// so that membership costs a load instead of a hash.
+    dense: Option<DenseMembers>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct DenseMembers {
+    fields: Vec<u64>,
+    groups: Vec<u64>,
 }
 
 impl MapSpec {
@@ -137,6 +182,33 @@ impl MapSpec {
         self.required.sort_unstable();
         for group in self.groups.values_mut() {
             group.finish();
+        }
+        let mut dense = DenseMembers::default();
+        for index in self.fields.iter().filter_map(|&t| dense_index(t)) {
+            bit_set(&mut dense.fields, index);
+        }
+        for index in self.groups.keys().filter_map(|&t| dense_index(t)) {
+            bit_set(&mut dense.groups, index);
+        }
+        self.dense = Some(dense);
+    }
+
+    /// Whether `tag` belongs to this map (`fields` holds it).
+    pub fn has_field(&self, tag: Tag) -> bool {
+        match (&self.dense, dense_index(tag)) {
+            (Some(dense), Some(index)) => bit_get(&dense.fields, index),
+            _ => self.fields.contains(&tag),
+        }
+    }
+
+    /// The group whose count field is `tag`, if any.
+    pub fn group(&self, tag: Tag) -> Option<&MapSpec> {
+        if self.groups.is_empty() {
+            return None;
+        }
+        match (&self.dense, dense_index(tag)) {
+            (Some(dense), Some(index)) if !bit_get(&dense.groups, index) => None,
+            _ => self.groups.get(&tag),
         }
     }
 }
@@ -219,6 +291,9 @@ pub struct Dictionary {
     pub trailer: MapSpec,
     pub messages: DictMap<String, MapSpec>,
     pub options: ValidationOptions,
+    /// Facts about every tag below [`DENSE_TAGS`], indexed by tag, built at load from the
+    /// tables above (which are not to be changed afterwards).
+    tag_info: Box<[TagInfo]>,
 }
 
 /// Header fields every FIX version has, whatever the dictionary says.
@@ -310,6 +385,7 @@ impl Dictionary {
         if messages.is_empty() {
             return Err(DictionaryError::Invalid("no messages defined".into()));
         }
+        let tag_info = tag_table(&fields, &header, &trailer);
         Ok(Dictionary {
             begin_string,
             fields,
@@ -318,7 +394,13 @@ impl Dictionary {
             trailer,
             messages,
             options: ValidationOptions::default(),
+            tag_info,
         })
+    }
+
+    /// The dense table's entry for `tag`, or None above [`DENSE_TAGS`].
+    fn tag_info(&self, tag: Tag) -> Option<TagInfo> {
+        dense_index(tag).map(|i| self.tag_info[i])
     }
 
     pub fn field(&self, tag: Tag) -> Option<&FieldDef> {
@@ -326,23 +408,31 @@ impl Dictionary {
     }
 
     pub fn is_data_field(&self, tag: Tag) -> bool {
-        self.fields
-            .get(&tag)
-            .is_some_and(|f| f.type_name == "DATA" || f.type_name == "XMLDATA")
+        match self.tag_info(tag) {
+            Some(info) => info.flags & TAG_DATA != 0,
+            None => self.fields.get(&tag).is_some_and(is_data_def),
+        }
     }
 
     pub fn is_length_field(&self, tag: Tag) -> bool {
-        self.fields
-            .get(&tag)
-            .is_some_and(|f| f.type_name == "LENGTH")
+        match self.tag_info(tag) {
+            Some(info) => info.flags & TAG_LENGTH != 0,
+            None => self.fields.get(&tag).is_some_and(is_length_def),
+        }
     }
 
     pub fn is_header_field(&self, tag: Tag) -> bool {
-        self.header.fields.contains(&tag) || BUILTIN_HEADER_TAGS.contains(&tag)
+        match self.tag_info(tag) {
+            Some(info) => info.flags & TAG_HEADER != 0,
+            None => is_header_tag(&self.header, tag),
+        }
     }
 
     pub fn is_trailer_field(&self, tag: Tag) -> bool {
-        self.trailer.fields.contains(&tag) || BUILTIN_TRAILER_TAGS.contains(&tag)
+        match self.tag_info(tag) {
+            Some(info) => info.flags & TAG_TRAILER != 0,
+            None => is_trailer_tag(&self.trailer, tag),
+        }
     }
 
     pub fn message(&self, msg_type: &[u8]) -> Option<&MapSpec> {
@@ -358,10 +448,25 @@ impl Dictionary {
     /// group's delimiter is rejected here, as the message cannot be read on.
     pub fn structure(&self, raw: &RawMessage<'_>) -> Result<Structure, Reject> {
         let msg_spec = self.message(raw.msg_type());
-        let mut st = Structure::default();
+        let n = raw.fields.len();
+        // Sized once for the worst case: growing them field by field cost more than the rest.
+        let mut st = Structure {
+            header: FieldMap {
+                fields: Vec::with_capacity(n),
+                groups: Vec::new(),
+            },
+            body: FieldMap {
+                fields: Vec::with_capacity(n),
+                groups: Vec::new(),
+            },
+            trailer: FieldMap {
+                fields: Vec::with_capacity(1),
+                groups: Vec::new(),
+            },
+            out_of_order_tag: None,
+        };
         let mut expecting_header = true;
         let mut expecting_body = true;
-        let n = raw.fields.len();
         let mut i = 0;
         while i < n {
             let tag = raw.fields[i].tag;
@@ -371,7 +476,7 @@ impl Dictionary {
                 }
                 st.header.fields.push(i);
                 i += 1;
-                if let Some(group) = self.header.groups.get(&tag) {
+                if let Some(group) = self.header.group(tag) {
                     i = parse_group(raw, i, tag, i - 1, group, &mut st.header)?;
                 }
             } else if self.is_trailer_field(tag) {
@@ -386,7 +491,7 @@ impl Dictionary {
                 expecting_header = false;
                 st.body.fields.push(i);
                 i += 1;
-                if let Some(group) = msg_spec.and_then(|s| s.groups.get(&tag)) {
+                if let Some(group) = msg_spec.and_then(|s| s.group(tag)) {
                     i = parse_group(raw, i, tag, i - 1, group, &mut st.body)?;
                 }
             }
@@ -429,8 +534,18 @@ impl Dictionary {
         // separate group entries, which live in their own maps. Sorted by tag,
         // a repeat sits next to its first; the one reported is the first
         // repeated in message order, as a scan in order would find it.
-        let mut sorted = map.fields.clone();
-        sorted.sort_by_key(|&index| raw.fields[index].tag);
+        let mut on_stack = [0usize; 64];
+        let mut on_heap = Vec::new();
+        let sorted: &mut [usize] = if map.fields.len() <= on_stack.len() {
+            let part = &mut on_stack[..map.fields.len()];
+            part.copy_from_slice(&map.fields);
+            part
+        } else {
+            on_heap.extend_from_slice(&map.fields);
+            &mut on_heap
+        };
+        // Unstable is enough: equal tags are refused just below, before the order matters.
+        sorted.sort_unstable_by_key(|&index| raw.fields[index].tag);
         if sorted
             .windows(2)
             .any(|w| raw.fields[w[0]].tag == raw.fields[w[1]].tag)
@@ -446,7 +561,7 @@ impl Dictionary {
                 }
             }
         }
-        for index in sorted {
+        for &index in sorted.iter() {
             let field = raw.fields[index];
             let tag = field.tag;
             if self.options.check_fields_have_values && field.value.is_empty() {
@@ -455,19 +570,29 @@ impl Dictionary {
                     Some(tag),
                 ));
             }
-            let def = self.fields.get(&tag);
-            if let Some(def) = def {
-                if !value_has_valid_format(def.kind, field.value) {
-                    return Err(Reject::new(
-                        SessionRejectReason::IncorrectDataFormat,
-                        Some(tag),
-                    ));
-                }
+            // The dense table answers for nearly every tag; the definition itself is only
+            // looked up for an enumerated field.
+            let (known, kind, enumerated) = match self.tag_info(tag) {
+                Some(info) => (
+                    info.flags & TAG_KNOWN != 0,
+                    info.kind,
+                    info.flags & TAG_ENUMERATED != 0,
+                ),
+                None => match self.fields.get(&tag) {
+                    Some(def) => (true, def.kind, !def.enums.is_empty()),
+                    None => (false, FieldKind::String, false),
+                },
+            };
+            if known && !value_has_valid_format(kind, field.value) {
+                return Err(Reject::new(
+                    SessionRejectReason::IncorrectDataFormat,
+                    Some(tag),
+                ));
             }
             if !self.options.check_user_defined_fields && tag >= USER_DEFINED_TAG_MIN {
                 continue;
             }
-            let Some(def) = def else {
+            if !known {
                 if self.options.allow_unknown_message_fields {
                     continue;
                 }
@@ -475,8 +600,8 @@ impl Dictionary {
                     SessionRejectReason::InvalidTagNumber,
                     Some(tag),
                 ));
-            };
-            if !def.enums.is_empty() {
+            }
+            if let Some(def) = enumerated.then(|| self.fields.get(&tag)).flatten() {
                 let ok = if def.multiple_values {
                     field
                         .value
@@ -498,13 +623,13 @@ impl Dictionary {
                 Section::Group => true,
             };
             if check_membership {
-                if !spec.fields.contains(&tag) && !self.options.allow_unknown_message_fields {
+                if !spec.has_field(tag) && !self.options.allow_unknown_message_fields {
                     return Err(Reject::new(
                         SessionRejectReason::TagNotDefinedForMessageType,
                         Some(tag),
                     ));
                 }
-                if spec.groups.contains_key(&tag) {
+                if spec.group(tag).is_some() {
                     let declared = crate::codec::parse_u64(field.value);
                     let actual = map
                         .groups
@@ -540,6 +665,58 @@ enum Section {
     Trailer,
     Body,
     Group,
+}
+
+fn is_data_def(def: &FieldDef) -> bool {
+    def.type_name == "DATA" || def.type_name == "XMLDATA"
+}
+
+fn is_length_def(def: &FieldDef) -> bool {
+    def.type_name == "LENGTH"
+}
+
+fn is_header_tag(header: &MapSpec, tag: Tag) -> bool {
+    header.fields.contains(&tag) || BUILTIN_HEADER_TAGS.contains(&tag)
+}
+
+fn is_trailer_tag(trailer: &MapSpec, tag: Tag) -> bool {
+    trailer.fields.contains(&tag) || BUILTIN_TRAILER_TAGS.contains(&tag)
+}
+
+/// The dense table: for every tag below [`DENSE_TAGS`], the answers the hash tables give.
+fn tag_table(
+    fields: &DictMap<Tag, FieldDef>,
+    header: &MapSpec,
+    trailer: &MapSpec,
+) -> Box<[TagInfo]> {
+    let mut table = vec![TagInfo::default(); DENSE_TAGS];
+    for (index, info) in table.iter_mut().enumerate() {
+        let tag = index as Tag;
+        if is_header_tag(header, tag) {
+            info.flags |= TAG_HEADER;
+        }
+        if is_trailer_tag(trailer, tag) {
+            info.flags |= TAG_TRAILER;
+        }
+    }
+    for (&tag, def) in fields {
+        let Some(index) = dense_index(tag) else {
+            continue;
+        };
+        let info = &mut table[index];
+        info.flags |= TAG_KNOWN;
+        info.kind = def.kind;
+        if is_data_def(def) {
+            info.flags |= TAG_DATA;
+        }
+        if is_length_def(def) {
+            info.flags |= TAG_LENGTH;
+        }
+        if !def.enums.is_empty() {
+            info.flags |= TAG_ENUMERATED;
+        }
+    }
+    table.into_boxed_slice()
 }
 
 fn check_required(raw: &RawMessage<'_>, map: &FieldMap, spec: &MapSpec) -> Result<(), Reject> {
@@ -583,7 +760,7 @@ fn parse_group(
                 instance.entries.push(entry);
             }
             current = Some(FieldMap::default());
-        } else if !spec.fields.contains(&tag) {
+        } else if !spec.has_field(tag) {
             break;
         }
         let Some(entry) = current.as_mut() else {
@@ -598,7 +775,7 @@ fn parse_group(
         };
         entry.fields.push(pos);
         pos += 1;
-        if let Some(nested) = spec.groups.get(&tag) {
+        if let Some(nested) = spec.group(tag) {
             pos = parse_group(raw, pos, tag, pos - 1, nested, entry)?;
         }
     }
@@ -822,6 +999,112 @@ mod tests {
         assert_eq!(group.required, vec![448]);
         assert_eq!(order.required, vec![11]);
         assert_eq!(d.header.required, vec![8, 9, 34, 35]);
+    }
+
+    /// A dictionary with what the dense tables must get right: data and length fields, a
+    /// user-defined tag above the dense range in a message and in a nested group, a header
+    /// group and an enumerated field.
+    const EDGES: &str = r#"<fix major="4" minor="4">
+      <header>
+        <field name="BeginString" required="Y"/><field name="BodyLength" required="Y"/>
+        <field name="MsgType" required="Y"/><field name="MsgSeqNum" required="Y"/>
+        <field name="HighHeader" required="N"/>
+        <group name="NoHops" required="N"><field name="HopCompID" required="N"/></group>
+      </header>
+      <trailer><field name="SignatureLength" required="N"/><field name="Signature" required="N"/>
+        <field name="CheckSum" required="Y"/></trailer>
+      <messages>
+        <message name="Order" msgtype="D" msgcat="app">
+          <field name="ClOrdID" required="Y"/><field name="RawDataLength" required="N"/>
+          <field name="RawData" required="N"/><field name="High" required="N"/>
+          <field name="Side" required="N"/>
+          <group name="NoPartyIDs" required="N">
+            <field name="PartyID" required="Y"/>
+            <group name="NoHigh" required="N"><field name="High" required="N"/></group>
+          </group>
+        </message>
+      </messages>
+      <fields>
+        <field number="8" name="BeginString" type="STRING"/>
+        <field number="9" name="BodyLength" type="LENGTH"/>
+        <field number="35" name="MsgType" type="STRING"/>
+        <field number="34" name="MsgSeqNum" type="SEQNUM"/>
+        <field number="10" name="CheckSum" type="STRING"/>
+        <field number="89" name="Signature" type="DATA"/>
+        <field number="93" name="SignatureLength" type="LENGTH"/>
+        <field number="11" name="ClOrdID" type="STRING"/>
+        <field number="54" name="Side" type="CHAR"><value enum="1" description="BUY"/></field>
+        <field number="95" name="RawDataLength" type="LENGTH"/>
+        <field number="96" name="RawData" type="DATA"/>
+        <field number="627" name="NoHops" type="NUMINGROUP"/>
+        <field number="628" name="HopCompID" type="STRING"/>
+        <field number="453" name="NoPartyIDs" type="NUMINGROUP"/>
+        <field number="448" name="PartyID" type="STRING"/>
+        <field number="8191" name="HighHeader" type="STRING"/>
+        <field number="8192" name="NoHigh" type="NUMINGROUP"/>
+        <field number="20000" name="High" type="INT"/>
+      </fields>
+    </fix>"#;
+
+    fn assert_spec_dense_equals_hash(spec: &MapSpec, tag: Tag) {
+        assert_eq!(spec.has_field(tag), spec.fields.contains(&tag), "tag {tag}");
+        assert_eq!(
+            spec.group(tag).map(|g| g as *const MapSpec),
+            spec.groups.get(&tag).map(|g| g as *const MapSpec),
+            "tag {tag}"
+        );
+        for group in spec.groups.values() {
+            assert_spec_dense_equals_hash(group, tag);
+        }
+    }
+
+    /// Every tag the dense tables answer for, and past them, gets the hash tables' answer.
+    #[test]
+    fn dense_tables_answer_as_the_hash_tables_for_every_tag() {
+        let dictionaries = [
+            Dictionary::from_xml(SMALL).expect("loads"),
+            Dictionary::from_xml(EDGES).expect("loads"),
+            crate::testing::small_dictionary(),
+        ];
+        for d in &dictionaries {
+            for tag in (-20..DENSE_TAGS as Tag + 20).chain([20_000, 44_955, Tag::MAX, Tag::MIN]) {
+                let def = d.fields.get(&tag);
+                assert_eq!(
+                    d.is_header_field(tag),
+                    is_header_tag(&d.header, tag),
+                    "{tag}"
+                );
+                assert_eq!(
+                    d.is_trailer_field(tag),
+                    is_trailer_tag(&d.trailer, tag),
+                    "{tag}"
+                );
+                assert_eq!(d.is_data_field(tag), def.is_some_and(is_data_def), "{tag}");
+                assert_eq!(
+                    d.is_length_field(tag),
+                    def.is_some_and(is_length_def),
+                    "{tag}"
+                );
+                if let Some(info) = d.tag_info(tag) {
+                    assert_eq!(info.flags & TAG_KNOWN != 0, def.is_some(), "{tag}");
+                    assert_eq!(
+                        info.flags & TAG_ENUMERATED != 0,
+                        def.is_some_and(|f| !f.enums.is_empty()),
+                        "{tag}"
+                    );
+                    if let Some(def) = def {
+                        assert_eq!(info.kind, def.kind, "{tag}");
+                    }
+                }
+                for spec in d.messages.values().chain([&d.header, &d.trailer]) {
+                    assert_spec_dense_equals_hash(spec, tag);
+                }
+            }
+        }
+        let edges = &dictionaries[1];
+        assert!(edges.is_data_field(96) && edges.is_length_field(95) && edges.is_trailer_field(89));
+        assert!(edges.is_header_field(8191) && edges.messages["D"].has_field(20_000));
+        assert!(edges.messages["D"].groups[&453].group(8192).is_some());
     }
 
     #[test]

@@ -218,6 +218,8 @@ pub struct Session {
     dictionary: Arc<Dictionary>,
     store: Box<dyn MessageStore>,
     inbound: FrameBuffer,
+    /// The frame being processed, kept to reuse its allocation.
+    frame: Vec<u8>,
     state: ConnectionState,
     actions: VecDeque<Action>,
     /// Human-readable session events, for the driver to log (bounded).
@@ -245,6 +247,7 @@ impl Session {
             dictionary,
             store,
             inbound,
+            frame: Vec::new(),
             state: ConnectionState::default(),
             actions: VecDeque::new(),
             events: VecDeque::new(),
@@ -317,19 +320,22 @@ impl Session {
             return;
         }
         self.inbound.push(bytes);
+        // One frame buffer for the session's life: no allocation per message.
+        let mut frame = std::mem::take(&mut self.frame);
         while self.state.connected {
-            match self.inbound.next_frame() {
-                Ok(Some(frame)) => {
+            match self.inbound.next_frame_into(&mut frame) {
+                Ok(true) => {
                     self.next_message(now_ms, &frame, app);
                     self.next_queued(now_ms, app);
                 }
-                Ok(None) => break,
+                Ok(false) => break,
                 Err(e) => {
                     self.disconnect(&e.to_string(), app);
                     break;
                 }
             }
         }
+        self.frame = frame;
     }
 
     /// Lets time pass: heartbeats, test requests and timeouts.
@@ -956,8 +962,10 @@ impl Session {
     fn fill_and_encode(&self, now_ms: UnixMs, mut m: OutMessage, seq: u64) -> Vec<u8> {
         m.set_header(tags::SENDER_COMP_ID, &self.config.sender_comp_id);
         m.set_header(tags::TARGET_COMP_ID, &self.config.target_comp_id);
-        m.set_header_display(tags::MSG_SEQ_NUM, &seq);
-        m.set_header_display(tags::SENDING_TIME, &time::UtcTimestamp(now_ms));
+        m.set_header_u64(tags::MSG_SEQ_NUM, seq);
+        m.set_header_with(tags::SENDING_TIME, |out| {
+            time::UtcTimestamp(now_ms).write_to(out)
+        });
         m.encode(&self.config.begin_string)
     }
 

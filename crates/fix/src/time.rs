@@ -64,19 +64,20 @@ pub fn format_utc_timestamp_ms(unix_ms: UnixMs) -> String {
 #[derive(Clone, Copy, Debug)]
 pub struct UtcTimestamp(pub UnixMs);
 
-impl std::fmt::Display for UtcTimestamp {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl UtcTimestamp {
+    /// The text as 21 bytes, for years 0 to 9999 (the only ones FIX can carry in four digits).
+    fn fixed_width(self) -> Option<[u8; 21]> {
         let unix_ms = self.0;
         let days = unix_ms.div_euclid(86_400_000);
         let ms_of_day = unix_ms.rem_euclid(86_400_000);
         let (y, m, d) = civil_from_days(days);
+        if !(0..=9999).contains(&y) {
+            return None;
+        }
         let hh = ms_of_day / 3_600_000;
         let mm = (ms_of_day / 60_000) % 60;
         let ss = (ms_of_day / 1000) % 60;
         let ms = ms_of_day % 1000;
-        if !(0..=9999).contains(&y) {
-            return write!(f, "{y:04}{m:02}{d:02}-{hh:02}:{mm:02}:{ss:02}.{ms:03}");
-        }
         // Digits by hand into a fixed buffer: this runs twice per execution report.
         let mut b = *b"00000000-00:00:00.000";
         let mut put = |at: usize, width: usize, mut v: u64| {
@@ -86,13 +87,43 @@ impl std::fmt::Display for UtcTimestamp {
             }
         };
         put(0, 4, y as u64);
-        put(4, 2, m as u64);
-        put(6, 2, d as u64);
+        put(4, 2, u64::from(m));
+        put(6, 2, u64::from(d));
         put(9, 2, hh as u64);
         put(12, 2, mm as u64);
         put(15, 2, ss as u64);
         put(18, 3, ms as u64);
-        f.write_str(std::str::from_utf8(&b).map_err(|_| std::fmt::Error)?)
+        Some(b)
+    }
+
+    /// Appends the text to `out`, as [`std::fmt::Display`] writes it, without the
+    /// formatting machinery.
+    pub fn write_to(self, out: &mut Vec<u8>) {
+        match self.fixed_width() {
+            Some(b) => out.extend_from_slice(&b),
+            None => {
+                use std::io::Write as _;
+                // Writing into a Vec cannot fail.
+                let _ = write!(out, "{self}");
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for UtcTimestamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(b) = self.fixed_width() {
+            return f.write_str(std::str::from_utf8(&b).map_err(|_| std::fmt::Error)?);
+        }
+        let unix_ms = self.0;
+        let days = unix_ms.div_euclid(86_400_000);
+        let ms_of_day = unix_ms.rem_euclid(86_400_000);
+        let (y, m, d) = civil_from_days(days);
+        let hh = ms_of_day / 3_600_000;
+        let mm = (ms_of_day / 60_000) % 60;
+        let ss = (ms_of_day / 1000) % 60;
+        let ms = ms_of_day % 1000;
+        write!(f, "{y:04}{m:02}{d:02}-{hh:02}:{mm:02}:{ss:02}.{ms:03}")
     }
 }
 
@@ -177,6 +208,23 @@ mod tests {
             assert_eq!(parse_utc_timestamp_ms(text.as_bytes()), Some(ms), "{text}");
         }
         assert_eq!(format_utc_timestamp_ms(0), "19700101-00:00:00.000");
+    }
+
+    proptest::proptest! {
+        /// The hand-written digits equal the generic formatting they replaced, for any time,
+        /// years past 9999 and before 0 included (which take the generic path).
+        #[test]
+        fn written_timestamps_equal_the_formatted_ones(unix_ms in -400_000_000_000_000i64..400_000_000_000_000) {
+            let days = unix_ms.div_euclid(86_400_000);
+            let ms_of_day = unix_ms.rem_euclid(86_400_000);
+            let (y, m, d) = civil_from_days(days);
+            let (hh, mm, ss, ms) = (ms_of_day / 3_600_000, (ms_of_day / 60_000) % 60, (ms_of_day / 1000) % 60, ms_of_day % 1000);
+            let expected = format!("{y:04}{m:02}{d:02}-{hh:02}:{mm:02}:{ss:02}.{ms:03}");
+            let mut written = b"x".to_vec();
+            UtcTimestamp(unix_ms).write_to(&mut written);
+            proptest::prop_assert_eq!(&written[1..], expected.as_bytes());
+            proptest::prop_assert_eq!(UtcTimestamp(unix_ms).to_string(), expected);
+        }
     }
 
     #[test]

@@ -82,6 +82,8 @@ struct Gateway {
     session: Session,
     router: Router,
     exec_ids: u64,
+    /// The ExecID buffer, reused as the gateway's event loop does.
+    exec_id: String,
 }
 
 fn pump(from: &mut Session, to: &mut Vec<u8>) {
@@ -109,13 +111,13 @@ fn gateway_side(g: &mut Gateway, now_ms: u64, inbound: &[u8], out: &mut Vec<u8>)
         g.router.probes_mut().recorder.record(&t);
     }
     for (_, report) in &outbox {
-        let exec_id = if matches!(report, Report::Exec(_)) {
+        if matches!(report, Report::Exec(_)) {
             g.exec_ids += 1;
-            format!("p-{}", g.exec_ids)
+            fix_front::exec_id_into(&mut g.exec_id, "p", g.exec_ids);
         } else {
-            String::new()
-        };
-        let m = fix_front::render(&g.router, report, &exec_id);
+            g.exec_id.clear();
+        }
+        let m = fix_front::render(&g.router, report, &g.exec_id);
         let _ = g.session.send_app(now_ms as i64, m);
     }
     while g.session.poll_event().is_some() {}
@@ -165,6 +167,7 @@ fn main() {
         ),
         router,
         exec_ids: 0,
+        exec_id: String::new(),
     };
     let mut csc = SessionConfig::new(
         "FIX.4.4",

@@ -59,6 +59,38 @@ pub fn format_decimal(mantissa: i128, scale: u8) -> String {
 #[derive(Clone, Copy, Debug)]
 pub struct Decimal(pub i128, pub u8);
 
+impl Decimal {
+    /// Appends the text to `out` as [`std::fmt::Display`] writes it, digits by hand: this
+    /// runs for every price of every execution report.
+    pub fn write_to(self, out: &mut Vec<u8>) {
+        let Decimal(mantissa, scale) = self;
+        if scale == 0 {
+            bourse_fix::codec::write_i128(out, mantissa);
+            return;
+        }
+        let abs = mantissa.unsigned_abs();
+        let (Ok(abs), Some(div)) = (u64::try_from(abs), 10u64.checked_pow(u32::from(scale))) else {
+            use std::io::Write as _;
+            // Writing into a Vec cannot fail.
+            let _ = write!(out, "{self}");
+            return;
+        };
+        if mantissa < 0 {
+            out.push(b'-');
+        }
+        bourse_fix::codec::write_u64(out, abs / div);
+        out.push(b'.');
+        let mut frac = abs % div;
+        let mut digits = [b'0'; 20];
+        let width = usize::from(scale);
+        for d in digits[..width].iter_mut().rev() {
+            *d = b'0' + (frac % 10) as u8;
+            frac /= 10;
+        }
+        out.extend_from_slice(&digits[..width]);
+    }
+}
+
 impl std::fmt::Display for Decimal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let Decimal(mantissa, scale) = *self;
@@ -91,9 +123,13 @@ pub fn avg_px(notional: i128, cum_lots: i64, scale: u8) -> Decimal {
     }
     let num = notional * 10i128.pow(u32::from(decimals - scale));
     let den = i128::from(cum_lots);
-    // Half away from zero: add half the divisor in the direction of the sign.
+    // Half away from zero: add half the divisor in the direction of the sign. In 64 bits
+    // when everything fits (a 128-bit division is a call), else in 128.
     let (n, d) = (num.unsigned_abs(), den.unsigned_abs());
-    let q = ((2 * n + d) / (2 * d)) as i128;
+    let q = match (u64::try_from(2 * n + d), u64::try_from(2 * d)) {
+        (Ok(top), Ok(bottom)) => i128::from(top / bottom),
+        _ => ((2 * n + d) / (2 * d)) as i128,
+    };
     let negative = (num < 0) != (den < 0);
     Decimal(if negative { -q } else { q }, decimals)
 }

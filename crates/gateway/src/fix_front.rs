@@ -5,8 +5,8 @@
 use crate::convert::{avg_px, parse_decimal, Decimal};
 use crate::reports::Echo;
 use crate::router::{
-    ClientId, ExecKind, ExecReport, Finished, GatewayReject, MassCancelScope, NewOrderRequest,
-    RejectCause, Report, Request, Router, SessionRef, StatusQuery,
+    ClientId, ExecKind, ExecReport, Finished, GatewayReject, InstrumentInfo, MassCancelScope,
+    NewOrderRequest, RejectCause, Report, Request, Router, SessionRef, StatusQuery,
 };
 use bourse_core::*;
 use bourse_fix::session::Inbound;
@@ -102,6 +102,18 @@ fn account_of(m: &Inbound<'_>) -> Result<Option<AccountId>, ()> {
     }
 }
 
+/// An instrument's numbers without its symbol, which a request already has: copying them is
+/// free where cloning the symbol cost an allocation per order.
+fn without_symbol(i: &InstrumentInfo) -> InstrumentInfo {
+    InstrumentInfo {
+        id: i.id,
+        symbol: String::new(),
+        price_scale: i.price_scale,
+        lot_size: i.lot_size,
+        core: i.core,
+    }
+}
+
 impl FixApp<'_> {
     fn business_reject(
         &mut self,
@@ -143,7 +155,7 @@ impl FixApp<'_> {
         let instrument = self
             .router
             .instrument_by_symbol(m.get(tag::SYMBOL).unwrap_or(b""))
-            .cloned();
+            .map(without_symbol);
         let account = account_of(m);
         let mut req = NewOrderRequest {
             client,
@@ -259,7 +271,7 @@ impl FixApp<'_> {
         let Some(instrument) = self
             .router
             .instrument_by_symbol(m.get(tag::SYMBOL).unwrap_or(b""))
-            .cloned()
+            .map(without_symbol)
         else {
             return reject(self.router, GatewayReject::UnknownSymbol);
         };
@@ -514,7 +526,7 @@ pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage
     let units = |lots: i64| i128::from(lots) * i128::from(lot);
     let mut m = OutMessage::new("8");
     match r.order_id {
-        Some(o) => m.push_display(tag::ORDER_ID, &o.0),
+        Some(o) => m.push_u64(tag::ORDER_ID, o.0),
         None => m.push(tag::ORDER_ID, "NONE"),
     };
     let (exec_type, status): (&str, &str) = match &r.kind {
@@ -540,34 +552,34 @@ pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage
     };
     match &r.kind {
         ExecKind::Canceled { by: Some(by), .. } => {
-            m.push_display(tag::CL_ORD_ID, &by);
-            m.push_display(tag::ORIG_CL_ORD_ID, &r.client);
+            push_client(&mut m, tag::CL_ORD_ID, by);
+            push_client(&mut m, tag::ORIG_CL_ORD_ID, &r.client);
         }
         ExecKind::Replaced { orig } => {
-            m.push_display(tag::CL_ORD_ID, &r.client);
-            m.push_display(tag::ORIG_CL_ORD_ID, &orig);
+            push_client(&mut m, tag::CL_ORD_ID, &r.client);
+            push_client(&mut m, tag::ORIG_CL_ORD_ID, orig);
         }
         _ => {
-            m.push_display(tag::CL_ORD_ID, &r.client);
+            push_client(&mut m, tag::CL_ORD_ID, &r.client);
         }
     }
     m.push(tag::EXEC_ID, exec_id);
     m.push(tag::EXEC_TYPE, exec_type);
     m.push(tag::ORD_STATUS, status);
     if let ExecKind::Rejected(cause) = &r.kind {
-        m.push_display(tag::ORD_REJ_REASON, &ord_rej_reason(*cause));
+        m.push_u64(tag::ORD_REJ_REASON, u64::from(ord_rej_reason(*cause)));
         m.push(tag::TEXT, cause.text());
     }
     if let ExecKind::Canceled { reason, .. } = &r.kind {
         m.push_display(tag::TEXT, &format_args!("{reason:?}"));
     }
-    m.push_display(tag::ACCOUNT, &r.account.0);
+    m.push_u64(tag::ACCOUNT, u64::from(r.account.0));
     if let Some(echo) = &r.echo {
         push_echo(&mut m, echo);
     } else {
         m.push(tag::SYMBOL, symbol);
         m.push(tag::SIDE, side_code(r.side));
-        m.push_display(tag::ORDER_QTY, &units(r.qty_lots));
+        m.push_int(tag::ORDER_QTY, units(r.qty_lots));
         m.push(
             tag::ORD_TYPE,
             if r.ord_type == OrdType::Market {
@@ -577,7 +589,7 @@ pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage
             },
         );
         if r.ord_type == OrdType::Limit {
-            m.push_display(tag::PRICE, &Decimal(i128::from(r.price.0), scale));
+            push_decimal(&mut m, tag::PRICE, Decimal(i128::from(r.price.0), scale));
         }
     }
     // TradeID (1003) is not an ExecutionReport field in FIX 4.4 (QuickFIX/J rejects it); the
@@ -586,20 +598,36 @@ pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage
         last_px, last_lots, ..
     } = &r.kind
     {
-        m.push_display(tag::LAST_QTY, &units(*last_lots));
-        m.push_display(tag::LAST_PX, &Decimal(i128::from(last_px.0), scale));
+        m.push_int(tag::LAST_QTY, units(*last_lots));
+        push_decimal(&mut m, tag::LAST_PX, Decimal(i128::from(last_px.0), scale));
     }
-    m.push_display(tag::LEAVES_QTY, &units(r.leaves_lots));
-    m.push_display(tag::CUM_QTY, &units(r.cum_lots));
-    m.push_display(tag::AVG_PX, &avg_px(r.notional, r.cum_lots, scale));
-    m.push_display(
-        tag::TRANSACT_TIME,
-        &UtcTimestamp((r.ts_ns / 1_000_000) as i64),
-    );
+    m.push_int(tag::LEAVES_QTY, units(r.leaves_lots));
+    m.push_int(tag::CUM_QTY, units(r.cum_lots));
+    push_decimal(&mut m, tag::AVG_PX, avg_px(r.notional, r.cum_lots, scale));
+    push_time(&mut m, tag::TRANSACT_TIME, r.ts_ns);
     if let ExecKind::Status(q) = &r.kind {
         push_status_query(&mut m, q);
     }
     m
+}
+
+/// A ClOrdID as the client sent it, or the number the binary protocol carries.
+fn push_client(m: &mut OutMessage, t: bourse_fix::Tag, id: &ClientId) {
+    match id {
+        ClientId::Text(text) => m.push(t, text.as_bytes()),
+        ClientId::Num(n) => m.push_u64(t, *n),
+    };
+}
+
+fn push_decimal(m: &mut OutMessage, t: bourse_fix::Tag, d: Decimal) {
+    m.push_with(t, |out| d.write_to(out));
+}
+
+/// A UTCTimestamp field (milliseconds) from a time in nanoseconds.
+fn push_time(m: &mut OutMessage, t: bourse_fix::Tag, ts_ns: u64) {
+    m.push_with(t, |out| {
+        UtcTimestamp((ts_ns / 1_000_000) as i64).write_to(out)
+    });
 }
 
 /// A rejected request's fields as it sent them. Symbol and Side are required in an
@@ -630,6 +658,28 @@ fn push_status_query(m: &mut OutMessage, q: &StatusQuery) {
     }
 }
 
+/// Writes the ExecID `<prefix>-<n>` into `out` (emptied first), digits by hand: one per
+/// execution report, into a buffer the caller keeps.
+pub fn exec_id_into(out: &mut String, prefix: &str, n: u64) {
+    out.clear();
+    out.push_str(prefix);
+    out.push('-');
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut v = n;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    for &d in &digits[i..] {
+        out.push(char::from(d));
+    }
+}
+
 /// Renders a report as a FIX message. Execution reports need a unique ExecID.
 pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
     match report {
@@ -644,18 +694,15 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
         } => {
             let mut m = OutMessage::new("9");
             match order_id {
-                Some(o) => m.push_display(tag::ORDER_ID, &o.0),
+                Some(o) => m.push_u64(tag::ORDER_ID, o.0),
                 None => m.push(tag::ORDER_ID, "NONE"),
             };
-            m.push_display(tag::CL_ORD_ID, &client);
-            m.push_display(tag::ORIG_CL_ORD_ID, &orig);
+            push_client(&mut m, tag::CL_ORD_ID, client);
+            push_client(&mut m, tag::ORIG_CL_ORD_ID, orig);
             m.push(tag::ORD_STATUS, if order_id.is_some() { "0" } else { "8" });
             m.push(tag::TEXT, cause.text());
-            m.push_display(
-                tag::TRANSACT_TIME,
-                &UtcTimestamp((ts_ns / 1_000_000) as i64),
-            );
-            m.push_display(tag::CXL_REJ_REASON, &cxl_rej_reason(*cause));
+            push_time(&mut m, tag::TRANSACT_TIME, *ts_ns);
+            m.push_u64(tag::CXL_REJ_REASON, u64::from(cxl_rej_reason(*cause)));
             m.push(
                 tag::CXL_REJ_RESPONSE_TO,
                 if *to == CancelRejectTo::Cancel {
@@ -674,7 +721,7 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
             ts_ns,
         } => {
             let mut m = OutMessage::new("r");
-            m.push_display(tag::CL_ORD_ID, &client);
+            push_client(&mut m, tag::CL_ORD_ID, client);
             m.push_display(tag::ORDER_ID, &format_args!("MASS-{client}"));
             m.push(tag::MASS_CANCEL_REQUEST_TYPE, [*request_type]);
             match reject {
@@ -688,10 +735,7 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
                 }
             }
             m.push_display(tag::TOTAL_AFFECTED_ORDERS, &total);
-            m.push_display(
-                tag::TRANSACT_TIME,
-                &UtcTimestamp((ts_ns / 1_000_000) as i64),
-            );
+            push_time(&mut m, tag::TRANSACT_TIME, *ts_ns);
             m
         }
         Report::StatusUnknown {
@@ -704,11 +748,11 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
         } => {
             let mut m = OutMessage::new("8");
             match order_id {
-                Some(o) => m.push_display(tag::ORDER_ID, &o.0),
+                Some(o) => m.push_u64(tag::ORDER_ID, o.0),
                 None => m.push(tag::ORDER_ID, "NONE"),
             };
             if let Some(c) = client {
-                m.push_display(tag::CL_ORD_ID, &c);
+                push_client(&mut m, tag::CL_ORD_ID, c);
             }
             m.push(tag::EXEC_ID, exec_id);
             m.push(tag::EXEC_TYPE, "I");
@@ -726,11 +770,8 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
             m.push(tag::SIDE, side.map_or("7", side_code));
             m.push(tag::LEAVES_QTY, "0");
             m.push(tag::CUM_QTY, "0");
-            m.push_display(tag::AVG_PX, &avg_px(0, 0, 0));
-            m.push_display(
-                tag::TRANSACT_TIME,
-                &UtcTimestamp((ts_ns / 1_000_000) as i64),
-            );
+            push_decimal(&mut m, tag::AVG_PX, avg_px(0, 0, 0));
+            push_time(&mut m, tag::TRANSACT_TIME, *ts_ns);
             push_status_query(&mut m, query);
             m
         }

@@ -352,6 +352,7 @@ pub fn spawn_cores(
         now_ns: 0,
         exec_id_prefix: format!("{:x}", now_ns() / 1_000_000),
         exec_ids: 0,
+        exec_id: String::new(),
         dictionary,
         counters: LoopCounters::default(),
         metrics,
@@ -459,6 +460,8 @@ struct Server {
     now_ns: u64,
     exec_id_prefix: String,
     exec_ids: u64,
+    /// The ExecID being sent, its allocation kept from one report to the next.
+    exec_id: String,
     #[allow(dead_code)]
     dictionary: Arc<Dictionary>,
     counters: LoopCounters,
@@ -741,13 +744,14 @@ impl Server {
             };
             let (proto, firm) = (meta.proto, meta.firm);
             let is_exec = matches!(report, Report::Exec(_) | Report::StatusUnknown { .. });
-            let exec_id = if is_exec {
+            let mut exec_id = std::mem::take(&mut self.exec_id);
+            if is_exec {
                 self.exec_ids += 1;
                 self.counters.exec_reports += 1;
-                format!("{}-{}", self.exec_id_prefix, self.exec_ids)
+                fix_front::exec_id_into(&mut exec_id, &self.exec_id_prefix, self.exec_ids);
             } else {
-                String::new()
-            };
+                exec_id.clear();
+            }
             // Traces of requests whose core answer produced nothing for the session (index
             // past the outbox) are recorded as they are; the one answered here follows it.
             let mut trace = None;
@@ -808,6 +812,7 @@ impl Server {
                     }
                 }
             }
+            self.exec_id = exec_id;
         }
         for (_, t) in traced {
             self.router.probes_mut().recorder.record(&t);
