@@ -601,6 +601,7 @@ fn the_finished_orders_kept_are_the_newest_up_to_the_configured_bound() {
         positions: vec![None, None],
         live: Vec::new(),
         finished: (1..=5).map(finished).collect(),
+        instruments: Vec::new(),
     });
     assert_eq!(dropped, 0);
     assert_eq!(f.router.finished_orders(), 3);
