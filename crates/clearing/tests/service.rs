@@ -185,13 +185,18 @@ fn config(core: &Core, state_dir: &Path, standby_of: Option<String>) -> Clearing
         serde_json::to_string(&[future(FUT, "FUT", 100_000)]).unwrap(),
     )
     .unwrap();
-    let operators = [("alice", "operator"), ("victor", "viewer")]
-        .map(|(name, role)| CredentialEntry {
-            name: name.into(),
-            password_hash: hash_password_with(&format!("{name}-pw"), HashCost::TEST_ONLY).unwrap(),
-            roles: vec![role.into()],
-        })
-        .to_vec();
+    let operators = [
+        ("alice", "operator"),
+        ("victor", "viewer"),
+        ("fiona", "firm:1"),
+        ("tom", "trader"),
+    ]
+    .map(|(name, role)| CredentialEntry {
+        name: name.into(),
+        password_hash: hash_password_with(&format!("{name}-pw"), HashCost::TEST_ONLY).unwrap(),
+        roles: vec![role.into()],
+    })
+    .to_vec();
     ClearingConfig {
         name: "test".into(),
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -259,7 +264,7 @@ fn the_service_answers_clearing_data_and_runs_on_an_operators_request() {
     assert!(node.wait_for_cut(&[core.end()], WAIT), "the feed follows");
 
     // Clearing data: account 1's position, and its open margin at the last trade (100,020).
-    let account = client(&node, None).get("/v1/accounts/1").unwrap();
+    let account = client(&node, Some("victor")).get("/v1/accounts/1").unwrap();
     assert_eq!(account.status, 200, "{:?}", account.body);
     let b = &account.body;
     assert_eq!(b["firm"], 1);
@@ -267,20 +272,54 @@ fn the_service_answers_clearing_data_and_runs_on_an_operators_request() {
     let open_points = 1_020 * 5 - 480 * 2;
     assert_eq!(b["variation_margin_open"], cash(open_points * 1_0000));
     assert_eq!(b["cash"][0]["cash"], cash(CASH_START));
-    let missing = client(&node, None).get("/v1/accounts/99").unwrap();
+    let missing = client(&node, Some("victor"))
+        .get("/v1/accounts/99")
+        .unwrap();
     assert_eq!(missing.status, 404);
     // Firm 2 a page of one account at a time.
-    let page = client(&node, None).get("/v1/firms/2?limit=1").unwrap();
+    let page = client(&node, Some("victor"))
+        .get("/v1/firms/2?limit=1")
+        .unwrap();
     assert_eq!(page.status, 200, "{:?}", page.body);
     assert_eq!(page.body["accounts"][0]["account"], 3);
     assert_eq!(page.body["next_after"], 3);
-    let page = client(&node, None).get("/v1/firms/2?after=3").unwrap();
+    let page = client(&node, Some("victor"))
+        .get("/v1/firms/2?after=3")
+        .unwrap();
     assert_eq!(page.body["accounts"][0]["account"], 4);
     assert_eq!(page.body["next_after"], Value::Null);
-    let bad = client(&node, None).get("/v1/firms/2?limit=0").unwrap();
+    let bad = client(&node, Some("victor"))
+        .get("/v1/firms/2?limit=0")
+        .unwrap();
     assert_eq!(bad.status, 400);
-    let bad = client(&node, None).get("/v1/firms/2?colour=red").unwrap();
+    let bad = client(&node, Some("victor"))
+        .get("/v1/firms/2?colour=red")
+        .unwrap();
     assert_eq!(bad.status, 400);
+
+    // A firm's credentials read its own accounts alone; operators and viewers read all;
+    // no credentials, or none that read clearing data, are refused.
+    let get = |who: Option<&str>, path: &str| client(&node, who).get(path).unwrap().status;
+    assert_eq!(get(None, "/v1/accounts/1"), 401);
+    assert_eq!(get(Some("tom"), "/v1/accounts/1"), 403);
+    assert_eq!(get(Some("fiona"), "/v1/accounts/1"), 200);
+    assert_eq!(get(Some("fiona"), "/v1/accounts/3"), 403);
+    assert_eq!(
+        get(Some("fiona"), "/v1/accounts/99"),
+        403,
+        "not even whether it exists"
+    );
+    assert_eq!(get(Some("fiona"), "/v1/firms/2"), 403);
+    assert_eq!(get(Some("alice"), "/v1/accounts/3"), 200);
+    let own = client(&node, Some("fiona")).get("/v1/firms/1").unwrap();
+    assert_eq!(own.status, 200, "{:?}", own.body);
+    let listed: Vec<u64> = own.body["accounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["account"].as_u64().unwrap())
+        .collect();
+    assert_eq!(listed, vec![1, 2]);
 
     // Only an operator runs a clearing.
     let ask = json!({ "kind": "intermediate" });
