@@ -22,10 +22,14 @@
 //!   runs and can take over; `server`: its HTTP/JSON API (positions, P&L, margin and
 //!   obligations per account and firm, run reports, `POST /v1/runs`, `/metrics` with the lag).
 //! - `report`: saved plans and run reports (JSON and CSV, whole and per firm).
+//! - [`ClearingSchedule`] (`schedule`): runs on the venue's trading day (an intermediate run
+//!   at the start of each clearing pause, the end of day's at the day's end) over a [`Clock`]
+//!   that tests set.
 
 pub mod node;
 pub mod report;
 pub mod run;
+pub mod schedule;
 pub mod server;
 pub mod service;
 pub mod state;
@@ -36,5 +40,6 @@ pub use run::{
     compute_run, run_client_id, settlement_prices, MarginLine, Movement, ObligationLine, RunKind,
     RunPlan, SettlementRule,
 };
+pub use schedule::{ClearingSchedule, Clock, ManualClock, ScheduledRun, SystemClock};
 pub use service::{execute, feed_to, replay, stream_end, with_ids, ExecuteOptions, MovementResult};
 pub use state::{ClearingError, ClearingPosition, ClearingState};

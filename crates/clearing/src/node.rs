@@ -33,6 +33,7 @@ use tokio::sync::watch;
 
 use crate::report::{save_plan, saved_runs, Report};
 use crate::run::{compute_run, RunKind, RunPlan, SettlementRule};
+use crate::schedule::{ClearingSchedule, Clock, ScheduleSection, ScheduledRun, SystemClock};
 use crate::service::{execute, stream_end, with_ids, ExecuteOptions};
 use crate::state::ClearingState;
 
@@ -102,6 +103,10 @@ pub struct ClearingConfig {
     pub operators: Vec<CredentialEntry>,
     #[serde(default)]
     pub limits: Limits,
+    /// Runs on the venue's schedule (`[schedule]`: its file, the markets whose pauses drive
+    /// the runs); absent: runs only when asked.
+    #[serde(default)]
+    pub schedule: Option<ScheduleSection>,
 }
 
 fn listen_default() -> SocketAddr {
@@ -122,6 +127,9 @@ impl ClearingConfig {
         let base = path.parent().unwrap_or(Path::new("."));
         config.instruments = base.join(&config.instruments);
         config.state_dir = base.join(&config.state_dir);
+        if let Some(section) = config.schedule.as_mut() {
+            crate::schedule::resolve(section, base);
+        }
         config.validate()?;
         Ok(config)
     }
@@ -145,6 +153,9 @@ impl ClearingConfig {
         }
         if l.status_interval_ms == 0 || l.standby_poll_ms == 0 {
             return Err("limits: status_interval_ms and standby_poll_ms must be > 0".into());
+        }
+        if self.schedule.as_ref().is_some_and(|s| s.poll_ms == 0) {
+            return Err("schedule.poll_ms must be > 0".into());
         }
         Ok(())
     }
@@ -329,6 +340,10 @@ pub struct RunRequest {
     pub last_trades: Option<usize>,
     #[serde(default)]
     pub window_ms: Option<u64>,
+    /// Set by the scheduler alone (never read from a request): the schedule's time the run
+    /// was due at.
+    #[serde(skip)]
+    pub scheduled_ns: Option<u64>,
 }
 
 /// Why a run was not done: an HTTP status and a message.
@@ -361,6 +376,31 @@ pub struct Shared {
     pub stream_ends: Mutex<Vec<u64>>,
     /// A standby until `takeover`.
     pub standby: std::sync::atomic::AtomicBool,
+    /// The venue's schedule and how far it has been followed (none: runs only when asked).
+    scheduler: tokio::sync::Mutex<Option<Scheduler>>,
+    /// What the scheduler reads the time from.
+    pub clock: Arc<dyn Clock>,
+}
+
+/// The schedule and the time up to which its runs were asked.
+struct Scheduler {
+    schedule: ClearingSchedule,
+    after_ns: u64,
+    catch_up_ns: u64,
+}
+
+/// What the scheduler did with one run the schedule asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScheduledOutcome {
+    /// Run (or resumed) as run `run_id`.
+    Done { run_id: u32 },
+    /// Already done by an earlier step or an earlier process: not run again.
+    AlreadyDone { run_id: u32 },
+    /// Due longer ago than the catch-up limit: skipped.
+    Missed,
+    /// The run failed; the next step tries the same slot again (resuming its run if it has
+    /// one) while it is within the catch-up limit.
+    Failed(String),
 }
 
 impl Shared {
@@ -397,6 +437,64 @@ impl Shared {
                 return false;
             }
         }
+    }
+
+    /// Asks for every run the schedule has due up to the clock's time, in order; see
+    /// `schedule`. A standby asks for nothing (the primary runs them). A slot a known run
+    /// was made for is not run again (a finished run) or is resumed (an unfinished one).
+    pub async fn step_schedule(&self) -> Vec<(ScheduledRun, ScheduledOutcome)> {
+        let mut guard = self.scheduler.lock().await;
+        let Some(scheduler) = guard.as_mut() else {
+            return Vec::new();
+        };
+        if self.is_standby() {
+            return Vec::new();
+        }
+        let now = self.clock.now_ns();
+        let mut out = Vec::new();
+        for due in scheduler.schedule.due(scheduler.after_ns, now) {
+            let known = {
+                let inner = self.inner.read().expect("state");
+                inner
+                    .runs
+                    .values()
+                    .find(|r| r.plan.scheduled_ns == Some(due.at_ns))
+                    .map(|r| {
+                        (
+                            r.plan.run_id,
+                            r.report.as_ref().is_some_and(|r| r.pending == 0),
+                        )
+                    })
+            };
+            let outcome = match known {
+                Some((run_id, true)) => ScheduledOutcome::AlreadyDone { run_id },
+                _ if now.saturating_sub(due.at_ns) > scheduler.catch_up_ns => {
+                    ScheduledOutcome::Missed
+                }
+                known => {
+                    let request = RunRequest {
+                        kind: Some(due.kind),
+                        run_id: known.map(|k| k.0),
+                        scheduled_ns: Some(due.at_ns),
+                        ..RunRequest::default()
+                    };
+                    match self.run(request).await {
+                        Ok(report) => ScheduledOutcome::Done {
+                            run_id: report.run_id,
+                        },
+                        Err(e) => ScheduledOutcome::Failed(format!("{} {}", e.status, e.message)),
+                    }
+                }
+            };
+            let failed = matches!(outcome, ScheduledOutcome::Failed(_));
+            out.push((due.clone(), outcome));
+            if failed {
+                return out;
+            }
+            scheduler.after_ns = due.at_ns;
+        }
+        scheduler.after_ns = scheduler.after_ns.max(now);
+        out
     }
 
     /// Runs (or resumes) a clearing: see the module documentation.
@@ -513,7 +611,9 @@ impl Shared {
                 ),
             ));
         }
-        let plan = Arc::new(compute_run(&inner.state, run_id, kind, &rule));
+        let mut plan = compute_run(&inner.state, run_id, kind, &rule);
+        plan.scheduled_ns = request.scheduled_ns;
+        let plan = Arc::new(plan);
         save_plan(&self.config.runs_dir(), &plan).map_err(|e| run_error(500, e))?;
         let report = Report::new(&inner.state, &plan, &BTreeMap::new());
         inner.state.settle(&plan);
@@ -631,7 +731,22 @@ impl ClearingNode {
         config: ClearingConfig,
         definitions: Vec<Instrument>,
     ) -> Result<ClearingNode, String> {
+        Self::start_with_clock(config, definitions, Arc::new(SystemClock))
+    }
+
+    /// [`ClearingNode::start`] with the clock the schedule is read from (tests simulate the
+    /// day with a `ManualClock`).
+    pub fn start_with_clock(
+        config: ClearingConfig,
+        definitions: Vec<Instrument>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<ClearingNode, String> {
         config.validate()?;
+        let schedule = config
+            .schedule
+            .as_ref()
+            .map(ClearingSchedule::load)
+            .transpose()?;
         for nodes in &config.cores {
             bourse_cluster::transport::configure_client(nodes, config.tls.as_ref())
                 .map_err(|e| format!("cores: {e}"))?;
@@ -667,6 +782,23 @@ impl ClearingNode {
             runs,
         };
         inner.settle_reached()?;
+        // The schedule is followed from the newest slot a known run was made for, or from
+        // the catch-up limit before now, whichever is later.
+        let scheduler = schedule.map(|schedule| {
+            let section = config.schedule.as_ref().expect("a schedule section");
+            let catch_up_ns = section.catch_up_ms.saturating_mul(1_000_000);
+            let newest = inner
+                .runs
+                .values()
+                .filter_map(|r| r.plan.scheduled_ns)
+                .max();
+            let from = clock.now_ns().saturating_sub(catch_up_ns);
+            Scheduler {
+                schedule,
+                after_ns: newest.map_or(from, |n| n.max(from)),
+                catch_up_ns,
+            }
+        });
         let listener = std::net::TcpListener::bind(config.listen)
             .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
         listener
@@ -692,6 +824,8 @@ impl ClearingNode {
             run_lock: tokio::sync::Mutex::new(()),
             feed_errors: Mutex::new(vec![None; cores]),
             stream_ends: Mutex::new(vec![0; cores]),
+            scheduler: tokio::sync::Mutex::new(scheduler),
+            clock,
             config,
         });
         let snapshots = Arc::new(Mutex::new(store));
@@ -706,6 +840,13 @@ impl ClearingNode {
                 tokio::spawn(snapshot_every(
                     shared.clone(),
                     snapshots.clone(),
+                    stopped.clone(),
+                ));
+            }
+            if let Some(section) = &shared.config.schedule {
+                tokio::spawn(schedule_every(
+                    shared.clone(),
+                    section.poll_ms,
                     stopped.clone(),
                 ));
             }
@@ -951,6 +1092,25 @@ async fn snapshot_every(
     }
 }
 
+/// Reads the clock every `poll_ms` and asks for the runs the schedule has due.
+async fn schedule_every(shared: Arc<Shared>, poll_ms: u64, mut stopped: watch::Receiver<bool>) {
+    let period = Duration::from_millis(poll_ms);
+    let mut every = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stopped.changed() => return,
+            _ = every.tick() => {}
+        }
+        for (due, outcome) in shared.step_schedule().await {
+            eprintln!(
+                "bourse clearing: schedule {} {:?}: {outcome:?}",
+                due.local, due.kind
+            );
+        }
+    }
+}
+
 /// A standby's reader of its primary's runs (`GET /v1/runs`, then each new plan).
 async fn follow_primary(shared: Arc<Shared>, primary: String, mut stopped: watch::Receiver<bool>) {
     let Ok(client) = bourse_admin::AdminClient::new(&primary) else {
@@ -1020,6 +1180,24 @@ mod tests {
         assert_eq!(c.limits, Limits::default());
         assert!(c.listen.ip().is_loopback());
         assert_eq!(load_instruments(&c.instruments).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn the_example_venue_schedule_loads_as_a_clearing_schedule() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
+        let section: ScheduleSection =
+            toml::from_str("file = \"venue-schedule.toml\"\nmarkets = [\"futures\"]\n").unwrap();
+        let mut section = section;
+        crate::schedule::resolve(&mut section, Path::new(dir));
+        let schedule = ClearingSchedule::load(&section).unwrap();
+        // Monday 2026-11-23 in Moscow: the intermediate run, then the end of day's.
+        let day_ns = 86_400_000_000_000u64;
+        let monday = 20_780 * day_ns;
+        let runs = schedule.due(monday, monday + day_ns);
+        let kinds: Vec<RunKind> = runs.iter().map(|r| r.kind).collect();
+        assert_eq!(kinds, vec![RunKind::Intermediate, RunKind::EndOfDay]);
+        let bad: Result<ScheduleSection, _> = toml::from_str("file = \"x\"\nmarket = []\n");
+        assert!(bad.unwrap_err().to_string().contains("market"));
     }
 
     #[test]

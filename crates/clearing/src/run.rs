@@ -131,6 +131,10 @@ pub struct RunPlan {
     pub rounding: BTreeMap<InstrumentId, Cash>,
     pub obligations: Vec<ObligationLine>,
     pub movements: Vec<Movement>,
+    /// The schedule's time (ns since the Unix epoch) this run was due at, for a run the
+    /// venue's schedule asked for: a restarted node finds it and runs that slot no second time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduled_ns: Option<u64>,
 }
 
 impl RunPlan {
@@ -244,6 +248,7 @@ pub fn compute_run(
         rounding: rounding.into_iter().map(|(i, c)| (i, Cash(c))).collect(),
         obligations,
         movements: movements(net),
+        scheduled_ns: None,
     }
 }
 

@@ -1,6 +1,9 @@
 //! The clearing node's HTTP/JSON API (clearing data access).
 //!
-//! Queries (no credentials; the node listens on loopback by default):
+//! Queries. A node with credentials answers the account and firm queries only to them (HTTP
+//! Basic): roles `operator` and `viewer` see every account, a role `firm:N` sees firm N's
+//! accounts alone (another's: 403), no credentials: 401. A node without credentials (which
+//! validation keeps on loopback) answers everyone.
 //! - `GET /v1/accounts/{id}`: the account's firm, cash per core, and per instrument its
 //!   position, average cost, realised P&L, variation margin paid and still open at the last
 //!   trade price, and obligations since the last run;
@@ -36,8 +39,71 @@ use tokio::sync::watch;
 use crate::node::{RunRequest, Shared};
 use crate::state::{trade_value, value_to_cash_floor, ClearingState};
 
-/// The role that may run clearings.
+/// The role that may run clearings (and read every account).
 pub const ROLE_OPERATOR: &str = "operator";
+/// The role that may read every account.
+pub const ROLE_VIEWER: &str = "viewer";
+/// The role prefix of a firm's credentials: `firm:12` reads firm 12's accounts.
+pub const ROLE_FIRM_PREFIX: &str = "firm:";
+
+/// Whose clearing data a request may read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reader {
+    Everyone,
+    Firm(FirmId),
+}
+
+impl Reader {
+    fn may_read(self, firm: Option<FirmId>) -> bool {
+        match self {
+            Reader::Everyone => true,
+            Reader::Firm(own) => firm == Some(own),
+        }
+    }
+}
+
+/// The reader the request's credentials make: see the module documentation.
+async fn reader(s: &Shared, headers: &HeaderMap) -> Result<Reader, Response> {
+    if s.credentials.is_empty() {
+        return Ok(Reader::Everyone);
+    }
+    let Some((name, password)) = bourse_admin::server::basic_credentials(headers) else {
+        return Err(unauthenticated("credentials required (HTTP Basic)"));
+    };
+    let store = Arc::clone(&s.credentials);
+    let checked = name.clone();
+    let check = tokio::task::spawn_blocking(move || {
+        store.verify(&checked, &password).map(|id| {
+            if id.has_role(ROLE_OPERATOR) || id.has_role(ROLE_VIEWER) {
+                return Some(Reader::Everyone);
+            }
+            id.roles
+                .iter()
+                .filter_map(|r| r.strip_prefix(ROLE_FIRM_PREFIX))
+                .find_map(|f| f.parse::<u32>().ok())
+                .map(|f| Reader::Firm(FirmId(f)))
+        })
+    })
+    .await;
+    match check {
+        Ok(Ok(Some(reader))) => Ok(reader),
+        Ok(Ok(None)) => Err(error(
+            StatusCode::FORBIDDEN,
+            "refused",
+            format!("{name} holds no role that reads clearing data ({ROLE_OPERATOR}, {ROLE_VIEWER} or {ROLE_FIRM_PREFIX}N)"),
+        )),
+        _ => Err(unauthenticated("invalid credentials")),
+    }
+}
+
+fn not_yours(what: &str) -> Response {
+    error(
+        StatusCode::FORBIDDEN,
+        "refused",
+        format!("{what} belongs to another firm: a firm's credentials read its own accounts only"),
+    )
+}
+
 /// The largest body of a run request.
 const RUN_BODY_BYTES_MAX: usize = 4 * 1024;
 
@@ -141,10 +207,22 @@ fn cut_json(state: &ClearingState) -> Value {
     json!({ "cut": state.cut(), "as_of_ts_ns": state.last_ts_ns() })
 }
 
-async fn account(State(s): State<Arc<Shared>>, Path(id): Path<u32>) -> Response {
+async fn account(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(id): Path<u32>,
+) -> Response {
+    let reader = match reader(&s, &headers).await {
+        Ok(r) => r,
+        Err(refusal) => return refusal,
+    };
     let inner = s.inner.read().expect("state");
     let state = &inner.state;
     let account = AccountId(id);
+    // A firm learns nothing of other accounts, not even whether they exist.
+    if !reader.may_read(state.firm_of(account)) {
+        return not_yours(&format!("account {id}"));
+    }
     if state.firm_of(account).is_none() && state.account_positions(account).next().is_none() {
         return error(
             StatusCode::NOT_FOUND,
@@ -166,9 +244,15 @@ struct FirmParams {
 
 async fn firm(
     State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
     Path(id): Path<u32>,
     query: Result<Query<FirmParams>, QueryRejection>,
 ) -> Response {
+    match reader(&s, &headers).await {
+        Ok(r) if r.may_read(Some(FirmId(id))) => {}
+        Ok(_) => return not_yours(&format!("firm {id}")),
+        Err(refusal) => return refusal,
+    }
     let params = match query {
         Ok(Query(p)) => p,
         Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),

@@ -185,13 +185,18 @@ fn config(core: &Core, state_dir: &Path, standby_of: Option<String>) -> Clearing
         serde_json::to_string(&[future(FUT, "FUT", 100_000)]).unwrap(),
     )
     .unwrap();
-    let operators = [("alice", "operator"), ("victor", "viewer")]
-        .map(|(name, role)| CredentialEntry {
-            name: name.into(),
-            password_hash: hash_password_with(&format!("{name}-pw"), HashCost::TEST_ONLY).unwrap(),
-            roles: vec![role.into()],
-        })
-        .to_vec();
+    let operators = [
+        ("alice", "operator"),
+        ("victor", "viewer"),
+        ("fiona", "firm:1"),
+        ("tom", "trader"),
+    ]
+    .map(|(name, role)| CredentialEntry {
+        name: name.into(),
+        password_hash: hash_password_with(&format!("{name}-pw"), HashCost::TEST_ONLY).unwrap(),
+        roles: vec![role.into()],
+    })
+    .to_vec();
     ClearingConfig {
         name: "test".into(),
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -211,6 +216,7 @@ fn config(core: &Core, state_dir: &Path, standby_of: Option<String>) -> Clearing
             standby_poll_ms: 20,
             ..Limits::default()
         },
+        schedule: None,
     }
 }
 
@@ -258,7 +264,7 @@ fn the_service_answers_clearing_data_and_runs_on_an_operators_request() {
     assert!(node.wait_for_cut(&[core.end()], WAIT), "the feed follows");
 
     // Clearing data: account 1's position, and its open margin at the last trade (100,020).
-    let account = client(&node, None).get("/v1/accounts/1").unwrap();
+    let account = client(&node, Some("victor")).get("/v1/accounts/1").unwrap();
     assert_eq!(account.status, 200, "{:?}", account.body);
     let b = &account.body;
     assert_eq!(b["firm"], 1);
@@ -266,20 +272,54 @@ fn the_service_answers_clearing_data_and_runs_on_an_operators_request() {
     let open_points = 1_020 * 5 - 480 * 2;
     assert_eq!(b["variation_margin_open"], cash(open_points * 1_0000));
     assert_eq!(b["cash"][0]["cash"], cash(CASH_START));
-    let missing = client(&node, None).get("/v1/accounts/99").unwrap();
+    let missing = client(&node, Some("victor"))
+        .get("/v1/accounts/99")
+        .unwrap();
     assert_eq!(missing.status, 404);
     // Firm 2 a page of one account at a time.
-    let page = client(&node, None).get("/v1/firms/2?limit=1").unwrap();
+    let page = client(&node, Some("victor"))
+        .get("/v1/firms/2?limit=1")
+        .unwrap();
     assert_eq!(page.status, 200, "{:?}", page.body);
     assert_eq!(page.body["accounts"][0]["account"], 3);
     assert_eq!(page.body["next_after"], 3);
-    let page = client(&node, None).get("/v1/firms/2?after=3").unwrap();
+    let page = client(&node, Some("victor"))
+        .get("/v1/firms/2?after=3")
+        .unwrap();
     assert_eq!(page.body["accounts"][0]["account"], 4);
     assert_eq!(page.body["next_after"], Value::Null);
-    let bad = client(&node, None).get("/v1/firms/2?limit=0").unwrap();
+    let bad = client(&node, Some("victor"))
+        .get("/v1/firms/2?limit=0")
+        .unwrap();
     assert_eq!(bad.status, 400);
-    let bad = client(&node, None).get("/v1/firms/2?colour=red").unwrap();
+    let bad = client(&node, Some("victor"))
+        .get("/v1/firms/2?colour=red")
+        .unwrap();
     assert_eq!(bad.status, 400);
+
+    // A firm's credentials read its own accounts alone; operators and viewers read all;
+    // no credentials, or none that read clearing data, are refused.
+    let get = |who: Option<&str>, path: &str| client(&node, who).get(path).unwrap().status;
+    assert_eq!(get(None, "/v1/accounts/1"), 401);
+    assert_eq!(get(Some("tom"), "/v1/accounts/1"), 403);
+    assert_eq!(get(Some("fiona"), "/v1/accounts/1"), 200);
+    assert_eq!(get(Some("fiona"), "/v1/accounts/3"), 403);
+    assert_eq!(
+        get(Some("fiona"), "/v1/accounts/99"),
+        403,
+        "not even whether it exists"
+    );
+    assert_eq!(get(Some("fiona"), "/v1/firms/2"), 403);
+    assert_eq!(get(Some("alice"), "/v1/accounts/3"), 200);
+    let own = client(&node, Some("fiona")).get("/v1/firms/1").unwrap();
+    assert_eq!(own.status, 200, "{:?}", own.body);
+    let listed: Vec<u64> = own.body["accounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["account"].as_u64().unwrap())
+        .collect();
+    assert_eq!(listed, vec![1, 2]);
 
     // Only an operator runs a clearing.
     let ask = json!({ "kind": "intermediate" });
@@ -470,4 +510,125 @@ fn a_standby_takes_over_a_run_stopped_half_way_and_applies_nothing_twice() {
     assert_eq!(status, 200, "{next}");
     assert_eq!(next["run_id"], 2);
     assert_eq!(next["movements"], 0);
+}
+
+/// A venue config's `[schedule]`: MOEX's derivatives day for the market `futures`.
+const VENUE_DAY: &str = r#"
+[schedule]
+utc_offset_minutes = 180
+business_days = ["mon", "tue", "wed", "thu", "fri"]
+
+[[schedule.markets]]
+market = "futures"
+sessions = [{ from = "10:00", to = "14:00" }, { from = "14:05", to = "18:45" }, { from = "19:05", to = "23:50" }]
+end_of_day = "18:50"
+"#;
+
+/// Unix ns of Moscow (UTC+3) local time, `day` days after Monday 2026-11-23.
+fn msk(day: u64, hh: u64, mm: u64) -> u64 {
+    ((20_780 + day) * 1_440 + hh * 60 + mm - 180) * 60_000_000_000
+}
+
+#[test]
+fn the_service_runs_clearings_on_the_venues_schedule_once_each_over_a_simulated_day() {
+    use bourse_clearing::node::ScheduledOutcome;
+    use bourse_clearing::ManualClock;
+    use std::sync::Arc;
+
+    let (core, _trader) = core_with_trades();
+    let dir = tempfile::tempdir().unwrap();
+    let venue = dir.path().join("venue.toml");
+    std::fs::write(&venue, VENUE_DAY).unwrap();
+    let mut c = config(&core, &dir.path().join("clearing"), None);
+    c.schedule = Some(
+        toml::from_str(&format!(
+            "file = {:?}\nmarkets = [\"futures\"]\npoll_ms = 3600000\n",
+            venue.display().to_string()
+        ))
+        .unwrap(),
+    );
+    // The node's own poller waits an hour of real time before its first look: every step
+    // below is the test's, at the simulated times it sets.
+    let clock = Arc::new(ManualClock::new(msk(0, 13, 0)));
+    let node =
+        ClearingNode::start_with_clock(c.clone(), vec![future(FUT, "FUT", 100_000)], clock.clone())
+            .unwrap();
+    let step = |node: &ClearingNode| node.block_on(node.shared().step_schedule());
+    let runs = |node: &ClearingNode| {
+        let inner = node.shared().inner.read().unwrap();
+        inner
+            .runs
+            .values()
+            .map(|r| (r.plan.run_id, r.plan.kind, r.plan.scheduled_ns))
+            .collect::<Vec<_>>()
+    };
+
+    // Before the pause nothing runs; at its start the intermediate run does, once.
+    clock.set(msk(0, 13, 59));
+    assert!(step(&node).is_empty());
+    assert!(runs(&node).is_empty());
+    clock.set(msk(0, 14, 0));
+    let did = step(&node);
+    assert_eq!(did.len(), 1, "{did:?}");
+    assert_eq!(did[0].0.kind, RunKind::Intermediate);
+    assert_eq!(did[0].0.local, "2026-11-23 14:00");
+    assert_eq!(did[0].1, ScheduledOutcome::Done { run_id: 1 });
+    assert!(
+        step(&node).is_empty(),
+        "a second step at the same time runs nothing"
+    );
+    assert_eq!(
+        runs(&node),
+        vec![(1, RunKind::Intermediate, Some(msk(0, 14, 0)))]
+    );
+    // The margin was paid as an operator's run pays it (the hand-worked figures of the
+    // first test: 1 and 2 receive, 3 and 4 pay, at the VWAP of the last two trades).
+    let report = node.shared().inner.read().unwrap().runs[&1]
+        .report
+        .clone()
+        .unwrap();
+    assert_eq!((report.pending, report.refused), (0, 0));
+    assert_eq!(report.movements, 4);
+
+    // The evening pause (18:45) is the end of day's: one end-of-day run at 18:50, no
+    // intermediate one at 18:45.
+    clock.set(msk(0, 18, 52));
+    let did = step(&node);
+    let kinds: Vec<(String, RunKind)> = did
+        .iter()
+        .map(|(d, _)| (d.local[11..].to_string(), d.kind))
+        .collect();
+    assert_eq!(kinds, vec![("18:50".to_string(), RunKind::EndOfDay)]);
+    assert_eq!(did[0].1, ScheduledOutcome::Done { run_id: 2 });
+
+    // A restarted node does not run the day's slots again; the next day's 14:00 runs.
+    node.stop().unwrap();
+    let node =
+        ClearingNode::start_with_clock(c.clone(), vec![future(FUT, "FUT", 100_000)], clock.clone())
+            .unwrap();
+    assert!(step(&node).is_empty());
+    clock.set(msk(1, 14, 1));
+    let did = step(&node);
+    assert_eq!(did.len(), 1, "{did:?}");
+    assert_eq!(did[0].0.local, "2026-11-24 14:00");
+    assert_eq!(did[0].1, ScheduledOutcome::Done { run_id: 3 });
+    // A slot missed by more than the catch-up limit is skipped, not run late.
+    clock.set(msk(2, 14, 30));
+    let did = step(&node);
+    let locals: Vec<&str> = did.iter().map(|(d, _)| d.local.as_str()).collect();
+    assert_eq!(locals, vec!["2026-11-24 18:50", "2026-11-25 14:00"]);
+    assert!(
+        did.iter().all(|(_, o)| *o == ScheduledOutcome::Missed),
+        "{did:?}"
+    );
+    assert_eq!(runs(&node).len(), 3);
+    // Each run's movements were applied once on the core's stream.
+    for run in 1..=2 {
+        let applied = core.applied(run_client_id(run, 0));
+        assert!(
+            applied.iter().all(|(_, n)| *n == 1),
+            "run {run}: {applied:?}"
+        );
+    }
+    node.stop().unwrap();
 }

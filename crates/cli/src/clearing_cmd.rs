@@ -141,6 +141,8 @@ fn run_on_service(args: &RunArgs) -> Result<()> {
         run_id: args.run_id,
         last_trades: args.last_trades,
         window_ms: args.window_ms,
+        // Only the service's own scheduler marks a run as a schedule's slot.
+        scheduled_ns: None,
     };
     let reply = client
         .post_json("/v1/runs", None, &serde_json::to_value(&request)?)

@@ -331,6 +331,18 @@ fn run_deployed(
             .map_err(|e| anyhow!("cannot create {}: {e}", args.out.display()))?;
         deployment.add_accounts_under_load(plan.clone(), args.out.join("admin-audit.jsonl"));
     }
+    if !profile.clearing_runs.is_empty() {
+        // The clearing service's runs, per-firm reports and snapshot stay with the report.
+        let dir = args.out.join("clearing");
+        deployment.clear_under_load(profile.clearing_runs.clone(), dir.clone())?;
+        eprintln!(
+            "clearing service on every core: {} (runs and reports in {})",
+            deployment
+                .clearing_node()
+                .map_or_else(String::new, |n| n.url()),
+            dir.display()
+        );
+    }
     if args.workers.is_some() {
         let dir = args.out.join("workers");
         std::fs::create_dir_all(&dir)

@@ -306,7 +306,13 @@ fn clearing_serve_runs_when_the_cli_asks_and_answers_clearing_data() {
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("401"));
     // Clearing data: account 1 holds 6 lots and was paid 1,200 x 4 at 100,200.
-    let account = admin.get("/v1/accounts/1").unwrap();
+    // (A node with credentials answers clearing data to them alone.)
+    assert_eq!(admin.get("/v1/accounts/1").unwrap().status, 401);
+    let account = admin
+        .clone()
+        .with_credentials("op", "op-pw")
+        .get("/v1/accounts/1")
+        .unwrap();
     assert_eq!(account.body["positions"][0]["qty"], 6, "{:?}", account.body);
     assert_eq!(account.body["variation_margin_paid"], "4800.0000");
     assert!(dir

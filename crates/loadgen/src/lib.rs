@@ -110,6 +110,12 @@ pub trait Deployment {
     fn accounts_added(&mut self) -> Option<results::AccountsAdded> {
         None
     }
+    /// Called after [`Deployment::finish`]: the clearing runs the deployment asked of its
+    /// clearing service during the run (a profile's `[[clearing_runs]]`), in time order.
+    /// Default: none.
+    fn clearing_runs(&mut self) -> Vec<results::ClearingRunDone> {
+        Vec::new()
+    }
 }
 
 /// The flows of every worker on every market, in the order [`run_on`] gives them out:
@@ -404,6 +410,10 @@ pub fn run_on(
             added,
             start_unix_ns,
         ));
+    }
+    let clearing = deployment.clearing_runs();
+    if !clearing.is_empty() {
+        results.clearing_runs = results::ClearingRunFigures::of_all(&rec, clearing, start_unix_ns);
     }
     results.target.note = deployment.note();
     results.target.sessions = deployment.sessions();

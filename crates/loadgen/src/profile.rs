@@ -54,6 +54,44 @@ pub struct Profile {
     /// Accounts added through the venue's admin API while the load runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accounts_under_load: Option<AccountsUnderLoad>,
+    /// Clearing runs asked of a clearing service that follows the cores while the load runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clearing_runs: Vec<ClearingRunSpec>,
+}
+
+/// The most clearing runs one profile may ask for.
+pub const CLEARING_RUNS_MAX: usize = 16;
+
+/// The kind of a clearing run asked under load (the clearing service's own kinds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClearingRunKind {
+    /// Variation margin and obligations since the last run; trading goes on.
+    Intermediate,
+    /// As intermediate, and the cores expire their Day orders.
+    EndOfDay,
+}
+
+impl ClearingRunKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ClearingRunKind::Intermediate => "intermediate",
+            ClearingRunKind::EndOfDay => "end_of_day",
+        }
+    }
+}
+
+/// `[[clearing_runs]]`: a clearing run the load test asks of a clearing service (started on
+/// the deployment, following every core's committed stream) at `at_s` seconds after the
+/// run's start, as the seeds' exchange ran its intermediate clearing in the middle of the
+/// load. Replicated targets only (clearing reads the cores' committed streams and feeds its
+/// results back through the sequenced path).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClearingRunSpec {
+    /// When the run is asked, in seconds from the run's start (warm-up included).
+    pub at_s: f64,
+    pub kind: ClearingRunKind,
 }
 
 /// The most accounts a profile may add under load.
@@ -534,6 +572,43 @@ impl Profile {
         Ok(())
     }
 
+    fn validate_clearing_runs(&self) -> Result<(), (Vec<Key>, String)> {
+        use Key::*;
+        if self.clearing_runs.len() > CLEARING_RUNS_MAX {
+            return Err((
+                vec![Name("clearing_runs")],
+                format!("at most {CLEARING_RUNS_MAX} runs"),
+            ));
+        }
+        for (i, r) in self.clearing_runs.iter().enumerate() {
+            let at = |field: &'static str| vec![Name("clearing_runs"), Index(i), Name(field)];
+            if self.target.kind != TargetKind::Cluster {
+                return Err((
+                    at("kind"),
+                    "needs target.kind = \"cluster\" (clearing follows the replicated cores' \
+                     committed streams and pays through their sequenced path)"
+                        .into(),
+                ));
+            }
+            if !(r.at_s.is_finite() && r.at_s >= 0.0 && r.at_s < self.duration_s()) {
+                return Err((
+                    at("at_s"),
+                    format!(
+                        "must be 0 or more and before the run's end ({} s)",
+                        self.duration_s()
+                    ),
+                ));
+            }
+            if i > 0 && r.at_s <= self.clearing_runs[i - 1].at_s {
+                return Err((
+                    at("at_s"),
+                    "runs must be listed in time order, each after the one before".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Parses and validates a profile. Every error names its line and its reason.
     pub fn parse(source: &str) -> Result<Profile, ProfileError> {
         let profile: Profile = toml::from_str(source).map_err(|e| ProfileError {
@@ -598,6 +673,7 @@ impl Profile {
         if let Some(a) = &self.accounts_under_load {
             self.validate_accounts_under_load(a)?;
         }
+        self.validate_clearing_runs()?;
         let t = &self.target;
         if t.sessions == 0 || t.sessions > SESSIONS_MAX {
             return err(
@@ -953,6 +1029,37 @@ per_s = 1000
         let e = Profile::parse(&format!("{cluster}{zero}")).unwrap_err();
         assert!(e.to_string().contains("accounts_under_load.count"), "{e}");
         let typo = section.replace("start_s", "start_secs");
+        assert!(Profile::parse(&format!("{cluster}{typo}")).is_err());
+    }
+
+    #[test]
+    fn clearing_runs_are_refused_by_name_unless_a_cluster_runs_them_in_order_in_time() {
+        let section = "\n[[clearing_runs]]\nat_s = 0.5\nkind = \"intermediate\"\n";
+        let in_process = Profile::parse(&format!("{GOOD}{section}")).unwrap_err();
+        assert!(
+            in_process.to_string().contains("clearing_runs[0].kind"),
+            "{in_process}"
+        );
+        assert!(in_process.reason.contains("cluster"), "{in_process}");
+        let cluster = GOOD.replacen(
+            "name = \"t\"\n",
+            "name = \"t\"\n[target]\nkind = \"cluster\"\nprotocol = \"binary\"\nsessions = 1\nqueue_capacity = 64\n",
+            1,
+        );
+        let ok = Profile::parse(&format!("{cluster}{section}")).unwrap();
+        assert_eq!(ok.clearing_runs[0].kind, ClearingRunKind::Intermediate);
+        let wrong_kind = section.replace("intermediate", "midday");
+        let e = Profile::parse(&format!("{cluster}{wrong_kind}")).unwrap_err();
+        assert!(e.reason.contains("midday"), "{e}");
+        assert!(e.reason.contains("end_of_day"), "{e}");
+        assert!(e.line.is_some(), "{e}");
+        let late = section.replace("at_s = 0.5", "at_s = 1.5");
+        let e = Profile::parse(&format!("{cluster}{late}")).unwrap_err();
+        assert!(e.to_string().contains("clearing_runs[0].at_s"), "{e}");
+        let backwards = format!("{section}{}", section.replace("0.5", "0.25"));
+        let e = Profile::parse(&format!("{cluster}{backwards}")).unwrap_err();
+        assert!(e.to_string().contains("clearing_runs[1].at_s"), "{e}");
+        let typo = section.replace("at_s", "at_secs");
         assert!(Profile::parse(&format!("{cluster}{typo}")).is_err());
     }
 

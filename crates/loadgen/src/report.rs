@@ -229,6 +229,91 @@ fn accounts_under_load_section(a: &crate::results::AccountsUnderLoadFigures) -> 
         )
 }
 
+/// Clearing runs asked of the clearing service while the load ran: when each started and
+/// ended, what it cleared, and trading latency before, during and after it.
+fn clearing_runs_section(runs: &[crate::results::ClearingRunFigures]) -> Section {
+    let mut section = Section::new("Clearing under load").text(
+        "A clearing service followed every core's committed stream while the load ran and was asked for the runs below at the profile's times (`[[clearing_runs]]`). A run waits until the clearing state has applied everything the cores had applied when it was asked, takes that cut without pausing trading, fixes settlement prices, computes variation margin and obligations, and feeds the cash movements back to the cores through the sequenced path (one keyed command per account and core); it ends when the last movement is applied. Trading latency is the generator's (scheduled send → answer), merged from the HDR histograms of the measured seconds before the run (since the previous one), the seconds it overlapped, and after it (until the next one); warm-up left out.",
+    );
+    let mut figures = Vec::new();
+    let mut latency = Vec::new();
+    for f in runs {
+        let r = &f.run;
+        let outcome = match &r.error {
+            Some(e) => format!("{} ({e})", r.outcome),
+            None => r.outcome.clone(),
+        };
+        figures.push(vec![
+            format!("{} (run {})", r.kind, r.run_id),
+            format!("{:.1}", r.at_s),
+            format!("{:.2}", f.started_s),
+            format!("{:.3}", f.elapsed_s),
+            count(r.positions),
+            count(r.accounts),
+            format!(
+                "{} ({} refused, {} pending)",
+                count(r.movements),
+                r.refused,
+                r.pending
+            ),
+            bourse_core::format_scaled(r.margin_paid, bourse_core::CASH_SCALE),
+            if r.unbalanced_instruments.is_empty() {
+                "yes".into()
+            } else {
+                format!("NO: {:?}", r.unbalanced_instruments)
+            },
+            outcome,
+        ]);
+        for (label, l) in [
+            (
+                format!("run {}: before (s < {})", r.run_id, f.first_s),
+                &f.latency_before,
+            ),
+            (
+                format!("run {}: during (s {}–{})", r.run_id, f.first_s, f.end_s),
+                &f.latency_during,
+            ),
+            (
+                format!("run {}: after (s ≥ {})", r.run_id, f.end_s),
+                &f.latency_after,
+            ),
+        ] {
+            let mut row = vec![label];
+            row.extend(latency_cells(l));
+            latency.push(row);
+        }
+    }
+    section = section
+        .table(
+            &[
+                "run",
+                "asked at s",
+                "started s",
+                "took s",
+                "positions",
+                "accounts",
+                "movements",
+                "VM paid",
+                "VM sums to 0",
+                "outcome",
+            ],
+            figures,
+        )
+        .table(
+            &[
+                "trading latency",
+                "mean",
+                "median",
+                "90%",
+                "99%",
+                "99.9%",
+                "max",
+            ],
+            latency,
+        );
+    section
+}
+
 fn sections(r: &Results, baseline: Option<&Results>, with_charts: bool) -> Vec<Section> {
     let t = &r.totals;
     let mut out = Vec::new();
@@ -569,6 +654,9 @@ fn sections(r: &Results, baseline: Option<&Results>, with_charts: bool) -> Vec<S
 
     if let Some(a) = &r.accounts_under_load {
         out.push(accounts_under_load_section(a));
+    }
+    if !r.clearing_runs.is_empty() {
+        out.push(clearing_runs_section(&r.clearing_runs));
     }
 
     let mut rec = Section::new("Recovery after peaks");

@@ -248,6 +248,104 @@ pub struct Results {
     /// Accounts added through the admin API during the run (`None`: the profile adds none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accounts_under_load: Option<AccountsUnderLoadFigures>,
+    /// Clearing runs asked while the load ran (empty: the profile asks none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clearing_runs: Vec<ClearingRunFigures>,
+}
+
+/// What a deployment reports of one clearing run it asked under load.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClearingRunDone {
+    /// The profile's run (`clearing_runs[i]`): when it was due and its kind.
+    pub at_s: f64,
+    pub kind: String,
+    /// The clearing service's id of the run (0: it never got one).
+    pub run_id: u32,
+    /// From the request to the last movement applied by its core.
+    pub start_unix_ns: u64,
+    pub end_unix_ns: u64,
+    /// `done`, or `failed` with the error.
+    pub outcome: String,
+    pub error: Option<String>,
+    /// Futures positions margined and equity/FX positions given obligations.
+    pub positions: u64,
+    /// Accounts in the run's report (a position or a movement).
+    pub accounts: u64,
+    /// Cash movements fed back to the cores; of them refused (margin calls) and not applied.
+    pub movements: u64,
+    pub refused: u64,
+    pub pending: u64,
+    /// Per core, the stream position the run cleared up to.
+    pub cut: Vec<u64>,
+    /// Variation margin paid (sum of the positive lines), fixed-point cash units.
+    pub margin_paid: i128,
+    /// The instruments whose margin lines and rounding did not sum to zero (must be none).
+    pub unbalanced_instruments: Vec<u32>,
+}
+
+/// The report's section on one clearing run under load: when it ran, what it cleared, and
+/// the trading latency of the measured seconds before, during and after it (each merged from
+/// the seconds' HDR histograms; before and after stop at the neighbouring runs).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ClearingRunFigures {
+    pub run: ClearingRunDone,
+    /// Seconds from the run's start when the clearing started, and how long it took.
+    pub started_s: f64,
+    pub elapsed_s: f64,
+    pub positions_per_s: f64,
+    /// The run's seconds the clearing overlapped, `[first_s, end_s)`.
+    pub first_s: u64,
+    pub end_s: u64,
+    pub latency_before: Latency,
+    pub latency_during: Latency,
+    pub latency_after: Latency,
+}
+
+impl ClearingRunFigures {
+    /// The figures of every run in `done` (in time order) over the run recorded in `rec`,
+    /// whose second 0 began at `run_start_unix_ns`.
+    pub fn of_all(
+        rec: &Record,
+        done: Vec<ClearingRunDone>,
+        run_start_unix_ns: u64,
+    ) -> Vec<ClearingRunFigures> {
+        let second_of = |ns: u64| ns.saturating_sub(run_start_unix_ns) / 1_000_000_000;
+        let spans: Vec<(u64, u64)> = done
+            .iter()
+            .map(|d| (second_of(d.start_unix_ns), second_of(d.end_unix_ns) + 1))
+            .collect();
+        done.into_iter()
+            .enumerate()
+            .map(|(k, run)| {
+                let (first_s, end_s) = spans[k];
+                let before_from = if k > 0 { spans[k - 1].1 } else { 0 };
+                let after_to = spans.get(k + 1).map_or(u64::MAX, |s| s.0);
+                let merged = |from: u64, to: u64| {
+                    let mut h = crate::generator::histogram();
+                    for (i, s) in rec.seconds.iter().enumerate() {
+                        if let (Some(l), false) = (&s.latency, s.warmup) {
+                            if (from..to).contains(&(i as u64)) {
+                                let _ = h.add(l);
+                            }
+                        }
+                    }
+                    Latency::of(&h)
+                };
+                let elapsed_s = run.end_unix_ns.saturating_sub(run.start_unix_ns) as f64 / 1e9;
+                ClearingRunFigures {
+                    started_s: run.start_unix_ns.saturating_sub(run_start_unix_ns) as f64 / 1e9,
+                    elapsed_s,
+                    positions_per_s: run.positions as f64 / elapsed_s.max(1e-9),
+                    first_s,
+                    end_s,
+                    latency_before: merged(before_from, first_s),
+                    latency_during: merged(first_s, end_s),
+                    latency_after: merged(end_s, after_to),
+                    run,
+                }
+            })
+            .collect()
+    }
 }
 
 /// What a deployment reports of the accounts it added under load.
@@ -494,6 +592,7 @@ impl Results {
             cores,
             checks,
             accounts_under_load: None,
+            clearing_runs: Vec::new(),
         }
     }
 

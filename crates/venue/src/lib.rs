@@ -18,6 +18,7 @@
 //! gateway serves every core and an order id names one order across the venue.
 
 mod admin;
+mod clearing;
 mod feed;
 pub mod heap;
 mod host;
@@ -112,6 +113,11 @@ pub struct LocalDeployment {
     /// Accounts to add through the admin path while the load runs, then what was added.
     under_load: Option<under_load::UnderLoad>,
     accounts_added: Option<bourse_loadgen::results::AccountsAdded>,
+    /// Every market's instruments, in core order (what a clearing service clears with).
+    instruments: Vec<Instrument>,
+    /// The clearing service and the runs asked of it while the load runs, then what they did.
+    clearing: Option<clearing::ClearingUnderLoad>,
+    clearing_done: Vec<bourse_loadgen::results::ClearingRunDone>,
 }
 
 /// How often the demo's dashboard takes the counts and the nodes' status of a core.
@@ -226,6 +232,13 @@ impl LocalDeployment {
             admin: std::sync::OnceLock::new(),
             under_load: None,
             accounts_added: None,
+            instruments: spec
+                .markets
+                .iter()
+                .flat_map(|m| m.instruments.iter().cloned())
+                .collect(),
+            clearing: None,
+            clearing_done: Vec::new(),
         };
         match d.start_inner(&spec) {
             Ok(()) => Ok(d),
@@ -749,7 +762,12 @@ impl LocalDeployment {
         let rt = self.runtime.as_ref().ok_or_else(|| anyhow!("stopped"))?;
         let mut out = Vec::new();
         for (index, core) in self.cores.iter().enumerate() {
-            let admin_commands = self.admin.get().map_or(0, |a| a.commands_applied(index));
+            let admin_commands = self.admin.get().map_or(0, |a| a.commands_applied(index))
+                + self.clearing.as_ref().map_or(0, |c| {
+                    c.commands
+                        .get(index)
+                        .map_or(0, |n| n.load(Ordering::Relaxed))
+                });
             let (c, live, hash, replicas) = match &core.run {
                 CoreRun::Engine(engine) => {
                     let e = engine.lock().map_err(|_| anyhow!("engine lock poisoned"))?;
@@ -789,7 +807,8 @@ impl LocalDeployment {
             let b = core.base;
             out.push(CoreTotals {
                 market: core.name.clone(),
-                // The admin's commands (a halt, a kill switch) are not the generator's.
+                // The admin's commands (a halt, a kill switch) and a clearing run's movements
+                // are not the generator's.
                 commands: c.commands - b.commands - admin_commands,
                 orders_accepted: c.orders_accepted - b.orders_accepted,
                 orders_rejected: c.orders_rejected - b.orders_rejected,
@@ -827,6 +846,15 @@ impl LocalDeployment {
             return;
         }
         self.stopped = true;
+        self.join_clearing();
+        if let Some(c) = self.clearing.take() {
+            // The service stops before the cores it follows (its feeds would retry).
+            if let Ok(node) = Arc::try_unwrap(c.node) {
+                if let Err(e) = node.stop() {
+                    eprintln!("clearing service: {e}");
+                }
+            }
+        }
         for g in self.gateways.drain(..) {
             g.shutdown();
         }
@@ -899,8 +927,10 @@ impl Deployment for LocalDeployment {
         Ok(Connection::Local(Box::new(target)))
     }
     fn finish(&mut self) -> Result<Vec<CoreTotals>, String> {
-        // The admin's commands are left out of the counts: all of them must have applied.
+        // The admin's and clearing's commands are left out of the counts: all of them must
+        // have applied.
         self.join_under_load();
+        self.join_clearing();
         // Let the gateways hand over what is still in flight before the counts are read.
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline
@@ -922,6 +952,23 @@ impl Deployment for LocalDeployment {
                 d.run_start_ns = Some(start_unix_ns);
             }
         }
+        if let Some(c) = self.clearing.as_mut() {
+            match clearing::start(
+                Arc::clone(&c.node),
+                c.runs.clone(),
+                Arc::clone(&c.commands),
+                start_unix_ns,
+            ) {
+                Ok(thread) => c.running = Some(thread),
+                Err(e) => {
+                    self.clearing_done = c
+                        .runs
+                        .iter()
+                        .map(|r| clearing::not_run(r, start_unix_ns, format!("{e}")))
+                        .collect()
+                }
+            }
+        }
         if let Err(e) = self.start_under_load(start_unix_ns) {
             self.accounts_added = Some(bourse_loadgen::results::AccountsAdded {
                 market: self
@@ -938,6 +985,10 @@ impl Deployment for LocalDeployment {
                 positions_held: 0,
             });
         }
+    }
+    fn clearing_runs(&mut self) -> Vec<bourse_loadgen::results::ClearingRunDone> {
+        self.join_clearing();
+        std::mem::take(&mut self.clearing_done)
     }
     fn accounts_added(&mut self) -> Option<bourse_loadgen::results::AccountsAdded> {
         self.join_under_load();
@@ -957,6 +1008,52 @@ impl Deployment for LocalDeployment {
 }
 
 impl LocalDeployment {
+    /// Starts a clearing service (as `bourse clearing serve` runs it, in this process) on
+    /// every core, keeping its runs, reports and snapshots in `state_dir`, and asks it for
+    /// `runs` at their times once the load starts; the load test's results then say what
+    /// each run did and trading latency around it. Replicated cores only.
+    pub fn clear_under_load(
+        &mut self,
+        runs: Vec<bourse_loadgen::profile::ClearingRunSpec>,
+        state_dir: PathBuf,
+    ) -> Result<()> {
+        let mut cores = Vec::new();
+        for c in &self.cores {
+            match &c.run {
+                CoreRun::Cluster { nodes, .. } => {
+                    cores.push(nodes.iter().map(|n| n.addr).collect())
+                }
+                CoreRun::Engine(_) => bail!(
+                    "clearing needs replicated cores: it follows their committed streams and \
+                     pays through their sequenced path"
+                ),
+            }
+        }
+        let commands = Arc::new((0..cores.len()).map(|_| AtomicU64::new(0)).collect());
+        let node = clearing::start_node(cores, self.instruments.clone(), state_dir)
+            .map_err(|e| anyhow!("clearing service: {e}"))?;
+        self.clearing = Some(clearing::ClearingUnderLoad {
+            node: Arc::new(node),
+            runs,
+            running: None,
+            commands,
+        });
+        Ok(())
+    }
+
+    /// The clearing service started by [`LocalDeployment::clear_under_load`].
+    pub fn clearing_node(&self) -> Option<&bourse_clearing::ClearingNode> {
+        self.clearing.as_ref().map(|c| &*c.node)
+    }
+
+    /// Waits for the clearing runs asked under load (each bounded by the service's wait for
+    /// the cores' ends and its movements' deadline).
+    fn join_clearing(&mut self) {
+        if let Some(thread) = self.clearing.as_mut().and_then(|c| c.running.take()) {
+            self.clearing_done = thread.join().unwrap_or_default();
+        }
+    }
+
     /// Waits for the accounts under load to be added (each command is bounded by the admin
     /// path's deadline), so that the counts read next include every admin command.
     fn join_under_load(&mut self) {
