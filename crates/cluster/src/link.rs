@@ -511,6 +511,10 @@ impl Worker {
         let Some(t) = self.times.get_mut(&seq) else {
             return;
         };
+        // A request re-sent after a leader change can be answered twice: timed once.
+        if t.answered.is_some() {
+            return;
+        }
         self.legs
             .answered
             .observe(Self::ns(now.saturating_duration_since(t.taken)));
@@ -529,6 +533,11 @@ impl Worker {
         let Some(t) = self.times.get_mut(&seq) else {
             return;
         };
+        // A request re-sent after a leader change is on the stream twice (applied, then a
+        // duplicate): its round trip ended at the first.
+        if t.streamed.is_some() {
+            return;
+        }
         self.legs
             .round_trip
             .observe(Self::ns(now.saturating_duration_since(t.taken)));
