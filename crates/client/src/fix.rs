@@ -130,6 +130,14 @@ impl FixClient {
         self.session.next_sender_seq_num()
     }
 
+    /// A second handle on the connection's socket (plain TCP only), for a driver that waits
+    /// for readability elsewhere (epoll) rather than in [`FixClient::recv`]: a read timeout
+    /// (SO_RCVTIMEO) is rounded up to a kernel tick, 4 ms at HZ=250, so a short `recv`
+    /// timeout waits milliseconds. Reading or writing through it would break the session.
+    pub fn try_clone_socket(&self) -> io::Result<std::net::TcpStream> {
+        self.stream.try_clone_plain()
+    }
+
     /// Reads without blocking from now on (for open-loop drivers).
     pub fn set_nonblocking(&mut self, on: bool) -> io::Result<()> {
         self.stream.set_nonblocking(on)?;

@@ -13,7 +13,7 @@ use serde_json::json;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 #[derive(Args)]
@@ -226,29 +226,118 @@ trait BenchClient {
     fn poll(&mut self, answered: &mut Vec<u64>, wait: Duration) -> Result<()>;
 }
 
-struct FixBench(FixClient);
+/// The FIX client in nonblocking mode, woken by [`Readable`] when its socket has bytes.
+struct FixBench {
+    client: FixClient,
+    readable: Readable,
+}
 
-impl BenchClient for FixBench {
-    fn send(&mut self, i: u64) -> Result<()> {
-        if i.is_multiple_of(2) {
-            let price = format!("{}.{:02}", 90 + i / 2 % 5, i / 2 % 100);
-            self.0
-                .new_order(&i.to_string(), None, "BENCH", true, 1, Some(&price), '0')?;
-        } else {
-            self.0
-                .cancel(&i.to_string(), &(i - 1).to_string(), "BENCH", true)?;
-        }
-        Ok(())
+impl FixBench {
+    fn new(mut client: FixClient) -> Result<FixBench> {
+        client.set_nonblocking(true)?;
+        let readable = Readable::start(client.try_clone_socket()?)?;
+        Ok(FixBench { client, readable })
     }
-    fn poll(&mut self, answered: &mut Vec<u64>, wait: Duration) -> Result<()> {
-        let mut wait = wait;
-        while let Some(m) = self.0.recv(wait)? {
-            wait = Duration::ZERO;
+
+    /// Takes every message already readable, without waiting.
+    fn drain(&mut self, answered: &mut Vec<u64>) -> Result<()> {
+        while let Some(m) = self.client.recv(Duration::ZERO)? {
             if let Some(i) = FixClient::field(&m, 11).and_then(|v| v.parse::<u64>().ok()) {
                 answered.push(i);
             }
         }
         Ok(())
+    }
+}
+
+impl BenchClient for FixBench {
+    fn send(&mut self, i: u64) -> Result<()> {
+        if i.is_multiple_of(2) {
+            let price = format!("{}.{:02}", 90 + i / 2 % 5, i / 2 % 100);
+            self.client
+                .new_order(&i.to_string(), None, "BENCH", true, 1, Some(&price), '0')?;
+        } else {
+            self.client
+                .cancel(&i.to_string(), &(i - 1).to_string(), "BENCH", true)?;
+        }
+        Ok(())
+    }
+    fn poll(&mut self, answered: &mut Vec<u64>, wait: Duration) -> Result<()> {
+        self.drain(answered)?;
+        if !answered.is_empty() {
+            return Ok(());
+        }
+        match self.readable.woken.recv_timeout(wait) {
+            Ok(()) => {
+                self.drain(answered)?;
+                // One acknowledgement per wake-up: the watcher waits for it before it looks
+                // again, so it never spins on bytes this thread has not read yet.
+                let _ = self.readable.drained.send(());
+                Ok(())
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => Ok(()),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Err(anyhow!("the FIX connection's watcher ended"))
+            }
+        }
+    }
+}
+
+/// A thread that waits in epoll (no timeout to round) for the FIX socket to become readable
+/// and says so on a channel, whose timed wait (a futex) is precise: the driver can sleep until
+/// the next send is due and still wake at once for an answer. Reading with a socket timeout
+/// instead rounded every short wait up to a kernel tick (4 ms here), which made FIX at an
+/// open-loop 10,000/s look milliseconds slower than binary.
+struct Readable {
+    woken: mpsc::Receiver<()>,
+    drained: mpsc::SyncSender<()>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Readable {
+    /// Polls `socket` (a second handle on the client's connection, nonblocking like it).
+    fn start(socket: std::net::TcpStream) -> Result<Readable> {
+        let (wake, woken) = mpsc::sync_channel(1);
+        let (drained, drained_rx) = mpsc::sync_channel::<()>(1);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopping = stop.clone();
+        let mut poll = mio::Poll::new()?;
+        let mut socket = mio::net::TcpStream::from_std(socket);
+        poll.registry()
+            .register(&mut socket, mio::Token(0), mio::Interest::READABLE)?;
+        std::thread::Builder::new()
+            .name("bench-fix-wake".into())
+            .spawn(move || {
+                let mut events = mio::Events::with_capacity(4);
+                while !stopping.load(Ordering::Acquire) {
+                    // The timeout only lets the thread see `stop`.
+                    if poll
+                        .poll(&mut events, Some(Duration::from_millis(200)))
+                        .is_err()
+                    {
+                        return;
+                    }
+                    if events.is_empty() {
+                        continue;
+                    }
+                    if wake.send(()).is_err() || drained_rx.recv().is_err() {
+                        return;
+                    }
+                }
+                drop(socket);
+            })
+            .context("FIX wake thread")?;
+        Ok(Readable {
+            woken,
+            drained,
+            stop,
+        })
+    }
+}
+
+impl Drop for Readable {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
     }
 }
 
@@ -604,7 +693,7 @@ fn bench_mode(
                 let mut cfg = FixClientConfig::new(addr, "BENCH", "BOURSE");
                 cfg.reset_on_logon = true;
                 let c = FixClient::connect(&cfg)?;
-                Some(Box::new(FixBench(c)))
+                Some(Box::new(FixBench::new(c)?))
             }
             other => return Err(anyhow!("unknown protocol {other} (fix, binary)")),
         };
