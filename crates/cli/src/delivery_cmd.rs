@@ -5,7 +5,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use bourse_cluster::tokio;
 use bourse_core::{AccountId, FirmId, InstrumentId};
 use bourse_delivery::{
-    AnyClient, CoreSource, DeliveryConfig, DeliveryNode, Filter, Limits, PollRequest,
+    AnyClient, CoreSource, DeliveryConfig, DeliveryNode, Filter, Follow, Limits, PollRequest,
 };
 use clap::{Args, Subcommand};
 use std::io::Write;
@@ -40,8 +40,16 @@ pub struct ServeArgs {
     binary_listen: Option<SocketAddr>,
     /// A core: `ID=ADDR,ADDR,ADDR` (its id in cursors and the client addresses of its
     /// nodes); repeat for each core.
-    #[arg(long = "core", required_unless_present = "config")]
+    #[arg(long = "core", required_unless_present_any = ["config", "follow"])]
     cores: Vec<String>,
+    /// Be a read replica of the delivery node whose binary API is at this address (it keeps
+    /// no secondary indexes and answers unfiltered polls only); name its cores with
+    /// `--follow-cores`.
+    #[arg(long, conflicts_with_all = ["cores", "state_dir"], requires = "follow_cores")]
+    follow: Option<SocketAddr>,
+    /// The primary's core ids, in its order (for example `0,1`).
+    #[arg(long, value_delimiter = ',')]
+    follow_cores: Vec<u32>,
     /// Where the store is persisted (kept in memory only if not given).
     #[arg(long)]
     state_dir: Option<PathBuf>,
@@ -125,15 +133,26 @@ fn serve(args: ServeArgs) -> Result<()> {
                 .iter()
                 .map(|c| parse_core(c, args.tls.files()))
                 .collect::<Result<_>>()?,
+            follow: args.follow.map(|primary| Follow {
+                primary,
+                cores: args.follow_cores.clone(),
+                secondary_indexes: false,
+            }),
             limits: Limits::default(),
         },
     };
     let stop = crate::cluster_cmd::stop_flag();
     let node = DeliveryNode::start(config.clone()).map_err(|e| anyhow!(e))?;
+    let what = match &config.follow {
+        Some(f) => format!(
+            "a read replica of {} (core(s) {:?}, unfiltered polls only)",
+            f.primary, f.cores
+        ),
+        None => format!("{} core(s)", config.cores.len()),
+    };
     eprintln!(
-        "bourse delivery: serving {} core(s) on {} (GET /v1/orders, GET /v1/status); \
+        "bourse delivery: serving {what} on {} (GET /v1/orders, GET /v1/status); \
          follow it with: bourse delivery tail --addr {}",
-        config.cores.len(),
         node.url(),
         node.addr()
     );
@@ -163,8 +182,14 @@ fn serve(args: ServeArgs) -> Result<()> {
                 c.rows_sent.get(),
                 errors
                     .iter()
-                    .zip(&config.cores)
-                    .filter_map(|(e, c)| e.as_ref().map(|e| format!("; core {}: {e}", c.id)))
+                    .enumerate()
+                    .filter_map(|(slot, e)| {
+                        let e = e.as_ref()?;
+                        Some(match config.cores.get(slot) {
+                            Some(c) => format!("; core {}: {e}", c.id),
+                            None => format!("; following: {e}"),
+                        })
+                    })
                     .collect::<String>()
             );
         }

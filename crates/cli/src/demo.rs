@@ -225,6 +225,7 @@ fn start_delivery(
         state_dir: None,
         persist_interval_ms: 1_000,
         cores: cores.clone(),
+        follow: None,
         limits: bourse_delivery::Limits::default(),
     };
     let node = match args.delivery_port {

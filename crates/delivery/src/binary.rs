@@ -187,6 +187,8 @@ fn error_code(kind: RefusalKind) -> codec::error_code::ErrorCode {
         RefusalKind::CursorForeign => ErrorCode::CursorForeign,
         RefusalKind::CursorTooOld => ErrorCode::CursorTooOld,
         RefusalKind::Busy => ErrorCode::Busy,
+        RefusalKind::CatchingUp => ErrorCode::CatchingUp,
+        RefusalKind::FilterNotServed => ErrorCode::FilterNotServed,
     }
 }
 
@@ -493,6 +495,8 @@ fn read_error(mut e: codec::delivery_error_codec::DeliveryErrorDecoder<'_>) -> C
         ErrorCode::CursorForeign => RefusalKind::CursorForeign,
         ErrorCode::CursorTooOld => RefusalKind::CursorTooOld,
         ErrorCode::Busy => RefusalKind::Busy,
+        ErrorCode::CatchingUp => RefusalKind::CatchingUp,
+        ErrorCode::FilterNotServed => RefusalKind::FilterNotServed,
         _ => RefusalKind::BadRequest,
     };
     let at = e.message_decoder();

@@ -10,7 +10,8 @@
 //!   delivery-node restart and a core failover because positions are log indexes.
 //! - [`node::DeliveryNode`]: the store, one feed per core (a remote `StreamConsumer`), the
 //!   persisted state file, and two fronts on one [`poll`] engine: [`server`], the HTTP/JSON
-//!   long poll, and [`binary`], SBE over TCP (GetOrders).
+//!   long poll, and [`binary`], SBE over TCP (GetOrders); or, as a read replica
+//!   ([`node::Follow`]), one task polling a primary node's binary front instead of feeds.
 //! - [`client::AnyClient`]: a Rust client of either front ([`DeliveryClient`], [`BinaryClient`]).
 
 pub mod binary;
@@ -25,7 +26,7 @@ pub mod store;
 pub use binary::BinaryClient;
 pub use client::{AnyClient, ClientError, DeliveryClient, PollAnswer, PollRequest};
 pub use cursor::{Cursor, CursorError};
-pub use node::{CoreSource, DeliveryConfig, DeliveryNode, Limits};
+pub use node::{CoreSource, DeliveryConfig, DeliveryNode, Follow, Limits, Role};
 pub use record::{Filter, Pos, Record};
 pub use server::{AnswerHeader, ServerTimings};
 pub use store::{Answer, Store, StoreConfig};

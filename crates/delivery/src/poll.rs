@@ -33,6 +33,12 @@ pub enum RefusalKind {
     CursorTooOld,
     /// Too many polls in flight; retry after a pause.
     Busy,
+    /// A read replica that has not yet read its primary's whole picture; retry after a
+    /// pause or read the primary.
+    CatchingUp,
+    /// A filtered poll at a read replica that keeps no secondary indexes; filtered reads go
+    /// to the primary.
+    FilterNotServed,
 }
 
 impl RefusalKind {
@@ -44,16 +50,20 @@ impl RefusalKind {
             RefusalKind::CursorForeign => "cursor_foreign",
             RefusalKind::CursorTooOld => "cursor_too_old",
             RefusalKind::Busy => "busy",
+            RefusalKind::CatchingUp => "catching_up",
+            RefusalKind::FilterNotServed => "filter_not_served",
         }
     }
 
     /// The HTTP status the HTTP front answers with (the binary client reports the same).
     pub fn http_status(self) -> u16 {
         match self {
-            RefusalKind::BadRequest | RefusalKind::CursorMalformed => 400,
+            RefusalKind::BadRequest
+            | RefusalKind::CursorMalformed
+            | RefusalKind::FilterNotServed => 400,
             RefusalKind::CursorForeign => 409,
             RefusalKind::CursorTooOld => 410,
-            RefusalKind::Busy => 503,
+            RefusalKind::Busy | RefusalKind::CatchingUp => 503,
         }
     }
 }
@@ -125,6 +135,22 @@ pub fn check(asked: Asked, cursor: Option<Cursor>, s: &Shared) -> Result<Poll, R
             l.wait_us_max
         )));
     }
+    if !s.role.serves_filters() && !asked.filter.is_empty() {
+        return Err(Refusal {
+            kind: RefusalKind::FilterNotServed,
+            message: "this node is a read replica without secondary indexes: it answers \
+                      unfiltered polls only; send filtered polls to its primary"
+                .into(),
+        });
+    }
+    if !s.is_ready() {
+        return Err(Refusal {
+            kind: RefusalKind::CatchingUp,
+            message: "this read replica has not yet read its primary's current state; \
+                      retry after a pause, or poll the primary"
+                .into(),
+        });
+    }
     let min_rows = asked.min_rows.unwrap_or(1);
     if min_rows > limit {
         return Err(Refusal::bad_request(format!(
@@ -192,9 +218,9 @@ pub async fn select(s: &Shared, poll: &Poll, started: Instant) -> Result<Selecte
         let t = Instant::now();
         let (answer, next) = {
             let store = s.store.read().expect("store");
-            let from = store.resolve(poll.cursor.as_ref())?;
-            let a = store.query(&from, &poll.filter, poll.limit);
-            let next = store.cursor(&a.next);
+            let start = store.resolve(poll.cursor.as_ref())?;
+            let a = store.query(&start.from, &poll.filter, poll.limit);
+            let next = store.cursor_after(&start, &a.next);
             (a, next)
         };
         let select = t.elapsed();

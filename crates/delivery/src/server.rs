@@ -178,7 +178,14 @@ async fn status(State(s): State<Arc<Shared>>) -> Response {
     let cores = s.store.read().expect("store").stats();
     let feeds = s.feed_errors.lock().expect("feed errors").clone();
     let c = &s.counters;
+    let role = match s.role {
+        crate::node::Role::Primary => "primary",
+        crate::node::Role::Replica { .. } => "replica",
+    };
     axum::Json(serde_json::json!({
+        "role": role,
+        "ready": s.is_ready(),
+        "serves_filters": s.role.serves_filters(),
         "cores": cores,
         "feed_errors": feeds,
         "polls": c.polls.get(),

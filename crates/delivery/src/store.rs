@@ -27,6 +27,9 @@ pub struct StoreConfig {
     pub cores: Vec<u32>,
     /// Records kept per core before the oldest final ones are evicted.
     pub records_per_core_max: usize,
+    /// Keeps the indexes by firm, account and instrument that filtered polls read. A read
+    /// replica for unfiltered clients goes without them (seed 003).
+    pub secondary_indexes: bool,
 }
 
 /// Records examined per eviction pass at most, so that one entry's apply stays short even
@@ -51,7 +54,13 @@ pub struct CoreStats {
 
 struct CoreStore {
     id: u32,
+    /// Whether `by_firm`, `by_account` and `by_instrument` are kept.
+    indexed: bool,
+    /// The next log index the store will apply (a replica: the entries before it are whole).
     applied: u64,
+    /// A replica's next position to read from its primary (`None` on a primary, and on a
+    /// replica before its first record or answer of this core).
+    received: Option<Pos>,
     /// Every record before this position may have been evicted.
     horizon: Pos,
     records: BTreeMap<Pos, Record>,
@@ -70,6 +79,10 @@ struct CoreStore {
 pub enum ApplyError {
     /// The entry is past the next one due: applying it would leave a gap.
     Gap { expected: u64, got: u64 },
+    /// A replica was handed a record of a core it does not follow.
+    UnknownCore(u32),
+    /// A replica was handed a record before the position it had read up to.
+    Behind { core: u32, at: Pos, got: Pos },
     /// A request's events do not decode.
     Events(DecodeError),
 }
@@ -81,12 +94,24 @@ impl std::fmt::Display for ApplyError {
                 write!(f, "entry {got} arrived where {expected} was due")
             }
             ApplyError::Events(e) => write!(f, "events do not decode: {e}"),
+            ApplyError::UnknownCore(core) => {
+                write!(
+                    f,
+                    "a record of core {core}, which this node does not follow"
+                )
+            }
+            ApplyError::Behind { core, at, got } => write!(
+                f,
+                "core {core}: a record at {}.{} came after {}.{} was read",
+                got.index, got.ord, at.index, at.ord
+            ),
         }
     }
 }
 
 /// The store of every core a delivery node follows.
 pub struct Store {
+    config: StoreConfig,
     deployment: u64,
     cores: Vec<CoreStore>,
     records_per_core_max: usize,
@@ -106,10 +131,12 @@ fn keys<const N: usize>(values: [Option<u32>; N]) -> impl Iterator<Item = u32> {
 }
 
 impl CoreStore {
-    fn new(id: u32) -> CoreStore {
+    fn new(id: u32, indexed: bool) -> CoreStore {
         CoreStore {
             id,
+            indexed,
             applied: 0,
+            received: None,
             horizon: Pos::START,
             records: BTreeMap::new(),
             orders: HashMap::new(),
@@ -139,14 +166,16 @@ impl CoreStore {
                 self.remove(old);
             }
         }
-        let (firms, accounts) = Self::index_keys(&r);
-        for f in firms {
-            self.by_firm.insert((f, pos));
+        if self.indexed {
+            let (firms, accounts) = Self::index_keys(&r);
+            for f in firms {
+                self.by_firm.insert((f, pos));
+            }
+            for a in accounts {
+                self.by_account.insert((a, pos));
+            }
+            self.by_instrument.insert((r.instrument().0, pos));
         }
-        for a in accounts {
-            self.by_account.insert((a, pos));
-        }
-        self.by_instrument.insert((r.instrument().0, pos));
         self.last_ts_ns = self.last_ts_ns.max(r.ts_ns());
         self.records.insert(pos, r);
         self.writes += 1;
@@ -155,14 +184,16 @@ impl CoreStore {
     /// Takes the record at `pos` out of every index (not out of `orders`).
     fn remove(&mut self, pos: Pos) -> Option<Record> {
         let r = self.records.remove(&pos)?;
-        let (firms, accounts) = Self::index_keys(&r);
-        for f in firms {
-            self.by_firm.remove(&(f, pos));
+        if self.indexed {
+            let (firms, accounts) = Self::index_keys(&r);
+            for f in firms {
+                self.by_firm.remove(&(f, pos));
+            }
+            for a in accounts {
+                self.by_account.remove(&(a, pos));
+            }
+            self.by_instrument.remove(&(r.instrument().0, pos));
         }
-        for a in accounts {
-            self.by_account.remove(&(a, pos));
-        }
-        self.by_instrument.remove(&(r.instrument().0, pos));
         Some(r)
     }
 
@@ -204,7 +235,10 @@ impl CoreStore {
             }
             out.len() - start < limit
         };
+        // Without secondary indexes every filter reads the ordered index (the node refuses
+        // filtered polls before they get here; this keeps the answer right regardless).
         let index = match (f.account, f.instrument, f.firm) {
+            _ if !self.indexed => None,
             (Some(a), _, _) => Some((&self.by_account, a.0)),
             (None, Some(i), _) => Some((&self.by_instrument, i.0)),
             (None, None, Some(firm)) => Some((&self.by_firm, firm.0)),
@@ -236,6 +270,14 @@ impl CoreStore {
     }
 }
 
+/// Where a poll starts, per core in the store's order: the position, and the floor of a
+/// snapshot read (`None` outside one).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Start {
+    pub from: Vec<Pos>,
+    pub floors: Vec<Option<Pos>>,
+}
+
 /// One answer's records and the cursor that continues after them.
 #[derive(Clone, Debug, Default)]
 pub struct Answer {
@@ -252,11 +294,21 @@ impl Store {
             crate::cursor::CORES_MAX
         );
         Store {
+            config: config.clone(),
             deployment: crate::cursor::deployment_hash(&config.deployment),
-            cores: config.cores.iter().map(|&id| CoreStore::new(id)).collect(),
+            cores: config
+                .cores
+                .iter()
+                .map(|&id| CoreStore::new(id, config.secondary_indexes))
+                .collect(),
             records_per_core_max: config.records_per_core_max.max(16),
             events: Vec::new(),
         }
+    }
+
+    /// What this store was made with.
+    pub fn config(&self) -> StoreConfig {
+        self.config.clone()
     }
 
     pub fn deployment(&self) -> u64 {
@@ -333,34 +385,126 @@ impl Store {
         Ok(ord as usize)
     }
 
-    /// The per-core start positions a cursor names (every core from its start for `None`).
-    pub fn resolve(&self, cursor: Option<&Cursor>) -> Result<Vec<Pos>, CursorError> {
-        let mut from = vec![Pos::START; self.cores.len()];
+    /// Applies one answer a read replica got from its primary: its records (each at the
+    /// primary's position, which is the core's, so cursors hold on both) and the cursor after
+    /// them, as `(core, position)` parts. `complete` says the answer held everything the
+    /// primary had (fewer records than asked for). A core's horizon is set by the first
+    /// record or complete answer that names it: a cursor before what the replica first read
+    /// is refused as too old, never answered with a gap. Returns the records written.
+    pub fn apply_answer(
+        &mut self,
+        records: &[Record],
+        next: &[(u32, Pos)],
+        complete: bool,
+    ) -> Result<usize, ApplyError> {
+        for r in records {
+            let core = self
+                .cores
+                .iter_mut()
+                .find(|c| c.id == r.core)
+                .ok_or(ApplyError::UnknownCore(r.core))?;
+            if let Some(at) = core.received {
+                if r.pos() < at {
+                    return Err(ApplyError::Behind {
+                        core: r.core,
+                        at,
+                        got: r.pos(),
+                    });
+                }
+            } else {
+                core.horizon = r.pos();
+            }
+            core.received = Some(r.pos().next());
+            core.insert(*r);
+        }
+        for &(id, pos) in next {
+            let core = self
+                .cores
+                .iter_mut()
+                .find(|c| c.id == id)
+                .ok_or(ApplyError::UnknownCore(id))?;
+            match core.received {
+                Some(at) => core.received = Some(at.max(pos)),
+                None if complete => {
+                    core.horizon = pos;
+                    core.received = Some(pos);
+                }
+                None => continue,
+            }
+            // Entries before the one the cursor stops in are whole here.
+            core.applied = core.applied.max(pos.index);
+        }
+        let max = self.records_per_core_max;
+        for core in &mut self.cores {
+            core.evict(max);
+        }
+        Ok(records.len())
+    }
+
+    /// A replica about to read its primary from the origin (every core from its first
+    /// position): if the primary accepts that cursor it has evicted nothing, so the replica
+    /// will hold everything and its horizon is the origin too.
+    pub fn read_from_origin(&mut self) {
+        for core in &mut self.cores {
+            assert!(
+                core.records.is_empty() && core.received.is_none_or(|p| p == Pos::START),
+                "only a store that has read nothing reads from the origin"
+            );
+            core.received = Some(Pos::START);
+            core.horizon = Pos::START;
+        }
+    }
+
+    /// A replica: whether every core's horizon is known (its first answers are read).
+    pub fn has_read_every_core(&self) -> bool {
+        self.cores.iter().all(|c| c.received.is_some())
+    }
+
+    /// The per-core start positions a cursor names (every core from its start for `None`),
+    /// with the floors of a snapshot read (see [`crate::cursor`]): a read without a cursor
+    /// starts below a core's horizon when live orders sit behind evicted records, and its
+    /// continuation stays good while that horizon holds.
+    pub fn resolve(&self, cursor: Option<&Cursor>) -> Result<Start, CursorError> {
+        let mut start = Start {
+            from: vec![Pos::START; self.cores.len()],
+            floors: vec![None; self.cores.len()],
+        };
         let Some(c) = cursor else {
-            return Ok(from);
+            for (slot, core) in self.cores.iter().enumerate() {
+                if core.horizon > Pos::START {
+                    start.floors[slot] = Some(core.horizon);
+                }
+            }
+            return Ok(start);
         };
         if c.deployment != self.deployment {
             return Err(CursorError::Foreign(
                 "it names another deployment".to_string(),
             ));
         }
-        for (core, pos) in &c.parts {
-            let Some(slot) = self.cores.iter().position(|s| s.id == *core) else {
-                return Err(CursorError::Foreign(format!(
+        let slot_of = |core: u32| {
+            self.cores.iter().position(|s| s.id == core).ok_or_else(|| {
+                CursorError::Foreign(format!(
                     "it names core {core}, which this deployment does not serve"
-                )));
-            };
-            from[slot] = *pos;
+                ))
+            })
+        };
+        for (core, pos) in &c.parts {
+            start.from[slot_of(*core)?] = *pos;
+        }
+        for (core, floor) in &c.floors {
+            start.floors[slot_of(*core)?] = Some(*floor);
         }
         for (slot, core) in self.cores.iter().enumerate() {
-            if from[slot] < core.horizon {
+            let inside_snapshot = start.floors[slot].is_some_and(|f| core.horizon <= f);
+            if start.from[slot] < core.horizon && !inside_snapshot {
                 return Err(CursorError::TooOld {
                     core: core.id,
                     oldest_index: core.horizon.index,
                 });
             }
         }
-        Ok(from)
+        Ok(start)
     }
 
     /// The cursor text for per-core positions.
@@ -373,7 +517,21 @@ impl Store {
                 .map(|c| c.id)
                 .zip(next.iter().copied())
                 .collect(),
+            floors: Vec::new(),
         }
+    }
+
+    /// The cursor after an answer that read from `start`: a snapshot's floors are carried
+    /// for the cores whose position is still below them.
+    pub fn cursor_after(&self, start: &Start, next: &[Pos]) -> Cursor {
+        let mut c = self.cursor(next);
+        c.floors = self
+            .cores
+            .iter()
+            .zip(next.iter().zip(&start.floors))
+            .filter_map(|(core, (&pos, floor))| floor.filter(|&f| pos < f).map(|f| (core.id, f)))
+            .collect();
+        c
     }
 
     /// Up to `limit` matching records after `from`, merged across cores by time (each core's
@@ -403,7 +561,12 @@ impl Store {
         let next = (0..self.cores.len())
             .map(|c| {
                 if taken[c] == per_core[c].len() && exhausted[c] {
-                    from[c].max(Pos::entry_start(self.cores[c].applied))
+                    // A replica may hold part of the entry at `applied`: never step back
+                    // over what this answer handed out.
+                    let after_taken = per_core[c][..taken[c]].last().map(|r| r.pos().next());
+                    from[c]
+                        .max(Pos::entry_start(self.cores[c].applied))
+                        .max(after_taken.unwrap_or(Pos::START))
                 } else if taken[c] > 0 {
                     per_core[c][taken[c] - 1].pos().next()
                 } else {
@@ -486,7 +649,7 @@ impl Store {
                     "state file holds core {id}, which is not configured"
                 ));
             };
-            let mut c = CoreStore::new(id);
+            let mut c = CoreStore::new(id, config.secondary_indexes);
             c.applied = r.u64().map_err(e)?;
             c.horizon = Pos {
                 index: r.u64().map_err(e)?,
@@ -608,7 +771,101 @@ pub(crate) mod tests {
             deployment: "test".into(),
             cores,
             records_per_core_max: max,
+            secondary_indexes: true,
         }
+    }
+
+    /// One poll of `primary` by a replica, as the replica's feed makes it: from the cursor
+    /// of the primary's last answer.
+    fn replicate_once(
+        primary: &Store,
+        replica: &mut Store,
+        resume: &mut Option<Cursor>,
+        limit: usize,
+    ) -> usize {
+        let start = primary.resolve(resume.as_ref()).unwrap();
+        let a = primary.query(&start.from, &Filter::default(), limit);
+        let next = primary.cursor_after(&start, &a.next);
+        let complete = a.records.len() < limit;
+        let n = replica
+            .apply_answer(&a.records, &next.parts, complete)
+            .unwrap();
+        *resume = Some(next);
+        n
+    }
+
+    #[test]
+    fn a_replica_reading_its_primary_answers_every_cursor_as_the_primary_does() {
+        let entries = flow_entries(9, 3_000, 4);
+        let mut primary = Store::new(&config(vec![0, 1], 1 << 20));
+        let mut replica = Store::new(&StoreConfig {
+            secondary_indexes: false,
+            ..config(vec![0, 1], 1 << 20)
+        });
+        replica.read_from_origin();
+        let mut resume = Some(primary.cursor(&[Pos::START; 2]));
+        // The replica reads while the primary is written, in small answers, so that answers
+        // stop inside entries and orders move after the replica read them.
+        // A client of the primary keeps its cursors along the way.
+        let mut cursors = Vec::new();
+        let mut client_from = vec![Pos::START; 2];
+        for (i, e) in entries.iter().enumerate() {
+            primary.apply_entry(0, e).unwrap();
+            if i % 3 == 0 {
+                primary.apply_entry(1, &entries[i / 3]).unwrap();
+            }
+            if i % 7 == 0 {
+                replicate_once(&primary, &mut replica, &mut resume, 11);
+                client_from = primary.query(&client_from, &Filter::default(), 23).next;
+                cursors.push(client_from.clone());
+            }
+        }
+        assert!(replica.has_read_every_core());
+        while replicate_once(&primary, &mut replica, &mut resume, 11) > 0 {}
+        // Every cursor a client took from the primary reads the same records on both.
+        for from in cursors {
+            let from_text = primary.cursor(&from);
+            let on_replica = replica.resolve(Some(&from_text)).unwrap().from;
+            let (a, _) = read_all(&primary, from.clone(), &Filter::default(), 17);
+            let (b, _) = read_all(&replica, on_replica, &Filter::default(), 17);
+            assert_eq!(a, b);
+        }
+        for slot in 0..2 {
+            assert_eq!(replica.applied_index(slot), primary.applied_index(slot));
+        }
+        assert!(replica.cores.iter().all(|c| c.by_account.is_empty()));
+    }
+
+    #[test]
+    fn a_replica_refuses_cursors_from_before_what_it_first_read() {
+        let entries = flow_entries(10, 2_000, 4);
+        let mut primary = Store::new(&config(vec![0], 64));
+        for e in &entries[..entries.len() / 2] {
+            primary.apply_entry(0, e).unwrap();
+        }
+        let old = primary.cursor(&[Pos::START]);
+        assert!(primary.resolve(Some(&old)).is_err(), "the primary evicted");
+        let mut replica = Store::new(&StoreConfig {
+            secondary_indexes: false,
+            ..config(vec![0], 1 << 20)
+        });
+        // The primary refuses the origin, so the replica reads its current picture, in
+        // answers cut below the primary's horizon (old live orders come first): the floors
+        // keep those cursors good.
+        let mut resume = None;
+        while replicate_once(&primary, &mut replica, &mut resume, 5) > 0 {}
+        assert!(replica.has_read_every_core());
+        assert!(matches!(
+            replica.resolve(Some(&old)),
+            Err(CursorError::TooOld { core: 0, .. })
+        ));
+        // A record handed over out of order is refused, not applied.
+        let first = primary.query(&[Pos::START], &Filter::default(), 1).records;
+        let r = primary.cursor(&[Pos::START]).parts;
+        assert!(matches!(
+            replica.apply_answer(&first, &r, false),
+            Err(ApplyError::Behind { .. })
+        ));
     }
 
     /// Reads everything from `from` in answers of `limit`; returns the records and the end.
@@ -775,9 +1032,54 @@ pub(crate) mod tests {
             Err(CursorError::TooOld { core: 0, .. })
         ));
         // A snapshot (no cursor) still works and holds every live order.
-        let from = store.resolve(None).unwrap();
+        let from = store.resolve(None).unwrap().from;
         let (got, _) = read_all(&store, from, &Filter::default(), 100);
         assert_eq!(got.len(), store.stats()[0].records);
+    }
+
+    #[test]
+    fn a_snapshot_cut_below_the_horizon_goes_on_until_eviction_passes_its_floor() {
+        let entries = flow_entries(5, 6_000, 5);
+        let (first, rest) = entries.split_at(entries.len() / 2);
+        // Far fewer records kept than live orders: the oldest live orders sit below the
+        // horizon, among evicted trades.
+        let mut store = Store::new(&config(vec![0], 16));
+        for e in first {
+            store.apply_entry(0, e).unwrap();
+        }
+        // A snapshot (no cursor) still works and holds every live order, read in small
+        // answers through the cursors a client hands back: they are cut below the horizon
+        // (live orders older than evicted records come first) and the floors keep them good.
+        let mut cursor: Option<Cursor> = None;
+        let mut got = Vec::new();
+        let mut inside = None;
+        loop {
+            let start = store.resolve(cursor.as_ref()).unwrap();
+            let a = store.query(&start.from, &Filter::default(), 1);
+            let next = store.cursor_after(&start, &a.next);
+            if !next.floors.is_empty() {
+                inside.get_or_insert(next.clone());
+            }
+            cursor = Some(next);
+            if a.records.is_empty() {
+                break;
+            }
+            got.extend(a.records);
+        }
+        assert_eq!(got.len(), store.stats()[0].records);
+        assert!(
+            cursor.unwrap().floors.is_empty(),
+            "floors end with the snapshot"
+        );
+        // Once eviction passes the floor, a cursor inside that snapshot is too old.
+        let inside = inside.expect("the snapshot was cut below the horizon");
+        for e in rest {
+            store.apply_entry(0, e).unwrap();
+        }
+        assert!(matches!(
+            store.resolve(Some(&inside)),
+            Err(CursorError::TooOld { core: 0, .. })
+        ));
     }
 
     #[test]
@@ -792,6 +1094,7 @@ pub(crate) mod tests {
         let stranger = Cursor {
             deployment: store.deployment(),
             parts: vec![(5, Pos::START)],
+            floors: Vec::new(),
         };
         let e = store.resolve(Some(&stranger)).unwrap_err();
         assert!(e.to_string().contains("core 5"), "{e}");

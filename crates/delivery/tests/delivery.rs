@@ -9,7 +9,9 @@ mod common;
 use std::time::Duration;
 
 use bourse_core::{AccountId, FirmId, InstrumentId};
-use bourse_delivery::{AnyClient, ClientError, DeliveryClient, Filter, PollRequest};
+use bourse_delivery::{
+    AnyClient, ClientError, DeliveryClient, DeliveryConfig, Filter, Follow, PollRequest,
+};
 use bourse_wire::delivery::codec::error_code::ErrorCode;
 use bourse_wire::delivery::{DecodedFrame as Decoded, FrameDecoder, Message};
 use common::*;
@@ -463,4 +465,140 @@ async fn one_address_cannot_take_every_connection_of_a_front() {
     }
     stop_delivery(node, false).await;
     a.stop().await;
+}
+
+/// A replica's config: it follows `primary`'s binary front for the cores given.
+fn replica_config(primary: &bourse_delivery::DeliveryNode, cores: Vec<u32>) -> DeliveryConfig {
+    DeliveryConfig {
+        name: "test-venue".into(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        binary_listen: Some("127.0.0.1:0".parse().unwrap()),
+        state_dir: None,
+        persist_interval_ms: 1_000,
+        cores: Vec::new(),
+        follow: Some(Follow {
+            primary: primary.binary_addr().unwrap(),
+            cores,
+            secondary_indexes: false,
+        }),
+        limits: bourse_delivery::Limits::default(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_replica_answers_a_primarys_cursor_with_no_gap_and_refuses_filters() {
+    let mut a = Core::start(0, 41).await;
+    let mut b = Core::start(1, 42).await;
+    a.run(300).await;
+    b.run(300).await;
+    let primary = start_delivery(delivery_config(&[&a, &b], None)).await;
+    let replica = start_delivery(replica_config(&primary, vec![0, 1])).await;
+    let all = Filter::default();
+
+    // A client reads part of the picture on the primary, then goes on with the same cursor
+    // on the replica, through both of its fronts, while both cores keep trading.
+    let mut got = Received::default();
+    got.poll(&mut AnyClient::http(primary.addr()), all, 50)
+        .await;
+    a.run(300).await;
+    b.run(200).await;
+    let ends = [a.end_index().await, b.end_index().await];
+    caught_up(&primary, &ends).await;
+    caught_up(&replica, &ends).await;
+    let mut on_replica = AnyClient::binary(replica.binary_addr().unwrap());
+    got.poll(&mut on_replica, all, 40).await;
+    got.drain(&mut AnyClient::http(replica.addr()), all, 40)
+        .await;
+    for core in [&a, &b] {
+        let log = core.event_log(ends[core.id as usize]).await;
+        check_against_log(&got.records, core.id, &log, &all);
+    }
+    // A fresh client reads the same picture on either node.
+    let mut from_primary = Received::default();
+    from_primary
+        .drain(&mut AnyClient::http(primary.addr()), all, 1000)
+        .await;
+    let mut from_replica = Received::default();
+    from_replica
+        .drain(&mut AnyClient::http(replica.addr()), all, 1000)
+        .await;
+    assert_eq!(from_primary.records, from_replica.records);
+
+    // Filtered polls go to the primary: the replica refuses them by name on both fronts.
+    let firm = Filter {
+        firm: Some(FirmId(1)),
+        ..Filter::default()
+    };
+    for mut front in [
+        AnyClient::http(replica.addr()),
+        AnyClient::binary(replica.binary_addr().unwrap()),
+    ] {
+        let req = PollRequest {
+            filter: firm,
+            ..PollRequest::default()
+        };
+        match front.poll(&req).await {
+            Err(ClientError::Api { status, error }) => {
+                assert_eq!((status, error.code.as_str()), (400, "filter_not_served"));
+                assert!(error.message.contains("primary"), "{}", error.message);
+            }
+            other => panic!("a filtered poll at a replica: {other:?}"),
+        }
+    }
+    let status = DeliveryClient::new(replica.addr()).status().await.unwrap();
+    assert_eq!(status["role"], "replica", "{status}");
+    assert_eq!(status["ready"], true, "{status}");
+    stop_delivery(replica, false).await;
+
+    // A replica whose primary is down has read nothing: it refuses every poll as catching
+    // up, on both fronts, rather than answering an empty picture.
+    let stopped_primary = replica_config(&primary, vec![0, 1]);
+    stop_delivery(primary, false).await;
+    let replica = start_delivery(stopped_primary).await;
+    for mut front in [
+        AnyClient::http(replica.addr()),
+        AnyClient::binary(replica.binary_addr().unwrap()),
+    ] {
+        match front.poll(&PollRequest::default()).await {
+            Err(ClientError::Api { status, error }) => {
+                assert_eq!((status, error.code.as_str()), (503, "catching_up"));
+            }
+            other => panic!("a poll at a replica that read nothing: {other:?}"),
+        }
+    }
+    stop_delivery(replica, false).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[test]
+fn a_replica_configuration_names_what_is_wrong() {
+    let base = DeliveryConfig {
+        name: "x".into(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        binary_listen: None,
+        state_dir: None,
+        persist_interval_ms: 1_000,
+        cores: Vec::new(),
+        follow: Some(Follow {
+            primary: "127.0.0.1:1".parse().unwrap(),
+            cores: vec![0, 1],
+            secondary_indexes: false,
+        }),
+        limits: bourse_delivery::Limits::default(),
+    };
+    assert!(base.validate().is_ok());
+    let with_state = DeliveryConfig {
+        state_dir: Some("/tmp/x".into()),
+        ..base.clone()
+    };
+    assert!(with_state.validate().unwrap_err().contains("state_dir"));
+    let twice = DeliveryConfig {
+        follow: Some(Follow {
+            cores: vec![1, 1],
+            ..base.follow.clone().unwrap()
+        }),
+        ..base.clone()
+    };
+    assert!(twice.validate().unwrap_err().contains("twice"));
 }

@@ -137,6 +137,7 @@ fn shared() -> Arc<Shared> {
         deployment: "bench".into(),
         cores: vec![0],
         records_per_core_max: Limits::default().records_per_core_max,
+        secondary_indexes: true,
     });
     // Every reader of the bench connects from 127.0.0.1: the per-address share is the whole.
     let limits = Limits {

@@ -230,6 +230,7 @@ pub fn delivery_config(cores: &[&Core], state_dir: Option<std::path::PathBuf>) -
         state_dir,
         persist_interval_ms: 20,
         cores: cores.iter().map(|c| c.source()).collect(),
+        follow: None,
         limits: Limits::default(),
     }
 }
