@@ -496,6 +496,12 @@ pub fn run(args: DemoArgs) -> Result<()> {
     );
     print_layout(&deployment, &profile, &dashboard);
     let delivery = start_delivery(&args, &deployment)?;
+    if let (Some(d), Some((monitor, _))) = (&delivery, &dashboard) {
+        let shared = Arc::clone(d.shared());
+        monitor
+            .delivery()
+            .set_source(move || shared.counters.totals());
+    }
     let itch = start_itch(&args, &deployment, &profile)?;
     if let Some(d) = &delivery {
         println!(

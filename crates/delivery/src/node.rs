@@ -362,6 +362,22 @@ impl ApiCounters {
 }
 
 impl ApiCounters {
+    /// The running totals the dashboard's delivery panel reads (`bourse_monitor::delivery`).
+    pub fn totals(&self) -> bourse_monitor::delivery::DeliveryTotals {
+        bourse_monitor::delivery::DeliveryTotals {
+            records_written: self.records_written.get(),
+            polls: self.polls.get(),
+            polls_empty: self.polls_empty.get(),
+            polls_refused: self.polls_refused_busy.get() + self.polls_bad_request.get(),
+            records_sent: self.rows_sent.get(),
+            readers_http: self.connections_http.get(),
+            readers_binary: self.connections_binary.get(),
+            lag: Some(self.lag.clone()),
+            select: Some(self.select.clone()),
+            answer: Some(self.answer.clone()),
+        }
+    }
+
     /// The connection slots of one front (`http` or `binary`) under `limits`, counted into
     /// this node's gauges and counters.
     pub fn slots(&self, front: Front, limits: &Limits) -> ConnectionSlots {
