@@ -21,11 +21,16 @@
 //!   snapshots through `bourse_journal`'s snapshot store, a standby that reads its primary's
 //!   runs and can take over; `server`: its HTTP/JSON API (positions, P&L, margin and
 //!   obligations per account and firm, run reports, `POST /v1/runs`, `/metrics` with the lag).
+//! - `fix`: clearing data over FIX 4.4 (`[fix]`): RequestForPositions answered with a
+//!   RequestForPositionsAck and PositionReports (quantities by PosType, amounts FMTM, IMTM,
+//!   SETL by PosAmtType), intraday or as the day's end-of-day run left them, under the HTTP
+//!   side's per-firm rule; [`fix::PositionsClient`] is its blocking client.
 //! - `report`: saved plans and run reports (JSON and CSV, whole and per firm).
 //! - [`ClearingSchedule`] (`schedule`): runs on the venue's trading day (an intermediate run
 //!   at the start of each clearing pause, the end of day's at the day's end) over a [`Clock`]
 //!   that tests set.
 
+pub mod fix;
 pub mod node;
 pub mod report;
 pub mod run;

@@ -31,6 +31,7 @@ use bourse_monitor::metrics::{Counter, Gauge, Histogram, Registry};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use crate::fix::{FixSection, FixServer};
 use crate::report::{save_plan, saved_runs, Report};
 use crate::run::{compute_run, RunKind, RunPlan, SettlementRule};
 use crate::schedule::{ClearingSchedule, Clock, ScheduleSection, ScheduledRun, SystemClock};
@@ -107,6 +108,10 @@ pub struct ClearingConfig {
     /// the runs); absent: runs only when asked.
     #[serde(default)]
     pub schedule: Option<ScheduleSection>,
+    /// Clearing data over FIX (`[fix]`: RequestForPositions answered with PositionReports on
+    /// a port of its own); absent: HTTP only.
+    #[serde(default)]
+    pub fix: Option<FixSection>,
 }
 
 fn listen_default() -> SocketAddr {
@@ -143,6 +148,16 @@ impl ClearingConfig {
         }
         if !self.listen.ip().is_loopback() && self.operators.is_empty() {
             return Err("listen: a clearing node on a non-loopback address needs operators".into());
+        }
+        if let Some(fix) = &self.fix {
+            fix.validate()?;
+            if !fix.listen.ip().is_loopback() && self.operators.is_empty() {
+                return Err(
+                    "fix.listen: FIX off the loopback needs credentials ([[operators]]): \
+                     sessions log on with them"
+                        .into(),
+                );
+            }
         }
         self.settlement
             .check()
@@ -380,6 +395,9 @@ pub struct Shared {
     scheduler: tokio::sync::Mutex<Option<Scheduler>>,
     /// What the scheduler reads the time from.
     pub clock: Arc<dyn Clock>,
+    /// The venue's local time less UTC, in minutes (from the schedule; 0 without one):
+    /// business dates are local dates.
+    pub business_day_offset_min: i64,
 }
 
 /// The schedule and the time up to which its runs were asked.
@@ -721,6 +739,7 @@ pub struct ClearingNode {
     snapshots: Arc<Mutex<SnapshotStore>>,
     stop: watch::Sender<bool>,
     runtime: Option<tokio::runtime::Runtime>,
+    fix: Option<FixServer>,
 }
 
 impl ClearingNode {
@@ -747,6 +766,7 @@ impl ClearingNode {
             .as_ref()
             .map(ClearingSchedule::load)
             .transpose()?;
+        let business_day_offset_min = schedule.as_ref().map_or(0, |s| s.utc_offset_minutes());
         for nodes in &config.cores {
             bourse_cluster::transport::configure_client(nodes, config.tls.as_ref())
                 .map_err(|e| format!("cores: {e}"))?;
@@ -826,8 +846,13 @@ impl ClearingNode {
             stream_ends: Mutex::new(vec![0; cores]),
             scheduler: tokio::sync::Mutex::new(scheduler),
             clock,
+            business_day_offset_min,
             config,
         });
+        let fix = match &shared.config.fix {
+            Some(section) => Some(crate::fix::start(shared.clone(), section)?),
+            None => None,
+        };
         let snapshots = Arc::new(Mutex::new(store));
         let (stop, stopped) = watch::channel(false);
         {
@@ -863,6 +888,7 @@ impl ClearingNode {
             snapshots,
             stop,
             runtime: Some(runtime),
+            fix,
         })
     }
 
@@ -872,6 +898,11 @@ impl ClearingNode {
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The FIX acceptor's address, when the config has `[fix]`.
+    pub fn fix_addr(&self) -> Option<SocketAddr> {
+        self.fix.as_ref().map(FixServer::addr)
     }
 
     pub fn shared(&self) -> &Arc<Shared> {
@@ -918,6 +949,9 @@ impl ClearingNode {
             return Ok(());
         };
         let _ = self.stop.send(true);
+        if let Some(mut fix) = self.fix.take() {
+            fix.stop();
+        }
         runtime.shutdown_timeout(Duration::from_secs(5));
         if snapshot {
             self.shared.snapshot(&self.snapshots, &[]).map(|_| ())

@@ -60,7 +60,8 @@ impl SettlementRule {
 }
 
 /// Variation margin on one futures position in one run: what the account receives
-/// (positive) or pays.
+/// (positive) or pays. Every position open at the cut has a line (its `vm` may be 0), so the
+/// plan also records the positions a run cleared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MarginLine {
     pub account: AccountId,
@@ -218,7 +219,9 @@ pub fn compute_run(
                 trade_value(def, price, p.qty).expect("a position's value fits") - p.paid_value;
             let vm = value_to_cash_floor(def, marked) - p.vm_paid.0;
             *rounding.entry(instrument).or_insert(0i128) -= vm;
-            if vm != 0 {
+            // An open position has its line even when it owes nothing: the line records
+            // the position at the cut (an end-of-day report reads it).
+            if vm != 0 || p.qty != 0 {
                 margin.push(MarginLine {
                     account,
                     instrument,

@@ -100,6 +100,8 @@ pub struct ScheduledRun {
 #[derive(Clone, Debug)]
 pub struct ClearingSchedule {
     schedule: Schedule,
+    /// The venue's local time less UTC, in minutes (its business dates are local dates).
+    utc_offset_min: i64,
 }
 
 /// The market names a venue config's `[schedule]` lists.
@@ -142,7 +144,13 @@ impl ClearingSchedule {
         }
         Ok(ClearingSchedule {
             schedule: Schedule::new(&config)?,
+            utc_offset_min: i64::from(config.utc_offset_minutes),
         })
+    }
+
+    /// The venue's local time less UTC, in minutes.
+    pub fn utc_offset_minutes(&self) -> i64 {
+        self.utc_offset_min
     }
 
     /// Every run due in `(after_ns, until_ns]`, in time order, one per instant and kind

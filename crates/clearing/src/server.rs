@@ -46,20 +46,52 @@ pub const ROLE_VIEWER: &str = "viewer";
 /// The role prefix of a firm's credentials: `firm:12` reads firm 12's accounts.
 pub const ROLE_FIRM_PREFIX: &str = "firm:";
 
-/// Whose clearing data a request may read.
+/// Whose clearing data a client may read (over HTTP or FIX).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Reader {
+pub(crate) enum Reader {
     Everyone,
     Firm(FirmId),
 }
 
 impl Reader {
-    fn may_read(self, firm: Option<FirmId>) -> bool {
+    pub(crate) fn may_read(self, firm: Option<FirmId>) -> bool {
         match self {
             Reader::Everyone => true,
             Reader::Firm(own) => firm == Some(own),
         }
     }
+}
+
+/// Why credentials read no clearing data.
+pub(crate) enum Refusal {
+    /// Unknown name or wrong password.
+    Invalid,
+    /// Right password, but no role that reads clearing data.
+    NoRole(String),
+}
+
+/// The reader `name`'s credentials make, checked against the node's store (an Argon2 check:
+/// run it off an async runtime's workers): roles `operator` and `viewer` read every account,
+/// `firm:N` firm N's. The one rule for HTTP and FIX.
+pub(crate) fn reader_of(
+    store: &bourse_auth::CredentialStore,
+    name: &str,
+    password: &str,
+) -> Result<Reader, Refusal> {
+    let id = store.verify(name, password).map_err(|_| Refusal::Invalid)?;
+    if id.has_role(ROLE_OPERATOR) || id.has_role(ROLE_VIEWER) {
+        return Ok(Reader::Everyone);
+    }
+    id.roles
+        .iter()
+        .filter_map(|r| r.strip_prefix(ROLE_FIRM_PREFIX))
+        .find_map(|f| f.parse::<u32>().ok())
+        .map(|f| Reader::Firm(FirmId(f)))
+        .ok_or_else(|| {
+            Refusal::NoRole(format!(
+                "{name} holds no role that reads clearing data ({ROLE_OPERATOR}, {ROLE_VIEWER} or {ROLE_FIRM_PREFIX}N)"
+            ))
+        })
 }
 
 /// The reader the request's credentials make: see the module documentation.
@@ -71,27 +103,10 @@ async fn reader(s: &Shared, headers: &HeaderMap) -> Result<Reader, Response> {
         return Err(unauthenticated("credentials required (HTTP Basic)"));
     };
     let store = Arc::clone(&s.credentials);
-    let checked = name.clone();
-    let check = tokio::task::spawn_blocking(move || {
-        store.verify(&checked, &password).map(|id| {
-            if id.has_role(ROLE_OPERATOR) || id.has_role(ROLE_VIEWER) {
-                return Some(Reader::Everyone);
-            }
-            id.roles
-                .iter()
-                .filter_map(|r| r.strip_prefix(ROLE_FIRM_PREFIX))
-                .find_map(|f| f.parse::<u32>().ok())
-                .map(|f| Reader::Firm(FirmId(f)))
-        })
-    })
-    .await;
+    let check = tokio::task::spawn_blocking(move || reader_of(&store, &name, &password)).await;
     match check {
-        Ok(Ok(Some(reader))) => Ok(reader),
-        Ok(Ok(None)) => Err(error(
-            StatusCode::FORBIDDEN,
-            "refused",
-            format!("{name} holds no role that reads clearing data ({ROLE_OPERATOR}, {ROLE_VIEWER} or {ROLE_FIRM_PREFIX}N)"),
-        )),
+        Ok(Ok(reader)) => Ok(reader),
+        Ok(Err(Refusal::NoRole(why))) => Err(error(StatusCode::FORBIDDEN, "refused", why)),
         _ => Err(unauthenticated("invalid credentials")),
     }
 }

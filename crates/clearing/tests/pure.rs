@@ -224,7 +224,7 @@ proptest! {
         // And nothing more is due at the same prices.
         state.settle(&second);
         let third = compute_run(&state, 3, RunKind::EndOfDay, &rule());
-        prop_assert!(third.margin.is_empty() && third.movements.is_empty());
+        prop_assert!(third.margin.iter().all(|l| l.vm.0 == 0) && third.movements.is_empty());
         prop_assert!(third.obligations.is_empty());
     }
 

@@ -11,6 +11,9 @@ use std::time::Duration;
 
 use bourse_admin::AdminClient;
 use bourse_auth::{hash_password_with, CredentialEntry, HashCost};
+use std::collections::BTreeMap;
+
+use bourse_clearing::fix::{self, business_date, field, group, FixSection, PositionsClient};
 use bourse_clearing::node::Limits;
 use bourse_clearing::{
     run_client_id, stream_end, ClearingConfig, ClearingNode, ExecuteOptions, RunKind, RunRequest,
@@ -19,6 +22,7 @@ use bourse_clearing::{
 use bourse_cluster::{Client, ClusterConfig, Node, NodeId, StreamConsumer};
 use bourse_core::*;
 use bourse_engine::fixtures::future;
+use bourse_fix::{OutMessage, OwnedMessage};
 use serde_json::{json, Value};
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -217,6 +221,7 @@ fn config(core: &Core, state_dir: &Path, standby_of: Option<String>) -> Clearing
             ..Limits::default()
         },
         schedule: None,
+        fix: None,
     }
 }
 
@@ -630,5 +635,171 @@ fn the_service_runs_clearings_on_the_venues_schedule_once_each_over_a_simulated_
             "run {run}: {applied:?}"
         );
     }
+    node.stop().unwrap();
+}
+
+/// Connects to the node's FIX acceptor as `who` (password `who-pw`).
+fn fix_client(node: &ClearingNode, who: &str) -> std::io::Result<PositionsClient> {
+    PositionsClient::connect(
+        node.fix_addr().expect("a FIX acceptor"),
+        who,
+        "BOURSE-CLEARING",
+        Some(&format!("{who}-pw")),
+        WAIT,
+    )
+}
+
+/// One PositionReport's groups: PosType → (LongQty, ShortQty), PosAmtType → PosAmt.
+fn report_groups(m: &OwnedMessage) -> (BTreeMap<String, (i64, i64)>, BTreeMap<String, String>) {
+    let qty = |e: &[(bourse_fix::Tag, String)], t: bourse_fix::Tag| {
+        e.iter()
+            .find(|(tag, _)| *tag == t)
+            .map_or(0, |(_, v)| v.parse::<i64>().unwrap())
+    };
+    let positions = group(m, fix::tag::NO_POSITIONS, &[703, 704, 705])
+        .iter()
+        .map(|e| (e[0].1.clone(), (qty(e, 704), qty(e, 705))))
+        .collect();
+    let amounts = group(m, fix::tag::NO_POS_AMT, &[707, 708])
+        .iter()
+        .map(|e| (e[0].1.clone(), e[1].1.clone()))
+        .collect();
+    (positions, amounts)
+}
+
+#[test]
+fn clearing_data_over_fix_answers_a_firm_its_own_positions_intraday_and_at_end_of_day() {
+    let (core, _trader) = core_with_trades();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&core, dir.path(), None);
+    cfg.fix = Some(FixSection {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..FixSection::default()
+    });
+    let node = start(cfg);
+    assert!(node.wait_for_cut(&[core.end()], WAIT), "the feed follows");
+    // The trades are stamped 1,000 ns after the epoch: their business date.
+    let today = business_date(1_000, 0);
+    assert_eq!(today, "19700101");
+
+    // Wrong passwords and role-less names are refused at Logon, saying why.
+    let bad = PositionsClient::connect(
+        node.fix_addr().unwrap(),
+        "fiona",
+        "BOURSE-CLEARING",
+        Some("guess"),
+        WAIT,
+    );
+    let why = bad.err().expect("a wrong password is refused").to_string();
+    assert!(why.contains("invalid credentials"), "{why}");
+    let why = fix_client(&node, "tom").err().expect("refused").to_string();
+    assert!(why.contains("no role that reads clearing data"), "{why}");
+
+    // Firm 1 reads account 1 intraday: the figures the HTTP side gives.
+    let mut fiona = fix_client(&node, "fiona").expect("firm 1 logs on");
+    let second = fix_client(&node, "fiona");
+    assert!(second
+        .err()
+        .expect("one connection per CompID")
+        .to_string()
+        .contains("already logged on"));
+    let answer = fiona.positions(1, &today, "ITD", None, WAIT).unwrap();
+    assert_eq!(answer.result(), Some(0), "{:?}", answer.ack);
+    assert_eq!(answer.reports.len(), 1);
+    let ap = &answer.reports[0];
+    assert_eq!(ap.msg_type, "AP");
+    assert_eq!(
+        field(ap, fix::tag::CLEARING_BUSINESS_DATE),
+        Some("19700101")
+    );
+    assert_eq!(field(ap, fix::tag::SETTL_SESS_ID), Some("ITD"));
+    assert_eq!(field(ap, fix::tag::SYMBOL), Some("FUT"));
+    assert_eq!(field(ap, fix::tag::PARTY_ID), Some("1"));
+    assert_eq!(field(ap, fix::tag::SETTL_PRICE), Some("100020"));
+    assert_eq!(field(ap, fix::tag::SETTL_PRICE_TYPE), Some("2"));
+    let (qty, amounts) = report_groups(ap);
+    assert_eq!(qty["TQ"], (7, 0));
+    assert_eq!(qty["TOT"], (7, 0));
+    let http = client(&node, Some("fiona")).get("/v1/accounts/1").unwrap();
+    assert_eq!(amounts["FMTM"], http.body["variation_margin_open"]);
+    assert_eq!(amounts["IMTM"], http.body["variation_margin_open"]);
+    assert_eq!(amounts["FMTM"], cash((1_020 * 5 - 480 * 2) * 1_0000));
+    // Account 2 bought 3 and 4 lots; asked by Symbol.
+    let two = fiona
+        .positions(2, &today, "ITD", Some("FUT"), WAIT)
+        .unwrap();
+    let (qty2, _) = report_groups(&two.reports[0]);
+    assert_eq!(qty2["TQ"], (7, 0));
+
+    // Another firm's account, or one that does not exist, is not authorised (3), alike.
+    for account in [3, 99] {
+        let refused = fiona.positions(account, &today, "ITD", None, WAIT).unwrap();
+        assert_eq!(refused.result(), Some(3), "account {account}");
+        assert!(refused.reports.is_empty());
+        assert_eq!(field(&refused.ack, fix::tag::POS_REQ_STATUS), Some("2"));
+    }
+    // Bad requests are answered, named: a date, another day intraday, a symbol, a type.
+    let bad_date = fiona.positions(1, "19701301", "ITD", None, WAIT).unwrap();
+    assert_eq!(bad_date.result(), Some(1));
+    assert!(field(&bad_date.ack, 58)
+        .unwrap()
+        .contains("ClearingBusinessDate"));
+    let other_day = fiona.positions(1, "19691231", "ITD", None, WAIT).unwrap();
+    assert_eq!(other_day.result(), Some(2));
+    let no_symbol = fiona
+        .positions(1, &today, "ITD", Some("XYZ"), WAIT)
+        .unwrap();
+    assert_eq!(no_symbol.result(), Some(2));
+    let mut trades = OutMessage::new("AN");
+    trades.push(fix::tag::POS_REQ_ID, "trades-1");
+    trades.push(fix::tag::POS_REQ_TYPE, "1");
+    trades.push(fix::tag::ACCOUNT, "1");
+    trades.push(fix::tag::CLEARING_BUSINESS_DATE, today.as_str());
+    fiona.send(trades).unwrap();
+    let ack = fiona.recv(WAIT).unwrap();
+    assert_eq!(ack.msg_type, "AO");
+    assert_eq!(field(&ack, fix::tag::POS_REQ_RESULT), Some("4"));
+    // No end-of-day run yet.
+    let none = fiona.positions(1, &today, "EOD", None, WAIT).unwrap();
+    assert_eq!(none.result(), Some(2));
+    assert!(field(&none.ack, 58).unwrap().contains("no end-of-day run"));
+
+    // After the end of day, EOD gives the run's figures: the position at the cut, the
+    // final settlement price, the margin paid; it sums to zero over every account.
+    let (status, eod) = post_run(&node, Some("alice"), json!({ "kind": "end_of_day" }));
+    assert_eq!(status, 200, "{eod}");
+    let day_end = fiona.positions(1, &today, "EOD", None, WAIT).unwrap();
+    assert_eq!(day_end.result(), Some(0), "{:?}", day_end.ack);
+    let ap = &day_end.reports[0];
+    assert_eq!(field(ap, fix::tag::SETTL_PRICE), Some("100180"));
+    assert_eq!(field(ap, fix::tag::SETTL_PRICE_TYPE), Some("1"));
+    let (qty, amounts) = report_groups(ap);
+    assert_eq!(qty["FIN"], (7, 0));
+    assert_eq!(amounts["IMTM"], cash(vm_of(1)));
+    // Intraday after the run: what is open is the whole less what the run paid.
+    let itd = fiona.positions(1, &today, "ITD", None, WAIT).unwrap();
+    let (_, amounts) = report_groups(&itd.reports[0]);
+    let parse = |s: &str| -> i128 { s.replace('.', "").parse().unwrap() };
+    assert_eq!(parse(&amounts["FMTM"]) - parse(&amounts["IMTM"]), vm_of(1));
+    assert_eq!(
+        field(&itd.reports[0], fix::tag::PRIOR_SETTL_PRICE),
+        Some("100180")
+    );
+    fiona.logout(WAIT).unwrap();
+
+    // An operator's session reads every account; the day's margin sums to zero.
+    let mut alice = fix_client(&node, "alice").unwrap();
+    let mut sum = 0;
+    for account in 1..=4 {
+        let a = alice.positions(account, &today, "EOD", None, WAIT).unwrap();
+        let (qty, amounts) = report_groups(&a.reports[0]);
+        let fin = qty["FIN"];
+        assert!(fin.0 == 0 || fin.1 == 0, "long or short, not both");
+        let vm = parse(&amounts["IMTM"]);
+        assert_eq!(vm, vm_of(account), "account {account}");
+        sum += vm;
+    }
+    assert_eq!(sum, 0, "variation margin sums to zero");
+    alice.logout(WAIT).unwrap();
     node.stop().unwrap();
 }

@@ -9,6 +9,9 @@
 //! `bourse clearing serve --config clearing.toml`: the clearing service (`ClearingNode`):
 //! it follows the cores continuously, answers clearing data over HTTP/JSON, runs clearings on
 //! `POST /v1/runs`, snapshots its state, and may stand by for another.
+//!
+//! `bourse clearing positions --fix ADDR --comp-id NAME --account N --date YYYYMMDD`: a FIX
+//! client of that service's `[fix]` acceptor (docs/clearing.md).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -28,6 +31,36 @@ pub enum ClearingCommand {
     Run(Box<RunArgs>),
     /// The clearing service: follow the cores, serve clearing data, run clearings on request.
     Serve(ServeArgs),
+    /// Ask a clearing service for an account's positions over FIX (RequestForPositions) and
+    /// print its PositionReports, one line each.
+    Positions(PositionsArgs),
+}
+
+#[derive(Args)]
+pub struct PositionsArgs {
+    /// The service's FIX address (its config's `[fix] listen`).
+    #[arg(long)]
+    fix: SocketAddr,
+    /// Our SenderCompID: a credential's name on the service; the password comes from
+    /// BOURSE_CLEARING_PASSWORD (none: no Password field).
+    #[arg(long)]
+    comp_id: String,
+    /// The service's CompID.
+    #[arg(long, default_value = "BOURSE-CLEARING")]
+    target: String,
+    #[arg(long)]
+    account: u32,
+    /// ClearingBusinessDate, YYYYMMDD.
+    #[arg(long)]
+    date: String,
+    /// SettlSessID: ITD (intraday) or EOD (end of day).
+    #[arg(long, default_value = "ITD")]
+    session: String,
+    /// Only this instrument.
+    #[arg(long)]
+    symbol: Option<String>,
+    #[arg(long, default_value_t = 10_000)]
+    timeout_ms: u64,
 }
 
 #[derive(Args)]
@@ -100,7 +133,69 @@ pub fn run(command: ClearingCommand) -> Result<()> {
             rt.block_on(clearing_run(*args))
         }
         ClearingCommand::Serve(args) => serve(args),
+        ClearingCommand::Positions(args) => positions(&args),
     }
+}
+
+/// `bourse clearing positions`: one line per PositionReport (symbol, settlement prices,
+/// quantities by PosType, amounts by PosAmtType); a refusal is an error naming the reason.
+fn positions(args: &PositionsArgs) -> Result<()> {
+    use bourse_clearing::fix::{field, group, tag, PositionsClient};
+    let password = std::env::var("BOURSE_CLEARING_PASSWORD").ok();
+    let timeout = std::time::Duration::from_millis(args.timeout_ms);
+    let mut client = PositionsClient::connect(
+        args.fix,
+        &args.comp_id,
+        &args.target,
+        password.as_deref(),
+        timeout,
+    )
+    .with_context(|| format!("logging on to {} as {}", args.fix, args.comp_id))?;
+    let answer = client.positions(
+        args.account,
+        &args.date,
+        &args.session,
+        args.symbol.as_deref(),
+        timeout,
+    )?;
+    let _ = client.logout(timeout);
+    if answer.result() != Some(0) {
+        bail!(
+            "RequestForPositions refused: PosReqResult {} ({})",
+            field(&answer.ack, tag::POS_REQ_RESULT).unwrap_or("?"),
+            field(&answer.ack, 58).unwrap_or("no text")
+        );
+    }
+    for r in &answer.reports {
+        let pairs = |count, members: &[bourse_fix::Tag]| -> String {
+            group(r, count, members)
+                .iter()
+                .map(|e| {
+                    e.iter()
+                        .map(|(_, v)| v.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        println!(
+            "account {} {} date {} {}: settle {} (type {}) prior {}; qty [{}]; amounts [{}]",
+            field(r, tag::ACCOUNT).unwrap_or("?"),
+            field(r, tag::SYMBOL).unwrap_or("?"),
+            field(r, tag::CLEARING_BUSINESS_DATE).unwrap_or("?"),
+            field(r, tag::SETTL_SESS_ID).unwrap_or("?"),
+            field(r, tag::SETTL_PRICE).unwrap_or("-"),
+            field(r, tag::SETTL_PRICE_TYPE).unwrap_or("-"),
+            field(r, tag::PRIOR_SETTL_PRICE).unwrap_or("-"),
+            pairs(
+                tag::NO_POSITIONS,
+                &[tag::POS_TYPE, tag::LONG_QTY, tag::SHORT_QTY]
+            ),
+            pairs(tag::NO_POS_AMT, &[tag::POS_AMT_TYPE, tag::POS_AMT]),
+        );
+    }
+    Ok(())
 }
 
 fn serve(args: ServeArgs) -> Result<()> {
@@ -114,6 +209,9 @@ fn serve(args: ServeArgs) -> Result<()> {
         "bourse clearing: serving {} (GET /v1/accounts/ID, /v1/firms/ID, /v1/runs, /v1/status, /metrics; POST /v1/runs)",
         node.url()
     );
+    if let Some(fix) = node.fix_addr() {
+        println!("bourse clearing: FIX 4.4 clearing data on {fix} (RequestForPositions)");
+    }
     let (tx, rx) = std::sync::mpsc::channel();
     ctrlc::set_handler(move || {
         let _ = tx.send(());

@@ -60,6 +60,7 @@ pub(crate) fn start_node(
             ..Limits::default()
         },
         schedule: None,
+        fix: None,
     };
     ClearingNode::start(config, instruments)
 }
