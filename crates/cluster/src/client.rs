@@ -951,3 +951,17 @@ pub async fn node_last_seq(
         _ => Err(std::io::Error::other("unexpected response to last seq")),
     }
 }
+
+/// Asks one node for the core's instruments as of its last applied entry
+/// ([`crate::query::InstrumentsAnswer`]); an answer that does not decode is an error naming why.
+pub async fn node_instruments(
+    addr: SocketAddr,
+    timeout: Duration,
+) -> std::io::Result<crate::query::InstrumentsAnswer> {
+    let mut conn = PeerConnection::new(addr);
+    match conn.call(Request::Instruments, timeout).await? {
+        Response::Instruments { answer } => crate::query::InstrumentsAnswer::decode(&answer)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+        _ => Err(std::io::Error::other("unexpected response to instruments")),
+    }
+}
