@@ -453,6 +453,7 @@ impl PipelinedClient {
             client_id,
             window,
             unanswered: BTreeMap::new(),
+            unsent_from: 0,
             generation: 0,
             notes: notes_tx,
         };
@@ -609,6 +610,11 @@ struct Driver {
     client_id: u64,
     window: usize,
     unanswered: BTreeMap<u64, Unanswered>,
+    /// Every unanswered request below this seq was sent on the current connection in this
+    /// generation: `send_unsent` looks only from here, so each answer costs the driver the
+    /// requests new since the last send, not a walk over the whole window (a walk per answer
+    /// was a fifth of the CPU of a bulk account addition at a 4,096 window).
+    unsent_from: u64,
     /// Bumped on every rewind; tags carry it.
     generation: u64,
     notes: mpsc::UnboundedSender<Note>,
@@ -675,7 +681,9 @@ impl Driver {
         buf.clear();
         let now = Instant::now();
         let generation = self.generation;
-        for (&seq, u) in self.unanswered.iter_mut() {
+        // Held, only the oldest unanswered request is probed, wherever it is.
+        let from = if self.held { 0 } else { self.unsent_from };
+        for (&seq, u) in self.unanswered.range_mut(from..) {
             if u.sent_at.is_some() {
                 if self.held {
                     break;
@@ -703,6 +711,7 @@ impl Driver {
                 // One probe at a time.
                 break;
             }
+            self.unsent_from = seq + 1;
         }
         if !buf.is_empty() {
             link.writer.write_all(buf).await?;
@@ -850,6 +859,7 @@ impl Driver {
                 for u in self.unanswered.values_mut() {
                     u.sent_at = None;
                 }
+                self.unsent_from = 0;
                 match r {
                     Rewind::Hold => {
                         self.held = true;
