@@ -10,7 +10,8 @@
 //! submissions: for each committed request, its events (`Event::OrderLog` left out) under the
 //! gateway's key and then `Done` if it is one of this link's requests, or under
 //! [`FOREIGN_KEY`] (no `Done`) if another client sent it (the resting side of a trade against
-//! another gateway's order, someone else's mass cancel), for the router to route by order id.
+//! another gateway's order, someone else's mass cancel), for the router to route by order id;
+//! another client's account additions and cash movements concern no order and are left out.
 //! The link remembers the last index it handled; when the stream's node fails it resubscribes
 //! on another node from the next index, so no report is lost or repeated. A command is
 //! reported once, when its first application is streamed: a resubmission after a failover is
@@ -512,6 +513,17 @@ impl Drop for Feed {
     }
 }
 
+/// Whether another client's event is one the gateway has no use for: it routes other
+/// clients' events by order id (and learns instruments from `InstrumentAdded`), so an account
+/// added or cash moved by someone else would only cost its event loop time. An operator's
+/// bulk addition makes two such events per account, on the thread that also routes trading.
+fn concerns_no_order(event: &Event) -> bool {
+    matches!(
+        event,
+        Event::AccountAdded { .. } | Event::CashChanged { .. }
+    )
+}
+
 /// Why the worker ended.
 enum End {
     Stopped,
@@ -663,7 +675,7 @@ impl Worker {
                 ))
             })?;
             for event in events {
-                if matches!(event, Event::OrderLog(_)) {
+                if matches!(event, Event::OrderLog(_)) || (!done && concerns_no_order(&event)) {
                     continue;
                 }
                 self.emit(CoreOutput::Event { key, event }).await?;
