@@ -327,6 +327,10 @@ pub fn spawn_cores(
     // Before bootstrap: its polling may already hand over outputs the restored orders own.
     restore_order_state(&mut router, &config.gateway.store_dir)?;
     bootstrap(&mut router, &config)?;
+    // A replicated core's link queues the core's instruments (those an operator added at run
+    // time too) ahead of its stream: learned here, before the first session is served.
+    let cores = router.links_mut().len().max(1);
+    router.poll_core(CORE_OUTPUTS_PER_CYCLE_MAX.saturating_mul(cores));
     let metrics = monitor.as_ref().map(|m| {
         let names: Vec<String> = plan.iter().map(|c| c.name.clone()).collect();
         GatewayMetrics::new(m, &names)
