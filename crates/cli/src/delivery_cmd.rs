@@ -53,6 +53,10 @@ pub struct ServeArgs {
     /// Where the store is persisted (kept in memory only if not given).
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// Keep the records evicted from memory on disk under `STATE_DIR/cold` for this many
+    /// seconds (86400: the day), so that older cursors and `since` reads are answered.
+    #[arg(long, requires = "state_dir")]
+    cold_retain_seconds: Option<u64>,
     /// Mutual TLS to every `--core`'s nodes (required for nodes off the loopback).
     #[command(flatten)]
     tls: crate::cluster_cmd::NodeTlsArgs,
@@ -70,6 +74,10 @@ pub struct TailArgs {
     /// Continue from this cursor (the one a previous tail printed last).
     #[arg(long)]
     cursor: Option<String>,
+    /// Start with what changed in the last this many seconds instead (HTTP; served from the
+    /// node's cold data where memory no longer holds it).
+    #[arg(long, conflicts_with_all = ["cursor", "binary"])]
+    since_seconds: Option<u64>,
     #[arg(long)]
     firm: Option<u32>,
     #[arg(long)]
@@ -137,6 +145,12 @@ fn serve(args: ServeArgs) -> Result<()> {
                 primary,
                 cores: args.follow_cores.clone(),
                 secondary_indexes: false,
+            }),
+            cold: args.cold_retain_seconds.map(|retain_seconds| {
+                bourse_delivery::cold::ColdConfig {
+                    retain_seconds,
+                    ..Default::default()
+                }
             }),
             limits: Limits::default(),
         },
@@ -218,6 +232,12 @@ fn tail(args: TailArgs) -> Result<()> {
                 firm: args.firm.map(FirmId),
                 account: args.account.map(AccountId),
                 instrument: args.instrument.map(InstrumentId),
+                since_ns: args.since_seconds.map(|s| {
+                    let now_ns = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos() as u64);
+                    now_ns.saturating_sub(s.saturating_mul(1_000_000_000))
+                }),
             },
             limit: Some(args.limit),
             wait_us: Some(args.wait_us),
@@ -246,6 +266,7 @@ fn tail(args: TailArgs) -> Result<()> {
                 Err(e) => break Err(anyhow!("{}: {e}", args.addr)),
             };
             req.cursor = Some(answer.header.next_cursor.clone());
+            req.since_ns = None;
             let mut out = out.lock();
             for r in &answer.records {
                 serde_json::to_writer(&mut out, r)?;

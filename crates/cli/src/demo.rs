@@ -226,6 +226,7 @@ fn start_delivery(
         persist_interval_ms: 1_000,
         cores: cores.clone(),
         follow: None,
+        cold: None,
         limits: bourse_delivery::Limits::default(),
     };
     let node = match args.delivery_port {

@@ -366,6 +366,11 @@ impl BinaryClient {
     /// One GetOrders poll. A refused poll is `ClientError::Api` with the same status and
     /// code the HTTP API gives.
     pub async fn poll(&mut self, req: &PollRequest) -> Result<PollAnswer, ClientError> {
+        if req.since_ns.is_some() {
+            return Err(ClientError::Protocol(
+                "since_ns is asked over HTTP; its answer's cursor serves this front".into(),
+            ));
+        }
         let cursor = match req.cursor.as_deref() {
             None | Some("") => Vec::new(),
             Some(text) => hex_bytes(text).ok_or_else(|| {

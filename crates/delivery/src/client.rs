@@ -26,6 +26,9 @@ pub struct PollRequest {
     pub limit: Option<usize>,
     pub wait_us: Option<u64>,
     pub min_rows: Option<usize>,
+    /// Start at this time (ns since the epoch) instead of a cursor: HTTP only; the answer's
+    /// cursor then serves either front.
+    pub since_ns: Option<u64>,
 }
 
 impl PollRequest {
@@ -47,6 +50,7 @@ impl PollRequest {
         add("limit", self.limit.map(|v| v.to_string()));
         add("wait_us", self.wait_us.map(|v| v.to_string()));
         add("min_rows", self.min_rows.map(|v| v.to_string()));
+        add("since_ns", self.since_ns.map(|v| v.to_string()));
         q.pop();
         q
     }

@@ -16,6 +16,7 @@
 
 pub mod binary;
 pub mod client;
+pub mod cold;
 pub mod cursor;
 pub mod node;
 pub mod poll;

@@ -108,6 +108,11 @@ pub struct DeliveryConfig {
     /// Makes this node a read replica of another delivery node instead.
     #[serde(default)]
     pub follow: Option<Follow>,
+    /// Keeps the records evicted from memory on disk under `state_dir/cold`, so that
+    /// cursors from the last minutes or the day are still answered (`[cold]`; see
+    /// [`crate::cold`]). Needs `state_dir`; a read replica keeps none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold: Option<crate::cold::ColdConfig>,
     #[serde(default)]
     pub limits: Limits,
 }
@@ -183,6 +188,12 @@ impl DeliveryConfig {
                 return Err(format!("core {} is listed twice", c.id));
             }
         }
+        if let Some(cold) = &self.cold {
+            if self.state_dir.is_none() {
+                return Err("[cold] keeps its files under `state_dir`: set `state_dir`".into());
+            }
+            cold.validate()?;
+        }
         self.validate_limits()
     }
 
@@ -196,6 +207,13 @@ impl DeliveryConfig {
             return Err(
                 "a read replica keeps no state file (it re-reads its primary at \
                  start): remove `state_dir`"
+                    .into(),
+            );
+        }
+        if self.cold.is_some() {
+            return Err(
+                "a read replica keeps no cold data (its primary serves old cursors): \
+                 remove `[cold]`"
                     .into(),
             );
         }
@@ -605,6 +623,14 @@ fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
 }
 
 fn load_store(config: &DeliveryConfig) -> Result<Store, String> {
+    let mut store = load_state(config)?;
+    if let (Some(cold), Some(dir)) = (&config.cold, &config.state_dir) {
+        store.attach_cold(&dir.join("cold"), cold)?;
+    }
+    Ok(store)
+}
+
+fn load_state(config: &DeliveryConfig) -> Result<Store, String> {
     let Some(file) = config.state_file() else {
         return Ok(Store::new(&config.store_config()));
     };
@@ -845,6 +871,20 @@ mod tests {
         let c = DeliveryConfig::load(std::path::Path::new(path)).unwrap();
         assert_eq!(c.cores.len(), 1);
         assert_eq!(c.limits, Limits::default());
+        assert_eq!(c.cold, Some(crate::cold::ColdConfig::default()));
+        let without_dir = DeliveryConfig {
+            state_dir: None,
+            ..c.clone()
+        };
+        assert!(without_dir.validate().unwrap_err().contains("state_dir"));
+        let tiny = DeliveryConfig {
+            cold: Some(crate::cold::ColdConfig {
+                segment_bytes: 1024,
+                ..Default::default()
+            }),
+            ..c
+        };
+        assert!(tiny.validate().unwrap_err().contains("segment_bytes"));
     }
 
     #[test]
@@ -857,6 +897,7 @@ mod tests {
             persist_interval_ms: 10,
             cores: Vec::new(),
             follow: None,
+            cold: None,
             limits: Limits::default(),
         };
         assert!(c.validate().unwrap_err().contains("at least one core"));

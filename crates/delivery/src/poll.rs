@@ -219,7 +219,7 @@ pub async fn select(s: &Shared, poll: &Poll, started: Instant) -> Result<Selecte
         let (answer, next) = {
             let store = s.store.read().expect("store");
             let start = store.resolve(poll.cursor.as_ref())?;
-            let a = store.query(&start.from, &poll.filter, poll.limit);
+            let a = store.query_start(&start, &poll.filter, poll.limit);
             let next = store.cursor_after(&start, &a.next);
             (a, next)
         };

@@ -8,6 +8,11 @@
 //! millisecond) is [`crate::poll`]'s, shared with the binary front. Bad input gets a JSON
 //! error naming what is wrong: 400 (bad parameter, unknown parameter, malformed cursor), 409
 //! (foreign cursor), 410 (cursor too old), 503 with `Retry-After` (too many polls at once).
+//!
+//! Instead of a cursor a poll may name `since_ns`, a time: it then starts at each core's
+//! first record at or after that time, from the cold data on disk where memory no longer
+//! holds it (`[cold]`, [`crate::cold`]); 410 when nothing that old is kept. Its next cursor
+//! is an ordinary one, good on the binary front too.
 
 use crate::cursor::Cursor;
 use crate::node::{Front, Shared};
@@ -45,6 +50,8 @@ pub struct PollParams {
     pub limit: Option<usize>,
     pub wait_us: Option<u64>,
     pub min_rows: Option<usize>,
+    /// Start at this time (ns since the epoch) instead of a cursor.
+    pub since_ns: Option<u64>,
 }
 
 /// The header that opens every answer.
@@ -95,9 +102,18 @@ pub fn router(shared: Arc<Shared>) -> Router {
 }
 
 fn checked(p: PollParams, s: &Shared) -> Result<poll::Poll, Refusal> {
-    let cursor = match p.cursor.as_deref() {
-        None | Some("") => None,
-        Some(text) => Some(Cursor::decode(text).map_err(|e| Refusal::from(&e))?),
+    let cursor = match (p.cursor.as_deref(), p.since_ns) {
+        (Some(text), Some(_)) if !text.is_empty() => {
+            return Err(Refusal::bad_request(
+                "give either a cursor or since_ns, not both".into(),
+            ))
+        }
+        (_, Some(ns)) => {
+            let store = s.store.read().expect("store");
+            Some(store.cursor_since(ns).map_err(|e| Refusal::from(&e))?)
+        }
+        (None | Some(""), None) => None,
+        (Some(text), None) => Some(Cursor::decode(text).map_err(|e| Refusal::from(&e))?),
     };
     let asked = Asked {
         filter: Filter {

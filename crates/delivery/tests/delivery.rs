@@ -3,6 +3,8 @@
 //! event logs), filters exact, a core that stops does not stall the merged cursor, a thousand
 //! clients at once (half on each front), and bad input answered with a clear error on both the
 //! HTTP and the binary front. The binary front answers the same records for the same cursor.
+//! A client that fell behind the memory reads on from the cold data on disk, also after a
+//! restart.
 
 mod common;
 
@@ -299,6 +301,7 @@ async fn bad_input_gets_a_clear_error_and_disturbs_nothing() {
         limit: Some(limit),
         wait_us: Some(0),
         min_rows: Some(min_rows),
+        since_ns: None,
     };
     let bin_cases = [
         (
@@ -423,6 +426,7 @@ async fn one_address_cannot_take_every_connection_of_a_front() {
         limit: Some(10),
         wait_us: Some(0),
         min_rows: Some(0),
+        since_ns: None,
     };
     // Three readers from 127.0.0.1 hold their connections open.
     let mut held = Vec::new();
@@ -481,6 +485,7 @@ fn replica_config(primary: &bourse_delivery::DeliveryNode, cores: Vec<u32>) -> D
             cores,
             secondary_indexes: false,
         }),
+        cold: None,
         limits: bourse_delivery::Limits::default(),
     }
 }
@@ -585,6 +590,7 @@ fn a_replica_configuration_names_what_is_wrong() {
             cores: vec![0, 1],
             secondary_indexes: false,
         }),
+        cold: None,
         limits: bourse_delivery::Limits::default(),
     };
     assert!(base.validate().is_ok());
@@ -601,4 +607,83 @@ fn a_replica_configuration_names_what_is_wrong() {
         ..base.clone()
     };
     assert!(twice.validate().unwrap_err().contains("twice"));
+}
+
+/// A node that keeps cold data: its evicted records on disk (`[cold]`).
+fn cold_config(core: &Core, state_dir: std::path::PathBuf) -> DeliveryConfig {
+    let mut c = delivery_config(&[core], Some(state_dir));
+    c.limits.records_per_core_max = 64;
+    c.cold = Some(bourse_delivery::cold::ColdConfig {
+        segment_bytes: 64 << 10,
+        ..Default::default()
+    });
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_fell_behind_the_memory_reads_on_from_cold_data_with_no_gap() {
+    let mut a = Core::start(0, 61).await;
+    a.run(100).await;
+    let state = tempfile::tempdir().unwrap();
+    let config = cold_config(&a, state.path().to_path_buf());
+    let node = start_delivery(config.clone()).await;
+    caught_up(&node, &[a.end_index().await]).await;
+    let mut http = AnyClient::http(node.addr());
+    let mut reader = Received::default();
+    reader.drain(&mut http, Filter::default(), 100).await;
+    let behind = reader.clone();
+
+    // The reader pauses while the core goes on far past the memory's bound.
+    a.run(1_500).await;
+    let end = a.end_index().await;
+    caught_up(&node, &[end]).await;
+    let status = DeliveryClient::new(node.addr()).status().await.unwrap();
+    let cold = &status["cores"][0]["cold"];
+    assert!(cold["records_written"].as_u64().unwrap() > 64, "{status}");
+    let log = a.event_log(end).await;
+
+    // It reads on over the binary front, from disk then memory: the whole picture, no gap.
+    let mut binary = AnyClient::binary(node.binary_addr().unwrap());
+    reader.drain(&mut binary, Filter::default(), 50).await;
+    check_against_log(&reader.records, 0, &log, &Filter::default());
+
+    // A read from a time, over HTTP: it starts at the first record of that time or later.
+    let mid = log.values().nth(log.len() / 3).unwrap();
+    let answer = DeliveryClient::new(node.addr())
+        .poll(&PollRequest {
+            since_ns: Some(mid.ts_ns()),
+            limit: Some(10),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // The store keeps each order's latest state only: the first record of that time or
+    // later that nothing replaced.
+    let mut latest = std::collections::BTreeMap::new();
+    for r in log.values() {
+        if let bourse_core::Event::OrderLog(l) = r.event {
+            latest.insert(l.order_id, r.pos());
+        }
+    }
+    let kept = |r: &&bourse_delivery::Record| match r.event {
+        bourse_core::Event::OrderLog(l) => latest[&l.order_id] == r.pos(),
+        _ => true,
+    };
+    let first = log
+        .values()
+        .filter(kept)
+        .find(|r| r.ts_ns() >= mid.ts_ns())
+        .unwrap();
+    assert_eq!(answer.records[0].pos(), first.pos());
+    assert!(answer.records.iter().all(|r| log.get(&r.pos()) == Some(r)));
+
+    // Restarted, the node answers the paused reader's cursor the same from its files.
+    stop_delivery(node, false).await;
+    let node = start_delivery(config).await;
+    let mut again = behind;
+    let mut binary = AnyClient::binary(node.binary_addr().unwrap());
+    again.drain(&mut binary, Filter::default(), 70).await;
+    check_against_log(&again.records, 0, &log, &Filter::default());
+    stop_delivery(node, false).await;
+    a.stop().await;
 }

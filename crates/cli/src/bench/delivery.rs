@@ -337,6 +337,7 @@ async fn reader(
         limit: Some(1_000),
         wait_us: Some(wait_us),
         min_rows: Some(1),
+        since_ns: None,
     };
     let mut first = true;
     while !stop.load(Ordering::Relaxed) {
