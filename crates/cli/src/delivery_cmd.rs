@@ -232,16 +232,16 @@ fn tail(args: TailArgs) -> Result<()> {
                 firm: args.firm.map(FirmId),
                 account: args.account.map(AccountId),
                 instrument: args.instrument.map(InstrumentId),
-                since_ns: args.since_seconds.map(|s| {
-                    let now_ns = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_nanos() as u64);
-                    now_ns.saturating_sub(s.saturating_mul(1_000_000_000))
-                }),
             },
             limit: Some(args.limit),
             wait_us: Some(args.wait_us),
             min_rows: Some(args.min_rows),
+            since_ns: args.since_seconds.map(|s| {
+                let now_ns = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as u64);
+                now_ns.saturating_sub(s.saturating_mul(1_000_000_000))
+            }),
         };
         let started = Instant::now();
         let mut printed = 0u64;

@@ -25,9 +25,9 @@ pub use crate::reports::{
 pub use orders::{RouterState, SavedInstrument, SavedOrder, FINISHED_ORDERS_KEPT};
 
 use crate::config::{GatewayConfig, Limits};
-use crate::throttle::Throttle;
 use bourse_core::link::{CoreLink, CoreOutput, RequestKey, SubmitError};
 use bourse_core::*;
+use bourse_monitor::rate::TokenBucket as Throttle;
 use bourse_monitor::{Stage, StageRecorder, Trace};
 use std::collections::{HashMap, VecDeque};
 

@@ -32,7 +32,9 @@
 //! - [`server::DashboardServer`]: an HTTP server on its own thread (tokio, current-thread
 //!   runtime) serving the self-contained dashboard at `/`, live frames over server-sent events at
 //!   `/events`, `/metrics`, and `/api/frame`. Slow event-stream clients are cut off rather than
-//!   buffered; clients and connections are capped.
+//!   buffered; clients and connections are capped. [`slots::ConnectionSlots`] and
+//!   [`rate::TokenBucket`] are the admission limits every service's listener shares
+//!   (connections in all and per address; requests per second per session or connection).
 //!
 //! The hot path never waits for the control plane: it writes atomics, its own histograms, and
 //! hands full batches over a bounded channel without blocking.
@@ -49,6 +51,7 @@ pub mod ltp;
 pub mod metrics;
 pub mod node;
 pub mod probe;
+pub mod rate;
 pub mod server;
 pub mod slots;
 
