@@ -75,6 +75,8 @@ async fn connection(mut stream: TcpStream, s: &Shared) {
     let mut inbuf = vec![0u8; FRAME_BYTES_MAX];
     let mut have = 0;
     let mut out = Vec::with_capacity(64 * 1024);
+    let per_s = s.limits.polls_per_second_per_connection_max;
+    let rate = bourse_monitor::rate::ConnectionRate::new(per_s);
     loop {
         let frame = loop {
             match decoder.decode(&inbuf[..have]) {
@@ -93,7 +95,13 @@ async fn connection(mut stream: TcpStream, s: &Shared) {
             Ok((Ok(req), used)) => {
                 inbuf.copy_within(used..have, 0);
                 have -= used;
-                answer(s, req, &mut out).await;
+                match rate.take() {
+                    Ok(()) => answer(s, req, &mut out).await,
+                    Err(wait_ms) => {
+                        s.counters.polls.inc();
+                        error_frame(req.0, &Refusal::rate_limited(s, per_s, wait_ms), &mut out);
+                    }
+                }
                 true
             }
             Ok((Err((id, why)), _)) => {
@@ -186,7 +194,7 @@ fn error_code(kind: RefusalKind) -> codec::error_code::ErrorCode {
         RefusalKind::CursorMalformed => ErrorCode::CursorMalformed,
         RefusalKind::CursorForeign => ErrorCode::CursorForeign,
         RefusalKind::CursorTooOld => ErrorCode::CursorTooOld,
-        RefusalKind::Busy => ErrorCode::Busy,
+        RefusalKind::Busy | RefusalKind::RateLimited => ErrorCode::Busy,
         RefusalKind::CatchingUp => ErrorCode::CatchingUp,
         RefusalKind::FilterNotServed => ErrorCode::FilterNotServed,
     }

@@ -65,6 +65,10 @@ pub struct Limits {
     pub connections_per_address_max: usize,
     /// Records kept per core before the oldest final ones are evicted.
     pub records_per_core_max: usize,
+    /// Polls one connection may make per second (in bursts of up to that many); more are
+    /// refused (HTTP 429 `rate_limited`, binary `Busy`), so that a client polling in a
+    /// tight loop cannot take the store's read lock from everyone else.
+    pub polls_per_second_per_connection_max: u32,
     /// A request head (HTTP) or a whole request (binary) must arrive within this time.
     pub header_read_timeout_ms: u64,
 }
@@ -80,6 +84,7 @@ impl Default for Limits {
             connections_max: 16_384,
             connections_per_address_max: 4_096,
             records_per_core_max: 2_000_000,
+            polls_per_second_per_connection_max: 20_000,
             header_read_timeout_ms: 10_000,
         }
     }
@@ -237,6 +242,9 @@ impl DeliveryConfig {
         if l.wait_us_default > l.wait_us_max {
             return Err("limits: wait_us_default must not exceed wait_us_max".into());
         }
+        if l.polls_per_second_per_connection_max == 0 {
+            return Err("limits: polls_per_second_per_connection_max must be positive".into());
+        }
         if l.connections_max == 0
             || l.connections_per_address_max == 0
             || l.connections_per_address_max > l.connections_max
@@ -287,6 +295,9 @@ pub struct ApiCounters {
     /// Records sent in answers.
     pub rows_sent: Counter,
     pub polls_refused_busy: Counter,
+    /// Polls refused because their connection asked more often than
+    /// `polls_per_second_per_connection_max`.
+    pub polls_refused_rate: Counter,
     pub polls_bad_request: Counter,
     /// Records written into the store (new, or replacing an order's previous state).
     pub records_written: Counter,
@@ -347,6 +358,7 @@ impl ApiCounters {
             ),
             polls_empty: polls("empty"),
             polls_refused_busy: polls("busy"),
+            polls_refused_rate: polls("rate_limited"),
             polls_bad_request: polls("refused"),
             rows_sent: r.counter(
                 "bourse_delivery_records_sent_total",
@@ -386,7 +398,9 @@ impl ApiCounters {
             records_written: self.records_written.get(),
             polls: self.polls.get(),
             polls_empty: self.polls_empty.get(),
-            polls_refused: self.polls_refused_busy.get() + self.polls_bad_request.get(),
+            polls_refused: self.polls_refused_busy.get()
+                + self.polls_refused_rate.get()
+                + self.polls_bad_request.get(),
             records_sent: self.rows_sent.get(),
             readers_http: self.connections_http.get(),
             readers_binary: self.connections_binary.get(),
@@ -409,6 +423,7 @@ impl ApiCounters {
             open.clone(),
             (per_address.clone(), full.clone()),
         )
+        .with_requests_per_s(limits.polls_per_second_per_connection_max)
     }
 }
 

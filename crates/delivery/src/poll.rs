@@ -33,6 +33,9 @@ pub enum RefusalKind {
     CursorTooOld,
     /// Too many polls in flight; retry after a pause.
     Busy,
+    /// This connection polls more often than its limit; retry after a pause (the binary
+    /// front answers `Busy` with this message).
+    RateLimited,
     /// A read replica that has not yet read its primary's whole picture; retry after a
     /// pause or read the primary.
     CatchingUp,
@@ -50,6 +53,7 @@ impl RefusalKind {
             RefusalKind::CursorForeign => "cursor_foreign",
             RefusalKind::CursorTooOld => "cursor_too_old",
             RefusalKind::Busy => "busy",
+            RefusalKind::RateLimited => "rate_limited",
             RefusalKind::CatchingUp => "catching_up",
             RefusalKind::FilterNotServed => "filter_not_served",
         }
@@ -63,6 +67,7 @@ impl RefusalKind {
             | RefusalKind::FilterNotServed => 400,
             RefusalKind::CursorForeign => 409,
             RefusalKind::CursorTooOld => 410,
+            RefusalKind::RateLimited => 429,
             RefusalKind::Busy | RefusalKind::CatchingUp => 503,
         }
     }
@@ -89,6 +94,21 @@ impl Refusal {
             message: format!(
                 "more than {} polls at once; retry after a pause",
                 s.limits.polls_in_flight_max
+            ),
+        }
+    }
+}
+
+impl Refusal {
+    /// A poll over a connection that asked more often than its limit: counted, and what to
+    /// do.
+    pub fn rate_limited(s: &Shared, per_s: u32, wait_ms: u32) -> Refusal {
+        s.counters.polls_refused_rate.inc();
+        Refusal {
+            kind: RefusalKind::RateLimited,
+            message: format!(
+                "this connection polls more than {per_s} times a second; retry in {wait_ms} ms \
+                 (a poll with wait_us waits for data instead of asking again)"
             ),
         }
     }

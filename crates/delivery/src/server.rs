@@ -7,7 +7,9 @@
 //! itself (limits, the wait for `min_rows`; tokio's timer rounds a deadline up to the next
 //! millisecond) is [`crate::poll`]'s, shared with the binary front. Bad input gets a JSON
 //! error naming what is wrong: 400 (bad parameter, unknown parameter, malformed cursor), 409
-//! (foreign cursor), 410 (cursor too old), 503 with `Retry-After` (too many polls at once).
+//! (foreign cursor), 410 (cursor too old), 429 with `Retry-After` (this connection polls
+//! more often than `polls_per_second_per_connection_max`), 503 with `Retry-After` (too many
+//! polls at once).
 //!
 //! Instead of a cursor a poll may name `since_ns`, a time: it then starts at each core's
 //! first record at or after that time, from the cold data on disk where memory no longer
@@ -23,8 +25,10 @@ use axum::extract::{Query, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::Extension;
 use axum::Router;
 use bourse_core::{AccountId, FirmId, InstrumentId};
+use bourse_monitor::rate::ConnectionRate;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Instant;
@@ -74,7 +78,7 @@ pub struct ApiError {
 fn error(status: StatusCode, code: &str, message: String) -> Response {
     let body = serde_json::json!({ "error": { "code": code, "message": message } });
     let mut r = (status, axum::Json(body)).into_response();
-    if status == StatusCode::SERVICE_UNAVAILABLE {
+    if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
         r.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
@@ -130,10 +134,17 @@ fn checked(p: PollParams, s: &Shared) -> Result<poll::Poll, Refusal> {
 
 async fn orders(
     State(s): State<Arc<Shared>>,
+    rate: Option<Extension<ConnectionRate>>,
     query: Result<Query<PollParams>, QueryRejection>,
 ) -> Response {
     let started = Instant::now();
     s.counters.polls.inc();
+    if let Some(Extension(rate)) = rate {
+        if let Err(wait_ms) = rate.take() {
+            let r = Refusal::rate_limited(&s, rate.requests_per_s(), wait_ms);
+            return refused(&r);
+        }
+    }
     let Ok(_permit) = s.polls.try_acquire() else {
         s.counters.polls_refused_busy.inc();
         return refused(&Refusal::busy(&s));
@@ -208,6 +219,7 @@ async fn status(State(s): State<Arc<Shared>>) -> Response {
         "polls_empty": c.polls_empty.get(),
         "rows_sent": c.rows_sent.get(),
         "polls_refused_busy": c.polls_refused_busy.get(),
+        "polls_refused_rate": c.polls_refused_rate.get(),
         "polls_bad_request": c.polls_bad_request.get(),
         "records_written": c.records_written.get(),
         "connections": {"http": c.connections_http.get(), "binary": c.connections_binary.get()},

@@ -687,3 +687,66 @@ async fn a_client_that_fell_behind_the_memory_reads_on_from_cold_data_with_no_ga
     stop_delivery(node, false).await;
     a.stop().await;
 }
+
+/// Polls until one is refused; the refusal's status, code and message.
+macro_rules! until_refused {
+    ($client:expr, $req:expr) => {{
+        let mut refused = None;
+        for _ in 0..100_000 {
+            match $client.poll($req).await {
+                Ok(_) => {}
+                Err(ClientError::Api { status, error }) => {
+                    refused = Some((status, format!("{} {}", error.code, error.message)));
+                    break;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        refused.expect("never refused")
+    }};
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_polls_too_often_is_refused_and_no_other_is() {
+    let mut a = Core::start(0, 71).await;
+    a.run(20).await;
+    let mut config = delivery_config(&[&a], None);
+    config.limits.polls_per_second_per_connection_max = 1;
+    let node = start_delivery(config).await;
+    caught_up(&node, &[a.end_index().await]).await;
+    let quick = PollRequest {
+        limit: Some(10),
+        wait_us: Some(0),
+        ..Default::default()
+    };
+    // Polls in a tight loop on one connection of each front: the first is answered, and
+    // before long (at most a second later) one is refused with what to do. The bound on
+    // attempts only keeps a broken limit from looping for ever.
+    let mut http = DeliveryClient::new(node.addr());
+    let mut binary = AnyClient::binary(node.binary_addr().unwrap());
+    http.poll(&quick).await.unwrap();
+    binary.poll(&quick).await.unwrap();
+    let refused_http = until_refused!(http, &quick);
+    let (status, body) = refused_http;
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        body.contains("rate_limited") && body.contains("retry in"),
+        "{body}"
+    );
+    let refused_binary = until_refused!(binary, &quick);
+    assert!(
+        refused_binary.1.contains("times a second"),
+        "{}",
+        refused_binary.1
+    );
+    // Another connection from the same address has its own budget.
+    let mut other = DeliveryClient::new(node.addr());
+    other.poll(&quick).await.unwrap();
+    let status = other.status().await.unwrap();
+    assert!(
+        status["polls_refused_rate"].as_u64().unwrap() >= 2,
+        "{status}"
+    );
+    stop_delivery(node, false).await;
+    a.stop().await;
+}
