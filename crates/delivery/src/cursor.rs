@@ -187,33 +187,7 @@ fn read_parts(r: &mut Reader<'_>) -> Result<Vec<(u32, Pos)>, CursorError> {
     Ok(parts)
 }
 
-const HEX: &[u8; 16] = b"0123456789abcdef";
-
-/// Bytes as lowercase hex, the cursor's text form.
-pub(crate) fn hex_text(bytes: &[u8]) -> String {
-    let mut text = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        text.push(char::from(HEX[usize::from(b >> 4)]));
-        text.push(char::from(HEX[usize::from(b & 15)]));
-    }
-    text
-}
-
-/// Lowercase hex back to bytes; `None` for an odd length or any other character.
-pub(crate) fn hex_bytes(text: &str) -> Option<Vec<u8>> {
-    let digit = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
-    };
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    text.as_bytes()
-        .chunks(2)
-        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
-        .collect()
-}
+pub(crate) use bourse_client::delivery::api::{hex_bytes, hex_text};
 
 #[cfg(test)]
 mod tests {
@@ -273,7 +247,7 @@ mod tests {
             let text = with_floors(cursor(parts)).encode();
             let i = at.index(text.len());
             let mut bytes = text.clone().into_bytes();
-            bytes[i] = HEX[usize::from(to)];
+            bytes[i] = b"0123456789abcdef"[usize::from(to)];
             prop_assume!(bytes[i] != text.as_bytes()[i]);
             let changed = String::from_utf8(bytes).unwrap();
             prop_assert!(matches!(Cursor::decode(&changed), Err(CursorError::Malformed(_))));

@@ -774,7 +774,7 @@ const FOLLOW_WAIT_US: u64 = 200_000;
 /// old) makes the replica start over from the primary's current picture, refusing polls
 /// until it has it again; a primary of another deployment or other cores stops the feed.
 async fn follow(shared: Arc<Shared>, primary: SocketAddr, mut stopped: watch::Receiver<bool>) {
-    let mut client = crate::binary::BinaryClient::new(primary);
+    let mut client = crate::BinaryClient::new(primary);
     // First from the origin (exact, when the primary evicted nothing); after the primary
     // refused that, from its current picture (the horizon is then the first record read).
     let mut from_origin = true;

@@ -10,7 +10,6 @@
 use crate::cursor::{Cursor, CursorError};
 use crate::node::Shared;
 use crate::record::{Filter, Record};
-use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -23,55 +22,7 @@ pub struct Asked {
     pub min_rows: Option<usize>,
 }
 
-/// Why a poll was refused, in terms both fronts translate (an HTTP status and code, an SBE
-/// `ErrorCode`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RefusalKind {
-    BadRequest,
-    CursorMalformed,
-    CursorForeign,
-    CursorTooOld,
-    /// Too many polls in flight; retry after a pause.
-    Busy,
-    /// This connection polls more often than its limit; retry after a pause (the binary
-    /// front answers `Busy` with this message).
-    RateLimited,
-    /// A read replica that has not yet read its primary's whole picture; retry after a
-    /// pause or read the primary.
-    CatchingUp,
-    /// A filtered poll at a read replica that keeps no secondary indexes; filtered reads go
-    /// to the primary.
-    FilterNotServed,
-}
-
-impl RefusalKind {
-    /// The code both fronts name the refusal by (`error.code` in JSON).
-    pub fn code(self) -> &'static str {
-        match self {
-            RefusalKind::BadRequest => "bad_request",
-            RefusalKind::CursorMalformed => "cursor_malformed",
-            RefusalKind::CursorForeign => "cursor_foreign",
-            RefusalKind::CursorTooOld => "cursor_too_old",
-            RefusalKind::Busy => "busy",
-            RefusalKind::RateLimited => "rate_limited",
-            RefusalKind::CatchingUp => "catching_up",
-            RefusalKind::FilterNotServed => "filter_not_served",
-        }
-    }
-
-    /// The HTTP status the HTTP front answers with (the binary client reports the same).
-    pub fn http_status(self) -> u16 {
-        match self {
-            RefusalKind::BadRequest
-            | RefusalKind::CursorMalformed
-            | RefusalKind::FilterNotServed => 400,
-            RefusalKind::CursorForeign => 409,
-            RefusalKind::CursorTooOld => 410,
-            RefusalKind::RateLimited => 429,
-            RefusalKind::Busy | RefusalKind::CatchingUp => 503,
-        }
-    }
-}
+pub use bourse_client::delivery::api::RefusalKind;
 
 /// A refused poll: what kind, and a message naming what is wrong and what to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -186,16 +137,7 @@ pub fn check(asked: Asked, cursor: Option<Cursor>, s: &Shared) -> Result<Poll, R
     })
 }
 
-/// The server's own timings of one poll.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ServerTimings {
-    /// From the request's arrival to the answer, waiting included.
-    pub total_us: u64,
-    /// Time spent selecting records (under the read lock).
-    pub select_us: u64,
-    /// Selects made (1, plus one per wake-up while waiting for `min_rows`).
-    pub selects: u32,
-}
+pub use bourse_client::delivery::api::ServerTimings;
 
 /// One poll's answer: its records in cursor order, the cursor after them, the timings.
 pub struct Selected {

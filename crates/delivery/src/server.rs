@@ -29,7 +29,7 @@ use axum::Extension;
 use axum::Router;
 use bourse_core::{AccountId, FirmId, InstrumentId};
 use bourse_monitor::rate::ConnectionRate;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::net::TcpListener;
@@ -58,22 +58,7 @@ pub struct PollParams {
     pub since_ns: Option<u64>,
 }
 
-/// The header that opens every answer.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AnswerHeader {
-    pub next_cursor: String,
-    pub count: usize,
-    /// The time stamp of the oldest record in the answer (`None` when empty).
-    pub oldest_ts_ns: Option<u64>,
-    pub server: ServerTimings,
-}
-
-/// An error answer: `{"error":{"code":..., "message":...}}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ApiError {
-    pub code: String,
-    pub message: String,
-}
+pub use bourse_client::delivery::api::{AnswerHeader, ApiError};
 
 fn error(status: StatusCode, code: &str, message: String) -> Response {
     let body = serde_json::json!({ "error": { "code": code, "message": message } });
