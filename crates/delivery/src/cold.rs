@@ -314,19 +314,7 @@ impl ColdLog {
             .newest_ts_ns
             .saturating_sub(self.config.retain_seconds.saturating_mul(1_000_000_000));
         // Chunks wholly older than the age bound: the first whose last record is recent.
-        let mut aged = 0;
-        if self.chunk_last_ts(first) < oldest_ns {
-            let (mut lo, mut hi) = (first, last);
-            while lo < hi {
-                let mid = lo + (hi - lo) / 2;
-                if self.chunk_last_ts(mid) < oldest_ns {
-                    lo = mid + 1;
-                } else {
-                    hi = mid;
-                }
-            }
-            aged = lo - first;
-        }
+        let aged = self.first_chunk_reaching(first, last, oldest_ns) - first;
         let drop = over_bytes.max(aged).min(chunks - 1);
         if drop == 0 {
             return;
@@ -344,6 +332,21 @@ impl ColdLog {
             self.payload_bytes = per_chunk * (last + 1 - first);
             self.stats.chunks = last + 1 - first;
         }
+    }
+
+    /// The first chunk in `first..=last` whose last record is at or after `ts_ns` (`last`
+    /// when none is), by binary search: times rise with the chunks.
+    fn first_chunk_reaching(&self, first: u64, last: u64, ts_ns: u64) -> u64 {
+        let (mut lo, mut hi) = (first, last);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.chunk_last_ts(mid) < ts_ns {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
     }
 
     fn chunk_last_ts(&self, index: u64) -> u64 {
@@ -437,16 +440,7 @@ impl ColdLog {
         if self.chunk_last_ts(last) < since_ns {
             return Ok(None);
         }
-        let (mut lo, mut hi) = (first, last);
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if self.chunk_last_ts(mid) < since_ns {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
-        let c = self.chunk(lo)?;
+        let c = self.chunk(self.first_chunk_reaching(first, last, since_ns))?;
         Ok(c.records
             .iter()
             .find(|r| r.ts_ns() >= since_ns)
