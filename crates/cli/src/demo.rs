@@ -199,10 +199,14 @@ fn start_admin(
 /// Default delivery port when none is given.
 const DELIVERY_PORT_DEFAULT: u16 = 8700;
 
+/// Records the demo's delivery node keeps in memory per core; older ones go to disk.
+const DEMO_DELIVERY_RECORDS_PER_CORE_MAX: usize = 100_000;
+
 /// A delivery node over every replicated core of the deployment (none for in-process cores).
 fn start_delivery(
     args: &DemoArgs,
     deployment: &LocalDeployment,
+    data_dir: &std::path::Path,
 ) -> Result<Option<bourse_delivery::DeliveryNode>> {
     let cores: Vec<bourse_delivery::CoreSource> = deployment
         .node_addrs()
@@ -222,12 +226,18 @@ fn start_delivery(
         name: "bourse-demo".into(),
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
         binary_listen: None,
-        state_dir: None,
-        persist_interval_ms: 1_000,
+        // A small memory and cold data on disk, so that a demo of a few minutes already
+        // answers `--since-seconds` reads from disk (docs/delivery.md); the state file is
+        // written rarely, as the demo's cores have little CPU to spare.
+        state_dir: Some(data_dir.join("delivery")),
+        persist_interval_ms: 10_000,
         cores: cores.clone(),
         follow: None,
-        cold: None,
-        limits: bourse_delivery::Limits::default(),
+        cold: Some(bourse_delivery::cold::ColdConfig::default()),
+        limits: bourse_delivery::Limits {
+            records_per_core_max: DEMO_DELIVERY_RECORDS_PER_CORE_MAX,
+            ..bourse_delivery::Limits::default()
+        },
     };
     let node = match args.delivery_port {
         Some(port) => bourse_delivery::DeliveryNode::start(config(port)),
@@ -496,7 +506,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         deployment.describe()
     );
     print_layout(&deployment, &profile, &dashboard);
-    let delivery = start_delivery(&args, &deployment)?;
+    let delivery = start_delivery(&args, &deployment, &data_dir)?;
     if let (Some(d), Some((monitor, _))) = (&delivery, &dashboard) {
         let shared = Arc::clone(d.shared());
         monitor
@@ -507,8 +517,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
     if let Some(d) = &delivery {
         println!(
             "  delivery: {}/v1/orders (every order's latest state by cursor); follow it with: \
-             bourse delivery tail --addr {}",
+             bourse delivery tail --addr {}; what changed in the last minute, from memory and \
+             disk: bourse delivery tail --addr {} --since-seconds 60 --until-empty",
             d.url(),
+            d.addr(),
             d.addr()
         );
     }
