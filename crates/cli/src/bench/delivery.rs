@@ -12,6 +12,11 @@
 //! empty answers, with the wait (`wait_us` 500) and without it (`wait_us` 0). HTTP readers
 //! decode only each record's time stamp (a client that reads the header first); binary
 //! readers decode every record. Writer, server and readers share this machine's cores.
+//! Scenario `cold-reads`: the same writes into a store that keeps an eighth of its records
+//! in memory and the rest on disk (`[cold]`: the eviction's disk writes are in the write rate),
+//! then one reader reads everything from the origin in answers of 1,000 records through the
+//! store's query (no network), and again from a store that holds it all in memory: records/s
+//! and the time of one answer, from disk and from memory.
 
 use super::common::{self, histogram, record, Latency, Machine};
 use anyhow::{anyhow, Result};
@@ -181,6 +186,7 @@ pub fn bench(args: DeliveryBenchArgs) -> Result<()> {
         );
     }
     store_writes(&args, &entries, &machine)?;
+    cold_reads(&args, &entries, &machine)?;
     for &front in &args.fronts {
         for &n in &args.readers {
             for wait_us in [500u64, 0] {
@@ -248,6 +254,115 @@ fn store_writes(
         );
         println!("{}", common::latency_header());
         println!("{}", common::latency_row("entry apply", &l));
+    }
+    Ok(())
+}
+
+/// Records per answer of the `cold-reads` scenario.
+const COLD_READ_ROWS: usize = 1_000;
+
+/// Writes every entry into `store` (timed), then reads everything from the origin in answers
+/// of [`COLD_READ_ROWS`] (each timed): (records written, write seconds, records read, read
+/// seconds, answer times).
+fn write_then_read_all(
+    store: &mut Store,
+    views: &[EntryView],
+) -> (u64, f64, u64, f64, Histogram<u64>) {
+    let t = Instant::now();
+    let mut written = 0u64;
+    for v in views {
+        written += store.apply_entry(0, v).expect("entries in order") as u64;
+    }
+    let write_s = t.elapsed().as_secs_f64();
+    let mut h = histogram();
+    let mut cursor = Some(store.cursor(&[bourse_delivery::Pos::START]));
+    let mut read = 0u64;
+    let t = Instant::now();
+    loop {
+        let s = Instant::now();
+        let start = store.resolve(cursor.as_ref()).expect("the origin is kept");
+        let a = store.query_start(&start, &Filter::default(), COLD_READ_ROWS);
+        let next = store.cursor_after(&start, &a.next);
+        record(&mut h, s.elapsed().as_nanos() as u64);
+        if a.records.is_empty() && cursor.as_ref() == Some(&next) {
+            break;
+        }
+        read += a.records.len() as u64;
+        cursor = Some(next);
+    }
+    (written, write_s, read, t.elapsed().as_secs_f64(), h)
+}
+
+fn cold_reads(args: &DeliveryBenchArgs, entries: &[EntryEvents], machine: &Machine) -> Result<()> {
+    let views: Vec<EntryView> = entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| entry(i as u64, e, None))
+        .collect();
+    let dir = std::env::temp_dir().join(format!("bourse-bench-cold-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = |records_per_core_max| StoreConfig {
+        deployment: "bench".into(),
+        cores: vec![0],
+        records_per_core_max,
+        secondary_indexes: true,
+    };
+    let mut whole = Store::new(&config(usize::MAX / 2));
+    let (written, memory_write_s, memory_read, memory_read_s, memory_h) =
+        write_then_read_all(&mut whole, &views);
+    // An eighth of what the store keeps in memory: most of a read from the origin comes
+    // from disk.
+    let memory_max = (whole.stats()[0].records / 8).max(1_000);
+    drop(whole);
+    let mut cold = Store::new(&config(memory_max));
+    cold.attach_cold(&dir, &bourse_delivery::cold::ColdConfig::default())
+        .map_err(|e| anyhow!(e))?;
+    let (_, cold_write_s, cold_read, cold_read_s, cold_h) = write_then_read_all(&mut cold, &views);
+    let on_disk = cold.stats()[0]
+        .cold
+        .as_ref()
+        .map_or(0, |c| c.records_written);
+    drop(cold);
+    let _ = std::fs::remove_dir_all(&dir);
+    let per_s = |n: u64, s: f64| (n as f64 / s.max(1e-9)).round() as u64;
+    let (cold_l, memory_l) = (Latency::of(&cold_h), Latency::of(&memory_h));
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "bench": "delivery", "scenario": "cold-reads", "records": written,
+                "records_on_disk": on_disk, "records_in_memory_max": memory_max,
+                "writes_per_s_cold": per_s(written, cold_write_s),
+                "writes_per_s_memory": per_s(written, memory_write_s),
+                "reads_per_s_cold": per_s(cold_read, cold_read_s),
+                "reads_per_s_memory": per_s(memory_read, memory_read_s),
+                "answer_ns_cold": cold_l, "answer_ns_memory": memory_l,
+                "rows_per_answer": COLD_READ_ROWS,
+                "machine": machine, "version": common::version(),
+            })
+        );
+    } else {
+        println!(
+            "\ncold-reads: {} records written, {} evicted to disk (memory keeps {}); \
+             writes {} records/s with cold data, {} without",
+            common::count(written),
+            common::count(on_disk),
+            common::count(memory_max as u64),
+            common::count(per_s(written, cold_write_s)),
+            common::count(per_s(written, memory_write_s))
+        );
+        println!(
+            "  read from the origin, {} records per answer: {} records/s from disk and memory \
+             ({} records), {} records/s from memory alone ({} records)",
+            COLD_READ_ROWS,
+            common::count(per_s(cold_read, cold_read_s)),
+            common::count(cold_read),
+            common::count(per_s(memory_read, memory_read_s)),
+            common::count(memory_read)
+        );
+        println!("{}", common::latency_header());
+        println!("{}", common::latency_row("answer, disk", &cold_l));
+        println!("{}", common::latency_row("answer, memory", &memory_l));
     }
     Ok(())
 }
