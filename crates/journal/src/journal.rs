@@ -493,6 +493,16 @@ impl Journal {
         self.next_index
     }
 
+    /// Bytes of memory the journal keeps per record: each segment's offset table (4 bytes a
+    /// record, counted by capacity). It follows the segments on disk, not the records ever
+    /// appended: a purge that deletes a segment frees its table (docs/results/memory.md).
+    pub fn record_offsets_bytes(&self) -> usize {
+        self.segments
+            .iter()
+            .map(|s| s.offsets.capacity() * std::mem::size_of::<u32>())
+            .sum()
+    }
+
     /// The first entry still readable, if the log holds any.
     pub fn first_index(&self) -> Option<u64> {
         let first = self.logical_first_index();

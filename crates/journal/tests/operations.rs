@@ -437,3 +437,36 @@ fn interrupted_reset_inside_the_log_is_finished_on_open() {
         expected_hash(0xbeef, &entries(11..13, 9))
     );
 }
+
+#[test]
+fn record_offsets_follow_the_kept_segments_not_the_appended_records() {
+    let dir = tempfile::tempdir().unwrap();
+    // Durability is not what is checked here: no fsync keeps the 3,000 appends quick.
+    let mut quick = config();
+    quick.fsync = bourse_journal::Fsync::Never;
+    let (mut journal, _) = Journal::open(dir.path(), quick).unwrap();
+    let kept = 100u64;
+    let mut held_max = 0u64;
+    for index in 0..3_000u64 {
+        journal.append(&entries(index..index + 1, 1)).unwrap();
+        if index >= kept && index % 50 == 0 {
+            journal.purge_upto(index - kept).unwrap();
+        }
+        // Whole segments are deleted, so the records still on disk are the kept ones plus
+        // those of the oldest segment below the purge point.
+        let first = journal.first_index().unwrap_or(0);
+        let on_disk = segment_files(dir.path()).len() as u64;
+        let held = journal.next_index() - first;
+        held_max = held_max.max(held);
+        let offsets = journal.record_offsets_bytes() as u64;
+        assert!(offsets >= 4 * held, "{offsets} bytes for {held} records");
+        // Each table at most doubles past its records (and holds at least 4 slots).
+        assert!(
+            offsets <= 8 * (held + 4 * on_disk),
+            "{offsets} bytes of offsets for {held} records in {on_disk} segments"
+        );
+    }
+    // 3,000 records appended; the tables hold only what the few kept segments hold.
+    assert!(held_max < 1_000, "{held_max} records held at most");
+    assert!(journal.record_offsets_bytes() < 4 * 3_000 / 2);
+}
