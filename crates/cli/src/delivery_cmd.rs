@@ -57,6 +57,9 @@ pub struct ServeArgs {
     /// seconds (86400: the day), so that older cursors and `since` reads are answered.
     #[arg(long, requires = "state_dir")]
     cold_retain_seconds: Option<u64>,
+    /// Worker threads of the node (feeds, both fronts, the persister).
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
     /// Mutual TLS to every `--core`'s nodes (required for nodes off the loopback).
     #[command(flatten)]
     tls: crate::cluster_cmd::NodeTlsArgs,
@@ -136,6 +139,7 @@ fn serve(args: ServeArgs) -> Result<()> {
             binary_listen: args.binary_listen,
             state_dir: args.state_dir,
             persist_interval_ms: 1_000,
+            threads: args.threads,
             cores: args
                 .cores
                 .iter()

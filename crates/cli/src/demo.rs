@@ -231,6 +231,7 @@ fn start_delivery(
         // written rarely, as the demo's cores have little CPU to spare.
         state_dir: Some(data_dir.join("delivery")),
         persist_interval_ms: 10_000,
+        threads: 2,
         cores: cores.clone(),
         follow: None,
         cold: Some(bourse_delivery::cold::ColdConfig::default()),

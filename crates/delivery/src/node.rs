@@ -107,6 +107,10 @@ pub struct DeliveryConfig {
     pub state_dir: Option<PathBuf>,
     #[serde(default = "persist_interval_ms_default")]
     pub persist_interval_ms: u64,
+    /// Worker threads of the node's runtime (the feeds, both fronts, the persister): more
+    /// answer more readers at once on a machine with the cores for them.
+    #[serde(default = "threads_default")]
+    pub threads: usize,
     /// The cores read directly (a primary); empty on a read replica.
     #[serde(default)]
     pub cores: Vec<CoreSource>,
@@ -151,6 +155,13 @@ impl Role {
             Role::Replica { secondary_indexes } => secondary_indexes,
         }
     }
+}
+
+/// The most worker threads a node may ask for.
+pub const THREADS_MAX: usize = 64;
+
+fn threads_default() -> usize {
+    2
 }
 
 fn persist_interval_ms_default() -> u64 {
@@ -235,6 +246,9 @@ impl DeliveryConfig {
     }
 
     fn validate_limits(&self) -> Result<(), String> {
+        if !(1..=THREADS_MAX).contains(&self.threads) {
+            return Err(format!("threads must be 1..={THREADS_MAX}"));
+        }
         let l = &self.limits;
         if l.rows_per_answer_default == 0 || l.rows_per_answer_default > l.rows_per_answer_max {
             return Err("limits: rows_per_answer_default must be 1..=rows_per_answer_max".into());
@@ -504,7 +518,7 @@ impl DeliveryNode {
         config.validate()?;
         let store = load_store(&config)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(config.threads)
             .thread_name("bourse-delivery")
             .enable_all()
             .build()
@@ -910,6 +924,7 @@ mod tests {
             binary_listen: None,
             state_dir: None,
             persist_interval_ms: 10,
+            threads: 2,
             cores: Vec::new(),
             follow: None,
             cold: None,
@@ -923,5 +938,12 @@ mod tests {
         };
         c.cores = vec![core.clone(), core];
         assert!(c.validate().unwrap_err().contains("core 3 is listed twice"));
+        c.cores.pop();
+        c.threads = 0;
+        assert!(c.validate().unwrap_err().contains("threads must be 1..=64"));
+        c.threads = 65;
+        assert!(c.validate().unwrap_err().contains("threads must be 1..=64"));
+        c.threads = 8;
+        assert!(c.validate().is_ok());
     }
 }

@@ -479,6 +479,7 @@ fn replica_config(primary: &bourse_delivery::DeliveryNode, cores: Vec<u32>) -> D
         binary_listen: Some("127.0.0.1:0".parse().unwrap()),
         state_dir: None,
         persist_interval_ms: 1_000,
+        threads: 2,
         cores: Vec::new(),
         follow: Some(Follow {
             primary: primary.binary_addr().unwrap(),
@@ -584,6 +585,7 @@ fn a_replica_configuration_names_what_is_wrong() {
         binary_listen: None,
         state_dir: None,
         persist_interval_ms: 1_000,
+        threads: 2,
         cores: Vec::new(),
         follow: Some(Follow {
             primary: "127.0.0.1:1".parse().unwrap(),

@@ -229,6 +229,7 @@ pub fn delivery_config(cores: &[&Core], state_dir: Option<std::path::PathBuf>) -
         binary_listen: Some("127.0.0.1:0".parse().unwrap()),
         state_dir,
         persist_interval_ms: 20,
+        threads: 2,
         cores: cores.iter().map(|c| c.source()).collect(),
         follow: None,
         cold: None,
