@@ -29,6 +29,9 @@
 //! - [`ClusterConfig`], [`Node`] (`node`): a node's configuration (TOML), its start-up, its
 //!   smart batcher (requests that arrive while earlier batches are in flight form the next
 //!   batch), its hash-check proposer, and its server.
+//! - [`admission`]: the batcher's two lanes: trading requests are batched first; the bulk
+//!   lane (the admin's clients, [`admission::BULK_CLIENT_ID_MIN`] on) gets at most a share of
+//!   the batches in flight and smaller batches, so trading never queues behind bulk additions.
 //! - [`stages::Stages`] (`stages`): where a request's time goes inside a node (queue,
 //!   propose, replicate, commit and apply, reply; AppendEntries round trips and the
 //!   follower's append; market data publication delay) in HDR histograms, per batch, RPC and
@@ -65,6 +68,7 @@
 // would only move the allocation onto the error path of each caller.
 #![allow(clippy::result_large_err)]
 
+pub mod admission;
 pub mod archive;
 pub mod batch;
 pub mod client;

@@ -16,11 +16,12 @@ use openraft::error::ClientWriteError;
 use openraft::{BasicNode, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::admission::{admission, Admission, AdmissionSender};
 use crate::archive::{ArchiveWriter, StreamArchive};
-use crate::batch::{BatchBuilder, LogCommand, REQUESTS_PER_BATCH_MAX};
+use crate::batch::{BatchBuilder, LogCommand};
 use crate::consumer::StreamConsumer;
 use crate::hooks::NodeHooks;
 use crate::net::{
@@ -37,11 +38,8 @@ use crate::transport::{
 use crate::{NodeId, Raft};
 use bourse_core::codec::check_command_form;
 
-/// Client requests a node queues for the batcher before it pushes back on connections.
-pub const PENDING_REQUESTS_MAX: usize = 65_536;
-/// Batches proposed to openraft and not yet answered. More arriving requests wait and form the
-/// next, larger batch (smart batching).
-pub const BATCHES_IN_FLIGHT_MAX: usize = 4;
+// The batcher's queues (a trading lane and a bulk lane) and permits live in `admission`.
+pub use crate::admission::{BATCHES_IN_FLIGHT_MAX, PENDING_REQUESTS_MAX};
 /// Frames queued for one connection's writer.
 pub const CONNECTION_QUEUE_FRAMES_MAX: usize = 4096;
 /// How long a subscription waits for room in its connection's queue before it gives the
@@ -488,7 +486,7 @@ struct Shared {
     raft: Raft,
     sm: StateMachineStore,
     alarm: Alarm,
-    submit: mpsc::Sender<Pending>,
+    submit: AdmissionSender<Pending>,
     hooks: Arc<NodeHooks>,
     stages: Arc<Stages>,
     archive: Option<StreamArchive>,
@@ -662,7 +660,7 @@ impl Node {
                 eprintln!("bourse node {id}: initialize: {e} (another member did it first)");
             }
         }
-        let (submit, submit_rx) = mpsc::channel(PENDING_REQUESTS_MAX);
+        let (submit, submit_rx) = admission();
         let hooks = Arc::new(NodeHooks::default());
         let shared = Arc::new(Shared {
             acceptor,
@@ -751,8 +749,7 @@ impl Node {
 
     /// Client requests queued for the batcher now.
     pub fn batcher_queue_depth(&self) -> usize {
-        let s = &self.shared.submit;
-        s.max_capacity() - s.capacity()
+        self.shared.submit.depth()
     }
 
     /// The committed stream from `from_index` on: every entry this node applies (a follower
@@ -1284,12 +1281,11 @@ async fn enqueue(
         received_ns,
         queued_at: shared.hooks.sample_t2(),
     };
-    shared.submit.send(pending).await.map_err(|e| {
-        (
-            SubmitError::Unavailable("node is stopping".into()),
-            e.0.reply,
-        )
-    })
+    shared
+        .submit
+        .send(client_id, pending)
+        .await
+        .map_err(|p| (SubmitError::Unavailable("node is stopping".into()), p.reply))
 }
 
 /// For a leader that no quorum has acknowledged for longer than the election timeout (its
@@ -1307,28 +1303,20 @@ fn quorum_lost_ms(shared: &Shared) -> Option<u64> {
 
 /// Smart batching: takes whatever requests are queued (up to the batch limit) as one entry;
 /// while `BATCHES_IN_FLIGHT_MAX` batches await commit, new requests queue and form the next.
+/// Trading requests are taken before bulk ones (see `admission`).
 async fn batcher(
     raft: Raft,
     config: ClusterConfig,
-    mut rx: mpsc::Receiver<Pending>,
+    mut rx: Admission<Pending>,
     hooks: Arc<NodeHooks>,
     stages: Arc<Stages>,
 ) {
     // Shared by the batches' tasks (a clone per batch would copy every member's address).
     let config = Arc::new(config);
-    let permits = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT_MAX));
     loop {
-        let Ok(permit) = permits.clone().acquire_owned().await else {
+        let Some((batch, permit)) = rx.next_batch().await else {
             return;
         };
-        let Some(first) = rx.recv().await else { return };
-        let mut batch = vec![first];
-        while batch.len() < REQUESTS_PER_BATCH_MAX as usize {
-            match rx.try_recv() {
-                Ok(p) => batch.push(p),
-                Err(_) => break,
-            }
-        }
         // The batch's t2 for the monitor: its first sampled request's (rarely any).
         let queued_at = batch.iter().find_map(|p| p.queued_at);
         let mut stamps = BatchStamps {
