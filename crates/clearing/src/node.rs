@@ -31,9 +31,10 @@ use bourse_monitor::metrics::{Counter, Gauge, Histogram, Registry};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use crate::fees::FeeSchedule;
 use crate::fix::{FixSection, FixServer};
 use crate::report::{save_plan, saved_runs, Report};
-use crate::run::{compute_run, RunKind, RunPlan, SettlementRule};
+use crate::run::{compute_run_with_fees, RunKind, RunPlan, SettlementRule};
 use crate::schedule::{ClearingSchedule, Clock, ScheduleSection, ScheduledRun, SystemClock};
 use crate::service::{execute, stream_end, with_ids, ExecuteOptions};
 use crate::state::ClearingState;
@@ -112,6 +113,10 @@ pub struct ClearingConfig {
     /// a port of its own); absent: HTTP only.
     #[serde(default)]
     pub fix: Option<FixSection>,
+    /// Trading fees charged by each new run (`[fees]`: the venue's account and the rates);
+    /// absent: none. A run records the schedule it charged with in its plan.
+    #[serde(default)]
+    pub fees: Option<FeeSchedule>,
 }
 
 fn listen_default() -> SocketAddr {
@@ -148,6 +153,9 @@ impl ClearingConfig {
         }
         if !self.listen.ip().is_loopback() && self.operators.is_empty() {
             return Err("listen: a clearing node on a non-loopback address needs operators".into());
+        }
+        if let Some(fees) = &self.fees {
+            fees.check()?;
         }
         if let Some(fix) = &self.fix {
             fix.validate()?;
@@ -629,7 +637,8 @@ impl Shared {
                 ),
             ));
         }
-        let mut plan = compute_run(&inner.state, run_id, kind, &rule);
+        let mut plan =
+            compute_run_with_fees(&inner.state, run_id, kind, &rule, self.config.fees.as_ref());
         plan.scheduled_ns = request.scheduled_ns;
         let plan = Arc::new(plan);
         save_plan(&self.config.runs_dir(), &plan).map_err(|e| run_error(500, e))?;

@@ -30,12 +30,13 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use bourse_core::{format_scaled, AccountId, FirmId, Market, CASH_SCALE};
+use bourse_core::{format_scaled, AccountId, FirmId, InstrumentId, Market, CASH_SCALE};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::fees::FeeSchedule;
 use crate::node::{RunRequest, Shared};
 use crate::state::{trade_value, value_to_cash_floor, ClearingState};
 
@@ -154,7 +155,11 @@ fn cash(v: i128) -> String {
 }
 
 /// One account's clearing data (and its totals in cash units, for firm sums).
-fn account_json(state: &ClearingState, account: AccountId) -> (Value, [i128; 3]) {
+fn account_json(
+    state: &ClearingState,
+    fees: Option<&FeeSchedule>,
+    account: AccountId,
+) -> (Value, [i128; 3]) {
     let mut positions = Vec::new();
     let mut totals = [0i128; 3]; // realised, variation margin paid, variation margin open
     for (instrument, p) in state.account_positions(account) {
@@ -214,8 +219,25 @@ fn account_json(state: &ClearingState, account: AccountId) -> (Value, [i128; 3])
         "realised_pnl": cash(totals[0]),
         "variation_margin_paid": cash(totals[1]),
         "variation_margin_open": cash(totals[2]),
+        "fees_paid": cash(state.fees_paid(account).0),
+        "fees_due": cash(fees_due(state, fees, account)),
     });
     (v, totals)
+}
+
+/// The fees the next run would charge `account` for what it traded since the last.
+fn fees_due(state: &ClearingState, fees: Option<&FeeSchedule>, account: AccountId) -> i128 {
+    let Some(schedule) = fees else {
+        return 0;
+    };
+    state
+        .fee_bases()
+        .range((account, InstrumentId(0))..=(account, InstrumentId(u32::MAX)))
+        .filter_map(|(&(_, i), base)| {
+            let def = state.definition(i)?;
+            Some(base.fee(def, schedule.rate_of(def)?))
+        })
+        .sum()
 }
 
 fn cut_json(state: &ClearingState) -> Value {
@@ -245,7 +267,7 @@ async fn account(
             format!("account {id} has neither been added nor traded on the cores clearing follows"),
         );
     }
-    let (mut v, _) = account_json(state, account);
+    let (mut v, _) = account_json(state, s.config.fees.as_ref(), account);
     v["as_of"] = cut_json(state);
     axum::Json(v).into_response()
 }
@@ -291,7 +313,7 @@ async fn firm(
             more = true;
             break;
         }
-        let (v, t) = account_json(state, a);
+        let (v, t) = account_json(state, s.config.fees.as_ref(), a);
         for (sum, x) in totals.iter_mut().zip(t) {
             *sum += x;
         }

@@ -16,8 +16,8 @@ use std::collections::BTreeMap;
 use bourse_clearing::fix::{self, business_date, field, group, FixSection, PositionsClient};
 use bourse_clearing::node::Limits;
 use bourse_clearing::{
-    run_client_id, stream_end, ClearingConfig, ClearingNode, ExecuteOptions, RunKind, RunRequest,
-    SettlementRule,
+    run_client_id, stream_end, ClearingConfig, ClearingNode, ExecuteOptions, FeeRate, FeeSchedule,
+    RunKind, RunRequest, SettlementRule,
 };
 use bourse_cluster::{Client, ClusterConfig, Node, NodeId, StreamConsumer};
 use bourse_core::*;
@@ -222,6 +222,7 @@ fn config(core: &Core, state_dir: &Path, standby_of: Option<String>) -> Clearing
         },
         schedule: None,
         fix: None,
+        fees: None,
     }
 }
 
@@ -676,6 +677,16 @@ fn clearing_data_over_fix_answers_a_firm_its_own_positions_intraday_and_at_end_o
         listen: "127.0.0.1:0".parse().unwrap(),
         ..FixSection::default()
     });
+    // Fees per lot: the aggressor (every buyer here) 1.00, the resting side 0.50; account 4
+    // is the venue's.
+    cfg.fees = Some(FeeSchedule {
+        venue_account: 4,
+        rates: vec![FeeRate {
+            maker_per_lot: "0.50".into(),
+            taker_per_lot: "1".into(),
+            ..FeeRate::default()
+        }],
+    });
     let node = start(cfg);
     assert!(node.wait_for_cut(&[core.end()], WAIT), "the feed follows");
     // The trades are stamped 1,000 ns after the epoch: their business date.
@@ -724,6 +735,10 @@ fn clearing_data_over_fix_answers_a_firm_its_own_positions_intraday_and_at_end_o
     assert_eq!(amounts["FMTM"], http.body["variation_margin_open"]);
     assert_eq!(amounts["IMTM"], http.body["variation_margin_open"]);
     assert_eq!(amounts["FMTM"], cash((1_020 * 5 - 480 * 2) * 1_0000));
+    // Account 1 took 7 lots: 7.00 of fees due at the next run, on both sides.
+    assert_eq!(amounts["FEES"], "7.0000");
+    assert_eq!(http.body["fees_due"], "7.0000");
+    assert_eq!(http.body["fees_paid"], "0.0000");
     // Account 2 bought 3 and 4 lots; asked by Symbol.
     let two = fiona
         .positions(2, &today, "ITD", Some("FUT"), WAIT)
@@ -776,9 +791,23 @@ fn clearing_data_over_fix_answers_a_firm_its_own_positions_intraday_and_at_end_o
     let (qty, amounts) = report_groups(ap);
     assert_eq!(qty["FIN"], (7, 0));
     assert_eq!(amounts["IMTM"], cash(vm_of(1)));
+    assert_eq!(amounts["FEES"], "7.0000", "the run charged the fees");
+    let http = client(&node, Some("fiona")).get("/v1/accounts/1").unwrap();
+    assert_eq!(http.body["fees_paid"], "7.0000");
+    assert_eq!(http.body["fees_due"], "0.0000");
+    // The venue's account received every side's fees: 7 + 7 taken, 4.50 + 2.50 made.
+    let venue_line = eod["accounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["account"] == 4)
+        .unwrap()
+        .clone();
+    assert_eq!(venue_line["fees"], "-18.5000", "{venue_line}");
     // Intraday after the run: what is open is the whole less what the run paid.
     let itd = fiona.positions(1, &today, "ITD", None, WAIT).unwrap();
     let (_, amounts) = report_groups(&itd.reports[0]);
+    assert!(!amounts.contains_key("FEES"), "charged: none due");
     let parse = |s: &str| -> i128 { s.replace('.', "").parse().unwrap() };
     assert_eq!(parse(&amounts["FMTM"]) - parse(&amounts["IMTM"]), vm_of(1));
     assert_eq!(

@@ -233,6 +233,7 @@ fn clearing_serve_runs_when_the_cli_asks_and_answers_clearing_data() {
     let v = venue(&rt, dir.path());
     let hash = bourse_auth::hash_password_with("op-pw", bourse_auth::HashCost::TEST_ONLY).unwrap();
     let listen = format!("127.0.0.1:{}", bourse_testkit::free_port());
+    let fix_listen = format!("127.0.0.1:{}", bourse_testkit::free_port());
     let nodes: Vec<String> = v.group.iter().map(|n| format!("\"{}\"", n.1)).collect();
     let config = dir.path().join("clearing.toml");
     std::fs::write(
@@ -240,6 +241,7 @@ fn clearing_serve_runs_when_the_cli_asks_and_answers_clearing_data() {
         format!(
             "name = \"cli\"\nlisten = \"{listen}\"\ncores = [[{}]]\ninstruments = \"instruments.json\"\n\
              state_dir = \"clearing\"\n[settlement]\nlast_trades = 1\n\
+             [fix]\nlisten = \"{fix_listen}\"\n\
              [[operators]]\nname = \"op\"\npassword_hash = \"{}\"\nroles = [\"operator\"]\n",
             nodes.join(","),
             hash.as_str()
@@ -319,6 +321,55 @@ fn clearing_serve_runs_when_the_cli_asks_and_answers_clearing_data() {
         .path()
         .join("clearing/reports/run-000001/firm-1.csv")
         .exists());
+    // The same over FIX: `bourse clearing positions` asks with RequestForPositions.
+    let now_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let today = bourse_clearing::fix::business_date(now_ns, 0);
+    let positions = Process::new(BOURSE)
+        .args([
+            "clearing",
+            "positions",
+            "--fix",
+            &fix_listen,
+            "--comp-id",
+            "op",
+            "--account",
+            "1",
+            "--date",
+            &today,
+        ])
+        .env("BOURSE_CLEARING_PASSWORD", "op-pw")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&positions.stdout).to_string();
+    assert!(
+        positions.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&positions.stderr)
+    );
+    assert!(text.contains("TOT 6 0"), "{text}");
+    assert!(text.contains("ITD"), "{text}");
+    let refused = Process::new(BOURSE)
+        .args([
+            "clearing",
+            "positions",
+            "--fix",
+            &fix_listen,
+            "--comp-id",
+            "op",
+            "--account",
+            "1",
+            "--date",
+            &today,
+        ])
+        .env("BOURSE_CLEARING_PASSWORD", "wrong")
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert!(why.contains("invalid credentials"), "{why}");
     // Stopped with SIGINT, it snapshots its state.
     let stopped = Process::new("kill")
         .args(["-INT", &serve.id().to_string()])

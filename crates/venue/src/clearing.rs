@@ -61,6 +61,7 @@ pub(crate) fn start_node(
         },
         schedule: None,
         fix: None,
+        fees: None,
     };
     ClearingNode::start(config, instruments)
 }
