@@ -5,7 +5,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use bourse_cluster::tokio;
 use bourse_core::{AccountId, FirmId, InstrumentId};
 use bourse_delivery::{
-    AnyClient, CoreSource, DeliveryConfig, DeliveryNode, Filter, Limits, PollRequest,
+    AnyClient, CoreSource, DeliveryConfig, DeliveryNode, Filter, Follow, Limits, PollRequest,
 };
 use clap::{Args, Subcommand};
 use std::io::Write;
@@ -40,11 +40,23 @@ pub struct ServeArgs {
     binary_listen: Option<SocketAddr>,
     /// A core: `ID=ADDR,ADDR,ADDR` (its id in cursors and the client addresses of its
     /// nodes); repeat for each core.
-    #[arg(long = "core", required_unless_present = "config")]
+    #[arg(long = "core", required_unless_present_any = ["config", "follow"])]
     cores: Vec<String>,
+    /// Be a read replica of the delivery node whose binary API is at this address (it keeps
+    /// no secondary indexes and answers unfiltered polls only); name its cores with
+    /// `--follow-cores`.
+    #[arg(long, conflicts_with_all = ["cores", "state_dir"], requires = "follow_cores")]
+    follow: Option<SocketAddr>,
+    /// The primary's core ids, in its order (for example `0,1`).
+    #[arg(long, value_delimiter = ',')]
+    follow_cores: Vec<u32>,
     /// Where the store is persisted (kept in memory only if not given).
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// Keep the records evicted from memory on disk under `STATE_DIR/cold` for this many
+    /// seconds (86400: the day), so that older cursors and `since` reads are answered.
+    #[arg(long, requires = "state_dir")]
+    cold_retain_seconds: Option<u64>,
     /// Mutual TLS to every `--core`'s nodes (required for nodes off the loopback).
     #[command(flatten)]
     tls: crate::cluster_cmd::NodeTlsArgs,
@@ -62,6 +74,10 @@ pub struct TailArgs {
     /// Continue from this cursor (the one a previous tail printed last).
     #[arg(long)]
     cursor: Option<String>,
+    /// Start with what changed in the last this many seconds instead (HTTP; served from the
+    /// node's cold data where memory no longer holds it).
+    #[arg(long, conflicts_with_all = ["cursor", "binary"])]
+    since_seconds: Option<u64>,
     #[arg(long)]
     firm: Option<u32>,
     #[arg(long)]
@@ -125,15 +141,32 @@ fn serve(args: ServeArgs) -> Result<()> {
                 .iter()
                 .map(|c| parse_core(c, args.tls.files()))
                 .collect::<Result<_>>()?,
+            follow: args.follow.map(|primary| Follow {
+                primary,
+                cores: args.follow_cores.clone(),
+                secondary_indexes: false,
+            }),
+            cold: args.cold_retain_seconds.map(|retain_seconds| {
+                bourse_delivery::cold::ColdConfig {
+                    retain_seconds,
+                    ..Default::default()
+                }
+            }),
             limits: Limits::default(),
         },
     };
     let stop = crate::cluster_cmd::stop_flag();
     let node = DeliveryNode::start(config.clone()).map_err(|e| anyhow!(e))?;
+    let what = match &config.follow {
+        Some(f) => format!(
+            "a read replica of {} (core(s) {:?}, unfiltered polls only)",
+            f.primary, f.cores
+        ),
+        None => format!("{} core(s)", config.cores.len()),
+    };
     eprintln!(
-        "bourse delivery: serving {} core(s) on {} (GET /v1/orders, GET /v1/status); \
+        "bourse delivery: serving {what} on {} (GET /v1/orders, GET /v1/status); \
          follow it with: bourse delivery tail --addr {}",
-        config.cores.len(),
         node.url(),
         node.addr()
     );
@@ -163,8 +196,14 @@ fn serve(args: ServeArgs) -> Result<()> {
                 c.rows_sent.get(),
                 errors
                     .iter()
-                    .zip(&config.cores)
-                    .filter_map(|(e, c)| e.as_ref().map(|e| format!("; core {}: {e}", c.id)))
+                    .enumerate()
+                    .filter_map(|(slot, e)| {
+                        let e = e.as_ref()?;
+                        Some(match config.cores.get(slot) {
+                            Some(c) => format!("; core {}: {e}", c.id),
+                            None => format!("; following: {e}"),
+                        })
+                    })
                     .collect::<String>()
             );
         }
@@ -197,6 +236,12 @@ fn tail(args: TailArgs) -> Result<()> {
             limit: Some(args.limit),
             wait_us: Some(args.wait_us),
             min_rows: Some(args.min_rows),
+            since_ns: args.since_seconds.map(|s| {
+                let now_ns = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as u64);
+                now_ns.saturating_sub(s.saturating_mul(1_000_000_000))
+            }),
         };
         let started = Instant::now();
         let mut printed = 0u64;
@@ -221,6 +266,7 @@ fn tail(args: TailArgs) -> Result<()> {
                 Err(e) => break Err(anyhow!("{}: {e}", args.addr)),
             };
             req.cursor = Some(answer.header.next_cursor.clone());
+            req.since_ns = None;
             let mut out = out.lock();
             for r in &answer.records {
                 serde_json::to_writer(&mut out, r)?;

@@ -225,6 +225,8 @@ fn start_delivery(
         state_dir: None,
         persist_interval_ms: 1_000,
         cores: cores.clone(),
+        follow: None,
+        cold: None,
         limits: bourse_delivery::Limits::default(),
     };
     let node = match args.delivery_port {
@@ -495,6 +497,12 @@ pub fn run(args: DemoArgs) -> Result<()> {
     );
     print_layout(&deployment, &profile, &dashboard);
     let delivery = start_delivery(&args, &deployment)?;
+    if let (Some(d), Some((monitor, _))) = (&delivery, &dashboard) {
+        let shared = Arc::clone(d.shared());
+        monitor
+            .delivery()
+            .set_source(move || shared.counters.totals());
+    }
     let itch = start_itch(&args, &deployment, &profile)?;
     if let Some(d) = &delivery {
         println!(

@@ -15,10 +15,15 @@
 //!
 //! Per role, each row has what the structures count themselves: the nodes' stream rings, the
 //! feeds' replay history (the resident part of each channel's ring, summed over the feeds),
-//! the gateway's binary resend stores and the orders it tracks. A binary built with the
-//! `count-alloc` feature adds the heap's live bytes (`bourse_venue::heap`): when RSS grows
-//! and they do not, the growth is the allocator keeping freed memory, not the venue holding
-//! more. Each row also carries the machine's one-minute load average.
+//! the gateway's binary resend stores, its FIX sessions' stored messages, its finished orders
+//! (kept for status requests) and the orders it tracks. The roles are threads and tasks of
+//! this one process (the nine nodes share one runtime), so there is no RSS per role: these
+//! counters are the per-role account. The harness keeps no per-second series (the profile's
+//! `generator.series_seconds_max` is 0), so its own memory does not grow with the run's
+//! length. A binary built with the `count-alloc` feature adds the heap's live bytes
+//! (`bourse_venue::heap`): when RSS grows and they do not, the growth is the allocator keeping
+//! freed memory, not the venue holding more. Each row also carries the machine's one-minute
+//! load average.
 
 use anyhow::{anyhow, bail, Context, Result};
 use bourse_loadgen::RunOptions;
@@ -78,10 +83,12 @@ struct Sample {
     ring_bytes_max: usize,
     replay_history_bytes: u64,
     resend_bytes: usize,
+    fix_stored_bytes: usize,
+    finished_orders_bytes: usize,
     orders_tracked: usize,
 }
 
-const HEADER: &str = "t_s\tload_1m\tcommands\trss_anon_mib\tvm_rss_mib\tlive_heap_mib\tstream_rings_mib\tstream_ring_max_mib\treplay_history_mib\tgateway_resend_mib\tgateway_orders_tracked";
+const HEADER: &str = "t_s\tload_1m\tcommands\trss_anon_mib\tvm_rss_mib\tlive_heap_mib\tstream_rings_mib\tstream_ring_max_mib\treplay_history_mib\tgateway_resend_mib\tgateway_fix_stored_mib\tgateway_finished_orders_mib\tgateway_orders_tracked";
 
 fn mib(bytes: f64) -> f64 {
     bytes / (1u64 << 20) as f64
@@ -94,7 +101,7 @@ impl Sample {
             None => "-".into(),
         };
         format!(
-            "{:.0}\t{:.2}\t{}\t{:.1}\t{:.1}\t{live}\t{:.1}\t{:.2}\t{:.1}\t{:.1}\t{}",
+            "{:.0}\t{:.2}\t{}\t{:.1}\t{:.1}\t{live}\t{:.1}\t{:.2}\t{:.1}\t{:.1}\t{:.1}\t{:.1}\t{}",
             self.t_s,
             self.load_1m,
             self.commands,
@@ -104,6 +111,8 @@ impl Sample {
             mib(self.ring_bytes_max as f64),
             mib(self.replay_history_bytes as f64),
             mib(self.resend_bytes as f64),
+            mib(self.fix_stored_bytes as f64),
+            mib(self.finished_orders_bytes as f64),
             self.orders_tracked
         )
     }
@@ -132,8 +141,13 @@ pub fn run(args: SoakArgs) -> Result<()> {
         bail!("--minutes, --rate and --sample-s must be positive");
     }
     let seconds = args.minutes * 60.0;
-    let profile =
+    let mut profile =
         crate::demo::participants_profile(seconds, args.rate, ACCOUNTS, args.seed, false)?;
+    // The soak reports totals and its own samples, never the per-second series: keeping
+    // none holds the harness's memory flat (they cost ~130 KB per second of the run here:
+    // the generator's second and windows, one delay histogram per core), so what grows is
+    // the venue's.
+    profile.generator.series_seconds_max = 0;
     let out = args.out.clone().unwrap_or_else(|| {
         PathBuf::from(format!(
             "bourse-soak-{}.tsv",
@@ -205,6 +219,14 @@ pub fn run(args: SoakArgs) -> Result<()> {
                         resend_bytes: stats
                             .iter()
                             .map(|g| g.binary_resend_bytes.load(Ordering::Relaxed))
+                            .sum(),
+                        fix_stored_bytes: stats
+                            .iter()
+                            .map(|g| g.fix_stored_bytes.load(Ordering::Relaxed))
+                            .sum(),
+                        finished_orders_bytes: stats
+                            .iter()
+                            .map(|g| g.finished_orders_bytes.load(Ordering::Relaxed))
                             .sum(),
                         commands: stats
                             .iter()
@@ -282,6 +304,23 @@ fn summarize(samples: &[Sample]) {
     if let (Some(a), Some(b)) = (mid.live_heap_bytes, last.live_heap_bytes) {
         grown(a as f64, b as f64, "live heap");
     }
+    grown(
+        mid.rings_bytes as f64,
+        last.rings_bytes as f64,
+        "nodes: stream rings",
+    );
+    grown(
+        mid.replay_history_bytes as f64,
+        last.replay_history_bytes as f64,
+        "market data: replay history",
+    );
+    let gateway =
+        |s: &Sample| (s.resend_bytes + s.fix_stored_bytes + s.finished_orders_bytes) as f64;
+    grown(
+        gateway(mid),
+        gateway(last),
+        "gateway: resend stores, FIX stored messages, finished orders",
+    );
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! `bourse delivery serve` over a replicated core and `bourse delivery tail` reading it: what
 //! tail prints is each order's latest state, every trade and reject, as the core's committed
 //! stream says, and the example Python client reads the same; with the TLS flags it follows a
-//! core that requires certificates; a config file with an unknown key is refused naming it.
+//! core that requires certificates; a read replica (`--follow`) prints the same; a config file
+//! with an unknown key is refused naming it.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -182,6 +183,50 @@ async fn tail_prints_the_latest_state_of_every_order_a_core_committed() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(from_binary, printed);
+
+    // A read replica of that node (`--follow` its binary front) prints the same records, and
+    // refuses a filtered tail naming the primary.
+    let replica_listen = format!("127.0.0.1:{}", bourse_testkit::free_port());
+    let _replica = Guard(
+        Command::new(BOURSE)
+            .args(["delivery", "serve", "--name", "cli-test", "--listen"])
+            .args([
+                &replica_listen,
+                "--follow",
+                &binary_listen,
+                "--follow-cores",
+                "0",
+            ])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_caught_up(&replica_listen, end).await;
+    let tail = |extra: &[&str]| {
+        Command::new(BOURSE)
+            .args(["delivery", "tail", "--addr", &replica_listen])
+            .args(["--limit", "50", "--until-empty"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = tail(&[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let from_replica: Vec<Record> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(from_replica, printed);
+    let out = tail(&["--firm", "1"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("filter_not_served"), "{err}");
+    drop(_replica);
     drop(_serve);
     for n in nodes {
         n.shutdown().await;

@@ -43,6 +43,8 @@ fn a_short_soak_writes_a_row_per_sample_with_every_role_column() {
         "stream_rings_mib",
         "replay_history_mib",
         "gateway_resend_mib",
+        "gateway_fix_stored_mib",
+        "gateway_finished_orders_mib",
         "gateway_orders_tracked",
     ] {
         assert!(header.contains(&column), "{column} missing from {header:?}");

@@ -14,6 +14,9 @@
 //!   response decoded into an owned [`binary::Response`] with its sequence number;
 //!   retransmission on request.
 //!
+//! - [`delivery`]: the data-delivery client ([`delivery::DeliveryClient`] over HTTP/JSON,
+//!   [`delivery::BinaryClient`] over SBE/TCP, [`delivery::AnyClient`] over both): the latest
+//!   state of every order and trade by cursor (async, tokio).
 //! - [`TlsClient`]: either client over TLS to a gateway's TLS listeners (`FixClientConfig::tls`,
 //!   [`BinaryClient::connect_tls`]), trusting the authorities of a PEM file.
 //!
@@ -23,6 +26,7 @@
 #![forbid(unsafe_code)]
 
 pub mod binary;
+pub mod delivery;
 pub mod fix;
 pub mod transport;
 

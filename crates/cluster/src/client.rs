@@ -453,6 +453,7 @@ impl PipelinedClient {
             client_id,
             window,
             unanswered: BTreeMap::new(),
+            unsent_from: 0,
             generation: 0,
             notes: notes_tx,
         };
@@ -609,6 +610,11 @@ struct Driver {
     client_id: u64,
     window: usize,
     unanswered: BTreeMap<u64, Unanswered>,
+    /// Every unanswered request below this seq was sent on the current connection in this
+    /// generation: `send_unsent` looks only from here, so each answer costs the driver the
+    /// requests new since the last send, not a walk over the whole window (a walk per answer
+    /// was a fifth of the CPU of a bulk account addition at a 4,096 window).
+    unsent_from: u64,
     /// Bumped on every rewind; tags carry it.
     generation: u64,
     notes: mpsc::UnboundedSender<Note>,
@@ -675,7 +681,9 @@ impl Driver {
         buf.clear();
         let now = Instant::now();
         let generation = self.generation;
-        for (&seq, u) in self.unanswered.iter_mut() {
+        // Held, only the oldest unanswered request is probed, wherever it is.
+        let from = if self.held { 0 } else { self.unsent_from };
+        for (&seq, u) in self.unanswered.range_mut(from..) {
             if u.sent_at.is_some() {
                 if self.held {
                     break;
@@ -703,6 +711,7 @@ impl Driver {
                 // One probe at a time.
                 break;
             }
+            self.unsent_from = seq + 1;
         }
         if !buf.is_empty() {
             link.writer.write_all(buf).await?;
@@ -850,6 +859,7 @@ impl Driver {
                 for u in self.unanswered.values_mut() {
                     u.sent_at = None;
                 }
+                self.unsent_from = 0;
                 match r {
                     Rewind::Hold => {
                         self.held = true;
@@ -949,5 +959,19 @@ pub async fn node_last_seq(
     match conn.call(Request::LastSeq { client_id }, timeout).await? {
         Response::LastSeq(s) => Ok(s),
         _ => Err(std::io::Error::other("unexpected response to last seq")),
+    }
+}
+
+/// Asks one node for the core's instruments as of its last applied entry
+/// ([`crate::query::InstrumentsAnswer`]); an answer that does not decode is an error naming why.
+pub async fn node_instruments(
+    addr: SocketAddr,
+    timeout: Duration,
+) -> std::io::Result<crate::query::InstrumentsAnswer> {
+    let mut conn = PeerConnection::new(addr);
+    match conn.call(Request::Instruments, timeout).await? {
+        Response::Instruments { answer } => crate::query::InstrumentsAnswer::decode(&answer)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+        _ => Err(std::io::Error::other("unexpected response to instruments")),
     }
 }

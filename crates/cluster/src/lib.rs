@@ -51,6 +51,9 @@
 //!   `bourse_core::link::CoreLink`: commands through a pipelined client under the link's own
 //!   client id, every output taken from the committed stream, resubscribing on another node
 //!   from the next index when its node fails.
+//! - [`query::InstrumentsAnswer`] (`query`): what a node answers from its applied state to
+//!   `Request::Instruments` (every instrument with its definition, as of an applied index),
+//!   so that a gateway's link learns the instruments added before its stream starts.
 //! - [`hooks::NodeHooks`] (`hooks`): the few cheap observation points inside a node for its
 //!   monitor (sampled t2 stamps, the follower's commit index).
 //!
@@ -71,6 +74,7 @@ pub mod link;
 pub mod marketdata;
 pub mod net;
 pub mod node;
+pub mod query;
 pub mod sim;
 pub mod stages;
 pub mod state;

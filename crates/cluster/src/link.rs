@@ -10,11 +10,21 @@
 //! submissions: for each committed request, its events (`Event::OrderLog` left out) under the
 //! gateway's key and then `Done` if it is one of this link's requests, or under
 //! [`FOREIGN_KEY`] (no `Done`) if another client sent it (the resting side of a trade against
-//! another gateway's order, someone else's mass cancel), for the router to route by order id.
+//! another gateway's order, someone else's mass cancel), for the router to route by order id;
+//! another client's account additions and cash movements concern no order and are left out.
 //! The link remembers the last index it handled; when the stream's node fails it resubscribes
 //! on another node from the next index, so no report is lost or repeated. A command is
 //! reported once, when its first application is streamed: a resubmission after a failover is
 //! answered `Duplicate` and reported no more.
+//!
+//! At start the link also asks the leader for the group's instruments with their definitions
+//! (`crate::query::InstrumentsAnswer`, from its applied state, as of an index at or past the
+//! stream's start) and queues them for the gateway as `InstrumentAdded` events under
+//! [`FOREIGN_KEY`], before the stream's first entry: a gateway that crashed, whose stream
+//! starts after an operator added an instrument, still learns it (an instrument added later
+//! comes on the stream). A resubscription continues the stream from the next index, so it
+//! misses nothing and asks again for nothing; a link started again (a restarted gateway) asks
+//! again.
 //!
 //! `submit` never blocks: a full queue is [`SubmitError::Full`]. Outputs wait in a bounded
 //! queue; while the gateway does not drain it the link stops reading the stream, and a node
@@ -26,7 +36,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::client::{node_last_seq, node_status, PipelineHealth, PipelinedClient, StreamClient};
+use crate::client::{
+    node_instruments, node_last_seq, node_status, PipelineHealth, PipelinedClient, StreamClient,
+};
 use crate::{CommittedEntry, OutcomeKind, StreamError};
 use bourse_core::codec::decode_events;
 use bourse_core::link::{CoreLink, CoreOutput, RequestKey, SubmitError};
@@ -225,6 +237,9 @@ pub struct ClusterLink {
 struct Start {
     first_seq: u64,
     from_index: u64,
+    /// The group's instruments as of an index at or past `from_index - 1`, handed to the
+    /// gateway as `InstrumentAdded` events before the stream's first entry.
+    instruments: Vec<Event>,
 }
 
 async fn find_start(config: &ClusterLinkConfig) -> Result<Start, String> {
@@ -251,11 +266,31 @@ async fn find_start(config: &ClusterLinkConfig) -> Result<Start, String> {
                     continue;
                 }
             };
+            let from_index = config
+                .from_index
+                .unwrap_or_else(|| status.last_applied_index.map_or(0, |i| i + 1));
+            // The instruments added before the stream starts (an operator's, at run time)
+            // are behind it: the node's applied state names them all.
+            let answer = match node_instruments(addr, timeout).await {
+                Ok(a) => a,
+                Err(e) => {
+                    last_error = format!("{addr}: instruments: {e}");
+                    continue;
+                }
+            };
+            answer.complete().map_err(|e| format!("{addr}: {e}"))?;
+            if answer.next_index < from_index {
+                // A node that lost the lead since and lags: its state may miss an addition.
+                last_error = format!(
+                    "{addr}: instruments as of index {} where the stream starts at {from_index}",
+                    answer.next_index
+                );
+                continue;
+            }
             return Ok(Start {
                 first_seq: last_seq + 1,
-                from_index: config
-                    .from_index
-                    .unwrap_or_else(|| status.last_applied_index.map_or(0, |i| i + 1)),
+                from_index,
+                instruments: answer.events(),
             });
         }
         tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)).await;
@@ -285,8 +320,20 @@ impl ClusterLink {
         let outputs_max = config
             .queue_depth
             .saturating_mul(OUTPUTS_PER_COMMAND)
-            .min(OUTPUTS_QUEUED_MAX);
+            .min(OUTPUTS_QUEUED_MAX)
+            .max(start.instruments.len() + 1);
         let (output_tx, outputs) = bounded(outputs_max);
+        // Queued before the link returns, so a gateway that polls its links once before it
+        // serves routes every instrument from its first message (learning one it already
+        // knows, from its configuration or its saved state, changes nothing).
+        for event in &start.instruments {
+            output_tx
+                .try_send(Item::Output(CoreOutput::Event {
+                    key: FOREIGN_KEY,
+                    event: *event,
+                }))
+                .map_err(|_| "the output queue is sized for the instruments".to_string())?;
+        }
         let notify: Notify = Arc::new(Mutex::new(None));
         let status = Arc::new(Mutex::new(ClusterLinkStatus {
             last_index: start.from_index.checked_sub(1),
@@ -466,6 +513,17 @@ impl Drop for Feed {
     }
 }
 
+/// Whether another client's event is one the gateway has no use for: it routes other
+/// clients' events by order id (and learns instruments from `InstrumentAdded`), so an account
+/// added or cash moved by someone else would only cost its event loop time. An operator's
+/// bulk addition makes two such events per account, on the thread that also routes trading.
+fn concerns_no_order(event: &Event) -> bool {
+    matches!(
+        event,
+        Event::AccountAdded { .. } | Event::CashChanged { .. }
+    )
+}
+
 /// Why the worker ended.
 enum End {
     Stopped,
@@ -617,7 +675,7 @@ impl Worker {
                 ))
             })?;
             for event in events {
-                if matches!(event, Event::OrderLog(_)) {
+                if matches!(event, Event::OrderLog(_)) || (!done && concerns_no_order(&event)) {
                     continue;
                 }
                 self.emit(CoreOutput::Event { key, event }).await?;

@@ -78,6 +78,9 @@ pub enum Request {
     /// As `Status` without hashing the state now (cheap enough for a dashboard to poll
     /// often): `state_hash` is 0 and `checkpoint` carries the newest hash checkpoint.
     StatusBrief,
+    /// The core's instruments with their definitions, from the node's applied state
+    /// (`crate::query::InstrumentsAnswer`).
+    Instruments,
 }
 
 /// A `Vec<u8>` field as one serde byte string. Under bincode this is exactly the encoding of
@@ -186,6 +189,11 @@ pub enum Response {
     /// A subscription could not start, or ended (the subscriber lagged, a snapshot gap).
     StreamEnded(StreamError),
     LastSeq(u64),
+    /// The encoded `crate::query::InstrumentsAnswer`.
+    Instruments {
+        #[serde(with = "bytes_field")]
+        answer: Vec<u8>,
+    },
 }
 
 /// A request and the tag its response echoes.

@@ -1224,6 +1224,9 @@ async fn serve_connection(
             Request::LastSeq { client_id } => {
                 reply(Response::LastSeq(shared.sm.last_seq(client_id).await))
             }
+            Request::Instruments => reply(Response::Instruments {
+                answer: shared.sm.instruments_answer().await.encode(),
+            }),
         };
         // A peer that stops reading must not keep a stopping node's task alive.
         let sent = tokio::select! {

@@ -806,6 +806,13 @@ impl StateMachineStore {
         self.inner.lock().await.state.last_checkpoint()
     }
 
+    /// The core's instruments as of the last applied entry (`crate::query`).
+    pub async fn instruments_answer(&self) -> crate::query::InstrumentsAnswer {
+        let inner = self.inner.lock().await;
+        let next_index = inner.last_applied.map_or(0, |l| l.index + 1);
+        crate::query::InstrumentsAnswer::of_state(&inner.state, next_index)
+    }
+
     /// Runs `f` on the state (tests and tools).
     pub async fn with_state<R>(&self, f: impl FnOnce(&ReplicatedState) -> R) -> R {
         f(&self.inner.lock().await.state)

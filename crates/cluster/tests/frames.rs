@@ -24,7 +24,7 @@ fn read_one(bytes: &[u8]) -> (std::io::Result<bool>, Vec<u8>) {
 }
 
 fn request(kind: u8, tag: u64, a: u64, b: u64, command: Vec<u8>) -> Tagged<Request> {
-    let body = match kind % 5 {
+    let body = match kind % 6 {
         0 => Request::Submit {
             client_id: a,
             request_seq: b,
@@ -33,6 +33,7 @@ fn request(kind: u8, tag: u64, a: u64, b: u64, command: Vec<u8>) -> Tagged<Reque
         1 => Request::Subscribe { from_index: a },
         2 => Request::LastSeq { client_id: a },
         3 => Request::Status,
+        4 => Request::Instruments,
         _ => Request::StatusBrief,
     };
     Tagged { tag, body }

@@ -7,17 +7,25 @@
 //! before this position was delivered", and a CRC-32C of all the bytes before it (so a
 //! damaged or hand-edited cursor is refused, never misread). A core missing from a cursor is
 //! read from its start.
+//!
+//! Version 2 adds *floors*, written only while a client reads a snapshot: a snapshot starts
+//! below a core's horizon (live orders older than evicted records stay in the store), so a
+//! cursor cut inside it sits below the horizon too. A floor is the horizon when the snapshot
+//! began: the part stays good while the core's horizon has not moved past it, since nothing
+//! the snapshot promised has been evicted. Cursors without floors are written as version 1.
 
 use crate::record::Pos;
 use bourse_core::codec::{Reader, Writer};
 use std::fmt;
 
-/// The only version written and read.
+/// The version of a cursor without floors (the only one before floors existed).
 pub const CURSOR_VERSION: u8 = 1;
+/// The version of a cursor with floors.
+pub const CURSOR_VERSION_FLOORS: u8 = 2;
 /// At most this many cores behind one cursor (and one delivery node).
 pub const CORES_MAX: usize = 64;
 /// The longest binary form a cursor can have.
-pub const CURSOR_BYTES_MAX: usize = 1 + 8 + 1 + CORES_MAX * 16 + 4;
+pub const CURSOR_BYTES_MAX: usize = 1 + 8 + 1 + CORES_MAX * 16 + 1 + CORES_MAX * 16 + 4;
 /// The longest text a cursor can have; anything longer is refused before it is decoded.
 pub const CURSOR_TEXT_MAX: usize = 2 * CURSOR_BYTES_MAX;
 
@@ -27,6 +35,8 @@ pub struct Cursor {
     pub deployment: u64,
     /// `(core id, position)`, in the order the deployment lists its cores.
     pub parts: Vec<(u32, Pos)>,
+    /// `(core id, floor)` for parts read inside a snapshot (see the module's overview).
+    pub floors: Vec<(u32, Pos)>,
 }
 
 /// Why a cursor cannot be used, with what the client should do about it.
@@ -73,14 +83,25 @@ pub fn deployment_hash(name: &str) -> u64 {
 impl Cursor {
     /// The binary form (what the SBE protocol carries): version, deployment, parts, CRC.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut w = Writer::with_capacity(14 + 16 * self.parts.len());
-        w.u8(CURSOR_VERSION);
+        let mut w = Writer::with_capacity(15 + 16 * (self.parts.len() + self.floors.len()));
+        let floors = !self.floors.is_empty();
+        w.u8(if floors {
+            CURSOR_VERSION_FLOORS
+        } else {
+            CURSOR_VERSION
+        });
         w.u64(self.deployment);
-        w.u8(self.parts.len() as u8);
-        for (core, pos) in &self.parts {
-            w.u32(*core);
-            w.u64(pos.index);
-            w.u32(pos.ord);
+        let write = |w: &mut Writer, list: &[(u32, Pos)]| {
+            w.u8(list.len() as u8);
+            for (core, pos) in list {
+                w.u32(*core);
+                w.u64(pos.index);
+                w.u32(pos.ord);
+            }
+        };
+        write(&mut w, &self.parts);
+        if floors {
+            write(&mut w, &self.floors);
         }
         let crc = crc32c::crc32c(&w.buf);
         w.u32(crc);
@@ -120,58 +141,53 @@ impl Cursor {
         }
         let mut r = Reader::new(body);
         let version = r.u8().map_err(|e| bad(e.what))?;
-        if version != CURSOR_VERSION {
+        if version != CURSOR_VERSION && version != CURSOR_VERSION_FLOORS {
             return Err(CursorError::Malformed(format!(
-                "version {version}, this service reads version {CURSOR_VERSION}"
+                "version {version}, this service reads versions {CURSOR_VERSION} and \
+                 {CURSOR_VERSION_FLOORS}"
             )));
         }
         let deployment = r.u64().map_err(|e| bad(e.what))?;
-        let n = usize::from(r.u8().map_err(|e| bad(e.what))?);
-        if n > CORES_MAX {
-            return Err(bad("more cores than a deployment has"));
-        }
-        let mut parts = Vec::with_capacity(n);
-        for _ in 0..n {
-            let core = r.u32().map_err(|e| bad(e.what))?;
-            let index = r.u64().map_err(|e| bad(e.what))?;
-            let ord = r.u32().map_err(|e| bad(e.what))?;
-            if parts.iter().any(|(c, _)| *c == core) {
-                return Err(bad("a core named twice"));
+        let parts = read_parts(&mut r)?;
+        let floors = if version == CURSOR_VERSION_FLOORS {
+            let floors = read_parts(&mut r)?;
+            if floors.is_empty() || floors.iter().any(|(c, _)| !parts.iter().any(|p| p.0 == *c)) {
+                return Err(bad("a floor of a core without a part"));
             }
-            parts.push((core, Pos { index, ord }));
-        }
+            floors
+        } else {
+            Vec::new()
+        };
         r.expect_end().map_err(|e| bad(e.what))?;
-        Ok(Cursor { deployment, parts })
+        Ok(Cursor {
+            deployment,
+            parts,
+            floors,
+        })
     }
 }
 
-const HEX: &[u8; 16] = b"0123456789abcdef";
-
-/// Bytes as lowercase hex, the cursor's text form.
-pub(crate) fn hex_text(bytes: &[u8]) -> String {
-    let mut text = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        text.push(char::from(HEX[usize::from(b >> 4)]));
-        text.push(char::from(HEX[usize::from(b & 15)]));
+/// A count, then that many `(core u32, index u64, ordinal u32)`, no core twice.
+fn read_parts(r: &mut Reader<'_>) -> Result<Vec<(u32, Pos)>, CursorError> {
+    let bad = |why: &str| CursorError::Malformed(why.to_string());
+    let n = usize::from(r.u8().map_err(|e| bad(e.what))?);
+    if n > CORES_MAX {
+        return Err(bad("more cores than a deployment has"));
     }
-    text
+    let mut parts = Vec::with_capacity(n);
+    for _ in 0..n {
+        let core = r.u32().map_err(|e| bad(e.what))?;
+        let index = r.u64().map_err(|e| bad(e.what))?;
+        let ord = r.u32().map_err(|e| bad(e.what))?;
+        if parts.iter().any(|(c, _)| *c == core) {
+            return Err(bad("a core named twice"));
+        }
+        parts.push((core, Pos { index, ord }));
+    }
+    Ok(parts)
 }
 
-/// Lowercase hex back to bytes; `None` for an odd length or any other character.
-pub(crate) fn hex_bytes(text: &str) -> Option<Vec<u8>> {
-    let digit = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
-    };
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    text.as_bytes()
-        .chunks(2)
-        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
-        .collect()
-}
+pub(crate) use bourse_client::delivery::api::{hex_bytes, hex_text};
 
 #[cfg(test)]
 mod tests {
@@ -185,7 +201,19 @@ mod tests {
                 .into_iter()
                 .map(|(c, index, ord)| (c, Pos { index, ord }))
                 .collect(),
+            floors: Vec::new(),
         }
+    }
+
+    /// The same cursor with a floor for every other part.
+    fn with_floors(mut c: Cursor) -> Cursor {
+        c.floors = c
+            .parts
+            .iter()
+            .step_by(2)
+            .map(|&(core, p)| (core, p.next()))
+            .collect();
+        c
     }
 
     proptest! {
@@ -194,6 +222,10 @@ mod tests {
             parts in proptest::collection::btree_map(any::<u32>(), (any::<u64>(), any::<u32>()), 0..CORES_MAX)
         ) {
             let c = cursor(parts.into_iter().map(|(c, (i, o))| (c, i, o)).collect());
+            let text = c.encode();
+            prop_assert!(text.len() <= CURSOR_TEXT_MAX);
+            prop_assert_eq!(Cursor::decode(&text).unwrap(), c.clone());
+            let c = with_floors(c);
             let text = c.encode();
             prop_assert!(text.len() <= CURSOR_TEXT_MAX);
             prop_assert_eq!(Cursor::decode(&text).unwrap(), c);
@@ -212,10 +244,10 @@ mod tests {
         ) {
             let mut seen = std::collections::BTreeSet::new();
             let parts: Vec<_> = parts.into_iter().filter(|p| seen.insert(p.0)).collect();
-            let text = cursor(parts).encode();
+            let text = with_floors(cursor(parts)).encode();
             let i = at.index(text.len());
             let mut bytes = text.clone().into_bytes();
-            bytes[i] = HEX[usize::from(to)];
+            bytes[i] = b"0123456789abcdef"[usize::from(to)];
             prop_assume!(bytes[i] != text.as_bytes()[i]);
             let changed = String::from_utf8(bytes).unwrap();
             prop_assert!(matches!(Cursor::decode(&changed), Err(CursorError::Malformed(_))));

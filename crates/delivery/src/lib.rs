@@ -10,22 +10,27 @@
 //!   delivery-node restart and a core failover because positions are log indexes.
 //! - [`node::DeliveryNode`]: the store, one feed per core (a remote `StreamConsumer`), the
 //!   persisted state file, and two fronts on one [`poll`] engine: [`server`], the HTTP/JSON
-//!   long poll, and [`binary`], SBE over TCP (GetOrders).
-//! - [`client::AnyClient`]: a Rust client of either front ([`DeliveryClient`], [`BinaryClient`]).
+//!   long poll, and [`binary`], SBE over TCP (GetOrders); or, as a read replica
+//!   ([`node::Follow`]), one task polling a primary node's binary front instead of feeds.
+//! - [`client::AnyClient`]: a Rust client of either front ([`DeliveryClient`], [`BinaryClient`]),
+//!   from the SDK (`bourse_client::delivery`), as are the [`record`] types.
 
 pub mod binary;
-pub mod client;
+pub mod cold;
 pub mod cursor;
 pub mod node;
 pub mod poll;
-pub mod record;
 pub mod server;
 pub mod store;
 
-pub use binary::BinaryClient;
-pub use client::{AnyClient, ClientError, DeliveryClient, PollAnswer, PollRequest};
+/// The client and the record types live in the SDK (`bourse_client::delivery`), which a
+/// broker's program uses without the store or the cluster; they are re-exported here.
+pub use bourse_client::delivery::{self as client, record};
+pub use bourse_client::delivery::{
+    AnyClient, BinaryClient, ClientError, DeliveryClient, PollAnswer, PollRequest,
+};
 pub use cursor::{Cursor, CursorError};
-pub use node::{CoreSource, DeliveryConfig, DeliveryNode, Limits};
+pub use node::{CoreSource, DeliveryConfig, DeliveryNode, Follow, Limits, Role};
 pub use record::{Filter, Pos, Record};
 pub use server::{AnswerHeader, ServerTimings};
 pub use store::{Answer, Store, StoreConfig};

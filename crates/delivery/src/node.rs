@@ -10,7 +10,14 @@
 //! resumes each core's stream at the index the file stops at. Entries apply
 //! deterministically, so records rebuilt after a restart sit at the same positions as
 //! before, and every cursor a client holds stays valid.
+//!
+//! A read replica (`follow`) has no feeds of its own: one task polls its primary's binary
+//! front, unfiltered, and applies each answer at the primary's positions (which are the
+//! cores'), so a cursor holds on the primary and on every replica. It keeps no secondary
+//! indexes unless asked, refuses filtered polls, and refuses every poll until it has read
+//! its primary's whole picture once.
 
+use crate::cursor::Cursor;
 use crate::store::{Store, StoreConfig};
 use bourse_cluster::consumer::StreamConsumer;
 use bourse_cluster::StreamError;
@@ -19,6 +26,7 @@ use bourse_monitor::slots::ConnectionSlots;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::sync::{watch, Semaphore};
@@ -57,6 +65,10 @@ pub struct Limits {
     pub connections_per_address_max: usize,
     /// Records kept per core before the oldest final ones are evicted.
     pub records_per_core_max: usize,
+    /// Polls one connection may make per second (in bursts of up to that many); more are
+    /// refused (HTTP 429 `rate_limited`, binary `Busy`), so that a client polling in a
+    /// tight loop cannot take the store's read lock from everyone else.
+    pub polls_per_second_per_connection_max: u32,
     /// A request head (HTTP) or a whole request (binary) must arrive within this time.
     pub header_read_timeout_ms: u64,
 }
@@ -72,6 +84,7 @@ impl Default for Limits {
             connections_max: 16_384,
             connections_per_address_max: 4_096,
             records_per_core_max: 2_000_000,
+            polls_per_second_per_connection_max: 20_000,
             header_read_timeout_ms: 10_000,
         }
     }
@@ -94,9 +107,50 @@ pub struct DeliveryConfig {
     pub state_dir: Option<PathBuf>,
     #[serde(default = "persist_interval_ms_default")]
     pub persist_interval_ms: u64,
+    /// The cores read directly (a primary); empty on a read replica.
+    #[serde(default)]
     pub cores: Vec<CoreSource>,
+    /// Makes this node a read replica of another delivery node instead.
+    #[serde(default)]
+    pub follow: Option<Follow>,
+    /// Keeps the records evicted from memory on disk under `state_dir/cold`, so that
+    /// cursors from the last minutes or the day are still answered (`[cold]`; see
+    /// [`crate::cold`]). Needs `state_dir`; a read replica keeps none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold: Option<crate::cold::ColdConfig>,
     #[serde(default)]
     pub limits: Limits,
+}
+
+/// What a read replica follows: its primary's binary front and the cores it serves (as the
+/// primary lists them).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Follow {
+    /// The primary's binary (SBE over TCP) address.
+    pub primary: SocketAddr,
+    /// The ids of the primary's cores, in the primary's order.
+    pub cores: Vec<u32>,
+    /// Keep the firm, account and instrument indexes, so that this replica serves filtered
+    /// polls too (off by default: replicas serve unfiltered clients, seed 003).
+    #[serde(default)]
+    pub secondary_indexes: bool,
+}
+
+/// What a node is: fed by cores, or a read replica of another node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Primary,
+    Replica { secondary_indexes: bool },
+}
+
+impl Role {
+    pub fn serves_filters(self) -> bool {
+        match self {
+            Role::Primary => true,
+            Role::Replica { secondary_indexes } => secondary_indexes,
+        }
+    }
 }
 
 fn persist_interval_ms_default() -> u64 {
@@ -114,8 +168,11 @@ impl DeliveryConfig {
     }
 
     pub fn validate(&self) -> Result<(), String> {
+        if let Some(f) = &self.follow {
+            return self.validate_replica(f);
+        }
         if self.cores.is_empty() {
-            return Err("a delivery node needs at least one core".into());
+            return Err("a delivery node needs at least one core (or `follow` a primary)".into());
         }
         if self.cores.len() > crate::cursor::CORES_MAX {
             return Err(format!("at most {} cores", crate::cursor::CORES_MAX));
@@ -136,12 +193,57 @@ impl DeliveryConfig {
                 return Err(format!("core {} is listed twice", c.id));
             }
         }
+        if let Some(cold) = &self.cold {
+            if self.state_dir.is_none() {
+                return Err("[cold] keeps its files under `state_dir`: set `state_dir`".into());
+            }
+            cold.validate()?;
+        }
+        self.validate_limits()
+    }
+
+    fn validate_replica(&self, f: &Follow) -> Result<(), String> {
+        if !self.cores.is_empty() {
+            return Err("a read replica (`follow`) reads its primary, not cores: \
+                 list the core ids in `follow.cores` and no `[[cores]]`"
+                .into());
+        }
+        if self.state_dir.is_some() {
+            return Err(
+                "a read replica keeps no state file (it re-reads its primary at \
+                 start): remove `state_dir`"
+                    .into(),
+            );
+        }
+        if self.cold.is_some() {
+            return Err(
+                "a read replica keeps no cold data (its primary serves old cursors): \
+                 remove `[cold]`"
+                    .into(),
+            );
+        }
+        if f.cores.is_empty() || f.cores.len() > crate::cursor::CORES_MAX {
+            return Err(format!(
+                "follow.cores must list 1..={} core ids",
+                crate::cursor::CORES_MAX
+            ));
+        }
+        if (1..f.cores.len()).any(|i| f.cores[..i].contains(&f.cores[i])) {
+            return Err("follow.cores lists a core twice".into());
+        }
+        self.validate_limits()
+    }
+
+    fn validate_limits(&self) -> Result<(), String> {
         let l = &self.limits;
         if l.rows_per_answer_default == 0 || l.rows_per_answer_default > l.rows_per_answer_max {
             return Err("limits: rows_per_answer_default must be 1..=rows_per_answer_max".into());
         }
         if l.wait_us_default > l.wait_us_max {
             return Err("limits: wait_us_default must not exceed wait_us_max".into());
+        }
+        if l.polls_per_second_per_connection_max == 0 {
+            return Err("limits: polls_per_second_per_connection_max must be positive".into());
         }
         if l.connections_max == 0
             || l.connections_per_address_max == 0
@@ -155,10 +257,24 @@ impl DeliveryConfig {
     }
 
     fn store_config(&self) -> StoreConfig {
+        let (cores, secondary_indexes) = match &self.follow {
+            Some(f) => (f.cores.clone(), f.secondary_indexes),
+            None => (self.cores.iter().map(|c| c.id).collect(), true),
+        };
         StoreConfig {
             deployment: self.name.clone(),
-            cores: self.cores.iter().map(|c| c.id).collect(),
+            cores,
             records_per_core_max: self.limits.records_per_core_max,
+            secondary_indexes,
+        }
+    }
+
+    pub fn role(&self) -> Role {
+        match &self.follow {
+            Some(f) => Role::Replica {
+                secondary_indexes: f.secondary_indexes,
+            },
+            None => Role::Primary,
         }
     }
 
@@ -179,6 +295,9 @@ pub struct ApiCounters {
     /// Records sent in answers.
     pub rows_sent: Counter,
     pub polls_refused_busy: Counter,
+    /// Polls refused because their connection asked more often than
+    /// `polls_per_second_per_connection_max`.
+    pub polls_refused_rate: Counter,
     pub polls_bad_request: Counter,
     /// Records written into the store (new, or replacing an order's previous state).
     pub records_written: Counter,
@@ -239,6 +358,7 @@ impl ApiCounters {
             ),
             polls_empty: polls("empty"),
             polls_refused_busy: polls("busy"),
+            polls_refused_rate: polls("rate_limited"),
             polls_bad_request: polls("refused"),
             rows_sent: r.counter(
                 "bourse_delivery_records_sent_total",
@@ -272,6 +392,24 @@ impl ApiCounters {
 }
 
 impl ApiCounters {
+    /// The running totals the dashboard's delivery panel reads (`bourse_monitor::delivery`).
+    pub fn totals(&self) -> bourse_monitor::delivery::DeliveryTotals {
+        bourse_monitor::delivery::DeliveryTotals {
+            records_written: self.records_written.get(),
+            polls: self.polls.get(),
+            polls_empty: self.polls_empty.get(),
+            polls_refused: self.polls_refused_busy.get()
+                + self.polls_refused_rate.get()
+                + self.polls_bad_request.get(),
+            records_sent: self.rows_sent.get(),
+            readers_http: self.connections_http.get(),
+            readers_binary: self.connections_binary.get(),
+            lag: Some(self.lag.clone()),
+            select: Some(self.select.clone()),
+            answer: Some(self.answer.clone()),
+        }
+    }
+
     /// The connection slots of one front (`http` or `binary`) under `limits`, counted into
     /// this node's gauges and counters.
     pub fn slots(&self, front: Front, limits: &Limits) -> ConnectionSlots {
@@ -285,6 +423,7 @@ impl ApiCounters {
             open.clone(),
             (per_address.clone(), full.clone()),
         )
+        .with_requests_per_s(limits.polls_per_second_per_connection_max)
     }
 }
 
@@ -312,12 +451,21 @@ pub struct Shared {
     pub limits: Limits,
     /// Polls being answered, over both fronts, at most `limits.polls_in_flight_max`.
     pub polls: Semaphore,
+    pub role: Role,
+    /// A replica has read its primary's whole picture (always true on a primary).
+    ready: AtomicBool,
 }
 
 impl Shared {
     pub fn new(store: Store, limits: Limits) -> Arc<Shared> {
+        Shared::with_role(store, limits, Role::Primary)
+    }
+
+    pub fn with_role(store: Store, limits: Limits, role: Role) -> Arc<Shared> {
         let cores = store.core_ids().len();
         Arc::new(Shared {
+            role,
+            ready: AtomicBool::new(role == Role::Primary),
             store: RwLock::new(store),
             changed: watch::channel(0).0,
             counters: ApiCounters::default(),
@@ -325,6 +473,11 @@ impl Shared {
             polls: Semaphore::new(limits.polls_in_flight_max),
             limits,
         })
+    }
+
+    /// Whether polls are answered (a replica: once it has read its primary's picture).
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
     }
 
     fn set_feed_error(&self, slot: usize, why: Option<String>) {
@@ -368,10 +521,13 @@ impl DeliveryNode {
             Some(l) => Some(l.local_addr().map_err(|e| format!("listener: {e}"))?),
             None => None,
         };
-        let shared = Shared::new(store, config.limits.clone());
+        let shared = Shared::with_role(store, config.limits.clone(), config.role());
         let (stop, stopped) = watch::channel(false);
         {
             let _guard = runtime.enter();
+            if let Some(f) = &config.follow {
+                tokio::spawn(follow(shared.clone(), f.primary, stopped.clone()));
+            }
             for (slot, core) in config.cores.iter().enumerate() {
                 bourse_cluster::transport::configure_client(&core.nodes, core.tls.as_ref())
                     .map_err(|e| format!("core {}: tls: {e}", core.id))?;
@@ -430,10 +586,11 @@ impl DeliveryNode {
         &self.shared
     }
 
-    /// The next log index the store applies, per core in configuration order.
+    /// The next log index the store applies, per core in configuration order (a replica:
+    /// the entries before it are whole here).
     pub fn applied_indexes(&self) -> Vec<u64> {
         let store = self.shared.store.read().expect("store");
-        (0..self.config.cores.len())
+        (0..store.core_ids().len())
             .map(|s| store.applied_index(s))
             .collect()
     }
@@ -481,6 +638,14 @@ fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
 }
 
 fn load_store(config: &DeliveryConfig) -> Result<Store, String> {
+    let mut store = load_state(config)?;
+    if let (Some(cold), Some(dir)) = (&config.cold, &config.state_dir) {
+        store.attach_cold(&dir.join("cold"), cold)?;
+    }
+    Ok(store)
+}
+
+fn load_state(config: &DeliveryConfig) -> Result<Store, String> {
     let Some(file) = config.state_file() else {
         return Ok(Store::new(&config.store_config()));
     };
@@ -599,6 +764,118 @@ async fn feed(
     }
 }
 
+/// Records a replica asks its primary for in one poll, and how long that poll may wait.
+const FOLLOW_ROWS_PER_POLL: usize = 4_096;
+const FOLLOW_WAIT_US: u64 = 200_000;
+
+/// A read replica's one feed: polls the primary's binary front, unfiltered, from the cursor
+/// the store has read up to, and applies each answer. A primary that is down is retried
+/// from the same cursor; one that no longer keeps what the replica needs (the cursor is too
+/// old) makes the replica start over from the primary's current picture, refusing polls
+/// until it has it again; a primary of another deployment or other cores stops the feed.
+async fn follow(shared: Arc<Shared>, primary: SocketAddr, mut stopped: watch::Receiver<bool>) {
+    let mut client = crate::BinaryClient::new(primary);
+    // First from the origin (exact, when the primary evicted nothing); after the primary
+    // refused that, from its current picture (the horizon is then the first record read).
+    let mut from_origin = true;
+    // The cursor of the primary's last answer, handed back unchanged (a snapshot's floors
+    // included).
+    let mut resume: Option<String> = None;
+    loop {
+        let cursor = match &resume {
+            Some(text) => Some(text.clone()),
+            None if from_origin => {
+                let mut store = shared.store.write().expect("store");
+                store.read_from_origin();
+                let origin = vec![crate::record::Pos::START; store.core_ids().len()];
+                Some(store.cursor(&origin).encode())
+            }
+            None => None,
+        };
+        let request = crate::client::PollRequest {
+            cursor,
+            limit: Some(FOLLOW_ROWS_PER_POLL),
+            wait_us: Some(FOLLOW_WAIT_US),
+            min_rows: Some(1),
+            ..Default::default()
+        };
+        let got = tokio::select! {
+            _ = stopped.changed() => return,
+            got = client.poll(&request) => got,
+        };
+        let why = match got {
+            Ok(answer) => match apply_answer(&shared, &answer) {
+                Ok(()) => {
+                    resume = Some(answer.header.next_cursor);
+                    if shared.feed_errors.lock().expect("feed errors")[0].is_some() {
+                        shared.set_feed_error(0, None);
+                    }
+                    continue;
+                }
+                Err(why) => {
+                    shared.set_feed_error(0, Some(format!("stopped: {why}")));
+                    return;
+                }
+            },
+            Err(crate::ClientError::Api { status: 410, error }) => {
+                // The primary evicted past this replica's place: start over from its picture.
+                let mut store = shared.store.write().expect("store");
+                let config = store.config();
+                *store = Store::new(&config);
+                shared.ready.store(false, Ordering::Release);
+                from_origin = false;
+                resume = None;
+                format!(
+                    "starting over from the primary's current state: {}",
+                    error.message
+                )
+            }
+            Err(e @ crate::ClientError::Api { status: 409, .. }) => {
+                shared.set_feed_error(0, Some(format!("stopped: primary {primary}: {e}")));
+                return;
+            }
+            Err(e) => format!("retrying: primary {primary}: {e}"),
+        };
+        shared.set_feed_error(0, Some(why));
+        tokio::select! {
+            _ = stopped.changed() => return,
+            _ = tokio::time::sleep(Duration::from_millis(FEED_RETRY_MS)) => {}
+        }
+    }
+}
+
+/// Applies one answer of the primary to a replica's store; checks that the primary serves
+/// this deployment and these cores.
+fn apply_answer(shared: &Shared, answer: &crate::PollAnswer) -> Result<(), String> {
+    let next = Cursor::decode(&answer.header.next_cursor)
+        .map_err(|e| format!("the primary's cursor: {e}"))?;
+    let mut store = shared.store.write().expect("store");
+    if next.deployment != store.deployment() {
+        return Err("the primary serves another deployment (its `name` differs)".into());
+    }
+    let ids: Vec<u32> = next.parts.iter().map(|(c, _)| *c).collect();
+    if ids != store.core_ids() {
+        return Err(format!(
+            "the primary serves cores {ids:?}, this replica's follow.cores are {:?}",
+            store.core_ids()
+        ));
+    }
+    let complete = answer.records.len() < FOLLOW_ROWS_PER_POLL;
+    let n = store
+        .apply_answer(&answer.records, &next.parts, complete)
+        .map_err(|e| e.to_string())?;
+    // Ready once an answer held everything the primary had for every core.
+    if complete && store.has_read_every_core() && !shared.is_ready() {
+        shared.ready.store(true, Ordering::Release);
+    }
+    drop(store);
+    shared.counters.records_written.add(n as u64);
+    if n > 0 {
+        shared.changed.send_modify(|v| *v += 1);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -609,6 +886,20 @@ mod tests {
         let c = DeliveryConfig::load(std::path::Path::new(path)).unwrap();
         assert_eq!(c.cores.len(), 1);
         assert_eq!(c.limits, Limits::default());
+        assert_eq!(c.cold, Some(crate::cold::ColdConfig::default()));
+        let without_dir = DeliveryConfig {
+            state_dir: None,
+            ..c.clone()
+        };
+        assert!(without_dir.validate().unwrap_err().contains("state_dir"));
+        let tiny = DeliveryConfig {
+            cold: Some(crate::cold::ColdConfig {
+                segment_bytes: 1024,
+                ..Default::default()
+            }),
+            ..c
+        };
+        assert!(tiny.validate().unwrap_err().contains("segment_bytes"));
     }
 
     #[test]
@@ -620,6 +911,8 @@ mod tests {
             state_dir: None,
             persist_interval_ms: 10,
             cores: Vec::new(),
+            follow: None,
+            cold: None,
             limits: Limits::default(),
         };
         assert!(c.validate().unwrap_err().contains("at least one core"));

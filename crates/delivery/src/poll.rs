@@ -10,7 +10,6 @@
 use crate::cursor::{Cursor, CursorError};
 use crate::node::Shared;
 use crate::record::{Filter, Record};
-use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -23,40 +22,7 @@ pub struct Asked {
     pub min_rows: Option<usize>,
 }
 
-/// Why a poll was refused, in terms both fronts translate (an HTTP status and code, an SBE
-/// `ErrorCode`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RefusalKind {
-    BadRequest,
-    CursorMalformed,
-    CursorForeign,
-    CursorTooOld,
-    /// Too many polls in flight; retry after a pause.
-    Busy,
-}
-
-impl RefusalKind {
-    /// The code both fronts name the refusal by (`error.code` in JSON).
-    pub fn code(self) -> &'static str {
-        match self {
-            RefusalKind::BadRequest => "bad_request",
-            RefusalKind::CursorMalformed => "cursor_malformed",
-            RefusalKind::CursorForeign => "cursor_foreign",
-            RefusalKind::CursorTooOld => "cursor_too_old",
-            RefusalKind::Busy => "busy",
-        }
-    }
-
-    /// The HTTP status the HTTP front answers with (the binary client reports the same).
-    pub fn http_status(self) -> u16 {
-        match self {
-            RefusalKind::BadRequest | RefusalKind::CursorMalformed => 400,
-            RefusalKind::CursorForeign => 409,
-            RefusalKind::CursorTooOld => 410,
-            RefusalKind::Busy => 503,
-        }
-    }
-}
+pub use bourse_client::delivery::api::RefusalKind;
 
 /// A refused poll: what kind, and a message naming what is wrong and what to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,6 +45,21 @@ impl Refusal {
             message: format!(
                 "more than {} polls at once; retry after a pause",
                 s.limits.polls_in_flight_max
+            ),
+        }
+    }
+}
+
+impl Refusal {
+    /// A poll over a connection that asked more often than its limit: counted, and what to
+    /// do.
+    pub fn rate_limited(s: &Shared, per_s: u32, wait_ms: u32) -> Refusal {
+        s.counters.polls_refused_rate.inc();
+        Refusal {
+            kind: RefusalKind::RateLimited,
+            message: format!(
+                "this connection polls more than {per_s} times a second; retry in {wait_ms} ms \
+                 (a poll with wait_us waits for data instead of asking again)"
             ),
         }
     }
@@ -125,6 +106,22 @@ pub fn check(asked: Asked, cursor: Option<Cursor>, s: &Shared) -> Result<Poll, R
             l.wait_us_max
         )));
     }
+    if !s.role.serves_filters() && !asked.filter.is_empty() {
+        return Err(Refusal {
+            kind: RefusalKind::FilterNotServed,
+            message: "this node is a read replica without secondary indexes: it answers \
+                      unfiltered polls only; send filtered polls to its primary"
+                .into(),
+        });
+    }
+    if !s.is_ready() {
+        return Err(Refusal {
+            kind: RefusalKind::CatchingUp,
+            message: "this read replica has not yet read its primary's current state; \
+                      retry after a pause, or poll the primary"
+                .into(),
+        });
+    }
     let min_rows = asked.min_rows.unwrap_or(1);
     if min_rows > limit {
         return Err(Refusal::bad_request(format!(
@@ -140,16 +137,7 @@ pub fn check(asked: Asked, cursor: Option<Cursor>, s: &Shared) -> Result<Poll, R
     })
 }
 
-/// The server's own timings of one poll.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ServerTimings {
-    /// From the request's arrival to the answer, waiting included.
-    pub total_us: u64,
-    /// Time spent selecting records (under the read lock).
-    pub select_us: u64,
-    /// Selects made (1, plus one per wake-up while waiting for `min_rows`).
-    pub selects: u32,
-}
+pub use bourse_client::delivery::api::ServerTimings;
 
 /// One poll's answer: its records in cursor order, the cursor after them, the timings.
 pub struct Selected {
@@ -192,9 +180,9 @@ pub async fn select(s: &Shared, poll: &Poll, started: Instant) -> Result<Selecte
         let t = Instant::now();
         let (answer, next) = {
             let store = s.store.read().expect("store");
-            let from = store.resolve(poll.cursor.as_ref())?;
-            let a = store.query(&from, &poll.filter, poll.limit);
-            let next = store.cursor(&a.next);
+            let start = store.resolve(poll.cursor.as_ref())?;
+            let a = store.query_start(&start, &poll.filter, poll.limit);
+            let next = store.cursor_after(&start, &a.next);
             (a, next)
         };
         let select = t.elapsed();

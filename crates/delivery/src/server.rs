@@ -7,7 +7,14 @@
 //! itself (limits, the wait for `min_rows`; tokio's timer rounds a deadline up to the next
 //! millisecond) is [`crate::poll`]'s, shared with the binary front. Bad input gets a JSON
 //! error naming what is wrong: 400 (bad parameter, unknown parameter, malformed cursor), 409
-//! (foreign cursor), 410 (cursor too old), 503 with `Retry-After` (too many polls at once).
+//! (foreign cursor), 410 (cursor too old), 429 with `Retry-After` (this connection polls
+//! more often than `polls_per_second_per_connection_max`), 503 with `Retry-After` (too many
+//! polls at once).
+//!
+//! Instead of a cursor a poll may name `since_ns`, a time: it then starts at each core's
+//! first record at or after that time, from the cold data on disk where memory no longer
+//! holds it (`[cold]`, [`crate::cold`]); 410 when nothing that old is kept. Its next cursor
+//! is an ordinary one, good on the binary front too.
 
 use crate::cursor::Cursor;
 use crate::node::{Front, Shared};
@@ -18,9 +25,11 @@ use axum::extract::{Query, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::Extension;
 use axum::Router;
 use bourse_core::{AccountId, FirmId, InstrumentId};
-use serde::{Deserialize, Serialize};
+use bourse_monitor::rate::ConnectionRate;
+use serde::Deserialize;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::net::TcpListener;
@@ -45,29 +54,16 @@ pub struct PollParams {
     pub limit: Option<usize>,
     pub wait_us: Option<u64>,
     pub min_rows: Option<usize>,
+    /// Start at this time (ns since the epoch) instead of a cursor.
+    pub since_ns: Option<u64>,
 }
 
-/// The header that opens every answer.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AnswerHeader {
-    pub next_cursor: String,
-    pub count: usize,
-    /// The time stamp of the oldest record in the answer (`None` when empty).
-    pub oldest_ts_ns: Option<u64>,
-    pub server: ServerTimings,
-}
-
-/// An error answer: `{"error":{"code":..., "message":...}}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ApiError {
-    pub code: String,
-    pub message: String,
-}
+pub use bourse_client::delivery::api::{AnswerHeader, ApiError};
 
 fn error(status: StatusCode, code: &str, message: String) -> Response {
     let body = serde_json::json!({ "error": { "code": code, "message": message } });
     let mut r = (status, axum::Json(body)).into_response();
-    if status == StatusCode::SERVICE_UNAVAILABLE {
+    if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
         r.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
@@ -95,9 +91,18 @@ pub fn router(shared: Arc<Shared>) -> Router {
 }
 
 fn checked(p: PollParams, s: &Shared) -> Result<poll::Poll, Refusal> {
-    let cursor = match p.cursor.as_deref() {
-        None | Some("") => None,
-        Some(text) => Some(Cursor::decode(text).map_err(|e| Refusal::from(&e))?),
+    let cursor = match (p.cursor.as_deref(), p.since_ns) {
+        (Some(text), Some(_)) if !text.is_empty() => {
+            return Err(Refusal::bad_request(
+                "give either a cursor or since_ns, not both".into(),
+            ))
+        }
+        (_, Some(ns)) => {
+            let store = s.store.read().expect("store");
+            Some(store.cursor_since(ns).map_err(|e| Refusal::from(&e))?)
+        }
+        (None | Some(""), None) => None,
+        (Some(text), None) => Some(Cursor::decode(text).map_err(|e| Refusal::from(&e))?),
     };
     let asked = Asked {
         filter: Filter {
@@ -114,10 +119,17 @@ fn checked(p: PollParams, s: &Shared) -> Result<poll::Poll, Refusal> {
 
 async fn orders(
     State(s): State<Arc<Shared>>,
+    rate: Option<Extension<ConnectionRate>>,
     query: Result<Query<PollParams>, QueryRejection>,
 ) -> Response {
     let started = Instant::now();
     s.counters.polls.inc();
+    if let Some(Extension(rate)) = rate {
+        if let Err(wait_ms) = rate.take() {
+            let r = Refusal::rate_limited(&s, rate.requests_per_s(), wait_ms);
+            return refused(&r);
+        }
+    }
     let Ok(_permit) = s.polls.try_acquire() else {
         s.counters.polls_refused_busy.inc();
         return refused(&Refusal::busy(&s));
@@ -178,13 +190,21 @@ async fn status(State(s): State<Arc<Shared>>) -> Response {
     let cores = s.store.read().expect("store").stats();
     let feeds = s.feed_errors.lock().expect("feed errors").clone();
     let c = &s.counters;
+    let role = match s.role {
+        crate::node::Role::Primary => "primary",
+        crate::node::Role::Replica { .. } => "replica",
+    };
     axum::Json(serde_json::json!({
+        "role": role,
+        "ready": s.is_ready(),
+        "serves_filters": s.role.serves_filters(),
         "cores": cores,
         "feed_errors": feeds,
         "polls": c.polls.get(),
         "polls_empty": c.polls_empty.get(),
         "rows_sent": c.rows_sent.get(),
         "polls_refused_busy": c.polls_refused_busy.get(),
+        "polls_refused_rate": c.polls_refused_rate.get(),
         "polls_bad_request": c.polls_bad_request.get(),
         "records_written": c.records_written.get(),
         "connections": {"http": c.connections_http.get(), "binary": c.connections_binary.get()},

@@ -3,13 +3,17 @@
 //! event logs), filters exact, a core that stops does not stall the merged cursor, a thousand
 //! clients at once (half on each front), and bad input answered with a clear error on both the
 //! HTTP and the binary front. The binary front answers the same records for the same cursor.
+//! A client that fell behind the memory reads on from the cold data on disk, also after a
+//! restart.
 
 mod common;
 
 use std::time::Duration;
 
 use bourse_core::{AccountId, FirmId, InstrumentId};
-use bourse_delivery::{AnyClient, ClientError, DeliveryClient, Filter, PollRequest};
+use bourse_delivery::{
+    AnyClient, ClientError, DeliveryClient, DeliveryConfig, Filter, Follow, PollRequest,
+};
 use bourse_wire::delivery::codec::error_code::ErrorCode;
 use bourse_wire::delivery::{DecodedFrame as Decoded, FrameDecoder, Message};
 use common::*;
@@ -297,6 +301,7 @@ async fn bad_input_gets_a_clear_error_and_disturbs_nothing() {
         limit: Some(limit),
         wait_us: Some(0),
         min_rows: Some(min_rows),
+        since_ns: None,
     };
     let bin_cases = [
         (
@@ -421,6 +426,7 @@ async fn one_address_cannot_take_every_connection_of_a_front() {
         limit: Some(10),
         wait_us: Some(0),
         min_rows: Some(0),
+        since_ns: None,
     };
     // Three readers from 127.0.0.1 hold their connections open.
     let mut held = Vec::new();
@@ -461,6 +467,286 @@ async fn one_address_cannot_take_every_connection_of_a_front() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    stop_delivery(node, false).await;
+    a.stop().await;
+}
+
+/// A replica's config: it follows `primary`'s binary front for the cores given.
+fn replica_config(primary: &bourse_delivery::DeliveryNode, cores: Vec<u32>) -> DeliveryConfig {
+    DeliveryConfig {
+        name: "test-venue".into(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        binary_listen: Some("127.0.0.1:0".parse().unwrap()),
+        state_dir: None,
+        persist_interval_ms: 1_000,
+        cores: Vec::new(),
+        follow: Some(Follow {
+            primary: primary.binary_addr().unwrap(),
+            cores,
+            secondary_indexes: false,
+        }),
+        cold: None,
+        limits: bourse_delivery::Limits::default(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_replica_answers_a_primarys_cursor_with_no_gap_and_refuses_filters() {
+    let mut a = Core::start(0, 41).await;
+    let mut b = Core::start(1, 42).await;
+    a.run(300).await;
+    b.run(300).await;
+    let primary = start_delivery(delivery_config(&[&a, &b], None)).await;
+    let replica = start_delivery(replica_config(&primary, vec![0, 1])).await;
+    let all = Filter::default();
+
+    // A client reads part of the picture on the primary, then goes on with the same cursor
+    // on the replica, through both of its fronts, while both cores keep trading.
+    let mut got = Received::default();
+    got.poll(&mut AnyClient::http(primary.addr()), all, 50)
+        .await;
+    a.run(300).await;
+    b.run(200).await;
+    let ends = [a.end_index().await, b.end_index().await];
+    caught_up(&primary, &ends).await;
+    caught_up(&replica, &ends).await;
+    let mut on_replica = AnyClient::binary(replica.binary_addr().unwrap());
+    got.poll(&mut on_replica, all, 40).await;
+    got.drain(&mut AnyClient::http(replica.addr()), all, 40)
+        .await;
+    for core in [&a, &b] {
+        let log = core.event_log(ends[core.id as usize]).await;
+        check_against_log(&got.records, core.id, &log, &all);
+    }
+    // A fresh client reads the same picture on either node.
+    let mut from_primary = Received::default();
+    from_primary
+        .drain(&mut AnyClient::http(primary.addr()), all, 1000)
+        .await;
+    let mut from_replica = Received::default();
+    from_replica
+        .drain(&mut AnyClient::http(replica.addr()), all, 1000)
+        .await;
+    assert_eq!(from_primary.records, from_replica.records);
+
+    // Filtered polls go to the primary: the replica refuses them by name on both fronts.
+    let firm = Filter {
+        firm: Some(FirmId(1)),
+        ..Filter::default()
+    };
+    for mut front in [
+        AnyClient::http(replica.addr()),
+        AnyClient::binary(replica.binary_addr().unwrap()),
+    ] {
+        let req = PollRequest {
+            filter: firm,
+            ..PollRequest::default()
+        };
+        match front.poll(&req).await {
+            Err(ClientError::Api { status, error }) => {
+                assert_eq!((status, error.code.as_str()), (400, "filter_not_served"));
+                assert!(error.message.contains("primary"), "{}", error.message);
+            }
+            other => panic!("a filtered poll at a replica: {other:?}"),
+        }
+    }
+    let status = DeliveryClient::new(replica.addr()).status().await.unwrap();
+    assert_eq!(status["role"], "replica", "{status}");
+    assert_eq!(status["ready"], true, "{status}");
+    stop_delivery(replica, false).await;
+
+    // A replica whose primary is down has read nothing: it refuses every poll as catching
+    // up, on both fronts, rather than answering an empty picture.
+    let stopped_primary = replica_config(&primary, vec![0, 1]);
+    stop_delivery(primary, false).await;
+    let replica = start_delivery(stopped_primary).await;
+    for mut front in [
+        AnyClient::http(replica.addr()),
+        AnyClient::binary(replica.binary_addr().unwrap()),
+    ] {
+        match front.poll(&PollRequest::default()).await {
+            Err(ClientError::Api { status, error }) => {
+                assert_eq!((status, error.code.as_str()), (503, "catching_up"));
+            }
+            other => panic!("a poll at a replica that read nothing: {other:?}"),
+        }
+    }
+    stop_delivery(replica, false).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[test]
+fn a_replica_configuration_names_what_is_wrong() {
+    let base = DeliveryConfig {
+        name: "x".into(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        binary_listen: None,
+        state_dir: None,
+        persist_interval_ms: 1_000,
+        cores: Vec::new(),
+        follow: Some(Follow {
+            primary: "127.0.0.1:1".parse().unwrap(),
+            cores: vec![0, 1],
+            secondary_indexes: false,
+        }),
+        cold: None,
+        limits: bourse_delivery::Limits::default(),
+    };
+    assert!(base.validate().is_ok());
+    let with_state = DeliveryConfig {
+        state_dir: Some("/tmp/x".into()),
+        ..base.clone()
+    };
+    assert!(with_state.validate().unwrap_err().contains("state_dir"));
+    let twice = DeliveryConfig {
+        follow: Some(Follow {
+            cores: vec![1, 1],
+            ..base.follow.clone().unwrap()
+        }),
+        ..base.clone()
+    };
+    assert!(twice.validate().unwrap_err().contains("twice"));
+}
+
+/// A node that keeps cold data: its evicted records on disk (`[cold]`).
+fn cold_config(core: &Core, state_dir: std::path::PathBuf) -> DeliveryConfig {
+    let mut c = delivery_config(&[core], Some(state_dir));
+    c.limits.records_per_core_max = 64;
+    c.cold = Some(bourse_delivery::cold::ColdConfig {
+        segment_bytes: 64 << 10,
+        ..Default::default()
+    });
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_fell_behind_the_memory_reads_on_from_cold_data_with_no_gap() {
+    let mut a = Core::start(0, 61).await;
+    a.run(100).await;
+    let state = tempfile::tempdir().unwrap();
+    let config = cold_config(&a, state.path().to_path_buf());
+    let node = start_delivery(config.clone()).await;
+    caught_up(&node, &[a.end_index().await]).await;
+    let mut http = AnyClient::http(node.addr());
+    let mut reader = Received::default();
+    reader.drain(&mut http, Filter::default(), 100).await;
+    let behind = reader.clone();
+
+    // The reader pauses while the core goes on far past the memory's bound.
+    a.run(1_500).await;
+    let end = a.end_index().await;
+    caught_up(&node, &[end]).await;
+    let status = DeliveryClient::new(node.addr()).status().await.unwrap();
+    let cold = &status["cores"][0]["cold"];
+    assert!(cold["records_written"].as_u64().unwrap() > 64, "{status}");
+    let log = a.event_log(end).await;
+
+    // It reads on over the binary front, from disk then memory: the whole picture, no gap.
+    let mut binary = AnyClient::binary(node.binary_addr().unwrap());
+    reader.drain(&mut binary, Filter::default(), 50).await;
+    check_against_log(&reader.records, 0, &log, &Filter::default());
+
+    // A read from a time, over HTTP: it starts at the first record of that time or later.
+    let mid = log.values().nth(log.len() / 3).unwrap();
+    let answer = DeliveryClient::new(node.addr())
+        .poll(&PollRequest {
+            since_ns: Some(mid.ts_ns()),
+            limit: Some(10),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // The store keeps each order's latest state only: the first record of that time or
+    // later that nothing replaced.
+    let mut latest = std::collections::BTreeMap::new();
+    for r in log.values() {
+        if let bourse_core::Event::OrderLog(l) = r.event {
+            latest.insert(l.order_id, r.pos());
+        }
+    }
+    let kept = |r: &&bourse_delivery::Record| match r.event {
+        bourse_core::Event::OrderLog(l) => latest[&l.order_id] == r.pos(),
+        _ => true,
+    };
+    let first = log
+        .values()
+        .filter(kept)
+        .find(|r| r.ts_ns() >= mid.ts_ns())
+        .unwrap();
+    assert_eq!(answer.records[0].pos(), first.pos());
+    assert!(answer.records.iter().all(|r| log.get(&r.pos()) == Some(r)));
+
+    // Restarted, the node answers the paused reader's cursor the same from its files.
+    stop_delivery(node, false).await;
+    let node = start_delivery(config).await;
+    let mut again = behind;
+    let mut binary = AnyClient::binary(node.binary_addr().unwrap());
+    again.drain(&mut binary, Filter::default(), 70).await;
+    check_against_log(&again.records, 0, &log, &Filter::default());
+    stop_delivery(node, false).await;
+    a.stop().await;
+}
+
+/// Polls until one is refused; the refusal's status, code and message.
+macro_rules! until_refused {
+    ($client:expr, $req:expr) => {{
+        let mut refused = None;
+        for _ in 0..100_000 {
+            match $client.poll($req).await {
+                Ok(_) => {}
+                Err(ClientError::Api { status, error }) => {
+                    refused = Some((status, format!("{} {}", error.code, error.message)));
+                    break;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        refused.expect("never refused")
+    }};
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_polls_too_often_is_refused_and_no_other_is() {
+    let mut a = Core::start(0, 71).await;
+    a.run(20).await;
+    let mut config = delivery_config(&[&a], None);
+    config.limits.polls_per_second_per_connection_max = 1;
+    let node = start_delivery(config).await;
+    caught_up(&node, &[a.end_index().await]).await;
+    let quick = PollRequest {
+        limit: Some(10),
+        wait_us: Some(0),
+        ..Default::default()
+    };
+    // Polls in a tight loop on one connection of each front: the first is answered, and
+    // before long (at most a second later) one is refused with what to do. The bound on
+    // attempts only keeps a broken limit from looping for ever.
+    let mut http = DeliveryClient::new(node.addr());
+    let mut binary = AnyClient::binary(node.binary_addr().unwrap());
+    http.poll(&quick).await.unwrap();
+    binary.poll(&quick).await.unwrap();
+    let refused_http = until_refused!(http, &quick);
+    let (status, body) = refused_http;
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        body.contains("rate_limited") && body.contains("retry in"),
+        "{body}"
+    );
+    let refused_binary = until_refused!(binary, &quick);
+    assert!(
+        refused_binary.1.contains("times a second"),
+        "{}",
+        refused_binary.1
+    );
+    // Another connection from the same address has its own budget.
+    let mut other = DeliveryClient::new(node.addr());
+    other.poll(&quick).await.unwrap();
+    let status = other.status().await.unwrap();
+    assert!(
+        status["polls_refused_rate"].as_u64().unwrap() >= 2,
+        "{status}"
+    );
     stop_delivery(node, false).await;
     a.stop().await;
 }

@@ -274,6 +274,11 @@ impl Session {
         self.store.next_target_seq_num()
     }
 
+    /// Bytes of the outbound messages the session's store keeps for resending.
+    pub fn stored_bytes(&self) -> usize {
+        self.store.stored_bytes()
+    }
+
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop_front()
     }

@@ -38,6 +38,9 @@ pub trait MessageStore: Send {
     ) -> io::Result<()>;
     /// Forgets all messages and sets both sequence numbers back to 1.
     fn reset(&mut self) -> io::Result<()>;
+    /// Bytes of the messages kept for resending (their encoded bytes, not the map's own
+    /// nodes): what the bound on stored messages costs in memory.
+    fn stored_bytes(&self) -> usize;
 }
 
 /// A store held in memory only.
@@ -46,6 +49,7 @@ pub struct MemoryStore {
     next_sender_seq_num: u64,
     next_target_seq_num: u64,
     messages: BTreeMap<u64, Vec<u8>>,
+    stored_bytes: usize,
     stored_messages_max: usize,
 }
 
@@ -56,6 +60,7 @@ impl MemoryStore {
             next_sender_seq_num: 1,
             next_target_seq_num: 1,
             messages: BTreeMap::new(),
+            stored_bytes: 0,
             stored_messages_max,
         }
     }
@@ -67,10 +72,23 @@ impl Default for MemoryStore {
     }
 }
 
-fn insert_bounded(messages: &mut BTreeMap<u64, Vec<u8>>, max: usize, seq_num: u64, bytes: &[u8]) {
-    messages.insert(seq_num, bytes.to_vec());
+/// Keeps `bytes` as message `seq_num`, forgetting the oldest past `max`; `stored_bytes`
+/// follows the kept messages' bytes.
+fn insert_bounded(
+    messages: &mut BTreeMap<u64, Vec<u8>>,
+    stored_bytes: &mut usize,
+    max: usize,
+    seq_num: u64,
+    bytes: &[u8],
+) {
+    *stored_bytes += bytes.len();
+    if let Some(old) = messages.insert(seq_num, bytes.to_vec()) {
+        *stored_bytes -= old.len();
+    }
     while messages.len() > max {
-        messages.pop_first();
+        if let Some((_, old)) = messages.pop_first() {
+            *stored_bytes -= old.len();
+        }
     }
 }
 
@@ -104,7 +122,13 @@ impl MessageStore for MemoryStore {
         Ok(())
     }
     fn store_message(&mut self, seq_num: u64, bytes: &[u8]) -> io::Result<()> {
-        insert_bounded(&mut self.messages, self.stored_messages_max, seq_num, bytes);
+        insert_bounded(
+            &mut self.messages,
+            &mut self.stored_bytes,
+            self.stored_messages_max,
+            seq_num,
+            bytes,
+        );
         Ok(())
     }
     fn messages_in_range(
@@ -118,9 +142,13 @@ impl MessageStore for MemoryStore {
     }
     fn reset(&mut self) -> io::Result<()> {
         self.messages.clear();
+        self.stored_bytes = 0;
         self.next_sender_seq_num = 1;
         self.next_target_seq_num = 1;
         Ok(())
+    }
+    fn stored_bytes(&self) -> usize {
+        self.stored_bytes
     }
 }
 
@@ -141,6 +169,7 @@ pub struct FileStore {
     next_sender_seq_num: u64,
     next_target_seq_num: u64,
     messages: BTreeMap<u64, Vec<u8>>,
+    stored_bytes: usize,
     seqnums: File,
     log: File,
     log_records: usize,
@@ -171,6 +200,7 @@ impl FileStore {
         };
         let log_path = dir.join("messages");
         let mut messages = BTreeMap::new();
+        let mut stored_bytes = 0;
         let mut log_records = 0;
         let mut good_len: u64 = 0;
         if let Ok(mut file) = File::open(&log_path) {
@@ -186,6 +216,7 @@ impl FileStore {
                 }
                 insert_bounded(
                     &mut messages,
+                    &mut stored_bytes,
                     stored_messages_max,
                     seq,
                     &data[pos + 12..pos + 12 + len],
@@ -207,6 +238,7 @@ impl FileStore {
             next_sender_seq_num,
             next_target_seq_num,
             messages,
+            stored_bytes,
             seqnums,
             log,
             log_records,
@@ -306,7 +338,13 @@ impl MessageStore for FileStore {
             self.log.sync_data()?;
         }
         self.log_records += 1;
-        insert_bounded(&mut self.messages, self.stored_messages_max, seq_num, bytes);
+        insert_bounded(
+            &mut self.messages,
+            &mut self.stored_bytes,
+            self.stored_messages_max,
+            seq_num,
+            bytes,
+        );
         self.compact_if_needed()
     }
     fn messages_in_range(
@@ -320,11 +358,15 @@ impl MessageStore for FileStore {
     }
     fn reset(&mut self) -> io::Result<()> {
         self.messages.clear();
+        self.stored_bytes = 0;
         self.log.set_len(0)?;
         self.log_records = 0;
         self.next_sender_seq_num = 1;
         self.next_target_seq_num = 1;
         self.write_seqnums()
+    }
+    fn stored_bytes(&self) -> usize {
+        self.stored_bytes
     }
 }
 
@@ -337,6 +379,33 @@ mod tests {
             std::env::temp_dir().join(format!("bourse-fix-store-{}-{name}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         dir
+    }
+
+    #[test]
+    fn stored_bytes_are_the_kept_messages_bytes_in_both_stores() {
+        let dir = temp_dir("bytes");
+        let mut memory = MemoryStore::new(2);
+        {
+            let mut file = FileStore::open(&dir, 2, false).expect("open");
+            for s in [&mut memory as &mut dyn MessageStore, &mut file] {
+                s.store_message(1, b"one").expect("store");
+                s.store_message(2, b"three").expect("store");
+                assert_eq!(s.stored_bytes(), 8);
+                // Past the bound the oldest is forgotten, and its bytes with it.
+                s.store_message(3, b"seven..").expect("store");
+                assert_eq!(s.stored_bytes(), 12);
+                // A message stored again under its number replaces the old bytes.
+                s.store_message(3, b"x").expect("store");
+                assert_eq!(s.stored_bytes(), 6);
+            }
+        }
+        // Reopened, the file store counts what it read back (messages 2 and 3).
+        let mut file = FileStore::open(&dir, 2, false).expect("reopen");
+        assert_eq!(file.stored_bytes(), 6);
+        file.reset().expect("reset");
+        memory.reset().expect("reset");
+        assert_eq!((file.stored_bytes(), memory.stored_bytes()), (0, 0));
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -72,7 +72,6 @@ pub mod recovery;
 pub mod reports;
 pub mod router;
 pub mod server;
-pub mod throttle;
 pub mod tls;
 
 pub use bourse_core::link::{CoreLink, CoreOutput, RequestKey, SubmitError};

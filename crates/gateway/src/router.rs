@@ -25,9 +25,9 @@ pub use crate::reports::{
 pub use orders::{RouterState, SavedInstrument, SavedOrder, FINISHED_ORDERS_KEPT};
 
 use crate::config::{GatewayConfig, Limits};
-use crate::throttle::Throttle;
 use bourse_core::link::{CoreLink, CoreOutput, RequestKey, SubmitError};
 use bourse_core::*;
+use bourse_monitor::rate::TokenBucket as Throttle;
 use bourse_monitor::{Stage, StageRecorder, Trace};
 use std::collections::{HashMap, VecDeque};
 
@@ -313,6 +313,8 @@ pub struct Router {
     finished_order: VecDeque<OrderId>,
     /// How many finished orders are kept (`Limits::finished_orders_kept`).
     finished_orders_kept: usize,
+    /// Bytes of the text client ids of the finished orders (see `finished_orders_bytes`).
+    finished_text_bytes: usize,
     pending: HashMap<RequestKey, Pending>,
     mass: HashMap<u64, MassAgg>,
     next_mass: u64,
@@ -475,6 +477,7 @@ impl Router {
             finished_by_client: HashMap::new(),
             finished_order: VecDeque::new(),
             finished_orders_kept: limits.finished_orders_kept.max(1),
+            finished_text_bytes: 0,
             pending: HashMap::new(),
             mass: HashMap::new(),
             next_mass: 1,

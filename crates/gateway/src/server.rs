@@ -85,6 +85,12 @@ pub struct GatewayStats {
     /// Bytes of the frames the binary sessions keep for retransmission (at most
     /// `stored_messages_max` frames per session): the resend stores' memory.
     pub binary_resend_bytes: AtomicUsize,
+    /// Bytes of the outbound messages the FIX sessions' stores keep for resending (at most
+    /// `stored_messages_max` per session), updated every tick.
+    pub fix_stored_bytes: AtomicUsize,
+    /// About the memory of the finished orders the router keeps for status requests (at
+    /// most `finished_orders_kept`; see `Router::finished_orders_bytes`), updated every tick.
+    pub finished_orders_bytes: AtomicUsize,
     pub requests_pending: AtomicUsize,
     /// Loop turns that stopped reading a connection at [`READ_BYTES_PER_TURN`] with bytes
     /// still waiting, to let reports out first.
@@ -321,6 +327,10 @@ pub fn spawn_cores(
     // Before bootstrap: its polling may already hand over outputs the restored orders own.
     restore_order_state(&mut router, &config.gateway.store_dir)?;
     bootstrap(&mut router, &config)?;
+    // A replicated core's link queues the core's instruments (those an operator added at run
+    // time too) ahead of its stream: learned here, before the first session is served.
+    let cores = router.links_mut().len().max(1);
+    router.poll_core(CORE_OUTPUTS_PER_CYCLE_MAX.saturating_mul(cores));
     let metrics = monitor.as_ref().map(|m| {
         let names: Vec<String> = plan.iter().map(|c| c.name.clone()).collect();
         GatewayMetrics::new(m, &names)
@@ -851,6 +861,13 @@ impl Server {
         self.stats
             .orders_tracked
             .store(self.router.tracked_orders(), Ordering::Relaxed);
+        let fix_stored: usize = self.fix.iter().map(|s| s.session.stored_bytes()).sum();
+        self.stats
+            .fix_stored_bytes
+            .store(fix_stored, Ordering::Relaxed);
+        self.stats
+            .finished_orders_bytes
+            .store(self.router.finished_orders_bytes(), Ordering::Relaxed);
         self.stats
             .requests_in
             .store(self.router.requests_in(), Ordering::Relaxed);

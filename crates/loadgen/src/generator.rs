@@ -243,6 +243,29 @@ impl Record {
         &mut self.seconds[index]
     }
 
+    /// Second `index` of the run, unless it is past the `kept` first seconds (the profile's
+    /// `series_seconds_max`): then `None`, and what happened in it counts in the totals only.
+    fn kept_second(&mut self, index: usize, kept: usize) -> Option<&mut Second> {
+        if index < kept {
+            Some(self.second(index))
+        } else {
+            None
+        }
+    }
+
+    /// Records an answer's latency in its 100 ms window, unless the window is past the kept
+    /// seconds.
+    fn window_record(&mut self, received_ns: u64, kept_s: usize, latency_ns: u64, busy: bool) {
+        let w = (received_ns / WINDOW_NS) as usize;
+        if w >= kept_s.saturating_mul((SECOND_NS / WINDOW_NS) as usize) {
+            return;
+        }
+        if self.windows.len() <= w {
+            self.windows.resize(w + 1, Window::default());
+        }
+        self.windows[w].record(latency_ns, busy);
+    }
+
     pub fn merge(&mut self, other: Record) {
         for (a, b) in self.by_op.iter_mut().zip(&other.by_op) {
             let _ = a.add(b);
@@ -660,7 +683,10 @@ impl Worker {
         c.order_log_delete += log_delete;
         if trades > 0 {
             let received_ns = a.received.saturating_duration_since(start).as_nanos() as u64;
-            rec.second((received_ns / SECOND_NS) as usize).trades += trades;
+            let kept = self.profile.generator.series_seconds_max as usize;
+            if let Some(sec) = rec.kept_second((received_ns / SECOND_NS) as usize, kept) {
+                sec.trades += trades;
+            }
         }
         trades
     }
@@ -690,6 +716,7 @@ impl Worker {
             .collect();
         let mut rng = Rng::new(profile.seed ^ 0xA5A5_0000 ^ self.index as u64);
         let mut rec = Record::new();
+        let kept_s = profile.generator.series_seconds_max as usize;
         let mut pending: FxHashMap<u64, Pending> = FxHashMap::default();
         pending.reserve(inflight_max.min(1 << 16));
         let mut answers: Vec<Answer> = Vec::with_capacity(SEND_BURST_MAX * 4);
@@ -828,10 +855,11 @@ impl Worker {
                 rec.counts.sent += 1;
                 rec.counts.sent_by_op[op.index()] += 1;
                 live_sent += 1;
-                let sec = rec.second((scheduled_ns / SECOND_NS) as usize);
-                sec.offered += 1;
-                sec.phase = phase_index as u16;
-                sec.warmup = phase.warmup;
+                if let Some(sec) = rec.kept_second((scheduled_ns / SECOND_NS) as usize, kept_s) {
+                    sec.offered += 1;
+                    sec.phase = phase_index as u16;
+                    sec.warmup = phase.warmup;
+                }
                 if let Some(s) = search.as_mut() {
                     s.step_offered += 1;
                 }
@@ -911,24 +939,23 @@ impl Worker {
                 }
                 live_tx += ok as u64;
                 live_trades += trades;
-                let sec = rec.second((received_ns / SECOND_NS) as usize);
-                sec.answered += 1;
-                sec.transactions += ok as u64;
-                sec.orders += accepted;
-                sec.cancels += (ok && p.op == Op::Cancel) as u64;
-                sec.trades += trades;
-                sec.rejects += rejected as u64;
-                sec.busy += a.busy as u64;
-                let lat_sec = rec.second((p.scheduled_ns / SECOND_NS) as usize);
-                record(
-                    lat_sec.latency.get_or_insert_with(second_histogram),
-                    latency_ns,
-                );
-                let w = (received_ns / WINDOW_NS) as usize;
-                if rec.windows.len() <= w {
-                    rec.windows.resize(w + 1, Window::default());
+                if let Some(sec) = rec.kept_second((received_ns / SECOND_NS) as usize, kept_s) {
+                    sec.answered += 1;
+                    sec.transactions += ok as u64;
+                    sec.orders += accepted;
+                    sec.cancels += (ok && p.op == Op::Cancel) as u64;
+                    sec.trades += trades;
+                    sec.rejects += rejected as u64;
+                    sec.busy += a.busy as u64;
                 }
-                rec.windows[w].record(latency_ns, a.busy);
+                let scheduled_s = (p.scheduled_ns / SECOND_NS) as usize;
+                if let Some(lat_sec) = rec.kept_second(scheduled_s, kept_s) {
+                    record(
+                        lat_sec.latency.get_or_insert_with(second_histogram),
+                        latency_ns,
+                    );
+                }
+                rec.window_record(received_ns, kept_s, latency_ns, a.busy);
                 if p.measured {
                     record(&mut rec.all, latency_ns);
                     record(&mut rec.by_op[p.op.index()], latency_ns);

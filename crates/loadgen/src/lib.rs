@@ -103,8 +103,10 @@ pub trait Deployment {
     fn finish(&mut self) -> Result<Vec<target::CoreTotals>, String>;
     /// Called before the workers start with the moment (ns since the Unix epoch) their
     /// second 0 begins, so figures the deployment times itself per second (the market data
-    /// publication delay) line up with the generator's seconds. Default: nothing to line up.
-    fn run_starts_at(&mut self, _start_unix_ns: u64) {}
+    /// publication delay) line up with the generator's seconds, and with how many seconds of
+    /// such series to keep (the profile's `generator.series_seconds_max`; later seconds count
+    /// in the deployment's totals only). Default: nothing to line up.
+    fn run_starts_at(&mut self, _start_unix_ns: u64, _series_seconds_max: u32) {}
     /// Called after [`Deployment::finish`]: the accounts the deployment added through its
     /// admin API during the run (a profile's `[accounts_under_load]`). Default: none.
     fn accounts_added(&mut self) -> Option<results::AccountsAdded> {
@@ -302,7 +304,7 @@ pub fn run_on(
     let lead_ms = if any_remote { 3_000 } else { 20 };
     let start_unix_ns = unix_ns() + lead_ms * 1_000_000;
     let start = instant_of_unix_ns(start_unix_ns);
-    deployment.run_starts_at(start_unix_ns);
+    deployment.run_starts_at(start_unix_ns, profile.generator.series_seconds_max);
     let mut handles = Vec::new();
     for (w, connection) in connections.into_iter().enumerate() {
         let spawned = match connection {

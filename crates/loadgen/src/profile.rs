@@ -253,6 +253,24 @@ pub struct GeneratorSpec {
     pub inflight_max: u32,
     /// After the last phase, how long to wait for outstanding answers.
     pub drain_timeout_s: f64,
+    /// Seconds of the run whose per-second series are kept: each second's counts and latency
+    /// histogram, the 100 ms windows and the deployment's per-second market data delay, which
+    /// the report's per-second table, charts, load ranges and recovery after peaks read.
+    /// Later seconds count in the totals only. Each kept second costs about 40 KB per worker
+    /// and 32 KB per timed core, so this bounds the harness's memory in a long run; 0 keeps
+    /// none (`bourse soak`, which reports totals only). At most [`SERIES_SECONDS_MAX_LIMIT`].
+    #[serde(default = "default_series_seconds_max")]
+    pub series_seconds_max: u32,
+}
+
+/// The seconds of per-second series a run keeps unless its profile says otherwise (as long
+/// as the longest phase).
+pub const SERIES_SECONDS_MAX_DEFAULT: u32 = 3_600;
+/// The most seconds of per-second series a profile may ask for (a day).
+pub const SERIES_SECONDS_MAX_LIMIT: u32 = 86_400;
+
+fn default_series_seconds_max() -> u32 {
+    SERIES_SECONDS_MAX_DEFAULT
 }
 
 impl Default for GeneratorSpec {
@@ -262,6 +280,7 @@ impl Default for GeneratorSpec {
             pacing: Pacing::Uniform,
             inflight_max: 65_536,
             drain_timeout_s: 10.0,
+            series_seconds_max: SERIES_SECONDS_MAX_DEFAULT,
         }
     }
 }
@@ -726,6 +745,12 @@ impl Profile {
                 "must be more than 0 and at most 600 seconds".into(),
             );
         }
+        if g.series_seconds_max > SERIES_SECONDS_MAX_LIMIT {
+            return err(
+                vec![Name("generator"), Name("series_seconds_max")],
+                format!("must be at most {SERIES_SECONDS_MAX_LIMIT} seconds"),
+            );
+        }
         if self.markets.is_empty() || self.markets.len() > MARKETS_MAX {
             return err(
                 vec![Name("markets")],
@@ -1061,6 +1086,30 @@ per_s = 1000
         assert!(e.to_string().contains("clearing_runs[1].at_s"), "{e}");
         let typo = section.replace("at_s", "at_secs");
         assert!(Profile::parse(&format!("{cluster}{typo}")).is_err());
+    }
+
+    #[test]
+    fn series_seconds_max_defaults_to_an_hour_and_is_refused_past_a_day() {
+        let p = Profile::parse(GOOD).unwrap();
+        assert_eq!(p.generator.series_seconds_max, SERIES_SECONDS_MAX_DEFAULT);
+        let section = |n: u32| {
+            format!(
+                "{GOOD}\n[generator]\nworkers = 1\npacing = \"uniform\"\ninflight_max = 64\n\
+                 drain_timeout_s = 1\nseries_seconds_max = {n}\n"
+            )
+        };
+        assert_eq!(
+            Profile::parse(&section(0))
+                .unwrap()
+                .generator
+                .series_seconds_max,
+            0
+        );
+        let e = Profile::parse(&section(SERIES_SECONDS_MAX_LIMIT + 1)).unwrap_err();
+        assert!(
+            e.to_string().contains("generator.series_seconds_max"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -470,6 +470,17 @@ fn sections(r: &Results, baseline: Option<&Results>, with_charts: bool) -> Vec<S
     let mut rates = Section::new("Rates over time").text(
         "Per second: commands offered by the schedule, and what the cores answered (successful transactions, orders registered, cancels, trades), by the second the answer arrived.",
     );
+    let kept_s = r.profile.generator.series_seconds_max;
+    if r.elapsed_s > f64::from(kept_s) {
+        // The generator kept its per-second series for the first seconds only (a bound on
+        // its memory): say so, or a short table would read as a short run.
+        rates = rates.text(format!(
+            "Per-second series (this table, the charts, the load ranges, the recovery after \
+             peaks) cover the run's first {kept_s} s of {:.0} s (`generator.series_seconds_max`); \
+             the totals cover all of it.",
+            r.elapsed_s
+        ));
+    }
     if with_charts {
         if let Ok(svg) = charts::rates(r) {
             rates.charts.push(("Rates per second".into(), svg));

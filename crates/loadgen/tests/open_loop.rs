@@ -122,3 +122,58 @@ fn a_stall_counts_in_the_latency_of_every_command_scheduled_during_it() {
         "max {max} ns should be at least about the stall"
     );
 }
+
+#[test]
+fn seconds_past_series_seconds_max_count_in_the_totals_only() {
+    // Two seconds at 2,000/s, keeping the series of the first second only.
+    let text = PROFILE
+        .replace(
+            "drain_timeout_s = 5",
+            "drain_timeout_s = 5\nseries_seconds_max = 1",
+        )
+        .replace("duration_s = 1", "duration_s = 2");
+    let profile = Profile::parse(&text).unwrap();
+    assert_eq!(profile.generator.series_seconds_max, 1);
+    let flows = vec![MarketFlow::new(
+        &profile.markets[0],
+        0,
+        &profile.mix,
+        0,
+        1,
+        1,
+    )];
+    let start = Instant::now();
+    // A target that never stalls (the stall lies past the run).
+    let mut target = StallingTarget {
+        start,
+        stall_at: Duration::from_secs(3_600),
+        stall: Duration::ZERO,
+        waiting: Vec::new(),
+    };
+    let worker = Worker {
+        index: 0,
+        workers: 1,
+        profile: Arc::new(profile),
+        flows,
+        live: Arc::new(Live::default()),
+    };
+    let rec = worker.run(&mut target, start).unwrap();
+    // Every command of both seconds is in the totals and the latency histogram.
+    assert!(
+        (3_980..=4_020).contains(&rec.counts.sent),
+        "{}",
+        rec.counts.sent
+    );
+    assert_eq!(rec.counts.answered, rec.counts.sent);
+    assert_eq!(rec.all.len(), rec.counts.answered);
+    // The per-second series stop after the first second: one second, ten 100 ms windows.
+    assert_eq!(rec.seconds.len(), 1, "{:?}", rec.seconds);
+    assert!(rec.windows.len() <= 10, "{} windows", rec.windows.len());
+    let offered = rec.seconds[0].offered;
+    assert!((1_990..=2_010).contains(&offered), "{offered}");
+    let timed = rec.seconds[0].latency.as_ref().map_or(0, |h| h.len());
+    assert_eq!(
+        timed, offered,
+        "the kept second times every command scheduled in it"
+    );
+}

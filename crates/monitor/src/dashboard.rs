@@ -113,6 +113,8 @@ pub struct Frame {
     pub alerts: Vec<Alert>,
     /// What operators did through the admin API (none where this process has none).
     pub admin: Option<AdminPanel>,
+    /// A data-delivery node's figures (none where this process has none).
+    pub delivery: Option<crate::delivery::DeliveryPanel>,
     pub dashboard_clients: usize,
 }
 
@@ -436,6 +438,7 @@ pub fn tick(monitor: &Monitor) -> Arc<str> {
         cluster,
         alerts,
         admin: monitor.admin().panel(r, interval_s),
+        delivery: monitor.delivery().panel(interval_s),
         dashboard_clients: monitor.dashboard.clients(),
     };
     let json: Arc<str> = serde_json::to_string(&frame)

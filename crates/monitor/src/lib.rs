@@ -27,10 +27,14 @@
 //!   a gateway's and a node's stage histograms by LTP's T1 = T7 = (T0,7 − T1,6) / 2.
 //! - [`admin::AdminFeed`]: the admin API's newest audit entries; with the admin counters it
 //!   makes the dashboard's admin panel (actions per second, refusals by reason, who did what).
+//! - [`delivery::DeliveryFeed`]: a data-delivery node's counters, read once per tick into the
+//!   dashboard's delivery panel (writes, readers, empty answers, records per answer, lag).
 //! - [`server::DashboardServer`]: an HTTP server on its own thread (tokio, current-thread
 //!   runtime) serving the self-contained dashboard at `/`, live frames over server-sent events at
 //!   `/events`, `/metrics`, and `/api/frame`. Slow event-stream clients are cut off rather than
-//!   buffered; clients and connections are capped.
+//!   buffered; clients and connections are capped. [`slots::ConnectionSlots`] and
+//!   [`rate::TokenBucket`] are the admission limits every service's listener shares
+//!   (connections in all and per address; requests per second per session or connection).
 //!
 //! The hot path never waits for the control plane: it writes atomics, its own histograms, and
 //! hands full batches over a bounded channel without blocking.
@@ -42,10 +46,12 @@ pub mod clock;
 pub mod cluster;
 pub mod core_probe;
 pub mod dashboard;
+pub mod delivery;
 pub mod ltp;
 pub mod metrics;
 pub mod node;
 pub mod probe;
+pub mod rate;
 pub mod server;
 pub mod slots;
 
@@ -226,6 +232,7 @@ pub struct Monitor {
     cluster: ClusterView,
     dashboard: dashboard::Dashboard,
     admin: admin::AdminFeed,
+    delivery: delivery::DeliveryFeed,
     started: Instant,
     /// A process's own named figures for the dashboard (e.g. a node's snapshot build time).
     figures: std::sync::Mutex<Vec<(String, String)>>,
@@ -282,6 +289,7 @@ impl Monitor {
             registry,
             cluster: ClusterView::default(),
             admin: admin::AdminFeed::default(),
+            delivery: delivery::DeliveryFeed::default(),
             started: Instant::now(),
             figures: std::sync::Mutex::new(Vec::new()),
             config,
@@ -324,6 +332,10 @@ impl Monitor {
     /// Where the admin API hands its audit entries for the dashboard.
     pub fn admin(&self) -> &admin::AdminFeed {
         &self.admin
+    }
+    /// Where a data-delivery node in this process plugs its counters in for the dashboard.
+    pub fn delivery(&self) -> &delivery::DeliveryFeed {
+        &self.delivery
     }
     pub fn uptime(&self) -> std::time::Duration {
         self.started.elapsed()

@@ -161,6 +161,20 @@ impl Histogram {
         self.0.sum_ns.load(Ordering::Relaxed)
     }
 
+    /// The non-cumulative count of every bucket, the `+Inf` cell last.
+    pub fn bucket_counts(&self) -> Vec<u64> {
+        self.0
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// The buckets' upper bounds in nanoseconds (without `+Inf`).
+    pub fn bounds_ns(&self) -> &'static [u64] {
+        self.0.bounds_ns
+    }
+
     /// Adds every value of an HDR histogram of nanoseconds recorded elsewhere (one interval
     /// of it), with that interval's exact sum. Each HDR bucket lands in the bucket of its
     /// highest equivalent value, so a value within the HDR's precision of a bound may count

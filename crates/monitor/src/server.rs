@@ -192,7 +192,8 @@ pub async fn serve_limited(
 }
 
 /// [`serve_limited`] with the connection limits of `slots` (in all and per peer address):
-/// a connection without a slot is closed on accept.
+/// a connection without a slot is closed on accept. If the slots bound requests per second,
+/// each connection's requests carry its [`crate::rate::ConnectionRate`] as an extension.
 pub async fn serve_with_slots(
     listener: TcpListener,
     app: Router,
@@ -217,7 +218,11 @@ pub async fn serve_with_slots(
         };
         let _ = stream.set_nodelay(true);
         let app = app.clone();
-        let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+        let rate = slots.requests_per_s().map(crate::rate::ConnectionRate::new);
+        let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+            if let Some(rate) = &rate {
+                req.extensions_mut().insert(rate.clone());
+            }
             app.clone().oneshot(req)
         });
         let mut stopped = stopped.clone();

@@ -36,6 +36,8 @@ struct Inner {
     refused_per_address: Counter,
     /// Connections refused because all `connections_max` were taken.
     refused_full: Counter,
+    /// Requests per second each connection may make (`None`: no bound of this kind).
+    requests_per_s: Option<u32>,
 }
 
 impl ConnectionSlots {
@@ -63,8 +65,28 @@ impl ConnectionSlots {
                 open_gauge,
                 refused_per_address,
                 refused_full,
+                requests_per_s: None,
             }),
         }
+    }
+
+    /// These slots, each connection allowed at most `requests_per_s` requests a second (in
+    /// bursts of up to that many): the server hands each connection a
+    /// [`crate::rate::ConnectionRate`] for its handlers to take from.
+    pub fn with_requests_per_s(self, requests_per_s: u32) -> Self {
+        assert!(requests_per_s > 0, "requests_per_s must be positive");
+        let inner = Arc::into_inner(self.inner).expect("set before the slots are shared");
+        ConnectionSlots {
+            inner: Arc::new(Inner {
+                requests_per_s: Some(requests_per_s),
+                ..inner
+            }),
+        }
+    }
+
+    /// The bound on each connection's requests per second, if any.
+    pub fn requests_per_s(&self) -> Option<u32> {
+        self.inner.requests_per_s
     }
 
     /// A slot for a connection from `peer`, or why there is none (counted).

@@ -12,9 +12,6 @@ use std::time::{Duration, Instant};
 /// timer's memory when one side never comes (a trade of a lost packet that the subscriber
 /// recovered from the snapshot loop instead of a replay).
 const PUB_DELAY_PENDING_MAX: usize = 262_144;
-/// Seconds of a run the publication delay is kept for per second (for the report's load
-/// ranges); trades read later count in the overall figure only.
-const PUB_DELAY_SECONDS_MAX: usize = 3_600;
 /// How long the feed's subscriber blocks waiting for a datagram before it checks whether to
 /// stop and runs its gap recovery.
 const MD_WAIT_MS: u16 = 2;
@@ -44,6 +41,10 @@ pub(crate) struct PubDelay {
     pub(crate) run_start_ns: Option<u64>,
     /// The delay by the generator's second in which the record was read.
     pub(crate) by_second: Vec<hdrhistogram::Histogram<u64>>,
+    /// How many of the run's first seconds `by_second` covers (the profile's
+    /// `generator.series_seconds_max`, one ~32 KB histogram each); trades read later count
+    /// in the overall figure only.
+    pub(crate) seconds_kept: usize,
 }
 
 impl PubDelay {
@@ -56,6 +57,7 @@ impl PubDelay {
             publisher_first: 0,
             run_start_ns: None,
             by_second: Vec::new(),
+            seconds_kept: 0,
         }
     }
 
@@ -72,7 +74,7 @@ impl PubDelay {
             return;
         };
         let second = ((read_ns - start) / 1_000_000_000) as usize;
-        if second >= PUB_DELAY_SECONDS_MAX {
+        if second >= self.seconds_kept {
             return;
         }
         while self.by_second.len() <= second {

@@ -945,11 +945,12 @@ impl Deployment for LocalDeployment {
         }
         self.totals().map_err(|e| format!("{e:#}"))
     }
-    fn run_starts_at(&mut self, start_unix_ns: u64) {
+    fn run_starts_at(&mut self, start_unix_ns: u64, series_seconds_max: u32) {
         for core in &self.cores {
             if let Some(m) = &core.md_counter {
                 let mut d = m.delay.lock().expect("publication delay lock");
                 d.run_start_ns = Some(start_unix_ns);
+                d.seconds_kept = series_seconds_max as usize;
             }
         }
         if let Some(c) = self.clearing.as_mut() {

@@ -4,6 +4,9 @@
 //! (by symbol) and binary (by id), the two sessions trade it against each other, the market
 //! data instruments channel defines it, and the ITCH feed gives it a stock directory entry:
 //! all learned from the `InstrumentAdded` event on the committed stream, none configured.
+//! And a gateway that crashed after the addition (its saved state deleted), whose stream
+//! starts past it, learns it from its core's answer to its link's instruments query and
+//! trades it from its first message.
 
 use bourse_admin::AdminClient;
 use bourse_auth::{hash_password_with, CredentialEntry, CredentialStore, HashCost};
@@ -270,5 +273,158 @@ fn an_instrument_added_at_run_time_trades_over_fix_and_binary_and_is_published()
     let (consumer, _) = itch_consumer.join().unwrap().unwrap();
     let stocks: Vec<[u8; 8]> = consumer.stocks().values().map(|s| s.stock).collect();
     assert!(stocks.contains(b"RTS     "), "{stocks:?}");
+    deployment.stop();
+}
+
+/// Starts a gateway in front of the futures core (`nodes`) as `bourse gateway` does: its
+/// links take this run's client id and resume where its saved order state (if any) is exact.
+/// A FIX session (CRASH, account 2) and a binary one (CBIN, account 1); SI only configured.
+fn start_own_gateway(
+    nodes: &[SocketAddr],
+    store: &std::path::Path,
+) -> bourse_gateway::GatewayHandle {
+    use bourse_cluster::link::{ClusterLink, ClusterLinkConfig};
+    use bourse_gateway::config::{BinarySessionConfig, CoreEntry, FixSessionConfig};
+    use bourse_gateway::{recovery::Recovery, CoreLink, GatewayConfig};
+    let mut config = GatewayConfig::from_toml(
+        "[gateway]\nbinary_listen = \"127.0.0.1:0\"\nfix_listen = \"127.0.0.1:0\"\n",
+    )
+    .unwrap();
+    config.gateway.store_dir = store.to_path_buf();
+    config.instruments = vec![future(SI, "SI", 100_000)];
+    config.cores = vec![CoreEntry {
+        name: "futures".into(),
+        instruments: vec![InstrumentId(SI)],
+        in_process: false,
+        nodes: nodes.to_vec(),
+        client_id: Some(50),
+        bootstrap: Some(false),
+        tls: None,
+    }];
+    config.fix_sessions.push(FixSessionConfig {
+        client_comp_id: "CRASH".into(),
+        gateway_comp_id: "BOURSE".into(),
+        firm: FirmId(2),
+        accounts: vec![AccountId(2)],
+        drop_copy: false,
+        throttle_msgs_per_s: None,
+        allowed_addresses: Vec::new(),
+        password_hash: None,
+        tls_required: false,
+    });
+    config.binary_sessions.push(BinarySessionConfig {
+        credentials: "CBIN".into(),
+        firm: FirmId(1),
+        accounts: vec![AccountId(1)],
+        throttle_msgs_per_s: None,
+        allowed_addresses: Vec::new(),
+        password_hash: None,
+        tls_required: false,
+    });
+    config.validate().unwrap();
+    let recovery = Recovery::open(&config).unwrap();
+    let link = ClusterLink::start(ClusterLinkConfig {
+        from_index: recovery.resume_index(0),
+        ..ClusterLinkConfig::new(
+            nodes.to_vec(),
+            recovery.link_client_id(50),
+            config.gateway.core_queue_depth,
+        )
+    })
+    .unwrap();
+    let links: Vec<Box<dyn CoreLink>> = vec![Box::new(link)];
+    bourse_gateway::spawn_cores(config, links, None).unwrap()
+}
+
+#[test]
+fn a_gateway_that_crashed_learns_an_instrument_added_at_run_time_from_its_core() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = DeploymentSpec {
+        markets: vec![
+            market("equities", equity(SBER, "SBER", 10_000)),
+            market("futures", future(SI, "SI", 100_000)),
+        ],
+        backend: Backend::Cluster,
+        protocol: SessionProtocol::Binary,
+        gateways: 1,
+        worker_sessions: vec![vec![vec![1, 2]]],
+        data_dir: dir.path().join("venue"),
+        orders_max: 10_000,
+        accounts_max: 10_000,
+        fsync: bourse_cluster::FsyncSetting::Never,
+        market_data: false,
+        monitor: None,
+        extra_fix_sessions: Vec::new(),
+        verbose: false,
+        core_in_flight_max: None,
+        bounds: None,
+    };
+    let mut deployment = LocalDeployment::start(spec).expect("venue starts");
+    let entry = CredentialEntry {
+        name: "alice".into(),
+        password_hash: hash_password_with("alice-pw", HashCost::TEST_ONLY).unwrap(),
+        roles: vec!["operator".into()],
+    };
+    let store = Arc::new(CredentialStore::from_entries(&[entry]).unwrap());
+    let (_, admin) = deployment
+        .start_admin(
+            store,
+            &dir.path().join("audit.jsonl"),
+            "127.0.0.1:0".parse().unwrap(),
+            None,
+        )
+        .expect("admin starts");
+    let ops = AdminClient::new(&admin.url())
+        .unwrap()
+        .with_credentials("alice", "alice-pw");
+    let futures_nodes = deployment
+        .node_addrs()
+        .into_iter()
+        .find(|(name, _)| name == "futures")
+        .unwrap()
+        .1;
+    let gateway_store = dir.path().join("own-gateway");
+    let gateway = start_own_gateway(&futures_nodes, &gateway_store);
+
+    // The operator adds RTS while the gateway runs; the admin answers once it committed.
+    let rts = future(RTS, "RTS", 110_000);
+    let r = ops
+        .action(
+            "add-rts",
+            &json!({"action": "add_instrument", "market": "futures", "instrument": rts}),
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+
+    // The gateway crashes: whatever it saved is gone. Started again, its link's stream
+    // starts after the leader's last applied entry, past RTS's addition, so only the core's
+    // answer to the link's instruments query can teach it RTS.
+    gateway.shutdown();
+    std::fs::remove_dir_all(&gateway_store).unwrap();
+    let gateway = start_own_gateway(&futures_nodes, &gateway_store);
+
+    // FIX by symbol: accepted at the first attempt (the gateway learned RTS before serving).
+    let fix_addr = gateway.fix_addr().unwrap();
+    let mut fix = FixClient::connect(&FixClientConfig::new(fix_addr, "CRASH", "BOURSE")).unwrap();
+    fix.new_order("C1", Some(2), "RTS", false, 1, Some("110000"), '0')
+        .unwrap();
+    assert_eq!(fix_reports_until(&mut fix, "C1", &["0", "8"]), "0");
+    // Binary by id: the buy trades against it.
+    let mut bin = BinaryClient::connect(gateway.binary_addr().unwrap(), "CBIN", 30_000, 1)
+        .expect("establish");
+    let bought = binary_buy(&mut bin, 1, RTS, 110_000).expect("binary buy accepted");
+    let (px, qty) = binary_wait(&mut bin, |r| match *r {
+        Response::Execution {
+            order_id,
+            last_px,
+            last_qty,
+            ..
+        } if order_id == bought => Some((last_px, last_qty)),
+        _ => None,
+    });
+    assert_eq!((px, qty), (110_000, 1));
+    assert_eq!(fix_reports_until(&mut fix, "C1", &["F"]), "F");
+    drop((fix, bin));
+    gateway.shutdown();
     deployment.stop();
 }

@@ -43,13 +43,13 @@ pub const SCHEMA_ID: u16 = bourse_sbe_delivery::SBE_SCHEMA_ID;
 pub const SCHEMA_VERSION: u16 = bourse_sbe_delivery::SBE_SCHEMA_VERSION;
 
 /// The longest cursor, in bytes (the schema's `varDataEncoding.length` maxValue).
-pub const CURSOR_BYTES_MAX: u16 = 1_100;
+pub const CURSOR_BYTES_MAX: u16 = 2_100;
 /// The longest error text, in bytes; longer texts are cut by the encoder.
 pub const ERROR_TEXT_BYTES_MAX: u16 = 1_100;
 
 /// Largest frame either side accepts: the longest GetOrders or OrdersHeader with the longest
 /// cursor, with room for fields later versions append.
-pub const FRAME_BYTES_MAX: usize = 2_048;
+pub const FRAME_BYTES_MAX: usize = 4_096;
 
 schema_messages! {
     sbe = bourse_sbe_delivery;

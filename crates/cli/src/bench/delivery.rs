@@ -137,6 +137,7 @@ fn shared() -> Arc<Shared> {
         deployment: "bench".into(),
         cores: vec![0],
         records_per_core_max: Limits::default().records_per_core_max,
+        secondary_indexes: true,
     });
     // Every reader of the bench connects from 127.0.0.1: the per-address share is the whole.
     let limits = Limits {
@@ -336,6 +337,7 @@ async fn reader(
         limit: Some(1_000),
         wait_us: Some(wait_us),
         min_rows: Some(1),
+        since_ns: None,
     };
     let mut first = true;
     while !stop.load(Ordering::Relaxed) {

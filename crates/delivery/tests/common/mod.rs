@@ -230,6 +230,8 @@ pub fn delivery_config(cores: &[&Core], state_dir: Option<std::path::PathBuf>) -
         state_dir,
         persist_interval_ms: 20,
         cores: cores.iter().map(|c| c.source()).collect(),
+        follow: None,
+        cold: None,
         limits: Limits::default(),
     }
 }
@@ -269,7 +271,7 @@ pub async fn caught_up(node: &DeliveryNode, ends: &[u64]) {
 }
 
 /// What one client received.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Received {
     pub records: Vec<Record>,
     pub cursor: Option<String>,
@@ -285,6 +287,7 @@ impl Received {
             limit: Some(limit),
             wait_us: Some(2_000),
             min_rows: None,
+            since_ns: None,
         };
         let started = Instant::now();
         loop {

@@ -110,6 +110,7 @@ impl Router {
                 break;
             };
             if let Some((oo, _)) = self.finished.remove(&old) {
+                self.finished_text_bytes -= text_bytes(&oo.client);
                 let key = (oo.owner, oo.client);
                 if self.finished_by_client.get(&key) == Some(&old) {
                     self.finished_by_client.remove(&key);
@@ -118,9 +119,24 @@ impl Router {
         }
         self.finished_by_client
             .insert((o.owner, o.client.clone()), order_id);
-        if self.finished.insert(order_id, (o, how)).is_none() {
-            self.finished_order.push_back(order_id);
+        self.finished_text_bytes += text_bytes(&o.client);
+        match self.finished.insert(order_id, (o, how)) {
+            None => self.finished_order.push_back(order_id),
+            Some((old, _)) => self.finished_text_bytes -= text_bytes(&old.client),
         }
+    }
+
+    /// About the memory the finished orders take: the tables' slots by their capacity (a
+    /// hash table's entry and control byte, the queue's order ids) and the text client ids,
+    /// counted twice (in the order and in the by-client key). Not the allocator's overhead.
+    pub fn finished_orders_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let finished =
+            self.finished.capacity() * (size_of::<(OrderId, (OrderState, Finished))>() + 1);
+        let by_client = self.finished_by_client.capacity()
+            * (size_of::<((SessionRef, ClientId), OrderId)>() + 1);
+        let queue = self.finished_order.capacity() * size_of::<OrderId>();
+        finished + by_client + queue + 2 * self.finished_text_bytes
     }
 
     /// Orders the router remembers as finished (for status requests).
@@ -363,5 +379,13 @@ impl Router {
             let report = Self::report_of(&o, oid, kind, leaves, ts_ns);
             self.outbox.push((sref, Report::Exec(report)));
         }
+    }
+}
+
+/// Heap bytes of a client id (a text id's characters; a numeric one has none).
+fn text_bytes(client: &ClientId) -> usize {
+    match client {
+        ClientId::Text(t) => t.len(),
+        ClientId::Num(_) => 0,
     }
 }

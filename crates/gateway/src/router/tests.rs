@@ -618,6 +618,47 @@ fn the_finished_orders_kept_are_the_newest_up_to_the_configured_bound() {
     assert_eq!(f.router.finished_orders_kept, FINISHED_ORDERS_KEPT);
 }
 
+#[test]
+fn finished_orders_bytes_follow_the_kept_orders_and_their_text_ids() {
+    let config = CONFIG.replace(
+        "fix_listen = \"127.0.0.1:0\"",
+        "fix_listen = \"127.0.0.1:0\"\nfinished_orders_kept = 3",
+    );
+    let mut f = Fixture::with_config(&config);
+    assert_eq!(f.router.finished_text_bytes, 0);
+    let finished = |n: u64| SavedOrder {
+        session: "FIX ALPHA".into(),
+        order_id: OrderId(n),
+        // Seven characters each.
+        client: ClientId::Text(format!("order-{n}").into_boxed_str()),
+        internal: ClOrdId(n),
+        core: 0,
+        account: AccountId(101),
+        instrument: InstrumentId(1),
+        side: Side::Buy,
+        ord_type: OrdType::Limit,
+        tif: TimeInForce::Day,
+        price: Price(25_000),
+        qty_lots: 1,
+        cum_lots: 1,
+        notional: 25_000,
+        finished: Some(Finished::Filled),
+    };
+    let dropped = f.router.import_state(RouterState {
+        next_internal: 10,
+        positions: vec![None, None],
+        live: Vec::new(),
+        finished: (1..=5).map(finished).collect(),
+        instruments: Vec::new(),
+    });
+    assert_eq!(dropped, 0);
+    // The three kept orders' ids, not the two forgotten ones'.
+    assert_eq!(f.router.finished_text_bytes, 21);
+    let bytes = f.router.finished_orders_bytes();
+    let entry = std::mem::size_of::<(OrderId, (OrderState, Finished))>();
+    assert!(bytes >= 3 * entry + 2 * 21, "{bytes}");
+}
+
 fn limit_order(client: u64, instrument: u32) -> Request {
     Request::New(NewOrderRequest {
         client: ClientId::Num(client),

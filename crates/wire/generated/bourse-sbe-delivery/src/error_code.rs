@@ -8,6 +8,8 @@ pub enum ErrorCode {
     CursorForeign = 0x3_u8,
     CursorTooOld = 0x4_u8,
     Busy = 0x5_u8,
+    CatchingUp = 0x6_u8,
+    FilterNotServed = 0x7_u8,
     #[default]
     NullVal = 0xff_u8,
 }
@@ -20,6 +22,8 @@ impl From<u8> for ErrorCode {
             0x3_u8 => Self::CursorForeign,
             0x4_u8 => Self::CursorTooOld,
             0x5_u8 => Self::Busy,
+            0x6_u8 => Self::CatchingUp,
+            0x7_u8 => Self::FilterNotServed,
             _ => Self::NullVal,
         }
     }
@@ -33,6 +37,8 @@ impl From<ErrorCode> for u8 {
             ErrorCode::CursorForeign => 0x3_u8,
             ErrorCode::CursorTooOld => 0x4_u8,
             ErrorCode::Busy => 0x5_u8,
+            ErrorCode::CatchingUp => 0x6_u8,
+            ErrorCode::FilterNotServed => 0x7_u8,
             ErrorCode::NullVal => 0xff_u8,
         }
     }
@@ -48,6 +54,8 @@ impl core::str::FromStr for ErrorCode {
             "CursorForeign" => Ok(Self::CursorForeign),
             "CursorTooOld" => Ok(Self::CursorTooOld),
             "Busy" => Ok(Self::Busy),
+            "CatchingUp" => Ok(Self::CatchingUp),
+            "FilterNotServed" => Ok(Self::FilterNotServed),
             _ => Ok(Self::NullVal),
         }
     }
@@ -61,6 +69,8 @@ impl core::fmt::Display for ErrorCode {
             Self::CursorForeign => write!(f, "CursorForeign"),
             Self::CursorTooOld => write!(f, "CursorTooOld"),
             Self::Busy => write!(f, "Busy"),
+            Self::CatchingUp => write!(f, "CatchingUp"),
+            Self::FilterNotServed => write!(f, "FilterNotServed"),
             Self::NullVal => write!(f, "NullVal"),
         }
     }

@@ -46,7 +46,7 @@ pub mod encoder {
 
         /// primitive field 'length'
         /// - min value: 0
-        /// - max value: 1100
+        /// - max value: 2100
         /// - null value: 0xffff_u16
         /// - characterEncoding: null
         /// - semanticType: null

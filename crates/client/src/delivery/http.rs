@@ -1,13 +1,10 @@
 //! [`DeliveryClient`]: a Rust client of the HTTP API, one keep-alive connection, just enough
-//! HTTP/1.1 for it (`Content-Length` bodies, which is what the server sends). Used by
-//! `bourse delivery tail`, the benchmark and the tests. It is not yet in the SDK
-//! (`bourse-client`): this crate depends on the cluster (the consumer API), which the SDK
-//! should not pull in; the client and the record types want a crate of their own first.
+//! HTTP/1.1 for it (`Content-Length` bodies, which is what the server sends); and
+//! [`AnyClient`], either front's client behind one type.
 
-use crate::record::{Filter, Record};
-use crate::server::{AnswerHeader, ApiError};
+use super::api::{ApiError, ClientError, PollAnswer, PollRequest};
+use super::binary::BinaryClient;
 use serde::Deserialize;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -16,80 +13,6 @@ use tokio::net::TcpStream;
 pub const ANSWER_BYTES_MAX: usize = 256 << 20;
 /// The longest response head the client reads.
 const HEAD_BYTES_MAX: usize = 16 * 1024;
-
-/// One GetOrders request.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PollRequest {
-    /// The cursor of the last answer; `None` reads a snapshot of the current state first.
-    pub cursor: Option<String>,
-    pub filter: Filter,
-    pub limit: Option<usize>,
-    pub wait_us: Option<u64>,
-    pub min_rows: Option<usize>,
-}
-
-impl PollRequest {
-    /// The path and query string of this request.
-    pub fn path(&self) -> String {
-        let mut q = String::from("/v1/orders?");
-        let mut add = |k: &str, v: Option<String>| {
-            if let Some(v) = v {
-                let _ = write!(q, "{k}={v}&");
-            }
-        };
-        add("cursor", self.cursor.clone());
-        add("firm", self.filter.firm.map(|f| f.0.to_string()));
-        add("account", self.filter.account.map(|a| a.0.to_string()));
-        add(
-            "instrument",
-            self.filter.instrument.map(|i| i.0.to_string()),
-        );
-        add("limit", self.limit.map(|v| v.to_string()));
-        add("wait_us", self.wait_us.map(|v| v.to_string()));
-        add("min_rows", self.min_rows.map(|v| v.to_string()));
-        q.pop();
-        q
-    }
-}
-
-/// One GetOrders answer.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-pub struct PollAnswer {
-    pub header: AnswerHeader,
-    pub records: Vec<Record>,
-}
-
-#[derive(Debug)]
-pub enum ClientError {
-    Io(std::io::Error),
-    /// The server answered with an error (status and its JSON error).
-    Api {
-        status: u16,
-        error: ApiError,
-    },
-    /// The answer is not what the API sends.
-    Protocol(String),
-}
-
-impl std::fmt::Display for ClientError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ClientError::Io(e) => write!(f, "{e}"),
-            ClientError::Api { status, error } => {
-                write!(f, "{status} {}: {}", error.code, error.message)
-            }
-            ClientError::Protocol(why) => write!(f, "unexpected answer: {why}"),
-        }
-    }
-}
-
-impl std::error::Error for ClientError {}
-
-impl From<std::io::Error> for ClientError {
-    fn from(e: std::io::Error) -> ClientError {
-        ClientError::Io(e)
-    }
-}
 
 /// A client of one delivery node.
 pub struct DeliveryClient {
@@ -224,7 +147,7 @@ async fn request(
 /// with one argument.
 pub enum AnyClient {
     Http(DeliveryClient),
-    Binary(crate::binary::BinaryClient),
+    Binary(BinaryClient),
 }
 
 impl AnyClient {
@@ -235,7 +158,7 @@ impl AnyClient {
 
     /// A client of the binary front at `addr`.
     pub fn binary(addr: SocketAddr) -> AnyClient {
-        AnyClient::Binary(crate::binary::BinaryClient::new(addr))
+        AnyClient::Binary(BinaryClient::new(addr))
     }
 
     /// One GetOrders poll.
