@@ -28,6 +28,9 @@
 //!   RequestForPositionsAck and PositionReports (quantities by PosType, amounts FMTM, IMTM,
 //!   SETL by PosAmtType), intraday or as the day's end-of-day run left them, under the HTTP
 //!   side's per-firm rule; [`fix::PositionsClient`] is its blocking client.
+//! - [`SettlementCycle`] (`settlement`): equity and FX obligations dated T+n business days
+//!   on the venue's calendar (`[settlement_cycle]`, T+1 and T+0 by default), fixed in the
+//!   plan; `GET /v1/settlements/{date}` sums what settles on a day.
 //! - `report`: saved plans and run reports (JSON and CSV, whole and per firm).
 //! - [`ClearingSchedule`] (`schedule`): runs on the venue's trading day (an intermediate run
 //!   at the start of each clearing pause, the end of day's at the day's end) over a [`Clock`]
@@ -41,6 +44,7 @@ pub mod run;
 pub mod schedule;
 pub mod server;
 pub mod service;
+pub mod settlement;
 pub mod state;
 
 pub use fees::{FeeBase, FeeLine, FeeRate, FeeSchedule};
@@ -52,4 +56,5 @@ pub use run::{
 };
 pub use schedule::{ClearingSchedule, Clock, ManualClock, ScheduledRun, SystemClock};
 pub use service::{execute, feed_to, replay, stream_end, with_ids, ExecuteOptions, MovementResult};
+pub use settlement::{date_obligations, SettlementCycle};
 pub use state::{ClearingError, ClearingPosition, ClearingState};

@@ -72,7 +72,7 @@ pub struct MarginLine {
 }
 
 /// Equity or FX obligations of one account in one instrument since the previous run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObligationLine {
     pub account: AccountId,
     pub instrument: InstrumentId,
@@ -80,6 +80,10 @@ pub struct ObligationLine {
     pub securities: i64,
     /// Cash to receive (positive) or pay.
     pub cash: Cash,
+    /// The business day it settles, `YYYY-MM-DD` (`settlement`): the run's trade date plus
+    /// the instrument's cycle; none in a plan computed without a calendar.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settlement_date: Option<String>,
 }
 
 /// One cash movement fed back to a core: the account's net variation margin on that core.
@@ -145,6 +149,10 @@ pub struct RunPlan {
     /// movements).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fees: Vec<FeeLine>,
+    /// The business day the run's obligations were traded on, `YYYY-MM-DD` (`settlement`);
+    /// none in a plan computed without a calendar.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trade_date: Option<String>,
 }
 
 impl RunPlan {
@@ -284,6 +292,7 @@ pub fn compute_run_with_fees(
                 instrument,
                 securities: p.securities_due,
                 cash: p.cash_due,
+                settlement_date: None,
             });
         }
     }
@@ -310,6 +319,7 @@ pub fn compute_run_with_fees(
         scheduled_ns: None,
         fee_schedule: fees.cloned(),
         fees: fee_lines,
+        trade_date: None,
     }
 }
 
