@@ -194,20 +194,30 @@ fn civil_from_days(z: i64) -> (i64, i64, i64) {
 }
 
 fn parse_date(s: &str) -> Result<i64, String> {
-    let bad = || format!("holidays: {s:?} is not a date YYYY-MM-DD");
+    day_of_date(s).ok_or_else(|| format!("holidays: {s:?} is not a date YYYY-MM-DD"))
+}
+
+/// The day (since 1970-01-01) of a date `YYYY-MM-DD`; none when it is not one.
+pub fn day_of_date(s: &str) -> Option<i64> {
     let parts: Vec<&str> = s.split('-').collect();
     if parts.len() != 3 || s.len() != 10 {
-        return Err(bad());
+        return None;
     }
-    let n = |p: &str| p.parse::<i64>().map_err(|_| bad());
+    let n = |p: &str| p.parse::<i64>().ok();
     let (y, m, d) = (n(parts[0])?, n(parts[1])?, n(parts[2])?);
     if !(1..=12).contains(&m)
         || !(1..=31).contains(&d)
         || civil_from_days(days_from_civil(y, m, d)) != (y, m, d)
     {
-        return Err(bad());
+        return None;
     }
-    Ok(days_from_civil(y, m, d))
+    Some(days_from_civil(y, m, d))
+}
+
+/// A day (since 1970-01-01) as its date, `YYYY-MM-DD`.
+pub fn date_text(day: i64) -> String {
+    let (y, m, d) = civil_from_days(day);
+    format!("{y:04}-{m:02}-{d:02}")
 }
 
 impl Schedule {
@@ -224,6 +234,9 @@ impl Schedule {
                 .position(|x| x == d)
                 .ok_or_else(|| format!("business_days: {d:?} is not mon..sun"))?;
             days |= 1 << bit;
+        }
+        if days == 0 {
+            return Err("business_days: none (a venue trades on at least one weekday)".into());
         }
         let mut holidays = config
             .holidays
@@ -274,6 +287,37 @@ impl Schedule {
         // 1970-01-01 was a Thursday (bit 3).
         let weekday = (day + 3).rem_euclid(7);
         self.days & (1 << weekday) != 0 && self.holidays.binary_search(&day).is_err()
+    }
+
+    /// Whether the local day `day` (days since 1970-01-01) is a business day: a business
+    /// weekday and no holiday.
+    pub fn is_business_day(&self, day: i64) -> bool {
+        self.trades_on(day)
+    }
+
+    /// The local day (days since 1970-01-01 in the venue's time) of an instant.
+    pub fn local_day(&self, at_ns: u64) -> i64 {
+        (at_ns as i64 + self.offset_min * NS_PER_MIN as i64)
+            .div_euclid((MIN_PER_DAY * NS_PER_MIN) as i64)
+    }
+
+    /// The first business day on or after `day` (a schedule has at least one business
+    /// weekday and finitely many holidays, so there is one).
+    pub fn business_day_on_or_after(&self, day: i64) -> i64 {
+        let mut d = day;
+        while !self.trades_on(d) {
+            d += 1;
+        }
+        d
+    }
+
+    /// The business day `n` business days after the business day on or after `day` (T+n).
+    pub fn add_business_days(&self, day: i64, n: u32) -> i64 {
+        let mut d = self.business_day_on_or_after(day);
+        for _ in 0..n {
+            d = self.business_day_on_or_after(d + 1);
+        }
+        d
     }
 
     /// Every transition due in `(after_ns, until_ns]`, in time order (markets in config order

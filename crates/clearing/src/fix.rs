@@ -45,6 +45,7 @@ use bourse_fix::{
 };
 use serde::Deserialize;
 
+use crate::fees::FeeSchedule;
 use crate::node::{Inner, Shared};
 use crate::run::{RunKind, RunPlan};
 use crate::server::{reader_of, Reader, Refusal};
@@ -486,6 +487,7 @@ impl Application for PositionsApp {
             self.shared.business_day_offset_min,
             self.shared.clock.now_ns(),
             self.reports_max,
+            self.shared.config.fees.as_ref(),
         );
         drop(inner);
         self.reply(&request, answer, replies);
@@ -566,6 +568,7 @@ fn answer(
     offset_min: i64,
     now_ns: u64,
     reports_max: usize,
+    fees: Option<&FeeSchedule>,
 ) -> Answer {
     let refuse = |firm, code, text: String| Answer {
         firm,
@@ -623,7 +626,7 @@ fn answer(
                     ),
                 );
             }
-            intraday(state, account)
+            intraday(state, fees, account)
         }
         "EOD" => match end_of_day(inner, account, &r.date, offset_min) {
             Ok(lines) => lines,
@@ -671,7 +674,11 @@ fn answer(
 }
 
 /// The account's positions in the live state (see the module documentation).
-pub fn intraday(state: &ClearingState, account: AccountId) -> Vec<PositionLine> {
+pub fn intraday(
+    state: &ClearingState,
+    fees: Option<&FeeSchedule>,
+    account: AccountId,
+) -> Vec<PositionLine> {
     let mut out = Vec::new();
     for (instrument, p) in state.account_positions(account) {
         let Some(def) = state.definition(instrument) else {
@@ -701,6 +708,12 @@ pub fn intraday(state: &ClearingState, account: AccountId) -> Vec<PositionLine> 
             let (receive, deliver) = long_short(p.securities_due);
             line.quantities.push(("DLV", receive, deliver));
             line.amounts.push(("SETL", p.cash_due.0));
+        }
+        let base = state.fee_bases().get(&(account, instrument));
+        if let (Some(schedule), Some(base)) = (fees, base) {
+            if let Some(rate) = schedule.rate_of(def) {
+                line.amounts.push(("FEES", base.fee(def, rate)));
+            }
         }
         out.push(line);
     }
@@ -756,6 +769,11 @@ fn end_of_day(
             let (long, short) = long_short(m.qty);
             lines[i].quantities.push(("FIN", long, short));
             lines[i].amounts.push(("IMTM", m.vm.0));
+        }
+    }
+    for f in eod.fees.iter().filter(|f| f.account == account) {
+        if let Some(i) = line_of(f.instrument, &mut lines) {
+            lines[i].amounts.push(("FEES", f.fee.0));
         }
     }
     for o in eod.obligations.iter().filter(|o| o.account == account) {

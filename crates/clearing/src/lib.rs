@@ -21,15 +21,22 @@
 //!   snapshots through `bourse_journal`'s snapshot store, a standby that reads its primary's
 //!   runs and can take over; `server`: its HTTP/JSON API (positions, P&L, margin and
 //!   obligations per account and firm, run reports, `POST /v1/runs`, `/metrics` with the lag).
+//! - [`FeeSchedule`] (`fees`): trading fees per instrument or market, maker and taker apart,
+//!   charged by runs from what each account traded since the last ([`FeeLine`]s), debited
+//!   to the account and credited to the venue's account.
 //! - `fix`: clearing data over FIX 4.4 (`[fix]`): RequestForPositions answered with a
 //!   RequestForPositionsAck and PositionReports (quantities by PosType, amounts FMTM, IMTM,
 //!   SETL by PosAmtType), intraday or as the day's end-of-day run left them, under the HTTP
 //!   side's per-firm rule; [`fix::PositionsClient`] is its blocking client.
+//! - [`SettlementCycle`] (`settlement`): equity and FX obligations dated T+n business days
+//!   on the venue's calendar (`[settlement_cycle]`, T+1 and T+0 by default), fixed in the
+//!   plan; `GET /v1/settlements/{date}` sums what settles on a day.
 //! - `report`: saved plans and run reports (JSON and CSV, whole and per firm).
 //! - [`ClearingSchedule`] (`schedule`): runs on the venue's trading day (an intermediate run
 //!   at the start of each clearing pause, the end of day's at the day's end) over a [`Clock`]
 //!   that tests set.
 
+pub mod fees;
 pub mod fix;
 pub mod node;
 pub mod report;
@@ -37,14 +44,17 @@ pub mod run;
 pub mod schedule;
 pub mod server;
 pub mod service;
+pub mod settlement;
 pub mod state;
 
+pub use fees::{FeeBase, FeeLine, FeeRate, FeeSchedule};
 pub use node::{load_instruments, ClearingConfig, ClearingNode, RunRequest};
 pub use report::{save_plan, saved_runs, Report};
 pub use run::{
-    compute_run, run_client_id, settlement_prices, MarginLine, Movement, ObligationLine, RunKind,
-    RunPlan, SettlementRule,
+    compute_run, compute_run_with_fees, fee_lines, run_client_id, settlement_prices, MarginLine,
+    Movement, ObligationLine, RunKind, RunPlan, SettlementRule,
 };
 pub use schedule::{ClearingSchedule, Clock, ManualClock, ScheduledRun, SystemClock};
 pub use service::{execute, feed_to, replay, stream_end, with_ids, ExecuteOptions, MovementResult};
+pub use settlement::{date_obligations, SettlementCycle};
 pub use state::{ClearingError, ClearingPosition, ClearingState};

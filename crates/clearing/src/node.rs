@@ -31,11 +31,13 @@ use bourse_monitor::metrics::{Counter, Gauge, Histogram, Registry};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use crate::fees::FeeSchedule;
 use crate::fix::{FixSection, FixServer};
 use crate::report::{save_plan, saved_runs, Report};
-use crate::run::{compute_run, RunKind, RunPlan, SettlementRule};
+use crate::run::{compute_run_with_fees, RunKind, RunPlan, SettlementRule};
 use crate::schedule::{ClearingSchedule, Clock, ScheduleSection, ScheduledRun, SystemClock};
 use crate::service::{execute, stream_end, with_ids, ExecuteOptions};
+use crate::settlement::{date_obligations, default_calendar, SettlementCycle};
 use crate::state::ClearingState;
 
 /// Every explicit limit of a clearing node.
@@ -112,6 +114,15 @@ pub struct ClearingConfig {
     /// a port of its own); absent: HTTP only.
     #[serde(default)]
     pub fix: Option<FixSection>,
+    /// Trading fees charged by each new run (`[fees]`: the venue's account and the rates);
+    /// absent: none. A run records the schedule it charged with in its plan.
+    #[serde(default)]
+    pub fees: Option<FeeSchedule>,
+    /// Business days from trade date to settlement of equity and FX obligations
+    /// (`[settlement_cycle]`: `equity_days`, `fx_days`, per-symbol `instruments`); absent:
+    /// equities T+1, FX T+0, on the `[schedule]` file's calendar.
+    #[serde(default)]
+    pub settlement_cycle: SettlementCycle,
 }
 
 fn listen_default() -> SocketAddr {
@@ -148,6 +159,9 @@ impl ClearingConfig {
         }
         if !self.listen.ip().is_loopback() && self.operators.is_empty() {
             return Err("listen: a clearing node on a non-loopback address needs operators".into());
+        }
+        if let Some(fees) = &self.fees {
+            fees.check()?;
         }
         if let Some(fix) = &self.fix {
             fix.validate()?;
@@ -398,6 +412,9 @@ pub struct Shared {
     /// The venue's local time less UTC, in minutes (from the schedule; 0 without one):
     /// business dates are local dates.
     pub business_day_offset_min: i64,
+    /// The venue's business calendar (the schedule file's; without one, Monday to Friday in
+    /// UTC): obligations' settlement dates are counted on it.
+    pub calendar: bourse_admin::schedule::Schedule,
 }
 
 /// The schedule and the time up to which its runs were asked.
@@ -629,8 +646,15 @@ impl Shared {
                 ),
             ));
         }
-        let mut plan = compute_run(&inner.state, run_id, kind, &rule);
+        let mut plan =
+            compute_run_with_fees(&inner.state, run_id, kind, &rule, self.config.fees.as_ref());
         plan.scheduled_ns = request.scheduled_ns;
+        date_obligations(
+            &mut plan,
+            &self.calendar,
+            &self.config.settlement_cycle,
+            &inner.state,
+        );
         let plan = Arc::new(plan);
         save_plan(&self.config.runs_dir(), &plan).map_err(|e| run_error(500, e))?;
         let report = Report::new(&inner.state, &plan, &BTreeMap::new());
@@ -767,6 +791,10 @@ impl ClearingNode {
             .map(ClearingSchedule::load)
             .transpose()?;
         let business_day_offset_min = schedule.as_ref().map_or(0, |s| s.utc_offset_minutes());
+        let calendar = schedule
+            .as_ref()
+            .map_or_else(default_calendar, |s| s.calendar().clone());
+        config.settlement_cycle.check(&definitions)?;
         for nodes in &config.cores {
             bourse_cluster::transport::configure_client(nodes, config.tls.as_ref())
                 .map_err(|e| format!("cores: {e}"))?;
@@ -847,6 +875,7 @@ impl ClearingNode {
             scheduler: tokio::sync::Mutex::new(scheduler),
             clock,
             business_day_offset_min,
+            calendar,
             config,
         });
         let fix = match &shared.config.fix {

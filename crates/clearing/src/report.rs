@@ -80,6 +80,10 @@ pub struct AccountLine {
     pub obligations_securities: i64,
     pub movement: String,
     pub result: String,
+    /// The fees this run charged the account (the venue's account: those it received,
+    /// negative).
+    #[serde(default)]
+    pub fees: String,
 }
 
 /// A run's report: its figures, and one line per account that holds a position or moved.
@@ -133,6 +137,13 @@ impl Report {
             o.0 += l.cash.0;
             o.1 += l.securities;
         }
+        let mut fees: BTreeMap<AccountId, i128> = BTreeMap::new();
+        for l in &plan.fees {
+            *fees.entry(l.account).or_default() += l.fee.0;
+            if let Some(s) = &plan.fee_schedule {
+                *fees.entry(AccountId(s.venue_account)).or_default() -= l.fee.0;
+            }
+        }
         let mut moved: BTreeMap<AccountId, i128> = BTreeMap::new();
         for m in &plan.movements {
             *moved.entry(m.account).or_default() += m.amount.0;
@@ -157,6 +168,7 @@ impl Report {
                     obligations_securities: ob_sec,
                     movement: cash(mv),
                     result: String::new(),
+                    fees: cash(fees.get(&a).copied().unwrap_or(0)),
                 }
             })
             .collect();
@@ -263,11 +275,11 @@ impl Report {
     /// The report's account lines as CSV (a header line, then one line per account).
     pub fn csv(lines: &[AccountLine]) -> String {
         let mut csv = String::from(
-            "account,firm,futures_lots,variation_margin,realised_pnl,obligations_cash,obligations_securities,movement,result\n",
+            "account,firm,futures_lots,variation_margin,realised_pnl,obligations_cash,obligations_securities,fees,movement,result\n",
         );
         for a in lines {
             csv.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{},{},{},{}\n",
                 a.account,
                 a.firm.map_or(String::new(), |f| f.to_string()),
                 a.futures_lots,
@@ -275,6 +287,7 @@ impl Report {
                 a.realised_pnl,
                 a.obligations_cash,
                 a.obligations_securities,
+                a.fees,
                 a.movement,
                 a.result
             ));

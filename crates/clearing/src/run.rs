@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use bourse_core::{AccountId, Cash, Command, CommandBody, InstrumentId, Market, Price};
 use serde::{Deserialize, Serialize};
 
+use crate::fees::{FeeLine, FeeSchedule};
 use crate::state::{trade_value, value_to_cash_floor, ClearingState, RECENT_TRADES_MAX};
 
 /// The upper 16 bits of every clearing run's client id, so that a run's keys never meet a
@@ -71,7 +72,7 @@ pub struct MarginLine {
 }
 
 /// Equity or FX obligations of one account in one instrument since the previous run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObligationLine {
     pub account: AccountId,
     pub instrument: InstrumentId,
@@ -79,6 +80,10 @@ pub struct ObligationLine {
     pub securities: i64,
     /// Cash to receive (positive) or pay.
     pub cash: Cash,
+    /// The business day it settles, `YYYY-MM-DD` (`settlement`): the run's trade date plus
+    /// the instrument's cycle; none in a plan computed without a calendar.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settlement_date: Option<String>,
 }
 
 /// One cash movement fed back to a core: the account's net variation margin on that core.
@@ -136,6 +141,18 @@ pub struct RunPlan {
     /// venue's schedule asked for: a restarted node finds it and runs that slot no second time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduled_ns: Option<u64>,
+    /// The fee schedule the run charged with (none: no fees).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fee_schedule: Option<FeeSchedule>,
+    /// The fees charged, per account and instrument with a non-zero fee; each is debited to
+    /// the account and credited to the schedule's venue account on the same core (in the
+    /// movements).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fees: Vec<FeeLine>,
+    /// The business day the run's obligations were traded on, `YYYY-MM-DD` (`settlement`);
+    /// none in a plan computed without a calendar.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trade_date: Option<String>,
 }
 
 impl RunPlan {
@@ -190,13 +207,52 @@ fn round_half_up(num: i128, den: i128) -> i128 {
     (2 * num + den).div_euclid(2 * den)
 }
 
-/// Computes run `run_id` on `state` (which stands at the run's cut). Pure: the same state,
-/// rule and id give the same plan.
+/// Computes run `run_id` on `state` (which stands at the run's cut), charging no fees.
+/// Pure: the same state, rule and id give the same plan.
 pub fn compute_run(
     state: &ClearingState,
     run_id: u32,
     kind: RunKind,
     rule: &SettlementRule,
+) -> RunPlan {
+    compute_run_with_fees(state, run_id, kind, rule, None)
+}
+
+/// The fees due on `state`'s bases at `schedule`, one line per account and instrument with a
+/// non-zero fee.
+pub fn fee_lines(state: &ClearingState, schedule: &FeeSchedule) -> Vec<FeeLine> {
+    let mut out = Vec::new();
+    for (&(account, instrument), base) in state.fee_bases() {
+        let Some(def) = state.definition(instrument) else {
+            continue;
+        };
+        let Some(rate) = schedule.rate_of(def) else {
+            continue;
+        };
+        let fee = base.fee(def, rate);
+        if fee != 0 {
+            let core = state.instruments().get(&instrument).map_or(0, |s| s.core);
+            out.push(FeeLine {
+                account,
+                instrument,
+                core,
+                base: *base,
+                fee: Cash(fee),
+            });
+        }
+    }
+    out
+}
+
+/// [`compute_run`] that also charges the fees of `fees` (see `fees`): each account's net
+/// movement on a core is its variation margin less its fees, and the venue's account
+/// receives the fees, so the movements and the rounding still sum to zero.
+pub fn compute_run_with_fees(
+    state: &ClearingState,
+    run_id: u32,
+    kind: RunKind,
+    rule: &SettlementRule,
+    fees: Option<&FeeSchedule>,
 ) -> RunPlan {
     let prices = settlement_prices(state, rule);
     let mut margin = Vec::new();
@@ -236,7 +292,16 @@ pub fn compute_run(
                 instrument,
                 securities: p.securities_due,
                 cash: p.cash_due,
+                settlement_date: None,
             });
+        }
+    }
+    let fee_lines = fees.map(|f| fee_lines(state, f)).unwrap_or_default();
+    if let Some(schedule) = fees {
+        let venue = AccountId(schedule.venue_account);
+        for l in &fee_lines {
+            *net.entry((l.core, l.account)).or_default() -= l.fee.0;
+            *net.entry((l.core, venue)).or_default() += l.fee.0;
         }
     }
     RunPlan {
@@ -252,6 +317,9 @@ pub fn compute_run(
         obligations,
         movements: movements(net),
         scheduled_ns: None,
+        fee_schedule: fees.cloned(),
+        fees: fee_lines,
+        trade_date: None,
     }
 }
 

@@ -148,6 +148,11 @@ impl ClearingSchedule {
         })
     }
 
+    /// The venue's business calendar (its local dates, business weekdays and holidays).
+    pub fn calendar(&self) -> &Schedule {
+        &self.schedule
+    }
+
     /// The venue's local time less UTC, in minutes.
     pub fn utc_offset_minutes(&self) -> i64 {
         self.utc_offset_min

@@ -10,6 +10,10 @@
 //! - `GET /v1/firms/{id}?after=&limit=`: the firm's accounts (a page of at most
 //!   `limits.accounts_per_answer_max`) with each one's totals, and the firm's totals over the
 //!   page;
+//! - `GET /v1/settlements/{date}?firm=`: the equity and FX obligations that settle on a
+//!   business day (`YYYY-MM-DD`), summed per account and instrument over the runs that dated
+//!   them there (see `settlement`), the accounts the reader may read (of one firm with
+//!   `firm`), at most `limits.accounts_per_answer_max` lines;
 //! - `GET /v1/runs`, `GET /v1/runs/{id}` (the report), `GET /v1/runs/{id}/plan` (what a
 //!   standby reads);
 //! - `GET /v1/status` (cut, the cores' ends, pending runs, feed errors), `GET /metrics`,
@@ -30,12 +34,13 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use bourse_core::{format_scaled, AccountId, FirmId, Market, CASH_SCALE};
+use bourse_core::{format_scaled, AccountId, FirmId, InstrumentId, Market, CASH_SCALE};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::fees::FeeSchedule;
 use crate::node::{RunRequest, Shared};
 use crate::state::{trade_value, value_to_cash_floor, ClearingState};
 
@@ -131,6 +136,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/accounts/{id}", get(account))
         .route("/v1/firms/{id}", get(firm))
+        .route("/v1/settlements/{date}", get(settlements))
         .route("/v1/runs", get(runs).post(run))
         .route("/v1/runs/{id}", get(run_report))
         .route("/v1/runs/{id}/plan", get(run_plan))
@@ -154,7 +160,11 @@ fn cash(v: i128) -> String {
 }
 
 /// One account's clearing data (and its totals in cash units, for firm sums).
-fn account_json(state: &ClearingState, account: AccountId) -> (Value, [i128; 3]) {
+fn account_json(
+    state: &ClearingState,
+    fees: Option<&FeeSchedule>,
+    account: AccountId,
+) -> (Value, [i128; 3]) {
     let mut positions = Vec::new();
     let mut totals = [0i128; 3]; // realised, variation margin paid, variation margin open
     for (instrument, p) in state.account_positions(account) {
@@ -214,8 +224,25 @@ fn account_json(state: &ClearingState, account: AccountId) -> (Value, [i128; 3])
         "realised_pnl": cash(totals[0]),
         "variation_margin_paid": cash(totals[1]),
         "variation_margin_open": cash(totals[2]),
+        "fees_paid": cash(state.fees_paid(account).0),
+        "fees_due": cash(fees_due(state, fees, account)),
     });
     (v, totals)
+}
+
+/// The fees the next run would charge `account` for what it traded since the last.
+fn fees_due(state: &ClearingState, fees: Option<&FeeSchedule>, account: AccountId) -> i128 {
+    let Some(schedule) = fees else {
+        return 0;
+    };
+    state
+        .fee_bases()
+        .range((account, InstrumentId(0))..=(account, InstrumentId(u32::MAX)))
+        .filter_map(|(&(_, i), base)| {
+            let def = state.definition(i)?;
+            Some(base.fee(def, schedule.rate_of(def)?))
+        })
+        .sum()
 }
 
 fn cut_json(state: &ClearingState) -> Value {
@@ -245,7 +272,7 @@ async fn account(
             format!("account {id} has neither been added nor traded on the cores clearing follows"),
         );
     }
-    let (mut v, _) = account_json(state, account);
+    let (mut v, _) = account_json(state, s.config.fees.as_ref(), account);
     v["as_of"] = cut_json(state);
     axum::Json(v).into_response()
 }
@@ -291,7 +318,7 @@ async fn firm(
             more = true;
             break;
         }
-        let (v, t) = account_json(state, a);
+        let (v, t) = account_json(state, s.config.fees.as_ref(), a);
         for (sum, x) in totals.iter_mut().zip(t) {
             *sum += x;
         }
@@ -317,6 +344,85 @@ async fn firm(
         "as_of": cut_json(state),
     }))
     .into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SettlementParams {
+    firm: Option<u32>,
+}
+
+async fn settlements(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(date): Path<String>,
+    query: Result<Query<SettlementParams>, QueryRejection>,
+) -> Response {
+    let reader = match reader(&s, &headers).await {
+        Ok(r) => r,
+        Err(refusal) => return refusal,
+    };
+    let params = match query {
+        Ok(Query(p)) => p,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
+    };
+    if let Some(f) = params.firm {
+        if !reader.may_read(Some(FirmId(f))) {
+            return not_yours(&format!("firm {f}"));
+        }
+    }
+    if bourse_admin::schedule::day_of_date(&date).is_none() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("{date:?} is not a date YYYY-MM-DD"),
+        );
+    }
+    let inner = s.inner.read().expect("state");
+    let state = &inner.state;
+    // Per account and instrument: securities, cash, and the runs that dated them here.
+    let mut sums: BTreeMap<(AccountId, InstrumentId), (i64, i128, Vec<u32>)> = BTreeMap::new();
+    for r in inner.runs.values() {
+        for o in &r.plan.obligations {
+            if o.settlement_date.as_deref() != Some(date.as_str()) {
+                continue;
+            }
+            let firm = state.firm_of(o.account);
+            if !reader.may_read(firm) || params.firm.is_some_and(|f| firm != Some(FirmId(f))) {
+                continue;
+            }
+            let sum = sums.entry((o.account, o.instrument)).or_default();
+            sum.0 += o.securities;
+            sum.1 += o.cash.0;
+            sum.2.push(r.plan.run_id);
+        }
+    }
+    let max = s.config.limits.accounts_per_answer_max;
+    if sums.len() > max {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "too_many",
+            format!(
+                "{} lines settle on {date}, more than {max} in one answer: ask per firm (?firm=N)",
+                sums.len()
+            ),
+        );
+    }
+    let lines: Vec<Value> = sums
+        .into_iter()
+        .map(|((account, instrument), (securities, cash_due, runs))| {
+            json!({
+                "account": account.0,
+                "firm": state.firm_of(account).map(|f| f.0),
+                "instrument": instrument.0,
+                "symbol": state.definition(instrument).map(|d| d.symbol.clone()),
+                "securities": securities,
+                "cash": cash(cash_due),
+                "runs": runs,
+            })
+        })
+        .collect();
+    axum::Json(json!({ "settlement_date": date, "lines": lines })).into_response()
 }
 
 async fn runs(State(s): State<Arc<Shared>>) -> Response {

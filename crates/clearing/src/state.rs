@@ -13,6 +13,8 @@ use bourse_core::{
 };
 use serde::Serialize;
 
+use crate::fees::FeeBase;
+
 /// The most recent trades kept per instrument for settlement prices (a bound on memory; a
 /// settlement rule may ask for at most this many).
 pub const RECENT_TRADES_MAX: usize = 4096;
@@ -128,6 +130,10 @@ pub struct ClearingState {
     /// it): a run this state has not settled but the cores applied must be known before a new
     /// run is computed, or its margin would be paid twice.
     runs_on_stream_max: u32,
+    /// Per account and instrument, what was traded since fees were last charged (`fees`).
+    fee_base: BTreeMap<(AccountId, InstrumentId), FeeBase>,
+    /// Per account, the fees runs charged it so far.
+    fees_paid: BTreeMap<AccountId, Cash>,
 }
 
 impl ClearingState {
@@ -146,7 +152,19 @@ impl ClearingState {
             trades: 0,
             last_settled_run: 0,
             runs_on_stream_max: 0,
+            fee_base: BTreeMap::new(),
+            fees_paid: BTreeMap::new(),
         }
+    }
+
+    /// What each account traded in each instrument since its fees were last charged.
+    pub fn fee_bases(&self) -> &BTreeMap<(AccountId, InstrumentId), FeeBase> {
+        &self.fee_base
+    }
+
+    /// The fees runs charged `account` so far.
+    pub fn fees_paid(&self, account: AccountId) -> Cash {
+        self.fees_paid.get(&account).copied().unwrap_or_default()
     }
 
     pub fn last_settled_run(&self) -> u32 {
@@ -296,6 +314,7 @@ impl ClearingState {
                 buy,
                 sell,
                 ts_ns,
+                aggressor,
                 ..
             } => {
                 let def = self
@@ -309,6 +328,17 @@ impl ClearingState {
                     .ok_or(ClearingError::Overflow("a trade's notional"))?;
                 self.fill(core, &def, buy.account, Side::Buy, qty.0, value, cash)?;
                 self.fill(core, &def, sell.account, Side::Sell, qty.0, value, cash)?;
+                // The aggressor takes liquidity; the resting side made it.
+                let (taker, maker) = match aggressor {
+                    Side::Buy => (buy.account, sell.account),
+                    Side::Sell => (sell.account, buy.account),
+                };
+                let t = self.fee_base.entry((taker, instrument)).or_default();
+                t.taker_value += value.abs();
+                t.taker_lots += qty.0;
+                let m = self.fee_base.entry((maker, instrument)).or_default();
+                m.maker_value += value.abs();
+                m.maker_lots += qty.0;
                 let state = self.instruments.entry(instrument).or_default();
                 state.core = core;
                 state.trades += 1;
@@ -426,6 +456,21 @@ impl ClearingState {
                 p.cash_due.0 -= line.cash.0;
             }
         }
+        // The base a run charged is subtracted, not cleared, so trades after its cut stay to
+        // be charged by the next run whenever this one is settled.
+        for line in &plan.fees {
+            let key = (line.account, line.instrument);
+            if let Some(b) = self.fee_base.get_mut(&key) {
+                b.maker_value -= line.base.maker_value;
+                b.taker_value -= line.base.taker_value;
+                b.maker_lots -= line.base.maker_lots;
+                b.taker_lots -= line.base.taker_lots;
+                if b.is_empty() {
+                    self.fee_base.remove(&key);
+                }
+            }
+            self.fees_paid.entry(line.account).or_default().0 += line.fee.0;
+        }
     }
 
     /// A hash of the whole state: xxh3 of its snapshot encoding (fixed order, fixed widths),
@@ -491,6 +536,20 @@ impl ClearingState {
         for (a, f) in &self.firms {
             w.u32(a.0);
             w.u32(f.0);
+        }
+        w.u64(self.fee_base.len() as u64);
+        for (&(a, i), b) in &self.fee_base {
+            w.u32(a.0);
+            w.u32(i.0);
+            w.i128(b.maker_value);
+            w.i128(b.taker_value);
+            w.i64(b.maker_lots);
+            w.i64(b.taker_lots);
+        }
+        w.u64(self.fees_paid.len() as u64);
+        for (a, c) in &self.fees_paid {
+            w.u32(a.0);
+            w.i128(c.0);
         }
         // The learned definitions as the events that announced them, in the core's codec.
         let learned: Vec<Event> = self
@@ -597,6 +656,20 @@ impl ClearingState {
             s.firms.insert(a, f);
             s.firm_accounts.insert((f, a));
         }
+        for _ in 0..r.count(56)? {
+            let key = (AccountId(r.u32()?), InstrumentId(r.u32()?));
+            let b = FeeBase {
+                maker_value: r.i128()?,
+                taker_value: r.i128()?,
+                maker_lots: r.i64()?,
+                taker_lots: r.i64()?,
+            };
+            s.fee_base.insert(key, b);
+        }
+        for _ in 0..r.count(20)? {
+            let a = AccountId(r.u32()?);
+            s.fees_paid.insert(a, Cash(r.i128()?));
+        }
         let len = r.count(1)? as usize;
         let events = bourse_core::codec::decode_events(r.take(len)?)
             .map_err(|e| ClearingError::BadSnapshot(format!("learned instruments: {e}")))?;
@@ -623,9 +696,10 @@ impl ClearingState {
     }
 }
 
-/// The first bytes of a clearing snapshot's data (format 2: with the instruments learned from
-/// the streams; format 1 had none and is refused by its magic).
-const SNAPSHOT_MAGIC: &[u8; 8] = b"BCLEAR02";
+/// The first bytes of a clearing snapshot's data (format 3: with the fees' bases and paid;
+/// format 2 had none, format 1 no instruments learned from the streams; both are refused by
+/// their magic).
+const SNAPSHOT_MAGIC: &[u8; 8] = b"BCLEAR03";
 
 struct Writer(Vec<u8>);
 

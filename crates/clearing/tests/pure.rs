@@ -5,7 +5,10 @@
 
 use std::collections::BTreeMap;
 
-use bourse_clearing::{compute_run, ClearingState, RunKind, SettlementRule};
+use bourse_clearing::{
+    compute_run, compute_run_with_fees, ClearingState, FeeRate, FeeSchedule, RunKind,
+    SettlementRule,
+};
 use bourse_core::*;
 use bourse_engine::fixtures::{equity, future, Driver};
 use bourse_engine::EngineConfig;
@@ -420,4 +423,172 @@ fn definitions_are_learned_from_the_stream_kept_in_the_snapshot_and_required() {
         decoded.definition(InstrumentId(FUT_FINE)),
         Some(&fine_future())
     );
+}
+
+/// The venue's account in the fee tests (no trader uses it).
+const VENUE: u32 = 99;
+
+/// Futures pay by value and per lot (the fine future its own rate), equities by value.
+fn fee_schedule() -> FeeSchedule {
+    FeeSchedule {
+        venue_account: VENUE,
+        rates: vec![
+            FeeRate {
+                instrument: Some(FUT_FINE),
+                taker_ppm: 333,
+                maker_per_lot: "0.0007".into(),
+                ..FeeRate::default()
+            },
+            FeeRate {
+                market: Some(Market::Futures),
+                maker_ppm: 50,
+                taker_ppm: 200,
+                taker_per_lot: "0.25".into(),
+                ..FeeRate::default()
+            },
+            FeeRate {
+                maker_ppm: 100,
+                taker_ppm: 300,
+                ..FeeRate::default()
+            },
+        ],
+    }
+}
+
+/// Independently, from the trade list: each account's fee per instrument, in cash units
+/// (value traded × rate, rounded down once, plus lots × the amount per lot).
+fn fees_from_trades(events: &[Event]) -> BTreeMap<(AccountId, InstrumentId), i128> {
+    // (maker value, taker value, maker lots, taker lots) in value units.
+    let mut base: BTreeMap<(AccountId, InstrumentId), (i128, i128, i128, i128)> = BTreeMap::new();
+    let defs = definitions();
+    for e in events {
+        let Event::Trade {
+            instrument,
+            price,
+            qty,
+            aggressor,
+            buy,
+            sell,
+            ..
+        } = e
+        else {
+            continue;
+        };
+        let def = defs.iter().find(|d| d.instrument == *instrument).unwrap();
+        let up = 10i128.pow(u32::from(def.price_scale.max(4) - def.price_scale));
+        let value = i128::from(price.0)
+            * i128::from(qty.0)
+            * i128::from(def.lot_size)
+            * i128::from(def.multiplier)
+            * up;
+        let (taker, maker) = if *aggressor == Side::Buy {
+            (buy.account, sell.account)
+        } else {
+            (sell.account, buy.account)
+        };
+        let t = base.entry((taker, *instrument)).or_default();
+        t.1 += value;
+        t.3 += i128::from(qty.0);
+        let m = base.entry((maker, *instrument)).or_default();
+        m.0 += value;
+        m.2 += i128::from(qty.0);
+    }
+    let mut out = BTreeMap::new();
+    for ((account, instrument), (mv, tv, ml, tl)) in base {
+        let def = defs.iter().find(|d| d.instrument == instrument).unwrap();
+        // (maker ppm, taker ppm, maker per lot, taker per lot in cash units), as scheduled.
+        let (mp, tp, mpl, tpl) = match (instrument.0, def.market) {
+            (FUT_FINE, _) => (0, 333, 7, 0),
+            (_, Market::Futures) => (50, 200, 0, 2_500),
+            _ => (100, 300, 0, 0),
+        };
+        let down = 10i128.pow(u32::from(def.price_scale.max(4) - 4)) * 1_000_000;
+        let fee = (mv * mp + tv * tp).div_euclid(down) + ml * mpl + tl * tpl;
+        if fee != 0 {
+            out.insert((account, instrument), fee);
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn fees_equal_a_recomputation_from_the_trades_go_to_the_venue_and_conserve_cash(
+        o in orders(),
+        split in 0usize..1000,
+    ) {
+        let events = trade(&o);
+        let state = fed(&events);
+        let schedule = fee_schedule();
+        let plan = compute_run_with_fees(&state, 1, RunKind::Intermediate, &rule(), Some(&schedule));
+        // Each account's fee per instrument is the recomputation's.
+        let charged: BTreeMap<(AccountId, InstrumentId), i128> = plan
+            .fees
+            .iter()
+            .map(|l| ((l.account, l.instrument), l.fee.0))
+            .collect();
+        prop_assert_eq!(&charged, &fees_from_trades(&events));
+        // The venue receives them all; the movements and the rounding still sum to zero.
+        let to_venue: i128 = plan
+            .movements
+            .iter()
+            .filter(|m| m.account == AccountId(VENUE))
+            .map(|m| m.amount.0)
+            .sum();
+        prop_assert_eq!(to_venue, charged.values().sum::<i128>());
+        let moved: i128 = plan.movements.iter().map(|m| m.amount.0).sum();
+        let rounding: i128 = plan.rounding.values().map(|c| c.0).sum();
+        prop_assert_eq!(moved + rounding, 0);
+        // Each account moves its margin less its fees.
+        let mut net: BTreeMap<AccountId, i128> = BTreeMap::new();
+        for l in &plan.margin {
+            *net.entry(l.account).or_default() += l.vm.0;
+        }
+        for l in &plan.fees {
+            *net.entry(l.account).or_default() -= l.fee.0;
+        }
+        for m in plan.movements.iter().filter(|m| m.account != AccountId(VENUE)) {
+            prop_assert_eq!(m.amount.0, net[&m.account], "account {}", m.account);
+        }
+
+        // Settled, a run charges nothing again, even settled after later trades: the trades
+        // after its cut are charged by the next run (what was under a cash unit waits too).
+        let k = split % (events.len() + 1);
+        let mut late = fed(&events[..k]);
+        let first = compute_run_with_fees(&late, 1, RunKind::Intermediate, &rule(), Some(&schedule));
+        let before = late.fee_bases().clone();
+        for e in &events[k..] {
+            late.apply_event(0, e).unwrap();
+        }
+        late.settle(&first);
+        let after = fed(&events[k..]);
+        let mut expected = after.fee_bases().clone();
+        for (key, b) in &before {
+            if !first.fees.iter().any(|l| (l.account, l.instrument) == *key) {
+                let e = expected.entry(*key).or_default();
+                e.maker_value += b.maker_value;
+                e.taker_value += b.taker_value;
+                e.maker_lots += b.maker_lots;
+                e.taker_lots += b.taker_lots;
+            }
+        }
+        prop_assert_eq!(late.fee_bases(), &expected);
+        for l in &first.fees {
+            prop_assert!(late.fees_paid(l.account).0 >= l.fee.0);
+        }
+        let mut all = fed(&events);
+        all.settle(&plan);
+        let again = compute_run_with_fees(&all, 2, RunKind::EndOfDay, &rule(), Some(&schedule));
+        prop_assert!(again.fees.is_empty());
+        prop_assert!(again.movements.iter().all(|m| m.account != AccountId(VENUE)));
+        // The paid fees are in the snapshot.
+        let decoded = ClearingState::decode(1, definitions(), &all.encode()).unwrap();
+        prop_assert_eq!(decoded.state_hash(), all.state_hash());
+        for a in 0..ACCOUNTS {
+            let paid: i128 = plan.fees.iter().filter(|l| l.account == AccountId(a)).map(|l| l.fee.0).sum();
+            prop_assert_eq!(decoded.fees_paid(AccountId(a)).0, paid);
+        }
+    }
 }

@@ -16,12 +16,12 @@ use std::collections::BTreeMap;
 use bourse_clearing::fix::{self, business_date, field, group, FixSection, PositionsClient};
 use bourse_clearing::node::Limits;
 use bourse_clearing::{
-    run_client_id, stream_end, ClearingConfig, ClearingNode, ExecuteOptions, RunKind, RunRequest,
-    SettlementRule,
+    run_client_id, stream_end, ClearingConfig, ClearingNode, ExecuteOptions, FeeRate, FeeSchedule,
+    RunKind, RunRequest, SettlementRule,
 };
 use bourse_cluster::{Client, ClusterConfig, Node, NodeId, StreamConsumer};
 use bourse_core::*;
-use bourse_engine::fixtures::future;
+use bourse_engine::fixtures::{equity, future, fx};
 use bourse_fix::{OutMessage, OwnedMessage};
 use serde_json::{json, Value};
 
@@ -100,10 +100,21 @@ impl Drop for Core {
 }
 
 fn order(account: u32, id: u64, side: Side, price: i64, qty: i64) -> CommandBody {
+    order_in(FUT, account, id, side, price, qty)
+}
+
+fn order_in(
+    instrument: u32,
+    account: u32,
+    id: u64,
+    side: Side,
+    price: i64,
+    qty: i64,
+) -> CommandBody {
     CommandBody::NewOrder(NewOrder {
         account: AccountId(account),
         cl_ord_id: ClOrdId(id),
-        instrument: InstrumentId(FUT),
+        instrument: InstrumentId(instrument),
         side,
         ord_type: OrdType::Limit,
         price: Price(price),
@@ -222,6 +233,8 @@ fn config(core: &Core, state_dir: &Path, standby_of: Option<String>) -> Clearing
         },
         schedule: None,
         fix: None,
+        fees: None,
+        settlement_cycle: Default::default(),
     }
 }
 
@@ -431,10 +444,9 @@ fn a_restarted_service_reaches_the_state_a_fresh_one_rebuilds_from_the_streams()
     // Restarted from its snapshot: the same cut and hash at once.
     let restarted = start(config(&core, dir.path(), None));
     assert_eq!(restarted.cut_and_hash(), (cut.clone(), hash));
-    restarted.stop().unwrap();
 
     // A fresh node with the saved runs only reads the stream from index 0, settles run 1 at
-    // its cut (checking the hash there), and reaches the same state.
+    // its cut (checking the hash there), and reaches the same state as the restarted one.
     let fresh_dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(fresh_dir.path().join("runs")).unwrap();
     std::fs::copy(
@@ -443,8 +455,28 @@ fn a_restarted_service_reaches_the_state_a_fresh_one_rebuilds_from_the_streams()
     )
     .unwrap();
     let fresh = start(config(&core, fresh_dir.path(), None));
-    assert!(fresh.wait_for_cut(&cut, WAIT));
-    assert_eq!(fresh.cut_and_hash(), (cut, hash));
+    // Both keep following the stream, which may have grown since the first node stopped by
+    // entries without requests (a new leader's blank entry under load, a hash check): they
+    // are compared where both stand at one cut.
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let end = [core.end()];
+        assert!(restarted.wait_for_cut(&end, WAIT) && fresh.wait_for_cut(&end, WAIT));
+        let (a, b) = (restarted.cut_and_hash(), fresh.cut_and_hash());
+        if a.0 == b.0 {
+            assert!(a.0[0] >= cut[0]);
+            assert_eq!(
+                a, b,
+                "at one cut, the restarted and the fresh node hash alike"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the two nodes never stood at one cut: {a:?} {b:?}"
+        );
+    }
+    restarted.stop().unwrap();
     drop(fresh);
 
     // A node that knows no run refuses to compute one while run 1's commands are on the
@@ -639,6 +671,134 @@ fn the_service_runs_clearings_on_the_venues_schedule_once_each_over_a_simulated_
 }
 
 /// Connects to the node's FIX acceptor as `who` (password `who-pw`).
+#[test]
+fn obligations_settle_t0_or_t1_on_the_venues_calendar_and_are_served_by_settlement_date() {
+    use bourse_clearing::ManualClock;
+    use std::sync::Arc;
+    const EQ: u32 = 2;
+    const FX: u32 = 3;
+
+    let (core, mut trader) = core_with_trades();
+    // Beside the future, 1 buys 3 lots (30 shares) of an equity from 3 at 10.00, and 2 buys
+    // 2 lots (2,000 units) of an FX pair from 4 at 1.00000.
+    core.submit(
+        &mut trader,
+        CommandBody::AddInstrument(equity(EQ, "EQ", 1_000)),
+    );
+    core.submit(
+        &mut trader,
+        CommandBody::AddInstrument(fx(FX, "FXP", 100_000)),
+    );
+    for (instrument, seller, buyer, price, qty, id) in
+        [(EQ, 3, 1, 1_000, 3, 300), (FX, 4, 2, 100_000, 2, 302)]
+    {
+        core.submit(
+            &mut trader,
+            order_in(instrument, seller, id, Side::Sell, price, qty),
+        );
+        let events = core.submit(
+            &mut trader,
+            order_in(instrument, buyer, id + 1, Side::Buy, price, qty),
+        );
+        assert!(events.iter().any(|e| matches!(e, Event::Trade { .. })));
+    }
+    // The venue's calendar: Monday to Friday, and Monday 2026-11-30 a holiday.
+    let dir = tempfile::tempdir().unwrap();
+    let venue = dir.path().join("venue.toml");
+    let day = VENUE_DAY.replace(
+        "business_days = [\"mon\", \"tue\", \"wed\", \"thu\", \"fri\"]\n",
+        "business_days = [\"mon\", \"tue\", \"wed\", \"thu\", \"fri\"]\nholidays = [\"2026-11-30\"]\n",
+    );
+    assert!(day.contains("2026-11-30"));
+    std::fs::write(&venue, day).unwrap();
+    let mut c = config(&core, &dir.path().join("clearing"), None);
+    c.schedule = Some(
+        toml::from_str(&format!(
+            "file = {:?}\nmarkets = [\"futures\"]\npoll_ms = 3600000\n",
+            venue.display().to_string()
+        ))
+        .unwrap(),
+    );
+    // The defaults: equities T+1, FX T+0.
+    c.settlement_cycle = toml::from_str("").unwrap();
+    let defs = vec![future(FUT, "FUT", 100_000)];
+    // Friday 2026-11-27, Moscow time: the 14:00 intermediate run.
+    let clock = Arc::new(ManualClock::new(msk(4, 13, 0)));
+    let node = ClearingNode::start_with_clock(c.clone(), defs.clone(), clock.clone()).unwrap();
+    assert!(node.wait_for_cut(&[core.end()], WAIT), "the feed follows");
+    clock.set(msk(4, 14, 0));
+    let did = node.block_on(node.shared().step_schedule());
+    assert_eq!(did.len(), 1, "{did:?}");
+    let plan = node.shared().inner.read().unwrap().runs[&1].plan.clone();
+    assert_eq!(plan.trade_date.as_deref(), Some("2026-11-27"));
+    let mut dates: Vec<(u32, u32, &str)> = plan
+        .obligations
+        .iter()
+        .map(|o| {
+            let date = o.settlement_date.as_deref().unwrap();
+            (o.account.0, o.instrument.0, date)
+        })
+        .collect();
+    dates.sort_unstable();
+    // The equity settles on Tuesday (past the weekend and the holiday), FX the same day.
+    assert_eq!(
+        dates,
+        vec![
+            (1, EQ, "2026-12-01"),
+            (2, FX, "2026-11-27"),
+            (3, EQ, "2026-12-01"),
+            (4, FX, "2026-11-27")
+        ]
+    );
+
+    let settlements = |node: &ClearingNode, who: &str, path: &str| {
+        let reply = client(node, Some(who)).get(path).unwrap();
+        (reply.status, reply.body)
+    };
+    let line = |account: u32, instrument: u32, securities: i64, cash_due: i128| {
+        json!({
+            "account": account,
+            "firm": if account <= 2 { 1 } else { 2 },
+            "instrument": instrument,
+            "symbol": if instrument == EQ { "EQ" } else { "FXP" },
+            "securities": securities,
+            "cash": cash(cash_due),
+            "runs": [1],
+        })
+    };
+    let (status, tuesday) = settlements(&node, "victor", "/v1/settlements/2026-12-01");
+    assert_eq!(status, 200, "{tuesday}");
+    assert_eq!(
+        tuesday["lines"],
+        json!([line(1, EQ, 30, -300_0000), line(3, EQ, -30, 300_0000)])
+    );
+    let (_, friday) = settlements(&node, "victor", "/v1/settlements/2026-11-27");
+    assert_eq!(
+        friday["lines"],
+        json!([
+            line(2, FX, 2_000, -2_000_0000),
+            line(4, FX, -2_000, 2_000_0000)
+        ])
+    );
+    let (_, holiday) = settlements(&node, "victor", "/v1/settlements/2026-11-30");
+    assert_eq!(holiday["lines"], json!([]));
+    // A firm reads its own accounts' lines only, and may not ask for another firm's.
+    let (_, own) = settlements(&node, "fiona", "/v1/settlements/2026-12-01");
+    assert_eq!(own["lines"], json!([line(1, EQ, 30, -300_0000)]));
+    let (status, _) = settlements(&node, "fiona", "/v1/settlements/2026-12-01?firm=2");
+    assert_eq!(status, 403);
+    let (status, body) = settlements(&node, "victor", "/v1/settlements/2026-13-01");
+    assert_eq!(status, 400);
+    assert!(body.to_string().contains("2026-13-01"), "{body}");
+
+    // Restarted, the node serves the dates its saved plan was given.
+    node.stop().unwrap();
+    let node = ClearingNode::start_with_clock(c, defs, clock).unwrap();
+    let (_, again) = settlements(&node, "victor", "/v1/settlements/2026-12-01");
+    assert_eq!(again["lines"], tuesday["lines"]);
+    node.stop().unwrap();
+}
+
 fn fix_client(node: &ClearingNode, who: &str) -> std::io::Result<PositionsClient> {
     PositionsClient::connect(
         node.fix_addr().expect("a FIX acceptor"),
@@ -675,6 +835,16 @@ fn clearing_data_over_fix_answers_a_firm_its_own_positions_intraday_and_at_end_o
     cfg.fix = Some(FixSection {
         listen: "127.0.0.1:0".parse().unwrap(),
         ..FixSection::default()
+    });
+    // Fees per lot: the aggressor (every buyer here) 1.00, the resting side 0.50; account 4
+    // is the venue's.
+    cfg.fees = Some(FeeSchedule {
+        venue_account: 4,
+        rates: vec![FeeRate {
+            maker_per_lot: "0.50".into(),
+            taker_per_lot: "1".into(),
+            ..FeeRate::default()
+        }],
     });
     let node = start(cfg);
     assert!(node.wait_for_cut(&[core.end()], WAIT), "the feed follows");
@@ -724,6 +894,10 @@ fn clearing_data_over_fix_answers_a_firm_its_own_positions_intraday_and_at_end_o
     assert_eq!(amounts["FMTM"], http.body["variation_margin_open"]);
     assert_eq!(amounts["IMTM"], http.body["variation_margin_open"]);
     assert_eq!(amounts["FMTM"], cash((1_020 * 5 - 480 * 2) * 1_0000));
+    // Account 1 took 7 lots: 7.00 of fees due at the next run, on both sides.
+    assert_eq!(amounts["FEES"], "7.0000");
+    assert_eq!(http.body["fees_due"], "7.0000");
+    assert_eq!(http.body["fees_paid"], "0.0000");
     // Account 2 bought 3 and 4 lots; asked by Symbol.
     let two = fiona
         .positions(2, &today, "ITD", Some("FUT"), WAIT)
@@ -776,9 +950,23 @@ fn clearing_data_over_fix_answers_a_firm_its_own_positions_intraday_and_at_end_o
     let (qty, amounts) = report_groups(ap);
     assert_eq!(qty["FIN"], (7, 0));
     assert_eq!(amounts["IMTM"], cash(vm_of(1)));
+    assert_eq!(amounts["FEES"], "7.0000", "the run charged the fees");
+    let http = client(&node, Some("fiona")).get("/v1/accounts/1").unwrap();
+    assert_eq!(http.body["fees_paid"], "7.0000");
+    assert_eq!(http.body["fees_due"], "0.0000");
+    // The venue's account received every side's fees: 7 + 7 taken, 4.50 + 2.50 made.
+    let venue_line = eod["accounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["account"] == 4)
+        .unwrap()
+        .clone();
+    assert_eq!(venue_line["fees"], "-18.5000", "{venue_line}");
     // Intraday after the run: what is open is the whole less what the run paid.
     let itd = fiona.positions(1, &today, "ITD", None, WAIT).unwrap();
     let (_, amounts) = report_groups(&itd.reports[0]);
+    assert!(!amounts.contains_key("FEES"), "charged: none due");
     let parse = |s: &str| -> i128 { s.replace('.', "").parse().unwrap() };
     assert_eq!(parse(&amounts["FMTM"]) - parse(&amounts["IMTM"]), vm_of(1));
     assert_eq!(

@@ -12,6 +12,9 @@
 //!
 //! `bourse clearing positions --fix ADDR --comp-id NAME --account N --date YYYYMMDD`: a FIX
 //! client of that service's `[fix]` acceptor (docs/clearing.md).
+//!
+//! `bourse clearing settlements --service URL --date YYYY-MM-DD`: what settles on that
+//! business day, from that service's runs (`GET /v1/settlements/{date}`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -34,6 +37,26 @@ pub enum ClearingCommand {
     /// Ask a clearing service for an account's positions over FIX (RequestForPositions) and
     /// print its PositionReports, one line each.
     Positions(PositionsArgs),
+    /// Ask a clearing service what settles on a business day (equity and FX obligations per
+    /// account and instrument) and print one line each.
+    Settlements(SettlementsArgs),
+}
+
+#[derive(Args)]
+pub struct SettlementsArgs {
+    /// The clearing service (http://host:port).
+    #[arg(long)]
+    service: String,
+    /// The credential's name; the password comes from BOURSE_CLEARING_PASSWORD (none: no
+    /// credentials, for a service without any).
+    #[arg(long, env = "BOURSE_CLEARING_USER")]
+    user: Option<String>,
+    /// The settlement date, YYYY-MM-DD.
+    #[arg(long)]
+    date: String,
+    /// Only this firm's accounts.
+    #[arg(long)]
+    firm: Option<u32>,
 }
 
 #[derive(Args)]
@@ -134,6 +157,7 @@ pub fn run(command: ClearingCommand) -> Result<()> {
         }
         ClearingCommand::Serve(args) => serve(args),
         ClearingCommand::Positions(args) => positions(&args),
+        ClearingCommand::Settlements(args) => settlements(&args),
     }
 }
 
@@ -193,6 +217,45 @@ fn positions(args: &PositionsArgs) -> Result<()> {
                 &[tag::POS_TYPE, tag::LONG_QTY, tag::SHORT_QTY]
             ),
             pairs(tag::NO_POS_AMT, &[tag::POS_AMT_TYPE, tag::POS_AMT]),
+        );
+    }
+    Ok(())
+}
+
+/// `bourse clearing settlements`: `GET /v1/settlements/{date}`, one line per account and
+/// instrument.
+fn settlements(args: &SettlementsArgs) -> Result<()> {
+    let mut client = bourse_admin::AdminClient::new(&args.service).map_err(|e| anyhow!(e))?;
+    if let Some(user) = &args.user {
+        let password = std::env::var("BOURSE_CLEARING_PASSWORD")
+            .context("set BOURSE_CLEARING_PASSWORD to the credential's password")?;
+        client = client.with_credentials(user, &password);
+    }
+    let mut path = format!("/v1/settlements/{}", args.date);
+    if let Some(firm) = args.firm {
+        path.push_str(&format!("?firm={firm}"));
+    }
+    let reply = client.get(&path).map_err(|e| anyhow!(e))?;
+    if reply.status != 200 {
+        bail!(
+            "the clearing service answered {}: {}",
+            reply.status,
+            reply.body
+        );
+    }
+    let lines = reply.body["lines"]
+        .as_array()
+        .context("the clearing service's answer has no lines")?;
+    println!("settlement date {}: {} lines", args.date, lines.len());
+    for l in lines {
+        println!(
+            "account {} firm {} {} securities {} cash {} (runs {})",
+            l["account"],
+            l["firm"],
+            l["symbol"].as_str().unwrap_or("?"),
+            l["securities"],
+            l["cash"].as_str().unwrap_or("?"),
+            l["runs"]
         );
     }
     Ok(())

@@ -11,7 +11,7 @@ use std::time::Duration;
 use bourse_cluster::tokio;
 use bourse_cluster::{Client, ClusterConfig, Node};
 use bourse_core::*;
-use bourse_engine::fixtures::future;
+use bourse_engine::fixtures::{equity, future};
 
 const BOURSE: &str = env!("CARGO_BIN_EXE_bourse");
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -233,6 +233,7 @@ fn clearing_serve_runs_when_the_cli_asks_and_answers_clearing_data() {
     let v = venue(&rt, dir.path());
     let hash = bourse_auth::hash_password_with("op-pw", bourse_auth::HashCost::TEST_ONLY).unwrap();
     let listen = format!("127.0.0.1:{}", bourse_testkit::free_port());
+    let fix_listen = format!("127.0.0.1:{}", bourse_testkit::free_port());
     let nodes: Vec<String> = v.group.iter().map(|n| format!("\"{}\"", n.1)).collect();
     let config = dir.path().join("clearing.toml");
     std::fs::write(
@@ -240,6 +241,7 @@ fn clearing_serve_runs_when_the_cli_asks_and_answers_clearing_data() {
         format!(
             "name = \"cli\"\nlisten = \"{listen}\"\ncores = [[{}]]\ninstruments = \"instruments.json\"\n\
              state_dir = \"clearing\"\n[settlement]\nlast_trades = 1\n\
+             [fix]\nlisten = \"{fix_listen}\"\n\
              [[operators]]\nname = \"op\"\npassword_hash = \"{}\"\nroles = [\"operator\"]\n",
             nodes.join(","),
             hash.as_str()
@@ -319,6 +321,158 @@ fn clearing_serve_runs_when_the_cli_asks_and_answers_clearing_data() {
         .path()
         .join("clearing/reports/run-000001/firm-1.csv")
         .exists());
+    // The same over FIX: `bourse clearing positions` asks with RequestForPositions.
+    let now_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let today = bourse_clearing::fix::business_date(now_ns, 0);
+    let positions = Process::new(BOURSE)
+        .args([
+            "clearing",
+            "positions",
+            "--fix",
+            &fix_listen,
+            "--comp-id",
+            "op",
+            "--account",
+            "1",
+            "--date",
+            &today,
+        ])
+        .env("BOURSE_CLEARING_PASSWORD", "op-pw")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&positions.stdout).to_string();
+    assert!(
+        positions.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&positions.stderr)
+    );
+    assert!(text.contains("TOT 6 0"), "{text}");
+    assert!(text.contains("ITD"), "{text}");
+    let refused = Process::new(BOURSE)
+        .args([
+            "clearing",
+            "positions",
+            "--fix",
+            &fix_listen,
+            "--comp-id",
+            "op",
+            "--account",
+            "1",
+            "--date",
+            &today,
+        ])
+        .env("BOURSE_CLEARING_PASSWORD", "wrong")
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert!(why.contains("invalid credentials"), "{why}");
+    // Settlement dates: 1 buys 3 lots (30 shares) of an equity from 3 at 10.00; the next
+    // run dates the obligations T+1 on the service's calendar (without a [schedule], Monday
+    // to Friday in UTC), and `bourse clearing settlements` lists them on that day.
+    let mut trader = Client::new(v.group.clone(), 8, 1);
+    rt.block_on(async {
+        submit(
+            &mut trader,
+            CommandBody::AddInstrument(equity(2, "EQ", 1_000)),
+        )
+        .await;
+        let sell = CommandBody::NewOrder(NewOrder {
+            account: AccountId(3),
+            cl_ord_id: ClOrdId(10),
+            instrument: InstrumentId(2),
+            side: Side::Sell,
+            ord_type: OrdType::Limit,
+            price: Price(1_000),
+            qty: Qty(3),
+            tif: TimeInForce::Day,
+            expire_ts_ns: 0,
+            display_qty: Qty(0),
+        });
+        submit(&mut trader, sell.clone()).await;
+        let CommandBody::NewOrder(mut buy) = sell else {
+            unreachable!()
+        };
+        buy.account = AccountId(1);
+        buy.cl_ord_id = ClOrdId(11);
+        buy.side = Side::Buy;
+        let events = submit(&mut trader, CommandBody::NewOrder(buy)).await;
+        assert!(events.iter().any(|e| matches!(e, Event::Trade { .. })));
+    });
+    let op = admin.clone().with_credentials("op", "op-pw");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !op.get("/v1/status").is_ok_and(|r| r.body["trades"] == 3) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the service never read the equity trade"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = Process::new(BOURSE)
+        .args([
+            "clearing",
+            "run",
+            "--intermediate",
+            "--service",
+            &url,
+            "--user",
+            "op",
+        ])
+        .env("BOURSE_CLEARING_PASSWORD", "op-pw")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan = op.get("/v1/runs/2/plan").unwrap().body;
+    let trade_day =
+        bourse_admin::schedule::day_of_date(plan["trade_date"].as_str().unwrap()).unwrap();
+    let calendar = bourse_clearing::settlement::default_calendar();
+    let t1 = bourse_admin::schedule::date_text(calendar.add_business_days(trade_day, 1));
+    let dates: Vec<&str> = plan["obligations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["settlement_date"].as_str().unwrap())
+        .collect();
+    assert_eq!(dates, vec![t1.as_str(), t1.as_str()], "{plan}");
+    let listed = Process::new(BOURSE)
+        .args([
+            "clearing",
+            "settlements",
+            "--service",
+            &url,
+            "--user",
+            "op",
+            "--date",
+            &t1,
+        ])
+        .env("BOURSE_CLEARING_PASSWORD", "op-pw")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&listed.stdout).to_string();
+    assert!(
+        listed.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    assert!(
+        text.contains(&format!("settlement date {t1}: 2 lines")),
+        "{text}"
+    );
+    assert!(
+        text.contains("account 1 firm 1 EQ securities 30 cash -300.0000"),
+        "{text}"
+    );
+    assert!(
+        text.contains("account 3 firm 3 EQ securities -30 cash 300.0000"),
+        "{text}"
+    );
     // Stopped with SIGINT, it snapshots its state.
     let stopped = Process::new("kill")
         .args(["-INT", &serve.id().to_string()])

@@ -61,6 +61,8 @@ pub(crate) fn start_node(
         },
         schedule: None,
         fix: None,
+        fees: None,
+        settlement_cycle: Default::default(),
     };
     ClearingNode::start(config, instruments)
 }
