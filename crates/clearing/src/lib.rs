@@ -48,7 +48,7 @@ pub mod settlement;
 pub mod state;
 
 pub use fees::{FeeBase, FeeLine, FeeRate, FeeSchedule};
-pub use node::{load_instruments, ClearingConfig, ClearingNode, RunRequest};
+pub use node::{load_instruments, ClearingConfig, ClearingNode, RunRequest, StandbyLogin};
 pub use report::{save_plan, saved_runs, Report};
 pub use run::{
     compute_run, compute_run_with_fees, fee_lines, run_client_id, settlement_prices, MarginLine,

@@ -101,6 +101,11 @@ pub struct ClearingConfig {
     /// streams, read its runs, and compute none until `POST /v1/takeover`.
     #[serde(default)]
     pub standby_of: Option<String>,
+    /// The standby's credentials at its primary (a `viewer` or `operator` there): a run's
+    /// plan lists every firm's accounts, so a primary with credentials shows it to them
+    /// alone.
+    #[serde(default)]
+    pub standby_login: Option<StandbyLogin>,
     /// Operators who may run clearings (role `operator`).
     #[serde(default)]
     pub operators: Vec<CredentialEntry>,
@@ -1174,11 +1179,23 @@ async fn schedule_every(shared: Arc<Shared>, poll_ms: u64, mut stopped: watch::R
     }
 }
 
+/// A standby's name and password at its primary (`standby_login = { name, password }`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StandbyLogin {
+    pub name: String,
+    pub password: String,
+}
+
 /// A standby's reader of its primary's runs (`GET /v1/runs`, then each new plan).
 async fn follow_primary(shared: Arc<Shared>, primary: String, mut stopped: watch::Receiver<bool>) {
     let Ok(client) = bourse_admin::AdminClient::new(&primary) else {
         eprintln!("bourse clearing: standby_of {primary:?} is not an address");
         return;
+    };
+    let client = match &shared.config.standby_login {
+        Some(l) => client.with_credentials(&l.name, &l.password),
+        None => client,
     };
     let client = client.with_timeout(Duration::from_secs(5));
     let mut every =

@@ -460,7 +460,28 @@ fn unknown_run(id: u32) -> Response {
     )
 }
 
-async fn run_report(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+/// A run's report and plan list every firm's accounts: only readers of every account
+/// (`operator`, `viewer`) read them; a firm's credentials read its own accounts instead.
+async fn every_account_reader(s: &Shared, headers: &HeaderMap) -> Result<(), Response> {
+    match reader(s, headers).await? {
+        Reader::Everyone => Ok(()),
+        Reader::Firm(_) => Err(error(
+            StatusCode::FORBIDDEN,
+            "refused",
+            "a run's report and plan list every firm's accounts: operator or viewer \
+             credentials read them; a firm reads its own at /v1/firms/{id} and /v1/accounts/{id}",
+        )),
+    }
+}
+
+async fn run_report(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err(refused) = every_account_reader(&s, &headers).await {
+        return refused;
+    }
     let Ok(id) = id.parse::<u32>() else {
         return bad_run_id(&id);
     };
@@ -478,7 +499,14 @@ async fn run_report(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Res
     }
 }
 
-async fn run_plan(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+async fn run_plan(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err(refused) = every_account_reader(&s, &headers).await {
+        return refused;
+    }
     let Ok(id) = id.parse::<u32>() else {
         return bad_run_id(&id);
     };

@@ -224,6 +224,10 @@ fn config(core: &Core, state_dir: &Path, standby_of: Option<String>) -> Clearing
             last_trades: 2,
             window_ns: None,
         },
+        standby_login: standby_of.as_ref().map(|_| bourse_clearing::StandbyLogin {
+            name: "victor".into(),
+            password: "victor-pw".into(),
+        }),
         standby_of,
         operators,
         limits: Limits {
@@ -346,6 +350,12 @@ fn the_service_answers_clearing_data_and_runs_on_an_operators_request() {
     let (status, report) = post_run(&node, Some("alice"), ask);
     assert_eq!(status, 200, "{report}");
     assert_eq!(report["run_id"], 1);
+    // A run's report and plan list every firm's accounts: a firm may not read them.
+    for path in ["/v1/runs/1", "/v1/runs/1/plan"] {
+        assert_eq!(get(None, path), 401, "{path}");
+        assert_eq!(get(Some("fiona"), path), 403, "{path}");
+        assert_eq!(get(Some("alice"), path), 200, "{path}");
+    }
     assert_eq!(report["settlement_prices"]["1"], 100_180);
     assert_eq!(report["movements"], 4);
     assert_eq!(report["pending"], 0);

@@ -54,6 +54,7 @@ pub(crate) fn start_node(
         snapshot_interval_ms: 0,
         settlement: Default::default(),
         standby_of: None,
+        standby_login: None,
         operators: Vec::new(),
         limits: Limits {
             run_wait_ms: RUN_WAIT_MS,
