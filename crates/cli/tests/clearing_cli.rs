@@ -257,32 +257,9 @@ fn clearing_serve_runs_when_the_cli_asks_and_answers_clearing_data() {
     let admin = bourse_admin::AdminClient::new(&url)
         .unwrap()
         .with_timeout(Duration::from_secs(5));
-    // The service is up and has read the trades (a hang guard, not a timing).
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let ok = admin.get("/v1/status").is_ok_and(|r| r.body["trades"] == 2);
-        if ok {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the service never caught up"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = Process::new(BOURSE)
-        .args([
-            "clearing",
-            "run",
-            "--intermediate",
-            "--service",
-            &url,
-            "--user",
-            "op",
-        ])
-        .env("BOURSE_CLEARING_PASSWORD", "op-pw")
-        .output()
-        .unwrap();
+    // The service is up and has read the trades.
+    wait_for_trades(&admin, 2);
+    let out = run_intermediate(&url, "op-pw");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success(),
@@ -292,19 +269,7 @@ fn clearing_serve_runs_when_the_cli_asks_and_answers_clearing_data() {
     assert!(text.contains("clearing run 1 (Intermediate)"), "{text}");
     assert!(text.contains("movements 2 refused 0 pending 0"), "{text}");
     // A wrong password is refused, and says so.
-    let refused = Process::new(BOURSE)
-        .args([
-            "clearing",
-            "run",
-            "--intermediate",
-            "--service",
-            &url,
-            "--user",
-            "op",
-        ])
-        .env("BOURSE_CLEARING_PASSWORD", "wrong")
-        .output()
-        .unwrap();
+    let refused = run_intermediate(&url, "wrong");
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("401"));
     // Clearing data: account 1 holds 6 lots and was paid 1,200 x 4 at 100,200.
@@ -403,27 +368,8 @@ fn clearing_serve_runs_when_the_cli_asks_and_answers_clearing_data() {
         assert!(events.iter().any(|e| matches!(e, Event::Trade { .. })));
     });
     let op = admin.clone().with_credentials("op", "op-pw");
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !op.get("/v1/status").is_ok_and(|r| r.body["trades"] == 3) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the service never read the equity trade"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = Process::new(BOURSE)
-        .args([
-            "clearing",
-            "run",
-            "--intermediate",
-            "--service",
-            &url,
-            "--user",
-            "op",
-        ])
-        .env("BOURSE_CLEARING_PASSWORD", "op-pw")
-        .output()
-        .unwrap();
+    wait_for_trades(&op, 3);
+    let out = run_intermediate(&url, "op-pw");
     assert!(
         out.status.success(),
         "{}",
@@ -489,4 +435,36 @@ fn clearing_serve_runs_when_the_cli_asks_and_answers_clearing_data() {
             n.shutdown().await;
         }
     });
+}
+
+/// Waits until the clearing service has read `trades` trades (a hang guard, not a timing).
+fn wait_for_trades(client: &bourse_admin::AdminClient, trades: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !client
+        .get("/v1/status")
+        .is_ok_and(|r| r.body["trades"] == trades)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the service never read {trades} trades"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `bourse clearing run --intermediate` against the service at `url` as operator `op`.
+fn run_intermediate(url: &str, password: &str) -> std::process::Output {
+    Process::new(BOURSE)
+        .args([
+            "clearing",
+            "run",
+            "--intermediate",
+            "--service",
+            url,
+            "--user",
+            "op",
+        ])
+        .env("BOURSE_CLEARING_PASSWORD", password)
+        .output()
+        .unwrap()
 }
