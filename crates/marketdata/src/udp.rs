@@ -349,7 +349,10 @@ pub fn bind_receiver(addr: SocketAddrV4) -> io::Result<UdpSocket> {
 /// host each get every datagram (the port is shared).
 pub fn bind_receiver_on(addr: SocketAddrV4, interface: Ipv4Addr) -> io::Result<UdpSocket> {
     let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
-    socket.set_reuse_address(true)?;
+    // A named port is shared by every receiver on the host; an ephemeral one (port 0) must
+    // not be: with SO_REUSEADDR on both, Linux may hand two sockets the same ephemeral UDP
+    // port, and a subscriber would then listen to two feeds on one socket.
+    socket.set_reuse_address(addr.port() != 0)?;
     let _ = socket.set_recv_buffer_size(SOCKET_BUFFER_BYTES);
     if addr.ip().is_multicast() {
         socket.bind(&SocketAddr::from((*addr.ip(), addr.port())).into())?;

@@ -368,3 +368,21 @@ fn two_readers_of_the_default_feed_each_get_every_packet() {
         }
     }
 }
+
+/// An ephemeral receiver's port is its own: Linux may hand one ephemeral UDP port to two
+/// sockets that both set SO_REUSEADDR, and a CI run once drew a subscriber whose two feeds
+/// shared a port. Many subscribers held at once never share one.
+#[test]
+fn ephemeral_receivers_never_share_a_port() {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut held = Vec::new();
+    for _ in 0..64 {
+        let (sub, addrs) = UdpSubscriber::bind_ephemeral(SubscriberConfig::default()).unwrap();
+        for c in &addrs.channels {
+            for p in [c.a.port(), c.b.port()] {
+                assert!(seen.insert(p), "ephemeral port {p} handed out twice");
+            }
+        }
+        held.push(sub);
+    }
+}
