@@ -645,7 +645,7 @@ proptest! {
         state.settle(&day1);
         prop_assert_eq!(state.business_date(), Some(20261127));
         // Nothing traded yet on the new day: every figure of the day is zero.
-        for (_, p) in state.positions() {
+        for p in state.positions().values() {
             prop_assert_eq!(p.sod.qty, p.qty);
             prop_assert_eq!((p.day_lots_bought(), p.day_lots_sold()), (0, 0));
             prop_assert_eq!(p.day_realised_value(), 0);
