@@ -15,13 +15,17 @@
 //! from 1), and one connection per CompID at a time is allowed.
 //!
 //! What an answer holds (quantities in lots, amounts in cash with `CASH_SCALE` decimals):
-//! - `SettlSessID=ITD` (intraday, the default), the live state, for the business date of the
-//!   cores' newest event or of today: PosType `TQ` (LongQty lots bought, ShortQty lots sold)
-//!   and `TOT` (the net position as LongQty or ShortQty); futures: SettlPrice the last trade
+//! - `SettlSessID=ITD` (intraday, the default), the live state, for the clearing business
+//!   date the last end of day rolled to (before any: the cores' newest event's or today's):
+//!   PosType `SOD` (the day's opening position), `TQ` (LongQty lots bought, ShortQty lots
+//!   sold that day) and `TOT` (the net position as LongQty or ShortQty); PosAmt `CASH` (the
+//!   account's cash on the instrument's core); futures: SettlPrice the last trade
 //!   (SettlPriceType 2, theoretical), PriorSettlPrice the last run's, PosAmt `FMTM` (the
-//!   whole mark-to-market since the position opened) and `IMTM` (what is not paid yet: the
-//!   next run's variation margin at that price); equities and FX: `DLV` (units to receive
-//!   or deliver) and PosAmt `SETL` (cash to receive or pay) since the last run.
+//!   whole mark-to-market since the position opened), `IMTM` (what is not paid yet: the
+//!   next run's variation margin at that price), `SMTM` (the opening position from the
+//!   day's opening settlement price to the mark) and `TVAR` (the day's trades from their
+//!   prices to the mark); equities and FX: `DLV` (units to receive or deliver) and PosAmt
+//!   `SETL` (cash to receive or pay) since the last run.
 //! - `SettlSessID=EOD`, the end-of-day run of that business date, from its saved plan:
 //!   futures `FIN` (the position at the run's cut), SettlPrice the run's (type 1, final),
 //!   PriorSettlPrice the run before's, PosAmt `IMTM` (the run's variation margin);
@@ -49,7 +53,7 @@ use crate::fees::FeeSchedule;
 use crate::node::{Inner, Shared};
 use crate::run::{RunKind, RunPlan};
 use crate::server::{reader_of, Reader, Refusal};
-use crate::state::{trade_value, value_to_cash_floor, ClearingState};
+use crate::state::{trade_value, value_to_cash_floor, ClearingPosition, ClearingState};
 
 /// The clearing service's FIX 4.4 dictionary (QuickFIX XML format).
 pub const CLEARING_FIX44_XML: &str = include_str!("fix44-clearing.xml");
@@ -611,18 +615,24 @@ fn answer(
     let firm = firm.map(|f| f.0);
     let lines = match r.session.as_str() {
         "ITD" => {
-            let dates = [
+            let mut dates = vec![
                 business_date(state.last_ts_ns(), offset_min),
                 business_date(now_ns, offset_min),
             ];
+            // After an end of day the live state is the next business day's: its date is
+            // served, a date before it is the closed day's (EOD).
+            if let Some(rolled) = state.business_date().map(|d| d.to_string()) {
+                dates.retain(|d| *d > rolled);
+                dates.insert(0, rolled);
+            }
             if !dates.contains(&r.date) {
                 return refuse(
                     firm,
                     result::NO_POSITIONS,
                     format!(
-                        "intraday positions are for business date {} (the cores' newest \
-                         event) or {} (today); ask SettlSessID=EOD for an earlier day",
-                        dates[0], dates[1]
+                        "intraday positions are for business date {}; ask SettlSessID=EOD \
+                         for an earlier day",
+                        dates.join(" or ")
                     ),
                 );
             }
@@ -686,29 +696,36 @@ pub fn intraday(
         };
         let traded = state.instruments().get(&instrument);
         let (long, short) = long_short(p.qty);
+        let (sod_long, sod_short) = long_short(p.sod.qty);
         let mut line = PositionLine {
             instrument,
             symbol: def.symbol.clone(),
             price_scale: def.price_scale,
             settlement: None,
             prior_settlement: traded.and_then(|s| s.settlement),
-            quantities: vec![("TQ", p.lots_bought, p.lots_sold), ("TOT", long, short)],
+            quantities: vec![
+                ("SOD", sod_long, sod_short),
+                ("TQ", p.day_lots_bought(), p.day_lots_sold()),
+                ("TOT", long, short),
+            ],
             amounts: Vec::new(),
         };
         if def.market == Market::Futures {
             let mark = traded.and_then(|s| s.recent.back()).map(|t| t.price);
             line.settlement = mark.map(|m| (m, 2));
-            let marked = mark.and_then(|m| trade_value(def, m, p.qty).ok());
-            if let Some(marked) = marked {
-                let whole = value_to_cash_floor(def, marked - p.paid_value);
-                line.amounts.push(("FMTM", whole));
-                line.amounts.push(("IMTM", whole - p.vm_paid.0));
+            if let Some(m) = mark {
+                let amounts = futures_amounts(def, p, m, traded.and_then(|s| s.sod_settlement));
+                line.amounts.extend(amounts);
             }
         } else {
             let (receive, deliver) = long_short(p.securities_due);
             line.quantities.push(("DLV", receive, deliver));
             line.amounts.push(("SETL", p.cash_due.0));
         }
+        // The collateral: the account's cash on the core that trades the instrument.
+        let core = traded.map_or(0, |s| s.core);
+        let cash = state.cash().get(&(core, account)).map_or(0, |c| c.cash.0);
+        line.amounts.push(("CASH", cash));
         let base = state.fee_bases().get(&(account, instrument));
         if let (Some(schedule), Some(base)) = (fees, base) {
             if let Some(rate) = schedule.rate_of(def) {
@@ -718,6 +735,39 @@ pub fn intraday(
         out.push(line);
     }
     out
+}
+
+/// A futures position's amounts marked at `mark`: `FMTM` the whole mark-to-market since it
+/// opened, `IMTM` what no run paid yet, and the day's variation split as FIX 4.4 does:
+/// `SMTM` the start-of-day position from the day's opening settlement price `sod_settlement`
+/// to the mark (0 before any end of day), `TVAR` the day's trades from their prices to the
+/// mark. `SMTM + TVAR` is the day's variation: what the day's runs paid plus `IMTM`, but for
+/// the rounding of each to cash.
+pub fn futures_amounts(
+    def: &bourse_core::Instrument,
+    p: &ClearingPosition,
+    mark: bourse_core::Price,
+    sod_settlement: Option<bourse_core::Price>,
+) -> Vec<(&'static str, i128)> {
+    let value = |price, lots| trade_value(def, price, lots).ok();
+    let (Some(marked), Some(day_marked)) = (value(mark, p.qty), value(mark, p.qty - p.sod.qty))
+    else {
+        return Vec::new();
+    };
+    let whole = value_to_cash_floor(def, marked - p.paid_value);
+    let smtm = match sod_settlement {
+        Some(s) => value(mark, p.sod.qty)
+            .zip(value(s, p.sod.qty))
+            .map_or(0, |(now, then)| value_to_cash_floor(def, now - then)),
+        None => 0,
+    };
+    let tvar = value_to_cash_floor(def, day_marked - p.day_paid_value());
+    vec![
+        ("FMTM", whole),
+        ("IMTM", whole - p.vm_paid.0),
+        ("SMTM", smtm),
+        ("TVAR", tvar),
+    ]
 }
 
 /// The business date of a run: its slot on the schedule, else its cut's newest event.

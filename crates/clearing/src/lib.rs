@@ -30,7 +30,8 @@
 //!   side's per-firm rule; [`fix::PositionsClient`] is its blocking client.
 //! - [`SettlementCycle`] (`settlement`): equity and FX obligations dated T+n business days
 //!   on the venue's calendar (`[settlement_cycle]`, T+1 and T+0 by default), fixed in the
-//!   plan; `GET /v1/settlements/{date}` sums what settles on a day.
+//!   plan; `GET /v1/settlements/{date}` sums what settles on a day. An end-of-day run also
+//!   rolls the state to the next business day (positions' start of day, [`StartOfDay`]).
 //! - `report`: saved plans and run reports (JSON and CSV, whole and per firm).
 //! - [`ClearingSchedule`] (`schedule`): runs on the venue's trading day (an intermediate run
 //!   at the start of each clearing pause, the end of day's at the day's end) over a [`Clock`]
@@ -52,9 +53,9 @@ pub use node::{load_instruments, ClearingConfig, ClearingNode, RunRequest, Stand
 pub use report::{save_plan, saved_runs, Report};
 pub use run::{
     compute_run, compute_run_with_fees, fee_lines, run_client_id, settlement_prices, MarginLine,
-    Movement, ObligationLine, RunKind, RunPlan, SettlementRule,
+    Movement, ObligationLine, RollLine, RunKind, RunPlan, SettlementRule,
 };
 pub use schedule::{ClearingSchedule, Clock, ManualClock, ScheduledRun, SystemClock};
 pub use service::{execute, feed_to, replay, stream_end, with_ids, ExecuteOptions, MovementResult};
 pub use settlement::{date_obligations, SettlementCycle};
-pub use state::{ClearingError, ClearingPosition, ClearingState};
+pub use state::{ClearingError, ClearingPosition, ClearingState, StartOfDay};

@@ -86,6 +86,19 @@ pub struct ObligationLine {
     pub settlement_date: Option<String>,
 }
 
+/// One position as an end-of-day run's cut leaves it: the next clearing business day starts
+/// from it (`ClearingPosition::sod`). Amounts in the instrument's value units.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RollLine {
+    pub account: AccountId,
+    pub instrument: InstrumentId,
+    pub qty: i64,
+    pub paid_value: i128,
+    pub realised_value: i128,
+    pub lots_bought: i64,
+    pub lots_sold: i64,
+}
+
 /// One cash movement fed back to a core: the account's net variation margin on that core.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Movement {
@@ -153,6 +166,15 @@ pub struct RunPlan {
     /// none in a plan computed without a calendar.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trade_date: Option<String>,
+    /// End of day: the business day after the trade date, `YYYY-MM-DD`, that settling the
+    /// run rolls the state to; none in a plan computed without a calendar.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_business_date: Option<String>,
+    /// End of day: every position at the cut, which the next business day starts from (in
+    /// the plan, not read from the state when settling, so that a standby settling the run
+    /// after later trades rolls to the cut's positions all the same).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roll: Vec<RollLine>,
 }
 
 impl RunPlan {
@@ -296,6 +318,23 @@ pub fn compute_run_with_fees(
             });
         }
     }
+    let roll = if kind == RunKind::EndOfDay {
+        state
+            .positions()
+            .iter()
+            .map(|(&(account, instrument), p)| RollLine {
+                account,
+                instrument,
+                qty: p.qty,
+                paid_value: p.paid_value,
+                realised_value: p.realised_value,
+                lots_bought: p.lots_bought,
+                lots_sold: p.lots_sold,
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let fee_lines = fees.map(|f| fee_lines(state, f)).unwrap_or_default();
     if let Some(schedule) = fees {
         let venue = AccountId(schedule.venue_account);
@@ -320,6 +359,8 @@ pub fn compute_run_with_fees(
         fee_schedule: fees.cloned(),
         fees: fee_lines,
         trade_date: None,
+        next_business_date: None,
+        roll,
     }
 }
 

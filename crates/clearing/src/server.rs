@@ -6,7 +6,10 @@
 //! validation keeps on loopback) answers everyone.
 //! - `GET /v1/accounts/{id}`: the account's firm, cash per core, and per instrument its
 //!   position, average cost, realised P&L, variation margin paid and still open at the last
-//!   trade price, and obligations since the last run;
+//!   trade price, and obligations since the last run; the clearing business date the last
+//!   end of day rolled to, and per position the day's figures: the opening position
+//!   (`sod_qty`), lots traded, realised P&L, variation margin paid, and for futures the
+//!   day's variation as `start_of_day_mtm` and `trade_variation`;
 //! - `GET /v1/firms/{id}?after=&limit=`: the firm's accounts (a page of at most
 //!   `limits.accounts_per_answer_max`) with each one's totals, and the firm's totals over the
 //!   page;
@@ -181,6 +184,10 @@ fn account_json(
             "lots_sold": p.lots_sold,
             "cost": cash(value_to_cash_floor(def, p.cost_value)),
             "realised_pnl": cash(realised),
+            "sod_qty": p.sod.qty,
+            "day_lots_bought": p.day_lots_bought(),
+            "day_lots_sold": p.day_lots_sold(),
+            "day_realised_pnl": cash(value_to_cash_floor(def, p.day_realised_value())),
         });
         if def.market == Market::Futures {
             // Variation margin still open: the position marked to the instrument's last
@@ -198,6 +205,22 @@ fn account_json(
             line["variation_margin_paid"] = json!(cash(p.vm_paid.0));
             line["variation_margin_open"] = json!(open.map(cash));
             line["mark_price"] = json!(last.map(|p| p.0));
+            line["day_variation_margin_paid"] = json!(cash(p.day_vm_paid().0));
+            // The day's variation split as FIX's SMTM and TVAR (see `fix::futures_amounts`).
+            let sod_settlement = state
+                .instruments()
+                .get(&instrument)
+                .and_then(|s| s.sod_settlement);
+            line["sod_settlement_price"] = json!(sod_settlement.map(|p| p.0));
+            if let Some(mark) = last {
+                for (name, amount) in crate::fix::futures_amounts(def, p, mark, sod_settlement) {
+                    match name {
+                        "SMTM" => line["start_of_day_mtm"] = json!(cash(amount)),
+                        "TVAR" => line["trade_variation"] = json!(cash(amount)),
+                        _ => {}
+                    }
+                }
+            }
         } else {
             line["obligations"] =
                 json!({ "securities": p.securities_due, "cash": cash(p.cash_due.0) });
@@ -219,6 +242,7 @@ fn account_json(
     let v = json!({
         "account": account.0,
         "firm": state.firm_of(account).map(|f| f.0),
+        "business_date": state.business_date(),
         "cash": cash_lines,
         "positions": positions,
         "realised_pnl": cash(totals[0]),

@@ -8,7 +8,8 @@
 //! in UTC with no holidays. A run's trade date is the business day (on or after the local
 //! date) of the time the schedule asked the run for, or, for a run asked by hand, of the
 //! newest event before its cut. The dates are fixed in the plan when it is computed, so a
-//! restarted or replayed run settles on the dates it was first given.
+//! restarted or replayed run settles on the dates it was first given. An end-of-day run also
+//! gets the next business day, which settling it rolls the clearing state to.
 
 use std::collections::BTreeMap;
 
@@ -16,7 +17,7 @@ use bourse_admin::schedule::{date_text, Schedule, ScheduleConfig};
 use bourse_core::{Instrument, Market};
 use serde::{Deserialize, Serialize};
 
-use crate::run::RunPlan;
+use crate::run::{RunKind, RunPlan};
 use crate::state::ClearingState;
 
 /// The longest settlement cycle accepted, in business days.
@@ -127,6 +128,9 @@ pub fn date_obligations(
     let at_ns = plan.scheduled_ns.unwrap_or(plan.cut_ts_ns);
     let trade_day = calendar.business_day_on_or_after(calendar.local_day(at_ns));
     plan.trade_date = Some(date_text(trade_day));
+    if plan.kind == RunKind::EndOfDay {
+        plan.next_business_date = Some(date_text(calendar.add_business_days(trade_day, 1)));
+    }
     for o in &mut plan.obligations {
         let days = state
             .definition(o.instrument)
@@ -138,7 +142,7 @@ pub fn date_obligations(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::run::{compute_run, ObligationLine, RunKind, SettlementRule};
+    use crate::run::{compute_run, ObligationLine, SettlementRule};
     use bourse_core::{AccountId, Cash, InstrumentId};
     use bourse_engine::fixtures::{equity, future, fx};
 
@@ -231,6 +235,25 @@ mod tests {
         let mut p = plan_at(msk(3, 1, 0), true, &[2]);
         date_obligations(&mut p, &calendar(), &cycle, &state);
         assert_eq!(p.trade_date.as_deref(), Some("2026-11-26"));
+    }
+
+    #[test]
+    fn an_end_of_day_rolls_to_the_next_business_day_and_an_intermediate_run_to_none() {
+        let state = ClearingState::new(1, []);
+        let cycle = SettlementCycle::default();
+        // Wednesday's end of day rolls to Thursday.
+        let mut p = plan_at(msk(2, 18, 50), true, &[]);
+        date_obligations(&mut p, &calendar(), &cycle, &state);
+        assert_eq!(p.next_business_date.as_deref(), Some("2026-11-26"));
+        // Friday's skips the weekend and the holiday Monday.
+        let mut p = plan_at(msk(4, 18, 50), true, &[]);
+        date_obligations(&mut p, &calendar(), &cycle, &state);
+        assert_eq!(p.next_business_date.as_deref(), Some("2026-12-01"));
+        // An intermediate run rolls nothing.
+        let mut p = plan_at(msk(4, 14, 0), true, &[]);
+        p.kind = RunKind::Intermediate;
+        date_obligations(&mut p, &calendar(), &cycle, &state);
+        assert_eq!(p.next_business_date, None);
     }
 
     #[test]

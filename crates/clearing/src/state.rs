@@ -76,6 +76,53 @@ pub struct ClearingPosition {
     pub cash_due: Cash,
     pub lots_bought: i64,
     pub lots_sold: i64,
+    /// Where the clearing business day started: the position as the last end-of-day run's
+    /// cut left it (all zero before the first). The day's figures are the differences.
+    pub sod: StartOfDay,
+}
+
+/// One position at the start of a clearing business day: what the last end-of-day run's cut
+/// left (see `run::RollLine`), with the variation margin paid up to and by that run.
+///
+/// The roll keeps the cumulative figures and records this baseline instead of rebasing them,
+/// because a standby may settle an end-of-day run after it applied later trades: subtracting
+/// a recorded baseline commutes with those trades, rebasing the average cost would not.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StartOfDay {
+    /// The day's opening position in lots (the previous day's closing one).
+    pub qty: i64,
+    pub paid_value: i128,
+    pub realised_value: i128,
+    pub vm_paid: Cash,
+    pub lots_bought: i64,
+    pub lots_sold: i64,
+}
+
+impl ClearingPosition {
+    /// Lots bought on the current clearing business day.
+    pub fn day_lots_bought(&self) -> i64 {
+        self.lots_bought - self.sod.lots_bought
+    }
+
+    /// Lots sold on the current clearing business day.
+    pub fn day_lots_sold(&self) -> i64 {
+        self.lots_sold - self.sod.lots_sold
+    }
+
+    /// Net paid for the day's trades (buys minus sells), in value units.
+    pub fn day_paid_value(&self) -> i128 {
+        self.paid_value - self.sod.paid_value
+    }
+
+    /// Realised P&L of the current clearing business day, in value units.
+    pub fn day_realised_value(&self) -> i128 {
+        self.realised_value - self.sod.realised_value
+    }
+
+    /// Variation margin the day's runs paid (positive) or took, in cash units.
+    pub fn day_vm_paid(&self) -> Cash {
+        Cash(self.vm_paid.0 - self.sod.vm_paid.0)
+    }
 }
 
 /// One trade kept for settlement prices.
@@ -94,6 +141,9 @@ pub struct InstrumentState {
     pub trades: u64,
     /// The settlement price of the last run that fixed one.
     pub settlement: Option<Price>,
+    /// The settlement price the clearing business day started at: the last end-of-day run's
+    /// (start-of-day positions are marked from it).
+    pub sod_settlement: Option<Price>,
 }
 
 /// One account's cash on one core, mirrored from the stream: the core's own figure from each
@@ -134,6 +184,9 @@ pub struct ClearingState {
     fee_base: BTreeMap<(AccountId, InstrumentId), FeeBase>,
     /// Per account, the fees runs charged it so far.
     fees_paid: BTreeMap<AccountId, Cash>,
+    /// The clearing business date, `YYYYMMDD` (0: none yet): the business day after the
+    /// trade date of the last end-of-day run settled.
+    business_date: u32,
 }
 
 impl ClearingState {
@@ -154,7 +207,13 @@ impl ClearingState {
             runs_on_stream_max: 0,
             fee_base: BTreeMap::new(),
             fees_paid: BTreeMap::new(),
+            business_date: 0,
         }
+    }
+
+    /// The clearing business date the last end-of-day run rolled to (`YYYYMMDD`), if any.
+    pub fn business_date(&self) -> Option<u32> {
+        (self.business_date != 0).then_some(self.business_date)
     }
 
     /// What each account traded in each instrument since its fees were last charged.
@@ -471,6 +530,36 @@ impl ClearingState {
             }
             self.fees_paid.entry(line.account).or_default().0 += line.fee.0;
         }
+        if plan.kind == crate::run::RunKind::EndOfDay {
+            self.roll(plan);
+        }
+    }
+
+    /// The end of day's roll (after the run's margin is in `vm_paid`): every position's
+    /// start of day becomes what the run's cut left, instruments start the new day at the
+    /// run's settlement prices, and the business date moves to the plan's next one. Cash
+    /// (the collateral) is the cores' and carries over as it is.
+    fn roll(&mut self, plan: &crate::run::RunPlan) {
+        for line in &plan.roll {
+            if let Some(p) = self.positions.get_mut(&(line.account, line.instrument)) {
+                p.sod = StartOfDay {
+                    qty: line.qty,
+                    paid_value: line.paid_value,
+                    realised_value: line.realised_value,
+                    vm_paid: p.vm_paid,
+                    lots_bought: line.lots_bought,
+                    lots_sold: line.lots_sold,
+                };
+            }
+        }
+        for (&instrument, &price) in &plan.prices {
+            if let Some(s) = self.instruments.get_mut(&instrument) {
+                s.sod_settlement = Some(price);
+            }
+        }
+        if let Some(date) = plan.next_business_date.as_deref() {
+            self.business_date = yyyymmdd(date).unwrap_or(0);
+        }
     }
 
     /// A hash of the whole state: xxh3 of its snapshot encoding (fixed order, fixed widths),
@@ -493,11 +582,20 @@ impl ClearingState {
         w.u64(self.trades);
         w.u32(self.last_settled_run);
         w.u32(self.runs_on_stream_max);
+        w.u32(self.business_date);
         w.u64(self.positions.len() as u64);
         for (&(a, i), p) in &self.positions {
             w.u32(a.0);
             w.u32(i.0);
-            for v in [p.qty, p.securities_due, p.lots_bought, p.lots_sold] {
+            for v in [
+                p.qty,
+                p.securities_due,
+                p.lots_bought,
+                p.lots_sold,
+                p.sod.qty,
+                p.sod.lots_bought,
+                p.sod.lots_sold,
+            ] {
                 w.i64(v);
             }
             for v in [
@@ -506,6 +604,9 @@ impl ClearingState {
                 p.realised_value,
                 p.vm_paid.0,
                 p.cash_due.0,
+                p.sod.paid_value,
+                p.sod.realised_value,
+                p.sod.vm_paid.0,
             ] {
                 w.i128(v);
             }
@@ -517,6 +618,8 @@ impl ClearingState {
             w.u64(s.trades);
             w.u8(s.settlement.is_some() as u8);
             w.i64(s.settlement.map_or(0, |p| p.0));
+            w.u8(s.sod_settlement.is_some() as u8);
+            w.i64(s.sod_settlement.map_or(0, |p| p.0));
             w.u32(s.recent.len() as u32);
             for t in &s.recent {
                 w.u64(t.ts_ns);
@@ -594,7 +697,8 @@ impl ClearingState {
         s.trades = r.u64()?;
         s.last_settled_run = r.u32()?;
         s.runs_on_stream_max = r.u32()?;
-        for _ in 0..r.count(56)? {
+        s.business_date = r.u32()?;
+        for _ in 0..r.count(144)? {
             let key = (AccountId(r.u32()?), InstrumentId(r.u32()?));
             let mut p = ClearingPosition {
                 qty: r.i64()?,
@@ -603,14 +707,20 @@ impl ClearingState {
                 lots_sold: r.i64()?,
                 ..ClearingPosition::default()
             };
+            p.sod.qty = r.i64()?;
+            p.sod.lots_bought = r.i64()?;
+            p.sod.lots_sold = r.i64()?;
             p.cost_value = r.i128()?;
             p.paid_value = r.i128()?;
             p.realised_value = r.i128()?;
             p.vm_paid = Cash(r.i128()?);
             p.cash_due = Cash(r.i128()?);
+            p.sod.paid_value = r.i128()?;
+            p.sod.realised_value = r.i128()?;
+            p.sod.vm_paid = Cash(r.i128()?);
             s.positions.insert(key, p);
         }
-        for _ in 0..r.count(29)? {
+        for _ in 0..r.count(38)? {
             let id = InstrumentId(r.u32()?);
             let core = r.u32()? as usize;
             if core >= cores {
@@ -621,10 +731,13 @@ impl ClearingState {
             let trades = r.u64()?;
             let has = r.u8()? != 0;
             let price = r.i64()?;
+            let has_sod = r.u8()? != 0;
+            let sod_price = r.i64()?;
             let mut state = InstrumentState {
                 core,
                 trades,
                 settlement: has.then_some(Price(price)),
+                sod_settlement: has_sod.then_some(Price(sod_price)),
                 recent: VecDeque::new(),
             };
             let recent = r.u32()? as usize;
@@ -696,10 +809,16 @@ impl ClearingState {
     }
 }
 
-/// The first bytes of a clearing snapshot's data (format 3: with the fees' bases and paid;
-/// format 2 had none, format 1 no instruments learned from the streams; both are refused by
-/// their magic).
-const SNAPSHOT_MAGIC: &[u8; 8] = b"BCLEAR03";
+/// The first bytes of a clearing snapshot's data (format 4: with the business date and the
+/// positions' start of day; format 3 had neither, format 2 no fees, format 1 no instruments
+/// learned from the streams; all are refused by their magic).
+const SNAPSHOT_MAGIC: &[u8; 8] = b"BCLEAR04";
+
+/// `YYYY-MM-DD` as the number `YYYYMMDD`.
+fn yyyymmdd(date: &str) -> Option<u32> {
+    let digits: String = date.chars().filter(|c| *c != '-').collect();
+    (digits.len() == 8).then(|| digits.parse().ok()).flatten()
+}
 
 struct Writer(Vec<u8>);
 

@@ -435,9 +435,11 @@ fn a_restarted_service_reaches_the_state_a_fresh_one_rebuilds_from_the_streams()
     let dir = tempfile::tempdir().unwrap();
     let node = start(config(&core, dir.path(), None));
     assert!(node.wait_for_cut(&[core.end()], WAIT));
-    let (status, report) = post_run(&node, Some("alice"), json!({ "kind": "intermediate" }));
+    // An end of day, so that the roll to the next business day is part of what is rebuilt.
+    let (status, report) = post_run(&node, Some("alice"), json!({ "kind": "end_of_day" }));
     assert_eq!(status, 200, "{report}");
-    // Trading goes on after the run.
+    assert!(node.wait_until(WAIT, |i| i.state.business_date() == Some(19700102)));
+    // Trading goes on after the run, on the next business day.
     core.submit(&mut trader, order(3, 200, Side::Sell, 100_300, 2));
     core.submit(&mut trader, order(2, 201, Side::Buy, 100_300, 2));
     let end = core.end();
@@ -974,8 +976,19 @@ fn clearing_data_over_fix_answers_a_firm_its_own_positions_intraday_and_at_end_o
         .clone();
     assert_eq!(venue_line["fees"], "-18.5000", "{venue_line}");
     // Intraday after the run: what is open is the whole less what the run paid.
-    let itd = fiona.positions(1, &today, "ITD", None, WAIT).unwrap();
-    let (_, amounts) = report_groups(&itd.reports[0]);
+    // The end of day rolled the live state to the next business day (Friday 2 January
+    // 1970): intraday is for that date, the closed day is EOD's.
+    let closed = fiona.positions(1, &today, "ITD", None, WAIT).unwrap();
+    assert_eq!(closed.result(), Some(2));
+    assert!(field(&closed.ack, 58).unwrap().contains("19700102"));
+    let next_day = "19700102";
+    let itd = fiona.positions(1, next_day, "ITD", None, WAIT).unwrap();
+    assert_eq!(itd.result(), Some(0), "{:?}", itd.ack);
+    assert_eq!(
+        field(&itd.reports[0], fix::tag::CLEARING_BUSINESS_DATE),
+        Some(next_day)
+    );
+    let (qty, amounts) = report_groups(&itd.reports[0]);
     assert!(!amounts.contains_key("FEES"), "charged: none due");
     let parse = |s: &str| -> i128 { s.replace('.', "").parse().unwrap() };
     assert_eq!(parse(&amounts["FMTM"]) - parse(&amounts["IMTM"]), vm_of(1));
@@ -983,6 +996,24 @@ fn clearing_data_over_fix_answers_a_firm_its_own_positions_intraday_and_at_end_o
         field(&itd.reports[0], fix::tag::PRIOR_SETTL_PRICE),
         Some("100180")
     );
+    // The day opens with the closing position and nothing traded; what is open is the
+    // opening position marked from the settlement price to the last trade (SMTM), no
+    // trade variation (TVAR); the collateral (CASH) is the account's cash carried over.
+    assert_eq!(qty["SOD"], (7, 0));
+    assert_eq!(qty["TQ"], (0, 0));
+    assert_eq!(qty["TOT"], (7, 0));
+    assert_eq!(amounts["SMTM"], cash(7 * (100_020 - 100_180) * 1_0000));
+    assert_eq!(amounts["SMTM"], amounts["IMTM"]);
+    assert_eq!(amounts["TVAR"], "0.0000");
+    let http = client(&node, Some("fiona")).get("/v1/accounts/1").unwrap();
+    assert_eq!(http.body["business_date"], 19700102);
+    assert_eq!(amounts["CASH"], http.body["cash"][0]["cash"]);
+    let position = &http.body["positions"][0];
+    assert_eq!(position["sod_qty"], 7);
+    assert_eq!(position["day_lots_bought"], 0);
+    assert_eq!(position["start_of_day_mtm"], amounts["SMTM"].as_str());
+    assert_eq!(position["trade_variation"], "0.0000");
+    assert_eq!(position["day_variation_margin_paid"], "0.0000");
     fiona.logout(WAIT).unwrap();
 
     // An operator's session reads every account; the day's margin sums to zero.
