@@ -396,6 +396,13 @@ impl Session {
     /// Sends an application message: fills in the header, stores it for
     /// resending and queues the bytes. Returns the sequence number used.
     pub fn send_app(&mut self, now_ms: UnixMs, message: OutMessage) -> Result<u64, SendError> {
+        self.send_app_ref(now_ms, &message)
+    }
+
+    /// As [`Session::send_app`], but the message is only read: a driver that renders every
+    /// report into the same [`OutMessage`] (see [`OutMessage::reset`]) allocates none per
+    /// message.
+    pub fn send_app_ref(&mut self, now_ms: UnixMs, message: &OutMessage) -> Result<u64, SendError> {
         if tags::is_admin_msg_type(message.msg_type.as_bytes()) {
             return Err(SendError::AdminMsgType);
         }
@@ -964,23 +971,26 @@ impl Session {
 
     // ---- outbound ------------------------------------------------------------
 
-    fn fill_and_encode(&self, now_ms: UnixMs, mut m: OutMessage, seq: u64) -> Vec<u8> {
-        m.set_header(tags::SENDER_COMP_ID, &self.config.sender_comp_id);
-        m.set_header(tags::TARGET_COMP_ID, &self.config.target_comp_id);
-        m.set_header_u64(tags::MSG_SEQ_NUM, seq);
-        m.set_header_with(tags::SENDING_TIME, |out| {
-            time::UtcTimestamp(now_ms).write_to(out)
-        });
-        m.encode(&self.config.begin_string)
+    /// The message as sent with sequence number `seq`: the session's header fields are
+    /// written by the encoder, not set on the message, which stays as it was.
+    fn fill_and_encode(&self, now_ms: UnixMs, m: &OutMessage, seq: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        let header = codec::SessionHeader {
+            sender_comp_id: self.config.sender_comp_id.as_bytes(),
+            target_comp_id: self.config.target_comp_id.as_bytes(),
+            msg_seq_num: seq,
+            sending_time_ms: now_ms,
+        };
+        m.encode_with_session_into(&self.config.begin_string, &header, &mut out);
+        out
     }
 
     /// Fills the header, stores and counts the message unless `seq_override`
     /// is given (gap fills reuse old numbers), and queues it for sending if
     /// the session state allows.
     fn send_raw(&mut self, now_ms: UnixMs, m: OutMessage, seq_override: Option<u64>) {
-        let kind = m.msg_type.clone();
         let seq = seq_override.unwrap_or_else(|| self.store.next_sender_seq_num());
-        let bytes = self.fill_and_encode(now_ms, m, seq);
+        let bytes = self.fill_and_encode(now_ms, &m, seq);
         if seq_override.is_none() {
             let stored = self
                 .store
@@ -995,7 +1005,7 @@ impl Session {
                 return;
             }
         }
-        let allowed = match kind.as_str() {
+        let allowed = match m.msg_type.as_str() {
             "A" | "5" | "2" | "4" => true,
             _ => self.is_logged_on(),
         };
@@ -1393,7 +1403,7 @@ mod tests {
         let mut rr = OutMessage::new("2");
         rr.push(tags::BEGIN_SEQ_NO, "1").push(tags::END_SEQ_NO, "0");
         let seq = init.next_sender_seq_num();
-        let bytes = init.fill_and_encode(T0 + 30_000, rr, seq);
+        let bytes = init.fill_and_encode(T0 + 30_000, &rr, seq);
         init.store.set_next_sender_seq_num(seq + 1).expect("store");
         acc.on_bytes(T0 + 30_000, &bytes, &mut acc_app);
         let out = sent(&mut acc);

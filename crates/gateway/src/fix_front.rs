@@ -517,14 +517,14 @@ fn side_code(side: Side) -> &'static str {
     }
 }
 
-/// Renders the parts of an execution report every kind shares.
-pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage {
+/// Renders the parts of an execution report every kind shares into `m` (emptied first).
+pub fn render_exec_into(router: &Router, r: &ExecReport, exec_id: &str, m: &mut OutMessage) {
     let info = router.instrument(r.instrument);
     let scale = info.map_or(0, |i| i.price_scale);
     let lot = info.map_or(1, |i| i.lot_size);
     let symbol = info.map_or("?", |i| i.symbol.as_str());
     let units = |lots: i64| i128::from(lots) * i128::from(lot);
-    let mut m = OutMessage::new("8");
+    m.reset("8");
     match r.order_id {
         Some(o) => m.push_u64(tag::ORDER_ID, o.0),
         None => m.push(tag::ORDER_ID, "NONE"),
@@ -552,15 +552,15 @@ pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage
     };
     match &r.kind {
         ExecKind::Canceled { by: Some(by), .. } => {
-            push_client(&mut m, tag::CL_ORD_ID, by);
-            push_client(&mut m, tag::ORIG_CL_ORD_ID, &r.client);
+            push_client(m, tag::CL_ORD_ID, by);
+            push_client(m, tag::ORIG_CL_ORD_ID, &r.client);
         }
         ExecKind::Replaced { orig } => {
-            push_client(&mut m, tag::CL_ORD_ID, &r.client);
-            push_client(&mut m, tag::ORIG_CL_ORD_ID, orig);
+            push_client(m, tag::CL_ORD_ID, &r.client);
+            push_client(m, tag::ORIG_CL_ORD_ID, orig);
         }
         _ => {
-            push_client(&mut m, tag::CL_ORD_ID, &r.client);
+            push_client(m, tag::CL_ORD_ID, &r.client);
         }
     }
     m.push(tag::EXEC_ID, exec_id);
@@ -575,7 +575,7 @@ pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage
     }
     m.push_u64(tag::ACCOUNT, u64::from(r.account.0));
     if let Some(echo) = &r.echo {
-        push_echo(&mut m, echo);
+        push_echo(m, echo);
     } else {
         m.push(tag::SYMBOL, symbol);
         m.push(tag::SIDE, side_code(r.side));
@@ -589,7 +589,7 @@ pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage
             },
         );
         if r.ord_type == OrdType::Limit {
-            push_decimal(&mut m, tag::PRICE, Decimal(i128::from(r.price.0), scale));
+            push_decimal(m, tag::PRICE, Decimal(i128::from(r.price.0), scale));
         }
     }
     // TradeID (1003) is not an ExecutionReport field in FIX 4.4 (QuickFIX/J rejects it); the
@@ -599,16 +599,15 @@ pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage
     } = &r.kind
     {
         m.push_int(tag::LAST_QTY, units(*last_lots));
-        push_decimal(&mut m, tag::LAST_PX, Decimal(i128::from(last_px.0), scale));
+        push_decimal(m, tag::LAST_PX, Decimal(i128::from(last_px.0), scale));
     }
     m.push_int(tag::LEAVES_QTY, units(r.leaves_lots));
     m.push_int(tag::CUM_QTY, units(r.cum_lots));
-    push_decimal(&mut m, tag::AVG_PX, avg_px(r.notional, r.cum_lots, scale));
-    push_time(&mut m, tag::TRANSACT_TIME, r.ts_ns);
+    push_decimal(m, tag::AVG_PX, avg_px(r.notional, r.cum_lots, scale));
+    push_time(m, tag::TRANSACT_TIME, r.ts_ns);
     if let ExecKind::Status(q) = &r.kind {
-        push_status_query(&mut m, q);
+        push_status_query(m, q);
     }
-    m
 }
 
 /// A ClOrdID as the client sent it, or the number the binary protocol carries.
@@ -682,8 +681,16 @@ pub fn exec_id_into(out: &mut String, prefix: &str, n: u64) {
 
 /// Renders a report as a FIX message. Execution reports need a unique ExecID.
 pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
+    let mut m = OutMessage::new("8");
+    render_into(router, report, exec_id, &mut m);
+    m
+}
+
+/// As [`render`], into `m` (emptied first): a driver that keeps one message for every report
+/// allocates nothing per report once its buffers have grown.
+pub fn render_into(router: &Router, report: &Report, exec_id: &str, m: &mut OutMessage) {
     match report {
-        Report::Exec(r) => render_exec(router, r, exec_id),
+        Report::Exec(r) => render_exec_into(router, r, exec_id, m),
         Report::CancelReject {
             client,
             orig,
@@ -692,16 +699,16 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
             cause,
             ts_ns,
         } => {
-            let mut m = OutMessage::new("9");
+            m.reset("9");
             match order_id {
                 Some(o) => m.push_u64(tag::ORDER_ID, o.0),
                 None => m.push(tag::ORDER_ID, "NONE"),
             };
-            push_client(&mut m, tag::CL_ORD_ID, client);
-            push_client(&mut m, tag::ORIG_CL_ORD_ID, orig);
+            push_client(m, tag::CL_ORD_ID, client);
+            push_client(m, tag::ORIG_CL_ORD_ID, orig);
             m.push(tag::ORD_STATUS, if order_id.is_some() { "0" } else { "8" });
             m.push(tag::TEXT, cause.text());
-            push_time(&mut m, tag::TRANSACT_TIME, *ts_ns);
+            push_time(m, tag::TRANSACT_TIME, *ts_ns);
             m.push_u64(tag::CXL_REJ_REASON, u64::from(cxl_rej_reason(*cause)));
             m.push(
                 tag::CXL_REJ_RESPONSE_TO,
@@ -711,7 +718,6 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
                     "2"
                 },
             );
-            m
         }
         Report::MassCancel {
             client,
@@ -720,8 +726,8 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
             reject,
             ts_ns,
         } => {
-            let mut m = OutMessage::new("r");
-            push_client(&mut m, tag::CL_ORD_ID, client);
+            m.reset("r");
+            push_client(m, tag::CL_ORD_ID, client);
             m.push_display(tag::ORDER_ID, &format_args!("MASS-{client}"));
             m.push(tag::MASS_CANCEL_REQUEST_TYPE, [*request_type]);
             match reject {
@@ -735,8 +741,7 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
                 }
             }
             m.push_display(tag::TOTAL_AFFECTED_ORDERS, &total);
-            push_time(&mut m, tag::TRANSACT_TIME, *ts_ns);
-            m
+            push_time(m, tag::TRANSACT_TIME, *ts_ns);
         }
         Report::StatusUnknown {
             client,
@@ -746,13 +751,13 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
             query,
             ts_ns,
         } => {
-            let mut m = OutMessage::new("8");
+            m.reset("8");
             match order_id {
                 Some(o) => m.push_u64(tag::ORDER_ID, o.0),
                 None => m.push(tag::ORDER_ID, "NONE"),
             };
             if let Some(c) = client {
-                push_client(&mut m, tag::CL_ORD_ID, c);
+                push_client(m, tag::CL_ORD_ID, c);
             }
             m.push(tag::EXEC_ID, exec_id);
             m.push(tag::EXEC_TYPE, "I");
@@ -770,10 +775,9 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
             m.push(tag::SIDE, side.map_or("7", side_code));
             m.push(tag::LEAVES_QTY, "0");
             m.push(tag::CUM_QTY, "0");
-            push_decimal(&mut m, tag::AVG_PX, avg_px(0, 0, 0));
-            push_time(&mut m, tag::TRANSACT_TIME, *ts_ns);
-            push_status_query(&mut m, query);
-            m
+            push_decimal(m, tag::AVG_PX, avg_px(0, 0, 0));
+            push_time(m, tag::TRANSACT_TIME, *ts_ns);
+            push_status_query(m, query);
         }
         Report::BusinessReject {
             ref_msg_type,
@@ -782,7 +786,7 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
             text,
             ..
         } => {
-            let mut m = OutMessage::new("j");
+            m.reset("j");
             m.push_display(tag::REF_SEQ_NUM, &ref_seq_num);
             m.push(tag::TEXT, text);
             m.push(tag::REF_MSG_TYPE, ref_msg_type);
@@ -791,7 +795,6 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
             }
             // 0 = Other: FIX 4.4 has no code for a throttle; Text says what happened.
             m.push(tag::BUSINESS_REJECT_REASON, "0");
-            m
         }
     }
 }
