@@ -263,13 +263,29 @@ pub fn decode<'a>(
     dictionary: Option<&Dictionary>,
     message_size_max_bytes: usize,
 ) -> Result<RawMessage<'a>, DecodeError> {
+    decode_reusing(
+        frame,
+        dictionary,
+        message_size_max_bytes,
+        Vec::with_capacity(32),
+    )
+}
+
+/// As [`decode`], with the field table built in `fields` (emptied first), whose allocation
+/// a caller keeps from one message to the next with [`recycle_fields`].
+pub fn decode_reusing<'a>(
+    frame: &'a [u8],
+    dictionary: Option<&Dictionary>,
+    message_size_max_bytes: usize,
+    mut fields: Vec<Field<'a>>,
+) -> Result<RawMessage<'a>, DecodeError> {
     if frame.len() > message_size_max_bytes {
         return Err(DecodeError::TooLarge {
             size_bytes: frame.len(),
             size_max_bytes: message_size_max_bytes,
         });
     }
-    let mut fields: Vec<Field<'a>> = Vec::with_capacity(32);
+    fields.clear();
     // Byte offsets of the start of the field after BodyLength and of CheckSum.
     let mut body_start: Option<usize> = None;
     let mut checksum_start: Option<usize> = None;
@@ -341,6 +357,21 @@ pub fn decode<'a>(
         });
     }
     Ok(RawMessage { frame, fields })
+}
+
+/// An empty field table for a message of any lifetime, made from the allocation of one
+/// whose message is done with: the table a session decodes every message into, without
+/// allocating one per message. (Collecting an empty iterator of a vector into a vector of a
+/// type of the same size reuses the vector's allocation; no field survives.)
+pub fn recycle_fields<'b>(mut fields: Vec<Field<'_>>) -> Vec<Field<'b>> {
+    fields.clear();
+    fields
+        .into_iter()
+        .map(|f| Field {
+            tag: f.tag,
+            value: &[],
+        })
+        .collect()
 }
 
 /// Finds MsgType in a frame that may not decode, the way QuickFIX's
@@ -1101,6 +1132,21 @@ mod tests {
             }
             proptest::prop_assert_eq!(reused.encode("FIX.4.4"), fresh.encode("FIX.4.4"));
         }
+    }
+
+    #[test]
+    fn a_recycled_field_table_keeps_its_allocation_and_decodes_as_a_new_one() {
+        let a = OutMessage::new("0").encode("FIX.4.4");
+        let mut m = OutMessage::new("D");
+        m.push(11, "order-1").push(55, "SBER");
+        let b = m.encode("FIX.4.4");
+        let first = decode(&a, None, 1024).expect("valid");
+        let capacity = first.fields.capacity();
+        let recycled = recycle_fields(first.fields);
+        assert!(recycled.is_empty());
+        assert_eq!(recycled.capacity(), capacity);
+        let second = decode_reusing(&b, None, 1024, recycled).expect("valid");
+        assert_eq!(second.fields, decode(&b, None, 1024).expect("valid").fields);
     }
 
     #[test]

@@ -220,6 +220,9 @@ pub struct Session {
     inbound: FrameBuffer,
     /// The frame being processed, kept to reuse its allocation.
     frame: Vec<u8>,
+    /// The field table and structure of the last message, kept to reuse their allocations.
+    spare_fields: Vec<codec::Field<'static>>,
+    spare_structure: Structure,
     state: ConnectionState,
     actions: VecDeque<Action>,
     /// Human-readable session events, for the driver to log (bounded).
@@ -248,6 +251,8 @@ impl Session {
             store,
             inbound,
             frame: Vec::new(),
+            spare_fields: Vec::new(),
+            spare_structure: Structure::default(),
             state: ConnectionState::default(),
             actions: VecDeque::new(),
             events: VecDeque::new(),
@@ -451,8 +456,15 @@ impl Session {
 
     fn next_message(&mut self, now_ms: UnixMs, frame: &[u8], app: &mut dyn Application) {
         let dictionary = Arc::clone(&self.dictionary);
-        let raw = match codec::decode(frame, Some(&dictionary), self.config.message_size_max_bytes)
-        {
+        // The field table and the structure are the previous message's, emptied: no
+        // allocation per message.
+        let fields = codec::recycle_fields(std::mem::take(&mut self.spare_fields));
+        let raw = match codec::decode_reusing(
+            frame,
+            Some(&dictionary),
+            self.config.message_size_max_bytes,
+            fields,
+        ) {
             Ok(raw) => raw,
             Err(e) => {
                 self.event(format!("Dropped invalid message: {e}"));
@@ -462,19 +474,29 @@ impl Session {
                 return;
             }
         };
-        let structure = match dictionary.structure(&raw) {
-            Ok(structure) => structure,
-            Err(reject) => {
-                self.generate_reject(now_ms, &raw, reject, app);
-                return;
-            }
-        };
+        let mut structure = std::mem::take(&mut self.spare_structure);
+        match dictionary.structure_into(&raw, &mut structure) {
+            Ok(()) => self.next_structured(now_ms, &raw, &structure, &dictionary, app),
+            Err(reject) => self.generate_reject(now_ms, &raw, reject, app),
+        }
+        self.spare_structure = structure;
+        self.spare_fields = codec::recycle_fields(raw.fields);
+    }
+
+    fn next_structured(
+        &mut self,
+        now_ms: UnixMs,
+        raw: &RawMessage<'_>,
+        structure: &Structure,
+        dictionary: &Dictionary,
+        app: &mut dyn Application,
+    ) {
         let msg_type = raw.msg_type();
         if raw.begin_string() != self.config.begin_string.as_bytes() {
             if !self.state.received_logon {
                 self.disconnect("Incorrect BeginString before logon", app);
             } else if msg_type == b"5" {
-                self.next_logout(now_ms, &raw, &structure, app);
+                self.next_logout(now_ms, raw, structure, app);
             } else {
                 let text = format!(
                     "Incorrect BeginString ({})",
@@ -485,14 +507,14 @@ impl Session {
             }
             return;
         }
-        if let Err(reject) = dictionary.validate(&raw, &structure) {
-            self.generate_reject(now_ms, &raw, reject, app);
+        if let Err(reject) = dictionary.validate(raw, structure) {
+            self.generate_reject(now_ms, raw, reject, app);
             return;
         }
         let inbound = Inbound {
-            raw: &raw,
-            structure: &structure,
-            dictionary: &dictionary,
+            raw,
+            structure,
+            dictionary,
         };
         match msg_type {
             b"A" => self.next_logon(now_ms, &inbound, app),
@@ -523,7 +545,7 @@ impl Session {
                 }
             }
             b"4" => self.next_sequence_reset(now_ms, &inbound, app),
-            b"5" => self.next_logout(now_ms, &raw, &structure, app),
+            b"5" => self.next_logout(now_ms, raw, structure, app),
             b"2" => self.next_resend_request(now_ms, &inbound, app),
             _ => {
                 if !self.verify(now_ms, &inbound, true, true, app) {
@@ -541,7 +563,7 @@ impl Session {
                 }
                 match outcome {
                     Ok(()) => self.incr_target(),
-                    Err(reason) => self.generate_business_reject(now_ms, &raw, reason),
+                    Err(reason) => self.generate_business_reject(now_ms, raw, reason),
                 }
             }
         }
