@@ -13,7 +13,8 @@ use std::hash::{BuildHasher, Hasher};
 
 /// The hash of the dictionary's tables: cheap, unkeyed. The tables are filled from the
 /// dictionary file only and merely looked up with what a peer sends, so a peer cannot flood
-/// them; SipHash was a fifth of the cost of validating a message.
+/// them; SipHash was a fifth of the cost of validating a message. The gateway's router hashes
+/// its instrument tables (filled from configuration, looked up per order) with it too.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DictHash;
 
@@ -52,6 +53,10 @@ impl Hasher for DictHasher {
     }
     #[inline]
     fn write_u8(&mut self, v: u8) {
+        self.add(u64::from(v));
+    }
+    #[inline]
+    fn write_u32(&mut self, v: u32) {
         self.add(u64::from(v));
     }
     #[inline]

@@ -29,6 +29,7 @@ use bourse_core::link::{CoreLink, CoreOutput, RequestKey, SubmitError};
 use bourse_core::*;
 use bourse_monitor::rate::TokenBucket as Throttle;
 use bourse_monitor::{Stage, StageRecorder, Trace};
+use bourse_fix::dictionary::DictHash;
 use std::collections::{HashMap, VecDeque};
 
 /// A client's order id as it appears on its protocol.
@@ -300,8 +301,12 @@ const TRACES_IN_FLIGHT_MAX: usize = 4_096;
 pub struct Router {
     sessions: Vec<SessionMeta>,
     instruments: Vec<InstrumentInfo>,
-    by_symbol: HashMap<String, usize>,
-    by_id: HashMap<InstrumentId, usize>,
+    /// Instruments by symbol and by id, looked up for every order and report: hashed with the
+    /// FIX dictionary's cheap unkeyed hash, since only the configuration and the cores'
+    /// streams fill them (a peer only looks up), where SipHash cost a few hundred
+    /// instructions a request.
+    by_symbol: HashMap<String, usize, DictHash>,
+    by_id: HashMap<InstrumentId, usize, DictHash>,
     /// Instruments learned from the cores' streams (saved in the state; see `orders`).
     learned: Vec<SavedInstrument>,
     drop_copies: HashMap<FirmId, Vec<SessionRef>>,
