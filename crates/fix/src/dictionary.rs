@@ -56,6 +56,10 @@ impl Hasher for DictHasher {
         self.add(u64::from(v));
     }
     #[inline]
+    fn write_u64(&mut self, v: u64) {
+        self.add(v);
+    }
+    #[inline]
     fn write_u32(&mut self, v: u32) {
         self.add(u64::from(v));
     }
