@@ -5,16 +5,15 @@
 use std::sync::Arc;
 
 use bourse_fix::codec::{
-    decode, decode_reusing, recycle_fields, FrameBuffer, OutMessage,
-    MESSAGE_SIZE_MAX_BYTES_DEFAULT,
+    decode, decode_reusing, recycle_fields, FrameBuffer, OutMessage, MESSAGE_SIZE_MAX_BYTES_DEFAULT,
 };
-use bourse_fix::Structure;
 use bourse_fix::session::{Application, Inbound, Role, Session, SessionConfig};
 use bourse_fix::store::MemoryStore;
 use bourse_fix::tags::{self, BusinessRejectReason, Tag};
 use bourse_fix::testing::small_dictionary;
 use bourse_fix::time::format_utc_timestamp_ms;
 use bourse_fix::Dictionary;
+use bourse_fix::Structure;
 use proptest::prelude::*;
 
 const NOW_MS: i64 = 1_700_000_000_000;
@@ -59,7 +58,10 @@ fn exercise_decoder(dictionary: &Dictionary, bytes: &[u8], chunk: usize) {
                     if let Ok(raw) = fresh {
                         let structure = dictionary.structure(&raw);
                         let structured = dictionary.structure_into(&raw, &mut spare_structure);
-                        assert_eq!(structure.as_ref().map(|_| ()).map_err(Clone::clone), structured);
+                        assert_eq!(
+                            structure.as_ref().map(|_| ()).map_err(Clone::clone),
+                            structured
+                        );
                         if let Ok(structure) = structure {
                             assert_eq!(structure, spare_structure);
                             let _ = dictionary.validate(&raw, &structure);

@@ -287,10 +287,9 @@ impl FixApp<'_> {
             CancelRejectTo::Cancel
         };
         let f = OrderFields::of(&m.raw.fields);
-        let (Some(client), Some(orig)) = (
-            client_id_of(f.cl_ord_id),
-            client_id_of(f.orig_cl_ord_id),
-        ) else {
+        let (Some(client), Some(orig)) =
+            (client_id_of(f.cl_ord_id), client_id_of(f.orig_cl_ord_id))
+        else {
             return self.business_reject(
                 m,
                 None,

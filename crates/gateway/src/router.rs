@@ -27,9 +27,9 @@ pub use orders::{RouterState, SavedInstrument, SavedOrder, FINISHED_ORDERS_KEPT}
 use crate::config::{GatewayConfig, Limits};
 use bourse_core::link::{CoreLink, CoreOutput, RequestKey, SubmitError};
 use bourse_core::*;
+use bourse_fix::dictionary::DictHash;
 use bourse_monitor::rate::TokenBucket as Throttle;
 use bourse_monitor::{Stage, StageRecorder, Trace};
-use bourse_fix::dictionary::DictHash;
 use std::collections::{HashMap, VecDeque};
 
 /// A client's order id as it appears on its protocol.
