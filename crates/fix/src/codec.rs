@@ -8,6 +8,7 @@
 
 use crate::dictionary::Dictionary;
 use crate::tags::{self, Tag};
+use crate::time::{UnixMs, UtcTimestamp};
 
 /// The FIX field separator.
 pub const SOH: u8 = 0x01;
@@ -262,13 +263,29 @@ pub fn decode<'a>(
     dictionary: Option<&Dictionary>,
     message_size_max_bytes: usize,
 ) -> Result<RawMessage<'a>, DecodeError> {
+    decode_reusing(
+        frame,
+        dictionary,
+        message_size_max_bytes,
+        Vec::with_capacity(32),
+    )
+}
+
+/// As [`decode`], with the field table built in `fields` (emptied first), whose allocation
+/// a caller keeps from one message to the next with [`recycle_fields`].
+pub fn decode_reusing<'a>(
+    frame: &'a [u8],
+    dictionary: Option<&Dictionary>,
+    message_size_max_bytes: usize,
+    mut fields: Vec<Field<'a>>,
+) -> Result<RawMessage<'a>, DecodeError> {
     if frame.len() > message_size_max_bytes {
         return Err(DecodeError::TooLarge {
             size_bytes: frame.len(),
             size_max_bytes: message_size_max_bytes,
         });
     }
-    let mut fields: Vec<Field<'a>> = Vec::with_capacity(32);
+    fields.clear();
     // Byte offsets of the start of the field after BodyLength and of CheckSum.
     let mut body_start: Option<usize> = None;
     let mut checksum_start: Option<usize> = None;
@@ -340,6 +357,21 @@ pub fn decode<'a>(
         });
     }
     Ok(RawMessage { frame, fields })
+}
+
+/// An empty field table for a message of any lifetime, made from the allocation of one
+/// whose message is done with: the table a session decodes every message into, without
+/// allocating one per message. (Collecting an empty iterator of a vector into a vector of a
+/// type of the same size reuses the vector's allocation; no field survives.)
+pub fn recycle_fields<'b>(mut fields: Vec<Field<'_>>) -> Vec<Field<'b>> {
+    fields.clear();
+    fields
+        .into_iter()
+        .map(|f| Field {
+            tag: f.tag,
+            value: &[],
+        })
+        .collect()
 }
 
 /// Finds MsgType in a frame that may not decode, the way QuickFIX's
@@ -741,14 +773,80 @@ impl OutMessage {
     /// Appends the encoded message to `out`: the body length is summed first so
     /// that everything is written once, in place; the body is copied in one piece.
     pub fn encode_into(&self, begin_string: &str, out: &mut Vec<u8>) {
+        self.encode_merged_into(begin_string, &[], out);
+    }
+
+    /// Appends the message encoded as the session sends it: the header fields of `session`
+    /// (MsgSeqNum, SenderCompID, SendingTime, TargetCompID) written in their place among
+    /// the message's own header fields, each replacing a field of the same tag, exactly as
+    /// setting them with [`OutMessage::set_header`] and then encoding would. The message is
+    /// not changed, so a caller can keep one and reuse it for the next message.
+    pub fn encode_with_session_into(
+        &self,
+        begin_string: &str,
+        session: &SessionHeader<'_>,
+        out: &mut Vec<u8>,
+    ) {
+        let mut seq_digits = [0u8; 20];
+        let seq = digits_u64(session.msg_seq_num, &mut seq_digits);
+        let time_fixed;
+        let time_text;
+        let sending_time: &[u8] = match UtcTimestamp(session.sending_time_ms).fixed_width() {
+            Some(b) => {
+                time_fixed = b;
+                &time_fixed
+            }
+            None => {
+                time_text = UtcTimestamp(session.sending_time_ms).to_string();
+                time_text.as_bytes()
+            }
+        };
+        // In ascending tag order, as the merge below requires.
+        let fields: [(Tag, &[u8]); 4] = [
+            (tags::MSG_SEQ_NUM, seq),
+            (tags::SENDER_COMP_ID, session.sender_comp_id),
+            (tags::SENDING_TIME, sending_time),
+            (tags::TARGET_COMP_ID, session.target_comp_id),
+        ];
+        self.encode_merged_into(begin_string, &fields, out);
+    }
+
+    /// Calls `f` for every header field in ascending tag order: the message's own, merged
+    /// with `extra` (sorted by tag), whose value wins where both have a tag.
+    fn for_each_header(&self, extra: &[(Tag, &[u8])], mut f: impl FnMut(Tag, &[u8])) {
+        let mut own = self.header.iter().peekable();
+        let mut extra = extra.iter().peekable();
+        loop {
+            match (own.peek(), extra.peek()) {
+                (Some(o), Some(x)) if o.0 < x.0 => {
+                    f(o.0, &self.header_values[o.1 as usize..o.2 as usize]);
+                    own.next();
+                }
+                (Some(o), Some(x)) if o.0 == x.0 => {
+                    f(x.0, x.1);
+                    own.next();
+                    extra.next();
+                }
+                (_, Some(x)) => {
+                    f(x.0, x.1);
+                    extra.next();
+                }
+                (Some(o), None) => {
+                    f(o.0, &self.header_values[o.1 as usize..o.2 as usize]);
+                    own.next();
+                }
+                (None, None) => break,
+            }
+        }
+    }
+
+    /// The one encoder: the body length is summed first so that everything is written once,
+    /// in place; the body is copied in one piece.
+    fn encode_merged_into(&self, begin_string: &str, extra: &[(Tag, &[u8])], out: &mut Vec<u8>) {
+        debug_assert!(extra.windows(2).all(|w| w[0].0 < w[1].0));
         let field_len = |tag: Tag, value_len: usize| tag_digits(tag) + value_len + 2;
-        let body_len = field_len(tags::MSG_TYPE, self.msg_type.len())
-            + self
-                .header
-                .iter()
-                .map(|f| field_len(f.0, (f.2 - f.1) as usize))
-                .sum::<usize>()
-            + self.body_text.len();
+        let mut body_len = field_len(tags::MSG_TYPE, self.msg_type.len()) + self.body_text.len();
+        self.for_each_header(extra, |tag, value| body_len += field_len(tag, value.len()));
         let begin = out.len();
         out.reserve(body_len + begin_string.len() + 24);
         write_field(out, tags::BEGIN_STRING, begin_string.as_bytes());
@@ -757,9 +855,7 @@ impl OutMessage {
         write_u64(out, body_len as u64);
         out.push(SOH);
         write_field(out, tags::MSG_TYPE, self.msg_type.as_bytes());
-        for f in &self.header {
-            write_field(out, f.0, &self.header_values[f.1 as usize..f.2 as usize]);
-        }
+        self.for_each_header(extra, |tag, value| write_field(out, tag, value));
         out.extend_from_slice(&self.body_text);
         let sum = checksum(&out[begin..]);
         out.extend_from_slice(&[
@@ -772,6 +868,41 @@ impl OutMessage {
             SOH,
         ]);
     }
+
+    /// Empties the message for reuse as a message of `msg_type`, keeping its buffers.
+    pub fn reset(&mut self, msg_type: &str) -> &mut Self {
+        self.msg_type.clear();
+        self.msg_type.push_str(msg_type);
+        self.header.clear();
+        self.header_values.clear();
+        self.body.clear();
+        self.body_text.clear();
+        self
+    }
+}
+
+/// The header fields a session writes on every message it sends, for
+/// [`OutMessage::encode_with_session_into`].
+#[derive(Clone, Copy, Debug)]
+pub struct SessionHeader<'a> {
+    pub sender_comp_id: &'a [u8],
+    pub target_comp_id: &'a [u8],
+    pub msg_seq_num: u64,
+    pub sending_time_ms: UnixMs,
+}
+
+/// The decimal digits of `v`, written at the end of `buf`.
+fn digits_u64(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    &buf[i..]
 }
 
 fn write_display(out: &mut Vec<u8>, value: &dyn std::fmt::Display) {
@@ -799,6 +930,24 @@ pub fn write_u64(out: &mut Vec<u8>, v: u64) {
     }
     if v < 100 {
         out.extend_from_slice(&[b'0' + (v / 10) as u8, b'0' + (v % 10) as u8]);
+        return;
+    }
+    // Three and four digits: every tag of an execution report but the two-digit ones.
+    if v < 1000 {
+        out.extend_from_slice(&[
+            b'0' + (v / 100) as u8,
+            b'0' + (v / 10 % 10) as u8,
+            b'0' + (v % 10) as u8,
+        ]);
+        return;
+    }
+    if v < 10_000 {
+        out.extend_from_slice(&[
+            b'0' + (v / 1000) as u8,
+            b'0' + (v / 100 % 10) as u8,
+            b'0' + (v / 10 % 10) as u8,
+            b'0' + (v % 10) as u8,
+        ]);
         return;
     }
     let mut digits = [0u8; 20];
@@ -880,7 +1029,7 @@ mod tests {
 
         /// Numbers written by hand read back as the standard formatting writes them.
         #[test]
-        fn written_integers_equal_the_formatted_ones(v in proptest::num::i128::ANY, small in 0u64..1000) {
+        fn written_integers_equal_the_formatted_ones(v in proptest::num::i128::ANY, small in 0u64..100_000) {
             let mut out = Vec::new();
             write_i128(&mut out, v);
             proptest::prop_assert_eq!(out, v.to_string().into_bytes());
@@ -936,6 +1085,86 @@ mod tests {
             proptest::prop_assert!(m.body_fields().all(|(t, _)| t != drop_tag));
             proptest::prop_assert_eq!(m.encode("FIX.4.4"), encode_field_by_field(&m, "FIX.4.4"));
         }
+    }
+
+    proptest::proptest! {
+        /// Encoding with the session's header fields given apart equals setting them on the
+        /// message and encoding, whatever header fields the message already has (the same
+        /// tags among them), and leaves the message as it was.
+        #[test]
+        fn encoding_with_the_session_header_equals_setting_it(
+            header in proptest::collection::vec((proptest::prop_oneof![
+                proptest::strategy::Just(34), proptest::strategy::Just(43),
+                proptest::strategy::Just(49), proptest::strategy::Just(52),
+                proptest::strategy::Just(56), proptest::strategy::Just(97),
+                proptest::strategy::Just(122), proptest::strategy::Just(50)],
+                proptest::collection::vec(0x20u8..0x7f, 0..12)), 0..6),
+            body in proptest::collection::vec((1..20_000i32, proptest::collection::vec(0x20u8..0x7f, 0..12)), 0..8),
+            seq in proptest::num::u64::ANY,
+            sending_time_ms in proptest::prop_oneof![
+                0i64..4_000_000_000_000, -1_000_000_000_000_000i64..1_000_000_000_000_000],
+        ) {
+            let mut m = OutMessage::new("8");
+            for (t, v) in &header {
+                m.set_header(*t, v);
+            }
+            for (t, v) in &body {
+                m.push(*t, v);
+            }
+            let before = m.clone();
+            let session = SessionHeader {
+                sender_comp_id: b"BOURSE",
+                target_comp_id: b"CLIENT",
+                msg_seq_num: seq,
+                sending_time_ms,
+            };
+            let mut out = b"left alone".to_vec();
+            m.encode_with_session_into("FIX.4.4", &session, &mut out);
+            proptest::prop_assert_eq!(&m, &before);
+            let mut set = m.clone();
+            set.set_header(tags::SENDER_COMP_ID, "BOURSE");
+            set.set_header(tags::TARGET_COMP_ID, "CLIENT");
+            set.set_header_u64(tags::MSG_SEQ_NUM, seq);
+            set.set_header_display(tags::SENDING_TIME, &UtcTimestamp(sending_time_ms));
+            let mut expected = b"left alone".to_vec();
+            expected.extend_from_slice(&set.encode("FIX.4.4"));
+            proptest::prop_assert_eq!(out, expected);
+        }
+
+        /// A reset message encodes as a new one built the same way.
+        #[test]
+        fn a_reset_message_encodes_as_a_new_one(
+            first in proptest::collection::vec((1..20_000i32, proptest::collection::vec(0x20u8..0x7f, 0..12)), 0..8),
+            second in proptest::collection::vec((1..20_000i32, proptest::collection::vec(0x20u8..0x7f, 0..12)), 0..8),
+        ) {
+            let mut reused = OutMessage::new("D");
+            reused.set_header(tags::POSS_DUP_FLAG, "Y");
+            for (t, v) in &first {
+                reused.push(*t, v);
+            }
+            reused.reset("8");
+            let mut fresh = OutMessage::new("8");
+            for (t, v) in &second {
+                reused.push(*t, v);
+                fresh.push(*t, v);
+            }
+            proptest::prop_assert_eq!(reused.encode("FIX.4.4"), fresh.encode("FIX.4.4"));
+        }
+    }
+
+    #[test]
+    fn a_recycled_field_table_keeps_its_allocation_and_decodes_as_a_new_one() {
+        let a = OutMessage::new("0").encode("FIX.4.4");
+        let mut m = OutMessage::new("D");
+        m.push(11, "order-1").push(55, "SBER");
+        let b = m.encode("FIX.4.4");
+        let first = decode(&a, None, 1024).expect("valid");
+        let capacity = first.fields.capacity();
+        let recycled = recycle_fields(first.fields);
+        assert!(recycled.is_empty());
+        assert_eq!(recycled.capacity(), capacity);
+        let second = decode_reusing(&b, None, 1024, recycled).expect("valid");
+        assert_eq!(second.fields, decode(&b, None, 1024).expect("valid").fields);
     }
 
     #[test]

@@ -13,7 +13,8 @@ use std::hash::{BuildHasher, Hasher};
 
 /// The hash of the dictionary's tables: cheap, unkeyed. The tables are filled from the
 /// dictionary file only and merely looked up with what a peer sends, so a peer cannot flood
-/// them; SipHash was a fifth of the cost of validating a message.
+/// them; SipHash was a fifth of the cost of validating a message. The gateway's router hashes
+/// its instrument tables (filled from configuration, looked up per order) with it too.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DictHash;
 
@@ -52,6 +53,14 @@ impl Hasher for DictHasher {
     }
     #[inline]
     fn write_u8(&mut self, v: u8) {
+        self.add(u64::from(v));
+    }
+    #[inline]
+    fn write_u64(&mut self, v: u64) {
+        self.add(v);
+    }
+    #[inline]
+    fn write_u32(&mut self, v: u32) {
         self.add(u64::from(v));
     }
     #[inline]
@@ -447,24 +456,24 @@ impl Dictionary {
     /// [`Dictionary::validate`]). A group entry that does not start with the
     /// group's delimiter is rejected here, as the message cannot be read on.
     pub fn structure(&self, raw: &RawMessage<'_>) -> Result<Structure, Reject> {
+        let mut st = Structure::default();
+        self.structure_into(raw, &mut st)?;
+        Ok(st)
+    }
+
+    /// As [`Dictionary::structure`], into `st` (emptied first), whose allocations a caller
+    /// keeps from one message to the next.
+    pub fn structure_into(&self, raw: &RawMessage<'_>, st: &mut Structure) -> Result<(), Reject> {
         let msg_spec = self.message(raw.msg_type());
         let n = raw.fields.len();
+        st.header.clear();
+        st.body.clear();
+        st.trailer.clear();
+        st.out_of_order_tag = None;
         // Sized once for the worst case: growing them field by field cost more than the rest.
-        let mut st = Structure {
-            header: FieldMap {
-                fields: Vec::with_capacity(n),
-                groups: Vec::new(),
-            },
-            body: FieldMap {
-                fields: Vec::with_capacity(n),
-                groups: Vec::new(),
-            },
-            trailer: FieldMap {
-                fields: Vec::with_capacity(1),
-                groups: Vec::new(),
-            },
-            out_of_order_tag: None,
-        };
+        st.header.fields.reserve(n);
+        st.body.fields.reserve(n);
+        st.trailer.fields.reserve(1);
         let mut expecting_header = true;
         let mut expecting_body = true;
         let mut i = 0;
@@ -496,7 +505,7 @@ impl Dictionary {
                 }
             }
         }
-        Ok(st)
+        Ok(())
     }
 
     /// Checks a structured message against the dictionary: field order,
@@ -926,15 +935,23 @@ impl Loader<'_, '_, '_> {
 
 /// Indices into a [`RawMessage`]'s fields making up one field map (header,
 /// body, trailer or a group entry), with the groups it contains.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FieldMap {
     /// Indices of this map's own fields, group count fields included, in wire order.
     pub fields: Vec<usize>,
     pub groups: Vec<GroupInstance>,
 }
 
+impl FieldMap {
+    /// Empties the map, keeping its allocations.
+    pub fn clear(&mut self) {
+        self.fields.clear();
+        self.groups.clear();
+    }
+}
+
 /// One occurrence of a repeating group: its count field and its entries.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GroupInstance {
     pub count_tag: Tag,
     /// Index of the NumInGroup field in the raw message.
@@ -943,7 +960,7 @@ pub struct GroupInstance {
 }
 
 /// A message's fields sorted into header, body and trailer.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Structure {
     pub header: FieldMap,
     pub body: FieldMap,

@@ -36,7 +36,9 @@ pub mod testing;
 pub mod time;
 
 pub use acceptor::{run_acceptor, spawn_acceptor, AcceptorConfig, AcceptorHandle};
-pub use codec::{decode, DecodeError, Field, FrameBuffer, FrameError, OutMessage, RawMessage};
+pub use codec::{
+    decode, DecodeError, Field, FrameBuffer, FrameError, OutMessage, RawMessage, SessionHeader,
+};
 pub use dictionary::{Dictionary, DictionaryError, Reject, Structure, ValidationOptions};
 pub use echo::{EchoApplication, OwnedMessage, QueueingApplication, RejectingApplication};
 pub use session::{Action, Application, Inbound, Role, SendError, Session, SessionConfig};

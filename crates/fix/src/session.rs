@@ -220,6 +220,9 @@ pub struct Session {
     inbound: FrameBuffer,
     /// The frame being processed, kept to reuse its allocation.
     frame: Vec<u8>,
+    /// The field table and structure of the last message, kept to reuse their allocations.
+    spare_fields: Vec<codec::Field<'static>>,
+    spare_structure: Structure,
     state: ConnectionState,
     actions: VecDeque<Action>,
     /// Human-readable session events, for the driver to log (bounded).
@@ -248,6 +251,8 @@ impl Session {
             store,
             inbound,
             frame: Vec::new(),
+            spare_fields: Vec::new(),
+            spare_structure: Structure::default(),
             state: ConnectionState::default(),
             actions: VecDeque::new(),
             events: VecDeque::new(),
@@ -396,6 +401,13 @@ impl Session {
     /// Sends an application message: fills in the header, stores it for
     /// resending and queues the bytes. Returns the sequence number used.
     pub fn send_app(&mut self, now_ms: UnixMs, message: OutMessage) -> Result<u64, SendError> {
+        self.send_app_ref(now_ms, &message)
+    }
+
+    /// As [`Session::send_app`], but the message is only read: a driver that renders every
+    /// report into the same [`OutMessage`] (see [`OutMessage::reset`]) allocates none per
+    /// message.
+    pub fn send_app_ref(&mut self, now_ms: UnixMs, message: &OutMessage) -> Result<u64, SendError> {
         if tags::is_admin_msg_type(message.msg_type.as_bytes()) {
             return Err(SendError::AdminMsgType);
         }
@@ -444,8 +456,15 @@ impl Session {
 
     fn next_message(&mut self, now_ms: UnixMs, frame: &[u8], app: &mut dyn Application) {
         let dictionary = Arc::clone(&self.dictionary);
-        let raw = match codec::decode(frame, Some(&dictionary), self.config.message_size_max_bytes)
-        {
+        // The field table and the structure are the previous message's, emptied: no
+        // allocation per message.
+        let fields = codec::recycle_fields(std::mem::take(&mut self.spare_fields));
+        let raw = match codec::decode_reusing(
+            frame,
+            Some(&dictionary),
+            self.config.message_size_max_bytes,
+            fields,
+        ) {
             Ok(raw) => raw,
             Err(e) => {
                 self.event(format!("Dropped invalid message: {e}"));
@@ -455,19 +474,29 @@ impl Session {
                 return;
             }
         };
-        let structure = match dictionary.structure(&raw) {
-            Ok(structure) => structure,
-            Err(reject) => {
-                self.generate_reject(now_ms, &raw, reject, app);
-                return;
-            }
-        };
+        let mut structure = std::mem::take(&mut self.spare_structure);
+        match dictionary.structure_into(&raw, &mut structure) {
+            Ok(()) => self.next_structured(now_ms, &raw, &structure, &dictionary, app),
+            Err(reject) => self.generate_reject(now_ms, &raw, reject, app),
+        }
+        self.spare_structure = structure;
+        self.spare_fields = codec::recycle_fields(raw.fields);
+    }
+
+    fn next_structured(
+        &mut self,
+        now_ms: UnixMs,
+        raw: &RawMessage<'_>,
+        structure: &Structure,
+        dictionary: &Dictionary,
+        app: &mut dyn Application,
+    ) {
         let msg_type = raw.msg_type();
         if raw.begin_string() != self.config.begin_string.as_bytes() {
             if !self.state.received_logon {
                 self.disconnect("Incorrect BeginString before logon", app);
             } else if msg_type == b"5" {
-                self.next_logout(now_ms, &raw, &structure, app);
+                self.next_logout(now_ms, raw, structure, app);
             } else {
                 let text = format!(
                     "Incorrect BeginString ({})",
@@ -478,14 +507,14 @@ impl Session {
             }
             return;
         }
-        if let Err(reject) = dictionary.validate(&raw, &structure) {
-            self.generate_reject(now_ms, &raw, reject, app);
+        if let Err(reject) = dictionary.validate(raw, structure) {
+            self.generate_reject(now_ms, raw, reject, app);
             return;
         }
         let inbound = Inbound {
-            raw: &raw,
-            structure: &structure,
-            dictionary: &dictionary,
+            raw,
+            structure,
+            dictionary,
         };
         match msg_type {
             b"A" => self.next_logon(now_ms, &inbound, app),
@@ -516,7 +545,7 @@ impl Session {
                 }
             }
             b"4" => self.next_sequence_reset(now_ms, &inbound, app),
-            b"5" => self.next_logout(now_ms, &raw, &structure, app),
+            b"5" => self.next_logout(now_ms, raw, structure, app),
             b"2" => self.next_resend_request(now_ms, &inbound, app),
             _ => {
                 if !self.verify(now_ms, &inbound, true, true, app) {
@@ -534,7 +563,7 @@ impl Session {
                 }
                 match outcome {
                     Ok(()) => self.incr_target(),
-                    Err(reason) => self.generate_business_reject(now_ms, &raw, reason),
+                    Err(reason) => self.generate_business_reject(now_ms, raw, reason),
                 }
             }
         }
@@ -964,23 +993,26 @@ impl Session {
 
     // ---- outbound ------------------------------------------------------------
 
-    fn fill_and_encode(&self, now_ms: UnixMs, mut m: OutMessage, seq: u64) -> Vec<u8> {
-        m.set_header(tags::SENDER_COMP_ID, &self.config.sender_comp_id);
-        m.set_header(tags::TARGET_COMP_ID, &self.config.target_comp_id);
-        m.set_header_u64(tags::MSG_SEQ_NUM, seq);
-        m.set_header_with(tags::SENDING_TIME, |out| {
-            time::UtcTimestamp(now_ms).write_to(out)
-        });
-        m.encode(&self.config.begin_string)
+    /// The message as sent with sequence number `seq`: the session's header fields are
+    /// written by the encoder, not set on the message, which stays as it was.
+    fn fill_and_encode(&self, now_ms: UnixMs, m: &OutMessage, seq: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        let header = codec::SessionHeader {
+            sender_comp_id: self.config.sender_comp_id.as_bytes(),
+            target_comp_id: self.config.target_comp_id.as_bytes(),
+            msg_seq_num: seq,
+            sending_time_ms: now_ms,
+        };
+        m.encode_with_session_into(&self.config.begin_string, &header, &mut out);
+        out
     }
 
     /// Fills the header, stores and counts the message unless `seq_override`
     /// is given (gap fills reuse old numbers), and queues it for sending if
     /// the session state allows.
     fn send_raw(&mut self, now_ms: UnixMs, m: OutMessage, seq_override: Option<u64>) {
-        let kind = m.msg_type.clone();
         let seq = seq_override.unwrap_or_else(|| self.store.next_sender_seq_num());
-        let bytes = self.fill_and_encode(now_ms, m, seq);
+        let bytes = self.fill_and_encode(now_ms, &m, seq);
         if seq_override.is_none() {
             let stored = self
                 .store
@@ -995,7 +1027,7 @@ impl Session {
                 return;
             }
         }
-        let allowed = match kind.as_str() {
+        let allowed = match m.msg_type.as_str() {
             "A" | "5" | "2" | "4" => true,
             _ => self.is_logged_on(),
         };
@@ -1393,7 +1425,7 @@ mod tests {
         let mut rr = OutMessage::new("2");
         rr.push(tags::BEGIN_SEQ_NO, "1").push(tags::END_SEQ_NO, "0");
         let seq = init.next_sender_seq_num();
-        let bytes = init.fill_and_encode(T0 + 30_000, rr, seq);
+        let bytes = init.fill_and_encode(T0 + 30_000, &rr, seq);
         init.store.set_next_sender_seq_num(seq + 1).expect("store");
         acc.on_bytes(T0 + 30_000, &bytes, &mut acc_app);
         let out = sent(&mut acc);

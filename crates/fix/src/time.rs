@@ -66,7 +66,7 @@ pub struct UtcTimestamp(pub UnixMs);
 
 impl UtcTimestamp {
     /// The text as 21 bytes, for years 0 to 9999 (the only ones FIX can carry in four digits).
-    fn fixed_width(self) -> Option<[u8; 21]> {
+    pub(crate) fn fixed_width(self) -> Option<[u8; 21]> {
         let unix_ms = self.0;
         let days = unix_ms.div_euclid(86_400_000);
         let ms_of_day = unix_ms.rem_euclid(86_400_000);

@@ -4,13 +4,16 @@
 
 use std::sync::Arc;
 
-use bourse_fix::codec::{decode, FrameBuffer, OutMessage, MESSAGE_SIZE_MAX_BYTES_DEFAULT};
+use bourse_fix::codec::{
+    decode, decode_reusing, recycle_fields, FrameBuffer, OutMessage, MESSAGE_SIZE_MAX_BYTES_DEFAULT,
+};
 use bourse_fix::session::{Application, Inbound, Role, Session, SessionConfig};
 use bourse_fix::store::MemoryStore;
 use bourse_fix::tags::{self, BusinessRejectReason, Tag};
 use bourse_fix::testing::small_dictionary;
 use bourse_fix::time::format_utc_timestamp_ms;
 use bourse_fix::Dictionary;
+use bourse_fix::Structure;
 use proptest::prelude::*;
 
 const NOW_MS: i64 = 1_700_000_000_000;
@@ -27,20 +30,45 @@ impl Application for Sink {
     }
 }
 
-/// Decodes, structures and validates whatever frames `bytes` holds.
+/// Decodes, structures and validates whatever frames `bytes` holds; decoding and structuring
+/// into the previous frame's field table and structure, as the session does, must give what
+/// fresh ones give.
 fn exercise_decoder(dictionary: &Dictionary, bytes: &[u8], chunk: usize) {
     let _ = decode(bytes, Some(dictionary), MESSAGE_SIZE_MAX_BYTES_DEFAULT);
     let _ = decode(bytes, None, MESSAGE_SIZE_MAX_BYTES_DEFAULT);
     let mut frames = FrameBuffer::new(4096);
+    let mut spare_fields = Vec::new();
+    let mut spare_structure = Structure::default();
     for piece in bytes.chunks(chunk.max(1)) {
         frames.push(piece);
         loop {
             match frames.next_frame() {
                 Ok(Some(frame)) => {
-                    if let Ok(raw) = decode(&frame, Some(dictionary), 4096) {
-                        if let Ok(structure) = dictionary.structure(&raw) {
+                    let fresh = decode(&frame, Some(dictionary), 4096);
+                    let reused = decode_reusing(
+                        &frame,
+                        Some(dictionary),
+                        4096,
+                        recycle_fields(std::mem::take(&mut spare_fields)),
+                    );
+                    assert_eq!(
+                        fresh.as_ref().map(|r| &r.fields),
+                        reused.as_ref().map(|r| &r.fields)
+                    );
+                    if let Ok(raw) = fresh {
+                        let structure = dictionary.structure(&raw);
+                        let structured = dictionary.structure_into(&raw, &mut spare_structure);
+                        assert_eq!(
+                            structure.as_ref().map(|_| ()).map_err(Clone::clone),
+                            structured
+                        );
+                        if let Ok(structure) = structure {
+                            assert_eq!(structure, spare_structure);
                             let _ = dictionary.validate(&raw, &structure);
                         }
+                    }
+                    if let Ok(raw) = reused {
+                        spare_fields = recycle_fields(raw.fields);
                     }
                 }
                 Ok(None) => break,

@@ -84,6 +84,8 @@ struct Gateway {
     exec_ids: u64,
     /// The ExecID buffer, reused as the gateway's event loop does.
     exec_id: String,
+    /// The message every report is rendered into, reused as the gateway's event loop does.
+    out_msg: OutMessage,
 }
 
 fn pump(from: &mut Session, to: &mut Vec<u8>) {
@@ -117,8 +119,8 @@ fn gateway_side(g: &mut Gateway, now_ms: u64, inbound: &[u8], out: &mut Vec<u8>)
         } else {
             g.exec_id.clear();
         }
-        let m = fix_front::render(&g.router, report, &g.exec_id);
-        let _ = g.session.send_app(now_ms as i64, m);
+        fix_front::render_into(&g.router, report, &g.exec_id, &mut g.out_msg);
+        let _ = g.session.send_app_ref(now_ms as i64, &g.out_msg);
     }
     while g.session.poll_event().is_some() {}
     pump(&mut g.session, out);
@@ -168,6 +170,7 @@ fn main() {
         router,
         exec_ids: 0,
         exec_id: String::new(),
+        out_msg: OutMessage::default(),
     };
     let mut csc = SessionConfig::new(
         "FIX.4.4",

@@ -79,8 +79,7 @@ fn text_of<'a>(m: &Inbound<'a>, t: bourse_fix::Tag) -> Option<&'a str> {
 }
 
 fn client_id(m: &Inbound<'_>, t: bourse_fix::Tag) -> Option<ClientId> {
-    let v = text_of(m, t)?;
-    (!v.is_empty() && v.len() <= CL_ORD_ID_BYTES_MAX).then(|| ClientId::Text(v.into()))
+    client_id_of(m.get(t))
 }
 
 fn side_of(v: Option<&[u8]>) -> Option<Side> {
@@ -92,7 +91,11 @@ fn side_of(v: Option<&[u8]>) -> Option<Side> {
 }
 
 fn account_of(m: &Inbound<'_>) -> Result<Option<AccountId>, ()> {
-    match m.get(tag::ACCOUNT) {
+    account_in(m.get(tag::ACCOUNT))
+}
+
+fn account_in(v: Option<&[u8]>) -> Result<Option<AccountId>, ()> {
+    match v {
         None => Ok(None),
         Some(v) => std::str::from_utf8(v)
             .ok()
@@ -112,6 +115,59 @@ fn without_symbol(i: &InstrumentInfo) -> InstrumentInfo {
         lot_size: i.lot_size,
         core: i.core,
     }
+}
+
+/// The fields of an order request the application reads, found in one scan of the message
+/// instead of one scan per tag: each the first occurrence of its tag, as `Inbound::get`
+/// finds it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct OrderFields<'a> {
+    account: Option<&'a [u8]>,
+    cl_ord_id: Option<&'a [u8]>,
+    order_id: Option<&'a [u8]>,
+    order_qty: Option<&'a [u8]>,
+    ord_type: Option<&'a [u8]>,
+    orig_cl_ord_id: Option<&'a [u8]>,
+    price: Option<&'a [u8]>,
+    side: Option<&'a [u8]>,
+    symbol: Option<&'a [u8]>,
+    time_in_force: Option<&'a [u8]>,
+    max_floor: Option<&'a [u8]>,
+    expire_time: Option<&'a [u8]>,
+}
+
+impl<'a> OrderFields<'a> {
+    fn of(fields: &[bourse_fix::Field<'a>]) -> Self {
+        let mut f = OrderFields::default();
+        for field in fields {
+            let slot = match field.tag {
+                tag::ACCOUNT => &mut f.account,
+                tag::CL_ORD_ID => &mut f.cl_ord_id,
+                tag::ORDER_ID => &mut f.order_id,
+                tag::ORDER_QTY => &mut f.order_qty,
+                tag::ORD_TYPE => &mut f.ord_type,
+                tag::ORIG_CL_ORD_ID => &mut f.orig_cl_ord_id,
+                tag::PRICE => &mut f.price,
+                tag::SIDE => &mut f.side,
+                tag::SYMBOL => &mut f.symbol,
+                tag::TIME_IN_FORCE => &mut f.time_in_force,
+                tag::MAX_FLOOR => &mut f.max_floor,
+                tag::EXPIRE_TIME => &mut f.expire_time,
+                _ => continue,
+            };
+            if slot.is_none() {
+                *slot = Some(field.value);
+            }
+        }
+        f
+    }
+}
+
+/// A ClOrdID (or OrigClOrdID) as the router keeps it: 1 to [`CL_ORD_ID_BYTES_MAX`] bytes of
+/// UTF-8.
+fn client_id_of(v: Option<&[u8]>) -> Option<ClientId> {
+    let v = std::str::from_utf8(v?).ok()?;
+    (!v.is_empty() && v.len() <= CL_ORD_ID_BYTES_MAX).then(|| ClientId::Text(v.into()))
 }
 
 impl FixApp<'_> {
@@ -135,16 +191,17 @@ impl FixApp<'_> {
     }
 
     fn new_order(&mut self, m: &Inbound<'_>) {
-        let Some(client) = client_id(m, tag::CL_ORD_ID) else {
+        let f = OrderFields::of(&m.raw.fields);
+        let Some(client) = client_id_of(f.cl_ord_id) else {
             return self.business_reject(m, None, "ClOrdID must have 1 to 64 bytes".into(), None);
         };
-        let side = side_of(m.get(tag::SIDE));
-        let ord_type = match m.get(tag::ORD_TYPE) {
+        let side = side_of(f.side);
+        let ord_type = match f.ord_type {
             Some(b"1") => Some(OrdType::Market),
             Some(b"2") => Some(OrdType::Limit),
             _ => None,
         };
-        let tif = match m.get(tag::TIME_IN_FORCE) {
+        let tif = match f.time_in_force {
             None | Some(b"0") => Some(TimeInForce::Day),
             Some(b"1") => Some(TimeInForce::Gtc),
             Some(b"3") => Some(TimeInForce::Ioc),
@@ -154,9 +211,9 @@ impl FixApp<'_> {
         };
         let instrument = self
             .router
-            .instrument_by_symbol(m.get(tag::SYMBOL).unwrap_or(b""))
+            .instrument_by_symbol(f.symbol.unwrap_or(b""))
             .map(without_symbol);
-        let account = account_of(m);
+        let account = account_in(f.account);
         let mut req = NewOrderRequest {
             client,
             account: account.ok().flatten(),
@@ -171,13 +228,13 @@ impl FixApp<'_> {
         };
         // A reject echoes what was sent, not what the gateway made of it.
         let echo = || {
-            let field = |t| m.get(t).map(Box::<[u8]>::from);
+            let field = |v: Option<&[u8]>| v.map(Box::<[u8]>::from);
             Some(Box::new(Echo {
-                symbol: field(tag::SYMBOL),
-                side: field(tag::SIDE),
-                ord_type: field(tag::ORD_TYPE),
-                order_qty: field(tag::ORDER_QTY),
-                price: field(tag::PRICE),
+                symbol: field(f.symbol),
+                side: field(f.side),
+                ord_type: field(f.ord_type),
+                order_qty: field(f.order_qty),
+                price: field(f.price),
             }))
         };
         let reject = |r: &mut Router, req: &NewOrderRequest, g: GatewayReject, ts| {
@@ -193,10 +250,10 @@ impl FixApp<'_> {
         if side.is_none() || ord_type.is_none() || tif.is_none() {
             return reject(self.router, &req, GatewayReject::UnsupportedValue, ts);
         }
-        if let Some(qty) = m.get(tag::ORDER_QTY).and_then(|v| parse_decimal(v, 0)) {
+        if let Some(qty) = f.order_qty.and_then(|v| parse_decimal(v, 0)) {
             req.qty_lots = instrument.lots(qty).unwrap_or(0);
         }
-        if let Some(p) = m.get(tag::PRICE) {
+        if let Some(p) = f.price {
             match parse_decimal(p, instrument.price_scale) {
                 Some(p) => req.price = Price(p),
                 None => return reject(self.router, &req, GatewayReject::InvalidPrice, ts),
@@ -205,16 +262,16 @@ impl FixApp<'_> {
         if req.qty_lots <= 0 {
             return reject(self.router, &req, GatewayReject::InvalidQty, ts);
         }
-        if req.ord_type == OrdType::Limit && m.get(tag::PRICE).is_none() {
+        if req.ord_type == OrdType::Limit && f.price.is_none() {
             return reject(self.router, &req, GatewayReject::InvalidPrice, ts);
         }
-        if let Some(v) = m.get(tag::MAX_FLOOR) {
+        if let Some(v) = f.max_floor {
             match parse_decimal(v, 0).and_then(|u| instrument.lots(u)) {
                 Some(l) => req.display_lots = l,
                 None => return reject(self.router, &req, GatewayReject::InvalidQty, ts),
             }
         }
-        if let Some(v) = m.get(tag::EXPIRE_TIME) {
+        if let Some(v) = f.expire_time {
             match bourse_fix::time::parse_utc_timestamp_ms(v) {
                 Some(ms) if ms > 0 => req.expire_ts_ns = (ms as u64).saturating_mul(1_000_000),
                 _ => return reject(self.router, &req, GatewayReject::InvalidField, ts),
@@ -229,10 +286,10 @@ impl FixApp<'_> {
         } else {
             CancelRejectTo::Cancel
         };
-        let (Some(client), Some(orig)) = (
-            client_id(m, tag::CL_ORD_ID),
-            client_id(m, tag::ORIG_CL_ORD_ID),
-        ) else {
+        let f = OrderFields::of(&m.raw.fields);
+        let (Some(client), Some(orig)) =
+            (client_id_of(f.cl_ord_id), client_id_of(f.orig_cl_ord_id))
+        else {
             return self.business_reject(
                 m,
                 None,
@@ -240,7 +297,9 @@ impl FixApp<'_> {
                 None,
             );
         };
-        let order_id = text_of(m, tag::ORDER_ID)
+        let order_id = f
+            .order_id
+            .and_then(|v| std::str::from_utf8(v).ok())
             .and_then(|s| s.parse::<u64>().ok())
             .map(OrderId);
         let ts = self.now_ns;
@@ -270,12 +329,12 @@ impl FixApp<'_> {
         }
         let Some(instrument) = self
             .router
-            .instrument_by_symbol(m.get(tag::SYMBOL).unwrap_or(b""))
+            .instrument_by_symbol(f.symbol.unwrap_or(b""))
             .map(without_symbol)
         else {
             return reject(self.router, GatewayReject::UnknownSymbol);
         };
-        let price = match m.get(tag::PRICE) {
+        let price = match f.price {
             None => None,
             Some(p) => match parse_decimal(p, instrument.price_scale) {
                 Some(p) => Some(Price(p)),
@@ -517,14 +576,14 @@ fn side_code(side: Side) -> &'static str {
     }
 }
 
-/// Renders the parts of an execution report every kind shares.
-pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage {
+/// Renders the parts of an execution report every kind shares into `m` (emptied first).
+pub fn render_exec_into(router: &Router, r: &ExecReport, exec_id: &str, m: &mut OutMessage) {
     let info = router.instrument(r.instrument);
     let scale = info.map_or(0, |i| i.price_scale);
     let lot = info.map_or(1, |i| i.lot_size);
     let symbol = info.map_or("?", |i| i.symbol.as_str());
     let units = |lots: i64| i128::from(lots) * i128::from(lot);
-    let mut m = OutMessage::new("8");
+    m.reset("8");
     match r.order_id {
         Some(o) => m.push_u64(tag::ORDER_ID, o.0),
         None => m.push(tag::ORDER_ID, "NONE"),
@@ -552,15 +611,15 @@ pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage
     };
     match &r.kind {
         ExecKind::Canceled { by: Some(by), .. } => {
-            push_client(&mut m, tag::CL_ORD_ID, by);
-            push_client(&mut m, tag::ORIG_CL_ORD_ID, &r.client);
+            push_client(m, tag::CL_ORD_ID, by);
+            push_client(m, tag::ORIG_CL_ORD_ID, &r.client);
         }
         ExecKind::Replaced { orig } => {
-            push_client(&mut m, tag::CL_ORD_ID, &r.client);
-            push_client(&mut m, tag::ORIG_CL_ORD_ID, orig);
+            push_client(m, tag::CL_ORD_ID, &r.client);
+            push_client(m, tag::ORIG_CL_ORD_ID, orig);
         }
         _ => {
-            push_client(&mut m, tag::CL_ORD_ID, &r.client);
+            push_client(m, tag::CL_ORD_ID, &r.client);
         }
     }
     m.push(tag::EXEC_ID, exec_id);
@@ -575,7 +634,7 @@ pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage
     }
     m.push_u64(tag::ACCOUNT, u64::from(r.account.0));
     if let Some(echo) = &r.echo {
-        push_echo(&mut m, echo);
+        push_echo(m, echo);
     } else {
         m.push(tag::SYMBOL, symbol);
         m.push(tag::SIDE, side_code(r.side));
@@ -589,7 +648,7 @@ pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage
             },
         );
         if r.ord_type == OrdType::Limit {
-            push_decimal(&mut m, tag::PRICE, Decimal(i128::from(r.price.0), scale));
+            push_decimal(m, tag::PRICE, Decimal(i128::from(r.price.0), scale));
         }
     }
     // TradeID (1003) is not an ExecutionReport field in FIX 4.4 (QuickFIX/J rejects it); the
@@ -599,16 +658,15 @@ pub fn render_exec(router: &Router, r: &ExecReport, exec_id: &str) -> OutMessage
     } = &r.kind
     {
         m.push_int(tag::LAST_QTY, units(*last_lots));
-        push_decimal(&mut m, tag::LAST_PX, Decimal(i128::from(last_px.0), scale));
+        push_decimal(m, tag::LAST_PX, Decimal(i128::from(last_px.0), scale));
     }
     m.push_int(tag::LEAVES_QTY, units(r.leaves_lots));
     m.push_int(tag::CUM_QTY, units(r.cum_lots));
-    push_decimal(&mut m, tag::AVG_PX, avg_px(r.notional, r.cum_lots, scale));
-    push_time(&mut m, tag::TRANSACT_TIME, r.ts_ns);
+    push_decimal(m, tag::AVG_PX, avg_px(r.notional, r.cum_lots, scale));
+    push_time(m, tag::TRANSACT_TIME, r.ts_ns);
     if let ExecKind::Status(q) = &r.kind {
-        push_status_query(&mut m, q);
+        push_status_query(m, q);
     }
-    m
 }
 
 /// A ClOrdID as the client sent it, or the number the binary protocol carries.
@@ -682,8 +740,16 @@ pub fn exec_id_into(out: &mut String, prefix: &str, n: u64) {
 
 /// Renders a report as a FIX message. Execution reports need a unique ExecID.
 pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
+    let mut m = OutMessage::new("8");
+    render_into(router, report, exec_id, &mut m);
+    m
+}
+
+/// As [`render`], into `m` (emptied first): a driver that keeps one message for every report
+/// allocates nothing per report once its buffers have grown.
+pub fn render_into(router: &Router, report: &Report, exec_id: &str, m: &mut OutMessage) {
     match report {
-        Report::Exec(r) => render_exec(router, r, exec_id),
+        Report::Exec(r) => render_exec_into(router, r, exec_id, m),
         Report::CancelReject {
             client,
             orig,
@@ -692,16 +758,16 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
             cause,
             ts_ns,
         } => {
-            let mut m = OutMessage::new("9");
+            m.reset("9");
             match order_id {
                 Some(o) => m.push_u64(tag::ORDER_ID, o.0),
                 None => m.push(tag::ORDER_ID, "NONE"),
             };
-            push_client(&mut m, tag::CL_ORD_ID, client);
-            push_client(&mut m, tag::ORIG_CL_ORD_ID, orig);
+            push_client(m, tag::CL_ORD_ID, client);
+            push_client(m, tag::ORIG_CL_ORD_ID, orig);
             m.push(tag::ORD_STATUS, if order_id.is_some() { "0" } else { "8" });
             m.push(tag::TEXT, cause.text());
-            push_time(&mut m, tag::TRANSACT_TIME, *ts_ns);
+            push_time(m, tag::TRANSACT_TIME, *ts_ns);
             m.push_u64(tag::CXL_REJ_REASON, u64::from(cxl_rej_reason(*cause)));
             m.push(
                 tag::CXL_REJ_RESPONSE_TO,
@@ -711,7 +777,6 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
                     "2"
                 },
             );
-            m
         }
         Report::MassCancel {
             client,
@@ -720,8 +785,8 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
             reject,
             ts_ns,
         } => {
-            let mut m = OutMessage::new("r");
-            push_client(&mut m, tag::CL_ORD_ID, client);
+            m.reset("r");
+            push_client(m, tag::CL_ORD_ID, client);
             m.push_display(tag::ORDER_ID, &format_args!("MASS-{client}"));
             m.push(tag::MASS_CANCEL_REQUEST_TYPE, [*request_type]);
             match reject {
@@ -735,8 +800,7 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
                 }
             }
             m.push_display(tag::TOTAL_AFFECTED_ORDERS, &total);
-            push_time(&mut m, tag::TRANSACT_TIME, *ts_ns);
-            m
+            push_time(m, tag::TRANSACT_TIME, *ts_ns);
         }
         Report::StatusUnknown {
             client,
@@ -746,13 +810,13 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
             query,
             ts_ns,
         } => {
-            let mut m = OutMessage::new("8");
+            m.reset("8");
             match order_id {
                 Some(o) => m.push_u64(tag::ORDER_ID, o.0),
                 None => m.push(tag::ORDER_ID, "NONE"),
             };
             if let Some(c) = client {
-                push_client(&mut m, tag::CL_ORD_ID, c);
+                push_client(m, tag::CL_ORD_ID, c);
             }
             m.push(tag::EXEC_ID, exec_id);
             m.push(tag::EXEC_TYPE, "I");
@@ -770,10 +834,9 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
             m.push(tag::SIDE, side.map_or("7", side_code));
             m.push(tag::LEAVES_QTY, "0");
             m.push(tag::CUM_QTY, "0");
-            push_decimal(&mut m, tag::AVG_PX, avg_px(0, 0, 0));
-            push_time(&mut m, tag::TRANSACT_TIME, *ts_ns);
-            push_status_query(&mut m, query);
-            m
+            push_decimal(m, tag::AVG_PX, avg_px(0, 0, 0));
+            push_time(m, tag::TRANSACT_TIME, *ts_ns);
+            push_status_query(m, query);
         }
         Report::BusinessReject {
             ref_msg_type,
@@ -782,7 +845,7 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
             text,
             ..
         } => {
-            let mut m = OutMessage::new("j");
+            m.reset("j");
             m.push_display(tag::REF_SEQ_NUM, &ref_seq_num);
             m.push(tag::TEXT, text);
             m.push(tag::REF_MSG_TYPE, ref_msg_type);
@@ -791,7 +854,53 @@ pub fn render(router: &Router, report: &Report, exec_id: &str) -> OutMessage {
             }
             // 0 = Other: FIX 4.4 has no code for a throttle; Text says what happened.
             m.push(tag::BUSINESS_REJECT_REASON, "0");
-            m
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bourse_fix::Field;
+    use proptest::prelude::*;
+
+    const READ: [bourse_fix::Tag; 12] = [
+        tag::ACCOUNT,
+        tag::CL_ORD_ID,
+        tag::ORDER_ID,
+        tag::ORDER_QTY,
+        tag::ORD_TYPE,
+        tag::ORIG_CL_ORD_ID,
+        tag::PRICE,
+        tag::SIDE,
+        tag::SYMBOL,
+        tag::TIME_IN_FORCE,
+        tag::MAX_FLOOR,
+        tag::EXPIRE_TIME,
+    ];
+
+    proptest! {
+        /// The one scan finds for every tag what a lookup of that tag finds: its first value,
+        /// whatever the order, repeats and other tags of the message.
+        #[test]
+        fn one_scan_finds_what_a_lookup_per_tag_finds(
+            fields in proptest::collection::vec(
+                (prop_oneof![proptest::sample::select(READ.to_vec()), 1..200i32],
+                 proptest::collection::vec(any::<u8>(), 0..4)),
+                0..24),
+        ) {
+            let fields: Vec<Field<'_>> =
+                fields.iter().map(|(t, v)| Field { tag: *t, value: v }).collect();
+            let get = |t| fields.iter().find(|f| f.tag == t).map(|f| f.value);
+            let f = OrderFields::of(&fields);
+            let found = [
+                f.account, f.cl_ord_id, f.order_id, f.order_qty, f.ord_type,
+                f.orig_cl_ord_id, f.price, f.side, f.symbol, f.time_in_force,
+                f.max_floor, f.expire_time,
+            ];
+            for (t, v) in READ.iter().zip(found) {
+                prop_assert_eq!(v, get(*t), "tag {}", t);
+            }
         }
     }
 }

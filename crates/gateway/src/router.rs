@@ -27,6 +27,7 @@ pub use orders::{RouterState, SavedInstrument, SavedOrder, FINISHED_ORDERS_KEPT}
 use crate::config::{GatewayConfig, Limits};
 use bourse_core::link::{CoreLink, CoreOutput, RequestKey, SubmitError};
 use bourse_core::*;
+use bourse_fix::dictionary::DictHash;
 use bourse_monitor::rate::TokenBucket as Throttle;
 use bourse_monitor::{Stage, StageRecorder, Trace};
 use std::collections::{HashMap, VecDeque};
@@ -300,22 +301,28 @@ const TRACES_IN_FLIGHT_MAX: usize = 4_096;
 pub struct Router {
     sessions: Vec<SessionMeta>,
     instruments: Vec<InstrumentInfo>,
-    by_symbol: HashMap<String, usize>,
-    by_id: HashMap<InstrumentId, usize>,
+    /// Instruments by symbol and by id, looked up for every order and report: hashed with the
+    /// FIX dictionary's cheap unkeyed hash, since only the configuration and the cores'
+    /// streams fill them (a peer only looks up), where SipHash cost a few hundred
+    /// instructions a request.
+    by_symbol: HashMap<String, usize, DictHash>,
+    by_id: HashMap<InstrumentId, usize, DictHash>,
     /// Instruments learned from the cores' streams (saved in the state; see `orders`).
     learned: Vec<SavedInstrument>,
     drop_copies: HashMap<FirmId, Vec<SessionRef>>,
-    orders: HashMap<OrderId, OrderState>,
+    /// Keyed by numbers the cores and the gateway assign (order ids, request keys), never by
+    /// what a peer chooses: hashed with the cheap unkeyed DictHash, as the instrument tables.
+    orders: HashMap<OrderId, OrderState, DictHash>,
     /// Orders no longer live, for status requests: by order id, by owner and client id
     /// (the latest order of that id), and in the order they finished (to forget the oldest).
-    finished: HashMap<OrderId, (OrderState, Finished)>,
+    finished: HashMap<OrderId, (OrderState, Finished), DictHash>,
     finished_by_client: HashMap<(SessionRef, ClientId), OrderId>,
     finished_order: VecDeque<OrderId>,
     /// How many finished orders are kept (`Limits::finished_orders_kept`).
     finished_orders_kept: usize,
     /// Bytes of the text client ids of the finished orders (see `finished_orders_bytes`).
     finished_text_bytes: usize,
-    pending: HashMap<RequestKey, Pending>,
+    pending: HashMap<RequestKey, Pending, DictHash>,
     mass: HashMap<u64, MassAgg>,
     next_mass: u64,
     next_internal: u64,
@@ -472,13 +479,13 @@ impl Router {
             by_id,
             learned: Vec::new(),
             drop_copies,
-            orders: HashMap::new(),
-            finished: HashMap::new(),
+            orders: HashMap::default(),
+            finished: HashMap::default(),
             finished_by_client: HashMap::new(),
             finished_order: VecDeque::new(),
             finished_orders_kept: limits.finished_orders_kept.max(1),
             finished_text_bytes: 0,
-            pending: HashMap::new(),
+            pending: HashMap::default(),
             mass: HashMap::new(),
             next_mass: 1,
             next_internal: 1,

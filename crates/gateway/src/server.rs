@@ -363,6 +363,7 @@ pub fn spawn_cores(
         exec_id_prefix: format!("{:x}", now_ns() / 1_000_000),
         exec_ids: 0,
         exec_id: String::new(),
+        fix_out: OutMessage::new("8"),
         dictionary,
         counters: LoopCounters::default(),
         metrics,
@@ -472,6 +473,8 @@ struct Server {
     exec_ids: u64,
     /// The ExecID being sent, its allocation kept from one report to the next.
     exec_id: String,
+    /// The FIX message every report is rendered into, kept so that its buffers are reused.
+    fix_out: OutMessage,
     #[allow(dead_code)]
     dictionary: Arc<Dictionary>,
     counters: LoopCounters,
@@ -727,15 +730,16 @@ impl Server {
         }
     }
 
-    fn fix_send(&mut self, slot: usize, m: OutMessage) {
+    /// Sends a rendered report, or keeps a copy of it until the session is logged on.
+    fn fix_send(&mut self, slot: usize, m: &OutMessage) {
         let s = &mut self.fix[slot];
         if s.session.is_logged_on() && s.offline.is_empty() {
-            if s.session.send_app(self.now_ms as i64, m).is_ok() {
+            if s.session.send_app_ref(self.now_ms as i64, m).is_ok() {
                 self.stats.reports_out.fetch_add(1, Ordering::Relaxed);
             }
             self.fix_after(slot);
         } else if s.offline.len() < self.config.gateway.offline_messages_max {
-            s.offline.push_back(m);
+            s.offline.push_back(m.clone());
         }
     }
     // ----- delivery -----
@@ -780,11 +784,13 @@ impl Server {
             }
             let token = match proto {
                 Proto::Fix(i) => {
-                    let m = fix_front::render(&self.router, report, &exec_id);
+                    let mut m = std::mem::take(&mut self.fix_out);
+                    fix_front::render_into(&self.router, report, &exec_id, &mut m);
                     if let Some(t) = trace.as_mut() {
                         t.stamp(Stage::Encoded);
                     }
-                    self.fix_send(i, m);
+                    self.fix_send(i, &m);
+                    self.fix_out = m;
                     self.fix[i].conn
                 }
                 Proto::Binary(j) => {
@@ -816,9 +822,11 @@ impl Server {
                         continue;
                     }
                     if let Some(Proto::Fix(i)) = self.router.session(dc).map(|m| m.proto) {
-                        let m = fix_front::render(&self.router, report, &exec_id);
+                        let mut m = std::mem::take(&mut self.fix_out);
+                        fix_front::render_into(&self.router, report, &exec_id, &mut m);
                         self.counters.exec_reports += 1;
-                        self.fix_send(i, m);
+                        self.fix_send(i, &m);
+                        self.fix_out = m;
                     }
                 }
             }
