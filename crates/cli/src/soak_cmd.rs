@@ -18,7 +18,8 @@
 //! the gateway's binary resend stores, its FIX sessions' stored messages, its finished orders
 //! (kept for status requests) and the orders it tracks. The roles are threads and tasks of
 //! this one process (the nine nodes share one runtime), so there is no RSS per role: these
-//! counters are the per-role account. The harness keeps no per-second series (the profile's
+//! counters are the per-role account. `--processes` runs the roles as processes instead and
+//! samples each one's RSS (`soak_processes`). The harness keeps no per-second series (the profile's
 //! `generator.series_seconds_max` is 0), so its own memory does not grow with the run's
 //! length. A binary built with the `count-alloc` feature adds the heap's live bytes
 //! (`bourse_venue::heap`): when RSS grows and they do not, the growth is the allocator keeping
