@@ -23,6 +23,7 @@ mod node_monitor;
 mod order_cmd;
 mod report;
 mod soak_cmd;
+mod soak_processes;
 mod t2t_cmd;
 
 use clap::{Parser, Subcommand};

@@ -18,7 +18,8 @@
 //! the gateway's binary resend stores, its FIX sessions' stored messages, its finished orders
 //! (kept for status requests) and the orders it tracks. The roles are threads and tasks of
 //! this one process (the nine nodes share one runtime), so there is no RSS per role: these
-//! counters are the per-role account. The harness keeps no per-second series (the profile's
+//! counters are the per-role account. `--processes` runs the roles as processes instead and
+//! samples each one's RSS (`soak_processes`). The harness keeps no per-second series (the profile's
 //! `generator.series_seconds_max` is 0), so its own memory does not grow with the run's
 //! length. A binary built with the `count-alloc` feature adds the heap's live bytes
 //! (`bourse_venue::heap`): when RSS grows and they do not, the growth is the allocator keeping
@@ -55,6 +56,22 @@ pub struct SoakArgs {
     out: Option<PathBuf>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Run the venue as an operator deploys it, one process per role (three `bourse node`s
+    /// per market, one `bourse gateway`, one `bourse loadgen-worker`), and sample each
+    /// process's RSS: a column per process, a slope per role (`soak_processes`).
+    #[arg(long)]
+    processes: bool,
+    /// With --processes: the generated configs, the journals, the gateway's store and every
+    /// process's log go here (default: a directory under the system's temporary directory).
+    #[arg(long, requires = "processes")]
+    state_dir: Option<PathBuf>,
+    /// With --processes: keep the state directory at the end (it is removed otherwise).
+    #[arg(long, requires = "processes")]
+    keep_state: bool,
+    /// With --processes: a role's RssAnon slope over the second half, in bytes per command,
+    /// above which its verdict is ABOVE (printed; the exit status does not depend on it).
+    #[arg(long, requires = "processes", default_value_t = 64.0)]
+    bound_bytes_per_command: f64,
 }
 
 /// Participant accounts per market, as the demo's default.
@@ -119,7 +136,7 @@ impl Sample {
 }
 
 /// The one-minute load average from `/proc/loadavg` (0 where there is none).
-fn load_1m() -> f64 {
+pub(crate) fn load_1m() -> f64 {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse().ok())
@@ -127,7 +144,7 @@ fn load_1m() -> f64 {
 }
 
 /// A field of `/proc/self/status` in KiB ("RssAnon", "VmRSS"); 0 where there is none.
-fn status_kib(status: &str, field: &str) -> u64 {
+pub(crate) fn status_kib(status: &str, field: &str) -> u64 {
     status
         .lines()
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
@@ -154,6 +171,29 @@ pub fn run(args: SoakArgs) -> Result<()> {
             bourse_loadgen::unix_ns() / 1_000_000_000
         ))
     });
+    if args.processes {
+        let interrupted = Arc::new(AtomicBool::new(false));
+        {
+            let interrupted = Arc::clone(&interrupted);
+            // Ctrl-C ends the run; the children are stopped and the samples so far kept.
+            let _ = ctrlc::set_handler(move || interrupted.store(true, Ordering::SeqCst));
+        }
+        if !args.bound_bytes_per_command.is_finite() || args.bound_bytes_per_command < 0.0 {
+            bail!("--bound-bytes-per-command must be a number of bytes, 0 or more");
+        }
+        return crate::soak_processes::run(crate::soak_processes::ProcessesRun {
+            profile: &profile,
+            sample_s: args.sample_s,
+            small_bounds: args.small_bounds,
+            out: &out,
+            state_dir: args.state_dir.clone().unwrap_or_else(|| {
+                std::env::temp_dir().join(format!("bourse-soak-processes-{}", std::process::id()))
+            }),
+            keep_state: args.keep_state,
+            bound_bytes_per_command: args.bound_bytes_per_command,
+            interrupted,
+        });
+    }
     let mut file =
         std::fs::File::create(&out).with_context(|| format!("cannot create {}", out.display()))?;
     let data_dir = std::env::temp_dir().join(format!("bourse-soak-{}", std::process::id()));

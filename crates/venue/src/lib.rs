@@ -287,7 +287,7 @@ impl LocalDeployment {
                         spread: None,
                     }
                 }
-                Backend::Cluster => self.start_cluster(spec, index, m, first_order_id)?,
+                Backend::Cluster => self.start_cluster(spec, index, m)?,
             };
             let mut core = core;
             core.setup_ms = t0.elapsed().as_millis() as u64;
@@ -321,50 +321,23 @@ impl LocalDeployment {
         spec: &DeploymentSpec,
         index: usize,
         m: &MarketSpec,
-        first_order_id: u64,
     ) -> Result<Core> {
         // Ports below the ephemeral range (see `bourse_testkit`): one found free by a bind to
         // port 0 could be taken by a parallel deployment's outgoing connection.
         let node_base = bourse_testkit::try_free_port_block(3)?;
-        let ports = [node_base, node_base + 1, node_base + 2];
-        let mut config = ClusterConfig::local(
-            1_000 + index as u64,
-            spec.data_dir.join(format!("core-{index}-{}", m.name)),
-            ports,
-        );
-        config.fsync = spec.fsync;
-        config.orders_max = spec.orders_max;
-        config.accounts_max = spec.accounts_max.max(1);
-        config.instruments_max = (m.instruments.len() as u32 + 16).max(1_024);
-        config.first_order_id = first_order_id;
-        // Snapshots of a big core are large; take them rarely in a run of minutes.
-        config.snapshot_every_entries = 200_000;
-        if let Some(b) = &spec.bounds {
-            config.stream_entries_kept = b.stream_entries_kept;
-            config.stream_bytes_kept = b.stream_bytes_kept;
-            config.snapshot_every_entries = b.snapshot_every_entries;
-            config.log_tail_entries_kept = b.log_tail_entries_kept;
-            config.log_tail_bytes_kept = b.log_tail_bytes_kept;
-        }
         let md_base_port = if spec.market_data {
             Some(bourse_testkit::try_free_port_block(40)?)
         } else {
             None
         };
-        let md_section = md_base_port.map(|base| {
-            let mut section = bourse_cluster::marketdata::MarketDataSection {
-                base_port: base,
-                ..Default::default()
-            };
-            if let Some(b) = &spec.bounds {
-                section.replay_history_packets = b.replay_history_packets;
-                section.replay_history_bytes = b.replay_history_bytes;
-            }
-            section
-        });
-        // The section goes into the nodes' config too: the replicated state then keeps the
-        // feed's numbering (in its snapshots), so a node restored from a snapshot can publish.
-        config.marketdata = md_section.clone();
+        let config = core_cluster_config(
+            spec,
+            index,
+            m,
+            [node_base, node_base + 1, node_base + 2],
+            md_base_port,
+        );
+        let md_section = config.marketdata.clone();
         let rt = self.runtime.as_ref().expect("runtime");
         let mut nodes = Vec::new();
         for n in &config.nodes {
@@ -1142,6 +1115,52 @@ impl LocalDeployment {
     }
 }
 
+/// The replica group configuration of core `index` (market `m`) of `spec`: its nodes on
+/// 127.0.0.1 at `ports`, its journals under the spec's data directory, its sizes and bounds,
+/// and its market data from `md_base_port` when it publishes. The deployment starts its nodes
+/// in this process from it; `bourse soak --processes` writes it out for `bourse node`s.
+pub fn core_cluster_config(
+    spec: &DeploymentSpec,
+    index: usize,
+    m: &MarketSpec,
+    ports: [u16; 3],
+    md_base_port: Option<u16>,
+) -> ClusterConfig {
+    let mut config = ClusterConfig::local(
+        1_000 + index as u64,
+        spec.data_dir.join(format!("core-{index}-{}", m.name)),
+        ports,
+    );
+    config.fsync = spec.fsync;
+    config.orders_max = spec.orders_max;
+    config.accounts_max = spec.accounts_max.max(1);
+    config.instruments_max = (m.instruments.len() as u32 + 16).max(1_024);
+    config.first_order_id = ((index as u64) << ORDER_ID_CORE_SHIFT).max(1);
+    // Snapshots of a big core are large; take them rarely in a run of minutes.
+    config.snapshot_every_entries = 200_000;
+    if let Some(b) = &spec.bounds {
+        config.stream_entries_kept = b.stream_entries_kept;
+        config.stream_bytes_kept = b.stream_bytes_kept;
+        config.snapshot_every_entries = b.snapshot_every_entries;
+        config.log_tail_entries_kept = b.log_tail_entries_kept;
+        config.log_tail_bytes_kept = b.log_tail_bytes_kept;
+    }
+    // The section goes into the nodes' config too: the replicated state then keeps the
+    // feed's numbering (in its snapshots), so a node restored from a snapshot can publish.
+    config.marketdata = md_base_port.map(|base| {
+        let mut section = bourse_cluster::marketdata::MarketDataSection {
+            base_port: base,
+            ..Default::default()
+        };
+        if let Some(b) = &spec.bounds {
+            section.replay_history_packets = b.replay_history_packets;
+            section.replay_history_bytes = b.replay_history_bytes;
+        }
+        section
+    });
+    config
+}
+
 /// Waits (bounded) until every replica has applied the same last entry, which is the
 /// leader's last one once nothing more is being submitted.
 async fn converge(nodes: &[Node]) {
@@ -1166,7 +1185,7 @@ async fn converge(nodes: &[Node]) {
 /// Applies `setup` to a replica group through many clients at once. Instruments go first
 /// (one client, in order); accounts and their deposits follow, each account's pair in order
 /// on one client. Returns (commands, rejected).
-async fn apply_setup(
+pub async fn apply_setup(
     nodes: &[(u64, SocketAddr)],
     setup: &[CommandBody],
     core_index: usize,
