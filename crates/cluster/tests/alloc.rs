@@ -43,7 +43,11 @@ fn new_order(k: u64) -> Command {
             account: AccountId(1 + (k % 7) as u32),
             cl_ord_id: ClOrdId(k),
             instrument: InstrumentId(1),
-            side: if k % 2 == 0 { Side::Buy } else { Side::Sell },
+            side: if k.is_multiple_of(2) {
+                Side::Buy
+            } else {
+                Side::Sell
+            },
             ord_type: OrdType::Limit,
             price: Price(10_000 + (k % 13) as i64),
             qty: Qty(1 + (k % 5) as i64),
@@ -60,7 +64,7 @@ fn reading_an_entrys_requests_allocates_nothing_with_or_without_audit_trailers()
     let mut b = BatchBuilder::with_capacity(4_000);
     for k in 0..4_000u64 {
         let bytes = encode_command(&new_order(k));
-        let trailer = (k % 500 == 0).then(|| audit.borrowed());
+        let trailer = k.is_multiple_of(500).then(|| audit.borrowed());
         b.push_encoded_audited(9, k + 1, &bytes, trailer).unwrap();
     }
     // As a replica gets it: the entry's bytes, framing checked once.
