@@ -29,4 +29,4 @@ pub use audit::{AuditLog, AuditRecord};
 pub use client::AdminClient;
 pub use server::{AdminServer, AdminServerConfig, ROLE_OPERATOR, ROLE_VIEWER};
 pub use service::{AdminService, Answer};
-pub use venue::{AdminVenue, BoxFuture, EngineRead};
+pub use venue::{AdminVenue, Asker, BoxFuture, EngineRead};

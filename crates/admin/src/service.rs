@@ -10,7 +10,7 @@
 
 use crate::action::{Action, NewAccount};
 use crate::audit::{AuditLog, AuditRecord};
-use crate::venue::AdminVenue;
+use crate::venue::{AdminVenue, Asker};
 use bourse_core::*;
 use bourse_monitor::admin::{AdminEntry, ADMIN_RECENT_MAX};
 use bourse_monitor::names;
@@ -306,8 +306,13 @@ impl AdminService {
             return answer;
         }
         let this = Arc::clone(self);
+        let (who, id) = (operator.to_string(), request_id.to_string());
         self.once(operator, request_id, name, request, move || async move {
-            this.execute(&action).await
+            let asker = Asker {
+                operator: &who,
+                request_id: &id,
+            };
+            this.execute(&action, asker).await
         })
         .await
     }
@@ -487,10 +492,10 @@ impl AdminService {
         })
     }
 
-    async fn execute(&self, action: &Action) -> Answer {
+    async fn execute(&self, action: &Action, asker: Asker<'_>) -> Answer {
         if let Action::AddAccount(a) = action {
             return self
-                .add_accounts(std::slice::from_ref(a))
+                .add_accounts(std::slice::from_ref(a), asker)
                 .await
                 .into_answer(false);
         }
@@ -502,7 +507,7 @@ impl AdminService {
         let runs = plan.into_iter().map(|(core, body)| async move {
             let result = self
                 .venue
-                .submit(core, vec![Command::new(ts, body)], true)
+                .submit(core, vec![Command::new(ts, body)], true, asker)
                 .await;
             (core, result)
         });
@@ -580,7 +585,11 @@ impl AdminService {
     /// deposit, so a bulk addition sent again (after a broken connection, say) adds what is
     /// missing and deposits nothing twice; and since addition and deposit are one command,
     /// no account is ever left added but unfunded.
-    pub(crate) async fn add_accounts(&self, accounts: &[NewAccount]) -> AccountsTally {
+    pub(crate) async fn add_accounts(
+        &self,
+        accounts: &[NewAccount],
+        asker: Asker<'_>,
+    ) -> AccountsTally {
         let mut tally = AccountsTally::default();
         let mut per_core: Vec<Vec<&NewAccount>> = vec![Vec::new(); self.markets.len()];
         for a in accounts {
@@ -605,7 +614,9 @@ impl AdminService {
             .into_iter()
             .enumerate()
             .filter(|(_, v)| !v.is_empty())
-            .map(|(core, list)| async move { (core, self.add_in_core(core, list, ts).await) });
+            .map(
+                |(core, list)| async move { (core, self.add_in_core(core, list, ts, asker).await) },
+            );
         for (core, result) in futures_util::future::join_all(runs).await {
             match result {
                 Ok(t) => tally.merge(t),
@@ -622,6 +633,7 @@ impl AdminService {
         core: usize,
         list: Vec<&NewAccount>,
         ts: u64,
+        asker: Asker<'_>,
     ) -> Result<AccountsTally, String> {
         let mut tally = AccountsTally::default();
         let adds = list
@@ -635,7 +647,7 @@ impl AdminService {
             })
             .collect();
         let t = std::time::Instant::now();
-        let answers = self.venue.submit(core, adds, false).await?;
+        let answers = self.venue.submit(core, adds, false, asker).await?;
         tally.additions_ns = t.elapsed().as_nanos() as u64;
         for (a, events) in list.iter().zip(&answers) {
             match reject_of(events) {
@@ -882,19 +894,26 @@ impl AdminService {
         }
         let this = Arc::clone(self);
         let request = json!({ "action": "add_accounts_bulk" });
+        let (who, id) = (operator.to_string(), request_id.to_string());
         self.once(
             operator,
             request_id,
             "add_accounts_bulk",
             request,
-            move || async move { this.run_bulk(body).await },
+            move || async move {
+                let asker = Asker {
+                    operator: &who,
+                    request_id: &id,
+                };
+                this.run_bulk(body, asker).await
+            },
         )
         .await
     }
 
     /// Reads the stream a batch at a time; while one batch is submitted, the next is read and
     /// parsed (so at most two batches are held).
-    async fn run_bulk<S, B, E>(&self, body: S) -> Answer
+    async fn run_bulk<S, B, E>(&self, body: S, asker: Asker<'_>) -> Answer
     where
         S: futures_util::Stream<Item = Result<B, E>> + Send + Unpin,
         B: AsRef<[u8]> + Send,
@@ -911,7 +930,7 @@ impl AdminService {
         while let Some(batch) = next.take().filter(|b| !b.is_empty()) {
             let t = std::time::Instant::now();
             let (done, (following, following_ns)) =
-                futures_util::future::join(self.add_accounts(&batch), async {
+                futures_util::future::join(self.add_accounts(&batch, asker), async {
                     let t = std::time::Instant::now();
                     let b = reader.next_batch().await;
                     (b, t.elapsed().as_nanos() as u64)

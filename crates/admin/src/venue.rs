@@ -15,6 +15,15 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// A read of one core's engine, answering JSON.
 pub type EngineRead = Box<dyn FnOnce(&Engine) -> serde_json::Value + Send>;
 
+/// Who asked for the commands of one admin request: the operator and the request id. The
+/// venue writes them beside each command into the replicated log, so that the journal of
+/// every replica says who asked for what (the audit log says it too, with the outcome).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Asker<'a> {
+    pub operator: &'a str,
+    pub request_id: &'a str,
+}
+
 /// The venue behind the admin API. See the module documentation.
 pub trait AdminVenue: Send + Sync + 'static {
     /// The markets, one core each, in core order.
@@ -25,13 +34,14 @@ pub trait AdminVenue: Send + Sync + 'static {
     /// apply in the order given; without it (independent commands, such as many account
     /// additions) they may be spread over several sequenced clients. A retry inside
     /// (failover) reuses the command's idempotency key, so nothing applies twice. An error
-    /// means the outcome of some commands is unknown.
-    fn submit(
-        &self,
+    /// means the outcome of some commands is unknown. `asker` travels with the commands.
+    fn submit<'a>(
+        &'a self,
         core: usize,
         commands: Vec<Command>,
         ordered: bool,
-    ) -> BoxFuture<'_, Result<Vec<Vec<Event>>, String>>;
+        asker: Asker<'a>,
+    ) -> BoxFuture<'a, Result<Vec<Vec<Event>>, String>>;
 
     /// Runs `read` on core `core`'s engine as its leader has applied it: every command this
     /// venue answered before is in it.

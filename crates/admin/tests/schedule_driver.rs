@@ -4,7 +4,7 @@
 //! Day orders, and stepping over the same instants again applies nothing twice.
 
 use bourse_admin::schedule::{Schedule, ScheduleConfig, ScheduleDriver};
-use bourse_admin::{AdminService, AdminVenue, BoxFuture, EngineRead};
+use bourse_admin::{AdminService, AdminVenue, Asker, BoxFuture, EngineRead};
 use bourse_core::*;
 use bourse_engine::fixtures::future;
 use bourse_engine::{Engine, EngineConfig};
@@ -22,12 +22,13 @@ impl AdminVenue for EngineVenue {
         vec!["futures".into()]
     }
 
-    fn submit(
-        &self,
+    fn submit<'a>(
+        &'a self,
         _core: usize,
         commands: Vec<Command>,
         _ordered: bool,
-    ) -> BoxFuture<'_, Result<Vec<Vec<Event>>, String>> {
+        _asker: Asker<'a>,
+    ) -> BoxFuture<'a, Result<Vec<Vec<Event>>, String>> {
         Box::pin(async move {
             let mut e = self.engine.lock().unwrap();
             Ok(commands

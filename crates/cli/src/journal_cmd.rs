@@ -1,5 +1,6 @@
-//! `bourse journal verify | inspect`: operator views of a journal directory. They only read
-//! (verify and inspect never repair).
+//! `bourse journal verify | inspect | requests`: operator views of a journal directory. They
+//! only read (none of them repairs). `requests` decodes a replica's log entries and lists their
+//! client requests with who asked (the audit trailer an admin action carries).
 
 use crate::report;
 use anyhow::{bail, Result};
@@ -24,6 +25,21 @@ pub enum JournalCommand {
         /// Records to list at most.
         #[arg(long, default_value_t = 100)]
         count: u64,
+    },
+    /// List the client requests in a replica group node's journal: index, client id, request
+    /// seq, who asked (operator and request id: admin actions carry them, trading requests
+    /// show `-`) and the command as JSON.
+    Requests {
+        dir: PathBuf,
+        /// First index to read.
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        /// Requests to list at most.
+        #[arg(long, default_value_t = 1000)]
+        count: u64,
+        /// Only requests that say who asked (admin actions).
+        #[arg(long)]
+        audited: bool,
     },
 }
 
@@ -93,6 +109,46 @@ pub fn run(command: JournalCommand) -> Result<()> {
                         .map_or("?".into(), |n| n.to_string_lossy()),
                     r.offset
                 );
+            }
+            Ok(())
+        }
+        JournalCommand::Requests {
+            dir,
+            from,
+            count,
+            audited,
+        } => {
+            println!(
+                "{:>12} {:>20} {:>10} {:<16} {:<24} command",
+                "index", "client", "seq", "operator", "request id"
+            );
+            let mut listed = 0u64;
+            for entry in bourse_journal::replay(&dir, from..)? {
+                let entry = entry?;
+                let command = bourse_cluster::storage::entry_command(&entry.payload)
+                    .map_err(|e| anyhow::anyhow!("entry {}: {e}", entry.index))?;
+                let Some(bourse_cluster::LogCommand::Batch(batch)) = command else {
+                    continue;
+                };
+                for r in batch.requests() {
+                    if listed == count {
+                        return Ok(());
+                    }
+                    if audited && r.audit.is_none() {
+                        continue;
+                    }
+                    let body = match r.decode() {
+                        Ok(c) => serde_json::to_string(&c.command.body)?,
+                        Err(e) => format!("(does not decode: {e})"),
+                    };
+                    let (operator, request_id) =
+                        r.audit.map_or(("-", "-"), |a| (a.operator, a.request_id));
+                    println!(
+                        "{:>12} {:>20} {:>10} {:<16} {:<24} {body}",
+                        entry.index, r.client_id, r.request_seq, operator, request_id
+                    );
+                    listed += 1;
+                }
             }
             Ok(())
         }

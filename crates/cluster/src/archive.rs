@@ -361,6 +361,7 @@ mod tests {
                     },
                     applied_index: if k == 1 { index - 1 } else { index },
                     events: vec![index as u8; k as usize * 3],
+                    audit: None,
                 })
                 .collect(),
             market_data_flush_ns: index.is_multiple_of(4).then_some(index * 1_000),
@@ -387,6 +388,7 @@ mod tests {
                 (
                     (any::<u64>(), any::<u64>(), kind(), any::<u64>()),
                     proptest::collection::vec(any::<u8>(), 0..40),
+                    proptest::option::of(crate::batch::arb_audit()),
                 ),
                 0..8,
             ),
@@ -395,8 +397,8 @@ mod tests {
                 index,
                 requests: requests
                     .into_iter()
-                    .map(|((client_id, request_seq, kind, applied_index), events)| {
-                        CommittedRequest { client_id, request_seq, kind, applied_index, events }
+                    .map(|((client_id, request_seq, kind, applied_index), events, audit)| {
+                        CommittedRequest { client_id, request_seq, kind, applied_index, events, audit }
                     })
                     .collect(),
                 market_data_flush_ns,

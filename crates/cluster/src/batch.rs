@@ -4,9 +4,18 @@
 //! entry    := tag u8, body
 //!   tag 1  := batch: count u32, count × request
 //!   tag 2  := hash check: index u64, state_hash u64
-//! request  := client_id u64, request_seq u64, command_len u32, command
+//! request  := client_id u64, request_seq u64, command_len u32, command [, audit]
 //! command  := the core's binary form of a `Command` (`bourse_core::codec::encode_command`)
+//! audit    := operator_len u32, operator, request_id_len u32, request_id
+//!             present when command_len has its top bit (AUDIT_FLAG) set
 //! ```
+//!
+//! The audit trailer says who asked for a request: an operator's name and the admin API's
+//! request id (see [`Audit`]), so that the replicated log itself records every admin action's
+//! author. It is optional per request and flagged in the command length's top bit, which no
+//! command length can reach (a command is at most `COMMAND_SIZE_BYTES_MAX` bytes): entries
+//! written before the trailer existed read unchanged, and a trading request without one
+//! costs exactly what it did (no extra byte, no allocation).
 //!
 //! Integers are little-endian. A [`Batch`] stays in this form from the leader's batcher to
 //! every replica's state machine: the batcher copies each client's command bytes in as they
@@ -27,6 +36,14 @@ use bourse_core::Command;
 
 /// The most requests one log entry may carry (smart batching stops filling a batch here).
 pub const REQUESTS_PER_BATCH_MAX: u32 = 4096;
+/// The most bytes of an audit trailer's operator name (a credential name's limit,
+/// `bourse_auth::NAME_BYTES_MAX`).
+pub const AUDIT_OPERATOR_BYTES_MAX: usize = 64;
+/// The most bytes of an audit trailer's request id (the admin API's `X-Request-Id` limit).
+pub const AUDIT_REQUEST_ID_BYTES_MAX: usize = 128;
+/// The top bit of a request's command length: an audit trailer follows the command.
+const AUDIT_FLAG: u32 = 1 << 31;
+const _: () = assert!(COMMAND_SIZE_BYTES_MAX < AUDIT_FLAG);
 
 const TAG_BATCH: u8 = 1;
 const TAG_HASH_CHECK: u8 = 2;
@@ -48,13 +65,120 @@ pub struct ClientRequest {
     pub command: Command,
 }
 
-/// One request of a [`Batch`] as it lies in the batch: the key and the command's bytes.
+/// Who asked for a request: the operator's name and the request id it came under (the admin
+/// API's `X-Request-Id`), carried beside the command through the sequenced path, kept in the
+/// log, the committed stream and its archive, and shown by `bourse journal requests`. Both
+/// are 1 to their limit of printable ASCII bytes without spaces ([`Audit::new`] checks).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Audit {
+    pub operator: String,
+    pub request_id: String,
+}
+
+/// Whether `bytes` is 1 to `max` printable ASCII bytes without spaces.
+fn audit_field_ok(bytes: &[u8], max: usize) -> bool {
+    !bytes.is_empty() && bytes.len() <= max && bytes.iter().all(|b| (0x21..0x7f).contains(b))
+}
+
+impl Audit {
+    /// An audit trailer, its fields checked against their limits.
+    pub fn new(operator: &str, request_id: &str) -> Result<Audit, String> {
+        AuditRef::new(operator, request_id).map(AuditRef::to_audit)
+    }
+
+    pub fn borrowed(&self) -> AuditRef<'_> {
+        AuditRef {
+            operator: &self.operator,
+            request_id: &self.request_id,
+        }
+    }
+
+    /// Checks the fields of a trailer that came from elsewhere (a client, a decoded record).
+    pub fn check(&self) -> Result<(), String> {
+        AuditRef::new(&self.operator, &self.request_id).map(|_| ())
+    }
+
+    /// Appends the trailer's binary form (operator, then request id, each length-prefixed).
+    pub fn encode_into(&self, w: &mut Writer) {
+        self.borrowed().encode_into(w);
+    }
+
+    /// Reads what [`Audit::encode_into`] wrote, refusing fields out of their limits.
+    pub fn decode_from(r: &mut Reader) -> Result<Audit, DecodeError> {
+        AuditRef::decode_from(r).map(AuditRef::to_audit)
+    }
+}
+
+/// An [`Audit`] trailer as it lies in a batch, fields checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AuditRef<'a> {
+    pub operator: &'a str,
+    pub request_id: &'a str,
+}
+
+impl<'a> AuditRef<'a> {
+    pub fn new(operator: &'a str, request_id: &'a str) -> Result<AuditRef<'a>, String> {
+        if !audit_field_ok(operator.as_bytes(), AUDIT_OPERATOR_BYTES_MAX) {
+            return Err(format!(
+                "audit operator: 1 to {AUDIT_OPERATOR_BYTES_MAX} printable ASCII bytes without \
+                 spaces, not {operator:?}"
+            ));
+        }
+        if !audit_field_ok(request_id.as_bytes(), AUDIT_REQUEST_ID_BYTES_MAX) {
+            return Err(format!(
+                "audit request id: 1 to {AUDIT_REQUEST_ID_BYTES_MAX} printable ASCII bytes \
+                 without spaces, not {request_id:?}"
+            ));
+        }
+        Ok(AuditRef {
+            operator,
+            request_id,
+        })
+    }
+
+    pub fn to_audit(self) -> Audit {
+        Audit {
+            operator: self.operator.to_string(),
+            request_id: self.request_id.to_string(),
+        }
+    }
+
+    fn encode_into(self, w: &mut Writer) {
+        w.bytes(self.operator.as_bytes());
+        w.bytes(self.request_id.as_bytes());
+    }
+
+    fn decode_from(r: &mut Reader<'a>) -> Result<AuditRef<'a>, DecodeError> {
+        fn field<'a>(
+            r: &mut Reader<'a>,
+            max: usize,
+            what: &'static str,
+        ) -> Result<&'a str, DecodeError> {
+            let at = r.offset();
+            let bytes = r.bytes(max)?;
+            if !audit_field_ok(bytes, max) {
+                return Err(DecodeError { offset: at, what });
+            }
+            // Printable ASCII is UTF-8.
+            Ok(std::str::from_utf8(bytes).expect("ASCII"))
+        }
+        Ok(AuditRef {
+            operator: field(r, AUDIT_OPERATOR_BYTES_MAX, "bad audit operator")?,
+            request_id: field(r, AUDIT_REQUEST_ID_BYTES_MAX, "bad audit request id")?,
+        })
+    }
+}
+
+/// One request of a [`Batch`] as it lies in the batch: the key, the command's bytes and the
+/// audit trailer, if it has one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RequestRef<'a> {
     pub client_id: u64,
     pub request_seq: u64,
     /// The command's binary form, framing checked, not yet decoded.
     pub command: &'a [u8],
+    /// Who asked, for a request that says so (admin actions).
+    pub audit: Option<AuditRef<'a>>,
 }
 
 impl RequestRef<'_> {
@@ -145,13 +269,20 @@ impl Batch {
         for _ in 0..count {
             r.u64()?;
             r.u64()?;
-            let offset = r.offset() + 4;
-            check_command_form(r.bytes(COMMAND_SIZE_BYTES_MAX as usize)?).map_err(|e| {
-                DecodeError {
-                    offset: offset + e.offset,
-                    what: e.what,
-                }
+            let len = r.u32()?;
+            let audited = len & AUDIT_FLAG != 0;
+            let len = len & !AUDIT_FLAG;
+            if len > COMMAND_SIZE_BYTES_MAX {
+                return Err(r.error("byte string longer than allowed"));
+            }
+            let offset = r.offset();
+            check_command_form(r.raw(len as usize)?).map_err(|e| DecodeError {
+                offset: offset + e.offset,
+                what: e.what,
             })?;
+            if audited {
+                AuditRef::decode_from(&mut r)?;
+            }
         }
         r.expect_end()?;
         Ok(Batch {
@@ -178,13 +309,23 @@ impl<'a> Iterator for Requests<'a> {
         self.left -= 1;
         let word = |at: usize| u64::from_le_bytes(self.buf[at..at + 8].try_into().expect("8"));
         let (client_id, request_seq) = (word(0), word(8));
-        let len = u32::from_le_bytes(self.buf[16..20].try_into().expect("4")) as usize;
-        let command = &self.buf[REQUEST_HEADER_BYTES..REQUEST_HEADER_BYTES + len];
-        self.buf = &self.buf[REQUEST_HEADER_BYTES + len..];
+        let len = u32::from_le_bytes(self.buf[16..20].try_into().expect("4"));
+        let command_len = (len & !AUDIT_FLAG) as usize;
+        let command = &self.buf[REQUEST_HEADER_BYTES..REQUEST_HEADER_BYTES + command_len];
+        self.buf = &self.buf[REQUEST_HEADER_BYTES + command_len..];
+        let audit = if len & AUDIT_FLAG == 0 {
+            None
+        } else {
+            let mut r = Reader::new(self.buf);
+            let audit = AuditRef::decode_from(&mut r).expect("checked when the batch was made");
+            self.buf = &self.buf[r.offset()..];
+            Some(audit)
+        };
         Some(RequestRef {
             client_id,
             request_seq,
             command,
+            audit,
         })
     }
 
@@ -225,9 +366,28 @@ impl BatchBuilder {
         request_seq: u64,
         command: &[u8],
     ) -> Result<(), DecodeError> {
+        self.push_encoded_audited(client_id, request_seq, command, None)
+    }
+
+    /// As [`BatchBuilder::push_encoded`], with the request's audit trailer when it has one
+    /// (its fields checked by whoever made it: [`Audit::new`], or the node for a client's).
+    pub fn push_encoded_audited(
+        &mut self,
+        client_id: u64,
+        request_seq: u64,
+        command: &[u8],
+        audit: Option<AuditRef>,
+    ) -> Result<(), DecodeError> {
         check_command_form(command)?;
         self.key(client_id, request_seq);
-        self.w.bytes(command);
+        match audit {
+            None => self.w.bytes(command),
+            Some(audit) => {
+                self.w.u32(command.len() as u32 | AUDIT_FLAG);
+                self.w.buf.extend_from_slice(command);
+                audit.encode_into(&mut self.w);
+            }
+        }
         Ok(())
     }
 
@@ -359,11 +519,61 @@ impl<'de> serde::Deserialize<'de> for LogCommand {
     }
 }
 
+/// Audit trailers within the limits (property tests here and of the stream's form).
+#[cfg(test)]
+pub(crate) fn arb_audit() -> impl proptest::strategy::Strategy<Value = Audit> {
+    use proptest::strategy::Strategy;
+    ("[!-~]{1,64}", "[!-~]{1,128}").prop_map(|(operator, request_id)| Audit {
+        operator,
+        request_id,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use bourse_core::*;
     use proptest::prelude::*;
+
+    /// A batch of requests, some with an audit trailer, and what it should read back as.
+    fn audited_batch(
+        requests: &[(ClientRequest, Option<Audit>)],
+    ) -> (Batch, Vec<(ClientRequest, Option<Audit>)>) {
+        let mut b = BatchBuilder::with_capacity(requests.len());
+        for (r, audit) in requests {
+            let bytes = bourse_core::codec::encode_command(&r.command);
+            b.push_encoded_audited(
+                r.client_id,
+                r.request_seq,
+                &bytes,
+                audit.as_ref().map(Audit::borrowed),
+            )
+            .unwrap();
+        }
+        (b.finish(), requests.to_vec())
+    }
+
+    fn arb_audited_requests() -> impl Strategy<Value = Vec<(ClientRequest, Option<Audit>)>> {
+        proptest::collection::vec(
+            (
+                any::<u64>(),
+                any::<u64>(),
+                arb_command(),
+                proptest::option::of(arb_audit()),
+            )
+                .prop_map(|(client_id, request_seq, command, audit)| {
+                    (
+                        ClientRequest {
+                            client_id,
+                            request_seq,
+                            command,
+                        },
+                        audit,
+                    )
+                }),
+            0..12,
+        )
+    }
 
     fn arb_command() -> impl Strategy<Value = Command> {
         let new_order = (
@@ -547,6 +757,40 @@ mod tests {
         }
 
         #[test]
+        fn audited_requests_read_back_with_their_trailers_through_the_log_form(
+            requests in arb_audited_requests(),
+        ) {
+            let (batch, expected) = audited_batch(&requests);
+            let decoded = LogCommand::decode(&LogCommand::Batch(batch.clone()).encode());
+            prop_assert_eq!(&decoded, &Ok(LogCommand::Batch(batch.clone())));
+            let got: Vec<(ClientRequest, Option<Audit>)> = batch
+                .requests()
+                .map(|r| (r.decode().unwrap(), r.audit.map(AuditRef::to_audit)))
+                .collect();
+            prop_assert_eq!(got, expected);
+        }
+
+        #[test]
+        fn a_damaged_audited_batch_is_refused_or_reads_without_a_panic(
+            requests in arb_audited_requests(),
+            at in any::<prop::sample::Index>(),
+            byte in any::<u8>(),
+        ) {
+            let (batch, _) = audited_batch(&requests);
+            let mut bytes = batch.bytes().to_vec();
+            let n = at.index(bytes.len());
+            bytes[n] = byte;
+            if let Ok(LogCommand::Batch(b)) = LogCommand::decode(&bytes) {
+                for r in b.requests() {
+                    let _ = r.decode();
+                    if let Some(a) = r.audit {
+                        prop_assert!(AuditRef::new(a.operator, a.request_id).is_ok());
+                    }
+                }
+            }
+        }
+
+        #[test]
         fn truncated_or_extended_entries_are_refused(cmd in arb_log_command(), cut in any::<prop::sample::Index>()) {
             let bytes = cmd.encode();
             let n = cut.index(bytes.len());
@@ -583,6 +827,46 @@ mod tests {
             panic!("the framing is sound")
         };
         assert!(batch.decode_requests().is_err());
+    }
+
+    #[test]
+    fn a_batch_written_before_audit_trailers_reads_as_it_did_and_costs_the_same_bytes() {
+        // The form of a one-request batch as it was written before trailers existed, by hand.
+        let command = bourse_core::codec::encode_command(&Command::new(5, CommandBody::EndOfDay));
+        let mut old = vec![TAG_BATCH];
+        old.extend_from_slice(&1u32.to_le_bytes());
+        old.extend_from_slice(&7u64.to_le_bytes());
+        old.extend_from_slice(&9u64.to_le_bytes());
+        old.extend_from_slice(&(command.len() as u32).to_le_bytes());
+        old.extend_from_slice(&command);
+        let Ok(LogCommand::Batch(batch)) = LogCommand::decode(&old) else {
+            panic!("an old batch reads")
+        };
+        let r = batch.requests().next().unwrap();
+        assert_eq!((r.client_id, r.request_seq, r.audit), (7, 9, None));
+        // A request without a trailer is written byte for byte as before.
+        let mut b = BatchBuilder::with_capacity(1);
+        b.push_encoded_audited(7, 9, &command, None).unwrap();
+        assert_eq!(b.finish().bytes(), &old[..]);
+    }
+
+    #[test]
+    fn audit_fields_out_of_their_limits_are_refused_with_the_field_named() {
+        assert!(Audit::new("alice", "r-1").is_ok());
+        let long_operator = "o".repeat(AUDIT_OPERATOR_BYTES_MAX + 1);
+        assert!(Audit::new(&long_operator, "r-1")
+            .unwrap_err()
+            .starts_with("audit operator"));
+        assert!(Audit::new("", "r-1")
+            .unwrap_err()
+            .starts_with("audit operator"));
+        assert!(Audit::new("alice", "has space")
+            .unwrap_err()
+            .starts_with("audit request id"));
+        let long_id = "r".repeat(AUDIT_REQUEST_ID_BYTES_MAX + 1);
+        assert!(Audit::new("alice", &long_id)
+            .unwrap_err()
+            .starts_with("audit request id"));
     }
 
     #[test]

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use bourse_core::{Command, Event};
 use tokio::sync::mpsc;
 
+use crate::batch::Audit;
 use crate::consumer::StreamConsumer;
 use crate::net::{
     decode_message, encode_frame, read_frame, NodeStatus, PeerConnection, Request, Response,
@@ -122,8 +123,20 @@ impl Client {
         command: &Command,
         deadline: Duration,
     ) -> Result<(Acknowledged, Vec<Event>), ClientError> {
+        self.submit_audited_for_events(command, None, deadline)
+            .await
+    }
+
+    /// As [`Client::submit_for_events`], the request carrying `audit` (who asked) into the
+    /// log entry when there is one.
+    pub async fn submit_audited_for_events(
+        &mut self,
+        command: &Command,
+        audit: Option<&Audit>,
+        deadline: Duration,
+    ) -> Result<(Acknowledged, Vec<Event>), ClientError> {
         let started = Instant::now();
-        let ack = self.submit(command, deadline).await?;
+        let ack = self.submit_audited(command, audit, deadline).await?;
         // The node that answered first: it applied the entry before it answered.
         let answered = self.current;
         let nodes = || {
@@ -162,6 +175,18 @@ impl Client {
         command: &Command,
         deadline: Duration,
     ) -> Result<Acknowledged, ClientError> {
+        self.submit_audited(command, None, deadline).await
+    }
+
+    /// As [`Client::submit`], the request carrying `audit` (who asked: an operator and a
+    /// request id) into the log entry when there is one. A trailer out of its limits is
+    /// refused by the node (`ClientError::Rejected`, naming the field).
+    pub async fn submit_audited(
+        &mut self,
+        command: &Command,
+        audit: Option<&Audit>,
+        deadline: Duration,
+    ) -> Result<Acknowledged, ClientError> {
         let request_seq = self.next_seq;
         let encoded = encode_command(command);
         let started = Instant::now();
@@ -171,10 +196,18 @@ impl Client {
         }
         while started.elapsed() < deadline {
             let conn = self.conn.as_mut().expect("connection chosen");
-            let request = Request::Submit {
-                client_id: self.client_id,
-                request_seq,
-                command: encoded.clone(),
+            let request = match audit {
+                None => Request::Submit {
+                    client_id: self.client_id,
+                    request_seq,
+                    command: encoded.clone(),
+                },
+                Some(audit) => Request::SubmitAudited {
+                    client_id: self.client_id,
+                    request_seq,
+                    command: encoded.clone(),
+                    audit: audit.clone(),
+                },
             };
             let attempt = conn
                 .call(request, Duration::from_millis(ATTEMPT_TIMEOUT_MS))
@@ -409,8 +442,10 @@ enum Note {
 /// applied gaplessly and in order, exactly once.
 pub struct PipelinedClient {
     health: Arc<PipelineHealth>,
-    queue: mpsc::Sender<(u64, Vec<u8>)>,
+    queue: mpsc::Sender<Queued>,
     notes: mpsc::UnboundedReceiver<Note>,
+    /// The audit trailer the requests queued from now on carry ([`PipelinedClient::set_audit`]).
+    audit: Option<Arc<Audit>>,
     next_seq: u64,
     client_id: u64,
     stopped: Option<String>,
@@ -464,6 +499,7 @@ impl PipelinedClient {
             next_seq: first_seq,
             client_id,
             stopped: None,
+            audit: None,
             driver: tokio::spawn(driver.run(queue_rx)),
         }
     }
@@ -494,11 +530,17 @@ impl PipelinedClient {
         Ok(encoded)
     }
 
+    /// Who asks for the requests queued from now on (an admin action's operator and request
+    /// id, carried into the log beside each command), or nobody (`None`, the default).
+    pub fn set_audit(&mut self, audit: Option<Audit>) {
+        self.audit = audit.map(Arc::new);
+    }
+
     /// Queues a request without waiting; returns its sequence number.
     pub fn try_submit(&mut self, command: &Command) -> Result<u64, PipelineError> {
         let encoded = self.encode(command)?;
         let seq = self.next_seq;
-        match self.queue.try_send((seq, encoded)) {
+        match self.queue.try_send((seq, encoded, self.audit.clone())) {
             Ok(()) => {
                 self.next_seq += 1;
                 Ok(seq)
@@ -515,7 +557,7 @@ impl PipelinedClient {
         let encoded = self.encode(command)?;
         let seq = self.next_seq;
         self.queue
-            .send((seq, encoded))
+            .send((seq, encoded, self.audit.clone()))
             .await
             .map_err(|_| PipelineError::Stopped("driver ended".into()))?;
         self.next_seq += 1;
@@ -566,8 +608,13 @@ impl Drop for PipelinedClient {
     }
 }
 
+/// A queued request: its seq, its command's bytes and who asked.
+type Queued = (u64, Vec<u8>, Option<Arc<Audit>>);
+
 struct Unanswered {
     command: Vec<u8>,
+    /// Who asked, shared by every request of one admin action.
+    audit: Option<Arc<Audit>>,
     /// When it was last sent (None: not yet sent on the current connection).
     sent_at: Option<Instant>,
     /// Sent at least once before (a send now is a re-send).
@@ -698,14 +745,20 @@ impl Driver {
                 self.health.probes.fetch_add(1, Ordering::AcqRel);
             }
             let tag = (generation << TAG_SEQ_BITS) | (seq & ((1 << TAG_SEQ_BITS) - 1));
-            let frame = encode_frame(&Tagged {
-                tag,
-                body: Request::Submit {
+            let body = match &u.audit {
+                None => Request::Submit {
                     client_id: self.client_id,
                     request_seq: seq,
                     command: u.command.clone(),
                 },
-            });
+                Some(audit) => Request::SubmitAudited {
+                    client_id: self.client_id,
+                    request_seq: seq,
+                    command: u.command.clone(),
+                    audit: Audit::clone(audit),
+                },
+            };
+            let frame = encode_frame(&Tagged { tag, body });
             buf.extend_from_slice(&frame);
             if self.held {
                 // One probe at a time.
@@ -782,7 +835,7 @@ impl Driver {
         }
     }
 
-    async fn run(mut self, mut queue: mpsc::Receiver<(u64, Vec<u8>)>) {
+    async fn run(mut self, mut queue: mpsc::Receiver<Queued>) {
         let mut link: Option<Link> = None;
         let mut buf = Vec::with_capacity(64 * 1024);
         let mut queue_open = true;
@@ -801,11 +854,12 @@ impl Driver {
             // Take what is queued, up to the window, then send it all at once.
             while queue_open && !self.held && self.unanswered.len() < self.window {
                 match queue.try_recv() {
-                    Ok((seq, command)) => {
+                    Ok((seq, command, audit)) => {
                         self.unanswered.insert(
                             seq,
                             Unanswered {
                                 command,
+                                audit,
                                 sent_at: None,
                                 sent_before: false,
                             },
@@ -843,8 +897,8 @@ impl Driver {
                         None => rewind = Some(Rewind::Next("reader ended".into())),
                     },
                     next = queue.recv(), if room => match next {
-                        Some((seq, command)) => {
-                            self.unanswered.insert(seq, Unanswered { command, sent_at: None, sent_before: false });
+                        Some((seq, command, audit)) => {
+                            self.unanswered.insert(seq, Unanswered { command, audit, sent_at: None, sent_before: false });
                         }
                         None => queue_open = false,
                     },

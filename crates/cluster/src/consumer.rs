@@ -98,6 +98,11 @@ impl<'a> RequestView<'a> {
         self.0.kind == OutcomeKind::Applied
     }
 
+    /// Who asked, for a request with an audit trailer (admin actions).
+    pub fn audit(&self) -> Option<&'a crate::batch::Audit> {
+        self.0.audit.as_ref()
+    }
+
     /// The encoded events.
     pub fn event_bytes(&self) -> &'a [u8] {
         &self.0.events
@@ -518,6 +523,7 @@ mod tests {
                 kind: OutcomeKind::Applied,
                 applied_index: index,
                 events: bourse_core::codec::encode_events(&events),
+                audit: None,
             }],
             market_data_flush_ns: None,
         }

@@ -86,7 +86,7 @@ pub mod storage;
 pub mod stream;
 pub mod transport;
 
-pub use batch::{Batch, ClientRequest, LogCommand};
+pub use batch::{Audit, Batch, ClientRequest, LogCommand};
 pub use client::{Acknowledged, Client, ClientError};
 pub use consumer::{EntryView, RequestView, StreamConsumer};
 pub use node::{ClusterConfig, FsyncSetting, Node, NodeAddr};

@@ -81,6 +81,16 @@ pub enum Request {
     /// The core's instruments with their definitions, from the node's applied state
     /// (`crate::query::InstrumentsAnswer`).
     Instruments,
+    /// As `Submit`, with who asked (an admin action): the audit trailer goes into the log
+    /// entry beside the command (`crate::batch::Audit`). Last among the variants, so that
+    /// peers that predate it read every other request as before.
+    SubmitAudited {
+        client_id: u64,
+        request_seq: u64,
+        #[serde(with = "bytes_field")]
+        command: Vec<u8>,
+        audit: crate::batch::Audit,
+    },
 }
 
 /// A `Vec<u8>` field as one serde byte string. Under bincode this is exactly the encoding of

@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 
 use crate::admission::{admission, Admission, AdmissionSender};
 use crate::archive::{ArchiveWriter, StreamArchive};
-use crate::batch::{BatchBuilder, LogCommand};
+use crate::batch::{Audit, BatchBuilder, LogCommand};
 use crate::consumer::StreamConsumer;
 use crate::hooks::NodeHooks;
 use crate::net::{
@@ -469,6 +469,9 @@ struct Pending {
     /// The command as the client encoded it (form and length checked); the batcher copies
     /// it into the batch without decoding it.
     command: Vec<u8>,
+    /// Who asked, for an audited request (admin actions); `None`, and no allocation, for
+    /// trading requests.
+    audit: Option<Audit>,
     reply: ReplyTo,
     /// When the request was read off its connection (ns since the node's stage epoch).
     received_ns: u64,
@@ -1150,6 +1153,7 @@ async fn serve_connection(
                 request_seq,
                 command,
             } => {
+                let audit = None;
                 let Some((_, out)) = answers.queued(&shared.stages) else {
                     break;
                 };
@@ -1162,6 +1166,33 @@ async fn serve_connection(
                     client_id,
                     request_seq,
                     command,
+                    audit,
+                    reply_to,
+                    received_ns,
+                )
+                .await
+                {
+                    reply_to.send(Err(e));
+                }
+                continue;
+            }
+            Request::SubmitAudited {
+                client_id,
+                request_seq,
+                command,
+                audit,
+            } => {
+                let Some((_, out)) = answers.queued(&shared.stages) else {
+                    break;
+                };
+                let reply_to = ReplyTo { tag, out };
+                let received_ns = shared.stages.now_ns();
+                if let Err((e, reply_to)) = enqueue(
+                    &shared,
+                    client_id,
+                    request_seq,
+                    command,
+                    Some(audit),
                     reply_to,
                     received_ns,
                 )
@@ -1255,6 +1286,7 @@ async fn enqueue(
     client_id: u64,
     request_seq: u64,
     command: Vec<u8>,
+    audit: Option<Audit>,
     reply: ReplyTo,
     received_ns: u64,
 ) -> Result<(), (SubmitError, ReplyTo)> {
@@ -1267,6 +1299,10 @@ async fn enqueue(
     if let Err(e) = check_command_form(&command) {
         return Err((SubmitError::Invalid(e.to_string()), reply));
     }
+    // A trailer out of its limits would make the entry unreadable: refused here, named.
+    if let Some(Err(e)) = audit.as_ref().map(Audit::check) {
+        return Err((SubmitError::Invalid(e), reply));
+    }
     if let Some(quorum_ack_ms_ago) = quorum_lost_ms(shared) {
         // Refused at once rather than proposed into a log that cannot commit: the client
         // hears why within the election timeout instead of waiting out its attempt.
@@ -1277,6 +1313,7 @@ async fn enqueue(
         client_id,
         request_seq,
         command,
+        audit,
         reply,
         received_ns,
         queued_at: shared.hooks.sample_t2(),
@@ -1329,7 +1366,8 @@ async fn batcher(
         let mut replies = Vec::with_capacity(batch.len());
         for p in batch {
             // `enqueue` checked the form already; the check is two comparisons.
-            match requests.push_encoded(p.client_id, p.request_seq, &p.command) {
+            let audit = p.audit.as_ref().map(Audit::borrowed);
+            match requests.push_encoded_audited(p.client_id, p.request_seq, &p.command, audit) {
                 Ok(()) => replies.push(p.reply),
                 Err(e) => p.reply.send(Err(SubmitError::Invalid(e.to_string()))),
             }

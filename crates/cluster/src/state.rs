@@ -49,7 +49,7 @@ use bourse_core::Event;
 use bourse_engine::{Engine, EngineConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::batch::{Batch, RequestRef};
+use crate::batch::{AuditRef, Batch, RequestRef};
 use crate::stream::CommittedRequest;
 
 /// Clients the table remembers; requests from further new clients are refused (a fixed limit
@@ -385,6 +385,9 @@ impl ReplicatedState {
             kind,
             applied_index,
             events,
+            // Who asked goes with every answer of the request, a retry's too: the stream
+            // shows each log entry's requests as they were written.
+            audit: request.audit.map(AuditRef::to_audit),
         };
         let refused = |kind| (answer(kind, 0, Vec::new()), empty_events_hash());
         let sessions_count = self.sessions.len();

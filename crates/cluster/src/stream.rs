@@ -22,6 +22,7 @@ use tokio::sync::broadcast;
 
 use bourse_core::codec::{DecodeError, Reader, Writer};
 
+use crate::batch::Audit;
 use crate::state::OutcomeKind;
 
 /// The most entries `stream_entries_kept` may ask a node to keep in its ring.
@@ -50,6 +51,9 @@ pub struct CommittedRequest {
     /// The encoded events of the command (see `bourse_core::codec::decode_events`) when it
     /// applied in this entry; empty otherwise (a duplicate's events are at `applied_index`).
     pub events: Vec<u8>,
+    /// Who asked, for a request that carried an audit trailer (admin actions); `None` for
+    /// every other (trading requests), which costs no allocation.
+    pub audit: Option<Audit>,
 }
 
 /// One applied log entry.
@@ -63,6 +67,13 @@ pub struct CommittedEntry {
     /// (`LogCommand::MarketDataFlush`); `None` for every other entry.
     pub market_data_flush_ns: Option<u64>,
 }
+
+/// An encoded entry's flags (its first byte): a market data flush time follows.
+const FLAG_MARKET_DATA_FLUSH: u8 = 1;
+/// An encoded entry's flags: each request ends with an audit byte (0: none, 1: a trailer
+/// follows). Entries written before audit trailers existed have flags 0 or 1 and read as
+/// they did.
+const FLAG_AUDITED: u8 = 2;
 
 /// The most requests one encoded entry may hold (a batch is far smaller).
 const REQUESTS_PER_ENTRY_MAX: usize = 1 << 20;
@@ -84,10 +95,14 @@ impl CommittedEntry {
     pub fn encode(&self) -> Vec<u8> {
         let bytes: usize = self.requests.iter().map(|r| 40 + r.events.len()).sum();
         let mut w = Writer::with_capacity(13 + bytes);
+        // An entry with an audited request says so in its flags, and then each of its
+        // requests has an audit byte; entries without one keep the form they always had.
+        let audited = self.requests.iter().any(|r| r.audit.is_some());
+        let flags = if audited { FLAG_AUDITED } else { 0 };
         match self.market_data_flush_ns {
-            None => w.u8(0),
+            None => w.u8(flags),
             Some(ns) => {
-                w.u8(1);
+                w.u8(flags | FLAG_MARKET_DATA_FLUSH);
                 w.u64(ns);
             }
         }
@@ -98,6 +113,15 @@ impl CommittedEntry {
             r.kind.encode(&mut w);
             w.u64(r.applied_index);
             w.bytes(&r.events);
+            if audited {
+                match &r.audit {
+                    None => w.u8(0),
+                    Some(a) => {
+                        w.u8(1);
+                        a.encode_into(&mut w);
+                    }
+                }
+            }
         }
         w.finish()
     }
@@ -106,10 +130,15 @@ impl CommittedEntry {
     /// else (bytes from a peer are checked as if hostile: counts bounded by the bytes there).
     pub fn decode(index: u64, bytes: &[u8]) -> Result<CommittedEntry, DecodeError> {
         let mut r = Reader::new(bytes);
-        let market_data_flush_ns = match r.u8()? {
-            0 => None,
-            1 => Some(r.u64()?),
-            _ => return Err(r.error("bad market data flush flag")),
+        let flags = r.u8()?;
+        if flags & !(FLAG_MARKET_DATA_FLUSH | FLAG_AUDITED) != 0 {
+            return Err(r.error("bad entry flags"));
+        }
+        let audited = flags & FLAG_AUDITED != 0;
+        let market_data_flush_ns = if flags & FLAG_MARKET_DATA_FLUSH != 0 {
+            Some(r.u64()?)
+        } else {
+            None
         };
         let count = r.u32()? as usize;
         // Each request takes at least 29 bytes (three u64, the kind, an empty byte string's
@@ -124,15 +153,31 @@ impl CommittedEntry {
             let kind = OutcomeKind::decode(&mut r)?;
             let applied_index = r.u64()?;
             let events = r.bytes(ENTRY_BYTES_MAX)?.to_vec();
+            let audit = match audited {
+                false => None,
+                true => match r.u8()? {
+                    0 => None,
+                    1 => Some(Audit::decode_from(&mut r)?),
+                    _ => return Err(r.error("bad audit flag")),
+                },
+            };
             requests.push(CommittedRequest {
                 client_id,
                 request_seq,
                 kind,
                 applied_index,
                 events,
+                audit,
             });
         }
         r.expect_end()?;
+        // One form per entry: the audit flag only on an entry with an audited request.
+        if audited && requests.iter().all(|q| q.audit.is_none()) {
+            return Err(DecodeError {
+                offset: 0,
+                what: "audit flag on an entry without an audited request",
+            });
+        }
         Ok(CommittedEntry {
             index,
             requests,
@@ -397,9 +442,39 @@ mod tests {
                 kind: OutcomeKind::Applied,
                 applied_index: index,
                 events: vec![index as u8],
+                audit: None,
             }],
             market_data_flush_ns: None,
         }
+    }
+
+    #[test]
+    fn an_entry_without_audit_trailers_keeps_the_form_written_before_them() {
+        let e = entry(5);
+        // The form as it was before trailers existed, by hand: flags 0, one request.
+        let mut old = vec![0u8];
+        old.extend_from_slice(&1u32.to_le_bytes());
+        old.extend_from_slice(&1u64.to_le_bytes());
+        old.extend_from_slice(&5u64.to_le_bytes());
+        let mut w = Writer::default();
+        OutcomeKind::Applied.encode(&mut w);
+        old.extend_from_slice(&w.buf);
+        old.extend_from_slice(&5u64.to_le_bytes());
+        old.extend_from_slice(&1u32.to_le_bytes());
+        old.push(5);
+        assert_eq!(e.encode(), old);
+        assert_eq!(CommittedEntry::decode(5, &old).unwrap(), e);
+        // With a trailer: flagged, and read back with it.
+        let mut audited = entry(5);
+        audited.requests[0].audit = Some(Audit::new("alice", "halt-1").unwrap());
+        let bytes = audited.encode();
+        assert_eq!(bytes[0], FLAG_AUDITED);
+        assert_eq!(CommittedEntry::decode(5, &bytes).unwrap(), audited);
+        // The flag on an entry none of whose requests has a trailer is not its one form.
+        let mut flagged = e.encode();
+        flagged[0] = FLAG_AUDITED;
+        flagged.push(0);
+        assert!(CommittedEntry::decode(5, &flagged).is_err());
     }
 
     #[test]

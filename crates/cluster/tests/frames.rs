@@ -24,11 +24,17 @@ fn read_one(bytes: &[u8]) -> (std::io::Result<bool>, Vec<u8>) {
 }
 
 fn request(kind: u8, tag: u64, a: u64, b: u64, command: Vec<u8>) -> Tagged<Request> {
-    let body = match kind % 6 {
+    let body = match kind % 7 {
         0 => Request::Submit {
             client_id: a,
             request_seq: b,
             command,
+        },
+        5 => Request::SubmitAudited {
+            client_id: a,
+            request_seq: b,
+            command,
+            audit: bourse_cluster::Audit::new("operator-1", &format!("request-{tag}")).unwrap(),
         },
         1 => Request::Subscribe { from_index: a },
         2 => Request::LastSeq { client_id: a },

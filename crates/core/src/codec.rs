@@ -185,6 +185,11 @@ impl<'a> Reader<'a> {
         }
         self.take(len)
     }
+    /// The next `n` bytes as they are (a length the caller read and checked itself).
+    #[inline]
+    pub fn raw(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        self.take(n)
+    }
     /// A count of items that each take at least `item_bytes_min` bytes: refused if the rest of
     /// the data could not hold that many, so a damaged count cannot make us allocate wildly.
     pub fn count(&mut self, item_bytes_min: usize) -> Result<usize, DecodeError> {

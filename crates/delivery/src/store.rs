@@ -953,6 +953,7 @@ pub(crate) mod tests {
                 kind: OutcomeKind::Applied,
                 applied_index: entries.len() as u64,
                 events: bourse_core::codec::encode_events(&events),
+                audit: None,
             });
             if requests.len() == per_entry {
                 entries.push(EntryView::new(Arc::new(CommittedEntry {

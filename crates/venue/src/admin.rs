@@ -15,9 +15,9 @@
 //! one). An in-process core reports only to the gateway that submitted, so an action there
 //! would leave the gateway's order table stale.
 
-use bourse_admin::{AdminVenue, BoxFuture, EngineRead};
+use bourse_admin::{AdminVenue, Asker, BoxFuture, EngineRead};
 use bourse_cluster::client::{PipelineError, PipelinedClient};
-use bourse_cluster::{tokio, Client, OutcomeKind, Raft, StateMachineStore, StreamConsumer};
+use bourse_cluster::{tokio, Audit, Client, OutcomeKind, Raft, StateMachineStore, StreamConsumer};
 use bourse_core::{Command, Event};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -134,7 +134,11 @@ impl AdminCore {
         ))
     }
 
-    async fn run_ordered(&self, commands: Vec<Command>) -> Result<Vec<Vec<Event>>, String> {
+    async fn run_ordered(
+        &self,
+        commands: Vec<Command>,
+        audit: &Audit,
+    ) -> Result<Vec<Vec<Event>>, String> {
         let mut slot = self.ordered.lock().await;
         if slot.is_none() {
             let (id, first_seq) = self.resume(0).await?;
@@ -143,7 +147,10 @@ impl AdminCore {
         let client = slot.as_mut().expect("made above");
         let mut out = Vec::with_capacity(commands.len());
         for c in &commands {
-            match client.submit_for_events(c, ADMIN_COMMAND_DEADLINE).await {
+            match client
+                .submit_audited_for_events(c, Some(audit), ADMIN_COMMAND_DEADLINE)
+                .await
+            {
                 Ok((ack, events)) => {
                     if !ack.duplicate {
                         self.answered
@@ -166,7 +173,11 @@ impl AdminCore {
 impl AdminCore {
     /// Submits unordered commands through the pipelined lane (see the module documentation)
     /// and answers each command's events in the order given.
-    async fn run_pipelined(&self, commands: Vec<Command>) -> Result<Vec<Vec<Event>>, String> {
+    async fn run_pipelined(
+        &self,
+        commands: Vec<Command>,
+        audit: Audit,
+    ) -> Result<Vec<Vec<Event>>, String> {
         let mut slot = self.pipelined.lock().await;
         if slot.is_none() {
             let (id, first_seq) = self.resume(PIPELINED_LANE).await?;
@@ -178,6 +189,7 @@ impl AdminCore {
             ));
         }
         let client = slot.as_mut().expect("made above");
+        client.set_audit(Some(audit));
         let result = self.pipeline(client, &commands).await;
         if result.is_err() {
             // Some requests may be unanswered: a new client continues from the group's
@@ -294,21 +306,24 @@ impl AdminVenue for VenueAdmin {
         self.markets.clone()
     }
 
-    fn submit(
-        &self,
+    fn submit<'a>(
+        &'a self,
         core: usize,
         commands: Vec<Command>,
         ordered: bool,
-    ) -> BoxFuture<'_, Result<Vec<Vec<Event>>, String>> {
+        asker: Asker<'a>,
+    ) -> BoxFuture<'a, Result<Vec<Vec<Event>>, String>> {
         Box::pin(async move {
             let c = self
                 .cores
                 .get(core)
                 .ok_or_else(|| format!("no core {core}"))?;
+            // The log entries say who asked: the journal's audit trail.
+            let audit = Audit::new(asker.operator, asker.request_id)?;
             if ordered || commands.len() < 2 {
-                c.run_ordered(commands).await
+                c.run_ordered(commands, &audit).await
             } else {
-                c.run_pipelined(commands).await
+                c.run_pipelined(commands, audit).await
             }
         })
     }

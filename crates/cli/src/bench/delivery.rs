@@ -127,6 +127,7 @@ fn entry(index: u64, requests: &EntryEvents, ts_ns: Option<u64>) -> EntryView {
                 kind: OutcomeKind::Applied,
                 applied_index: index,
                 events: bourse_core::codec::encode_events(&events),
+                audit: None,
             }
         })
         .collect();
