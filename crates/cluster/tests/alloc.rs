@@ -7,31 +7,7 @@ use bourse_cluster::batch::BatchBuilder;
 use bourse_cluster::{Audit, LogCommand};
 use bourse_core::codec::encode_command;
 use bourse_core::*;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
-thread_local! {
-    /// While set, allocations on this thread are counted into it.
-    static WATCHED: Cell<Option<u64>> = const { Cell::new(None) };
-}
-
-struct CountingAllocator;
-
-// A global allocator is unsafe to implement by definition; this one counts and forwards.
-#[allow(unsafe_code)]
-// SAFETY: every call goes unchanged to the system allocator, which upholds the contract.
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = WATCHED.try_with(|w| w.set(w.get().map(|n| n + 1)));
-        // SAFETY: the caller's layout, forwarded unchanged.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` was allocated by `System.alloc` with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use bourse_testkit::alloc::{count_allocations, CountingAllocator};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -71,21 +47,18 @@ fn reading_an_entrys_requests_allocates_nothing_with_or_without_audit_trailers()
     let LogCommand::Batch(batch) = LogCommand::decode(b.finish().bytes()).unwrap() else {
         panic!("a batch")
     };
-    // The counter works: one allocation on this thread is seen.
-    WATCHED.with(|w| w.set(Some(0)));
-    drop(std::hint::black_box(vec![0u8; 16]));
-    assert_eq!(WATCHED.with(|w| w.take()), Some(1));
 
-    WATCHED.with(|w| w.set(Some(0)));
-    let (mut audited, mut bytes) = (0u64, 0usize);
-    for r in batch.requests() {
-        bytes += std::hint::black_box(r.command).len();
-        if let Some(a) = r.audit {
-            audited += 1;
-            bytes += a.operator.len() + a.request_id.len();
+    let ((audited, bytes), allocations) = count_allocations(|| {
+        let (mut audited, mut bytes) = (0u64, 0usize);
+        for r in batch.requests() {
+            bytes += std::hint::black_box(r.command).len();
+            if let Some(a) = r.audit {
+                audited += 1;
+                bytes += a.operator.len() + a.request_id.len();
+            }
         }
-    }
-    let allocations = WATCHED.with(|w| w.take()).unwrap();
+        (audited, bytes)
+    });
     assert_eq!(audited, 8);
     assert!(bytes > 4_000);
     assert_eq!(allocations, 0, "allocations while reading the requests");

@@ -5,64 +5,11 @@
 mod common;
 
 use bourse_marketdata::{Channel, PacketSink};
+use bourse_testkit::alloc::{count_allocations, CountingAllocator};
 use common::*;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::Ordering;
-
-struct Counting;
-/// Counting is switched on per thread, so tests running side by side do not count each
-/// other's allocations.
-struct Flag;
-impl Flag {
-    fn store(&self, on: bool, _: Ordering) {
-        COUNTING_HERE.with(|c| c.set(on));
-    }
-    fn load(&self, _: Ordering) -> bool {
-        COUNTING_HERE.try_with(|c| c.get()).unwrap_or(false)
-    }
-}
-thread_local! {
-    static COUNTING_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-static COUNTING: Flag = Flag;
-/// Allocations made by this thread while it counted.
-struct Tally;
-impl Tally {
-    fn fetch_add(&self, n: u64, _: Ordering) {
-        TALLY_HERE.with(|c| c.set(c.get() + n));
-    }
-    fn store(&self, n: u64, _: Ordering) {
-        TALLY_HERE.with(|c| c.set(n));
-    }
-    fn load(&self, _: Ordering) -> u64 {
-        TALLY_HERE.with(|c| c.get())
-    }
-}
-thread_local! {
-    static TALLY_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-static ALLOCATIONS: Tally = Tally;
-
-// A global allocator is unsafe to implement by definition; this one only counts and forwards.
-#[allow(unsafe_code)]
-// SAFETY: every call is forwarded unchanged to the system allocator, which upholds the
-// `GlobalAlloc` contract.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: forwards the caller's layout to the system allocator unchanged.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAllocator = CountingAllocator;
 
 struct NullSink(u64);
 impl PacketSink for NullSink {
@@ -80,23 +27,21 @@ fn publishing_allocates_almost_nothing_per_event_after_warm_up() {
     };
     let mut h = Harness::new(3, config);
     let mut sink = NullSink(0);
-    let mut run = |h: &mut Harness, batches: u32, count: bool| -> u64 {
-        let mut events_total = 0u64;
+    // Returns the events published and the allocations made while publishing them.
+    let mut run = |h: &mut Harness, batches: u32| -> (u64, u64) {
+        let (mut events_total, mut allocations) = (0u64, 0u64);
         for _ in 0..batches {
             h.batch(20);
             let events = std::mem::take(&mut h.events);
             events_total += events.len() as u64;
-            COUNTING.store(count, Ordering::Relaxed);
-            h.publisher.publish(&events, h.now_ns, &mut sink);
-            COUNTING.store(false, Ordering::Relaxed);
+            let ((), n) = count_allocations(|| h.publisher.publish(&events, h.now_ns, &mut sink));
+            allocations += n;
             h.events = events;
         }
-        events_total
+        (events_total, allocations)
     };
-    run(&mut h, 20_000, false);
-    ALLOCATIONS.store(0, Ordering::Relaxed);
-    let events = run(&mut h, 20_000, true);
-    let allocations = ALLOCATIONS.load(Ordering::Relaxed);
+    run(&mut h, 20_000);
+    let (events, allocations) = run(&mut h, 20_000);
     eprintln!("{allocations} allocations over {events} events");
     assert!(sink.0 > 0);
     // Encoding allocates nothing; the books' B-trees split a node now and then.
@@ -131,26 +76,26 @@ fn keeping_and_sending_packets_allocates_nothing_and_takes_one_syscall_per_flush
         ..test_publisher_config()
     };
     let mut h = Harness::new(5, config);
-    let run = |h: &mut Harness, sink: &mut UdpSink, batches: u32, count: bool| {
+    // Returns the allocations made while publishing.
+    let run = |h: &mut Harness, sink: &mut UdpSink, batches: u32| -> u64 {
+        let mut allocations = 0u64;
         for _ in 0..batches {
             h.batch(20);
             let events = std::mem::take(&mut h.events);
-            COUNTING.store(count, Ordering::Relaxed);
-            h.publisher.publish(&events, h.now_ns, sink);
-            COUNTING.store(false, Ordering::Relaxed);
+            let ((), n) = count_allocations(|| h.publisher.publish(&events, h.now_ns, sink));
+            allocations += n;
             h.events = events;
         }
+        allocations
     };
-    run(&mut h, &mut sink, 20_000, false);
+    run(&mut h, &mut sink, 20_000);
     let packets_before: u64 = Channel::ALL
         .iter()
         .map(|&c| h.publisher.counters(c).packets_sent)
         .sum();
     let (calls_before, kept_before) =
         (sink.send_calls, h.publisher.history().lock().unwrap().len());
-    ALLOCATIONS.store(0, Ordering::Relaxed);
-    run(&mut h, &mut sink, 20_000, true);
-    let allocations = ALLOCATIONS.load(Ordering::Relaxed);
+    let allocations = run(&mut h, &mut sink, 20_000);
     let packets: u64 = Channel::ALL
         .iter()
         .map(|&c| h.publisher.counters(c).packets_sent)

@@ -5,31 +5,7 @@
 
 use bourse_t2t::gen::{synthetic, GenConfig, Sizes};
 use bourse_t2t::reactor::{Reactor, ReactorConfig};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
-thread_local! {
-    /// While set, allocations on this thread are counted into it.
-    static WATCHED: Cell<Option<u64>> = const { Cell::new(None) };
-}
-
-struct CountingAllocator;
-
-// A global allocator is unsafe to implement by definition; this one counts and forwards.
-#[allow(unsafe_code)]
-// SAFETY: every call goes unchanged to the system allocator, which upholds the contract.
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = WATCHED.try_with(|w| w.set(w.get().map(|n| n + 1)));
-        // SAFETY: the caller's layout, forwarded unchanged.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` was allocated by `System.alloc` with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use bourse_testkit::alloc::{count_allocations, CountingAllocator};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -58,18 +34,14 @@ fn reacting_to_packets_allocates_nothing() {
         4,
         "every instrument seen in the warm-up"
     );
-    // The counter works: one allocation on this thread is seen.
-    WATCHED.with(|w| w.set(Some(0)));
-    drop(std::hint::black_box(vec![0u8; 16]));
-    assert_eq!(WATCHED.with(|w| w.take()), Some(1));
-    WATCHED.with(|w| w.set(Some(0)));
-    for (k, p) in packets[50..].iter().enumerate() {
-        r.on_datagram(p, 1_700_000_000_000_000_000 + k as u64 * 1_000);
-        if k % 60 == 0 {
-            r.on_datagram(&damaged[(k / 60) % damaged.len()], 0);
+    let ((), allocations) = count_allocations(|| {
+        for (k, p) in packets[50..].iter().enumerate() {
+            r.on_datagram(p, 1_700_000_000_000_000_000 + k as u64 * 1_000);
+            if k % 60 == 0 {
+                r.on_datagram(&damaged[(k / 60) % damaged.len()], 0);
+            }
         }
-    }
-    let allocations = WATCHED.with(|w| w.take()).unwrap();
+    });
     assert!(r.stats().orders > 100);
     assert!(r.stats().truncated > 10);
     assert_eq!(allocations, 0, "allocations while reacting");
@@ -100,19 +72,16 @@ fn reacting_to_itch_packets_allocates_nothing() {
         r.on_datagram(p, 1);
     }
     assert_eq!(r.books().instruments().len(), 4, "every stock defined");
-    WATCHED.with(|w| w.set(Some(0)));
-    drop(std::hint::black_box(vec![0u8; 16]));
-    assert_eq!(WATCHED.with(|w| w.take()), Some(1));
-    WATCHED.with(|w| w.set(Some(0)));
-    for (k, p) in packets[50..].iter().enumerate() {
-        r.on_datagram(p, 1_700_000_000_000_000_000 + k as u64 * 1_000);
-        if k % 60 == 0 {
-            r.on_datagram(&damaged[(k / 60) % damaged.len()], 0);
-            // A copy of the packet just applied: a duplicate.
-            r.on_datagram(p, 0);
+    let ((), allocations) = count_allocations(|| {
+        for (k, p) in packets[50..].iter().enumerate() {
+            r.on_datagram(p, 1_700_000_000_000_000_000 + k as u64 * 1_000);
+            if k % 60 == 0 {
+                r.on_datagram(&damaged[(k / 60) % damaged.len()], 0);
+                // A copy of the packet just applied: a duplicate.
+                r.on_datagram(p, 0);
+            }
         }
-    }
-    let allocations = WATCHED.with(|w| w.take()).unwrap();
+    });
     assert!(r.stats().orders > 100);
     assert!(r.stats().truncated > 10);
     assert!(r.stats().duplicates > 10);

@@ -12,7 +12,11 @@
 //!
 //! [`certs::Authority`]: a certificate authority and the certificates it signs, for the tests
 //! and benchmarks of the venue's mutual TLS.
+//!
+//! [`alloc::CountingAllocator`] and [`alloc::count_allocations`]: the one counting global
+//! allocator of the tests that prove a path allocates nothing.
 
+pub mod alloc;
 pub mod certs;
 
 use std::net::{TcpListener, UdpSocket};
