@@ -39,6 +39,16 @@ pub const PIPELINE_ATTEMPT_TIMEOUT_MS: u64 = 1_000;
 /// While the leader answers that it has no quorum, one request (the oldest unanswered) is
 /// sent again this often to learn when the quorum is back; the others wait unsent.
 pub const NO_QUORUM_PROBE_MS: u64 = 100;
+/// How long a request may go unanswered (or the leader keep answering that it has no quorum)
+/// before the client asks every node who leads now, and again this often while it waits. A
+/// leader that is paused or cut off keeps its connections open and answers nothing, so
+/// without asking, a client would learn of its successor only when its attempt timed out;
+/// asking, it moves on as soon as the group has elected one (issue 21's failover goal:
+/// acknowledgements resume within 1 s). A slow but healthy leader costs each node one brief
+/// status call per period, and the client stays (no node names a newer leader).
+pub const LEADER_PROBE_AFTER_MS: u64 = 200;
+/// How long one node may take to answer a leader probe.
+pub const LEADER_PROBE_TIMEOUT_MS: u64 = 150;
 
 /// A request the group committed and applied.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,6 +104,10 @@ pub struct Client {
     conn: Option<PeerConnection>,
     /// This client's events from the committed stream, once it asked for events.
     own_events: Option<OwnEvents>,
+    /// How long one attempt at one node may take ([`ATTEMPT_TIMEOUT_MS`] unless set).
+    attempt_timeout_ms: u64,
+    /// Times a leader probe found a newer leader and the client moved to it.
+    leader_probe_switches: u64,
 }
 
 impl Client {
@@ -108,7 +122,22 @@ impl Client {
             current: 0,
             conn: None,
             own_events: None,
+            attempt_timeout_ms: ATTEMPT_TIMEOUT_MS,
+            leader_probe_switches: 0,
         }
+    }
+
+    /// How long one attempt at one node may take before the client tries the next node
+    /// ([`ATTEMPT_TIMEOUT_MS`] by default). Leader probes run whatever it is.
+    pub fn set_attempt_timeout_ms(&mut self, timeout_ms: u64) {
+        assert!(timeout_ms > 0, "an attempt needs some time");
+        self.attempt_timeout_ms = timeout_ms;
+    }
+
+    /// Times a leader probe ([`LEADER_PROBE_AFTER_MS`]) found a newer leader while a request
+    /// waited, and the client re-sent the request there.
+    pub fn leader_probe_switches(&self) -> u64 {
+        self.leader_probe_switches
     }
 
     pub fn client_id(&self) -> u64 {
@@ -209,9 +238,21 @@ impl Client {
                     audit: audit.clone(),
                 },
             };
-            let attempt = conn
-                .call(request, Duration::from_millis(ATTEMPT_TIMEOUT_MS))
-                .await;
+            let attempt = {
+                let call = conn.call(request, Duration::from_millis(self.attempt_timeout_ms));
+                tokio::select! {
+                    answer = call => answer,
+                    newer = probe_until_newer_leader(&self.nodes, self.current) => {
+                        last_error = format!(
+                            "node {} fell silent; node {} leads a newer term",
+                            self.nodes[self.current].0, self.nodes[newer].0
+                        );
+                        self.leader_probe_switches += 1;
+                        self.switch_to(newer);
+                        continue;
+                    }
+                }
+            };
             match attempt {
                 Ok(Response::Submitted(Ok(outcome))) => match outcome.kind {
                     OutcomeKind::Applied | OutcomeKind::Duplicate => {
@@ -263,6 +304,12 @@ impl Client {
                         self.nodes[self.current].0
                     );
                     tokio::time::sleep(Duration::from_millis(NO_QUORUM_PROBE_MS)).await;
+                    // A leader cut off from its peers says so; the others may have elected
+                    // another meanwhile, which this client can reach.
+                    if let Some(newer) = newer_leader(self.nodes.clone(), self.current).await {
+                        self.leader_probe_switches += 1;
+                        self.switch_to(newer);
+                    }
                 }
                 Ok(Response::Submitted(Err(SubmitError::Unavailable(why)))) => {
                     last_error = why;
@@ -347,6 +394,43 @@ impl OwnEvents {
             ))
         })?;
         decode_events(&bytes).map_err(|e| ClientError::Events(format!("bad events: {e}")))
+    }
+}
+
+/// Asks every node at once who leads, and returns the index in `nodes` of the leader of the
+/// highest term any node reports, when that is another node than `current`. `None` when no
+/// node answers, when the highest term has no leader yet (an election is under way), or when
+/// `current` leads it. Raft elects at most one leader per term, so a follower's word for its
+/// term's leader is as good as the leader's own.
+pub async fn newer_leader(nodes: Vec<(NodeId, SocketAddr)>, current: usize) -> Option<usize> {
+    let timeout = Duration::from_millis(LEADER_PROBE_TIMEOUT_MS);
+    let mut asked = tokio::task::JoinSet::new();
+    for &(_, addr) in &nodes {
+        asked.spawn(node_status_brief(addr, timeout));
+    }
+    // (term, its leader if known)
+    let mut newest: Option<(u64, Option<NodeId>)> = None;
+    while let Some(answer) = asked.join_next().await {
+        let Ok(Ok(status)) = answer else { continue };
+        newest = match newest {
+            Some((term, leader)) if term > status.term => Some((term, leader)),
+            Some((term, leader)) if term == status.term => Some((term, leader.or(status.leader))),
+            _ => Some((status.term, status.leader)),
+        };
+    }
+    let leader = newest?.1?;
+    let index = nodes.iter().position(|n| n.0 == leader)?;
+    (index != current).then_some(index)
+}
+
+/// Waits [`LEADER_PROBE_AFTER_MS`], then probes ([`newer_leader`]) every
+/// [`LEADER_PROBE_AFTER_MS`] until a newer leader than `current` is found; returns its index.
+async fn probe_until_newer_leader(nodes: &[(NodeId, SocketAddr)], current: usize) -> usize {
+    loop {
+        tokio::time::sleep(Duration::from_millis(LEADER_PROBE_AFTER_MS)).await;
+        if let Some(index) = newer_leader(nodes.to_vec(), current).await {
+            return index;
+        }
     }
 }
 
@@ -491,6 +575,9 @@ impl PipelinedClient {
             unsent_from: 0,
             generation: 0,
             notes: notes_tx,
+            held_since: None,
+            probe: None,
+            probe_not_before: Instant::now(),
         };
         PipelinedClient {
             health,
@@ -631,6 +718,9 @@ pub struct PipelineHealth {
     resent: AtomicU64,
     /// Probes sent while the quorum was lost.
     probes: AtomicU64,
+    /// Times a leader probe found a newer leader while requests waited, and the client moved
+    /// its requests there.
+    leader_probe_switches: AtomicU64,
 }
 
 impl PipelineHealth {
@@ -644,6 +734,10 @@ impl PipelineHealth {
 
     pub fn probes(&self) -> u64 {
         self.probes.load(Ordering::Acquire)
+    }
+
+    pub fn leader_probe_switches(&self) -> u64 {
+        self.leader_probe_switches.load(Ordering::Acquire)
     }
 }
 
@@ -665,6 +759,13 @@ struct Driver {
     /// Bumped on every rewind; tags carry it.
     generation: u64,
     notes: mpsc::UnboundedSender<Note>,
+    /// Since when the leader has answered only that it has no quorum.
+    held_since: Option<Instant>,
+    /// A leader probe under way ([`newer_leader`] on its own task, so that requests queued
+    /// meanwhile do not cancel it).
+    probe: Option<tokio::task::JoinHandle<Option<usize>>>,
+    /// No probe starts before this (one per [`LEADER_PROBE_AFTER_MS`]).
+    probe_not_before: Instant,
 }
 
 /// One connection of the driver: its write half and the task that reads answers.
@@ -799,6 +900,7 @@ impl Driver {
                         if self.held {
                             // Something was acknowledged: the quorum is back.
                             self.held = false;
+                            self.held_since = None;
                             self.health.no_quorum.store(false, Ordering::Release);
                         }
                         if self.unanswered.remove(&seq).is_some() {
@@ -884,6 +986,7 @@ impl Driver {
                     .and_then(|u| u.sent_at)
                     .map(|t| t + Duration::from_millis(PIPELINE_ATTEMPT_TIMEOUT_MS));
                 let room = queue_open && !self.held && self.unanswered.len() < self.window;
+                let probe_at = self.probe_at();
                 tokio::select! {
                     answer = l.answers.recv() => match answer {
                         Some(Ok(tagged)) => match self.on_answer(tagged.tag, tagged.body) {
@@ -905,9 +1008,24 @@ impl Driver {
                     _ = sleep_until(oldest) => {
                         rewind = Some(Rewind::Next("no answer in time".into()));
                     }
+                    _ = sleep_until(probe_at), if self.probe.is_none() => {
+                        self.probe = Some(tokio::spawn(newer_leader(self.nodes.clone(), self.current)));
+                    }
+                    found = join_probe(&mut self.probe), if self.probe.is_some() => {
+                        self.probe = None;
+                        self.probe_not_before = Instant::now() + Duration::from_millis(LEADER_PROBE_AFTER_MS);
+                        if let Ok(Some(newer)) = found {
+                            self.health.leader_probe_switches.fetch_add(1, Ordering::AcqRel);
+                            rewind = Some(Rewind::To(newer));
+                        }
+                    }
                 }
             }
             if let Some(r) = rewind {
+                // A probe under way asks about the node being left.
+                if let Some(probe) = self.probe.take() {
+                    probe.abort();
+                }
                 // Resend everything unanswered, in seq order, under a new generation.
                 self.generation += 1;
                 for u in self.unanswered.values_mut() {
@@ -916,6 +1034,7 @@ impl Driver {
                 self.unsent_from = 0;
                 match r {
                     Rewind::Hold => {
+                        self.held_since.get_or_insert_with(Instant::now);
                         self.held = true;
                         self.health.no_quorum.store(true, Ordering::Release);
                         tokio::time::sleep(Duration::from_millis(NO_QUORUM_PROBE_MS)).await;
@@ -923,6 +1042,9 @@ impl Driver {
                     Rewind::To(i) if i == self.current => {}
                     Rewind::To(i) => {
                         self.current = i;
+                        self.held_since = None;
+                        self.held = false;
+                        self.health.no_quorum.store(false, Ordering::Release);
                         link = None;
                     }
                     Rewind::Next(why) => {
@@ -936,12 +1058,35 @@ impl Driver {
                         }
                         tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)).await;
                         self.current = (self.current + 1) % self.nodes.len();
+                        self.held_since = None;
                         link = None;
                     }
                 }
             }
         }
     }
+
+    /// When the next leader probe is due: [`LEADER_PROBE_AFTER_MS`] after the oldest
+    /// unanswered request was sent, or after the leader first said it had no quorum, and
+    /// no sooner than one period after the last probe. `None` while nothing waits.
+    fn probe_at(&self) -> Option<Instant> {
+        let waiting_since = if self.held {
+            self.held_since
+        } else {
+            self.unanswered.values().next().and_then(|u| u.sent_at)
+        }?;
+        Some(
+            (waiting_since + Duration::from_millis(LEADER_PROBE_AFTER_MS))
+                .max(self.probe_not_before),
+        )
+    }
+}
+
+/// The outcome of the leader probe under way (never called without one).
+async fn join_probe(
+    probe: &mut Option<tokio::task::JoinHandle<Option<usize>>>,
+) -> Result<Option<usize>, tokio::task::JoinError> {
+    probe.as_mut().expect("a probe under way").await
 }
 
 async fn sleep_until(at: Option<Instant>) {

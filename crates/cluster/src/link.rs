@@ -58,9 +58,15 @@ pub const FOREIGN_KEY: RequestKey = RequestKey {
 const CALL_TIMEOUT_MS: u64 = 500;
 /// Pause between rounds over the nodes when none answers.
 const RETRY_PAUSE_MS: u64 = 50;
-/// If the group has answered one of this link's requests and the stream has not shown it
-/// within this time, the stream's node is behind or cut off: resubscribe elsewhere.
-const STREAM_BEHIND_MS: u64 = 2_000;
+/// If the group has answered one of this link's requests that the stream has not shown, and
+/// the stream has not moved for this long, the stream's node is behind or cut off:
+/// resubscribe elsewhere. The link
+/// reads the leader's stream, which holds an entry before its answer leaves, so a stream this
+/// far behind the answers is a paused or cut-off node (the failover goal is 1 s); a
+/// resubscription costs a status round and a connection, never a report.
+const STREAM_BEHIND_MS: u64 = 600;
+/// How often the link compares the stream with the answers.
+const STREAM_BEHIND_CHECK_MS: u64 = 100;
 /// Outputs the gateway may leave undrained, per queued command, up to
 /// [`OUTPUTS_QUEUED_MAX`].
 const OUTPUTS_PER_COMMAND: usize = 16;
@@ -701,6 +707,12 @@ impl Worker {
             }
             let mut candidates = Vec::new();
             for &addr in &self.nodes {
+                if Some(addr) == avoid {
+                    // It just failed this link (a paused node would make the status call
+                    // wait its whole timeout): tried last, unasked.
+                    candidates.push((true, true, addr));
+                    continue;
+                }
                 if let Ok(s) = node_status(addr, timeout).await {
                     let leads = s.leader == Some(s.id);
                     candidates.push((Some(addr) == avoid, !leads, addr));
@@ -763,7 +775,7 @@ impl Worker {
         let mut held: Option<(RequestKey, Command)> = None;
         let mut answered_max = first_seq - 1;
         let mut behind_since: Option<Instant> = None;
-        let mut tick = tokio::time::interval(Duration::from_millis(STREAM_BEHIND_MS / 4));
+        let mut tick = tokio::time::interval(Duration::from_millis(STREAM_BEHIND_CHECK_MS));
         let mut stop = self.stop.clone();
         loop {
             tokio::select! {
@@ -810,6 +822,12 @@ impl Worker {
                             }
                             // One wake-up per entry: an entry is a whole batch of requests.
                             self.wake();
+                            // The stream moves: behind counts from its last step, so a
+                            // gateway slow to drain (the link waits for room) is not taken
+                            // for a stalled node.
+                            if behind_since.is_some() {
+                                behind_since = Some(Instant::now());
+                            }
                             None
                         }
                         Some(Ok(Ok(entry))) => Some(format!("entry {} where {} was due", entry.index, self.next_index)),

@@ -1,0 +1,225 @@
+//! A paused leader (SIGSTOP) keeps its connections open and answers nothing, so a client
+//! waiting on it learns nothing from its socket. Three `bourse node` processes on loopback;
+//! the leader is paused while clients wait on it:
+//!
+//! - the sequential client, with an attempt timeout far beyond the test's hang guard, can
+//!   only move on by asking the other nodes who leads (`LEADER_PROBE_AFTER_MS`): it must be
+//!   answered by the newly elected leader, having switched by a probe;
+//! - the pipelined client (the gateway's and the admin's) must have every request of its
+//!   window answered, those queued after the pause by another node.
+//!
+//! Afterwards the paused node resumes and every replica must hold exactly the acknowledged
+//! commands, with equal state hashes. Nothing here asserts how fast: the hang guards are
+//! generous; the failover times are BENCHMARKS.md's and the namespace bed's.
+
+#[path = "replica_check.rs"]
+mod replica_check;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command as Process, Stdio};
+use std::time::Duration;
+
+use bourse_cluster::client::{Answer, PipelinedClient};
+use bourse_cluster::tokio;
+use bourse_cluster::Client;
+use bourse_core::Command;
+use bourse_engine::workload::{Flow, FlowConfig};
+use replica_check::{check_replicas, statuses, FAILOVER_LIMIT};
+
+/// Commands each client sends before and after the pause.
+const COMMANDS_PER_PHASE: usize = 30;
+/// The sequential client's attempt timeout: beyond every hang guard, so only a leader probe
+/// can take it off the paused leader.
+const ATTEMPT_TIMEOUT_NEVER_MS: u64 = 600_000;
+/// The hang guard of one request, and of the pipelined client's whole window.
+const ANSWER_LIMIT: Duration = Duration::from_secs(120);
+const SEED: u64 = 5;
+
+fn write_config(dir: &Path, ports: &[u16]) -> PathBuf {
+    let path = dir.join("cluster.toml");
+    let mut f = std::fs::File::create(&path).unwrap();
+    writeln!(
+        f,
+        "cluster_id = 44\ndata_dir = {:?}\nfsync = \"never\"\nheartbeat_ms = 50\n\
+         election_timeout_ms_min = 150\nelection_timeout_ms_max = 300\n\
+         orders_max = 8192\naccounts_max = 1024",
+        dir.join("data")
+    )
+    .unwrap();
+    for (i, p) in ports.iter().enumerate() {
+        writeln!(f, "[[nodes]]\nid = {}\naddr = \"127.0.0.1:{p}\"", i + 1).unwrap();
+    }
+    path
+}
+
+/// The node processes, killed when the test ends however it ends (a stopped process is
+/// continued first, so that it dies).
+struct Nodes(Vec<Child>);
+
+impl Nodes {
+    fn signal(&self, id: u64, name: &str) {
+        let pid = self.0[(id - 1) as usize].id();
+        let ok = Process::new("sh")
+            .args(["-c", &format!("kill -{name} {pid}")])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{name} {pid}");
+    }
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = Process::new("sh")
+                .args(["-c", &format!("kill -CONT {}", c.id())])
+                .status();
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn spawn(dir: &Path, config: &Path, id: u64) -> Child {
+    let log = std::fs::File::create(dir.join(format!("node-{id}.log"))).unwrap();
+    Process::new(env!("CARGO_BIN_EXE_bourse"))
+        .args(["node", "--config"])
+        .arg(config)
+        .args(["--id", &id.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .expect("spawn bourse node")
+}
+
+/// The leader of the highest term among the nodes that answer.
+async fn leader(addrs: &[(u64, SocketAddr)]) -> u64 {
+    let limit = std::time::Instant::now() + FAILOVER_LIMIT;
+    loop {
+        let s = statuses(addrs).await;
+        if let Some(l) = s
+            .iter()
+            .flatten()
+            .filter(|s| s.leader == Some(s.id))
+            .max_by_key(|s| s.term)
+        {
+            return l.id;
+        }
+        assert!(std::time::Instant::now() < limit, "no leader");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Commands that set up a small market, then its order flow (not observed: cancels of
+/// orders that are not there are refused by the engine, and still count as commands).
+fn commands(n: usize) -> Vec<Command> {
+    let mut config = FlowConfig::exchange_core(SEED);
+    config.accounts = 10;
+    config.live_orders_target = 50;
+    let mut flow = Flow::new(config);
+    let mut out: Vec<Command> = flow
+        .setup()
+        .into_iter()
+        .map(|b| Command::new(0, b))
+        .collect();
+    let mut ts_ns = 1;
+    while out.len() < n {
+        out.push(Command::new(ts_ns, flow.next_command()));
+        ts_ns += 1;
+    }
+    out
+}
+
+/// The pipelined client's next answer, within the hang guard.
+async fn answer(client: &mut PipelinedClient, limit: tokio::time::Instant) -> Answer {
+    tokio::time::timeout_at(limit, client.next_answer())
+        .await
+        .expect("the pipelined client's window was not answered in time")
+        .expect("pipelined client stopped")
+}
+
+#[test]
+fn clients_waiting_on_a_paused_leader_move_to_the_new_one_and_nothing_is_lost() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    let ports = bourse_testkit::free_ports::<3>();
+    let config = write_config(&dir, &ports);
+    let addrs: Vec<(u64, SocketAddr)> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (i as u64 + 1, format!("127.0.0.1:{p}").parse().unwrap()))
+        .collect();
+    let nodes = Nodes((1..=3).map(|id| spawn(&dir, &config, id)).collect());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let logs = dir.display().to_string();
+    let all = commands(4 * COMMANDS_PER_PHASE);
+    let mut acked = 0u64;
+
+    // The sequential client.
+    rt.block_on(async {
+        let mut client = Client::new(addrs.clone(), 1, 1);
+        client.set_attempt_timeout_ms(ATTEMPT_TIMEOUT_NEVER_MS);
+        let mut before = 0;
+        for c in &all[..COMMANDS_PER_PHASE] {
+            let ack = client.submit(c, ANSWER_LIMIT).await.unwrap();
+            before = ack.leader;
+            acked += 1;
+        }
+        let paused = leader(&addrs).await;
+        assert_eq!(paused, before, "the leader that answered still leads");
+        nodes.signal(paused, "STOP");
+        for (k, c) in all[COMMANDS_PER_PHASE..2 * COMMANDS_PER_PHASE]
+            .iter()
+            .enumerate()
+        {
+            let ack = client
+                .submit(c, ANSWER_LIMIT)
+                .await
+                .unwrap_or_else(|e| panic!("request {k} after the pause: {e} (logs in {logs})"));
+            assert_ne!(ack.leader, paused, "answered by the paused node");
+            acked += 1;
+        }
+        assert!(
+            client.leader_probe_switches() >= 1,
+            "the client left the paused leader without a probe"
+        );
+        nodes.signal(paused, "CONT");
+    });
+
+    // The pipelined client, on whichever node leads now.
+    rt.block_on(async {
+        let mut client = PipelinedClient::start(addrs.clone(), 2, 1, 64);
+        let limit = tokio::time::Instant::now() + ANSWER_LIMIT;
+        for c in &all[2 * COMMANDS_PER_PHASE..3 * COMMANDS_PER_PHASE] {
+            client.submit(c).await.unwrap();
+        }
+        for _ in 0..COMMANDS_PER_PHASE {
+            answer(&mut client, limit).await;
+            acked += 1;
+        }
+        let paused = leader(&addrs).await;
+        nodes.signal(paused, "STOP");
+        for c in &all[3 * COMMANDS_PER_PHASE..] {
+            client.submit(c).await.unwrap();
+        }
+        for _ in 0..COMMANDS_PER_PHASE {
+            let a = answer(&mut client, limit).await;
+            assert_ne!(a.node, paused, "answered by the paused node");
+            acked += 1;
+        }
+        println!(
+            "pipelined client: {} leader probe switches, {} requests re-sent",
+            client.health().leader_probe_switches(),
+            client.health().resent()
+        );
+        nodes.signal(paused, "CONT");
+    });
+
+    rt.block_on(check_replicas(&addrs, acked, SEED, &dir));
+    drop(nodes);
+}
