@@ -25,10 +25,14 @@
 //!   next run's variation margin at that price), `SMTM` (the opening position from the
 //!   day's opening settlement price to the mark) and `TVAR` (the day's trades from their
 //!   prices to the mark); equities and FX: `DLV` (units to receive or deliver) and PosAmt
-//!   `SETL` (cash to receive or pay) since the last run.
+//!   `SETL` (cash to receive or pay) since the last run. Futures also carry PosAmt `IMR`
+//!   (the position's initial margin: |lots| × the instrument's initial margin per lot) and
+//!   `MCAL` (the margin call open on the account on that core, 0 when none); both are this
+//!   venue's own PosAmtType values, FIX 4.4 having none for them.
 //! - `SettlSessID=EOD`, the end-of-day run of that business date, from its saved plan:
 //!   futures `FIN` (the position at the run's cut), SettlPrice the run's (type 1, final),
-//!   PriorSettlPrice the run before's, PosAmt `IMTM` (the run's variation margin);
+//!   PriorSettlPrice the run before's, PosAmt `IMTM` (the run's variation margin) and `IMR`
+//!   (the initial margin of the position at the cut);
 //!   equities and FX `DLV` and `SETL` (the obligations the run settled).
 
 use std::collections::BTreeSet;
@@ -722,10 +726,20 @@ pub fn intraday(
             line.quantities.push(("DLV", receive, deliver));
             line.amounts.push(("SETL", p.cash_due.0));
         }
-        // The collateral: the account's cash on the core that trades the instrument.
+        // The collateral: the account's cash on the core that trades the instrument, and
+        // the margin call open there.
         let core = traded.map_or(0, |s| s.core);
-        let cash = state.cash().get(&(core, account)).map_or(0, |c| c.cash.0);
-        line.amounts.push(("CASH", cash));
+        let at_core = state
+            .cash()
+            .get(&(core, account))
+            .copied()
+            .unwrap_or_default();
+        line.amounts.push(("CASH", at_core.cash.0));
+        if def.market == Market::Futures {
+            let im = state.position_initial_margin(instrument, p.qty);
+            line.amounts.push(("IMR", im));
+            line.amounts.push(("MCAL", at_core.margin_called.0));
+        }
         let base = state.fee_bases().get(&(account, instrument));
         if let (Some(schedule), Some(base)) = (fees, base) {
             if let Some(rate) = schedule.rate_of(def) {
@@ -819,6 +833,8 @@ fn end_of_day(
             let (long, short) = long_short(m.qty);
             lines[i].quantities.push(("FIN", long, short));
             lines[i].amounts.push(("IMTM", m.vm.0));
+            let im = state.position_initial_margin(m.instrument, m.qty);
+            lines[i].amounts.push(("IMR", im));
         }
     }
     for f in eod.fees.iter().filter(|f| f.account == account) {
