@@ -906,6 +906,14 @@ fn clearing_data_over_fix_answers_a_firm_its_own_positions_intraday_and_at_end_o
     assert_eq!(amounts["FMTM"], http.body["variation_margin_open"]);
     assert_eq!(amounts["IMTM"], http.body["variation_margin_open"]);
     assert_eq!(amounts["FMTM"], cash((1_020 * 5 - 480 * 2) * 1_0000));
+    // Initial margin: 7 lots × the future's margin per lot, the same over HTTP; no call.
+    let im = cash(7 * future(FUT, "FUT", 100_000).initial_margin.0);
+    assert_eq!(amounts["IMR"], im);
+    assert_eq!(amounts["MCAL"], "0.0000");
+    assert_eq!(http.body["initial_margin"], im.as_str());
+    assert_eq!(http.body["positions"][0]["initial_margin"], im.as_str());
+    assert_eq!(http.body["cash"][0]["initial_margin"], im.as_str());
+    assert_eq!(http.body["margin_called"], "0.0000");
     // Account 1 took 7 lots: 7.00 of fees due at the next run, on both sides.
     assert_eq!(amounts["FEES"], "7.0000");
     assert_eq!(http.body["fees_due"], "7.0000");
@@ -963,6 +971,17 @@ fn clearing_data_over_fix_answers_a_firm_its_own_positions_intraday_and_at_end_o
     assert_eq!(qty["FIN"], (7, 0));
     assert_eq!(amounts["IMTM"], cash(vm_of(1)));
     assert_eq!(amounts["FEES"], "7.0000", "the run charged the fees");
+    assert_eq!(amounts["IMR"], im, "the initial margin at the cut");
+    let line_1 = eod["accounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["account"] == 1)
+        .unwrap()
+        .clone();
+    assert_eq!(line_1["initial_margin"], im.as_str(), "{line_1}");
+    assert_eq!(line_1["margin_call"], "0.0000", "{line_1}");
+    assert_eq!(eod["margin_calls"], 0);
     let http = client(&node, Some("fiona")).get("/v1/accounts/1").unwrap();
     assert_eq!(http.body["fees_paid"], "7.0000");
     assert_eq!(http.body["fees_due"], "0.0000");
