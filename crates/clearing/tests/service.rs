@@ -733,6 +733,10 @@ fn obligations_settle_t0_or_t1_on_the_venues_calendar_and_are_served_by_settleme
     );
     // The defaults: equities T+1, FX T+0.
     c.settlement_cycle = toml::from_str("").unwrap();
+    c.fix = Some(FixSection {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..FixSection::default()
+    });
     let defs = vec![future(FUT, "FUT", 100_000)];
     // Friday 2026-11-27, Moscow time: the 14:00 intermediate run.
     let clock = Arc::new(ManualClock::new(msk(4, 13, 0)));
@@ -805,9 +809,60 @@ fn obligations_settle_t0_or_t1_on_the_venues_calendar_and_are_served_by_settleme
 
     // Restarted, the node serves the dates its saved plan was given.
     node.stop().unwrap();
-    let node = ClearingNode::start_with_clock(c, defs, clock).unwrap();
+    let node = ClearingNode::start_with_clock(c, defs, clock.clone()).unwrap();
     let (_, again) = settlements(&node, "victor", "/v1/settlements/2026-12-01");
     assert_eq!(again["lines"], tuesday["lines"]);
+
+    // After more trades, the 18:50 end of day settles them on the same dates, and its FIX
+    // PositionReports say when: SettlDate on the equity and FX lines, none on the future's.
+    for (instrument, seller, buyer, price, qty, id) in
+        [(EQ, 3, 1, 1_000, 1, 310), (FX, 4, 2, 100_000, 1, 312)]
+    {
+        core.submit(
+            &mut trader,
+            order_in(instrument, seller, id, Side::Sell, price, qty),
+        );
+        let events = core.submit(
+            &mut trader,
+            order_in(instrument, buyer, id + 1, Side::Buy, price, qty),
+        );
+        assert!(events.iter().any(|e| matches!(e, Event::Trade { .. })));
+    }
+    assert!(node.wait_for_cut(&[core.end()], WAIT), "the feed follows");
+    clock.set(msk(4, 18, 50));
+    let did = node.block_on(node.shared().step_schedule());
+    assert_eq!(did.len(), 1, "{did:?}");
+    assert_eq!(did[0].0.kind, RunKind::EndOfDay);
+    let mut fiona = fix_client(&node, "fiona").unwrap();
+    let settl_dates = |fiona: &mut PositionsClient, account: u32| {
+        let answer = fiona
+            .positions(account, "20261127", "EOD", None, WAIT)
+            .unwrap();
+        assert_eq!(answer.result(), Some(0), "{:?}", answer.ack);
+        answer
+            .reports
+            .iter()
+            .map(|ap| {
+                let text = |t| field(ap, t).map(str::to_owned);
+                (text(fix::tag::SYMBOL).unwrap(), text(fix::tag::SETTL_DATE))
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        settl_dates(&mut fiona, 1),
+        vec![
+            ("FUT".to_owned(), None),
+            ("EQ".to_owned(), Some("20261201".to_owned()))
+        ]
+    );
+    assert_eq!(
+        settl_dates(&mut fiona, 2),
+        vec![
+            ("FUT".to_owned(), None),
+            ("FXP".to_owned(), Some("20261127".to_owned()))
+        ]
+    );
+    fiona.logout(WAIT).unwrap();
     node.stop().unwrap();
 }
 
