@@ -25,11 +25,17 @@
 //!   next run's variation margin at that price), `SMTM` (the opening position from the
 //!   day's opening settlement price to the mark) and `TVAR` (the day's trades from their
 //!   prices to the mark); equities and FX: `DLV` (units to receive or deliver) and PosAmt
-//!   `SETL` (cash to receive or pay) since the last run.
+//!   `SETL` (cash to receive or pay) since the last run. Futures also carry PosAmt `IMR`
+//!   (the position's initial margin: |lots| × the instrument's initial margin per lot) and
+//!   `MCAL` (the margin call open on the account on that core, 0 when none); both are this
+//!   venue's own PosAmtType values, FIX 4.4 having none for them.
 //! - `SettlSessID=EOD`, the end-of-day run of that business date, from its saved plan:
 //!   futures `FIN` (the position at the run's cut), SettlPrice the run's (type 1, final),
-//!   PriorSettlPrice the run before's, PosAmt `IMTM` (the run's variation margin);
-//!   equities and FX `DLV` and `SETL` (the obligations the run settled).
+//!   PriorSettlPrice the run before's, PosAmt `IMTM` (the run's variation margin) and `IMR`
+//!   (the initial margin of the position at the cut);
+//!   equities and FX `DLV` and `SETL` (the obligations the run settled) and SettlDate (64,
+//!   the business day they settle on, from the plan's obligation line; absent for a plan
+//!   computed without a calendar).
 
 use std::collections::BTreeSet;
 use std::io::{self, Read, Write};
@@ -68,6 +74,7 @@ pub mod tag {
     use bourse_fix::Tag;
     pub const ACCOUNT: Tag = 1;
     pub const SYMBOL: Tag = 55;
+    pub const SETTL_DATE: Tag = 64;
     pub const PARTY_ID_SOURCE: Tag = 447;
     pub const PARTY_ID: Tag = 448;
     pub const PARTY_ROLE: Tag = 452;
@@ -540,6 +547,9 @@ pub struct PositionLine {
     /// The settlement price and its SettlPriceType (1 final, 2 theoretical).
     pub settlement: Option<(Price, u8)>,
     pub prior_settlement: Option<Price>,
+    /// When the obligations the line reports settle (SettlDate, `YYYYMMDD`): an end-of-day
+    /// equity or FX line whose run dated its obligations.
+    pub settlement_date: Option<String>,
     /// (PosType, LongQty, ShortQty).
     pub quantities: Vec<(&'static str, i64, i64)>,
     /// (PosAmtType, amount in cash units).
@@ -703,6 +713,7 @@ pub fn intraday(
             price_scale: def.price_scale,
             settlement: None,
             prior_settlement: traded.and_then(|s| s.settlement),
+            settlement_date: None,
             quantities: vec![
                 ("SOD", sod_long, sod_short),
                 ("TQ", p.day_lots_bought(), p.day_lots_sold()),
@@ -722,10 +733,20 @@ pub fn intraday(
             line.quantities.push(("DLV", receive, deliver));
             line.amounts.push(("SETL", p.cash_due.0));
         }
-        // The collateral: the account's cash on the core that trades the instrument.
+        // The collateral: the account's cash on the core that trades the instrument, and
+        // the margin call open there.
         let core = traded.map_or(0, |s| s.core);
-        let cash = state.cash().get(&(core, account)).map_or(0, |c| c.cash.0);
-        line.amounts.push(("CASH", cash));
+        let at_core = state
+            .cash()
+            .get(&(core, account))
+            .copied()
+            .unwrap_or_default();
+        line.amounts.push(("CASH", at_core.cash.0));
+        if def.market == Market::Futures {
+            let im = state.position_initial_margin(instrument, p.qty);
+            line.amounts.push(("IMR", im));
+            line.amounts.push(("MCAL", at_core.margin_called.0));
+        }
         let base = state.fee_bases().get(&(account, instrument));
         if let (Some(schedule), Some(base)) = (fees, base) {
             if let Some(rate) = schedule.rate_of(def) {
@@ -809,6 +830,7 @@ fn end_of_day(
             price_scale: def.price_scale,
             settlement: eod.prices.get(&instrument).map(|&p| (p, 1)),
             prior_settlement: prior(instrument),
+            settlement_date: None,
             quantities: Vec::new(),
             amounts: Vec::new(),
         });
@@ -819,6 +841,8 @@ fn end_of_day(
             let (long, short) = long_short(m.qty);
             lines[i].quantities.push(("FIN", long, short));
             lines[i].amounts.push(("IMTM", m.vm.0));
+            let im = state.position_initial_margin(m.instrument, m.qty);
+            lines[i].amounts.push(("IMR", im));
         }
     }
     for f in eod.fees.iter().filter(|f| f.account == account) {
@@ -831,6 +855,8 @@ fn end_of_day(
             let (receive, deliver) = long_short(o.securities);
             lines[i].quantities.push(("DLV", receive, deliver));
             lines[i].amounts.push(("SETL", o.cash.0));
+            // The plan keeps the date as `YYYY-MM-DD`; FIX's LocalMktDate has no dashes.
+            lines[i].settlement_date = o.settlement_date.as_ref().map(|d| d.replace('-', ""));
         }
     }
     lines.sort_by_key(|l| l.instrument);
@@ -912,6 +938,9 @@ fn position_report(
     }
     if let Some(p) = line.prior_settlement {
         m.push(tag::PRIOR_SETTL_PRICE, price(p));
+    }
+    if let Some(date) = &line.settlement_date {
+        m.push(tag::SETTL_DATE, date);
     }
     m.push_u64(tag::NO_POSITIONS, line.quantities.len() as u64);
     for (kind, long, short) in &line.quantities {

@@ -12,7 +12,8 @@
 //!   the last trades), variation margin per futures position (zero-sum per instrument before
 //!   rounding, the rounding kept apart), obligations, and the net cash [`Movement`]s per
 //!   account and core, each keyed by [`run_client_id`] and a seq, so a rerun applies nothing
-//!   twice.
+//!   twice; initial margin per account and core ([`InitialMarginLine`]) and the margin calls
+//!   (`MarginCall` commands, same keys) where the collateral after the movements is short.
 //! - `service`: feeding the state from the streams ([`feed_to`], [`replay`] of saved runs,
 //!   checking their hashes) and [`execute`], which submits a plan's movements through
 //!   `bourse_cluster::Client`, skipping what an earlier attempt of the run applied.
@@ -52,8 +53,9 @@ pub use fees::{FeeBase, FeeLine, FeeRate, FeeSchedule};
 pub use node::{load_instruments, ClearingConfig, ClearingNode, RunRequest, StandbyLogin};
 pub use report::{save_plan, saved_runs, Report};
 pub use run::{
-    compute_run, compute_run_with_fees, fee_lines, run_client_id, settlement_prices, MarginLine,
-    Movement, ObligationLine, RollLine, RunKind, RunPlan, SettlementRule,
+    compute_run, compute_run_with_fees, fee_lines, run_client_id, settlement_prices,
+    InitialMarginLine, MarginLine, Movement, ObligationLine, RollLine, RunKind, RunPlan,
+    SettlementRule,
 };
 pub use schedule::{ClearingSchedule, Clock, ManualClock, ScheduledRun, SystemClock};
 pub use service::{execute, feed_to, replay, stream_end, with_ids, ExecuteOptions, MovementResult};

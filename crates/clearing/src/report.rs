@@ -84,6 +84,12 @@ pub struct AccountLine {
     /// negative).
     #[serde(default)]
     pub fees: String,
+    /// Initial margin at the cut, over the account's futures on every core.
+    #[serde(default)]
+    pub initial_margin: String,
+    /// The margin call the run issued (summed over cores; 0 also when it closed one).
+    #[serde(default)]
+    pub margin_call: String,
 }
 
 /// A run's report: its figures, and one line per account that holds a position or moved.
@@ -102,6 +108,9 @@ pub struct Report {
     pub pending: usize,
     /// End of day: the Day orders the cores expired.
     pub orders_expired: u64,
+    /// Margin calls the run issued for a non-zero amount (one per account and core).
+    #[serde(default)]
+    pub margin_calls: usize,
     pub accounts: Vec<AccountLine>,
 }
 
@@ -148,16 +157,24 @@ impl Report {
         for m in &plan.movements {
             *moved.entry(m.account).or_default() += m.amount.0;
         }
+        let mut margin: BTreeMap<AccountId, (i128, i128)> = BTreeMap::new();
+        for l in &plan.initial_margin {
+            let m = margin.entry(l.account).or_default();
+            m.0 += l.initial_margin.0;
+            m.1 += l.call.0;
+        }
         let accounts = realised
             .keys()
             .chain(vm.keys())
             .chain(moved.keys())
+            .chain(margin.keys())
             .copied()
             .collect::<BTreeSet<_>>()
             .into_iter()
             .map(|a| {
                 let mv = moved.get(&a).copied().unwrap_or_default();
                 let (ob_cash, ob_sec) = obligations.get(&a).copied().unwrap_or_default();
+                let (im, call) = margin.get(&a).copied().unwrap_or_default();
                 AccountLine {
                     account: a.0,
                     firm: state.firm_of(a).map(|f| f.0),
@@ -169,6 +186,8 @@ impl Report {
                     movement: cash(mv),
                     result: String::new(),
                     fees: cash(fees.get(&a).copied().unwrap_or(0)),
+                    initial_margin: cash(im),
+                    margin_call: cash(call),
                 }
             })
             .collect();
@@ -183,6 +202,7 @@ impl Report {
             refused: 0,
             pending: 0,
             orders_expired: 0,
+            margin_calls: plan.initial_margin.iter().filter(|l| l.call.0 > 0).count(),
             accounts,
         };
         report.set_results(plan, results);
@@ -231,7 +251,7 @@ impl Report {
     /// The report as a table on standard output.
     pub fn print(&self) {
         println!(
-            "clearing run {} ({:?}) cut {:?} state {} movements {} refused {} pending {} rounding kept {} orders expired {}",
+            "clearing run {} ({:?}) cut {:?} state {} movements {} refused {} pending {} rounding kept {} orders expired {} margin calls {}",
             self.run_id,
             self.kind,
             self.cut,
@@ -240,13 +260,14 @@ impl Report {
             self.refused,
             self.pending,
             self.rounding_kept,
-            self.orders_expired
+            self.orders_expired,
+            self.margin_calls
         );
         for (i, p) in &self.settlement_prices {
             println!("  settlement price of instrument {i}: {p}");
         }
         println!(
-            "{:>10} {:>6} {:>8} {:>18} {:>18} {:>18} {:>12} {:>18}  result",
+            "{:>10} {:>6} {:>8} {:>18} {:>18} {:>18} {:>12} {:>18} {:>18} {:>18}  result",
             "account",
             "firm",
             "fut.lots",
@@ -254,11 +275,13 @@ impl Report {
             "realised P&L",
             "obligation cash",
             "oblig.units",
-            "movement"
+            "movement",
+            "initial margin",
+            "margin call"
         );
         for a in &self.accounts {
             println!(
-                "{:>10} {:>6} {:>8} {:>18} {:>18} {:>18} {:>12} {:>18}  {}",
+                "{:>10} {:>6} {:>8} {:>18} {:>18} {:>18} {:>12} {:>18} {:>18} {:>18}  {}",
                 a.account,
                 a.firm.map_or("-".into(), |f| f.to_string()),
                 a.futures_lots,
@@ -267,6 +290,8 @@ impl Report {
                 a.obligations_cash,
                 a.obligations_securities,
                 a.movement,
+                a.initial_margin,
+                a.margin_call,
                 a.result
             );
         }
@@ -275,11 +300,11 @@ impl Report {
     /// The report's account lines as CSV (a header line, then one line per account).
     pub fn csv(lines: &[AccountLine]) -> String {
         let mut csv = String::from(
-            "account,firm,futures_lots,variation_margin,realised_pnl,obligations_cash,obligations_securities,fees,movement,result\n",
+            "account,firm,futures_lots,variation_margin,realised_pnl,obligations_cash,obligations_securities,fees,movement,result,initial_margin,margin_call\n",
         );
         for a in lines {
             csv.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{},{},{},{},{},{}\n",
                 a.account,
                 a.firm.map_or(String::new(), |f| f.to_string()),
                 a.futures_lots,
@@ -289,7 +314,9 @@ impl Report {
                 a.obligations_securities,
                 a.fees,
                 a.movement,
-                a.result
+                a.result,
+                a.initial_margin,
+                a.margin_call
             ));
         }
         csv

@@ -128,6 +128,37 @@ impl Movement {
     }
 }
 
+/// An account's initial margin on one core at a run's cut, against its collateral there, and
+/// the margin call the run issues. Amounts in cash units.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InitialMarginLine {
+    pub core: usize,
+    pub account: AccountId,
+    /// Over the account's futures on the core: |lots| × initial margin per lot
+    /// (`ClearingState::initial_margins`).
+    pub initial_margin: Cash,
+    /// The account's cash on the core once the run's movements are applied.
+    pub collateral: Cash,
+    /// What the run calls: `initial_margin - collateral` where that is positive, else 0.
+    pub call: Cash,
+    /// The seq of the run's `MarginCall` command for this line on its core (after the
+    /// core's movements), or 0 when the run sends none: nothing to call and no call open.
+    pub seq: u64,
+}
+
+impl InitialMarginLine {
+    /// The margin call command of the line, if the run sends one.
+    pub fn command(&self, ts_ns: u64) -> Option<Command> {
+        (self.seq != 0).then(|| {
+            let body = CommandBody::MarginCall {
+                account: self.account,
+                amount: self.call,
+            };
+            Command::new(ts_ns, body)
+        })
+    }
+}
+
 /// Everything a run decides, fixed before anything is submitted (and saved, so that a
 /// restarted run submits exactly this again).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -175,12 +206,17 @@ pub struct RunPlan {
     /// after later trades rolls to the cut's positions all the same).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub roll: Vec<RollLine>,
+    /// Per core and account with initial margin or a margin call open at the cut: the
+    /// initial margin, the collateral after the movements and the call, by (core, account).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub initial_margin: Vec<InitialMarginLine>,
 }
 
 impl RunPlan {
     /// The commands the run submits to `core`, in seq order (1, 2, 3, ...): its movements,
-    /// then, at the end of the day, the engine's `EndOfDay` (Day orders expire), so that
-    /// every command of a run, the day's close included, is keyed and applied once.
+    /// then its margin calls (each after the cash it is measured against has moved), then,
+    /// at the end of the day, the engine's `EndOfDay` (Day orders expire), so that every
+    /// command of a run, the day's close included, is keyed and applied once.
     pub fn commands(&self, core: usize) -> Vec<(u64, Command)> {
         let mut out: Vec<(u64, Command)> = self
             .movements
@@ -188,6 +224,14 @@ impl RunPlan {
             .filter(|m| m.core == core)
             .map(|m| (m.seq, m.command(self.cut_ts_ns)))
             .collect();
+        let mut calls: Vec<(u64, Command)> = self
+            .initial_margin
+            .iter()
+            .filter(|l| l.core == core)
+            .filter_map(|l| Some((l.seq, l.command(self.cut_ts_ns)?)))
+            .collect();
+        calls.sort_by_key(|c| c.0);
+        out.extend(calls);
         if self.kind == RunKind::EndOfDay {
             let seq = out.len() as u64 + 1;
             out.push((seq, Command::new(self.cut_ts_ns, CommandBody::EndOfDay)));
@@ -343,6 +387,8 @@ pub fn compute_run_with_fees(
             *net.entry((l.core, venue)).or_default() += l.fee.0;
         }
     }
+    let movements = movements(net.clone());
+    let initial_margin = initial_margin_lines(state, &net, &movements);
     RunPlan {
         run_id,
         kind,
@@ -354,14 +400,64 @@ pub fn compute_run_with_fees(
         margin,
         rounding: rounding.into_iter().map(|(i, c)| (i, Cash(c))).collect(),
         obligations,
-        movements: movements(net),
+        movements,
         scheduled_ns: None,
         fee_schedule: fees.cloned(),
         fees: fee_lines,
         trade_date: None,
         next_business_date: None,
         roll,
+        initial_margin,
     }
+}
+
+/// The initial margin lines of a run (see [`InitialMarginLine`]): one per core and account
+/// with initial margin at the cut or a call open there. The collateral is the cash the core
+/// had at the cut plus the account's net movement `net`. A line gets a `MarginCall` when it
+/// calls something or closes the call open (amount 0), numbered per core after that core's
+/// `movements`, by account.
+fn initial_margin_lines(
+    state: &ClearingState,
+    net: &BTreeMap<(usize, AccountId), i128>,
+    movements: &[Movement],
+) -> Vec<InitialMarginLine> {
+    let mut keys: BTreeMap<(usize, AccountId), i128> = state.initial_margins();
+    for (&key, c) in state.cash() {
+        if c.margin_called.0 != 0 {
+            keys.entry(key).or_insert(0);
+        }
+    }
+    let mut seq_of_core: BTreeMap<usize, u64> = BTreeMap::new();
+    for m in movements {
+        let seq = seq_of_core.entry(m.core).or_insert(0);
+        *seq = (*seq).max(m.seq);
+    }
+    let mut lines = Vec::new();
+    for ((core, account), im) in keys {
+        let at_cut = state
+            .cash()
+            .get(&(core, account))
+            .copied()
+            .unwrap_or_default();
+        let collateral = at_cut.cash.0 + net.get(&(core, account)).copied().unwrap_or(0);
+        let call = (im - collateral).max(0);
+        let seq = if call != 0 || at_cut.margin_called.0 != 0 {
+            let seq = seq_of_core.entry(core).or_insert(0);
+            *seq += 1;
+            *seq
+        } else {
+            0
+        };
+        lines.push(InitialMarginLine {
+            core,
+            account,
+            initial_margin: Cash(im),
+            collateral: Cash(collateral),
+            call: Cash(call),
+            seq,
+        });
+    }
+    lines
 }
 
 /// Net amounts per core and account as movements: per core the withdrawals first (so that

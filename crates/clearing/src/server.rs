@@ -170,6 +170,8 @@ fn account_json(
 ) -> (Value, [i128; 3]) {
     let mut positions = Vec::new();
     let mut totals = [0i128; 3]; // realised, variation margin paid, variation margin open
+                                 // Initial margin per core, as a run would compute it now (`initial_margins`).
+    let mut im_of_core: std::collections::BTreeMap<usize, i128> = Default::default();
     for (instrument, p) in state.account_positions(account) {
         let Some(def) = state.definition(instrument) else {
             continue;
@@ -202,6 +204,10 @@ fn account_json(
                 .map(|marked| value_to_cash_floor(def, marked - p.paid_value) - p.vm_paid.0);
             totals[1] += p.vm_paid.0;
             totals[2] += open.unwrap_or(0);
+            let im = state.position_initial_margin(instrument, p.qty);
+            let core = state.instruments().get(&instrument).map_or(0, |s| s.core);
+            *im_of_core.entry(core).or_default() += im;
+            line["initial_margin"] = json!(cash(im));
             line["variation_margin_paid"] = json!(cash(p.vm_paid.0));
             line["variation_margin_open"] = json!(open.map(cash));
             line["mark_price"] = json!(last.map(|p| p.0));
@@ -236,6 +242,8 @@ fn account_json(
                 "cash": cash(c.cash.0),
                 "deposited": cash(c.deposited.0),
                 "withdrawn": cash(c.withdrawn.0),
+                "initial_margin": cash(im_of_core.get(&core).copied().unwrap_or(0)),
+                "margin_called": cash(c.margin_called.0),
             })
         })
         .collect();
@@ -248,6 +256,8 @@ fn account_json(
         "realised_pnl": cash(totals[0]),
         "variation_margin_paid": cash(totals[1]),
         "variation_margin_open": cash(totals[2]),
+        "initial_margin": cash(im_of_core.values().sum()),
+        "margin_called": cash(state.account_cash(account).iter().map(|(_, c)| c.margin_called.0).sum()),
         "fees_paid": cash(state.fees_paid(account).0),
         "fees_due": cash(fees_due(state, fees, account)),
     });

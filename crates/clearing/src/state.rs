@@ -153,6 +153,9 @@ pub struct AccountCash {
     pub cash: Cash,
     pub deposited: Cash,
     pub withdrawn: Cash,
+    /// The margin call the core has open on the account (0: none), from its
+    /// `MarginCallSet` events: a run's call, less the deposits since.
+    pub margin_called: Cash,
 }
 
 /// The clearing state of a set of cores (see the module documentation).
@@ -246,6 +249,32 @@ impl ClearingState {
         self.positions
             .range((account, InstrumentId(0))..=(account, InstrumentId(u32::MAX)))
             .map(|(&(_, i), p)| (i, p))
+    }
+
+    /// Initial margin per (core, account) at this state: over the account's futures on the
+    /// core, |lots| × the instrument's initial margin per lot (`Instrument::initial_margin`,
+    /// the figure the core's pre-trade risk locks per lot), in cash units. Accounts with
+    /// none are left out. Equities and FX need none: the cores take their cash at once.
+    pub fn initial_margins(&self) -> BTreeMap<(usize, AccountId), i128> {
+        let mut out: BTreeMap<(usize, AccountId), i128> = BTreeMap::new();
+        for (&(account, instrument), p) in &self.positions {
+            let im = self.position_initial_margin(instrument, p.qty);
+            if im != 0 {
+                let core = self.instruments.get(&instrument).map_or(0, |s| s.core);
+                *out.entry((core, account)).or_default() += im;
+            }
+        }
+        out
+    }
+
+    /// The initial margin `qty` lots of `instrument` take (0 unless it is a future).
+    pub fn position_initial_margin(&self, instrument: InstrumentId, qty: i64) -> i128 {
+        match self.definition(instrument) {
+            Some(def) if def.market == Market::Futures => {
+                (qty as i128).abs().saturating_mul(def.initial_margin.0)
+            }
+            _ => 0,
+        }
     }
 
     /// The cash of one account on each core it has cash on.
@@ -425,6 +454,11 @@ impl ClearingState {
                     CashReason::Withdraw => c.withdrawn.0 += amount.0,
                     CashReason::SetCollateral => {}
                 }
+            }
+            Event::MarginCallSet {
+                account, amount, ..
+            } => {
+                self.cash.entry((core, account)).or_default().margin_called = amount;
             }
             Event::InstrumentAdded {
                 instrument,
@@ -631,7 +665,7 @@ impl ClearingState {
         for (&(core, a), c) in &self.cash {
             w.u32(core as u32);
             w.u32(a.0);
-            for v in [c.cash.0, c.deposited.0, c.withdrawn.0] {
+            for v in [c.cash.0, c.deposited.0, c.withdrawn.0, c.margin_called.0] {
                 w.i128(v);
             }
         }
@@ -755,12 +789,13 @@ impl ClearingState {
             }
             s.instruments.insert(id, state);
         }
-        for _ in 0..r.count(56)? {
+        for _ in 0..r.count(72)? {
             let key = (r.u32()? as usize, AccountId(r.u32()?));
             let c = AccountCash {
                 cash: Cash(r.i128()?),
                 deposited: Cash(r.i128()?),
                 withdrawn: Cash(r.i128()?),
+                margin_called: Cash(r.i128()?),
             };
             s.cash.insert(key, c);
         }
@@ -812,7 +847,7 @@ impl ClearingState {
 /// The first bytes of a clearing snapshot's data (format 4: with the business date and the
 /// positions' start of day; format 3 had neither, format 2 no fees, format 1 no instruments
 /// learned from the streams; all are refused by their magic).
-const SNAPSHOT_MAGIC: &[u8; 8] = b"BCLEAR04";
+const SNAPSHOT_MAGIC: &[u8; 8] = b"BCLEAR05";
 
 /// `YYYY-MM-DD` as the number `YYYYMMDD`.
 fn yyyymmdd(date: &str) -> Option<u32> {

@@ -1,7 +1,9 @@
 //! A clearing run against a replicated core (three nodes over TCP): the state is fed from the
 //! committed stream up to the cut, the run's movements are submitted through the sequenced
 //! path, a run that dies after its first movement is restarted and applies nothing twice
-//! (checked on the core's own balances), and a saved run replays onto a fresh state.
+//! (checked on the core's own balances), and a saved run replays onto a fresh state; a run
+//! that finds an account's collateral below its initial margin issues one margin call through
+//! the same path, which the core enforces until a deposit covers it.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -82,11 +84,9 @@ async fn applied_requests(nodes: &[SocketAddr], client_id: u64) -> Vec<(u64, u32
     seen.into_iter().collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_restarted_after_a_crash_applies_every_movement_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config =
-        ClusterConfig::local(16, dir.path().to_path_buf(), bourse_testkit::free_ports());
+/// A three-node core over TCP in `dir`.
+async fn start_core(dir: &std::path::Path) -> (ClusterConfig, Vec<Node>) {
+    let mut config = ClusterConfig::local(16, dir.to_path_buf(), bourse_testkit::free_ports());
     config.fsync = bourse_cluster::FsyncSetting::Never;
     config.orders_max = 1024;
     config.accounts_max = 64;
@@ -94,6 +94,227 @@ async fn a_run_restarted_after_a_crash_applies_every_movement_once() {
     for n in &config.nodes {
         nodes.push(Node::start(&config, n.id).await.unwrap());
     }
+    (config, nodes)
+}
+
+/// Adds account `a` (firm 1, may go short) with `cash`.
+async fn add_account(client: &mut Client, a: u32, cash: i128) {
+    let spec = AccountSpec {
+        account: AccountId(a),
+        firm: FirmId(1),
+        may_short: true,
+        stp: StpMode::None,
+        stp_scope: StpScope::Account,
+    };
+    let events = submit(
+        client,
+        CommandBody::AddFundedAccount {
+            spec,
+            cash: Cash(cash),
+        },
+    )
+    .await;
+    assert!(
+        matches!(
+            events[..],
+            [Event::AccountAdded { .. }, Event::CashChanged { .. }]
+        ),
+        "{events:?}"
+    );
+}
+
+fn reject(events: &[Event]) -> Option<RejectReason> {
+    events.iter().find_map(|e| match e {
+        Event::OrderRejected { reason, .. } | Event::CommandRejected { reason, .. } => {
+            Some(*reason)
+        }
+        _ => None,
+    })
+}
+
+/// Waits until every node has applied its whole log, and returns their state hashes.
+async fn replica_hashes(nodes: &[Node]) -> Vec<u64> {
+    let started = std::time::Instant::now();
+    loop {
+        let mut statuses = Vec::new();
+        for n in nodes {
+            statuses.push(n.status().await);
+        }
+        let same_index = statuses
+            .windows(2)
+            .all(|w| w[0].last_applied_index == w[1].last_applied_index);
+        let done = statuses
+            .iter()
+            .all(|s| s.last_applied_index.is_some() && s.last_applied_index == s.last_log_index);
+        if same_index && done {
+            return statuses.iter().map(|s| s.state_hash).collect();
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "no convergence: {statuses:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_under_margined_account_gets_one_margin_call_the_core_enforces_until_a_deposit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, nodes) = start_core(dir.path()).await;
+    let group = addrs(&config);
+    let stream_nodes: Vec<SocketAddr> = group.iter().map(|n| n.1).collect();
+    let cores_streams = [stream_nodes.clone()];
+    let mut trader = Client::new(group.clone(), 7, 1);
+    let def = future(FUT, "FUT", 100_000);
+    let im_per_lot = def.initial_margin.0;
+    submit(&mut trader, CommandBody::AddInstrument(def.clone())).await;
+    // Account 1 holds just enough for two lots' margin and 10 points more; 2 and 3 plenty.
+    let point = 1_0000; // one price point on one lot, in cash units
+    let thin = 2 * im_per_lot + 10 * point;
+    add_account(&mut trader, 1, thin).await;
+    add_account(&mut trader, 2, CASH_START).await;
+    add_account(&mut trader, 3, CASH_START).await;
+    // 1 buys 2 at 100,000 from 3; then 2 buys 1 from 3 at 99,000, where the run settles.
+    submit(&mut trader, order(3, 1, Side::Sell, 100_000, 2)).await;
+    submit(&mut trader, order(1, 2, Side::Buy, 100_000, 2)).await;
+    submit(&mut trader, order(3, 3, Side::Sell, 99_000, 1)).await;
+    let events = submit(&mut trader, order(2, 4, Side::Buy, 99_000, 1)).await;
+    assert!(events.iter().any(|e| matches!(e, Event::Trade { .. })));
+
+    let cut = stream_end(&stream_nodes).await.unwrap();
+    let mut state = ClearingState::new(1, [def.clone()]);
+    replay(&mut state, &cores_streams, &[], &[cut])
+        .await
+        .unwrap();
+    let rule = SettlementRule {
+        last_trades: 1,
+        window_ns: None,
+    };
+    let plan = compute_run(&state, 5, RunKind::Intermediate, &rule);
+    assert_eq!(plan.prices[&InstrumentId(FUT)], Price(99_000));
+    // Account 1 loses 2 × 1,000 points, which its 10 points of free cash cannot pay: after
+    // the movements its collateral is below the two lots' initial margin.
+    let loss = 2 * 1_000 * point;
+    let line = |a: u32| {
+        *plan
+            .initial_margin
+            .iter()
+            .find(|l| l.account == AccountId(a))
+            .expect("a line per account with futures")
+    };
+    let l1 = line(1);
+    assert_eq!(l1.initial_margin.0, 2 * im_per_lot);
+    assert_eq!(l1.collateral.0, thin - loss);
+    let call = 2 * im_per_lot - (thin - loss);
+    assert_eq!(l1.call.0, call);
+    assert_eq!(line(2).call.0, 0);
+    assert_eq!(line(3).initial_margin.0, 3 * im_per_lot);
+    assert_eq!(line(3).call.0, 0);
+    let calls: Vec<_> = plan.initial_margin.iter().filter(|l| l.seq != 0).collect();
+    assert_eq!(
+        calls.len(),
+        1,
+        "exactly one margin call: {:?}",
+        plan.initial_margin
+    );
+    // The call comes after the core's movements, under the run's keys.
+    assert_eq!(calls[0].seq, plan.movements.len() as u64 + 1);
+
+    // The run dies after its first command; restarted, and run a third time, it applies
+    // every command once.
+    let cores = [group.clone()];
+    let stop = ExecuteOptions {
+        stop_after: Some(1),
+    };
+    assert_eq!(execute(&plan, &cores, stop).await.unwrap().len(), 1);
+    let full = execute(&plan, &cores, ExecuteOptions::default())
+        .await
+        .unwrap();
+    let again = execute(&plan, &cores, ExecuteOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(again, full);
+    let commands = plan.commands(0).len() as u64;
+    assert_eq!(full.len() as u64, commands);
+    let applied = applied_requests(&stream_nodes, run_client_id(5, 0)).await;
+    assert_eq!(
+        applied,
+        (1..=commands).map(|seq| (seq, 1)).collect::<Vec<_>>(),
+        "each command of the run applied once"
+    );
+    // The loser's withdrawal is refused by the core (it cannot pay); the call is applied.
+    assert!(
+        matches!(full[&(0, calls[0].seq)], MovementResult::Done { .. }),
+        "{full:?}"
+    );
+
+    // Under the call: more exposure is refused with its own reason, a reducing sell passes.
+    let ev = submit(&mut trader, order(1, 10, Side::Buy, 98_000, 1)).await;
+    assert_eq!(reject(&ev), Some(RejectReason::MarginCallOpen), "{ev:?}");
+    let ev = submit(&mut trader, order(1, 11, Side::Sell, 101_000, 1)).await;
+    assert!(
+        ev.iter().any(|e| matches!(e, Event::OrderAccepted { .. })),
+        "{ev:?}"
+    );
+    // Clearing sees the call on the stream.
+    let end = stream_end(&stream_nodes).await.unwrap();
+    state.settle(&plan);
+    replay(&mut state, &cores_streams, &[], &[end])
+        .await
+        .unwrap();
+    assert_eq!(state.cash()[&(0, AccountId(1))].margin_called.0, call);
+
+    // A deposit covering the call (and a lot's margin more) closes it; the buy then passes.
+    let ev = submit(
+        &mut trader,
+        CommandBody::Deposit {
+            account: AccountId(1),
+            amount: Cash(call + im_per_lot),
+        },
+    )
+    .await;
+    assert!(
+        ev.iter().any(|e| matches!(
+            e,
+            Event::MarginCallSet {
+                account: AccountId(1),
+                amount: Cash(0),
+                ..
+            }
+        )),
+        "{ev:?}"
+    );
+    let ev = submit(&mut trader, order(1, 12, Side::Buy, 98_000, 1)).await;
+    assert!(
+        ev.iter().any(|e| matches!(e, Event::OrderAccepted { .. })),
+        "{ev:?}"
+    );
+
+    // The next run finds no call open and no shortfall for account 1: it calls nothing.
+    let end = stream_end(&stream_nodes).await.unwrap();
+    replay(&mut state, &cores_streams, &[], &[end])
+        .await
+        .unwrap();
+    assert_eq!(state.cash()[&(0, AccountId(1))].margin_called.0, 0);
+    let next = compute_run(&state, 6, RunKind::Intermediate, &rule);
+    assert!(
+        next.initial_margin.iter().all(|l| l.seq == 0),
+        "{:?}",
+        next.initial_margin
+    );
+
+    // Every replica applied the same commands to the same state.
+    let hashes = replica_hashes(&nodes).await;
+    assert!(hashes.windows(2).all(|w| w[0] == w[1]), "{hashes:?}");
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_restarted_after_a_crash_applies_every_movement_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, nodes) = start_core(dir.path()).await;
     let group = addrs(&config);
     let stream_nodes: Vec<SocketAddr> = group.iter().map(|n| n.1).collect();
     let cores_streams = [stream_nodes.clone()];

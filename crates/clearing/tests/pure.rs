@@ -718,3 +718,79 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Initial margin per account is |lots| × the margin per lot over its futures, recomputed
+    /// from the trade list; the call is what the collateral after the movements lacks; an
+    /// account is sent a `MarginCall` exactly when it is short or has a call open (which a
+    /// call of 0 then closes); the run's commands are numbered 1, 2, 3 with the calls after
+    /// the movements; the open call survives the snapshot.
+    #[test]
+    fn initial_margin_and_margin_calls_follow_the_positions_and_the_collateral(
+        orders in orders(),
+        thin in 0..ACCOUNTS,
+    ) {
+        let events = trade(&orders);
+        let mut state = fed(&events);
+        // Account `thin` is left with one unit of cash on the core; the next one has a call
+        // open from an earlier run.
+        state
+            .apply_event(0, &Event::CashChanged {
+                account: AccountId(thin),
+                reason: CashReason::SetCollateral,
+                amount: Cash(1_0000),
+                cash: Cash(1_0000),
+                cash_free: Cash(0),
+                ts_ns: 0,
+            })
+            .unwrap();
+        let open = AccountId((thin + 1) % ACCOUNTS);
+        state
+            .apply_event(0, &Event::MarginCallSet { account: open, amount: Cash(5), ts_ns: 0 })
+            .unwrap();
+        let plan = compute_run(&state, 1, RunKind::Intermediate, &rule());
+
+        let defs = definitions();
+        let mut im: BTreeMap<AccountId, i128> = BTreeMap::new();
+        for ((account, instrument), lots) in net_lots(&events) {
+            let def = defs.iter().find(|d| d.instrument == instrument).unwrap();
+            if def.market == Market::Futures {
+                *im.entry(account).or_default() += (lots as i128).abs() * def.initial_margin.0;
+            }
+        }
+        let mut net: BTreeMap<AccountId, i128> = BTreeMap::new();
+        for m in &plan.movements {
+            *net.entry(m.account).or_default() += m.amount.0;
+        }
+        for l in &plan.initial_margin {
+            let want_im = im.get(&l.account).copied().unwrap_or(0);
+            prop_assert_eq!(l.initial_margin.0, want_im, "account {}", l.account.0);
+            let cash = state.cash().get(&(0, l.account)).map_or(0, |c| c.cash.0);
+            let collateral = cash + net.get(&l.account).copied().unwrap_or(0);
+            prop_assert_eq!(l.collateral.0, collateral);
+            prop_assert_eq!(l.call.0, (want_im - collateral).max(0));
+            prop_assert_eq!(l.seq != 0, l.call.0 != 0 || l.account == open);
+        }
+        for (account, v) in &im {
+            prop_assert_eq!(
+                plan.initial_margin.iter().any(|l| l.account == *account),
+                *v != 0 || *account == open
+            );
+        }
+        prop_assert!(plan.initial_margin.iter().any(|l| l.account == open && l.seq != 0));
+        let commands = plan.commands(0);
+        let seqs: Vec<u64> = commands.iter().map(|c| c.0).collect();
+        prop_assert_eq!(&seqs, &(1..=seqs.len() as u64).collect::<Vec<_>>());
+        let first_call = plan.movements.len();
+        for (i, (_, c)) in commands.iter().enumerate() {
+            let is_call = matches!(c.body, CommandBody::MarginCall { .. });
+            prop_assert_eq!(is_call, i >= first_call);
+        }
+
+        let back = ClearingState::decode(1, definitions(), &state.encode()).unwrap();
+        prop_assert_eq!(back.state_hash(), state.state_hash());
+        prop_assert_eq!(back.cash()[&(0, open)].margin_called.0, 5);
+    }
+}

@@ -733,6 +733,10 @@ fn obligations_settle_t0_or_t1_on_the_venues_calendar_and_are_served_by_settleme
     );
     // The defaults: equities T+1, FX T+0.
     c.settlement_cycle = toml::from_str("").unwrap();
+    c.fix = Some(FixSection {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..FixSection::default()
+    });
     let defs = vec![future(FUT, "FUT", 100_000)];
     // Friday 2026-11-27, Moscow time: the 14:00 intermediate run.
     let clock = Arc::new(ManualClock::new(msk(4, 13, 0)));
@@ -805,9 +809,60 @@ fn obligations_settle_t0_or_t1_on_the_venues_calendar_and_are_served_by_settleme
 
     // Restarted, the node serves the dates its saved plan was given.
     node.stop().unwrap();
-    let node = ClearingNode::start_with_clock(c, defs, clock).unwrap();
+    let node = ClearingNode::start_with_clock(c, defs, clock.clone()).unwrap();
     let (_, again) = settlements(&node, "victor", "/v1/settlements/2026-12-01");
     assert_eq!(again["lines"], tuesday["lines"]);
+
+    // After more trades, the 18:50 end of day settles them on the same dates, and its FIX
+    // PositionReports say when: SettlDate on the equity and FX lines, none on the future's.
+    for (instrument, seller, buyer, price, qty, id) in
+        [(EQ, 3, 1, 1_000, 1, 310), (FX, 4, 2, 100_000, 1, 312)]
+    {
+        core.submit(
+            &mut trader,
+            order_in(instrument, seller, id, Side::Sell, price, qty),
+        );
+        let events = core.submit(
+            &mut trader,
+            order_in(instrument, buyer, id + 1, Side::Buy, price, qty),
+        );
+        assert!(events.iter().any(|e| matches!(e, Event::Trade { .. })));
+    }
+    assert!(node.wait_for_cut(&[core.end()], WAIT), "the feed follows");
+    clock.set(msk(4, 18, 50));
+    let did = node.block_on(node.shared().step_schedule());
+    assert_eq!(did.len(), 1, "{did:?}");
+    assert_eq!(did[0].0.kind, RunKind::EndOfDay);
+    let mut fiona = fix_client(&node, "fiona").unwrap();
+    let settl_dates = |fiona: &mut PositionsClient, account: u32| {
+        let answer = fiona
+            .positions(account, "20261127", "EOD", None, WAIT)
+            .unwrap();
+        assert_eq!(answer.result(), Some(0), "{:?}", answer.ack);
+        answer
+            .reports
+            .iter()
+            .map(|ap| {
+                let text = |t| field(ap, t).map(str::to_owned);
+                (text(fix::tag::SYMBOL).unwrap(), text(fix::tag::SETTL_DATE))
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        settl_dates(&mut fiona, 1),
+        vec![
+            ("FUT".to_owned(), None),
+            ("EQ".to_owned(), Some("20261201".to_owned()))
+        ]
+    );
+    assert_eq!(
+        settl_dates(&mut fiona, 2),
+        vec![
+            ("FUT".to_owned(), None),
+            ("FXP".to_owned(), Some("20261127".to_owned()))
+        ]
+    );
+    fiona.logout(WAIT).unwrap();
     node.stop().unwrap();
 }
 
@@ -906,6 +961,14 @@ fn clearing_data_over_fix_answers_a_firm_its_own_positions_intraday_and_at_end_o
     assert_eq!(amounts["FMTM"], http.body["variation_margin_open"]);
     assert_eq!(amounts["IMTM"], http.body["variation_margin_open"]);
     assert_eq!(amounts["FMTM"], cash((1_020 * 5 - 480 * 2) * 1_0000));
+    // Initial margin: 7 lots × the future's margin per lot, the same over HTTP; no call.
+    let im = cash(7 * future(FUT, "FUT", 100_000).initial_margin.0);
+    assert_eq!(amounts["IMR"], im);
+    assert_eq!(amounts["MCAL"], "0.0000");
+    assert_eq!(http.body["initial_margin"], im.as_str());
+    assert_eq!(http.body["positions"][0]["initial_margin"], im.as_str());
+    assert_eq!(http.body["cash"][0]["initial_margin"], im.as_str());
+    assert_eq!(http.body["margin_called"], "0.0000");
     // Account 1 took 7 lots: 7.00 of fees due at the next run, on both sides.
     assert_eq!(amounts["FEES"], "7.0000");
     assert_eq!(http.body["fees_due"], "7.0000");
@@ -963,6 +1026,17 @@ fn clearing_data_over_fix_answers_a_firm_its_own_positions_intraday_and_at_end_o
     assert_eq!(qty["FIN"], (7, 0));
     assert_eq!(amounts["IMTM"], cash(vm_of(1)));
     assert_eq!(amounts["FEES"], "7.0000", "the run charged the fees");
+    assert_eq!(amounts["IMR"], im, "the initial margin at the cut");
+    let line_1 = eod["accounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["account"] == 1)
+        .unwrap()
+        .clone();
+    assert_eq!(line_1["initial_margin"], im.as_str(), "{line_1}");
+    assert_eq!(line_1["margin_call"], "0.0000", "{line_1}");
+    assert_eq!(eod["margin_calls"], 0);
     let http = client(&node, Some("fiona")).get("/v1/accounts/1").unwrap();
     assert_eq!(http.body["fees_paid"], "7.0000");
     assert_eq!(http.body["fees_due"], "0.0000");

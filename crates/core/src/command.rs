@@ -179,6 +179,14 @@ pub enum CommandBody {
         account: Option<AccountId>,
         engaged: bool,
     },
+    /// Set the margin call open on an account (clearing issues it after a run, through the
+    /// sequenced path): `amount` is the cash the account must add to cover its initial
+    /// margin, 0 closes the call. While a call is open the account's orders that would
+    /// increase its exposure are refused (`MarginCallOpen`); its deposits reduce the call.
+    MarginCall {
+        account: AccountId,
+        amount: Cash,
+    },
 }
 
 /// A command with the time the gateway stamped on it.
@@ -380,6 +388,11 @@ mod strict {
             account: Option<AccountId>,
             engaged: bool,
         },
+        MarginCall {
+            ts_ns: u64,
+            account: AccountId,
+            amount: Cash,
+        },
     }
 
     impl From<StrictCommand> for Command {
@@ -566,6 +579,11 @@ mod strict {
                         engaged,
                     },
                 ),
+                S::MarginCall {
+                    ts_ns,
+                    account,
+                    amount,
+                } => (ts_ns, CommandBody::MarginCall { account, amount }),
             };
             Command { ts_ns, body }
         }
@@ -687,6 +705,10 @@ mod tests {
                 amount: Cash(5),
             },
             CommandBody::EndOfDay,
+            CommandBody::MarginCall {
+                account: AccountId(1),
+                amount: Cash(7),
+            },
         ];
         bodies
             .into_iter()

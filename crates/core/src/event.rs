@@ -73,6 +73,10 @@ pub enum RejectReason {
     TradingSuspended = 34,
     /// A kill switch names neither a firm nor an account, or both.
     KillSwitchTargetInvalid = 35,
+    /// The account has a margin call open (clearing found its collateral below its initial
+    /// margin): only orders that reduce its exposure, and cancels, are accepted until a
+    /// deposit covers the call or the next clearing run closes it.
+    MarginCallOpen = 36,
 }
 
 impl RejectReason {
@@ -315,6 +319,13 @@ pub enum Event {
         orders_cancelled: u64,
         ts_ns: u64,
     },
+    /// The margin call open on an account changed: a `MarginCall` command set it, or a
+    /// deposit reduced it. `amount` is what is still called (0: the call is closed).
+    MarginCallSet {
+        account: AccountId,
+        amount: Cash,
+        ts_ns: u64,
+    },
 }
 
 impl Event {
@@ -344,7 +355,8 @@ impl Event {
             | Event::PhaseChanged { ts_ns, .. }
             | Event::CashChanged { ts_ns, .. }
             | Event::EndOfDayDone { ts_ns, .. }
-            | Event::KillSwitchSet { ts_ns, .. } => ts_ns,
+            | Event::KillSwitchSet { ts_ns, .. }
+            | Event::MarginCallSet { ts_ns, .. } => ts_ns,
         }
     }
 }

@@ -71,6 +71,7 @@ const TAG_INSTRUMENT: u64 = 0xcbbb_9d5d_c105_9ed8;
 const TAG_BOOK: u64 = 0x629a_292a_367c_d507;
 const TAG_ENGINE: u64 = 0x9159_015a_3070_dd17;
 const TAG_SUSPENDED: u64 = 0x152f_ecd8_f70e_5939;
+const TAG_MARGIN_CALLS: u64 = 0x7a3c_51e9_0b6d_24f1;
 
 /// The murmur3 64-bit finalizer: a bijection that spreads every input bit over the output.
 #[inline(always)]
@@ -319,6 +320,7 @@ impl Engine {
                 g.accounts_max as u64 | (g.levels_per_side_hint as u64) << 32,
                 g.first_order_id,
                 self.suspension_digest(),
+                self.margin_call_digest(),
             ],
         )
     }
@@ -336,6 +338,22 @@ impl Engine {
         }
         for a in accounts {
             h = mix(TAG_SUSPENDED, [h, 2, u64::from(a.0)]);
+        }
+        h
+    }
+
+    /// A hash of the margin calls open (a short sorted list, folded in order; 0 when none is).
+    fn margin_call_digest(&self) -> u64 {
+        let calls = self.margin_calls();
+        if calls.is_empty() {
+            return 0;
+        }
+        let mut h = mix(TAG_MARGIN_CALLS, [calls.len() as u64, 0]);
+        for &(a, amount) in calls {
+            h = mix(
+                TAG_MARGIN_CALLS,
+                [h, u64::from(a.0), amount as u64, (amount >> 64) as u64],
+            );
         }
         h
     }

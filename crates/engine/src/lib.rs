@@ -158,6 +158,9 @@ pub struct Engine {
     /// duplicates (see `kill_switch`). Few entries: searched by bisection, never hashed.
     suspended_firms: Vec<FirmId>,
     suspended_accounts: Vec<AccountId>,
+    /// The margin calls open (clearing's `MarginCall`), as (account, amount still called),
+    /// sorted by account, amounts positive. Few entries: searched by bisection, never hashed.
+    margin_calls: Vec<(AccountId, i128)>,
 }
 
 impl Engine {
@@ -194,6 +197,7 @@ impl Engine {
             digest_items: 0,
             suspended_firms: Vec::new(),
             suspended_accounts: Vec::new(),
+            margin_calls: Vec::new(),
         }
     }
 
@@ -245,6 +249,9 @@ impl Engine {
                 account,
                 engaged,
             } => self.kill_switch(*firm, *account, *engaged, ts, out),
+            CommandBody::MarginCall { account, amount } => {
+                self.margin_call(*account, *amount, ts, out)
+            }
         }
     }
 
@@ -519,6 +526,9 @@ impl Engine {
         let account = &self.accounts[acct_idx as usize];
         let pos = account.position(book_idx).copied().unwrap_or_default();
         let qty = o.qty.0;
+        if self.margin_call_open(account.id) && !risk::reduces_exposure(&pos, o.side, qty, 0) {
+            return Err(RejectReason::MarginCallOpen);
+        }
         let holding = risk::admit(
             &book.def,
             account,
@@ -1125,6 +1135,14 @@ impl Engine {
         let new_leaves = new_total - o.qty_filled;
         let account = &self.accounts[o.account as usize];
         let pos = account.position(o.book).copied().unwrap_or_default();
+        // Under a margin call a replace passes if the order only shrinks in place, or if it
+        // reduces the exposure after the change.
+        if self.margin_call_open(account.id)
+            && !(new_price == o.price && new_leaves <= o.qty_leaves)
+            && !risk::reduces_exposure(&pos, o.side, new_leaves, o.qty_leaves)
+        {
+            return Err(RejectReason::MarginCallOpen);
+        }
         let old = Holding {
             reserved_cash: o.reserved_cash,
             reserved_pos: o.reserved_pos,
@@ -1581,10 +1599,87 @@ impl Engine {
                     cash: Cash(cash),
                     cash_free: Cash(free),
                     ts_ns: ts,
-                })
+                });
+                // A deposit goes towards the account's margin call: what is still called
+                // shrinks by it, and the call closes once it is covered.
+                if reason == CashReason::Deposit && self.margin_call_open(account) {
+                    let called = self.margin_called(account);
+                    let left = (called - amount.0).max(0);
+                    self.set_margin_call(account, left);
+                    out.push(Event::MarginCallSet {
+                        account,
+                        amount: Cash(left),
+                        ts_ns: ts,
+                    });
+                }
             }
             Err(reason) => out.push(Event::CommandRejected { reason, ts_ns: ts }),
         }
+    }
+}
+
+impl Engine {
+    /// Whether `account` has a margin call open (cheap when none is: one length test).
+    #[inline]
+    fn margin_call_open(&self, account: AccountId) -> bool {
+        !self.margin_calls.is_empty()
+            && self
+                .margin_calls
+                .binary_search_by_key(&account, |c| c.0)
+                .is_ok()
+    }
+
+    /// The cash still called from `account` (0: no call open).
+    pub fn margin_called(&self, account: AccountId) -> i128 {
+        match self.margin_calls.binary_search_by_key(&account, |c| c.0) {
+            Ok(i) => self.margin_calls[i].1,
+            Err(_) => 0,
+        }
+    }
+
+    /// The margin calls open, as (account, amount still called), by account.
+    pub fn margin_calls(&self) -> &[(AccountId, i128)] {
+        &self.margin_calls
+    }
+
+    /// Opens, changes or (amount 0) closes the call on `account`.
+    fn set_margin_call(&mut self, account: AccountId, amount: i128) {
+        match (
+            self.margin_calls.binary_search_by_key(&account, |c| c.0),
+            amount > 0,
+        ) {
+            (Ok(i), true) => self.margin_calls[i].1 = amount,
+            (Ok(i), false) => {
+                self.margin_calls.remove(i);
+            }
+            (Err(i), true) => self.margin_calls.insert(i, (account, amount)),
+            (Err(_), false) => {}
+        }
+    }
+
+    /// Clearing's margin call (see `CommandBody::MarginCall`): sets what is called from the
+    /// account, replacing any call open; 0 closes it. Refused for an unknown account, a
+    /// negative amount or one over the cash limit.
+    fn margin_call(&mut self, account: AccountId, amount: Cash, ts: u64, out: &mut Vec<Event>) {
+        let reason = if !self.account_index.contains_key(&account) {
+            Some(RejectReason::UnknownAccount)
+        } else if amount.0 < 0 {
+            Some(RejectReason::AmountNotPositive)
+        } else if amount.0 > CASH_AMOUNT_MAX {
+            Some(RejectReason::Overflow)
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            out.push(Event::CommandRejected { reason, ts_ns: ts });
+            return;
+        }
+        self.set_margin_call(account, amount.0);
+        out.push(Event::MarginCallSet {
+            account,
+            amount,
+            ts_ns: ts,
+        });
     }
 }
 

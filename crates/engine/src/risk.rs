@@ -123,6 +123,18 @@ pub fn futures_margin(initial_margin: i128, p: &Position) -> i128 {
     initial_margin * if_buys_fill.max(if_sells_fill)
 }
 
+/// Whether an order of `side` with `leaves` open lots (replacing one with `old_leaves`, 0
+/// for a new order) can only bring the position towards zero: even if it and every other
+/// open order of its side fill, the position does not cross zero. What a margin call lets
+/// through; an order on a flat position never qualifies.
+pub fn reduces_exposure(pos: &Position, side: Side, leaves: i64, old_leaves: i64) -> bool {
+    let (open, held) = match side {
+        Side::Sell => (pos.sell_open as i128, pos.qty as i128),
+        Side::Buy => (pos.buy_open as i128, -(pos.qty as i128)),
+    };
+    held > 0 && open + leaves as i128 - old_leaves as i128 <= held
+}
+
 /// What a live order holds back from its account.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Holding {

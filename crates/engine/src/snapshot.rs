@@ -15,8 +15,9 @@ use bourse_core::*;
 use std::fmt;
 
 const MAGIC: &[u8; 8] = b"BOURSE01";
-/// Version 2 added the checksum trailer; version 4 the kill switches (and the paused phase).
-const FORMAT_VERSION: u32 = 4;
+/// Version 2 added the checksum trailer; version 4 the kill switches (and the paused phase);
+/// version 5 the margin calls.
+const FORMAT_VERSION: u32 = 5;
 /// Bytes of the trailer: xxh3-64 of everything before it.
 const CHECKSUM_BYTES: usize = 8;
 
@@ -185,6 +186,11 @@ impl Engine {
         w.u64(self.suspended_accounts.len() as u64);
         for a in &self.suspended_accounts {
             w.u32(a.0);
+        }
+        w.u64(self.margin_calls.len() as u64);
+        for &(a, amount) in &self.margin_calls {
+            w.u32(a.0);
+            w.i128(amount);
         }
         // A checksum over everything before it, so that restore refuses any damage rather
         // than rebuilding a different but self-consistent state from a flipped bit.
@@ -502,12 +508,47 @@ impl Engine {
         }
         e.suspended_firms = read_sorted_ids(&mut r, FirmId, "kill-switched firms")?;
         e.suspended_accounts = read_sorted_ids(&mut r, AccountId, "kill-switched accounts")?;
+        e.margin_calls = read_margin_calls(&mut r)?;
+        if let Some(&(a, _)) = e
+            .margin_calls
+            .iter()
+            .find(|c| !e.account_index.contains_key(&c.0))
+        {
+            return Err(RestoreError::Inconsistent(format!(
+                "margin call on unknown account {}",
+                a.0
+            )));
+        }
         r.expect_end()?;
         // The digest is not in the snapshot: it is a function of the state, recomputed here.
         e.rebuild_digest();
         e.check_invariants().map_err(RestoreError::Inconsistent)?;
         Ok(e)
     }
+}
+
+/// The margin calls: a count and that many (account u32, amount i128), accounts strictly
+/// ascending, amounts positive and within the cash limit (the engine keeps no closed call).
+fn read_margin_calls(r: &mut Reader) -> Result<Vec<(AccountId, i128)>, RestoreError> {
+    let n = r.count(20)?;
+    let mut calls: Vec<(AccountId, i128)> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let account = AccountId(r.u32()?);
+        let amount = r.i128()?;
+        if calls.last().is_some_and(|&(prev, _)| prev >= account) {
+            return Err(RestoreError::Inconsistent(
+                "margin calls: not sorted or listed twice".into(),
+            ));
+        }
+        if amount <= 0 || amount > CASH_AMOUNT_MAX {
+            return Err(RestoreError::Inconsistent(format!(
+                "margin call on account {}: amount {amount} out of range",
+                account.0
+            )));
+        }
+        calls.push((account, amount));
+    }
+    Ok(calls)
 }
 
 /// A count and that many u32 ids, strictly ascending (the engine keeps them sorted and

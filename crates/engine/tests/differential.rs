@@ -326,6 +326,7 @@ fn random_flow_exercises_every_outcome() {
         "rejected InstrumentClosed",
         "rejected DisplayQtyInvalid",
         "rejected ExpireTimeInPast",
+        "rejected MarginCallOpen",
         "cancel rejected UnknownOrder",
         "cancel rejected ReplaceNoChange",
         "cancel rejected ReplaceQtyNotAboveFilled",

@@ -1,7 +1,10 @@
 //! The engine's side of market operations: the kill switch (per firm or account: resting
 //! orders cancelled, new orders and replaces refused until released, cancels still taken; part
 //! of the snapshot and the digest) and the paused phase (a scheduled clearing pause: new
-//! orders refused with a reason of its own, resting orders stay).
+//! orders refused with a reason of its own, resting orders stay), and the margin call
+//! (clearing's: orders that would increase the account's exposure refused with a reason of
+//! their own, reducing orders and cancels taken, a covering deposit or a call of 0 closes it;
+//! part of the snapshot and the digest).
 
 use bourse_core::*;
 use bourse_engine::fixtures::{accepted_id, equity, reject_reason, Driver};
@@ -221,5 +224,154 @@ fn a_funded_addition_adds_and_deposits_in_one_command_or_does_nothing() {
         amount: Cash(1),
     });
     assert_eq!(reject_reason(ev), Some(RejectReason::UnknownAccount));
+    check(&d);
+}
+
+fn margin_call(account: u32, amount: i128) -> CommandBody {
+    CommandBody::MarginCall {
+        account: AccountId(account),
+        amount: Cash(amount),
+    }
+}
+
+fn margin_call_set(events: &[Event]) -> Option<(AccountId, i128)> {
+    events.iter().find_map(|e| match e {
+        Event::MarginCallSet {
+            account, amount, ..
+        } => Some((*account, amount.0)),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_margin_call_refuses_exposure_increasing_orders_until_a_deposit_covers_it() {
+    let mut d = driver();
+    // Account 1 buys 10 SBER from account 3: long 10.
+    accepted_id(&d.limit(3, 1, SBER, Side::Sell, REF, 10)).unwrap();
+    let ev = d.limit(1, 1, SBER, Side::Buy, REF, 10);
+    assert!(ev.iter().any(|e| matches!(e, Event::Trade { .. })));
+    let resting = accepted_id(&d.limit(1, 2, GAZP, Side::Buy, 9_900, 5)).unwrap();
+    let before = d.engine.state_digest();
+
+    let ev = d.run(margin_call(1, 700)).to_vec();
+    assert_eq!(margin_call_set(&ev), Some((AccountId(1), 700)));
+    assert_eq!(d.engine.margin_called(AccountId(1)), 700);
+    assert_ne!(d.engine.state_digest(), before, "the call is in the digest");
+    check(&d);
+
+    // More of the long, a new short elsewhere, a sell past flat: refused with the reason.
+    for (cl, instrument, side, qty) in [
+        (3, SBER, Side::Buy, 1),
+        (4, GAZP, Side::Sell, 1),
+        (5, SBER, Side::Sell, 11),
+    ] {
+        let ev = d.limit(1, cl, instrument, side, REF, qty);
+        assert_eq!(
+            reject_reason(&ev),
+            Some(RejectReason::MarginCallOpen),
+            "{side:?} {qty} of {instrument}"
+        );
+    }
+    // A sell that reduces the long passes; a second one that, with it, would cross zero
+    // does not.
+    let reducing = accepted_id(&d.limit(1, 6, SBER, Side::Sell, 10_100, 6)).unwrap();
+    let ev = d.limit(1, 7, SBER, Side::Sell, 10_100, 5);
+    assert_eq!(reject_reason(&ev), Some(RejectReason::MarginCallOpen));
+    // Growing the reducing order past the position is refused; shrinking it is taken.
+    let grow = CommandBody::Replace(Replace {
+        account: AccountId(1),
+        cl_ord_id: ClOrdId(8),
+        target: OrderRef {
+            order_id: Some(reducing),
+            orig_cl_ord_id: None,
+        },
+        price: None,
+        qty: Some(Qty(11)),
+    });
+    assert_eq!(
+        reject_reason(d.run(grow)),
+        Some(RejectReason::MarginCallOpen)
+    );
+    let shrink = CommandBody::Replace(Replace {
+        account: AccountId(1),
+        cl_ord_id: ClOrdId(9),
+        target: OrderRef {
+            order_id: Some(reducing),
+            orig_cl_ord_id: None,
+        },
+        price: None,
+        qty: Some(Qty(4)),
+    });
+    assert!(d
+        .run(shrink)
+        .iter()
+        .any(|e| matches!(e, Event::OrderReplaced { .. })));
+    // Cancels pass; another account is not touched.
+    let cancel = CommandBody::Cancel(Cancel {
+        account: AccountId(1),
+        cl_ord_id: ClOrdId(10),
+        target: OrderRef {
+            order_id: Some(resting),
+            orig_cl_ord_id: None,
+        },
+    });
+    assert_eq!(cancelled(d.run(cancel)), vec![resting]);
+    assert!(accepted_id(&d.limit(2, 1, SBER, Side::Buy, 9_900, 1)).is_some());
+    check(&d);
+
+    // A deposit below the call reduces it; one that covers the rest closes it.
+    let ev = d
+        .run(CommandBody::Deposit {
+            account: AccountId(1),
+            amount: Cash(500),
+        })
+        .to_vec();
+    assert_eq!(margin_call_set(&ev), Some((AccountId(1), 200)));
+    assert_eq!(
+        reject_reason(&d.limit(1, 11, SBER, Side::Buy, 9_900, 1)),
+        Some(RejectReason::MarginCallOpen)
+    );
+    let ev = d
+        .run(CommandBody::Deposit {
+            account: AccountId(1),
+            amount: Cash(300),
+        })
+        .to_vec();
+    assert_eq!(margin_call_set(&ev), Some((AccountId(1), 0)));
+    assert_eq!(d.engine.margin_called(AccountId(1)), 0);
+    assert!(d.engine.margin_calls().is_empty());
+    assert!(accepted_id(&d.limit(1, 12, SBER, Side::Buy, 9_900, 1)).is_some());
+    // With no call open a deposit says nothing of calls.
+    let ev = d
+        .run(CommandBody::Deposit {
+            account: AccountId(1),
+            amount: Cash(1),
+        })
+        .to_vec();
+    assert_eq!(margin_call_set(&ev), None);
+    check(&d);
+}
+
+#[test]
+fn a_margin_call_of_zero_closes_it_and_bad_calls_are_refused() {
+    let mut d = driver();
+    d.run(margin_call(2, 50));
+    assert_eq!(
+        reject_reason(&d.limit(2, 1, SBER, Side::Buy, 9_900, 1)),
+        Some(RejectReason::MarginCallOpen)
+    );
+    check(&d);
+    let ev = d.run(margin_call(2, 0)).to_vec();
+    assert_eq!(margin_call_set(&ev), Some((AccountId(2), 0)));
+    assert!(accepted_id(&d.limit(2, 2, SBER, Side::Buy, 9_900, 1)).is_some());
+    for (account, amount, reason) in [
+        (99, 1, RejectReason::UnknownAccount),
+        (2, -1, RejectReason::AmountNotPositive),
+        (2, CASH_AMOUNT_MAX + 1, RejectReason::Overflow),
+    ] {
+        let ev = d.run(margin_call(account, amount)).to_vec();
+        assert_eq!(reject_reason(&ev), Some(reason), "{account} {amount}");
+    }
+    assert!(d.engine.margin_calls().is_empty());
     check(&d);
 }

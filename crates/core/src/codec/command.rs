@@ -21,6 +21,7 @@
 //!   form 12 kill switch    firm opt_u32, account opt_u32, engaged u8
 //!   form 13 add funded     account u32, firm u32, may_short u8, stp u8, stp_scope u8,
 //!           account        cash i128
+//!   form 14 margin call    account u32, amount i128
 //! order_ref := order_id opt_u64, orig_cl_ord_id opt_u64
 //! opt_X    := flag u8 (0 absent, 1 present) [, X]
 //! ```
@@ -60,8 +61,10 @@ const FORM_KILL_SWITCH: u8 = 12;
 /// Added after the journal's format version 2 without changing another form's layout: a
 /// journal of an older build reads as before, and an older build refuses this form by name.
 const FORM_ADD_FUNDED_ACCOUNT: u8 = 13;
+/// Added like form 13: no other form's layout changed.
+const FORM_MARGIN_CALL: u8 = 14;
 /// The last form byte in use: the form check accepts `FORM_NEW_ORDER..=FORM_LAST`.
-const FORM_LAST: u8 = FORM_ADD_FUNDED_ACCOUNT;
+const FORM_LAST: u8 = FORM_MARGIN_CALL;
 
 pub(super) const SIDES: [Side; 2] = [Side::Buy, Side::Sell];
 const ORD_TYPES: [OrdType; 2] = [OrdType::Limit, OrdType::Market];
@@ -204,6 +207,7 @@ pub fn encode_command_into(w: &mut Writer, command: &Command) {
             opt_u32(w, account.map(|a| a.0));
             w.bool(*engaged);
         }
+        CommandBody::MarginCall { account, amount } => cash(w, FORM_MARGIN_CALL, account, amount),
     }
     w.u64(command.ts_ns);
 }
@@ -358,12 +362,13 @@ fn decode_body(r: &mut Reader) -> Result<CommandBody, DecodeError> {
                 None
             },
         }),
-        form @ (FORM_DEPOSIT | FORM_WITHDRAW | FORM_SET_COLLATERAL) => {
+        form @ (FORM_DEPOSIT | FORM_WITHDRAW | FORM_SET_COLLATERAL | FORM_MARGIN_CALL) => {
             let account = AccountId(r.u32()?);
             let amount = Cash(r.i128()?);
             match form {
                 FORM_DEPOSIT => CommandBody::Deposit { account, amount },
                 FORM_WITHDRAW => CommandBody::Withdraw { account, amount },
+                FORM_MARGIN_CALL => CommandBody::MarginCall { account, amount },
                 _ => CommandBody::SetCollateral { account, amount },
             }
         }
@@ -582,6 +587,10 @@ pub(crate) mod tests {
                     engaged,
                 }
             ),
+            (any::<u32>(), any::<i128>()).prop_map(|(a, amount)| CommandBody::MarginCall {
+                account: AccountId(a),
+                amount: Cash(amount),
+            }),
         ]
     }
 

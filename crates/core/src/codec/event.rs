@@ -57,9 +57,10 @@ const K_PHASE_CHANGED: u8 = 13;
 const K_CASH_CHANGED: u8 = 14;
 const K_END_OF_DAY_DONE: u8 = 15;
 const K_KILL_SWITCH_SET: u8 = 16;
+const K_MARGIN_CALL_SET: u8 = 18;
 
 /// Every reject reason, to map codes back (the codes are the enum's discriminants).
-const REJECT_REASONS: [RejectReason; 35] = [
+const REJECT_REASONS: [RejectReason; 36] = [
     RejectReason::UnknownInstrument,
     RejectReason::UnknownAccount,
     RejectReason::UnknownOrder,
@@ -95,6 +96,7 @@ const REJECT_REASONS: [RejectReason; 35] = [
     RejectReason::InstrumentPaused,
     RejectReason::TradingSuspended,
     RejectReason::KillSwitchTargetInvalid,
+    RejectReason::MarginCallOpen,
 ];
 
 fn side(w: &mut Writer, s: Side) {
@@ -430,6 +432,16 @@ fn encode_event(w: &mut Writer, e: &Event) {
             w.u64(orders_cancelled);
             w.u64(ts_ns);
         }
+        Event::MarginCallSet {
+            account,
+            amount,
+            ts_ns,
+        } => {
+            w.u8(K_MARGIN_CALL_SET);
+            w.u32(account.0);
+            w.i128(amount.0);
+            w.u64(ts_ns);
+        }
     }
 }
 
@@ -564,6 +576,11 @@ pub fn decode_event(r: &mut Reader) -> Result<Event, DecodeError> {
             account: read_opt_u32(r)?.map(AccountId),
             engaged: r.bool()?,
             orders_cancelled: r.u64()?,
+            ts_ns: r.u64()?,
+        },
+        K_MARGIN_CALL_SET => Event::MarginCallSet {
+            account: AccountId(r.u32()?),
+            amount: Cash(r.i128()?),
             ts_ns: r.u64()?,
         },
         _ => return Err(r.error("unknown event kind")),
@@ -755,6 +772,11 @@ mod tests {
                 engaged: false,
                 orders_cancelled: 0,
                 ts_ns: 5,
+            },
+            Event::MarginCallSet {
+                account: AccountId(3),
+                amount: Cash(i128::MAX),
+                ts_ns: 6,
             },
         ];
         for reason in REJECT_REASONS {
@@ -1150,6 +1172,13 @@ mod tests {
                     orders_cancelled: n,
                     ts_ns,
                 }),
+            (id::<u32>(), id::<i128>(), ts()).prop_map(|(a, amount, ts_ns)| {
+                Event::MarginCallSet {
+                    account: AccountId(a),
+                    amount: Cash(amount),
+                    ts_ns,
+                }
+            }),
         ]
     }
 

@@ -241,6 +241,17 @@ impl Gen {
             };
             return self.stamp(body);
         }
+        // A margin call now and then, opened or closed at random, so that accounts trade
+        // under a call for a while (only exposure-reducing orders pass).
+        if self.rng.below(1_000) == 0 {
+            let account = AccountId(self.account());
+            let amount = if self.rng.chance(500) {
+                Cash(0)
+            } else {
+                Cash(self.rng.range(1, 1_000_000) as i128)
+            };
+            return self.stamp(CommandBody::MarginCall { account, amount });
+        }
         let roll = self.rng.below(1000);
         let body = if roll < 4 {
             self.phase(m)

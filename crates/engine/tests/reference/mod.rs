@@ -87,6 +87,10 @@ pub enum Out {
         engaged: bool,
         n: u64,
     },
+    MarginCallSet {
+        account: u32,
+        amount: i128,
+    },
 }
 
 /// Projects engine events onto [`Out`]; order-log records are dropped.
@@ -196,6 +200,12 @@ pub fn project(events: &[Event]) -> Vec<Out> {
                 } => Out::KillSwitchSet {
                     engaged,
                     n: orders_cancelled,
+                },
+                Event::MarginCallSet {
+                    account, amount, ..
+                } => Out::MarginCallSet {
+                    account: account.0,
+                    amount: amount.0,
                 },
             })
         })
@@ -364,6 +374,10 @@ pub struct Model {
     /// Firms and accounts whose kill switch is engaged.
     suspended_firms: std::collections::BTreeSet<u32>,
     suspended_accounts: std::collections::BTreeSet<u32>,
+    /// Net lots per (account, book index), from the trades.
+    positions: std::collections::BTreeMap<(u32, usize), i64>,
+    /// The margin calls open: account to the amount still called (positive).
+    margin_calls: std::collections::BTreeMap<u32, i128>,
 }
 
 impl Model {
@@ -489,6 +503,31 @@ impl Model {
                 account,
                 engaged,
             } => self.kill_switch(*firm, *account, *engaged, &mut out),
+            CommandBody::MarginCall { account, amount } => {
+                let reason = if self.account(*account).is_none() {
+                    Some(RejectReason::UnknownAccount)
+                } else if amount.0 < 0 {
+                    Some(RejectReason::AmountNotPositive)
+                } else if amount.0 > CASH_AMOUNT_MAX {
+                    Some(RejectReason::Overflow)
+                } else {
+                    None
+                };
+                match reason {
+                    Some(reason) => out.push(Out::CommandRejected { reason }),
+                    None => {
+                        if amount.0 == 0 {
+                            self.margin_calls.remove(&account.0);
+                        } else {
+                            self.margin_calls.insert(account.0, amount.0);
+                        }
+                        out.push(Out::MarginCallSet {
+                            account: account.0,
+                            amount: amount.0,
+                        });
+                    }
+                }
+            }
             CommandBody::SetPhase { instrument, phase } => match instrument {
                 Some(id) => match self.book_index(*id) {
                     Some(b) => {
@@ -607,7 +646,22 @@ impl Model {
                 // Cash is not modelled; the test deposits only valid amounts.
                 assert!(amount.0 > 0 && amount.0 <= CASH_AMOUNT_MAX);
                 match self.account(*account) {
-                    Some(_) => out.push(Out::CashChanged { account: account.0 }),
+                    Some(_) => {
+                        out.push(Out::CashChanged { account: account.0 });
+                        // A deposit goes towards the margin call open, if any.
+                        if let Some(called) = self.margin_calls.get(&account.0).copied() {
+                            let left = (called - amount.0).max(0);
+                            if left == 0 {
+                                self.margin_calls.remove(&account.0);
+                            } else {
+                                self.margin_calls.insert(account.0, left);
+                            }
+                            out.push(Out::MarginCallSet {
+                                account: account.0,
+                                amount: left,
+                            });
+                        }
+                    }
                     None => out.push(Out::CommandRejected {
                         reason: RejectReason::UnknownAccount,
                     }),
@@ -755,6 +809,11 @@ impl Model {
         if self.live_cl(o.account.0, o.cl_ord_id.0) {
             return Err(RejectReason::DuplicateClOrdId);
         }
+        if self.margin_calls.contains_key(&o.account.0)
+            && !self.reduces_exposure(o.account.0, b, o.side, o.qty.0, 0)
+        {
+            return Err(RejectReason::MarginCallOpen);
+        }
         if !book.value_fits(limit, o.qty.0) {
             return Err(RejectReason::Overflow);
         }
@@ -866,6 +925,12 @@ impl Model {
                 sell,
                 aggressor: inc.side,
             });
+            let (buyer, seller) = match inc.side {
+                Side::Buy => (inc.account, r.account),
+                Side::Sell => (r.account, inc.account),
+            };
+            *self.positions.entry((buyer, b)).or_default() += qty;
+            *self.positions.entry((seller, b)).or_default() -= qty;
             self.books[b].reference = r.price;
             let stamp = self.stamp();
             let ro = &mut self.books[b].resting[i];
@@ -947,6 +1012,12 @@ impl Model {
             return Err(RejectReason::DuplicateClOrdId);
         }
         let new_leaves = new_total - o.filled;
+        if self.margin_calls.contains_key(&o.account)
+            && !(new_price == o.price && new_leaves <= o.leaves)
+            && !self.reduces_exposure(o.account, b, o.side, new_leaves, o.leaves)
+        {
+            return Err(RejectReason::MarginCallOpen);
+        }
         if !book.value_fits(new_price, new_leaves) {
             return Err(RejectReason::Overflow);
         }
@@ -1029,6 +1100,23 @@ impl Model {
         out.push(Out::MassCancelDone {
             n: victims.len() as u64,
         });
+    }
+
+    /// Whether an order can only bring the account's position in book `b` towards zero, its
+    /// side's other open orders counted (the engine's `risk::reduces_exposure`).
+    fn reduces_exposure(&self, account: u32, b: usize, side: Side, leaves: i64, old: i64) -> bool {
+        let qty = self.positions.get(&(account, b)).copied().unwrap_or(0) as i128;
+        let open: i128 = self.books[b]
+            .resting
+            .iter()
+            .filter(|o| o.account == account && o.side == side)
+            .map(|o| o.leaves as i128)
+            .sum();
+        let held = match side {
+            Side::Sell => qty,
+            Side::Buy => -qty,
+        };
+        held > 0 && open + leaves as i128 - old as i128 <= held
     }
 
     fn check_not_suspended(&self, account: u32) -> Result<(), RejectReason> {
