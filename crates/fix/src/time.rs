@@ -64,6 +64,13 @@ pub fn format_utc_timestamp_ms(unix_ms: UnixMs) -> String {
 #[derive(Clone, Copy, Debug)]
 pub struct UtcTimestamp(pub UnixMs);
 
+/// Writes `v` (below 100) as two digits at `b[at..at + 2]`.
+#[inline]
+fn put2(b: &mut [u8; 21], at: usize, v: u32) {
+    b[at] = b'0' + (v / 10) as u8;
+    b[at + 1] = b'0' + (v % 10) as u8;
+}
+
 impl UtcTimestamp {
     /// The text as 21 bytes, for years 0 to 9999 (the only ones FIX can carry in four digits).
     pub(crate) fn fixed_width(self) -> Option<[u8; 21]> {
@@ -78,21 +85,20 @@ impl UtcTimestamp {
         let mm = (ms_of_day / 60_000) % 60;
         let ss = (ms_of_day / 1000) % 60;
         let ms = ms_of_day % 1000;
-        // Digits by hand into a fixed buffer: this runs twice per execution report.
+        // Digits by hand into a fixed buffer, two at a time with constant divisors (which the
+        // compiler turns into multiplications): this runs twice per execution report.
         let mut b = *b"00000000-00:00:00.000";
-        let mut put = |at: usize, width: usize, mut v: u64| {
-            for i in (at..at + width).rev() {
-                b[i] = b'0' + (v % 10) as u8;
-                v /= 10;
-            }
-        };
-        put(0, 4, y as u64);
-        put(4, 2, u64::from(m));
-        put(6, 2, u64::from(d));
-        put(9, 2, hh as u64);
-        put(12, 2, mm as u64);
-        put(15, 2, ss as u64);
-        put(18, 3, ms as u64);
+        let y = y as u32;
+        put2(&mut b, 0, y / 100);
+        put2(&mut b, 2, y % 100);
+        put2(&mut b, 4, m);
+        put2(&mut b, 6, d);
+        put2(&mut b, 9, hh as u32);
+        put2(&mut b, 12, mm as u32);
+        put2(&mut b, 15, ss as u32);
+        let ms = ms as u32;
+        b[18] = b'0' + (ms / 100) as u8;
+        put2(&mut b, 19, ms % 100);
         Some(b)
     }
 
