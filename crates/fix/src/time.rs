@@ -163,19 +163,44 @@ impl std::fmt::Display for UtcTimestamp {
     }
 }
 
+/// The value of a run of at most four ASCII digits (`None` if any byte is not a digit), in one
+/// pass: four digits cannot overflow, so no checked arithmetic is needed.
+#[inline]
 fn digits(bytes: &[u8]) -> Option<u32> {
-    if bytes.is_empty() || !bytes.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
+    debug_assert!(!bytes.is_empty() && bytes.len() <= 4);
     let mut value: u32 = 0;
     for &b in bytes {
-        value = value.checked_mul(10)?.checked_add(u32::from(b - b'0'))?;
+        let digit = b.wrapping_sub(b'0');
+        if digit > 9 {
+            return None;
+        }
+        value = value * 10 + u32::from(digit);
     }
     Some(value)
 }
 
+thread_local! {
+    /// The last eight bytes [`parse_utc_date`] was given, and its answer. Inbound timestamps
+    /// (SendingTime, TransactTime) nearly all fall on today, so the parse of the date part is
+    /// then one comparison. The first entry is true as it stands: eight 0xFF bytes are no date.
+    static LAST_PARSED_DATE: std::cell::Cell<(u64, Option<i64>)> =
+        const { std::cell::Cell::new((u64::MAX, None)) };
+}
+
 /// Parses `YYYYMMDD` into days since the epoch, checking month and day ranges.
 pub fn parse_utc_date(bytes: &[u8]) -> Option<i64> {
+    let key = u64::from_le_bytes(bytes.try_into().ok()?);
+    let (cached_key, cached_days) = LAST_PARSED_DATE.get();
+    if cached_key == key {
+        return cached_days;
+    }
+    let days = parse_utc_date_uncached(bytes);
+    LAST_PARSED_DATE.set((key, days));
+    days
+}
+
+/// [`parse_utc_date`] without the cache.
+fn parse_utc_date_uncached(bytes: &[u8]) -> Option<i64> {
     if bytes.len() != 8 {
         return None;
     }
@@ -231,6 +256,7 @@ pub fn parse_utc_timestamp_ms(bytes: &[u8]) -> Option<UnixMs> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::strategy::Strategy as _;
 
     #[test]
     fn round_trip() {
@@ -274,6 +300,23 @@ mod tests {
             for unix_ms in [first, first.saturating_add(step), first] {
                 let days = unix_ms.div_euclid(86_400_000);
                 proptest::prop_assert_eq!(date_digits(days), date_digits_uncached(days));
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// A parsed date comes out of the cache as the parse itself gives it, valid or not,
+        /// the same bytes twice in a row or after other bytes.
+        #[test]
+        fn a_cached_parsed_date_equals_the_parsed_one(
+            first in proptest::prop_oneof![
+                proptest::collection::vec(proptest::prelude::any::<u8>(), 8),
+                (0u32..=9999, 0u32..=13, 0u32..=32).prop_map(|(y, m, d)| format!("{y:04}{m:02}{d:02}").into_bytes()),
+            ],
+            second in proptest::collection::vec(b'0'..=b'9', 8),
+        ) {
+            for bytes in [&first, &first, &second, &first] {
+                proptest::prop_assert_eq!(parse_utc_date(bytes), parse_utc_date_uncached(bytes));
             }
         }
     }
