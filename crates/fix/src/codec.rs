@@ -801,6 +801,16 @@ impl OutMessage {
                 time_text.as_bytes()
             }
         };
+        if self.header.is_empty() {
+            let session_only = SessionFields {
+                seq,
+                sender: session.sender_comp_id,
+                sending_time,
+                target: session.target_comp_id,
+            };
+            self.encode_session_only_into(begin_string, &session_only, out);
+            return;
+        }
         // In ascending tag order, as the merge below requires.
         let fields: [(Tag, &[u8]); 4] = [
             (tags::MSG_SEQ_NUM, seq),
@@ -840,7 +850,7 @@ impl OutMessage {
         }
     }
 
-    /// The one encoder: the body length is summed first so that everything is written once,
+    /// The general encoder: the body length is summed first so that everything is written once,
     /// in place; the body is copied in one piece.
     fn encode_merged_into(&self, begin_string: &str, extra: &[(Tag, &[u8])], out: &mut Vec<u8>) {
         debug_assert!(extra.windows(2).all(|w| w[0].0 < w[1].0));
@@ -857,16 +867,52 @@ impl OutMessage {
         write_field(out, tags::MSG_TYPE, self.msg_type.as_bytes());
         self.for_each_header(extra, |tag, value| write_field(out, tag, value));
         out.extend_from_slice(&self.body_text);
-        let sum = checksum(&out[begin..]);
-        out.extend_from_slice(&[
-            b'1',
-            b'0',
-            b'=',
-            b'0' + sum / 100,
-            b'0' + sum / 10 % 10,
-            b'0' + sum % 10,
-            SOH,
-        ]);
+        write_checksum(out, begin);
+    }
+
+    /// [`OutMessage::encode_with_session_into`] for a message with no header fields of its
+    /// own (every report the gateway sends): the header is the four session fields in tag
+    /// order, so nothing is merged, and the envelope's and header's tags are constants, each
+    /// written with its neighbours' separators in one copy. The bytes equal what the merging
+    /// encoder writes (a property test checks it).
+    fn encode_session_only_into(
+        &self,
+        begin_string: &str,
+        session: &SessionFields<'_>,
+        out: &mut Vec<u8>,
+    ) {
+        const MSG_TYPE: &[u8] = b"\x0135=";
+        const MSG_SEQ_NUM: &[u8] = b"\x0134=";
+        const SENDER: &[u8] = b"\x0149=";
+        const SENDING_TIME: &[u8] = b"\x0152=";
+        const TARGET: &[u8] = b"\x0156=";
+        // From MsgType's tag to the SOH before the body: five fields of `tag=value<SOH>`.
+        let header_len = 5 * 4
+            + self.msg_type.len()
+            + session.seq.len()
+            + session.sender.len()
+            + session.sending_time.len()
+            + session.target.len();
+        let body_len = header_len + self.body_text.len();
+        let begin = out.len();
+        out.reserve(body_len + begin_string.len() + 24);
+        out.extend_from_slice(b"8=");
+        out.extend_from_slice(begin_string.as_bytes());
+        out.extend_from_slice(b"\x019=");
+        write_u64(out, body_len as u64);
+        for (tag, value) in [
+            (MSG_TYPE, self.msg_type.as_bytes()),
+            (MSG_SEQ_NUM, session.seq),
+            (SENDER, session.sender),
+            (SENDING_TIME, session.sending_time),
+            (TARGET, session.target),
+        ] {
+            out.extend_from_slice(tag);
+            out.extend_from_slice(value);
+        }
+        out.push(SOH);
+        out.extend_from_slice(&self.body_text);
+        write_checksum(out, begin);
     }
 
     /// Empties the message for reuse as a message of `msg_type`, keeping its buffers.
@@ -879,6 +925,28 @@ impl OutMessage {
         self.body_text.clear();
         self
     }
+}
+
+/// CheckSum (10) of the bytes from `begin` on, appended as three digits.
+fn write_checksum(out: &mut Vec<u8>, begin: usize) {
+    let sum = checksum(&out[begin..]);
+    out.extend_from_slice(&[
+        b'1',
+        b'0',
+        b'=',
+        b'0' + sum / 100,
+        b'0' + sum / 10 % 10,
+        b'0' + sum % 10,
+        SOH,
+    ]);
+}
+
+/// The session's header values as written, for [`OutMessage::encode_session_only_into`].
+struct SessionFields<'a> {
+    seq: &'a [u8],
+    sender: &'a [u8],
+    sending_time: &'a [u8],
+    target: &'a [u8],
 }
 
 /// The header fields a session writes on every message it sends, for
@@ -1129,6 +1197,42 @@ mod tests {
             let mut expected = b"left alone".to_vec();
             expected.extend_from_slice(&set.encode("FIX.4.4"));
             proptest::prop_assert_eq!(out, expected);
+        }
+
+        /// A report without header fields of its own (the gateway's every report) takes the
+        /// session-only encoder; its bytes equal the merging encoder's, byte for byte.
+        #[test]
+        fn a_report_without_own_header_encodes_as_the_merging_encoder_does(
+            msg_type in "[0-9A-Za-z]{1,2}",
+            body in proptest::collection::vec((1..20_000i32, proptest::collection::vec(0x20u8..0x7f, 0..24)), 0..24),
+            seq in proptest::num::u64::ANY,
+            sending_time_ms in proptest::prop_oneof![
+                0i64..4_000_000_000_000, -1_000_000_000_000_000i64..1_000_000_000_000_000],
+            comp_ids in ("[A-Z]{1,12}", "[A-Z]{1,12}"),
+        ) {
+            let mut m = OutMessage::new(&msg_type);
+            for (t, v) in &body {
+                m.push(*t, v);
+            }
+            let session = SessionHeader {
+                sender_comp_id: comp_ids.0.as_bytes(),
+                target_comp_id: comp_ids.1.as_bytes(),
+                msg_seq_num: seq,
+                sending_time_ms,
+            };
+            let mut out = Vec::new();
+            m.encode_with_session_into("FIX.4.4", &session, &mut out);
+            let mut merged = Vec::new();
+            let seq_text = seq.to_string();
+            let time_text = UtcTimestamp(sending_time_ms).to_string();
+            let fields: [(Tag, &[u8]); 4] = [
+                (tags::MSG_SEQ_NUM, seq_text.as_bytes()),
+                (tags::SENDER_COMP_ID, session.sender_comp_id),
+                (tags::SENDING_TIME, time_text.as_bytes()),
+                (tags::TARGET_COMP_ID, session.target_comp_id),
+            ];
+            m.encode_merged_into("FIX.4.4", &fields, &mut merged);
+            proptest::prop_assert_eq!(out, merged);
         }
 
         /// A reset message encodes as a new one built the same way.

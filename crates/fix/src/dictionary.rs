@@ -154,6 +154,18 @@ pub struct FieldDef {
     pub multiple_values: bool,
 }
 
+impl FieldDef {
+    /// Whether `value` is within the field's enumeration (each of its space-separated values,
+    /// for a multiple-value field). Only meaningful for an enumerated field.
+    fn allows(&self, value: &[u8]) -> bool {
+        if self.multiple_values {
+            value.split(|&b| b == b' ').all(|v| self.enums.contains(v))
+        } else {
+            self.enums.contains(value)
+        }
+    }
+}
+
 /// The fields allowed in a message, header, trailer or group entry.
 #[derive(Clone, Debug, Default)]
 pub struct MapSpec {
@@ -169,6 +181,28 @@ pub struct MapSpec {
     /// Set by `finish`: `fields` and the keys of `groups` below [`DENSE_TAGS`] as bitsets,
     /// so that membership costs a load instead of a hash.
     dense: Option<DenseMembers>,
+    /// For a message: the plan [`Dictionary::validate`] tries first (see [`FlatPlan`]); None
+    /// for headers, trailers, groups and messages whose required fields the plan cannot count.
+    plan: Option<FlatPlan>,
+}
+
+/// Tags a [`FlatPlan`] can track: a message with a tag at or above this goes the generic way.
+/// Every field a gateway order carries is well below; the seen-set stays 128 bytes on the stack.
+const PLAN_TAGS: usize = 1024;
+
+/// What a message type needs to be accepted in one pass over its fields, built once at load:
+/// the tags required in header, trailer and body together, as a bitset, and their number.
+///
+/// The plan only ever accepts. It applies to a message without repeating groups and without
+/// fields out of order, and accepts it when every field is distinct, known, non-empty, well
+/// formed, within its enumeration, allowed where it sits and every required tag is present:
+/// exactly the conditions under which the generic validator finds nothing. Anything else, it
+/// hands to the generic validator, which finds the first problem in QuickFIX's order and so
+/// the same reject and reason as before.
+#[derive(Clone, Debug)]
+struct FlatPlan {
+    required: [u64; PLAN_TAGS / 64],
+    required_count: u32,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -395,6 +429,9 @@ impl Dictionary {
             return Err(DictionaryError::Invalid("no messages defined".into()));
         }
         let tag_info = tag_table(&fields, &header, &trailer);
+        for spec in messages.values_mut() {
+            spec.plan = flat_plan(&tag_info, &header, &trailer, spec);
+        }
         Ok(Dictionary {
             begin_string,
             fields,
@@ -511,7 +548,83 @@ impl Dictionary {
     /// Checks a structured message against the dictionary: field order,
     /// known MsgType, required fields, then every field's value, format,
     /// tag number, enumeration, membership and group counts.
+    ///
+    /// A message its type's [`FlatPlan`] accepts is accepted in one pass over its fields;
+    /// every other message is checked by [`Dictionary::validate_generic`], so a reject and its
+    /// reason are the same whichever way the message goes.
     pub fn validate(&self, raw: &RawMessage<'_>, st: &Structure) -> Result<(), Reject> {
+        if self.plan_accepts(raw, st) {
+            return Ok(());
+        }
+        self.validate_generic(raw, st)
+    }
+
+    /// Whether the plan of the message's type accepts it (false if there is no plan, or the
+    /// plan leaves the message to the generic validator). Public for the property tests that
+    /// check it accepts only what [`Dictionary::validate_generic`] accepts.
+    pub fn plan_accepts(&self, raw: &RawMessage<'_>, st: &Structure) -> bool {
+        let Some(spec) = self.message(raw.msg_type()) else {
+            return false;
+        };
+        let Some(plan) = &spec.plan else {
+            return false;
+        };
+        let flat = st.out_of_order_tag.is_none()
+            && st.header.groups.is_empty()
+            && st.body.groups.is_empty()
+            && st.trailer.groups.is_empty();
+        flat && self.plan_pass(raw, spec, plan)
+    }
+
+    /// The one pass of [`Dictionary::plan_accepts`] over a message without groups: each field
+    /// is checked as it goes by, and the required tags seen are counted.
+    fn plan_pass(&self, raw: &RawMessage<'_>, spec: &MapSpec, plan: &FlatPlan) -> bool {
+        let mut seen = [0u64; PLAN_TAGS / 64];
+        let mut required_seen = 0u32;
+        for field in &raw.fields {
+            let Some(index) = usize::try_from(field.tag).ok().filter(|&i| i < PLAN_TAGS) else {
+                return false;
+            };
+            let (word, bit) = (index / 64, 1u64 << (index % 64));
+            if seen[word] & bit != 0 || !self.plan_field_ok(field, index, spec) {
+                return false;
+            }
+            seen[word] |= bit;
+            if plan.required[word] & bit != 0 {
+                required_seen += 1;
+            }
+        }
+        // Every field is distinct, so the count reaches the plan's only if all are present.
+        required_seen == plan.required_count
+    }
+
+    /// One field of [`Dictionary::plan_pass`]: what the generic validator checks of it, all
+    /// at once and without the options' leniencies (a field they would let pass is left to
+    /// the generic validator).
+    fn plan_field_ok(&self, field: &crate::codec::Field<'_>, index: usize, spec: &MapSpec) -> bool {
+        let info = self.tag_info[index];
+        if field.value.is_empty()
+            || info.flags & TAG_KNOWN == 0
+            || !value_has_valid_format(info.kind, field.value)
+        {
+            return false;
+        }
+        if info.flags & TAG_ENUMERATED != 0
+            && !self
+                .fields
+                .get(&field.tag)
+                .is_some_and(|def| def.allows(field.value))
+        {
+            return false;
+        }
+        // A header or trailer field is not checked for membership; a body field must belong
+        // to the message and not open a group (a group, even empty, goes the generic way).
+        info.flags & (TAG_HEADER | TAG_TRAILER) != 0
+            || (spec.has_field(field.tag) && spec.group(field.tag).is_none())
+    }
+
+    /// The checks QuickFIX applies, in its order, on any message: see [`Dictionary::validate`].
+    pub fn validate_generic(&self, raw: &RawMessage<'_>, st: &Structure) -> Result<(), Reject> {
         if self.options.check_fields_out_of_order {
             if let Some(tag) = st.out_of_order_tag {
                 return Err(Reject::new(
@@ -611,15 +724,7 @@ impl Dictionary {
                 ));
             }
             if let Some(def) = enumerated.then(|| self.fields.get(&tag)).flatten() {
-                let ok = if def.multiple_values {
-                    field
-                        .value
-                        .split(|&b| b == b' ')
-                        .all(|v| def.enums.contains(v))
-                } else {
-                    def.enums.contains(field.value)
-                };
-                if !ok {
+                if !def.allows(field.value) {
                     return Err(Reject::new(
                         SessionRejectReason::ValueIsIncorrect,
                         Some(tag),
@@ -726,6 +831,44 @@ fn tag_table(
         }
     }
     table.into_boxed_slice()
+}
+
+/// The [`FlatPlan`] of message `spec`, or None if its required tags cannot simply be counted:
+/// one lies beyond [`PLAN_TAGS`], or sits in another section than the one requiring it (the
+/// structure sorts a field by the tag table's flags, header first, then trailer, then body).
+fn flat_plan(
+    tag_info: &[TagInfo],
+    header: &MapSpec,
+    trailer: &MapSpec,
+    spec: &MapSpec,
+) -> Option<FlatPlan> {
+    let sections = [
+        (&header.required, TAG_HEADER),
+        (&trailer.required, TAG_TRAILER),
+        (&spec.required, 0),
+    ];
+    let mut plan = FlatPlan {
+        required: [0; PLAN_TAGS / 64],
+        required_count: 0,
+    };
+    for (required, section) in sections {
+        for &tag in required {
+            let index = usize::try_from(tag).ok().filter(|&i| i < PLAN_TAGS)?;
+            let flags = tag_info[index].flags;
+            let lands_in = if flags & TAG_HEADER != 0 {
+                TAG_HEADER
+            } else {
+                flags & TAG_TRAILER
+            };
+            let (word, bit) = (index / 64, 1u64 << (index % 64));
+            if lands_in != section || plan.required[word] & bit != 0 {
+                return None;
+            }
+            plan.required[word] |= bit;
+            plan.required_count += 1;
+        }
+    }
+    Some(plan)
 }
 
 fn check_required(raw: &RawMessage<'_>, map: &FieldMap, spec: &MapSpec) -> Result<(), Reject> {

@@ -64,35 +64,71 @@ pub fn format_utc_timestamp_ms(unix_ms: UnixMs) -> String {
 #[derive(Clone, Copy, Debug)]
 pub struct UtcTimestamp(pub UnixMs);
 
+/// Writes `v` (below 100) as two digits at `b[at..at + 2]`.
+#[inline]
+fn put2(b: &mut [u8; 21], at: usize, v: u32) {
+    b[at] = b'0' + (v / 10) as u8;
+    b[at + 1] = b'0' + (v % 10) as u8;
+}
+
+thread_local! {
+    /// The last day this thread wrote, and its `YYYYMMDD` digits. Reports carry the current
+    /// time, so nearly every timestamp falls on the day before it; the calendar conversion
+    /// (`civil_from_days`, about two hundred instructions) then runs once a day per thread
+    /// instead of twice per report. `i64::MIN` is no day a timestamp can fall on.
+    static LAST_DATE: std::cell::Cell<(i64, [u8; 8])> =
+        const { std::cell::Cell::new((i64::MIN, [0; 8])) };
+}
+
+/// The `YYYYMMDD` digits of `days` since the epoch, for years 0 to 9999 (`None` otherwise).
+#[inline]
+fn date_digits(days: i64) -> Option<[u8; 8]> {
+    let (cached_day, cached_digits) = LAST_DATE.get();
+    if cached_day == days {
+        return Some(cached_digits);
+    }
+    let digits = date_digits_uncached(days)?;
+    LAST_DATE.set((days, digits));
+    Some(digits)
+}
+
+/// [`date_digits`] without the cache: the calendar conversion itself.
+fn date_digits_uncached(days: i64) -> Option<[u8; 8]> {
+    let (y, m, d) = civil_from_days(days);
+    if !(0..=9999).contains(&y) {
+        return None;
+    }
+    let mut b = [0u8; 21];
+    let y = y as u32;
+    put2(&mut b, 0, y / 100);
+    put2(&mut b, 2, y % 100);
+    put2(&mut b, 4, m);
+    put2(&mut b, 6, d);
+    let mut digits = [0u8; 8];
+    digits.copy_from_slice(&b[..8]);
+    Some(digits)
+}
+
 impl UtcTimestamp {
     /// The text as 21 bytes, for years 0 to 9999 (the only ones FIX can carry in four digits).
     pub(crate) fn fixed_width(self) -> Option<[u8; 21]> {
         let unix_ms = self.0;
         let days = unix_ms.div_euclid(86_400_000);
         let ms_of_day = unix_ms.rem_euclid(86_400_000);
-        let (y, m, d) = civil_from_days(days);
-        if !(0..=9999).contains(&y) {
-            return None;
-        }
+        let mut b = *b"00000000-00:00:00.000";
+        b[..8].copy_from_slice(&date_digits(days)?);
         let hh = ms_of_day / 3_600_000;
         let mm = (ms_of_day / 60_000) % 60;
         let ss = (ms_of_day / 1000) % 60;
         let ms = ms_of_day % 1000;
-        // Digits by hand into a fixed buffer: this runs twice per execution report.
-        let mut b = *b"00000000-00:00:00.000";
-        let mut put = |at: usize, width: usize, mut v: u64| {
-            for i in (at..at + width).rev() {
-                b[i] = b'0' + (v % 10) as u8;
-                v /= 10;
-            }
-        };
-        put(0, 4, y as u64);
-        put(4, 2, u64::from(m));
-        put(6, 2, u64::from(d));
-        put(9, 2, hh as u64);
-        put(12, 2, mm as u64);
-        put(15, 2, ss as u64);
-        put(18, 3, ms as u64);
+        // Digits by hand into a fixed buffer, two at a time with constant divisors (which the
+        // compiler turns into multiplications): this runs twice per execution report.
+        put2(&mut b, 9, hh as u32);
+        put2(&mut b, 12, mm as u32);
+        put2(&mut b, 15, ss as u32);
+        let ms = ms as u32;
+        b[18] = b'0' + (ms / 100) as u8;
+        put2(&mut b, 19, ms % 100);
         Some(b)
     }
 
@@ -127,19 +163,44 @@ impl std::fmt::Display for UtcTimestamp {
     }
 }
 
+/// The value of a run of at most four ASCII digits (`None` if any byte is not a digit), in one
+/// pass: four digits cannot overflow, so no checked arithmetic is needed.
+#[inline]
 fn digits(bytes: &[u8]) -> Option<u32> {
-    if bytes.is_empty() || !bytes.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
+    debug_assert!(!bytes.is_empty() && bytes.len() <= 4);
     let mut value: u32 = 0;
     for &b in bytes {
-        value = value.checked_mul(10)?.checked_add(u32::from(b - b'0'))?;
+        let digit = b.wrapping_sub(b'0');
+        if digit > 9 {
+            return None;
+        }
+        value = value * 10 + u32::from(digit);
     }
     Some(value)
 }
 
+thread_local! {
+    /// The last eight bytes [`parse_utc_date`] was given, and its answer. Inbound timestamps
+    /// (SendingTime, TransactTime) nearly all fall on today, so the parse of the date part is
+    /// then one comparison. The first entry is true as it stands: eight 0xFF bytes are no date.
+    static LAST_PARSED_DATE: std::cell::Cell<(u64, Option<i64>)> =
+        const { std::cell::Cell::new((u64::MAX, None)) };
+}
+
 /// Parses `YYYYMMDD` into days since the epoch, checking month and day ranges.
 pub fn parse_utc_date(bytes: &[u8]) -> Option<i64> {
+    let key = u64::from_le_bytes(bytes.try_into().ok()?);
+    let (cached_key, cached_days) = LAST_PARSED_DATE.get();
+    if cached_key == key {
+        return cached_days;
+    }
+    let days = parse_utc_date_uncached(bytes);
+    LAST_PARSED_DATE.set((key, days));
+    days
+}
+
+/// [`parse_utc_date`] without the cache.
+fn parse_utc_date_uncached(bytes: &[u8]) -> Option<i64> {
     if bytes.len() != 8 {
         return None;
     }
@@ -195,6 +256,7 @@ pub fn parse_utc_timestamp_ms(bytes: &[u8]) -> Option<UnixMs> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::strategy::Strategy as _;
 
     #[test]
     fn round_trip() {
@@ -224,6 +286,38 @@ mod tests {
             UtcTimestamp(unix_ms).write_to(&mut written);
             proptest::prop_assert_eq!(&written[1..], expected.as_bytes());
             proptest::prop_assert_eq!(UtcTimestamp(unix_ms).to_string(), expected);
+        }
+    }
+
+    proptest::proptest! {
+        /// The cached date gives what the calendar conversion gives, whether the next time
+        /// falls on the cached day, on the next day or anywhere else.
+        #[test]
+        fn a_cached_date_equals_the_computed_one(
+            first in -400_000_000_000_000i64..400_000_000_000_000,
+            step in proptest::prop_oneof![0i64..86_400_000, 0i64..200_000_000, -400_000_000_000_000i64..400_000_000_000_000],
+        ) {
+            for unix_ms in [first, first.saturating_add(step), first] {
+                let days = unix_ms.div_euclid(86_400_000);
+                proptest::prop_assert_eq!(date_digits(days), date_digits_uncached(days));
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// A parsed date comes out of the cache as the parse itself gives it, valid or not,
+        /// the same bytes twice in a row or after other bytes.
+        #[test]
+        fn a_cached_parsed_date_equals_the_parsed_one(
+            first in proptest::prop_oneof![
+                proptest::collection::vec(proptest::prelude::any::<u8>(), 8),
+                (0u32..=9999, 0u32..=13, 0u32..=32).prop_map(|(y, m, d)| format!("{y:04}{m:02}{d:02}").into_bytes()),
+            ],
+            second in proptest::collection::vec(b'0'..=b'9', 8),
+        ) {
+            for bytes in [&first, &first, &second, &first] {
+                proptest::prop_assert_eq!(parse_utc_date(bytes), parse_utc_date_uncached(bytes));
+            }
         }
     }
 

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use bourse_fix::codec::{
-    decode, decode_reusing, recycle_fields, FrameBuffer, OutMessage, MESSAGE_SIZE_MAX_BYTES_DEFAULT,
+    decode, decode_reusing, recycle_fields, FrameBuffer, OutMessage, RawMessage,
+    MESSAGE_SIZE_MAX_BYTES_DEFAULT,
 };
 use bourse_fix::session::{Application, Inbound, Role, Session, SessionConfig};
 use bourse_fix::store::MemoryStore;
@@ -64,7 +65,7 @@ fn exercise_decoder(dictionary: &Dictionary, bytes: &[u8], chunk: usize) {
                         );
                         if let Ok(structure) = structure {
                             assert_eq!(structure, spare_structure);
-                            let _ = dictionary.validate(&raw, &structure);
+                            assert_validations_agree(dictionary, &raw, &structure);
                         }
                     }
                     if let Ok(raw) = reused {
@@ -76,6 +77,85 @@ fn exercise_decoder(dictionary: &Dictionary, bytes: &[u8], chunk: usize) {
             }
         }
     }
+}
+
+/// The validator with its one-pass plan gives what the generic validator gives, reject reason
+/// and RefTagID included, and the plan accepts only what the generic validator accepts.
+fn assert_validations_agree(dictionary: &Dictionary, raw: &RawMessage<'_>, structure: &Structure) {
+    let generic = dictionary.validate_generic(raw, structure);
+    assert_eq!(dictionary.validate(raw, structure), generic);
+    if dictionary.plan_accepts(raw, structure) {
+        assert_eq!(
+            generic,
+            Ok(()),
+            "the plan accepted what the generic validator rejects"
+        );
+    }
+}
+
+/// Decodes and structures one frame; validates it both ways; returns whether the plan took it.
+fn validate_both_ways(dictionary: &Dictionary, frame: &[u8]) -> bool {
+    let Ok(raw) = decode(frame, Some(dictionary), MESSAGE_SIZE_MAX_BYTES_DEFAULT) else {
+        return false;
+    };
+    let Ok(structure) = dictionary.structure(&raw) else {
+        return false;
+    };
+    assert_validations_agree(dictionary, &raw, &structure);
+    dictionary.plan_accepts(&raw, &structure)
+}
+
+/// A NewOrderSingle without the Parties group (so the plan applies), with `fields` after
+/// the required ones.
+fn flat_order_bytes(seq: u64, fields: &[(Tag, Vec<u8>)]) -> Vec<u8> {
+    let mut order = OutMessage::new("D");
+    order
+        .set_header(tags::SENDER_COMP_ID, "TW")
+        .set_header(tags::TARGET_COMP_ID, "ISLD");
+    order.set_header(tags::MSG_SEQ_NUM, seq.to_string());
+    order.set_header(tags::SENDING_TIME, format_utc_timestamp_ms(NOW_MS));
+    order.push(11, "id").push(54, "1").push(55, "ABC");
+    for (tag, value) in fields {
+        order.push(*tag, value);
+    }
+    order.encode("FIX.4.4")
+}
+
+/// Tags the small dictionary knows, with the header's and trailer's, the group's and a few it
+/// does not know: a random pick of them makes messages the plan accepts and messages it must
+/// leave to the generic validator in about equal measure.
+fn near_tag() -> impl Strategy<Value = Tag> {
+    prop_oneof![
+        Just(38),
+        Just(43),
+        Just(97),
+        Just(122),
+        Just(58),
+        Just(54),
+        Just(55),
+        Just(11),
+        Just(448),
+        Just(452),
+        Just(453),
+        Just(108),
+        Just(34),
+        Just(52),
+        Just(6000),
+        Just(1500),
+    ]
+}
+
+/// Values that are well formed for some of those tags and not for others.
+fn near_value() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        Just(b"1".to_vec()),
+        Just(b"2".to_vec()),
+        Just(b"Y".to_vec()),
+        Just(b"10.5".to_vec()),
+        Just(b"20231114-22:13:20.000".to_vec()),
+        Just(b"x".to_vec()),
+        plain_value(),
+    ]
 }
 
 fn logon_bytes() -> Vec<u8> {
@@ -236,6 +316,60 @@ proptest! {
         frames.push(&bytes[cut..]);
         prop_assert_eq!(frames.next_frame().expect("within limit"), Some(bytes.clone()));
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+
+    /// Near-valid orders, some mutated byte by byte: the one-pass plan rejects exactly what the
+    /// generic validator rejects, with the same reason and RefTagID.
+    #[test]
+    fn the_validation_plan_rejects_what_the_generic_validator_rejects(
+        extra in proptest::collection::vec((near_tag(), near_value()), 0..5),
+        mutations in proptest::collection::vec(mutation(), 0..3),
+        options in (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()),
+    ) {
+        let mut dictionary = small_dictionary();
+        (
+            dictionary.options.check_fields_out_of_order,
+            dictionary.options.check_fields_have_values,
+            dictionary.options.check_user_defined_fields,
+            dictionary.options.allow_unknown_message_fields,
+        ) = options;
+        let mut bytes = flat_order_bytes(2, &extra);
+        apply(&mut bytes, &mutations);
+        validate_both_ways(&dictionary, &bytes);
+    }
+}
+
+#[test]
+fn the_validation_plan_accepts_a_plain_order_and_leaves_groups_to_the_generic_validator() {
+    let dictionary = small_dictionary();
+    assert!(validate_both_ways(
+        &dictionary,
+        &flat_order_bytes(2, &[(38, b"10".to_vec())])
+    ));
+    assert!(!validate_both_ways(&dictionary, &order_bytes(2, &[])));
+    // A missing required field, a repeat, an empty value: each left to the generic validator.
+    let mut no_symbol = OutMessage::new("D");
+    no_symbol
+        .set_header(tags::SENDER_COMP_ID, "TW")
+        .set_header(tags::TARGET_COMP_ID, "ISLD");
+    no_symbol.set_header(tags::MSG_SEQ_NUM, "2");
+    no_symbol.set_header(tags::SENDING_TIME, format_utc_timestamp_ms(NOW_MS));
+    no_symbol.push(11, "id").push(54, "1");
+    assert!(!validate_both_ways(
+        &dictionary,
+        &no_symbol.encode("FIX.4.4")
+    ));
+    assert!(!validate_both_ways(
+        &dictionary,
+        &flat_order_bytes(2, &[(54, b"2".to_vec())])
+    ));
+    assert!(!validate_both_ways(
+        &dictionary,
+        &flat_order_bytes(2, &[(38, Vec::new())])
+    ));
 }
 
 proptest! {
