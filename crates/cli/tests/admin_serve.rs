@@ -238,7 +238,7 @@ fn admin_serve_operates_a_group_of_node_processes_through_the_admin_commands() {
     assert!(
         events.iter().any(|e| matches!(
             e,
-            Event::CommandRejected {
+            Event::OrderRejected {
                 reason: RejectReason::InstrumentHalted,
                 ..
             }
