@@ -6,7 +6,7 @@
 //!
 //! - [`Action`] and [`NewAccount`] (`action`): what may be asked, checked field by field.
 //! - [`AdminVenue`] (`venue`): the seam to the venue: submit commands to one market's core
-//!   and wait for their events; read a core's state. `bourse_venue` implements it.
+//!   and wait for their events; query a core's state. `bourse_venue` implements it.
 //! - [`AdminService`] (`service`): plans each action into commands per core, runs it once per
 //!   request id, summarises what the cores said, audits and counts it.
 //! - [`AuditLog`] (`audit`): who, when, what, outcome, as JSON lines; read back at start.
@@ -29,4 +29,4 @@ pub use audit::{AuditLog, AuditRecord};
 pub use client::AdminClient;
 pub use server::{AdminServer, AdminServerConfig, ROLE_OPERATOR, ROLE_VIEWER};
 pub use service::{AdminService, Answer};
-pub use venue::{AdminVenue, Asker, BoxFuture, EngineRead};
+pub use venue::{AdminVenue, Asker, BoxFuture, Query, QueryAnswer};

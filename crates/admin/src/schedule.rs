@@ -80,7 +80,14 @@ impl ScheduleConfig {
     pub fn from_venue_toml(text: &str, markets: &[&str]) -> Result<ScheduleConfig, String> {
         let file: VenueScheduleFile = toml::from_str(text).map_err(|e| e.to_string())?;
         let config = file.schedule;
-        for m in &config.markets {
+        config.check(markets)?;
+        Ok(config)
+    }
+
+    /// Checks a `[schedule]` read from a file against the venue: every market it names must
+    /// be one of `markets`, and the rules of [`Schedule::new`] hold. Errors name the field.
+    pub fn check(&self, markets: &[&str]) -> Result<(), String> {
+        for m in &self.markets {
             if !markets.contains(&m.market.as_str()) {
                 return Err(format!(
                     "schedule.markets: no market {:?} in this venue (markets: {})",
@@ -89,8 +96,8 @@ impl ScheduleConfig {
                 ));
             }
         }
-        Schedule::new(&config).map_err(|e| format!("schedule: {e}"))?;
-        Ok(config)
+        Schedule::new(self).map_err(|e| format!("schedule: {e}"))?;
+        Ok(())
     }
 
     /// MOEX's derivatives day for each named market: main session 10:00–14:00, the

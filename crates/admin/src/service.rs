@@ -10,7 +10,7 @@
 
 use crate::action::{Action, NewAccount};
 use crate::audit::{AuditLog, AuditRecord};
-use crate::venue::{AdminVenue, Asker};
+use crate::venue::{AdminVenue, Asker, Query, QueryAnswer};
 use bourse_core::*;
 use bourse_monitor::admin::{AdminEntry, ADMIN_RECENT_MAX};
 use bourse_monitor::names;
@@ -26,7 +26,7 @@ pub const REQUEST_ID_BYTES_MAX: usize = 128;
 /// Events shown per market in an answer; the rest are counted.
 pub const EVENTS_PER_MARKET_SHOWN_MAX: usize = 64;
 /// Live orders an account query lists per market.
-pub const ORDERS_PER_QUERY_MAX: usize = 1_000;
+pub const ORDERS_PER_QUERY_MAX: usize = bourse_cluster::query::ACCOUNT_ANSWER_ORDERS_MAX;
 /// Accounts a bulk addition submits to the cores at a time (the memory it holds is bounded
 /// by two such batches, the one submitted and the one read meanwhile, whatever the length of
 /// the stream). Large, because each batch waits for its additions before its deposits.
@@ -675,24 +675,30 @@ impl AdminService {
 
     /// Every market's instruments with their phase, and the kill switches engaged.
     pub async fn instruments(&self) -> Answer {
-        self.read_all(|e: &bourse_engine::Engine| {
-            let instruments: Vec<Value> = e
-                .instruments()
+        self.query_all(Query::Phases, |answer| {
+            let QueryAnswer::Phases(p) = answer else {
+                return Err("the core answered another query".into());
+            };
+            let instruments: Vec<Value> = p
+                .instruments
+                .iter()
                 .map(|i| {
                     json!({
                         "instrument": i.instrument,
                         "symbol": i.symbol,
                         "market": i.market,
-                        "phase": e.phase(i.instrument),
+                        "phase": i.phase,
                         "reference_price": i.reference_price,
                     })
                 })
                 .collect();
-            let (firms, accounts) = e.suspended();
-            json!({
+            Ok(json!({
                 "instruments": instruments,
-                "kill_switches": { "firms": firms, "accounts": accounts },
-            })
+                "kill_switches": {
+                    "firms": p.suspended_firms,
+                    "accounts": p.suspended_accounts,
+                },
+            }))
         })
         .await
     }
@@ -700,20 +706,22 @@ impl AdminService {
     /// One account's balances, positions and live orders (at most
     /// [`ORDERS_PER_QUERY_MAX`] per market), market by market.
     pub async fn account(&self, account: AccountId) -> Answer {
-        self.read_all(move |e: &bourse_engine::Engine| {
-            let Some(v) = e.account(account) else {
-                return Value::Null;
+        let query = Query::Account { account: account.0 };
+        self.query_all(query, |answer| {
+            let QueryAnswer::Account(a) = answer else {
+                return Err("the core answered another query".into());
             };
-            let positions: Vec<Value> = e
-                .account_positions(account)
-                .into_iter()
-                .map(|(i, q, c)| json!({ "instrument": i, "qty": q, "cost": c }))
-                .collect();
-            let orders = e.account_orders(account, ORDERS_PER_QUERY_MAX + 1);
-            let truncated = orders.len() > ORDERS_PER_QUERY_MAX;
-            let orders: Vec<Value> = orders
+            let Some(v) = a.balances else {
+                return Ok(Value::Null);
+            };
+            let positions: Vec<Value> = a
+                .positions
                 .iter()
-                .take(ORDERS_PER_QUERY_MAX)
+                .map(|p| json!({ "instrument": p.instrument, "qty": p.qty, "cost": Cash(p.cost) }))
+                .collect();
+            let orders: Vec<Value> = a
+                .orders
+                .iter()
                 .map(|o| {
                     json!({
                         "order_id": o.order_id, "cl_ord_id": o.cl_ord_id,
@@ -723,29 +731,26 @@ impl AdminService {
                     })
                 })
                 .collect();
-            let (firms, accounts) = e.suspended();
-            let suspended = accounts.contains(&account) || firms.contains(&v.firm);
-            json!({
-                "firm": v.firm, "cash": v.cash, "cash_reserved": v.cash_reserved,
-                "margin_locked": v.margin_locked, "cash_free": v.cash_free,
-                "kill_switch_engaged": suspended,
-                "positions": positions, "orders": orders, "orders_truncated": truncated,
-            })
+            Ok(json!({
+                "firm": v.firm, "cash": Cash(v.cash), "cash_reserved": Cash(v.cash_reserved),
+                "margin_locked": Cash(v.margin_locked), "cash_free": Cash(v.cash_free),
+                "kill_switch_engaged": v.kill_switch_engaged,
+                "positions": positions, "orders": orders, "orders_truncated": a.orders_truncated,
+            }))
         })
         .await
     }
 
-    async fn read_all<F>(&self, read: F) -> Answer
+    /// Asks every core `query` and renders each answer with `render`, market by market.
+    async fn query_all<F>(&self, query: Query, render: F) -> Answer
     where
-        F: Fn(&bourse_engine::Engine) -> Value + Clone + Send + 'static,
+        F: Fn(&QueryAnswer) -> Result<Value, String>,
     {
-        let reads = (0..self.markets.len()).map(|core| {
-            let read = read.clone();
-            async move { (core, self.venue.read(core, Box::new(read)).await) }
-        });
+        let reads = (0..self.markets.len())
+            .map(|core| async move { (core, self.venue.query(core, query).await) });
         let mut markets = Vec::new();
         for (core, result) in futures_util::future::join_all(reads).await {
-            match result {
+            match result.and_then(|answer| render(&answer)) {
                 Ok(v) => markets.push(json!({ "market": self.markets[core], "state": v })),
                 Err(e) => {
                     return Answer::error(

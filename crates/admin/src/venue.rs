@@ -1,19 +1,18 @@
 //! [`AdminVenue`]: what the admin service needs of a venue, and nothing else: its markets,
 //! a way to submit commands to one market's core through the sequenced, replicated path (the
 //! answer comes after the entry that applied them committed, with their events), and a
-//! read of a core's state as its leader has it. `bourse_venue` implements it over the replica
-//! groups it hosts; tests implement it over engines.
+//! query of a core's state as its leader has it (`bourse_cluster::query::Query`, one answer
+//! type whether the leader is in this process or asked over the network). `bourse_venue`
+//! implements it over the replica groups it hosts (`VenueAdmin`) and over the nodes of
+//! separate `bourse node` processes (`RemoteVenue`); tests implement it over engines.
 
+pub use bourse_cluster::query::{Query, QueryAnswer};
 use bourse_core::{Command, Event};
-use bourse_engine::Engine;
 use std::future::Future;
 use std::pin::Pin;
 
 /// A boxed future that can cross threads (the trait is used behind `dyn`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// A read of one core's engine, answering JSON.
-pub type EngineRead = Box<dyn FnOnce(&Engine) -> serde_json::Value + Send>;
 
 /// Who asked for the commands of one admin request: the operator and the request id. The
 /// venue writes them beside each command into the replicated log, so that the journal of
@@ -43,11 +42,7 @@ pub trait AdminVenue: Send + Sync + 'static {
         asker: Asker<'a>,
     ) -> BoxFuture<'a, Result<Vec<Vec<Event>>, String>>;
 
-    /// Runs `read` on core `core`'s engine as its leader has applied it: every command this
-    /// venue answered before is in it.
-    fn read(
-        &self,
-        core: usize,
-        read: EngineRead,
-    ) -> BoxFuture<'_, Result<serde_json::Value, String>>;
+    /// Answers `query` from core `core`'s state as its leader has applied it: every command
+    /// this venue answered before is in it (`Query::answer`).
+    fn query(&self, core: usize, query: Query) -> BoxFuture<'_, Result<QueryAnswer, String>>;
 }

@@ -4,7 +4,7 @@
 //! Day orders, and stepping over the same instants again applies nothing twice.
 
 use bourse_admin::schedule::{Schedule, ScheduleConfig, ScheduleDriver};
-use bourse_admin::{AdminService, AdminVenue, Asker, BoxFuture, EngineRead};
+use bourse_admin::{AdminService, AdminVenue, Asker, BoxFuture, Query, QueryAnswer};
 use bourse_core::*;
 use bourse_engine::fixtures::future;
 use bourse_engine::{Engine, EngineConfig};
@@ -43,12 +43,8 @@ impl AdminVenue for EngineVenue {
         })
     }
 
-    fn read(
-        &self,
-        _core: usize,
-        read: EngineRead,
-    ) -> BoxFuture<'_, Result<serde_json::Value, String>> {
-        Box::pin(async move { Ok(read(&self.engine.lock().unwrap())) })
+    fn query(&self, _core: usize, query: Query) -> BoxFuture<'_, Result<QueryAnswer, String>> {
+        Box::pin(async move { Ok(query.answer(&self.engine.lock().unwrap(), 0)) })
     }
 }
 

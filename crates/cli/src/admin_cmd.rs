@@ -32,6 +32,14 @@ pub struct AdminArgs {
 
 #[derive(Subcommand)]
 pub enum AdminCommand {
+    /// Run the admin API as a process of its own, in front of separate `bourse node`
+    /// processes (`docs/admin.md`); runs until interrupted.
+    Serve {
+        /// The service's config (TOML: listen, credentials_path, audit_log_path, [[cores]],
+        /// optional [schedule]).
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Every market's instruments with their phase, and the kill switches engaged.
     Instruments,
     /// One account's balances, positions and live orders in every market.
@@ -143,6 +151,10 @@ fn kill(engaged: bool, a: &TargetArgs) -> Value {
 }
 
 pub fn run(args: AdminArgs) -> Result<()> {
+    // The service needs no operator's password: it checks the operators'.
+    if let AdminCommand::Serve { config } = &args.command {
+        return crate::admin_serve::serve(config);
+    }
     let password = std::env::var("BOURSE_ADMIN_PASSWORD")
         .context("set BOURSE_ADMIN_PASSWORD to the operator's password")?;
     let client = AdminClient::new(&args.url)
@@ -153,6 +165,7 @@ pub fn run(args: AdminArgs) -> Result<()> {
         format!("cli-{}-{ns}", std::process::id())
     });
     let action = match &args.command {
+        AdminCommand::Serve { config } => return crate::admin_serve::serve(config),
         AdminCommand::Instruments => return show(client.get("/v1/instruments")),
         AdminCommand::Account { account } => {
             return show(client.get(&format!("/v1/accounts/{account}")))

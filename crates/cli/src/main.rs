@@ -6,6 +6,7 @@
 //! this file only parses arguments and dispatches.
 
 mod admin_cmd;
+mod admin_serve;
 mod auth_cmd;
 mod bench;
 mod clearing_cmd;

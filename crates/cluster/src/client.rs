@@ -1174,3 +1174,22 @@ pub async fn node_instruments(
         _ => Err(std::io::Error::other("unexpected response to instruments")),
     }
 }
+
+/// Asks one node a query of its applied state ([`crate::query::Query`]); an answer that breaks
+/// its bounds, or the node's refusal, is an error naming why.
+pub async fn node_query(
+    addr: SocketAddr,
+    query: crate::query::Query,
+    timeout: Duration,
+) -> std::io::Result<crate::query::QueryAnswer> {
+    let mut conn = PeerConnection::new(addr);
+    match conn.call(Request::Query(query), timeout).await? {
+        Response::Query(answer) => {
+            answer
+                .check()
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+            Ok(answer)
+        }
+        _ => Err(std::io::Error::other("unexpected response to a query")),
+    }
+}

@@ -91,6 +91,10 @@ pub enum Request {
         command: Vec<u8>,
         audit: crate::batch::Audit,
     },
+    /// A read of the node's applied state for an admin service in another process
+    /// (`crate::query::Query`), answered with `Response::Query`. After `SubmitAudited`, so
+    /// every earlier request encodes as before.
+    Query(crate::query::Query),
 }
 
 /// A `Vec<u8>` field as one serde byte string. Under bincode this is exactly the encoding of
@@ -204,6 +208,8 @@ pub enum Response {
         #[serde(with = "bytes_field")]
         answer: Vec<u8>,
     },
+    /// The answer to `Request::Query`; check it (`QueryAnswer::check`) before use.
+    Query(crate::query::QueryAnswer),
 }
 
 /// A request and the tag its response echoes.

@@ -1255,6 +1255,7 @@ async fn serve_connection(
             Request::Instruments => reply(Response::Instruments {
                 answer: shared.sm.instruments_answer().await.encode(),
             }),
+            Request::Query(query) => reply(Response::Query(shared.sm.query_answer(query).await)),
         };
         // A peer that stops reading must not keep a stopping node's task alive.
         let sent = tokio::select! {

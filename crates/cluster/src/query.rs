@@ -1,4 +1,5 @@
-//! Queries a node answers from its committed state (`net::Request::Instruments`).
+//! Queries a node answers from its committed state (`net::Request::Instruments`, and
+//! `net::Request::Query` for an admin service in another process: [`Query`]).
 //!
 //! [`InstrumentsAnswer`]: every instrument the core holds, with the definition its
 //! `InstrumentAdded` event carried, and the first log index the answering state has not
@@ -175,6 +176,282 @@ impl InstrumentsAnswer {
     }
 }
 
+/// The most instruments a [`PhasesAnswer`] lists (as [`INSTRUMENTS_ANSWER_MAX`]).
+pub const PHASES_ANSWER_INSTRUMENTS_MAX: usize = INSTRUMENTS_ANSWER_MAX;
+/// The most suspended firms, and the most suspended accounts, a [`PhasesAnswer`] lists.
+pub const PHASES_ANSWER_SUSPENDED_MAX: usize = 65_536;
+/// The most positions an [`AccountAnswer`] lists.
+pub const ACCOUNT_ANSWER_POSITIONS_MAX: usize = 65_536;
+/// The most live orders an [`AccountAnswer`] lists (more are flagged `orders_truncated`).
+pub const ACCOUNT_ANSWER_ORDERS_MAX: usize = 1_000;
+
+/// A read of a core's applied state that a node answers for an admin service in another
+/// process (`net::Request::Query`): the in-process admin runs the same [`Query::answer`] on
+/// the leader's state, so both serve the same answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Query {
+    /// Every instrument with its phase, and the kill switches engaged.
+    Phases,
+    /// One account's balances, positions and live orders.
+    Account { account: u32 },
+}
+
+/// What a node answers to a [`Query`]. Carried in the node protocol's bincode frame, so a
+/// hostile peer is bounded by the frame's size on decode; [`QueryAnswer::check`] then refuses
+/// lists longer than their bounds or their totals, naming which.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum QueryAnswer {
+    Phases(PhasesAnswer),
+    Account(AccountAnswer),
+    /// The node could not answer (it is stopping, or the query is not one it knows).
+    Refused(String),
+}
+
+/// One instrument and its phase.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct InstrumentPhase {
+    pub instrument: u32,
+    pub symbol: String,
+    pub market: bourse_core::Market,
+    /// `None` only for an instrument without a book (none is, today).
+    pub phase: Option<bourse_core::Phase>,
+    pub reference_price: i64,
+}
+
+/// The answer to [`Query::Phases`], as of the state that applied every entry before
+/// `next_index`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PhasesAnswer {
+    pub next_index: u64,
+    pub instruments_total: u32,
+    pub instruments: Vec<InstrumentPhase>,
+    pub suspended_firms_total: u32,
+    pub suspended_firms: Vec<u32>,
+    pub suspended_accounts_total: u32,
+    pub suspended_accounts: Vec<u32>,
+}
+
+/// An account's balances (cash units of 10^-4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AccountBalances {
+    pub firm: u32,
+    pub cash: i128,
+    pub cash_reserved: i128,
+    pub margin_locked: i128,
+    pub cash_free: i128,
+    /// A kill switch of the account or its firm is engaged.
+    pub kill_switch_engaged: bool,
+}
+
+/// A position: net quantity and its cost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PositionLine {
+    pub instrument: u32,
+    pub qty: i64,
+    pub cost: i128,
+}
+
+/// A live order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct OrderLine {
+    pub order_id: u64,
+    pub cl_ord_id: u64,
+    pub instrument: u32,
+    pub side: bourse_core::Side,
+    pub price: i64,
+    pub qty_total: i64,
+    pub qty_filled: i64,
+    pub qty_leaves: i64,
+    pub tif: bourse_core::TimeInForce,
+}
+
+/// The answer to [`Query::Account`]: `balances` is `None` for an account the core does not
+/// hold (then the lists are empty).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AccountAnswer {
+    pub next_index: u64,
+    pub account: u32,
+    pub balances: Option<AccountBalances>,
+    pub positions_total: u32,
+    pub positions: Vec<PositionLine>,
+    /// More live orders than [`ACCOUNT_ANSWER_ORDERS_MAX`]: the first ones are listed.
+    pub orders_truncated: bool,
+    pub orders: Vec<OrderLine>,
+}
+
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+impl Query {
+    /// The answer of `engine`, whose state applied every entry before `next_index`.
+    pub fn answer(&self, engine: &bourse_engine::Engine, next_index: u64) -> QueryAnswer {
+        let (firms, accounts) = engine.suspended();
+        match *self {
+            Query::Phases => {
+                let mut instruments: Vec<InstrumentPhase> = engine
+                    .instruments()
+                    .map(|i| InstrumentPhase {
+                        instrument: i.instrument.0,
+                        symbol: i.symbol.clone(),
+                        market: i.market,
+                        phase: engine.phase(i.instrument),
+                        reference_price: i.reference_price.0,
+                    })
+                    .collect();
+                let instruments_total = count(instruments.len());
+                instruments.truncate(PHASES_ANSWER_INSTRUMENTS_MAX);
+                let firms_listed = firms.len().min(PHASES_ANSWER_SUSPENDED_MAX);
+                let accounts_listed = accounts.len().min(PHASES_ANSWER_SUSPENDED_MAX);
+                QueryAnswer::Phases(PhasesAnswer {
+                    next_index,
+                    instruments_total,
+                    instruments,
+                    suspended_firms_total: count(firms.len()),
+                    suspended_firms: firms[..firms_listed].iter().map(|f| f.0).collect(),
+                    suspended_accounts_total: count(accounts.len()),
+                    suspended_accounts: accounts[..accounts_listed].iter().map(|a| a.0).collect(),
+                })
+            }
+            Query::Account { account } => {
+                let id = bourse_core::AccountId(account);
+                let Some(v) = engine.account(id) else {
+                    return QueryAnswer::Account(AccountAnswer {
+                        next_index,
+                        account,
+                        balances: None,
+                        positions_total: 0,
+                        positions: Vec::new(),
+                        orders_truncated: false,
+                        orders: Vec::new(),
+                    });
+                };
+                let mut positions: Vec<PositionLine> = engine
+                    .account_positions(id)
+                    .into_iter()
+                    .map(|(i, q, c)| PositionLine {
+                        instrument: i.0,
+                        qty: q.0,
+                        cost: c.0,
+                    })
+                    .collect();
+                let positions_total = count(positions.len());
+                positions.truncate(ACCOUNT_ANSWER_POSITIONS_MAX);
+                let mut orders: Vec<OrderLine> = engine
+                    .account_orders(id, ACCOUNT_ANSWER_ORDERS_MAX + 1)
+                    .iter()
+                    .map(|o| OrderLine {
+                        order_id: o.order_id.0,
+                        cl_ord_id: o.cl_ord_id.0,
+                        instrument: o.instrument.0,
+                        side: o.side,
+                        price: o.price.0,
+                        qty_total: o.qty_total.0,
+                        qty_filled: o.qty_filled.0,
+                        qty_leaves: o.qty_leaves.0,
+                        tif: o.tif,
+                    })
+                    .collect();
+                let orders_truncated = orders.len() > ACCOUNT_ANSWER_ORDERS_MAX;
+                orders.truncate(ACCOUNT_ANSWER_ORDERS_MAX);
+                QueryAnswer::Account(AccountAnswer {
+                    next_index,
+                    account,
+                    balances: Some(AccountBalances {
+                        firm: v.firm.0,
+                        cash: v.cash.0,
+                        cash_reserved: v.cash_reserved.0,
+                        margin_locked: v.margin_locked.0,
+                        cash_free: v.cash_free.0,
+                        kill_switch_engaged: accounts.contains(&id) || firms.contains(&v.firm),
+                    }),
+                    positions_total,
+                    positions,
+                    orders_truncated,
+                    orders,
+                })
+            }
+        }
+    }
+}
+
+impl QueryAnswer {
+    /// Refuses an answer whose lists break their bounds (a hostile or broken peer), naming
+    /// the list; a refusal by the node comes back as its reason.
+    pub fn check(&self) -> Result<(), String> {
+        fn list(what: &str, len: usize, max: usize, total: u32) -> Result<(), String> {
+            if len > max {
+                return Err(format!(
+                    "query answer: {len} {what}, more than the {max} an answer carries"
+                ));
+            }
+            if len as u64 > u64::from(total) {
+                return Err(format!(
+                    "query answer: {len} {what} listed, more than the total {total}"
+                ));
+            }
+            Ok(())
+        }
+        match self {
+            QueryAnswer::Phases(p) => {
+                list(
+                    "instruments",
+                    p.instruments.len(),
+                    PHASES_ANSWER_INSTRUMENTS_MAX,
+                    p.instruments_total,
+                )?;
+                list(
+                    "suspended firms",
+                    p.suspended_firms.len(),
+                    PHASES_ANSWER_SUSPENDED_MAX,
+                    p.suspended_firms_total,
+                )?;
+                list(
+                    "suspended accounts",
+                    p.suspended_accounts.len(),
+                    PHASES_ANSWER_SUSPENDED_MAX,
+                    p.suspended_accounts_total,
+                )?;
+                if let Some(i) = p
+                    .instruments
+                    .iter()
+                    .find(|i| i.symbol.is_empty() || i.symbol.len() > bourse_core::SYMBOL_LEN_MAX)
+                {
+                    return Err(format!(
+                        "query answer: instrument {}'s symbol has {} bytes, not 1 to {}",
+                        i.instrument,
+                        i.symbol.len(),
+                        bourse_core::SYMBOL_LEN_MAX
+                    ));
+                }
+                Ok(())
+            }
+            QueryAnswer::Account(a) => {
+                list(
+                    "positions",
+                    a.positions.len(),
+                    ACCOUNT_ANSWER_POSITIONS_MAX,
+                    a.positions_total,
+                )?;
+                list(
+                    "orders",
+                    a.orders.len(),
+                    ACCOUNT_ANSWER_ORDERS_MAX,
+                    u32::MAX,
+                )?;
+                if a.balances.is_none() && (!a.positions.is_empty() || !a.orders.is_empty()) {
+                    return Err(format!(
+                        "query answer: account {} is unknown but has positions or orders",
+                        a.account
+                    ));
+                }
+                Ok(())
+            }
+            QueryAnswer::Refused(reason) => Err(format!("the node refused the query: {reason}")),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,5 +611,193 @@ mod tests {
             ..a
         };
         assert_eq!(whole.complete(), Ok(()));
+    }
+
+    fn query_answer() -> impl Strategy<Value = QueryAnswer> {
+        let phase = proptest::option::of(prop_oneof![
+            Just(bourse_core::Phase::Open),
+            Just(bourse_core::Phase::Halted),
+            Just(bourse_core::Phase::Closed),
+        ]);
+        let instrument = (any::<u32>(), "[A-Z0-9]{1,32}", 0u8..3, phase, any::<i64>()).prop_map(
+            |(instrument, symbol, market, phase, reference_price)| InstrumentPhase {
+                instrument,
+                symbol,
+                market: [Market::Equity, Market::Fx, Market::Futures][market as usize],
+                phase,
+                reference_price,
+            },
+        );
+        let phases = (
+            any::<u64>(),
+            proptest::collection::vec(instrument, 0..8),
+            proptest::collection::vec(any::<u32>(), 0..8),
+            proptest::collection::vec(any::<u32>(), 0..8),
+        )
+            .prop_map(|(next_index, instruments, firms, accounts)| {
+                QueryAnswer::Phases(PhasesAnswer {
+                    next_index,
+                    instruments_total: instruments.len() as u32,
+                    instruments,
+                    suspended_firms_total: firms.len() as u32,
+                    suspended_firms: firms,
+                    suspended_accounts_total: accounts.len() as u32,
+                    suspended_accounts: accounts,
+                })
+            });
+        let order = (
+            any::<u64>(),
+            any::<u64>(),
+            any::<u32>(),
+            any::<bool>(),
+            any::<i64>(),
+            any::<i64>(),
+        )
+            .prop_map(
+                |(order_id, cl_ord_id, instrument, buy, price, qty)| OrderLine {
+                    order_id,
+                    cl_ord_id,
+                    instrument,
+                    side: if buy {
+                        bourse_core::Side::Buy
+                    } else {
+                        bourse_core::Side::Sell
+                    },
+                    price,
+                    qty_total: qty,
+                    qty_filled: 0,
+                    qty_leaves: qty,
+                    tif: bourse_core::TimeInForce::Day,
+                },
+            );
+        let account = (
+            any::<u64>(),
+            any::<u32>(),
+            any::<(u32, i128, i128, bool)>(),
+            proptest::collection::vec(any::<(u32, i64, i128)>(), 0..8),
+            proptest::collection::vec(order, 0..8),
+        )
+            .prop_map(
+                |(next_index, account, (firm, cash, reserved, killed), positions, orders)| {
+                    QueryAnswer::Account(AccountAnswer {
+                        next_index,
+                        account,
+                        balances: Some(AccountBalances {
+                            firm,
+                            cash,
+                            cash_reserved: reserved,
+                            margin_locked: 0,
+                            cash_free: cash,
+                            kill_switch_engaged: killed,
+                        }),
+                        positions_total: positions.len() as u32,
+                        positions: positions
+                            .into_iter()
+                            .map(|(instrument, qty, cost)| PositionLine {
+                                instrument,
+                                qty,
+                                cost,
+                            })
+                            .collect(),
+                        orders_truncated: false,
+                        orders,
+                    })
+                },
+            );
+        prop_oneof![phases, account]
+    }
+
+    proptest! {
+        #[test]
+        fn a_query_answer_reads_back_as_written_and_passes_its_check(a in query_answer()) {
+            let frame = crate::net::encode_frame(&a);
+            let back: QueryAnswer = crate::net::decode_message(&frame[4..]).unwrap();
+            prop_assert_eq!(back.check(), Ok(()));
+            prop_assert_eq!(back, a);
+        }
+
+        #[test]
+        fn a_changed_query_answer_is_refused_or_keeps_its_bounds_never_a_panic(
+            a in query_answer(),
+            flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+        ) {
+            let mut bytes = crate::net::encode_frame(&a)[4..].to_vec();
+            for (at, x) in flips {
+                let i = at.index(bytes.len());
+                bytes[i] ^= x | 1;
+            }
+            if let Ok(b) = crate::net::decode_message::<QueryAnswer>(&bytes) {
+                if b.check().is_ok() {
+                    if let QueryAnswer::Phases(p) = &b {
+                        prop_assert!(p.instruments.len() as u64 <= u64::from(p.instruments_total));
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic_the_query_answer_decoder(
+            bytes in proptest::collection::vec(any::<u8>(), 0..400),
+        ) {
+            if let Ok(b) = crate::net::decode_message::<QueryAnswer>(&bytes) {
+                let _ = b.check();
+            }
+        }
+    }
+
+    #[test]
+    fn a_query_answer_over_its_bounds_or_totals_is_refused_by_name() {
+        let phases = PhasesAnswer {
+            next_index: 1,
+            instruments_total: 0,
+            instruments: vec![InstrumentPhase {
+                instrument: 1,
+                symbol: "SBER".into(),
+                market: Market::Equity,
+                phase: None,
+                reference_price: 1,
+            }],
+            suspended_firms_total: 0,
+            suspended_firms: Vec::new(),
+            suspended_accounts_total: 0,
+            suspended_accounts: Vec::new(),
+        };
+        let e = QueryAnswer::Phases(phases.clone()).check().unwrap_err();
+        assert!(
+            e.contains("1 instruments listed, more than the total 0"),
+            "{e}"
+        );
+        let mut long_symbol = phases.clone();
+        long_symbol.instruments_total = 1;
+        long_symbol.instruments[0].symbol = "X".repeat(33);
+        let e = QueryAnswer::Phases(long_symbol).check().unwrap_err();
+        assert!(e.contains("symbol has 33 bytes"), "{e}");
+        let orders = vec![
+            OrderLine {
+                order_id: 1,
+                cl_ord_id: 1,
+                instrument: 1,
+                side: bourse_core::Side::Buy,
+                price: 1,
+                qty_total: 1,
+                qty_filled: 0,
+                qty_leaves: 1,
+                tif: bourse_core::TimeInForce::Day,
+            };
+            ACCOUNT_ANSWER_ORDERS_MAX + 1
+        ];
+        let account = AccountAnswer {
+            next_index: 1,
+            account: 7,
+            balances: None,
+            positions_total: 0,
+            positions: Vec::new(),
+            orders_truncated: true,
+            orders,
+        };
+        let e = QueryAnswer::Account(account).check().unwrap_err();
+        assert!(e.contains("1001 orders, more than the 1000"), "{e}");
+        let e = QueryAnswer::Refused("stopping".into()).check().unwrap_err();
+        assert!(e.contains("stopping"), "{e}");
     }
 }

@@ -813,6 +813,14 @@ impl StateMachineStore {
         crate::query::InstrumentsAnswer::of_state(&inner.state, next_index)
     }
 
+    /// The answer to an admin service's query, as of the last applied entry
+    /// (`crate::query::Query`).
+    pub async fn query_answer(&self, query: crate::query::Query) -> crate::query::QueryAnswer {
+        let inner = self.inner.lock().await;
+        let next_index = inner.last_applied.map_or(0, |l| l.index + 1);
+        query.answer(inner.state.engine(), next_index)
+    }
+
     /// Runs `f` on the state (tests and tools).
     pub async fn with_state<R>(&self, f: impl FnOnce(&ReplicatedState) -> R) -> R {
         f(&self.inner.lock().await.state)

@@ -24,7 +24,7 @@ fn read_one(bytes: &[u8]) -> (std::io::Result<bool>, Vec<u8>) {
 }
 
 fn request(kind: u8, tag: u64, a: u64, b: u64, command: Vec<u8>) -> Tagged<Request> {
-    let body = match kind % 7 {
+    let body = match kind % 8 {
         0 => Request::Submit {
             client_id: a,
             request_seq: b,
@@ -40,6 +40,11 @@ fn request(kind: u8, tag: u64, a: u64, b: u64, command: Vec<u8>) -> Tagged<Reque
         2 => Request::LastSeq { client_id: a },
         3 => Request::Status,
         4 => Request::Instruments,
+        6 => Request::Query(if a.is_multiple_of(2) {
+            bourse_cluster::query::Query::Phases
+        } else {
+            bourse_cluster::query::Query::Account { account: b as u32 }
+        }),
         _ => Request::StatusBrief,
     };
     Tagged { tag, body }

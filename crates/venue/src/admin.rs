@@ -1,8 +1,15 @@
 //! The admin API's view of a local deployment ([`VenueAdmin`], a `bourse_admin::AdminVenue`):
 //! commands go to each market's replica group through cluster clients of their own
 //! (`bourse_cluster::Client`, retrying under the same idempotency key across a failover),
-//! answered after commit with their events read from the committed stream; reads run on the
-//! state of the core's current leader, which applied every entry it answered.
+//! answered after commit with their events read from the committed stream; queries
+//! (`bourse_cluster::query::Query`) are answered from the state of the core's current leader,
+//! which applied every entry it answered.
+//!
+//! The same type serves two deployments: replica groups hosted in this process
+//! ([`VenueAdmin::new`]: the committed stream and the leader's state are read in process), and
+//! the nodes of separate `bourse node` processes ([`VenueAdmin::remote`], what `bourse admin
+//! serve` runs: the committed stream is read over TCP, and queries go to the leader as
+//! `net::Request::Query`).
 //!
 //! Ordered commands (a phase change, a kill switch) go one at a time through a sequential
 //! client. Unordered ones (many account additions) go through a `PipelinedClient`: up to
@@ -15,10 +22,11 @@
 //! one). An in-process core reports only to the gateway that submitted, so an action there
 //! would leave the gateway's order table stale.
 
-use bourse_admin::{AdminVenue, Asker, BoxFuture, EngineRead};
+use bourse_admin::{AdminVenue, Asker, BoxFuture, Query, QueryAnswer};
 use bourse_cluster::client::{PipelineError, PipelinedClient};
 use bourse_cluster::{tokio, Audit, Client, OutcomeKind, Raft, StateMachineStore, StreamConsumer};
 use bourse_core::{Command, Event};
+use bourse_engine::Engine;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -38,6 +46,11 @@ const PIPELINED_LANE: usize = 1;
 const ADMIN_COMMAND_DEADLINE: Duration = Duration::from_secs(10);
 /// How long a read waits for a core to have a leader.
 const READ_LEADER_DEADLINE: Duration = Duration::from_secs(5);
+/// How long one node may take to answer a status or a query.
+const NODE_CALL_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// A read of one core's engine in process (tests and the venue's own reports).
+pub type EngineRead = Box<dyn FnOnce(&Engine) -> serde_json::Value + Send>;
 
 struct Replica {
     id: u64,
@@ -50,6 +63,8 @@ struct AdminCore {
     /// venue's accounting of the generator's commands leaves them out.
     answered: std::sync::atomic::AtomicU64,
     nodes: Vec<(u64, SocketAddr)>,
+    /// The replicas in this process; empty for a core of separate node processes, which is
+    /// read over the network.
     replicas: Vec<Replica>,
     /// The ordered lane's client, made on first use (it continues its id's numbering).
     ordered: tokio::sync::Mutex<Option<Client>>,
@@ -91,6 +106,53 @@ impl VenueAdmin {
             cores: admin_cores,
         }
     }
+
+    /// The admin's view of cores whose nodes run in other processes: per core its market's
+    /// name, its nodes' client addresses and the first of the admin's two client ids there
+    /// (lane 0 orders, lane 1 pipelines; both must be bulk ids,
+    /// `bourse_cluster::admission::BULK_CLIENT_ID_MIN` on).
+    pub fn remote(cores: Vec<(String, Vec<SocketAddr>, u64)>) -> VenueAdmin {
+        let mut markets = Vec::new();
+        let mut admin_cores = Vec::new();
+        for (name, addrs, client_base) in cores {
+            markets.push(name);
+            admin_cores.push(AdminCore {
+                answered: std::sync::atomic::AtomicU64::new(0),
+                // The ids a client needs only to follow a leader hint; a node's place in the
+                // list, as the gateway's links number them.
+                nodes: addrs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, a)| (i as u64 + 1, *a))
+                    .collect(),
+                replicas: Vec::new(),
+                ordered: tokio::sync::Mutex::new(None),
+                pipelined: tokio::sync::Mutex::new(None),
+                client_base,
+            });
+        }
+        VenueAdmin {
+            markets,
+            cores: admin_cores,
+        }
+    }
+
+    /// Runs `read` on core `core`'s engine as its leader in this process has applied it (the
+    /// venue's reports and tests; a core of other processes answers only [`Query`]s).
+    pub fn read(
+        &self,
+        core: usize,
+        read: EngineRead,
+    ) -> BoxFuture<'_, Result<serde_json::Value, String>> {
+        Box::pin(async move {
+            let c = self
+                .cores
+                .get(core)
+                .ok_or_else(|| format!("no core {core}"))?;
+            let r = c.local_leader().await?;
+            Ok(r.state.with_state(|s| read(s.engine())).await)
+        })
+    }
 }
 
 impl VenueAdmin {
@@ -111,7 +173,7 @@ impl AdminCore {
         let mut last_error = String::from("no node answered");
         while Instant::now() < deadline {
             for &(_, addr) in &self.nodes {
-                let timeout = Duration::from_millis(500);
+                let timeout = NODE_CALL_TIMEOUT;
                 let leads = match bourse_cluster::client::node_status(addr, timeout).await {
                     Ok(s) => s.leader == Some(s.id),
                     Err(e) => {
@@ -218,9 +280,56 @@ impl AdminCore {
         commands: &[Command],
     ) -> Result<Vec<Vec<Event>>, String> {
         // Nothing of this call is proposed yet, so every command applies at or after the
-        // stream's next index.
-        let from = self.stream_replica().state.stream().next_index();
+        // stream's next index (in process), or after the entries the leader has applied.
+        let from = if self.replicas.is_empty() {
+            self.remote_leader()
+                .await?
+                .1
+                .last_applied_index
+                .map_or(0, |i| i + 1)
+        } else {
+            self.stream_replica().state.stream().next_index()
+        };
         self.pipeline_from(client, commands, from).await
+    }
+
+    /// The replica in this process that leads the group, waiting for one up to
+    /// [`READ_LEADER_DEADLINE`].
+    async fn local_leader(&self) -> Result<&Replica, String> {
+        let deadline = Instant::now() + READ_LEADER_DEADLINE;
+        loop {
+            let leader = self
+                .replicas
+                .iter()
+                .find(|r| r.raft.metrics().borrow().current_leader == Some(r.id));
+            if let Some(r) = leader {
+                return Ok(r);
+            }
+            if Instant::now() >= deadline {
+                return Err("the core has no leader".into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The node (of other processes) that says it leads the group, with its status, waiting
+    /// for one up to [`READ_LEADER_DEADLINE`].
+    async fn remote_leader(&self) -> Result<(SocketAddr, bourse_cluster::net::NodeStatus), String> {
+        let deadline = Instant::now() + READ_LEADER_DEADLINE;
+        let mut last_error = String::from("no node says it leads");
+        loop {
+            for &(_, addr) in &self.nodes {
+                match bourse_cluster::client::node_status_brief(addr, NODE_CALL_TIMEOUT).await {
+                    Ok(s) if s.leader == Some(s.id) => return Ok((addr, s)),
+                    Ok(_) => {}
+                    Err(e) => last_error = format!("{addr}: {e}"),
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("the core has no leader: {last_error}"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// [`AdminCore::pipeline`] reading the committed stream from index `from`, at or before
@@ -231,8 +340,12 @@ impl AdminCore {
         commands: &[Command],
         from: u64,
     ) -> Result<Vec<Vec<Event>>, String> {
-        let stream = self.stream_replica().state.stream().clone();
-        let mut consumer = StreamConsumer::local(stream, None, from);
+        let mut consumer = if self.replicas.is_empty() {
+            StreamConsumer::remote(self.nodes.iter().map(|&(_, a)| a).collect(), from)
+        } else {
+            let stream = self.stream_replica().state.stream().clone();
+            StreamConsumer::local(stream, None, from)
+        };
         let client_id = client.client_id();
         let first_seq = client.next_seq();
         let n = commands.len();
@@ -328,30 +441,20 @@ impl AdminVenue for VenueAdmin {
         })
     }
 
-    fn read(
-        &self,
-        core: usize,
-        read: EngineRead,
-    ) -> BoxFuture<'_, Result<serde_json::Value, String>> {
+    fn query(&self, core: usize, query: Query) -> BoxFuture<'_, Result<QueryAnswer, String>> {
         Box::pin(async move {
             let c = self
                 .cores
                 .get(core)
                 .ok_or_else(|| format!("no core {core}"))?;
-            let deadline = Instant::now() + READ_LEADER_DEADLINE;
-            loop {
-                let leader = c
-                    .replicas
-                    .iter()
-                    .find(|r| r.raft.metrics().borrow().current_leader == Some(r.id));
-                if let Some(r) = leader {
-                    return Ok(r.state.with_state(|s| read(s.engine())).await);
-                }
-                if Instant::now() >= deadline {
-                    return Err("the core has no leader".into());
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
+            if !c.replicas.is_empty() {
+                let r = c.local_leader().await?;
+                return Ok(r.state.query_answer(query).await);
             }
+            let (addr, _) = c.remote_leader().await?;
+            bourse_cluster::client::node_query(addr, query, NODE_CALL_TIMEOUT)
+                .await
+                .map_err(|e| format!("{addr}: {e}"))
         })
     }
 }

@@ -1071,7 +1071,6 @@ impl LocalDeployment {
     /// The positions with a non-zero net quantity that the first `traded` accounts added
     /// under load hold in `market`, read at its core's leader.
     fn positions_held(&self, market: &str, traded: u32) -> Result<u64> {
-        use bourse_admin::AdminVenue;
         let core = self
             .cores
             .iter()
@@ -1079,7 +1078,7 @@ impl LocalDeployment {
             .with_context(|| format!("no market {market}"))?;
         let venue = self.admin_venue()?;
         let rt = self.runtime.as_ref().context("the deployment is stopped")?;
-        let read: bourse_admin::EngineRead = Box::new(move |e: &Engine| {
+        let read: admin::EngineRead = Box::new(move |e: &Engine| {
             let held: usize = (0..traded)
                 .map(|n| {
                     e.account_positions(AccountId(ACCOUNTS_UNDER_LOAD_ID_BASE + n))

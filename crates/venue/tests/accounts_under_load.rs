@@ -164,7 +164,6 @@ fn accounts_added_under_load_are_in_their_market_on_every_replica_and_reported()
     let rt = deployment.runtime_handle().unwrap();
     let last = ACCOUNTS_UNDER_LOAD_ID_BASE + ADDED as u32 - 1;
     let read = |core: usize| {
-        use bourse_admin::AdminVenue;
         rt.block_on(admin.read(
             core,
             Box::new(move |e: &bourse_engine::Engine| {
@@ -181,8 +180,7 @@ fn accounts_added_under_load_are_in_their_market_on_every_replica_and_reported()
     // derivatives orders are theirs, and they are added in the first fifth of the run).
     assert_eq!(section.added.traded_accounts, u64::from(TRADED));
     let held = rt
-        .block_on(bourse_admin::AdminVenue::read(
-            &*admin,
+        .block_on(admin.read(
             1,
             Box::new(|e: &bourse_engine::Engine| {
                 let n: usize = (0..TRADED)
