@@ -21,10 +21,9 @@
 #[path = "replica_check.rs"]
 mod replica_check;
 
-use std::io::Write;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command as Process, Stdio};
+use std::path::Path;
+use std::process::Child;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -33,8 +32,8 @@ use bourse_cluster::tokio;
 use bourse_engine::workload::Rng;
 use hdrhistogram::Histogram;
 use replica_check::{
-    check_replicas, client_thread, pause_client, resume_client, statuses, summary, Shared,
-    FAILOVER_LIMIT,
+    check_replicas, client_thread, pause_client, resume_client, spawn_node, statuses, summary,
+    write_loopback_config, Shared, FAILOVER_LIMIT,
 };
 
 /// Kills in a CI run.
@@ -56,45 +55,6 @@ enum Moment {
     MidBatch,
     MidSnapshot,
     MidElection,
-}
-
-fn write_config(dir: &Path, ports: &[u16]) -> PathBuf {
-    let path = dir.join("cluster.toml");
-    let mut f = std::fs::File::create(&path).unwrap();
-    writeln!(
-        f,
-        "cluster_id = 42\ndata_dir = {:?}\nfsync = \"always\"\nheartbeat_ms = 50\n\
-         election_timeout_ms_min = 150\nelection_timeout_ms_max = 300\n\
-         snapshot_every_entries = 150\nhash_checkpoint_every_entries = 50\n\
-         hash_check_interval_ms = 200\norders_max = 8192\naccounts_max = 1024",
-        dir.join("data")
-    )
-    .unwrap();
-    for (i, p) in ports.iter().enumerate() {
-        writeln!(f, "[[nodes]]\nid = {}\naddr = \"127.0.0.1:{p}\"", i + 1).unwrap();
-    }
-    path
-}
-
-/// Starts a node process; its standard error goes to `node-<id>.log` in the test directory
-/// (appended across restarts), which a failure message points to.
-fn spawn(dir: &Path, config: &Path, id: u64) -> Child {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join(format!("node-{id}.log")))
-        .unwrap();
-    // A long run may pin a copy of the binary (`BOURSE_BIN`), so that rebuilds of the
-    // working tree while it runs do not change the nodes under test.
-    let bin = std::env::var("BOURSE_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_bourse").into());
-    Process::new(bin)
-        .args(["node", "--config"])
-        .arg(config)
-        .args(["--id", &id.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(log))
-        .spawn()
-        .expect("spawn bourse node")
 }
 
 /// Interrupted snapshot writes in a node's snapshot directory.
@@ -134,13 +94,21 @@ fn killing_the_leader_under_load_loses_nothing_acknowledged_and_applies_nothing_
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
     let ports = bourse_testkit::free_ports::<3>();
-    let config = write_config(&dir, &ports);
+    let config = write_loopback_config(
+        &dir,
+        42,
+        "fsync = \"always\"\nheartbeat_ms = 50\nelection_timeout_ms_min = 150\n\
+         election_timeout_ms_max = 300\nsnapshot_every_entries = 150\n\
+         hash_checkpoint_every_entries = 50\nhash_check_interval_ms = 200\n\
+         orders_max = 8192\naccounts_max = 1024",
+        &ports,
+    );
     let addrs: Vec<(u64, SocketAddr)> = ports
         .iter()
         .enumerate()
         .map(|(i, p)| (i as u64 + 1, format!("127.0.0.1:{p}").parse().unwrap()))
         .collect();
-    let mut children: Vec<Child> = (1..=3).map(|id| spawn(&dir, &config, id)).collect();
+    let mut children: Vec<Child> = (1..=3).map(|id| spawn_node(&dir, &config, id)).collect();
 
     let shared = Shared::new();
     let client = client_thread(shared.clone(), addrs.clone(), seed);
@@ -224,7 +192,7 @@ fn killing_the_leader_under_load_loses_nothing_acknowledged_and_applies_nothing_
         to_leader
             .record((killed_at.elapsed().as_micros() as u64).clamp(1, FAILOVER_US_MAX))
             .unwrap();
-        children[index] = spawn(&dir, &config, leader_id);
+        children[index] = spawn_node(&dir, &config, leader_id);
         just_elected = Some(elected);
         let check_now = (kill + 1) % CHECK_EVERY_KILLS == 0 && kill + 1 < kills;
         let next = match rng.below(4) {

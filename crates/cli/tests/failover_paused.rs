@@ -15,10 +15,8 @@
 #[path = "replica_check.rs"]
 mod replica_check;
 
-use std::io::Write;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command as Process, Stdio};
+use std::process::{Child, Command as Process};
 use std::time::Duration;
 
 use bourse_cluster::client::{Answer, PipelinedClient};
@@ -26,7 +24,7 @@ use bourse_cluster::tokio;
 use bourse_cluster::Client;
 use bourse_core::Command;
 use bourse_engine::workload::{Flow, FlowConfig};
-use replica_check::{check_replicas, statuses, FAILOVER_LIMIT};
+use replica_check::{check_replicas, leader, spawn_node, write_loopback_config};
 
 /// Commands each client sends before and after the pause.
 const COMMANDS_PER_PHASE: usize = 30;
@@ -36,23 +34,6 @@ const ATTEMPT_TIMEOUT_NEVER_MS: u64 = 600_000;
 /// The hang guard of one request, and of the pipelined client's whole window.
 const ANSWER_LIMIT: Duration = Duration::from_secs(120);
 const SEED: u64 = 5;
-
-fn write_config(dir: &Path, ports: &[u16]) -> PathBuf {
-    let path = dir.join("cluster.toml");
-    let mut f = std::fs::File::create(&path).unwrap();
-    writeln!(
-        f,
-        "cluster_id = 44\ndata_dir = {:?}\nfsync = \"never\"\nheartbeat_ms = 50\n\
-         election_timeout_ms_min = 150\nelection_timeout_ms_max = 300\n\
-         orders_max = 8192\naccounts_max = 1024",
-        dir.join("data")
-    )
-    .unwrap();
-    for (i, p) in ports.iter().enumerate() {
-        writeln!(f, "[[nodes]]\nid = {}\naddr = \"127.0.0.1:{p}\"", i + 1).unwrap();
-    }
-    path
-}
 
 /// The node processes, killed when the test ends however it ends (a stopped process is
 /// continued first, so that it dies).
@@ -79,36 +60,6 @@ impl Drop for Nodes {
             let _ = c.kill();
             let _ = c.wait();
         }
-    }
-}
-
-fn spawn(dir: &Path, config: &Path, id: u64) -> Child {
-    let log = std::fs::File::create(dir.join(format!("node-{id}.log"))).unwrap();
-    Process::new(env!("CARGO_BIN_EXE_bourse"))
-        .args(["node", "--config"])
-        .arg(config)
-        .args(["--id", &id.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(log))
-        .spawn()
-        .expect("spawn bourse node")
-}
-
-/// The leader of the highest term among the nodes that answer.
-async fn leader(addrs: &[(u64, SocketAddr)]) -> u64 {
-    let limit = std::time::Instant::now() + FAILOVER_LIMIT;
-    loop {
-        let s = statuses(addrs).await;
-        if let Some(l) = s
-            .iter()
-            .flatten()
-            .filter(|s| s.leader == Some(s.id))
-            .max_by_key(|s| s.term)
-        {
-            return l.id;
-        }
-        assert!(std::time::Instant::now() < limit, "no leader");
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -145,13 +96,19 @@ fn clients_waiting_on_a_paused_leader_move_to_the_new_one_and_nothing_is_lost() 
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
     let ports = bourse_testkit::free_ports::<3>();
-    let config = write_config(&dir, &ports);
+    let config = write_loopback_config(
+        &dir,
+        44,
+        "fsync = \"never\"\nheartbeat_ms = 50\nelection_timeout_ms_min = 150\n\
+         election_timeout_ms_max = 300\norders_max = 8192\naccounts_max = 1024",
+        &ports,
+    );
     let addrs: Vec<(u64, SocketAddr)> = ports
         .iter()
         .enumerate()
         .map(|(i, p)| (i as u64 + 1, format!("127.0.0.1:{p}").parse().unwrap()))
         .collect();
-    let nodes = Nodes((1..=3).map(|id| spawn(&dir, &config, id)).collect());
+    let nodes = Nodes((1..=3).map(|id| spawn_node(&dir, &config, id)).collect());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -203,7 +160,7 @@ fn clients_waiting_on_a_paused_leader_move_to_the_new_one_and_nothing_is_lost() 
             answer(&mut client, limit).await;
             acked += 1;
         }
-        let paused = leader(&addrs).await;
+        let paused = leader(&addrs, SEED).await;
         nodes.signal(paused, "STOP");
         for c in &all[3 * COMMANDS_PER_PHASE..] {
             client.submit(c).await.unwrap();

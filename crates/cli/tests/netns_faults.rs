@@ -44,7 +44,8 @@ use bourse_cluster::tokio;
 use bourse_engine::workload::Rng;
 use hdrhistogram::Histogram;
 use replica_check::{
-    check_replicas, client_thread, pause_client, statuses, summary, Shared, FAILOVER_LIMIT,
+    bourse_bin, check_replicas, client_thread, leader, pause_client, statuses, summary, Shared,
+    FAILOVER_LIMIT,
 };
 
 const TEST_NAME: &str =
@@ -209,7 +210,7 @@ fn spawn_on(prefix: &str, host: &str, args: &[&str], log: &Path) -> Child {
         .open(log)
         .unwrap();
     Command::new(netbed())
-        .args(["run", prefix, host, env!("CARGO_BIN_EXE_bourse")])
+        .args(["run", prefix, host, &bourse_bin()])
         .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::from(log))
@@ -236,24 +237,6 @@ fn signal(child: &Child, name: &str) {
         .unwrap()
         .success();
     assert!(ok, "kill -{name} {}", child.id());
-}
-
-/// The leader of the highest term among the nodes that answer.
-async fn leader(addrs: &[(u64, SocketAddr)], seed: u64) -> u64 {
-    let limit = Instant::now() + FAILOVER_LIMIT;
-    loop {
-        let s = statuses(addrs).await;
-        if let Some(l) = s
-            .iter()
-            .flatten()
-            .filter(|s| s.leader == Some(s.id))
-            .max_by_key(|s| s.term)
-        {
-            return l.id;
-        }
-        assert!(Instant::now() < limit, "no leader (seed {seed})");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Waits until every node answers and one leads: the group is whole again.

@@ -1,13 +1,16 @@
 //! The replica checker shared by the fault tests (`cluster_kill.rs`, `netns_faults.rs`,
-//! included with `#[path]`; compiled on its own it holds no tests): a client that sends one
+//! `failover_paused.rs`, included with `#[path]`; compiled on its own it holds no tests): the
+//! node processes' config and start, the finder of the leader; a client that sends one
 //! request at a time and retries it under the same key until answered, recording when each
 //! acknowledgement came; the pause that lets the replicas converge; and the check that every
 //! replica holds exactly the acknowledged commands (the engine's command counter equals the
 //! acknowledgements) with equal state hashes and no alarm.
 #![allow(dead_code)]
 
+use std::io::Write;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command as Process, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,6 +27,71 @@ use hdrhistogram::Histogram;
 pub const FAILOVER_LIMIT: Duration = Duration::from_secs(15);
 /// The longest the replicas may take to converge once the client paused.
 pub const CONVERGE_LIMIT: Duration = Duration::from_secs(30);
+
+/// Writes a `bourse node` config for a group on loopback: `settings` are the TOML lines after
+/// `cluster_id` and `data_dir` (fsync, timeouts, limits), one `[[nodes]]` entry per port.
+pub fn write_loopback_config(
+    dir: &Path,
+    cluster_id: u64,
+    settings: &str,
+    ports: &[u16],
+) -> PathBuf {
+    let path = dir.join("cluster.toml");
+    let mut f = std::fs::File::create(&path).unwrap();
+    writeln!(
+        f,
+        "cluster_id = {cluster_id}\ndata_dir = {:?}\n{settings}",
+        dir.join("data")
+    )
+    .unwrap();
+    for (i, p) in ports.iter().enumerate() {
+        writeln!(f, "[[nodes]]\nid = {}\naddr = \"127.0.0.1:{p}\"", i + 1).unwrap();
+    }
+    path
+}
+
+/// The `bourse` binary the nodes run. A long run may pin a copy of it (`BOURSE_BIN`), so that
+/// rebuilds of the working tree while it runs do not change the nodes under test.
+pub fn bourse_bin() -> String {
+    std::env::var("BOURSE_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_bourse").into())
+}
+
+/// Starts a node process; its standard error goes to `node-<id>.log` in the test directory
+/// (appended across restarts), which a failure message points to.
+pub fn spawn_node(dir: &Path, config: &Path, id: u64) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("node-{id}.log")))
+        .unwrap();
+    Process::new(bourse_bin())
+        .args(["node", "--config"])
+        .arg(config)
+        .args(["--id", &id.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .expect("spawn bourse node")
+}
+
+/// The leader of the highest term among the nodes that answer (Raft elects at most one per
+/// term, so an old leader that has not heard of the new term yet is passed over).
+pub async fn leader(addrs: &[(u64, SocketAddr)], seed: u64) -> u64 {
+    let limit = Instant::now() + FAILOVER_LIMIT;
+    loop {
+        let s = statuses(addrs).await;
+        if let Some(l) = s
+            .iter()
+            .flatten()
+            .filter(|s| s.leader == Some(s.id))
+            .max_by_key(|s| s.term)
+        {
+            return l.id;
+        }
+        assert!(Instant::now() < limit, "no leader (seed {seed})");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
 
 pub async fn statuses(addrs: &[(u64, SocketAddr)]) -> Vec<Option<NodeStatus>> {
     let mut out = Vec::new();
