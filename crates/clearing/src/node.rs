@@ -34,7 +34,7 @@ use tokio::sync::watch;
 use crate::fees::FeeSchedule;
 use crate::fix::{FixSection, FixServer};
 use crate::report::{save_plan, saved_runs, Report};
-use crate::run::{compute_run_with_fees, RunKind, RunPlan, SettlementRule};
+use crate::run::{compute_run_with_fees, ObligationLine, RunKind, RunPlan, SettlementRule};
 use crate::schedule::{ClearingSchedule, Clock, ScheduleSection, ScheduledRun, SystemClock};
 use crate::service::{execute, stream_end, with_ids, ExecuteOptions};
 use crate::settlement::{date_obligations, default_calendar, SettlementCycle};
@@ -322,10 +322,43 @@ pub struct Inner {
     pub state: ClearingState,
     /// Saved runs not yet settled into the state, in run order.
     pending: VecDeque<Arc<RunPlan>>,
+    /// Every run known here, by id. Added to only through `add_run`, which keeps
+    /// `settlement_dates` in step.
     pub runs: BTreeMap<u32, RunRecord>,
+    /// Per settlement date (`YYYY-MM-DD`), the obligations dated there: (run id, index in
+    /// the run's `obligations`), in run order. `GET /v1/settlements/{date}` reads one day's
+    /// list instead of every run's obligations.
+    settlement_dates: BTreeMap<String, Vec<(u32, usize)>>,
 }
 
 impl Inner {
+    /// Records a run (computed here, read from disk, or learned from a primary) and indexes
+    /// its obligations by settlement date.
+    fn add_run(&mut self, plan: Arc<RunPlan>, report: Option<Report>) {
+        for (i, o) in plan.obligations.iter().enumerate() {
+            if let Some(date) = &o.settlement_date {
+                self.settlement_dates
+                    .entry(date.clone())
+                    .or_default()
+                    .push((plan.run_id, i));
+            }
+        }
+        self.runs.insert(plan.run_id, RunRecord { plan, report });
+    }
+
+    /// The obligations that settle on `date` (`YYYY-MM-DD`), with their run's id, in run
+    /// order.
+    pub fn obligations_on<'a>(
+        &'a self,
+        date: &str,
+    ) -> impl Iterator<Item = (u32, &'a ObligationLine)> + 'a {
+        self.settlement_dates
+            .get(date)
+            .into_iter()
+            .flatten()
+            .filter_map(|&(run, i)| Some((run, self.runs.get(&run)?.plan.obligations.get(i)?)))
+    }
+
     /// Whether the feed of `core` must wait before applying entry `index`: the first pending
     /// run's cut on that core is reached.
     fn gated(&self, core: usize, index: u64) -> bool {
@@ -664,13 +697,7 @@ impl Shared {
         save_plan(&self.config.runs_dir(), &plan).map_err(|e| run_error(500, e))?;
         let report = Report::new(&inner.state, &plan, &BTreeMap::new());
         inner.state.settle(&plan);
-        inner.runs.insert(
-            run_id,
-            RunRecord {
-                plan: plan.clone(),
-                report: Some(report.clone()),
-            },
-        );
+        inner.add_run(plan.clone(), Some(report.clone()));
         drop(inner);
         self.bump();
         Ok((plan, report))
@@ -724,9 +751,7 @@ impl Shared {
             save_plan(&self.config.runs_dir(), &plan)?;
             let plan = Arc::new(plan);
             inner.pending.push_back(plan.clone());
-            inner
-                .runs
-                .insert(plan.run_id, RunRecord { plan, report: None });
+            inner.add_run(plan, None);
         }
         inner.settle_reached()?;
         drop(inner);
@@ -817,23 +842,22 @@ impl ClearingNode {
                 .map_err(|e| format!("{}: {e}", s.file.display()))?,
             None => ClearingState::new(cores, definitions.clone()),
         };
-        let mut runs = BTreeMap::new();
-        let mut pending = VecDeque::new();
+        let mut inner = Inner {
+            state,
+            pending: VecDeque::new(),
+            runs: BTreeMap::new(),
+            settlement_dates: BTreeMap::new(),
+        };
         for plan in saved_runs(&config.runs_dir())? {
             let report = std::fs::read(config.report_dir(plan.run_id).join("report.json"))
                 .ok()
                 .and_then(|b| serde_json::from_slice(&b).ok());
             let plan = Arc::new(plan);
-            if plan.run_id > state.last_settled_run() {
-                pending.push_back(plan.clone());
+            if plan.run_id > inner.state.last_settled_run() {
+                inner.pending.push_back(plan.clone());
             }
-            runs.insert(plan.run_id, RunRecord { plan, report });
+            inner.add_run(plan, report);
         }
-        let mut inner = Inner {
-            state,
-            pending,
-            runs,
-        };
         inner.settle_reached()?;
         // The schedule is followed from the newest slot a known run was made for, or from
         // the catch-up limit before now, whichever is later.

@@ -416,31 +416,28 @@ async fn settlements(
     let state = &inner.state;
     // Per account and instrument: securities, cash, and the runs that dated them here.
     let mut sums: BTreeMap<(AccountId, InstrumentId), (i64, i128, Vec<u32>)> = BTreeMap::new();
-    for r in inner.runs.values() {
-        for o in &r.plan.obligations {
-            if o.settlement_date.as_deref() != Some(date.as_str()) {
-                continue;
-            }
-            let firm = state.firm_of(o.account);
-            if !reader.may_read(firm) || params.firm.is_some_and(|f| firm != Some(FirmId(f))) {
-                continue;
-            }
-            let sum = sums.entry((o.account, o.instrument)).or_default();
-            sum.0 += o.securities;
-            sum.1 += o.cash.0;
-            sum.2.push(r.plan.run_id);
-        }
-    }
+    // The date index gives only that day's obligations; the sums stop growing one line past
+    // the limit, since the answer is then a refusal, so the work and memory are bounded by
+    // the day's obligations and the limit, not by every run kept.
     let max = s.config.limits.accounts_per_answer_max;
-    if sums.len() > max {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "too_many",
-            format!(
-                "{} lines settle on {date}, more than {max} in one answer: ask per firm (?firm=N)",
-                sums.len()
-            ),
-        );
+    for (run_id, o) in inner.obligations_on(&date) {
+        let firm = state.firm_of(o.account);
+        if !reader.may_read(firm) || params.firm.is_some_and(|f| firm != Some(FirmId(f))) {
+            continue;
+        }
+        if sums.len() == max && !sums.contains_key(&(o.account, o.instrument)) {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "too_many",
+                format!(
+                    "more than {max} lines settle on {date}, more than one answer holds: ask per firm (?firm=N)"
+                ),
+            );
+        }
+        let sum = sums.entry((o.account, o.instrument)).or_default();
+        sum.0 += o.securities;
+        sum.1 += o.cash.0;
+        sum.2.push(run_id);
     }
     let lines: Vec<Value> = sums
         .into_iter()

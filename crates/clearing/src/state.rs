@@ -84,9 +84,11 @@ pub struct ClearingPosition {
 /// One position at the start of a clearing business day: what the last end-of-day run's cut
 /// left (see `run::RollLine`), with the variation margin paid up to and by that run.
 ///
-/// The roll keeps the cumulative figures and records this baseline instead of rebasing them,
-/// because a standby may settle an end-of-day run after it applied later trades: subtracting
-/// a recorded baseline commutes with those trades, rebasing the average cost would not.
+/// For an open position the roll keeps the cumulative figures and records this baseline
+/// instead of rebasing them, because a standby may settle an end-of-day run after it applied
+/// later trades: subtracting a recorded baseline commutes with those trades, rebasing the
+/// average cost would not. A position the cut left flat has no average cost, so it is
+/// rebased to zero and dropped (see `rebase_flat`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct StartOfDay {
     /// The day's opening position in lots (the previous day's closing one).
@@ -573,9 +575,16 @@ impl ClearingState {
     /// start of day becomes what the run's cut left, instruments start the new day at the
     /// run's settlement prices, and the business date moves to the plan's next one. Cash
     /// (the collateral) is the cores' and carries over as it is.
+    ///
+    /// A position the cut left flat is rebased instead (see `rebase_flat`) and dropped when
+    /// nothing of it is left, so plans and reports stop listing every position ever traded.
     fn roll(&mut self, plan: &crate::run::RunPlan) {
         for line in &plan.roll {
-            if let Some(p) = self.positions.get_mut(&(line.account, line.instrument)) {
+            let key = (line.account, line.instrument);
+            let Some(p) = self.positions.get_mut(&key) else {
+                continue;
+            };
+            if line.qty != 0 {
                 p.sod = StartOfDay {
                     qty: line.qty,
                     paid_value: line.paid_value,
@@ -584,6 +593,19 @@ impl ClearingState {
                     lots_bought: line.lots_bought,
                     lots_sold: line.lots_sold,
                 };
+                continue;
+            }
+            let futures = self
+                .definitions
+                .get(&line.instrument)
+                .filter(|d| d.market == Market::Futures);
+            rebase_flat(p, line, futures);
+            // Without a fee schedule nothing ever charges the fee base, so it cannot keep a
+            // position alive; with one, a base left uncharged keeps the position (its FIX
+            // report carries the fees due).
+            let fees_pending = plan.fee_schedule.is_some() && self.fee_base.contains_key(&key);
+            if *p == ClearingPosition::default() && !fees_pending {
+                self.positions.remove(&key);
             }
         }
         for (&instrument, &price) in &plan.prices {
@@ -952,4 +974,47 @@ pub fn trade_value(def: &Instrument, price: Price, lots: i64) -> Result<i128, Cl
 pub fn value_to_cash_floor(def: &Instrument, value: i128) -> i128 {
     let div = 10i128.pow((value_scale(def) - CASH_SCALE) as u32);
     value.div_euclid(div)
+}
+
+/// Rebases a position an end-of-day cut left flat (`line.qty == 0`), so that it starts the
+/// next business day from zero: the cut's cumulative figures are subtracted and the start of
+/// day is zero. With no lots open at the cut its average cost was zero there, so the trades
+/// after the cut do not depend on its history, and subtracting the cut's figures commutes
+/// with them: a standby settling the run after later trades reaches the state a node that
+/// settled at the cut does (the later trades then recreate the dropped position).
+///
+/// For a future the variation margin must stay exact. The runs paid `floor(-paid_value)` in
+/// cash, and the sub-cash remainder `s` (0 ≤ s < one cash unit, in value units) is a credit
+/// the account is still owed when the position moves again. The rebase therefore subtracts
+/// only the cash-aligned part of `paid_value` (and the cash it paid from `vm_paid`), leaving
+/// `paid_value = -s`, which is also the day's baseline so the day's figures are those of the
+/// day's trades alone. Every later run then computes the same margin as without the rebase.
+/// Only a position with no remainder is left all zero and can be dropped.
+fn rebase_flat(
+    p: &mut ClearingPosition,
+    line: &crate::run::RollLine,
+    futures: Option<&Instrument>,
+) {
+    let (aligned, paid_cash) = match futures {
+        Some(def) => {
+            let unit = 10i128.pow((value_scale(def) - CASH_SCALE) as u32);
+            let paid_cash = value_to_cash_floor(def, -line.paid_value);
+            (-paid_cash * unit, paid_cash)
+        }
+        None => (line.paid_value, 0),
+    };
+    p.paid_value -= aligned;
+    p.realised_value -= line.realised_value;
+    p.lots_bought -= line.lots_bought;
+    p.lots_sold -= line.lots_sold;
+    p.vm_paid.0 -= paid_cash;
+    p.sod = StartOfDay {
+        qty: 0,
+        paid_value: line.paid_value - aligned,
+        realised_value: 0,
+        // `vm_paid` moves only when a run is settled, so it is still the cut's here.
+        vm_paid: p.vm_paid,
+        lots_bought: 0,
+        lots_sold: 0,
+    };
 }

@@ -645,6 +645,20 @@ proptest! {
         state.settle(&day1);
         prop_assert_eq!(state.business_date(), Some(20261127));
         // Nothing traded yet on the new day: every figure of the day is zero.
+        // A position the first end of day left flat is gone, unless its instrument rounds
+        // margin to cash and a sub-cash credit is left (FINE): the whole-point future and
+        // the equity keep exactly the open positions.
+        let open_at_first = net_lots(&events[..a]);
+        for (&(account, instrument), p) in state.positions() {
+            if instrument.0 != FUT_FINE {
+                prop_assert!(p.qty != 0, "flat {} {} kept", account, instrument);
+            }
+        }
+        for (&(account, instrument), &lots) in &open_at_first {
+            if lots != 0 {
+                prop_assert!(state.positions().contains_key(&(account, instrument)));
+            }
+        }
         for p in state.positions().values() {
             prop_assert_eq!(p.sod.qty, p.qty);
             prop_assert_eq!((p.day_lots_bought(), p.day_lots_sold()), (0, 0));
@@ -793,4 +807,176 @@ proptest! {
         prop_assert_eq!(back.state_hash(), state.state_hash());
         prop_assert_eq!(back.cash()[&(0, open)].margin_called.0, 5);
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// The roll's rebase of flat positions changes no money: after an end of day that rolls
+    /// (and drops what it left flat) and after the same run settled without a roll, the
+    /// next run pays every position the same margin, with the same rounding and movements,
+    /// the fine-priced future's sub-cash remainders included.
+    #[test]
+    fn rebasing_flat_positions_at_the_roll_leaves_every_later_margin_as_it_was(
+        o in orders(),
+        split in 0usize..400,
+    ) {
+        let events = trade(&o);
+        let split = split.min(events.len());
+        let mut rolled = fed(&events[..split]);
+        let plan = end_of_day(&rolled, 1, "2026-11-27");
+        let mut unrolled = rolled.clone();
+        rolled.settle(&plan);
+        let mut no_roll = plan.clone();
+        no_roll.kind = RunKind::Intermediate;
+        unrolled.settle(&no_roll);
+        for e in &events[split..] {
+            rolled.apply_event(0, e).unwrap();
+            unrolled.apply_event(0, e).unwrap();
+        }
+        let next = |s: &ClearingState| {
+            let p = compute_run(s, 2, RunKind::Intermediate, &rule());
+            let vm: Vec<_> = p
+                .margin
+                .iter()
+                .filter(|l| l.vm.0 != 0)
+                .map(|l| (l.account, l.instrument, l.vm))
+                .collect();
+            (vm, p.rounding, p.movements, p.obligations)
+        };
+        prop_assert_eq!(next(&rolled), next(&unrolled));
+    }
+}
+
+/// One crossing pair of orders on the fixture engine: `buyer` rests a bid, `seller` hits it.
+fn cross(
+    d: &mut Driver,
+    ids: &mut u64,
+    instrument: u32,
+    buyer: u32,
+    seller: u32,
+    ticks: i64,
+    lots: i64,
+) -> Vec<Event> {
+    let def = definitions()
+        .into_iter()
+        .find(|d| d.instrument.0 == instrument)
+        .unwrap();
+    let price = def.reference_price.0 + ticks * def.tick.0;
+    *ids += 2;
+    let mut out = d.limit(buyer, *ids - 1, instrument, Side::Buy, price, lots);
+    out.extend(d.limit(seller, *ids, instrument, Side::Sell, price, lots));
+    out
+}
+
+/// A position closed during a day is rolled once (the day's own plan and report show its
+/// trades) and is then gone: the next day's plan has no line for it, the report and the FIX
+/// answer no account line or position, while the open positions carry on.
+#[test]
+fn a_position_closed_during_a_day_is_absent_from_the_next_days_plan_and_reports() {
+    let mut d = Driver::new(EngineConfig {
+        orders_max: 4096,
+        accounts_max: 64,
+        ..EngineConfig::default()
+    });
+    for def in definitions() {
+        d.add_instrument(def);
+    }
+    let mut events = Vec::new();
+    for a in 0..ACCOUNTS {
+        d.add_account_spec(
+            AccountSpec {
+                account: AccountId(a),
+                firm: FirmId(a % 2),
+                may_short: true,
+                stp: StpMode::None,
+                stp_scope: StpScope::Account,
+            },
+            1_000_000_000_0000,
+        );
+        events.extend_from_slice(&d.events);
+    }
+    let mut ids = 0;
+    // Day 1: account 0 buys 3 futures from 1 and sells them on to 2 a tick higher; account
+    // 3 buys 5 shares from 4 and sells them on to 5. Accounts 0 and 3 end the day flat.
+    events.extend(cross(&mut d, &mut ids, FUT, 0, 1, 0, 3));
+    events.extend(cross(&mut d, &mut ids, FUT, 2, 0, 1, 3));
+    events.extend(cross(&mut d, &mut ids, EQ, 3, 4, 0, 5));
+    events.extend(cross(&mut d, &mut ids, EQ, 5, 3, 1, 5));
+    let mut state = fed(&events);
+    let day1 = end_of_day(&state, 1, "2026-11-27");
+    let flat = [
+        (AccountId(0), InstrumentId(FUT)),
+        (AccountId(3), InstrumentId(EQ)),
+    ];
+    for (account, instrument) in flat {
+        assert!(day1
+            .roll
+            .iter()
+            .any(|l| l.account == account && l.instrument == instrument && l.qty == 0));
+    }
+    let report1 = bourse_clearing::Report::new(&state, &day1, &BTreeMap::new());
+    assert!(
+        report1.accounts.iter().any(|l| l.account == 0),
+        "day 1 reports the realised profit"
+    );
+    state.settle(&day1);
+    for key in flat {
+        assert!(
+            !state.positions().contains_key(&key),
+            "{key:?} dropped at the roll"
+        );
+    }
+    assert_eq!(
+        state.positions()[&(AccountId(1), InstrumentId(FUT))]
+            .sod
+            .qty,
+        -3
+    );
+    assert_eq!(
+        state.positions()[&(AccountId(2), InstrumentId(FUT))]
+            .sod
+            .qty,
+        3
+    );
+
+    // Day 2: accounts 1 and 2 trade; 0 and 3 do not.
+    let mut day2_events = Vec::new();
+    for e in cross(&mut d, &mut ids, FUT, 1, 2, 2, 1) {
+        state.apply_event(0, &e).unwrap();
+        day2_events.push(e);
+    }
+    let day2 = end_of_day(&state, 2, "2026-11-30");
+    for (account, instrument) in flat {
+        let about = |a: AccountId, i: InstrumentId| a == account && i == instrument;
+        assert!(!day2.roll.iter().any(|l| about(l.account, l.instrument)));
+        assert!(!day2.margin.iter().any(|l| about(l.account, l.instrument)));
+        assert!(!day2
+            .obligations
+            .iter()
+            .any(|l| about(l.account, l.instrument)));
+        assert!(bourse_clearing::fix::intraday(&state, None, account).is_empty());
+    }
+    // Only the open positions are rolled again.
+    let rolled: Vec<(u32, u32, i64)> = day2
+        .roll
+        .iter()
+        .map(|l| (l.account.0, l.instrument.0, l.qty))
+        .collect();
+    assert_eq!(
+        rolled,
+        vec![(1, FUT, -2), (2, FUT, 2), (4, EQ, -5), (5, EQ, 5)]
+    );
+    let report2 = bourse_clearing::Report::new(&state, &day2, &BTreeMap::new());
+    let listed: Vec<u32> = report2.accounts.iter().map(|l| l.account).collect();
+    assert!(!listed.contains(&0) && !listed.contains(&3), "{listed:?}");
+    assert!(listed.contains(&1) && listed.contains(&2), "{listed:?}");
+
+    // A standby that settles the first end of day after day 2's trades agrees.
+    let mut late = fed(&events);
+    for e in &day2_events {
+        late.apply_event(0, e).unwrap();
+    }
+    late.settle(&day1);
+    assert_eq!(late.state_hash(), state.state_hash());
 }

@@ -807,7 +807,20 @@ fn obligations_settle_t0_or_t1_on_the_venues_calendar_and_are_served_by_settleme
     assert_eq!(status, 400);
     assert!(body.to_string().contains("2026-13-01"), "{body}");
 
-    // Restarted, the node serves the dates its saved plan was given.
+    // Restarted, the node serves the dates its saved plan was given (the date index is
+    // rebuilt from the saved plans); with one line per answer, a day of two lines is
+    // refused with what to ask instead, and one firm's line is served.
+    node.stop().unwrap();
+    let mut one_line = c.clone();
+    one_line.limits.accounts_per_answer_max = 1;
+    let node = ClearingNode::start_with_clock(one_line, defs.clone(), clock.clone()).unwrap();
+    let (status, body) = settlements(&node, "victor", "/v1/settlements/2026-12-01");
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "too_many", "{body}");
+    assert!(body.to_string().contains("?firm=N"), "{body}");
+    let (status, firm1) = settlements(&node, "victor", "/v1/settlements/2026-12-01?firm=1");
+    assert_eq!(status, 200, "{firm1}");
+    assert_eq!(firm1["lines"], json!([line(1, EQ, 30, -300_0000)]));
     node.stop().unwrap();
     let node = ClearingNode::start_with_clock(c, defs, clock.clone()).unwrap();
     let (_, again) = settlements(&node, "victor", "/v1/settlements/2026-12-01");

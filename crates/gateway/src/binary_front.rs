@@ -58,6 +58,7 @@ pub fn order_reject_reason(cause: RejectCause) -> OrderRejectReason {
             }
             CapacityExceeded => OrderRejectReason::TooManyOpenOrders,
             ReplaceQtyNotAboveFilled => OrderRejectReason::TooLateToReplace,
+            MarginCallOpen => OrderRejectReason::MarginCallOpen,
             _ => OrderRejectReason::Other,
         },
         RejectCause::Gateway(g) => match g {

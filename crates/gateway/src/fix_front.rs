@@ -540,7 +540,9 @@ fn ord_rej_reason(cause: RejectCause) -> u32 {
             UnknownInstrument => 1,
             // 2 = exchange closed; Text (58) names which of them it is.
             InstrumentHalted | InstrumentClosed | InstrumentPaused => 2,
-            InsufficientCollateral | InsufficientPosition | PositionLimit => 3,
+            // 3 = order exceeds limit: every pre-trade risk refusal, an open margin call
+            // included; Text (58) names which.
+            InsufficientCollateral | InsufficientPosition | PositionLimit | MarginCallOpen => 3,
             UnknownOrder => 5,
             DuplicateClOrdId => 6,
             QtyNotPositive | QtyTooLarge => 13,

@@ -28,6 +28,7 @@ pub enum OrderRejectReason {
     InstrumentHalted = 0x16_u16,
     InstrumentPaused = 0x17_u16,
     TradingSuspended = 0x18_u16,
+    MarginCallOpen = 0x19_u16,
     #[default]
     NullVal = 0xffff_u16,
 }
@@ -60,6 +61,7 @@ impl From<u16> for OrderRejectReason {
             0x16_u16 => Self::InstrumentHalted,
             0x17_u16 => Self::InstrumentPaused,
             0x18_u16 => Self::TradingSuspended,
+            0x19_u16 => Self::MarginCallOpen,
             _ => Self::NullVal,
         }
     }
@@ -93,6 +95,7 @@ impl From<OrderRejectReason> for u16 {
             OrderRejectReason::InstrumentHalted => 0x16_u16,
             OrderRejectReason::InstrumentPaused => 0x17_u16,
             OrderRejectReason::TradingSuspended => 0x18_u16,
+            OrderRejectReason::MarginCallOpen => 0x19_u16,
             OrderRejectReason::NullVal => 0xffff_u16,
         }
     }
@@ -128,6 +131,7 @@ impl core::str::FromStr for OrderRejectReason {
             "InstrumentHalted" => Ok(Self::InstrumentHalted),
             "InstrumentPaused" => Ok(Self::InstrumentPaused),
             "TradingSuspended" => Ok(Self::TradingSuspended),
+            "MarginCallOpen" => Ok(Self::MarginCallOpen),
             _ => Ok(Self::NullVal),
         }
     }
@@ -161,6 +165,7 @@ impl core::fmt::Display for OrderRejectReason {
             Self::InstrumentHalted => write!(f, "InstrumentHalted"),
             Self::InstrumentPaused => write!(f, "InstrumentPaused"),
             Self::TradingSuspended => write!(f, "TradingSuspended"),
+            Self::MarginCallOpen => write!(f, "MarginCallOpen"),
             Self::NullVal => write!(f, "NullVal"),
         }
     }
