@@ -19,12 +19,15 @@
 //! instruments = [1, 2]                 # optional; each instrument in one core at most
 //! nodes = ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"]
 //! client_id = 12884901888              # optional: the admin's first client id (it uses two)
+//! tls = { ca_path = "venue-ca.crt", cert_path = "admin.crt", key_path = "admin.key" }
+//!                                      # optional; required for nodes off the loopback
 //! [schedule]                           # optional: bourse_admin::schedule::ScheduleConfig
 //! ```
 
 use anyhow::{anyhow, bail, Context, Result};
 use bourse_admin::schedule::{Schedule, ScheduleConfig, ScheduleDriver};
 use bourse_admin::{AdminServer, AdminServerConfig, AdminService};
+use bourse_auth::tls::TlsFiles;
 use bourse_auth::{CredentialEntry, CredentialStore};
 use bourse_cluster::admission::BULK_CLIENT_ID_MIN;
 use bourse_cluster::tokio;
@@ -69,9 +72,10 @@ pub struct ServeCore {
     /// The first of the admin's two client ids at this core (`bourse_venue::ADMIN_LANES`);
     /// default `ADMIN_CLIENT_ID_BASE + 1000 × the core's place in the file`.
     pub client_id: Option<u64>,
-    /// Mutual TLS to the nodes, as the gateway's `[[cores]]` entry takes it.
+    /// Mutual TLS to the nodes, as the gateway's `[[cores]]` entry takes it (relative paths
+    /// from the config file's directory); needed for nodes off the loopback.
     #[serde(default)]
-    pub tls: Option<bourse_auth::tls::TlsFiles>,
+    pub tls: Option<TlsFiles>,
 }
 
 /// The operators' credential store file.
@@ -120,17 +124,13 @@ impl ServeConfig {
                     c.nodes.len()
                 ));
             }
-            if c.tls.is_some() {
-                return Err(format!(
-                    "{at}.tls: the admin service's cluster clients speak plain TCP only (not \
-                     built yet); give loopback node addresses without tls"
-                ));
-            }
-            if let Some(a) = c.nodes.iter().find(|a| !a.ip().is_loopback()) {
-                return Err(format!(
-                    "{at}.nodes: {a} is not a loopback address, and plain TCP goes to loopback \
-                     nodes only"
-                ));
+            if c.tls.is_none() {
+                if let Some(a) = c.nodes.iter().find(|a| !a.ip().is_loopback()) {
+                    return Err(format!(
+                        "{at}.nodes: {a} is not a loopback address, and plain TCP goes to \
+                         loopback nodes only; give {at}.tls (ca_path, cert_path, key_path)"
+                    ));
+                }
             }
             if let Some(i) = c.instruments.iter().find(|&&i| !instruments.insert(i)) {
                 return Err(format!("{at}.instruments: instrument {i} is in two cores"));
@@ -185,6 +185,18 @@ pub fn serve(config_path: &Path) -> Result<()> {
     let base = config_path.parent().unwrap_or(Path::new("."));
     let credentials = Arc::new(load_credentials(&base.join(&config.credentials_path))?);
     let audit_path = base.join(&config.audit_log_path);
+    // Every connection to a node (the clients, the committed stream, status and queries)
+    // dials through `bourse_cluster::transport`, which takes TLS for the nodes named here, as
+    // `bourse gateway` does for its cores.
+    for (n, c) in config.cores.iter().enumerate() {
+        let tls = c.tls.as_ref().map(|t| TlsFiles {
+            ca_path: base.join(&t.ca_path),
+            cert_path: base.join(&t.cert_path),
+            key_path: base.join(&t.key_path),
+        });
+        bourse_cluster::transport::configure_client(&c.nodes, tls.as_ref())
+            .map_err(|e| anyhow!("{}: cores[{n}].tls: {e}", config_path.display()))?;
+    }
     let cores = config
         .cores
         .iter()
@@ -271,14 +283,31 @@ client_id = 12884905000
     }
 
     #[test]
+    fn nodes_off_the_loopback_are_taken_with_tls_and_refused_without() {
+        let tls =
+            "tls = { ca_path = \"ca.crt\", cert_path = \"admin.crt\", key_path = \"admin.key\" }";
+        let remote = GOOD.replace("127.0.0.1:7101", "10.1.1.1:7101");
+        let with_tls = remote.replace(
+            "client_id = 12884905000",
+            &format!("client_id = 12884905000\n{tls}"),
+        );
+        let c = ServeConfig::parse(&with_tls).unwrap();
+        assert_eq!(
+            c.cores[1].tls.as_ref().unwrap().cert_path,
+            Path::new("admin.crt")
+        );
+        let e = ServeConfig::parse(&remote).unwrap_err();
+        assert!(
+            e.contains("cores[1].nodes: 10.1.1.1:7101") && e.contains("cores[1].tls"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn a_bad_config_is_refused_naming_the_key() {
         let cases = [
             (GOOD.replace("listen =", "listn ="), "listn"),
             (GOOD.replace("127.0.0.1:0", "10.0.0.1:80"), "listen: 10.0.0.1:80"),
-            (
-                GOOD.replace("instruments = [1, 2]", "instruments = [1, 2]\ntls = { ca_path = \"a\", cert_path = \"b\", key_path = \"c\" }"),
-                "cores[0].tls",
-            ),
             (GOOD.replace("127.0.0.1:7101", "10.1.1.1:7101"), "cores[1].nodes"),
             (GOOD.replace("name = \"fx\"", "name = \"equities\""), "cores[1].name"),
             (GOOD.replace("12884905000", "5"), "cores[1].client_id"),
