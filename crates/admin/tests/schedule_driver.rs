@@ -3,50 +3,15 @@
 //! pause is refused with its own reason while the resting order stays, the end of day expires
 //! Day orders, and stepping over the same instants again applies nothing twice.
 
+mod common;
+
 use bourse_admin::schedule::{Schedule, ScheduleConfig, ScheduleDriver};
-use bourse_admin::{AdminService, AdminVenue, Asker, BoxFuture, Query, QueryAnswer};
+use bourse_admin::AdminService;
 use bourse_core::*;
 use bourse_engine::fixtures::future;
 use bourse_engine::{Engine, EngineConfig};
-use std::sync::{Arc, Mutex};
-
-/// One market whose core is an engine applied in place (the sequenced path is the venue's
-/// business; the driver only needs answers).
-struct EngineVenue {
-    engine: Mutex<Engine>,
-    applied: Mutex<Vec<CommandBody>>,
-}
-
-impl AdminVenue for EngineVenue {
-    fn markets(&self) -> Vec<String> {
-        vec!["futures".into()]
-    }
-
-    fn submit<'a>(
-        &'a self,
-        _core: usize,
-        commands: Vec<Command>,
-        _ordered: bool,
-        _asker: Asker<'a>,
-    ) -> BoxFuture<'a, Result<Vec<Vec<Event>>, String>> {
-        Box::pin(async move {
-            let mut e = self.engine.lock().unwrap();
-            Ok(commands
-                .iter()
-                .map(|c| {
-                    self.applied.lock().unwrap().push(c.body.clone());
-                    let mut out = Vec::new();
-                    e.apply(c, &mut out);
-                    out
-                })
-                .collect())
-        })
-    }
-
-    fn query(&self, _core: usize, query: Query) -> BoxFuture<'_, Result<QueryAnswer, String>> {
-        Box::pin(async move { Ok(query.answer(&self.engine.lock().unwrap(), 0)) })
-    }
-}
+use common::{order, EngineVenue};
+use std::sync::Arc;
 
 const MIN_NS: u64 = 60_000_000_000;
 
@@ -54,29 +19,6 @@ const MIN_NS: u64 = 60_000_000_000;
 fn monday(hh: u64, mm: u64) -> u64 {
     // 2026-11-23 is day 20_780 since 1970-01-01.
     (20_780 * 24 * 60 + hh * 60 + mm - 180) * MIN_NS
-}
-
-fn order(e: &mut Engine, cl: u64, price: i64) -> Vec<Event> {
-    let mut out = Vec::new();
-    e.apply(
-        &Command::new(
-            1,
-            CommandBody::NewOrder(NewOrder {
-                account: AccountId(1),
-                cl_ord_id: ClOrdId(cl),
-                instrument: InstrumentId(1),
-                side: Side::Buy,
-                ord_type: OrdType::Limit,
-                price: Price(price),
-                qty: Qty(1),
-                tif: TimeInForce::Day,
-                expire_ts_ns: 0,
-                display_qty: Qty(0),
-            }),
-        ),
-        &mut out,
-    );
-    out
 }
 
 #[tokio::test]
@@ -99,10 +41,7 @@ async fn a_simulated_day_moves_the_phases_and_ends_the_day_once() {
     ] {
         engine.apply(&Command::new(0, body), &mut out);
     }
-    let venue = Arc::new(EngineVenue {
-        engine: Mutex::new(engine),
-        applied: Mutex::new(Vec::new()),
-    });
+    let venue = Arc::new(EngineVenue::new(engine));
     let dir = tempfile::tempdir().unwrap();
     let service =
         Arc::new(AdminService::new(venue.clone(), &dir.path().join("audit.jsonl"), None).unwrap());
@@ -113,7 +52,7 @@ async fn a_simulated_day_moves_the_phases_and_ends_the_day_once() {
     // 10:00: open. A Day order rests.
     assert_eq!(driver.step(monday(10, 0)).await.len(), 1);
     assert_eq!(phase(&venue), Phase::Open);
-    let resting = order(&mut venue.engine.lock().unwrap(), 1, 99_000);
+    let resting = order(&mut venue.engine.lock().unwrap(), 1, 1, 99_000);
     assert!(
         matches!(resting[0], Event::OrderAccepted { .. }),
         "{resting:?}"
@@ -125,7 +64,7 @@ async fn a_simulated_day_moves_the_phases_and_ends_the_day_once() {
     assert_eq!(done.len(), 1);
     assert_eq!(done[0].1, "applied");
     assert_eq!(phase(&venue), Phase::Paused);
-    let refused = order(&mut venue.engine.lock().unwrap(), 2, 99_000);
+    let refused = order(&mut venue.engine.lock().unwrap(), 1, 2, 99_000);
     assert!(matches!(
         refused[0],
         Event::OrderRejected {

@@ -20,6 +20,9 @@ pub struct AdminArgs {
         default_value = "http://127.0.0.1:8090"
     )]
     url: String,
+    /// For an https URL: the authority (PEM) that signed the admin API's certificate.
+    #[arg(long, env = "BOURSE_ADMIN_CA")]
+    ca: Option<PathBuf>,
     /// The operator's name (the password is read from BOURSE_ADMIN_PASSWORD).
     #[arg(long, env = "BOURSE_ADMIN_USER", default_value = "admin")]
     user: String,
@@ -157,9 +160,12 @@ pub fn run(args: AdminArgs) -> Result<()> {
     }
     let password = std::env::var("BOURSE_ADMIN_PASSWORD")
         .context("set BOURSE_ADMIN_PASSWORD to the operator's password")?;
-    let client = AdminClient::new(&args.url)
+    let mut client = AdminClient::new(&args.url)
         .map_err(|e| anyhow!(e))?
         .with_credentials(&args.user, &password);
+    if let Some(ca) = &args.ca {
+        client = client.with_ca_file(ca).map_err(|e| anyhow!("--ca: {e}"))?;
+    }
     let request_id = args.request_id.clone().unwrap_or_else(|| {
         let ns = bourse_admin::service::unix_ns();
         format!("cli-{}-{ns}", std::process::id())

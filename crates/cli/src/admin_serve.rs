@@ -11,7 +11,8 @@
 //! config file's directory):
 //!
 //! ```toml
-//! listen = "127.0.0.1:8090"            # loopback only; port 0 takes a free one (printed)
+//! listen = "127.0.0.1:8090"            # port 0 takes a free one (printed); loopback unless tls
+//! tls = { cert_path = "admin-api.crt", key_path = "admin-api.key" }  # optional: HTTPS
 //! credentials_path = "operators.toml"  # [[operators]] name, password_hash, roles
 //! audit_log_path = "admin-audit.jsonl"
 //! [[cores]]                            # one per market, as the gateway's [[cores]]
@@ -52,11 +53,23 @@ const POLL_MS: u64 = 100;
 #[serde(deny_unknown_fields)]
 pub struct ServeConfig {
     pub listen: SocketAddr,
+    /// HTTPS on the listener; without it `listen` must be a loopback address.
+    #[serde(default)]
+    pub tls: Option<ListenerTls>,
     pub credentials_path: PathBuf,
     pub audit_log_path: PathBuf,
     pub cores: Vec<ServeCore>,
     #[serde(default)]
     pub schedule: Option<ScheduleConfig>,
+}
+
+/// The listener's certificate (chain, its own first) and key, PEM files. Operators' clients
+/// check it against the authority that signed it (`bourse admin --ca`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerTls {
+    pub cert_path: PathBuf,
+    pub key_path: PathBuf,
 }
 
 /// One market's replica group.
@@ -94,10 +107,11 @@ impl ServeConfig {
     }
 
     fn check(&self) -> Result<(), String> {
-        if !self.listen.ip().is_loopback() {
+        if !self.listen.ip().is_loopback() && self.tls.is_none() {
             return Err(format!(
-                "listen: {} is not a loopback address (the admin API binds 127.0.0.1 or ::1 \
-                 until it speaks TLS)",
+                "listen: {} is not a loopback address, and plain HTTP binds 127.0.0.1 or ::1 \
+                 only (operators' passwords must not cross a network in clear); give tls \
+                 (cert_path, key_path)",
                 self.listen
             ));
         }
@@ -204,6 +218,13 @@ pub fn serve(config_path: &Path) -> Result<()> {
         .map(|(n, c)| (c.name.clone(), c.nodes.clone(), config.client_base(n)))
         .collect();
     let venue = Arc::new(VenueAdmin::remote(cores));
+    let mut server_config = AdminServerConfig::new(config.listen);
+    if let Some(t) = &config.tls {
+        let tls =
+            bourse_auth::tls::server_config(&base.join(&t.cert_path), &base.join(&t.key_path))
+                .map_err(|e| anyhow!("{}: tls: {e}", config_path.display()))?;
+        server_config.tls = Some(tls);
+    }
     let stop = crate::cluster_cmd::stop_flag();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -215,16 +236,12 @@ pub fn serve(config_path: &Path) -> Result<()> {
             AdminService::new(venue, &audit_path, None)
                 .with_context(|| format!("audit log {}", audit_path.display()))?,
         );
-        let server = AdminServer::start(
-            Arc::clone(&service),
-            credentials,
-            AdminServerConfig::new(config.listen),
-        )
-        .await
-        .with_context(|| format!("admin API on {}", config.listen))?;
+        let server = AdminServer::start(Arc::clone(&service), credentials, server_config)
+            .await
+            .with_context(|| format!("admin API on {}", config.listen))?;
         println!(
-            "admin API: http://{} ({} market(s)); audit log {}",
-            server.addr(),
+            "admin API: {} ({} market(s)); audit log {}",
+            server.url(),
             config.cores.len(),
             audit_path.display()
         );
@@ -280,6 +297,19 @@ client_id = 12884905000
         assert_eq!(c.client_base(0), ADMIN_CLIENT_ID_BASE);
         assert_eq!(c.client_base(1), 12_884_905_000);
         assert!(c.schedule.is_none());
+    }
+
+    #[test]
+    fn a_listener_off_the_loopback_is_taken_with_tls_and_refused_without() {
+        let remote = GOOD.replace("127.0.0.1:0", "0.0.0.0:8443");
+        let e = ServeConfig::parse(&remote).unwrap_err();
+        assert!(
+            e.contains("listen: 0.0.0.0:8443") && e.contains("tls"),
+            "{e}"
+        );
+        let tls = "tls = { cert_path = \"api.crt\", key_path = \"api.key\" }\nlisten =";
+        let c = ServeConfig::parse(&remote.replace("listen =", tls)).unwrap();
+        assert_eq!(c.tls.unwrap().key_path, Path::new("api.key"));
     }
 
     #[test]

@@ -337,7 +337,8 @@ fn admin_serve_operates_a_group_of_node_processes_through_the_admin_commands() {
 /// The nodes take only certificates of the venue's authority (plain TCP to them is refused
 /// before any frame), and `bourse admin serve` reaches them with `tls` in the core's table,
 /// as a gateway does: an ordered action (the halt), a bulk addition (the pipelined lane and
-/// the committed stream read from the leader) and both queries all cross TLS.
+/// the committed stream read from the leader) and both queries all cross TLS. The service's
+/// own listener speaks HTTPS (its top-level `tls`), and `bourse admin --ca` talks to it.
 #[test]
 fn admin_serve_drives_nodes_that_require_certificates_through_the_core_tls_key() {
     let dir = tempfile::tempdir().unwrap();
@@ -370,9 +371,16 @@ fn admin_serve_drives_nodes_that_require_certificates_through_the_core_tls_key()
         cert,
         key
     );
-    let (child, url) = spawn_admin(dir.path(), &nodes, "", &admin_tls);
+    let (api_cert, api_key) = venue.issue("admin-api", &["127.0.0.1"]);
+    let listener_tls = format!(
+        "tls = {{ cert_path = {:?}, key_path = {:?} }}",
+        api_cert, api_key
+    );
+    let (child, url) = spawn_admin(dir.path(), &nodes, &listener_tls, &admin_tls);
     processes.0.push(child);
-    let ca = None;
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+    let ca = venue.ca_path();
+    let ca = Some(ca.as_path());
     add_instrument_once_a_leader_answers(&url, ca);
 
     let accounts = dir.path().join("accounts.ndjson");
@@ -405,4 +413,15 @@ fn admin_serve_drives_nodes_that_require_certificates_through_the_core_tls_key()
     let listed = &answer["markets"][0]["state"]["instruments"][0];
     assert_eq!(listed["symbol"], "SBER", "{answer}");
     assert_eq!(listed["phase"], "halted", "{answer}");
+
+    // Without the authority, the client refuses before it connects: no password is sent.
+    let out = Process::new(env!("CARGO_BIN_EXE_bourse"))
+        .args(["admin", "--url", &url, "--user", OPERATOR, "instruments"])
+        .env("BOURSE_ADMIN_PASSWORD", PASSWORD)
+        .env_remove("BOURSE_ADMIN_CA")
+        .output()
+        .expect("bourse admin runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("CA file"), "{stderr}");
 }
