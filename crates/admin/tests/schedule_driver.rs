@@ -96,3 +96,63 @@ async fn a_simulated_day_moves_the_phases_and_ends_the_day_once() {
     assert_eq!(done.len(), 7);
     assert_eq!(venue.applied.lock().unwrap().len(), issued);
 }
+
+/// A venue with one future (instrument 1) and the service over it.
+fn venue_and_service(dir: &std::path::Path) -> (Arc<EngineVenue>, Arc<AdminService>) {
+    let mut engine = Engine::new(EngineConfig::default());
+    let mut out = Vec::new();
+    engine.apply(
+        &Command::new(0, CommandBody::AddInstrument(future(1, "SI", 100_000))),
+        &mut out,
+    );
+    let venue = Arc::new(EngineVenue::new(engine));
+    let service =
+        Arc::new(AdminService::new(venue.clone(), &dir.join("audit.jsonl"), None).unwrap());
+    (venue, service)
+}
+
+/// Started at 14:02 (in the intermediate clearing pause), the driver pauses the market at
+/// once, under the request id of the 14:00 change, and its first step issues only what is
+/// due after the start; a second driver started later the same pause applies nothing again.
+/// Started on a Saturday, the market is closed (Friday's last session has ended).
+#[tokio::test]
+async fn a_driver_started_mid_day_puts_the_market_in_the_phase_of_its_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (venue, service) = venue_and_service(dir.path());
+    let phase = |v: &EngineVenue| v.engine.lock().unwrap().phase(InstrumentId(1)).unwrap();
+    assert_eq!(
+        phase(&venue),
+        Phase::Open,
+        "an added instrument starts open"
+    );
+    let schedule = || Schedule::new(&ScheduleConfig::moex_derivatives(&["futures"])).unwrap();
+
+    let mut driver = ScheduleDriver::new(schedule(), Arc::clone(&service), monday(14, 2));
+    let entered = driver.enter_phase_in_force().await;
+    assert_eq!(entered.len(), 1, "{entered:?}");
+    assert_eq!(entered[0].0.local, "2026-11-23 14:00");
+    assert_eq!(entered[0].1, "applied");
+    assert_eq!(phase(&venue), Phase::Paused);
+    let done = driver.step(monday(14, 5)).await;
+    assert_eq!(done.len(), 1, "only the 14:05 reopening is due: {done:?}");
+    assert_eq!(phase(&venue), Phase::Open);
+    assert_eq!(venue.applied.lock().unwrap().len(), 2);
+
+    // A restart at 14:03 enters the same change: answered from the first run, not applied
+    // over the reopening.
+    let mut again = ScheduleDriver::new(schedule(), Arc::clone(&service), monday(14, 3));
+    let entered = again.enter_phase_in_force().await;
+    assert_eq!(entered[0].0.local, "2026-11-23 14:00");
+    assert_eq!(venue.applied.lock().unwrap().len(), 2);
+    assert_eq!(phase(&venue), Phase::Open);
+
+    // Saturday 2026-11-28 at noon: Friday's 23:50 close is in force.
+    let dir = tempfile::tempdir().unwrap();
+    let (venue, service) = venue_and_service(dir.path());
+    let saturday_noon = monday(12, 0) + 5 * 24 * 60 * MIN_NS;
+    let mut weekend = ScheduleDriver::new(schedule(), service, saturday_noon);
+    let entered = weekend.enter_phase_in_force().await;
+    assert_eq!(entered.len(), 1, "{entered:?}");
+    assert_eq!(entered[0].0.local, "2026-11-27 23:50");
+    assert_eq!(phase(&venue), Phase::Closed);
+}

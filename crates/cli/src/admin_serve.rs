@@ -249,11 +249,19 @@ pub fn serve(config_path: &Path) -> Result<()> {
             Some(s) => {
                 let schedule = Schedule::new(s).map_err(|e| anyhow!("schedule: {e}"))?;
                 println!("schedule: driving the trading day from now on the wall clock");
-                Some(ScheduleDriver::new(
+                let mut driver = ScheduleDriver::new(
                     schedule,
                     Arc::clone(&service),
                     bourse_admin::service::unix_ns(),
-                ))
+                );
+                // Started mid-day, each market goes to the phase the schedule says now.
+                for (due, outcome) in driver.enter_phase_in_force().await {
+                    println!(
+                        "schedule in force since {} {} {:?}: {outcome}",
+                        due.local, due.market, due.transition
+                    );
+                }
+                Some(driver)
             }
             None => None,
         };
