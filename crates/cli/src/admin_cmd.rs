@@ -81,6 +81,14 @@ pub enum AdminCommand {
     Withdraw(CashArgs),
     /// Set an account's cash in one market to the collateral allocated there.
     SetCollateral(CashArgs),
+    /// Open a margin call on an account in one market: AMOUNT (units of 10^-4) is the cash
+    /// it must add, 0 closes the call; until then its orders that add exposure are refused.
+    MarginCall {
+        account: u32,
+        amount: i128,
+        #[arg(long)]
+        market: String,
+    },
     /// Halt trading (of an instrument, a market, or the whole venue).
     Halt(PhaseArgs),
     /// Resume trading (phase open).
@@ -212,6 +220,13 @@ pub fn run(args: AdminArgs) -> Result<()> {
         AdminCommand::Deposit(a) => cash("deposit", a),
         AdminCommand::Withdraw(a) => cash("withdraw", a),
         AdminCommand::SetCollateral(a) => cash("set_collateral", a),
+        AdminCommand::MarginCall {
+            account,
+            amount,
+            market,
+        } => json!({
+            "action": "margin_call", "market": market, "account": account, "amount": amount,
+        }),
         AdminCommand::Halt(a) => phase("halted", a),
         AdminCommand::Resume(a) => phase("open", a),
         AdminCommand::Pause(a) => phase("paused", a),

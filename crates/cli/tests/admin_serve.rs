@@ -332,6 +332,22 @@ fn admin_serve_operates_a_group_of_node_processes_through_the_admin_commands() {
     assert_eq!(again["retried"], true, "{again}");
     let state = account(&url, 900_001);
     assert_eq!(state["cash"], 1_000_000_700i64, "{state}");
+
+    // A margin call through `bourse admin margin-call`: the core applies it (its event is in
+    // the answer), and 0 closes it.
+    let (ok, answer) = admin(
+        &url,
+        PASSWORD,
+        &["margin-call", "900001", "5000", "--market", "equities"],
+    );
+    assert!(ok, "{answer}");
+    assert!(answer.to_string().contains("margin_call_set"), "{answer}");
+    let (ok, answer) = admin(
+        &url,
+        PASSWORD,
+        &["margin-call", "900001", "0", "--market", "equities"],
+    );
+    assert!(ok, "{answer}");
 }
 
 /// The nodes take only certificates of the venue's authority (plain TCP to them is refused
