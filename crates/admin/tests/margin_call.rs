@@ -6,9 +6,7 @@ mod common;
 
 use bourse_admin::{Action, AdminService};
 use bourse_core::*;
-use bourse_engine::fixtures::future;
-use bourse_engine::{Engine, EngineConfig};
-use common::{order, EngineVenue};
+use common::{funded_engine, order, EngineVenue};
 use std::sync::Arc;
 
 fn margin_call(account: u32, amount: i128) -> Action {
@@ -21,25 +19,7 @@ fn margin_call(account: u32, amount: i128) -> Action {
 
 #[tokio::test]
 async fn a_margin_call_refuses_orders_that_add_exposure_until_it_is_closed() {
-    let mut engine = Engine::new(EngineConfig::default());
-    let mut out = Vec::new();
-    for body in [
-        CommandBody::AddInstrument(future(1, "SI", 100_000)),
-        CommandBody::AddAccount(AccountSpec {
-            account: AccountId(1),
-            firm: FirmId(1),
-            may_short: true,
-            stp: StpMode::None,
-            stp_scope: StpScope::Account,
-        }),
-        CommandBody::Deposit {
-            account: AccountId(1),
-            amount: Cash(1_000_000_0000),
-        },
-    ] {
-        engine.apply(&Command::new(0, body), &mut out);
-    }
-    let venue = Arc::new(EngineVenue::new(engine));
+    let venue = Arc::new(EngineVenue::new(funded_engine()));
     let dir = tempfile::tempdir().unwrap();
     let service =
         Arc::new(AdminService::new(venue.clone(), &dir.path().join("audit.jsonl"), None).unwrap());

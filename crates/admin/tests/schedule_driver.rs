@@ -10,7 +10,7 @@ use bourse_admin::AdminService;
 use bourse_core::*;
 use bourse_engine::fixtures::future;
 use bourse_engine::{Engine, EngineConfig};
-use common::{order, EngineVenue};
+use common::{funded_engine, order, EngineVenue};
 use std::sync::Arc;
 
 const MIN_NS: u64 = 60_000_000_000;
@@ -23,25 +23,7 @@ fn monday(hh: u64, mm: u64) -> u64 {
 
 #[tokio::test]
 async fn a_simulated_day_moves_the_phases_and_ends_the_day_once() {
-    let mut engine = Engine::new(EngineConfig::default());
-    let mut out = Vec::new();
-    for body in [
-        CommandBody::AddInstrument(future(1, "SI", 100_000)),
-        CommandBody::AddAccount(AccountSpec {
-            account: AccountId(1),
-            firm: FirmId(1),
-            may_short: true,
-            stp: StpMode::None,
-            stp_scope: StpScope::Account,
-        }),
-        CommandBody::Deposit {
-            account: AccountId(1),
-            amount: Cash(1_000_000_0000),
-        },
-    ] {
-        engine.apply(&Command::new(0, body), &mut out);
-    }
-    let venue = Arc::new(EngineVenue::new(engine));
+    let venue = Arc::new(EngineVenue::new(funded_engine()));
     let dir = tempfile::tempdir().unwrap();
     let service =
         Arc::new(AdminService::new(venue.clone(), &dir.path().join("audit.jsonl"), None).unwrap());

@@ -6,7 +6,8 @@
 
 use bourse_admin::{AdminVenue, Asker, BoxFuture, Query, QueryAnswer};
 use bourse_core::*;
-use bourse_engine::Engine;
+use bourse_engine::fixtures::future;
+use bourse_engine::{Engine, EngineConfig};
 use std::sync::Mutex;
 
 /// One market (`futures`) whose core is an engine applied in place (the sequenced path is
@@ -80,4 +81,28 @@ pub fn order(e: &mut Engine, account: u32, cl: u64, price: i64) -> Vec<Event> {
         &mut out,
     );
     out
+}
+
+/// An engine with one future (instrument 1, `SI`) and account 1 of firm 1, funded with
+/// 1,000,000.0000 and allowed to short.
+pub fn funded_engine() -> Engine {
+    let mut engine = Engine::new(EngineConfig::default());
+    let mut out = Vec::new();
+    for body in [
+        CommandBody::AddInstrument(future(1, "SI", 100_000)),
+        CommandBody::AddAccount(AccountSpec {
+            account: AccountId(1),
+            firm: FirmId(1),
+            may_short: true,
+            stp: StpMode::None,
+            stp_scope: StpScope::Account,
+        }),
+        CommandBody::Deposit {
+            account: AccountId(1),
+            amount: Cash(1_000_000_0000),
+        },
+    ] {
+        engine.apply(&Command::new(0, body), &mut out);
+    }
+    engine
 }
