@@ -40,6 +40,14 @@ pub enum Action {
         account: AccountId,
         amount: Cash,
     },
+    /// Opens (or changes) a margin call on an account in one market: `amount` is the cash
+    /// it must add; 0 closes the call. While one is open, the account's orders that would
+    /// add to its exposure are refused (`MarginCallOpen`) and its deposits reduce the call.
+    MarginCall {
+        market: String,
+        account: AccountId,
+        amount: Cash,
+    },
     /// The phase of one instrument (`instrument`), of every instrument of one market
     /// (`market`), or of the whole venue (neither).
     SetPhase {
@@ -146,6 +154,7 @@ impl Action {
             Action::Deposit { .. } => "deposit",
             Action::Withdraw { .. } => "withdraw",
             Action::SetCollateral { .. } => "set_collateral",
+            Action::MarginCall { .. } => "margin_call",
             Action::SetPhase { .. } => "set_phase",
             Action::KillSwitch { .. } => "kill_switch",
             Action::EndOfDay { .. } => "end_of_day",
@@ -166,7 +175,8 @@ impl Action {
                 check_market_name(market)?;
                 check_amount(*amount, false)
             }
-            Action::SetCollateral { market, amount, .. } => {
+            Action::SetCollateral { market, amount, .. }
+            | Action::MarginCall { market, amount, .. } => {
                 check_market_name(market)?;
                 check_amount(*amount, true)
             }

@@ -1,11 +1,14 @@
 //! [`AdminClient`]: a blocking client of the admin API, just enough HTTP/1.1 for it (one
-//! request per connection, `Connection: close`, the answer read to its end). Used by
-//! `bourse admin`, the tests and the benchmark.
+//! request per connection, `Connection: close`, the answer read to its end), over plain TCP
+//! (`http://`, for a listener on the loopback) or TLS (`https://`, trusting the authorities
+//! of a CA file). Used by `bourse admin`, the tests and the benchmark.
 
 use base64ct::{Base64, Encoding};
+use bourse_client::TlsClient;
 use serde_json::Value;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::path::Path;
 use std::time::Duration;
 
 /// The largest answer read.
@@ -15,6 +18,12 @@ pub const ANSWER_BYTES_MAX: usize = 16 << 20;
 #[derive(Clone, Debug)]
 pub struct AdminClient {
     addr: SocketAddr,
+    /// `host:port` as the URL gives it: the `Host` header.
+    hostport: String,
+    /// The host as the URL gives it: the name the server's certificate must carry.
+    host: String,
+    https: bool,
+    tls: Option<TlsClient>,
     authorization: Option<String>,
     timeout: Duration,
 }
@@ -26,21 +35,50 @@ pub struct Reply {
     pub body: Value,
 }
 
+/// One connection, plain or TLS.
+trait Connection: Read + Write {}
+impl<T: Read + Write> Connection for T {}
+
 impl AdminClient {
-    /// A client of `addr` (`host:port`, or a URL `http://host:port`).
+    /// A client of `addr`: `host:port`, or a URL `http://host:port` or `https://host:port`
+    /// (an `https` one needs [`AdminClient::with_ca_file`] before its first request).
     pub fn new(addr: &str) -> Result<AdminClient, String> {
-        let hostport = addr
-            .strip_prefix("http://")
-            .unwrap_or(addr)
-            .trim_end_matches('/');
-        let addr: SocketAddr = hostport
-            .parse()
-            .map_err(|e| format!("admin address {hostport:?}: {e} (use 127.0.0.1:PORT)"))?;
+        let (https, rest) = match addr.split_once("://") {
+            Some(("http", rest)) => (false, rest),
+            Some(("https", rest)) => (true, rest),
+            Some((scheme, _)) => {
+                return Err(format!(
+                    "admin address {addr:?}: scheme {scheme:?} is not http or https"
+                ))
+            }
+            None => (false, addr),
+        };
+        let hostport = rest.trim_end_matches('/');
+        let resolved = hostport
+            .to_socket_addrs()
+            .map_err(|e| format!("admin address {hostport:?}: {e} (use HOST:PORT)"))?
+            .next()
+            .ok_or_else(|| format!("admin address {hostport:?}: resolves to no address"))?;
+        let host = match hostport.rsplit_once(':') {
+            Some((host, _)) => host.trim_start_matches('[').trim_end_matches(']'),
+            None => hostport,
+        };
         Ok(AdminClient {
-            addr,
+            addr: resolved,
+            hostport: hostport.to_string(),
+            host: host.to_string(),
+            https,
+            tls: None,
             authorization: None,
             timeout: Duration::from_secs(600),
         })
+    }
+
+    /// Over `https`, trusts the authorities of the PEM file `ca_path` for the server's
+    /// certificate, which must name the URL's host.
+    pub fn with_ca_file(mut self, ca_path: &Path) -> Result<AdminClient, String> {
+        self.tls = Some(TlsClient::from_ca_file(ca_path, &self.host)?);
+        Ok(self)
     }
 
     /// Sends these credentials with every request (HTTP Basic).
@@ -127,12 +165,25 @@ impl AdminClient {
         len: u64,
     ) -> Result<Reply, String> {
         let fail = |e: std::io::Error| format!("admin API at {}: {e}", self.addr);
-        let mut stream = TcpStream::connect_timeout(&self.addr, self.timeout).map_err(fail)?;
-        stream.set_read_timeout(Some(self.timeout)).map_err(fail)?;
-        stream.set_write_timeout(Some(self.timeout)).map_err(fail)?;
+        if self.https && self.tls.is_none() {
+            return Err(format!(
+                "admin API at {}: an https URL needs the authority that signed the server's \
+                 certificate (a CA file)",
+                self.addr
+            ));
+        }
+        let tcp = TcpStream::connect_timeout(&self.addr, self.timeout).map_err(fail)?;
+        tcp.set_read_timeout(Some(self.timeout)).map_err(fail)?;
+        tcp.set_write_timeout(Some(self.timeout)).map_err(fail)?;
+        let mut stream: Box<dyn Connection> = match &self.tls {
+            Some(tls) if self.https => {
+                Box::new(tls.handshake(tcp, &self.addr, self.timeout).map_err(fail)?)
+            }
+            _ => Box::new(tcp),
+        };
         let mut head = format!(
             "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: {content_type}\r\nContent-Length: {len}\r\n",
-            self.addr
+            self.hostport
         );
         if let Some(a) = &self.authorization {
             head.push_str(&format!("Authorization: {a}\r\n"));
@@ -147,10 +198,16 @@ impl AdminClient {
             return Err(format!("the body ended after {sent} of {len} bytes"));
         }
         let mut answer = Vec::new();
-        stream
+        match stream
             .take(ANSWER_BYTES_MAX as u64 + 1)
             .read_to_end(&mut answer)
-            .map_err(fail)?;
+        {
+            Ok(_) => {}
+            // A TLS server that closes without its close_notify after answering: the answer
+            // is whole if it parses.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !answer.is_empty() => {}
+            Err(e) => return Err(fail(e)),
+        }
         if answer.len() > ANSWER_BYTES_MAX {
             return Err(format!("answer longer than {ANSWER_BYTES_MAX} bytes"));
         }

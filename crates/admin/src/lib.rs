@@ -10,9 +10,11 @@
 //! - [`AdminService`] (`service`): plans each action into commands per core, runs it once per
 //!   request id, summarises what the cores said, audits and counts it.
 //! - [`AuditLog`] (`audit`): who, when, what, outcome, as JSON lines; read back at start.
-//! - [`AdminServer`] (`server`): the listener (loopback only), operator authentication
-//!   against a `bourse_auth::CredentialStore` (HTTP Basic), the bulk NDJSON stream.
-//! - [`AdminClient`] (`client`): a small blocking HTTP/1.1 client for the CLI and tests.
+//! - [`AdminServer`] (`server`): the listener (plain HTTP on the loopback, HTTPS anywhere),
+//!   operator authentication against a `bourse_auth::CredentialStore` (HTTP Basic), the bulk
+//!   NDJSON stream.
+//! - [`AdminClient`] (`client`): a small blocking HTTP/1.1 client (and HTTPS with a CA file)
+//!   for the CLI and tests.
 //! - [`schedule`]: the trading day's calendar, sessions and pauses, and the driver that
 //!   issues phase changes and the end of day through the same path at their times.
 

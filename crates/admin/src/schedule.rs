@@ -8,8 +8,10 @@
 //! config, so it is tested with any instants; [`ScheduleDriver::step`] issues what became due
 //! since its last step through the [`AdminService`] (the sequenced path, audited as operator
 //! `schedule`), each under a request id made of the market, the date and the time, so a
-//! driver that steps twice over the same instant, or restarts, applies nothing twice. Only the
-//! driver's caller reads a clock; a test passes simulated instants.
+//! driver that steps twice over the same instant, or restarts, applies nothing twice. At its
+//! start the driver puts each market in the phase in force
+//! ([`ScheduleDriver::enter_phase_in_force`]). Only the driver's caller reads a clock; a test
+//! passes simulated instants.
 
 use crate::action::Action;
 use crate::service::AdminService;
@@ -371,6 +373,29 @@ impl Schedule {
     }
 }
 
+impl Schedule {
+    /// Per market (in config order), the last phase change due at or before `at_ns`: the
+    /// phase the schedule puts the market in at that instant, and when it began. A market
+    /// with no phase change in the last [`IN_FORCE_LOOKBACK_DAYS`] is left out.
+    pub fn in_force(&self, at_ns: u64) -> Vec<Due> {
+        let after = at_ns.saturating_sub(IN_FORCE_LOOKBACK_DAYS * MIN_PER_DAY * NS_PER_MIN);
+        let mut last: Vec<Option<Due>> = vec![None; self.markets.len()];
+        for d in self.transitions(after, at_ns) {
+            if !matches!(d.transition, Transition::Phase(_)) {
+                continue;
+            }
+            if let Some(n) = self.markets.iter().position(|(name, _)| *name == d.market) {
+                last[n] = Some(d);
+            }
+        }
+        last.into_iter().flatten().collect()
+    }
+}
+
+/// How far back [`Schedule::in_force`] looks for the phase change in force: longer than any
+/// run of days without trading a calendar has (a weekend, the new-year holidays).
+pub const IN_FORCE_LOOKBACK_DAYS: u64 = 400;
+
 /// Issues the schedule's transitions through the admin service; see the module docs.
 pub struct ScheduleDriver {
     schedule: Schedule,
@@ -391,11 +416,29 @@ impl ScheduleDriver {
         }
     }
 
+    /// Puts every market in the phase the schedule says at the driver's start instant, so a
+    /// driver started mid-day (or on a weekend) does not leave the markets in whatever
+    /// phase they had until the next boundary. Call it once, before the first step. Each
+    /// market gets the last phase change due at or before the start ([`Schedule::in_force`]),
+    /// issued under the request id it had when due: if it was issued then (by this service
+    /// before a restart), it is answered from that run and applies nothing again, so a halt
+    /// an operator made since stays. The end of day is not replayed: one missed while no
+    /// driver ran is the operator's to issue.
+    pub async fn enter_phase_in_force(&mut self) -> Vec<(Due, String)> {
+        let due = self.schedule.in_force(self.last_ns);
+        self.issue(due).await
+    }
+
     /// Issues every transition due up to `now_ns` (one at a time, in order) and returns them
     /// with the answer's outcome.
     pub async fn step(&mut self, now_ns: u64) -> Vec<(Due, String)> {
         let due = self.schedule.transitions(self.last_ns, now_ns);
         self.last_ns = self.last_ns.max(now_ns);
+        self.issue(due).await
+    }
+
+    /// Issues `due` one at a time, in order, each under its request id.
+    async fn issue(&self, due: Vec<Due>) -> Vec<(Due, String)> {
         let mut done = Vec::new();
         for d in due {
             let (action, kind) = match d.transition {

@@ -12,7 +12,8 @@
 //! - `GET /healthz`.
 //!
 //! A request without valid credentials is answered 401, one whose operator lacks the role
-//! 403; both are counted (`bourse_admin_auth_refused_total`) and audited.
+//! 403; both are counted (`bourse_admin_auth_refused_total`) and audited. The listener binds
+//! the loopback over plain HTTP, or any address over HTTPS ([`AdminServerConfig::tls`]).
 
 use crate::service::{AdminService, Answer};
 use crate::Action;
@@ -44,11 +45,16 @@ const AUTHORIZATION_BYTES_MAX: usize = 512;
 /// The listener's limits.
 #[derive(Clone, Debug)]
 pub struct AdminServerConfig {
-    /// Where to listen: a loopback address (the API changes the venue; keep it off networks
-    /// until it speaks TLS).
+    /// Where to listen: a loopback address, or any with [`AdminServerConfig::tls`] (the
+    /// operators' passwords cross no network in clear).
     pub listen: SocketAddr,
     pub connections_max: usize,
+    /// The time a connection has to send its request head (and, with TLS, to finish the
+    /// handshake before it).
     pub header_read_timeout_ms: u64,
+    /// The server's certificate and key (`bourse_auth::tls::server_config`): the API speaks
+    /// HTTPS only.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl AdminServerConfig {
@@ -57,6 +63,7 @@ impl AdminServerConfig {
             listen,
             connections_max: 64,
             header_read_timeout_ms: 5_000,
+            tls: None,
         }
     }
 }
@@ -69,6 +76,7 @@ struct Shared {
 /// The running listener; [`AdminServer::stop`] (or dropping it) stops it.
 pub struct AdminServer {
     addr: SocketAddr,
+    https: bool,
     stop: watch::Sender<bool>,
 }
 
@@ -79,10 +87,14 @@ impl AdminServer {
         credentials: Arc<CredentialStore>,
         config: AdminServerConfig,
     ) -> std::io::Result<AdminServer> {
-        if !config.listen.ip().is_loopback() {
+        if !config.listen.ip().is_loopback() && config.tls.is_none() {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
-                "the admin API binds loopback addresses only (127.0.0.1 or ::1)",
+                format!(
+                    "the admin API binds {} only with TLS (operators' passwords must not \
+                     cross a network in clear); plain HTTP binds loopback addresses only",
+                    config.listen
+                ),
             ));
         }
         let listener = TcpListener::bind(config.listen).await?;
@@ -92,24 +104,39 @@ impl AdminServer {
             service,
             credentials,
         }));
-        tokio::spawn(bourse_monitor::server::serve_limited(
-            listener,
-            app,
-            config.connections_max,
-            config.header_read_timeout_ms,
-            // Operators' connections are few; nothing exports their count.
-            bourse_monitor::metrics::Gauge::default(),
-            stopped,
-        ));
-        Ok(AdminServer { addr, stop })
+        // Operators' connections are few; nothing exports their count.
+        let open = bourse_monitor::metrics::Gauge::default();
+        let https = config.tls.is_some();
+        match config.tls {
+            Some(tls) => tokio::spawn(bourse_monitor::server::serve_limited_tls(
+                listener,
+                app,
+                tls,
+                config.connections_max,
+                config.header_read_timeout_ms,
+                open,
+                stopped,
+            )),
+            None => tokio::spawn(bourse_monitor::server::serve_limited(
+                listener,
+                app,
+                config.connections_max,
+                config.header_read_timeout_ms,
+                open,
+                stopped,
+            )),
+        };
+        Ok(AdminServer { addr, https, stop })
     }
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 
+    /// `https://ADDR` with TLS, `http://ADDR` without.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     pub fn stop(&self) {

@@ -461,6 +461,17 @@ impl AdminService {
                     amount: *amount,
                 },
             )],
+            Action::MarginCall {
+                market,
+                account,
+                amount,
+            } => vec![(
+                self.market_index(market)?,
+                CommandBody::MarginCall {
+                    account: *account,
+                    amount: *amount,
+                },
+            )],
             Action::SetPhase {
                 market,
                 instrument,

@@ -3,50 +3,15 @@
 //! pause is refused with its own reason while the resting order stays, the end of day expires
 //! Day orders, and stepping over the same instants again applies nothing twice.
 
+mod common;
+
 use bourse_admin::schedule::{Schedule, ScheduleConfig, ScheduleDriver};
-use bourse_admin::{AdminService, AdminVenue, Asker, BoxFuture, Query, QueryAnswer};
+use bourse_admin::AdminService;
 use bourse_core::*;
 use bourse_engine::fixtures::future;
 use bourse_engine::{Engine, EngineConfig};
-use std::sync::{Arc, Mutex};
-
-/// One market whose core is an engine applied in place (the sequenced path is the venue's
-/// business; the driver only needs answers).
-struct EngineVenue {
-    engine: Mutex<Engine>,
-    applied: Mutex<Vec<CommandBody>>,
-}
-
-impl AdminVenue for EngineVenue {
-    fn markets(&self) -> Vec<String> {
-        vec!["futures".into()]
-    }
-
-    fn submit<'a>(
-        &'a self,
-        _core: usize,
-        commands: Vec<Command>,
-        _ordered: bool,
-        _asker: Asker<'a>,
-    ) -> BoxFuture<'a, Result<Vec<Vec<Event>>, String>> {
-        Box::pin(async move {
-            let mut e = self.engine.lock().unwrap();
-            Ok(commands
-                .iter()
-                .map(|c| {
-                    self.applied.lock().unwrap().push(c.body.clone());
-                    let mut out = Vec::new();
-                    e.apply(c, &mut out);
-                    out
-                })
-                .collect())
-        })
-    }
-
-    fn query(&self, _core: usize, query: Query) -> BoxFuture<'_, Result<QueryAnswer, String>> {
-        Box::pin(async move { Ok(query.answer(&self.engine.lock().unwrap(), 0)) })
-    }
-}
+use common::{funded_engine, order, EngineVenue};
+use std::sync::Arc;
 
 const MIN_NS: u64 = 60_000_000_000;
 
@@ -56,53 +21,9 @@ fn monday(hh: u64, mm: u64) -> u64 {
     (20_780 * 24 * 60 + hh * 60 + mm - 180) * MIN_NS
 }
 
-fn order(e: &mut Engine, cl: u64, price: i64) -> Vec<Event> {
-    let mut out = Vec::new();
-    e.apply(
-        &Command::new(
-            1,
-            CommandBody::NewOrder(NewOrder {
-                account: AccountId(1),
-                cl_ord_id: ClOrdId(cl),
-                instrument: InstrumentId(1),
-                side: Side::Buy,
-                ord_type: OrdType::Limit,
-                price: Price(price),
-                qty: Qty(1),
-                tif: TimeInForce::Day,
-                expire_ts_ns: 0,
-                display_qty: Qty(0),
-            }),
-        ),
-        &mut out,
-    );
-    out
-}
-
 #[tokio::test]
 async fn a_simulated_day_moves_the_phases_and_ends_the_day_once() {
-    let mut engine = Engine::new(EngineConfig::default());
-    let mut out = Vec::new();
-    for body in [
-        CommandBody::AddInstrument(future(1, "SI", 100_000)),
-        CommandBody::AddAccount(AccountSpec {
-            account: AccountId(1),
-            firm: FirmId(1),
-            may_short: true,
-            stp: StpMode::None,
-            stp_scope: StpScope::Account,
-        }),
-        CommandBody::Deposit {
-            account: AccountId(1),
-            amount: Cash(1_000_000_0000),
-        },
-    ] {
-        engine.apply(&Command::new(0, body), &mut out);
-    }
-    let venue = Arc::new(EngineVenue {
-        engine: Mutex::new(engine),
-        applied: Mutex::new(Vec::new()),
-    });
+    let venue = Arc::new(EngineVenue::new(funded_engine()));
     let dir = tempfile::tempdir().unwrap();
     let service =
         Arc::new(AdminService::new(venue.clone(), &dir.path().join("audit.jsonl"), None).unwrap());
@@ -113,7 +34,7 @@ async fn a_simulated_day_moves_the_phases_and_ends_the_day_once() {
     // 10:00: open. A Day order rests.
     assert_eq!(driver.step(monday(10, 0)).await.len(), 1);
     assert_eq!(phase(&venue), Phase::Open);
-    let resting = order(&mut venue.engine.lock().unwrap(), 1, 99_000);
+    let resting = order(&mut venue.engine.lock().unwrap(), 1, 1, 99_000);
     assert!(
         matches!(resting[0], Event::OrderAccepted { .. }),
         "{resting:?}"
@@ -125,7 +46,7 @@ async fn a_simulated_day_moves_the_phases_and_ends_the_day_once() {
     assert_eq!(done.len(), 1);
     assert_eq!(done[0].1, "applied");
     assert_eq!(phase(&venue), Phase::Paused);
-    let refused = order(&mut venue.engine.lock().unwrap(), 2, 99_000);
+    let refused = order(&mut venue.engine.lock().unwrap(), 1, 2, 99_000);
     assert!(matches!(
         refused[0],
         Event::OrderRejected {
@@ -156,4 +77,64 @@ async fn a_simulated_day_moves_the_phases_and_ends_the_day_once() {
     let done = again.step(monday(23, 59)).await;
     assert_eq!(done.len(), 7);
     assert_eq!(venue.applied.lock().unwrap().len(), issued);
+}
+
+/// A venue with one future (instrument 1) and the service over it.
+fn venue_and_service(dir: &std::path::Path) -> (Arc<EngineVenue>, Arc<AdminService>) {
+    let mut engine = Engine::new(EngineConfig::default());
+    let mut out = Vec::new();
+    engine.apply(
+        &Command::new(0, CommandBody::AddInstrument(future(1, "SI", 100_000))),
+        &mut out,
+    );
+    let venue = Arc::new(EngineVenue::new(engine));
+    let service =
+        Arc::new(AdminService::new(venue.clone(), &dir.join("audit.jsonl"), None).unwrap());
+    (venue, service)
+}
+
+/// Started at 14:02 (in the intermediate clearing pause), the driver pauses the market at
+/// once, under the request id of the 14:00 change, and its first step issues only what is
+/// due after the start; a second driver started later the same pause applies nothing again.
+/// Started on a Saturday, the market is closed (Friday's last session has ended).
+#[tokio::test]
+async fn a_driver_started_mid_day_puts_the_market_in_the_phase_of_its_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (venue, service) = venue_and_service(dir.path());
+    let phase = |v: &EngineVenue| v.engine.lock().unwrap().phase(InstrumentId(1)).unwrap();
+    assert_eq!(
+        phase(&venue),
+        Phase::Open,
+        "an added instrument starts open"
+    );
+    let schedule = || Schedule::new(&ScheduleConfig::moex_derivatives(&["futures"])).unwrap();
+
+    let mut driver = ScheduleDriver::new(schedule(), Arc::clone(&service), monday(14, 2));
+    let entered = driver.enter_phase_in_force().await;
+    assert_eq!(entered.len(), 1, "{entered:?}");
+    assert_eq!(entered[0].0.local, "2026-11-23 14:00");
+    assert_eq!(entered[0].1, "applied");
+    assert_eq!(phase(&venue), Phase::Paused);
+    let done = driver.step(monday(14, 5)).await;
+    assert_eq!(done.len(), 1, "only the 14:05 reopening is due: {done:?}");
+    assert_eq!(phase(&venue), Phase::Open);
+    assert_eq!(venue.applied.lock().unwrap().len(), 2);
+
+    // A restart at 14:03 enters the same change: answered from the first run, not applied
+    // over the reopening.
+    let mut again = ScheduleDriver::new(schedule(), Arc::clone(&service), monday(14, 3));
+    let entered = again.enter_phase_in_force().await;
+    assert_eq!(entered[0].0.local, "2026-11-23 14:00");
+    assert_eq!(venue.applied.lock().unwrap().len(), 2);
+    assert_eq!(phase(&venue), Phase::Open);
+
+    // Saturday 2026-11-28 at noon: Friday's 23:50 close is in force.
+    let dir = tempfile::tempdir().unwrap();
+    let (venue, service) = venue_and_service(dir.path());
+    let saturday_noon = monday(12, 0) + 5 * 24 * 60 * MIN_NS;
+    let mut weekend = ScheduleDriver::new(schedule(), service, saturday_noon);
+    let entered = weekend.enter_phase_in_force().await;
+    assert_eq!(entered.len(), 1, "{entered:?}");
+    assert_eq!(entered[0].0.local, "2026-11-27 23:50");
+    assert_eq!(phase(&venue), Phase::Closed);
 }

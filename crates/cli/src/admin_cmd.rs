@@ -20,6 +20,9 @@ pub struct AdminArgs {
         default_value = "http://127.0.0.1:8090"
     )]
     url: String,
+    /// For an https URL: the authority (PEM) that signed the admin API's certificate.
+    #[arg(long, env = "BOURSE_ADMIN_CA")]
+    ca: Option<PathBuf>,
     /// The operator's name (the password is read from BOURSE_ADMIN_PASSWORD).
     #[arg(long, env = "BOURSE_ADMIN_USER", default_value = "admin")]
     user: String,
@@ -78,6 +81,14 @@ pub enum AdminCommand {
     Withdraw(CashArgs),
     /// Set an account's cash in one market to the collateral allocated there.
     SetCollateral(CashArgs),
+    /// Open a margin call on an account in one market: AMOUNT (units of 10^-4) is the cash
+    /// it must add, 0 closes the call; until then its orders that add exposure are refused.
+    MarginCall {
+        account: u32,
+        amount: i128,
+        #[arg(long)]
+        market: String,
+    },
     /// Halt trading (of an instrument, a market, or the whole venue).
     Halt(PhaseArgs),
     /// Resume trading (phase open).
@@ -157,9 +168,12 @@ pub fn run(args: AdminArgs) -> Result<()> {
     }
     let password = std::env::var("BOURSE_ADMIN_PASSWORD")
         .context("set BOURSE_ADMIN_PASSWORD to the operator's password")?;
-    let client = AdminClient::new(&args.url)
+    let mut client = AdminClient::new(&args.url)
         .map_err(|e| anyhow!(e))?
         .with_credentials(&args.user, &password);
+    if let Some(ca) = &args.ca {
+        client = client.with_ca_file(ca).map_err(|e| anyhow!("--ca: {e}"))?;
+    }
     let request_id = args.request_id.clone().unwrap_or_else(|| {
         let ns = bourse_admin::service::unix_ns();
         format!("cli-{}-{ns}", std::process::id())
@@ -206,6 +220,13 @@ pub fn run(args: AdminArgs) -> Result<()> {
         AdminCommand::Deposit(a) => cash("deposit", a),
         AdminCommand::Withdraw(a) => cash("withdraw", a),
         AdminCommand::SetCollateral(a) => cash("set_collateral", a),
+        AdminCommand::MarginCall {
+            account,
+            amount,
+            market,
+        } => json!({
+            "action": "margin_call", "market": market, "account": account, "amount": amount,
+        }),
         AdminCommand::Halt(a) => phase("halted", a),
         AdminCommand::Resume(a) => phase("open", a),
         AdminCommand::Pause(a) => phase("paused", a),

@@ -11,7 +11,8 @@
 //! config file's directory):
 //!
 //! ```toml
-//! listen = "127.0.0.1:8090"            # loopback only; port 0 takes a free one (printed)
+//! listen = "127.0.0.1:8090"            # port 0 takes a free one (printed); loopback unless tls
+//! tls = { cert_path = "admin-api.crt", key_path = "admin-api.key" }  # optional: HTTPS
 //! credentials_path = "operators.toml"  # [[operators]] name, password_hash, roles
 //! audit_log_path = "admin-audit.jsonl"
 //! [[cores]]                            # one per market, as the gateway's [[cores]]
@@ -19,12 +20,15 @@
 //! instruments = [1, 2]                 # optional; each instrument in one core at most
 //! nodes = ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"]
 //! client_id = 12884901888              # optional: the admin's first client id (it uses two)
+//! tls = { ca_path = "venue-ca.crt", cert_path = "admin.crt", key_path = "admin.key" }
+//!                                      # optional; required for nodes off the loopback
 //! [schedule]                           # optional: bourse_admin::schedule::ScheduleConfig
 //! ```
 
 use anyhow::{anyhow, bail, Context, Result};
 use bourse_admin::schedule::{Schedule, ScheduleConfig, ScheduleDriver};
 use bourse_admin::{AdminServer, AdminServerConfig, AdminService};
+use bourse_auth::tls::TlsFiles;
 use bourse_auth::{CredentialEntry, CredentialStore};
 use bourse_cluster::admission::BULK_CLIENT_ID_MIN;
 use bourse_cluster::tokio;
@@ -49,11 +53,23 @@ const POLL_MS: u64 = 100;
 #[serde(deny_unknown_fields)]
 pub struct ServeConfig {
     pub listen: SocketAddr,
+    /// HTTPS on the listener; without it `listen` must be a loopback address.
+    #[serde(default)]
+    pub tls: Option<ListenerTls>,
     pub credentials_path: PathBuf,
     pub audit_log_path: PathBuf,
     pub cores: Vec<ServeCore>,
     #[serde(default)]
     pub schedule: Option<ScheduleConfig>,
+}
+
+/// The listener's certificate (chain, its own first) and key, PEM files. Operators' clients
+/// check it against the authority that signed it (`bourse admin --ca`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerTls {
+    pub cert_path: PathBuf,
+    pub key_path: PathBuf,
 }
 
 /// One market's replica group.
@@ -69,9 +85,10 @@ pub struct ServeCore {
     /// The first of the admin's two client ids at this core (`bourse_venue::ADMIN_LANES`);
     /// default `ADMIN_CLIENT_ID_BASE + 1000 × the core's place in the file`.
     pub client_id: Option<u64>,
-    /// Mutual TLS to the nodes, as the gateway's `[[cores]]` entry takes it.
+    /// Mutual TLS to the nodes, as the gateway's `[[cores]]` entry takes it (relative paths
+    /// from the config file's directory); needed for nodes off the loopback.
     #[serde(default)]
-    pub tls: Option<bourse_auth::tls::TlsFiles>,
+    pub tls: Option<TlsFiles>,
 }
 
 /// The operators' credential store file.
@@ -90,10 +107,11 @@ impl ServeConfig {
     }
 
     fn check(&self) -> Result<(), String> {
-        if !self.listen.ip().is_loopback() {
+        if !self.listen.ip().is_loopback() && self.tls.is_none() {
             return Err(format!(
-                "listen: {} is not a loopback address (the admin API binds 127.0.0.1 or ::1 \
-                 until it speaks TLS)",
+                "listen: {} is not a loopback address, and plain HTTP binds 127.0.0.1 or ::1 \
+                 only (operators' passwords must not cross a network in clear); give tls \
+                 (cert_path, key_path)",
                 self.listen
             ));
         }
@@ -120,17 +138,13 @@ impl ServeConfig {
                     c.nodes.len()
                 ));
             }
-            if c.tls.is_some() {
-                return Err(format!(
-                    "{at}.tls: the admin service's cluster clients speak plain TCP only (not \
-                     built yet); give loopback node addresses without tls"
-                ));
-            }
-            if let Some(a) = c.nodes.iter().find(|a| !a.ip().is_loopback()) {
-                return Err(format!(
-                    "{at}.nodes: {a} is not a loopback address, and plain TCP goes to loopback \
-                     nodes only"
-                ));
+            if c.tls.is_none() {
+                if let Some(a) = c.nodes.iter().find(|a| !a.ip().is_loopback()) {
+                    return Err(format!(
+                        "{at}.nodes: {a} is not a loopback address, and plain TCP goes to \
+                         loopback nodes only; give {at}.tls (ca_path, cert_path, key_path)"
+                    ));
+                }
             }
             if let Some(i) = c.instruments.iter().find(|&&i| !instruments.insert(i)) {
                 return Err(format!("{at}.instruments: instrument {i} is in two cores"));
@@ -185,6 +199,18 @@ pub fn serve(config_path: &Path) -> Result<()> {
     let base = config_path.parent().unwrap_or(Path::new("."));
     let credentials = Arc::new(load_credentials(&base.join(&config.credentials_path))?);
     let audit_path = base.join(&config.audit_log_path);
+    // Every connection to a node (the clients, the committed stream, status and queries)
+    // dials through `bourse_cluster::transport`, which takes TLS for the nodes named here, as
+    // `bourse gateway` does for its cores.
+    for (n, c) in config.cores.iter().enumerate() {
+        let tls = c.tls.as_ref().map(|t| TlsFiles {
+            ca_path: base.join(&t.ca_path),
+            cert_path: base.join(&t.cert_path),
+            key_path: base.join(&t.key_path),
+        });
+        bourse_cluster::transport::configure_client(&c.nodes, tls.as_ref())
+            .map_err(|e| anyhow!("{}: cores[{n}].tls: {e}", config_path.display()))?;
+    }
     let cores = config
         .cores
         .iter()
@@ -192,6 +218,13 @@ pub fn serve(config_path: &Path) -> Result<()> {
         .map(|(n, c)| (c.name.clone(), c.nodes.clone(), config.client_base(n)))
         .collect();
     let venue = Arc::new(VenueAdmin::remote(cores));
+    let mut server_config = AdminServerConfig::new(config.listen);
+    if let Some(t) = &config.tls {
+        let tls =
+            bourse_auth::tls::server_config(&base.join(&t.cert_path), &base.join(&t.key_path))
+                .map_err(|e| anyhow!("{}: tls: {e}", config_path.display()))?;
+        server_config.tls = Some(tls);
+    }
     let stop = crate::cluster_cmd::stop_flag();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -203,16 +236,12 @@ pub fn serve(config_path: &Path) -> Result<()> {
             AdminService::new(venue, &audit_path, None)
                 .with_context(|| format!("audit log {}", audit_path.display()))?,
         );
-        let server = AdminServer::start(
-            Arc::clone(&service),
-            credentials,
-            AdminServerConfig::new(config.listen),
-        )
-        .await
-        .with_context(|| format!("admin API on {}", config.listen))?;
+        let server = AdminServer::start(Arc::clone(&service), credentials, server_config)
+            .await
+            .with_context(|| format!("admin API on {}", config.listen))?;
         println!(
-            "admin API: http://{} ({} market(s)); audit log {}",
-            server.addr(),
+            "admin API: {} ({} market(s)); audit log {}",
+            server.url(),
             config.cores.len(),
             audit_path.display()
         );
@@ -220,11 +249,19 @@ pub fn serve(config_path: &Path) -> Result<()> {
             Some(s) => {
                 let schedule = Schedule::new(s).map_err(|e| anyhow!("schedule: {e}"))?;
                 println!("schedule: driving the trading day from now on the wall clock");
-                Some(ScheduleDriver::new(
+                let mut driver = ScheduleDriver::new(
                     schedule,
                     Arc::clone(&service),
                     bourse_admin::service::unix_ns(),
-                ))
+                );
+                // Started mid-day, each market goes to the phase the schedule says now.
+                for (due, outcome) in driver.enter_phase_in_force().await {
+                    println!(
+                        "schedule in force since {} {} {:?}: {outcome}",
+                        due.local, due.market, due.transition
+                    );
+                }
+                Some(driver)
             }
             None => None,
         };
@@ -271,14 +308,44 @@ client_id = 12884905000
     }
 
     #[test]
+    fn a_listener_off_the_loopback_is_taken_with_tls_and_refused_without() {
+        let remote = GOOD.replace("127.0.0.1:0", "0.0.0.0:8443");
+        let e = ServeConfig::parse(&remote).unwrap_err();
+        assert!(
+            e.contains("listen: 0.0.0.0:8443") && e.contains("tls"),
+            "{e}"
+        );
+        let tls = "tls = { cert_path = \"api.crt\", key_path = \"api.key\" }\nlisten =";
+        let c = ServeConfig::parse(&remote.replace("listen =", tls)).unwrap();
+        assert_eq!(c.tls.unwrap().key_path, Path::new("api.key"));
+    }
+
+    #[test]
+    fn nodes_off_the_loopback_are_taken_with_tls_and_refused_without() {
+        let tls =
+            "tls = { ca_path = \"ca.crt\", cert_path = \"admin.crt\", key_path = \"admin.key\" }";
+        let remote = GOOD.replace("127.0.0.1:7101", "10.1.1.1:7101");
+        let with_tls = remote.replace(
+            "client_id = 12884905000",
+            &format!("client_id = 12884905000\n{tls}"),
+        );
+        let c = ServeConfig::parse(&with_tls).unwrap();
+        assert_eq!(
+            c.cores[1].tls.as_ref().unwrap().cert_path,
+            Path::new("admin.crt")
+        );
+        let e = ServeConfig::parse(&remote).unwrap_err();
+        assert!(
+            e.contains("cores[1].nodes: 10.1.1.1:7101") && e.contains("cores[1].tls"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn a_bad_config_is_refused_naming_the_key() {
         let cases = [
             (GOOD.replace("listen =", "listn ="), "listn"),
             (GOOD.replace("127.0.0.1:0", "10.0.0.1:80"), "listen: 10.0.0.1:80"),
-            (
-                GOOD.replace("instruments = [1, 2]", "instruments = [1, 2]\ntls = { ca_path = \"a\", cert_path = \"b\", key_path = \"c\" }"),
-                "cores[0].tls",
-            ),
             (GOOD.replace("127.0.0.1:7101", "10.1.1.1:7101"), "cores[1].nodes"),
             (GOOD.replace("name = \"fx\"", "name = \"equities\""), "cores[1].name"),
             (GOOD.replace("12884905000", "5"), "cores[1].client_id"),

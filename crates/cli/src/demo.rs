@@ -119,6 +119,13 @@ fn play_day(
         }
     );
     rt.spawn(async move {
+        // The day starts before the first session: every market is closed until 10:00.
+        for (due, outcome) in driver.enter_phase_in_force().await {
+            println!(
+                "  schedule in force since {} {:<9} {:?}: {outcome}",
+                due.local, due.market, due.transition
+            );
+        }
         let t0 = Instant::now();
         while !stop.load(Ordering::Relaxed) {
             tokio_sleep_ms(100).await;

@@ -7,6 +7,7 @@
 use bourse_auth::{hash_password_with, HashCost};
 use bourse_cluster::tokio;
 use bourse_core::*;
+use bourse_testkit::certs::Authority;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
@@ -31,7 +32,9 @@ impl Drop for Processes {
     }
 }
 
-fn write_cluster_config(dir: &Path, ports: &[u16]) -> std::path::PathBuf {
+/// `cluster.toml` for three nodes on `ports`; with `tls`, the `[tls]` table's body (the
+/// nodes then accept only certificates of the venue's authority).
+fn write_cluster_config(dir: &Path, ports: &[u16], tls: Option<&str>) -> std::path::PathBuf {
     let path = dir.join("cluster.toml");
     let mut f = std::fs::File::create(&path).unwrap();
     writeln!(
@@ -44,6 +47,9 @@ fn write_cluster_config(dir: &Path, ports: &[u16]) -> std::path::PathBuf {
     .unwrap();
     for (i, p) in ports.iter().enumerate() {
         writeln!(f, "[[nodes]]\nid = {}\naddr = \"127.0.0.1:{p}\"", i + 1).unwrap();
+    }
+    if let Some(tls) = tls {
+        writeln!(f, "[tls]\n{tls}").unwrap();
     }
     path
 }
@@ -60,8 +66,14 @@ fn spawn_node(dir: &Path, config: &Path, id: u64) -> Child {
         .expect("bourse node starts")
 }
 
-/// Starts `bourse admin serve` and reads the address it prints.
-fn spawn_admin(dir: &Path, nodes: &[SocketAddr]) -> (Child, String) {
+/// Starts `bourse admin serve` and reads the address it prints; `top_extra` is added to the
+/// config's top level (the listener's `tls`), `core_extra` to the core's table (its `tls`).
+fn spawn_admin(
+    dir: &Path,
+    nodes: &[SocketAddr],
+    top_extra: &str,
+    core_extra: &str,
+) -> (Child, String) {
     let hash = hash_password_with(PASSWORD, HashCost::TEST_ONLY).unwrap();
     std::fs::write(
         dir.join("operators.toml"),
@@ -76,9 +88,9 @@ fn spawn_admin(dir: &Path, nodes: &[SocketAddr]) -> (Child, String) {
     std::fs::write(
         &config,
         format!(
-            "listen = \"127.0.0.1:0\"\ncredentials_path = \"operators.toml\"\n\
+            "listen = \"127.0.0.1:0\"\n{top_extra}\ncredentials_path = \"operators.toml\"\n\
              audit_log_path = \"audit.jsonl\"\n[[cores]]\nname = \"equities\"\n\
-             instruments = [1]\nnodes = [{}]\n",
+             instruments = [1]\nnodes = [{}]\n{core_extra}\n",
             nodes.join(", ")
         ),
     )
@@ -110,8 +122,17 @@ fn spawn_admin(dir: &Path, nodes: &[SocketAddr]) -> (Child, String) {
 
 /// Runs `bourse admin ARGS` against the service; its exit status and JSON answer.
 fn admin(url: &str, password: &str, args: &[&str]) -> (bool, Value) {
-    let out = Process::new(env!("CARGO_BIN_EXE_bourse"))
-        .args(["admin", "--url", url, "--user", OPERATOR])
+    admin_ca(url, None, password, args)
+}
+
+/// [`admin`] trusting the authority `ca` for an https URL (`--ca`).
+fn admin_ca(url: &str, ca: Option<&Path>, password: &str, args: &[&str]) -> (bool, Value) {
+    let mut command = Process::new(env!("CARGO_BIN_EXE_bourse"));
+    command.args(["admin", "--url", url, "--user", OPERATOR]);
+    if let Some(ca) = ca {
+        command.arg("--ca").arg(ca);
+    }
+    let out = command
         .args(args)
         .env("BOURSE_ADMIN_PASSWORD", password)
         .output()
@@ -128,7 +149,11 @@ fn admin(url: &str, password: &str, args: &[&str]) -> (bool, Value) {
 
 /// The account's state in the one market, as `bourse admin account` answers it.
 fn account(url: &str, id: u32) -> Value {
-    let (ok, answer) = admin(url, PASSWORD, &["account", &id.to_string()]);
+    account_ca(url, None, id)
+}
+
+fn account_ca(url: &str, ca: Option<&Path>, id: u32) -> Value {
+    let (ok, answer) = admin_ca(url, ca, PASSWORD, &["account", &id.to_string()]);
     assert!(ok, "{answer}");
     answer["markets"][0]["state"].clone()
 }
@@ -151,29 +176,16 @@ fn new_order(cl: u64, price: i64) -> Command {
     )
 }
 
-#[test]
-fn admin_serve_operates_a_group_of_node_processes_through_the_admin_commands() {
-    let dir = tempfile::tempdir().unwrap();
-    let ports = bourse_testkit::free_ports::<3>();
-    let config = write_cluster_config(dir.path(), &ports);
-    let mut processes = Processes(Vec::new());
-    for id in 1..=3 {
-        processes.0.push(spawn_node(dir.path(), &config, id));
-    }
-    let nodes: Vec<SocketAddr> = ports
-        .iter()
-        .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
-        .collect();
-    let (child, url) = spawn_admin(dir.path(), &nodes);
-    processes.0.push(child);
-
-    // The first action waits for the group's leader (the service's clients retry until one
-    // answers, within their deadline); the test retries only while no leader is elected.
+/// Adds instrument 1 (SBER), retrying only while the service answers `unavailable`: the
+/// first action waits for the group's leader (the service's clients retry until one answers,
+/// within their deadline).
+fn add_instrument_once_a_leader_answers(url: &str, ca: Option<&Path>) {
     let instrument = r#"{"instrument":1,"symbol":"SBER","market":"equity","price_scale":2,"tick":1,"band_bps":1000,"reference_price":10000}"#;
     let started = Instant::now();
     loop {
-        let (ok, answer) = admin(
-            &url,
+        let (ok, answer) = admin_ca(
+            url,
+            ca,
             PASSWORD,
             &[
                 "--request-id",
@@ -195,6 +207,24 @@ fn admin_serve_operates_a_group_of_node_processes_through_the_admin_commands() {
         assert_eq!(answer["outcome"], "unavailable", "{answer}");
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+#[test]
+fn admin_serve_operates_a_group_of_node_processes_through_the_admin_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports = bourse_testkit::free_ports::<3>();
+    let config = write_cluster_config(dir.path(), &ports, None);
+    let mut processes = Processes(Vec::new());
+    for id in 1..=3 {
+        processes.0.push(spawn_node(dir.path(), &config, id));
+    }
+    let nodes: Vec<SocketAddr> = ports
+        .iter()
+        .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
+        .collect();
+    let (child, url) = spawn_admin(dir.path(), &nodes, "", "");
+    processes.0.push(child);
+    add_instrument_once_a_leader_answers(&url, None);
     let (ok, answer) = admin(
         &url,
         PASSWORD,
@@ -302,4 +332,112 @@ fn admin_serve_operates_a_group_of_node_processes_through_the_admin_commands() {
     assert_eq!(again["retried"], true, "{again}");
     let state = account(&url, 900_001);
     assert_eq!(state["cash"], 1_000_000_700i64, "{state}");
+
+    // A margin call through `bourse admin margin-call`: the core applies it (its event is in
+    // the answer), and 0 closes it.
+    let (ok, answer) = admin(
+        &url,
+        PASSWORD,
+        &["margin-call", "900001", "5000", "--market", "equities"],
+    );
+    assert!(ok, "{answer}");
+    assert!(answer.to_string().contains("margin_call_set"), "{answer}");
+    let (ok, answer) = admin(
+        &url,
+        PASSWORD,
+        &["margin-call", "900001", "0", "--market", "equities"],
+    );
+    assert!(ok, "{answer}");
+}
+
+/// The nodes take only certificates of the venue's authority (plain TCP to them is refused
+/// before any frame), and `bourse admin serve` reaches them with `tls` in the core's table,
+/// as a gateway does: an ordered action (the halt), a bulk addition (the pipelined lane and
+/// the committed stream read from the leader) and both queries all cross TLS. The service's
+/// own listener speaks HTTPS (its top-level `tls`), and `bourse admin --ca` talks to it.
+#[test]
+fn admin_serve_drives_nodes_that_require_certificates_through_the_core_tls_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let venue = Authority::new(dir.path(), "venue");
+    for id in 1..=3 {
+        venue.issue(&format!("node-{id}"), &["127.0.0.1"]);
+    }
+    let (node_cert, node_key) = venue.paths("node-{id}");
+    let node_tls = format!(
+        "ca_path = {:?}\ncert_path = {:?}\nkey_path = {:?}",
+        venue.ca_path(),
+        node_cert,
+        node_key
+    );
+    let ports = bourse_testkit::free_ports::<3>();
+    let config = write_cluster_config(dir.path(), &ports, Some(&node_tls));
+    let mut processes = Processes(Vec::new());
+    for id in 1..=3 {
+        processes.0.push(spawn_node(dir.path(), &config, id));
+    }
+    let nodes: Vec<SocketAddr> = ports
+        .iter()
+        .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
+        .collect();
+    // The service's own certificate names no host: it is a client of the nodes, not a node.
+    let (cert, key) = venue.issue("admin", &[]);
+    let admin_tls = format!(
+        "tls = {{ ca_path = {:?}, cert_path = {:?}, key_path = {:?} }}",
+        venue.ca_path(),
+        cert,
+        key
+    );
+    let (api_cert, api_key) = venue.issue("admin-api", &["127.0.0.1"]);
+    let listener_tls = format!(
+        "tls = {{ cert_path = {:?}, key_path = {:?} }}",
+        api_cert, api_key
+    );
+    let (child, url) = spawn_admin(dir.path(), &nodes, &listener_tls, &admin_tls);
+    processes.0.push(child);
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+    let ca = venue.ca_path();
+    let ca = Some(ca.as_path());
+    add_instrument_once_a_leader_answers(&url, ca);
+
+    let accounts = dir.path().join("accounts.ndjson");
+    std::fs::write(
+        &accounts,
+        (1..=3)
+            .map(|n| {
+                format!(
+                    "{{\"account\":{},\"firm\":4,\"cash\":{}}}\n",
+                    910_000 + n,
+                    n
+                )
+            })
+            .collect::<String>(),
+    )
+    .unwrap();
+    let file = accounts.to_str().unwrap();
+    let (ok, answer) = admin_ca(&url, ca, PASSWORD, &["add-accounts", "--file", file]);
+    assert!(ok, "{answer}");
+    for n in 1..=3u32 {
+        let state = account_ca(&url, ca, 910_000 + n);
+        assert_eq!(state["firm"], 4, "{state}");
+        assert_eq!(state["cash"], n, "{state}");
+    }
+
+    let (ok, answer) = admin_ca(&url, ca, PASSWORD, &["halt", "--instrument", "1"]);
+    assert!(ok, "{answer}");
+    let (ok, answer) = admin_ca(&url, ca, PASSWORD, &["instruments"]);
+    assert!(ok, "{answer}");
+    let listed = &answer["markets"][0]["state"]["instruments"][0];
+    assert_eq!(listed["symbol"], "SBER", "{answer}");
+    assert_eq!(listed["phase"], "halted", "{answer}");
+
+    // Without the authority, the client refuses before it connects: no password is sent.
+    let out = Process::new(env!("CARGO_BIN_EXE_bourse"))
+        .args(["admin", "--url", &url, "--user", OPERATOR, "instruments"])
+        .env("BOURSE_ADMIN_PASSWORD", PASSWORD)
+        .env_remove("BOURSE_ADMIN_CA")
+        .output()
+        .expect("bourse admin runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("CA file"), "{stderr}");
 }

@@ -35,6 +35,27 @@ impl TlsClient {
         TlsClient::new(Arc::new(config), server_name)
     }
 
+    /// Runs the handshake over the connected `tcp` (to `addr`), each read and write within
+    /// `timeout`: a server whose certificate is not trusted, or does not carry the name,
+    /// fails here, saying why. The stream keeps the read timeout.
+    pub fn handshake(
+        &self,
+        mut tcp: TcpStream,
+        addr: &SocketAddr,
+        timeout: Duration,
+    ) -> io::Result<StreamOwned<ClientConnection, TcpStream>> {
+        let mut conn = ClientConnection::new(Arc::clone(&self.config), self.server_name.clone())
+            .map_err(|e| io::Error::new(ErrorKind::InvalidInput, e))?;
+        tcp.set_read_timeout(Some(timeout))?;
+        tcp.set_write_timeout(Some(timeout))?;
+        while conn.is_handshaking() {
+            conn.complete_io(&mut tcp)
+                .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake with {addr}: {e}")))?;
+        }
+        tcp.set_write_timeout(None)?;
+        Ok(StreamOwned::new(conn, tcp))
+    }
+
     /// A client configuration made elsewhere, and the gateway's name.
     pub fn new(config: Arc<ClientConfig>, server_name: &str) -> Result<TlsClient, String> {
         let server_name = ServerName::try_from(server_name.to_string())
@@ -59,21 +80,12 @@ impl Stream {
         timeout: Duration,
         tls: Option<&TlsClient>,
     ) -> io::Result<Stream> {
-        let mut tcp = TcpStream::connect_timeout(addr, timeout)?;
+        let tcp = TcpStream::connect_timeout(addr, timeout)?;
         tcp.set_nodelay(true)?;
         let Some(tls) = tls else {
             return Ok(Stream::Plain(tcp));
         };
-        let mut conn = ClientConnection::new(Arc::clone(&tls.config), tls.server_name.clone())
-            .map_err(|e| io::Error::new(ErrorKind::InvalidInput, e))?;
-        tcp.set_read_timeout(Some(timeout))?;
-        tcp.set_write_timeout(Some(timeout))?;
-        while conn.is_handshaking() {
-            conn.complete_io(&mut tcp)
-                .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake with {addr}: {e}")))?;
-        }
-        tcp.set_write_timeout(None)?;
-        Ok(Stream::Tls(Box::new(StreamOwned::new(conn, tcp))))
+        Ok(Stream::Tls(Box::new(tls.handshake(tcp, addr, timeout)?)))
     }
 
     fn tcp(&self) -> &TcpStream {

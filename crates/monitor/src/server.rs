@@ -191,6 +191,33 @@ pub async fn serve_limited(
     serve_with_slots(listener, app, slots, header_read_timeout_ms, stopped).await
 }
 
+/// [`serve_limited`] over TLS: every connection must complete a handshake with `tls` (the
+/// server's certificate; `bourse_auth::tls::server_config`) within `header_read_timeout_ms`
+/// before its request head is read, so a connection that never finishes one holds its slot
+/// no longer than one that never sends a head. For an API whose requests carry passwords
+/// and may cross a network (the admin API off the loopback).
+pub async fn serve_limited_tls(
+    listener: TcpListener,
+    app: Router,
+    tls: Arc<tokio_rustls::rustls::ServerConfig>,
+    connections_max: usize,
+    header_read_timeout_ms: u64,
+    connections_open: crate::metrics::Gauge,
+    stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    let slots = ConnectionSlots::new(connections_max, connections_max, connections_open);
+    let tls = tokio_rustls::TlsAcceptor::from(tls);
+    serve_accepted(
+        listener,
+        app,
+        slots,
+        header_read_timeout_ms,
+        Some(tls),
+        stopped,
+    )
+    .await
+}
+
 /// [`serve_limited`] with the connection limits of `slots` (in all and per peer address):
 /// a connection without a slot is closed on accept. If the slots bound requests per second,
 /// each connection's requests carry its [`crate::rate::ConnectionRate`] as an extension.
@@ -199,6 +226,19 @@ pub async fn serve_with_slots(
     app: Router,
     slots: ConnectionSlots,
     header_read_timeout_ms: u64,
+    stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    serve_accepted(listener, app, slots, header_read_timeout_ms, None, stopped).await
+}
+
+/// The accept loop of [`serve_with_slots`] and [`serve_limited_tls`]: plain HTTP, or HTTP
+/// after a TLS handshake with `tls`.
+async fn serve_accepted(
+    listener: TcpListener,
+    app: Router,
+    slots: ConnectionSlots,
+    header_read_timeout_ms: u64,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
     let timeout = Duration::from_millis(header_read_timeout_ms);
@@ -225,20 +265,47 @@ pub async fn serve_with_slots(
             }
             app.clone().oneshot(req)
         });
-        let mut stopped = stopped.clone();
+        let stopped = stopped.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(timeout)
-                .max_buf_size(REQUEST_HEAD_BYTES_MAX);
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::select! {
-                _ = conn => {}
-                _ = stopped.changed() => {}
+            match tls {
+                None => serve_connection(stream, service, timeout, stopped).await,
+                Some(acceptor) => {
+                    // A failed or late handshake closes the connection: nothing was read.
+                    if let Ok(Ok(stream)) =
+                        tokio::time::timeout(timeout, acceptor.accept(stream)).await
+                    {
+                        serve_connection(stream, service, timeout, stopped).await
+                    }
+                }
             }
         });
+    }
+}
+
+/// Serves HTTP/1.1 on one connection until it ends or `stopped` changes.
+async fn serve_connection<S, Svc>(
+    stream: S,
+    service: Svc,
+    timeout: Duration,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    Svc: hyper::service::Service<hyper::Request<Incoming>, Response = Response, Error = Infallible>
+        + Send
+        + 'static,
+    Svc::Future: Send + 'static,
+{
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(timeout)
+        .max_buf_size(REQUEST_HEAD_BYTES_MAX);
+    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::select! {
+        _ = conn => {}
+        _ = stopped.changed() => {}
     }
 }
 
