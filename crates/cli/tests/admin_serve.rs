@@ -54,6 +54,19 @@ fn write_cluster_config(dir: &Path, ports: &[u16], tls: Option<&str>) -> std::pa
     path
 }
 
+/// Three `bourse node` processes on loopback (with `tls`, the `[tls]` lines of their config),
+/// killed when the returned guard drops, and their addresses.
+fn start_group(dir: &Path, tls: Option<&str>) -> (Processes, Vec<SocketAddr>) {
+    let ports = bourse_testkit::free_ports::<3>();
+    let config = write_cluster_config(dir, &ports, tls);
+    let processes = Processes((1..=3).map(|id| spawn_node(dir, &config, id)).collect());
+    let nodes = ports
+        .iter()
+        .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
+        .collect();
+    (processes, nodes)
+}
+
 fn spawn_node(dir: &Path, config: &Path, id: u64) -> Child {
     let log = std::fs::File::create(dir.join(format!("node-{id}.log"))).unwrap();
     Process::new(env!("CARGO_BIN_EXE_bourse"))
@@ -212,16 +225,7 @@ fn add_instrument_once_a_leader_answers(url: &str, ca: Option<&Path>) {
 #[test]
 fn admin_serve_operates_a_group_of_node_processes_through_the_admin_commands() {
     let dir = tempfile::tempdir().unwrap();
-    let ports = bourse_testkit::free_ports::<3>();
-    let config = write_cluster_config(dir.path(), &ports, None);
-    let mut processes = Processes(Vec::new());
-    for id in 1..=3 {
-        processes.0.push(spawn_node(dir.path(), &config, id));
-    }
-    let nodes: Vec<SocketAddr> = ports
-        .iter()
-        .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
-        .collect();
+    let (mut processes, nodes) = start_group(dir.path(), None);
     let (child, url) = spawn_admin(dir.path(), &nodes, "", "");
     processes.0.push(child);
     add_instrument_once_a_leader_answers(&url, None);
@@ -369,16 +373,7 @@ fn admin_serve_drives_nodes_that_require_certificates_through_the_core_tls_key()
         node_cert,
         node_key
     );
-    let ports = bourse_testkit::free_ports::<3>();
-    let config = write_cluster_config(dir.path(), &ports, Some(&node_tls));
-    let mut processes = Processes(Vec::new());
-    for id in 1..=3 {
-        processes.0.push(spawn_node(dir.path(), &config, id));
-    }
-    let nodes: Vec<SocketAddr> = ports
-        .iter()
-        .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
-        .collect();
+    let (mut processes, nodes) = start_group(dir.path(), Some(&node_tls));
     // The service's own certificate names no host: it is a client of the nodes, not a node.
     let (cert, key) = venue.issue("admin", &[]);
     let admin_tls = format!(
