@@ -177,7 +177,7 @@ pub struct RunPlan {
     pub margin: Vec<MarginLine>,
     /// Per instrument, what rounding the accounts' margin to cash left with the clearing
     /// house (minus the sum of the instrument's margin lines; 0 when the instrument's prices
-    /// have at most `CASH_SCALE` decimals).
+    /// have at most `CASH_SCALE` decimals; such an instrument has no entry).
     pub rounding: BTreeMap<InstrumentId, Cash>,
     pub obligations: Vec<ObligationLine>,
     pub movements: Vec<Movement>,
@@ -398,7 +398,13 @@ pub fn compute_run_with_fees(
         state_hash: state.state_hash(),
         prices,
         margin,
-        rounding: rounding.into_iter().map(|(i, c)| (i, Cash(c))).collect(),
+        // Only what rounding kept: an instrument whose margin rounded exactly has no entry,
+        // so the plan does not depend on whether flat positions were dropped at a roll.
+        rounding: rounding
+            .into_iter()
+            .filter(|&(_, c)| c != 0)
+            .map(|(i, c)| (i, Cash(c)))
+            .collect(),
         obligations,
         movements,
         scheduled_ns: None,
