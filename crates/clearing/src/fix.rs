@@ -27,8 +27,9 @@
 //!   prices to the mark); equities and FX: `DLV` (units to receive or deliver) and PosAmt
 //!   `SETL` (cash to receive or pay) since the last run. Futures also carry PosAmt `IMR`
 //!   (the position's initial margin: |lots| × the instrument's initial margin per lot) and
-//!   `MCAL` (the margin call open on the account on that core, 0 when none); both are this
-//!   venue's own PosAmtType values, FIX 4.4 having none for them.
+//!   `MCAL` (the margin call open on the account on that core, 0 when none) and `DEBT`
+//!   (what earlier runs could not collect from the account on that core, 0 when nothing);
+//!   all three are this venue's own PosAmtType values, FIX 4.4 having none for them.
 //! - `SettlSessID=EOD`, the end-of-day run of that business date, from its saved plan:
 //!   futures `FIN` (the position at the run's cut), SettlPrice the run's (type 1, final),
 //!   PriorSettlPrice the run before's, PosAmt `IMTM` (the run's variation margin) and `IMR`
@@ -746,6 +747,9 @@ pub fn intraday(
             let im = state.position_initial_margin(instrument, p.qty);
             line.amounts.push(("IMR", im));
             line.amounts.push(("MCAL", at_core.margin_called.0));
+            // What earlier runs could not collect from the account on that core.
+            let debt = state.debts().get(&(core, account)).map_or(0, |d| d.0);
+            line.amounts.push(("DEBT", debt));
         }
         let base = state.fee_bases().get(&(account, instrument));
         if let (Some(schedule), Some(base)) = (fees, base) {

@@ -14,6 +14,8 @@
 //!   account and core, each keyed by [`run_client_id`] and a seq, so a rerun applies nothing
 //!   twice; initial margin per account and core ([`InitialMarginLine`]) and the margin calls
 //!   (`MarginCall` commands, same keys) where the collateral after the movements is short.
+//!   A debit the core refuses (`ClearingDebit` above the free cash) becomes the account's
+//!   debt in the state ([`DebtLine`]s: the next run collects it).
 //! - `service`: feeding the state from the streams ([`feed_to`], [`replay`] of saved runs,
 //!   checking their hashes) and [`execute`], which submits a plan's movements through
 //!   `bourse_cluster::Client`, skipping what an earlier attempt of the run applied.
@@ -53,7 +55,7 @@ pub use fees::{FeeBase, FeeLine, FeeRate, FeeSchedule};
 pub use node::{load_instruments, ClearingConfig, ClearingNode, RunRequest, StandbyLogin};
 pub use report::{save_plan, saved_runs, Report};
 pub use run::{
-    compute_run, compute_run_with_fees, fee_lines, run_client_id, settlement_prices,
+    compute_run, compute_run_with_fees, fee_lines, run_client_id, settlement_prices, DebtLine,
     InitialMarginLine, MarginLine, Movement, ObligationLine, RollLine, RunKind, RunPlan,
     SettlementRule,
 };

@@ -90,6 +90,13 @@ pub struct AccountLine {
     /// The margin call the run issued (summed over cores; 0 also when it closed one).
     #[serde(default)]
     pub margin_call: String,
+    /// The debts of earlier runs this run collects (in `movement`), summed over cores.
+    #[serde(default)]
+    pub debt_collected: String,
+    /// What this run's debits left unpaid (the cores refused them for want of free cash):
+    /// a debt the account carries to the next run, and a margin call.
+    #[serde(default)]
+    pub debt_unpaid: String,
 }
 
 /// A run's report: its figures, and one line per account that holds a position or moved.
@@ -111,6 +118,14 @@ pub struct Report {
     /// Margin calls the run issued for a non-zero amount (one per account and core).
     #[serde(default)]
     pub margin_calls: usize,
+    /// The debts of earlier runs this run collects, in total.
+    #[serde(default)]
+    pub debts_collected: String,
+    /// What the run's refused debits left unpaid, in total: the accounts carry it as debts.
+    /// The movements applied, the rounding kept and this, less `debts_collected`, sum to
+    /// zero.
+    #[serde(default)]
+    pub debts_unpaid: String,
     pub accounts: Vec<AccountLine>,
 }
 
@@ -163,6 +178,10 @@ impl Report {
             m.0 += l.initial_margin.0;
             m.1 += l.call.0;
         }
+        let mut collected: BTreeMap<AccountId, i128> = BTreeMap::new();
+        for d in &plan.debts {
+            *collected.entry(d.account).or_default() += d.amount.0;
+        }
         let accounts = realised
             .keys()
             .chain(vm.keys())
@@ -188,6 +207,8 @@ impl Report {
                     fees: cash(fees.get(&a).copied().unwrap_or(0)),
                     initial_margin: cash(im),
                     margin_call: cash(call),
+                    debt_collected: cash(collected.get(&a).copied().unwrap_or(0)),
+                    debt_unpaid: cash(0),
                 }
             })
             .collect();
@@ -203,6 +224,8 @@ impl Report {
             pending: 0,
             orders_expired: 0,
             margin_calls: plan.initial_margin.iter().filter(|l| l.call.0 > 0).count(),
+            debts_collected: cash(plan.debts.iter().map(|d| d.amount.0).sum()),
+            debts_unpaid: cash(0),
             accounts,
         };
         report.set_results(plan, results);
@@ -217,6 +240,7 @@ impl Report {
         results: &BTreeMap<(usize, u64), MovementResult>,
     ) {
         let mut result_of: BTreeMap<AccountId, String> = BTreeMap::new();
+        let mut unpaid: BTreeMap<AccountId, i128> = BTreeMap::new();
         let mut refused = 0;
         for m in &plan.movements {
             let result = match results.get(&(m.core, m.seq)) {
@@ -225,16 +249,21 @@ impl Report {
                 }
                 Some(MovementResult::Refused { reason, .. }) => {
                     refused += 1;
-                    format!("margin call ({reason:?})")
+                    if m.amount.0 < 0 {
+                        *unpaid.entry(m.account).or_default() -= m.amount.0;
+                    }
+                    format!("unpaid, margin call ({reason:?})")
                 }
                 None => "not submitted".into(),
             };
             result_of.insert(m.account, result);
         }
+        self.debts_unpaid = cash(unpaid.values().sum());
         for line in &mut self.accounts {
             line.result = result_of
                 .remove(&AccountId(line.account))
                 .unwrap_or_default();
+            line.debt_unpaid = cash(unpaid.get(&AccountId(line.account)).copied().unwrap_or(0));
         }
         let expected: usize = (0..plan.cut.len()).map(|c| plan.commands(c).len()).sum();
         self.refused = refused;
@@ -251,7 +280,7 @@ impl Report {
     /// The report as a table on standard output.
     pub fn print(&self) {
         println!(
-            "clearing run {} ({:?}) cut {:?} state {} movements {} refused {} pending {} rounding kept {} orders expired {} margin calls {}",
+            "clearing run {} ({:?}) cut {:?} state {} movements {} refused {} pending {} rounding kept {} orders expired {} margin calls {} debts collected {} unpaid {}",
             self.run_id,
             self.kind,
             self.cut,
@@ -261,13 +290,15 @@ impl Report {
             self.pending,
             self.rounding_kept,
             self.orders_expired,
-            self.margin_calls
+            self.margin_calls,
+            self.debts_collected,
+            self.debts_unpaid
         );
         for (i, p) in &self.settlement_prices {
             println!("  settlement price of instrument {i}: {p}");
         }
         println!(
-            "{:>10} {:>6} {:>8} {:>18} {:>18} {:>18} {:>12} {:>18} {:>18} {:>18}  result",
+            "{:>10} {:>6} {:>8} {:>18} {:>18} {:>18} {:>12} {:>18} {:>18} {:>18} {:>18} {:>18}  result",
             "account",
             "firm",
             "fut.lots",
@@ -277,11 +308,13 @@ impl Report {
             "oblig.units",
             "movement",
             "initial margin",
-            "margin call"
+            "margin call",
+            "debt collected",
+            "debt unpaid"
         );
         for a in &self.accounts {
             println!(
-                "{:>10} {:>6} {:>8} {:>18} {:>18} {:>18} {:>12} {:>18} {:>18} {:>18}  {}",
+                "{:>10} {:>6} {:>8} {:>18} {:>18} {:>18} {:>12} {:>18} {:>18} {:>18} {:>18} {:>18}  {}",
                 a.account,
                 a.firm.map_or("-".into(), |f| f.to_string()),
                 a.futures_lots,
@@ -292,6 +325,8 @@ impl Report {
                 a.movement,
                 a.initial_margin,
                 a.margin_call,
+                a.debt_collected,
+                a.debt_unpaid,
                 a.result
             );
         }
@@ -300,11 +335,11 @@ impl Report {
     /// The report's account lines as CSV (a header line, then one line per account).
     pub fn csv(lines: &[AccountLine]) -> String {
         let mut csv = String::from(
-            "account,firm,futures_lots,variation_margin,realised_pnl,obligations_cash,obligations_securities,fees,movement,result,initial_margin,margin_call\n",
+            "account,firm,futures_lots,variation_margin,realised_pnl,obligations_cash,obligations_securities,fees,movement,result,initial_margin,margin_call,debt_collected,debt_unpaid\n",
         );
         for a in lines {
             csv.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
                 a.account,
                 a.firm.map_or(String::new(), |f| f.to_string()),
                 a.futures_lots,
@@ -316,7 +351,9 @@ impl Report {
                 a.movement,
                 a.result,
                 a.initial_margin,
-                a.margin_call
+                a.margin_call,
+                a.debt_collected,
+                a.debt_unpaid
             ));
         }
         csv

@@ -119,13 +119,26 @@ impl Movement {
                 amount: self.amount,
             }
         } else {
-            CommandBody::Withdraw {
+            // Not a `Withdraw`: the core refuses an account's withdrawals while it has a
+            // margin call open, but the house's collection of what the account owes must go
+            // through (and, unpaid, raises the call instead).
+            CommandBody::ClearingDebit {
                 account: self.account,
                 amount: Cash(-self.amount.0),
             }
         };
         Command::new(ts_ns, body)
     }
+}
+
+/// A debt a run collects: cash an earlier run's debit could not take from the account on
+/// that core (`ClearingState::debts`), debited again in the account's net movement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DebtLine {
+    pub core: usize,
+    pub account: AccountId,
+    /// What is owed, positive.
+    pub amount: Cash,
 }
 
 /// An account's initial margin on one core at a run's cut, against its collateral there, and
@@ -210,6 +223,10 @@ pub struct RunPlan {
     /// initial margin, the collateral after the movements and the call, by (core, account).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub initial_margin: Vec<InitialMarginLine>,
+    /// The debts the run collects (every one open at the cut), in its movements: the
+    /// movements, the rounding and these sum to zero.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub debts: Vec<DebtLine>,
 }
 
 impl RunPlan {
@@ -387,6 +404,20 @@ pub fn compute_run_with_fees(
             *net.entry((l.core, venue)).or_default() += l.fee.0;
         }
     }
+    // What earlier runs could not collect is debited again: the account owes it on top of
+    // this run's margin and fees, and its collateral is what is left once it is paid.
+    let debts: Vec<DebtLine> = state
+        .debts()
+        .iter()
+        .map(|(&(core, account), &amount)| DebtLine {
+            core,
+            account,
+            amount,
+        })
+        .collect();
+    for d in &debts {
+        *net.entry((d.core, d.account)).or_default() -= d.amount.0;
+    }
     let movements = movements(net.clone());
     let initial_margin = initial_margin_lines(state, &net, &movements);
     RunPlan {
@@ -414,6 +445,7 @@ pub fn compute_run_with_fees(
         next_business_date: None,
         roll,
         initial_margin,
+        debts,
     }
 }
 

@@ -233,6 +233,11 @@ fn account_json(
         }
         positions.push(line);
     }
+    let debts: BTreeMap<usize, i128> = state
+        .account_debts(account)
+        .into_iter()
+        .map(|(core, d)| (core, d.0))
+        .collect();
     let cash_lines: Vec<Value> = state
         .account_cash(account)
         .into_iter()
@@ -244,6 +249,7 @@ fn account_json(
                 "withdrawn": cash(c.withdrawn.0),
                 "initial_margin": cash(im_of_core.get(&core).copied().unwrap_or(0)),
                 "margin_called": cash(c.margin_called.0),
+                "debt": cash(debts.get(&core).copied().unwrap_or(0)),
             })
         })
         .collect();
@@ -260,6 +266,8 @@ fn account_json(
         "margin_called": cash(state.account_cash(account).iter().map(|(_, c)| c.margin_called.0).sum()),
         "fees_paid": cash(state.fees_paid(account).0),
         "fees_due": cash(fees_due(state, fees, account)),
+        // What runs could not collect: the next run debits it again.
+        "debt": cash(debts.values().sum()),
     });
     (v, totals)
 }

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bourse_core::{
     AccountId, Cash, CashReason, Event, FirmId, Instrument, InstrumentDef, InstrumentId, Market,
-    Price, Side, CASH_SCALE,
+    Price, RejectReason, Side, CASH_SCALE,
 };
 use serde::Serialize;
 
@@ -192,6 +192,13 @@ pub struct ClearingState {
     /// The clearing business date, `YYYYMMDD` (0: none yet): the business day after the
     /// trade date of the last end-of-day run settled.
     business_date: u32,
+    /// Per core and account, cash a run could not collect (positive): a run's
+    /// `ClearingDebit` the core refused for want of free cash adds its amount (read from the
+    /// stream), and settling the next run, which debits it again, subtracts what that run
+    /// collects. Both are sums, so a standby settling a run after the core refused part of
+    /// it reaches the same debts. Kept apart from the positions: a debt is the account's on
+    /// a core, not an instrument's.
+    debts: BTreeMap<(usize, AccountId), Cash>,
 }
 
 impl ClearingState {
@@ -211,6 +218,7 @@ impl ClearingState {
             last_settled_run: 0,
             runs_on_stream_max: 0,
             fee_base: BTreeMap::new(),
+            debts: BTreeMap::new(),
             fees_paid: BTreeMap::new(),
             business_date: 0,
         }
@@ -229,6 +237,20 @@ impl ClearingState {
     /// The fees runs charged `account` so far.
     pub fn fees_paid(&self, account: AccountId) -> Cash {
         self.fees_paid.get(&account).copied().unwrap_or_default()
+    }
+
+    /// What runs could not collect, per core and account (see the field).
+    pub fn debts(&self) -> &BTreeMap<(usize, AccountId), Cash> {
+        &self.debts
+    }
+
+    /// What runs could not collect from one account, per core.
+    pub fn account_debts(&self, account: AccountId) -> Vec<(usize, Cash)> {
+        self.debts
+            .iter()
+            .filter(|((_, a), _)| *a == account)
+            .map(|(&(core, _), &d)| (core, d))
+            .collect()
     }
 
     pub fn last_settled_run(&self) -> u32 {
@@ -366,19 +388,78 @@ impl ClearingState {
             if !request.applied_here() {
                 continue;
             }
-            if let Some(run) = crate::run::run_of_client_id(request.key().0) {
-                self.runs_on_stream_max = self.runs_on_stream_max.max(run);
-            }
+            let from_run = self.note_client(request.key().0);
+            let mut refused = false;
             for event in request.events() {
                 // The node encoded these events itself and the consumer checked the frame;
                 // a damaged list is a bug upstream, and skipping an event would silently
                 // corrupt positions, so it stops clearing with a clear error instead.
                 let event = event.map_err(|_| ClearingError::Overflow("a damaged event"))?;
-                self.apply_event(core, &event)?;
+                self.apply_request_event(core, from_run, &mut refused, &event)?;
             }
         }
         self.cut[core] = entry.index() + 1;
         Ok(())
+    }
+
+    /// Applies the events of one request applied on `core` under `client_id` (what
+    /// `apply_entry` does per request; tests feed requests directly).
+    pub fn apply_request(
+        &mut self,
+        core: usize,
+        client_id: u64,
+        events: &[Event],
+    ) -> Result<(), ClearingError> {
+        self.check_core(core)?;
+        let from_run = self.note_client(client_id);
+        let mut refused = false;
+        for event in events {
+            self.apply_request_event(core, from_run, &mut refused, event)?;
+        }
+        Ok(())
+    }
+
+    /// Records a run's client id seen on a stream; whether `client_id` is a run's.
+    fn note_client(&mut self, client_id: u64) -> bool {
+        match crate::run::run_of_client_id(client_id) {
+            Some(run) => {
+                self.runs_on_stream_max = self.runs_on_stream_max.max(run);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// One event of a request: a run's debit the core refused for want of free cash (its
+    /// `CommandRejected`, then the `MarginCallSet` that adds the unpaid amount to the
+    /// account's call) becomes a debt of the account on that core, for the next run to
+    /// collect. The call's rise is the unpaid amount: clearing mirrors the call before it.
+    fn apply_request_event(
+        &mut self,
+        core: usize,
+        from_run: bool,
+        refused: &mut bool,
+        event: &Event,
+    ) -> Result<(), ClearingError> {
+        match *event {
+            Event::CommandRejected { reason, .. } if from_run => {
+                *refused = reason == RejectReason::InsufficientFreeCash;
+            }
+            Event::MarginCallSet {
+                account, amount, ..
+            } if *refused => {
+                let before = self
+                    .cash
+                    .get(&(core, account))
+                    .map_or(0, |c| c.margin_called.0);
+                let unpaid = amount.0 - before;
+                if unpaid > 0 {
+                    self.debts.entry((core, account)).or_default().0 += unpaid;
+                }
+            }
+            _ => {}
+        }
+        self.apply_event(core, event)
     }
 
     fn check_core(&self, core: usize) -> Result<(), ClearingError> {
@@ -566,6 +647,17 @@ impl ClearingState {
             }
             self.fees_paid.entry(line.account).or_default().0 += line.fee.0;
         }
+        // The debts the run collects are debited again in its movements: subtracted here,
+        // and added back from the stream if the core refuses the debit once more.
+        for line in &plan.debts {
+            let key = (line.core, line.account);
+            if let Some(d) = self.debts.get_mut(&key) {
+                d.0 -= line.amount.0;
+                if d.0 == 0 {
+                    self.debts.remove(&key);
+                }
+            }
+        }
         if plan.kind == crate::run::RunKind::EndOfDay {
             self.roll(plan);
         }
@@ -710,6 +802,12 @@ impl ClearingState {
             w.u32(a.0);
             w.i128(c.0);
         }
+        w.u64(self.debts.len() as u64);
+        for (&(core, a), d) in &self.debts {
+            w.u32(core as u32);
+            w.u32(a.0);
+            w.i128(d.0);
+        }
         // The learned definitions as the events that announced them, in the core's codec.
         let learned: Vec<Event> = self
             .learned
@@ -840,6 +938,16 @@ impl ClearingState {
             let a = AccountId(r.u32()?);
             s.fees_paid.insert(a, Cash(r.i128()?));
         }
+        for _ in 0..r.count(24)? {
+            let key = (r.u32()? as usize, AccountId(r.u32()?));
+            if key.0 >= cores {
+                return Err(ClearingError::BadSnapshot(format!(
+                    "a debt of account {} on core {} of {cores}",
+                    key.1, key.0
+                )));
+            }
+            s.debts.insert(key, Cash(r.i128()?));
+        }
         let len = r.count(1)? as usize;
         let events = bourse_core::codec::decode_events(r.take(len)?)
             .map_err(|e| ClearingError::BadSnapshot(format!("learned instruments: {e}")))?;
@@ -866,10 +974,11 @@ impl ClearingState {
     }
 }
 
-/// The first bytes of a clearing snapshot's data (format 4: with the business date and the
-/// positions' start of day; format 3 had neither, format 2 no fees, format 1 no instruments
-/// learned from the streams; all are refused by their magic).
-const SNAPSHOT_MAGIC: &[u8; 8] = b"BCLEAR05";
+/// The first bytes of a clearing snapshot's data (format 6: with the accounts' debts; format
+/// 5 had none, format 4 no margin calls, format 3 no business date nor the positions' start
+/// of day, format 2 no fees, format 1 no instruments learned from the streams; all are
+/// refused by their magic).
+const SNAPSHOT_MAGIC: &[u8; 8] = b"BCLEAR06";
 
 /// `YYYY-MM-DD` as the number `YYYYMMDD`.
 fn yyyymmdd(date: &str) -> Option<u32> {

@@ -3,7 +3,8 @@
 //! path, a run that dies after its first movement is restarted and applies nothing twice
 //! (checked on the core's own balances), and a saved run replays onto a fresh state; a run
 //! that finds an account's collateral below its initial margin issues one margin call through
-//! the same path, which the core enforces until a deposit covers it.
+//! the same path, which the core enforces until a deposit covers it; a debit the core refuses
+//! is carried as the account's debt and collected by the next run.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -458,6 +459,190 @@ async fn a_run_restarted_after_a_crash_applies_every_movement_once() {
         );
     }
 
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unpaid_variation_margin_debit_is_carried_called_and_collected_by_the_next_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, nodes) = start_core(dir.path()).await;
+    let group = addrs(&config);
+    let stream_nodes: Vec<SocketAddr> = group.iter().map(|n| n.1).collect();
+    let cores_streams = [stream_nodes.clone()];
+    let cores = [group.clone()];
+    let mut trader = Client::new(group.clone(), 7, 1);
+    let def = future(FUT, "FUT", 100_000);
+    let im = def.initial_margin.0;
+    submit(&mut trader, CommandBody::AddInstrument(def.clone())).await;
+    // Account 1 holds two lots' margin and 10 points more; 3 plenty.
+    let point = 1_0000;
+    let thin = 2 * im + 10 * point;
+    add_account(&mut trader, 1, thin).await;
+    add_account(&mut trader, 3, CASH_START).await;
+    // 1 buys 2 at 100,000 from 3; then 3 sells 1 to 2 at 99,000, where the run settles.
+    submit(&mut trader, order(3, 1, Side::Sell, 100_000, 2)).await;
+    submit(&mut trader, order(1, 2, Side::Buy, 100_000, 2)).await;
+    add_account(&mut trader, 2, CASH_START).await;
+    submit(&mut trader, order(3, 3, Side::Sell, 99_000, 1)).await;
+    submit(&mut trader, order(2, 4, Side::Buy, 99_000, 1)).await;
+    let rule = SettlementRule {
+        last_trades: 1,
+        window_ns: None,
+    };
+    let mut state = ClearingState::new(1, [def.clone()]);
+    let cut = stream_end(&stream_nodes).await.unwrap();
+    replay(&mut state, &cores_streams, &[], &[cut])
+        .await
+        .unwrap();
+
+    // Run 5: account 1 owes 2 × 1,000 points and has 10 points free. Its debit is refused,
+    // once, however often the run is restarted.
+    let loss = 2 * 1_000 * point;
+    let run5 = compute_run(&state, 5, RunKind::Intermediate, &rule);
+    let debit = run5
+        .movements
+        .iter()
+        .find(|m| m.account == AccountId(1))
+        .copied()
+        .unwrap();
+    assert_eq!(debit.amount.0, -loss);
+    let stop = ExecuteOptions {
+        stop_after: Some(1),
+    };
+    assert_eq!(execute(&run5, &cores, stop).await.unwrap().len(), 1);
+    let full = execute(&run5, &cores, ExecuteOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        execute(&run5, &cores, ExecuteOptions::default())
+            .await
+            .unwrap(),
+        full
+    );
+    assert!(
+        matches!(
+            full[&(0, debit.seq)],
+            MovementResult::Refused {
+                reason: RejectReason::InsufficientFreeCash,
+                ..
+            }
+        ),
+        "{full:?}"
+    );
+    let commands = run5.commands(0).len() as u64;
+    assert_eq!(
+        applied_requests(&stream_nodes, run_client_id(5, 0)).await,
+        (1..=commands).map(|seq| (seq, 1)).collect::<Vec<_>>()
+    );
+
+    // Clearing carries the debt; the call is what makes the next debit payable.
+    state.settle(&run5);
+    let end = stream_end(&stream_nodes).await.unwrap();
+    replay(&mut state, &cores_streams, &[], &[end])
+        .await
+        .unwrap();
+    assert_eq!(state.debts()[&(0, AccountId(1))].0, loss);
+    assert_eq!(
+        state.cash()[&(0, AccountId(1))].cash.0,
+        thin,
+        "nothing was taken"
+    );
+    let call = 2 * im - (thin - loss);
+    assert_eq!(state.cash()[&(0, AccountId(1))].margin_called.0, call);
+
+    // Under the call the account can neither add exposure nor take cash out.
+    let ev = submit(&mut trader, order(1, 10, Side::Buy, 98_000, 1)).await;
+    assert_eq!(reject(&ev), Some(RejectReason::MarginCallOpen), "{ev:?}");
+    let ev = submit(
+        &mut trader,
+        CommandBody::Withdraw {
+            account: AccountId(1),
+            amount: Cash(1),
+        },
+    )
+    .await;
+    assert_eq!(reject(&ev), Some(RejectReason::MarginCallOpen), "{ev:?}");
+
+    // It deposits the call, which closes it.
+    let ev = submit(
+        &mut trader,
+        CommandBody::Deposit {
+            account: AccountId(1),
+            amount: Cash(call),
+        },
+    )
+    .await;
+    assert!(
+        ev.iter().any(|e| matches!(
+            e,
+            Event::MarginCallSet {
+                amount: Cash(0),
+                ..
+            }
+        )),
+        "{ev:?}"
+    );
+
+    // Run 6 collects the debt (restarted half way, still once), calls nothing, and leaves
+    // the account exactly its initial margin.
+    let end = stream_end(&stream_nodes).await.unwrap();
+    replay(&mut state, &cores_streams, &[], &[end])
+        .await
+        .unwrap();
+    let run6 = compute_run(&state, 6, RunKind::Intermediate, &rule);
+    assert_eq!(run6.debts.len(), 1);
+    assert_eq!(run6.debts[0].amount.0, loss);
+    let collect = run6
+        .movements
+        .iter()
+        .find(|m| m.account == AccountId(1))
+        .copied()
+        .unwrap();
+    assert_eq!(collect.amount.0, -loss);
+    assert!(run6
+        .initial_margin
+        .iter()
+        .all(|l| l.seq == 0 && l.call.0 == 0));
+    assert_eq!(execute(&run6, &cores, stop).await.unwrap().len(), 1);
+    let full = execute(&run6, &cores, ExecuteOptions::default())
+        .await
+        .unwrap();
+    assert!(
+        full.values()
+            .all(|r| matches!(r, MovementResult::Done { .. })),
+        "{full:?}"
+    );
+    let commands = run6.commands(0).len() as u64;
+    assert_eq!(
+        applied_requests(&stream_nodes, run_client_id(6, 0)).await,
+        (1..=commands).map(|seq| (seq, 1)).collect::<Vec<_>>()
+    );
+    state.settle(&run6);
+    let end = stream_end(&stream_nodes).await.unwrap();
+    replay(&mut state, &cores_streams, &[], &[end])
+        .await
+        .unwrap();
+    assert!(state.debts().is_empty(), "{:?}", state.debts());
+    assert_eq!(state.cash()[&(0, AccountId(1))].cash.0, 2 * im);
+    let run7 = compute_run(&state, 7, RunKind::Intermediate, &rule);
+    assert!(run7.movements.is_empty() && run7.debts.is_empty());
+
+    // A clearing rebuilt from the streams and the two saved runs reaches the same state,
+    // and every replica of the core applied the same commands.
+    let mut rebuilt = ClearingState::new(1, [def.clone()]);
+    replay(
+        &mut rebuilt,
+        &cores_streams,
+        &[run5.clone(), run6.clone()],
+        &[end],
+    )
+    .await
+    .unwrap();
+    assert_eq!(rebuilt.state_hash(), state.state_hash());
+    let hashes = replica_hashes(&nodes).await;
+    assert!(hashes.windows(2).all(|w| w[0] == w[1]), "{hashes:?}");
     for n in nodes {
         n.shutdown().await;
     }

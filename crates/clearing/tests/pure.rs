@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use bourse_clearing::{
-    compute_run, compute_run_with_fees, ClearingState, FeeRate, FeeSchedule, RunKind,
-    SettlementRule,
+    compute_run, compute_run_with_fees, run_client_id, ClearingState, FeeRate, FeeSchedule,
+    RunKind, RunPlan, SettlementRule,
 };
 use bourse_core::*;
 use bourse_engine::fixtures::{equity, future, Driver};
@@ -282,6 +282,173 @@ proptest! {
         // A flipped byte inside a value decodes to another state; anywhere else it is
         // refused. Either way the decoder returns.
         let _ = ClearingState::decode(1, definitions(), &damaged);
+    }
+}
+
+/// The core's answers to a plan's commands on core 0 (a simulated core): each debit of an
+/// account in `refuse` is refused for want of free cash and its amount added to the
+/// account's margin call, as the engine does; everything else is applied. Feeds them to
+/// `state` as the requests of the run's client id and returns them (for a standby to see
+/// the same) with the cash the applied movements moved.
+fn answer_run(
+    state: &mut ClearingState,
+    plan: &RunPlan,
+    refuse: &dyn Fn(AccountId) -> bool,
+) -> (Vec<Vec<Event>>, i128) {
+    let client = run_client_id(plan.run_id, 0);
+    let mut requests = Vec::new();
+    let mut applied = 0;
+    for (_, command) in plan.commands(0) {
+        let at =
+            |s: &ClearingState, a: AccountId| s.cash().get(&(0, a)).copied().unwrap_or_default();
+        let events = match command.body {
+            CommandBody::ClearingDebit { account, amount } if refuse(account) => vec![
+                Event::CommandRejected {
+                    reason: RejectReason::InsufficientFreeCash,
+                    ts_ns: 0,
+                },
+                Event::MarginCallSet {
+                    account,
+                    amount: Cash(at(state, account).margin_called.0 + amount.0),
+                    ts_ns: 0,
+                },
+            ],
+            CommandBody::ClearingDebit { account, amount } => {
+                applied -= amount.0;
+                let cash = Cash(at(state, account).cash.0 - amount.0);
+                vec![Event::CashChanged {
+                    account,
+                    reason: CashReason::Withdraw,
+                    amount,
+                    cash,
+                    cash_free: cash,
+                    ts_ns: 0,
+                }]
+            }
+            CommandBody::Deposit { account, amount } => {
+                applied += amount.0;
+                let before = at(state, account);
+                let cash = Cash(before.cash.0 + amount.0);
+                let mut v = vec![Event::CashChanged {
+                    account,
+                    reason: CashReason::Deposit,
+                    amount,
+                    cash,
+                    cash_free: cash,
+                    ts_ns: 0,
+                }];
+                if before.margin_called.0 > 0 {
+                    let left = (before.margin_called.0 - amount.0).max(0);
+                    v.push(Event::MarginCallSet {
+                        account,
+                        amount: Cash(left),
+                        ts_ns: 0,
+                    });
+                }
+                v
+            }
+            CommandBody::MarginCall { account, amount } => {
+                vec![Event::MarginCallSet {
+                    account,
+                    amount,
+                    ts_ns: 0,
+                }]
+            }
+            ref other => panic!("an intermediate run sends no {other:?}"),
+        };
+        state.apply_request(0, client, &events).unwrap();
+        requests.push(events);
+    }
+    (requests, applied)
+}
+
+fn debts_total(state: &ClearingState) -> i128 {
+    state.debts().values().map(|d| d.0).sum()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// A debit the core refuses becomes the account's debt (and its margin call); per run
+    /// the movements applied, the rounding kept and the change of the debts outstanding sum
+    /// to zero; a standby that sees the core's answers before settling the run, and a state
+    /// decoded from the snapshot, agree; after the accounts deposit, the next run collects
+    /// every debt once and the run after it collects nothing.
+    #[test]
+    fn unpaid_variation_margin_is_carried_as_a_debt_and_collected_once_by_the_next_run(
+        o in orders(),
+        refuse in prop::collection::vec(any::<bool>(), ACCOUNTS as usize),
+    ) {
+        let mut state = fed(&trade(&o));
+        let mut late = state.clone();
+        let first = compute_run(&state, 1, RunKind::Intermediate, &rule());
+        prop_assert!(first.debts.is_empty());
+        state.settle(&first);
+        let refused = |a: AccountId| refuse[a.0 as usize];
+        let (requests, applied) = answer_run(&mut state, &first, &refused);
+        let rounding: i128 = first.rounding.values().map(|c| c.0).sum();
+        prop_assert_eq!(applied + rounding - debts_total(&state), 0, "run 1 conserves cash");
+        for m in &first.movements {
+            let debt = state.debts().get(&(0, m.account)).map_or(0, |d| d.0);
+            let unpaid = if m.amount.0 < 0 && refused(m.account) { -m.amount.0 } else { 0 };
+            prop_assert_eq!(debt, unpaid, "account {}", m.account.0);
+            if unpaid > 0 {
+                // Called for at least the unpaid amount, unless the run's own call set it.
+                let called = state.cash()[&(0, m.account)].margin_called.0;
+                let line = first.initial_margin.iter().find(|l| l.account == m.account && l.seq != 0);
+                prop_assert_eq!(called, line.map_or(unpaid, |l| l.call.0));
+            }
+        }
+        // A standby reading the core's answers before it settles the run agrees.
+        for r in &requests {
+            late.apply_request(0, run_client_id(1, 0), r).unwrap();
+        }
+        late.settle(&first);
+        prop_assert_eq!(late.state_hash(), state.state_hash(), "settled late");
+        let back = ClearingState::decode(1, definitions(), &state.encode()).unwrap();
+        prop_assert_eq!(back.state_hash(), state.state_hash());
+        prop_assert_eq!(back.debts(), state.debts());
+
+        // The debtors deposit what they owe; the next run (no new trades: no margin)
+        // debits exactly the debts, and settling and applying it leaves none.
+        let owed = state.debts().clone();
+        for (&(_, account), &d) in &owed {
+            let cash = Cash(state.cash()[&(0, account)].cash.0 + d.0);
+            state
+                .apply_event(0, &Event::CashChanged {
+                    account,
+                    reason: CashReason::Deposit,
+                    amount: d,
+                    cash,
+                    cash_free: cash,
+                    ts_ns: 0,
+                })
+                .unwrap();
+            // As the core does, the deposit goes towards the call.
+            let called = state.cash()[&(0, account)].margin_called.0;
+            let left = Cash((called - d.0).max(0));
+            state
+                .apply_event(0, &Event::MarginCallSet { account, amount: left, ts_ns: 0 })
+                .unwrap();
+        }
+        let second = compute_run(&state, 2, RunKind::Intermediate, &rule());
+        let collected: BTreeMap<(usize, AccountId), Cash> =
+            second.debts.iter().map(|d| ((d.core, d.account), d.amount)).collect();
+        prop_assert_eq!(&collected, &owed);
+        let moved: BTreeMap<(usize, AccountId), Cash> = second
+            .movements
+            .iter()
+            .map(|m| ((m.core, m.account), Cash(-m.amount.0)))
+            .collect();
+        prop_assert_eq!(&moved, &owed);
+        state.settle(&second);
+        let (_, applied) = answer_run(&mut state, &second, &|_| false);
+        let rounding: i128 = second.rounding.values().map(|c| c.0).sum();
+        let before: i128 = owed.values().map(|d| d.0).sum();
+        prop_assert_eq!(applied + rounding - (debts_total(&state) - before), 0, "run 2 conserves cash");
+        prop_assert!(state.debts().is_empty());
+        let third = compute_run(&state, 3, RunKind::Intermediate, &rule());
+        prop_assert!(third.debts.is_empty() && third.movements.is_empty());
     }
 }
 

@@ -982,6 +982,10 @@ fn clearing_data_over_fix_answers_a_firm_its_own_positions_intraday_and_at_end_o
     assert_eq!(http.body["positions"][0]["initial_margin"], im.as_str());
     assert_eq!(http.body["cash"][0]["initial_margin"], im.as_str());
     assert_eq!(http.body["margin_called"], "0.0000");
+    // No debit of a run was refused: no debt.
+    assert_eq!(amounts["DEBT"], "0.0000");
+    assert_eq!(http.body["debt"], "0.0000");
+    assert_eq!(http.body["cash"][0]["debt"], "0.0000");
     // Account 1 took 7 lots: 7.00 of fees due at the next run, on both sides.
     assert_eq!(amounts["FEES"], "7.0000");
     assert_eq!(http.body["fees_due"], "7.0000");

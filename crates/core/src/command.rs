@@ -187,6 +187,16 @@ pub enum CommandBody {
         account: AccountId,
         amount: Cash,
     },
+    /// Take cash a clearing run collects from an account (its variation margin, fees and
+    /// unpaid debts): a `Withdraw` a margin call does not stop, because the clearing house
+    /// collects what the account owes whatever it owes besides. Refused above the account's
+    /// free cash (`InsufficientFreeCash`), and then the unpaid amount is added to the
+    /// account's margin call (`MarginCallSet`), so the account trades only to reduce its
+    /// exposure until it pays.
+    ClearingDebit {
+        account: AccountId,
+        amount: Cash,
+    },
 }
 
 /// A command with the time the gateway stamped on it.
@@ -393,6 +403,11 @@ mod strict {
             account: AccountId,
             amount: Cash,
         },
+        ClearingDebit {
+            ts_ns: u64,
+            account: AccountId,
+            amount: Cash,
+        },
     }
 
     impl From<StrictCommand> for Command {
@@ -584,6 +599,11 @@ mod strict {
                     account,
                     amount,
                 } => (ts_ns, CommandBody::MarginCall { account, amount }),
+                S::ClearingDebit {
+                    ts_ns,
+                    account,
+                    amount,
+                } => (ts_ns, CommandBody::ClearingDebit { account, amount }),
             };
             Command { ts_ns, body }
         }
@@ -708,6 +728,10 @@ mod tests {
             CommandBody::MarginCall {
                 account: AccountId(1),
                 amount: Cash(7),
+            },
+            CommandBody::ClearingDebit {
+                account: AccountId(1),
+                amount: Cash(9),
             },
         ];
         bodies

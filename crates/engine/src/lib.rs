@@ -235,13 +235,16 @@ impl Engine {
                 self.add_funded_account(spec, *cash, ts, out)
             }
             CommandBody::Deposit { account, amount } => {
-                self.cash_op(*account, CashReason::Deposit, *amount, ts, out)
+                self.cash_op(*account, CashReason::Deposit, *amount, false, ts, out)
             }
             CommandBody::Withdraw { account, amount } => {
-                self.cash_op(*account, CashReason::Withdraw, *amount, ts, out)
+                self.cash_op(*account, CashReason::Withdraw, *amount, false, ts, out)
+            }
+            CommandBody::ClearingDebit { account, amount } => {
+                self.cash_op(*account, CashReason::Withdraw, *amount, true, ts, out)
             }
             CommandBody::SetCollateral { account, amount } => {
-                self.cash_op(*account, CashReason::SetCollateral, *amount, ts, out)
+                self.cash_op(*account, CashReason::SetCollateral, *amount, false, ts, out)
             }
             CommandBody::EndOfDay => self.end_of_day(ts, out),
             CommandBody::KillSwitch {
@@ -1538,18 +1541,30 @@ impl Engine {
         self.add_account(spec, ts, out);
         let added = matches!(out[before..], [Event::AccountAdded { .. }]);
         if added && cash.0 > 0 {
-            self.cash_op(spec.account, CashReason::Deposit, cash, ts, out);
+            self.cash_op(spec.account, CashReason::Deposit, cash, false, ts, out);
         }
     }
 
+    /// A deposit, a withdrawal, a collateral setting, or (`clearing`: a `ClearingDebit`) a
+    /// withdrawal a clearing run makes.
+    ///
+    /// While a margin call is open the account's own withdrawals are refused
+    /// (`MarginCallOpen`): a clearing house lets no cash leave an account that owes it
+    /// margin. A clearing run's debit is not: the house takes what the account owes whatever
+    /// the account owes besides. A clearing debit above the free cash is refused like a
+    /// withdrawal, and the unpaid amount is added to the account's margin call, so that the
+    /// account can only reduce its exposure until it pays (clearing carries the debt and
+    /// collects it at its next run).
     fn cash_op(
         &mut self,
         account: AccountId,
         reason: CashReason,
         amount: Cash,
+        clearing: bool,
         ts: u64,
         out: &mut Vec<Event>,
     ) {
+        let called = self.margin_called(account);
         let result = (|| {
             let &a = self
                 .account_index
@@ -1571,6 +1586,9 @@ impl Engine {
                 CashReason::Withdraw => {
                     if amount <= 0 {
                         return Err(RejectReason::AmountNotPositive);
+                    }
+                    if called > 0 && !clearing {
+                        return Err(RejectReason::MarginCallOpen);
                     }
                     if amount > acc.free_cash() {
                         return Err(RejectReason::InsufficientFreeCash);
@@ -1613,7 +1631,19 @@ impl Engine {
                     });
                 }
             }
-            Err(reason) => out.push(Event::CommandRejected { reason, ts_ns: ts }),
+            Err(reason) => {
+                out.push(Event::CommandRejected { reason, ts_ns: ts });
+                if clearing && reason == RejectReason::InsufficientFreeCash {
+                    // Within the cash limit, as every call (the snapshot holds no larger).
+                    let left = (called + amount.0).min(CASH_AMOUNT_MAX);
+                    self.set_margin_call(account, left);
+                    out.push(Event::MarginCallSet {
+                        account,
+                        amount: Cash(left),
+                        ts_ns: ts,
+                    });
+                }
+            }
         }
     }
 }

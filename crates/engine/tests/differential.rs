@@ -306,6 +306,9 @@ fn random_flow_exercises_every_outcome() {
                     format!("replaced kept={priority_kept}")
                 }
                 reference::Out::Expired { .. } => "expired".to_string(),
+                reference::Out::CommandRejected { reason } => {
+                    format!("command rejected {reason:?}")
+                }
                 _ => continue,
             };
             seen.insert(key);
@@ -327,6 +330,7 @@ fn random_flow_exercises_every_outcome() {
         "rejected DisplayQtyInvalid",
         "rejected ExpireTimeInPast",
         "rejected MarginCallOpen",
+        "command rejected MarginCallOpen",
         "cancel rejected UnknownOrder",
         "cancel rejected ReplaceNoChange",
         "cancel rejected ReplaceQtyNotAboveFilled",

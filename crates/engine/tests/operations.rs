@@ -375,3 +375,97 @@ fn a_margin_call_of_zero_closes_it_and_bad_calls_are_refused() {
     assert!(d.engine.margin_calls().is_empty());
     check(&d);
 }
+
+fn withdraw(account: u32, amount: i128) -> CommandBody {
+    CommandBody::Withdraw {
+        account: AccountId(account),
+        amount: Cash(amount),
+    }
+}
+
+fn clearing_debit(account: u32, amount: i128) -> CommandBody {
+    CommandBody::ClearingDebit {
+        account: AccountId(account),
+        amount: Cash(amount),
+    }
+}
+
+fn cash_of(d: &Driver, account: u32) -> i128 {
+    d.engine.account(AccountId(account)).expect("known").cash.0
+}
+
+#[test]
+fn a_withdrawal_is_refused_while_a_margin_call_is_open_and_a_clearing_debit_is_not() {
+    let mut d = driver();
+    d.run(margin_call(1, 700));
+    let cash = cash_of(&d, 1);
+    // The account's own withdrawal, however small, waits for the call to close.
+    let ev = d.run(withdraw(1, 1)).to_vec();
+    assert_eq!(reject_reason(&ev), Some(RejectReason::MarginCallOpen));
+    assert_eq!(cash_of(&d, 1), cash);
+    // Bad amounts keep their own reasons.
+    assert_eq!(
+        reject_reason(d.run(withdraw(1, 0))),
+        Some(RejectReason::AmountNotPositive)
+    );
+    // The clearing house's debit goes through and leaves the call as it is.
+    let ev = d.run(clearing_debit(1, 40)).to_vec();
+    assert!(matches!(
+        ev.as_slice(),
+        [Event::CashChanged {
+            reason: CashReason::Withdraw,
+            amount: Cash(40),
+            ..
+        }]
+    ));
+    assert_eq!(cash_of(&d, 1), cash - 40);
+    assert_eq!(d.engine.margin_called(AccountId(1)), 700);
+    check(&d);
+    // A deposit still goes towards the call; once it is closed, withdrawals pass again.
+    let ev = d.run(CommandBody::Deposit {
+        account: AccountId(1),
+        amount: Cash(700),
+    });
+    assert_eq!(margin_call_set(ev), Some((AccountId(1), 0)));
+    let ev = d.run(withdraw(1, 1)).to_vec();
+    assert!(matches!(ev.as_slice(), [Event::CashChanged { .. }]));
+    // Another account was never stopped.
+    d.run(margin_call(1, 5));
+    assert!(matches!(d.run(withdraw(2, 1)), [Event::CashChanged { .. }]));
+    check(&d);
+}
+
+#[test]
+fn an_unpaid_clearing_debit_is_refused_and_added_to_the_margin_call() {
+    let mut d = driver();
+    let cash = cash_of(&d, 3);
+    let before = d.engine.state_digest();
+    // More than the account has: refused, nothing moves, and the unpaid amount is called.
+    let ev = d.run(clearing_debit(3, cash + 10)).to_vec();
+    assert_eq!(reject_reason(&ev), Some(RejectReason::InsufficientFreeCash));
+    assert_eq!(margin_call_set(&ev), Some((AccountId(3), cash + 10)));
+    assert_eq!(cash_of(&d, 3), cash);
+    assert_ne!(d.engine.state_digest(), before, "the call is in the digest");
+    // A second one adds to the call open.
+    let ev = d.run(clearing_debit(3, cash + 1)).to_vec();
+    assert_eq!(margin_call_set(&ev), Some((AccountId(3), 2 * cash + 11)));
+    // Exposure-increasing orders are refused until deposits cover it.
+    assert_eq!(
+        reject_reason(&d.limit(3, 1, SBER, Side::Buy, 9_900, 1)),
+        Some(RejectReason::MarginCallOpen)
+    );
+    check(&d);
+    // Refused for another reason (a bad amount, an unknown account), nothing is called.
+    let ev = d.run(clearing_debit(2, 0)).to_vec();
+    assert_eq!(reject_reason(&ev), Some(RejectReason::AmountNotPositive));
+    assert_eq!(margin_call_set(&ev), None);
+    assert_eq!(
+        reject_reason(d.run(clearing_debit(99, 1))),
+        Some(RejectReason::UnknownAccount)
+    );
+    assert_eq!(d.engine.margin_calls(), &[(AccountId(3), 2 * cash + 11)]);
+    // The call survives a snapshot.
+    let restored = Engine::restore(&d.engine.snapshot()).expect("restores");
+    assert_eq!(restored.margin_called(AccountId(3)), 2 * cash + 11);
+    check(&d);
+}

@@ -34,9 +34,11 @@ fn commands(seed: u64) -> Vec<Command> {
         if rng.chance(50) {
             let account = AccountId(gen::ACCOUNTS[rng.below(8) as usize].0);
             let amount = Cash(rng.range(1, 1_000_000_000) as i128);
-            let body = match rng.below(3) {
+            let body = match rng.below(4) {
                 0 => CommandBody::Deposit { account, amount },
                 1 => CommandBody::Withdraw { account, amount },
+                // Refused above the free cash, it opens a margin call (in the digest).
+                2 => CommandBody::ClearingDebit { account, amount },
                 _ => CommandBody::SetCollateral {
                     account,
                     // Mostly below the cash the set-up deposits, so some are refused and

@@ -63,8 +63,10 @@ const FORM_KILL_SWITCH: u8 = 12;
 const FORM_ADD_FUNDED_ACCOUNT: u8 = 13;
 /// Added like form 13: no other form's layout changed.
 const FORM_MARGIN_CALL: u8 = 14;
+/// Added like form 13: no other form's layout changed.
+const FORM_CLEARING_DEBIT: u8 = 15;
 /// The last form byte in use: the form check accepts `FORM_NEW_ORDER..=FORM_LAST`.
-const FORM_LAST: u8 = FORM_MARGIN_CALL;
+const FORM_LAST: u8 = FORM_CLEARING_DEBIT;
 
 pub(super) const SIDES: [Side; 2] = [Side::Buy, Side::Sell];
 const ORD_TYPES: [OrdType; 2] = [OrdType::Limit, OrdType::Market];
@@ -208,6 +210,9 @@ pub fn encode_command_into(w: &mut Writer, command: &Command) {
             w.bool(*engaged);
         }
         CommandBody::MarginCall { account, amount } => cash(w, FORM_MARGIN_CALL, account, amount),
+        CommandBody::ClearingDebit { account, amount } => {
+            cash(w, FORM_CLEARING_DEBIT, account, amount)
+        }
     }
     w.u64(command.ts_ns);
 }
@@ -362,13 +367,15 @@ fn decode_body(r: &mut Reader) -> Result<CommandBody, DecodeError> {
                 None
             },
         }),
-        form @ (FORM_DEPOSIT | FORM_WITHDRAW | FORM_SET_COLLATERAL | FORM_MARGIN_CALL) => {
+        form @ (FORM_DEPOSIT | FORM_WITHDRAW | FORM_SET_COLLATERAL | FORM_MARGIN_CALL
+        | FORM_CLEARING_DEBIT) => {
             let account = AccountId(r.u32()?);
             let amount = Cash(r.i128()?);
             match form {
                 FORM_DEPOSIT => CommandBody::Deposit { account, amount },
                 FORM_WITHDRAW => CommandBody::Withdraw { account, amount },
                 FORM_MARGIN_CALL => CommandBody::MarginCall { account, amount },
+                FORM_CLEARING_DEBIT => CommandBody::ClearingDebit { account, amount },
                 _ => CommandBody::SetCollateral { account, amount },
             }
         }
@@ -491,11 +498,12 @@ pub(crate) mod tests {
 
     /// Every variant of `CommandBody`, with any field values.
     pub(crate) fn any_body() -> impl Strategy<Value = CommandBody> {
-        let cash = (0u8..3, any::<u32>(), any::<i128>()).prop_map(|(k, a, amount)| {
+        let cash = (0u8..4, any::<u32>(), any::<i128>()).prop_map(|(k, a, amount)| {
             let (account, amount) = (AccountId(a), Cash(amount));
             match k {
                 0 => CommandBody::Deposit { account, amount },
                 1 => CommandBody::Withdraw { account, amount },
+                2 => CommandBody::ClearingDebit { account, amount },
                 _ => CommandBody::SetCollateral { account, amount },
             }
         });
