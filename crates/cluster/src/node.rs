@@ -634,6 +634,13 @@ impl Node {
             // its term only if a quorum would elect it: it does not depose a leader the rest
             // of the group still follows when it comes back.
             enable_pre_vote: Some(true),
+            // Under `fsync = never` or `batch` a crash may take a follower's acknowledged
+            // tail (a torn last record is cut on restart), so its log legitimately ends below
+            // the index the leader recorded as matching. openraft 0.10 refuses such a reversal
+            // unless told it may happen, and the leader would then never send the follower the
+            // entries it lost; allowing it makes the leader search for the follower's match
+            // again. A value a quorum accepted is never withdrawn: the other members still hold it.
+            allow_log_reversion: Some(true),
             ..Default::default()
         }
         .validate()
