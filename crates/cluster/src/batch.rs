@@ -432,6 +432,19 @@ pub enum LogCommand {
     MarketDataFlush { now_ns: u64 },
 }
 
+/// openraft 0.10 logs an entry's payload through `Display`: a summary, never the commands.
+impl std::fmt::Display for LogCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LogCommand::Batch(batch) => write!(f, "batch of {} bytes", batch.bytes().len()),
+            LogCommand::HashCheck { index, state_hash } => {
+                write!(f, "hash check at {index}: {state_hash:016x}")
+            }
+            LogCommand::MarketDataFlush { now_ns } => write!(f, "market data flush at {now_ns}"),
+        }
+    }
+}
+
 impl LogCommand {
     /// A batch entry of decoded requests (tools and tests).
     pub fn batch(requests: &[ClientRequest]) -> LogCommand {

@@ -6,7 +6,7 @@
 //!   queued. When the batch holding it is answered, the batch's log index and that moment are
 //!   kept in a small bounded ring ([`Handoff`]); the monitor matches the index with the
 //!   journal's append time (t3) to get the t2→t3 leg (queue wait, proposal, append).
-//! - The commit index on a follower: openraft 0.9 does not report it, so the node keeps the
+//! - The commit index on a follower: openraft does not report it, so the node keeps the
 //!   highest `leader_commit` it received in an AppendEntries request (one atomic maximum).
 //!
 //! The batcher queue depth and the snapshot build time are read elsewhere

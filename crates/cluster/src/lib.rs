@@ -1,4 +1,4 @@
-//! bourse-cluster: a trading core replicated on openraft 0.9 across three nodes.
+//! bourse-cluster: a trading core replicated on openraft 0.10 across three nodes.
 //!
 //! Principal types:
 //!
@@ -22,7 +22,8 @@
 //! - [`LogStore`] and [`StateMachineStore`] (`storage`): openraft's `RaftLogStorage` over a
 //!   `bourse_journal::Journal` and `RaftStateMachine` with snapshots in a `SnapshotStore`.
 //! - [`net`]: length-prefixed bincode frames, the node-to-node RPCs (openraft's
-//!   `RaftNetwork`) and the client protocol on the same port.
+//!   `RaftNetworkV2`: AppendEntries, vote, pre-vote, a whole snapshot in one frame) and the
+//!   client protocol on the same port.
 //! - [`transport`]: the connections under them: plain TCP on the loopback, mutual TLS
 //!   (rustls) with the venue's authority anywhere; [`transport::dial`] for every client,
 //!   [`transport::Acceptor`] for the node, refusals counted by reason.
@@ -37,7 +38,8 @@
 //!   follower's append; market data publication delay) in HDR histograms, per batch, RPC and
 //!   published entry, since start and per interval for the node's `/metrics`.
 //! - [`sim`]: deterministic simulation support: [`sim::SeededRuntime`] (openraft's runtime:
-//!   tokio, with a random generator the simulation can seed) and an in-memory network with
+//!   tokio, with a random generator the simulation can seed and a watch channel that wakes its
+//!   waiters in a fixed order, [`sim::watch::FifoWatch`]) and an in-memory network with
 //!   seeded partitions, loss, delay, duplication and reordering.
 //! - [`marketdata::MarketDataService`] (`marketdata`): the node's market data thread. The
 //!   node's one publisher ([`marketdata::FeedNumbering`]) runs inside the replicated state's
@@ -97,18 +99,34 @@ pub use transport::TlsFiles;
 
 pub type NodeId = u64;
 
-use std::io::Cursor;
-
 openraft::declare_raft_types!(
     /// The cluster's openraft types: log entries carry [`LogCommand`]s and answer with one
-    /// [`Outcome`] per request.
+    /// [`Outcome`] per request. One leader per term (`leader_id_std`), as openraft 0.9's
+    /// `single-term-leader` was: a log id is (term, index), which is what the journal keeps.
     pub TypeConfig:
         D = LogCommand,
         R = Vec<Outcome>,
+        LeaderId = openraft::impls::leader_id_std::LeaderId<u64, NodeId>,
         AsyncRuntime = sim::SeededRuntime,
 );
 
-pub type Raft = openraft::Raft<TypeConfig>;
+/// A node's openraft handle (its state machine is a [`StateMachineStore`]).
+pub type Raft = openraft::Raft<TypeConfig, StateMachineStore>;
+/// A log entry's id: (term, index).
+pub type LogId = openraft::alias::LogIdOf<TypeConfig>;
+/// A vote: (term, node voted for, committed).
+pub type Vote = openraft::alias::VoteOf<TypeConfig>;
+/// A log entry as openraft hands it to storage.
+pub type Entry = openraft::alias::EntryOf<TypeConfig>;
+/// The group's membership with the log id that set it.
+pub type StoredMembership = openraft::alias::StoredMembershipOf<TypeConfig>;
+/// A snapshot's metadata.
+pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
+/// A snapshot: its metadata and its bytes, whole (sent in one frame).
+pub type Snapshot = openraft::alias::SnapshotOf<TypeConfig, Vec<u8>>;
+/// A receiver of a node's openraft metrics (`Raft::metrics`).
+pub type RaftMetricsWatch =
+    openraft::alias::WatchReceiverOf<TypeConfig, openraft::RaftMetrics<TypeConfig>>;
 
 /// The runtime the nodes run on, for callers that embed them (the CLI).
 pub use tokio;

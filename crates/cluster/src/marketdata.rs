@@ -1241,10 +1241,7 @@ fn now_ns() -> u64 {
     bourse_marketdata::now_ns()
 }
 
-fn is_leader(
-    m: &openraft::RaftMetrics<crate::NodeId, openraft::BasicNode>,
-    id: crate::NodeId,
-) -> bool {
+fn is_leader(m: &openraft::RaftMetrics<crate::TypeConfig>, id: crate::NodeId) -> bool {
     m.state == openraft::ServerState::Leader && m.current_leader == Some(id)
 }
 
@@ -1253,8 +1250,7 @@ struct Thread {
     id: crate::NodeId,
     config: PublisherConfig,
     raft: crate::Raft,
-    metrics:
-        tokio::sync::watch::Receiver<openraft::RaftMetrics<crate::NodeId, openraft::BasicNode>>,
+    metrics: crate::RaftMetricsWatch,
     sm: crate::StateMachineStore,
     sink: UdpSink,
     replay_addr: SocketAddr,
@@ -1394,7 +1390,10 @@ async fn run(mut t: Thread) {
                 // Fire and forget: if leadership is lost, the next leader proposes its own.
                 let _ = t
                     .raft
-                    .client_write_ff(crate::batch::LogCommand::MarketDataFlush { now_ns: now })
+                    .client_write_ff(
+                        crate::batch::LogCommand::MarketDataFlush { now_ns: now },
+                        None,
+                    )
                     .await;
             }
             // The replay services listen only while this node's feed sends.

@@ -1,6 +1,6 @@
 //! The wire: length-prefixed bincode frames over a node connection (plain TCP on the
 //! loopback, mutual TLS anywhere: `transport`), one [`Request`] → one [`Response`] per frame
-//! pair, and openraft's `RaftNetwork` on top of it.
+//! pair, and openraft's `RaftNetworkV2` on top of it.
 //!
 //! ```text
 //! frame := len u32 (little-endian, ≤ FRAME_SIZE_BYTES_MAX), bincode (varint) of the message
@@ -20,13 +20,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bincode::Options;
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, Unreachable};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+use openraft::error::{
+    NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
 };
-use openraft::BasicNode;
+use openraft::network::{RPCOption, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+};
+use openraft::{BasicNode, RaftNetworkV2};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio_rustls::rustls::ClientConfig;
@@ -35,9 +36,10 @@ use crate::stages::Stages;
 use crate::state::Outcome;
 use crate::stream::StreamError;
 use crate::transport::NodeStream;
-use crate::{NodeId, TypeConfig};
+use crate::{NodeId, Snapshot, SnapshotMeta, TypeConfig, Vote};
 
-/// The largest frame either side accepts (snapshot chunks are a few MiB).
+/// The largest frame either side accepts: a snapshot travels whole in one frame, so this is
+/// also the largest state a lagging follower can be brought up to date with.
 pub const FRAME_SIZE_BYTES_MAX: u32 = 64 * 1024 * 1024;
 /// How long a node-to-node connect may take before the peer counts as unreachable.
 pub const CONNECT_TIMEOUT_MS: u64 = 500;
@@ -48,8 +50,14 @@ pub const READ_BUFFER_BYTES: usize = 64 * 1024;
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Request {
     AppendEntries(AppendEntriesRequest<TypeConfig>),
-    Vote(VoteRequest<NodeId>),
-    InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
+    Vote(VoteRequest<TypeConfig>),
+    /// A leader's whole snapshot, in one frame (at most [`FRAME_SIZE_BYTES_MAX`]).
+    InstallSnapshot {
+        vote: Vote,
+        meta: SnapshotMeta,
+        #[serde(with = "bytes_field")]
+        data: Vec<u8>,
+    },
     /// A client request: applied once per `(client_id, request_seq)`; answered after commit.
     Submit {
         client_id: u64,
@@ -95,6 +103,11 @@ pub enum Request {
     /// (`crate::query::Query`), answered with `Response::Query`. After `SubmitAudited`, so
     /// every earlier request encodes as before.
     Query(crate::query::Query),
+    /// A pre-vote (openraft's `pre_vote`): would the node vote for this candidate? Answered
+    /// with `Response::Vote`; it changes no state, so a node cut off for a while asks before
+    /// it raises its term and deposes a leader the others still follow. Last among the
+    /// variants, so peers that predate it read every other request as before.
+    PreVote(VoteRequest<TypeConfig>),
 }
 
 /// A `Vec<u8>` field as one serde byte string. Under bincode this is exactly the encoding of
@@ -185,11 +198,10 @@ pub struct NodeStatus {
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Response {
-    AppendEntries(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
-    Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
-    InstallSnapshot(
-        Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>,
-    ),
+    AppendEntries(Result<AppendEntriesResponse<TypeConfig>, RaftError<TypeConfig>>),
+    /// The answer to a `Vote` or a `PreVote`.
+    Vote(Result<VoteResponse<TypeConfig>, RaftError<TypeConfig>>),
+    InstallSnapshot(Result<SnapshotResponse<TypeConfig>, RaftError<TypeConfig>>),
     Submitted(Result<Outcome, SubmitError>),
     Status(NodeStatus),
     Snapshot(Result<(), String>),
@@ -466,11 +478,11 @@ fn net_debug() -> bool {
 }
 
 impl PeerClient {
-    async fn call<E: std::error::Error>(
+    async fn call(
         &mut self,
         body: Request,
         option: &RPCOption,
-    ) -> Result<Response, RPCError<NodeId, BasicNode, E>> {
+    ) -> Result<Response, RPCError<TypeConfig>> {
         let Some(conn) = self.conn.as_mut() else {
             return Err(RPCError::Unreachable(Unreachable::new(
                 &std::io::Error::other(format!("node {} has no valid address", self.target)),
@@ -484,21 +496,43 @@ impl PeerClient {
         }
         r.map_err(|e| RPCError::Network(NetworkError::new(&e)))
     }
+
+    /// A remote node's fatal error (it is shutting down) as this side sees it: that peer
+    /// cannot be reached for now.
+    fn remote_fatal(&self, e: RaftError<TypeConfig>) -> RPCError<TypeConfig> {
+        RPCError::Unreachable(Unreachable::new(&std::io::Error::other(format!(
+            "node {}: {e}",
+            self.target
+        ))))
+    }
+
+    async fn vote_or_pre_vote(
+        &mut self,
+        body: Request,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        match self.call(body, &option).await? {
+            Response::Vote(r) => r.map_err(|e| self.remote_fatal(e)),
+            _ => Err(unexpected("vote")),
+        }
+    }
 }
 
-fn unexpected<E: std::error::Error>(what: &str) -> RPCError<NodeId, BasicNode, E> {
+fn unexpected(what: &str) -> RPCError<TypeConfig> {
     RPCError::Network(NetworkError::new(&std::io::Error::new(
         std::io::ErrorKind::InvalidData,
         format!("unexpected response to {what}"),
     )))
 }
 
-impl RaftNetwork<TypeConfig> for PeerClient {
+impl RaftNetworkV2<TypeConfig> for PeerClient {
+    type SnapshotData = Vec<u8>;
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         let timed = match (&self.stages, rpc.entries.first(), rpc.entries.last()) {
             (Some(stages), Some(first), Some(last)) => Some((
                 stages.clone(),
@@ -515,40 +549,53 @@ impl RaftNetwork<TypeConfig> for PeerClient {
                 {
                     stages.on_append_acknowledged(first, last, sent);
                 }
-                r.map_err(|e| {
-                    RPCError::RemoteError(openraft::error::RemoteError::new(self.target, e))
-                })
+                r.map_err(|e| self.remote_fatal(e))
             }
             _ => Err(unexpected("append_entries")),
         }
     }
 
-    async fn install_snapshot(
-        &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
-        option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
-    > {
-        match self.call(Request::InstallSnapshot(rpc), &option).await? {
-            Response::InstallSnapshot(r) => r.map_err(|e| {
-                RPCError::RemoteError(openraft::error::RemoteError::new(self.target, e))
-            }),
-            _ => Err(unexpected("install_snapshot")),
-        }
-    }
-
     async fn vote(
         &mut self,
-        rpc: VoteRequest<NodeId>,
+        rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        match self.call(Request::Vote(rpc), &option).await? {
-            Response::Vote(r) => r.map_err(|e| {
-                RPCError::RemoteError(openraft::error::RemoteError::new(self.target, e))
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.vote_or_pre_vote(Request::Vote(rpc), option).await
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.vote_or_pre_vote(Request::PreVote(rpc), option).await
+    }
+
+    /// Sends the snapshot whole, in one frame; `cancel` (the replication stopped) ends the
+    /// wait early.
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl std::future::Future<Output = ReplicationClosed> + Send + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let request = Request::InstallSnapshot {
+            vote,
+            meta: snapshot.meta,
+            data: snapshot.snapshot,
+        };
+        let answer = tokio::select! {
+            biased;
+            closed = cancel => return Err(StreamingError::Closed(closed)),
+            answer = self.call(request, &option) => answer,
+        };
+        match answer.map_err(StreamingError::from)? {
+            Response::InstallSnapshot(r) => r.map_err(|e| match self.remote_fatal(e) {
+                RPCError::Unreachable(u) => StreamingError::Unreachable(u),
+                other => StreamingError::from(other),
             }),
-            _ => Err(unexpected("vote")),
+            _ => Err(StreamingError::from(unexpected("install_snapshot"))),
         }
     }
 }

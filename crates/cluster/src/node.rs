@@ -528,6 +528,7 @@ impl Node {
     ) -> Result<Node, String>
     where
         N: openraft::network::RaftNetworkFactory<crate::TypeConfig>,
+        N::Network: openraft::network::NetSnapshot<crate::TypeConfig, SnapshotData = Vec<u8>>,
     {
         let stages = Arc::new(Stages::new());
         Node::start_with(config, id, network, Arc::new(RealStorage), stages).await
@@ -556,6 +557,7 @@ impl Node {
     ) -> Result<Node, String>
     where
         N: openraft::network::RaftNetworkFactory<crate::TypeConfig>,
+        N::Network: openraft::network::NetSnapshot<crate::TypeConfig, SnapshotData = Vec<u8>>,
     {
         config.validate()?;
         let addr = config
@@ -628,6 +630,17 @@ impl Node {
             snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
             max_in_snapshot_log_to_keep: config.log_kept_below_snapshot_entries,
             max_payload_entries: 256,
+            // A node that was cut off or paused asks the others first (a pre-vote) and raises
+            // its term only if a quorum would elect it: it does not depose a leader the rest
+            // of the group still follows when it comes back.
+            enable_pre_vote: Some(true),
+            // Under `fsync = never` or `batch` a crash may take a follower's acknowledged
+            // tail (a torn last record is cut on restart), so its log legitimately ends below
+            // the index the leader recorded as matching. openraft 0.10 refuses such a reversal
+            // unless told it may happen, and the leader would then never send the follower the
+            // entries it lost; allowing it makes the leader search for the follower's match
+            // again. A value a quorum accepted is never withdrawn: the other members still hold it.
+            allow_log_reversion: Some(true),
             ..Default::default()
         }
         .validate()
@@ -1104,7 +1117,10 @@ impl Answers {
 fn is_raft(request: &Request) -> bool {
     matches!(
         request,
-        Request::AppendEntries(_) | Request::Vote(_) | Request::InstallSnapshot(_)
+        Request::AppendEntries(_)
+            | Request::Vote(_)
+            | Request::PreVote(_)
+            | Request::InstallSnapshot { .. }
     )
 }
 
@@ -1216,9 +1232,20 @@ async fn serve_connection(
                 reply(Response::AppendEntries(r))
             }
             Request::Vote(rpc) => reply(Response::Vote(shared.raft.vote(rpc).await)),
-            Request::InstallSnapshot(rpc) => reply(Response::InstallSnapshot(
-                shared.raft.install_snapshot(rpc).await,
-            )),
+            Request::PreVote(rpc) => reply(Response::Vote(shared.raft.pre_vote(rpc).await)),
+            Request::InstallSnapshot { vote, meta, data } => {
+                let snapshot = crate::Snapshot {
+                    meta,
+                    snapshot: data,
+                };
+                reply(Response::InstallSnapshot(
+                    shared
+                        .raft
+                        .install_full_snapshot(vote, snapshot)
+                        .await
+                        .map_err(openraft::error::RaftError::Fatal),
+                ))
+            }
             Request::Status => reply(Response::Status(status(&shared, true).await)),
             Request::StatusBrief => reply(Response::Status(status(&shared, false).await)),
             Request::Snapshot => {
@@ -1332,9 +1359,16 @@ async fn enqueue(
 fn quorum_lost_ms(shared: &Shared) -> Option<u64> {
     let metrics = shared.raft.metrics();
     let m = metrics.borrow();
-    if m.current_leader != Some(shared.id) {
+    // A node whose raft core stopped (a journal write or fsync failed: fail-stop) keeps
+    // naming itself leader in its last metrics; it is not waiting for a quorum but gone, and
+    // its proposal is answered `Unavailable`, which sends the client on to the other nodes.
+    if m.current_leader != Some(shared.id) || m.running_state.is_err() {
         return None;
     }
+    // Not 0.10's `last_quorum_acked`: a leader that is a quorum by itself (a one-node group)
+    // keeps the instant of its last acknowledgement there, which ages, while
+    // `millis_since_quorum_ack` reports 0 for it (as 0.9 did).
+    #[allow(deprecated)]
     m.millis_since_quorum_ack
         .filter(|&ms| ms > shared.config.election_timeout_ms_max)
 }
@@ -1373,11 +1407,12 @@ async fn batcher(
                 Err(e) => p.reply.send(Err(SubmitError::Invalid(e.to_string()))),
             }
         }
-        let receiver = match raft
-            .client_write_ff(LogCommand::Batch(requests.finish()))
+        let (responder, receiver) = openraft::impls::ProgressResponder::complete_only();
+        match raft
+            .client_write_ff(LogCommand::Batch(requests.finish()), Some(responder))
             .await
         {
-            Ok(receiver) => receiver,
+            Ok(()) => {}
             Err(fatal) => {
                 for reply in replies {
                     reply.send(Err(SubmitError::Unavailable(fatal.to_string())));
@@ -1448,7 +1483,7 @@ async fn hash_check_proposer(shared: Arc<Shared>) {
         // Fire and forget: if leadership is lost, the next leader proposes its own.
         let _ = shared
             .raft
-            .client_write_ff(LogCommand::HashCheck { index, state_hash })
+            .client_write_ff(LogCommand::HashCheck { index, state_hash }, None)
             .await;
     }
 }

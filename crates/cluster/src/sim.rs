@@ -12,34 +12,34 @@
 //! target node's [`Raft`] directly after a delay drawn from the seed; no socket is involved.
 //! The remaining sources of chance, and what is done about each:
 //!
-//! - openraft 0.9 draws every election timeout from `AsyncRuntime::thread_rng()`. The
+//! - openraft draws every election timeout from `AsyncRuntime::thread_rng()`. The
 //!   cluster's [`TypeConfig`](crate::TypeConfig) runs on [`SeededRuntime`], which is tokio in
-//!   every respect except that generator: a per-thread splitmix64 that production seeds from
-//!   the operating system's entropy and the simulation seeds with [`seed_thread_rng`].
-//! - tokio's own per-thread generator (seeded from entropy unless tokio is built with
-//!   `--cfg tokio_unstable`, which this workspace does not do) is consulted by exactly three
-//!   things in the code the simulation runs: (1) `select!` without `biased;`, to pick the
-//!   branch polled first: in openraft 0.9 only the replication stream's backoff (entered
-//!   only on an `Unreachable` error, which [`SimNetwork`] never returns: a cut link answers
-//!   with a network error instead) and `Raft::wait` (which nothing here calls); the node's
-//!   TCP connection loop is not used in the simulation; (2) the waiter shard of a `watch`
-//!   channel: openraft waits on its metrics channel when a call races the shutdown of its
-//!   core, and the order in which two such waiters wake is then a coin toss; (3) the shard of
-//!   the blocking pool, which nothing here uses. So the one known residue is (2): two tasks
-//!   that both call into a node at the instant it is crashed. The determinism test measures
-//!   rather than assumes: it runs seeds twice and compares the trace digests.
+//!   every respect except that generator (a per-thread splitmix64 that production seeds from
+//!   the operating system's entropy and the simulation seeds with [`seed_thread_rng`]) and its
+//!   watch channel.
+//! - openraft 0.10 wakes its per-follower replication tasks, and its waiters on I/O progress
+//!   and metrics, through shared watch channels. tokio's `watch` files each waiter under one
+//!   of eight slots drawn from tokio's own per-thread generator (seeded from entropy unless
+//!   tokio is built with `--cfg tokio_unstable`, which this workspace does not do) and wakes
+//!   slot by slot, so two replication tasks woken by one send ran in an order that changed
+//!   from run to run, and with it the order in which their AppendEntries drew delays and
+//!   losses here. [`watch::FifoWatch`] wakes its waiters in the order they began to wait.
+//! - Otherwise tokio's generator is consulted by `select!` without `biased;` (openraft 0.10
+//!   selects through the runtime's `select2`..`select4`, which are biased; the node's TCP
+//!   connection loop is not used in the simulation) and by the blocking pool's shard choice,
+//!   which nothing here uses. The determinism test measures rather than assumes: it runs
+//!   seeds twice and compares the trace digests.
 //! - Real sockets, real time and multi-thread scheduling are absent by construction; the
 //!   node's client port is bound on `127.0.0.x:0` and never connected to.
 //!
-//! Exactness has a price worth knowing: openraft 0.9 draws a node's election timeout once,
-//! when its `Raft` is made, and checks it on a tick every 1.5 heartbeats. Nodes started at
-//! the same virtual instant tick at exactly the same instants forever, and when two or three
-//! of them have timeouts between the same two ticks they start their elections together and
-//! split every vote (seeds 336 and 393 of the simulation stayed leaderless for 60 virtual
-//! seconds). Real nodes start at unrelated instants; the simulation starts each node after a
-//! seeded offset within one tick period for the same reason. (A real group whose nodes'
-//! ticks happen to be in phase could suffer the same, which is worth knowing about openraft
-//! 0.9's fixed per-node timeout.)
+//! Exactness has a price worth knowing: openraft 0.9 drew a node's election timeout once,
+//! when its `Raft` was made, and checked it on a tick every 1.5 heartbeats; nodes started at
+//! the same virtual instant ticked at the same instants forever, and when two or three of them
+//! had timeouts between the same two ticks they split every vote (seeds 336 and 393 stayed
+//! leaderless for 60 virtual seconds). openraft 0.10 draws a new timeout for each campaign and
+//! a random phase for each node's first tick (both from the seeded generator), and the
+//! simulation still starts each node after a seeded offset within one tick period, as real
+//! nodes start at unrelated instants.
 
 //! # The network's faults
 //!
@@ -56,17 +56,18 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::error::{NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError};
+use openraft::network::{RPCOption, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
-use openraft::{AsyncRuntime, BasicNode, OptionalSend, TokioRuntime};
+use openraft::{AsyncRuntime, BasicNode, OptionalSend, RaftNetworkV2, TokioRuntime};
 use serde::Serialize;
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::{NodeId, Raft, TypeConfig};
+use crate::{NodeId, Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
+
+pub mod watch;
 
 /// The longest delay the simulator adds to one message, one way.
 pub const DELAY_MS_LIMIT: u64 = 1_000;
@@ -116,35 +117,49 @@ pub fn seed_thread_rng(seed: u64) {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ThreadRng;
 
-impl rand::RngCore for ThreadRng {
-    fn next_u32(&mut self) -> u32 {
-        (self.next_u64() >> 32) as u32
+impl rand::TryRng for ThreadRng {
+    type Error = std::convert::Infallible;
+
+    fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
+        Ok((self.next() >> 32) as u32)
     }
-    fn next_u64(&mut self) -> u64 {
+    fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
+        Ok(self.next())
+    }
+    fn try_fill_bytes(&mut self, dest: &mut [u8]) -> Result<(), Self::Error> {
+        for chunk in dest.chunks_mut(8) {
+            let bytes = self.next().to_le_bytes();
+            chunk.copy_from_slice(&bytes[..chunk.len()]);
+        }
+        Ok(())
+    }
+}
+
+impl ThreadRng {
+    fn next(&mut self) -> u64 {
         THREAD_RNG_STATE.with(|s| {
             let state = s
                 .get()
-                .unwrap_or_else(|| rand::RngCore::next_u64(&mut rand::thread_rng()))
+                .unwrap_or_else(entropy_seed)
                 .wrapping_add(0x9e37_79b9_7f4a_7c15);
             s.set(Some(state));
             splitmix_finish(state)
         })
     }
-    fn fill_bytes(&mut self, dest: &mut [u8]) {
-        for chunk in dest.chunks_mut(8) {
-            let bytes = self.next_u64().to_le_bytes();
-            chunk.copy_from_slice(&bytes[..chunk.len()]);
-        }
-    }
-    fn try_fill_bytes(&mut self, dest: &mut [u8]) -> Result<(), rand::Error> {
-        self.fill_bytes(dest);
-        Ok(())
-    }
 }
 
-/// openraft's runtime for this crate: tokio, with [`ThreadRng`] as its random generator.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct SeededRuntime;
+/// A seed from the operating system's entropy (std's hasher keys are drawn from it).
+fn entropy_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
+}
+
+/// openraft's runtime for this crate: tokio, with [`ThreadRng`] as its random generator and
+/// [`watch::FifoWatch`] as its watch channel (see the module documentation).
+#[derive(Debug)]
+pub struct SeededRuntime(TokioRuntime);
 
 impl AsyncRuntime for SeededRuntime {
     type JoinError = <TokioRuntime as AsyncRuntime>::JoinError;
@@ -155,9 +170,10 @@ impl AsyncRuntime for SeededRuntime {
     type Timeout<R, T: Future<Output = R> + OptionalSend> =
         <TokioRuntime as AsyncRuntime>::Timeout<R, T>;
     type ThreadLocalRng = ThreadRng;
-    type OneshotSender<T: OptionalSend> = <TokioRuntime as AsyncRuntime>::OneshotSender<T>;
-    type OneshotReceiverError = <TokioRuntime as AsyncRuntime>::OneshotReceiverError;
-    type OneshotReceiver<T: OptionalSend> = <TokioRuntime as AsyncRuntime>::OneshotReceiver<T>;
+    type Mpsc = <TokioRuntime as AsyncRuntime>::Mpsc;
+    type Watch = watch::FifoWatch;
+    type Oneshot = <TokioRuntime as AsyncRuntime>::Oneshot;
+    type Mutex<T: OptionalSend + 'static> = <TokioRuntime as AsyncRuntime>::Mutex<T>;
 
     fn spawn<T>(future: T) -> Self::JoinHandle<T::Output>
     where
@@ -190,11 +206,14 @@ impl AsyncRuntime for SeededRuntime {
     fn thread_rng() -> Self::ThreadLocalRng {
         ThreadRng
     }
-    fn oneshot<T>() -> (Self::OneshotSender<T>, Self::OneshotReceiver<T>)
+    fn new(threads: usize) -> Self {
+        SeededRuntime(TokioRuntime::new(threads))
+    }
+    fn block_on<F, T>(&mut self, future: F) -> T
     where
-        T: OptionalSend,
+        F: Future<Output = T>,
     {
-        TokioRuntime::oneshot()
+        self.0.block_on(future)
     }
 }
 
@@ -415,55 +434,74 @@ pub struct SimPeer {
     sim: Sim,
 }
 
-fn failed<E: std::error::Error>(why: String) -> RPCError<NodeId, BasicNode, E> {
+fn failed(why: String) -> RPCError<TypeConfig> {
     // Always a network error, never `Unreachable`: that one sends openraft's replication into
-    // a backoff whose unbiased `select!` would draw from tokio's unseeded generator.
+    // a backoff, whose timing is not a function of the seed alone.
     RPCError::Network(NetworkError::new(&std::io::Error::other(why)))
 }
 
 /// One RPC kind: how to hand it to the target's raft.
 trait Rpc: Clone + Serialize + Send + 'static {
     type Resp: Serialize + Send;
-    type Err: std::error::Error + Serialize + Send + Sync + 'static;
     const NAME: &'static str;
     fn call(
         self,
         raft: Raft,
-    ) -> impl Future<Output = Result<Self::Resp, RaftError<NodeId, Self::Err>>> + Send;
+    ) -> impl Future<Output = Result<Self::Resp, RaftError<TypeConfig>>> + Send;
 }
 
 impl Rpc for AppendEntriesRequest<TypeConfig> {
-    type Resp = AppendEntriesResponse<NodeId>;
-    type Err = openraft::error::Infallible;
+    type Resp = AppendEntriesResponse<TypeConfig>;
     const NAME: &'static str = "append_entries";
-    async fn call(self, raft: Raft) -> Result<Self::Resp, RaftError<NodeId>> {
+    async fn call(self, raft: Raft) -> Result<Self::Resp, RaftError<TypeConfig>> {
         raft.append_entries(self).await
     }
 }
 
-impl Rpc for VoteRequest<NodeId> {
-    type Resp = VoteResponse<NodeId>;
-    type Err = openraft::error::Infallible;
+impl Rpc for VoteRequest<TypeConfig> {
+    type Resp = VoteResponse<TypeConfig>;
     const NAME: &'static str = "vote";
-    async fn call(self, raft: Raft) -> Result<Self::Resp, RaftError<NodeId>> {
+    async fn call(self, raft: Raft) -> Result<Self::Resp, RaftError<TypeConfig>> {
         raft.vote(self).await
     }
 }
 
-impl Rpc for InstallSnapshotRequest<TypeConfig> {
-    type Resp = InstallSnapshotResponse<NodeId>;
-    type Err = InstallSnapshotError;
+/// A pre-vote: the same request as a vote, answered without changing the target's state.
+#[derive(Clone, Serialize)]
+struct PreVote(VoteRequest<TypeConfig>);
+
+impl Rpc for PreVote {
+    type Resp = VoteResponse<TypeConfig>;
+    const NAME: &'static str = "pre_vote";
+    async fn call(self, raft: Raft) -> Result<Self::Resp, RaftError<TypeConfig>> {
+        raft.pre_vote(self.0).await
+    }
+}
+
+/// A whole snapshot, as the node's wire carries it (`net::Request::InstallSnapshot`).
+#[derive(Clone, Serialize)]
+struct InstallSnapshot {
+    vote: Vote,
+    meta: SnapshotMeta,
+    data: Vec<u8>,
+}
+
+impl Rpc for InstallSnapshot {
+    type Resp = SnapshotResponse<TypeConfig>;
     const NAME: &'static str = "install_snapshot";
-    async fn call(self, raft: Raft) -> Result<Self::Resp, RaftError<NodeId, InstallSnapshotError>> {
-        raft.install_snapshot(self).await
+    async fn call(self, raft: Raft) -> Result<Self::Resp, RaftError<TypeConfig>> {
+        let snapshot = Snapshot {
+            meta: self.meta,
+            snapshot: self.data,
+        };
+        raft.install_full_snapshot(self.vote, snapshot)
+            .await
+            .map_err(RaftError::Fatal)
     }
 }
 
 impl SimPeer {
-    async fn send<R: Rpc>(
-        &mut self,
-        rpc: R,
-    ) -> Result<R::Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, R::Err>>> {
+    async fn send<R: Rpc>(&mut self, rpc: R) -> Result<R::Resp, RPCError<TypeConfig>> {
         let (from, to, sim) = (self.from, self.to, self.sim.clone());
         let fate = sim.fate();
         if let Some(after) = fate.again {
@@ -512,53 +550,72 @@ impl SimPeer {
                 Ok(r)
             }
             Err(e) => {
+                // The target is shutting down (its only error): to the sender, a failed call.
                 sim.record("resp-err", &(R::NAME, from, to, &e));
-                Err(RPCError::RemoteError(RemoteError::new(to, e)))
+                Err(failed(format!("{} {from}->{to}: {e}", R::NAME)))
             }
         }
     }
 }
 
-impl RaftNetwork<TypeConfig> for SimPeer {
+impl RaftNetworkV2<TypeConfig> for SimPeer {
+    type SnapshotData = Vec<u8>;
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         _option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.send(rpc).await
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
-        _option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
-    > {
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.send(rpc).await
     }
 
     async fn vote(
         &mut self,
-        rpc: VoteRequest<NodeId>,
+        rpc: VoteRequest<TypeConfig>,
         _option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.send(rpc).await
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.send(PreVote(rpc)).await
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+        _option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let rpc = InstallSnapshot {
+            vote,
+            meta: snapshot.meta,
+            data: snapshot.snapshot,
+        };
+        tokio::select! {
+            biased;
+            closed = cancel => Err(StreamingError::Closed(closed)),
+            answer = self.send(rpc) => answer.map_err(StreamingError::from),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::Rng;
+    use rand::RngExt;
 
     #[test]
     fn a_seeded_thread_rng_repeats_and_different_seeds_differ() {
         let draw = |seed| {
             seed_thread_rng(seed);
             (0..16)
-                .map(|_| SeededRuntime::thread_rng().gen_range(300..600u64))
+                .map(|_| SeededRuntime::thread_rng().random_range(300..600u64))
                 .collect::<Vec<_>>()
         };
         assert_eq!(draw(7), draw(7));

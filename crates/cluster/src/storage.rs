@@ -28,7 +28,6 @@
 
 use std::collections::VecDeque;
 use std::fmt::Debug;
-use std::io::Cursor;
 use std::ops::{Bound, RangeBounds};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
@@ -39,27 +38,24 @@ use bourse_journal::{
     ChainPoint, Entry as JournalEntry, Fsync, Journal, LogPosition, Meta,
     SnapshotMeta as JournalSnapshotMeta, SnapshotStore,
 };
-use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
-use openraft::{
-    AnyError, CommittedLeaderId, Entry, EntryPayload, LeaderId, LogId, LogState, RaftLogReader,
-    RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError, StorageIOError, StoredMembership,
-    Vote,
-};
+use openraft::storage::{EntryResponder, IOFlushed, RaftLogStorage, RaftStateMachine};
+use openraft::{EntryPayload, LogState, RaftLogReader, RaftSnapshotBuilder};
 
 use crate::batch::LogCommand;
 use crate::state::{Outcome, ReplicatedState};
 use crate::stream::{CommittedEntry, CommittedStream, STREAM_ENTRIES_KEPT_DEFAULT};
-use crate::{NodeId, TypeConfig};
+use crate::{Entry, LogId, Snapshot, SnapshotMeta, StoredMembership, TypeConfig, Vote};
 
 /// Largest membership record inside a snapshot.
 const MEMBERSHIP_SIZE_BYTES_MAX: usize = 1 << 20;
 
-fn io_err<E: std::error::Error + 'static>(e: &E) -> AnyError {
-    AnyError::new(e)
+/// A storage failure for openraft, saying what was being done.
+fn io_err(doing: &str, e: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::other(format!("{doing}: {e}"))
 }
 
-fn log_id(term: u64, index: u64) -> LogId<NodeId> {
-    LogId::new(CommittedLeaderId::new(term, 0), index)
+fn log_id(term: u64, index: u64) -> LogId {
+    LogId::new_term_index(term, index)
 }
 
 /// The most entries the log tail keeps (a follower this far behind reads the journal).
@@ -69,12 +65,12 @@ pub const LOG_TAIL_ENTRIES_MAX: usize = 1024;
 pub const LOG_TAIL_BYTES_MAX: usize = 16 * 1024 * 1024;
 
 /// An entry's estimated size in memory: the entry itself and, for a batch, its bytes.
-fn entry_size_bytes(entry: &Entry<TypeConfig>) -> usize {
+fn entry_size_bytes(entry: &Entry) -> usize {
     let batch_bytes = match &entry.payload {
         EntryPayload::Normal(LogCommand::Batch(batch)) => batch.bytes().len(),
         _ => 0,
     };
-    std::mem::size_of::<Entry<TypeConfig>>() + batch_bytes
+    std::mem::size_of::<Entry>() + batch_bytes
 }
 
 /// The newest entries of the log, decoded, in index order with no gap: always a suffix of
@@ -82,7 +78,7 @@ fn entry_size_bytes(entry: &Entry<TypeConfig>) -> usize {
 /// what the journal would. Every change of the journal's end (append, truncate, purge,
 /// reset) updates it under the same lock.
 struct LogTail {
-    entries: VecDeque<(Arc<Entry<TypeConfig>>, usize)>,
+    entries: VecDeque<(Arc<Entry>, usize)>,
     bytes: usize,
     /// The bounds: whichever is met first drops the oldest entries.
     entries_max: usize,
@@ -119,7 +115,7 @@ impl LogTail {
 
     /// Adds entries the journal has just appended (contiguous, following the journal's
     /// previous end), then drops the oldest beyond the bounds.
-    fn extend(&mut self, appended: Vec<Arc<Entry<TypeConfig>>>) {
+    fn extend(&mut self, appended: Vec<Arc<Entry>>) {
         let Some(first) = appended.first().map(|e| e.log_id.index) else {
             return;
         };
@@ -166,7 +162,7 @@ impl LogTail {
     }
 
     /// The kept entries of `start..end` (the caller checked that `start` is kept).
-    fn range(&self, start: u64, end: u64) -> Vec<Arc<Entry<TypeConfig>>> {
+    fn range(&self, start: u64, end: u64) -> Vec<Arc<Entry>> {
         let Some(first) = self.first_index() else {
             return Vec::new();
         };
@@ -187,7 +183,7 @@ struct LogInner {
     /// The newest entries, decoded (see [`LogTail`]).
     tail: LogTail,
     /// Callbacks waiting for an fsync (only under `Fsync::Batch`): the last index each covers.
-    waiting: VecDeque<(u64, LogFlushed<TypeConfig>)>,
+    waiting: VecDeque<(u64, IOFlushed<TypeConfig>)>,
     /// The flusher's wake-up (only under `Fsync::Batch`).
     flush_signal: Option<Arc<FlushSignal>>,
 }
@@ -202,13 +198,13 @@ impl LogInner {
             .is_some_and(|(last, _)| *last < durable)
         {
             let (_, callback) = self.waiting.pop_front().expect("front exists");
-            callback.log_io_completed(Ok(()));
+            callback.io_completed(Ok(()));
         }
     }
 
     fn fail_waiting(&mut self, why: &str) {
         for (_, callback) in self.waiting.drain(..) {
-            callback.log_io_completed(Err(std::io::Error::other(why.to_string())));
+            callback.io_completed(Err(std::io::Error::other(why.to_string())));
         }
     }
 }
@@ -364,11 +360,7 @@ impl LogStore {
 
     /// Entries `start..end` that the log holds: the part inside the in-memory tail cloned
     /// from it, the part before it read from the journal.
-    fn read_entries(
-        &self,
-        start: u64,
-        end: u64,
-    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
+    fn read_entries(&self, start: u64, end: u64) -> Result<Vec<Entry>, std::io::Error> {
         let (mut entries, from_tail) = {
             let inner = self.inner.lock().expect("log lock");
             let first = inner
@@ -400,25 +392,20 @@ impl LogStore {
         Ok(entries)
     }
 
-    fn read_journal(
-        journal: &Journal,
-        start: u64,
-        end: u64,
-    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
+    fn read_journal(journal: &Journal, start: u64, end: u64) -> Result<Vec<Entry>, std::io::Error> {
         let mut entries = Vec::with_capacity((end - start) as usize);
         let iter = journal
             .entries(start..end)
-            .map_err(|e| StorageIOError::read_logs(io_err(&e)))?;
+            .map_err(|e| io_err("reading the log", e))?;
         for record in iter {
-            let record = record.map_err(|e| StorageIOError::read_logs(io_err(&e)))?;
-            let entry: Entry<TypeConfig> = bincode::deserialize(&record.payload)
-                .map_err(|e| StorageIOError::read_log_at_index(record.index, io_err(&*e)))?;
+            let record = record.map_err(|e| io_err("reading the log", e))?;
+            let entry: Entry = bincode::deserialize(&record.payload)
+                .map_err(|e| io_err(&format!("decoding log entry {}", record.index), e))?;
             if entry.log_id.index != record.index || entry.log_id.leader_id.term != record.term {
-                return Err(StorageIOError::read_log_at_index(
-                    record.index,
-                    AnyError::error("journal record and entry disagree on the log id"),
-                )
-                .into());
+                return Err(io_err(
+                    &format!("reading log entry {}", record.index),
+                    "journal record and entry disagree on the log id",
+                ));
             }
             entries.push(entry);
         }
@@ -444,16 +431,44 @@ impl RaftLogReader<TypeConfig> for LogStore {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
         &mut self,
         range: RB,
-    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
+    ) -> Result<Vec<Entry>, std::io::Error> {
         let (start, end) = bounds(&range);
         self.read_entries(start, end)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, std::io::Error> {
+        let inner = self.inner.lock().expect("log lock");
+        let meta = inner.journal.meta();
+        if meta.term == 0 && meta.voted_for.is_none() && !meta.vote_committed {
+            return Ok(None);
+        }
+        // openraft restarts a node whose saved vote is its own committed one as the
+        // leader of that term at once, without an election, and goes on numbering entries in
+        // that term after its last local one. That is only sound if the local log still holds
+        // every entry it created in the term, and it need not: under `fsync = batch` or
+        // `never` a leader's entry can reach the followers, be committed by them and be lost
+        // from the leader's own tail in a crash. The restarted leader then wrote a different
+        // entry under the same log id, which the followers took for the one they had: the
+        // replicas diverged and an acknowledged command was lost (the node_faults torn-tail
+        // flake). Reading our own vote back as not committed makes the node restart as a
+        // follower that must win a new election in a higher term, where the followers' longer
+        // logs outvote it, as in the Raft paper's restart rule.
+        let own_id = inner.journal.config().node_id;
+        let own = meta.voted_for == Some(own_id);
+        // openraft 0.10's vote always names a node. A term saved without one (never written
+        // by this crate) reads back as a vote for ourselves: we then grant no one else's
+        // vote in that term, which is the safe side.
+        let voted_for = meta.voted_for.unwrap_or(own_id);
+        let mut vote = Vote::new(meta.term, voted_for);
+        vote.committed = meta.vote_committed && !own;
+        Ok(Some(vote))
     }
 }
 
 impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogStore;
 
-    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<NodeId>> {
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, std::io::Error> {
         let inner = self.inner.lock().expect("log lock");
         Ok(LogState {
             last_purged_log_id: inner.journal.last_purged().map(|p| log_id(p.term, p.index)),
@@ -468,51 +483,21 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.clone()
     }
 
-    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), std::io::Error> {
         let mut inner = self.inner.lock().expect("log lock");
         let meta = Meta {
             term: vote.leader_id.term,
-            voted_for: vote.leader_id.voted_for,
+            voted_for: Some(vote.leader_id.voted_for),
             vote_committed: vote.committed,
             committed: inner.journal.meta().committed,
         };
         inner
             .journal
             .save_meta(meta)
-            .map_err(|e| StorageIOError::write_vote(io_err(&e)).into())
+            .map_err(|e| io_err("saving the vote", e))
     }
 
-    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
-        let inner = self.inner.lock().expect("log lock");
-        let meta = inner.journal.meta();
-        if meta.term == 0 && meta.voted_for.is_none() && !meta.vote_committed {
-            return Ok(None);
-        }
-        // openraft (0.9) restarts a node whose saved vote is its own committed one as the
-        // leader of that term at once, without an election, and goes on numbering entries in
-        // that term after its last local one. That is only sound if the local log still holds
-        // every entry it created in the term, and it need not: under `fsync = batch` or
-        // `never` a leader's entry can reach the followers, be committed by them and be lost
-        // from the leader's own tail in a crash. The restarted leader then wrote a different
-        // entry under the same log id, which the followers took for the one they had: the
-        // replicas diverged and an acknowledged command was lost (the node_faults torn-tail
-        // flake). Reading our own vote back as not committed makes the node restart as a
-        // follower that must win a new election in a higher term, where the followers' longer
-        // logs outvote it, as in the Raft paper's restart rule.
-        let own = meta.voted_for == Some(inner.journal.config().node_id);
-        Ok(Some(Vote {
-            leader_id: LeaderId {
-                term: meta.term,
-                voted_for: meta.voted_for,
-            },
-            committed: meta.vote_committed && !own,
-        }))
-    }
-
-    async fn save_committed(
-        &mut self,
-        committed: Option<LogId<NodeId>>,
-    ) -> Result<(), StorageError<NodeId>> {
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), std::io::Error> {
         let Some(committed) = committed else {
             return Ok(());
         };
@@ -523,13 +508,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 index: committed.index,
                 term: committed.leader_id.term,
             })
-            .map_err(|e| StorageIOError::write_logs(io_err(&e)).into())
+            .map_err(|e| io_err("saving the commit point", e))
     }
 
     /// The journal's commit point: committed entries openraft re-applies from the local log
     /// at start-up. It never lies past the log (recovery refuses a log that ends before it,
     /// or under `fsync = never` stops vouching for what it lost).
-    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
+    async fn read_committed(&mut self) -> Result<Option<LogId>, std::io::Error> {
         let inner = self.inner.lock().expect("log lock");
         let committed = inner.journal.committed().filter(|c| {
             let first = inner.journal.last_purged().map_or(0, |p| p.index + 1);
@@ -541,17 +526,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn append<I>(
         &mut self,
         entries: I,
-        callback: LogFlushed<TypeConfig>,
-    ) -> Result<(), StorageError<NodeId>>
+        callback: IOFlushed<TypeConfig>,
+    ) -> Result<(), std::io::Error>
     where
-        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
         let mut records = Vec::new();
         let mut decoded = Vec::new();
         for entry in entries {
             let payload = bincode::serialize(&entry)
-                .map_err(|e| StorageIOError::write_log_entry(entry.log_id, io_err(&*e)))?;
+                .map_err(|e| io_err(&format!("encoding log entry {}", entry.log_id), e))?;
             records.push(JournalEntry {
                 index: entry.log_id.index,
                 term: entry.log_id.leader_id.term,
@@ -562,7 +547,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         let mut inner = self.inner.lock().expect("log lock");
         let Some(last) = records.last().map(|r| r.index) else {
-            callback.log_io_completed(Ok(()));
+            callback.io_completed(Ok(()));
             return Ok(());
         };
         if let Err(e) = inner.journal.append(&records) {
@@ -572,14 +557,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             // node stops acknowledging; openraft shuts the node down on this error. Say so
             // where the operator looks, naming the file and the operating system's error.
             eprintln!("bourse-cluster: journal append failed, this node stops (fail-stop): {e}");
-            callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
-            return Err(StorageIOError::write_logs(io_err(&e)).into());
+            callback.io_completed(Err(std::io::Error::other(e.to_string())));
+            return Err(io_err("appending to the log", e));
         }
         // Readable from the tail once the journal has them (a read of them from the journal
         // would equally return them before they are durable under `batch`).
         inner.tail.extend(decoded);
         match inner.journal.config().fsync {
-            Fsync::Always | Fsync::Never => callback.log_io_completed(Ok(())),
+            Fsync::Always | Fsync::Never => callback.io_completed(Ok(())),
             Fsync::Batch { .. } => {
                 inner.waiting.push_back((last, callback));
                 inner.release_durable();
@@ -593,13 +578,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(())
     }
 
-    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+    /// Keeps the log up to `last_log_id` and drops what follows (a conflicting suffix).
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), std::io::Error> {
         let mut inner = self.inner.lock().expect("log lock");
-        let Some(keep_last) = log_id.index.checked_sub(1) else {
-            return Err(StorageIOError::write_logs(AnyError::error(
+        let Some(keep_last) = last_log_id.map(|l| l.index) else {
+            return Err(io_err(
+                "truncating the log",
                 "refusing to truncate the whole log (a conflict at index 0)",
-            ))
-            .into());
+            ));
         };
         let result = inner.journal.truncate_after(keep_last);
         match result {
@@ -607,10 +593,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             // The journal's end is unknown after a failed cut: read only the journal.
             Err(_) => inner.tail.clear(),
         }
-        result.map_err(|e| StorageIOError::write_logs(io_err(&e)).into())
+        result.map_err(|e| io_err("truncating the log", e))
     }
 
-    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+    async fn purge(&mut self, log_id: LogId) -> Result<(), std::io::Error> {
         let mut inner = self.inner.lock().expect("log lock");
         let result = if log_id.index < inner.journal.next_index() {
             let purged = inner.journal.purge_upto(log_id.index).map(|_| ());
@@ -631,7 +617,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         if result.is_err() {
             inner.tail.clear();
         }
-        result.map_err(|e| StorageIOError::write_logs(io_err(&e)).into())
+        result.map_err(|e| io_err("purging the log", e))
     }
 }
 
@@ -640,8 +626,8 @@ pub type Alarm = Arc<Mutex<Option<String>>>;
 
 struct SmInner {
     state: ReplicatedState,
-    last_applied: Option<LogId<NodeId>>,
-    membership: StoredMembership<NodeId, openraft::BasicNode>,
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
     snapshots: SnapshotStore,
     cluster_id: u128,
     checkpoint_every_entries: u64,
@@ -676,10 +662,7 @@ pub struct AppliedStatus {
     pub checkpoint: Option<(u64, u64)>,
 }
 
-fn encode_snapshot_data(
-    membership: &StoredMembership<NodeId, openraft::BasicNode>,
-    state: &[u8],
-) -> Vec<u8> {
+fn encode_snapshot_data(membership: &StoredMembership, state: &[u8]) -> Vec<u8> {
     let m = bincode::serialize(membership).expect("membership encodes");
     let mut data = Vec::with_capacity(4 + m.len() + state.len());
     data.extend_from_slice(&(m.len() as u32).to_le_bytes());
@@ -688,9 +671,7 @@ fn encode_snapshot_data(
     data
 }
 
-fn decode_snapshot_data(
-    data: &[u8],
-) -> Result<(StoredMembership<NodeId, openraft::BasicNode>, &[u8]), String> {
+fn decode_snapshot_data(data: &[u8]) -> Result<(StoredMembership, &[u8]), String> {
     let len = data
         .get(..4)
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
@@ -858,7 +839,7 @@ impl SmInner {
         }
     }
 
-    fn build(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+    fn build(&mut self) -> Result<Snapshot, std::io::Error> {
         let build_started = std::time::Instant::now();
         let state = self.state.snapshot();
         let state_hash = xxhash_rust::xxh3::xxh3_64(&state);
@@ -880,51 +861,49 @@ impl SmInner {
                     },
                     &data,
                 )
-                .map_err(|e| StorageIOError::write_snapshot(None, io_err(&e)))?;
+                .map_err(|e| io_err("writing a snapshot", e))?;
         }
         let meta = SnapshotMeta {
             last_log_id: self.last_applied,
             last_membership: self.membership.clone(),
-            snapshot_id: format!("{last_index}-{last_term}-{state_hash:016x}"),
         };
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(data)),
+            snapshot: data,
         })
     }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
-    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+    type SnapshotData = Vec<u8>;
+
+    async fn build_snapshot(&mut self) -> Result<Snapshot, std::io::Error> {
         self.inner.lock().await.build()
     }
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotData = Vec<u8>;
     type SnapshotBuilder = StateMachineStore;
 
-    async fn applied_state(
-        &mut self,
-    ) -> Result<
-        (
-            Option<LogId<NodeId>>,
-            StoredMembership<NodeId, openraft::BasicNode>,
-        ),
-        StorageError<NodeId>,
-    > {
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), std::io::Error> {
         let inner = self.inner.lock().await;
         Ok((inner.last_applied, inner.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<Outcome>>, StorageError<NodeId>>
+    /// Applies committed entries in log order and answers each one's responder (the leader's
+    /// client write) with its outcomes once the entry is applied and published.
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), std::io::Error>
     where
-        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
-        I::IntoIter: Send,
+        Strm: futures_util::Stream<Item = Result<EntryResponder<TypeConfig>, std::io::Error>>
+            + Unpin
+            + Send,
     {
+        use futures_util::StreamExt;
         let mut inner = self.inner.lock().await;
         let inner = &mut *inner;
-        let mut responses = Vec::new();
-        for entry in entries {
+        while let Some(item) = entries.next().await {
+            let (entry, responder) = item?;
             assert!(
                 inner
                     .last_applied
@@ -959,9 +938,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         eprintln!("bourse-cluster: {text}");
                         *inner.alarm.lock().expect("alarm lock") = Some(text.clone());
                         // A storage error is fatal to openraft: the node stops serving.
-                        return Err(
-                            StorageIOError::apply(entry.log_id, AnyError::error(text)).into()
-                        );
+                        return Err(io_err(&format!("applying entry {}", entry.log_id), text));
                     }
                 }
             }
@@ -971,33 +948,29 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 requests: committed,
                 market_data_flush_ns: flush_ns,
             });
-            responses.push(outcomes);
+            if let Some(responder) = responder {
+                responder.send(outcomes);
+            }
         }
-        Ok(responses)
+        Ok(())
     }
 
     async fn get_snapshot_builder(&mut self) -> StateMachineStore {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(
-        &mut self,
-    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
-        Ok(Box::new(Cursor::new(Vec::new())))
-    }
-
     async fn install_snapshot(
         &mut self,
-        meta: &SnapshotMeta<NodeId, openraft::BasicNode>,
-        snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<(), StorageError<NodeId>> {
+        meta: &SnapshotMeta,
+        snapshot: Vec<u8>,
+    ) -> Result<(), std::io::Error> {
         let mut inner = self.inner.lock().await;
-        let data = snapshot.into_inner();
+        let data = snapshot;
         let bad = |why: String| {
-            StorageError::from(StorageIOError::read_snapshot(
-                Some(meta.signature()),
-                AnyError::error(why),
-            ))
+            let upto = meta
+                .last_log_id
+                .map_or("nothing".to_string(), |l| l.to_string());
+            io_err(&format!("installing the snapshot up to {upto}"), why)
         };
         let (membership, state_bytes) = decode_snapshot_data(&data).map_err(bad)?;
         let mut state = ReplicatedState::restore(state_bytes, inner.checkpoint_every_entries)
@@ -1024,35 +997,28 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     },
                     &data,
                 )
-                .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), io_err(&e)))?;
+                .map_err(|e| io_err("writing the installed snapshot", e))?;
         }
         Ok(())
     }
 
-    async fn get_current_snapshot(
-        &mut self,
-    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, std::io::Error> {
         let inner = self.inner.lock().await;
         let latest = inner
             .snapshots
             .latest()
-            .map_err(|e| StorageIOError::read_snapshot(None, io_err(&e)))?;
+            .map_err(|e| io_err("reading the newest snapshot", e))?;
         let Some(snap) = latest.snapshot else {
             return Ok(None);
         };
-        let (membership, _) = decode_snapshot_data(&snap.data).map_err(|why| {
-            StorageError::from(StorageIOError::read_snapshot(None, AnyError::error(why)))
-        })?;
+        let (membership, _) = decode_snapshot_data(&snap.data)
+            .map_err(|why| io_err("reading the newest snapshot", why))?;
         Ok(Some(Snapshot {
             meta: SnapshotMeta {
                 last_log_id: Some(log_id(snap.meta.last_term, snap.meta.last_index)),
                 last_membership: membership,
-                snapshot_id: format!(
-                    "{}-{}-{:016x}",
-                    snap.meta.last_index, snap.meta.last_term, snap.meta.state_hash
-                ),
             },
-            snapshot: Box::new(Cursor::new(snap.data)),
+            snapshot: snap.data,
         }))
     }
 }
@@ -1060,7 +1026,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 /// The journal record payload of a normal entry at `(term, index)` carrying `command`, exactly
 /// as [`LogStore`] writes it (for tools and benchmarks that build a journal without a group).
 pub fn entry_payload(term: u64, index: u64, command: LogCommand) -> Vec<u8> {
-    let entry: Entry<TypeConfig> = Entry {
+    let entry: Entry = Entry {
         log_id: log_id(term, index),
         payload: EntryPayload::Normal(command),
     };
@@ -1070,7 +1036,7 @@ pub fn entry_payload(term: u64, index: u64, command: LogCommand) -> Vec<u8> {
 /// The application command in a journal record's payload (None for blank and membership
 /// entries): what replay and operator tools need without openraft's types.
 pub fn entry_command(payload: &[u8]) -> Result<Option<LogCommand>, String> {
-    let entry: Entry<TypeConfig> = bincode::deserialize(payload).map_err(|e| e.to_string())?;
+    let entry: Entry = bincode::deserialize(payload).map_err(|e| e.to_string())?;
     Ok(match entry.payload {
         EntryPayload::Normal(command) => Some(command),
         _ => None,

@@ -225,9 +225,13 @@ async fn submit(
         request_seq,
         command,
     };
-    let Ok(receiver) = raft.client_write_ff(LogCommand::batch(&[request])).await else {
+    let (responder, receiver) = openraft::impls::ProgressResponder::complete_only();
+    let written = raft
+        .client_write_ff(LogCommand::batch(&[request]), Some(responder))
+        .await;
+    if written.is_err() {
         return Err(None);
-    };
+    }
     match receiver.await {
         Ok(Ok(response)) => Ok(response.data.into_iter().next().expect("one outcome")),
         Ok(Err(ClientWriteError::ForwardToLeader(f))) => Err(f.leader_id),

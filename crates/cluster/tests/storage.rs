@@ -5,15 +5,12 @@
 use std::sync::{Arc, Mutex};
 
 use bourse_cluster::batch::{ClientRequest, LogCommand};
-use bourse_cluster::{LogStore, StateMachineStore, TypeConfig};
+use bourse_cluster::{Entry, LogId, LogStore, StateMachineStore, Vote};
 use bourse_core::{AccountId, AccountSpec, Command, CommandBody, FirmId, StpMode, StpScope};
 use bourse_engine::EngineConfig;
 use bourse_journal::{Config, Fsync, Journal, SnapshotStore};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
-use openraft::{
-    CommittedLeaderId, Entry, EntryPayload, LeaderId, LogId, RaftLogReader, RaftSnapshotBuilder,
-    Vote,
-};
+use openraft::{EntryPayload, RaftLogReader, RaftSnapshotBuilder};
 
 fn engine_config() -> EngineConfig {
     EngineConfig {
@@ -25,11 +22,17 @@ fn engine_config() -> EngineConfig {
     }
 }
 
-fn entry(term: u64, index: u64, command: LogCommand) -> Entry<TypeConfig> {
+fn entry(term: u64, index: u64, command: LogCommand) -> Entry {
     Entry {
-        log_id: LogId::new(CommittedLeaderId::new(term, 0), index),
+        log_id: LogId::new_term_index(term, index),
         payload: EntryPayload::Normal(command),
     }
+}
+
+/// Applies `entries` as openraft hands them over (a stream, no client waiting on any).
+async fn apply(sm: &mut StateMachineStore, entries: Vec<Entry>) -> std::io::Result<()> {
+    let stream = futures_util::stream::iter(entries.into_iter().map(|e| Ok((e, None))));
+    sm.apply(stream).await
 }
 
 fn add_account(seq: u64) -> LogCommand {
@@ -63,21 +66,12 @@ async fn appended_entries_and_the_vote_survive_a_reopen_and_truncate_and_purge_k
         let entries: Vec<_> = (0..10).map(|i| entry(1, i, add_account(i + 1))).collect();
         // The callback is openraft's; the journal appends under Fsync::Never call it at once.
         log.blocking_append(entries).await.unwrap();
-        log.save_vote(&Vote {
-            leader_id: LeaderId {
-                term: 3,
-                voted_for: Some(2),
-            },
-            committed: true,
-        })
-        .await
-        .unwrap();
-        log.truncate(LogId::new(CommittedLeaderId::new(1, 0), 8))
+        log.save_vote(&Vote::new_committed(3, 2)).await.unwrap();
+        // A conflict at 8: entries after 7 go.
+        log.truncate_after(Some(LogId::new_term_index(1, 7)))
             .await
             .unwrap();
-        log.purge(LogId::new(CommittedLeaderId::new(1, 0), 2))
-            .await
-            .unwrap();
+        log.purge(LogId::new_term_index(1, 2)).await.unwrap();
     }
     let mut log = open_log(dir.path());
     let state = log.get_log_state().await.unwrap();
@@ -94,7 +88,7 @@ async fn appended_entries_and_the_vote_survive_a_reopen_and_truncate_and_purge_k
             vote.leader_id.voted_for,
             vote.committed
         ),
-        (3, Some(2), true)
+        (3, 2, true)
     );
 }
 
@@ -108,16 +102,8 @@ async fn a_restarted_leader_reads_its_vote_back_uncommitted_and_the_commit_point
         let mut log = open_log(dir.path());
         let entries: Vec<_> = (0..6).map(|i| entry(2, i, add_account(i + 1))).collect();
         log.blocking_append(entries).await.unwrap();
-        log.save_vote(&Vote {
-            leader_id: LeaderId {
-                term: 2,
-                voted_for: Some(1),
-            },
-            committed: true,
-        })
-        .await
-        .unwrap();
-        log.save_committed(Some(LogId::new(CommittedLeaderId::new(2, 0), 4)))
+        log.save_vote(&Vote::new_committed(2, 1)).await.unwrap();
+        log.save_committed(Some(LogId::new_term_index(2, 4)))
             .await
             .unwrap();
     }
@@ -129,7 +115,7 @@ async fn a_restarted_leader_reads_its_vote_back_uncommitted_and_the_commit_point
             vote.leader_id.voted_for,
             vote.committed
         ),
-        (2, Some(1), false)
+        (2, 1, false)
     );
     let committed = log.read_committed().await.unwrap().unwrap();
     assert_eq!((committed.leader_id.term, committed.index), (2, 4));
@@ -146,7 +132,7 @@ async fn a_snapshot_restores_the_same_state_hash_after_a_restart() {
     let alarm = Arc::new(Mutex::new(None));
     let mut sm = open_sm(dir.path(), alarm.clone());
     let entries: Vec<_> = (1..=5).map(|i| entry(1, i, add_account(i))).collect();
-    sm.apply(entries).await.unwrap();
+    apply(&mut sm, entries).await.unwrap();
     let built = sm.build_snapshot().await.unwrap();
     assert_eq!(built.meta.last_log_id.map(|l| l.index), Some(5));
     let hash = sm.status().await.state_hash;
@@ -161,10 +147,10 @@ async fn a_hash_entry_that_disagrees_raises_the_alarm_and_stops_the_state_machin
     let dir = tempfile::tempdir().unwrap();
     let alarm = Arc::new(Mutex::new(None));
     let mut sm = open_sm(dir.path(), alarm.clone());
-    sm.apply(vec![
-        entry(1, 1, add_account(1)),
-        entry(1, 2, add_account(2)),
-    ])
+    apply(
+        &mut sm,
+        vec![entry(1, 1, add_account(1)), entry(1, 2, add_account(2))],
+    )
     .await
     .unwrap();
     let (index, hash) = sm.last_checkpoint().await.unwrap();
@@ -173,13 +159,13 @@ async fn a_hash_entry_that_disagrees_raises_the_alarm_and_stops_the_state_machin
         index,
         state_hash: hash,
     };
-    sm.apply(vec![entry(1, 3, agreeing)]).await.unwrap();
+    apply(&mut sm, vec![entry(1, 3, agreeing)]).await.unwrap();
     assert!(alarm.lock().unwrap().is_none());
     let wrong = LogCommand::HashCheck {
         index,
         state_hash: hash ^ 1,
     };
-    assert!(sm.apply(vec![entry(1, 4, wrong)]).await.is_err());
+    assert!(apply(&mut sm, vec![entry(1, 4, wrong)]).await.is_err());
     let text = alarm.lock().unwrap().clone().expect("alarm raised");
     assert!(
         text.contains("state hash mismatch after log index 2"),
@@ -235,7 +221,7 @@ fn deposits(seq: u64, requests: u64) -> LogCommand {
 }
 
 /// What a read returned, comparable (openraft's `Entry` has no `PartialEq`).
-fn shown(entries: &[Entry<TypeConfig>]) -> Vec<String> {
+fn shown(entries: &[Entry]) -> Vec<String> {
     entries.iter().map(|e| format!("{e:?}")).collect()
 }
 
@@ -249,7 +235,7 @@ async fn reads_from_the_in_memory_tail_equal_the_journal_through_appends_truncat
     let dir = tempfile::tempdir().unwrap();
     let mut log = open_log(dir.path());
     // The model: the log's entries by index, first..next.
-    let mut model: std::collections::BTreeMap<u64, Entry<TypeConfig>> = Default::default();
+    let mut model: std::collections::BTreeMap<u64, Entry> = Default::default();
     let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
     let mut next_random = move |n: u64| {
         rng ^= rng << 13;
@@ -292,7 +278,7 @@ async fn reads_from_the_in_memory_tail_equal_the_journal_through_appends_truncat
                 let first = *model.keys().next().unwrap();
                 let back = 1 + next_random((model.len() as u64 - 1).min(100));
                 let at = (next - back).max(first + 1).max(1);
-                log.truncate(LogId::new(CommittedLeaderId::new(term, 0), at))
+                log.truncate_after(Some(model[&(at - 1)].log_id))
                     .await
                     .unwrap();
                 model.retain(|&i, _| i < at);
@@ -302,17 +288,13 @@ async fn reads_from_the_in_memory_tail_equal_the_journal_through_appends_truncat
                 let first = *model.keys().next().unwrap();
                 let upto = first + next_random((model.len() as u64 - 1).min(60));
                 let t = model[&upto].log_id.leader_id.term;
-                log.purge(LogId::new(CommittedLeaderId::new(t, 0), upto))
-                    .await
-                    .unwrap();
+                log.purge(LogId::new_term_index(t, upto)).await.unwrap();
                 model.retain(|&i, _| i > upto);
             }
             8 if next_random(20) == 0 => {
                 // A snapshot beyond the log was installed: the log restarts after it.
                 let upto = next + 5 + next_random(50);
-                log.purge(LogId::new(CommittedLeaderId::new(term, 0), upto))
-                    .await
-                    .unwrap();
+                log.purge(LogId::new_term_index(term, upto)).await.unwrap();
                 model.clear();
                 assert_eq!(log.tail_extent(), (None, 0), "a reset empties the tail");
             }
