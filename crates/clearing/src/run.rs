@@ -302,7 +302,7 @@ pub fn fee_lines(state: &ClearingState, schedule: &FeeSchedule) -> Vec<FeeLine> 
                 account,
                 instrument,
                 core,
-                base: *base,
+                base,
                 fee: Cash(fee),
             });
         }
