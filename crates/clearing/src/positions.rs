@@ -6,7 +6,9 @@
 //! 100,000,000 positions that is 37 GB. Almost every amount fits 64 bits, so an
 //! [`AccountTable`] keeps each record packed (`Compact`: fifteen `i64`s for a position, 120
 //! bytes; four for a fee base) in one vector per account, sorted by instrument and grown by
-//! a quarter, under a `BTreeMap` of accounts: about 140 bytes per position.
+//! a quarter, under a `BTreeMap` of accounts: 128 bytes per position and 40 per fee base,
+//! plus the vectors' spare slots (measured: 219 bytes per position with its fee base at ten
+//! positions per account, against 484 in `BTreeMap`s of the whole records).
 //!
 //! Every amount is converted with a checked conversion: a record is packed only when each of
 //! its amounts fits, so nothing wraps. One that does not fit is kept whole in a side map (its
