@@ -726,7 +726,7 @@ pub fn intraday(
             let mark = traded.and_then(|s| s.recent.back()).map(|t| t.price);
             line.settlement = mark.map(|m| (m, 2));
             if let Some(m) = mark {
-                let amounts = futures_amounts(def, p, m, traded.and_then(|s| s.sod_settlement));
+                let amounts = futures_amounts(def, &p, m, traded.and_then(|s| s.sod_settlement));
                 line.amounts.extend(amounts);
             }
         } else {

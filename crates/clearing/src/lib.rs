@@ -5,8 +5,9 @@
 //!
 //! - [`ClearingState`] (`state`): per account and instrument, position in lots, average cost,
 //!   realised P&L, variation margin paid, equity and FX settlement obligations; per account
-//!   and core, cash as the core has it. Fixed-point integers only, `BTreeMap`s only, no clock:
-//!   fed the same entries it reaches the same [`ClearingState::state_hash`].
+//!   and core, cash as the core has it. Fixed-point integers only, ordered containers only,
+//!   no clock: fed the same entries it reaches the same [`ClearingState::state_hash`].
+//!   Positions and fee bases are held packed per account (`positions`: [`Positions`]).
 //! - [`compute_run`] (`run`): a pure function of the state at a cut (a vector of per-core
 //!   stream positions) giving a [`RunPlan`]: settlement prices ([`SettlementRule`], a VWAP of
 //!   the last trades), variation margin per futures position (zero-sum per instrument before
@@ -43,6 +44,7 @@
 pub mod fees;
 pub mod fix;
 pub mod node;
+pub mod positions;
 pub mod report;
 pub mod run;
 pub mod schedule;
@@ -53,6 +55,7 @@ pub mod state;
 
 pub use fees::{FeeBase, FeeLine, FeeRate, FeeSchedule};
 pub use node::{load_instruments, ClearingConfig, ClearingNode, RunRequest, StandbyLogin};
+pub use positions::{AccountTable, FeeBases, Positions};
 pub use report::{save_plan, saved_runs, Report};
 pub use run::{
     compute_run, compute_run_with_fees, fee_lines, run_client_id, settlement_prices, DebtLine,

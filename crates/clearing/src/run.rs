@@ -319,7 +319,7 @@ pub fn fee_lines(state: &ClearingState, schedule: &FeeSchedule) -> Vec<FeeLine> 
                 account,
                 instrument,
                 core,
-                base: *base,
+                base,
                 fee: Cash(fee),
             });
         }

@@ -219,7 +219,7 @@ fn account_json(
                 .and_then(|s| s.sod_settlement);
             line["sod_settlement_price"] = json!(sod_settlement.map(|p| p.0));
             if let Some(mark) = last {
-                for (name, amount) in crate::fix::futures_amounts(def, p, mark, sod_settlement) {
+                for (name, amount) in crate::fix::futures_amounts(def, &p, mark, sod_settlement) {
                     match name {
                         "SMTM" => line["start_of_day_mtm"] = json!(cash(amount)),
                         "TVAR" => line["trade_variation"] = json!(cash(amount)),
@@ -279,7 +279,7 @@ fn fees_due(state: &ClearingState, fees: Option<&FeeSchedule>, account: AccountI
     };
     state
         .fee_bases()
-        .range((account, InstrumentId(0))..=(account, InstrumentId(u32::MAX)))
+        .of_account(account)
         .filter_map(|(&(_, i), base)| {
             let def = state.definition(i)?;
             Some(base.fee(def, schedule.rate_of(def)?))

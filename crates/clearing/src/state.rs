@@ -14,6 +14,7 @@ use bourse_core::{
 use serde::Serialize;
 
 use crate::fees::FeeBase;
+use crate::positions::{Compact, FeeBases, Positions};
 
 /// The most recent trades kept per instrument for settlement prices (a bound on memory; a
 /// settlement rule may ask for at most this many).
@@ -168,7 +169,8 @@ pub struct ClearingState {
     /// configuration's, and, unlike those, are in the snapshot, so an instrument an operator
     /// added at run time is still known to a clearing restarted from its snapshot.
     learned: BTreeMap<InstrumentId, InstrumentDef>,
-    positions: BTreeMap<(AccountId, InstrumentId), ClearingPosition>,
+    /// Held compactly (see `positions`): 64-bit amounts where they fit.
+    positions: Positions,
     instruments: BTreeMap<InstrumentId, InstrumentState>,
     cash: BTreeMap<(usize, AccountId), AccountCash>,
     firms: BTreeMap<AccountId, FirmId>,
@@ -186,7 +188,7 @@ pub struct ClearingState {
     /// run is computed, or its margin would be paid twice.
     runs_on_stream_max: u32,
     /// Per account and instrument, what was traded since fees were last charged (`fees`).
-    fee_base: BTreeMap<(AccountId, InstrumentId), FeeBase>,
+    fee_base: FeeBases,
     /// Per account, the fees runs charged it so far.
     fees_paid: BTreeMap<AccountId, Cash>,
     /// The clearing business date, `YYYYMMDD` (0: none yet): the business day after the
@@ -207,7 +209,7 @@ impl ClearingState {
         ClearingState {
             definitions: definitions.into_iter().map(|d| (d.instrument, d)).collect(),
             learned: BTreeMap::new(),
-            positions: BTreeMap::new(),
+            positions: Positions::default(),
             instruments: BTreeMap::new(),
             cash: BTreeMap::new(),
             firms: BTreeMap::new(),
@@ -217,7 +219,7 @@ impl ClearingState {
             trades: 0,
             last_settled_run: 0,
             runs_on_stream_max: 0,
-            fee_base: BTreeMap::new(),
+            fee_base: FeeBases::default(),
             debts: BTreeMap::new(),
             fees_paid: BTreeMap::new(),
             business_date: 0,
@@ -230,7 +232,7 @@ impl ClearingState {
     }
 
     /// What each account traded in each instrument since its fees were last charged.
-    pub fn fee_bases(&self) -> &BTreeMap<(AccountId, InstrumentId), FeeBase> {
+    pub fn fee_bases(&self) -> &FeeBases {
         &self.fee_base
     }
 
@@ -269,9 +271,9 @@ impl ClearingState {
     pub fn account_positions(
         &self,
         account: AccountId,
-    ) -> impl Iterator<Item = (InstrumentId, &ClearingPosition)> + '_ {
+    ) -> impl Iterator<Item = (InstrumentId, ClearingPosition)> + '_ {
         self.positions
-            .range((account, InstrumentId(0))..=(account, InstrumentId(u32::MAX)))
+            .of_account(account)
             .map(|(&(_, i), p)| (i, p))
     }
 
@@ -351,7 +353,7 @@ impl ClearingState {
         self.learned.insert(instrument, definition);
     }
 
-    pub fn positions(&self) -> &BTreeMap<(AccountId, InstrumentId), ClearingPosition> {
+    pub fn positions(&self) -> &Positions {
         &self.positions
     }
 
@@ -504,12 +506,14 @@ impl ClearingState {
                     Side::Buy => (buy.account, sell.account),
                     Side::Sell => (sell.account, buy.account),
                 };
-                let t = self.fee_base.entry((taker, instrument)).or_default();
-                t.taker_value += value.abs();
-                t.taker_lots += qty.0;
-                let m = self.fee_base.entry((maker, instrument)).or_default();
-                m.maker_value += value.abs();
-                m.maker_lots += qty.0;
+                self.fee_base.update((taker, instrument), |t| {
+                    t.taker_value += value.abs();
+                    t.taker_lots += qty.0;
+                });
+                self.fee_base.update((maker, instrument), |m| {
+                    m.maker_value += value.abs();
+                    m.maker_lots += qty.0;
+                });
                 let state = self.instruments.entry(instrument).or_default();
                 state.core = core;
                 state.trades += 1;
@@ -577,7 +581,8 @@ impl ClearingState {
             Side::Buy => 1,
             Side::Sell => -1,
         };
-        let p = self.positions.entry((account, def.instrument)).or_default();
+        let key = (account, def.instrument);
+        let mut p = self.positions.get(&key).unwrap_or_default();
         p.paid_value += dir as i128 * value;
         match side {
             Side::Buy => p.lots_bought += lots,
@@ -609,6 +614,7 @@ impl ClearingState {
             // The core pays for equities and FX at once (T+0): mirror its cash.
             self.cash.entry((core, account)).or_default().cash.0 -= dir as i128 * notional_cash;
         }
+        self.positions.insert(key, p);
         Ok(())
     }
 
@@ -617,8 +623,10 @@ impl ClearingState {
     pub fn settle(&mut self, plan: &crate::run::RunPlan) {
         self.last_settled_run = self.last_settled_run.max(plan.run_id);
         for line in &plan.margin {
-            if let Some(p) = self.positions.get_mut(&(line.account, line.instrument)) {
+            let key = (line.account, line.instrument);
+            if let Some(mut p) = self.positions.get(&key) {
                 p.vm_paid.0 += line.vm.0;
+                self.positions.insert(key, p);
             }
         }
         for (&instrument, &price) in &plan.prices {
@@ -627,22 +635,26 @@ impl ClearingState {
             }
         }
         for line in &plan.obligations {
-            if let Some(p) = self.positions.get_mut(&(line.account, line.instrument)) {
+            let key = (line.account, line.instrument);
+            if let Some(mut p) = self.positions.get(&key) {
                 p.securities_due -= line.securities;
                 p.cash_due.0 -= line.cash.0;
+                self.positions.insert(key, p);
             }
         }
         // The base a run charged is subtracted, not cleared, so trades after its cut stay to
         // be charged by the next run whenever this one is settled.
         for line in &plan.fees {
             let key = (line.account, line.instrument);
-            if let Some(b) = self.fee_base.get_mut(&key) {
+            if let Some(mut b) = self.fee_base.get(&key) {
                 b.maker_value -= line.base.maker_value;
                 b.taker_value -= line.base.taker_value;
                 b.maker_lots -= line.base.maker_lots;
                 b.taker_lots -= line.base.taker_lots;
                 if b.is_empty() {
                     self.fee_base.remove(&key);
+                } else {
+                    self.fee_base.insert(key, b);
                 }
             }
             self.fees_paid.entry(line.account).or_default().0 += line.fee.0;
@@ -673,7 +685,7 @@ impl ClearingState {
     fn roll(&mut self, plan: &crate::run::RunPlan) {
         for line in &plan.roll {
             let key = (line.account, line.instrument);
-            let Some(p) = self.positions.get_mut(&key) else {
+            let Some(mut p) = self.positions.get(&key) else {
                 continue;
             };
             if line.qty != 0 {
@@ -685,19 +697,22 @@ impl ClearingState {
                     lots_bought: line.lots_bought,
                     lots_sold: line.lots_sold,
                 };
+                self.positions.insert(key, p);
                 continue;
             }
             let futures = self
                 .definitions
                 .get(&line.instrument)
                 .filter(|d| d.market == Market::Futures);
-            rebase_flat(p, line, futures);
+            rebase_flat(&mut p, line, futures);
             // Without a fee schedule nothing ever charges the fee base, so it cannot keep a
             // position alive; with one, a base left uncharged keeps the position (its FIX
             // report carries the fees due).
             let fees_pending = plan.fee_schedule.is_some() && self.fee_base.contains_key(&key);
-            if *p == ClearingPosition::default() && !fees_pending {
+            if p == ClearingPosition::default() && !fees_pending {
                 self.positions.remove(&key);
+            } else {
+                self.positions.insert(key, p);
             }
         }
         for (&instrument, &price) in &plan.prices {
@@ -712,16 +727,44 @@ impl ClearingState {
 
     /// A hash of the whole state: xxh3 of its snapshot encoding (fixed order, fixed widths),
     /// so two states fed the same entries and settled by the same runs hash alike, and a
-    /// state decoded from a snapshot hashes as the one that wrote it.
+    /// state decoded from a snapshot hashes as the one that wrote it. The encoding is fed to
+    /// the hasher as it is written, never held whole (at 100,000,000 positions it would be
+    /// gigabytes).
     pub fn state_hash(&self) -> u64 {
-        xxhash_rust::xxh3::xxh3_64(&self.encode())
+        let mut w = Writer::Hash(Box::new(xxhash_rust::xxh3::Xxh3::new()));
+        self.write(&mut w);
+        match w {
+            Writer::Hash(h) => h.digest(),
+            _ => unreachable!("a hashing writer"),
+        }
+    }
+
+    /// The length of [`ClearingState::encode`]'s bytes, counted without holding them.
+    pub fn encoded_len(&self) -> u64 {
+        let mut w = Writer::Count(0);
+        self.write(&mut w);
+        match w {
+            Writer::Count(n) => n,
+            _ => unreachable!("a counting writer"),
+        }
     }
 
     /// The state as bytes (the snapshot's data; the configuration's definitions are not
     /// included, those learned from the streams are). Little-endian, fixed widths, every map in key order.
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer(Vec::with_capacity(64 + self.positions.len() * 110));
-        w.0.extend_from_slice(SNAPSHOT_MAGIC);
+        let mut w = Writer::Bytes(Vec::with_capacity(
+            64 + self.positions.len() * POSITION_BYTES_PACKED,
+        ));
+        self.write(&mut w);
+        match w {
+            Writer::Bytes(bytes) => bytes,
+            _ => unreachable!("a byte writer"),
+        }
+    }
+
+    /// Writes the encoding (see `encode`) to `w`.
+    fn write(&self, w: &mut Writer) {
+        w.put(SNAPSHOT_MAGIC);
         w.u32(self.cut.len() as u32);
         for &c in &self.cut {
             w.u64(c);
@@ -746,6 +789,9 @@ impl ClearingState {
             ] {
                 w.i64(v);
             }
+            // The amounts in 64 bits when all fit (as the state holds it), else in 128.
+            let wide = p.pack().is_none();
+            w.u8(wide as u8);
             for v in [
                 p.cost_value,
                 p.paid_value,
@@ -756,7 +802,11 @@ impl ClearingState {
                 p.sod.realised_value,
                 p.sod.vm_paid.0,
             ] {
-                w.i128(v);
+                if wide {
+                    w.i128(v);
+                } else {
+                    w.i64(v as i64);
+                }
             }
         }
         w.u64(self.instruments.len() as u64);
@@ -820,8 +870,7 @@ impl ClearingState {
             .collect();
         let bytes = bourse_core::codec::encode_events(&learned);
         w.u64(bytes.len() as u64);
-        w.0.extend_from_slice(&bytes);
-        w.0
+        w.put(&bytes);
     }
 
     /// The state [`ClearingState::encode`] wrote, given the same definitions; refuses bytes
@@ -833,10 +882,22 @@ impl ClearingState {
     ) -> Result<ClearingState, ClearingError> {
         let mut s = ClearingState::new(cores, definitions);
         let mut r = Reader { bytes, at: 0 };
-        if r.take(SNAPSHOT_MAGIC.len())? != SNAPSHOT_MAGIC {
-            return Err(ClearingError::BadSnapshot(
-                "not a clearing snapshot (magic)".into(),
-            ));
+        let magic = r.take(SNAPSHOT_MAGIC.len())?;
+        if magic != SNAPSHOT_MAGIC {
+            // An older format names itself: say which, so an operator knows to rebuild the
+            // state from the streams (and the saved runs) instead of restoring the snapshot.
+            let why = match magic.strip_prefix(b"BCLEAR") {
+                Some(version) => format!(
+                    "format {} (magic {}), written by an older bourse; this one reads only \
+                     format {} ({}): rebuild the state from the streams",
+                    String::from_utf8_lossy(version),
+                    String::from_utf8_lossy(magic),
+                    String::from_utf8_lossy(&SNAPSHOT_MAGIC[6..]),
+                    String::from_utf8_lossy(SNAPSHOT_MAGIC),
+                ),
+                None => "not a clearing snapshot (magic)".into(),
+            };
+            return Err(ClearingError::BadSnapshot(why));
         }
         let n = r.u32()? as usize;
         if n != cores {
@@ -852,8 +913,18 @@ impl ClearingState {
         s.last_settled_run = r.u32()?;
         s.runs_on_stream_max = r.u32()?;
         s.business_date = r.u32()?;
-        for _ in 0..r.count(144)? {
+        let mut previous = None;
+        for _ in 0..r.count(POSITION_BYTES_PACKED)? {
             let key = (AccountId(r.u32()?), InstrumentId(r.u32()?));
+            // Keys in strictly increasing order, as `encode` writes them: a repeated or
+            // unordered key is a damaged snapshot, not a position to overwrite.
+            if previous.is_some_and(|k| k >= key) {
+                return Err(ClearingError::BadSnapshot(format!(
+                    "position ({}, {}) out of order at byte {}",
+                    key.0, key.1, r.at
+                )));
+            }
+            previous = Some(key);
             let mut p = ClearingPosition {
                 qty: r.i64()?,
                 securities_due: r.i64()?,
@@ -864,14 +935,37 @@ impl ClearingState {
             p.sod.qty = r.i64()?;
             p.sod.lots_bought = r.i64()?;
             p.sod.lots_sold = r.i64()?;
-            p.cost_value = r.i128()?;
-            p.paid_value = r.i128()?;
-            p.realised_value = r.i128()?;
-            p.vm_paid = Cash(r.i128()?);
-            p.cash_due = Cash(r.i128()?);
-            p.sod.paid_value = r.i128()?;
-            p.sod.realised_value = r.i128()?;
-            p.sod.vm_paid = Cash(r.i128()?);
+            let wide = match r.u8()? {
+                0 => false,
+                1 => true,
+                other => {
+                    return Err(ClearingError::BadSnapshot(format!(
+                        "position ({}, {}): amount width {other}, not 0 or 1",
+                        key.0, key.1
+                    )))
+                }
+            };
+            let mut amount = || -> Result<i128, ClearingError> {
+                if wide {
+                    r.i128()
+                } else {
+                    r.i64().map(i128::from)
+                }
+            };
+            p.cost_value = amount()?;
+            p.paid_value = amount()?;
+            p.realised_value = amount()?;
+            p.vm_paid = Cash(amount()?);
+            p.cash_due = Cash(amount()?);
+            p.sod.paid_value = amount()?;
+            p.sod.realised_value = amount()?;
+            p.sod.vm_paid = Cash(amount()?);
+            if wide && p.pack().is_some() {
+                return Err(ClearingError::BadSnapshot(format!(
+                    "position ({}, {}) written wide though its amounts fit 64 bits",
+                    key.0, key.1
+                )));
+            }
             s.positions.insert(key, p);
         }
         for _ in 0..r.count(38)? {
@@ -974,11 +1068,16 @@ impl ClearingState {
     }
 }
 
-/// The first bytes of a clearing snapshot's data (format 6: with the accounts' debts; format
-/// 5 had none, format 4 no margin calls, format 3 no business date nor the positions' start
-/// of day, format 2 no fees, format 1 no instruments learned from the streams; all are
-/// refused by their magic).
-const SNAPSHOT_MAGIC: &[u8; 8] = b"BCLEAR06";
+/// The first bytes of a clearing snapshot's data (format 7: with the accounts' debts; format
+/// 6 had each position's amounts in 64 bits where they fit, with a width byte, but no debts;
+/// format 5 had every amount in 128 bits, format 4 no margin calls, format 3 no business date
+/// nor start of day, format 2 no fees, format 1 no instruments learned from the streams; all
+/// are refused by their magic, naming it).
+const SNAPSHOT_MAGIC: &[u8; 8] = b"BCLEAR07";
+
+/// The bytes of a position packed in a snapshot: key 8, seven lot counts 56, the width byte,
+/// eight amounts of 8.
+const POSITION_BYTES_PACKED: usize = 8 + 56 + 1 + 64;
 
 /// `YYYY-MM-DD` as the number `YYYYMMDD`.
 fn yyyymmdd(date: &str) -> Option<u32> {
@@ -986,23 +1085,36 @@ fn yyyymmdd(date: &str) -> Option<u32> {
     (digits.len() == 8).then(|| digits.parse().ok()).flatten()
 }
 
-struct Writer(Vec<u8>);
+/// Where the encoding goes: bytes (a snapshot), straight into a hasher (`state_hash`), or
+/// only counted (`encoded_len`).
+enum Writer {
+    Bytes(Vec<u8>),
+    Hash(Box<xxhash_rust::xxh3::Xxh3>),
+    Count(u64),
+}
 
 impl Writer {
+    fn put(&mut self, bytes: &[u8]) {
+        match self {
+            Writer::Bytes(out) => out.extend_from_slice(bytes),
+            Writer::Hash(h) => h.update(bytes),
+            Writer::Count(n) => *n += bytes.len() as u64,
+        }
+    }
     fn u8(&mut self, v: u8) {
-        self.0.push(v);
+        self.put(&[v]);
     }
     fn u32(&mut self, v: u32) {
-        self.0.extend_from_slice(&v.to_le_bytes());
+        self.put(&v.to_le_bytes());
     }
     fn u64(&mut self, v: u64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
+        self.put(&v.to_le_bytes());
     }
     fn i64(&mut self, v: i64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
+        self.put(&v.to_le_bytes());
     }
     fn i128(&mut self, v: i128) {
-        self.0.extend_from_slice(&v.to_le_bytes());
+        self.put(&v.to_le_bytes());
     }
 }
 

@@ -175,7 +175,7 @@ proptest! {
                 .find(|l| l.account == *account && l.instrument.0 == FUT)
                 .map_or(0, |l| l.vm.0);
             prop_assert_eq!(vm, *pnl, "account {}", account);
-            let p = state.positions()[&(*account, InstrumentId(FUT))];
+            let p = state.positions().get(&(*account, InstrumentId(FUT))).unwrap();
             // Realised plus unrealised (against the average cost) is the whole P&L.
             let unrealised = p.qty as i128 * settle.0 as i128 * 1_0000 - p.cost_value;
             prop_assert_eq!(p.realised_value + unrealised, *pnl);
@@ -725,13 +725,16 @@ proptest! {
         let k = split % (events.len() + 1);
         let mut late = fed(&events[..k]);
         let first = compute_run_with_fees(&late, 1, RunKind::Intermediate, &rule(), Some(&schedule));
-        let before = late.fee_bases().clone();
+        let bases = |s: &ClearingState| -> BTreeMap<_, _> {
+            s.fee_bases().iter().map(|(k, b)| (*k, b)).collect()
+        };
+        let before = bases(&late);
         for e in &events[k..] {
             late.apply_event(0, e).unwrap();
         }
         late.settle(&first);
         let after = fed(&events[k..]);
-        let mut expected = after.fee_bases().clone();
+        let mut expected = bases(&after);
         for (key, b) in &before {
             if !first.fees.iter().any(|l| (l.account, l.instrument) == *key) {
                 let e = expected.entry(*key).or_default();
@@ -741,7 +744,7 @@ proptest! {
                 e.taker_lots += b.taker_lots;
             }
         }
-        prop_assert_eq!(late.fee_bases(), &expected);
+        prop_assert_eq!(bases(&late), expected);
         for l in &first.fees {
             prop_assert!(late.fees_paid(l.account).0 >= l.fee.0);
         }
@@ -881,7 +884,7 @@ proptest! {
                 continue;
             }
             let amounts: BTreeMap<&str, i128> =
-                bourse_clearing::fix::futures_amounts(&def, p, mark, inst.sod_settlement)
+                bourse_clearing::fix::futures_amounts(&def, &p, mark, inst.sod_settlement)
                     .into_iter()
                     .collect();
             let smtm = match inst.sod_settlement {
@@ -1110,13 +1113,19 @@ fn a_position_closed_during_a_day_is_absent_from_the_next_days_plan_and_reports(
         );
     }
     assert_eq!(
-        state.positions()[&(AccountId(1), InstrumentId(FUT))]
+        state
+            .positions()
+            .get(&(AccountId(1), InstrumentId(FUT)))
+            .unwrap()
             .sod
             .qty,
         -3
     );
     assert_eq!(
-        state.positions()[&(AccountId(2), InstrumentId(FUT))]
+        state
+            .positions()
+            .get(&(AccountId(2), InstrumentId(FUT)))
+            .unwrap()
             .sod
             .qty,
         3
@@ -1161,4 +1170,113 @@ fn a_position_closed_during_a_day_is_absent_from_the_next_days_plan_and_reports(
     }
     late.settle(&day1);
     assert_eq!(late.state_hash(), state.state_hash());
+}
+
+/// A future whose trade values exceed 64 bits: a price of 10^15 at a multiplier of 10^4.
+fn huge_future() -> Instrument {
+    Instrument {
+        instrument: InstrumentId(9),
+        symbol: "HUGE".into(),
+        market: Market::Futures,
+        price_scale: 0,
+        tick: Price(1),
+        lot_size: 1,
+        multiplier: 10_000,
+        initial_margin: Cash(1),
+        band_bps: 1000,
+        reference_price: Price(1_000_000_000_000_000),
+    }
+}
+
+fn trade_of(instrument: u32, n: u64, buyer: u32, seller: u32, price: i64, lots: i64) -> Event {
+    let fill = |account| Fill {
+        order_id: OrderId(n),
+        account: AccountId(account),
+        cl_ord_id: ClOrdId(n),
+        qty_leaves: Qty(0),
+        qty_filled: Qty(lots),
+    };
+    Event::Trade {
+        trade_id: TradeId(n),
+        instrument: InstrumentId(instrument),
+        price: Price(price),
+        qty: Qty(lots),
+        aggressor: Side::Buy,
+        buy: fill(buyer),
+        sell: fill(seller),
+        ts_ns: n,
+    }
+}
+
+#[test]
+fn a_position_beyond_64_bits_is_kept_exact_through_a_run_and_the_snapshot() {
+    let mut state = ClearingState::new(1, vec![huge_future(), future(FUT, "FUT", 100_000)]);
+    let price = 1_000_000_000_000_000i64;
+    state
+        .apply_event(0, &trade_of(9, 1, 1, 2, price, 3))
+        .unwrap();
+    state
+        .apply_event(0, &trade_of(9, 2, 3, 4, price + 1, 1))
+        .unwrap();
+    // A small position beside them stays packed.
+    state
+        .apply_event(0, &trade_of(FUT, 3, 1, 2, 100_000, 2))
+        .unwrap();
+    assert_eq!(state.positions().len(), 6);
+    assert_eq!(
+        state.positions().wide_len(),
+        4,
+        "the HUGE positions are held whole"
+    );
+    // Value units: the price × lots × multiplier × 10^4 (cash scale), beyond i64::MAX.
+    let value = price as i128 * 3 * 10_000 * 10_000;
+    assert!(value > i64::MAX as i128);
+    let p = state
+        .positions()
+        .get(&(AccountId(1), InstrumentId(9)))
+        .unwrap();
+    assert_eq!((p.qty, p.paid_value, p.cost_value), (3, value, value));
+    let keys: Vec<_> = state.positions().iter().map(|(k, _)| *k).collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    assert_eq!(keys, sorted, "iteration is in key order");
+
+    let plan = compute_run(&state, 1, RunKind::Intermediate, &rule());
+    // Account 1's margin, recomputed in 128 bits: 3 lots marked at the settlement price
+    // less what it paid (value units are cash units here: price scale 0).
+    let settle = plan.prices[&InstrumentId(9)].0 as i128;
+    let vm_of = |account| {
+        plan.margin
+            .iter()
+            .find(|l| (l.account, l.instrument) == (AccountId(account), InstrumentId(9)))
+            .map(|l| l.vm.0)
+    };
+    assert_eq!(vm_of(1), Some(3 * settle * 10_000 * 10_000 - value));
+    assert_eq!(vm_of(2), Some(value - 3 * settle * 10_000 * 10_000));
+    state.settle(&plan);
+    let bytes = state.encode();
+    assert_eq!(bytes.len() as u64, state.encoded_len());
+    let back =
+        ClearingState::decode(1, vec![huge_future(), future(FUT, "FUT", 100_000)], &bytes).unwrap();
+    assert_eq!(back.state_hash(), state.state_hash());
+    assert_eq!(back.positions(), state.positions());
+    assert_eq!(back.positions().wide_len(), 4);
+}
+
+#[test]
+fn a_snapshot_of_the_older_format_is_refused_naming_it() {
+    let events = trade(&[(0, 0, true, 0, 5), (1, 0, false, 0, 5)]);
+    let state = fed(&events);
+    let mut bytes = state.encode();
+    bytes[..8].copy_from_slice(b"BCLEAR06");
+    let err = ClearingState::decode(1, definitions(), &bytes)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("format 06 (magic BCLEAR06)"), "{err}");
+    assert!(err.contains("reads only format 07"), "{err}");
+    bytes[..8].copy_from_slice(b"NOTCLEAR");
+    let err = ClearingState::decode(1, definitions(), &bytes)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not a clearing snapshot"), "{err}");
 }

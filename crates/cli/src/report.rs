@@ -36,6 +36,19 @@ pub fn count(v: u64) -> String {
     out
 }
 
+/// The peak resident memory of this process so far in bytes (Linux's `VmHWM`), or 0 where
+/// unknown.
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
 /// Resident memory of this process in bytes (Linux), or 0 where unknown.
 pub fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/statm")

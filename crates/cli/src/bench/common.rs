@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context, Result};
 use hdrhistogram::Histogram;
 
-pub use crate::report::{count, ns, rss_bytes, version, Machine};
+pub use crate::report::{count, ns, peak_rss_bytes, rss_bytes, version, Machine};
 pub use bourse_latency::{histogram, record, Latency};
 
 /// Round trips of the loopback echo baseline.
