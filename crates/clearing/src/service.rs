@@ -171,11 +171,7 @@ pub async fn execute(
         let earlier = applied_between(&addrs, plan.cut[core], end, client_id).await?;
         let last = earlier.keys().next_back().copied().unwrap_or(0);
         results.extend(earlier.into_iter().map(|(seq, r)| ((core, seq), r)));
-        let mut todo: Vec<&Command> = mine
-            .iter()
-            .filter(|c| c.0 > last)
-            .map(|c| &c.1)
-            .collect();
+        let mut todo: Vec<&Command> = mine.iter().filter(|c| c.0 > last).map(|c| &c.1).collect();
         if let Some(n) = options.stop_after {
             todo.truncate(n.saturating_sub(submitted));
         }
@@ -215,8 +211,7 @@ async fn submit_pipelined(
     first_seq: u64,
     commands: &[&Command],
 ) -> Result<(), String> {
-    let mut client =
-        PipelinedClient::start(nodes, client_id, first_seq, MOVEMENTS_IN_FLIGHT_MAX);
+    let mut client = PipelinedClient::start(nodes, client_id, first_seq, MOVEMENTS_IN_FLIGHT_MAX);
     let deadline = Duration::from_millis(MOVEMENT_DEADLINE_MS);
     let (mut sent, mut answered) = (0usize, 0usize);
     while answered < commands.len() {
