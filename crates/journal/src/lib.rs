@@ -29,7 +29,7 @@
 //!
 //! The on-disk formats are described in the `format`, `meta` and `snapshot` modules.
 //!
-//! # Serving openraft 0.9 (`RaftLogStorage`)
+//! # Serving openraft 0.10 (`RaftLogStorage`)
 //!
 //! The cluster crate is expected to wrap a `Journal` (it is `Send + Sync`; put it behind a
 //! mutex shared with the log reader) and map the trait onto it:
@@ -40,8 +40,8 @@
 //! | `try_get_log_entries(range)` | `read(range)` / `entries(range)` |
 //! | `save_vote` / `read_vote` | `save_meta(Meta { term, voted_for, vote_committed, .. })` / `meta()` |
 //! | `save_committed` / `read_committed` | `save_committed(position)` / `committed()` (the commit point file, written in place; see `commit`) |
-//! | `append(entries, callback)` | `append(&[Entry])`; call back once `durable_next_index()` passes them (at once under `Fsync::Always`; after `flush()` otherwise) |
-//! | `truncate(log_id)` | `truncate_after(log_id.index - 1)` |
+//! | `append(entries, IOFlushed)` | `append(&[Entry])`; `io_completed` once `durable_next_index()` passes them (at once under `Fsync::Always`; after `flush()` otherwise) |
+//! | `truncate_after(last_log_id)` | `truncate_after(last_log_id.index)` |
 //! | `purge(log_id)` | `purge_upto(log_id.index)`; `reset(ChainPoint)` when a snapshot lies beyond the log |
 //!
 //! Under `Fsync::Batch` nothing fsyncs while no appends arrive, so the caller should `flush()`
