@@ -204,10 +204,13 @@ impl<P, R> Account<P, R> {
     }
 }
 
+/// The account entry of a table of `V`.
+type AccountOf<V> = Account<<V as Compact>::Packed, <V as Compact>::Rare>;
+
 /// Records by account and instrument (see the module documentation).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AccountTable<V: Compact> {
-    accounts: BTreeMap<AccountId, Account<V::Packed, V::Rare>>,
+    accounts: BTreeMap<AccountId, AccountOf<V>>,
     /// The records with an amount beyond 64 bits (their slots hold a placeholder, and they
     /// have no rare part).
     wide: BTreeMap<PositionKey, V>,
@@ -246,7 +249,7 @@ impl<V: Compact> AccountTable<V> {
         self.accounts.values().map(|a| a.rare.len()).sum()
     }
 
-    fn slot(&self, key: &PositionKey) -> Option<(&Account<V::Packed, V::Rare>, &Slot<V::Packed>)> {
+    fn slot(&self, key: &PositionKey) -> Option<(&AccountOf<V>, &Slot<V::Packed>)> {
         let account = self.accounts.get(&key.0)?;
         let at = account
             .slots
@@ -361,7 +364,7 @@ impl<V: Compact> AccountTable<V> {
 /// Records in key order (see [`AccountTable::iter`]).
 pub struct Iter<'a, V: Compact> {
     table: &'a AccountTable<V>,
-    accounts: btree_map::Range<'a, AccountId, Account<V::Packed, V::Rare>>,
+    accounts: btree_map::Range<'a, AccountId, AccountOf<V>>,
     slots: std::slice::Iter<'a, Slot<V::Packed>>,
     /// The current account's rare parts not passed yet (both lists are sorted by
     /// instrument, so one walk over each finds every slot's).
