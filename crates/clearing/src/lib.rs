@@ -56,7 +56,7 @@ pub mod state;
 pub use fees::{FeeBase, FeeLine, FeeRate, FeeSchedule};
 pub use node::{load_instruments, ClearingConfig, ClearingNode, RunRequest, StandbyLogin};
 pub use positions::{AccountTable, FeeBases, Positions};
-pub use report::{save_plan, saved_runs, Report};
+pub use report::{save_plan, saved_runs, Report, RunTiming};
 pub use run::{
     compute_run, compute_run_with_fees, fee_lines, run_client_id, settlement_prices, DebtLine,
     InitialMarginLine, MarginLine, Movement, ObligationLine, RollLine, RunKind, RunPlan,

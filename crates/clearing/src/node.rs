@@ -33,7 +33,7 @@ use tokio::sync::watch;
 
 use crate::fees::FeeSchedule;
 use crate::fix::{FixSection, FixServer};
-use crate::report::{save_plan, saved_runs, Report};
+use crate::report::{save_plan, saved_runs, Report, RunTiming};
 use crate::run::{compute_run_with_fees, ObligationLine, RunKind, RunPlan, SettlementRule};
 use crate::schedule::{ClearingSchedule, Clock, ScheduleSection, ScheduledRun, SystemClock};
 use crate::service::{execute, stream_end, with_ids, ExecuteOptions};
@@ -420,6 +420,11 @@ pub struct RunError {
     pub message: String,
 }
 
+/// `d` in whole milliseconds (a run's timing).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 fn run_error(status: u16, message: impl Into<String>) -> RunError {
     RunError {
         status,
@@ -583,6 +588,7 @@ impl Shared {
     ) -> Result<Report, RunError> {
         let started = Instant::now();
         let _one = self.run_lock.lock().await;
+        let mut timing = RunTiming::default();
         let wait = Duration::from_millis(self.config.limits.run_wait_ms);
         let known = request
             .run_id
@@ -590,9 +596,11 @@ impl Shared {
         let (plan, report) = match known {
             Some(record) => {
                 let id = record.plan.run_id;
+                let waiting = Instant::now();
                 let settled = self
                     .wait_for(wait, |i| i.state.last_settled_run() >= id)
                     .await;
+                timing.wait_ms = millis(waiting.elapsed());
                 if !settled {
                     return Err(run_error(
                         503,
@@ -608,9 +616,9 @@ impl Shared {
                 };
                 (record.plan, report)
             }
-            None => self.new_run(&request, wait).await?,
+            None => self.new_run(&request, wait, &mut timing).await?,
         };
-        let result = self.finish(&plan, report, options).await;
+        let result = self.finish(&plan, report, options, timing).await;
         match &result {
             Ok(_) => {
                 self.metrics.runs_done.inc();
@@ -622,11 +630,12 @@ impl Shared {
     }
 
     /// Computes, saves and settles a new run at the state's cut once it has caught up with
-    /// every core's end.
+    /// every core's end; the time it waited for that and the time it computed go to `timing`.
     async fn new_run(
         &self,
         request: &RunRequest,
         wait: Duration,
+        timing: &mut RunTiming,
     ) -> Result<(Arc<RunPlan>, Report), RunError> {
         if self.is_standby() {
             return Err(run_error(
@@ -647,6 +656,7 @@ impl Shared {
                 .or(self.config.settlement.window_ns),
         };
         rule.check().map_err(|e| run_error(400, e))?;
+        let waiting = Instant::now();
         let mut ends = Vec::new();
         for nodes in &self.config.cores {
             ends.push(stream_end(nodes).await.map_err(|e| run_error(503, e))?);
@@ -662,6 +672,8 @@ impl Shared {
                 format!("the clearing state has not caught up with the cores' ends {ends:?}"),
             ));
         }
+        timing.wait_ms = millis(waiting.elapsed());
+        let computing = Instant::now();
         let mut inner = self.inner.write().expect("state");
         let known_max = inner.known_max();
         let on_stream = inner.state.runs_on_stream_max();
@@ -699,17 +711,21 @@ impl Shared {
         inner.state.settle(&plan);
         inner.add_run(plan.clone(), Some(report.clone()));
         drop(inner);
+        timing.compute_ms = millis(computing.elapsed());
         self.bump();
         Ok((plan, report))
     }
 
-    /// Executes the plan's commands (those not applied yet) and writes the reports.
+    /// Executes the plan's commands (those not applied yet) and writes the reports, with
+    /// `timing` and the time executing took in them.
     async fn finish(
         &self,
         plan: &Arc<RunPlan>,
         mut report: Report,
         options: ExecuteOptions,
+        mut timing: RunTiming,
     ) -> Result<Report, RunError> {
+        let executing = Instant::now();
         let mut groups = Vec::new();
         for nodes in &self.config.cores {
             groups.push(with_ids(nodes).await.map_err(|e| run_error(503, e))?);
@@ -718,6 +734,8 @@ impl Shared {
             .await
             .map_err(|e| run_error(503, format!("run {}: {e}", plan.run_id)))?;
         report.set_results(plan, &results);
+        timing.execute_ms = millis(executing.elapsed());
+        report.timing = Some(timing);
         report
             .write(&self.config.report_dir(plan.run_id))
             .map_err(|e| run_error(500, e))?;

@@ -126,7 +126,35 @@ pub struct Report {
     /// zero.
     #[serde(default)]
     pub debts_unpaid: String,
+    /// Where the run's time went (absent before the run was executed, and in a report of an
+    /// older build).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing: Option<RunTiming>,
     pub accounts: Vec<AccountLine>,
+}
+
+/// Where one run's time went, in milliseconds of the node's clock, by step. Under load the
+/// wait can dominate: the state must apply everything the cores had applied when the run was
+/// asked (a bulk addition of accounts just before the ask included), while computing grows
+/// with the positions and executing with the movements and the cores' load.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunTiming {
+    /// Waiting until the clearing state had applied each core's stream up to its end at the
+    /// ask (a resumed run: until the state had settled the run).
+    pub wait_ms: u64,
+    /// Computing the plan at the cut, saving it durably, building the report and settling
+    /// the plan into the state (0 for a resumed run, computed before).
+    pub compute_ms: u64,
+    /// Submitting the run's commands to the cores (pipelined) until each was answered, and
+    /// reading their results back from the committed streams.
+    pub execute_ms: u64,
+}
+
+impl RunTiming {
+    /// The three steps, summed.
+    pub fn total_ms(&self) -> u64 {
+        self.wait_ms + self.compute_ms + self.execute_ms
+    }
 }
 
 fn cash(v: i128) -> String {
@@ -226,6 +254,7 @@ impl Report {
             margin_calls: plan.initial_margin.iter().filter(|l| l.call.0 > 0).count(),
             debts_collected: cash(plan.debts.iter().map(|d| d.amount.0).sum()),
             debts_unpaid: cash(0),
+            timing: None,
             accounts,
         };
         report.set_results(plan, results);
@@ -294,6 +323,15 @@ impl Report {
             self.debts_collected,
             self.debts_unpaid
         );
+        if let Some(t) = &self.timing {
+            println!(
+                "  took {} ms: waiting for the cores' ends at the ask {} ms, computing {} ms, executing {} ms",
+                t.total_ms(),
+                t.wait_ms,
+                t.compute_ms,
+                t.execute_ms
+            );
+        }
         for (i, p) in &self.settlement_prices {
             println!("  settlement price of instrument {i}: {p}");
         }

@@ -359,6 +359,11 @@ fn the_service_answers_clearing_data_and_runs_on_an_operators_request() {
     assert_eq!(report["settlement_prices"]["1"], 100_180);
     assert_eq!(report["movements"], 4);
     assert_eq!(report["pending"], 0);
+    // The report says where the run's time went, step by step (how long each took is the
+    // machine's; that each step is reported is the behaviour).
+    for step in ["wait_ms", "compute_ms", "execute_ms"] {
+        assert!(report["timing"][step].is_u64(), "{step} in {report}");
+    }
     for line in report["accounts"].as_array().unwrap() {
         let a = line["account"].as_u64().unwrap() as u32;
         assert_eq!(line["variation_margin"], cash(vm_of(a)), "account {a}");
@@ -388,6 +393,10 @@ fn the_service_answers_clearing_data_and_runs_on_an_operators_request() {
     let (status, again) = post_run(&node, Some("alice"), json!({ "run_id": 1 }));
     assert_eq!(status, 200, "{again}");
     assert_eq!(again["accounts"], report["accounts"]);
+    assert_eq!(
+        again["timing"]["compute_ms"], 0,
+        "a resumed run computes nothing"
+    );
     assert_eq!(
         core.applied(run_client_id(1, 0)),
         vec![(1, 1), (2, 1), (3, 1), (4, 1)]

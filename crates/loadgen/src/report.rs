@@ -233,7 +233,7 @@ fn accounts_under_load_section(a: &crate::results::AccountsUnderLoadFigures) -> 
 /// ended, what it cleared, and trading latency before, during and after it.
 fn clearing_runs_section(runs: &[crate::results::ClearingRunFigures]) -> Section {
     let mut section = Section::new("Clearing under load").text(
-        "A clearing service followed every core's committed stream while the load ran and was asked for the runs below at the profile's times (`[[clearing_runs]]`). A run waits until the clearing state has applied everything the cores had applied when it was asked, takes that cut without pausing trading, fixes settlement prices, computes variation margin and obligations, and feeds the cash movements back to the cores through the sequenced path (one keyed command per account and core); it ends when the last movement is applied. Trading latency is the generator's (scheduled send → answer), merged from the HDR histograms of the measured seconds before the run (since the previous one), the seconds it overlapped, and after it (until the next one); warm-up left out.",
+        "A clearing service followed every core's committed stream while the load ran and was asked for the runs below at the profile's times (`[[clearing_runs]]`). A run waits until the clearing state has applied everything the cores had applied when it was asked, takes that cut without pausing trading, fixes settlement prices, computes variation margin and obligations, and feeds the cash movements back to the cores through the sequenced path (one keyed command per account and core); it ends when the last movement is applied. The clearing service splits each run's time into waiting (until its state had applied the cores' streams up to their ends at the ask), computing (the plan, the report, settling it into the state) and executing (the movements submitted and answered). Trading latency is the generator's (scheduled send → answer), merged from the HDR histograms of the measured seconds before the run (since the previous one), the seconds it overlapped, and after it (until the next one); warm-up left out.",
     );
     let mut figures = Vec::new();
     let mut latency = Vec::new();
@@ -248,6 +248,9 @@ fn clearing_runs_section(runs: &[crate::results::ClearingRunFigures]) -> Section
             format!("{:.1}", r.at_s),
             format!("{:.2}", f.started_s),
             format!("{:.3}", f.elapsed_s),
+            format!("{:.3}", r.wait_ms as f64 / 1e3),
+            format!("{:.3}", r.compute_ms as f64 / 1e3),
+            format!("{:.3}", r.execute_ms as f64 / 1e3),
             count(r.positions),
             count(r.accounts),
             format!(
@@ -290,6 +293,9 @@ fn clearing_runs_section(runs: &[crate::results::ClearingRunFigures]) -> Section
                 "asked at s",
                 "started s",
                 "took s",
+                "waiting s",
+                "computing s",
+                "executing s",
                 "positions",
                 "accounts",
                 "movements",

@@ -281,6 +281,15 @@ pub struct ClearingRunDone {
     pub margin_paid: i128,
     /// The instruments whose margin lines and rounding did not sum to zero (must be none).
     pub unbalanced_instruments: Vec<u32>,
+    /// The run's time by step, as the clearing service measured it (milliseconds): waiting
+    /// until its state had applied the cores' streams up to their ends at the ask,
+    /// computing (plan, report, settling), executing (movements submitted and answered).
+    #[serde(default)]
+    pub wait_ms: u64,
+    #[serde(default)]
+    pub compute_ms: u64,
+    #[serde(default)]
+    pub execute_ms: u64,
 }
 
 /// The report's section on one clearing run under load: when it ran, what it cleared, and

@@ -117,6 +117,9 @@ pub(crate) fn not_run(spec: &ClearingRunSpec, at_unix_ns: u64, why: String) -> C
         cut: Vec::new(),
         margin_paid: 0,
         unbalanced_instruments: Vec::new(),
+        wait_ms: 0,
+        compute_ms: 0,
+        execute_ms: 0,
     }
 }
 
@@ -175,6 +178,11 @@ fn run_one(node: &ClearingNode, spec: &ClearingRunSpec, commands: &[AtomicU64]) 
     done.refused = report.refused as u64;
     done.pending = report.pending as u64;
     done.cut = plan.cut.clone();
+    if let Some(t) = report.timing {
+        done.wait_ms = t.wait_ms;
+        done.compute_ms = t.compute_ms;
+        done.execute_ms = t.execute_ms;
+    }
     done.margin_paid = plan
         .margin
         .iter()

@@ -212,4 +212,9 @@ fn an_intermediate_clearing_under_load_runs_once_pays_once_conserves_cash_and_is
     let md = bourse_loadgen::report::markdown(&results, None);
     assert!(md.contains("Clearing under load"), "{md}");
     assert!(md.contains("intermediate (run 1)"), "{md}");
+    // The run's time is split into its steps, as the clearing service measured them.
+    assert!(
+        md.contains("| waiting s | computing s | executing s |"),
+        "{md}"
+    );
 }
