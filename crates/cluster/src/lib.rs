@@ -23,7 +23,8 @@
 //!   `bourse_journal::Journal` and `RaftStateMachine` with snapshots in a `SnapshotStore`.
 //! - [`net`]: length-prefixed bincode frames, the node-to-node RPCs (openraft's
 //!   `RaftNetworkV2`: AppendEntries, vote, pre-vote, a whole snapshot in one frame) and the
-//!   client protocol on the same port.
+//!   client protocol on the same port; [`append_stream`] pipelines AppendEntries per follower
+//!   (`append_in_flight_max`).
 //! - [`transport`]: the connections under them: plain TCP on the loopback, mutual TLS
 //!   (rustls) with the venue's authority anywhere; [`transport::dial`] for every client,
 //!   [`transport::Acceptor`] for the node, refusals counted by reason.
@@ -71,6 +72,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod admission;
+pub mod append_stream;
 pub mod archive;
 pub mod batch;
 pub mod client;

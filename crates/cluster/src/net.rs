@@ -20,14 +20,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bincode::Options;
+use openraft::base::{BoxFuture, BoxStream};
 use openraft::error::{
     NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
 };
 use openraft::network::{RPCOption, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult, VoteRequest,
+    VoteResponse,
 };
-use openraft::{BasicNode, RaftNetworkV2};
+use openraft::{BasicNode, OptionalSend, RaftNetworkV2};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio_rustls::rustls::ClientConfig;
@@ -108,6 +110,11 @@ pub enum Request {
     /// it raises its term and deposes a leader the others still follow. Last among the
     /// variants, so peers that predate it read every other request as before.
     PreVote(VoteRequest<TypeConfig>),
+    /// An AppendEntries on a pipelined replication stream (`crate::append_stream`): the
+    /// follower appends a connection's requests in arrival order without waiting for each
+    /// flush and answers them in that order. Last among the variants, so peers that predate
+    /// it read every other request as before.
+    AppendStream(AppendEntriesRequest<TypeConfig>),
 }
 
 /// A `Vec<u8>` field as one serde byte string. Under bincode this is exactly the encoding of
@@ -224,6 +231,8 @@ pub enum Response {
     Query(crate::query::QueryAnswer),
 }
 
+type AppendStreamItem = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
+
 /// A request and the tag its response echoes.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Tagged<T> {
@@ -286,7 +295,7 @@ pub const FRAME_BUFFER_KEPT_BYTES_MAX: usize = 1 << 20;
 
 /// Gives up `buf`'s allocation if it is over [`FRAME_BUFFER_KEPT_BYTES_MAX`] and more than
 /// twice what the next frame needs.
-fn shrink_frame_buffer(buf: &mut Vec<u8>, needed_bytes: usize) {
+pub(crate) fn shrink_frame_buffer(buf: &mut Vec<u8>, needed_bytes: usize) {
     if buf.capacity() > FRAME_BUFFER_KEPT_BYTES_MAX && needed_bytes < buf.capacity() / 2 {
         *buf = Vec::new();
     }
@@ -423,12 +432,25 @@ impl PeerConnection {
 }
 
 /// Makes openraft's per-peer clients.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Network {
     /// Where the AppendEntries round trips and acknowledgements are recorded.
     stages: Option<Arc<Stages>>,
     /// The node's own TLS identity towards its peers (none: plain TCP, loopback only).
     tls: Option<Arc<ClientConfig>>,
+    /// AppendEntries in flight per follower: 1 is openraft's one at a time; more pipelines
+    /// them on a stream of their own (`crate::append_stream`).
+    append_in_flight_max: usize,
+}
+
+impl Default for Network {
+    fn default() -> Network {
+        Network {
+            stages: None,
+            tls: None,
+            append_in_flight_max: 1,
+        }
+    }
 }
 
 impl Network {
@@ -436,8 +458,20 @@ impl Network {
     pub fn with_stages(stages: Arc<Stages>) -> Network {
         Network {
             stages: Some(stages),
-            tls: None,
+            ..Network::default()
         }
+    }
+
+    /// The same network, keeping up to `in_flight_max` AppendEntries unanswered per follower
+    /// (1: one at a time). Panics on 0 or above
+    /// [`crate::append_stream::APPEND_STREAM_IN_FLIGHT_MAX`]; configs are checked before.
+    pub fn with_append_in_flight_max(mut self, in_flight_max: usize) -> Network {
+        assert!(
+            (1..=crate::append_stream::APPEND_STREAM_IN_FLIGHT_MAX).contains(&in_flight_max),
+            "append_in_flight_max {in_flight_max} out of range"
+        );
+        self.append_in_flight_max = in_flight_max;
+        self
     }
 
     /// The same network, reaching peers over TLS with `tls`.
@@ -451,14 +485,14 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
+        let addr: Option<SocketAddr> = node.addr.parse().ok();
         PeerClient {
             target,
-            conn: node
-                .addr
-                .parse()
-                .ok()
-                .map(|a| PeerConnection::with_tls(a, self.tls.clone())),
+            addr,
+            conn: addr.map(|a| PeerConnection::with_tls(a, self.tls.clone())),
+            tls: self.tls.clone(),
             stages: self.stages.clone(),
+            append_in_flight_max: self.append_in_flight_max,
         }
     }
 }
@@ -467,8 +501,11 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub struct PeerClient {
     target: NodeId,
     /// None when the peer's address in the membership does not parse.
+    addr: Option<SocketAddr>,
     conn: Option<PeerConnection>,
+    tls: Option<Arc<ClientConfig>>,
     stages: Option<Arc<Stages>>,
+    append_in_flight_max: usize,
 }
 
 /// Whether to print failed RPCs (`BOURSE_NET_DEBUG` set), read once.
@@ -553,6 +590,32 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
             }
             _ => Err(unexpected("append_entries")),
         }
+    }
+
+    /// One AppendEntries at a time (openraft's default) with `append_in_flight_max` 1;
+    /// otherwise a pipelined stream on a connection of its own (`crate::append_stream`).
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<'s, Result<BoxStream<'s, AppendStreamItem>, RPCError<TypeConfig>>>
+    where
+        S: futures_util::Stream<Item = AppendEntriesRequest<TypeConfig>>
+            + OptionalSend
+            + Unpin
+            + 'static,
+    {
+        if self.append_in_flight_max <= 1 {
+            return openraft::network::stream_append_sequential(self, input, option);
+        }
+        let to = crate::append_stream::StreamTarget {
+            target: self.target,
+            addr: self.addr,
+            tls: self.tls.clone(),
+            in_flight_max: self.append_in_flight_max,
+            stages: self.stages.clone(),
+        };
+        Box::pin(async move { crate::append_stream::open(to, input, option).await })
     }
 
     async fn vote(

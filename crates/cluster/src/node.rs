@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::admission::{admission, Admission, AdmissionSender};
+use crate::append_stream::FollowerPipe;
 use crate::archive::{ArchiveWriter, StreamArchive};
 use crate::batch::{Audit, BatchBuilder, LogCommand};
 use crate::consumer::StreamConsumer;
@@ -82,6 +83,9 @@ fn d_election_ms_min() -> u64 {
 }
 fn d_election_ms_max() -> u64 {
     600
+}
+fn d_append_in_flight_max() -> usize {
+    16
 }
 fn d_log_kept_below_snapshot() -> u64 {
     1_000
@@ -152,6 +156,12 @@ pub struct ClusterConfig {
     pub election_timeout_ms_min: u64,
     #[serde(default = "d_election_ms_max")]
     pub election_timeout_ms_max: u64,
+    /// AppendEntries a leader keeps unanswered per follower: 1 sends the next only after the
+    /// previous is answered (openraft's default); more pipelines them on a replication
+    /// stream of their own (`crate::append_stream`), at most
+    /// [`crate::append_stream::APPEND_STREAM_IN_FLIGHT_MAX`].
+    #[serde(default = "d_append_in_flight_max")]
+    pub append_in_flight_max: usize,
     /// A snapshot is taken every this many log entries (and on demand).
     #[serde(default = "d_snapshot_every")]
     pub snapshot_every_entries: u64,
@@ -227,6 +237,7 @@ impl ClusterConfig {
             heartbeat_ms: d_heartbeat_ms(),
             election_timeout_ms_min: d_election_ms_min(),
             election_timeout_ms_max: d_election_ms_max(),
+            append_in_flight_max: d_append_in_flight_max(),
             snapshot_every_entries: d_snapshot_every(),
             log_kept_below_snapshot_entries: d_log_kept_below_snapshot(),
             hash_checkpoint_every_entries: d_hash_every(),
@@ -270,6 +281,13 @@ impl ClusterConfig {
         }
         if self.election_timeout_ms_max <= self.election_timeout_ms_min {
             return Err("election_timeout_ms_max must exceed election_timeout_ms_min".into());
+        }
+        let in_flight_max = crate::append_stream::APPEND_STREAM_IN_FLIGHT_MAX;
+        if !(1..=in_flight_max).contains(&self.append_in_flight_max) {
+            return Err(format!(
+                "append_in_flight_max must be 1 to {in_flight_max} (1: one AppendEntries at a time), not {}",
+                self.append_in_flight_max
+            ));
         }
         self.engine_config().check()?;
         if self.snapshot_every_entries == 0 || self.hash_checkpoint_every_entries == 0 {
@@ -514,8 +532,9 @@ impl Node {
     /// with the configured members, and serves on the node's address.
     pub async fn start(config: &ClusterConfig, id: NodeId) -> Result<Node, String> {
         let stages = Arc::new(Stages::new());
-        let network =
-            crate::net::Network::with_stages(stages.clone()).with_tls(config.peer_tls(id)?);
+        let network = crate::net::Network::with_stages(stages.clone())
+            .with_tls(config.peer_tls(id)?)
+            .with_append_in_flight_max(config.append_in_flight_max);
         Node::start_with(config, id, network, Arc::new(RealStorage), stages).await
     }
 
@@ -543,8 +562,9 @@ impl Node {
         storage: Arc<dyn Storage>,
     ) -> Result<Node, String> {
         let stages = Arc::new(Stages::new());
-        let network =
-            crate::net::Network::with_stages(stages.clone()).with_tls(config.peer_tls(id)?);
+        let network = crate::net::Network::with_stages(stages.clone())
+            .with_tls(config.peer_tls(id)?)
+            .with_append_in_flight_max(config.append_in_flight_max);
         Node::start_with(config, id, network, storage, stages).await
     }
 
@@ -1118,6 +1138,7 @@ fn is_raft(request: &Request) -> bool {
     matches!(
         request,
         Request::AppendEntries(_)
+            | Request::AppendStream(_)
             | Request::Vote(_)
             | Request::PreVote(_)
             | Request::InstallSnapshot { .. }
@@ -1136,6 +1157,8 @@ async fn serve_connection(
     let mut reader = tokio::io::BufReader::with_capacity(crate::net::READ_BUFFER_BYTES, reader);
     let mut answers = Answers::Direct(writer);
     let mut subscriptions: Vec<JoinHandle<()>> = Vec::new();
+    // The follower's side of a pipelined replication stream, started by its first request.
+    let mut append_pipe: Option<FollowerPipe> = None;
     // One buffer for every frame the connection reads.
     let mut frame = Vec::new();
     loop {
@@ -1230,6 +1253,29 @@ async fn serve_connection(
                         .on_follower_append(shared.stages.now_ns().saturating_sub(t));
                 }
                 reply(Response::AppendEntries(r))
+            }
+            Request::AppendStream(rpc) => {
+                shared
+                    .hooks
+                    .on_leader_commit(rpc.leader_commit.map(|l| l.index));
+                if append_pipe.is_none() {
+                    let Some((tx, _)) = answers.queued(&shared.stages) else {
+                        break;
+                    };
+                    append_pipe = Some(FollowerPipe::start(
+                        shared.raft.clone(),
+                        shared.stages.clone(),
+                        tx,
+                    ));
+                }
+                let pipe = append_pipe.as_ref().expect("started above");
+                let received_ns = (!rpc.entries.is_empty()).then(|| shared.stages.now_ns());
+                // A pipe that ended (a conflict, a higher vote) takes no more: the leader
+                // starts a new stream on a new connection.
+                if !pipe.push(tag, received_ns, rpc).await {
+                    break;
+                }
+                continue;
             }
             Request::Vote(rpc) => reply(Response::Vote(shared.raft.vote(rpc).await)),
             Request::PreVote(rpc) => reply(Response::Vote(shared.raft.pre_vote(rpc).await)),

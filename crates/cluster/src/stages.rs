@@ -144,6 +144,10 @@ struct Inner {
     /// (log index + 1, first acknowledgement ns) by `index % ACK_RING_SLOTS`; 0: empty.
     acks: Mutex<Vec<(u64, u64)>>,
     histograms: Mutex<Histograms>,
+    /// AppendEntries this node took as a follower on pipelined replication streams.
+    append_stream_requests: AtomicU64,
+    /// The most of them it held unanswered at once on one stream.
+    append_stream_unanswered_max: AtomicU64,
 }
 
 /// A node's stage histograms and the first-acknowledgement ring. Cloning shares them (the
@@ -176,6 +180,8 @@ impl Stages {
                 total: STAGE_NAMES.iter().map(|_| new_histogram()).collect(),
                 interval: StageInterval::new(),
             }),
+            append_stream_requests: AtomicU64::new(0),
+            append_stream_unanswered_max: AtomicU64::new(0),
         }))
     }
 
@@ -223,6 +229,27 @@ impl Stages {
             }
         }
         self.record(&[(AE_ROUND_TRIP, now.saturating_sub(sent_ns))]);
+    }
+
+    /// A follower took an AppendEntries on a pipelined stream, which now holds `unanswered`
+    /// (this one included).
+    pub fn on_append_stream_request(&self, unanswered: u64) {
+        self.0
+            .append_stream_requests
+            .fetch_add(1, Ordering::Relaxed);
+        self.0
+            .append_stream_unanswered_max
+            .fetch_max(unanswered, Ordering::Relaxed);
+    }
+
+    /// AppendEntries taken on pipelined streams since start.
+    pub fn append_stream_requests(&self) -> u64 {
+        self.0.append_stream_requests.load(Ordering::Relaxed)
+    }
+
+    /// The most AppendEntries one pipelined stream held unanswered at once since start.
+    pub fn append_stream_unanswered_max(&self) -> u64 {
+        self.0.append_stream_unanswered_max.load(Ordering::Relaxed)
     }
 
     /// A follower answered an AppendEntries with entries that it took `ns` to handle.

@@ -6,6 +6,8 @@ use bourse_cluster::net::{
     decode_message, encode_frame, read_frame_into, Request, Response, Tagged, FRAME_SIZE_BYTES_MAX,
 };
 use bourse_cluster::tokio;
+use bourse_cluster::{Entry, LogId, Vote};
+use openraft::raft::AppendEntriesRequest;
 use proptest::prelude::*;
 
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
@@ -24,7 +26,24 @@ fn read_one(bytes: &[u8]) -> (std::io::Result<bool>, Vec<u8>) {
 }
 
 fn request(kind: u8, tag: u64, a: u64, b: u64, command: Vec<u8>) -> Tagged<Request> {
-    let body = match kind % 8 {
+    let body = match kind % 9 {
+        7 => {
+            let prev = LogId::new_term_index(b % 1_000, a % 1_000_000);
+            let entry = Entry {
+                log_id: LogId::new_term_index(b % 1_000, a % 1_000_000 + 1),
+                payload: openraft::EntryPayload::Blank,
+            };
+            Request::AppendStream(AppendEntriesRequest {
+                vote: Vote::new_committed(b % 1_000, 1 + a % 3),
+                prev_log_id: Some(prev),
+                entries: if a.is_multiple_of(2) {
+                    vec![entry]
+                } else {
+                    vec![]
+                },
+                leader_commit: Some(prev),
+            })
+        }
         0 => Request::Submit {
             client_id: a,
             request_seq: b,

@@ -55,6 +55,10 @@ pub struct ClusterBenchArgs {
     /// separate hosts cost; the client still reaches the leader directly). 0: no line.
     #[arg(long, value_delimiter = ',', default_value = "0")]
     distance_us: Vec<u64>,
+    /// AppendEntries a leader keeps unanswered per follower (the nodes'
+    /// `append_in_flight_max`): 1 one at a time, more pipelined. Default: the config's.
+    #[arg(long)]
+    append_in_flight: Option<usize>,
 }
 
 /// The most commands one scenario offers (bounds memory and time).
@@ -170,6 +174,12 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
         let dir = common::ScratchDir::new("bench-cluster")?;
         let mut config = ClusterConfig::local(99, dir.0.clone(), common::free_ports()?);
         config.fsync = mode;
+        if let Some(n) = args.append_in_flight {
+            config.append_in_flight_max = n;
+            config
+                .validate()
+                .map_err(|e| anyhow!("--append-in-flight: {e}"))?;
+        }
         // Kept until the nodes are gone.
         let _lines = behind_delay_lines(&mut config, distance_us)?;
         let echo = if distance_us == 0 {
@@ -192,6 +202,17 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
             use_tls(&mut config, &dir.0)?;
         }
         let mode_name = format!("{mode:?}").to_lowercase();
+        if !args.json {
+            println!(
+                "  fsync {mode_name}: AppendEntries in flight per follower at most {} ({})",
+                config.append_in_flight_max,
+                if config.append_in_flight_max == 1 {
+                    "one at a time"
+                } else {
+                    "pipelined"
+                }
+            );
+        }
         let mut nodes = Vec::new();
         for n in &config.nodes {
             nodes.push(BenchNode::start(&config, n.id, args.node_threads)?);
@@ -306,6 +327,7 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
                         "ratio_to_echo": {"p50": ratio(lat.p50, echo.p50), "p99": ratio(lat.p99, echo.p99), "p999": ratio(lat.p999, echo.p999)},
                         "baseline": {"echo_rtt_ns": {"p50": echo.p50, "p99": echo.p99, "p999": echo.p999}},
                         "stages_ns": stage_json, "node_threads": args.node_threads,
+                        "append_in_flight_max": config.append_in_flight_max,
                         "distance_us": distance_us,
                         "send_lag_ns": Latency::of(&r.send_lag), "cpu": cpu,
                         "machine": machine, "version": common::version(),

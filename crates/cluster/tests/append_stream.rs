@@ -1,0 +1,168 @@
+//! Pipelined replication (`append_in_flight_max` above 1): every command acknowledged is
+//! applied once on every replica, a follower that stops and returns catches up through new
+//! streams, a new leader after the old one is lost loses nothing acknowledged, and a restart
+//! of all nodes gives the same state hash. The followers must have taken the AppendEntries on
+//! pipelined streams, or the tests prove nothing about them.
+
+mod common;
+
+use std::time::Duration;
+
+use bourse_cluster::client::{Answer, PipelinedClient};
+use bourse_cluster::{ClusterConfig, FsyncSetting, Node, OutcomeKind};
+use bourse_core::Command;
+use bourse_engine::workload::Flow;
+use common::{addrs, converged, free_ports, small_flow};
+
+const CONVERGE_LIMIT: Duration = Duration::from_secs(30);
+/// Requests the client keeps in flight, so that batches follow one another while earlier
+/// AppendEntries are still out.
+const CLIENT_WINDOW: usize = 256;
+
+fn config(dir: &std::path::Path, fsync: FsyncSetting) -> ClusterConfig {
+    let mut c = ClusterConfig::local(17, dir.to_path_buf(), free_ports());
+    c.fsync = fsync;
+    c.append_in_flight_max = 16;
+    c.snapshot_every_entries = 200;
+    c.hash_checkpoint_every_entries = 16;
+    c.hash_check_interval_ms = 30;
+    c.orders_max = 8192;
+    c.accounts_max = 1024;
+    c.validate().expect("valid config");
+    c
+}
+
+async fn start_all(config: &ClusterConfig) -> Vec<Node> {
+    let mut nodes = Vec::new();
+    for n in &config.nodes {
+        nodes.push(Node::start(config, n.id).await.expect("node starts"));
+    }
+    nodes
+}
+
+/// Submits `count` commands of `flow` (its setup first when `setup`) through a pipelined
+/// client and waits for every answer; returns how many were applied (by this attempt or an
+/// earlier one of the same request).
+async fn drive(client: &mut PipelinedClient, flow: &mut Flow, setup: bool, count: usize) -> u64 {
+    let mut commands: Vec<Command> = Vec::new();
+    if setup {
+        commands.extend(
+            flow.setup()
+                .into_iter()
+                .enumerate()
+                .map(|(i, body)| Command::new(i as u64, body)),
+        );
+    }
+    for i in 0..count {
+        commands.push(Command::new(10_000 + i as u64, flow.next_command()));
+    }
+    let mut answers = 0u64;
+    for command in &commands {
+        client.submit(command).await.expect("queued");
+        while let Some(answer) = client.try_answer().expect("client runs") {
+            answers += applied(&answer);
+        }
+    }
+    while answers < commands.len() as u64 {
+        let answer = tokio::time::timeout(Duration::from_secs(60), client.next_answer())
+            .await
+            .expect("answered within the hang guard")
+            .expect("client runs");
+        answers += applied(&answer);
+    }
+    answers
+}
+
+/// 1 for an answer that says the request applied (now or by an earlier attempt).
+fn applied(answer: &Answer) -> u64 {
+    assert_ne!(answer.kind, OutcomeKind::Refused, "{answer:?}");
+    1
+}
+
+fn pipelined_requests(nodes: &[Node]) -> u64 {
+    nodes
+        .iter()
+        .map(|n| n.stages().append_stream_requests())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_replication_applies_every_command_once_and_a_restart_gives_the_same_hash() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), FsyncSetting::Always);
+    let nodes = start_all(&config).await;
+    let mut client = PipelinedClient::start(addrs(&config), 1, 1, CLIENT_WINDOW);
+    let mut flow = Flow::new(small_flow(21));
+    let acked = drive(&mut client, &mut flow, true, 3_000).await;
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let statuses = converged(&refs, CONVERGE_LIMIT).await;
+    for s in &statuses {
+        assert_eq!(s.commands_applied, acked, "node {} applied each once", s.id);
+        assert!(s.alarm.is_none(), "node {}: {:?}", s.id, s.alarm);
+    }
+    assert!(
+        pipelined_requests(&nodes) > 0,
+        "the followers took no AppendEntries on a pipelined stream"
+    );
+    let most = nodes
+        .iter()
+        .map(|n| n.stages().append_stream_unanswered_max())
+        .max();
+    println!("most AppendEntries unanswered on one stream: {most:?}");
+    let hash = statuses[0].state_hash;
+    for n in nodes {
+        n.shutdown().await;
+    }
+    let nodes = start_all(&config).await;
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let after = converged(&refs, CONVERGE_LIMIT).await;
+    assert_eq!(after[0].state_hash, hash, "restart from journals");
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_stops_and_returns_and_a_lost_leader_lose_nothing_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), FsyncSetting::Never);
+    let mut nodes = start_all(&config).await;
+    let mut client = PipelinedClient::start(addrs(&config), 2, 1, CLIENT_WINDOW);
+    let mut flow = Flow::new(small_flow(22));
+    let mut acked = drive(&mut client, &mut flow, true, 1_000).await;
+
+    // A follower stops; the other two go on; it returns and must catch up.
+    let leader = converged(&nodes.iter().collect::<Vec<_>>(), CONVERGE_LIMIT).await[0]
+        .leader
+        .expect("a leader");
+    let follower_at = nodes.iter().position(|n| n.id() != leader).unwrap();
+    let follower = nodes[follower_at].id();
+    nodes.remove(follower_at).shutdown().await;
+    acked += drive(&mut client, &mut flow, false, 1_000).await;
+    nodes.push(Node::start(&config, follower).await.expect("restarts"));
+    acked += drive(&mut client, &mut flow, false, 1_000).await;
+    let statuses = converged(&nodes.iter().collect::<Vec<_>>(), CONVERGE_LIMIT).await;
+    for s in &statuses {
+        assert_eq!(s.commands_applied, acked, "node {} applied each once", s.id);
+    }
+
+    // The leader is lost; the new one has everything acknowledged.
+    let leader_at = nodes.iter().position(|n| n.id() == leader).unwrap();
+    nodes.remove(leader_at).shutdown().await;
+    acked += drive(&mut client, &mut flow, false, 1_000).await;
+    let statuses = converged(&nodes.iter().collect::<Vec<_>>(), CONVERGE_LIMIT).await;
+    for s in &statuses {
+        assert_eq!(s.commands_applied, acked, "node {} applied each once", s.id);
+        assert_ne!(s.leader, Some(leader), "a new leader");
+    }
+    nodes.push(Node::start(&config, leader).await.expect("restarts"));
+    let statuses = converged(&nodes.iter().collect::<Vec<_>>(), CONVERGE_LIMIT).await;
+    assert_eq!(statuses.len(), 3);
+    for s in &statuses {
+        assert_eq!(s.commands_applied, acked, "node {} applied each once", s.id);
+    }
+    assert!(pipelined_requests(&nodes) > 0);
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
