@@ -441,10 +441,35 @@ impl FixClient {
             }
         };
         let bytes = self.scratch[..n].to_vec();
-        self.session.on_bytes(now, &bytes, &mut self.app);
-        self.session.on_tick(now, &mut self.app);
-        self.pump()?;
+        self.on_read(now, &bytes)?;
         Ok(n)
+    }
+
+    /// Feeds bytes that another thread read from the connection (a blocking read on
+    /// [`FixClient::try_clone_socket`]), for a driver that sends on one thread and reads on
+    /// another, as the binary client's [`crate::binary::BinaryWriter`] allows: the session
+    /// verifies them as if [`FixClient::recv`] had read them, and the application messages
+    /// are then taken with `recv(Duration::ZERO)` (in blocking mode it reads nothing more).
+    /// Empty `bytes` means the reader saw the connection end.
+    pub fn feed(&mut self, bytes: &[u8]) -> io::Result<()> {
+        if self.closed.is_some() {
+            return Ok(());
+        }
+        let now = system_now_ms();
+        if bytes.is_empty() {
+            self.session.on_disconnect(now, &mut self.app);
+            self.closed = Some("connection closed by the gateway".into());
+            return Ok(());
+        }
+        self.on_read(now, bytes)
+    }
+
+    /// Drives the session with bytes read from the connection, then lets its timers run and
+    /// writes what it answered.
+    fn on_read(&mut self, now: i64, bytes: &[u8]) -> io::Result<()> {
+        self.session.on_bytes(now, bytes, &mut self.app);
+        self.session.on_tick(now, &mut self.app);
+        self.pump()
     }
 
     fn pump(&mut self) -> io::Result<()> {

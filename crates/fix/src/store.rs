@@ -5,8 +5,9 @@
 //! connection; [`FileStore`] keeps the same state in a directory so that a
 //! restarted process resumes the session where it stopped. It is the one file
 //! store of bourse (the `bourse fix acceptor` and the gateway's sessions alike),
-//! cheap enough for the order path: a message costs one append and one
-//! fixed-width overwrite, no file created or renamed.
+//! cheap enough for the order path: an outbound message costs one append (its
+//! record also stands for the next sender number), an inbound one a fixed-width
+//! overwrite of the sequence numbers, no file created or renamed.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -163,6 +164,16 @@ const SEQNUMS_BYTES: usize = 42;
 /// len: u32 LE, bytes`. A torn last record, left by a crash in mid-append, is
 /// cut off when the store is opened; the log is rewritten with the kept
 /// messages once it holds twice as many records as the bound.
+///
+/// The sender number that follows a stored message (its number + 1, what a
+/// session sets right after storing it) is not written to `seqnums`: the
+/// log's last record says it, and opening takes the larger of the two. That
+/// saves the session a second write per outbound message, on the path of
+/// every execution report, with the same durability (the record is written,
+/// and with `sync` synced, before the message is sent). A number set lower
+/// than the log's last record (never done by a session without a reset,
+/// which empties the log) is written to `seqnums` after an empty record with
+/// number 0, which tells opening that the log no longer implies the number.
 #[derive(Debug)]
 pub struct FileStore {
     dir: PathBuf,
@@ -173,6 +184,9 @@ pub struct FileStore {
     seqnums: File,
     log: File,
     log_records: usize,
+    /// The number of the log's last record since its last empty marker (0: none), so
+    /// the log implies the next sender number is at least this + 1.
+    last_logged_seq: u64,
     stored_messages_max: usize,
     /// Whether to fsync after each write; off trades durability on power
     /// loss for speed, process crashes lose nothing either way.
@@ -203,6 +217,7 @@ impl FileStore {
         let mut stored_bytes = 0;
         let mut log_records = 0;
         let mut good_len: u64 = 0;
+        let mut last_logged_seq = 0;
         if let Ok(mut file) = File::open(&log_path) {
             let mut data = Vec::new();
             file.read_to_end(&mut data)?;
@@ -214,15 +229,21 @@ impl FileStore {
                 if len > STORED_MESSAGE_SIZE_MAX_BYTES || pos + 12 + len > data.len() {
                     break;
                 }
+                log_records += 1;
+                pos += 12 + len;
+                if seq == 0 {
+                    // The marker of a sender number set below the log: `seqnums` has it.
+                    last_logged_seq = 0;
+                    continue;
+                }
+                last_logged_seq = seq;
                 insert_bounded(
                     &mut messages,
                     &mut stored_bytes,
                     stored_messages_max,
                     seq,
-                    &data[pos + 12..pos + 12 + len],
+                    &data[pos - len..pos],
                 );
-                log_records += 1;
-                pos += 12 + len;
             }
             good_len = pos as u64;
         }
@@ -233,6 +254,8 @@ impl FileStore {
         if log.metadata()?.len() != good_len {
             log.set_len(good_len)?;
         }
+        // The log's last record was stored before the number after it was set.
+        let next_sender_seq_num = next_sender_seq_num.max(last_logged_seq + 1);
         let store = FileStore {
             dir: dir.to_path_buf(),
             next_sender_seq_num,
@@ -242,6 +265,7 @@ impl FileStore {
             seqnums,
             log,
             log_records,
+            last_logged_seq,
             stored_messages_max,
             sync,
         };
@@ -286,6 +310,19 @@ impl FileStore {
             .append(true)
             .open(self.dir.join("messages"))?;
         self.log_records = self.messages.len();
+        // The rewritten log's last record is the highest number kept. When that is not the
+        // number the log implied (a number set below the log, or none implied), the log
+        // must imply nothing: a marker, and `seqnums` written with the current numbers.
+        let implied = self.messages.keys().next_back().copied().unwrap_or(0);
+        if implied != self.last_logged_seq {
+            self.log.write_all(&record(0, &[]))?;
+            if self.sync {
+                self.log.sync_data()?;
+            }
+            self.log_records += 1;
+            self.last_logged_seq = 0;
+            self.write_seqnums()?;
+        }
         Ok(())
     }
 }
@@ -319,6 +356,18 @@ impl MessageStore for FileStore {
     fn set_next_sender_seq_num(&mut self, seq_num: u64) -> io::Result<()> {
         assert!(seq_num >= 1);
         self.next_sender_seq_num = seq_num;
+        if self.last_logged_seq > 0 && seq_num == self.last_logged_seq + 1 {
+            // The log's last record implies it (see the type's comment).
+            return Ok(());
+        }
+        if self.last_logged_seq > 0 && seq_num <= self.last_logged_seq {
+            self.log.write_all(&record(0, &[]))?;
+            if self.sync {
+                self.log.sync_data()?;
+            }
+            self.log_records += 1;
+            self.last_logged_seq = 0;
+        }
         self.write_seqnums()
     }
     fn set_next_target_seq_num(&mut self, seq_num: u64) -> io::Result<()> {
@@ -333,11 +382,19 @@ impl MessageStore for FileStore {
                 "message too large to store",
             ));
         }
+        if seq_num == 0 {
+            // Number 0 is the log's marker (and no FIX message's number).
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a stored message needs a sequence number of 1 or more",
+            ));
+        }
         self.log.write_all(&record(seq_num, bytes))?;
         if self.sync {
             self.log.sync_data()?;
         }
         self.log_records += 1;
+        self.last_logged_seq = seq_num;
         insert_bounded(
             &mut self.messages,
             &mut self.stored_bytes,
@@ -361,6 +418,7 @@ impl MessageStore for FileStore {
         self.stored_bytes = 0;
         self.log.set_len(0)?;
         self.log_records = 0;
+        self.last_logged_seq = 0;
         self.next_sender_seq_num = 1;
         self.next_target_seq_num = 1;
         self.write_seqnums()
@@ -457,6 +515,62 @@ mod tests {
             (s.next_sender_seq_num(), s.next_target_seq_num()),
             (123_456_789, 6)
         );
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_sender_number_after_the_last_stored_message_survives_reopen_from_the_log() {
+        let dir = temp_dir("implied");
+        {
+            let mut s = FileStore::open(&dir, 10, false).expect("open");
+            s.set_next_target_seq_num(4).expect("set");
+            // As a session sends: store message n, then set the next number to n + 1.
+            for seq in 1..=3 {
+                s.store_message(seq, b"m").expect("store");
+                s.set_next_sender_seq_num(seq + 1).expect("set");
+            }
+            assert_eq!(s.next_sender_seq_num(), 4);
+        }
+        let mut s = FileStore::open(&dir, 10, false).expect("reopen");
+        assert_eq!((s.next_sender_seq_num(), s.next_target_seq_num()), (4, 4));
+        // A number set beyond the log (a gap) is kept as set.
+        s.set_next_sender_seq_num(9).expect("set");
+        drop(s);
+        let s = FileStore::open(&dir, 10, false).expect("reopen");
+        assert_eq!(s.next_sender_seq_num(), 9);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_sender_number_set_below_the_log_survives_reopen_and_compaction() {
+        let dir = temp_dir("lowered");
+        {
+            let mut s = FileStore::open(&dir, 2, false).expect("open");
+            for seq in 1..=4 {
+                s.store_message(seq, b"m").expect("store");
+                s.set_next_sender_seq_num(seq + 1).expect("set");
+            }
+            s.set_next_sender_seq_num(2).expect("lower");
+        }
+        let mut s = FileStore::open(&dir, 2, false).expect("reopen");
+        assert_eq!(s.next_sender_seq_num(), 2, "not the log's 5");
+        // Storing again below the kept messages, through a compaction of the log.
+        s.store_message(2, b"again").expect("store");
+        s.set_next_sender_seq_num(3).expect("set");
+        s.store_message(3, b"again").expect("store");
+        s.set_next_sender_seq_num(4).expect("set");
+        drop(s);
+        let s = FileStore::open(&dir, 2, false).expect("reopen");
+        assert_eq!(s.next_sender_seq_num(), 4);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_message_numbered_zero_is_refused() {
+        let dir = temp_dir("zero");
+        let mut s = FileStore::open(&dir, 2, false).expect("open");
+        let err = s.store_message(0, b"m").expect_err("refused");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
         let _ = fs::remove_dir_all(&dir);
     }
 

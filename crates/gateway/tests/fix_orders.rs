@@ -361,3 +361,40 @@ fn a_mass_cancel_reaches_the_sessions_own_orders_unless_it_asks_for_the_account(
     beta.logout(WAIT).unwrap();
     slow.logout(WAIT).unwrap();
 }
+
+#[test]
+fn a_client_that_reads_on_a_second_handle_gets_its_reports_through_feed() {
+    use std::io::Read;
+    let gw = common::start();
+    let mut alpha = login(&gw, "ALPHA");
+    // A driver that sends on one thread and reads on another: the reads happen on a clone of
+    // the socket and the bytes are fed to the session.
+    let mut socket = alpha.try_clone_socket().unwrap();
+    socket.set_read_timeout(Some(WAIT)).unwrap();
+    alpha
+        .new_order("f1", None, "SBER", false, 10, Some("100.50"), '0')
+        .unwrap();
+    alpha.cancel("f2", "f1", "SBER", false).unwrap();
+    let mut ids = Vec::new();
+    let mut buf = [0u8; 4096];
+    while ids.len() < 2 {
+        let n = socket.read(&mut buf).expect("the reports within the wait");
+        assert!(n > 0, "the gateway closed the connection");
+        alpha.feed(&buf[..n]).unwrap();
+        while let Some(m) = alpha.recv(Duration::ZERO).unwrap() {
+            ids.push((f(&m, 11).to_string(), f(&m, 150).to_string()));
+        }
+    }
+    assert_eq!(
+        ids,
+        vec![("f1".into(), "0".into()), ("f2".into(), "4".into())]
+    );
+    // The session's numbers followed what was fed: it goes on as usual.
+    alpha
+        .new_order("f3", None, "SBER", false, 10, Some("100.50"), '0')
+        .unwrap();
+    assert_eq!(f(&exec(&mut alpha), 11), "f3");
+    // Feeding the end of the connection closes the client.
+    alpha.feed(&[]).unwrap();
+    assert!(!alpha.is_logged_on());
+}

@@ -51,6 +51,12 @@ pub struct GatewayBenchArgs {
     /// modes alike, and a summary compares the medians over the runs.
     #[arg(long, default_value_t = 1)]
     repeats: usize,
+    /// How the FIX client is driven: `split` (a sender thread writes on schedule, the reading
+    /// thread blocks in the socket read: the binary client's shape) or `one-thread` (the
+    /// earlier driver: one thread sends and, between sends, waits for a readiness thread's
+    /// signal; kept to show what that shape adds to FIX's figures).
+    #[arg(long, default_value = "split")]
+    fix_driver: String,
 }
 
 /// One scenario's result, for the summary over repeated runs.
@@ -346,6 +352,12 @@ struct RunResult {
     sent: u64,
     answered: u64,
     throughput_per_s: f64,
+    /// Open loop: how late the client began to send each request against its schedule
+    /// (the driver's wake-up; already inside `latency`, which counts from the schedule).
+    sent_late: Option<Latency>,
+    /// Open loop: how long the client's send call took (building the request, the protocol
+    /// session's own work, the socket write; also inside `latency`).
+    send_call: Option<Latency>,
 }
 
 /// Open loop at `rate` (latency from each request's scheduled time), or, with `rate` none,
@@ -362,6 +374,8 @@ fn drive(
     let total = rate.map(|r| r * seconds);
     let mut scheduled_ns: Vec<u64> = Vec::new();
     let mut h: Histogram<u64> = common::histogram();
+    let mut late: Histogram<u64> = common::histogram();
+    let mut call: Histogram<u64> = common::histogram();
     let mut answered = Vec::new();
     let mut done = 0u64;
     let mut last_answer = start;
@@ -388,7 +402,15 @@ fn drive(
                 None => start.elapsed().as_nanos() as u64,
             };
             scheduled_ns.push(due);
+            let began = start.elapsed().as_nanos() as u64;
             client.send(first + sent)?;
+            if rate.is_some() {
+                common::record(&mut late, began.saturating_sub(due));
+                common::record(
+                    &mut call,
+                    (start.elapsed().as_nanos() as u64).saturating_sub(began),
+                );
+            }
             sent += 1;
         }
         // Block in the socket read until the next send is due (or an answer comes), so the
@@ -421,21 +443,32 @@ fn drive(
         sent,
         answered: done,
         throughput_per_s: done as f64 / elapsed.max(1e-9),
+        sent_late: rate.map(|_| Latency::of(&late)),
+        send_call: rate.map(|_| Latency::of(&call)),
     })
 }
 
-/// The binary client split in two: a sender thread writes each request at its scheduled time
-/// (sleeping while the next one is far, yielding when it is near) and this thread reads the
-/// answers in blocking reads, so neither waits on the other nor on a timer tick.
-fn drive_binary_split(
-    client: &mut BinaryClient,
+/// What the sender thread of [`drive_split`] calls to write request `k` of the run (0, 1, ...;
+/// even = new buy order, odd = cancel of the order before).
+type SendRequest = Box<dyn FnMut(u64) -> std::io::Result<()> + Send>;
+
+/// What the reading thread of [`drive_split`] calls: waits (a bounded blocking read, about
+/// 20 ms at most) for answers and pushes the run index `k` of each request answered.
+type ReadAnswers<'a> = &'a mut dyn FnMut(&mut Vec<u64>) -> Result<()>;
+
+/// The client split in two, the same for both protocols: a sender thread writes each request
+/// at its scheduled time (sleeping while the next one is far, yielding when it is near) and
+/// this thread reads the answers in blocking reads, so neither waits on the other nor on a
+/// timer tick. Also measures how late each request left against its schedule (open loop):
+/// that part of the latency is the client's, not the gateway's.
+fn drive_split(
+    mut send: SendRequest,
+    read: ReadAnswers<'_>,
     rate: Option<u64>,
     seconds: u64,
     window: usize,
-    first: u64,
 ) -> Result<RunResult> {
     use std::sync::atomic::AtomicU64;
-    let mut writer = client.writer()?;
     let start = Instant::now();
     let run_ns = seconds * 1_000_000_000;
     let total = rate.map(|r| r * seconds);
@@ -454,14 +487,17 @@ fn drive_binary_split(
         Arc::clone(&sent_count),
         Arc::clone(&sent_at),
     );
-    let sender = std::thread::spawn(move || -> std::io::Result<()> {
+    type Histograms = (Histogram<u64>, Histogram<u64>);
+    let sender = std::thread::spawn(move || -> std::io::Result<Histograms> {
+        let mut late: Histogram<u64> = common::histogram();
+        let mut call: Histogram<u64> = common::histogram();
         let mut i = 0u64;
         loop {
             let now_ns = start.elapsed().as_nanos() as u64;
-            match (rate, total) {
+            let due = match (rate, total) {
                 (Some(r), Some(t)) => {
                     if i >= t {
-                        return Ok(());
+                        return Ok((late, call));
                     }
                     let due = i * 1_000_000_000 / r;
                     if due > now_ns {
@@ -473,24 +509,28 @@ fn drive_binary_split(
                         }
                         continue;
                     }
+                    Some(due)
                 }
                 _ => {
                     if now_ns >= run_ns || i as usize >= sent_at_s.len() {
-                        return Ok(());
+                        return Ok((late, call));
                     }
                     if i - answered_s.load(Ordering::Acquire) >= window as u64 {
                         std::thread::yield_now();
                         continue;
                     }
                     sent_at_s[i as usize].store(now_ns, Ordering::Release);
+                    None
                 }
-            }
-            let id = first + i + 1;
-            if i.is_multiple_of(2) {
-                let price = 9_000 + (i / 2 % 500) as i64;
-                writer.new_order(id, 1, 1, true, 1, Some(price), BinTif::Day)?;
-            } else {
-                writer.cancel(id, id - 1, 1, 1)?;
+            };
+            let began = start.elapsed().as_nanos() as u64;
+            send(i)?;
+            if let Some(due) = due {
+                common::record(&mut late, began.saturating_sub(due));
+                common::record(
+                    &mut call,
+                    (start.elapsed().as_nanos() as u64).saturating_sub(began),
+                );
             }
             i += 1;
             sent_s.store(i, Ordering::Release);
@@ -499,6 +539,7 @@ fn drive_binary_split(
     let mut h: Histogram<u64> = common::histogram();
     let mut done = 0u64;
     let mut last_answer = Instant::now();
+    let mut got = Vec::new();
     loop {
         let sent = sent_count.load(Ordering::Acquire);
         if sender.is_finished() && done >= sent {
@@ -507,8 +548,60 @@ fn drive_binary_split(
         if sender.is_finished() && last_answer.elapsed() > DRAIN_TIMEOUT {
             break;
         }
-        let Some(r) = client.recv(Duration::from_millis(20))? else {
+        got.clear();
+        read(&mut got)?;
+        if got.is_empty() {
             continue;
+        }
+        let now_ns = start.elapsed().as_nanos() as u64;
+        for &k in &got {
+            let due = match rate {
+                Some(r) => k * 1_000_000_000 / r,
+                None => sent_at
+                    .get(k as usize)
+                    .map_or(now_ns, |a| a.load(Ordering::Acquire)),
+            };
+            common::record(&mut h, now_ns.saturating_sub(due));
+            done += 1;
+        }
+        answered.store(done, Ordering::Release);
+        last_answer = Instant::now();
+    }
+    let (late, call) = sender
+        .join()
+        .map_err(|_| anyhow!("sender thread panicked"))??;
+    let elapsed = start.elapsed().as_secs_f64();
+    Ok(RunResult {
+        latency: Latency::of(&h),
+        sent: sent_count.load(Ordering::Acquire),
+        answered: done,
+        throughput_per_s: done as f64 / elapsed.max(1e-9),
+        sent_late: rate.map(|_| Latency::of(&late)),
+        send_call: rate.map(|_| Latency::of(&call)),
+    })
+}
+
+/// The binary client in [`drive_split`]: request `k` has ClOrdID `first + k + 1`.
+fn drive_binary_split(
+    client: &mut BinaryClient,
+    rate: Option<u64>,
+    seconds: u64,
+    window: usize,
+    first: u64,
+) -> Result<RunResult> {
+    let mut writer = client.writer()?;
+    let send: SendRequest = Box::new(move |k| {
+        let id = first + k + 1;
+        if k.is_multiple_of(2) {
+            let price = 9_000 + (k / 2 % 500) as i64;
+            writer.new_order(id, 1, 1, true, 1, Some(price), BinTif::Day)
+        } else {
+            writer.cancel(id, id - 1, 1, 1)
+        }
+    });
+    let mut read = |got: &mut Vec<u64>| -> Result<()> {
+        let Some(r) = client.recv(Duration::from_millis(20))? else {
+            return Ok(());
         };
         let id = match r.response {
             Response::NewOrderAck { cl_ord_id, .. }
@@ -522,33 +615,90 @@ fn drive_binary_split(
                 ref_cl_ord_id: Some(id),
                 ..
             } => id,
-            _ => continue,
+            _ => return Ok(()),
         };
-        let now_ns = start.elapsed().as_nanos() as u64;
-        let Some(k) = id.checked_sub(first + 1) else {
-            continue;
+        if let Some(k) = id.checked_sub(first + 1) {
+            got.push(k);
+        }
+        Ok(())
+    };
+    drive_split(send, &mut read, rate, seconds, window)
+}
+
+/// The FIX client in [`drive_split`], shaped as the binary one: the sender thread builds and
+/// writes each request through the session (under its lock: sequence numbers and the store
+/// are the session's), this thread blocks in a read on a second handle of the socket and
+/// feeds what it read to the session ([`FixClient::feed`]). Request `k` has ClOrdID
+/// `first + k` (`first` is even).
+fn drive_fix_split(
+    client: FixClient,
+    rate: Option<u64>,
+    seconds: u64,
+    window: usize,
+    first: u64,
+) -> Result<(RunResult, FixClient)> {
+    use std::io::Read;
+    let mut socket = client.try_clone_socket()?;
+    // The read timeout only lets this thread see that the run ended; an answer wakes the
+    // read at once.
+    socket.set_read_timeout(Some(Duration::from_millis(20)))?;
+    let client = Arc::new(std::sync::Mutex::new(client));
+    let sending = Arc::clone(&client);
+    let send: SendRequest = Box::new(move |k| {
+        let i = first + k;
+        let mut c = sending
+            .lock()
+            .map_err(|_| std::io::Error::other("the FIX client's lock is poisoned"))?;
+        if k.is_multiple_of(2) {
+            let price = format!("{}.{:02}", 90 + k / 2 % 5, k / 2 % 100);
+            c.new_order(&i.to_string(), None, "BENCH", true, 1, Some(&price), '0')?;
+        } else {
+            c.cancel(&i.to_string(), &(i - 1).to_string(), "BENCH", true)?;
+        }
+        Ok(())
+    });
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut read = |got: &mut Vec<u64>| -> Result<()> {
+        let n = match socket.read(&mut buf) {
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) =>
+            {
+                return Ok(())
+            }
+            Err(e) => return Err(e.into()),
         };
-        let due = match rate {
-            Some(r) => k * 1_000_000_000 / r,
-            None => sent_at
-                .get(k as usize)
-                .map_or(now_ns, |a| a.load(Ordering::Acquire)),
-        };
-        common::record(&mut h, now_ns.saturating_sub(due));
-        done += 1;
-        answered.store(done, Ordering::Release);
-        last_answer = Instant::now();
-    }
-    sender
-        .join()
-        .map_err(|_| anyhow!("sender thread panicked"))??;
-    let elapsed = start.elapsed().as_secs_f64();
-    Ok(RunResult {
-        latency: Latency::of(&h),
-        sent: sent_count.load(Ordering::Acquire),
-        answered: done,
-        throughput_per_s: done as f64 / elapsed.max(1e-9),
-    })
+        let mut c = client
+            .lock()
+            .map_err(|_| anyhow!("the FIX client's lock is poisoned"))?;
+        c.feed(&buf[..n])?;
+        while let Some(m) = c.recv(Duration::ZERO)? {
+            if let Some(k) = FixClient::field(&m, 11)
+                .and_then(|v| v.parse::<u64>().ok())
+                .and_then(|i| i.checked_sub(first))
+            {
+                got.push(k);
+            }
+        }
+        if n == 0 {
+            return Err(anyhow!(
+                "the gateway closed the FIX connection: {}",
+                c.closed_reason().unwrap_or("no reason given")
+            ));
+        }
+        Ok(())
+    };
+    let r = drive_split(send, &mut read, rate, seconds, window)?;
+    let client = Arc::try_unwrap(client)
+        .map_err(|_| anyhow!("the FIX sender still holds the client"))?
+        .into_inner()
+        .map_err(|_| anyhow!("the FIX client's lock is poisoned"))?;
+    Ok((r, client))
 }
 
 /// Requests in flight at most in the saturation run (a gateway session's own limits are
@@ -566,6 +716,12 @@ pub fn bench(args: GatewayBenchArgs) -> Result<()> {
         return Err(anyhow!(
             "--core must be in-process or replicated, not {}",
             args.core
+        ));
+    }
+    if !matches!(args.fix_driver.as_str(), "split" | "one-thread") {
+        return Err(anyhow!(
+            "--fix-driver must be split or one-thread, not {}",
+            args.fix_driver
         ));
     }
     // A window of 0 would make the saturation run send nothing and report it as a figure.
@@ -663,7 +819,7 @@ fn bench_mode(
             }
         );
         println!(
-            "  {:<8} {:>12} {:>12} {:>10} {:>16} {:>16} {:>16} {:>16} {:>10}",
+            "  {:<8} {:>12} {:>12} {:>10} {:>16} {:>16} {:>16} {:>16} {:>10} {:>20}",
             "proto",
             "offered/s",
             "achieved/s",
@@ -672,12 +828,14 @@ fn bench_mode(
             "p90 (×echo)",
             "p99 (×echo)",
             "p99.9 (×echo)",
-            "max"
+            "max",
+            "late/send call p50"
         );
     }
     let mut next_id = 0u64;
     for proto in &args.protocols {
         let mut binary: Option<BinaryClient> = None;
+        let mut fix_split: Option<FixClient> = None;
         let mut client: Option<Box<dyn BenchClient>> = match proto.as_str() {
             "binary" => {
                 let addr: SocketAddr = handle
@@ -693,7 +851,12 @@ fn bench_mode(
                 let mut cfg = FixClientConfig::new(addr, "BENCH", "BOURSE");
                 cfg.reset_on_logon = true;
                 let c = FixClient::connect(&cfg)?;
-                Some(Box::new(FixBench::new(c)?))
+                if args.fix_driver == "split" {
+                    fix_split = Some(c);
+                    None
+                } else {
+                    Some(Box::new(FixBench::new(c)?))
+                }
             }
             other => return Err(anyhow!("unknown protocol {other} (fix, binary)")),
         };
@@ -702,10 +865,15 @@ fn bench_mode(
         for rate in scenarios {
             // Even start so new/cancel pairs line up.
             next_id += next_id % 2;
-            let r = match (binary.as_mut(), client.as_mut()) {
-                (Some(b), _) => drive_binary_split(b, rate, args.seconds, args.window, next_id)?,
-                (None, Some(c)) => drive(c.as_mut(), rate, args.seconds, args.window, next_id)?,
-                (None, None) => return Err(anyhow!("no client")),
+            let r = match (binary.as_mut(), client.as_mut(), fix_split.take()) {
+                (Some(b), _, _) => drive_binary_split(b, rate, args.seconds, args.window, next_id)?,
+                (None, Some(c), _) => drive(c.as_mut(), rate, args.seconds, args.window, next_id)?,
+                (None, None, Some(f)) => {
+                    let (r, f) = drive_fix_split(f, rate, args.seconds, args.window, next_id)?;
+                    fix_split = Some(f);
+                    r
+                }
+                (None, None, None) => return Err(anyhow!("no client")),
             };
             next_id += r.sent;
             let l = &r.latency;
@@ -721,6 +889,7 @@ fn bench_mode(
             });
             let ratio = |v: u64, base: u64| v as f64 / base.max(1) as f64;
             if args.json {
+                let fix_driver = (proto.as_str() == "fix").then_some(args.fix_driver.as_str());
                 let o = json!({
                     "bench": "gateway",
                     "monitor": mode,
@@ -732,6 +901,9 @@ fn bench_mode(
                     "sent": r.sent,
                     "answered": r.answered,
                     "latency_ns": l,
+                    "fix_driver": fix_driver,
+                    "sent_late_ns": r.sent_late,
+                    "send_call_ns": r.send_call,
                     "latency_over_echo": {
                         "p50": ratio(l.p50, echo.p50), "p90": ratio(l.p90, echo.p90),
                         "p99": ratio(l.p99, echo.p99), "p999": ratio(l.p999, echo.p999),
@@ -744,7 +916,7 @@ fn bench_mode(
             } else {
                 let cell = |v: u64, base: u64| format!("{} ({:.1})", common::ns(v), ratio(v, base));
                 println!(
-                    "  {:<8} {:>12} {:>12} {:>10} {:>16} {:>16} {:>16} {:>16} {:>10}",
+                    "  {:<8} {:>12} {:>12} {:>10} {:>16} {:>16} {:>16} {:>16} {:>10} {:>20}",
                     proto,
                     rate.map_or("saturation".to_string(), common::count),
                     common::count(r.throughput_per_s.round() as u64),
@@ -754,6 +926,11 @@ fn bench_mode(
                     cell(l.p99, echo.p99),
                     cell(l.p999, echo.p999),
                     common::ns(l.max),
+                    match (r.sent_late, r.send_call) {
+                        (Some(late), Some(call)) =>
+                            format!("{} / {}", common::ns(late.p50), common::ns(call.p50)),
+                        _ => "-".to_string(),
+                    },
                 );
             }
         }
