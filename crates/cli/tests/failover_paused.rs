@@ -4,8 +4,7 @@
 //!
 //! - the sequential client, with an attempt timeout far beyond the test's hang guard, can
 //!   only move on by asking the other nodes who leads (`LEADER_PROBE_AFTER_MS`): it must be
-//!   answered by the newly elected leader, having switched by a probe, and read each
-//!   request's events from the committed stream though it read that from the paused node;
+//!   answered by the newly elected leader, having switched by a probe;
 //! - the pipelined client (the gateway's and the admin's) must have every request of its
 //!   window answered, those queued after the pause by another node.
 //!
@@ -125,7 +124,7 @@ fn clients_waiting_on_a_paused_leader_move_to_the_new_one_and_nothing_is_lost() 
         client.set_attempt_timeout_ms(ATTEMPT_TIMEOUT_NEVER_MS);
         let mut before = 0;
         for c in &all[..COMMANDS_PER_PHASE] {
-            let (ack, _events) = client.submit_for_events(c, ANSWER_LIMIT).await.unwrap();
+            let ack = client.submit(c, ANSWER_LIMIT).await.unwrap();
             before = ack.leader;
             acked += 1;
         }
@@ -137,10 +136,8 @@ fn clients_waiting_on_a_paused_leader_move_to_the_new_one_and_nothing_is_lost() 
             .iter()
             .enumerate()
         {
-            // With its events: the client read the stream from the paused node, and must
-            // read on from the node that answered.
-            let (ack, _events) = client
-                .submit_for_events(c, ANSWER_LIMIT)
+            let ack = client
+                .submit(c, ANSWER_LIMIT)
                 .await
                 .unwrap_or_else(|e| panic!("request {k} after the pause: {e} (logs in {logs})"));
             assert_ne!(
