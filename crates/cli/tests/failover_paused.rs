@@ -93,8 +93,9 @@ async fn answer(client: &mut PipelinedClient, limit: tokio::time::Instant) -> An
 
 #[test]
 fn clients_waiting_on_a_paused_leader_move_to_the_new_one_and_nothing_is_lost() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().to_path_buf();
+    // Kept when the test fails (the messages name it for the nodes' logs); removed at the
+    // end of a run that passes.
+    let dir = tempfile::tempdir().unwrap().keep();
     let ports = bourse_testkit::free_ports::<3>();
     let config = write_loopback_config(
         &dir,
@@ -139,7 +140,13 @@ fn clients_waiting_on_a_paused_leader_move_to_the_new_one_and_nothing_is_lost() 
                 .submit(c, ANSWER_LIMIT)
                 .await
                 .unwrap_or_else(|e| panic!("request {k} after the pause: {e} (logs in {logs})"));
-            assert_ne!(ack.leader, paused, "answered by the paused node");
+            assert_ne!(
+                ack.leader,
+                paused,
+                "request {k} after the pause answered by the paused node: {ack:?}, {} probe \
+                 switches (logs in {logs})",
+                client.leader_probe_switches()
+            );
             acked += 1;
         }
         assert!(
@@ -180,4 +187,5 @@ fn clients_waiting_on_a_paused_leader_move_to_the_new_one_and_nothing_is_lost() 
 
     rt.block_on(check_replicas(&addrs, acked, SEED, &dir));
     drop(nodes);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -18,7 +18,9 @@
 //! acknowledgements: nothing lost, nothing applied twice) with equal state hashes and no
 //! alarm, and the subscriber must have read both feeds from across the namespaces. The test
 //! prints, per kind of fault, how long acknowledgements stopped counted from the fault and
-//! from the heal (p50/p99/max from HDR histograms).
+//! from the heal (p50/p99/max from HDR histograms), and two hops seen by asking the nodes for
+//! their status every 20 ms while the fault holds: when another node named itself leader,
+//! and when a leader without a quorum said so.
 //!
 //! The CI run injects each kind once (seeded order). `BOURSE_NETBED_FAULTS=N` runs N faults
 //! drawn at random (the long run of docs/results/netns-faults.md); `BOURSE_NETBED_SEED`
@@ -60,6 +62,11 @@ const GROUP_B: &str = "239.192.78.1";
 const SILENCE_US_MAX: u64 = 60_000_000;
 /// After a heal the client runs this long before the next fault (the heal's window).
 const AFTER_HEAL: Duration = Duration::from_millis(1_500);
+/// While a fault holds, the nodes are asked for their status this often, to time the hops of
+/// a failover (when another node names itself leader; when a leader without a quorum says so).
+const WATCH_EVERY: Duration = Duration::from_millis(20);
+/// How long one node may take to answer a status call while the fault holds.
+const WATCH_CALL_TIMEOUT: Duration = Duration::from_millis(100);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fault {
@@ -337,10 +344,61 @@ impl Run<'_> {
     }
 }
 
-/// Silences counted from faults and from heals, per kind of fault.
+/// What the status calls saw while a fault held, in µs from the fault.
+#[derive(Default)]
+struct Watched {
+    /// A node other than the old leader named itself leader.
+    new_leader_us: Option<u64>,
+    /// The old leader reported that it leads without a quorum (it refuses new requests).
+    quorum_lost_us: Option<u64>,
+}
+
+/// Asks every node for its status every [`WATCH_EVERY`] until `until`, all at once (a
+/// paused node costs one call timeout, not a round's worth), and notes the first moment each
+/// hop of [`Watched`] was seen.
+async fn watch(
+    addrs: &[(u64, SocketAddr)],
+    old_leader: u64,
+    fault_at: Instant,
+    until: Instant,
+) -> Watched {
+    let mut seen = Watched::default();
+    while Instant::now() < until {
+        let mut asked = tokio::task::JoinSet::new();
+        for &(id, addr) in addrs {
+            asked.spawn(async move {
+                (
+                    id,
+                    bourse_cluster::client::node_status_brief(addr, WATCH_CALL_TIMEOUT).await,
+                )
+            });
+        }
+        while let Some(answer) = asked.join_next().await {
+            let Ok((id, Ok(status))) = answer else {
+                continue;
+            };
+            let at = fault_at.elapsed().as_micros() as u64;
+            if id != old_leader && status.leader == Some(id) && seen.new_leader_us.is_none() {
+                seen.new_leader_us = Some(at);
+            }
+            if id == old_leader && status.quorum_lost_ms.is_some() && seen.quorum_lost_us.is_none()
+            {
+                seen.quorum_lost_us = Some(at);
+            }
+        }
+        let next = (Instant::now() + WATCH_EVERY).min(until);
+        tokio::time::sleep_until(tokio::time::Instant::from_std(next)).await;
+    }
+    seen
+}
+
+/// Silences counted from faults and from heals, per kind of fault, and the hops the status
+/// calls saw.
 struct Silences {
     from_fault: Vec<Histogram<u64>>,
     from_heal: Vec<Histogram<u64>>,
+    new_leader: Vec<Histogram<u64>>,
+    quorum_lost: Vec<Histogram<u64>>,
 }
 
 impl Silences {
@@ -349,14 +407,22 @@ impl Silences {
         Silences {
             from_fault: FAULTS.iter().map(|_| h()).collect(),
             from_heal: FAULTS.iter().map(|_| h()).collect(),
+            new_leader: FAULTS.iter().map(|_| h()).collect(),
+            quorum_lost: FAULTS.iter().map(|_| h()).collect(),
         }
     }
 
-    fn record(&mut self, fault: Fault, from_fault_us: u64, from_heal_us: u64) {
+    fn record(&mut self, fault: Fault, from_fault_us: u64, from_heal_us: u64, seen: &Watched) {
         let i = FAULTS.iter().position(|f| *f == fault).unwrap();
         let clamp = |us: u64| us.clamp(1, SILENCE_US_MAX);
         self.from_fault[i].record(clamp(from_fault_us)).unwrap();
         self.from_heal[i].record(clamp(from_heal_us)).unwrap();
+        if let Some(us) = seen.new_leader_us {
+            self.new_leader[i].record(clamp(us)).unwrap();
+        }
+        if let Some(us) = seen.quorum_lost_us {
+            self.quorum_lost[i].record(clamp(us)).unwrap();
+        }
     }
 
     fn print(&self) {
@@ -369,6 +435,18 @@ impl Silences {
                 summary(&self.from_fault[i]),
                 summary(&self.from_heal[i])
             );
+            if !self.new_leader[i].is_empty() {
+                println!(
+                    "netns faults: {f:?}: another node named itself leader, from the fault: {}",
+                    summary(&self.new_leader[i])
+                );
+            }
+            if !self.quorum_lost[i].is_empty() {
+                println!(
+                    "netns faults: {f:?}: the leader reported no quorum, from the fault: {}",
+                    summary(&self.quorum_lost[i])
+                );
+            }
         }
     }
 }
@@ -487,8 +565,9 @@ fn inner(prefix: &str) {
             .unwrap();
         let hold = Duration::from_millis(500 + rng.below(1_500));
         let fault_us = shared.now_us();
+        let fault_at = Instant::now();
         let undo = run.inject(fault, leader, follower);
-        std::thread::sleep(hold);
+        let seen = rt.block_on(watch(&addrs, leader, fault_at, fault_at + hold));
         let heal_us = shared.now_us();
         let acked_at_heal = shared.acked.load(Ordering::SeqCst);
         run.heal(undo);
@@ -508,6 +587,7 @@ fn inner(prefix: &str) {
             fault,
             shared.longest_silence_us(fault_us, heal_us),
             shared.longest_silence_us(heal_us, end_us),
+            &seen,
         );
         rt.block_on(whole(&addrs, seed, fault));
     }

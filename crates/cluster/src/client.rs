@@ -49,6 +49,12 @@ pub const NO_QUORUM_PROBE_MS: u64 = 100;
 pub const LEADER_PROBE_AFTER_MS: u64 = 200;
 /// How long one node may take to answer a leader probe.
 pub const LEADER_PROBE_TIMEOUT_MS: u64 = 150;
+/// After the first leader probe, how often the client asks again while it still waits. An
+/// election takes at least the followers' leader lease (their `election_timeout_ms_max`)
+/// after the last heartbeat, so the first probe usually finds no newer leader; asking again
+/// at this shorter period finds the new one within about half of it after it is elected
+/// (each round costs every node one brief status call).
+pub const LEADER_PROBE_EVERY_MS: u64 = 100;
 
 /// A request the group committed and applied.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -172,9 +178,15 @@ impl Client {
             let n = self.nodes.len();
             (0..n).map(|k| self.nodes[(answered + k) % n].1).collect()
         };
+        let answering = self.nodes[answered].1;
         let own = self
             .own_events
             .get_or_insert_with(|| OwnEvents::new(nodes(), self.client_id, ack.applied_index));
+        if own.consumer.position() <= ack.applied_index {
+            // After a failover the stream may still be read from the old leader, paused or
+            // cut off (silent, not closed): the node that answered holds the entry.
+            own.consumer.read_from(answering);
+        }
         let left = deadline.saturating_sub(started.elapsed());
         let events = own.take(ack.request_seq, ack.applied_index, left).await?;
         Ok((ack, events))
@@ -410,13 +422,21 @@ pub async fn newer_leader(nodes: Vec<(NodeId, SocketAddr)>, current: usize) -> O
     }
     // (term, its leader if known)
     let mut newest: Option<(u64, Option<NodeId>)> = None;
+    let mut answered = 0;
     while let Some(answer) = asked.join_next().await {
         let Ok(Ok(status)) = answer else { continue };
+        answered += 1;
         newest = match newest {
             Some((term, leader)) if term > status.term => Some((term, leader)),
             Some((term, leader)) if term == status.term => Some((term, leader.or(status.leader))),
             _ => Some((status.term, status.leader)),
         };
+        // Once a majority answered, no node leads a term above the highest they report (a
+        // leader needs a majority at its term, and two majorities share a member): the
+        // nodes still silent (paused, cut off) are not waited for to their timeout.
+        if 2 * answered > nodes.len() {
+            break;
+        }
     }
     let leader = newest?.1?;
     let index = nodes.iter().position(|n| n.0 == leader)?;
@@ -424,13 +444,14 @@ pub async fn newer_leader(nodes: Vec<(NodeId, SocketAddr)>, current: usize) -> O
 }
 
 /// Waits [`LEADER_PROBE_AFTER_MS`], then probes ([`newer_leader`]) every
-/// [`LEADER_PROBE_AFTER_MS`] until a newer leader than `current` is found; returns its index.
+/// [`LEADER_PROBE_EVERY_MS`] until a newer leader than `current` is found; returns its index.
 async fn probe_until_newer_leader(nodes: &[(NodeId, SocketAddr)], current: usize) -> usize {
+    tokio::time::sleep(Duration::from_millis(LEADER_PROBE_AFTER_MS)).await;
     loop {
-        tokio::time::sleep(Duration::from_millis(LEADER_PROBE_AFTER_MS)).await;
         if let Some(index) = newer_leader(nodes.to_vec(), current).await {
             return index;
         }
+        tokio::time::sleep(Duration::from_millis(LEADER_PROBE_EVERY_MS)).await;
     }
 }
 
@@ -764,7 +785,7 @@ struct Driver {
     /// A leader probe under way ([`newer_leader`] on its own task, so that requests queued
     /// meanwhile do not cancel it).
     probe: Option<tokio::task::JoinHandle<Option<usize>>>,
-    /// No probe starts before this (one per [`LEADER_PROBE_AFTER_MS`]).
+    /// No probe starts before this (one per [`LEADER_PROBE_EVERY_MS`]).
     probe_not_before: Instant,
 }
 
@@ -1013,7 +1034,7 @@ impl Driver {
                     }
                     found = join_probe(&mut self.probe), if self.probe.is_some() => {
                         self.probe = None;
-                        self.probe_not_before = Instant::now() + Duration::from_millis(LEADER_PROBE_AFTER_MS);
+                        self.probe_not_before = Instant::now() + Duration::from_millis(LEADER_PROBE_EVERY_MS);
                         if let Ok(Some(newer)) = found {
                             self.health.leader_probe_switches.fetch_add(1, Ordering::AcqRel);
                             rewind = Some(Rewind::To(newer));
@@ -1068,7 +1089,7 @@ impl Driver {
 
     /// When the next leader probe is due: [`LEADER_PROBE_AFTER_MS`] after the oldest
     /// unanswered request was sent, or after the leader first said it had no quorum, and
-    /// no sooner than one period after the last probe. `None` while nothing waits.
+    /// no sooner than [`LEADER_PROBE_EVERY_MS`] after the last probe. `None` while nothing waits.
     fn probe_at(&self) -> Option<Instant> {
         let waiting_since = if self.held {
             self.held_since

@@ -285,6 +285,37 @@ impl StreamConsumer {
         }
     }
 
+    /// Makes a remote consumer read from `addr` from its next entry on, if it reads from
+    /// another of its nodes now. For a reader that learned that `addr` already holds the
+    /// entry it waits for (the node that answered its request applied that entry before it
+    /// answered), while the node it reads from may be paused or cut off: a silent node
+    /// would otherwise cost the whole stall timeout. No effect in process, for a node not
+    /// among its nodes, or while entries already read wait to be handed out.
+    pub fn read_from(&mut self, addr: SocketAddr) {
+        if !self.pending.is_empty() {
+            return;
+        }
+        if let Source::Remote {
+            nodes,
+            current,
+            link,
+            ..
+        } = &mut self.source
+        {
+            let Some(index) = nodes.iter().position(|&n| n == addr) else {
+                return;
+            };
+            let reading_it = match link {
+                Some(l) => l.node == addr,
+                None => *current == index,
+            };
+            if !reading_it {
+                *current = index;
+                *link = None;
+            }
+        }
+    }
+
     /// The index of the next entry [`StreamConsumer::next`] hands out: save it after
     /// processing an entry to resume from there.
     pub fn position(&self) -> u64 {

@@ -65,8 +65,15 @@ const RETRY_PAUSE_MS: u64 = 50;
 /// far behind the answers is a paused or cut-off node (the failover goal is 1 s); a
 /// resubscription costs a status round and a connection, never a report.
 const STREAM_BEHIND_MS: u64 = 600;
+/// As [`STREAM_BEHIND_MS`] when the answers come from another node than the stream's: after
+/// a failover the answers come from the new leader while the stream may still be read from
+/// the old one, paused or cut off, which sends nothing and closes nothing. The answering node
+/// held the entry before it answered, and a healthy stream node hears of a commit within a
+/// heartbeat or two, so this much behind it means a silent node: the link moves its stream
+/// to the answering node.
+const STREAM_BEHIND_ANSWERING_NODE_MS: u64 = 150;
 /// How often the link compares the stream with the answers.
-const STREAM_BEHIND_CHECK_MS: u64 = 100;
+const STREAM_BEHIND_CHECK_MS: u64 = 50;
 /// Outputs the gateway may leave undrained, per queued command, up to
 /// [`OUTPUTS_QUEUED_MAX`].
 const OUTPUTS_PER_COMMAND: usize = 16;
@@ -697,10 +704,22 @@ impl Worker {
         Ok(())
     }
 
-    /// Subscribes from `next_index` on a node, the leader first, other than `avoid` if
-    /// another answers.
-    async fn subscribe(&mut self, avoid: Option<SocketAddr>) -> Result<Feed, End> {
+    /// Subscribes from `next_index` on `prefer` if it takes the subscription, else on a
+    /// node, the leader first, other than `avoid` if another answers.
+    async fn subscribe(
+        &mut self,
+        avoid: Option<SocketAddr>,
+        prefer: Option<SocketAddr>,
+    ) -> Result<Feed, End> {
         let timeout = Duration::from_millis(CALL_TIMEOUT_MS);
+        if let Some(addr) = prefer.filter(|&p| Some(p) != avoid) {
+            if let Ok(Ok(stream)) =
+                tokio::time::timeout(timeout, StreamClient::connect(addr, self.next_index)).await
+            {
+                self.status.lock().expect("status lock").stream_node = Some(addr);
+                return Ok(Feed::start(stream));
+            }
+        }
         loop {
             if *self.stop.borrow() {
                 return Err(End::Stopped);
@@ -761,13 +780,13 @@ impl Worker {
             .map(|(i, a)| (i as u64 + 1, *a))
             .collect();
         let mut client = PipelinedClient::start_with_health(
-            ids,
+            ids.clone(),
             self.client_id,
             first_seq,
             window,
             self.health.clone(),
         );
-        let mut stream = match self.subscribe(None).await {
+        let mut stream = match self.subscribe(None, None).await {
             Ok(s) => s,
             Err(e) => return e,
         };
@@ -775,6 +794,8 @@ impl Worker {
         let mut held: Option<(RequestKey, Command)> = None;
         let mut answered_max = first_seq - 1;
         let mut behind_since: Option<Instant> = None;
+        // The node that gave the latest answer (the leader, as far as the pipeline knows).
+        let mut answered_by: Option<SocketAddr> = None;
         let mut tick = tokio::time::interval(Duration::from_millis(STREAM_BEHIND_CHECK_MS));
         let mut stop = self.stop.clone();
         loop {
@@ -796,6 +817,7 @@ impl Worker {
                     match answer {
                         Ok(a) => {
                             answered_max = answered_max.max(a.request_seq);
+                            answered_by = ids.iter().find(|(id, _)| *id == a.node).map(|(_, addr)| *addr);
                             self.on_answered(a.request_seq);
                             // An answer that follows its entry's report is the last word.
                             self.publish_legs();
@@ -847,7 +869,7 @@ impl Worker {
                         if std::env::var("BOURSE_NET_DEBUG").is_ok() {
                             eprintln!("cluster link {}: stream from {avoid}: {why}; resubscribing", self.client_id);
                         }
-                        stream = match self.subscribe(Some(avoid)).await {
+                        stream = match self.subscribe(Some(avoid), answered_by).await {
                             Ok(s) => s,
                             Err(e) => return e,
                         };
@@ -861,9 +883,15 @@ impl Worker {
                     match (behind, behind_since) {
                         (false, _) => behind_since = None,
                         (true, None) => behind_since = Some(Instant::now()),
-                        (true, Some(t)) if t.elapsed() > Duration::from_millis(STREAM_BEHIND_MS) => {
+                        (true, Some(t)) if t.elapsed() > Duration::from_millis(
+                            if answered_by.is_some_and(|a| a != stream.node) {
+                                STREAM_BEHIND_ANSWERING_NODE_MS
+                            } else {
+                                STREAM_BEHIND_MS
+                            },
+                        ) => {
                             let avoid = stream.node;
-                            stream = match self.subscribe(Some(avoid)).await {
+                            stream = match self.subscribe(Some(avoid), answered_by).await {
                                 Ok(s) => s,
                                 Err(e) => return e,
                             };

@@ -79,10 +79,10 @@ fn d_heartbeat_ms() -> u64 {
     50
 }
 fn d_election_ms_min() -> u64 {
-    300
+    150
 }
 fn d_election_ms_max() -> u64 {
-    600
+    300
 }
 fn d_append_in_flight_max() -> usize {
     16
@@ -150,10 +150,19 @@ pub struct ClusterConfig {
     /// append waits on this timer; the key is still validated and kept for the journal API.
     #[serde(default = "d_fsync_interval_ms")]
     pub fsync_interval_ms: u32,
+    /// How often the leader sends each follower a heartbeat (50 ms unless set).
     #[serde(default = "d_heartbeat_ms")]
     pub heartbeat_ms: u64,
+    /// A follower that hears no heartbeat starts an election (a pre-vote round first) after
+    /// its leader lease, which openraft 0.10 sets to `election_timeout_ms_max`, plus a
+    /// timeout drawn from `election_timeout_ms_min..election_timeout_ms_max`: 450-600 ms of
+    /// silence with the defaults (150 and 300), nine heartbeats or more. The defaults were
+    /// 300 and 600 (900-1,200 ms of silence), which alone exceeded issue 21's failover goal
+    /// of 1 s.
     #[serde(default = "d_election_ms_min")]
     pub election_timeout_ms_min: u64,
+    /// See `election_timeout_ms_min`; also how long a leader goes without a quorum's
+    /// acknowledgement before it refuses new requests (`SubmitError::NoQuorum`).
     #[serde(default = "d_election_ms_max")]
     pub election_timeout_ms_max: u64,
     /// AppendEntries a leader keeps unanswered per follower: 1 sends the next only after the
