@@ -50,8 +50,8 @@ struct Sent {
     /// First and last index of the entries and when they left, for the stage timers; `None`
     /// for a request without entries or a network without stages.
     timed: Option<(u64, u64, u64)>,
-    /// The answer is late after this: the stream ends with a timeout.
-    deadline: tokio::time::Instant,
+    /// When it left (queued for the socket).
+    sent_at: tokio::time::Instant,
 }
 
 /// Where one stream goes, and how.
@@ -80,8 +80,9 @@ where
     S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
 {
     assert!(
-        to.in_flight_max >= 1,
-        "a stream needs at least one request in flight"
+        (2..=APPEND_STREAM_IN_FLIGHT_MAX).contains(&to.in_flight_max),
+        "a pipelined stream keeps 2..={APPEND_STREAM_IN_FLIGHT_MAX} requests in flight, not {}",
+        to.in_flight_max
     );
     let Some(addr) = to.addr else {
         return Err(RPCError::Unreachable(Unreachable::new(
@@ -99,15 +100,13 @@ where
         }
     };
     let (reader, writer) = stream.into_split();
-    let (sent_tx, sent_rx) = mpsc::channel(to.in_flight_max);
-    let writer_task = tokio::spawn(write_requests(
-        input,
-        writer,
-        sent_tx,
-        to.stages.clone(),
-        option.hard_ttl(),
-    ));
+    // The reader holds the oldest unanswered request while it waits for its answer, so the
+    // queue holds one fewer: never more than `in_flight_max` unanswered, the follower's bound.
+    let (sent_tx, sent_rx) = mpsc::channel(to.in_flight_max - 1);
+    let writer_task = tokio::spawn(write_requests(input, writer, sent_tx, to.stages.clone()));
     let state = ReadState {
+        answer_within: option.hard_ttl(),
+        last_answer_at: tokio::time::Instant::now(),
         reader: BufReader::with_capacity(READ_BUFFER_BYTES, reader),
         sent_rx,
         frame: Vec::new(),
@@ -127,7 +126,6 @@ async fn write_requests<S>(
     mut writer: NodeWriteHalf,
     sent_tx: mpsc::Sender<Sent>,
     stages: Option<Arc<Stages>>,
-    answer_within: Duration,
 ) where
     S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
 {
@@ -151,7 +149,7 @@ async fn write_requests<S>(
             prev: request.prev_log_id,
             last,
             timed,
-            deadline: tokio::time::Instant::now() + answer_within,
+            sent_at: tokio::time::Instant::now(),
         };
         // Waits here while the window is full: this is the stream's bound.
         if sent_tx.send(sent).await.is_err() {
@@ -182,6 +180,10 @@ impl Drop for AbortOnDrop {
 }
 
 struct ReadState {
+    /// openraft's time for one AppendEntries (its heartbeat interval).
+    answer_within: Duration,
+    /// When the previous answer arrived (the stream's start before the first).
+    last_answer_at: tokio::time::Instant,
     reader: BufReader<NodeReadHalf>,
     sent_rx: mpsc::Receiver<Sent>,
     frame: Vec<u8>,
@@ -193,10 +195,32 @@ struct ReadState {
 /// The next answer, in request order; the stream ends after the first error, a conflict, a
 /// higher vote or a partial success (openraft starts a new session from what was matched).
 async fn read_answer(state: Option<ReadState>) -> Option<(AppendStreamItem, Option<ReadState>)> {
+    let target = state.as_ref().map(|s| s.target);
+    let r = read_answer_inner(state).await;
+    if crate::net::net_debug() {
+        match &r {
+            Some((Err(e), _)) => eprintln!("append stream to {target:?}: {e}"),
+            Some((Ok(res), None)) => eprintln!("append stream to {target:?} ends: {res:?}"),
+            None => eprintln!("append stream to {target:?}: input ended"),
+            _ => {}
+        }
+    }
+    r
+}
+
+async fn read_answer_inner(
+    state: Option<ReadState>,
+) -> Option<(AppendStreamItem, Option<ReadState>)> {
     let mut state = state?;
     let sent = state.sent_rx.recv().await?;
+    // A deadline on progress, not on each request's send: a follower answers in order, so the
+    // later requests of a full window wait for the earlier ones, and timing each from its send
+    // would end healthy streams under load (each end costs a new stream). The oldest request
+    // must be answered within openraft's time from its send or from the previous answer,
+    // whichever is later: one request at a time gets exactly openraft's deadline.
+    let deadline = sent.sent_at.max(state.last_answer_at) + state.answer_within;
     let read = read_frame_into(&mut state.reader, &mut state.frame);
-    let answer = match tokio::time::timeout_at(sent.deadline, read).await {
+    let answer = match tokio::time::timeout_at(deadline, read).await {
         Ok(Ok(true)) => match decode_message::<Tagged<Response>>(&state.frame) {
             Ok(answer) => answer,
             Err(e) => return Some((Err(network_error(e)), None)),
@@ -217,6 +241,7 @@ async fn read_answer(state: Option<ReadState>) -> Option<(AppendStreamItem, Opti
             return Some((Err(network_error(e)), None));
         }
     };
+    state.last_answer_at = tokio::time::Instant::now();
     if answer.tag != sent.tag {
         let e = std::io::Error::new(
             std::io::ErrorKind::InvalidData,
@@ -251,20 +276,37 @@ async fn read_answer(state: Option<ReadState>) -> Option<(AppendStreamItem, Opti
 
 /// The follower's side of one pipelined connection: the requests go, in arrival order, to
 /// `Raft::stream_append`; a task writes each answer, in order, under its request's tag.
+///
+/// Nothing here waits on the connection's task: a leader keeps at most
+/// [`APPEND_STREAM_IN_FLIGHT_MAX`] requests unanswered, and every request the pipe holds is
+/// one of those, so both queues have room for any request a leader may send; a request that
+/// finds a queue full breaks that promise, and the connection is closed. The connection's task
+/// therefore always goes back to reading, sees its peer close, and ends, dropping the pipe
+/// (which ends openraft's side of the stream).
 pub(crate) struct FollowerPipe {
-    requests: mpsc::Sender<AppendEntriesRequest<TypeConfig>>,
-    tags: mpsc::UnboundedSender<(u64, Option<u64>)>,
+    /// `None` once the connection's input ended ([`FollowerPipe::finish`]).
+    input: Option<PipeInput>,
     /// Requests taken and not yet answered.
     unanswered: Arc<AtomicU64>,
     stages: Arc<Stages>,
     task: JoinHandle<()>,
 }
 
+/// The pipe's two queues: the requests for openraft, the tags for their answers.
+struct PipeInput {
+    requests: mpsc::Sender<AppendEntriesRequest<TypeConfig>>,
+    tags: mpsc::Sender<(u64, Option<u64>)>,
+}
+
+/// How long a pipe whose connection's input ended may take to answer what it took.
+pub(crate) const APPEND_STREAM_FINISH_TIMEOUT_MS: u64 = 10_000;
+
 impl FollowerPipe {
     /// Starts the pipe; answers go to `answers` (the connection's writer queue).
     pub(crate) fn start(raft: Raft, stages: Arc<Stages>, answers: mpsc::Sender<Vec<u8>>) -> Self {
         let (requests, requests_rx) = mpsc::channel(APPEND_STREAM_IN_FLIGHT_MAX);
-        let (tags, tags_rx) = mpsc::unbounded_channel();
+        let (tags, tags_rx) = mpsc::channel(APPEND_STREAM_IN_FLIGHT_MAX);
+        stages.on_append_stream_served();
         let input = futures_util::stream::unfold(requests_rx, |mut rx| async move {
             rx.recv().await.map(|r| (r, rx))
         });
@@ -278,27 +320,38 @@ impl FollowerPipe {
             unanswered.clone(),
         ));
         FollowerPipe {
-            requests,
-            tags,
+            input: Some(PipeInput { requests, tags }),
             unanswered,
             stages,
             task,
         }
     }
 
-    /// Hands one request to the pipe; false when the pipe has ended (the connection should
-    /// close: the leader starts a new stream).
-    pub(crate) async fn push(
+    /// Hands one request to the pipe without waiting; false when the pipe has ended (a
+    /// conflict, a higher vote: the leader starts a new stream) or the peer sent more than a
+    /// leader may leave unanswered. Either way the connection should close.
+    pub(crate) fn push(
         &self,
         tag: u64,
         received_ns: Option<u64>,
         request: AppendEntriesRequest<TypeConfig>,
     ) -> bool {
-        // The tag first: the request cannot be answered before the answer task knows it. The
-        // tag queue is bounded by the request queue behind it (one tag per request sent on).
+        // The tag first: the request cannot be answered before the answer task knows it.
+        let Some(input) = &self.input else {
+            return false;
+        };
         let unanswered = self.unanswered.fetch_add(1, Ordering::Relaxed) + 1;
         self.stages.on_append_stream_request(unanswered);
-        self.tags.send((tag, received_ns)).is_ok() && self.requests.send(request).await.is_ok()
+        input.tags.try_send((tag, received_ns)).is_ok() && input.requests.try_send(request).is_ok()
+    }
+
+    /// The leader sent its last request (its side of the connection ended): openraft's side
+    /// sees its input end, answers every request it took, in order, and the pipe ends. A
+    /// leader ends a stream this way after each probe of where the follower's log matches, so
+    /// those answers must still be written; waits at most `within`, then gives up on them.
+    pub(crate) async fn finish(mut self, within: Duration) {
+        self.input = None;
+        let _ = tokio::time::timeout(within, &mut self.task).await;
     }
 }
 
@@ -311,7 +364,7 @@ impl Drop for FollowerPipe {
 async fn answer_in_order(
     raft: Raft,
     input: impl Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + 'static,
-    mut tags: mpsc::UnboundedReceiver<(u64, Option<u64>)>,
+    mut tags: mpsc::Receiver<(u64, Option<u64>)>,
     stages: Arc<Stages>,
     answers: mpsc::Sender<Vec<u8>>,
     unanswered: Arc<AtomicU64>,

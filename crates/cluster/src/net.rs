@@ -509,7 +509,7 @@ pub struct PeerClient {
 }
 
 /// Whether to print failed RPCs (`BOURSE_NET_DEBUG` set), read once.
-fn net_debug() -> bool {
+pub(crate) fn net_debug() -> bool {
     static DEBUG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *DEBUG.get_or_init(|| std::env::var_os("BOURSE_NET_DEBUG").is_some())
 }
@@ -605,7 +605,12 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
             + Unpin
             + 'static,
     {
-        if self.append_in_flight_max <= 1 {
+        // openraft's heartbeat worker sends each heartbeat as a stream of exactly one request
+        // (its size hint says so): a connection of its own per heartbeat would cost a dial (a
+        // TLS handshake between hosts) every heartbeat interval per follower, so heartbeats
+        // take the shared connection, one at a time, as with `append_in_flight_max` 1.
+        let one_request = input.size_hint().1.is_some_and(|n| n <= 1);
+        if self.append_in_flight_max <= 1 || one_request {
             return openraft::network::stream_append_sequential(self, input, option);
         }
         let to = crate::append_stream::StreamTarget {

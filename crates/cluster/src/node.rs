@@ -933,10 +933,15 @@ const COALESCE_BYTES_MAX: usize = 256 * 1024;
 
 /// Writes a connection's frames; frames queued while a write is in flight go out together in
 /// the next one (one system call for many answers under load, no delay when idle).
+///
+/// The writer holds its connection's output queue only weakly: the queue owns a sender to this
+/// writer's own channel, so a strong hold would keep the channel open, and the writer, its
+/// socket and task, alive forever after the peer closed (a connection in CLOSE-WAIT per
+/// connection ever queued). It ends once every sender is gone and the channel is drained.
 async fn connection_writer(
     mut writer: NodeWriteHalf,
     mut rx: mpsc::Receiver<Vec<u8>>,
-    out: Arc<ConnectionOut>,
+    out: std::sync::Weak<ConnectionOut>,
 ) {
     use tokio::io::AsyncWriteExt;
     let mut buf = Vec::with_capacity(64 * 1024);
@@ -953,8 +958,10 @@ async fn connection_writer(
         if writer.write_all(&buf).await.is_err() || writer.flush().await.is_err() {
             return;
         }
-        if let Some(queued_ns) = out.stamp.take() {
-            out.stages.on_reply_written(queued_ns);
+        if let Some(out) = out.upgrade() {
+            if let Some(queued_ns) = out.stamp.take() {
+                out.stages.on_reply_written(queued_ns);
+            }
         }
     }
 }
@@ -1116,7 +1123,7 @@ impl Answers {
                 stamp: ReplyStamp::default(),
                 stages: stages.clone(),
             });
-            let writer_task = tokio::spawn(connection_writer(writer, rx, out.clone()));
+            let writer_task = tokio::spawn(connection_writer(writer, rx, Arc::downgrade(&out)));
             *self = Answers::Queued {
                 tx,
                 out,
@@ -1165,6 +1172,7 @@ async fn serve_connection(
     shared: Arc<Shared>,
     mut closing: tokio::sync::watch::Receiver<bool>,
 ) {
+    let _open = shared.stages.connection_opened();
     let (reader, writer) = stream.into_split();
     // Buffered: a burst of pipelined requests is read in one system call, not two per frame.
     let mut reader = tokio::io::BufReader::with_capacity(crate::net::READ_BUFFER_BYTES, reader);
@@ -1178,13 +1186,25 @@ async fn serve_connection(
         tokio::select! {
             more = read_frame_into(&mut reader, &mut frame) => match more {
                 Ok(true) => {}
-                Ok(false) | Err(_) => break,
+                Ok(false) => break,
+                Err(e) => {
+                    if crate::net::net_debug() {
+                        eprintln!("node {}: connection from {from}: {e}", shared.id);
+                    }
+                    break;
+                }
             },
             _ = closing.changed() => break,
         }
-        let Ok(request) = decode_message::<Tagged<Request>>(&frame) else {
-            // A peer that sends garbage gets the connection closed, nothing else.
-            break;
+        let request = match decode_message::<Tagged<Request>>(&frame) {
+            Ok(request) => request,
+            Err(e) => {
+                // A peer that sends garbage gets the connection closed, nothing else.
+                if crate::net::net_debug() {
+                    eprintln!("node {}: connection from {from}: {e}", shared.id);
+                }
+                break;
+            }
         };
         let tag = request.tag;
         if role == PeerRole::Client && is_raft(&request.body) {
@@ -1284,8 +1304,11 @@ async fn serve_connection(
                 let pipe = append_pipe.as_ref().expect("started above");
                 let received_ns = (!rpc.entries.is_empty()).then(|| shared.stages.now_ns());
                 // A pipe that ended (a conflict, a higher vote) takes no more: the leader
-                // starts a new stream on a new connection.
-                if !pipe.push(tag, received_ns, rpc).await {
+                // starts a new stream on a new connection. Never waits (see `FollowerPipe`).
+                if !pipe.push(tag, received_ns, rpc) {
+                    if crate::net::net_debug() {
+                        eprintln!("node {}: append stream from {from} closed", shared.id);
+                    }
                     break;
                 }
                 continue;
@@ -1355,11 +1378,24 @@ async fn serve_connection(
     for s in &subscriptions {
         s.abort();
     }
+    // Every sender to the writer's queue held here goes before the writer is awaited (the
+    // pipe's answer task, the queue itself): the writer then drains what is queued and ends.
+    // A pipe first answers what it took, unless the node is stopping.
+    if let Some(pipe) = append_pipe.take() {
+        if !*closing.borrow() {
+            let within =
+                Duration::from_millis(crate::append_stream::APPEND_STREAM_FINISH_TIMEOUT_MS);
+            pipe.finish(within).await;
+        }
+    }
     if let Answers::Queued {
-        tx, writer_task, ..
+        tx,
+        out,
+        writer_task,
     } = answers
     {
         drop(tx);
+        drop(out);
         if *closing.borrow() {
             writer_task.abort();
         } else {

@@ -148,6 +148,20 @@ struct Inner {
     append_stream_requests: AtomicU64,
     /// The most of them it held unanswered at once on one stream.
     append_stream_unanswered_max: AtomicU64,
+    /// Pipelined replication streams this node served as a follower since start.
+    append_streams_served: AtomicU64,
+    /// Connections this node serves now (peers, clients, streams): each one's task and socket
+    /// live until this goes down, so a count that only grows is a leak.
+    connections_open: AtomicU64,
+}
+
+/// One open connection in [`Stages::connections_open`], counted down when dropped.
+pub struct ConnectionGuard(Stages);
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.0 .0.connections_open.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// A node's stage histograms and the first-acknowledgement ring. Cloning shares them (the
@@ -182,6 +196,8 @@ impl Stages {
             }),
             append_stream_requests: AtomicU64::new(0),
             append_stream_unanswered_max: AtomicU64::new(0),
+            append_streams_served: AtomicU64::new(0),
+            connections_open: AtomicU64::new(0),
         }))
     }
 
@@ -250,6 +266,28 @@ impl Stages {
     /// The most AppendEntries one pipelined stream held unanswered at once since start.
     pub fn append_stream_unanswered_max(&self) -> u64 {
         self.0.append_stream_unanswered_max.load(Ordering::Relaxed)
+    }
+
+    /// A follower started serving a pipelined replication stream.
+    pub fn on_append_stream_served(&self) {
+        self.0.append_streams_served.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Pipelined replication streams served as a follower since start.
+    pub fn append_streams_served(&self) -> u64 {
+        self.0.append_streams_served.load(Ordering::Relaxed)
+    }
+
+    /// A connection's task started; the guard marks its end when dropped (however the task
+    /// ends, aborted included).
+    pub fn connection_opened(&self) -> ConnectionGuard {
+        self.0.connections_open.fetch_add(1, Ordering::Relaxed);
+        ConnectionGuard(self.clone())
+    }
+
+    /// Connections served now.
+    pub fn connections_open(&self) -> u64 {
+        self.0.connections_open.load(Ordering::Relaxed)
     }
 
     /// A follower answered an AppendEntries with entries that it took `ns` to handle.

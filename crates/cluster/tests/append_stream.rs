@@ -166,3 +166,89 @@ async fn a_follower_that_stops_and_returns_and_a_lost_leader_lose_nothing_acknow
         n.shutdown().await;
     }
 }
+
+/// Connections a node may still serve once every client has gone: openraft keeps a few
+/// clients per peer (replication, heartbeats, elections), each with a connection of its own,
+/// plus the pipelined stream to each follower. A connection beyond these is one that closed
+/// and was never let go (each client below leaves one, each restarted stream another).
+const SETTLED_CONNECTIONS_MAX: u64 = 8;
+/// Clients that connect, submit and leave, one after another (more than the bound above, so
+/// that a connection leaked per client cannot hide under it).
+const CLIENTS: u64 = 24;
+const FOLLOWER_RESTARTS: usize = 3;
+
+/// Drives `count` commands through a new client that then leaves.
+async fn one_client(config: &ClusterConfig, id: u64, flow: &mut Flow, count: usize) -> u64 {
+    let mut client = PipelinedClient::start(addrs(config), id, 1, CLIENT_WINDOW);
+    let applied = drive(&mut client, flow, false, count).await;
+    drop(client);
+    applied
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_that_end_and_clients_that_leave_hold_no_connection_on_any_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), FsyncSetting::Never);
+    let mut nodes = start_all(&config).await;
+    let mut flow = Flow::new(small_flow(23));
+    let mut setup = PipelinedClient::start(addrs(&config), 100, 1, CLIENT_WINDOW);
+    let mut acked = drive(&mut setup, &mut flow, true, 200).await;
+    drop(setup);
+    let mut next_client = 101;
+
+    // A follower stopped and returned ends the leader's stream to it; the returned follower
+    // takes a new one. Clients come and go meanwhile.
+    for _ in 0..FOLLOWER_RESTARTS {
+        let leader = converged(&nodes.iter().collect::<Vec<_>>(), CONVERGE_LIMIT).await[0]
+            .leader
+            .expect("a leader");
+        let at = nodes.iter().position(|n| n.id() != leader).unwrap();
+        let follower = nodes[at].id();
+        nodes.remove(at).shutdown().await;
+        acked += one_client(&config, next_client, &mut flow, 300).await;
+        nodes.push(Node::start(&config, follower).await.expect("restarts"));
+        acked += one_client(&config, next_client + 1, &mut flow, 300).await;
+        next_client += 2;
+    }
+    while next_client < 100 + CLIENTS {
+        acked += one_client(&config, next_client, &mut flow, 50).await;
+        next_client += 1;
+    }
+    let statuses = converged(&nodes.iter().collect::<Vec<_>>(), CONVERGE_LIMIT).await;
+    for s in &statuses {
+        assert_eq!(s.commands_applied, acked, "node {} applied each once", s.id);
+    }
+    let served: Vec<u64> = nodes
+        .iter()
+        .map(|n| n.stages().append_streams_served())
+        .collect();
+    println!("pipelined streams served per node since its last start: {served:?}");
+    assert!(
+        pipelined_requests(&nodes) > 0,
+        "no pipelined stream was used"
+    );
+
+    // Every connection that closed must be let go: the counts come down to what the peers
+    // hold open (waited for, under a hang guard; a leak never comes down).
+    let open = |nodes: &[Node]| -> Vec<u64> {
+        nodes
+            .iter()
+            .map(|n| n.stages().connections_open())
+            .collect()
+    };
+    let settled = tokio::time::timeout(CONVERGE_LIMIT, async {
+        while open(&nodes).iter().any(|&c| c > SETTLED_CONNECTIONS_MAX) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    println!("connections open per node: {:?}", open(&nodes));
+    assert!(
+        settled.is_ok(),
+        "connections left open after every client left: {:?} (at most {SETTLED_CONNECTIONS_MAX} each)",
+        open(&nodes)
+    );
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
