@@ -4,9 +4,16 @@
 //!
 //! - the sequential client, with an attempt timeout far beyond the test's hang guard, can
 //!   only move on by asking the other nodes who leads (`LEADER_PROBE_AFTER_MS`): it must be
-//!   answered by the newly elected leader, having switched by a probe;
+//!   answered by the newly elected leader, having switched by a probe, and read each
+//!   request's events from the committed stream though it read that from the paused node;
 //! - the pipelined client (the gateway's and the admin's) must have every request of its
 //!   window answered, those queued after the pause by another node.
+//!
+//! "Paused" means every thread of the node has stopped ([`pause_process`] waits for that):
+//! `kill -STOP` returns before the signal takes effect, and on a loaded machine the node's
+//! threads went on long enough to commit and answer the next request, in the term it led
+//! (session 17: 5 of 24 runs). Such an answer is legitimate; one after the node has stopped
+//! would be a defect, and this test fails on it.
 //!
 //! Afterwards the paused node resumes and every replica must hold exactly the acknowledged
 //! commands, with equal state hashes. Nothing here asserts how fast: the hang guards are
@@ -24,7 +31,9 @@ use bourse_cluster::tokio;
 use bourse_cluster::Client;
 use bourse_core::Command;
 use bourse_engine::workload::{Flow, FlowConfig};
-use replica_check::{check_replicas, leader, spawn_node, write_loopback_config};
+use replica_check::{
+    check_replicas, leader, pause_process, signal_process, spawn_node, write_loopback_config,
+};
 
 /// Commands each client sends before and after the pause.
 const COMMANDS_PER_PHASE: usize = 30;
@@ -40,14 +49,14 @@ const SEED: u64 = 5;
 struct Nodes(Vec<Child>);
 
 impl Nodes {
-    fn signal(&self, id: u64, name: &str) {
-        let pid = self.0[(id - 1) as usize].id();
-        let ok = Process::new("sh")
-            .args(["-c", &format!("kill -{name} {pid}")])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill -{name} {pid}");
+    /// Node `id` paused: returns once it runs no code at all.
+    fn pause(&self, id: u64) {
+        let running = pause_process(self.0[(id - 1) as usize].id());
+        println!("node {id}: a thread still ran {running:?} after kill -STOP returned");
+    }
+
+    fn resume(&self, id: u64) {
+        signal_process(self.0[(id - 1) as usize].id(), "CONT");
     }
 }
 
@@ -124,20 +133,22 @@ fn clients_waiting_on_a_paused_leader_move_to_the_new_one_and_nothing_is_lost() 
         client.set_attempt_timeout_ms(ATTEMPT_TIMEOUT_NEVER_MS);
         let mut before = 0;
         for c in &all[..COMMANDS_PER_PHASE] {
-            let ack = client.submit(c, ANSWER_LIMIT).await.unwrap();
+            let (ack, _events) = client.submit_for_events(c, ANSWER_LIMIT).await.unwrap();
             before = ack.leader;
             acked += 1;
         }
         // The node the client talks to, leader or not (an election may have moved the lead
         // meanwhile): paused, it answers nothing, and another node leads or soon will.
         let paused = before;
-        nodes.signal(paused, "STOP");
+        nodes.pause(paused);
         for (k, c) in all[COMMANDS_PER_PHASE..2 * COMMANDS_PER_PHASE]
             .iter()
             .enumerate()
         {
-            let ack = client
-                .submit(c, ANSWER_LIMIT)
+            // With its events: the client read the stream from the paused node, and must
+            // read on from the node that answered.
+            let (ack, _events) = client
+                .submit_for_events(c, ANSWER_LIMIT)
                 .await
                 .unwrap_or_else(|e| panic!("request {k} after the pause: {e} (logs in {logs})"));
             assert_ne!(
@@ -153,7 +164,7 @@ fn clients_waiting_on_a_paused_leader_move_to_the_new_one_and_nothing_is_lost() 
             client.leader_probe_switches() >= 1,
             "the client left the paused leader without a probe"
         );
-        nodes.signal(paused, "CONT");
+        nodes.resume(paused);
     });
 
     // The pipelined client, on whichever node leads now.
@@ -168,7 +179,7 @@ fn clients_waiting_on_a_paused_leader_move_to_the_new_one_and_nothing_is_lost() 
             acked += 1;
         }
         let paused = leader(&addrs, SEED).await;
-        nodes.signal(paused, "STOP");
+        nodes.pause(paused);
         for c in &all[3 * COMMANDS_PER_PHASE..] {
             client.submit(c).await.unwrap();
         }
@@ -182,7 +193,7 @@ fn clients_waiting_on_a_paused_leader_move_to_the_new_one_and_nothing_is_lost() 
             client.health().leader_probe_switches(),
             client.health().resent()
         );
-        nodes.signal(paused, "CONT");
+        nodes.resume(paused);
     });
 
     rt.block_on(check_replicas(&addrs, acked, SEED, &dir));

@@ -288,3 +288,55 @@ pub fn client_thread(
         })
     })
 }
+
+/// Sends signal `name` (as `kill` names it: STOP, CONT, KILL) to process `pid`.
+pub fn signal_process(pid: u32, name: &str) {
+    let ok = Process::new("sh")
+        .args(["-c", &format!("kill -{name} {pid}")])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{name} {pid}");
+}
+
+/// Whether every thread of process `pid` is stopped (state `T` in /proc). A thread that
+/// exits meanwhile (gone, or a zombie) runs no code and is passed over.
+pub fn process_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        // The state is the first field after the command name, which ends at the last ')'.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next());
+        if !matches!(state, Some("T" | "t" | "Z" | "X")) {
+            return false;
+        }
+    }
+    true
+}
+
+/// Pauses process `pid` (SIGSTOP) and returns once every one of its threads has stopped.
+///
+/// kill(2) returns when the signal is queued, not when it has taken effect: the kernel wakes
+/// one thread to take it, and only when that thread gets a CPU does it stop the others. On a
+/// loaded machine the process's other threads go on meanwhile, for milliseconds, long enough
+/// for a node to commit and answer a request sent after `kill -STOP` returned (what
+/// `failover_paused` saw in session 17). Past this call the process runs no code at all.
+/// Returns how long after `kill` returned the last thread was seen running (zero if none was).
+pub fn pause_process(pid: u32) -> Duration {
+    signal_process(pid, "STOP");
+    let signalled = Instant::now();
+    let limit = signalled + FAILOVER_LIMIT;
+    let mut running_until = None;
+    while !process_stopped(pid) {
+        running_until = Some(signalled.elapsed());
+        assert!(Instant::now() < limit, "process {pid} did not stop");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    running_until.unwrap_or_default()
+}

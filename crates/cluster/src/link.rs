@@ -65,12 +65,9 @@ const RETRY_PAUSE_MS: u64 = 50;
 /// far behind the answers is a paused or cut-off node (the failover goal is 1 s); a
 /// resubscription costs a status round and a connection, never a report.
 const STREAM_BEHIND_MS: u64 = 600;
-/// As [`STREAM_BEHIND_MS`] when the answers come from another node than the stream's: after
-/// a failover the answers come from the new leader while the stream may still be read from
-/// the old one, paused or cut off, which sends nothing and closes nothing. The answering node
-/// held the entry before it answered, and a healthy stream node hears of a commit within a
-/// heartbeat or two, so this much behind it means a silent node: the link moves its stream
-/// to the answering node.
+/// As [`STREAM_BEHIND_MS`] when the answers come from another node than the stream's and the
+/// move to the answering node on its answer (see `Worker::run_inner`) did not take: this much
+/// behind the answering node means a silent stream node.
 const STREAM_BEHIND_ANSWERING_NODE_MS: u64 = 150;
 /// How often the link compares the stream with the answers.
 const STREAM_BEHIND_CHECK_MS: u64 = 50;
@@ -834,6 +831,32 @@ impl Worker {
                             Err(crate::client::PipelineError::Full) => held = Some((key, command)),
                             Err(e) => return End::Failed(e.to_string()),
                         }
+                    }
+                    // An answer from another node than the stream's, for a request the stream
+                    // has not shown: after a failover the answers come from the new leader
+                    // while the stream may still be read from the old one, paused or cut off,
+                    // which sends nothing and closes nothing, and the gateway's client hears
+                    // of its order only from the stream. The answering node applied the entry
+                    // before it answered: the stream moves there now, not after a wait
+                    // (150 ms and a check period were a quarter of a paused leader's failover
+                    // as a gateway's client saw it). A healthy stream node loses nothing by
+                    // the move: the stream goes on from the next index, and the answers come
+                    // from one node until the next leader change.
+                    let behind = self.keys.keys().next().is_some_and(|&s| s <= answered_max);
+                    if behind && answered_by.is_some_and(|a| a != stream.node) {
+                        let avoid = stream.node;
+                        if std::env::var("BOURSE_NET_DEBUG").is_ok() {
+                            eprintln!(
+                                "cluster link {}: answers from {answered_by:?}, stream from {avoid} behind them; resubscribing",
+                                self.client_id
+                            );
+                        }
+                        stream = match self.subscribe(Some(avoid), answered_by).await {
+                            Ok(s) => s,
+                            Err(e) => return e,
+                        };
+                        self.status.lock().expect("status lock").resubscriptions += 1;
+                        behind_since = None;
                     }
                 }
                 entry = stream.entries.recv() => {

@@ -1,0 +1,530 @@
+//! Failover as a client sees it through a gateway (issue 21's failover goals): three
+//! `bourse node` processes on loopback, a gateway in front of them started as `bourse gateway`
+//! starts it (a `ClusterLink` with this run's epoch), and a FIX client on loopback sending one
+//! new order every `PACE_MS` whatever happens. The faults, in turn:
+//!
+//! - **leader killed** (SIGKILL; restarted afterwards);
+//! - **leader paused** (SIGSTOP until every thread stopped; continued afterwards);
+//! - **no quorum**: both followers paused, then continued.
+//!
+//! What must hold, asserted: after a leader's loss the client's orders are acknowledged again;
+//! without a quorum the gateway refuses new orders with its specific reason ("trading core has
+//! no quorum"), acknowledges nothing sent after the fault, and re-sends nothing in a loop (the
+//! link re-sends no more requests than it sends probes, one at a time); once the followers
+//! return, everything taken is acknowledged; at the end every order the core answered is in
+//! every replica's history once (the engine's command counter is the bootstrap's commands plus
+//! those orders) with equal state hashes.
+//!
+//! What is measured, printed and never asserted (HDR p50/p99/max per kind of fault): from the
+//! moment the fault took effect (the process dead or stopped) to the first acknowledgement of
+//! an order the client sent after it; for no quorum, to the first refusal reaching the
+//! client, and from the followers' return to the first acknowledgement. Faults per kind:
+//! `BOURSE_GATEWAY_FAULTS` (default 2; BENCHMARKS.md's run uses 30). The gateway runs in the
+//! test's process so that its link's counters (re-sends, probes, resubscriptions) can be
+//! read; the nodes are processes of their own, so a fault never touches the gateway.
+
+#[path = "replica_check.rs"]
+mod replica_check;
+
+use std::net::SocketAddr;
+use std::process::{Child, Command as Process};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bourse_client::{FixClient, FixClientConfig};
+use bourse_cluster::client::PipelineHealth;
+use bourse_cluster::link::{ClusterLink, ClusterLinkConfig, ClusterLinkWatch};
+use bourse_cluster::tokio;
+use bourse_gateway::recovery::Recovery;
+use bourse_gateway::{CoreLink, GatewayConfig};
+use hdrhistogram::Histogram;
+use replica_check::{
+    check_replicas, leader, pause_process, signal_process, spawn_node, statuses, summary,
+    write_loopback_config, FAILOVER_LIMIT,
+};
+
+/// The client sends one new order this often.
+const PACE_MS: u64 = 10;
+/// Faults of each kind unless `BOURSE_GATEWAY_FAULTS` says otherwise.
+const FAULTS_PER_KIND_DEFAULT: usize = 2;
+/// Probes the link must send while the quorum is lost before the re-sends are compared.
+const NO_QUORUM_PROBES: u64 = 3;
+/// Histogram bound (µs); slower failovers are clamped.
+const FAILOVER_US_MAX: u64 = 60_000_000;
+const SEED: u64 = 21;
+
+/// The gateway's configuration; the core's nodes are added after.
+const GATEWAY: &str = r#"
+[gateway]
+fix_listen = "127.0.0.1:0"
+binary_listen = "127.0.0.1:0"
+connections_max = 16
+throttle_msgs_per_s = 1000
+logon_timeout_ms = 5000
+core_queue_depth = 4096
+
+[core]
+bootstrap = true
+
+[[instruments]]
+instrument = 1
+symbol = "SBER"
+market = "equity"
+price_scale = 2
+tick = 1
+lot_size = 10
+band_bps = 2000
+reference_price = 25000
+
+[[accounts]]
+account = 101
+firm = 1
+cash = 1000000000000000
+may_short = true
+
+[[fix_sessions]]
+client_comp_id = "ALPHA"
+firm = 1
+accounts = [101]
+"#;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    LeaderKilled,
+    LeaderPaused,
+    NoQuorum,
+}
+
+/// How the gateway answered an order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Outcome {
+    /// Acknowledged (ExecType New): the core applied it.
+    New,
+    /// Refused by the gateway because the core has no quorum: never sent to the core.
+    NoQuorum,
+    /// Refused otherwise (text): not expected here.
+    Refused(String),
+}
+
+struct Order {
+    sent_us: u64,
+    answer: Option<(u64, Outcome)>,
+}
+
+/// What the client thread and the test share.
+struct Shared {
+    epoch: Instant,
+    /// Orders by ClOrdID - 1.
+    orders: Mutex<Vec<Order>>,
+    sending: AtomicBool,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
+    }
+
+    /// The earliest answer matching `want` to an order sent at or after `from_us`.
+    fn first_answer_after(&self, from_us: u64, want: &dyn Fn(&Outcome) -> bool) -> Option<u64> {
+        let orders = self.orders.lock().unwrap();
+        let start = orders.partition_point(|o| o.sent_us < from_us);
+        orders[start..]
+            .iter()
+            .filter_map(|o| o.answer.as_ref())
+            .filter(|(_, outcome)| want(outcome))
+            .map(|(at, _)| *at)
+            .min()
+    }
+
+    fn all_answered(&self) -> bool {
+        self.orders
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|o| o.answer.is_some())
+    }
+
+    /// Orders the core applied (acknowledged; a core's own refusal would count too, and
+    /// none is expected).
+    fn applied(&self) -> u64 {
+        self.orders
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|o| !matches!(o.answer, Some((_, Outcome::NoQuorum)) | None))
+            .count() as u64
+    }
+
+    fn count(&self, want: &dyn Fn(&Outcome) -> bool) -> usize {
+        self.orders
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|o| o.answer.as_ref().is_some_and(|(_, a)| want(a)))
+            .count()
+    }
+}
+
+/// Waits until `f` gives a value, within the hang guard.
+fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The FIX client: one new order every `PACE_MS` while `sending`, every execution report
+/// matched to its order by ClOrdID.
+fn client_thread(shared: Arc<Shared>, fix: SocketAddr) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut config = FixClientConfig::new(fix, "ALPHA", "BOURSE");
+        config.reset_on_logon = true;
+        let mut client = FixClient::connect(&config).expect("FIX logon");
+        let pace = Duration::from_millis(PACE_MS);
+        let mut next = Instant::now();
+        while !shared.stop.load(Ordering::SeqCst) {
+            if shared.sending.load(Ordering::SeqCst) && Instant::now() >= next {
+                let mut orders = shared.orders.lock().unwrap();
+                let cl = orders.len() + 1;
+                orders.push(Order {
+                    sent_us: shared.now_us(),
+                    answer: None,
+                });
+                drop(orders);
+                client
+                    .new_order(
+                        &cl.to_string(),
+                        Some(101),
+                        "SBER",
+                        true,
+                        10,
+                        Some("240.00"),
+                        '0',
+                    )
+                    .expect("send an order");
+                next = (next + pace).max(Instant::now());
+            }
+            let wait = next
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1));
+            let Some(m) = client.recv(wait).expect("FIX read") else {
+                assert!(
+                    client.is_logged_on(),
+                    "FIX session ended: {:?}",
+                    client.closed_reason()
+                );
+                continue;
+            };
+            if m.msg_type != "8" {
+                continue;
+            }
+            let Some(cl) = FixClient::field(&m, 11).and_then(|c| c.parse::<usize>().ok()) else {
+                continue;
+            };
+            let outcome = match FixClient::field(&m, 150) {
+                Some("0") => Outcome::New,
+                Some("8") => {
+                    let text = FixClient::field(&m, 58).unwrap_or("").to_string();
+                    if text.contains("no quorum") {
+                        Outcome::NoQuorum
+                    } else {
+                        Outcome::Refused(text)
+                    }
+                }
+                _ => continue,
+            };
+            let at = shared.now_us();
+            let mut orders = shared.orders.lock().unwrap();
+            if let Some(o) = orders.get_mut(cl - 1) {
+                o.answer.get_or_insert((at, outcome));
+            }
+        }
+    })
+}
+
+/// The node processes by id, killed when the test ends however it ends (a stopped process is
+/// continued first, so that it dies).
+struct Nodes(Vec<Child>);
+
+impl Nodes {
+    fn pid(&self, id: u64) -> u32 {
+        self.0[(id - 1) as usize].id()
+    }
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = Process::new("sh")
+                .args(["-c", &format!("kill -CONT {}", c.id())])
+                .status();
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Once every node answers, agrees on the leader of the highest term and has applied at least
+/// what the leader had when asked first: the group is whole again.
+fn wait_whole(rt: &tokio::runtime::Runtime, addrs: &[(u64, SocketAddr)]) {
+    let target = rt.block_on(async {
+        let l = leader(addrs, SEED).await;
+        let s = statuses(addrs).await;
+        s[(l - 1) as usize]
+            .as_ref()
+            .and_then(|s| s.last_applied_index)
+            .unwrap_or(0)
+    });
+    wait_for("the group whole again", FAILOVER_LIMIT, || {
+        let s = rt.block_on(statuses(addrs));
+        let all: Vec<_> = s.into_iter().flatten().collect();
+        (all.len() == 3
+            && all
+                .iter()
+                .all(|s| s.leader.is_some() && s.leader == all[0].leader)
+            && all
+                .iter()
+                .all(|s| s.last_applied_index.unwrap_or(0) >= target))
+        .then_some(())
+    });
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, FAILOVER_US_MAX, 3).unwrap()
+}
+
+#[test]
+fn through_a_gateway_orders_are_acknowledged_again_after_a_leader_loss_and_refused_without_a_quorum(
+) {
+    let per_kind: usize = std::env::var("BOURSE_GATEWAY_FAULTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(FAULTS_PER_KIND_DEFAULT);
+    let dir = tempfile::tempdir().unwrap().keep();
+    let ports = bourse_testkit::free_ports::<3>();
+    let config = write_loopback_config(
+        &dir,
+        46,
+        "fsync = \"never\"\nheartbeat_ms = 50\nelection_timeout_ms_min = 150\n\
+         election_timeout_ms_max = 300\norders_max = 65536\naccounts_max = 1024",
+        &ports,
+    );
+    let addrs: Vec<(u64, SocketAddr)> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (i as u64 + 1, format!("127.0.0.1:{p}").parse().unwrap()))
+        .collect();
+    let mut nodes = Nodes((1..=3).map(|id| spawn_node(&dir, &config, id)).collect());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(leader(&addrs, SEED));
+
+    // The gateway, as `bourse gateway` starts it in front of a replicated core.
+    let node_list: Vec<String> = addrs.iter().map(|(_, a)| format!("\"{a}\"")).collect();
+    let text = format!(
+        "{GATEWAY}\n[[cores]]\nname = \"equities\"\ninstruments = [1]\nnodes = [{}]\n\
+         client_id = 7\n",
+        node_list.join(", ")
+    );
+    let mut gateway_config = GatewayConfig::from_toml(&text).unwrap();
+    gateway_config.gateway.store_dir = dir.join("gateway");
+    let recovery = Recovery::open(&gateway_config).unwrap();
+    let plan = gateway_config.core_plan();
+    let core = &plan[0];
+    let link = ClusterLink::start(ClusterLinkConfig {
+        from_index: recovery.resume_index(0),
+        ..ClusterLinkConfig::new(
+            core.nodes.clone(),
+            recovery.link_client_id(core.client_id.unwrap()),
+            gateway_config.gateway.core_queue_depth,
+        )
+    })
+    .unwrap();
+    let health: Arc<PipelineHealth> = link.health();
+    let watch: ClusterLinkWatch = link.watch();
+    let links: Vec<Box<dyn CoreLink>> = vec![Box::new(link)];
+    let gateway = bourse_gateway::spawn_cores(gateway_config, links, None).unwrap();
+    let fix = gateway.fix_addr().unwrap();
+
+    // The bootstrap's commands, counted once the replicas agree.
+    let base = wait_for(
+        "the replicas to agree after the bootstrap",
+        FAILOVER_LIMIT,
+        || {
+            let s = rt.block_on(statuses(&addrs));
+            let all: Vec<_> = s.into_iter().flatten().collect();
+            (all.len() == 3
+                && all.windows(2).all(|w| {
+                    w[0].last_applied_index == w[1].last_applied_index
+                        && w[0].engine_commands == w[1].engine_commands
+                }))
+            .then(|| all[0].engine_commands)
+        },
+    );
+
+    let shared = Arc::new(Shared {
+        epoch: Instant::now(),
+        orders: Mutex::new(Vec::new()),
+        sending: AtomicBool::new(true),
+        stop: AtomicBool::new(false),
+    });
+    let client = client_thread(shared.clone(), fix);
+    let started_us = shared.now_us();
+    wait_for("the first acknowledgement", FAILOVER_LIMIT, || {
+        shared.first_answer_after(started_us, &|o| *o == Outcome::New)
+    });
+
+    let kinds = [Fault::LeaderKilled, Fault::LeaderPaused, Fault::NoQuorum];
+    let mut resumed: Vec<Histogram<u64>> = kinds.iter().map(|_| histogram()).collect();
+    let mut refused = histogram();
+    let mut after_heal = histogram();
+    let mut resent_by_kind = [0u64; 3];
+    for round in 0..per_kind * kinds.len() {
+        let k = round % kinds.len();
+        let fault = kinds[k];
+        let l = rt.block_on(leader(&addrs, SEED));
+        let followers: Vec<u64> = (1..=3).filter(|&id| id != l).collect();
+        let resent_before = health.resent();
+        let fault_us = match fault {
+            Fault::LeaderKilled => {
+                let child = &mut nodes.0[(l - 1) as usize];
+                child.kill().unwrap();
+                child.wait().unwrap();
+                shared.now_us()
+            }
+            Fault::LeaderPaused => {
+                pause_process(nodes.pid(l));
+                shared.now_us()
+            }
+            Fault::NoQuorum => {
+                for &f in &followers {
+                    pause_process(nodes.pid(f));
+                }
+                shared.now_us()
+            }
+        };
+        match fault {
+            Fault::LeaderKilled | Fault::LeaderPaused => {
+                let at = wait_for(
+                    &format!("an acknowledgement after {fault:?} (round {round}, logs in {dir:?})"),
+                    FAILOVER_LIMIT,
+                    || shared.first_answer_after(fault_us, &|o| *o == Outcome::New),
+                );
+                resumed[k].saturating_record(at - fault_us);
+                if fault == Fault::LeaderKilled {
+                    nodes.0[(l - 1) as usize] = spawn_node(&dir, &config, l);
+                } else {
+                    signal_process(nodes.pid(l), "CONT");
+                }
+            }
+            Fault::NoQuorum => {
+                let refused_at = wait_for(
+                    &format!("a no-quorum refusal (round {round}, logs in {dir:?})"),
+                    FAILOVER_LIMIT,
+                    || shared.first_answer_after(fault_us, &|o| *o == Outcome::NoQuorum),
+                );
+                refused.saturating_record(refused_at - fault_us);
+                // While it lasts the link holds what it took and probes with one request at
+                // a time: no more re-sends than probes.
+                let (resent, probes) = (health.resent(), health.probes());
+                wait_for(
+                    "the link's probes while the quorum is lost",
+                    FAILOVER_LIMIT,
+                    || (health.probes() >= probes + NO_QUORUM_PROBES).then_some(()),
+                );
+                let resent_during = health.resent() - resent;
+                let probed_during = health.probes() - probes;
+                assert!(
+                    resent_during <= probed_during,
+                    "{resent_during} re-sent for {probed_during} probes without a quorum"
+                );
+                // Nothing sent after the fault was acknowledged without a quorum.
+                let heal_us = shared.now_us();
+                {
+                    let orders = shared.orders.lock().unwrap();
+                    let start = orders.partition_point(|o| o.sent_us < fault_us);
+                    for (i, o) in orders[start..].iter().enumerate() {
+                        if let Some((at, Outcome::New)) = o.answer {
+                            assert!(
+                                at >= heal_us,
+                                "order {} sent after the quorum was lost acknowledged before \
+                                 it returned",
+                                start + i + 1
+                            );
+                        }
+                    }
+                }
+                for &f in &followers {
+                    signal_process(nodes.pid(f), "CONT");
+                }
+                let at = wait_for(
+                    &format!("an acknowledgement after the quorum returned (round {round})"),
+                    FAILOVER_LIMIT,
+                    || shared.first_answer_after(heal_us, &|o| *o == Outcome::New),
+                );
+                after_heal.saturating_record(at - heal_us);
+            }
+        }
+        resent_by_kind[k] += health.resent() - resent_before;
+        wait_whole(&rt, &addrs);
+        // The link is past the fault: an order sent now is acknowledged.
+        let now = shared.now_us();
+        wait_for(
+            &format!("an acknowledgement after round {round}"),
+            FAILOVER_LIMIT,
+            || shared.first_answer_after(now, &|o| *o == Outcome::New),
+        );
+    }
+
+    // Every order answered; the refused ones never reached the core.
+    shared.sending.store(false, Ordering::SeqCst);
+    wait_for("every order answered", FAILOVER_LIMIT * 2, || {
+        shared.all_answered().then_some(())
+    });
+    shared.stop.store(true, Ordering::SeqCst);
+    client.join().expect("the FIX client");
+    let other = shared.count(&|o| matches!(o, Outcome::Refused(_)));
+    assert_eq!(other, 0, "orders refused for another reason than no quorum");
+    let acknowledged = shared.applied();
+    rt.block_on(check_replicas(&addrs, base + acknowledged, SEED, &dir));
+
+    let link_status = watch.status();
+    let sent = shared.orders.lock().unwrap().len();
+    println!(
+        "through a gateway: {} orders sent, {acknowledged} acknowledged, {} refused (no quorum); \
+         link: {} re-sent, {} probes, {} leader probe switches, {} stream resubscriptions",
+        sent,
+        shared.count(&|o| *o == Outcome::NoQuorum),
+        health.resent(),
+        health.probes(),
+        health.leader_probe_switches(),
+        link_status.resubscriptions
+    );
+    for (k, fault) in kinds.iter().enumerate().take(2) {
+        println!(
+            "{fault:?}: fault -> next acknowledgement {}; link re-sent {}",
+            summary(&resumed[k]),
+            resent_by_kind[k]
+        );
+    }
+    println!(
+        "NoQuorum: fault -> refusal at the client {}; link re-sent {}",
+        summary(&refused),
+        resent_by_kind[2]
+    );
+    println!(
+        "NoQuorum: followers back -> next acknowledgement {}",
+        summary(&after_heal)
+    );
+    gateway.shutdown();
+    drop(nodes);
+    let _ = std::fs::remove_dir_all(&dir);
+}
