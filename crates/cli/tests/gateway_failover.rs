@@ -393,6 +393,7 @@ fn through_a_gateway_orders_are_acknowledged_again_after_a_leader_loss_and_refus
         let l = rt.block_on(leader(&addrs, SEED));
         let followers: Vec<u64> = (1..=3).filter(|&id| id != l).collect();
         let resent_before = health.resent();
+        let probes_before = health.probes();
         let fault_us = match fault {
             Fault::LeaderKilled => {
                 let child = &mut nodes.0[(l - 1) as usize];
@@ -419,6 +420,27 @@ fn through_a_gateway_orders_are_acknowledged_again_after_a_leader_loss_and_refus
                     || shared.first_answer_after(fault_us, &|o| *o == Outcome::New),
                 );
                 resumed[k].saturating_record(at - fault_us);
+                // While no node leads, the link tries one node after another with one request
+                // at a time: the window goes again only to a node that applies requests, so
+                // each order still unanswered at the fault or sent since is re-sent at most
+                // twice (to that node, and after a later switch to a named leader), besides
+                // the probes. The counters are read before the orders, which only grow.
+                let (resent, probes) = (
+                    health.resent() - resent_before,
+                    health.probes() - probes_before,
+                );
+                let window = shared
+                    .orders
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|o| o.answer.as_ref().is_none_or(|(at, _)| *at >= fault_us))
+                    .count() as u64;
+                assert!(
+                    resent <= probes + 2 * window,
+                    "{resent} re-sent after {fault:?} with {window} orders in flight and \
+                     {probes} probes: the window was re-sent in a loop"
+                );
                 if fault == Fault::LeaderKilled {
                     nodes.0[(l - 1) as usize] = spawn_node(&dir, &config, l);
                 } else {

@@ -588,6 +588,7 @@ impl PipelinedClient {
         let driver = Driver {
             health: health.clone(),
             held: false,
+            probing: false,
             nodes,
             current: 0,
             client_id,
@@ -767,6 +768,11 @@ struct Driver {
     /// The leader said it has no quorum: send only the oldest unanswered request (a probe),
     /// take nothing more from the queue, until an answer comes.
     held: bool,
+    /// Moved to another node after an error or a "not the leader" that named none: send only
+    /// the oldest unanswered request until one is answered there. During an election every
+    /// node says it does not lead; sending the whole window to each in turn would re-send it
+    /// every retry pause until a leader is elected.
+    probing: bool,
     nodes: Vec<(NodeId, SocketAddr)>,
     current: usize,
     client_id: u64,
@@ -850,11 +856,12 @@ impl Driver {
         buf.clear();
         let now = Instant::now();
         let generation = self.generation;
-        // Held, only the oldest unanswered request is probed, wherever it is.
-        let from = if self.held { 0 } else { self.unsent_from };
+        // Held or probing, only the oldest unanswered request is sent, wherever it is.
+        let one = self.held || self.probing;
+        let from = if one { 0 } else { self.unsent_from };
         for (&seq, u) in self.unanswered.range_mut(from..) {
             if u.sent_at.is_some() {
-                if self.held {
+                if one {
                     break;
                 }
                 continue;
@@ -863,7 +870,7 @@ impl Driver {
             if std::mem::replace(&mut u.sent_before, true) {
                 self.health.resent.fetch_add(1, Ordering::AcqRel);
             }
-            if self.held {
+            if one {
                 self.health.probes.fetch_add(1, Ordering::AcqRel);
             }
             let tag = (generation << TAG_SEQ_BITS) | (seq & ((1 << TAG_SEQ_BITS) - 1));
@@ -882,7 +889,7 @@ impl Driver {
             };
             let frame = encode_frame(&Tagged { tag, body });
             buf.extend_from_slice(&frame);
-            if self.held {
+            if one {
                 // One probe at a time.
                 break;
             }
@@ -918,6 +925,8 @@ impl Driver {
                         return Err(format!("request {seq}: the group could not decode it"))
                     }
                     kind => {
+                        // This node applies requests: the rest of the window follows.
+                        self.probing = false;
                         if self.held {
                             // Something was acknowledged: the quorum is back.
                             self.held = false;
@@ -967,8 +976,11 @@ impl Driver {
                 match self.connect().await {
                     Ok(l) => link = Some(l),
                     Err(_) => {
+                        // A node that cannot be reached (often the lost leader others still
+                        // name while they elect): the next one gets one request first.
                         tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)).await;
                         self.current = (self.current + 1) % self.nodes.len();
+                        self.probing = true;
                         continue;
                     }
                 }
@@ -1062,9 +1074,11 @@ impl Driver {
                     }
                     Rewind::To(i) if i == self.current => {}
                     Rewind::To(i) => {
+                        // Named as the leader (a hint, a probe): the whole window goes.
                         self.current = i;
                         self.held_since = None;
                         self.held = false;
+                        self.probing = false;
                         self.health.no_quorum.store(false, Ordering::Release);
                         link = None;
                     }
@@ -1080,6 +1094,7 @@ impl Driver {
                         tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)).await;
                         self.current = (self.current + 1) % self.nodes.len();
                         self.held_since = None;
+                        self.probing = true;
                         link = None;
                     }
                 }
