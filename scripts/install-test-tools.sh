@@ -16,6 +16,7 @@ TOOLS=(
   "mvn maven"                          # gateway: builds the QuickFIX/J test client; wire: fetches sbe-tool
   "python3 python3"                    # delivery: the example client examples/delivery_client.py
   "ip iproute2"                        # cli: the namespace test bed (scripts/netbed.sh)
+  "iptables iptables"                  # cli: the bed's impairments (NFQUEUE, TEE rules)
 )
 
 missing=()

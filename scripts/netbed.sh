@@ -8,7 +8,15 @@
 #   scripts/netbed.sh run PREFIX HOST CMD… run a command on a host (ip netns exec)
 #   scripts/netbed.sh cut PREFIX FROM TO   FROM's packets to TO are dropped (one way)
 #   scripts/netbed.sh heal PREFIX FROM TO  undo one cut
-#   scripts/netbed.sh heal-all PREFIX      undo every cut
+#   scripts/netbed.sh heal-all PREFIX      undo every cut (impairments stay)
+#   scripts/netbed.sh impair PREFIX FROM TO [--delay-us N] [--jitter-us N] [--loss-pct P]
+#                     [--dup-pct P] [--reorder-pct P] [--reorder-extra-us N] [--seed N]
+#                                          FROM's packets to TO delayed, lost, duplicated,
+#                                          reordered (one way; TO: hosts joined by commas, an
+#                                          address such as a feed's group, or any)
+#   scripts/netbed.sh unimpair PREFIX FROM TO  undo one impair; prints its counters
+#   scripts/netbed.sh distance PREFIX      two data centres: n1-n2 50 µs apart, n3 1 ms away
+#   scripts/netbed.sh nodistance PREFIX    undo distance
 #   scripts/netbed.sh addr HOST [NET]      a host's address on network 1 (or 2)
 #   scripts/netbed.sh hosts                the host names
 #
@@ -20,8 +28,18 @@
 #
 # Faults: a cut is a blackhole route in FROM's namespace for TO's network-1 address (the
 # sender's packets vanish; TO's still arrive); cutting both ways is a partition. This kernel
-# has no netem and no tc classifiers or actions, so delay, loss, duplication and reordering
-# are not emulated; iptables and nft are absent too, which is why routes do the cutting.
+# has no netem qdisc, so an impairment is a userspace one: an iptables NFQUEUE rule in FROM's
+# OUTPUT chain hands the packets for TO to a `bourse-netem` process in FROM's namespace
+# (crates/testkit, built by `cargo build --release -p bourse-testkit --bin bourse-netem`;
+# BOURSE_NETEM names another path), which drops, delays and reorders them; a TEE rule with a
+# random share clones packets to TO (duplication, sent at once). A released packet carries
+# mark bit 31, which every impairment's rule skips: when two impairments of a host match a
+# packet, the newest alone acts on it (an impair on top of `distance` gives the distance's
+# delay too). Passing a packet from one queue to the next lost wakeups in trials here (a
+# packet sat in the first queue until the next one came). Delays are a process's timers on a shared
+# machine: tens of µs late under load, never early. `distance` puts n1, n2 and the other
+# hosts in one data centre (50 µs between n1 and n2) and n3 in another, 1 ms one way from
+# every host (its feeds too), the issue's "two hosts 50 µs apart and a third 1 ms away".
 # Process pauses and kills are the caller's (SIGSTOP, SIGCONT, SIGKILL by pid).
 set -euo pipefail
 
@@ -77,6 +95,167 @@ up() {
     done
 }
 
+netem_bin() {
+    if [ -n "${BOURSE_NETEM:-}" ]; then
+        echo "$BOURSE_NETEM"
+    else
+        echo "$(cd "$(dirname "$0")/.." && pwd)/target/release/bourse-netem"
+    fi
+}
+
+# Where the impairments of PREFIX's host FROM keep their process ids, rules and logs.
+state_dir() { echo "/run/netbed/$1/$2"; }
+
+# TO as iptables matches, one line per destination: "-d ADDR" or "! -o lo" (any).
+destinations() {
+    local p=$1 from=$2 to=$3 t h
+    for t in ${to//,/ }; do
+        case "$t" in
+        any) echo "! -o lo" ;;
+        all)
+            for h in $(hosts); do
+                [ "$h" = "$from" ] || echo "-d $(addr "$h")"
+            done
+            ;;
+        *.*) echo "-d $t" ;;
+        *) echo "-d $(addr "$t")" ;;
+        esac
+    done
+}
+
+impair() {
+    local p=$1 from=$2 to=$3
+    shift 3
+    local delay=0 jitter=0 loss=0 dup=0 reorder=0 extra=1000 seed=$RANDOM
+    while [ $# -gt 0 ]; do
+        [ $# -ge 2 ] || { echo "netbed: $1 needs a value" >&2; exit 2; }
+        case "$1" in
+        --delay-us) delay=$2 ;;
+        --jitter-us) jitter=$2 ;;
+        --loss-pct) loss=$2 ;;
+        --dup-pct) dup=$2 ;;
+        --reorder-pct) reorder=$2 ;;
+        --reorder-extra-us) extra=$2 ;;
+        --seed) seed=$2 ;;
+        *) echo "netbed: impair: unknown option $1" >&2; exit 2 ;;
+        esac
+        shift 2
+    done
+    index_of "$from" >/dev/null
+    local ns="$p-$from" dir key k netem
+    dir=$(state_dir "$p" "$from")
+    key=${to//,/_}
+    mkdir -p "$dir"
+    if [ -e "$dir/$key.pid" ]; then
+        echo "netbed: $from to $to is impaired already (scripts/netbed.sh unimpair $p $from $to)" >&2
+        exit 1
+    fi
+    netem=$(netem_bin)
+    if [ ! -x "$netem" ]; then
+        echo "netbed: no $netem (cargo build --release -p bourse-testkit --bin bourse-netem)" >&2
+        exit 1
+    fi
+    if ! ip netns exec "$ns" iptables -w -L OUTPUT -n >/dev/null 2>&1; then
+        echo "netbed: iptables is missing or cannot work in $ns (scripts/install-test-tools.sh)" >&2
+        exit 1
+    fi
+    # One queue and one mark bit per impairment of this host: the lowest free of 0-31.
+    for k in $(seq 0 32); do
+        [ "$k" -lt 32 ] || { echo "netbed: 32 impairments on $from already" >&2; exit 1; }
+        grep -qx "$k" "$dir"/*.k 2>/dev/null || break
+    done
+    echo "$k" >"$dir/$key.k"
+    # At a real-time priority (when chrt is there): on a loaded machine the scheduler would
+    # otherwise wake the program milliseconds late, a delay no data centre has. It sleeps in
+    # poll between packets, so it takes little of the CPU.
+    local rt=()
+    [ "${BOURSE_NETEM_RT:-1}" != 0 ] && command -v chrt >/dev/null 2>&1 && rt=(chrt -f 10)
+    ip netns exec "$ns" "${rt[@]}" "$netem" --queue "$k" --mark-bit 31 --delay-us "$delay" \
+        --jitter-us "$jitter" --loss-pct "$loss" --reorder-pct "$reorder" \
+        --reorder-extra-us "$extra" --seed "$seed" >"$dir/$key.log" 2>&1 &
+    echo $! >"$dir/$key.pid"
+    # The rules go in once the program holds the queue, so that the impairment is whole when
+    # this returns (until then --queue-bypass would let packets pass untouched).
+    local tries=0
+    until ip netns exec "$ns" awk -v q="$k" '$1 == q { found = 1 } END { exit !found }' \
+        /proc/net/netfilter/nfnetlink_queue 2>/dev/null; do
+        if ! kill -0 "$(cat "$dir/$key.pid")" 2>/dev/null || [ $tries -ge 500 ]; then
+            echo "netbed: bourse-netem did not start: $(cat "$dir/$key.log")" >&2
+            rm -f "$dir/$key".*
+            exit 1
+        fi
+        tries=$((tries + 1))
+        sleep 0.01
+    done
+    local m=$((1 << 31)) match rules=()
+    while read -r match; do
+        rules+=("$match -m mark ! --mark $m/$m -m comment --comment netbed-$k -j NFQUEUE --queue-num $k --queue-bypass")
+        # The clone of the duplication, inserted above every queue rule and only on a
+        # packet's first pass (mark 0), so that a packet is duplicated once at most however
+        # many impairments release it.
+        if [ "$dup" != 0 ]; then
+            local gw=${match#-d }
+            [ "$gw" = "$match" ] && { echo "netbed: --dup-pct needs a destination host or address" >&2; exit 2; }
+            rules+=("$match -m mark --mark 0 -m statistic --mode random --probability $(awk -v d="$dup" 'BEGIN { printf "%.6f", d / 100 }') -m comment --comment netbed-dup-$k -j TEE --gateway $gw")
+        fi
+    done < <(destinations "$p" "$from" "$to")
+    : >"$dir/$key.rules"
+    local r
+    for r in "${rules[@]}"; do
+        # shellcheck disable=SC2086
+        ip netns exec "$ns" iptables -w -I OUTPUT 1 $r
+        echo "$r" >>"$dir/$key.rules"
+    done
+}
+
+unimpair() {
+    local p=$1 from=$2 to=$3 dir key ns="$1-$2" r pid dups
+    dir=$(state_dir "$p" "$from")
+    key=${to//,/_}
+    if [ ! -e "$dir/$key.pid" ]; then
+        echo "netbed: $from to $to is not impaired" >&2
+        exit 1
+    fi
+    dups=$(ip netns exec "$ns" iptables -w -L OUTPUT -v -x -n 2>/dev/null |
+        awk -v c="netbed-dup-$(cat "$dir/$key.k") " 'index($0, c) { n += $1 } END { print n + 0 }')
+    while read -r r; do
+        # shellcheck disable=SC2086
+        ip netns exec "$ns" iptables -w -D OUTPUT $r || true
+    done <"$dir/$key.rules"
+    pid=$(cat "$dir/$key.pid")
+    kill -TERM "$pid" 2>/dev/null || true
+    local tries=0
+    while kill -0 "$pid" 2>/dev/null && [ $tries -lt 500 ]; do
+        tries=$((tries + 1))
+        sleep 0.01
+    done
+    echo "netbed: $from to $to: $(tail -n 1 "$dir/$key.log") duplicated $dups"
+    rm -f "$dir/$key".*
+}
+
+# The hosts of the first data centre besides n1 and n2.
+DC1_OTHERS="gw,cl,sub"
+
+distance() {
+    local p=$1
+    impair "$p" n1 n2 --delay-us 50
+    impair "$p" n2 n1 --delay-us 50
+    impair "$p" n3 any --delay-us 1000
+    impair "$p" n1 n3 --delay-us 1000
+    impair "$p" n2 n3 --delay-us 1000
+    for h in ${DC1_OTHERS//,/ }; do impair "$p" "$h" n3 --delay-us 1000; done
+}
+
+nodistance() {
+    local p=$1
+    unimpair "$p" n1 n2
+    unimpair "$p" n2 n1
+    unimpair "$p" n3 any
+    unimpair "$p" n1 n3
+    unimpair "$p" n2 n3
+    for h in ${DC1_OTHERS//,/ }; do unimpair "$p" "$h" n3; done
+}
+
 down() {
     local p=$1 ns pid
     for ns in $(ip netns list | awk '{print $1}' | grep "^$p-" || true); do
@@ -88,6 +267,7 @@ down() {
     for ns in $(ip netns list | awk '{print $1}' | grep "^$p-" || true); do
         ip netns del "$ns" || true
     done
+    rm -rf "/run/netbed/$p"
 }
 
 cmd=${1:-}
@@ -105,10 +285,17 @@ heal) ip -n "$2-$3" route del blackhole "$(addr "$4")/32" ;;
 heal-all)
     for h in $(hosts); do ip -n "$2-$h" route flush type blackhole 2>/dev/null || true; done
     ;;
+impair)
+    shift
+    impair "$@"
+    ;;
+unimpair) unimpair "$2" "$3" "$4" ;;
+distance) distance "$2" ;;
+nodistance) nodistance "$2" ;;
 addr) addr "$2" "${3:-1}" ;;
 hosts) hosts ;;
 *)
-    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

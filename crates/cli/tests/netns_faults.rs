@@ -10,7 +10,16 @@
 //! - **follower alone**: one follower cut off both ways (a minority without the leader);
 //! - **leader paused** / **follower paused**: SIGSTOP, later SIGCONT;
 //! - **leader killed**: SIGKILL, restarted at the heal;
-//! - **no quorum**: both followers paused (nothing can commit until they return).
+//! - **no quorum**: both followers paused (nothing can commit until they return);
+//! - **leader lossy** / **leader duplicating** / **leader reordering**: 15% of the packets on
+//!   the leader's links, both ways, lost / duplicated / held 2 ms longer so later ones pass
+//!   them (`netbed.sh impair`, a userspace netem: this kernel has none); the loss also hits
+//!   the leader's feed A (not B), the reordering both feeds;
+//! - **follower delayed**: a 50 ms delay spike on the links between the leader and one
+//!   follower, both ways.
+//!
+//! The bed runs with `netbed.sh distance` on: n1 and n2 in one data centre 50 µs apart, n3 in
+//! another 1 ms one way from every host (an impairment of a link adds to its distance).
 //!
 //! Each fault holds for a while and is healed; acknowledgements must resume after every heal.
 //! At the end every replica must hold exactly the acknowledged commands (the client sends one
@@ -25,8 +34,9 @@
 //! The CI run injects each kind once (seeded order). `BOURSE_NETBED_FAULTS=N` runs N faults
 //! drawn at random (the long run of docs/results/netns-faults.md); `BOURSE_NETBED_SEED`
 //! replays a schedule. It needs root and `ip netns`; without them it says SKIPPED and passes.
-//! Not emulated (this kernel has no netem, tc classifiers, iptables or nft): delay, loss,
-//! duplication and reordering.
+//! The impairments need iptables (scripts/install-test-tools.sh) and `bourse-netem` beside
+//! the `bourse` binary (`cargo build --release -p bourse-testkit --bin bourse-netem`; a
+//! workspace test run builds it); without them the test fails and says which is missing.
 //!
 //! Every link to a node runs over mutual TLS (the nodes are off the loopback, where plain TCP
 //! is refused): the test makes a venue authority, a certificate per node naming its address on
@@ -54,6 +64,12 @@ const TEST_NAME: &str =
     "faults_between_namespaces_lose_nothing_acknowledged_and_the_feed_crosses_hosts";
 /// Set in the inner run (inside the client's namespace) to the bed's prefix.
 const INNER_ENV: &str = "BOURSE_NETBED_INNER";
+/// `BOURSE_NETBED_DISTANCE=0` runs the bed without `netbed.sh distance` (every host 0 µs
+/// from the others), for comparing what distance costs.
+const DISTANCE_ENV: &str = "BOURSE_NETBED_DISTANCE";
+/// Acknowledgements timed before the first fault, one request in flight: the quiet round
+/// trip (client → leader → quorum → client) the distance adds to.
+const QUIET_ACKS: usize = 1_000;
 const NODE_PORT: u16 = 7101;
 const FEED_BASE_PORT: u16 = 32000;
 const GROUP_A: &str = "239.192.77.1";
@@ -77,9 +93,13 @@ enum Fault {
     FollowerPaused,
     LeaderKilled,
     NoQuorum,
+    LeaderLossy,
+    LeaderDuplicating,
+    LeaderReordering,
+    FollowerDelayed,
 }
 
-const FAULTS: [Fault; 7] = [
+const FAULTS: [Fault; 11] = [
     Fault::LeaderAlone,
     Fault::LeaderCannotSend,
     Fault::FollowerAlone,
@@ -87,27 +107,76 @@ const FAULTS: [Fault; 7] = [
     Fault::FollowerPaused,
     Fault::LeaderKilled,
     Fault::NoQuorum,
+    Fault::LeaderLossy,
+    Fault::LeaderDuplicating,
+    Fault::LeaderReordering,
+    Fault::FollowerDelayed,
 ];
+
+/// The share of the leader's packets (both ways) lost, duplicated or reordered by those faults.
+const IMPAIR_PCT: &str = "15";
+/// How much longer a reordered packet is held (so that the ones after it pass it).
+const REORDER_EXTRA_US: u64 = 2_000;
+/// The delay spike between the leader and one follower (one way).
+const SPIKE_DELAY_US: u64 = 50_000;
+
+/// The distance between two hosts with `netbed.sh distance` on, one way, in µs: n1 and n2
+/// 50 µs apart, n3 1 ms from every other host (its data centre is the far one).
+fn distance_us(from: &str, to: &str) -> u64 {
+    if !distance_on() {
+        return 0;
+    }
+    match (from, to) {
+        ("n3", t) | (t, "n3") if t != "n3" => 1_000,
+        ("n1", "n2") | ("n2", "n1") => 50,
+        _ => 0,
+    }
+}
 
 fn netbed() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/netbed.sh")
 }
 
+/// A host's address on network 1 (scripts/netbed.sh); a multicast group stays itself.
+fn host_addr(host: &str) -> String {
+    let i = match host {
+        "n1" => 1,
+        "n2" => 2,
+        "n3" => 3,
+        "gw" => 5,
+        "cl" => 10,
+        "sub" => 20,
+        group => return group.to_string(),
+    };
+    format!("10.201.0.{i}")
+}
+
+fn distance_on() -> bool {
+    std::env::var(DISTANCE_ENV).map_or(true, |v| v != "0")
+}
+
+/// The userspace netem `netbed.sh impair` starts: the one built beside `bourse`.
+fn netem_bin() -> PathBuf {
+    Path::new(&bourse_bin()).with_file_name("bourse-netem")
+}
+
 fn netbed_cmd(args: &[&str]) -> std::process::Output {
     Command::new(netbed())
         .args(args)
+        .env("BOURSE_NETEM", netem_bin())
         .output()
         .expect("run scripts/netbed.sh")
 }
 
-/// Runs a netbed step that must succeed.
-fn netbed_ok(args: &[&str]) {
+/// Runs a netbed step that must succeed; returns what it printed.
+fn netbed_ok(args: &[&str]) -> String {
     let out = netbed_cmd(args);
     assert!(
         out.status.success(),
         "netbed.sh {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Deletes the bed's namespaces (and whatever still runs in them) however the test ends.
@@ -132,6 +201,11 @@ fn faults_between_namespaces_lose_nothing_acknowledged_and_the_feed_crosses_host
             return;
         }
     }
+    assert!(
+        netem_bin().exists(),
+        "no {} for the impairments: cargo build --release -p bourse-testkit --bin bourse-netem",
+        netem_bin().display()
+    );
     let prefix = format!("bnf{}", std::process::id() % 100_000);
     let up = netbed_cmd(&["up", &prefix]);
     let bed = Bed(prefix.clone());
@@ -142,6 +216,11 @@ fn faults_between_namespaces_lose_nothing_acknowledged_and_the_feed_crosses_host
             String::from_utf8_lossy(&up.stderr).trim()
         );
         return;
+    }
+    // Two data centres for the whole run (before any process starts, so that every link of
+    // the venue has its distance from its first packet).
+    if distance_on() {
+        netbed_ok(&["distance", &prefix]);
     }
     // The checker and the client run inside the client's namespace: this binary again.
     let status = Command::new("ip")
@@ -282,11 +361,57 @@ struct Run<'a> {
     dir: &'a Path,
     config: &'a Path,
     nodes: Vec<Child>,
+    /// The impairments a fault added, as `netbed.sh unimpair` names them (FROM, TO).
+    impaired: Vec<(String, String)>,
 }
 
 impl Run<'_> {
     fn node(&self, id: u64) -> &Child {
         &self.nodes[(id - 1) as usize]
+    }
+
+    /// Impairs `from`'s packets to each of `to` with `opts`, on top of the distance: the
+    /// newest impairment of a link alone acts on it (netbed.sh), so each carries the
+    /// distance's delay plus `extra_delay_us`. One impairment per distinct delay.
+    fn impair(&mut self, from: &str, to: &[String], extra_delay_us: u64, opts: &[&str]) {
+        let mut by_delay: Vec<(u64, Vec<&str>)> = Vec::new();
+        for t in to {
+            let d = distance_us(from, t) + extra_delay_us;
+            match by_delay.iter_mut().find(|(dd, _)| *dd == d) {
+                Some((_, hosts)) => hosts.push(t),
+                None => by_delay.push((d, vec![t])),
+            }
+        }
+        for (delay, hosts) in by_delay {
+            // By address: `distance` named the same links by host, and netbed.sh keeps one
+            // impairment per (FROM, TO) as written.
+            let to = hosts
+                .iter()
+                .map(|h| host_addr(h))
+                .collect::<Vec<_>>()
+                .join(",");
+            let delay = delay.to_string();
+            let mut args = vec!["impair", self.prefix, from, &to, "--delay-us", &delay];
+            args.extend_from_slice(opts);
+            netbed_ok(&args);
+            self.impaired.push((from.to_string(), to));
+        }
+    }
+
+    /// Impairs every link of `host` both ways (to and from every other host), and what it
+    /// sends to the multicast `groups`.
+    fn impair_both_ways(&mut self, host: &str, groups: &[&str], opts: &[&str]) {
+        let rest: Vec<String> = ["n1", "n2", "n3", "cl", "sub", "gw"]
+            .iter()
+            .filter(|h| **h != host)
+            .map(|h| h.to_string())
+            .collect();
+        let mut out = rest.clone();
+        out.extend(groups.iter().map(|g| g.to_string()));
+        self.impair(host, &out, 0, opts);
+        for r in &rest {
+            self.impair(r, &[host.to_string()], 0, opts);
+        }
     }
 
     /// Injects `fault` with `leader` leading; returns what undoes it.
@@ -328,12 +453,41 @@ impl Run<'_> {
                 }
                 return followers.into_iter().map(|f| (f, "CONT")).collect();
             }
+            // Feed A loses packets too, feed B none: the subscriber's arbitration fills A's
+            // holes from B across real multicast.
+            Fault::LeaderLossy => self.impair_both_ways(
+                &format!("n{leader}"),
+                &[GROUP_A],
+                &["--loss-pct", IMPAIR_PCT],
+            ),
+            // TCP links only: a TEE clone needs a route to its gateway, and the hosts have
+            // none to a group.
+            Fault::LeaderDuplicating => {
+                self.impair_both_ways(&format!("n{leader}"), &[], &["--dup-pct", IMPAIR_PCT])
+            }
+            Fault::LeaderReordering => {
+                let extra = REORDER_EXTRA_US.to_string();
+                self.impair_both_ways(
+                    &format!("n{leader}"),
+                    &[GROUP_A, GROUP_B],
+                    &["--reorder-pct", IMPAIR_PCT, "--reorder-extra-us", &extra],
+                )
+            }
+            Fault::FollowerDelayed => {
+                let (l, f) = (format!("n{leader}"), format!("n{follower}"));
+                self.impair(&l, std::slice::from_ref(&f), SPIKE_DELAY_US, &[]);
+                self.impair(&f, std::slice::from_ref(&l), SPIKE_DELAY_US, &[]);
+            }
         }
         Vec::new()
     }
 
     fn heal(&mut self, undo: Vec<(u64, &'static str)>) {
         netbed_ok(&["heal-all", self.prefix]);
+        for (from, to) in std::mem::take(&mut self.impaired) {
+            // What the netem did (queued, dropped, duplicated …) goes to the run's log.
+            print!("{}", netbed_ok(&["unimpair", self.prefix, &from, &to]));
+        }
         for (id, what) in undo {
             if what == "restart" {
                 self.nodes[(id - 1) as usize] = spawn_node(self.prefix, self.dir, self.config, id);
@@ -513,6 +667,7 @@ fn inner(prefix: &str) {
         dir: &dir,
         config: &config,
         nodes,
+        impaired: Vec::new(),
     };
     let sub_log = dir.join("subscriber.log");
     let port = FEED_BASE_PORT.to_string();
@@ -544,6 +699,34 @@ fn inner(prefix: &str) {
         .enable_all()
         .build()
         .unwrap();
+    // The quiet round trip, before any fault: the gaps between consecutive acknowledgements
+    // with one request in flight.
+    let limit = Instant::now() + FAILOVER_LIMIT * 4;
+    while shared.acked.load(Ordering::SeqCst) < QUIET_ACKS as u64 + 1 {
+        assert!(
+            Instant::now() < limit,
+            "fewer than {QUIET_ACKS} acknowledgements before the first fault (seed {seed}; logs \
+             in {})",
+            dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let quiet_leader = rt.block_on(leader(&addrs, seed));
+    let mut quiet = Histogram::<u64>::new_with_bounds(1, SILENCE_US_MAX, 3).unwrap();
+    for w in shared.ack_times_us.lock().unwrap()[..=QUIET_ACKS].windows(2) {
+        quiet
+            .record((w[1] - w[0]).clamp(1, SILENCE_US_MAX))
+            .unwrap();
+    }
+    println!(
+        "netns faults: quiet acknowledgement interval (one request in flight), distance {}, \
+         leader n{quiet_leader}: p50 {} µs, p99 {} µs, max {} µs (n = {})",
+        if distance_on() { "on" } else { "off" },
+        quiet.value_at_quantile(0.5),
+        quiet.value_at_quantile(0.99),
+        quiet.max(),
+        quiet.len()
+    );
     let mut silences = Silences::new();
     for (k, &fault) in schedule.iter().enumerate() {
         // The client must be acknowledging before a fault, so its silence is the fault's.
@@ -613,6 +796,10 @@ fn inner(prefix: &str) {
         started.elapsed().as_secs_f64()
     );
     silences.print();
+    // The subscriber's own account (duplicates, gaps and how they were filled), for the log.
+    if let Some(line) = log.lines().rev().find(|l| l.starts_with("packets A ")) {
+        println!("netns faults: subscriber: {line}");
+    }
     assert!(acked > 0);
     let (a, b) = counts.unwrap_or_else(|| panic!("no counts from the subscriber: {log}"));
     assert!(

@@ -15,9 +15,14 @@
 //!
 //! [`alloc::CountingAllocator`] and [`alloc::count_allocations`]: the one counting global
 //! allocator of the tests that prove a path allocates nothing.
+//!
+//! [`netem::Impairment`] and [`netem::Held`]: the decisions of `bourse-netem` (src/bin), the
+//! userspace netem of the namespace bed (scripts/netbed.sh `impair`): loss, delay with jitter,
+//! reordering, and the bounded set of held packets.
 
 pub mod alloc;
 pub mod certs;
+pub mod netem;
 
 use std::net::{TcpListener, UdpSocket};
 use std::sync::atomic::{AtomicU32, Ordering};
