@@ -179,7 +179,7 @@ impair() {
     local tries=0
     until ip netns exec "$ns" awk -v q="$k" '$1 == q { found = 1 } END { exit !found }' \
         /proc/net/netfilter/nfnetlink_queue 2>/dev/null; do
-        if ! kill -0 "$(cat "$dir/$key.pid")" 2>/dev/null || [ $tries -ge 500 ]; then
+        if ! alive "$(cat "$dir/$key.pid")" || [ $tries -ge 500 ]; then
             echo "netbed: bourse-netem did not start: $(cat "$dir/$key.log")" >&2
             rm -f "$dir/$key".*
             exit 1
@@ -208,6 +208,16 @@ impair() {
     done
 }
 
+# Whether process $1 still runs. `kill -0` is not enough: a process that exited stays a
+# zombie until its parent reaps it, and the impairments' programs are reparented to the
+# machine's init, which here reaps about 1.4 s late; waiting for that made every heal of an
+# impaired link 1.4 s long, so a host's links healed one by one over seconds.
+alive() {
+    local state
+    state=$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null) || return 1
+    [ -n "$state" ] && [ "$state" != Z ]
+}
+
 unimpair() {
     local p=$1 from=$2 to=$3 dir key ns="$1-$2" r pid dups
     dir=$(state_dir "$p" "$from")
@@ -225,7 +235,7 @@ unimpair() {
     pid=$(cat "$dir/$key.pid")
     kill -TERM "$pid" 2>/dev/null || true
     local tries=0
-    while kill -0 "$pid" 2>/dev/null && [ $tries -lt 500 ]; do
+    while alive "$pid" && [ $tries -lt 500 ]; do
         tries=$((tries + 1))
         sleep 0.01
     done
