@@ -301,15 +301,27 @@ block_device_of() {
 }
 
 # The cgroup hierarchy that can limit writes: "v2 ROOT" when cgroup v2 has an io controller,
-# else "v1 ROOT" when v1's blkio has throttling; nothing when neither.
+# else "v1 ROOT" when v1's blkio has throttling; nothing when neither. `ip netns exec` mounts
+# a fresh /sys, which hides /sys/fs/cgroup: a hierarchy the kernel has but this mount
+# namespace does not show is mounted again under /run/netbed (the same hierarchy).
 io_cgroup() {
     local root
     root=$(awk '$3 == "cgroup2" { print $2; exit }' /proc/mounts)
+    if [ -z "$root" ] && grep -q cgroup2 /proc/filesystems; then
+        root=/run/netbed/.cgroup2
+        mkdir -p "$root"
+        mountpoint -q "$root" || mount -t cgroup2 netbed "$root" 2>/dev/null || root=
+    fi
     if [ -n "$root" ] && grep -qw io "$root/cgroup.controllers" 2>/dev/null; then
         echo "v2 $root"
         return
     fi
     root=$(awk '$3 == "cgroup" && $4 ~ /(^|,)blkio(,|$)/ { print $2; exit }' /proc/mounts)
+    if [ -z "$root" ] && awk '$1 == "blkio" && $4 == 1 { f = 1 } END { exit !f }' /proc/cgroups; then
+        root=/run/netbed/.blkio
+        mkdir -p "$root"
+        mountpoint -q "$root" || mount -t cgroup -o blkio netbed "$root" 2>/dev/null || root=
+    fi
     if [ -n "$root" ] && [ -e "$root/blkio.throttle.write_iops_device" ]; then
         echo "v1 $root"
     fi
@@ -359,7 +371,8 @@ slowdisk() {
     mkdir -p "$dir"
     cg="$root/netbed-$p-$host"
     mkdir "$cg"
-    echo "$kind $root $cg $dev" >"$dir/slowdisk"
+    # The hierarchy's root is found again when undoing (it may be mounted elsewhere there).
+    echo "$kind $dev" >"$dir/slowdisk"
     if [ "$kind" = v2 ]; then
         grep -qw io "$root/cgroup.subtree_control" || echo +io >"$root/cgroup.subtree_control"
         echo "$dev wiops=$iops" >"$cg/io.max"
@@ -390,7 +403,11 @@ fastdisk() {
         echo "netbed: $host's disk is not slow" >&2
         exit 1
     fi
-    read -r kind root cg dev <"$dir/slowdisk"
+    local found
+    read -r kind dev <"$dir/slowdisk"
+    found=$(iocgroup)
+    read -r kind root <<<"$found"
+    cg="$root/netbed-$p-$host"
     # The limit goes first, so that the writes it holds are issued at once.
     if [ "$kind" = v2 ]; then
         echo "$dev wiops=max" >"$cg/io.max" 2>/dev/null || true
@@ -487,7 +504,8 @@ nodisk() {
     if mountpoint -q "$mnt" 2>/dev/null; then
         umount "$mnt" 2>/dev/null || umount -l "$mnt"
     fi
-    if losetup "$dev" 2>/dev/null | grep -qF "($img)"; then
+    # By name alone: in another mount namespace the backing path may read differently.
+    if losetup "$dev" 2>/dev/null | grep -qF "$(basename "$img")"; then
         losetup -d "$dev"
     fi
     rm -f "$img"
