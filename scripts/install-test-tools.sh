@@ -17,6 +17,9 @@ TOOLS=(
   "python3 python3"                    # delivery: the example client examples/delivery_client.py
   "ip iproute2"                        # cli: the namespace test bed (scripts/netbed.sh)
   "iptables iptables"                  # cli: the bed's impairments (NFQUEUE, TEE rules)
+  "losetup mount"                      # cli: the bed's small disks (a loop device each)
+  "mkfs.ext4 e2fsprogs"                # cli: the bed's small disks (ext4)
+  "fallocate util-linux"               # cli: the bed's full disk (the filler)
 )
 
 missing=()

@@ -16,7 +16,16 @@
 //!   them (`netbed.sh impair`, a userspace netem: this kernel has none); the loss also hits
 //!   the leader's feed A (not B), the reordering both feeds;
 //! - **follower delayed**: a 50 ms delay spike on the links between the leader and one
-//!   follower, both ways.
+//!   follower, both ways;
+//! - **follower slow disk**: the follower's process may write to its disk only 10 times a
+//!   second (`netbed.sh slowdisk`, a cgroup's write limit: each of its fsyncs takes 100 ms or
+//!   more); the other two must go on acknowledging, and after the heal (the limit lifted) the
+//!   follower must apply everything the group had committed at the heal;
+//! - **follower full disk**: the follower's file system filled until ENOSPC (every node's
+//!   data directory is a 256 MiB ext4 of its own on a loop device, `netbed.sh smalldisk`,
+//!   whose image is on /dev/shm where there is one);
+//!   the follower must stop (its process ends, or its status names the error) and the other
+//!   two go on; the heal removes the filler and restarts it, and it must catch up as above.
 //!
 //! The bed runs with `netbed.sh distance` on: n1 and n2 in one data centre 50 µs apart, n3 in
 //! another 1 ms one way from every host (an impairment of a link adds to its distance).
@@ -36,7 +45,9 @@
 //! replays a schedule. It needs root and `ip netns`; without them it says SKIPPED and passes.
 //! The impairments need iptables (scripts/install-test-tools.sh) and `bourse-netem` beside
 //! the `bourse` binary (`cargo build --release -p bourse-testkit --bin bourse-netem`; a
-//! workspace test run builds it); without them the test fails and says which is missing.
+//! workspace test run builds it); the disks need a cgroup io controller (v1 blkio throttling
+//! or v2 io), `losetup` and `mkfs.ext4`. Without any of them the test fails and says which is
+//! missing: no kind of fault is skipped.
 //!
 //! Every link to a node runs over mutual TLS (the nodes are off the loopback, where plain TCP
 //! is refused): the test makes a venue authority, a certificate per node naming its address on
@@ -97,9 +108,11 @@ enum Fault {
     LeaderDuplicating,
     LeaderReordering,
     FollowerDelayed,
+    FollowerSlowDisk,
+    FollowerFullDisk,
 }
 
-const FAULTS: [Fault; 11] = [
+const FAULTS: [Fault; 13] = [
     Fault::LeaderAlone,
     Fault::LeaderCannotSend,
     Fault::FollowerAlone,
@@ -111,6 +124,8 @@ const FAULTS: [Fault; 11] = [
     Fault::LeaderDuplicating,
     Fault::LeaderReordering,
     Fault::FollowerDelayed,
+    Fault::FollowerSlowDisk,
+    Fault::FollowerFullDisk,
 ];
 
 /// The share of the leader's packets (both ways) lost, duplicated or reordered by those faults.
@@ -119,6 +134,20 @@ const IMPAIR_PCT: &str = "15";
 const REORDER_EXTRA_US: u64 = 2_000;
 /// The delay spike between the leader and one follower (one way).
 const SPIKE_DELAY_US: u64 = 50_000;
+/// The writes a second a slow disk takes (`netbed.sh slowdisk`): each fsync needs at least
+/// one, so it takes 100 ms or more.
+const SLOW_DISK_WRITE_IOPS: u64 = 10;
+/// Each node's data directory is a file system of this size of its own (`netbed.sh
+/// smalldisk`), so that a full disk fills one node's alone. Its image is sparse.
+const SMALL_DISK_MIB: u64 = 256;
+/// Where the small disks' images go when it exists: a tmpfs, so that an fsync on a small disk
+/// costs what the loop device and ext4 cost, not the machine's disk under other load (the
+/// slow disk is the cgroup limit on the loop device, which holds either way).
+const IMAGE_DIR: &str = "/dev/shm";
+/// Acknowledgements the other two must give while a follower's disk is slow or full.
+const ACKS_WITHOUT_THE_FOLLOWER: u64 = 20;
+/// What a journal write on a full disk fails with, as the node's status names it.
+const ENOSPC_TEXT: &str = "No space left on device";
 
 /// The distance between two hosts with `netbed.sh distance` on, one way, in µs: n1 and n2
 /// 50 µs apart, n3 1 ms from every other host (its data centre is the far one).
@@ -149,6 +178,11 @@ fn host_addr(host: &str) -> String {
         group => return group.to_string(),
     };
     format!("10.201.0.{i}")
+}
+
+/// A node's data directory (`node_dir` of the cluster config): its small disk's mount point.
+fn node_dir(dir: &Path, id: u64) -> PathBuf {
+    dir.join("data").join(format!("node-{id}"))
 }
 
 fn distance_on() -> bool {
@@ -206,6 +240,9 @@ fn faults_between_namespaces_lose_nothing_acknowledged_and_the_feed_crosses_host
         "no {} for the impairments: cargo build --release -p bourse-testkit --bin bourse-netem",
         netem_bin().display()
     );
+    // The slow disk's cgroup, before anything starts (the small disks check their tools as
+    // they are made).
+    netbed_ok(&["iocgroup"]);
     let prefix = format!("bnf{}", std::process::id() % 100_000);
     let up = netbed_cmd(&["up", &prefix]);
     let bed = Bed(prefix.clone());
@@ -478,6 +515,25 @@ impl Run<'_> {
                 self.impair(&l, std::slice::from_ref(&f), SPIKE_DELAY_US, &[]);
                 self.impair(&f, std::slice::from_ref(&l), SPIKE_DELAY_US, &[]);
             }
+            // The probe's time for one write with fsync under the limit goes to the log.
+            Fault::FollowerSlowDisk => {
+                let path = node_dir(self.dir, follower);
+                print!(
+                    "{}",
+                    netbed_ok(&[
+                        "slowdisk",
+                        p,
+                        &format!("n{follower}"),
+                        &SLOW_DISK_WRITE_IOPS.to_string(),
+                        path.to_str().unwrap(),
+                    ])
+                );
+                return vec![(follower, "fastdisk")];
+            }
+            Fault::FollowerFullDisk => {
+                print!("{}", netbed_ok(&["fulldisk", p, &format!("n{follower}")]));
+                return vec![(follower, "emptydisk")];
+            }
         }
         Vec::new()
     }
@@ -489,12 +545,136 @@ impl Run<'_> {
             print!("{}", netbed_ok(&["unimpair", self.prefix, &from, &to]));
         }
         for (id, what) in undo {
-            if what == "restart" {
-                self.nodes[(id - 1) as usize] = spawn_node(self.prefix, self.dir, self.config, id);
-            } else {
-                signal(self.node(id), what);
+            let host = format!("n{id}");
+            match what {
+                "restart" => {
+                    self.nodes[(id - 1) as usize] =
+                        spawn_node(self.prefix, self.dir, self.config, id);
+                }
+                "fastdisk" => {
+                    netbed_ok(&["fastdisk", self.prefix, &host]);
+                }
+                // The node stopped on its full disk (it runs on, refusing, until restarted):
+                // restarted with room again, it keeps what reached its files and catches up.
+                "emptydisk" => {
+                    netbed_ok(&["emptydisk", self.prefix, &host]);
+                    let child = &mut self.nodes[(id - 1) as usize];
+                    let _ = child.kill();
+                    child.wait().unwrap();
+                    self.nodes[(id - 1) as usize] =
+                        spawn_node(self.prefix, self.dir, self.config, id);
+                }
+                signal_name => signal(self.node(id), signal_name),
             }
         }
+    }
+}
+
+/// Whether `fault` is one of a follower's disk.
+fn disk_fault(fault: Fault) -> bool {
+    matches!(fault, Fault::FollowerSlowDisk | Fault::FollowerFullDisk)
+}
+
+/// While a follower's disk is slow or full, before the heal: on a full disk the follower
+/// stops (its process ends, or its status names ENOSPC: fail-stop), and either way the other
+/// two go on acknowledging without it.
+fn follower_disk_holds(
+    run: &mut Run<'_>,
+    rt: &tokio::runtime::Runtime,
+    shared: &Shared,
+    addrs: &[(u64, SocketAddr)],
+    fault: Fault,
+    follower: u64,
+    seed: u64,
+) {
+    if fault == Fault::FollowerFullDisk {
+        let addr = addrs[(follower - 1) as usize].1;
+        let limit = Instant::now() + FAILOVER_LIMIT;
+        loop {
+            if let Some(exit) = run.nodes[(follower - 1) as usize].try_wait().unwrap() {
+                println!("netns faults: {fault:?}: n{follower} ended on its full disk ({exit})");
+                break;
+            }
+            let status = rt.block_on(bourse_cluster::client::node_status(
+                addr,
+                WATCH_CALL_TIMEOUT * 3,
+            ));
+            if let Some(alarm) = status
+                .ok()
+                .and_then(|s| s.alarm)
+                .filter(|a| a.contains(ENOSPC_TEXT))
+            {
+                println!("netns faults: {fault:?}: n{follower} stopped and says: {alarm}");
+                break;
+            }
+            assert!(
+                Instant::now() < limit,
+                "n{follower} did not stop on its full disk (seed {seed}; logs in {})",
+                run.dir.display()
+            );
+            std::thread::sleep(WATCH_EVERY);
+        }
+    }
+    let from = shared.acked.load(Ordering::SeqCst);
+    let limit = Instant::now() + FAILOVER_LIMIT;
+    while shared.acked.load(Ordering::SeqCst) < from + ACKS_WITHOUT_THE_FOLLOWER {
+        assert!(
+            Instant::now() < limit,
+            "the other two did not acknowledge {ACKS_WITHOUT_THE_FOLLOWER} commands while \
+             n{follower}'s disk was {} (seed {seed}; logs in {})",
+            if fault == Fault::FollowerFullDisk {
+                "full"
+            } else {
+                "slow"
+            },
+            run.dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The highest commit index any node reports, and what `follower` has applied.
+fn commit_and_applied(
+    rt: &tokio::runtime::Runtime,
+    addrs: &[(u64, SocketAddr)],
+    follower: u64,
+) -> (u64, Option<u64>) {
+    let s = rt.block_on(statuses(addrs));
+    let committed = s
+        .iter()
+        .flatten()
+        .filter_map(|s| s.commit_index)
+        .max()
+        .unwrap_or(0);
+    let applied = s[(follower - 1) as usize]
+        .as_ref()
+        .map(|s| s.last_applied_index.unwrap_or(0));
+    (committed, applied)
+}
+
+/// After the heal of a follower's disk: waits until the follower has applied everything the
+/// group had committed at the heal (`committed`); returns how long that took from the heal.
+fn follower_catches_up(
+    rt: &tokio::runtime::Runtime,
+    addrs: &[(u64, SocketAddr)],
+    follower: u64,
+    committed: u64,
+    healed_at: Instant,
+    seed: u64,
+    after: Fault,
+) -> Duration {
+    let limit = Instant::now() + FAILOVER_LIMIT;
+    loop {
+        let (_, applied) = commit_and_applied(rt, addrs, follower);
+        if applied.is_some_and(|a| a >= committed) {
+            return healed_at.elapsed();
+        }
+        assert!(
+            Instant::now() < limit,
+            "n{follower} did not catch up to index {committed} after healing {after:?} (it \
+             applied {applied:?}; seed {seed})"
+        );
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -659,6 +839,23 @@ fn inner(prefix: &str) {
         .collect();
     let node_addrs: Vec<SocketAddr> = addrs.iter().map(|(_, a)| *a).collect();
     bourse_cluster::transport::configure_client(&node_addrs, Some(&client_tls)).unwrap();
+    // Each node's data directory on a small disk of its own, mounted here (in this process's
+    // mount namespace, which the nodes started from here inherit), for the full disk.
+    for id in 1..=3 {
+        let image = if Path::new(IMAGE_DIR).is_dir() {
+            format!("{IMAGE_DIR}/{prefix}-n{id}.img")
+        } else {
+            format!("{}.img", node_dir(&dir, id).display())
+        };
+        netbed_ok(&[
+            "smalldisk",
+            prefix,
+            &format!("n{id}"),
+            node_dir(&dir, id).to_str().unwrap(),
+            &SMALL_DISK_MIB.to_string(),
+            &image,
+        ]);
+    }
     let nodes = (1..=3)
         .map(|id| spawn_node(prefix, &dir, &config, id))
         .collect();
@@ -701,12 +898,17 @@ fn inner(prefix: &str) {
         .unwrap();
     // The quiet round trip, before any fault: the gaps between consecutive acknowledgements
     // with one request in flight.
-    let limit = Instant::now() + FAILOVER_LIMIT * 4;
+    // A hang guard on progress, not on a rate: a loaded machine may be slow, not stuck.
+    let (mut seen, mut limit) = (0, Instant::now() + FAILOVER_LIMIT * 4);
     while shared.acked.load(Ordering::SeqCst) < QUIET_ACKS as u64 + 1 {
+        let now = shared.acked.load(Ordering::SeqCst);
+        if now > seen {
+            (seen, limit) = (now, Instant::now() + FAILOVER_LIMIT);
+        }
         assert!(
             Instant::now() < limit,
-            "fewer than {QUIET_ACKS} acknowledgements before the first fault (seed {seed}; logs \
-             in {})",
+            "acknowledgements stopped at {seen} of the {QUIET_ACKS} before the first fault \
+             (seed {seed}; logs in {})",
             dir.display()
         );
         std::thread::sleep(Duration::from_millis(5));
@@ -751,7 +953,14 @@ fn inner(prefix: &str) {
         let fault_at = Instant::now();
         let undo = run.inject(fault, leader, follower);
         let seen = rt.block_on(watch(&addrs, leader, fault_at, fault_at + hold));
+        // A follower's disk: what the group had committed at the heal, which the follower must
+        // reach after it.
+        let at_heal = disk_fault(fault).then(|| {
+            follower_disk_holds(&mut run, &rt, &shared, &addrs, fault, follower, seed);
+            commit_and_applied(&rt, &addrs, follower)
+        });
         let acked_at_heal = shared.acked.load(Ordering::SeqCst);
+        let healed_at = Instant::now();
         run.heal(undo);
         // The heal is whole once the last link is: a host's impaired links heal one by one.
         let heal_us = shared.now_us();
@@ -764,6 +973,16 @@ fn inner(prefix: &str) {
                 dir.display()
             );
             std::thread::sleep(Duration::from_millis(1));
+        }
+        if let Some((committed, applied)) = at_heal {
+            let took =
+                follower_catches_up(&rt, &addrs, follower, committed, healed_at, seed, fault);
+            println!(
+                "netns faults: {fault:?}: n{follower} had applied {} of the group's {committed} \
+                 committed entries at the heal, and all of them {} ms after it",
+                applied.map_or("(no answer)".to_string(), |a| a.to_string()),
+                took.as_millis()
+            );
         }
         std::thread::sleep(AFTER_HEAL);
         let end_us = shared.now_us();
@@ -785,6 +1004,10 @@ fn inner(prefix: &str) {
     for mut c in run.nodes {
         let _ = c.kill();
         let _ = c.wait();
+    }
+    // The bed's teardown would do this too; here a disk that cannot be removed fails the run.
+    for id in 1..=3 {
+        netbed_ok(&["nodisk", prefix, &format!("n{id}")]);
     }
     let log = std::fs::read_to_string(&sub_log).unwrap_or_default();
     let counts = feed_counts(&log);
