@@ -1,8 +1,11 @@
 //! Faults between hosts, as Jepsen injects them, in network namespaces (`scripts/netbed.sh`):
-//! three `bourse node` processes each in its own namespace (n1, n2, n3), the client in its
-//! own (cl; the test process runs there), and a `bourse md listen` subscriber in its own
-//! (sub) reading feeds A and B over real multicast on two networks. Faults, in an order drawn
-//! from the seed:
+//! three `bourse node` processes each in its own namespace (n1, n2, n3), the clients in their
+//! own (cl; the test process runs there), a `bourse gateway` in its own (gw) with its links to
+//! the nodes over mutual TLS, and a `bourse md listen` subscriber in its own (sub) reading
+//! feeds A and B over real multicast on two networks. Two clients run throughout: the cluster
+//! client, one request at a time straight to the nodes, and a FIX client sending an order
+//! every 10 ms through the gateway (the failover as a venue's client sees it). Faults, in an
+//! order drawn from the seed:
 //!
 //! - **leader alone**: the leader cut off both ways from everyone (the majority goes on);
 //! - **leader cannot send**: the leader's packets to everyone dropped, theirs still arrive
@@ -30,13 +33,17 @@
 //! The bed runs with `netbed.sh distance` on: n1 and n2 in one data centre 50 µs apart, n3 in
 //! another 1 ms one way from every host (an impairment of a link adds to its distance).
 //!
-//! Each fault holds for a while and is healed; acknowledgements must resume after every heal.
-//! At the end every replica must hold exactly the acknowledged commands (the client sends one
-//! at a time and retries under the same key, so the engine's command count equals the
-//! acknowledgements: nothing lost, nothing applied twice) with equal state hashes and no
-//! alarm, and the subscriber must have read both feeds from across the namespaces. The test
+//! Each fault holds for a while and is healed; acknowledgements must resume after every heal,
+//! for both clients. At the end every replica must hold exactly the acknowledged commands (the
+//! cluster client sends one at a time and retries under the same key; the gateway's link
+//! applies each order once; so the engine's command count equals the gateway's bootstrap, the
+//! cluster client's acknowledgements and the orders the gateway did not refuse for want of a
+//! quorum: nothing lost, nothing applied twice) with equal state hashes and no alarm, every
+//! order through the gateway must be answered, none refused for another reason, and the
+//! subscriber must have read both feeds from across the namespaces. The test
 //! prints, per kind of fault, how long acknowledgements stopped counted from the fault and
-//! from the heal (p50/p99/max from HDR histograms), and two hops seen by asking the nodes for
+//! from the heal (p50/p99/max from HDR histograms), the same for the FIX client through the
+//! gateway (and when the no-quorum refusal reached it), and two hops seen by asking the nodes for
 //! their status every 20 ms while the fault holds: when another node named itself leader,
 //! and when a leader without a quorum said so.
 //!
@@ -53,6 +60,8 @@
 //! is refused): the test makes a venue authority, a certificate per node naming its address on
 //! network 1, and one for its own client (rcgen, never committed).
 
+#[path = "fix_orders.rs"]
+mod fix_orders;
 #[path = "replica_check.rs"]
 mod replica_check;
 
@@ -65,6 +74,7 @@ use std::time::{Duration, Instant};
 
 use bourse_cluster::tokio;
 use bourse_engine::workload::Rng;
+use fix_orders::{fix_client_thread, FixOrders, OrderSpec, Outcome};
 use hdrhistogram::Histogram;
 use replica_check::{
     bourse_bin, check_replicas, client_thread, leader, pause_client, statuses, summary, Shared,
@@ -94,6 +104,10 @@ const AFTER_HEAL: Duration = Duration::from_millis(1_500);
 const WATCH_EVERY: Duration = Duration::from_millis(20);
 /// How long one node may take to answer a status call while the fault holds.
 const WATCH_CALL_TIMEOUT: Duration = Duration::from_millis(100);
+/// The gateway's FIX port on its host (gw).
+const GATEWAY_FIX_PORT: u16 = 9880;
+/// The FIX client sends one order through the gateway this often, whatever happens.
+const FIX_PACE: Duration = Duration::from_millis(10);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fault {
@@ -309,6 +323,81 @@ fn write_config(dir: &Path) -> PathBuf {
     path
 }
 
+/// `bourse gateway`'s configuration on host gw: FIX clients on its network-1 address, one
+/// replicated core (the three nodes, over mutual TLS with the gateway's certificate) trading
+/// an instrument of its own (2, beside the direct client's 1) for two accounts whose orders
+/// cross, so that nothing piles up on the book however long the run.
+fn write_gateway_config(dir: &Path) -> PathBuf {
+    let path = dir.join("gateway.toml");
+    let nodes: Vec<String> = (1..=3)
+        .map(|id| format!("\"10.201.0.{id}:{NODE_PORT}\""))
+        .collect();
+    let text = format!(
+        r#"[gateway]
+fix_listen = "{gw}:{GATEWAY_FIX_PORT}"
+store_dir = {store:?}
+connections_max = 16
+throttle_msgs_per_s = 1000
+logon_timeout_ms = 5000
+core_queue_depth = 4096
+
+[[instruments]]
+instrument = 2
+symbol = "SBER"
+market = "equity"
+price_scale = 2
+tick = 1
+lot_size = 10
+band_bps = 2000
+reference_price = 24000
+
+[[accounts]]
+account = 101
+firm = 1
+cash = 1000000000000000
+may_short = true
+
+[[accounts]]
+account = 102
+firm = 1
+cash = 1000000000000000
+may_short = true
+
+[[fix_sessions]]
+client_comp_id = "ALPHA"
+firm = 1
+accounts = [101, 102]
+
+[[cores]]
+name = "equities"
+instruments = [2]
+nodes = [{nodes}]
+client_id = 7
+tls = {{ ca_path = {ca:?}, cert_path = {cert:?}, key_path = {key:?} }}
+"#,
+        gw = host_addr("gw"),
+        store = dir.join("gateway"),
+        nodes = nodes.join(", "),
+        ca = dir.join("venue-ca.crt"),
+        cert = dir.join("venue-gateway.crt"),
+        key = dir.join("venue-gateway.key"),
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Order k through the gateway: buys from account 101 and sells from 102 in turn, at one
+/// price, so that each sell trades with the buy before it.
+fn gateway_order(k: usize) -> OrderSpec {
+    OrderSpec {
+        account: if k % 2 == 0 { 101 } else { 102 },
+        buy: k % 2 == 0,
+        symbol: "SBER",
+        qty: 10,
+        price: "240.00",
+    }
+}
+
 /// The venue's authority, a certificate per node (for its address on network 1) and one for
 /// this test's client; returns the client's files.
 fn make_certs(dir: &Path) -> bourse_cluster::TlsFiles {
@@ -316,6 +405,8 @@ fn make_certs(dir: &Path) -> bourse_cluster::TlsFiles {
     for id in 1..=3 {
         venue.issue(&format!("node-{id}"), &[format!("10.201.0.{id}").as_str()]);
     }
+    // The gateway's, for its links to the nodes (a client of theirs, as this test is).
+    venue.issue("gateway", &[]);
     let (cert_path, key_path) = venue.issue("client", &[]);
     bourse_cluster::TlsFiles {
         ca_path: venue.ca_path(),
@@ -327,15 +418,25 @@ fn make_certs(dir: &Path) -> bourse_cluster::TlsFiles {
 /// A process on one of the bed's hosts; `netbed.sh run` execs `ip netns exec`, which execs
 /// the command, so the child's pid is the command's.
 fn spawn_on(prefix: &str, host: &str, args: &[&str], log: &Path) -> Child {
+    spawn_on_with(prefix, host, args, log, false)
+}
+
+/// As [`spawn_on`]; with `stdout_too` what the command prints goes to `log` as well.
+fn spawn_on_with(prefix: &str, host: &str, args: &[&str], log: &Path, stdout_too: bool) -> Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .unwrap();
+    let stdout = if stdout_too {
+        Stdio::from(log.try_clone().unwrap())
+    } else {
+        Stdio::null()
+    };
     Command::new(netbed())
         .args(["run", prefix, host, &bourse_bin()])
         .args(args)
-        .stdout(Stdio::null())
+        .stdout(stdout)
         .stderr(Stdio::from(log))
         .spawn()
         .expect("spawn on the bed")
@@ -360,6 +461,56 @@ fn signal(child: &Child, name: &str) {
         .unwrap()
         .success();
     assert!(ok, "kill -{name} {}", child.id());
+}
+
+/// Waits until `done` holds, within the hang guard.
+fn wait_until(what: &str, dir: &Path, seed: u64, mut done: impl FnMut() -> bool) {
+    let limit = Instant::now() + FAILOVER_LIMIT;
+    while !done() {
+        assert!(
+            Instant::now() < limit,
+            "{what}: not within {FAILOVER_LIMIT:?} (seed {seed}; logs in {})",
+            dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Waits until the gateway says it serves FIX (it does once the core answered its bootstrap)
+/// and the replicas agree; returns the commands in their histories then: the bootstrap's.
+async fn gateway_bootstrapped(
+    addrs: &[(u64, SocketAddr)],
+    gateway_log: &Path,
+    seed: u64,
+    dir: &Path,
+) -> u64 {
+    let limit = Instant::now() + FAILOVER_LIMIT * 4;
+    let late = |what: &str| {
+        assert!(
+            Instant::now() < limit,
+            "{what} (seed {seed}; logs in {})",
+            dir.display()
+        )
+    };
+    let serving =
+        || std::fs::read_to_string(gateway_log).is_ok_and(|l| l.contains("FIX 4.4 listening on"));
+    while !serving() {
+        late("the gateway does not serve FIX");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    loop {
+        let all: Vec<_> = statuses(addrs).await.into_iter().flatten().collect();
+        if all.len() == 3
+            && all.windows(2).all(|w| {
+                w[0].last_applied_index == w[1].last_applied_index
+                    && w[0].engine_commands == w[1].engine_commands
+            })
+        {
+            return all[0].engine_commands;
+        }
+        late("the replicas do not agree after the gateway's bootstrap");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Waits until every node answers and one leads: the group is whole again.
@@ -731,6 +882,12 @@ async fn watch(
 struct Silences {
     from_fault: Vec<Histogram<u64>>,
     from_heal: Vec<Histogram<u64>>,
+    /// Through the gateway, as the FIX client saw it: the longest time without an
+    /// acknowledgement from the fault and from the heal, and from the fault to the first
+    /// no-quorum refusal.
+    gateway_from_fault: Vec<Histogram<u64>>,
+    gateway_from_heal: Vec<Histogram<u64>>,
+    gateway_refused: Vec<Histogram<u64>>,
     new_leader: Vec<Histogram<u64>>,
     quorum_lost: Vec<Histogram<u64>>,
 }
@@ -741,6 +898,9 @@ impl Silences {
         Silences {
             from_fault: FAULTS.iter().map(|_| h()).collect(),
             from_heal: FAULTS.iter().map(|_| h()).collect(),
+            gateway_from_fault: FAULTS.iter().map(|_| h()).collect(),
+            gateway_from_heal: FAULTS.iter().map(|_| h()).collect(),
+            gateway_refused: FAULTS.iter().map(|_| h()).collect(),
             new_leader: FAULTS.iter().map(|_| h()).collect(),
             quorum_lost: FAULTS.iter().map(|_| h()).collect(),
         }
@@ -759,6 +919,33 @@ impl Silences {
         }
     }
 
+    /// What the FIX client saw through the gateway around one fault (called at the end of
+    /// the heal's window, `end_us`).
+    fn record_gateway(
+        &mut self,
+        fault: Fault,
+        fix: &FixOrders,
+        fault_us: u64,
+        heal_us: u64,
+        end_us: u64,
+    ) {
+        let i = FAULTS.iter().position(|f| *f == fault).unwrap();
+        let clamp = |us: u64| us.clamp(1, SILENCE_US_MAX);
+        self.gateway_from_fault[i]
+            .record(clamp(fix.longest_silence_us(fault_us, heal_us)))
+            .unwrap();
+        self.gateway_from_heal[i]
+            .record(clamp(fix.longest_silence_us(heal_us, end_us)))
+            .unwrap();
+        if let Some(at) = fix.first_answer_after(fault_us, &|o| *o == Outcome::NoQuorum) {
+            if at < heal_us {
+                self.gateway_refused[i]
+                    .record(clamp(at - fault_us))
+                    .unwrap();
+            }
+        }
+    }
+
     fn print(&self) {
         for (i, f) in FAULTS.iter().enumerate() {
             if self.from_fault[i].is_empty() {
@@ -769,6 +956,19 @@ impl Silences {
                 summary(&self.from_fault[i]),
                 summary(&self.from_heal[i])
             );
+            println!(
+                "netns faults: {f:?}: through the gateway, no acknowledgement for, from the \
+                 fault: {}; from the heal: {}",
+                summary(&self.gateway_from_fault[i]),
+                summary(&self.gateway_from_heal[i])
+            );
+            if !self.gateway_refused[i].is_empty() {
+                println!(
+                    "netns faults: {f:?}: through the gateway, the no-quorum refusal reached the \
+                     client, from the fault: {}",
+                    summary(&self.gateway_refused[i])
+                );
+            }
             if !self.new_leader[i].is_empty() {
                 println!(
                     "netns faults: {f:?}: another node named itself leader, from the fault: {}",
@@ -890,15 +1090,30 @@ fn inner(prefix: &str) {
         &sub_log,
     );
 
-    let shared = Shared::new();
-    let client = client_thread(shared.clone(), addrs.clone(), seed);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
+    // The gateway on its own host, bootstrapped before the direct client sends anything, so
+    // that the commands its bootstrap added are counted once.
+    let gateway_config = write_gateway_config(&dir);
+    let gateway_log = dir.join("gateway.log");
+    let mut gateway = spawn_on_with(
+        prefix,
+        "gw",
+        &["gateway", "--config", gateway_config.to_str().unwrap()],
+        &gateway_log,
+        true,
+    );
+    let fix_addr: SocketAddr = format!("{}:{GATEWAY_FIX_PORT}", host_addr("gw"))
+        .parse()
+        .unwrap();
+    let bootstrap = rt.block_on(gateway_bootstrapped(&addrs, &gateway_log, seed, &dir));
+    let shared = Shared::new();
+    let client = client_thread(shared.clone(), addrs.clone(), seed);
     // The quiet round trip, before any fault: the gaps between consecutive acknowledgements
-    // with one request in flight.
-    // A hang guard on progress, not on a rate: a loaded machine may be slow, not stuck.
+    // with one request in flight. A hang guard on progress, not on a rate: a loaded machine
+    // may be slow, not stuck.
     let (mut seen, mut limit) = (0, Instant::now() + FAILOVER_LIMIT * 4);
     while shared.acked.load(Ordering::SeqCst) < QUIET_ACKS as u64 + 1 {
         let now = shared.acked.load(Ordering::SeqCst);
@@ -928,6 +1143,18 @@ fn inner(prefix: &str) {
         quiet.value_at_quantile(0.99),
         quiet.max(),
         quiet.len()
+    );
+    // The FIX client through the gateway, on the same clock as the direct client.
+    let fix = FixOrders::new(shared.epoch);
+    let fix_client = fix_client_thread(fix.clone(), fix_addr, "ALPHA", FIX_PACE, gateway_order);
+    wait_until(
+        "the first order acknowledged through the gateway",
+        &dir,
+        seed,
+        || {
+            fix.first_answer_after(0, &|o| *o == Outcome::Applied)
+                .is_some()
+        },
     );
     let mut silences = Silences::new();
     for (k, &fault) in schedule.iter().enumerate() {
@@ -974,6 +1201,18 @@ fn inner(prefix: &str) {
             );
             std::thread::sleep(Duration::from_millis(1));
         }
+        // Orders through the gateway are acknowledged again too.
+        wait_until(
+            &format!(
+                "an order through the gateway acknowledged after healing {fault:?} (fault {k})"
+            ),
+            &dir,
+            seed,
+            || {
+                fix.first_answer_after(heal_us, &|o| *o == Outcome::Applied)
+                    .is_some()
+            },
+        );
         if let Some((committed, applied)) = at_heal {
             let took =
                 follower_catches_up(&rt, &addrs, follower, committed, healed_at, seed, fault);
@@ -992,15 +1231,45 @@ fn inner(prefix: &str) {
             shared.longest_silence_us(heal_us, end_us),
             &seen,
         );
+        silences.record_gateway(fault, &fix, fault_us, heal_us, end_us);
         rt.block_on(whole(&addrs, seed, fault));
     }
     pause_client(&shared, seed);
+    fix.sending.store(false, Ordering::SeqCst);
+    wait_until(
+        "every order through the gateway answered",
+        &dir,
+        seed,
+        || fix.all_answered(),
+    );
+    fix.stop.store(true, Ordering::SeqCst);
+    fix_client.join().expect("the FIX client");
+    let refused = fix.count(&|o| matches!(o, Outcome::Refused(_)));
+    assert_eq!(
+        refused, 0,
+        "orders through the gateway refused for another reason than no quorum (seed {seed})"
+    );
     let acked = shared.acked.load(Ordering::SeqCst);
-    let finals = rt.block_on(check_replicas(&addrs, acked, seed, &dir));
+    let through_gateway = fix.applied();
+    println!(
+        "netns faults: to check: the gateway's bootstrap {bootstrap} commands, the cluster \
+         client's {acked}, {through_gateway} orders through the gateway ({} sent, {} refused for \
+         no quorum)",
+        fix.sent(),
+        fix.count(&|o| *o == Outcome::NoQuorum)
+    );
+    let finals = rt.block_on(check_replicas(
+        &addrs,
+        bootstrap + acked + through_gateway,
+        seed,
+        &dir,
+    ));
     shared.stop.store(true, Ordering::SeqCst);
     let (duplicates, timeouts) = client.join().expect("client thread");
     signal(&subscriber, "INT");
     let _ = subscriber.wait();
+    signal(&gateway, "INT");
+    let _ = gateway.wait();
     for mut c in run.nodes {
         let _ = c.kill();
         let _ = c.wait();
