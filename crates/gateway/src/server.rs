@@ -794,7 +794,12 @@ impl Server {
                     self.fix[i].conn
                 }
                 Proto::Binary(j) => {
-                    let n = binary_front::render(&self.router, report, &mut buf);
+                    // Some reasons depend on the schema version the session established with.
+                    let version = self.bin[j]
+                        .conn
+                        .and_then(|t| self.conns.get(&t))
+                        .map_or(oe::SCHEMA_VERSION, |c| c.wire_version);
+                    let n = binary_front::render(&self.router, report, version, &mut buf);
                     if let Some(t) = trace.as_mut() {
                         t.stamp(Stage::Encoded);
                     }
