@@ -9,10 +9,10 @@
 //! - the pipelined client (the gateway's and the admin's) must have every request of its
 //!   window answered, those queued after the pause by another node.
 //!
-//! "Paused" means every thread of the node has stopped ([`pause_process`] waits for that):
-//! `kill -STOP` returns before the signal takes effect, and on a loaded machine the node's
-//! threads went on long enough to commit and answer the next request, in the term it led
-//! (session 17: 5 of 24 runs). Such an answer is legitimate; one after the node has stopped
+//! "Paused" means every thread of the node has stopped (`replica_check::pause_process` waits
+//! for that): `kill -STOP` returns before the signal takes effect, and on a loaded machine the
+//! node's threads went on long enough to commit and answer the next request, in the term it
+//! led (session 17: 5 of 24 runs). Such an answer is legitimate; one after the node has stopped
 //! would be a defect, and this test fails on it.
 //!
 //! Afterwards the paused node resumes and every replica must hold exactly the acknowledged
@@ -22,8 +22,6 @@
 #[path = "replica_check.rs"]
 mod replica_check;
 
-use std::net::SocketAddr;
-use std::process::{Child, Command as Process};
 use std::time::Duration;
 
 use bourse_cluster::client::{Answer, PipelinedClient};
@@ -31,9 +29,7 @@ use bourse_cluster::tokio;
 use bourse_cluster::Client;
 use bourse_core::Command;
 use bourse_engine::workload::{Flow, FlowConfig};
-use replica_check::{
-    check_replicas, leader, pause_process, signal_process, spawn_node, write_loopback_config,
-};
+use replica_check::{check_replicas, leader, loopback_addrs, write_loopback_config, NodeProcesses};
 
 /// Commands each client sends before and after the pause.
 const COMMANDS_PER_PHASE: usize = 30;
@@ -44,32 +40,10 @@ const ATTEMPT_TIMEOUT_NEVER_MS: u64 = 600_000;
 const ANSWER_LIMIT: Duration = Duration::from_secs(120);
 const SEED: u64 = 5;
 
-/// The node processes, killed when the test ends however it ends (a stopped process is
-/// continued first, so that it dies).
-struct Nodes(Vec<Child>);
-
-impl Nodes {
-    /// Node `id` paused: returns once it runs no code at all.
-    fn pause(&self, id: u64) {
-        let running = pause_process(self.0[(id - 1) as usize].id());
-        println!("node {id}: a thread still ran {running:?} after kill -STOP returned");
-    }
-
-    fn resume(&self, id: u64) {
-        signal_process(self.0[(id - 1) as usize].id(), "CONT");
-    }
-}
-
-impl Drop for Nodes {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = Process::new("sh")
-                .args(["-c", &format!("kill -CONT {}", c.id())])
-                .status();
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+/// Node `id` paused: returns once it runs no code at all.
+fn pause(nodes: &NodeProcesses, id: u64) {
+    let running = nodes.pause(id);
+    println!("node {id}: a thread still ran {running:?} after kill -STOP returned");
 }
 
 /// Commands that set up a small market, then its order flow (not observed: cancels of
@@ -113,12 +87,8 @@ fn clients_waiting_on_a_paused_leader_move_to_the_new_one_and_nothing_is_lost() 
          election_timeout_ms_max = 300\norders_max = 8192\naccounts_max = 1024",
         &ports,
     );
-    let addrs: Vec<(u64, SocketAddr)> = ports
-        .iter()
-        .enumerate()
-        .map(|(i, p)| (i as u64 + 1, format!("127.0.0.1:{p}").parse().unwrap()))
-        .collect();
-    let nodes = Nodes((1..=3).map(|id| spawn_node(&dir, &config, id)).collect());
+    let addrs = loopback_addrs(&ports);
+    let nodes = NodeProcesses::start(&dir, &config, 3);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -140,7 +110,7 @@ fn clients_waiting_on_a_paused_leader_move_to_the_new_one_and_nothing_is_lost() 
         // The node the client talks to, leader or not (an election may have moved the lead
         // meanwhile): paused, it answers nothing, and another node leads or soon will.
         let paused = before;
-        nodes.pause(paused);
+        pause(&nodes, paused);
         for (k, c) in all[COMMANDS_PER_PHASE..2 * COMMANDS_PER_PHASE]
             .iter()
             .enumerate()
@@ -179,7 +149,7 @@ fn clients_waiting_on_a_paused_leader_move_to_the_new_one_and_nothing_is_lost() 
             acked += 1;
         }
         let paused = leader(&addrs, SEED).await;
-        nodes.pause(paused);
+        pause(&nodes, paused);
         for c in &all[3 * COMMANDS_PER_PHASE..] {
             client.submit(c).await.unwrap();
         }

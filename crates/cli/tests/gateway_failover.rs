@@ -27,7 +27,6 @@
 mod replica_check;
 
 use std::net::SocketAddr;
-use std::process::{Child, Command as Process};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -36,12 +35,13 @@ use bourse_client::{FixClient, FixClientConfig};
 use bourse_cluster::client::PipelineHealth;
 use bourse_cluster::link::{ClusterLink, ClusterLinkConfig, ClusterLinkWatch};
 use bourse_cluster::tokio;
+use bourse_gateway::metrics::metric_names;
 use bourse_gateway::recovery::Recovery;
-use bourse_gateway::{CoreLink, GatewayConfig};
+use bourse_gateway::{CoreLink, GatewayConfig, GatewayHandle};
 use hdrhistogram::Histogram;
 use replica_check::{
-    check_replicas, leader, pause_process, signal_process, spawn_node, statuses, summary,
-    write_loopback_config, FAILOVER_LIMIT,
+    check_replicas, leader, loopback_addrs, statuses, summary, write_loopback_config,
+    NodeProcesses, FAILOVER_LIMIT,
 };
 
 /// The client sends one new order this often.
@@ -60,6 +60,7 @@ const GATEWAY: &str = r#"
 fix_listen = "127.0.0.1:0"
 binary_listen = "127.0.0.1:0"
 connections_max = 16
+monitor_listen = "127.0.0.1:0"
 throttle_msgs_per_s = 1000
 logon_timeout_ms = 5000
 core_queue_depth = 4096
@@ -168,6 +169,15 @@ impl Shared {
 }
 
 /// Waits until `f` gives a value, within the hang guard.
+/// The value of the gateway's `/metrics` series `name{core="equities"}`, if it is there.
+fn link_metric(gateway: &GatewayHandle, name: &str) -> Option<u64> {
+    let text = gateway.monitor().expect("monitor_listen").render_metrics();
+    let key = format!("{name}{{core=\"equities\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .map(|v| v.trim().parse::<f64>().unwrap() as u64)
+}
+
 fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + limit;
     loop {
@@ -248,28 +258,6 @@ fn client_thread(shared: Arc<Shared>, fix: SocketAddr) -> std::thread::JoinHandl
     })
 }
 
-/// The node processes by id, killed when the test ends however it ends (a stopped process is
-/// continued first, so that it dies).
-struct Nodes(Vec<Child>);
-
-impl Nodes {
-    fn pid(&self, id: u64) -> u32 {
-        self.0[(id - 1) as usize].id()
-    }
-}
-
-impl Drop for Nodes {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = Process::new("sh")
-                .args(["-c", &format!("kill -CONT {}", c.id())])
-                .status();
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 /// Once every node answers, agrees on the leader of the highest term and has applied at least
 /// what the leader had when asked first: the group is whole again.
 fn wait_whole(rt: &tokio::runtime::Runtime, addrs: &[(u64, SocketAddr)]) {
@@ -315,12 +303,8 @@ fn through_a_gateway_orders_are_acknowledged_again_after_a_leader_loss_and_refus
          election_timeout_ms_max = 300\norders_max = 65536\naccounts_max = 1024",
         &ports,
     );
-    let addrs: Vec<(u64, SocketAddr)> = ports
-        .iter()
-        .enumerate()
-        .map(|(i, p)| (i as u64 + 1, format!("127.0.0.1:{p}").parse().unwrap()))
-        .collect();
-    let mut nodes = Nodes((1..=3).map(|id| spawn_node(&dir, &config, id)).collect());
+    let addrs = loopback_addrs(&ports);
+    let mut nodes = NodeProcesses::start(&dir, &config, 3);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -396,18 +380,16 @@ fn through_a_gateway_orders_are_acknowledged_again_after_a_leader_loss_and_refus
         let probes_before = health.probes();
         let fault_us = match fault {
             Fault::LeaderKilled => {
-                let child = &mut nodes.0[(l - 1) as usize];
-                child.kill().unwrap();
-                child.wait().unwrap();
+                nodes.kill(l);
                 shared.now_us()
             }
             Fault::LeaderPaused => {
-                pause_process(nodes.pid(l));
+                nodes.pause(l);
                 shared.now_us()
             }
             Fault::NoQuorum => {
                 for &f in &followers {
-                    pause_process(nodes.pid(f));
+                    nodes.pause(f);
                 }
                 shared.now_us()
             }
@@ -442,9 +424,9 @@ fn through_a_gateway_orders_are_acknowledged_again_after_a_leader_loss_and_refus
                      {probes} probes: the window was re-sent in a loop"
                 );
                 if fault == Fault::LeaderKilled {
-                    nodes.0[(l - 1) as usize] = spawn_node(&dir, &config, l);
+                    nodes.restart(&dir, &config, l);
                 } else {
-                    signal_process(nodes.pid(l), "CONT");
+                    nodes.resume(l);
                 }
             }
             Fault::NoQuorum => {
@@ -484,8 +466,17 @@ fn through_a_gateway_orders_are_acknowledged_again_after_a_leader_loss_and_refus
                         }
                     }
                 }
+                // The operator sees it on the gateway's /metrics.
+                wait_for(
+                    "the core without a quorum on the gateway's /metrics",
+                    FAILOVER_LIMIT,
+                    || {
+                        (link_metric(&gateway, metric_names::LINK_NO_QUORUM) == Some(1))
+                            .then_some(())
+                    },
+                );
                 for &f in &followers {
-                    signal_process(nodes.pid(f), "CONT");
+                    nodes.resume(f);
                 }
                 let at = wait_for(
                     &format!("an acknowledgement after the quorum returned (round {round})"),
@@ -518,15 +509,51 @@ fn through_a_gateway_orders_are_acknowledged_again_after_a_leader_loss_and_refus
     let acknowledged = shared.applied();
     rt.block_on(check_replicas(&addrs, base + acknowledged, SEED, &dir));
 
+    // The gateway's /metrics carry the link's own counts (published on the gateway's 20 ms
+    // tick: the link is idle now, so they stop moving) and the quorum back.
     let link_status = watch.status();
+    for (name, want) in [
+        (metric_names::LINK_REQUESTS_RESENT_TOTAL, health.resent()),
+        (metric_names::LINK_PROBES_TOTAL, health.probes()),
+        (
+            metric_names::LINK_NODE_SWITCHES_TOTAL,
+            health.node_switches(),
+        ),
+        (
+            metric_names::LINK_LEADER_PROBE_SWITCHES_TOTAL,
+            health.leader_probe_switches(),
+        ),
+        (
+            metric_names::LINK_STREAM_RESUBSCRIPTIONS_TOTAL,
+            link_status.resubscriptions,
+        ),
+        (metric_names::LINK_REQUESTS_PENDING, 0),
+        (metric_names::LINK_NO_QUORUM, 0),
+    ] {
+        wait_for(
+            &format!("{name} {want} on the gateway's /metrics"),
+            FAILOVER_LIMIT,
+            || (link_metric(&gateway, name) == Some(want)).then_some(()),
+        );
+    }
+    // A leader was lost (killed or paused) in two rounds of three, and acknowledgements
+    // resumed after each: the link moved its requests to another node at least that often.
+    let leader_losses = (per_kind * 2) as u64;
+    assert!(
+        health.node_switches() >= leader_losses,
+        "{} node switches for {leader_losses} leader losses",
+        health.node_switches()
+    );
     let sent = shared.orders.lock().unwrap().len();
     println!(
         "through a gateway: {} orders sent, {acknowledged} acknowledged, {} refused (no quorum); \
-         link: {} re-sent, {} probes, {} leader probe switches, {} stream resubscriptions",
+         link: {} re-sent, {} probes, {} node switches, {} leader probe switches, {} stream \
+         resubscriptions",
         sent,
         shared.count(&|o| *o == Outcome::NoQuorum),
         health.resent(),
         health.probes(),
+        health.node_switches(),
         health.leader_probe_switches(),
         link_status.resubscriptions
     );

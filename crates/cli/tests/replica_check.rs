@@ -1,7 +1,7 @@
 //! The replica checker shared by the fault tests (`cluster_kill.rs`, `netns_faults.rs`,
-//! `failover_paused.rs`, included with `#[path]`; compiled on its own it holds no tests): the
-//! node processes' config and start, the finder of the leader; a client that sends one
-//! request at a time and retries it under the same key until answered, recording when each
+//! `failover_paused.rs`, `gateway_failover.rs`, included with `#[path]`; compiled on its own
+//! it holds no tests): the node processes' config, start, pause and end, the finder of the
+//! leader; a client that sends one request at a time and retries it under the same key until answered, recording when each
 //! acknowledgement came; the pause that lets the replicas converge; and the check that every
 //! replica holds exactly the acknowledged commands (the engine's command counter equals the
 //! acknowledgements) with equal state hashes and no alarm.
@@ -72,6 +72,65 @@ pub fn spawn_node(dir: &Path, config: &Path, id: u64) -> Child {
         .stderr(Stdio::from(log))
         .spawn()
         .expect("spawn bourse node")
+}
+
+/// The nodes' ids and addresses for a group on loopback whose node `i + 1` listens on
+/// `ports[i]` (as [`write_loopback_config`] writes it).
+pub fn loopback_addrs(ports: &[u16]) -> Vec<(u64, SocketAddr)> {
+    ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (i as u64 + 1, SocketAddr::from(([127, 0, 0, 1], *p))))
+        .collect()
+}
+
+/// A group's node processes, by id (node `id` at index `id - 1`), killed when this is dropped
+/// however the test ends: a stopped process is continued first, so that it dies.
+pub struct NodeProcesses(pub Vec<Child>);
+
+impl NodeProcesses {
+    /// Starts nodes 1 to `count` of `config` with [`spawn_node`].
+    pub fn start(dir: &Path, config: &Path, count: u64) -> NodeProcesses {
+        NodeProcesses((1..=count).map(|id| spawn_node(dir, config, id)).collect())
+    }
+
+    pub fn pid(&self, id: u64) -> u32 {
+        self.0[(id - 1) as usize].id()
+    }
+
+    /// Node `id` paused with [`pause_process`]: returns once it runs no code at all, with how
+    /// long a thread of it still ran after `kill -STOP` returned.
+    pub fn pause(&self, id: u64) -> Duration {
+        pause_process(self.pid(id))
+    }
+
+    pub fn resume(&self, id: u64) {
+        signal_process(self.pid(id), "CONT");
+    }
+
+    /// Node `id` killed (SIGKILL) and reaped.
+    pub fn kill(&mut self, id: u64) {
+        let child = &mut self.0[(id - 1) as usize];
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// Node `id` started again (after [`NodeProcesses::kill`]).
+    pub fn restart(&mut self, dir: &Path, config: &Path, id: u64) {
+        self.0[(id - 1) as usize] = spawn_node(dir, config, id);
+    }
+}
+
+impl Drop for NodeProcesses {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = Process::new("sh")
+                .args(["-c", &format!("kill -CONT {}", c.id())])
+                .status();
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 /// The leader of the highest term among the nodes that answer (Raft elects at most one per

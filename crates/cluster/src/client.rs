@@ -743,6 +743,10 @@ pub struct PipelineHealth {
     /// Times a leader probe found a newer leader while requests waited, and the client moved
     /// its requests there.
     leader_probe_switches: AtomicU64,
+    /// Times the client moved its requests to another node, for any reason.
+    node_switches: AtomicU64,
+    /// Requests taken from the queue and not yet answered, as of the driver's last turn.
+    unanswered: AtomicU64,
 }
 
 impl PipelineHealth {
@@ -760,6 +764,14 @@ impl PipelineHealth {
 
     pub fn leader_probe_switches(&self) -> u64 {
         self.leader_probe_switches.load(Ordering::Acquire)
+    }
+
+    pub fn node_switches(&self) -> u64 {
+        self.node_switches.load(Ordering::Acquire)
+    }
+
+    pub fn unanswered(&self) -> u64 {
+        self.unanswered.load(Ordering::Acquire)
     }
 }
 
@@ -980,6 +992,7 @@ impl Driver {
                         // name while they elect): the next one gets one request first.
                         tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)).await;
                         self.current = (self.current + 1) % self.nodes.len();
+                        self.health.node_switches.fetch_add(1, Ordering::AcqRel);
                         self.probing = true;
                         continue;
                     }
@@ -1007,6 +1020,10 @@ impl Driver {
             if !queue_open && self.unanswered.is_empty() {
                 return;
             }
+            // Every turn ends here after what it took or answered: the gauge follows both.
+            self.health
+                .unanswered
+                .store(self.unanswered.len() as u64, Ordering::Release);
             let mut rewind = None;
             if let Err(e) = self.send_unsent(l, &mut buf).await {
                 rewind = Some(Rewind::Next(e.to_string()));
@@ -1076,6 +1093,7 @@ impl Driver {
                     Rewind::To(i) => {
                         // Named as the leader (a hint, a probe): the whole window goes.
                         self.current = i;
+                        self.health.node_switches.fetch_add(1, Ordering::AcqRel);
                         self.held_since = None;
                         self.held = false;
                         self.probing = false;
@@ -1093,6 +1111,7 @@ impl Driver {
                         }
                         tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)).await;
                         self.current = (self.current + 1) % self.nodes.len();
+                        self.health.node_switches.fetch_add(1, Ordering::AcqRel);
                         self.held_since = None;
                         self.probing = true;
                         link = None;

@@ -41,7 +41,7 @@ use crate::client::{
 };
 use crate::{CommittedEntry, OutcomeKind, StreamError};
 use bourse_core::codec::decode_events;
-use bourse_core::link::{CoreLink, CoreOutput, RequestKey, SubmitError};
+use bourse_core::link::{CoreLink, CoreOutput, LinkCounters, RequestKey, SubmitError};
 use bourse_core::{Command, Event};
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 use tokio::sync::{mpsc, watch};
@@ -435,6 +435,19 @@ impl CoreLink for ClusterLink {
 
     fn stream_position(&self) -> Option<u64> {
         self.taken_index
+    }
+
+    fn link_counters(&self) -> Option<LinkCounters> {
+        let h = &self.health;
+        Some(LinkCounters {
+            requests_resent: h.resent(),
+            probes: h.probes(),
+            node_switches: h.node_switches(),
+            leader_probe_switches: h.leader_probe_switches(),
+            stream_resubscriptions: self.status.lock().expect("status lock").resubscriptions,
+            requests_pending: h.unanswered(),
+            no_quorum: h.no_quorum(),
+        })
     }
 
     fn set_notify(&mut self, notify: Arc<dyn Fn() + Send + Sync>) {

@@ -54,6 +54,30 @@ pub enum SubmitError {
     NoQuorum,
 }
 
+/// What a link to a replicated core did to keep its requests going, for the gateway's
+/// `/metrics`: counts since the link started (they only grow) and two gauges. A link to a core
+/// that lives in the gateway's process has none of these (see [`CoreLink::link_counters`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkCounters {
+    /// Requests sent again after a first send (a failover, a gap, a timeout, a probe).
+    pub requests_resent: u64,
+    /// Requests sent alone to find out whether a node leads with a quorum (while the quorum is
+    /// lost, or after moving to a node not known to lead).
+    pub probes: u64,
+    /// Times the link moved its requests to another node (an error, a "not the leader", a
+    /// leader named by a hint or a probe).
+    pub node_switches: u64,
+    /// Times a leader probe found a newer leader while requests waited.
+    pub leader_probe_switches: u64,
+    /// Times the link subscribed again to the committed stream, on another node or the same.
+    pub stream_resubscriptions: u64,
+    /// Requests handed to the group and not yet answered (a gauge).
+    pub requests_pending: u64,
+    /// Whether the group's leader said it has no quorum and nothing was acknowledged since (a
+    /// gauge): new commands are refused meanwhile ([`SubmitError::NoQuorum`]).
+    pub no_quorum: bool,
+}
+
 /// The core behind a gateway (see the module documentation for the contract).
 pub trait CoreLink: Send {
     /// Hands a command to the core without blocking.
@@ -69,6 +93,12 @@ pub trait CoreLink: Send {
     /// saves it with its order state at stop and resumes from it. `None` for a core that
     /// lives and dies with the gateway (an engine in process): nothing of it can be resumed.
     fn stream_position(&self) -> Option<u64> {
+        None
+    }
+    /// For a link to a replicated core: what it did to keep its requests going (see
+    /// [`LinkCounters`]); read by the gateway on its metrics tick. `None` for a core in the
+    /// gateway's process, which has no link to keep.
+    fn link_counters(&self) -> Option<LinkCounters> {
         None
     }
 }

@@ -106,9 +106,31 @@ fn cancel_reason(reason: CancelReason) -> BinCancelReason {
     }
 }
 
-/// Encodes a report as one frame into `buf`; returns its length. Never fails for the
-/// fixed-size messages of version 1 (the buffer is the protocol's frame limit).
-pub fn render(router: &Router, report: &Report, buf: &mut [u8; FRAME_BYTES_MAX]) -> usize {
+/// The schema version that added `BusinessRejectReason::CoreNoQuorum`.
+pub const CORE_NO_QUORUM_SINCE_VERSION: u16 = 4;
+
+/// The BusinessReject reason of a request the gateway refused unprocessed, for a session that
+/// established with schema `version`: a core without a quorum has its own reason since version
+/// 4; an older client gets SystemUnavailable, the reason it already knows for "not processed,
+/// retry", never a value its decoder would report as unknown.
+pub fn refusal_reason(g: GatewayReject, version: u16) -> BinBizReason {
+    match g {
+        GatewayReject::CoreNoQuorum if version >= CORE_NO_QUORUM_SINCE_VERSION => {
+            BinBizReason::CoreNoQuorum
+        }
+        _ => BinBizReason::SystemUnavailable,
+    }
+}
+
+/// Encodes a report as one frame into `buf`, for a session that established with schema
+/// `version` (some reasons depend on it, see [`refusal_reason`]); returns its length. Never
+/// fails for the fixed-size messages of the schema (the buffer is the protocol's frame limit).
+pub fn render(
+    router: &Router,
+    report: &Report,
+    version: u16,
+    buf: &mut [u8; FRAME_BYTES_MAX],
+) -> usize {
     let result = match report {
         Report::Exec(r) => {
             let lot = router.instrument(r.instrument).map_or(1, |i| i.lot_size);
@@ -128,8 +150,14 @@ pub fn render(router: &Router, report: &Report, buf: &mut [u8; FRAME_BYTES_MAX])
                     e
                 }),
                 ExecKind::Rejected(RejectCause::Gateway(
-                    GatewayReject::SystemBusy | GatewayReject::CoreNoQuorum,
-                )) => busy_reject(buf, cl, NEW_ORDER_TEMPLATE_ID, r.ts_ns),
+                    g @ (GatewayReject::SystemBusy | GatewayReject::CoreNoQuorum),
+                )) => refusal(
+                    buf,
+                    cl,
+                    NEW_ORDER_TEMPLATE_ID,
+                    r.ts_ns,
+                    refusal_reason(*g, version),
+                ),
                 ExecKind::Rejected(cause) => encode_frame(buf, |mut e: OrderRejectEncoder| {
                     e.cl_ord_id(cl)
                         .transact_time_ns(r.ts_ns)
@@ -200,7 +228,8 @@ pub fn render(router: &Router, report: &Report, buf: &mut [u8; FRAME_BYTES_MAX])
         Report::CancelReject {
             client,
             to,
-            cause: RejectCause::Gateway(GatewayReject::SystemBusy),
+            cause:
+                RejectCause::Gateway(g @ (GatewayReject::SystemBusy | GatewayReject::CoreNoQuorum)),
             ts_ns,
             ..
         } => {
@@ -208,7 +237,13 @@ pub fn render(router: &Router, report: &Report, buf: &mut [u8; FRAME_BYTES_MAX])
                 CancelRejectTo::Cancel => CANCEL_ORDER_TEMPLATE_ID,
                 CancelRejectTo::Replace => REPLACE_ORDER_TEMPLATE_ID,
             };
-            busy_reject(buf, client.num(), template, *ts_ns)
+            refusal(
+                buf,
+                client.num(),
+                template,
+                *ts_ns,
+                refusal_reason(*g, version),
+            )
         }
         Report::CancelReject {
             client,
@@ -272,6 +307,8 @@ pub fn render(router: &Router, report: &Report, buf: &mut [u8; FRAME_BYTES_MAX])
         } => {
             let reason = if throttled_retry_ms.is_some() {
                 BinBizReason::Throttled
+            } else if text == GatewayReject::CoreNoQuorum.text() {
+                refusal_reason(GatewayReject::CoreNoQuorum, version)
             } else if text.starts_with("system busy") || text.starts_with("trading core") {
                 BinBizReason::SystemUnavailable
             } else if text.starts_with("unsupported") {
@@ -292,21 +329,22 @@ pub fn render(router: &Router, report: &Report, buf: &mut [u8; FRAME_BYTES_MAX])
     result.unwrap_or(0)
 }
 
-/// A request the gateway refused because its core is overloaded (the core's queue or its
-/// in-flight bound is full, or the order table is): not processed at all, so the protocol's
-/// BusinessReject with reason SystemUnavailable, naming the request's client order id and
-/// template (docs/protocol-binary-order-entry.md, 6.7), rather than an OrderReject whose
-/// reasons all describe the order itself.
-fn busy_reject(
+/// A request the gateway refused without processing it, because its core is overloaded (the
+/// core's queue or its in-flight bound is full, or the order table is: SystemUnavailable) or
+/// has no quorum (CoreNoQuorum): the protocol's BusinessReject naming the request's client
+/// order id and template (docs/protocol-binary-order-entry.md, 6.7), rather than an
+/// OrderReject or CancelReject whose reasons all describe the order itself.
+fn refusal(
     buf: &mut [u8; FRAME_BYTES_MAX],
     cl_ord_id: u64,
     ref_template_id: u16,
     ts_ns: u64,
+    reason: BinBizReason,
 ) -> Result<usize, bourse_wire::Error> {
     encode_frame(buf, |mut e: BusinessRejectEncoder| {
         e.ref_cl_ord_id_opt(Some(cl_ord_id)).transact_time_ns(ts_ns);
         e.retry_after_ms(0).ref_template_id(ref_template_id);
-        e.reason(BinBizReason::SystemUnavailable);
+        e.reason(reason);
         e
     })
 }

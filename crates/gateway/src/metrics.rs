@@ -6,6 +6,7 @@
 
 use crate::router::RouterCounters;
 use crate::server::DisconnectReason;
+use bourse_core::link::LinkCounters;
 use bourse_monitor::{Counter, Gauge, Monitor};
 
 /// What the event loop counts itself, in plain integers (see the module documentation).
@@ -33,6 +34,94 @@ pub mod metric_names {
     pub const DISCONNECTS_TOTAL: &str = "bourse_gateway_disconnects_total";
     pub const CONNECTIONS: &str = "bourse_gateway_connections";
     pub const ORDERS_TRACKED: &str = "bourse_gateway_orders_tracked";
+    /// The link to a replicated core (`bourse_core::link::LinkCounters`), by core.
+    pub const LINK_REQUESTS_RESENT_TOTAL: &str = "bourse_gateway_core_link_requests_resent_total";
+    pub const LINK_PROBES_TOTAL: &str = "bourse_gateway_core_link_probes_total";
+    pub const LINK_NODE_SWITCHES_TOTAL: &str = "bourse_gateway_core_link_node_switches_total";
+    pub const LINK_LEADER_PROBE_SWITCHES_TOTAL: &str =
+        "bourse_gateway_core_link_leader_probe_switches_total";
+    pub const LINK_STREAM_RESUBSCRIPTIONS_TOTAL: &str =
+        "bourse_gateway_core_link_stream_resubscriptions_total";
+    pub const LINK_REQUESTS_PENDING: &str = "bourse_gateway_core_link_requests_pending";
+    pub const LINK_NO_QUORUM: &str = "bourse_gateway_core_link_no_quorum";
+}
+
+/// The series of one core's link (only for a link that has counters: a replicated core's),
+/// and what was published last, so that each tick adds the difference.
+pub(crate) struct LinkMetrics {
+    resent: Counter,
+    probes: Counter,
+    node_switches: Counter,
+    leader_probe_switches: Counter,
+    resubscriptions: Counter,
+    pending: Gauge,
+    no_quorum: Gauge,
+    last: LinkCounters,
+}
+
+impl LinkMetrics {
+    fn new(monitor: &Monitor, core: &str) -> LinkMetrics {
+        use metric_names::*;
+        let r = monitor.registry();
+        let labels = [("core", core)];
+        LinkMetrics {
+            resent: r.counter(
+                LINK_REQUESTS_RESENT_TOTAL,
+                "Requests the link to a replicated core sent again after a first send (failover, gap, timeout, probe).",
+                &labels,
+            ),
+            probes: r.counter(
+                LINK_PROBES_TOTAL,
+                "Requests the link sent alone to learn whether a node leads with a quorum (quorum lost, or a node not known to lead).",
+                &labels,
+            ),
+            node_switches: r.counter(
+                LINK_NODE_SWITCHES_TOTAL,
+                "Times the link moved its requests to another node of the replica group.",
+                &labels,
+            ),
+            leader_probe_switches: r.counter(
+                LINK_LEADER_PROBE_SWITCHES_TOTAL,
+                "Times a leader probe found a newer leader while the link's requests waited.",
+                &labels,
+            ),
+            resubscriptions: r.counter(
+                LINK_STREAM_RESUBSCRIPTIONS_TOTAL,
+                "Times the link subscribed again to the core's committed stream.",
+                &labels,
+            ),
+            pending: r.gauge(
+                LINK_REQUESTS_PENDING,
+                "Requests handed to the replica group and not yet answered.",
+                &labels,
+            ),
+            no_quorum: r.gauge(
+                LINK_NO_QUORUM,
+                "1 while the core's leader says it has no quorum (new orders are refused), else 0.",
+                &labels,
+            ),
+            last: LinkCounters::default(),
+        }
+    }
+
+    /// Adds what the link counted since the last call and sets the gauges.
+    pub(crate) fn publish(&mut self, now: &LinkCounters) {
+        let d = |now: u64, last: u64| now.saturating_sub(last);
+        let last = self.last;
+        self.resent
+            .add(d(now.requests_resent, last.requests_resent));
+        self.probes.add(d(now.probes, last.probes));
+        self.node_switches
+            .add(d(now.node_switches, last.node_switches));
+        self.leader_probe_switches
+            .add(d(now.leader_probe_switches, last.leader_probe_switches));
+        self.resubscriptions
+            .add(d(now.stream_resubscriptions, last.stream_resubscriptions));
+        self.pending
+            .set(now.requests_pending.min(i64::MAX as u64) as i64);
+        self.no_quorum.set(i64::from(now.no_quorum));
+        self.last = *now;
+    }
 }
 
 /// The monitor's handles for everything the loop publishes, and what was published last.
@@ -60,12 +149,15 @@ pub(crate) struct GatewayMetrics {
     pub(crate) connections: Gauge,
     pub(crate) orders_tracked: Gauge,
     pub(crate) core_queues: Vec<Gauge>,
+    /// By core: `None` for a core whose link has no counters (an engine in process).
+    pub(crate) core_links: Vec<Option<LinkMetrics>>,
     last_loop: LoopCounters,
     last_router: RouterCounters,
 }
 
 impl GatewayMetrics {
-    pub(crate) fn new(monitor: &Monitor, core_names: &[String]) -> GatewayMetrics {
+    /// `linked` says, by core, whether the core's link has counters to export.
+    pub(crate) fn new(monitor: &Monitor, core_names: &[String], linked: &[bool]) -> GatewayMetrics {
         use metric_names::*;
         let r = monitor.registry();
         let msgs = |proto: &str, dir: &str| {
@@ -134,6 +226,11 @@ impl GatewayMetrics {
             core_queues: core_names
                 .iter()
                 .map(|n| monitor.queue_depth(&format!("gateway_to_core_{n}")))
+                .collect(),
+            core_links: core_names
+                .iter()
+                .zip(linked)
+                .map(|(n, &l)| l.then(|| LinkMetrics::new(monitor, n)))
                 .collect(),
             last_loop: LoopCounters::default(),
             last_router: RouterCounters::default(),

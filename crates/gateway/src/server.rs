@@ -333,7 +333,12 @@ pub fn spawn_cores(
     router.poll_core(CORE_OUTPUTS_PER_CYCLE_MAX.saturating_mul(cores));
     let metrics = monitor.as_ref().map(|m| {
         let names: Vec<String> = plan.iter().map(|c| c.name.clone()).collect();
-        GatewayMetrics::new(m, &names)
+        let linked: Vec<bool> = router
+            .links_mut()
+            .iter()
+            .map(|l| l.link_counters().is_some())
+            .collect();
+        GatewayMetrics::new(m, &names, &linked)
     });
     if let Some(m) = &monitor {
         if m.probes().sample_every() > 0 {
@@ -794,7 +799,12 @@ impl Server {
                     self.fix[i].conn
                 }
                 Proto::Binary(j) => {
-                    let n = binary_front::render(&self.router, report, &mut buf);
+                    // Some reasons depend on the schema version the session established with.
+                    let version = self.bin[j]
+                        .conn
+                        .and_then(|t| self.conns.get(&t))
+                        .map_or(oe::SCHEMA_VERSION, |c| c.wire_version);
+                    let n = binary_front::render(&self.router, report, version, &mut buf);
                     if let Some(t) = trace.as_mut() {
                         t.stamp(Stage::Encoded);
                     }
@@ -906,6 +916,11 @@ impl Server {
         m.orders_tracked.set(self.router.tracked_orders() as i64);
         for (core, g) in m.core_queues.iter().enumerate() {
             g.set(self.router.core_in_flight(core) as i64);
+        }
+        for (link, lm) in self.router.links_mut().iter().zip(&mut m.core_links) {
+            if let (Some(lm), Some(now)) = (lm.as_mut(), link.link_counters()) {
+                lm.publish(&now);
+            }
         }
     }
 

@@ -4,6 +4,13 @@ mod common;
 
 use bourse_client::binary::BinTif;
 use bourse_client::{BinaryClient, Received, Response};
+use bourse_core::link::{CoreLink, CoreOutput, LinkCounters, RequestKey, SubmitError};
+use bourse_core::Command;
+use bourse_gateway::metrics::metric_names;
+use bourse_gateway::{GatewayConfig, GatewayHandle};
+use bourse_wire::order_entry::codec::business_reject_reason::BusinessRejectReason;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(5);
@@ -273,4 +280,168 @@ fn a_binary_mass_cancel_reaches_the_account_or_the_firm_when_it_asks() {
     beta.mass_cancel_scoped(6, MassCancelScope::NullVal, None, None)
         .unwrap();
     assert_eq!(mass_cancel_answer(&mut beta, 6), (0, 0, 5));
+}
+
+/// An in-process engine behind a stand-in for a replicated core's link: while `lost` is set,
+/// it refuses every command as a link to a group without a quorum does
+/// (`SubmitError::NoQuorum`), and it reports the counters the test puts in `counters`, as
+/// `bourse_cluster::link::ClusterLink` reports its own.
+struct QuorumCore {
+    inner: Box<dyn CoreLink>,
+    lost: Arc<AtomicBool>,
+    counters: Arc<Mutex<LinkCounters>>,
+}
+
+impl CoreLink for QuorumCore {
+    fn submit(&mut self, key: RequestKey, command: Command) -> Result<(), SubmitError> {
+        if self.lost.load(Ordering::SeqCst) {
+            return Err(SubmitError::NoQuorum);
+        }
+        self.inner.submit(key, command)
+    }
+
+    fn try_recv(&mut self) -> Option<CoreOutput> {
+        self.inner.try_recv()
+    }
+
+    fn set_notify(&mut self, notify: Arc<dyn Fn() + Send + Sync>) {
+        self.inner.set_notify(notify);
+    }
+
+    fn link_counters(&self) -> Option<LinkCounters> {
+        let mut c = *self.counters.lock().unwrap();
+        c.no_quorum = self.lost.load(Ordering::SeqCst);
+        Some(c)
+    }
+}
+
+/// The value of the series `name{core="core"}` on the gateway's /metrics, if it is there.
+fn link_metric(gw: &GatewayHandle, name: &str) -> Option<u64> {
+    let text = gw.monitor().unwrap().render_metrics();
+    let key = format!("{name}{{core=\"core\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .map(|v| v.trim().parse::<f64>().unwrap() as u64)
+}
+
+#[test]
+fn a_core_without_a_quorum_is_refused_to_binary_clients_as_core_no_quorum_and_shown_on_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = common::CONFIG.replace(
+        "connections_max = 64\n",
+        "connections_max = 64\nmonitor_listen = \"127.0.0.1:0\"\n",
+    );
+    let mut config = GatewayConfig::from_toml(&text).unwrap();
+    config.gateway.store_dir = dir.path().to_path_buf();
+    config.gateway.core_queue_depth = 4096;
+    let lost = Arc::new(AtomicBool::new(false));
+    let counters = Arc::new(Mutex::new(LinkCounters::default()));
+    let links = bourse_engine::in_process::engine_links(
+        config.core_plan().len(),
+        common::engine_config(),
+        config.gateway.core_queue_depth,
+    )
+    .into_iter()
+    .map(|inner| {
+        Box::new(QuorumCore {
+            inner,
+            lost: lost.clone(),
+            counters: counters.clone(),
+        }) as Box<dyn CoreLink>
+    })
+    .collect();
+    let gw = bourse_gateway::spawn_cores(config, links, None).unwrap();
+    let metric = |name: &str, want: u64| {
+        assert!(
+            common::eventually(WAIT, || link_metric(&gw, name) == Some(want)),
+            "{name}: {:?}, want {want}",
+            link_metric(&gw, name)
+        );
+    };
+    metric(metric_names::LINK_NO_QUORUM, 0);
+    metric(metric_names::LINK_REQUESTS_RESENT_TOTAL, 0);
+
+    let mut a = BinaryClient::connect(gw.binary_addr().unwrap(), "alpha-bin", 1000, 1).unwrap();
+    a.new_order(1, 101, 1, false, 10, Some(10_050), BinTif::Day)
+        .unwrap();
+    assert!(
+        matches!(
+            next(&mut a).response,
+            Response::NewOrderAck { cl_ord_id: 1, .. }
+        ),
+        "the first order is taken"
+    );
+
+    // The quorum is lost: new orders, cancels and replaces are refused unprocessed with the
+    // reason of their own, naming the request.
+    lost.store(true, Ordering::SeqCst);
+    *counters.lock().unwrap() = LinkCounters {
+        requests_resent: 3,
+        probes: 4,
+        node_switches: 2,
+        leader_probe_switches: 1,
+        stream_resubscriptions: 1,
+        requests_pending: 1,
+        no_quorum: false,
+    };
+    let no_quorum = u8::from(BusinessRejectReason::CoreNoQuorum);
+    a.new_order(2, 101, 1, false, 10, Some(10_050), BinTif::Day)
+        .unwrap();
+    assert_eq!(
+        next(&mut a).response,
+        Response::BusinessReject {
+            ref_cl_ord_id: Some(2),
+            reason: no_quorum,
+            retry_after_ms: 0,
+        }
+    );
+    a.cancel(3, 1, 101, 1).unwrap();
+    assert_eq!(
+        next(&mut a).response,
+        Response::BusinessReject {
+            ref_cl_ord_id: Some(3),
+            reason: no_quorum,
+            retry_after_ms: 0,
+        }
+    );
+    // The operator sees it and what the link did on /metrics.
+    metric(metric_names::LINK_NO_QUORUM, 1);
+    metric(metric_names::LINK_REQUESTS_RESENT_TOTAL, 3);
+    metric(metric_names::LINK_PROBES_TOTAL, 4);
+    metric(metric_names::LINK_NODE_SWITCHES_TOTAL, 2);
+    metric(metric_names::LINK_LEADER_PROBE_SWITCHES_TOTAL, 1);
+    metric(metric_names::LINK_STREAM_RESUBSCRIPTIONS_TOTAL, 1);
+    metric(metric_names::LINK_REQUESTS_PENDING, 1);
+    let refused = gw.monitor().unwrap().registry().counter_sum_where(
+        metric_names::REJECTS_TOTAL,
+        "cause",
+        "no_quorum",
+    );
+    assert_eq!(refused, Some(2));
+
+    // The quorum is back: orders go in again, and the counters only grow.
+    lost.store(false, Ordering::SeqCst);
+    *counters.lock().unwrap() = LinkCounters {
+        requests_resent: 5,
+        probes: 6,
+        node_switches: 2,
+        leader_probe_switches: 1,
+        stream_resubscriptions: 2,
+        requests_pending: 0,
+        no_quorum: false,
+    };
+    a.new_order(4, 101, 1, false, 10, Some(10_050), BinTif::Day)
+        .unwrap();
+    assert!(
+        matches!(
+            next(&mut a).response,
+            Response::NewOrderAck { cl_ord_id: 4, .. }
+        ),
+        "an order after the quorum's return is taken"
+    );
+    metric(metric_names::LINK_NO_QUORUM, 0);
+    metric(metric_names::LINK_REQUESTS_RESENT_TOTAL, 5);
+    metric(metric_names::LINK_PROBES_TOTAL, 6);
+    metric(metric_names::LINK_STREAM_RESUBSCRIPTIONS_TOTAL, 2);
+    metric(metric_names::LINK_REQUESTS_PENDING, 0);
 }

@@ -51,10 +51,13 @@ pub const ACCOUNTS_PER_SESSION_MAX: usize = 255;
 pub const LOGON_TIMEOUT_MS: u64 = 5_000;
 /// Reports read from one session in one turn of `poll` before the next session is read.
 const READS_PER_SESSION_MAX: usize = 4_096;
-/// BusinessRejectReason codes of the binary protocol that mean overload
-/// (docs/protocol-binary-order-entry.md): Throttled, SystemUnavailable.
+/// BusinessRejectReason codes of the binary protocol that mean the request was refused
+/// unprocessed and may be sent again (docs/protocol-binary-order-entry.md): Throttled,
+/// SystemUnavailable, and CoreNoQuorum (since schema version 4: the trading core's replica
+/// group has no quorum).
 const BIN_REASON_THROTTLED: u8 = 1;
 const BIN_REASON_SYSTEM_UNAVAILABLE: u8 = 4;
+const BIN_REASON_CORE_NO_QUORUM: u8 = 7;
 
 /// The order entry protocol of a session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -173,9 +176,9 @@ enum Rep {
     BusinessReject {
         cl: Option<u64>,
     },
-    /// The gateway refused the request for overload, not processing it: binary
-    /// BusinessReject(SystemUnavailable or Throttled), FIX reject text "system busy" or
-    /// "throttle".
+    /// The gateway refused the request for overload or for its core's lost quorum, not
+    /// processing it: binary BusinessReject(SystemUnavailable, Throttled or CoreNoQuorum), FIX
+    /// reject text "system busy", "throttle" or "trading core has no quorum".
     Busy {
         cl: u64,
     },
@@ -607,7 +610,8 @@ impl Sessions {
             },
             Response::BusinessReject {
                 ref_cl_ord_id: Some(cl),
-                reason: BIN_REASON_THROTTLED | BIN_REASON_SYSTEM_UNAVAILABLE,
+                reason:
+                    BIN_REASON_THROTTLED | BIN_REASON_SYSTEM_UNAVAILABLE | BIN_REASON_CORE_NO_QUORUM,
                 ..
             } => Rep::Busy { cl },
             Response::BusinessReject { ref_cl_ord_id, .. } => {
@@ -623,9 +627,13 @@ impl Sessions {
         let num = |tag: i32| text(tag).and_then(|t| t.parse::<u64>().ok());
         let int = |tag: i32| text(tag).and_then(|t| t.parse::<i64>().ok());
         let cl = num(11).unwrap_or(0);
-        // The gateway's overload refusals say so in Text (58), whatever the message type.
-        let busy =
-            text(58).is_some_and(|t| t.starts_with("system busy") || t.starts_with("throttle"));
+        // The gateway's overload and no-quorum refusals say so in Text (58), whatever the
+        // message type.
+        let busy = text(58).is_some_and(|t| {
+            t.starts_with("system busy")
+                || t.starts_with("throttle")
+                || t.starts_with("trading core has no quorum")
+        });
         match m.msg_type.as_str() {
             "8" | "9" if busy && text(150).is_none_or(|t| t == "8") => Rep::Busy { cl },
             "j" if busy => match num(379) {
@@ -1294,6 +1302,7 @@ mod tests {
             BIN_REASON_SYSTEM_UNAVAILABLE
         ))));
         assert!(busy(Sessions::binary_rep(biz(BIN_REASON_THROTTLED))));
+        assert!(busy(Sessions::binary_rep(biz(BIN_REASON_CORE_NO_QUORUM))));
         assert!(matches!(
             Sessions::binary_rep(biz(6)),
             Rep::BusinessReject { cl: Some(7) }
@@ -1314,6 +1323,17 @@ mod tests {
             &[(11, "7"), (150, "8"), (58, "system busy, retry")]
         )));
         assert!(busy(fix("9", &[(11, "7"), (58, "system busy, retry")])));
+        assert!(busy(fix(
+            "8",
+            &[
+                (11, "7"),
+                (150, "8"),
+                (
+                    58,
+                    "trading core has no quorum (replicas unreachable): not accepted, retry later"
+                )
+            ]
+        )));
         assert!(matches!(
             fix(
                 "8",

@@ -466,6 +466,32 @@ fn acks_and_rejects() {
     assert_eq!(d.reason(), BusinessRejectReason::Throttled);
 }
 
+/// Version 4's reason for a core without a quorum has wire value 7; a value the decoder does
+/// not know (as 7 is to a decoder of version 3) decodes as NullVal rather than failing.
+#[test]
+fn core_no_quorum_is_reason_7_and_an_unknown_reason_decodes_as_null() {
+    assert_eq!(u8::from(BusinessRejectReason::CoreNoQuorum), 7);
+    let mut buf = encode!(BusinessRejectEncoder, |e| {
+        e.ref_cl_ord_id_opt(Some(13))
+            .transact_time_ns(T0)
+            .retry_after_ms(0);
+        e.ref_template_id(TemplateId::NewOrder as u16);
+        e.reason(BusinessRejectReason::CoreNoQuorum);
+    });
+    let Message::BusinessReject(d) = decode(&buf) else {
+        panic!()
+    };
+    assert_eq!(d.reason(), BusinessRejectReason::CoreNoQuorum);
+    // The reason is the body's last byte; a value no version defines.
+    let last = buf.len() - 1;
+    assert_eq!(buf[last], 7);
+    buf[last] = 200;
+    let Message::BusinessReject(d) = decode(&buf) else {
+        panic!()
+    };
+    assert_eq!(d.reason(), BusinessRejectReason::NullVal);
+}
+
 #[test]
 fn execution_report() {
     let buf = encode!(ExecutionReportEncoder, |e| {
@@ -557,7 +583,7 @@ fn new_order_golden_bytes() {
     });
     let hex: Vec<String> = buf.iter().map(|b| format!("{b:02x}")).collect();
     let expected = "3f 00 50 eb \
-                    33 00 64 00 01 00 03 00 \
+                    33 00 64 00 01 00 04 00 \
                     2a 00 00 00 00 00 00 00 \
                     42 27 00 00 00 00 00 00 \
                     0a 00 00 00 00 00 00 00 \

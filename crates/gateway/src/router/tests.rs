@@ -711,7 +711,8 @@ fn past_core_in_flight_max_every_request_is_refused_busy_and_each_gets_one_answe
     // On the binary protocol a refusal is a BusinessReject(SystemUnavailable) naming the
     // request, not an OrderReject (docs/protocol-binary-order-entry.md, 6.7).
     let mut frame = [0u8; bourse_wire::order_entry::FRAME_BYTES_MAX];
-    let n = crate::binary_front::render(&f.router, &reports[0].1, &mut frame);
+    let version = bourse_wire::order_entry::SCHEMA_VERSION;
+    let n = crate::binary_front::render(&f.router, &reports[0].1, version, &mut frame);
     let decoded = bourse_wire::order_entry::FrameDecoder::default()
         .decode_exact(&frame[..n])
         .unwrap();
@@ -866,6 +867,32 @@ fn an_order_for_a_core_without_a_quorum_is_rejected_at_once_with_that_reason() {
     );
     assert!(GatewayReject::CoreNoQuorum.text().contains("no quorum"));
     assert_eq!(f.router.counters().no_quorum_rejects, 1);
+    // On the binary protocol: a BusinessReject with the reason of its own since version 4,
+    // and SystemUnavailable, which its decoder knows, for a client of an older version.
+    use bourse_wire::order_entry::codec::business_reject_reason::BusinessRejectReason as R;
+    for (version, reason) in [
+        (bourse_wire::order_entry::SCHEMA_VERSION, R::CoreNoQuorum),
+        (
+            crate::binary_front::CORE_NO_QUORUM_SINCE_VERSION,
+            R::CoreNoQuorum,
+        ),
+        (3, R::SystemUnavailable),
+        (1, R::SystemUnavailable),
+    ] {
+        let mut frame = [0u8; bourse_wire::order_entry::FRAME_BYTES_MAX];
+        let n = crate::binary_front::render(&f.router, &reports[0].1, version, &mut frame);
+        let decoded = bourse_wire::order_entry::FrameDecoder::default()
+            .decode_exact(&frame[..n])
+            .unwrap();
+        let bourse_wire::order_entry::Message::BusinessReject(m) = decoded else {
+            panic!("not a business reject: {decoded:?}")
+        };
+        assert_eq!(
+            (m.reason(), m.ref_cl_ord_id(), m.ref_template_id()),
+            (reason, Some(1), 100),
+            "version {version}"
+        );
+    }
     assert_eq!(f.router.core_in_flight(0), 0);
     // The quorum is back: the next order goes to the core.
     f.cores[0].lock().unwrap().no_quorum = false;

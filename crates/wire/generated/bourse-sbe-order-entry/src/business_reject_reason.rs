@@ -10,6 +10,7 @@ pub enum BusinessRejectReason {
     SystemUnavailable = 0x4_u8,
     NotLeader = 0x5_u8,
     InvalidField = 0x6_u8,
+    CoreNoQuorum = 0x7_u8,
     #[default]
     NullVal = 0xff_u8,
 }
@@ -24,6 +25,7 @@ impl From<u8> for BusinessRejectReason {
             0x4_u8 => Self::SystemUnavailable,
             0x5_u8 => Self::NotLeader,
             0x6_u8 => Self::InvalidField,
+            0x7_u8 => Self::CoreNoQuorum,
             _ => Self::NullVal,
         }
     }
@@ -39,6 +41,7 @@ impl From<BusinessRejectReason> for u8 {
             BusinessRejectReason::SystemUnavailable => 0x4_u8,
             BusinessRejectReason::NotLeader => 0x5_u8,
             BusinessRejectReason::InvalidField => 0x6_u8,
+            BusinessRejectReason::CoreNoQuorum => 0x7_u8,
             BusinessRejectReason::NullVal => 0xff_u8,
         }
     }
@@ -56,6 +59,7 @@ impl core::str::FromStr for BusinessRejectReason {
             "SystemUnavailable" => Ok(Self::SystemUnavailable),
             "NotLeader" => Ok(Self::NotLeader),
             "InvalidField" => Ok(Self::InvalidField),
+            "CoreNoQuorum" => Ok(Self::CoreNoQuorum),
             _ => Ok(Self::NullVal),
         }
     }
@@ -71,6 +75,7 @@ impl core::fmt::Display for BusinessRejectReason {
             Self::SystemUnavailable => write!(f, "SystemUnavailable"),
             Self::NotLeader => write!(f, "NotLeader"),
             Self::InvalidField => write!(f, "InvalidField"),
+            Self::CoreNoQuorum => write!(f, "CoreNoQuorum"),
             Self::NullVal => write!(f, "NullVal"),
         }
     }
