@@ -389,9 +389,10 @@ tls = {{ ca_path = {ca:?}, cert_path = {cert:?}, key_path = {key:?} }}
 /// Order k through the gateway: buys from account 101 and sells from 102 in turn, at one
 /// price, so that each sell trades with the buy before it.
 fn gateway_order(k: usize) -> OrderSpec {
+    let buy = k.is_multiple_of(2);
     OrderSpec {
-        account: if k % 2 == 0 { 101 } else { 102 },
-        buy: k % 2 == 0,
+        account: if buy { 101 } else { 102 },
+        buy,
         symbol: "SBER",
         qty: 10,
         price: "240.00",
