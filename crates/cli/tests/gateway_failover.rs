@@ -23,21 +23,23 @@
 //! test's process so that its link's counters (re-sends, probes, resubscriptions) can be
 //! read; the nodes are processes of their own, so a fault never touches the gateway.
 
+#[path = "fix_orders.rs"]
+mod fix_orders;
 #[path = "replica_check.rs"]
 mod replica_check;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bourse_client::{FixClient, FixClientConfig};
 use bourse_cluster::client::PipelineHealth;
 use bourse_cluster::link::{ClusterLink, ClusterLinkConfig, ClusterLinkWatch};
 use bourse_cluster::tokio;
 use bourse_gateway::metrics::metric_names;
 use bourse_gateway::recovery::Recovery;
 use bourse_gateway::{CoreLink, GatewayConfig, GatewayHandle};
+use fix_orders::{fix_client_thread, FixOrders, OrderSpec, Outcome};
 use hdrhistogram::Histogram;
 use replica_check::{
     check_replicas, leader, loopback_addrs, statuses, summary, write_loopback_config,
@@ -97,77 +99,6 @@ enum Fault {
     NoQuorum,
 }
 
-/// How the gateway answered an order.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Outcome {
-    /// Acknowledged (ExecType New): the core applied it.
-    New,
-    /// Refused by the gateway because the core has no quorum: never sent to the core.
-    NoQuorum,
-    /// Refused otherwise (text): not expected here.
-    Refused(String),
-}
-
-struct Order {
-    sent_us: u64,
-    answer: Option<(u64, Outcome)>,
-}
-
-/// What the client thread and the test share.
-struct Shared {
-    epoch: Instant,
-    /// Orders by ClOrdID - 1.
-    orders: Mutex<Vec<Order>>,
-    sending: AtomicBool,
-    stop: AtomicBool,
-}
-
-impl Shared {
-    fn now_us(&self) -> u64 {
-        self.epoch.elapsed().as_micros() as u64
-    }
-
-    /// The earliest answer matching `want` to an order sent at or after `from_us`.
-    fn first_answer_after(&self, from_us: u64, want: &dyn Fn(&Outcome) -> bool) -> Option<u64> {
-        let orders = self.orders.lock().unwrap();
-        let start = orders.partition_point(|o| o.sent_us < from_us);
-        orders[start..]
-            .iter()
-            .filter_map(|o| o.answer.as_ref())
-            .filter(|(_, outcome)| want(outcome))
-            .map(|(at, _)| *at)
-            .min()
-    }
-
-    fn all_answered(&self) -> bool {
-        self.orders
-            .lock()
-            .unwrap()
-            .iter()
-            .all(|o| o.answer.is_some())
-    }
-
-    /// Orders the core applied (acknowledged; a core's own refusal would count too, and
-    /// none is expected).
-    fn applied(&self) -> u64 {
-        self.orders
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|o| !matches!(o.answer, Some((_, Outcome::NoQuorum)) | None))
-            .count() as u64
-    }
-
-    fn count(&self, want: &dyn Fn(&Outcome) -> bool) -> usize {
-        self.orders
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|o| o.answer.as_ref().is_some_and(|(_, a)| want(a)))
-            .count()
-    }
-}
-
 /// Waits until `f` gives a value, within the hang guard.
 /// The value of the gateway's `/metrics` series `name{core="equities"}`, if it is there.
 fn link_metric(gateway: &GatewayHandle, name: &str) -> Option<u64> {
@@ -176,6 +107,17 @@ fn link_metric(gateway: &GatewayHandle, name: &str) -> Option<u64> {
     text.lines()
         .find_map(|l| l.strip_prefix(&key))
         .map(|v| v.trim().parse::<f64>().unwrap() as u64)
+}
+
+/// Every order: a buy of 10 SBER at 240.00 for account 101 (they rest: nothing sells).
+fn buy_order(_: usize) -> OrderSpec {
+    OrderSpec {
+        account: 101,
+        buy: true,
+        symbol: "SBER",
+        qty: 10,
+        price: "240.00",
+    }
 }
 
 fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
@@ -187,75 +129,6 @@ fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) ->
         assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
         std::thread::sleep(Duration::from_millis(2));
     }
-}
-
-/// The FIX client: one new order every `PACE_MS` while `sending`, every execution report
-/// matched to its order by ClOrdID.
-fn client_thread(shared: Arc<Shared>, fix: SocketAddr) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let mut config = FixClientConfig::new(fix, "ALPHA", "BOURSE");
-        config.reset_on_logon = true;
-        let mut client = FixClient::connect(&config).expect("FIX logon");
-        let pace = Duration::from_millis(PACE_MS);
-        let mut next = Instant::now();
-        while !shared.stop.load(Ordering::SeqCst) {
-            if shared.sending.load(Ordering::SeqCst) && Instant::now() >= next {
-                let mut orders = shared.orders.lock().unwrap();
-                let cl = orders.len() + 1;
-                orders.push(Order {
-                    sent_us: shared.now_us(),
-                    answer: None,
-                });
-                drop(orders);
-                client
-                    .new_order(
-                        &cl.to_string(),
-                        Some(101),
-                        "SBER",
-                        true,
-                        10,
-                        Some("240.00"),
-                        '0',
-                    )
-                    .expect("send an order");
-                next = (next + pace).max(Instant::now());
-            }
-            let wait = next
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(1));
-            let Some(m) = client.recv(wait).expect("FIX read") else {
-                assert!(
-                    client.is_logged_on(),
-                    "FIX session ended: {:?}",
-                    client.closed_reason()
-                );
-                continue;
-            };
-            if m.msg_type != "8" {
-                continue;
-            }
-            let Some(cl) = FixClient::field(&m, 11).and_then(|c| c.parse::<usize>().ok()) else {
-                continue;
-            };
-            let outcome = match FixClient::field(&m, 150) {
-                Some("0") => Outcome::New,
-                Some("8") => {
-                    let text = FixClient::field(&m, 58).unwrap_or("").to_string();
-                    if text.contains("no quorum") {
-                        Outcome::NoQuorum
-                    } else {
-                        Outcome::Refused(text)
-                    }
-                }
-                _ => continue,
-            };
-            let at = shared.now_us();
-            let mut orders = shared.orders.lock().unwrap();
-            if let Some(o) = orders.get_mut(cl - 1) {
-                o.answer.get_or_insert((at, outcome));
-            }
-        }
-    })
 }
 
 /// Once every node answers, agrees on the leader of the highest term and has applied at least
@@ -354,16 +227,17 @@ fn through_a_gateway_orders_are_acknowledged_again_after_a_leader_loss_and_refus
         },
     );
 
-    let shared = Arc::new(Shared {
-        epoch: Instant::now(),
-        orders: Mutex::new(Vec::new()),
-        sending: AtomicBool::new(true),
-        stop: AtomicBool::new(false),
-    });
-    let client = client_thread(shared.clone(), fix);
+    let shared = FixOrders::new(Instant::now());
+    let client = fix_client_thread(
+        shared.clone(),
+        fix,
+        "ALPHA",
+        Duration::from_millis(PACE_MS),
+        buy_order,
+    );
     let started_us = shared.now_us();
     wait_for("the first acknowledgement", FAILOVER_LIMIT, || {
-        shared.first_answer_after(started_us, &|o| *o == Outcome::New)
+        shared.first_answer_after(started_us, &|o| *o == Outcome::Applied)
     });
 
     let kinds = [Fault::LeaderKilled, Fault::LeaderPaused, Fault::NoQuorum];
@@ -399,7 +273,7 @@ fn through_a_gateway_orders_are_acknowledged_again_after_a_leader_loss_and_refus
                 let at = wait_for(
                     &format!("an acknowledgement after {fault:?} (round {round}, logs in {dir:?})"),
                     FAILOVER_LIMIT,
-                    || shared.first_answer_after(fault_us, &|o| *o == Outcome::New),
+                    || shared.first_answer_after(fault_us, &|o| *o == Outcome::Applied),
                 );
                 resumed[k].saturating_record(at - fault_us);
                 // While no node leads, the link tries one node after another with one request
@@ -456,7 +330,7 @@ fn through_a_gateway_orders_are_acknowledged_again_after_a_leader_loss_and_refus
                     let orders = shared.orders.lock().unwrap();
                     let start = orders.partition_point(|o| o.sent_us < fault_us);
                     for (i, o) in orders[start..].iter().enumerate() {
-                        if let Some((at, Outcome::New)) = o.answer {
+                        if let Some((at, Outcome::Applied)) = o.answer {
                             assert!(
                                 at >= heal_us,
                                 "order {} sent after the quorum was lost acknowledged before \
@@ -481,7 +355,7 @@ fn through_a_gateway_orders_are_acknowledged_again_after_a_leader_loss_and_refus
                 let at = wait_for(
                     &format!("an acknowledgement after the quorum returned (round {round})"),
                     FAILOVER_LIMIT,
-                    || shared.first_answer_after(heal_us, &|o| *o == Outcome::New),
+                    || shared.first_answer_after(heal_us, &|o| *o == Outcome::Applied),
                 );
                 after_heal.saturating_record(at - heal_us);
             }
@@ -493,7 +367,7 @@ fn through_a_gateway_orders_are_acknowledged_again_after_a_leader_loss_and_refus
         wait_for(
             &format!("an acknowledgement after round {round}"),
             FAILOVER_LIMIT,
-            || shared.first_answer_after(now, &|o| *o == Outcome::New),
+            || shared.first_answer_after(now, &|o| *o == Outcome::Applied),
         );
     }
 
