@@ -8,7 +8,8 @@
 //!   required;
 //! - `POST /v1/accounts/bulk`: NDJSON, one [`NewAccount`](crate::NewAccount) per line,
 //!   streamed (role `operator`), `X-Request-Id` required;
-//! - `GET /v1/instruments`, `GET /v1/accounts/{id}`: queries (role `operator` or `viewer`);
+//! - `GET /v1/instruments`, `GET /v1/instruments/{id}/book`, `GET /v1/accounts/{id}`: queries
+//!   (role `operator` or `viewer`);
 //! - `GET /healthz`.
 //!
 //! A request without valid credentials is answered 401, one whose operator lacks the role
@@ -25,7 +26,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use base64ct::{Base64, Encoding};
 use bourse_auth::CredentialStore;
-use bourse_core::AccountId;
+use bourse_core::{AccountId, InstrumentId};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -162,6 +163,7 @@ fn router(shared: Arc<Shared>) -> Router {
             post(bulk).layer(DefaultBodyLimit::disable()),
         )
         .route("/v1/instruments", get(instruments))
+        .route("/v1/instruments/{id}/book", get(book))
         .route("/v1/accounts/{id}", get(account))
         .route("/healthz", get(|| async { "ok\n" }))
         .with_state(shared)
@@ -289,6 +291,13 @@ async fn instruments(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Respon
         return refusal;
     }
     respond(s.service.instruments().await)
+}
+
+async fn book(State(s): State<Arc<Shared>>, headers: HeaderMap, Path(id): Path<u32>) -> Response {
+    if let Err(refusal) = authenticate(&s, &headers, &[ROLE_OPERATOR, ROLE_VIEWER], "book").await {
+        return refusal;
+    }
+    respond(s.service.book(InstrumentId(id)).await)
 }
 
 async fn account(

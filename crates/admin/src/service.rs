@@ -752,6 +752,39 @@ impl AdminService {
         .await
     }
 
+    /// One instrument's order-level book (bids then asks, best first, then time; at most
+    /// `bourse_cluster::query::BOOK_ANSWER_ORDERS_MAX` orders), market by market: `null` in a
+    /// market whose core does not hold the instrument.
+    pub async fn book(&self, instrument: InstrumentId) -> Answer {
+        let query = Query::Book {
+            instrument: instrument.0,
+        };
+        self.query_all(query, |answer| {
+            let QueryAnswer::Book(b) = answer else {
+                return Err("the core answered another query".into());
+            };
+            if !b.known {
+                return Ok(Value::Null);
+            }
+            let orders: Vec<Value> = b
+                .orders
+                .iter()
+                .map(|o| {
+                    json!({
+                        "order_id": o.order_id, "side": o.side, "price": o.price,
+                        "qty": o.qty_display,
+                    })
+                })
+                .collect();
+            Ok(json!({
+                "instrument": b.instrument, "applied_before_index": b.next_index,
+                "orders_total": b.orders_total, "orders_truncated": b.orders_truncated,
+                "orders": orders,
+            }))
+        })
+        .await
+    }
+
     /// Asks every core `query` and renders each answer with `render`, market by market.
     async fn query_all<F>(&self, query: Query, render: F) -> Answer
     where

@@ -47,6 +47,9 @@ pub enum AdminCommand {
     Instruments,
     /// One account's balances, positions and live orders in every market.
     Account { account: u32 },
+    /// One instrument's order-level book (bids then asks, best first, then time), as the
+    /// leader of its market's core holds it.
+    Book { instrument: u32 },
     /// Add an instrument to a market; the definition as JSON (`docs/engine-jsonl.md`,
     /// `add_instrument` without `cmd` and `ts_ns`).
     AddInstrument {
@@ -183,6 +186,9 @@ pub fn run(args: AdminArgs) -> Result<()> {
         AdminCommand::Instruments => return show(client.get("/v1/instruments")),
         AdminCommand::Account { account } => {
             return show(client.get(&format!("/v1/accounts/{account}")))
+        }
+        AdminCommand::Book { instrument } => {
+            return show(client.get(&format!("/v1/instruments/{instrument}/book")))
         }
         AdminCommand::AddAccounts { file } => {
             let mut f =

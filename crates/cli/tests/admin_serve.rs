@@ -292,13 +292,30 @@ fn admin_serve_operates_a_group_of_node_processes_through_the_admin_commands() {
     );
     let state = account(&url, 900_001);
     assert_eq!(state["orders"].as_array().unwrap().len(), 1, "{state}");
+    // The book shows the order resting; an instrument no core holds has no book.
+    let order_id = state["orders"][0]["order_id"].clone();
+    let (ok, answer) = admin(&url, PASSWORD, &["book", "1"]);
+    assert!(ok, "{answer}");
+    let book = &answer["markets"][0]["state"];
+    assert_eq!(book["orders_total"], 1, "{answer}");
+    assert_eq!(
+        book["orders"][0],
+        serde_json::json!({"order_id": order_id, "side": "buy", "price": 10_000, "qty": 1}),
+        "{answer}"
+    );
+    let (ok, answer) = admin(&url, PASSWORD, &["book", "77"]);
+    assert!(ok, "{answer}");
+    assert_eq!(answer["markets"][0]["state"], Value::Null, "{answer}");
 
-    // The kill switch cancels the order and shows on the account.
+    // The kill switch cancels the order and shows on the account and the book.
     let (ok, answer) = admin(&url, PASSWORD, &["kill", "--firm", "3"]);
     assert!(ok, "{answer}");
     let state = account(&url, 900_001);
     assert_eq!(state["kill_switch_engaged"], true, "{state}");
     assert_eq!(state["orders"].as_array().unwrap().len(), 0, "{state}");
+    let (ok, answer) = admin(&url, PASSWORD, &["book", "1"]);
+    assert!(ok, "{answer}");
+    assert_eq!(answer["markets"][0]["state"]["orders_total"], 0, "{answer}");
 
     // Unauthenticated: refused, nothing applied.
     let (ok, answer) = admin(

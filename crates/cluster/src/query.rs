@@ -184,6 +184,9 @@ pub const PHASES_ANSWER_SUSPENDED_MAX: usize = 65_536;
 pub const ACCOUNT_ANSWER_POSITIONS_MAX: usize = 65_536;
 /// The most live orders an [`AccountAnswer`] lists (more are flagged `orders_truncated`).
 pub const ACCOUNT_ANSWER_ORDERS_MAX: usize = 1_000;
+/// The most resting orders a [`BookAnswer`] lists (about 30 bytes each on the wire, so an
+/// answer stays under 1 MB; more are counted in `orders_total`).
+pub const BOOK_ANSWER_ORDERS_MAX: usize = 25_000;
 
 /// A read of a core's applied state that a node answers for an admin service in another
 /// process (`net::Request::Query`): the in-process admin runs the same [`Query::answer`] on
@@ -194,6 +197,9 @@ pub enum Query {
     Phases,
     /// One account's balances, positions and live orders.
     Account { account: u32 },
+    /// One instrument's order-level book, as market data shows it. Last among the variants,
+    /// so that every earlier query encodes as before.
+    Book { instrument: u32 },
 }
 
 /// What a node answers to a [`Query`]. Carried in the node protocol's bincode frame, so a
@@ -205,6 +211,32 @@ pub enum QueryAnswer {
     Account(AccountAnswer),
     /// The node could not answer (it is stopping, or the query is not one it knows).
     Refused(String),
+    /// After `Refused`, so that every earlier answer encodes as before.
+    Book(BookAnswer),
+}
+
+/// A resting order as the order-level market data shows it: the visible quantity only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BookLine {
+    pub order_id: u64,
+    pub side: bourse_core::Side,
+    pub price: i64,
+    pub qty_display: i64,
+}
+
+/// The answer to [`Query::Book`]: bids then asks, best price first, then time priority (the
+/// order in which the feed's order-level book keeps them), as of the state that applied every
+/// entry before `next_index`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BookAnswer {
+    pub next_index: u64,
+    pub instrument: u32,
+    /// Whether this core holds the instrument (if not, the lists are empty).
+    pub known: bool,
+    pub orders_total: u64,
+    /// More resting orders than [`BOOK_ANSWER_ORDERS_MAX`]: the first ones are listed.
+    pub orders_truncated: bool,
+    pub orders: Vec<BookLine>,
 }
 
 /// One instrument and its phase.
@@ -371,6 +403,33 @@ impl Query {
                     orders,
                 })
             }
+            Query::Book { instrument } => {
+                let (views, orders_total) = engine
+                    .book_orders(
+                        bourse_core::InstrumentId(instrument),
+                        BOOK_ANSWER_ORDERS_MAX,
+                    )
+                    .unwrap_or_default();
+                let orders: Vec<BookLine> = views
+                    .iter()
+                    .map(|o| BookLine {
+                        order_id: o.order_id.0,
+                        side: o.side,
+                        price: o.price.0,
+                        qty_display: o.qty_display.0,
+                    })
+                    .collect();
+                QueryAnswer::Book(BookAnswer {
+                    next_index,
+                    instrument,
+                    known: engine
+                        .instrument(bourse_core::InstrumentId(instrument))
+                        .is_some(),
+                    orders_truncated: orders_total > orders.len() as u64,
+                    orders_total,
+                    orders,
+                })
+            }
         }
     }
 }
@@ -443,6 +502,36 @@ impl QueryAnswer {
                     return Err(format!(
                         "query answer: account {} is unknown but has positions or orders",
                         a.account
+                    ));
+                }
+                Ok(())
+            }
+            QueryAnswer::Book(b) => {
+                if b.orders.len() > BOOK_ANSWER_ORDERS_MAX || b.orders.len() as u64 > b.orders_total
+                {
+                    return Err(format!(
+                        "query answer: {} orders of instrument {} listed, more than the {} an \
+                         answer carries or the total {}",
+                        b.orders.len(),
+                        b.instrument,
+                        BOOK_ANSWER_ORDERS_MAX,
+                        b.orders_total
+                    ));
+                }
+                if b.orders_truncated != (b.orders_total > b.orders.len() as u64) {
+                    return Err(format!(
+                        "query answer: instrument {}'s book lists {} of {} orders but says \
+                         truncated = {}",
+                        b.instrument,
+                        b.orders.len(),
+                        b.orders_total,
+                        b.orders_truncated
+                    ));
+                }
+                if !b.known && b.orders_total > 0 {
+                    return Err(format!(
+                        "query answer: instrument {} is unknown but has orders",
+                        b.instrument
                     ));
                 }
                 Ok(())
@@ -704,7 +793,35 @@ mod tests {
                     })
                 },
             );
-        prop_oneof![phases, account]
+        let line = (any::<u64>(), any::<bool>(), any::<i64>(), any::<i64>()).prop_map(
+            |(order_id, buy, price, qty_display)| BookLine {
+                order_id,
+                side: if buy {
+                    bourse_core::Side::Buy
+                } else {
+                    bourse_core::Side::Sell
+                },
+                price,
+                qty_display,
+            },
+        );
+        let book = (
+            any::<u64>(),
+            any::<u32>(),
+            proptest::collection::vec(line, 0..8),
+            0u64..3,
+        )
+            .prop_map(|(next_index, instrument, orders, more)| {
+                QueryAnswer::Book(BookAnswer {
+                    next_index,
+                    instrument,
+                    known: true,
+                    orders_total: orders.len() as u64 + more,
+                    orders_truncated: more > 0,
+                    orders,
+                })
+            });
+        prop_oneof![phases, account, book]
     }
 
     proptest! {
@@ -797,6 +914,38 @@ mod tests {
         };
         let e = QueryAnswer::Account(account).check().unwrap_err();
         assert!(e.contains("1001 orders, more than the 1000"), "{e}");
+        let line = BookLine {
+            order_id: 1,
+            side: bourse_core::Side::Sell,
+            price: 1,
+            qty_display: 1,
+        };
+        let book = BookAnswer {
+            next_index: 1,
+            instrument: 3,
+            known: true,
+            orders_total: 1,
+            orders_truncated: false,
+            orders: vec![line; 2],
+        };
+        let e = QueryAnswer::Book(book.clone()).check().unwrap_err();
+        assert!(e.contains("2 orders of instrument 3 listed"), "{e}");
+        let quiet_truncation = BookAnswer {
+            orders_total: 3,
+            ..book.clone()
+        };
+        let e = QueryAnswer::Book(quiet_truncation).check().unwrap_err();
+        assert!(
+            e.contains("lists 2 of 3 orders but says truncated = false"),
+            "{e}"
+        );
+        let unknown = BookAnswer {
+            known: false,
+            orders_total: 2,
+            ..book
+        };
+        let e = QueryAnswer::Book(unknown).check().unwrap_err();
+        assert!(e.contains("instrument 3 is unknown but has orders"), "{e}");
         let e = QueryAnswer::Refused("stopping".into()).check().unwrap_err();
         assert!(e.contains("stopping"), "{e}");
     }

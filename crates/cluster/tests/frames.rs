@@ -59,10 +59,12 @@ fn request(kind: u8, tag: u64, a: u64, b: u64, command: Vec<u8>) -> Tagged<Reque
         2 => Request::LastSeq { client_id: a },
         3 => Request::Status,
         4 => Request::Instruments,
-        6 => Request::Query(if a.is_multiple_of(2) {
-            bourse_cluster::query::Query::Phases
-        } else {
-            bourse_cluster::query::Query::Account { account: b as u32 }
+        6 => Request::Query(match a % 3 {
+            0 => bourse_cluster::query::Query::Phases,
+            1 => bourse_cluster::query::Query::Account { account: b as u32 },
+            _ => bourse_cluster::query::Query::Book {
+                instrument: b as u32,
+            },
         }),
         _ => Request::StatusBrief,
     };

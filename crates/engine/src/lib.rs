@@ -315,6 +315,29 @@ impl Engine {
         v
     }
 
+    /// The first `max` resting orders of an instrument in the order of
+    /// [`resting_orders`](Self::resting_orders), and how many rest in all; `None` for an
+    /// instrument without a book. For readers of a large book (an operator's query), which
+    /// must not copy millions of orders to show the first few.
+    pub fn book_orders(&self, id: InstrumentId, max: usize) -> Option<(Vec<OrderView>, u64)> {
+        let &b = self.book_index.get(&id)?;
+        let book = &self.books[b as usize];
+        let mut v = Vec::new();
+        let mut total = 0u64;
+        for side in [Side::Buy, Side::Sell] {
+            for level in book.side(side).iter().rev() {
+                total += u64::from(level.orders);
+                let mut slot = level.head;
+                while slot != NIL && v.len() < max {
+                    let o = self.pool.get(slot);
+                    v.push(self.view(o));
+                    slot = o.next;
+                }
+            }
+        }
+        Some((v, total))
+    }
+
     /// A live order by exchange id.
     pub fn order(&self, id: OrderId) -> Option<OrderView> {
         self.order_index

@@ -561,11 +561,18 @@ fn observe(e: &Engine) -> Observed {
         instruments: e
             .instruments()
             .map(|i| {
-                (
-                    i.clone(),
-                    e.phase(i.instrument),
-                    e.resting_orders(i.instrument),
-                )
+                let resting = e.resting_orders(i.instrument);
+                // The bounded read an operator's query uses: a prefix, and the whole count.
+                for max in [0, 3, usize::MAX] {
+                    let (first, total) = e.book_orders(i.instrument, max).expect("a book");
+                    assert_eq!(
+                        total,
+                        resting.len() as u64,
+                        "book_orders counts every order"
+                    );
+                    assert_eq!(first[..], resting[..max.min(resting.len())]);
+                }
+                (i.clone(), e.phase(i.instrument), resting)
             })
             .collect(),
         accounts: ACCOUNT_IDS.map(|a| e.account(AccountId(a))).collect(),
