@@ -85,7 +85,15 @@ pub struct ListenArgs {
     /// Stop after this many packets.
     #[arg(long)]
     count: Option<u64>,
+    /// Keep every instrument's order-level book, as rebuilt from the feeds, in this JSON file
+    /// (rewritten whole when the feeds are idle, at most every `BOOKS_OUT_EVERY_MS`, and at
+    /// the end), to compare with the venue's own (`bourse admin book`).
+    #[arg(long)]
+    books_out: Option<std::path::PathBuf>,
 }
+
+/// How often `md listen --books-out` rewrites its file while the feeds are idle.
+const BOOKS_OUT_EVERY_MS: u64 = 200;
 
 #[derive(Args)]
 pub struct BookArgs {
@@ -281,7 +289,28 @@ fn listen(a: ListenArgs) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let s = Arc::clone(&stop);
     let _ = ctrlc::set_handler(move || s.store(true, Ordering::Relaxed));
-    sub.run_until(deadline, &mut |_| stop.load(Ordering::Relaxed), &mut print);
+    let books_out = a.books_out.as_deref();
+    let mut written_at = Instant::now();
+    let mut failed = None;
+    let mut idle = |sub: &bourse_marketdata::Subscriber| {
+        if let Some(path) = books_out {
+            if written_at.elapsed() >= Duration::from_millis(BOOKS_OUT_EVERY_MS) {
+                written_at = Instant::now();
+                if let Err(e) = write_books(sub, path) {
+                    failed = Some(e);
+                    return true;
+                }
+            }
+        }
+        stop.load(Ordering::Relaxed)
+    };
+    sub.run_until(deadline, &mut idle, &mut print);
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    if let Some(path) = books_out {
+        write_books(&sub.sub, path)?;
+    }
     let s = sub.sub.stats();
     eprintln!(
         "packets A {} B {} replayed {}; duplicates {}; gaps {} (replayed {}, skipped {}); skipped datagrams {}{}",
@@ -302,6 +331,36 @@ fn listen(a: ListenArgs) -> Result<()> {
         let _ = p.join();
     }
     Ok(())
+}
+
+/// Every instrument's order-level book as `sub` holds it, as JSON: instruments by id, each
+/// with its orders (order id, side, price, visible quantity) bids then asks, best first, then
+/// time. Written to a temporary file and renamed, so a reader never sees half of it.
+fn write_books(sub: &bourse_marketdata::Subscriber, path: &std::path::Path) -> Result<()> {
+    let mut instruments: Vec<_> = sub.instruments().collect();
+    instruments.sort_by_key(|i| i.id);
+    let list: Vec<serde_json::Value> = instruments
+        .iter()
+        .map(|i| {
+            let orders: Vec<serde_json::Value> = i
+                .book
+                .orders()
+                .map(|o| serde_json::json!([o.order_id, o.side, o.price, o.qty]))
+                .collect();
+            serde_json::json!({
+                "instrument": i.id, "symbol": i.symbol, "live": i.live, "rpt_seq": i.rpt_seq,
+                "orders": orders,
+            })
+        })
+        .collect();
+    let st = sub.stats();
+    let text = serde_json::json!({
+        "packets_a": st.packets_a, "packets_b": st.packets_b, "instruments": list,
+    })
+    .to_string();
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
 }
 
 fn book(a: BookArgs) -> Result<()> {

@@ -65,6 +65,7 @@ mod fix_orders;
 #[path = "replica_check.rs"]
 mod replica_check;
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -474,6 +475,133 @@ fn wait_until(what: &str, dir: &Path, seed: u64, mut done: impl FnMut() -> bool)
             dir.display()
         );
         std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A resting order as both the replicas and the subscriber's file name it: (order id, side,
+/// price, visible quantity).
+type BookRow = (u64, String, i64, i64);
+
+/// Every instrument's order-level book as the replicas hold it (`Query::Book`), checked equal
+/// on all three.
+async fn replica_books(
+    addrs: &[(u64, SocketAddr)],
+    seed: u64,
+    dir: &Path,
+) -> BTreeMap<u32, Vec<BookRow>> {
+    use bourse_cluster::query::{Query, QueryAnswer};
+    let timeout = Duration::from_secs(5);
+    let ask = |addr: SocketAddr, query: Query| async move {
+        bourse_cluster::client::node_query(addr, query, timeout)
+            .await
+            .unwrap_or_else(|e| panic!("{query:?} of {addr}: {e} (seed {seed})"))
+    };
+    let QueryAnswer::Phases(phases) = ask(addrs[0].1, Query::Phases).await else {
+        panic!("node 1 answered another query than Phases");
+    };
+    assert_eq!(phases.instruments.len() as u32, phases.instruments_total);
+    let mut per_node = Vec::new();
+    for &(id, addr) in addrs {
+        let mut books = BTreeMap::new();
+        for i in &phases.instruments {
+            let QueryAnswer::Book(b) = ask(
+                addr,
+                Query::Book {
+                    instrument: i.instrument,
+                },
+            )
+            .await
+            else {
+                panic!("node {id} answered another query than Book");
+            };
+            assert!(b.known && !b.orders_truncated, "node {id}: {b:?}");
+            let rows = b
+                .orders
+                .iter()
+                .map(|o| (o.order_id, side_name(o.side), o.price, o.qty_display))
+                .collect();
+            books.insert(i.instrument, rows);
+        }
+        per_node.push(books);
+    }
+    for (k, books) in per_node.iter().enumerate().skip(1) {
+        assert_eq!(
+            books,
+            &per_node[0],
+            "node {}'s books differ from node {}'s (seed {seed}; logs in {})",
+            addrs[k].0,
+            addrs[0].0,
+            dir.display()
+        );
+    }
+    per_node.swap_remove(0)
+}
+
+fn side_name(side: bourse_core::Side) -> String {
+    serde_json::to_value(side)
+        .unwrap()
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// What the subscriber's `--books-out` file says, or why it does not match `want`.
+fn subscriber_books_mismatch(path: &Path, want: &BTreeMap<u32, Vec<BookRow>>) -> Option<String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => return Some(format!("{}: {e}", path.display())),
+    };
+    let v: serde_json::Value = match serde_json::from_str(&text) {
+        Ok(v) => v,
+        Err(e) => return Some(format!("{}: {e}", path.display())),
+    };
+    let mut got = BTreeMap::new();
+    for i in v["instruments"].as_array().into_iter().flatten() {
+        let id = i["instrument"].as_u64().unwrap_or(u64::MAX) as u32;
+        if i["live"] != serde_json::Value::Bool(true) {
+            return Some(format!("instrument {id} is not live in the subscriber"));
+        }
+        let rows: Vec<BookRow> = match serde_json::from_value(i["orders"].clone()) {
+            Ok(r) => r,
+            Err(e) => return Some(format!("instrument {id}'s orders: {e}")),
+        };
+        got.insert(id, rows);
+    }
+    if got.keys().ne(want.keys()) {
+        return Some(format!(
+            "the subscriber knows instruments {:?}, the replicas {:?}",
+            got.keys().collect::<Vec<_>>(),
+            want.keys().collect::<Vec<_>>()
+        ));
+    }
+    got.iter().zip(want).find_map(|((id, g), (_, w))| {
+        (g != w).then(|| {
+            let first = g.iter().zip(w).position(|(a, b)| a != b);
+            format!(
+                "instrument {id}: the subscriber holds {} orders, the replicas {}; first \
+                 difference at {first:?}: {:?} against {:?}",
+                g.len(),
+                w.len(),
+                first.and_then(|k| g.get(k)),
+                first.and_then(|k| w.get(k))
+            )
+        })
+    })
+}
+
+/// Waits, under a hang guard, until the subscriber's file holds `want`.
+fn subscriber_books_equal(path: &Path, want: &BTreeMap<u32, Vec<BookRow>>, seed: u64, dir: &Path) {
+    let limit = Instant::now() + FAILOVER_LIMIT * 2;
+    loop {
+        let Some(why) = subscriber_books_mismatch(path, want) else {
+            return;
+        };
+        assert!(
+            Instant::now() < limit,
+            "the subscriber's books are not the replicas': {why} (seed {seed}; logs in {})",
+            dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -1068,6 +1196,7 @@ fn inner(prefix: &str) {
         impaired: Vec::new(),
     };
     let sub_log = dir.join("subscriber.log");
+    let sub_books = dir.join("subscriber-books.json");
     let port = FEED_BASE_PORT.to_string();
     let mut subscriber = spawn_on(
         prefix,
@@ -1087,6 +1216,8 @@ fn inner(prefix: &str) {
             "0",
             "--seconds",
             "36000",
+            "--books-out",
+            sub_books.to_str().unwrap(),
         ],
         &sub_log,
     );
@@ -1179,6 +1310,12 @@ fn inner(prefix: &str) {
         let hold = Duration::from_millis(500 + rng.below(1_500));
         let fault_us = shared.now_us();
         let fault_at = Instant::now();
+        // With BOURSE_NET_DEBUG, on the nodes' clock: their lines can be read against it.
+        bourse_cluster::net::debug_line(format_args!(
+            "netns faults: fault {k}: {fault:?}, leader n{leader}, follower n{follower}, \
+             held {} ms",
+            hold.as_millis()
+        ));
         let undo = run.inject(fault, leader, follower);
         let seen = rt.block_on(watch(&addrs, leader, fault_at, fault_at + hold));
         // A follower's disk: what the group had committed at the heal, which the follower must
@@ -1190,6 +1327,7 @@ fn inner(prefix: &str) {
         let acked_at_heal = shared.acked.load(Ordering::SeqCst);
         let healed_at = Instant::now();
         run.heal(undo);
+        bourse_cluster::net::debug_line(format_args!("netns faults: fault {k} healed"));
         // The heal is whole once the last link is: a host's impaired links heal one by one.
         let heal_us = shared.now_us();
         let limit = Instant::now() + FAILOVER_LIMIT;
@@ -1265,6 +1403,16 @@ fn inner(prefix: &str) {
         seed,
         &dir,
     ));
+    // Nothing more is sent: the subscriber on its own host must come to hold exactly the
+    // books every replica holds, whatever it lost and recovered on the way.
+    let books = rt.block_on(replica_books(&addrs, seed, &dir));
+    let orders: usize = books.values().map(Vec::len).sum();
+    subscriber_books_equal(&sub_books, &books, seed, &dir);
+    println!(
+        "netns faults: the subscriber's books equal the replicas' ({} instruments, {orders} \
+         resting orders)",
+        books.len()
+    );
     shared.stop.store(true, Ordering::SeqCst);
     let (duplicates, timeouts) = client.join().expect("client thread");
     signal(&subscriber, "INT");
