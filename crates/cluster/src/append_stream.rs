@@ -198,10 +198,13 @@ async fn read_answer(state: Option<ReadState>) -> Option<(AppendStreamItem, Opti
     let target = state.as_ref().map(|s| s.target);
     let r = read_answer_inner(state).await;
     if crate::net::net_debug() {
+        let line = crate::net::debug_line;
         match &r {
-            Some((Err(e), _)) => eprintln!("append stream to {target:?}: {e}"),
-            Some((Ok(res), None)) => eprintln!("append stream to {target:?} ends: {res:?}"),
-            None => eprintln!("append stream to {target:?}: input ended"),
+            Some((Err(e), _)) => line(format_args!("append stream to {target:?}: {e}")),
+            Some((Ok(res), None)) => {
+                line(format_args!("append stream to {target:?} ends: {res:?}"))
+            }
+            None => line(format_args!("append stream to {target:?}: input ended")),
             _ => {}
         }
     }

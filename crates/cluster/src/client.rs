@@ -235,7 +235,18 @@ impl Client {
         if self.conn.is_none() {
             self.switch_to(self.current);
         }
+        let mut attempts = 0u64;
         while started.elapsed() < deadline {
+            if attempts > 0 {
+                crate::net::debug_line(format_args!(
+                    "client {}: request {request_seq}: attempt {} to node {} after {} ms: {last_error}",
+                    self.client_id,
+                    attempts + 1,
+                    self.nodes[self.current].0,
+                    started.elapsed().as_millis()
+                ));
+            }
+            attempts += 1;
             let conn = self.conn.as_mut().expect("connection chosen");
             let request = match audit {
                 None => Request::Submit {
@@ -1101,14 +1112,12 @@ impl Driver {
                         link = None;
                     }
                     Rewind::Next(why) => {
-                        if std::env::var("BOURSE_NET_DEBUG").is_ok() {
-                            eprintln!(
-                                "pipelined client {}: node {}: {why}; resending {} requests",
-                                self.client_id,
-                                self.nodes[self.current].0,
-                                self.unanswered.len()
-                            );
-                        }
+                        crate::net::debug_line(format_args!(
+                            "pipelined client {}: node {}: {why}; resending {} requests",
+                            self.client_id,
+                            self.nodes[self.current].0,
+                            self.unanswered.len()
+                        ));
                         tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)).await;
                         self.current = (self.current + 1) % self.nodes.len();
                         self.health.node_switches.fetch_add(1, Ordering::AcqRel);

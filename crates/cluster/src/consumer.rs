@@ -366,6 +366,10 @@ impl StreamConsumer {
     }
 
     fn cut_off(&mut self, why: String) {
+        crate::net::debug_line(format_args!(
+            "stream consumer at entry {}: {why}",
+            self.status.position
+        ));
         self.status.cut_offs += 1;
         self.status.last_cut_off = Some(why);
     }

@@ -858,12 +858,10 @@ impl Worker {
                     let behind = self.keys.keys().next().is_some_and(|&s| s <= answered_max);
                     if behind && answered_by.is_some_and(|a| a != stream.node) {
                         let avoid = stream.node;
-                        if std::env::var("BOURSE_NET_DEBUG").is_ok() {
-                            eprintln!(
-                                "cluster link {}: answers from {answered_by:?}, stream from {avoid} behind them; resubscribing",
-                                self.client_id
-                            );
-                        }
+                        crate::net::debug_line(format_args!(
+                            "cluster link {}: answers from {answered_by:?}, stream from {avoid} behind them; resubscribing",
+                            self.client_id
+                        ));
                         stream = match self.subscribe(Some(avoid), answered_by).await {
                             Ok(s) => s,
                             Err(e) => return e,
@@ -902,9 +900,10 @@ impl Worker {
                     };
                     if let Some(why) = failed {
                         let avoid = stream.node;
-                        if std::env::var("BOURSE_NET_DEBUG").is_ok() {
-                            eprintln!("cluster link {}: stream from {avoid}: {why}; resubscribing", self.client_id);
-                        }
+                        crate::net::debug_line(format_args!(
+                            "cluster link {}: stream from {avoid}: {why}; resubscribing",
+                            self.client_id
+                        ));
                         stream = match self.subscribe(Some(avoid), answered_by).await {
                             Ok(s) => s,
                             Err(e) => return e,

@@ -522,6 +522,32 @@ pub(crate) fn net_debug() -> bool {
     *DEBUG.get_or_init(|| std::env::var_os("BOURSE_NET_DEBUG").is_some())
 }
 
+/// Prints one debugging line to standard error when `BOURSE_NET_DEBUG` is set, stamped with
+/// the wall clock (UTC, to the microsecond): the lines of several nodes, gateways and a test's
+/// own account of its faults can then be read against each other.
+pub fn debug_line(line: std::fmt::Arguments<'_>) {
+    if net_debug() {
+        eprintln!("{} {line}", utc_stamp(std::time::SystemTime::now()));
+    }
+}
+
+/// `HH:MM:SS.ffffff` of `t` in UTC: short enough for a log line, exact enough to order the
+/// lines of processes on one machine.
+pub fn utc_stamp(t: std::time::SystemTime) -> String {
+    let us = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
+    let day_us = us % 86_400_000_000;
+    let s = day_us / 1_000_000;
+    format!(
+        "{:02}:{:02}:{:02}.{:06}",
+        s / 3_600,
+        s / 60 % 60,
+        s % 60,
+        day_us % 1_000_000
+    )
+}
+
 impl PeerClient {
     async fn call(
         &mut self,
@@ -537,7 +563,7 @@ impl PeerClient {
         let what = net_debug().then(|| format!("{body:?}").chars().take(60).collect::<String>());
         let r = conn.call(body, option.hard_ttl()).await;
         if let (Err(e), Some(what)) = (&r, what) {
-            eprintln!("rpc to {}: {e} ({what})", self.target);
+            debug_line(format_args!("rpc to {}: {e} ({what})", self.target));
         }
         r.map_err(|e| RPCError::Network(NetworkError::new(&e)))
     }

@@ -731,7 +731,7 @@ impl Node {
             None => None,
         };
         let (closing, closing_rx) = tokio::sync::watch::channel(false);
-        let tasks = vec![
+        let mut tasks = vec![
             tokio::spawn(accept_loop(listener, shared.clone(), closing_rx)),
             tokio::spawn(batcher(
                 shared.raft.clone(),
@@ -742,6 +742,9 @@ impl Node {
             )),
             tokio::spawn(hash_check_proposer(shared.clone())),
         ];
+        if crate::net::net_debug() {
+            tasks.push(tokio::spawn(log_role_changes(shared.clone())));
+        }
         Ok(Node {
             shared,
             tasks,
@@ -1186,9 +1189,10 @@ async fn serve_connection(
                 Ok(true) => {}
                 Ok(false) => break,
                 Err(e) => {
-                    if crate::net::net_debug() {
-                        eprintln!("node {}: connection from {from}: {e}", shared.id);
-                    }
+                    crate::net::debug_line(format_args!(
+                        "node {}: connection from {from}: {e}",
+                        shared.id
+                    ));
                     break;
                 }
             },
@@ -1198,9 +1202,10 @@ async fn serve_connection(
             Ok(request) => request,
             Err(e) => {
                 // A peer that sends garbage gets the connection closed, nothing else.
-                if crate::net::net_debug() {
-                    eprintln!("node {}: connection from {from}: {e}", shared.id);
-                }
+                crate::net::debug_line(format_args!(
+                    "node {}: connection from {from}: {e}",
+                    shared.id
+                ));
                 break;
             }
         };
@@ -1304,9 +1309,10 @@ async fn serve_connection(
                 // A pipe that ended (a conflict, a higher vote) takes no more: the leader
                 // starts a new stream on a new connection. Never waits (see `FollowerPipe`).
                 if !pipe.push(tag, received_ns, rpc) {
-                    if crate::net::net_debug() {
-                        eprintln!("node {}: append stream from {from} closed", shared.id);
-                    }
+                    crate::net::debug_line(format_args!(
+                        "node {}: append stream from {from} closed",
+                        shared.id
+                    ));
                     break;
                 }
                 continue;
@@ -1557,6 +1563,30 @@ async fn batcher(
 
 /// The leader periodically puts its newest hash checkpoint in the log; every replica that
 /// has a checkpoint at the same index compares and stops on a mismatch.
+/// With `BOURSE_NET_DEBUG`: a line each time this node's term, leader or role changes, so that
+/// its RPC failures can be read against its elections.
+async fn log_role_changes(shared: Arc<Shared>) {
+    let mut metrics = shared.raft.metrics();
+    let mut last = None;
+    loop {
+        let now = {
+            let m = metrics.borrow_and_update();
+            (m.current_term, m.current_leader, m.state)
+        };
+        if last != Some(now) {
+            let (term, leader, role) = now;
+            crate::net::debug_line(format_args!(
+                "node {}: term {term}, leader {leader:?}, {role:?}",
+                shared.id
+            ));
+            last = Some(now);
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 async fn hash_check_proposer(shared: Arc<Shared>) {
     let mut last_proposed: Option<u64> = None;
     let period = Duration::from_millis(shared.config.hash_check_interval_ms.max(10));
