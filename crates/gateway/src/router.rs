@@ -1117,7 +1117,7 @@ impl Router {
             );
         }
         let agg = self.next_mass;
-        let (submitted, busy) = match scope {
+        let (submitted, stopped) = match scope {
             MassCancelScope::Session => self.mass_cancel_own(sref, agg, &filters, ts_ns),
             MassCancelScope::Account | MassCancelScope::Firm => {
                 let parties: Vec<(Option<AccountId>, Option<FirmId>)> =
@@ -1132,8 +1132,9 @@ impl Router {
             }
         };
         if submitted == 0 {
-            let reject = busy.then_some(RejectCause::Gateway(GatewayReject::SystemBusy));
-            return report_now(self, reject);
+            // Nothing matched (a report of 0), or the first part was refused: its reason (a
+            // full queue, a core without a quorum) is the request's.
+            return report_now(self, stopped.map(RejectCause::Gateway));
         }
         self.next_mass += 1;
         self.mass.insert(
@@ -1150,14 +1151,14 @@ impl Router {
     }
 
     /// Session scope: a cancel for each live order of the session that matches. Returns the
-    /// parts submitted and whether a full queue stopped it.
+    /// parts submitted and why the gateway stopped submitting, if it did.
     fn mass_cancel_own(
         &mut self,
         sref: SessionRef,
         agg: u64,
         filters: &MassFilters,
         ts_ns: u64,
-    ) -> (u32, bool) {
+    ) -> (u32, Option<GatewayReject>) {
         let mut targets: Vec<LiveRef> = self.sessions[sref.0 as usize]
             .live
             .values()
@@ -1170,8 +1171,8 @@ impl Router {
         for live in targets {
             let cmd = self.internal_cancel(&live, ts_ns);
             let key = self.next_key(sref);
-            if self.submit(live.core, key, cmd).is_err() {
-                return (submitted, true);
+            if let Err(why) = self.submit(live.core, key, cmd) {
+                return (submitted, Some(why));
             }
             self.next_internal += 1;
             self.pending.insert(
@@ -1184,7 +1185,7 @@ impl Router {
             );
             submitted += 1;
         }
-        (submitted, false)
+        (submitted, None)
     }
 
     /// Account or firm scope: a core MassCancel per party and core (the instrument's core,
@@ -1196,7 +1197,7 @@ impl Router {
         parties: &[(Option<AccountId>, Option<FirmId>)],
         filters: &MassFilters,
         ts_ns: u64,
-    ) -> (u32, bool) {
+    ) -> (u32, Option<GatewayReject>) {
         let cores: Vec<usize> = match filters.instrument {
             Some(i) => vec![self.core_of(i)],
             None => (0..self.links.len()).collect(),
@@ -1215,8 +1216,8 @@ impl Router {
                     }),
                 );
                 let key = self.next_key(sref);
-                if self.submit(core, key, cmd).is_err() {
-                    return (submitted, true);
+                if let Err(why) = self.submit(core, key, cmd) {
+                    return (submitted, Some(why));
                 }
                 self.next_internal += 1;
                 self.pending.insert(
@@ -1230,7 +1231,7 @@ impl Router {
                 submitted += 1;
             }
         }
-        (submitted, false)
+        (submitted, None)
     }
 
     pub fn business_reject(&mut self, sref: SessionRef, report: Report) {

@@ -900,6 +900,41 @@ fn an_order_for_a_core_without_a_quorum_is_rejected_at_once_with_that_reason() {
     assert_eq!(f.take_submitted(0).len(), 1);
 }
 
+#[test]
+fn a_mass_cancel_for_a_core_without_a_quorum_is_refused_with_that_reason() {
+    let mut f = Fixture::new();
+    f.cores[0].lock().unwrap().no_quorum = true;
+    f.router.handle(
+        ALPHA,
+        Request::MassCancel {
+            client: ClientId::Num(9),
+            request_type: 7,
+            scope: MassCancelScope::Account,
+            account: None,
+            instrument: None,
+            side: None,
+        },
+        6,
+    );
+    assert!(f.take_submitted(0).is_empty());
+    let reports = f.reports();
+    let [(
+        ALPHA,
+        Report::MassCancel {
+            total: 0, reject, ..
+        },
+    )] = reports.as_slice()
+    else {
+        panic!("one mass cancel report: {reports:?}")
+    };
+    assert_eq!(
+        *reject,
+        Some(RejectCause::Gateway(GatewayReject::CoreNoQuorum)),
+        "the reason is the core's lost quorum, not a busy gateway"
+    );
+    assert_eq!(f.router.counters().no_quorum_rejects, 1);
+}
+
 /// An `InstrumentAdded` event on core `core`'s stream under another client's key.
 fn announce(f: &mut Fixture, core: usize, id: u32, symbol: &str) {
     let def = bourse_core::Instrument {
