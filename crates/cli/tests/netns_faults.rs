@@ -39,8 +39,10 @@
 //! applies each order once; so the engine's command count equals the gateway's bootstrap, the
 //! cluster client's acknowledgements and the orders the gateway did not refuse for want of a
 //! quorum: nothing lost, nothing applied twice) with equal state hashes and no alarm, every
-//! order through the gateway must be answered, none refused for another reason, and the
-//! subscriber must have read both feeds from across the namespaces. The test
+//! order through the gateway must be answered, none refused for another reason, the
+//! subscriber must have read both feeds from across the namespaces, and the order-level books
+//! it rebuilt from them (`md listen --books-out`) must come to equal every replica's, order by
+//! order (`Query::Book`), whatever it lost and recovered on the way. The test
 //! prints, per kind of fault, how long acknowledgements stopped counted from the fault and
 //! from the heal (p50/p99/max from HDR histograms), the same for the FIX client through the
 //! gateway (and when the no-quorum refusal reached it), and two hops seen by asking the nodes for
