@@ -324,21 +324,22 @@ fn a_cancel_of_an_unknown_order_is_rejected_without_reaching_a_core() {
     );
 }
 
+/// FIX MassCancelRequestType 7 for every account of the session, on every core.
+fn all_accounts_mass_cancel() -> Request {
+    Request::MassCancel {
+        client: ClientId::Num(9),
+        request_type: 7,
+        scope: MassCancelScope::Account,
+        account: None,
+        instrument: None,
+        side: None,
+    }
+}
+
 #[test]
 fn an_account_mass_cancel_reaches_every_core_and_is_answered_once_with_the_sum() {
     let mut f = Fixture::new();
-    f.router.handle(
-        ALPHA,
-        Request::MassCancel {
-            client: ClientId::Num(9),
-            request_type: 7,
-            scope: MassCancelScope::Account,
-            account: None,
-            instrument: None,
-            side: None,
-        },
-        6,
-    );
+    f.router.handle(ALPHA, all_accounts_mass_cancel(), 6);
     let first = f.take_submitted(0);
     let second = f.take_submitted(1);
     assert_eq!((first.len(), second.len()), (1, 1));
@@ -904,18 +905,7 @@ fn an_order_for_a_core_without_a_quorum_is_rejected_at_once_with_that_reason() {
 fn a_mass_cancel_for_a_core_without_a_quorum_is_refused_with_that_reason() {
     let mut f = Fixture::new();
     f.cores[0].lock().unwrap().no_quorum = true;
-    f.router.handle(
-        ALPHA,
-        Request::MassCancel {
-            client: ClientId::Num(9),
-            request_type: 7,
-            scope: MassCancelScope::Account,
-            account: None,
-            instrument: None,
-            side: None,
-        },
-        6,
-    );
+    f.router.handle(ALPHA, all_accounts_mass_cancel(), 6);
     assert!(f.take_submitted(0).is_empty());
     let reports = f.reports();
     let [(
