@@ -122,6 +122,37 @@ pub fn refusal_reason(g: GatewayReject, version: u16) -> BinBizReason {
     }
 }
 
+/// The schema version that added `MassCancelResult::CoreNoQuorum` and `SystemUnavailable`.
+pub const MASS_CANCEL_REFUSALS_SINCE_VERSION: u16 = 5;
+
+/// The MassCancelAck result for a mass cancel done (`None`) or refused, for a session that
+/// established with schema `version`: a core without a quorum or an overloaded one has a
+/// result of its own since version 5 (the request was not processed; retry); an older client
+/// gets Other, a value its decoder knows.
+pub fn mass_cancel_result(reject: Option<RejectCause>, version: u16) -> MassCancelResult {
+    let refusals = version >= MASS_CANCEL_REFUSALS_SINCE_VERSION;
+    match reject {
+        None => MassCancelResult::Done,
+        Some(RejectCause::Gateway(GatewayReject::NotAuthorized)) => MassCancelResult::NotAuthorized,
+        Some(RejectCause::Core(RejectReason::UnknownAccount)) => MassCancelResult::UnknownAccount,
+        Some(RejectCause::Core(RejectReason::UnknownInstrument)) => {
+            MassCancelResult::UnknownInstrument
+        }
+        Some(RejectCause::Gateway(GatewayReject::UnsupportedScope)) => {
+            MassCancelResult::UnsupportedScope
+        }
+        Some(RejectCause::Gateway(GatewayReject::CoreNoQuorum)) if refusals => {
+            MassCancelResult::CoreNoQuorum
+        }
+        Some(RejectCause::Gateway(GatewayReject::SystemBusy | GatewayReject::CoreUnavailable))
+            if refusals =>
+        {
+            MassCancelResult::SystemUnavailable
+        }
+        Some(_) => MassCancelResult::Other,
+    }
+}
+
 /// Encodes a report as one frame into `buf`, for a session that established with schema
 /// `version` (some reasons depend on it, see [`refusal_reason`]); returns its length. Never
 /// fails for the fixed-size messages of the schema (the buffer is the protocol's frame limit).
@@ -275,22 +306,7 @@ pub fn render(
             ts_ns,
             ..
         } => encode_frame(buf, |mut e: MassCancelAckEncoder| {
-            let result = match reject {
-                None => MassCancelResult::Done,
-                Some(RejectCause::Gateway(GatewayReject::NotAuthorized)) => {
-                    MassCancelResult::NotAuthorized
-                }
-                Some(RejectCause::Core(RejectReason::UnknownAccount)) => {
-                    MassCancelResult::UnknownAccount
-                }
-                Some(RejectCause::Core(RejectReason::UnknownInstrument)) => {
-                    MassCancelResult::UnknownInstrument
-                }
-                Some(RejectCause::Gateway(GatewayReject::UnsupportedScope)) => {
-                    MassCancelResult::UnsupportedScope
-                }
-                Some(_) => MassCancelResult::Other,
-            };
+            let result = mass_cancel_result(*reject, version);
             e.cl_ord_id(client.num()).transact_time_ns(*ts_ns);
             e.canceled_count(u32::try_from(*total).unwrap_or(u32::MAX))
                 .result(result);

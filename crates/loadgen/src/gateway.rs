@@ -58,6 +58,10 @@ const READS_PER_SESSION_MAX: usize = 4_096;
 const BIN_REASON_THROTTLED: u8 = 1;
 const BIN_REASON_SYSTEM_UNAVAILABLE: u8 = 4;
 const BIN_REASON_CORE_NO_QUORUM: u8 = 7;
+/// MassCancelResult codes that mean the mass cancel was refused unprocessed (since schema
+/// version 5): CoreNoQuorum and SystemUnavailable.
+const BIN_MASS_CORE_NO_QUORUM: u8 = 6;
+const BIN_MASS_SYSTEM_UNAVAILABLE: u8 = 7;
 
 /// The order entry protocol of a session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -600,6 +604,11 @@ impl Sessions {
             Response::ReplaceReject { cl_ord_id, .. } => Rep::ReplaceReject { cl: cl_ord_id },
             Response::MassCancelAck {
                 cl_ord_id,
+                result: BIN_MASS_CORE_NO_QUORUM | BIN_MASS_SYSTEM_UNAVAILABLE,
+                ..
+            } => Rep::Busy { cl: cl_ord_id },
+            Response::MassCancelAck {
+                cl_ord_id,
                 canceled_count,
                 result,
             } => Rep::MassDone {
@@ -636,6 +645,7 @@ impl Sessions {
         });
         match m.msg_type.as_str() {
             "8" | "9" if busy && text(150).is_none_or(|t| t == "8") => Rep::Busy { cl },
+            "r" if busy => Rep::Busy { cl },
             "j" if busy => match num(379) {
                 Some(cl) => Rep::Busy { cl },
                 None => Rep::BusinessReject { cl: None },
@@ -1303,6 +1313,23 @@ mod tests {
         ))));
         assert!(busy(Sessions::binary_rep(biz(BIN_REASON_THROTTLED))));
         assert!(busy(Sessions::binary_rep(biz(BIN_REASON_CORE_NO_QUORUM))));
+        let mass = |result: u8| Response::MassCancelAck {
+            cl_ord_id: 7,
+            canceled_count: 0,
+            result,
+        };
+        assert!(busy(Sessions::binary_rep(mass(BIN_MASS_CORE_NO_QUORUM))));
+        assert!(busy(Sessions::binary_rep(mass(
+            BIN_MASS_SYSTEM_UNAVAILABLE
+        ))));
+        assert!(matches!(
+            Sessions::binary_rep(mass(0)),
+            Rep::MassDone {
+                cl: 7,
+                ok: true,
+                ..
+            }
+        ));
         assert!(matches!(
             Sessions::binary_rep(biz(6)),
             Rep::BusinessReject { cl: Some(7) }
@@ -1340,6 +1367,19 @@ mod tests {
                 &[(11, "7"), (150, "8"), (58, "InsufficientCollateral")]
             ),
             Rep::NewReject { cl: 7 }
+        ));
+        // A mass cancel refused unprocessed (OrderMassCancelReport, response 0 with the
+        // refusal's Text) is busy too; one the core rejected is not.
+        let no_quorum =
+            "trading core has no quorum (replicas unreachable): not accepted, retry later";
+        assert!(busy(fix("r", &[(11, "7"), (531, "0"), (58, no_quorum)])));
+        assert!(matches!(
+            fix("r", &[(11, "7"), (531, "0"), (58, "UnknownAccount")]),
+            Rep::MassDone {
+                cl: 7,
+                ok: false,
+                ..
+            }
         ));
     }
 

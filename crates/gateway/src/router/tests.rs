@@ -923,6 +923,47 @@ fn a_mass_cancel_for_a_core_without_a_quorum_is_refused_with_that_reason() {
         "the reason is the core's lost quorum, not a busy gateway"
     );
     assert_eq!(f.router.counters().no_quorum_rejects, 1);
+    // On the binary protocol: a MassCancelAck with the result of its own since version 5, and
+    // Other, which its decoder knows, for a client of an older version.
+    use bourse_wire::order_entry::codec::mass_cancel_result::MassCancelResult as R;
+    for (version, result) in [
+        (bourse_wire::order_entry::SCHEMA_VERSION, R::CoreNoQuorum),
+        (
+            crate::binary_front::MASS_CANCEL_REFUSALS_SINCE_VERSION,
+            R::CoreNoQuorum,
+        ),
+        (4, R::Other),
+        (1, R::Other),
+    ] {
+        let mut frame = [0u8; bourse_wire::order_entry::FRAME_BYTES_MAX];
+        let n = crate::binary_front::render(&f.router, &reports[0].1, version, &mut frame);
+        let decoded = bourse_wire::order_entry::FrameDecoder::default()
+            .decode_exact(&frame[..n])
+            .unwrap();
+        let bourse_wire::order_entry::Message::MassCancelAck(m) = decoded else {
+            panic!("not a mass cancel ack: {decoded:?}")
+        };
+        assert_eq!(
+            (m.result(), m.canceled_count()),
+            (result, 0),
+            "version {version}"
+        );
+    }
+}
+
+#[test]
+fn a_mass_cancel_refused_busy_says_so_to_a_client_of_version_5() {
+    use crate::binary_front::mass_cancel_result;
+    use bourse_wire::order_entry::codec::mass_cancel_result::MassCancelResult as R;
+    for g in [GatewayReject::SystemBusy, GatewayReject::CoreUnavailable] {
+        let reject = Some(RejectCause::Gateway(g));
+        assert_eq!(mass_cancel_result(reject, 5), R::SystemUnavailable, "{g:?}");
+        assert_eq!(mass_cancel_result(reject, 4), R::Other, "{g:?}");
+    }
+    // The results every version knows stay what they were.
+    assert_eq!(mass_cancel_result(None, 1), R::Done);
+    let denied = Some(RejectCause::Gateway(GatewayReject::NotAuthorized));
+    assert_eq!(mass_cancel_result(denied, 5), R::NotAuthorized);
 }
 
 /// An `InstrumentAdded` event on core `core`'s stream under another client's key.

@@ -9,6 +9,8 @@ pub enum MassCancelResult {
     NotAuthorized = 0x3_u8,
     Other = 0x4_u8,
     UnsupportedScope = 0x5_u8,
+    CoreNoQuorum = 0x6_u8,
+    SystemUnavailable = 0x7_u8,
     #[default]
     NullVal = 0xff_u8,
 }
@@ -22,6 +24,8 @@ impl From<u8> for MassCancelResult {
             0x3_u8 => Self::NotAuthorized,
             0x4_u8 => Self::Other,
             0x5_u8 => Self::UnsupportedScope,
+            0x6_u8 => Self::CoreNoQuorum,
+            0x7_u8 => Self::SystemUnavailable,
             _ => Self::NullVal,
         }
     }
@@ -36,6 +40,8 @@ impl From<MassCancelResult> for u8 {
             MassCancelResult::NotAuthorized => 0x3_u8,
             MassCancelResult::Other => 0x4_u8,
             MassCancelResult::UnsupportedScope => 0x5_u8,
+            MassCancelResult::CoreNoQuorum => 0x6_u8,
+            MassCancelResult::SystemUnavailable => 0x7_u8,
             MassCancelResult::NullVal => 0xff_u8,
         }
     }
@@ -52,6 +58,8 @@ impl core::str::FromStr for MassCancelResult {
             "NotAuthorized" => Ok(Self::NotAuthorized),
             "Other" => Ok(Self::Other),
             "UnsupportedScope" => Ok(Self::UnsupportedScope),
+            "CoreNoQuorum" => Ok(Self::CoreNoQuorum),
+            "SystemUnavailable" => Ok(Self::SystemUnavailable),
             _ => Ok(Self::NullVal),
         }
     }
@@ -66,6 +74,8 @@ impl core::fmt::Display for MassCancelResult {
             Self::NotAuthorized => write!(f, "NotAuthorized"),
             Self::Other => write!(f, "Other"),
             Self::UnsupportedScope => write!(f, "UnsupportedScope"),
+            Self::CoreNoQuorum => write!(f, "CoreNoQuorum"),
+            Self::SystemUnavailable => write!(f, "SystemUnavailable"),
             Self::NullVal => write!(f, "NullVal"),
         }
     }
