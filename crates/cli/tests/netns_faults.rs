@@ -1157,9 +1157,16 @@ fn inner(prefix: &str) {
         schedule.len()
     );
     let started = Instant::now();
-    // Kept when the run fails (the messages name it for its logs); removed at the end of a
-    // run that passes.
+    // Kept when the run fails (the messages name it for its logs) or when `BOURSE_NET_DEBUG`
+    // is set (the nodes' debug lines are what such a run is for); removed at the end of any
+    // other run that passes.
     let dir = tempfile::tempdir().unwrap().keep();
+    if std::env::var_os("BOURSE_NET_DEBUG").is_some() {
+        println!(
+            "netns faults: the bed's directory (kept): {}",
+            dir.display()
+        );
+    }
     let client_tls = make_certs(&dir);
     let config = write_config(&dir);
     let addrs: Vec<(u64, SocketAddr)> = (1..=3)
@@ -1450,5 +1457,7 @@ fn inner(prefix: &str) {
         a > 0 && b > 0,
         "the subscriber in its own namespace read feed A {a} and feed B {b} packets: {log}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
+    if std::env::var_os("BOURSE_NET_DEBUG").is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

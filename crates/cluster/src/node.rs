@@ -744,6 +744,7 @@ impl Node {
         ];
         if crate::net::net_debug() {
             tasks.push(tokio::spawn(log_role_changes(shared.clone())));
+            tasks.push(tokio::spawn(log_quorum_lapses(shared.clone())));
         }
         Ok(Node {
             shared,
@@ -1585,6 +1586,82 @@ async fn log_role_changes(shared: Arc<Shared>) {
             return;
         }
     }
+}
+
+/// How often the quorum-lapse logger looks at the leader's metrics.
+const QUORUM_WATCH_MS: u64 = 25;
+/// While a lapse lasts, its line is repeated at most this often.
+const QUORUM_LAPSE_REPEAT_MS: u64 = 200;
+
+/// With `BOURSE_NET_DEBUG`, on a leader: a line when no quorum has acknowledged it for more
+/// than two heartbeats, repeated while that lasts and closed when a quorum answers again.
+/// Each names, per follower, the last entry it matched and how long ago it last answered, so
+/// that a lapse can be told apart as a follower gone silent or one answering but behind (a
+/// leader's quorum time is the send time of the requests a quorum has answered, so a
+/// follower that answers a deep backlog still leaves it without a recent quorum).
+async fn log_quorum_lapses(shared: Arc<Shared>) {
+    let metrics = shared.raft.metrics();
+    let lapse_ms_min = 2 * shared.config.heartbeat_ms;
+    let mut lapse_since: Option<std::time::Instant> = None;
+    let mut last_line: Option<std::time::Instant> = None;
+    loop {
+        tokio::time::sleep(Duration::from_millis(QUORUM_WATCH_MS)).await;
+        let line = {
+            let m = metrics.borrow();
+            #[allow(deprecated)]
+            let ago_ms = m.millis_since_quorum_ack;
+            let leading = m.current_leader == Some(shared.id) && m.running_state.is_ok();
+            ago_ms
+                .filter(|&ms| leading && ms > lapse_ms_min)
+                .map(|ms| quorum_lapse_line(&m, ms))
+        };
+        match (line, lapse_since) {
+            (Some(line), _) => {
+                let due = last_line
+                    .is_none_or(|t| t.elapsed() >= Duration::from_millis(QUORUM_LAPSE_REPEAT_MS));
+                if due {
+                    crate::net::debug_line(format_args!("node {}: {line}", shared.id));
+                    last_line = Some(std::time::Instant::now());
+                }
+                lapse_since.get_or_insert_with(std::time::Instant::now);
+            }
+            (None, Some(since)) => {
+                crate::net::debug_line(format_args!(
+                    "node {}: a quorum acknowledges again ({} ms after the lapse was seen)",
+                    shared.id,
+                    since.elapsed().as_millis()
+                ));
+                lapse_since = None;
+                last_line = None;
+            }
+            (None, None) => {}
+        }
+    }
+}
+
+/// One quorum-lapse line: the leader's log and each follower's match and last answer.
+fn quorum_lapse_line(m: &openraft::RaftMetrics<crate::TypeConfig>, ago_ms: u64) -> String {
+    use openraft::Instant as _;
+    use std::fmt::Write as _;
+    #[allow(deprecated)]
+    let committed = m.committed.map(|l| l.index);
+    let mut line = format!(
+        "leader without a quorum acknowledgement for {ago_ms} ms: last log {:?}, committed \
+         {committed:?}",
+        m.last_log_index
+    );
+    let matched = m.replication.as_ref();
+    for (id, acked) in m.heartbeat.iter().flatten() {
+        let matched = matched
+            .and_then(|r| r.get(id))
+            .and_then(|l| l.map(|l| l.index));
+        let acked_ms = acked.map(|t| t.elapsed().as_millis());
+        let _ = write!(
+            line,
+            "; node {id}: matched {matched:?}, answered {acked_ms:?} ms ago"
+        );
+    }
+    line
 }
 
 async fn hash_check_proposer(shared: Arc<Shared>) {
