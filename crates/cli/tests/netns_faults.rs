@@ -28,7 +28,11 @@
 //!   data directory is a 256 MiB ext4 of its own on a loop device, `netbed.sh smalldisk`,
 //!   whose image is on /dev/shm where there is one);
 //!   the follower must stop (its process ends, or its status names the error) and the other
-//!   two go on; the heal removes the filler and restarts it, and it must catch up as above.
+//!   two go on; the heal removes the filler and restarts it, and it must catch up as above;
+//! - **leader slow disk** / **leader full disk**: the same for the leader. On a slow disk it
+//!   may keep leading (the followers' two fsyncs make a quorum without its own) or lose the
+//!   lead, but acknowledgements must go on; on a full disk it must stop and the other two elect
+//!   a leader among themselves and go on; after either heal it must catch up.
 //!
 //! The bed runs with `netbed.sh distance` on: n1 and n2 in one data centre 50 µs apart, n3 in
 //! another 1 ms one way from every host (an impairment of a link adds to its distance).
@@ -127,9 +131,11 @@ enum Fault {
     FollowerDelayed,
     FollowerSlowDisk,
     FollowerFullDisk,
+    LeaderSlowDisk,
+    LeaderFullDisk,
 }
 
-const FAULTS: [Fault; 13] = [
+const FAULTS: [Fault; 15] = [
     Fault::LeaderAlone,
     Fault::LeaderCannotSend,
     Fault::FollowerAlone,
@@ -143,6 +149,8 @@ const FAULTS: [Fault; 13] = [
     Fault::FollowerDelayed,
     Fault::FollowerSlowDisk,
     Fault::FollowerFullDisk,
+    Fault::LeaderSlowDisk,
+    Fault::LeaderFullDisk,
 ];
 
 /// The share of the leader's packets (both ways) lost, duplicated or reordered by those faults.
@@ -161,8 +169,8 @@ const SMALL_DISK_MIB: u64 = 256;
 /// costs what the loop device and ext4 cost, not the machine's disk under other load (the
 /// slow disk is the cgroup limit on the loop device, which holds either way).
 const IMAGE_DIR: &str = "/dev/shm";
-/// Acknowledgements the other two must give while a follower's disk is slow or full.
-const ACKS_WITHOUT_THE_FOLLOWER: u64 = 20;
+/// Acknowledgements the group must give while a node's disk is slow or full.
+const ACKS_WITHOUT_THE_DISK: u64 = 20;
 /// What a journal write on a full disk fails with, as the node's status names it.
 const ENOSPC_TEXT: &str = "No space left on device";
 
@@ -798,23 +806,25 @@ impl Run<'_> {
                 self.impair(&f, std::slice::from_ref(&l), SPIKE_DELAY_US, &[]);
             }
             // The probe's time for one write with fsync under the limit goes to the log.
-            Fault::FollowerSlowDisk => {
-                let path = node_dir(self.dir, follower);
+            Fault::FollowerSlowDisk | Fault::LeaderSlowDisk => {
+                let victim = disk_victim(fault, leader, follower).unwrap();
+                let path = node_dir(self.dir, victim);
                 print!(
                     "{}",
                     netbed_ok(&[
                         "slowdisk",
                         p,
-                        &format!("n{follower}"),
+                        &format!("n{victim}"),
                         &SLOW_DISK_WRITE_IOPS.to_string(),
                         path.to_str().unwrap(),
                     ])
                 );
-                return vec![(follower, "fastdisk")];
+                return vec![(victim, "fastdisk")];
             }
-            Fault::FollowerFullDisk => {
-                print!("{}", netbed_ok(&["fulldisk", p, &format!("n{follower}")]));
-                return vec![(follower, "emptydisk")];
+            Fault::FollowerFullDisk | Fault::LeaderFullDisk => {
+                let victim = disk_victim(fault, leader, follower).unwrap();
+                print!("{}", netbed_ok(&["fulldisk", p, &format!("n{victim}")]));
+                return vec![(victim, "emptydisk")];
             }
         }
         Vec::new()
@@ -852,29 +862,34 @@ impl Run<'_> {
     }
 }
 
-/// Whether `fault` is one of a follower's disk.
-fn disk_fault(fault: Fault) -> bool {
-    matches!(fault, Fault::FollowerSlowDisk | Fault::FollowerFullDisk)
+/// The node whose disk `fault` slows or fills, if it is one of a disk.
+fn disk_victim(fault: Fault, leader: u64, follower: u64) -> Option<u64> {
+    match fault {
+        Fault::FollowerSlowDisk | Fault::FollowerFullDisk => Some(follower),
+        Fault::LeaderSlowDisk | Fault::LeaderFullDisk => Some(leader),
+        _ => None,
+    }
 }
 
-/// While a follower's disk is slow or full, before the heal: on a full disk the follower
-/// stops (its process ends, or its status names ENOSPC: fail-stop), and either way the other
-/// two go on acknowledging without it.
-fn follower_disk_holds(
+/// While a node's disk is slow or full, before the heal: on a full disk the node stops (its
+/// process ends, or its status names ENOSPC: fail-stop; a leader's followers then elect one
+/// of themselves), and either way the group goes on acknowledging.
+fn disk_holds(
     run: &mut Run<'_>,
     rt: &tokio::runtime::Runtime,
     shared: &Shared,
     addrs: &[(u64, SocketAddr)],
     fault: Fault,
-    follower: u64,
+    node: u64,
     seed: u64,
 ) {
-    if fault == Fault::FollowerFullDisk {
-        let addr = addrs[(follower - 1) as usize].1;
+    let full = matches!(fault, Fault::FollowerFullDisk | Fault::LeaderFullDisk);
+    if full {
+        let addr = addrs[(node - 1) as usize].1;
         let limit = Instant::now() + FAILOVER_LIMIT;
         loop {
-            if let Some(exit) = run.nodes[(follower - 1) as usize].try_wait().unwrap() {
-                println!("netns faults: {fault:?}: n{follower} ended on its full disk ({exit})");
+            if let Some(exit) = run.nodes[(node - 1) as usize].try_wait().unwrap() {
+                println!("netns faults: {fault:?}: n{node} ended on its full disk ({exit})");
                 break;
             }
             let status = rt.block_on(bourse_cluster::client::node_status(
@@ -886,12 +901,12 @@ fn follower_disk_holds(
                 .and_then(|s| s.alarm)
                 .filter(|a| a.contains(ENOSPC_TEXT))
             {
-                println!("netns faults: {fault:?}: n{follower} stopped and says: {alarm}");
+                println!("netns faults: {fault:?}: n{node} stopped and says: {alarm}");
                 break;
             }
             assert!(
                 Instant::now() < limit,
-                "n{follower} did not stop on its full disk (seed {seed}; logs in {})",
+                "n{node} did not stop on its full disk (seed {seed}; logs in {})",
                 run.dir.display()
             );
             std::thread::sleep(WATCH_EVERY);
@@ -899,27 +914,23 @@ fn follower_disk_holds(
     }
     let from = shared.acked.load(Ordering::SeqCst);
     let limit = Instant::now() + FAILOVER_LIMIT;
-    while shared.acked.load(Ordering::SeqCst) < from + ACKS_WITHOUT_THE_FOLLOWER {
+    while shared.acked.load(Ordering::SeqCst) < from + ACKS_WITHOUT_THE_DISK {
         assert!(
             Instant::now() < limit,
-            "the other two did not acknowledge {ACKS_WITHOUT_THE_FOLLOWER} commands while \
-             n{follower}'s disk was {} (seed {seed}; logs in {})",
-            if fault == Fault::FollowerFullDisk {
-                "full"
-            } else {
-                "slow"
-            },
+            "the group did not acknowledge {ACKS_WITHOUT_THE_DISK} commands while n{node}'s \
+             disk was {} ({fault:?}, seed {seed}; logs in {})",
+            if full { "full" } else { "slow" },
             run.dir.display()
         );
         std::thread::sleep(Duration::from_millis(5));
     }
 }
 
-/// The highest commit index any node reports, and what `follower` has applied.
+/// The highest commit index any node reports, and what `node` has applied.
 fn commit_and_applied(
     rt: &tokio::runtime::Runtime,
     addrs: &[(u64, SocketAddr)],
-    follower: u64,
+    node: u64,
 ) -> (u64, Option<u64>) {
     let s = rt.block_on(statuses(addrs));
     let committed = s
@@ -928,18 +939,18 @@ fn commit_and_applied(
         .filter_map(|s| s.commit_index)
         .max()
         .unwrap_or(0);
-    let applied = s[(follower - 1) as usize]
+    let applied = s[(node - 1) as usize]
         .as_ref()
         .map(|s| s.last_applied_index.unwrap_or(0));
     (committed, applied)
 }
 
-/// After the heal of a follower's disk: waits until the follower has applied everything the
-/// group had committed at the heal (`committed`); returns how long that took from the heal.
-fn follower_catches_up(
+/// After the heal of a node's disk: waits until the node has applied everything the group
+/// had committed at the heal (`committed`); returns how long that took from the heal.
+fn catches_up(
     rt: &tokio::runtime::Runtime,
     addrs: &[(u64, SocketAddr)],
-    follower: u64,
+    node: u64,
     committed: u64,
     healed_at: Instant,
     seed: u64,
@@ -947,13 +958,13 @@ fn follower_catches_up(
 ) -> Duration {
     let limit = Instant::now() + FAILOVER_LIMIT;
     loop {
-        let (_, applied) = commit_and_applied(rt, addrs, follower);
+        let (_, applied) = commit_and_applied(rt, addrs, node);
         if applied.is_some_and(|a| a >= committed) {
             return healed_at.elapsed();
         }
         assert!(
             Instant::now() < limit,
-            "n{follower} did not catch up to index {committed} after healing {after:?} (it \
+            "n{node} did not catch up to index {committed} after healing {after:?} (it \
              applied {applied:?}; seed {seed})"
         );
         std::thread::sleep(Duration::from_millis(5));
@@ -1327,11 +1338,12 @@ fn inner(prefix: &str) {
         ));
         let undo = run.inject(fault, leader, follower);
         let seen = rt.block_on(watch(&addrs, leader, fault_at, fault_at + hold));
-        // A follower's disk: what the group had committed at the heal, which the follower must
-        // reach after it.
-        let at_heal = disk_fault(fault).then(|| {
-            follower_disk_holds(&mut run, &rt, &shared, &addrs, fault, follower, seed);
-            commit_and_applied(&rt, &addrs, follower)
+        // A node's disk: what the group had committed at the heal, which the node must reach
+        // after it.
+        let victim = disk_victim(fault, leader, follower);
+        let at_heal = victim.map(|victim| {
+            disk_holds(&mut run, &rt, &shared, &addrs, fault, victim, seed);
+            (victim, commit_and_applied(&rt, &addrs, victim))
         });
         let acked_at_heal = shared.acked.load(Ordering::SeqCst);
         let healed_at = Instant::now();
@@ -1361,11 +1373,10 @@ fn inner(prefix: &str) {
                     .is_some()
             },
         );
-        if let Some((committed, applied)) = at_heal {
-            let took =
-                follower_catches_up(&rt, &addrs, follower, committed, healed_at, seed, fault);
+        if let Some((victim, (committed, applied))) = at_heal {
+            let took = catches_up(&rt, &addrs, victim, committed, healed_at, seed, fault);
             println!(
-                "netns faults: {fault:?}: n{follower} had applied {} of the group's {committed} \
+                "netns faults: {fault:?}: n{victim} had applied {} of the group's {committed} \
                  committed entries at the heal, and all of them {} ms after it",
                 applied.map_or("(no answer)".to_string(), |a| a.to_string()),
                 took.as_millis()

@@ -1651,7 +1651,7 @@ fn quorum_lapse_line(m: &openraft::RaftMetrics<crate::TypeConfig>, ago_ms: u64) 
         m.last_log_index
     );
     let matched = m.replication.as_ref();
-    for (id, acked) in m.heartbeat.iter().flatten() {
+    for (id, acked) in m.heartbeat.iter().flatten().filter(|(id, _)| **id != m.id) {
         let matched = matched
             .and_then(|r| r.get(id))
             .and_then(|l| l.map(|l| l.index));
