@@ -713,10 +713,7 @@ fn past_core_in_flight_max_every_request_is_refused_busy_and_each_gets_one_answe
     // request, not an OrderReject (docs/protocol-binary-order-entry.md, 6.7).
     let mut frame = [0u8; bourse_wire::order_entry::FRAME_BYTES_MAX];
     let version = bourse_wire::order_entry::SCHEMA_VERSION;
-    let n = crate::binary_front::render(&f.router, &reports[0].1, version, &mut frame);
-    let decoded = bourse_wire::order_entry::FrameDecoder::default()
-        .decode_exact(&frame[..n])
-        .unwrap();
+    let decoded = rendered(&f, &reports[0].1, version, &mut frame);
     let bourse_wire::order_entry::Message::BusinessReject(m) = decoded else {
         panic!("not a business reject: {decoded:?}")
     };
@@ -881,10 +878,7 @@ fn an_order_for_a_core_without_a_quorum_is_rejected_at_once_with_that_reason() {
         (1, R::SystemUnavailable),
     ] {
         let mut frame = [0u8; bourse_wire::order_entry::FRAME_BYTES_MAX];
-        let n = crate::binary_front::render(&f.router, &reports[0].1, version, &mut frame);
-        let decoded = bourse_wire::order_entry::FrameDecoder::default()
-            .decode_exact(&frame[..n])
-            .unwrap();
+        let decoded = rendered(&f, &reports[0].1, version, &mut frame);
         let bourse_wire::order_entry::Message::BusinessReject(m) = decoded else {
             panic!("not a business reject: {decoded:?}")
         };
@@ -936,10 +930,7 @@ fn a_mass_cancel_for_a_core_without_a_quorum_is_refused_with_that_reason() {
         (1, R::Other),
     ] {
         let mut frame = [0u8; bourse_wire::order_entry::FRAME_BYTES_MAX];
-        let n = crate::binary_front::render(&f.router, &reports[0].1, version, &mut frame);
-        let decoded = bourse_wire::order_entry::FrameDecoder::default()
-            .decode_exact(&frame[..n])
-            .unwrap();
+        let decoded = rendered(&f, &reports[0].1, version, &mut frame);
         let bourse_wire::order_entry::Message::MassCancelAck(m) = decoded else {
             panic!("not a mass cancel ack: {decoded:?}")
         };
@@ -964,6 +955,19 @@ fn a_mass_cancel_refused_busy_says_so_to_a_client_of_version_5() {
     assert_eq!(mass_cancel_result(None, 1), R::Done);
     let denied = Some(RejectCause::Gateway(GatewayReject::NotAuthorized));
     assert_eq!(mass_cancel_result(denied, 5), R::NotAuthorized);
+}
+
+/// `report` as the binary protocol renders it for a session of schema `version`, decoded.
+fn rendered<'a>(
+    f: &Fixture,
+    report: &Report,
+    version: u16,
+    frame: &'a mut [u8; bourse_wire::order_entry::FRAME_BYTES_MAX],
+) -> bourse_wire::order_entry::Message<'a> {
+    let n = crate::binary_front::render(&f.router, report, version, frame);
+    bourse_wire::order_entry::FrameDecoder::default()
+        .decode_exact(&frame[..n])
+        .unwrap()
 }
 
 /// An `InstrumentAdded` event on core `core`'s stream under another client's key.
