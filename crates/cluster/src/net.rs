@@ -533,7 +533,7 @@ pub fn debug_line(line: std::fmt::Arguments<'_>) {
 
 /// `HH:MM:SS.ffffff` of `t` in UTC: short enough for a log line, exact enough to order the
 /// lines of processes on one machine.
-pub fn utc_stamp(t: std::time::SystemTime) -> String {
+fn utc_stamp(t: std::time::SystemTime) -> String {
     let us = t
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros());
