@@ -193,26 +193,48 @@ impl AdminClient {
         }
         head.push_str("\r\n");
         stream.write_all(head.as_bytes()).map_err(fail)?;
-        let sent = std::io::copy(&mut body.take(len), &mut stream).map_err(fail)?;
+        let sent = match std::io::copy(&mut body.take(len), &mut stream) {
+            Ok(sent) => sent,
+            // A server may answer before it has read the whole body (a refusal, a repeated
+            // request id) and close: its answer, if it arrived, says more than the write's
+            // error.
+            Err(e) => return read_answer(&mut stream).map_err(|_| fail(e)),
+        };
         if sent != len {
             return Err(format!("the body ended after {sent} of {len} bytes"));
         }
-        let mut answer = Vec::new();
-        match stream
-            .take(ANSWER_BYTES_MAX as u64 + 1)
-            .read_to_end(&mut answer)
-        {
-            Ok(_) => {}
-            // A TLS server that closes without its close_notify after answering: the answer
-            // is whole if it parses.
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !answer.is_empty() => {}
-            Err(e) => return Err(fail(e)),
-        }
-        if answer.len() > ANSWER_BYTES_MAX {
-            return Err(format!("answer longer than {ANSWER_BYTES_MAX} bytes"));
-        }
-        parse_reply(&answer)
+        read_answer(&mut stream).map_err(|e| match e {
+            AnswerError::Io(e) => fail(e),
+            AnswerError::Invalid(e) => e,
+        })
     }
+}
+
+/// Why an answer could not be read.
+enum AnswerError {
+    Io(std::io::Error),
+    Invalid(String),
+}
+
+/// Reads an answer to its end (the request asked the server to close after it) and parses it.
+fn read_answer(stream: &mut dyn Connection) -> Result<Reply, AnswerError> {
+    let mut answer = Vec::new();
+    match stream
+        .take(ANSWER_BYTES_MAX as u64 + 1)
+        .read_to_end(&mut answer)
+    {
+        Ok(_) => {}
+        // A TLS server that closes without its close_notify after answering: the answer
+        // is whole if it parses.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !answer.is_empty() => {}
+        Err(e) => return Err(AnswerError::Io(e)),
+    }
+    if answer.len() > ANSWER_BYTES_MAX {
+        return Err(AnswerError::Invalid(format!(
+            "answer longer than {ANSWER_BYTES_MAX} bytes"
+        )));
+    }
+    parse_reply(&answer).map_err(AnswerError::Invalid)
 }
 
 fn parse_reply(bytes: &[u8]) -> Result<Reply, String> {

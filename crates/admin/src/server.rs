@@ -268,9 +268,13 @@ async fn action(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -
 async fn bulk(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) -> Response {
     let operator = match authenticate(&s, &headers, &[ROLE_OPERATOR], "add_accounts_bulk").await {
         Ok(name) => name,
-        Err(refusal) => return refusal,
+        Err(refusal) => {
+            crate::service::discard_rest(body.into_data_stream()).await;
+            return refusal;
+        }
     };
     let Some(id) = request_id(&headers) else {
+        crate::service::discard_rest(body.into_data_stream()).await;
         return respond(s.service.invalid_input(
             &operator,
             "",

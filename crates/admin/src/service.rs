@@ -37,6 +37,11 @@ pub const BULK_LINE_BYTES_MAX: usize = 4_096;
 pub const BULK_LINES_MAX: u64 = 20_000_000;
 /// Distinct errors a bulk answer lists (every one is counted).
 pub const BULK_ERRORS_SHOWN_MAX: usize = 16;
+/// The most of a bulk body read and thrown away after an answer given before the body was
+/// read (a repeated request id, a refusal, a line that stopped it).
+pub const BULK_DISCARD_BYTES_MAX: u64 = 64 << 20;
+/// How long that reading may take.
+pub const BULK_DISCARD_MS_MAX: u64 = 5_000;
 
 /// One core's answer to submitted commands: each command's events, or why it is unknown.
 type CoreAnswer = Result<Vec<Vec<Event>>, String>;
@@ -939,25 +944,38 @@ impl AdminService {
         E: std::fmt::Display + Send,
     {
         if let Err(e) = check_request_id(request_id) {
+            discard_rest(body).await;
             return self.invalid_input(operator, request_id, e);
         }
         let this = Arc::clone(self);
         let request = json!({ "action": "add_accounts_bulk" });
         let (who, id) = (operator.to_string(), request_id.to_string());
-        self.once(
-            operator,
-            request_id,
-            "add_accounts_bulk",
-            request,
-            move || async move {
-                let asker = Asker {
-                    operator: &who,
-                    request_id: &id,
-                };
-                this.run_bulk(body, asker).await
-            },
-        )
-        .await
+        // The body goes to the run if this request id runs; otherwise (a repeat, a conflict)
+        // it is still here after the answer.
+        let holder = Arc::new(Mutex::new(Some(body)));
+        let taken = Arc::clone(&holder);
+        let answer = self
+            .once(
+                operator,
+                request_id,
+                "add_accounts_bulk",
+                request,
+                move || async move {
+                    let asker = Asker {
+                        operator: &who,
+                        request_id: &id,
+                    };
+                    let body = taken.lock().expect("bulk body lock").take();
+                    let body = body.expect("a request id runs once");
+                    this.run_bulk(body, asker).await
+                },
+            )
+            .await;
+        let unread = holder.lock().expect("bulk body lock").take();
+        if let Some(body) = unread {
+            discard_rest(body).await;
+        }
+        answer
     }
 
     /// Reads the stream a batch at a time; while one batch is submitted, the next is read and
@@ -1006,6 +1024,7 @@ impl AdminService {
         answer.body["time"] = timing;
         answer.body["accounts_added_per_s"] = json!(added.saturating_mul(1000) / elapsed_ms.max(1));
         if let Some((status, e)) = reader.stop {
+            discard_rest(reader.body).await;
             answer.status = status;
             answer.body["outcome"] = json!("invalid");
             answer.body["error"] = json!(format!(
@@ -1014,6 +1033,31 @@ impl AdminService {
         }
         answer
     }
+}
+
+/// Reads and throws away what is left of a request body that was answered before it was read,
+/// up to [`BULK_DISCARD_BYTES_MAX`] and [`BULK_DISCARD_MS_MAX`]. A server that closes a
+/// connection with unread bytes in its receive buffer resets it, and the reset can reach the
+/// client before the answer does (or while it is still writing): the client would see a broken
+/// connection instead of a refusal, or of the answer to its retry.
+pub(crate) async fn discard_rest<S, B, E>(mut body: S)
+where
+    S: futures_util::Stream<Item = Result<B, E>> + Unpin,
+    B: AsRef<[u8]>,
+{
+    use futures_util::StreamExt;
+    let read = async {
+        let mut bytes = 0u64;
+        while let Some(Ok(chunk)) = body.next().await {
+            bytes += chunk.as_ref().len() as u64;
+            if bytes > BULK_DISCARD_BYTES_MAX {
+                break;
+            }
+        }
+    };
+    let limit = std::time::Duration::from_millis(BULK_DISCARD_MS_MAX);
+    // Past either limit the connection is closed as it stands.
+    let _ = tokio::time::timeout(limit, read).await;
 }
 
 /// A bulk addition's body read into batches of [`BULK_BATCH_ACCOUNTS`] accounts.
