@@ -334,6 +334,14 @@ impl Client {
                         self.switch_to(newer);
                     }
                 }
+                Ok(Response::Submitted(Err(SubmitError::LeaderUnconfirmed))) => {
+                    // Elected, awaiting its first quorum: the leader to wait for is here.
+                    last_error = format!(
+                        "node {} leads but no quorum has acknowledged it yet",
+                        self.nodes[self.current].0
+                    );
+                    tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)).await;
+                }
                 Ok(Response::Submitted(Err(SubmitError::Unavailable(why)))) => {
                     last_error = why;
                     tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)).await;
@@ -840,6 +848,9 @@ enum Rewind {
     /// The leader has no quorum: stay, hold every request, probe with the oldest after a
     /// pause.
     Hold,
+    /// The node was just elected and awaits its first quorum: stay, and after a short pause
+    /// send the oldest request alone; the rest of the window follows once one is applied.
+    Stay,
 }
 
 impl Driver {
@@ -987,6 +998,7 @@ impl Driver {
             }
             Err(SubmitError::Unavailable(why)) => Ok(Some(Rewind::Next(why))),
             Err(SubmitError::NoQuorum { .. }) => Ok(Some(Rewind::Hold)),
+            Err(SubmitError::LeaderUnconfirmed) => Ok(Some(Rewind::Stay)),
         }
     }
 
@@ -1099,6 +1111,10 @@ impl Driver {
                         self.held = true;
                         self.health.no_quorum.store(true, Ordering::Release);
                         tokio::time::sleep(Duration::from_millis(NO_QUORUM_PROBE_MS)).await;
+                    }
+                    Rewind::Stay => {
+                        tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)).await;
+                        self.probing = true;
                     }
                     Rewind::To(i) if i == self.current => {}
                     Rewind::To(i) => {

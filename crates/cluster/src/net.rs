@@ -177,6 +177,10 @@ pub enum SubmitError {
     /// (the followers are gone, paused or cut off): the request was not proposed now. An
     /// earlier attempt under the same key may still be pending; retry later with the same key.
     NoQuorum { quorum_ack_ms_ago: u64 },
+    /// This node was elected and no quorum has acknowledged it as leader yet (openraft accepts
+    /// writes only under a quorum's lease): the request was not proposed. Unlike `NotLeader`
+    /// it names no other node to try; the client retries this node after a short pause.
+    LeaderUnconfirmed,
 }
 
 /// A node's view of the cluster.
@@ -209,6 +213,9 @@ pub struct NodeStatus {
     pub quorum_lost_ms: Option<u64>,
     /// Client commands this node refused for want of a quorum since it started.
     pub no_quorum_refusals: u64,
+    /// Client commands this node refused as a leader no quorum had acknowledged yet (just
+    /// elected) since it started: the clients retried them here a moment later.
+    pub unconfirmed_refusals: u64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -12,7 +12,7 @@ use bourse_engine::EngineConfig;
 use bourse_journal::{
     Config as JournalConfig, Fsync, Journal, RealStorage, SnapshotStore, Storage,
 };
-use openraft::error::ClientWriteError;
+use openraft::error::{ClientWriteError, ForwardReason, ForwardToLeader};
 use openraft::{BasicNode, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
@@ -36,7 +36,7 @@ use crate::stream::{StreamError, Subscription};
 use crate::transport::{
     Acceptor, NodeStream, NodeWriteHalf, PeerRole, Refusal, Refusals, TlsFiles,
 };
-use crate::{NodeId, Raft};
+use crate::{NodeId, Raft, TypeConfig};
 use bourse_core::codec::check_command_form;
 
 // The batcher's queues (a trading lane and a bulk lane) and permits live in `admission`.
@@ -524,6 +524,8 @@ struct Shared {
     archive: Option<StreamArchive>,
     /// Client commands refused because this leader had no quorum (for the node's monitor).
     no_quorum_refusals: AtomicU64,
+    /// Client commands refused because no quorum had acknowledged this new leader yet.
+    unconfirmed_refusals: Arc<AtomicU64>,
 }
 
 /// A running node. Dropping it does not stop it; call [`Node::shutdown`].
@@ -721,6 +723,7 @@ impl Node {
             stages: stages.clone(),
             archive: archive.clone(),
             no_quorum_refusals: AtomicU64::new(0),
+            unconfirmed_refusals: Arc::new(AtomicU64::new(0)),
         });
         let archive_writer = match archive {
             Some(a) => Some(ArchiveWriter::start(
@@ -735,7 +738,9 @@ impl Node {
             tokio::spawn(accept_loop(listener, shared.clone(), closing_rx)),
             tokio::spawn(batcher(
                 shared.raft.clone(),
+                shared.id,
                 shared.config.clone(),
+                Arc::clone(&shared.unconfirmed_refusals),
                 submit_rx,
                 hooks,
                 stages,
@@ -776,6 +781,13 @@ impl Node {
     /// The divergence alarm, if a hash check raised one (cheap; status computes the hash).
     pub fn alarm(&self) -> Option<String> {
         self.shared.alarm.lock().expect("alarm lock").clone()
+    }
+
+    /// Why this node would refuse a client request now, before proposing it: a state hash
+    /// alarm, a leader without a quorum for longer than the election timeout, or a leader just
+    /// elected that no quorum has acknowledged yet. `None` when it would take one.
+    pub fn refusal(&self) -> Option<SubmitError> {
+        refusal_now(&self.shared)
     }
 
     pub async fn status(&self) -> NodeStatus {
@@ -887,6 +899,7 @@ async fn status(shared: &Shared, hash: bool) -> NodeStatus {
         matched,
         quorum_lost_ms: quorum_lost_ms(shared),
         no_quorum_refusals: shared.no_quorum_refusals.load(Ordering::Relaxed),
+        unconfirmed_refusals: shared.unconfirmed_refusals.load(Ordering::Relaxed),
         // A hash alarm, else the fatal error that stopped openraft (a journal write or fsync
         // failure: fail-stop), so that status says why the node no longer acknowledges.
         alarm: shared
@@ -1418,12 +1431,6 @@ async fn enqueue(
     reply: ReplyTo,
     received_ns: u64,
 ) -> Result<(), (SubmitError, ReplyTo)> {
-    if shared.alarm.lock().expect("alarm lock").is_some() {
-        return Err((
-            SubmitError::Unavailable("node is out: state hash alarm".into()),
-            reply,
-        ));
-    }
     if let Err(e) = check_command_form(&command) {
         return Err((SubmitError::Invalid(e.to_string()), reply));
     }
@@ -1431,11 +1438,16 @@ async fn enqueue(
     if let Some(Err(e)) = audit.as_ref().map(Audit::check) {
         return Err((SubmitError::Invalid(e), reply));
     }
-    if let Some(quorum_ack_ms_ago) = quorum_lost_ms(shared) {
-        // Refused at once rather than proposed into a log that cannot commit: the client
-        // hears why within the election timeout instead of waiting out its attempt.
-        shared.no_quorum_refusals.fetch_add(1, Ordering::Relaxed);
-        return Err((SubmitError::NoQuorum { quorum_ack_ms_ago }, reply));
+    if let Some(refusal) = refusal_now(shared) {
+        let counter = match refusal {
+            SubmitError::NoQuorum { .. } => Some(&shared.no_quorum_refusals),
+            SubmitError::LeaderUnconfirmed => Some(&*shared.unconfirmed_refusals),
+            _ => None,
+        };
+        if let Some(counter) = counter {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        return Err((refusal, reply));
     }
     let pending = Pending {
         client_id,
@@ -1453,24 +1465,97 @@ async fn enqueue(
         .map_err(|p| (SubmitError::Unavailable("node is stopping".into()), p.reply))
 }
 
-/// For a leader that no quorum has acknowledged for longer than the election timeout (its
-/// followers would have elected another leader by now if they could hear each other): how
-/// long ago the last quorum acknowledged it. `None` while it has a quorum, or does not lead.
-fn quorum_lost_ms(shared: &Shared) -> Option<u64> {
-    let metrics = shared.raft.metrics();
+/// Why this node refuses a client request now, before proposing it; `None` when it takes it
+/// (a follower takes it too: openraft then answers where the leader is). Refused at once
+/// rather than proposed into a log that cannot commit, or that openraft would refuse, so that
+/// the client hears why instead of waiting out its attempt.
+fn refusal_now(shared: &Shared) -> Option<SubmitError> {
+    if shared.alarm.lock().expect("alarm lock").is_some() {
+        return Some(SubmitError::Unavailable(
+            "node is out: state hash alarm".into(),
+        ));
+    }
+    match quorum_state(
+        &shared.raft,
+        shared.id,
+        shared.config.election_timeout_ms_max,
+    ) {
+        QuorumState::Held => None,
+        QuorumState::Lost { quorum_ack_ms_ago } => {
+            Some(SubmitError::NoQuorum { quorum_ack_ms_ago })
+        }
+        QuorumState::NotYet => Some(SubmitError::LeaderUnconfirmed),
+    }
+}
+
+/// Whether a quorum stands behind this node as leader, as far as taking a request goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum QuorumState {
+    /// It leads with a quorum's recent acknowledgement, or does not lead (then openraft
+    /// answers with the leader it knows).
+    Held,
+    /// No quorum has acknowledged it for longer than the election timeout (or since it was
+    /// elected, longer ago than that): its followers would have elected another leader by now
+    /// if they could hear each other.
+    Lost { quorum_ack_ms_ago: u64 },
+    /// Elected less than the election timeout ago, and no quorum has acknowledged it yet:
+    /// openraft accepts no write before one does (its leader lease), and answers
+    /// `ForwardToLeader` without a leader, which a client would take as "try another node".
+    NotYet,
+}
+
+fn quorum_state(raft: &Raft, id: NodeId, election_timeout_ms_max: u64) -> QuorumState {
+    let metrics = raft.metrics();
     let m = metrics.borrow();
     // A node whose raft core stopped (a journal write or fsync failed: fail-stop) keeps
     // naming itself leader in its last metrics; it is not waiting for a quorum but gone, and
     // its proposal is answered `Unavailable`, which sends the client on to the other nodes.
-    if m.current_leader != Some(shared.id) || m.running_state.is_err() {
-        return None;
+    if m.current_leader != Some(id) || m.running_state.is_err() {
+        return QuorumState::Held;
     }
     // Not 0.10's `last_quorum_acked`: a leader that is a quorum by itself (a one-node group)
     // keeps the instant of its last acknowledgement there, which ages, while
     // `millis_since_quorum_ack` reports 0 for it (as 0.9 did).
     #[allow(deprecated)]
-    m.millis_since_quorum_ack
-        .filter(|&ms| ms > shared.config.election_timeout_ms_max)
+    let quorum_ack_ms_ago = match m.millis_since_quorum_ack {
+        Some(ms) => ms,
+        // No quorum has acknowledged this leader yet. Its own entry in the heartbeat
+        // metrics holds when it took office (or sent the newest RPC one follower answered):
+        // unconfirmed for longer than the election timeout, it is as good as lost (elected,
+        // then cut off before its first quorum).
+        None => match m
+            .heartbeat
+            .as_ref()
+            .and_then(|h| h.get(&id).copied().flatten())
+        {
+            Some(since) => {
+                let ms = openraft::Instant::elapsed(&*since).as_millis() as u64;
+                if ms <= election_timeout_ms_max {
+                    return QuorumState::NotYet;
+                }
+                ms
+            }
+            None => return QuorumState::NotYet,
+        },
+    };
+    if quorum_ack_ms_ago > election_timeout_ms_max {
+        QuorumState::Lost { quorum_ack_ms_ago }
+    } else {
+        QuorumState::Held
+    }
+}
+
+/// For the node's status: how long ago a quorum last acknowledged this leader, when that is
+/// longer than the election timeout (it refuses new requests meanwhile).
+fn quorum_lost_ms(shared: &Shared) -> Option<u64> {
+    match quorum_state(
+        &shared.raft,
+        shared.id,
+        shared.config.election_timeout_ms_max,
+    ) {
+        QuorumState::Lost { quorum_ack_ms_ago } => Some(quorum_ack_ms_ago),
+        QuorumState::Held | QuorumState::NotYet => None,
+    }
 }
 
 /// Smart batching: takes whatever requests are queued (up to the batch limit) as one entry;
@@ -1478,7 +1563,9 @@ fn quorum_lost_ms(shared: &Shared) -> Option<u64> {
 /// Trading requests are taken before bulk ones (see `admission`).
 async fn batcher(
     raft: Raft,
+    id: NodeId,
     config: ClusterConfig,
+    unconfirmed_refusals: Arc<AtomicU64>,
     mut rx: Admission<Pending>,
     hooks: Arc<NodeHooks>,
     stages: Arc<Stages>,
@@ -1524,6 +1611,8 @@ async fn batcher(
         let config = config.clone();
         let hooks = hooks.clone();
         let stages = stages.clone();
+        let raft = raft.clone();
+        let unconfirmed_refusals = Arc::clone(&unconfirmed_refusals);
         tokio::spawn(async move {
             let _permit = permit;
             let answer: Result<Vec<Outcome>, SubmitError> = match receiver.await {
@@ -1534,15 +1623,13 @@ async fn batcher(
                     stages.on_batch_answered(response.log_id.index, &stamps);
                     Ok(response.data)
                 }
-                Ok(Err(ClientWriteError::ForwardToLeader(f))) => Err(SubmitError::NotLeader {
-                    leader: f.leader_id.and_then(|id| {
-                        config
-                            .nodes
-                            .iter()
-                            .find(|n| n.id == id)
-                            .map(|n| (id, n.addr.clone()))
-                    }),
-                }),
+                Ok(Err(ClientWriteError::ForwardToLeader(f))) => {
+                    let refusal = forward_refusal(&f, &raft, id, &config);
+                    if refusal == SubmitError::LeaderUnconfirmed {
+                        unconfirmed_refusals.fetch_add(replies.len() as u64, Ordering::Relaxed);
+                    }
+                    Err(refusal)
+                }
                 Ok(Err(e)) => Err(SubmitError::Unavailable(e.to_string())),
                 Err(_) => Err(SubmitError::Unavailable(
                     "leadership or node lost while the batch was in flight".into(),
@@ -1562,8 +1649,38 @@ async fn batcher(
     }
 }
 
-/// The leader periodically puts its newest hash checkpoint in the log; every replica that
-/// has a checkpoint at the same index compares and stops on a mismatch.
+/// What a client hears when openraft would not take a batch and named where to go instead.
+/// A leader whose lease is not (or no longer) held gets no hint from openraft; this node tells
+/// the client why, so that it waits here for a just-elected leader's first quorum, or holds
+/// for a lost one, rather than moving on to a follower that knows no leader either.
+fn forward_refusal(
+    f: &ForwardToLeader<TypeConfig>,
+    raft: &Raft,
+    id: NodeId,
+    config: &ClusterConfig,
+) -> SubmitError {
+    if f.reason == ForwardReason::LeaseExpired {
+        match quorum_state(raft, id, config.election_timeout_ms_max) {
+            QuorumState::NotYet => return SubmitError::LeaderUnconfirmed,
+            QuorumState::Lost { quorum_ack_ms_ago } => {
+                return SubmitError::NoQuorum { quorum_ack_ms_ago }
+            }
+            // The lease lapsed a moment before the metrics say so, or the node no longer
+            // leads: the leader it knows, if any, is the answer.
+            QuorumState::Held => {}
+        }
+    }
+    SubmitError::NotLeader {
+        leader: f.leader_id.and_then(|leader| {
+            config
+                .nodes
+                .iter()
+                .find(|n| n.id == leader)
+                .map(|n| (leader, n.addr.clone()))
+        }),
+    }
+}
+
 /// With `BOURSE_NET_DEBUG`: a line each time this node's term, leader or role changes, so that
 /// its RPC failures can be read against its elections.
 async fn log_role_changes(shared: Arc<Shared>) {
@@ -1664,6 +1781,8 @@ fn quorum_lapse_line(m: &openraft::RaftMetrics<crate::TypeConfig>, ago_ms: u64) 
     line
 }
 
+/// The leader periodically puts its newest hash checkpoint in the log; every replica that
+/// has a checkpoint at the same index compares and stops on a mismatch.
 async fn hash_check_proposer(shared: Arc<Shared>) {
     let mut last_proposed: Option<u64> = None;
     let period = Duration::from_millis(shared.config.hash_check_interval_ms.max(10));

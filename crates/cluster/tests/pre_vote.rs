@@ -1,6 +1,10 @@
-//! Pre-vote (issue 21): a follower cut off from the others for many election timeouts asks
-//! for pre-votes, gets none, and so does not raise its term; when the partition heals it
-//! rejoins under the leader it left, which keeps leading in the same term.
+//! Leadership changes (issue 21). Pre-vote: a follower cut off from the others for many
+//! election timeouts asks for pre-votes, gets none, and so does not raise its term; when the
+//! partition heals it rejoins under the leader it left, which keeps leading in the same term.
+//! A leader cut off: it refuses requests for want of a quorum once the election timeout has
+//! passed, while the other two elect a leader that refuses requests as unconfirmed (not "not
+//! the leader", which would send clients elsewhere) until a quorum has acknowledged it, and
+//! takes them from then on.
 //!
 //! Three real nodes on the simulated network (`bourse_cluster::sim`) in one current-thread
 //! runtime with a paused clock, so "many election timeouts" is virtual time and the run is a
@@ -10,6 +14,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+use bourse_cluster::net::SubmitError;
 use bourse_cluster::sim::{seed_thread_rng, Rates, Sim};
 use bourse_cluster::{ClusterConfig, FsyncSetting, Node, NodeId};
 
@@ -69,28 +74,7 @@ async fn cut_off_a_follower_then_heal(dir: &Path, seed: u64) -> Seen {
     let config = config(dir);
     let sim = Sim::new(seed);
     sim.set_rates(Rates::default());
-    let mut nodes = BTreeMap::new();
-    for id in MEMBERS {
-        // Out of phase, as real nodes start (see the simulation test).
-        tokio::time::sleep(Duration::from_millis(1 + sim.draw_below(75))).await;
-        let node = Node::start_with_network(&config, id, sim.network(id))
-            .await
-            .expect("node starts");
-        sim.node_up(id, node.raft().clone());
-        nodes.insert(id, node);
-    }
-    let started = tokio::time::Instant::now();
-    let (leader, term) = loop {
-        if let Some(found) = agreed_leader(&nodes) {
-            break found;
-        }
-        assert!(
-            started.elapsed() < LEADER_WAIT_LIMIT,
-            "no leader: {:?}",
-            views(&nodes)
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let (nodes, leader, term) = start_group(&config, &sim).await;
     let follower = *MEMBERS
         .iter()
         .find(|&&id| id != leader)
@@ -117,15 +101,107 @@ async fn cut_off_a_follower_then_heal(dir: &Path, seed: u64) -> Seen {
     }
 }
 
-fn run(seed: u64) -> Seen {
-    let dir = tempfile::tempdir().expect("temp dir");
+/// Starts the three nodes on `sim` and waits for a leader they agree on.
+async fn start_group(config: &ClusterConfig, sim: &Sim) -> (BTreeMap<NodeId, Node>, NodeId, u64) {
+    let mut nodes = BTreeMap::new();
+    for id in MEMBERS {
+        // Out of phase, as real nodes start (see the simulation test).
+        tokio::time::sleep(Duration::from_millis(1 + sim.draw_below(75))).await;
+        let node = Node::start_with_network(config, id, sim.network(id))
+            .await
+            .expect("node starts");
+        sim.node_up(id, node.raft().clone());
+        nodes.insert(id, node);
+    }
+    let (leader, term) = wait_for_leader(&nodes).await;
+    (nodes, leader, term)
+}
+
+/// Waits for a leader every node agrees on.
+async fn wait_for_leader(nodes: &BTreeMap<NodeId, Node>) -> (NodeId, u64) {
+    let started = tokio::time::Instant::now();
+    loop {
+        if let Some(found) = agreed_leader(nodes) {
+            return found;
+        }
+        assert!(
+            started.elapsed() < LEADER_WAIT_LIMIT,
+            "no leader: {:?}",
+            views(nodes)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// What the cut-off-leader scenario saw.
+struct LeaderCut {
+    /// What the new leader said, in order, each change once, from the moment it knew it led.
+    new_leader_said: Vec<Option<SubmitError>>,
+    /// What the old leader said once the other two had elected.
+    old_leader_said: Option<SubmitError>,
+    election_timeout_ms_max: u64,
+}
+
+/// Cuts the leader off both ways and watches, at every virtual half-millisecond, what the
+/// node that becomes leader would answer a client.
+async fn cut_off_the_leader(dir: &Path, seed: u64) -> LeaderCut {
+    let config = config(dir);
+    let sim = Sim::new(seed);
+    // Every message takes 1-21 ms each way, so a new leader's first quorum is a round trip
+    // (or more) after its election.
+    sim.set_rates(Rates {
+        delay_ms_max: 20,
+        ..Rates::default()
+    });
+    let (nodes, old, _) = start_group(&config, &sim).await;
+    sim.partition(&[old], &MEMBERS);
+    let cut_at = tokio::time::Instant::now();
+    let mut new_leader_said: Vec<Option<SubmitError>> = Vec::new();
+    let mut new = None;
+    // Until the new leader has taken requests for a while.
+    while new_leader_said.last() != Some(&None) || new.is_none() {
+        assert!(
+            cut_at.elapsed() < LEADER_WAIT_LIMIT,
+            "no new leader took requests: {:?}, said {new_leader_said:?}",
+            views(&nodes)
+        );
+        tokio::time::sleep(Duration::from_micros(500)).await;
+        let leading = nodes.iter().find(|(id, n)| {
+            **id != old && n.raft().metrics().borrow().current_leader == Some(**id)
+        });
+        let Some((id, node)) = leading else { continue };
+        assert!(new.is_none() || new == Some(*id), "two new leaders");
+        new = Some(*id);
+        let said = node.refusal();
+        if new_leader_said.last() != Some(&said) || new_leader_said.is_empty() {
+            new_leader_said.push(said);
+        }
+    }
+    // The old leader hears from no quorum for longer than the election timeout by now (the
+    // others needed longer than that to elect).
+    let old_leader_said = nodes[&old].refusal();
+    for (_, node) in nodes {
+        node.shutdown().await;
+    }
+    LeaderCut {
+        new_leader_said,
+        old_leader_said,
+        election_timeout_ms_max: config.election_timeout_ms_max,
+    }
+}
+
+fn runtime(seed: u64) -> tokio::runtime::Runtime {
     seed_thread_rng(seed);
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
         .build()
-        .expect("a runtime");
-    runtime.block_on(cut_off_a_follower_then_heal(dir.path(), seed))
+        .expect("a runtime")
+}
+
+fn run(seed: u64) -> Seen {
+    let dir = tempfile::tempdir().expect("temp dir");
+    runtime(seed).block_on(cut_off_a_follower_then_heal(dir.path(), seed))
 }
 
 #[test]
@@ -157,5 +233,23 @@ fn after_the_partition_heals_the_leader_keeps_leading_in_the_same_term() {
                 seen.follower
             );
         }
+    }
+}
+
+#[test]
+fn a_new_leader_refuses_as_unconfirmed_until_a_quorum_acknowledges_it() {
+    for seed in [7, 8, 9] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let seen = runtime(seed).block_on(cut_off_the_leader(dir.path(), seed));
+        assert_eq!(
+            seen.new_leader_said,
+            vec![Some(SubmitError::LeaderUnconfirmed), None],
+            "seed {seed}: the new leader's answers from its election on"
+        );
+        assert!(
+            matches!(seen.old_leader_said, Some(SubmitError::NoQuorum { quorum_ack_ms_ago }) if quorum_ack_ms_ago > seen.election_timeout_ms_max),
+            "seed {seed}: the old leader said {:?}",
+            seen.old_leader_said
+        );
     }
 }

@@ -129,6 +129,9 @@ pub mod names {
     pub const NODE_QUORUM_LOST_MS: &str = "bourse_node_quorum_lost_ms";
     /// Client commands a node refused because it led without a quorum.
     pub const NODE_NO_QUORUM_REFUSALS_TOTAL: &str = "bourse_node_no_quorum_refusals_total";
+    /// Client commands a node refused as a just-elected leader that no quorum had
+    /// acknowledged yet (openraft's leader lease); the clients retry them on that node.
+    pub const NODE_UNCONFIRMED_REFUSALS_TOTAL: &str = "bourse_node_unconfirmed_refusals_total";
     // The admin API (`bourse_admin`).
     /// Admin requests answered, by `action` and `outcome`.
     pub const ADMIN_REQUESTS_TOTAL: &str = "bourse_admin_requests_total";

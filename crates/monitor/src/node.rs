@@ -67,6 +67,9 @@ pub struct NodeSample {
     pub quorum_lost_ms: Option<u64>,
     /// Client commands the node refused for want of a quorum since it started.
     pub no_quorum_refusals: u64,
+    /// Client commands the node refused as a just-elected leader no quorum had acknowledged
+    /// yet (retried there a moment later) since it started.
+    pub unconfirmed_refusals: u64,
 }
 
 /// openraft's role names (`Leader`, `Follower`, …) as a [`Role`].
@@ -222,6 +225,7 @@ pub struct NodeMetrics {
     alarm: Gauge,
     quorum_lost_ms: Gauge,
     no_quorum_refusals: Rebased,
+    unconfirmed_refusals: Rebased,
     peer_lag: Vec<(u64, Gauge)>,
     journal_bytes: Counter,
     journal_records: Counter,
@@ -351,6 +355,12 @@ impl NodeMetrics {
                 "Client commands the node refused because it led without a quorum.",
                 &l,
             )),
+            unconfirmed_refusals: Rebased::from_zero(r.counter(
+                names::NODE_UNCONFIRMED_REFUSALS_TOTAL,
+                "Client commands the node refused as a just-elected leader that no quorum had \
+                 acknowledged yet (the clients retry them there).",
+                &l,
+            )),
             peer_lag,
             journal_bytes: journal.bytes,
             journal_records: journal.records,
@@ -475,6 +485,7 @@ impl NodeMetrics {
         self.quorum_lost_ms
             .set(clamp(s.quorum_lost_ms.unwrap_or(0)));
         self.no_quorum_refusals.update(s.no_quorum_refusals);
+        self.unconfirmed_refusals.update(s.unconfirmed_refusals);
         let last = s.last_log_index.unwrap_or(0);
         for (peer, gauge) in &self.peer_lag {
             let lag = if leading {
@@ -694,6 +705,7 @@ mod tests {
             commit_index: None,
             quorum_lost_ms: None,
             no_quorum_refusals: 0,
+            unconfirmed_refusals: 0,
         }
     }
 
@@ -704,6 +716,7 @@ mod tests {
         n.observe(&NodeSample {
             quorum_lost_ms: Some(1_700),
             no_quorum_refusals: 12,
+            unconfirmed_refusals: 3,
             ..sample(1, Role::Leader, 100, 10)
         });
         let mut text = String::new();
@@ -711,6 +724,7 @@ mod tests {
         for line in [
             "bourse_node_quorum_lost_ms{node=\"1\"} 1700",
             "bourse_node_no_quorum_refusals_total{node=\"1\"} 12",
+            "bourse_node_unconfirmed_refusals_total{node=\"1\"} 3",
         ] {
             assert!(text.contains(line), "{line} in\n{text}");
         }

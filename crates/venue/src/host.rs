@@ -51,5 +51,6 @@ pub fn sample_of(s: &ClusterStatus) -> NodeSample {
         commit_index: s.commit_index,
         quorum_lost_ms: s.quorum_lost_ms,
         no_quorum_refusals: s.no_quorum_refusals,
+        unconfirmed_refusals: s.unconfirmed_refusals,
     }
 }
