@@ -55,7 +55,8 @@
 //!
 //! The CI run injects each kind once (seeded order). `BOURSE_NETBED_FAULTS=N` runs N faults
 //! drawn at random (the long run of docs/results/netns-faults.md); `BOURSE_NETBED_SEED`
-//! replays a schedule. It needs root and `ip netns`; without them it says SKIPPED and passes.
+//! replays a schedule; `BOURSE_NETBED_KINDS` names the kinds to draw from and
+//! `BOURSE_NETBED_FSYNC` the nodes' fsync setting (`always` unless set). It needs root and `ip netns`; without them it says SKIPPED and passes.
 //! The impairments need iptables (scripts/install-test-tools.sh) and `bourse-netem` beside
 //! the `bourse` binary (`cargo build --release -p bourse-testkit --bin bourse-netem`; a
 //! workspace test run builds it); the disks need a cgroup io controller (v1 blkio throttling
@@ -95,6 +96,11 @@ const INNER_ENV: &str = "BOURSE_NETBED_INNER";
 /// `BOURSE_NETBED_DISTANCE=0` runs the bed without `netbed.sh distance` (every host 0 µs
 /// from the others), for comparing what distance costs.
 const DISTANCE_ENV: &str = "BOURSE_NETBED_DISTANCE";
+/// `BOURSE_NETBED_FSYNC=batch` (or `never`) runs the nodes with that fsync setting instead of
+/// `always`, for comparing what a leader's slow disk costs under each.
+const FSYNC_ENV: &str = "BOURSE_NETBED_FSYNC";
+/// `BOURSE_NETBED_KINDS=LeaderSlowDisk,LeaderAlone` draws only those kinds of fault.
+const KINDS_ENV: &str = "BOURSE_NETBED_KINDS";
 /// Acknowledgements timed before the first fault, one request in flight: the quiet round
 /// trip (client → leader → quorum → client) the distance adds to.
 const QUIET_ACKS: usize = 1_000;
@@ -299,9 +305,14 @@ fn faults_between_namespaces_lose_nothing_acknowledged_and_the_feed_crosses_host
 fn write_config(dir: &Path) -> PathBuf {
     let path = dir.join("cluster.toml");
     let mut f = std::fs::File::create(&path).unwrap();
+    let fsync = std::env::var(FSYNC_ENV).unwrap_or_else(|_| "always".into());
+    assert!(
+        ["always", "batch", "never"].contains(&fsync.as_str()),
+        "{FSYNC_ENV}={fsync}: always, batch or never"
+    );
     writeln!(
         f,
-        "cluster_id = 43\ndata_dir = {:?}\nfsync = \"always\"\nheartbeat_ms = 50\n\
+        "cluster_id = 43\ndata_dir = {:?}\nfsync = {fsync:?}\nheartbeat_ms = 50\n\
          election_timeout_ms_min = 150\nelection_timeout_ms_max = 300\n\
          snapshot_every_entries = 500\nhash_checkpoint_every_entries = 50\n\
          hash_check_interval_ms = 200\norders_max = 8192\naccounts_max = 1024",
@@ -1151,16 +1162,28 @@ fn inner(prefix: &str) {
                 .as_nanos() as u64
         });
     let mut rng = Rng::new(seed);
+    let kinds: Vec<Fault> = match std::env::var(KINDS_ENV) {
+        Ok(names) => names
+            .split(',')
+            .map(|name| {
+                *FAULTS
+                    .iter()
+                    .find(|k| format!("{k:?}") == name.trim())
+                    .unwrap_or_else(|| panic!("{KINDS_ENV}: no kind of fault {name:?}"))
+            })
+            .collect(),
+        Err(_) => FAULTS.to_vec(),
+    };
     // The CI run: every kind once, in a seeded order; a long run: kinds drawn at random.
     let schedule: Vec<Fault> = if faults == 0 {
-        let mut s = FAULTS.to_vec();
+        let mut s = kinds.clone();
         for i in (1..s.len()).rev() {
             s.swap(i, rng.below(i as u64 + 1) as usize);
         }
         s
     } else {
         (0..faults)
-            .map(|_| FAULTS[rng.below(FAULTS.len() as u64) as usize])
+            .map(|_| kinds[rng.below(kinds.len() as u64) as usize])
             .collect()
     };
     println!(
