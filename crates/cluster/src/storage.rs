@@ -22,9 +22,11 @@
 //!   snapshots in a [`SnapshotStore`]. Snapshot data = `membership_len u32, bincode of the
 //!   StoredMembership, state snapshot bytes`.
 //!
-//! Journal and snapshot calls are blocking file I/O made from async functions; they are short
-//! (an fsync at most) and openraft runs storage on its own tasks, so we accept the stall rather
-//! than pay a thread hop per append.
+//! Journal calls are blocking file I/O made from async functions; they are short (an fsync at
+//! most, under `always`) and we accept the stall rather than pay a thread hop per append (on a
+//! slow disk `batch` moves the fsync to the flusher thread). A snapshot's write (three fsyncs)
+//! is made outside the state's lock and with the runtime told it blocks, so that entries go
+//! on being applied while it lasts.
 
 use std::collections::VecDeque;
 use std::fmt::Debug;
@@ -628,7 +630,9 @@ struct SmInner {
     state: ReplicatedState,
     last_applied: Option<LogId>,
     membership: StoredMembership,
-    snapshots: SnapshotStore,
+    /// Its own lock: a snapshot is written (three fsyncs) outside the state's lock, so that
+    /// applying goes on meanwhile.
+    snapshots: Arc<Mutex<SnapshotStore>>,
     cluster_id: u128,
     checkpoint_every_entries: u64,
     alarm: Alarm,
@@ -740,7 +744,7 @@ impl StateMachineStore {
                 state,
                 last_applied,
                 membership,
-                snapshots,
+                snapshots: Arc::new(Mutex::new(snapshots)),
                 cluster_id,
                 checkpoint_every_entries,
                 alarm,
@@ -839,46 +843,67 @@ impl SmInner {
         }
     }
 
-    fn build(&mut self) -> Result<Snapshot, std::io::Error> {
+    /// The snapshot of the state as applied now, and what to write to the store (nothing
+    /// before the first entry is applied). Cheap: the state's bytes, made in memory.
+    fn prepare_snapshot(&mut self) -> (Snapshot, Option<JournalSnapshotMeta>) {
         let build_started = std::time::Instant::now();
         let state = self.state.snapshot();
         let state_hash = xxhash_rust::xxh3::xxh3_64(&state);
         let data = encode_snapshot_data(&self.membership, &state);
         self.snapshot_build
             .observe_ns((build_started.elapsed().as_nanos() as u64).max(1));
-        let (last_index, last_term) = self
-            .last_applied
-            .map_or((0, 0), |l| (l.index, l.leader_id.term));
-        if self.last_applied.is_some() {
-            self.snapshots
-                .write(
-                    JournalSnapshotMeta {
-                        cluster_id: self.cluster_id,
-                        last_index,
-                        last_term,
-                        state_hash,
-                        chain_hash: 0,
-                    },
-                    &data,
-                )
-                .map_err(|e| io_err("writing a snapshot", e))?;
-        }
+        let to_write = self.last_applied.map(|l| JournalSnapshotMeta {
+            cluster_id: self.cluster_id,
+            last_index: l.index,
+            last_term: l.leader_id.term,
+            state_hash,
+            chain_hash: 0,
+        });
         let meta = SnapshotMeta {
             last_log_id: self.last_applied,
             last_membership: self.membership.clone(),
         };
-        Ok(Snapshot {
+        let snapshot = Snapshot {
             meta,
             snapshot: data,
-        })
+        };
+        (snapshot, to_write)
     }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     type SnapshotData = Vec<u8>;
 
+    /// Takes the state's bytes under the state's lock, then writes them (a file, its fsync,
+    /// a rename and the directory's fsync) without it: on a slow disk the
+    /// write takes hundreds of milliseconds, during which entries go on being applied and
+    /// answered (they stopped for ~0.6 s each snapshot under a leader's slow disk when the write
+    /// held the lock). Returns once the snapshot is durable, before openraft may purge the log
+    /// below it.
     async fn build_snapshot(&mut self) -> Result<Snapshot, std::io::Error> {
-        self.inner.lock().await.build()
+        let (snapshot, to_write, store) = {
+            let mut inner = self.inner.lock().await;
+            let (snapshot, to_write) = inner.prepare_snapshot();
+            (snapshot, to_write, Arc::clone(&inner.snapshots))
+        };
+        let Some(meta) = to_write else {
+            return Ok(snapshot);
+        };
+        let write = || {
+            store
+                .lock()
+                .expect("snapshot store lock")
+                .write(meta, &snapshot.snapshot)
+                .map_err(|e| io_err("writing a snapshot", e))
+        };
+        // On a multi-thread runtime (a running node) the worker's other tasks move to another
+        // thread meanwhile; the simulation's current-thread runtime writes in place, which
+        // keeps its runs a function of their seed.
+        match tokio::runtime::Handle::current().runtime_flavor() {
+            tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(write),
+            _ => write(),
+        }?;
+        Ok(snapshot)
     }
 }
 
@@ -987,6 +1012,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             let cluster_id = inner.cluster_id;
             inner
                 .snapshots
+                .lock()
+                .expect("snapshot store lock")
                 .write(
                     JournalSnapshotMeta {
                         cluster_id,
@@ -1006,6 +1033,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let inner = self.inner.lock().await;
         let latest = inner
             .snapshots
+            .lock()
+            .expect("snapshot store lock")
             .latest()
             .map_err(|e| io_err("reading the newest snapshot", e))?;
         let Some(snap) = latest.snapshot else {
