@@ -56,7 +56,8 @@
 //! The CI run injects each kind once (seeded order). `BOURSE_NETBED_FAULTS=N` runs N faults
 //! drawn at random (the long run of docs/results/netns-faults.md); `BOURSE_NETBED_SEED`
 //! replays a schedule; `BOURSE_NETBED_KINDS` names the kinds to draw from and
-//! `BOURSE_NETBED_FSYNC` the nodes' fsync setting (`always` unless set). It needs root and `ip netns`; without them it says SKIPPED and passes.
+//! `BOURSE_NETBED_FSYNC` the nodes' fsync setting (`always` unless set). It needs root and
+//! `ip netns`; without them it says SKIPPED and passes.
 //! The impairments need iptables (scripts/install-test-tools.sh) and `bourse-netem` beside
 //! the `bourse` binary (`cargo build --release -p bourse-testkit --bin bourse-netem`; a
 //! workspace test run builds it); the disks need a cgroup io controller (v1 blkio throttling
