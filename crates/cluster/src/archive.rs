@@ -359,7 +359,11 @@ mod tests {
                     } else {
                         OutcomeKind::Applied
                     },
-                    applied_index: if k == 1 { index - 1 } else { index },
+                    applied_index: if k == 1 {
+                        index.saturating_sub(1)
+                    } else {
+                        index
+                    },
                     events: vec![index as u8; k as usize * 3],
                     audit: None,
                 })
