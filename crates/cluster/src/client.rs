@@ -50,10 +50,11 @@ pub const LEADER_PROBE_AFTER_MS: u64 = 200;
 /// How long one node may take to answer a leader probe.
 pub const LEADER_PROBE_TIMEOUT_MS: u64 = 150;
 /// After the first leader probe, how often the client asks again while it still waits. An
-/// election takes at least the followers' leader lease (their `election_timeout_ms_max`)
-/// after the last heartbeat, so the first probe usually finds no newer leader; asking again
-/// at this shorter period finds the new one within about half of it after it is elected
-/// (each round costs every node one brief status call).
+/// election takes at least a follower's leader lease plus a drawn timeout (330 ms or more
+/// with the defaults, `ClusterConfig::election_window_ms`) after the last heartbeat, so the
+/// first probe usually finds no newer leader; asking again at this shorter period finds the
+/// new one within about half of it after it is elected (each round costs every node one
+/// brief status call).
 pub const LEADER_PROBE_EVERY_MS: u64 = 100;
 
 /// A request the group committed and applied.

@@ -156,15 +156,17 @@ pub struct ClusterConfig {
     #[serde(default = "d_heartbeat_ms")]
     pub heartbeat_ms: u64,
     /// A follower that hears no heartbeat starts an election (a pre-vote round first) after
-    /// its leader lease, which openraft 0.10 sets to `election_timeout_ms_max`, plus a
-    /// timeout drawn from `election_timeout_ms_min..election_timeout_ms_max`: 450-600 ms of
-    /// silence with the defaults (150 and 300), nine heartbeats or more. The defaults were
-    /// 300 and 600 (900-1,200 ms of silence), which alone exceeded issue 21's failover goal
-    /// of 1 s.
+    /// its leader lease plus a timeout, both taken from its own slot of the range
+    /// `election_timeout_ms_min..election_timeout_ms_max` (`ClusterConfig::election_window_ms`):
+    /// with the defaults (150 and 300) and three nodes, 330-360, 430-460 and 530-560 ms of
+    /// silence, six heartbeats or more. The whole range drawn by every node (450-600 ms)
+    /// split a vote in a few leader losses in a hundred; the defaults were once 300 and 600
+    /// (900-1,200 ms), which alone exceeded issue 21's failover goal of 1 s.
     #[serde(default = "d_election_ms_min")]
     pub election_timeout_ms_min: u64,
-    /// See `election_timeout_ms_min`; also how long a leader goes without a quorum's
-    /// acknowledgement before it refuses new requests (`SubmitError::NoQuorum`).
+    /// See `election_timeout_ms_min`. The top of a node's slot is also how long it goes,
+    /// leading, without a quorum's acknowledgement before it refuses new requests
+    /// (`SubmitError::NoQuorum`): 180, 230 or 280 ms with the defaults.
     #[serde(default = "d_election_ms_max")]
     pub election_timeout_ms_max: u64,
     /// AppendEntries a leader keeps unanswered per follower: 1 sends the next only after the
@@ -293,6 +295,14 @@ impl ClusterConfig {
         if self.election_timeout_ms_max <= self.election_timeout_ms_min {
             return Err("election_timeout_ms_max must exceed election_timeout_ms_min".into());
         }
+        let slots = self.nodes.len().max(1) as u64;
+        if (self.election_timeout_ms_max - self.election_timeout_ms_min) / slots < 5 {
+            return Err(format!(
+                "election_timeout_ms_max - election_timeout_ms_min must be at least 5 ms per node \
+                 (each node draws its timeout from a slot of its own), not {} ms for {slots} nodes",
+                self.election_timeout_ms_max - self.election_timeout_ms_min
+            ));
+        }
         let in_flight_max = crate::append_stream::APPEND_STREAM_IN_FLIGHT_MAX;
         if !(1..=in_flight_max).contains(&self.append_in_flight_max) {
             return Err(format!(
@@ -396,6 +406,28 @@ impl ClusterConfig {
                 .map_err(|e| format!("node {id}: [tls] {e}")),
             None => Ok(None),
         }
+    }
+
+    /// Node `id`'s own election timeout window, `(min, max)` in ms: the group's range
+    /// (`election_timeout_ms_min..election_timeout_ms_max`) cut into one slot per node in
+    /// the order of their ids, each node drawing from the first three fifths of its slot
+    /// (150-180, 200-230 and 250-280 ms for three nodes with the defaults). Drawn from the
+    /// whole range, the two survivors of a leader's loss started their pre-votes within a
+    /// round trip of each other in a few elections in a hundred, both became candidates of
+    /// the same term and split the vote, which cost another timeout (~0.3 s). With disjoint
+    /// slots the gap between two nodes' timers is at least two fifths of a slot (20 ms with
+    /// the defaults: twice openraft's 10 ms tick), so the lower-ranked survivor asks first
+    /// and is granted before the other's timer fires. Raft's safety does not rest on these
+    /// values, only how soon and how cleanly a successor is elected. openraft takes a node's
+    /// `max` as its leader lease too, so it is also how long this node, leading, goes
+    /// without a quorum's acknowledgement before it refuses new requests.
+    pub fn election_window_ms(&self, id: NodeId) -> (u64, u64) {
+        let rank = self.nodes.iter().filter(|n| n.id < id).count() as u64;
+        let slots = (self.nodes.len() as u64).max(1);
+        let slot_ms = (self.election_timeout_ms_max - self.election_timeout_ms_min) / slots;
+        let width_ms = (slot_ms * 3 / 5).max(1);
+        let min_ms = self.election_timeout_ms_min + rank * slot_ms;
+        (min_ms, min_ms + width_ms)
     }
 
     /// Where node `id` binds its listener: its `listen` address, or its advertised one.
@@ -655,11 +687,12 @@ impl Node {
             config.log_tail_bytes_kept,
         );
 
+        let (election_ms_min, election_ms_max) = config.election_window_ms(id);
         let raft_config = openraft::Config {
             cluster_name: format!("bourse-{}", config.cluster_id),
             heartbeat_interval: config.heartbeat_ms,
-            election_timeout_min: config.election_timeout_ms_min,
-            election_timeout_max: config.election_timeout_ms_max,
+            election_timeout_min: election_ms_min,
+            election_timeout_max: election_ms_max,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
             max_in_snapshot_log_to_keep: config.log_kept_below_snapshot_entries,
             max_payload_entries: 256,
@@ -1475,11 +1508,7 @@ fn refusal_now(shared: &Shared) -> Option<SubmitError> {
             "node is out: state hash alarm".into(),
         ));
     }
-    match quorum_state(
-        &shared.raft,
-        shared.id,
-        shared.config.election_timeout_ms_max,
-    ) {
+    match quorum_state(&shared.raft, shared.id, lease_ms(&shared.config, shared.id)) {
         QuorumState::Held => None,
         QuorumState::Lost { quorum_ack_ms_ago } => {
             Some(SubmitError::NoQuorum { quorum_ack_ms_ago })
@@ -1494,17 +1523,23 @@ enum QuorumState {
     /// It leads with a quorum's recent acknowledgement, or does not lead (then openraft
     /// answers with the leader it knows).
     Held,
-    /// No quorum has acknowledged it for longer than the election timeout (or since it was
-    /// elected, longer ago than that): its followers would have elected another leader by now
-    /// if they could hear each other.
+    /// No quorum has acknowledged it for longer than its lease (or since it was elected,
+    /// longer ago than that): its followers would soon elect another leader if they could
+    /// hear each other.
     Lost { quorum_ack_ms_ago: u64 },
-    /// Elected less than the election timeout ago, and no quorum has acknowledged it yet:
+    /// Elected less than its lease ago, and no quorum has acknowledged it yet:
     /// openraft accepts no write before one does (its leader lease), and answers
     /// `ForwardToLeader` without a leader, which a client would take as "try another node".
     NotYet,
 }
 
-fn quorum_state(raft: &Raft, id: NodeId, election_timeout_ms_max: u64) -> QuorumState {
+/// Node `id`'s leader lease in ms: the top of its own election window, which openraft takes
+/// as the lease (`ClusterConfig::election_window_ms`).
+fn lease_ms(config: &ClusterConfig, id: NodeId) -> u64 {
+    config.election_window_ms(id).1
+}
+
+fn quorum_state(raft: &Raft, id: NodeId, lease_ms: u64) -> QuorumState {
     let metrics = raft.metrics();
     let m = metrics.borrow();
     // A node whose raft core stopped (a journal write or fsync failed: fail-stop) keeps
@@ -1517,42 +1552,33 @@ fn quorum_state(raft: &Raft, id: NodeId, election_timeout_ms_max: u64) -> Quorum
     // keeps the instant of its last acknowledgement there, which ages, while
     // `millis_since_quorum_ack` reports 0 for it (as 0.9 did).
     #[allow(deprecated)]
-    let quorum_ack_ms_ago = match m.millis_since_quorum_ack {
-        Some(ms) => ms,
-        // No quorum has acknowledged this leader yet. Its own entry in the heartbeat
-        // metrics holds when it took office (or sent the newest RPC one follower answered):
-        // unconfirmed for longer than the election timeout, it is as good as lost (elected,
-        // then cut off before its first quorum).
-        None => match m
-            .heartbeat
-            .as_ref()
-            .and_then(|h| h.get(&id).copied().flatten())
-        {
-            Some(since) => {
-                let ms = openraft::Instant::elapsed(&*since).as_millis() as u64;
-                if ms <= election_timeout_ms_max {
-                    return QuorumState::NotYet;
-                }
-                ms
-            }
-            None => return QuorumState::NotYet,
+    if let Some(quorum_ack_ms_ago) = m.millis_since_quorum_ack {
+        return if quorum_ack_ms_ago > lease_ms {
+            QuorumState::Lost { quorum_ack_ms_ago }
+        } else {
+            QuorumState::Held
+        };
+    }
+    // No quorum has acknowledged this leader yet. Its own entry in the heartbeat metrics
+    // holds when it took office (or sent the newest RPC one follower answered): unconfirmed
+    // for longer than its lease, it is as good as lost (elected, then cut off before its
+    // first quorum).
+    let in_office = m
+        .heartbeat
+        .as_ref()
+        .and_then(|h| h.get(&id).copied().flatten());
+    match in_office.map(|since| openraft::Instant::elapsed(&*since).as_millis() as u64) {
+        Some(ms) if ms > lease_ms => QuorumState::Lost {
+            quorum_ack_ms_ago: ms,
         },
-    };
-    if quorum_ack_ms_ago > election_timeout_ms_max {
-        QuorumState::Lost { quorum_ack_ms_ago }
-    } else {
-        QuorumState::Held
+        _ => QuorumState::NotYet,
     }
 }
 
 /// For the node's status: how long ago a quorum last acknowledged this leader, when that is
 /// longer than the election timeout (it refuses new requests meanwhile).
 fn quorum_lost_ms(shared: &Shared) -> Option<u64> {
-    match quorum_state(
-        &shared.raft,
-        shared.id,
-        shared.config.election_timeout_ms_max,
-    ) {
+    match quorum_state(&shared.raft, shared.id, lease_ms(&shared.config, shared.id)) {
         QuorumState::Lost { quorum_ack_ms_ago } => Some(quorum_ack_ms_ago),
         QuorumState::Held | QuorumState::NotYet => None,
     }
@@ -1660,7 +1686,7 @@ fn forward_refusal(
     config: &ClusterConfig,
 ) -> SubmitError {
     if f.reason == ForwardReason::LeaseExpired {
-        match quorum_state(raft, id, config.election_timeout_ms_max) {
+        match quorum_state(raft, id, lease_ms(config, id)) {
             QuorumState::NotYet => return SubmitError::LeaderUnconfirmed,
             QuorumState::Lost { quorum_ack_ms_ago } => {
                 return SubmitError::NoQuorum { quorum_ack_ms_ago }
@@ -1810,6 +1836,20 @@ async fn hash_check_proposer(shared: Arc<Shared>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn election_windows_are_disjoint_slots_in_the_order_of_node_ids() {
+        let mut config = ClusterConfig::local(1, PathBuf::from("/tmp/unused"), [7001, 7002, 7003]);
+        config.nodes.reverse();
+        let windows: Vec<(u64, u64)> = [1, 2, 3]
+            .iter()
+            .map(|&id| config.election_window_ms(id))
+            .collect();
+        assert_eq!(windows, vec![(150, 180), (200, 230), (250, 280)]);
+        config.election_timeout_ms_max = config.election_timeout_ms_min + 14;
+        let refused = config.validate().expect_err("5 ms per node at least");
+        assert!(refused.contains("at least 5 ms per node"), "{refused}");
+    }
 
     #[test]
     fn the_example_config_loads_and_validates() {
