@@ -1365,7 +1365,9 @@ async fn serve_connection(
                 continue;
             }
             Request::Vote(rpc) => reply(Response::Vote(shared.raft.vote(rpc).await)),
-            Request::PreVote(rpc) => reply(Response::Vote(shared.raft.pre_vote(rpc).await)),
+            Request::PreVote(rpc) => {
+                reply(Response::Vote(answer_pre_vote(&shared.raft, rpc).await))
+            }
             Request::InstallSnapshot { vote, meta, data } => {
                 let snapshot = crate::Snapshot {
                     meta,
@@ -1531,6 +1533,27 @@ enum QuorumState {
     /// openraft accepts no write before one does (its leader lease), and answers
     /// `ForwardToLeader` without a leader, which a client would take as "try another node".
     NotYet,
+}
+
+/// Answers a peer's pre-vote. A refusal because the asker's log is shorter, from a node that
+/// does not lead, means the asker has heard no leader for its lease and timeout and that this
+/// node holds entries it lacks; Raft can elect only a node whose log is as long as a quorum's,
+/// so rather than wait out its own timer (a slot or two later, `ClusterConfig::election_window_ms`)
+/// this node runs its own pre-vote round now. openraft refuses that round locally while this
+/// node's own lease is valid, so a node that still hears its leader changes nothing; a leader
+/// ignores the trigger.
+pub(crate) async fn answer_pre_vote(
+    raft: &Raft,
+    rpc: openraft::raft::VoteRequest<TypeConfig>,
+) -> Result<openraft::raft::VoteResponse<TypeConfig>, openraft::error::RaftError<TypeConfig>> {
+    let asker_last_log = rpc.last_log_id;
+    let answer = raft.pre_vote(rpc).await?;
+    if !answer.vote_granted && answer.last_log_id > asker_last_log {
+        // Sends the trigger to the core and returns; an error means the core stopped, which
+        // the node's own checks report.
+        let _ = raft.trigger().elect(true).await;
+    }
+    Ok(answer)
 }
 
 /// Node `id`'s leader lease in ms: the top of its own election window, which openraft takes

@@ -474,7 +474,7 @@ impl Rpc for PreVote {
     type Resp = VoteResponse<TypeConfig>;
     const NAME: &'static str = "pre_vote";
     async fn call(self, raft: Raft) -> Result<Self::Resp, RaftError<TypeConfig>> {
-        raft.pre_vote(self.0).await
+        crate::node::answer_pre_vote(&raft, self.0).await
     }
 }
 

@@ -5,7 +5,7 @@
 //! passed, while the other two elect a leader that refuses requests as unconfirmed (not "not
 //! the leader", which would send clients elsewhere) until a quorum has acknowledged it, and
 //! takes them from then on. A leader lost: the lower-ranked survivor succeeds it in the next
-//! term, without a split vote.
+//! term, without a split vote; if that survivor's log is shorter, the other stands at once.
 //!
 //! Three real nodes on the simulated network (`bourse_cluster::sim`) in one current-thread
 //! runtime with a paused clock, so "many election timeouts" is virtual time and the run is a
@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use bourse_cluster::net::SubmitError;
 use bourse_cluster::sim::{seed_thread_rng, Rates, Sim};
-use bourse_cluster::{ClusterConfig, FsyncSetting, Node, NodeId};
+use bourse_cluster::{ClusterConfig, FsyncSetting, LogCommand, Node, NodeId};
 
 /// How long (virtual time) the follower stays cut off: dozens of election timeouts.
 const PARTITION: Duration = Duration::from_secs(10);
@@ -206,6 +206,57 @@ async fn lose_the_leader_twice(dir: &Path, seed: u64) -> Vec<Succession> {
     successions
 }
 
+/// On a network with 1-2 ms latency: cuts the leader's link to the lower-ranked follower,
+/// commits a few entries through the other, then cuts the leader off entirely. Returns the
+/// succession and the follower that holds the longer log.
+async fn lose_the_leader_after_a_lagging_follower(dir: &Path, seed: u64) -> (Succession, NodeId) {
+    let config = config(dir);
+    let sim = Sim::new(seed);
+    sim.set_rates(Rates {
+        delay_ms_max: 1,
+        ..Rates::default()
+    });
+    let (nodes, old, term) = start_group(&config, &sim).await;
+    let mut survivors = MEMBERS.iter().copied().filter(|&id| id != old);
+    let (lagging, longer) = (
+        survivors.next().expect("two"),
+        survivors.next().expect("two"),
+    );
+    sim.partition(&[old], &[old, lagging]);
+    for now_ns in 1..=3 {
+        nodes[&old]
+            .raft()
+            .client_write(LogCommand::MarketDataFlush { now_ns })
+            .await
+            .expect("committed by the leader and the other follower");
+    }
+    sim.partition(&[old], &MEMBERS);
+    let cut_at = tokio::time::Instant::now();
+    let new = loop {
+        let views: Vec<(u64, Option<NodeId>)> = [lagging, longer]
+            .iter()
+            .map(|id| views_of(&nodes[id]))
+            .collect();
+        if views[0] == views[1] && views[0].1.is_some_and(|l| l != old) {
+            break (views[0].1.expect("a leader"), views[0].0);
+        }
+        assert!(
+            cut_at.elapsed() < LEADER_WAIT_LIMIT,
+            "no successor: {views:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    let succession = Succession {
+        old: (old, term),
+        new,
+        elected_after: cut_at.elapsed(),
+    };
+    for (_, node) in nodes {
+        node.shutdown().await;
+    }
+    (succession, longer)
+}
+
 /// Cuts the leader off both ways and watches, at every virtual half-millisecond, what the
 /// node that becomes leader would answer a client.
 async fn cut_off_the_leader(dir: &Path, seed: u64) -> LeaderCut {
@@ -344,5 +395,27 @@ fn a_lost_leader_is_succeeded_by_the_lower_ranked_survivor_in_the_next_term() {
         let winners: Vec<NodeId> = seen.iter().map(|s| s.new.0).collect();
         assert_eq!(winners.len(), 2, "seed {seed}: {seen:?}");
         assert_ne!(winners[0], winners[1], "seed {seed}: {seen:?}");
+    }
+}
+
+/// The lower-ranked survivor asks first, but its log is shorter: the other refuses it and, its
+/// own lease over, runs its own pre-vote at once (`answer_pre_vote`) instead of waiting for its
+/// slot, so it is elected in the next term before its own timer could have fired.
+#[test]
+fn a_survivor_with_the_longer_log_stands_when_it_refuses_a_shorter_one() {
+    for seed in 30..40 {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (seen, longer) =
+            runtime(seed).block_on(lose_the_leader_after_a_lagging_follower(dir.path(), seed));
+        let (_, term) = seen.old;
+        assert_eq!(seen.new, (longer, term + 1), "seed {seed}: {seen:?}");
+        // Its own timer: its lease and at least its slot's bottom after the last heartbeat,
+        // which it heard at the cut at the earliest.
+        let (bottom_ms, top_ms) = config(dir.path()).election_window_ms(longer);
+        let own_timer = Duration::from_millis(top_ms + bottom_ms);
+        assert!(
+            seen.elected_after < own_timer,
+            "seed {seed}: {seen:?}, own timer {own_timer:?}"
+        );
     }
 }
