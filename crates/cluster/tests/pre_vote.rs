@@ -160,43 +160,60 @@ struct Succession {
     elected_after: Duration,
 }
 
+/// A simulated network on which every message takes 1 to `1 + delay_ms_max` ms each way.
+fn sim_with_delay(seed: u64, delay_ms_max: u64) -> Sim {
+    let sim = Sim::new(seed);
+    sim.set_rates(Rates {
+        delay_ms_max,
+        ..Rates::default()
+    });
+    sim
+}
+
+/// Cuts `old` off both ways and waits for the others to agree on a successor.
+async fn cut_off_and_wait_for_a_successor(
+    sim: &Sim,
+    nodes: &BTreeMap<NodeId, Node>,
+    (old, term): (NodeId, u64),
+) -> Succession {
+    sim.partition(&[old], &MEMBERS);
+    let cut_at = tokio::time::Instant::now();
+    loop {
+        let views: BTreeMap<NodeId, (u64, Option<NodeId>)> = nodes
+            .iter()
+            .filter(|(id, _)| **id != old)
+            .map(|(id, n)| (*id, views_of(n)))
+            .collect();
+        let mut agreed = views.values();
+        let &(new_term, leader) = agreed.next().expect("two survivors");
+        if agreed.all(|v| *v == (new_term, leader)) && leader.is_some_and(|l| l != old) {
+            return Succession {
+                old: (old, term),
+                new: (leader.expect("a leader"), new_term),
+                elected_after: cut_at.elapsed(),
+            };
+        }
+        assert!(
+            cut_at.elapsed() < LEADER_WAIT_LIMIT,
+            "no successor: {views:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 /// On a network with 1-2 ms latency, cuts the leader off both ways (as a lost machine looks
 /// to the others) and waits for the two others to agree on a successor; then heals, and does
 /// the same to the successor.
 async fn lose_the_leader_twice(dir: &Path, seed: u64) -> Vec<Succession> {
     let config = config(dir);
-    let sim = Sim::new(seed);
-    sim.set_rates(Rates {
-        delay_ms_max: 1,
-        ..Rates::default()
-    });
+    let sim = sim_with_delay(seed, 1);
     let (nodes, mut leader, mut term) = start_group(&config, &sim).await;
     let mut successions = Vec::new();
     for _ in 0..2 {
-        sim.partition(&[leader], &MEMBERS);
-        let cut_at = tokio::time::Instant::now();
-        let new = loop {
-            let survivors = nodes.iter().filter(|(id, _)| **id != leader);
-            let views: BTreeMap<NodeId, (u64, Option<NodeId>)> =
-                survivors.map(|(id, n)| (*id, views_of(n))).collect();
-            let mut agreed = views.values().map(|&(t, l)| (l, t));
-            let first = agreed.next().expect("two survivors");
-            if agreed.all(|v| v == first) && first.0.is_some_and(|l| l != leader) {
-                break (first.0.expect("a leader"), first.1);
-            }
-            assert!(
-                cut_at.elapsed() < LEADER_WAIT_LIMIT,
-                "no successor: {views:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        };
-        successions.push(Succession {
-            old: (leader, term),
-            new,
-            elected_after: cut_at.elapsed(),
-        });
+        let succession = cut_off_and_wait_for_a_successor(&sim, &nodes, (leader, term)).await;
+        (leader, term) = succession.new;
+        successions.push(succession);
         sim.heal();
-        (leader, term) = new;
         // The old leader rejoins under its successor before the next loss.
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
@@ -211,11 +228,7 @@ async fn lose_the_leader_twice(dir: &Path, seed: u64) -> Vec<Succession> {
 /// succession and the follower that holds the longer log.
 async fn lose_the_leader_after_a_lagging_follower(dir: &Path, seed: u64) -> (Succession, NodeId) {
     let config = config(dir);
-    let sim = Sim::new(seed);
-    sim.set_rates(Rates {
-        delay_ms_max: 1,
-        ..Rates::default()
-    });
+    let sim = sim_with_delay(seed, 1);
     let (nodes, old, term) = start_group(&config, &sim).await;
     let mut survivors = MEMBERS.iter().copied().filter(|&id| id != old);
     let (lagging, longer) = (
@@ -230,27 +243,7 @@ async fn lose_the_leader_after_a_lagging_follower(dir: &Path, seed: u64) -> (Suc
             .await
             .expect("committed by the leader and the other follower");
     }
-    sim.partition(&[old], &MEMBERS);
-    let cut_at = tokio::time::Instant::now();
-    let new = loop {
-        let views: Vec<(u64, Option<NodeId>)> = [lagging, longer]
-            .iter()
-            .map(|id| views_of(&nodes[id]))
-            .collect();
-        if views[0] == views[1] && views[0].1.is_some_and(|l| l != old) {
-            break (views[0].1.expect("a leader"), views[0].0);
-        }
-        assert!(
-            cut_at.elapsed() < LEADER_WAIT_LIMIT,
-            "no successor: {views:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    };
-    let succession = Succession {
-        old: (old, term),
-        new,
-        elected_after: cut_at.elapsed(),
-    };
+    let succession = cut_off_and_wait_for_a_successor(&sim, &nodes, (old, term)).await;
     for (_, node) in nodes {
         node.shutdown().await;
     }
@@ -261,13 +254,9 @@ async fn lose_the_leader_after_a_lagging_follower(dir: &Path, seed: u64) -> (Suc
 /// node that becomes leader would answer a client.
 async fn cut_off_the_leader(dir: &Path, seed: u64) -> LeaderCut {
     let config = config(dir);
-    let sim = Sim::new(seed);
     // Every message takes 1-21 ms each way, so a new leader's first quorum is a round trip
     // (or more) after its election.
-    sim.set_rates(Rates {
-        delay_ms_max: 20,
-        ..Rates::default()
-    });
+    let sim = sim_with_delay(seed, 20);
     let (nodes, old, _) = start_group(&config, &sim).await;
     sim.partition(&[old], &MEMBERS);
     let cut_at = tokio::time::Instant::now();
