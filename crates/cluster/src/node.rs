@@ -295,12 +295,12 @@ impl ClusterConfig {
         if self.election_timeout_ms_max <= self.election_timeout_ms_min {
             return Err("election_timeout_ms_max must exceed election_timeout_ms_min".into());
         }
-        let slots = self.nodes.len().max(1) as u64;
-        if (self.election_timeout_ms_max - self.election_timeout_ms_min) / slots < 5 {
+        if self.election_slot_ms() < 5 {
             return Err(format!(
                 "election_timeout_ms_max - election_timeout_ms_min must be at least 5 ms per node \
-                 (each node draws its timeout from a slot of its own), not {} ms for {slots} nodes",
-                self.election_timeout_ms_max - self.election_timeout_ms_min
+                 (each node draws its timeout from a slot of its own), not {} ms for {} nodes",
+                self.election_timeout_ms_max - self.election_timeout_ms_min,
+                self.nodes.len()
             ));
         }
         let in_flight_max = crate::append_stream::APPEND_STREAM_IN_FLIGHT_MAX;
@@ -423,11 +423,16 @@ impl ClusterConfig {
     /// without a quorum's acknowledgement before it refuses new requests.
     pub fn election_window_ms(&self, id: NodeId) -> (u64, u64) {
         let rank = self.nodes.iter().filter(|n| n.id < id).count() as u64;
-        let slots = (self.nodes.len() as u64).max(1);
-        let slot_ms = (self.election_timeout_ms_max - self.election_timeout_ms_min) / slots;
+        let slot_ms = self.election_slot_ms();
         let width_ms = (slot_ms * 3 / 5).max(1);
         let min_ms = self.election_timeout_ms_min + rank * slot_ms;
         (min_ms, min_ms + width_ms)
+    }
+
+    /// One node's share of the election timeout range (`election_window_ms`).
+    fn election_slot_ms(&self) -> u64 {
+        let slots = (self.nodes.len() as u64).max(1);
+        (self.election_timeout_ms_max - self.election_timeout_ms_min) / slots
     }
 
     /// Where node `id` binds its listener: its `listen` address, or its advertised one.
@@ -1599,7 +1604,7 @@ fn quorum_state(raft: &Raft, id: NodeId, lease_ms: u64) -> QuorumState {
 }
 
 /// For the node's status: how long ago a quorum last acknowledged this leader, when that is
-/// longer than the election timeout (it refuses new requests meanwhile).
+/// longer than its lease (it refuses new requests meanwhile).
 fn quorum_lost_ms(shared: &Shared) -> Option<u64> {
     match quorum_state(&shared.raft, shared.id, lease_ms(&shared.config, shared.id)) {
         QuorumState::Lost { quorum_ack_ms_ago } => Some(quorum_ack_ms_ago),

@@ -1,10 +1,10 @@
 //! Leadership changes (issue 21). Pre-vote: a follower cut off from the others for many
 //! election timeouts asks for pre-votes, gets none, and so does not raise its term; when the
 //! partition heals it rejoins under the leader it left, which keeps leading in the same term.
-//! A leader cut off: it refuses requests for want of a quorum once the election timeout has
-//! passed, while the other two elect a leader that refuses requests as unconfirmed (not "not
-//! the leader", which would send clients elsewhere) until a quorum has acknowledged it, and
-//! takes them from then on. A leader lost: the lower-ranked survivor succeeds it in the next
+//! A leader cut off: it refuses requests for want of a quorum once its lease has passed,
+//! while the other two elect a leader that refuses requests as unconfirmed (not "not the
+//! leader", which would send clients elsewhere) until a quorum has acknowledged it, and takes
+//! them from then on. A leader lost: the lower-ranked survivor succeeds it in the next
 //! term, without a split vote; if that survivor's log is shorter, the other stands at once.
 //!
 //! Three real nodes on the simulated network (`bourse_cluster::sim`) in one current-thread
@@ -48,14 +48,7 @@ fn views_of(node: &Node) -> (u64, Option<NodeId>) {
 
 /// What each node believes: (term, leader).
 fn views(nodes: &BTreeMap<NodeId, Node>) -> BTreeMap<NodeId, (u64, Option<NodeId>)> {
-    nodes
-        .iter()
-        .map(|(id, n)| {
-            let m = n.raft().metrics();
-            let m = m.borrow();
-            (*id, (m.current_term, m.current_leader))
-        })
-        .collect()
+    nodes.iter().map(|(id, n)| (*id, views_of(n))).collect()
 }
 
 /// The leader every node agrees on, if they all agree.
