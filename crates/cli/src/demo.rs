@@ -89,6 +89,31 @@ pub struct DemoArgs {
     schedule: Option<PathBuf>,
 }
 
+impl DemoArgs {
+    /// The demo's venue for a benchmark at `rate`: every service on, on free ports, no output.
+    pub(crate) fn quiet(rate: u64) -> DemoArgs {
+        DemoArgs {
+            seconds: None,
+            rate,
+            accounts: 2_000,
+            seed: 1,
+            dashboard_port: Some(0),
+            no_dashboard: false,
+            in_process_cores: false,
+            out: None,
+            linger_seconds: 0,
+            delivery_port: Some(0),
+            no_delivery: false,
+            itch_port: None,
+            admin_port: Some(0),
+            no_admin: false,
+            day: false,
+            day_speed: 60,
+            schedule: None,
+        }
+    }
+}
+
 /// With `--day`: drives the schedule on the deployment's runtime over a clock that runs
 /// `speed` times faster than the wall clock from a Monday 09:58 Moscow time, printing each
 /// transition as it is issued, until `stop` is set.
@@ -446,6 +471,114 @@ fn start_dashboard(args: &DemoArgs) -> Result<Option<(Arc<Monitor>, DashboardSer
     Ok(Some((monitor, server)))
 }
 
+/// The demo's venue and its services (dashboard, delivery, ITCH, admin), as `run` starts them
+/// before the participants trade; `bourse bench venue` starts the same.
+pub(crate) struct DemoVenue {
+    pub(crate) deployment: LocalDeployment,
+    dashboard: Option<(Arc<Monitor>, DashboardServer)>,
+    delivery: Option<bourse_delivery::DeliveryNode>,
+    itch: Vec<bourse_itch::service::ItchService>,
+    admin: Option<DemoAdmin>,
+}
+
+impl DemoVenue {
+    /// Starts everything `args` asks for, data under `data_dir`, the admin's audit log in
+    /// `out`; `verbose` prints the layout and how to reach each service.
+    pub(crate) fn start(
+        args: &DemoArgs,
+        profile: &Profile,
+        out: &std::path::Path,
+        data_dir: &std::path::Path,
+        verbose: bool,
+    ) -> Result<DemoVenue> {
+        let _ = std::fs::remove_dir_all(data_dir);
+        let dashboard = start_dashboard(args)?;
+        let backend = if args.in_process_cores {
+            Backend::InProcess
+        } else {
+            Backend::Cluster
+        };
+        if verbose {
+            println!(
+                "bourse demo — equities, FX and futures, {}, behind one gateway",
+                match backend {
+                    Backend::Cluster => "each market a trading core replicated on 3 nodes",
+                    Backend::InProcess => "each market an in-process trading core",
+                }
+            );
+        }
+        let t0 = Instant::now();
+        let mut spec = crate::loadtest_cmd::deployment_spec(profile, data_dir.to_path_buf(), false);
+        spec.monitor = dashboard.as_ref().map(|(m, _)| Arc::clone(m));
+        spec.extra_fix_sessions = vec![("DEMO".into(), (1..=HUMAN_ACCOUNTS).collect())];
+        let deployment = LocalDeployment::start(spec).context("starting the deployment")?;
+        if verbose {
+            println!(
+                "  started in {:.1} s: {}",
+                t0.elapsed().as_secs_f64(),
+                deployment.describe()
+            );
+            print_layout(&deployment, profile, &dashboard);
+        }
+        let delivery = start_delivery(args, &deployment, data_dir)?;
+        if let (Some(d), Some((monitor, _))) = (&delivery, &dashboard) {
+            let shared = Arc::clone(d.shared());
+            monitor
+                .delivery()
+                .set_source(move || shared.counters.totals());
+        }
+        let itch = start_itch(args, &deployment, profile)?;
+        if let (Some(d), true) = (&delivery, verbose) {
+            println!(
+                "  delivery: {}/v1/orders (every order's latest state by cursor); follow it with: \
+                 bourse delivery tail --addr {}; what changed in the last minute, from memory and \
+                 disk: bourse delivery tail --addr {} --since-seconds 60 --until-empty",
+                d.url(),
+                d.addr(),
+                d.addr()
+            );
+        }
+        let admin = start_admin(
+            args,
+            &deployment,
+            out,
+            dashboard.as_ref().map(|(m, _)| Arc::clone(m)),
+        )?;
+        if let (Some((server, password, audit, _)), true) = (&admin, verbose) {
+            println!(
+                "  admin API: {} (operator {DEMO_OPERATOR}, password {password}); audit log {}\n\
+                 \x20   export BOURSE_ADMIN_URL={} BOURSE_ADMIN_PASSWORD={password}\n\
+                 \x20   bourse admin instruments | halt --instrument ID | resume --instrument ID | \
+                 kill --firm ID | release --firm ID | account ID | add-account ... (docs/admin.md)",
+                server.url(),
+                audit.display(),
+                server.url(),
+            );
+        }
+        Ok(DemoVenue {
+            deployment,
+            dashboard,
+            delivery,
+            itch,
+            admin,
+        })
+    }
+
+    /// Stops the services, then the deployment; the dashboard stays up for the caller.
+    pub(crate) fn stop(mut self) -> Result<Option<(Arc<Monitor>, DashboardServer)>> {
+        drop(self.admin.take());
+        if let Some(d) = self.delivery.take() {
+            d.stop().map_err(|e| anyhow!(e))?;
+        }
+        for s in self.itch.drain(..) {
+            // Ends each session (End of Messages, end-of-session packet) before the cores stop.
+            s.stop().map_err(|e| anyhow!(e))?;
+        }
+        self.deployment.stop();
+        Ok(self.dashboard.take())
+    }
+}
+
 pub fn run(args: DemoArgs) -> Result<()> {
     if args.rate == 0 || args.rate > 1_000_000 {
         bail!("--rate must be between 1 and 1,000,000 commands per second");
@@ -489,75 +622,17 @@ pub fn run(args: DemoArgs) -> Result<()> {
         ))
     });
     let data_dir = std::env::temp_dir().join(format!("bourse-demo-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&data_dir);
-    let dashboard = start_dashboard(&args)?;
-    let backend = if args.in_process_cores {
-        Backend::InProcess
-    } else {
-        Backend::Cluster
-    };
-    println!(
-        "bourse demo — equities, FX and futures, {}, behind one gateway",
-        match backend {
-            Backend::Cluster => "each market a trading core replicated on 3 nodes",
-            Backend::InProcess => "each market an in-process trading core",
-        }
-    );
-    let t0 = Instant::now();
-    let mut spec = crate::loadtest_cmd::deployment_spec(&profile, data_dir.clone(), false);
-    spec.monitor = dashboard.as_ref().map(|(m, _)| Arc::clone(m));
-    spec.extra_fix_sessions = vec![("DEMO".into(), (1..=HUMAN_ACCOUNTS).collect())];
-    let mut deployment = LocalDeployment::start(spec).context("starting the deployment")?;
-    println!(
-        "  started in {:.1} s: {}",
-        t0.elapsed().as_secs_f64(),
-        deployment.describe()
-    );
-    print_layout(&deployment, &profile, &dashboard);
-    let delivery = start_delivery(&args, &deployment, &data_dir)?;
-    if let (Some(d), Some((monitor, _))) = (&delivery, &dashboard) {
-        let shared = Arc::clone(d.shared());
-        monitor
-            .delivery()
-            .set_source(move || shared.counters.totals());
-    }
-    let itch = start_itch(&args, &deployment, &profile)?;
-    if let Some(d) = &delivery {
-        println!(
-            "  delivery: {}/v1/orders (every order's latest state by cursor); follow it with: \
-             bourse delivery tail --addr {}; what changed in the last minute, from memory and \
-             disk: bourse delivery tail --addr {} --since-seconds 60 --until-empty",
-            d.url(),
-            d.addr(),
-            d.addr()
-        );
-    }
-    let admin = start_admin(
-        &args,
-        &deployment,
-        &out,
-        dashboard.as_ref().map(|(m, _)| Arc::clone(m)),
-    )?;
-    if let Some((server, password, audit, service)) = &admin {
-        println!(
-            "  admin API: {} (operator {DEMO_OPERATOR}, password {password}); audit log {}\n\
-             \x20   export BOURSE_ADMIN_URL={} BOURSE_ADMIN_PASSWORD={password}\n\
-             \x20   bourse admin instruments | halt --instrument ID | resume --instrument ID | \
-             kill --firm ID | release --firm ID | account ID | add-account ... (docs/admin.md)",
-            server.url(),
-            audit.display(),
-            server.url(),
-        );
-        if args.day {
-            play_day(
-                &deployment,
-                Arc::clone(service),
-                (args.day_speed, schedule.clone()),
-                Arc::clone(&stop),
-            )?;
-        }
-    } else if args.day {
-        bail!("--day needs the admin API (replicated cores, without --no-admin)");
+    let mut venue = DemoVenue::start(&args, &profile, &out, &data_dir, true)?;
+    if args.day {
+        let Some((_, _, _, service)) = &venue.admin else {
+            bail!("--day needs the admin API (replicated cores, without --no-admin)");
+        };
+        play_day(
+            &venue.deployment,
+            Arc::clone(service),
+            (args.day_speed, schedule.clone()),
+            Arc::clone(&stop),
+        )?;
     }
     match args.seconds {
         Some(s) => println!(
@@ -574,19 +649,12 @@ pub fn run(args: DemoArgs) -> Result<()> {
         version: crate::report::version().to_string(),
         ticker: true,
         stop: Some(Arc::clone(&stop)),
+        live: None,
     };
-    let result = bourse_loadgen::run_on(&profile, &options, &mut deployment);
+    let result = bourse_loadgen::run_on(&profile, &options, &mut venue.deployment);
     // Ends the schedule driver (if --day) before the cores stop.
     stop.store(true, Ordering::SeqCst);
-    drop(admin);
-    if let Some(d) = delivery {
-        d.stop().map_err(|e| anyhow!(e))?;
-    }
-    for s in itch {
-        // Ends each session (End of Messages, end-of-session packet) before the cores stop.
-        s.stop().map_err(|e| anyhow!(e))?;
-    }
-    deployment.stop();
+    let dashboard = venue.stop()?;
     let _ = std::fs::remove_dir_all(&data_dir);
     let results = result.map_err(|e| anyhow!(e))?;
     report::write(&out, &results, None, true)

@@ -150,6 +150,7 @@ pub fn loadtest(args: LoadtestArgs) -> Result<()> {
         version: crate::report::version().to_string(),
         ticker: false,
         stop: None,
+        live: None,
     };
     let results = match profile.target.kind {
         TargetKind::InProcess => bourse_loadgen::run(&profile, &options).map_err(|e| anyhow!(e))?,

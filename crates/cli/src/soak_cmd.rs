@@ -299,6 +299,7 @@ pub fn run(args: SoakArgs) -> Result<()> {
         version: crate::report::version().to_string(),
         ticker: false,
         stop: Some(interrupted),
+        live: None,
     };
     let result = bourse_loadgen::run_on(&profile, &options, &mut deployment);
     stop.store(true, Ordering::SeqCst);

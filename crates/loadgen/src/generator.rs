@@ -412,11 +412,13 @@ impl RecordWire {
 }
 
 /// Live figures every worker adds to, for the progress bar.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Live {
     pub sent: AtomicU64,
     pub transactions: AtomicU64,
     pub trades: AtomicU64,
+    /// Commands answered (successful or not).
+    pub answered: AtomicU64,
     /// Set to end the run early (Ctrl-C in the demo): workers stop sending and drain.
     pub stop: std::sync::atomic::AtomicBool,
 }
@@ -731,6 +733,7 @@ impl Worker {
         let mut live_flush = Instant::now();
         let mut live_sent = 0u64;
         let mut live_tx = 0u64;
+        let mut live_answered = 0u64;
         let mut live_trades = 0u64;
         let mut done_sending = false;
         let mut stopped_at_ns: Option<u64> = None;
@@ -938,6 +941,7 @@ impl Worker {
                     }
                 }
                 live_tx += ok as u64;
+                live_answered += 1;
                 live_trades += trades;
                 if let Some(sec) = rec.kept_second((received_ns / SECOND_NS) as usize, kept_s) {
                     sec.answered += 1;
@@ -977,7 +981,10 @@ impl Worker {
                 self.live.sent.fetch_add(live_sent, Ordering::Relaxed);
                 self.live.transactions.fetch_add(live_tx, Ordering::Relaxed);
                 self.live.trades.fetch_add(live_trades, Ordering::Relaxed);
-                (live_sent, live_tx, live_trades) = (0, 0, 0);
+                self.live
+                    .answered
+                    .fetch_add(live_answered, Ordering::Relaxed);
+                (live_sent, live_tx, live_trades, live_answered) = (0, 0, 0, 0);
                 live_flush = Instant::now();
             }
             if done_sending {
@@ -1021,6 +1028,9 @@ impl Worker {
         self.live.sent.fetch_add(live_sent, Ordering::Relaxed);
         self.live.transactions.fetch_add(live_tx, Ordering::Relaxed);
         self.live.trades.fetch_add(live_trades, Ordering::Relaxed);
+        self.live
+            .answered
+            .fetch_add(live_answered, Ordering::Relaxed);
         rec.counts.unanswered = pending.len() as u64;
         rec.elapsed_ns = start.elapsed().as_nanos() as u64;
         Ok(rec)

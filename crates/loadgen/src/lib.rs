@@ -71,6 +71,9 @@ pub struct RunOptions {
     pub ticker: bool,
     /// Set it to end the run early (every worker stops sending and drains).
     pub stop: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// The run's live counters, when the caller wants to read them as it goes (a benchmark
+    /// that samples its own window); `None`: the run keeps its own.
+    pub live: Option<Arc<Live>>,
 }
 
 /// Orders each core's pool can hold: the resting orders the flows keep, with room for the
@@ -285,7 +288,7 @@ pub fn run_on(
     let started_unix_s = unix_ns() / 1_000_000_000;
     let workers = profile.generator.workers as usize;
     let profile_arc = Arc::new(profile.clone());
-    let live = Arc::new(Live::default());
+    let live = options.live.clone().unwrap_or_default();
     let mut connections = Vec::new();
     for w in 0..workers {
         match deployment.connect(w) {

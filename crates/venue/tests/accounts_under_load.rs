@@ -142,6 +142,7 @@ fn accounts_added_under_load_are_in_their_market_on_every_replica_and_reported()
         version: "test".into(),
         ticker: false,
         stop: None,
+        live: None,
     };
     let results = bourse_loadgen::run_on(&profile, &options, &mut deployment).expect("the run");
     let section = results

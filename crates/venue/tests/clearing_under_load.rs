@@ -127,6 +127,7 @@ fn an_intermediate_clearing_under_load_runs_once_pays_once_conserves_cash_and_is
         version: "test".into(),
         ticker: false,
         stop: None,
+        live: None,
     };
     let results = bourse_loadgen::run_on(&profile, &options, &mut deployment).expect("the run");
 

@@ -259,6 +259,7 @@ fn run(args: &AdminBenchArgs, measured_s: Option<f64>) -> Result<RunFigures> {
         version: super::common::version().to_string(),
         ticker: false,
         stop: Some(Arc::clone(&stop)),
+        live: None,
     };
     let results = bourse_loadgen::run_on(&profile, &options, &mut deployment);
     stop.store(true, Ordering::Relaxed);

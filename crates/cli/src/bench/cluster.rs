@@ -21,7 +21,7 @@ use clap::Args;
 use hdrhistogram::Histogram;
 use serde_json::json;
 
-use super::common::{self, histogram, record, Latency, Machine};
+use super::common::{self, histogram, record, thread_cpu, Latency, Machine, ThreadCpu};
 
 #[derive(Args)]
 pub struct ClusterBenchArgs {
@@ -478,61 +478,6 @@ impl Drop for BenchNode {
             let _ = t.join();
         }
     }
-}
-
-/// One thread's scheduler figures (from `/proc/self/task/<tid>/{schedstat,status}`): time on a
-/// CPU, time waiting in the run queue for one, and voluntary context switches (each a sleep
-/// and a wake-up). CPU time per command barely moves with the machine's load, unlike latency.
-#[derive(Clone, Copy, Debug, Default)]
-struct ThreadCpu {
-    cpu_ns: u64,
-    wait_ns: u64,
-    switches: u64,
-}
-
-/// Every thread of this process by id: its name and its figures (threads the kernel will not
-/// describe, e.g. ended ones, are left out).
-fn thread_cpu() -> std::collections::BTreeMap<u64, (String, ThreadCpu)> {
-    let mut out = std::collections::BTreeMap::new();
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return out;
-    };
-    for task in tasks.flatten() {
-        let Some(tid) = task
-            .file_name()
-            .to_str()
-            .and_then(|t| t.parse::<u64>().ok())
-        else {
-            continue;
-        };
-        let path = task.path();
-        let read = |f: &str| std::fs::read_to_string(path.join(f)).ok();
-        let (Some(comm), Some(schedstat), Some(status)) =
-            (read("comm"), read("schedstat"), read("status"))
-        else {
-            continue;
-        };
-        let mut sched = schedstat
-            .split_whitespace()
-            .map(|v| v.parse::<u64>().unwrap_or(0));
-        let switches = status
-            .lines()
-            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
-        out.insert(
-            tid,
-            (
-                comm.trim().to_string(),
-                ThreadCpu {
-                    cpu_ns: sched.next().unwrap_or(0),
-                    wait_ns: sched.next().unwrap_or(0),
-                    switches,
-                },
-            ),
-        );
-    }
-    out
 }
 
 /// Where one scenario's CPU went: per command for the leader's threads, one follower's (the

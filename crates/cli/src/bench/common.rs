@@ -166,3 +166,82 @@ mod tests {
         assert!(!path.exists());
     }
 }
+
+/// One thread's scheduler figures (from `/proc/self/task/<tid>/{schedstat,status}`): time on a
+/// CPU, time waiting in the run queue for one, voluntary context switches (each a sleep and a
+/// wake-up) and involuntary ones (preemptions). CPU time per command barely moves with the
+/// machine's load, unlike latency.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ThreadCpu {
+    pub cpu_ns: u64,
+    pub wait_ns: u64,
+    pub switches: u64,
+    pub preempted: u64,
+}
+
+impl ThreadCpu {
+    /// What this thread did since `was` (counters only grow; a reused id reads as new).
+    pub fn since(&self, was: &ThreadCpu) -> ThreadCpu {
+        ThreadCpu {
+            cpu_ns: self.cpu_ns.saturating_sub(was.cpu_ns),
+            wait_ns: self.wait_ns.saturating_sub(was.wait_ns),
+            switches: self.switches.saturating_sub(was.switches),
+            preempted: self.preempted.saturating_sub(was.preempted),
+        }
+    }
+
+    pub fn add(&mut self, other: &ThreadCpu) {
+        self.cpu_ns += other.cpu_ns;
+        self.wait_ns += other.wait_ns;
+        self.switches += other.switches;
+        self.preempted += other.preempted;
+    }
+}
+
+/// Every thread of this process by id: its name and its figures (threads the kernel will not
+/// describe, e.g. ended ones, are left out).
+pub fn thread_cpu() -> std::collections::BTreeMap<u64, (String, ThreadCpu)> {
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for task in tasks.flatten() {
+        let Some(tid) = task
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let path = task.path();
+        let read = |f: &str| std::fs::read_to_string(path.join(f)).ok();
+        let (Some(comm), Some(schedstat), Some(status)) =
+            (read("comm"), read("schedstat"), read("status"))
+        else {
+            continue;
+        };
+        let mut sched = schedstat
+            .split_whitespace()
+            .map(|v| v.parse::<u64>().unwrap_or(0));
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        out.insert(
+            tid,
+            (
+                comm.trim().to_string(),
+                ThreadCpu {
+                    cpu_ns: sched.next().unwrap_or(0),
+                    wait_ns: sched.next().unwrap_or(0),
+                    switches: field("voluntary_ctxt_switches:"),
+                    preempted: field("nonvoluntary_ctxt_switches:"),
+                },
+            ),
+        );
+    }
+    out
+}

@@ -17,6 +17,7 @@ mod journal;
 mod marketdata;
 mod recovery;
 mod t2t;
+mod venue;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -52,6 +53,9 @@ pub enum BenchCommand {
     /// An intermediate clearing of N accounts × M positions in process: positions/s of the
     /// run and memory per position of the clearing state.
     Clearing(clearing::ClearingBenchArgs),
+    /// The whole demo venue at fixed rates: CPU time and context switches per transaction by
+    /// thread group and in total, beside the round trip through the gateway.
+    Venue(venue::VenueBenchArgs),
 }
 
 /// Runs one benchmark.
@@ -68,5 +72,6 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Recovery(args) => recovery::recovery(args),
         BenchCommand::T2t(args) => t2t::bench(args),
         BenchCommand::Clearing(args) => clearing::bench(args),
+        BenchCommand::Venue(args) => venue::bench(args),
     }
 }
