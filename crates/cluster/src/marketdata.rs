@@ -80,6 +80,13 @@
 //! ([`carry_handoff`]): its replay history restarts at the next packet, and a subscriber
 //! that missed the lost ones recovers them from the snapshot loop, as from any gap.
 //!
+//! Wake-ups: the leader's thread is woken at each entry's packets (it sends them at once) and
+//! otherwise sleeps until its clock's next duty ([`NodeFeed::next_due_ns`]: the loops, a
+//! heartbeat, an idle flush); a standby's is woken only every [`STANDBY_WAKE_MS`] or once
+//! [`HANDOFF_WAKE_PACKETS`] wait, and the role is read from openraft's server metrics, which
+//! change with the role, not at every pass of its core. A thread woken per entry on every
+//! replica, and per millisecond on the leader, cost more than the feed's own work.
+//!
 //! # Replay
 //!
 //! Every replica keeps the replay history of every incremental channel, but only the leader
@@ -147,10 +154,14 @@ pub const REPLAY_HISTORY_BYTES_LIMIT: usize = 1 << 30;
 const REPLAY_BIND_RETRY_MS: u64 = 100;
 /// Smallest pause between two duty cycles ([`Publisher::tick`]) while entries stream in.
 const TICK_INTERVAL_NS: u64 = 200_000;
-/// How often an idle standby feed wakes up: it sends nothing and closes no packet by its
-/// clock (idle flushes are log entries), so only its status needs refreshing. The leader's
-/// wakes every millisecond (idle flush proposals, heartbeats, the loops).
+/// How often a standby feed wakes up: it sends nothing and closes no packet by its clock
+/// (idle flushes are log entries), so it only moves the handed-off packets into its replay
+/// history (sooner when [`HANDOFF_WAKE_PACKETS`] wait) and refreshes its status. The leader's
+/// wakes at each entry and when its clock's next duty is due ([`NodeFeed::next_due_ns`]).
 const STANDBY_WAKE_MS: u64 = 100;
+/// The longest an active feed sleeps: the idle flush's re-proposal and the replay ports'
+/// binding retry are checked at least this often.
+const ACTIVE_WAKE_MAX_NS: u64 = 50_000_000;
 
 /// A leader whose idle flush entry was not applied within this long proposes another.
 const FLUSH_REPROPOSE_NS: u64 = 50_000_000;
@@ -491,6 +502,8 @@ pub struct FeedStatus {
 /// drops the packets of further entries until the thread takes what waits, and the thread
 /// then continues from the numbering (see the module documentation): apply never waits.
 pub const HANDOFF_PACKETS_MAX: usize = 16_384;
+/// A standby's thread is woken once this many packets wait, well before the hand-off is full.
+pub const HANDOFF_WAKE_PACKETS: usize = HANDOFF_PACKETS_MAX / 4;
 
 /// What the numbering stands at after the last entry handed off, taken with its packets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -540,6 +553,11 @@ pub struct PacketHandoff {
 struct HandoffShared {
     queue: Mutex<HandoffQueue>,
     notify: tokio::sync::Notify,
+    /// Whether the sender wants a wake-up at each entry's packets (an active feed sends them
+    /// at once) or only when the queue fills past [`HANDOFF_WAKE_PACKETS`] (a standby keeps
+    /// them for replay, and drains on its own period: waking every replica's thread at every
+    /// entry cost more than the rest of its work).
+    wake_each_entry: std::sync::atomic::AtomicBool,
 }
 
 /// What the sender took in one go: the packets handed off since the last take, in order,
@@ -576,8 +594,16 @@ impl PacketHandoff {
                     detached: None,
                 }),
                 notify: tokio::sync::Notify::new(),
+                wake_each_entry: std::sync::atomic::AtomicBool::new(true),
             }),
         }
+    }
+
+    /// See `HandoffShared::wake_each_entry`; on by default.
+    pub fn set_wake_each_entry(&self, on: bool) {
+        self.shared
+            .wake_each_entry
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn queue(&self) -> std::sync::MutexGuard<'_, HandoffQueue> {
@@ -626,8 +652,13 @@ impl PacketHandoff {
             idle_flushes: flushes + u64::from(flushed),
             ..marks
         };
+        let queued = q.packets.len();
         drop(q);
-        if pushed || flushed {
+        let wake_each = self
+            .shared
+            .wake_each_entry
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if flushed || (pushed && (wake_each || queued >= HANDOFF_WAKE_PACKETS)) {
             self.shared.notify.notify_one();
         }
         true
@@ -998,6 +1029,9 @@ impl NodeFeed {
 
     fn apply_activity(&mut self) {
         let active = self.leader && self.detached.is_none();
+        // Set before the caller's next drain, so that no entry handed off after it waits
+        // for the standby period.
+        self.handoff.set_wake_each_entry(active);
         if active != self.sender.is_active() {
             self.sender.set_active(active);
         }
@@ -1065,6 +1099,21 @@ impl NodeFeed {
             .marks
             .idle_flush_deadline_ns
             .is_some_and(|d| now_ns >= d)
+    }
+
+    /// When this feed's thread must next wake by the clock (the loops, a heartbeat, an idle
+    /// flush), `None` while standby or detached.
+    pub fn next_due_ns(&self) -> Option<u64> {
+        if self.detached.is_some() {
+            return None;
+        }
+        let loops = self.sender.next_due_ns(self.take.marks.instruments)?;
+        Some(
+            self.take
+                .marks
+                .idle_flush_deadline_ns
+                .map_or(loops, |d| d.min(loops)),
+        )
     }
 
     /// What the loops want now (nothing while standby or detached).
@@ -1155,7 +1204,7 @@ impl MarketDataService {
             UdpSink::routed(addrs, routes).map_err(|e| format!("marketdata: UDP socket: {e}"))?;
         let config = section.publisher_config();
         let id = node.id();
-        let metrics = node.raft().metrics();
+        let metrics = node.raft().server_metrics();
         let raft = node.raft().clone();
         let sm = node.state_machine().clone();
         // The publication delay (`md_published`) goes into the node's stage histograms.
@@ -1241,7 +1290,18 @@ fn now_ns() -> u64 {
     bourse_marketdata::now_ns()
 }
 
-fn is_leader(m: &openraft::RaftMetrics<crate::TypeConfig>, id: crate::NodeId) -> bool {
+/// A node's role as openraft reports it, changed only when the role, leader, vote or
+/// membership changes (the full `RaftMetrics` watch changes at every pass of openraft's core,
+/// several times per entry, and woke this thread as often).
+type ServerMetricsWatch = openraft::alias::WatchReceiverOf<
+    crate::TypeConfig,
+    openraft::metrics::RaftServerMetrics<crate::TypeConfig>,
+>;
+
+fn is_leader(
+    m: &openraft::metrics::RaftServerMetrics<crate::TypeConfig>,
+    id: crate::NodeId,
+) -> bool {
     m.state == openraft::ServerState::Leader && m.current_leader == Some(id)
 }
 
@@ -1250,7 +1310,7 @@ struct Thread {
     id: crate::NodeId,
     config: PublisherConfig,
     raft: crate::Raft,
-    metrics: crate::RaftMetricsWatch,
+    metrics: ServerMetricsWatch,
     sm: crate::StateMachineStore,
     sink: UdpSink,
     replay_addr: SocketAddr,
@@ -1343,8 +1403,15 @@ async fn run(mut t: Thread) {
             break;
         }
         // Wait for handed-off packets, a change of leadership, the stop signal, or the next
-        // duty cycle (the loops and heartbeats run even when nothing commits).
-        let wake_ms = if feed.is_active() { 1 } else { STANDBY_WAKE_MS };
+        // duty the clock brings (the loops and heartbeats run even when nothing commits).
+        let wake_ns = if feed.is_active() {
+            let now = now_ns();
+            feed.next_due_ns()
+                .map_or(ACTIVE_WAKE_MAX_NS, |due| due.saturating_sub(now))
+                .clamp(TICK_INTERVAL_NS, ACTIVE_WAKE_MAX_NS)
+        } else {
+            STANDBY_WAKE_MS * 1_000_000
+        };
         tokio::select! {
             _ = feed.handoff.notified() => {}
             changed = t.metrics.changed(), if metrics_open => {
@@ -1357,7 +1424,7 @@ async fn run(mut t: Thread) {
                 }
             }
             _ = t.stop.changed() => {}
-            _ = tokio::time::sleep(Duration::from_millis(wake_ms)) => {}
+            _ = tokio::time::sleep(Duration::from_nanos(wake_ns)) => {}
         }
         let published = feed.drain(now_ns(), &mut t.sink).to_vec();
         record_published(&t, &published);
@@ -1837,6 +1904,87 @@ mod tests {
         let next = r.state.marketdata().unwrap().next_seq(Channel::Orders);
         assert_eq!(orders, (numbered..next).collect::<Vec<_>>());
         assert_eq!(r.feed.status().resyncs, 1);
+    }
+
+    /// Whether the hand-off's notification is pending (taking it if so).
+    fn woken(handoff: &PacketHandoff) -> bool {
+        use futures_util::FutureExt;
+        handoff.notified().now_or_never().is_some()
+    }
+
+    #[test]
+    fn a_leader_s_feed_is_woken_at_each_entry_a_standby_s_only_when_its_hand_off_fills() {
+        let config = PublisherConfig::default();
+        let log = steps(6_000, 4, None);
+        let mut r = Replica::new(&config);
+        r.feed.set_leader(true);
+        let handoff = r.feed.handoff.clone();
+        let _ = woken(&handoff);
+        let mut index = 0;
+        let mut next = |r: &mut Replica| {
+            // An entry that numbers at least one packet (some are rejects that publish none).
+            loop {
+                let before = r.state.marketdata().unwrap().next_seq(Channel::Orders);
+                r.apply_only(index + 1, &log[index as usize]);
+                index += 1;
+                if r.state.marketdata().unwrap().next_seq(Channel::Orders) != before {
+                    return;
+                }
+            }
+        };
+        next(&mut r);
+        assert!(woken(&handoff), "the leader sends each entry at once");
+        r.feed.drain(7, &mut r.sink);
+        r.feed.set_leader(false);
+        let mut entries = 0;
+        while handoff.queue().packets.len() < HANDOFF_WAKE_PACKETS - 64 {
+            next(&mut r);
+            entries += 1;
+            assert!(
+                !woken(&handoff),
+                "a standby is not woken at entry {entries}"
+            );
+        }
+        while handoff.queue().packets.len() < HANDOFF_WAKE_PACKETS {
+            next(&mut r);
+        }
+        assert!(
+            woken(&handoff),
+            "a standby is woken before its hand-off is full"
+        );
+        r.feed.drain(7, &mut r.sink);
+        assert_eq!(r.feed.status().lost_packets, 0);
+        // Leading again, it is woken at the next entry.
+        r.feed.set_leader(true);
+        next(&mut r);
+        assert!(woken(&handoff));
+    }
+
+    #[test]
+    fn an_active_feed_sleeps_until_its_loops_or_heartbeats_are_due_a_standby_has_no_due_time() {
+        // A long snapshot cycle, so that the instrument loop is what falls due first.
+        let config = PublisherConfig {
+            snapshot_cycle_ns: 600_000_000_000,
+            ..PublisherConfig::default()
+        };
+        let mut r = Replica::new(&config);
+        r.apply(1, &steps(1, 1, None)[0]);
+        assert_eq!(r.feed.next_due_ns(), None, "a standby runs no loop");
+        r.feed.set_leader(true);
+        // Nothing was sent yet: the definitions are due at once.
+        assert_eq!(r.feed.next_due_ns(), Some(0));
+        let now = 1_000_000_000;
+        assert!(r.feed.loops_due(now).definitions);
+        r.feed.send_definitions(&[], now, &mut r.sink);
+        r.feed.heartbeats(now, &mut r.sink);
+        // The order-log channel last sent at 7 (`Replica::apply`'s clock) owes a heartbeat a
+        // heartbeat interval later; the instrument loop is due an interval after `now`.
+        let next = r.feed.next_due_ns().unwrap();
+        let heartbeat_due = 7 + config.heartbeat_interval_ns;
+        let definitions_due = now + config.instruments_interval_ns;
+        assert_eq!(next, heartbeat_due.min(definitions_due));
+        assert_eq!(r.feed.loops_due(definitions_due - 1), LoopsDue::default());
+        assert!(r.feed.loops_due(definitions_due).definitions);
     }
 
     #[test]

@@ -186,6 +186,33 @@ impl FeedSender {
         }
     }
 
+    /// When the loops or a channel's heartbeat are next due, in the clock of
+    /// [`FeedSender::loops_due`] (`None` while standby, which runs neither): the thread that
+    /// drives this sender can sleep until then instead of waking on a short period.
+    pub fn next_due_ns(&self, instruments: usize) -> Option<u64> {
+        if !self.active {
+            return None;
+        }
+        let definitions = self
+            .last_instruments_ns
+            .map_or(0, |t| t.saturating_add(self.config.instruments_interval_ns));
+        let snapshot = if instruments > 0 {
+            let spacing_ns = self.config.snapshot_cycle_ns / (instruments as u64);
+            self.last_snapshot_ns.saturating_add(spacing_ns)
+        } else {
+            u64::MAX
+        };
+        let hb = self.config.heartbeat_interval_ns;
+        let heartbeat = self
+            .channels
+            .iter()
+            .filter(|ch| !ch.has_unsent())
+            .map(|ch| ch.last_send_ns.saturating_add(hb))
+            .min()
+            .unwrap_or(u64::MAX);
+        Some(definitions.min(snapshot).min(heartbeat))
+    }
+
     /// One pass of the instrument loop.
     pub fn send_definitions(
         &mut self,

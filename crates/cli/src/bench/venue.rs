@@ -197,7 +197,7 @@ fn run_rate(rate: u64, args: &VenueBenchArgs) -> Result<RateFigures> {
         successful: end.successful - start.successful,
         groups,
         generator,
-        latency: results.latency_all.clone(),
+        latency: results.latency_all,
     })
 }
 
@@ -315,7 +315,7 @@ fn report(f: &RateFigures, args: &VenueBenchArgs) {
         "thread group", "threads", "CPU us/tx", "switch/tx", "wake-ups/tx", "cores"
     );
     let mut rows: Vec<(&String, &(usize, ThreadCpu))> = f.groups.iter().collect();
-    rows.sort_by(|a, b| b.1 .1.cpu_ns.cmp(&a.1 .1.cpu_ns));
+    rows.sort_by_key(|r| std::cmp::Reverse(r.1 .1.cpu_ns));
     let row = |name: &str, n: usize, t: &ThreadCpu| {
         println!(
             "  {:<24} {:>7} {:>10.1} {:>10.2} {:>10.2} {:>7.2}",
