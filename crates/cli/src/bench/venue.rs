@@ -62,6 +62,9 @@ struct RateFigures {
     sent: u64,
     answered: u64,
     successful: u64,
+    /// Log entries the cores applied (every core's replica furthest on), blank and hash-check
+    /// entries included: a transaction per entry means a consensus round per transaction.
+    entries: u64,
     /// Thread group name → (threads, summed figures), venue threads only.
     groups: BTreeMap<String, (usize, ThreadCpu)>,
     generator: ThreadCpu,
@@ -142,6 +145,7 @@ fn run_rate(rate: u64, args: &VenueBenchArgs) -> Result<RateFigures> {
     let mut venue =
         crate::demo::DemoVenue::start(&demo_args, &profile, &out, &scratch.0.join("data"), false)?;
     let live = Arc::new(Live::default());
+    let rings = venue.deployment.stream_rings();
     let sampler = {
         let live = Arc::clone(&live);
         let (warmup, window) = (
@@ -150,7 +154,7 @@ fn run_rate(rate: u64, args: &VenueBenchArgs) -> Result<RateFigures> {
         );
         std::thread::Builder::new()
             .name("bench-sampler".into())
-            .spawn(move || sample_window(&live, warmup, window))?
+            .spawn(move || sample_window(&live, &rings, warmup, window))?
     };
     let options = RunOptions {
         progress: false,
@@ -195,6 +199,7 @@ fn run_rate(rate: u64, args: &VenueBenchArgs) -> Result<RateFigures> {
         sent: end.sent - start.sent,
         answered: end.answered - start.answered,
         successful: end.successful - start.successful,
+        entries: end.entries - start.entries,
         groups,
         generator,
         latency: results.latency_all,
@@ -208,12 +213,18 @@ struct Sample {
     sent: u64,
     answered: u64,
     successful: u64,
+    entries: u64,
 }
 
 /// Waits for the run's first send, then for the warm-up, and samples at both ends of the
 /// window. The sampler sleeps between its reads, so it adds nothing inside the window but
 /// its own two reads.
-fn sample_window(live: &Live, warmup: Duration, window: Duration) -> Result<(Sample, Sample)> {
+fn sample_window(
+    live: &Live,
+    rings: &[(String, bourse_cluster::stream::CommittedStream)],
+    warmup: Duration,
+    window: Duration,
+) -> Result<(Sample, Sample)> {
     let waited = Instant::now();
     while live.sent.load(Ordering::Relaxed) == 0 {
         if waited.elapsed() > Duration::from_secs(60) {
@@ -228,11 +239,24 @@ fn sample_window(live: &Live, warmup: Duration, window: Duration) -> Result<(Sam
         sent: live.sent.load(Ordering::Relaxed),
         answered: live.answered.load(Ordering::Relaxed),
         successful: live.transactions.load(Ordering::Relaxed),
+        entries: entries_applied(rings),
     };
     std::thread::sleep((first + warmup).saturating_duration_since(Instant::now()));
     let start = read();
     std::thread::sleep((start.at + window).saturating_duration_since(Instant::now()));
     Ok((start, read()))
+}
+
+/// Entries applied by every core, each counted at its replica furthest on (rings are named
+/// "core/node").
+fn entries_applied(rings: &[(String, bourse_cluster::stream::CommittedStream)]) -> u64 {
+    let mut by_core: BTreeMap<&str, u64> = BTreeMap::new();
+    for (name, ring) in rings {
+        let core = name.split('/').next().unwrap_or(name);
+        let e = by_core.entry(core).or_default();
+        *e = (*e).max(ring.next_index());
+    }
+    by_core.values().sum()
 }
 
 /// A thread's group: its name without a trailing number (`md-node-4` → `md-node`,
@@ -281,6 +305,7 @@ fn report(f: &RateFigures, args: &VenueBenchArgs) {
                 "answered_per_s": round2(f.answered as f64 / f.window_s),
                 "successful_per_s": round2(f.successful as f64 / f.window_s),
                 "kept": f.kept(),
+                "transactions_per_log_entry": round2(f.sent as f64 / f.entries.max(1) as f64),
                 "venue_cpu_us_per_tx": round2(us(&venue)),
                 "venue_switches_per_tx": round2(cs(&venue)),
                 "venue_voluntary_switches_per_tx": round2(venue.switches as f64 / tx),
@@ -300,6 +325,11 @@ fn report(f: &RateFigures, args: &VenueBenchArgs) {
         common::count((f.answered as f64 / f.window_s) as u64),
         common::count((f.successful as f64 / f.window_s) as u64),
         if f.kept() { "" } else { "  (NOT kept)" }
+    );
+    println!(
+        "  log entries: {}/s over the cores, {:.2} transactions per entry",
+        common::count((f.entries as f64 / f.window_s) as u64),
+        f.sent as f64 / f.entries.max(1) as f64
     );
     println!(
         "  round trip through the gateway (HDR, from the scheduled send): p50 {}, p99 {}, \
