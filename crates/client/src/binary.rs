@@ -307,6 +307,12 @@ pub struct BinaryClient {
 }
 
 impl BinaryClient {
+    /// The session's socket, for a caller that sleeps on several sessions with poll(2) until
+    /// one is readable (everything already read is returned by the reads before it).
+    pub fn socket_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.stream.fd()
+    }
+
     /// Connects and establishes; `expected_seq` is the next response number the caller has
     /// not seen (1 for a new session).
     pub fn connect(

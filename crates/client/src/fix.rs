@@ -71,6 +71,12 @@ pub fn dictionary() -> Dictionary {
 }
 
 impl FixClient {
+    /// The session's socket, for a caller that sleeps on several sessions with poll(2) until
+    /// one is readable (everything already read is returned by the reads before it).
+    pub fn socket_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.stream.fd()
+    }
+
     /// Connects, logs on and waits for the gateway's Logon.
     pub fn connect(config: &FixClientConfig) -> io::Result<FixClient> {
         let store: Box<dyn MessageStore> = match &config.store_dir {

@@ -95,6 +95,12 @@ impl Stream {
         }
     }
 
+    /// The socket's descriptor, for a caller that waits on several sessions with poll(2).
+    pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.tcp().as_fd()
+    }
+
     pub(crate) fn set_nonblocking(&self, on: bool) -> io::Result<()> {
         self.tcp().set_nonblocking(on)
     }

@@ -38,7 +38,10 @@ use bourse_fix::OutMessage;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
+use std::io::{Read, Write};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Sessions one generator worker may hold open.
@@ -1080,9 +1083,9 @@ pub const SUBMIT_QUEUE_MAX: usize = 65_536;
 const ANSWER_BATCHES_QUEUED_MAX: usize = 4_096;
 /// Commands the I/O thread sends before it reads the sessions again.
 const SENDS_PER_TURN_MAX: usize = 256;
-/// How long the I/O thread waits for a command when nothing was ready to read or send; the
-/// sessions are read again after it. It bounds the delay a report can sit unread.
-const IDLE_WAIT_US: u64 = 50;
+/// The longest the I/O thread sleeps in poll(2) when nothing was ready to read or send: a
+/// report or a command wakes it at once, so this only paces the sessions' own timers.
+const IDLE_WAIT_MS: u16 = 100;
 
 enum ToIo {
     Submit {
@@ -1108,6 +1111,7 @@ enum FromIo {
 /// generator keeps taking answers, so it never stops reading because it is writing.
 pub struct GatewayTarget {
     to_io: crossbeam_channel::Sender<ToIo>,
+    wake: Arc<IoWake>,
     from_io: Option<crossbeam_channel::Receiver<FromIo>>,
     thread: Option<std::thread::JoinHandle<()>>,
     failed: Option<String>,
@@ -1119,12 +1123,17 @@ impl GatewayTarget {
         let sessions = Sessions::connect(plan)?;
         let (to_io, commands) = crossbeam_channel::bounded(SUBMIT_QUEUE_MAX);
         let (answers, from_io) = crossbeam_channel::bounded(ANSWER_BATCHES_QUEUED_MAX);
+        let (wake, wake_rx) =
+            IoWake::new().map_err(|e| format!("the I/O thread's wake-up: {e}"))?;
+        let wake = Arc::new(wake);
+        let io_wake = Arc::clone(&wake);
         let thread = std::thread::Builder::new()
             .name("loadgen-io".into())
-            .spawn(move || io_loop(sessions, commands, answers))
+            .spawn(move || io_loop(sessions, commands, answers, (&io_wake, wake_rx)))
             .map_err(|e| format!("cannot start the I/O thread: {e}"))?;
         Ok(GatewayTarget {
             to_io,
+            wake,
             from_io: Some(from_io),
             thread: Some(thread),
             failed: None,
@@ -1137,6 +1146,7 @@ impl GatewayTarget {
         // Answers nobody will take must not keep the thread waiting.
         self.from_io = None;
         let _ = self.to_io.send(ToIo::Close);
+        self.wake.wake();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -1165,13 +1175,74 @@ impl GatewayTarget {
     }
 }
 
+/// How the generator wakes the I/O thread when it sleeps in poll(2): a byte on a socket pair
+/// that the thread polls beside its sessions, written only while the thread says it sleeps.
+struct IoWake {
+    asleep: AtomicBool,
+    tx: std::os::unix::net::UnixStream,
+}
+
+impl IoWake {
+    fn new() -> std::io::Result<(IoWake, std::os::unix::net::UnixStream)> {
+        let (tx, rx) = std::os::unix::net::UnixStream::pair()?;
+        tx.set_nonblocking(true)?;
+        rx.set_nonblocking(true)?;
+        let wake = IoWake {
+            asleep: AtomicBool::new(false),
+            tx,
+        };
+        Ok((wake, rx))
+    }
+
+    /// After a command was queued: wakes the thread if it sleeps (a full socket buffer means
+    /// a wake-up is already pending, so a refused write loses nothing).
+    fn wake(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.asleep.load(Ordering::SeqCst) {
+            let _ = (&self.tx).write(&[1]);
+        }
+    }
+}
+
+/// Sleeps until a session is readable, a command is queued or `IDLE_WAIT_MS` pass. The flag
+/// is raised before the queue is looked at once more, so a command queued meanwhile either is
+/// seen here or wakes the poll (each side fences before it reads the other's).
+fn io_sleep(
+    sessions: &Sessions,
+    commands: &crossbeam_channel::Receiver<ToIo>,
+    (wake, wake_rx): (&IoWake, &std::os::unix::net::UnixStream),
+) {
+    use nix::poll::{poll, PollFd, PollFlags};
+    use std::os::fd::AsFd;
+    wake.asleep.store(true, Ordering::SeqCst);
+    std::sync::atomic::fence(Ordering::SeqCst);
+    if commands.is_empty() {
+        let mut fds: Vec<PollFd<'_>> = sessions
+            .sessions
+            .iter()
+            .map(|c| match c {
+                Conn::Binary(b) => b.socket_fd(),
+                Conn::Fix(f) => f.socket_fd(),
+            })
+            .chain(std::iter::once(wake_rx.as_fd()))
+            .map(|fd| PollFd::new(fd, PollFlags::POLLIN))
+            .collect();
+        // An error (EINTR) only ends the sleep early.
+        let _ = poll(&mut fds, IDLE_WAIT_MS);
+    }
+    wake.asleep.store(false, Ordering::SeqCst);
+    let mut buf = [0u8; 64];
+    while matches!((&*wake_rx).read(&mut buf), Ok(n) if n > 0) {}
+}
+
 /// The I/O thread: sends what the generator queued, reads what the gateways answered.
 fn io_loop(
     mut sessions: Sessions,
     commands: crossbeam_channel::Receiver<ToIo>,
     answers: crossbeam_channel::Sender<FromIo>,
+    (wake, wake_rx): (&IoWake, std::os::unix::net::UnixStream),
 ) {
-    use crossbeam_channel::{RecvTimeoutError, TryRecvError};
+    use crossbeam_channel::TryRecvError;
     let mut next: Option<ToIo> = None;
     let mut out: Vec<Answer> = Vec::new();
     loop {
@@ -1218,13 +1289,8 @@ fn io_loop(
             Err(SubmitError::Full) => {}
         }
         if !busy {
-            // Nothing to read or send: wait for a command, and read again soon in any case
-            // (the sessions' sockets are not in a poll set this thread could sleep on).
-            match commands.recv_timeout(Duration::from_micros(IDLE_WAIT_US)) {
-                Ok(m) => next = Some(m),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return,
-            }
+            // Nothing to read or send: sleep until a report or a command arrives.
+            io_sleep(&sessions, &commands, (wake, &wake_rx));
         }
     }
 }
@@ -1239,7 +1305,10 @@ impl Target for GatewayTarget {
             market,
             command,
         }) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.wake.wake();
+                Ok(())
+            }
             Err(crossbeam_channel::TrySendError::Full(_)) => Err(SubmitError::Full),
             Err(crossbeam_channel::TrySendError::Disconnected(_)) => Err(self.closed()),
         }
