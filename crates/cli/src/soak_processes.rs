@@ -221,6 +221,10 @@ struct Row {
     commands: u64,
     /// Per process, in the order of `Children`: (RssAnon, VmRSS) in KiB, `None` once it exited.
     rss: Vec<Option<(u64, u64)>>,
+    /// Per process: CPU time and context switches summed over its threads.
+    cpu: Vec<Option<crate::bench::common::ThreadCpu>>,
+    /// Taken while the load generator still ran (the last row is taken after it exited).
+    loading: bool,
 }
 
 impl Row {
@@ -477,6 +481,11 @@ pub fn run(run: ProcessesRun) -> Result<()> {
             load_1m: crate::soak_cmd::load_1m(),
             commands: rt.block_on(commands_applied(&core_nodes)),
             rss: pids.iter().map(|pid| rss_kib(*pid)).collect(),
+            cpu: pids
+                .iter()
+                .map(|pid| crate::bench::common::process_cpu(*pid))
+                .collect(),
+            loading: true,
         };
         println!("{}", row.line());
         writeln!(file, "{}", row.line())?;
@@ -507,6 +516,9 @@ pub fn run(run: ProcessesRun) -> Result<()> {
     };
     // The last row, with the servers as the load left them (the worker has exited).
     sample(&mut rows, &mut file)?;
+    if let Some(last) = rows.last_mut() {
+        last.loading = false;
+    }
     children.check_alive(Some("loadgen"))?;
     if !status.success() {
         bail!(
@@ -523,6 +535,7 @@ pub fn run(run: ProcessesRun) -> Result<()> {
     let roles: Vec<String> = children.0.iter().map(|p| p.role.clone()).collect();
     drop(children);
     summarize(&rows, &roles, run.bound_bytes_per_command);
+    summarize_cpu(&rows, &roles);
     println!(
         "load: {} commands sent, {} answered, {} unanswered, {} busy rejects, {} trades",
         counts.sent, counts.answered, counts.unanswered, counts.busy_rejects, counts.trades
@@ -595,6 +608,49 @@ fn summarize(rows: &[Row], roles: &[String], bound: f64) {
             fmt(per_command)
         );
     }
+}
+
+/// Per role, CPU time and context switches per command applied over the second half of the
+/// samples taken while the load ran, and the venue's (every role but the generator's).
+fn summarize_cpu(rows: &[Row], roles: &[String]) {
+    let during: Vec<&Row> = rows.iter().filter(|r| r.t_s >= 0.0 && r.loading).collect();
+    let half = &during[during.len() / 2..];
+    let (Some(first), Some(last)) = (half.first(), half.last()) else {
+        return;
+    };
+    let commands = last.commands.saturating_sub(first.commands).max(1) as f64;
+    let seconds = (last.t_s - first.t_s).max(1e-3);
+    println!(
+        "\nCPU per command applied over the same half ({:.0} s → {:.0} s, {} commands, {:.0}/s):",
+        first.t_s,
+        last.t_s,
+        commands,
+        commands / seconds
+    );
+    println!(
+        "  {:<12} {:>10} {:>10} {:>8}",
+        "role", "CPU us/cmd", "switch/cmd", "cores"
+    );
+    let mut venue = crate::bench::common::ThreadCpu::default();
+    let row = |role: &str, t: &crate::bench::common::ThreadCpu| {
+        println!(
+            "  {role:<12} {:>10.1} {:>10.2} {:>8.2}",
+            t.cpu_ns as f64 / 1e3 / commands,
+            (t.switches + t.preempted) as f64 / commands,
+            t.cpu_ns as f64 / 1e9 / seconds
+        )
+    };
+    for (i, role) in roles.iter().enumerate() {
+        let (Some(a), Some(b)) = (first.cpu[i], last.cpu[i]) else {
+            continue;
+        };
+        let d = b.since(&a);
+        if role != "loadgen" {
+            venue.add(&d);
+        }
+        row(role, &d);
+    }
+    row("venue", &venue);
 }
 
 #[cfg(test)]

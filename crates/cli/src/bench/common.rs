@@ -201,8 +201,26 @@ impl ThreadCpu {
 /// Every thread of this process by id: its name and its figures (threads the kernel will not
 /// describe, e.g. ended ones, are left out).
 pub fn thread_cpu() -> std::collections::BTreeMap<u64, (String, ThreadCpu)> {
+    threads_of("/proc/self/task")
+}
+
+/// The figures of process `pid`, summed over its threads; `None` once it is gone.
+pub fn process_cpu(pid: u32) -> Option<ThreadCpu> {
+    let threads = threads_of(&format!("/proc/{pid}/task"));
+    if threads.is_empty() {
+        return None;
+    }
+    let mut all = ThreadCpu::default();
+    for (_, t) in threads.values() {
+        all.add(t);
+    }
+    Some(all)
+}
+
+/// Every thread under `dir` (a `/proc/<pid>/task`) by id, with its name and figures.
+fn threads_of(dir: &str) -> std::collections::BTreeMap<u64, (String, ThreadCpu)> {
     let mut out = std::collections::BTreeMap::new();
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+    let Ok(tasks) = std::fs::read_dir(dir) else {
         return out;
     };
     for task in tasks.flatten() {

@@ -8,7 +8,7 @@ mod admin;
 mod capacity;
 mod clearing;
 mod cluster;
-mod common;
+pub(crate) mod common;
 mod delay;
 mod delivery;
 mod engine;

@@ -27,7 +27,7 @@ use super::common::{self, thread_cpu, Latency, ThreadCpu};
 const RATE_MAX: u64 = 1_000_000;
 /// Longest measured window and warm-up, seconds.
 const SECONDS_MAX: u64 = 600;
-/// A rate is kept when the window's answers reach this share of its sends.
+/// A rate is kept when the window's successful answers reach this share of its sends.
 const KEPT_SHARE: f64 = 0.97;
 /// Steps of the peak search above the last listed rate, at most.
 const PEAK_STEPS_MAX: usize = 12;
@@ -44,7 +44,7 @@ pub struct VenueBenchArgs {
     #[arg(long, default_value_t = 3)]
     warmup_seconds: u64,
     /// After the listed rates, raise the rate by a quarter each step until the venue no longer
-    /// keeps it (answers below 97% of the sends in the window): the highest it keeps.
+    /// keeps it (successful answers below 97% of the sends in the window): the highest it keeps.
     #[arg(long)]
     peak: bool,
     /// Thread groups in the table: the most expensive N (the rest are summed in one row).
@@ -80,8 +80,10 @@ impl RateFigures {
         all
     }
 
+    /// Whether the venue kept the rate: its answers were successes (a busy refusal at the
+    /// door is an answer, not a transaction kept) and the generator sent what was offered.
     fn kept(&self) -> bool {
-        self.answered as f64 >= KEPT_SHARE * self.sent as f64
+        self.successful as f64 >= KEPT_SHARE * self.sent as f64
             && self.sent as f64 >= KEPT_SHARE * self.offered_per_s as f64 * self.window_s
     }
 }
