@@ -185,12 +185,7 @@ pub fn loadtest(args: LoadtestArgs) -> Result<()> {
         );
     }
     println!("report: {}", args.out.join(report::REPORT_HTML).display());
-    let failed: Vec<&str> = results
-        .checks
-        .iter()
-        .filter(|c| !c.ok)
-        .map(|c| c.name.as_str())
-        .collect();
+    let failed = results.failed_checks();
     if !failed.is_empty() {
         bail!("cross-checks failed: {}", failed.join("; "));
     }

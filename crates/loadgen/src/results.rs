@@ -608,6 +608,15 @@ impl Results {
     pub fn checks_pass(&self) -> bool {
         self.checks.iter().all(|c| c.ok)
     }
+
+    /// The names of the checks that failed, in order.
+    pub fn failed_checks(&self) -> Vec<&str> {
+        self.checks
+            .iter()
+            .filter(|c| !c.ok)
+            .map(|c| c.name.as_str())
+            .collect()
+    }
 }
 
 /// The highest rate a search sustained: per worker, the highest rate at which at least half

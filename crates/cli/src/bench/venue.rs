@@ -172,12 +172,7 @@ fn run_rate(rate: u64, args: &VenueBenchArgs) -> Result<RateFigures> {
         .join()
         .map_err(|_| anyhow!("the sampler panicked"))??;
     if !results.checks_pass() {
-        let failed: Vec<&str> = results
-            .checks
-            .iter()
-            .filter(|c| !c.ok)
-            .map(|c| c.name.as_str())
-            .collect();
+        let failed = results.failed_checks();
         bail!("at {rate}/s a cross-check failed: {}", failed.join("; "));
     }
     let mut groups: BTreeMap<String, (usize, ThreadCpu)> = BTreeMap::new();
