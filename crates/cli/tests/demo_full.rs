@@ -208,3 +208,48 @@ fn the_demo_runs_the_replicated_venue_and_its_report_cross_checks() {
     );
     assert!(r["replication_lag"]["count"].as_u64().unwrap() > 0);
 }
+
+#[test]
+fn bench_venue_measures_the_demo_s_venue_per_transaction_by_thread_group() {
+    let out = Command::new(BOURSE)
+        .args([
+            "bench",
+            "venue",
+            "--rates",
+            "300",
+            "--seconds",
+            "2",
+            "--warmup-seconds",
+            "1",
+            "--json",
+        ])
+        .output()
+        .expect("run bourse bench venue");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench venue failed (its cross-checks included): {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .expect("one JSON line per rate");
+    let v: Value = serde_json::from_str(line).expect("JSON");
+    assert_eq!(v["bench"], "venue");
+    assert_eq!(v["offered_per_s"], 300);
+    assert!(v["venue_cpu_us_per_tx"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(
+        v["transactions_per_log_entry"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
+    assert!(v["latency_ns"]["count"].as_u64().unwrap() > 0, "{v}");
+    // Every replica's market data thread and stream archive, grouped by role: 3 cores x 3.
+    for group in ["md-node", "stream-archive"] {
+        assert_eq!(v["groups"][group]["threads"], 9, "{group}: {v}");
+    }
+    assert!(
+        v["groups"].get("loadgen").is_none(),
+        "the generator is not the venue"
+    );
+}

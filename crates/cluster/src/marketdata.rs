@@ -502,8 +502,11 @@ pub struct FeedStatus {
 /// drops the packets of further entries until the thread takes what waits, and the thread
 /// then continues from the numbering (see the module documentation): apply never waits.
 pub const HANDOFF_PACKETS_MAX: usize = 16_384;
-/// A standby's thread is woken once this many packets wait, well before the hand-off is full.
-pub const HANDOFF_WAKE_PACKETS: usize = HANDOFF_PACKETS_MAX / 4;
+/// A standby's thread is woken once this many packets wait: a few entries' worth, so that it
+/// wakes once per many entries, and a standby that becomes the leader finds at most about this
+/// many packets of the previous term still to take (it sends what it takes once active, so a
+/// larger backlog would go out again as duplicates, which subscribers discard but must read).
+pub const HANDOFF_WAKE_PACKETS: usize = 64;
 
 /// What the numbering stands at after the last entry handed off, taken with its packets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -1937,7 +1940,8 @@ mod tests {
         r.feed.drain(7, &mut r.sink);
         r.feed.set_leader(false);
         let mut entries = 0;
-        while handoff.queue().packets.len() < HANDOFF_WAKE_PACKETS - 64 {
+        // An entry hands off a few packets at most: stop short of the threshold by a margin.
+        while handoff.queue().packets.len() + 16 < HANDOFF_WAKE_PACKETS {
             next(&mut r);
             entries += 1;
             assert!(
@@ -1950,7 +1954,7 @@ mod tests {
         }
         assert!(
             woken(&handoff),
-            "a standby is woken before its hand-off is full"
+            "a standby is woken once a few entries' packets wait"
         );
         r.feed.drain(7, &mut r.sink);
         assert_eq!(r.feed.status().lost_packets, 0);
