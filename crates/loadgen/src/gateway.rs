@@ -1123,13 +1123,11 @@ impl GatewayTarget {
         let sessions = Sessions::connect(plan)?;
         let (to_io, commands) = crossbeam_channel::bounded(SUBMIT_QUEUE_MAX);
         let (answers, from_io) = crossbeam_channel::bounded(ANSWER_BATCHES_QUEUED_MAX);
-        let (wake, wake_rx) =
-            IoWake::new().map_err(|e| format!("the I/O thread's wake-up: {e}"))?;
-        let wake = Arc::new(wake);
+        let wake = Arc::new(IoWake::new().map_err(|e| format!("the I/O thread's wake-up: {e}"))?);
         let io_wake = Arc::clone(&wake);
         let thread = std::thread::Builder::new()
             .name("loadgen-io".into())
-            .spawn(move || io_loop(sessions, commands, answers, (&io_wake, wake_rx)))
+            .spawn(move || io_loop(sessions, commands, answers, &io_wake))
             .map_err(|e| format!("cannot start the I/O thread: {e}"))?;
         Ok(GatewayTarget {
             to_io,
@@ -1180,18 +1178,19 @@ impl GatewayTarget {
 struct IoWake {
     asleep: AtomicBool,
     tx: std::os::unix::net::UnixStream,
+    rx: std::os::unix::net::UnixStream,
 }
 
 impl IoWake {
-    fn new() -> std::io::Result<(IoWake, std::os::unix::net::UnixStream)> {
+    fn new() -> std::io::Result<IoWake> {
         let (tx, rx) = std::os::unix::net::UnixStream::pair()?;
         tx.set_nonblocking(true)?;
         rx.set_nonblocking(true)?;
-        let wake = IoWake {
+        Ok(IoWake {
             asleep: AtomicBool::new(false),
             tx,
-        };
-        Ok((wake, rx))
+            rx,
+        })
     }
 
     /// After a command was queued: wakes the thread if it sleeps (a full socket buffer means
@@ -1207,11 +1206,7 @@ impl IoWake {
 /// Sleeps until a session is readable, a command is queued or `IDLE_WAIT_MS` pass. The flag
 /// is raised before the queue is looked at once more, so a command queued meanwhile either is
 /// seen here or wakes the poll (each side fences before it reads the other's).
-fn io_sleep(
-    sessions: &Sessions,
-    commands: &crossbeam_channel::Receiver<ToIo>,
-    (wake, wake_rx): (&IoWake, &std::os::unix::net::UnixStream),
-) {
+fn io_sleep(sessions: &Sessions, commands: &crossbeam_channel::Receiver<ToIo>, wake: &IoWake) {
     use nix::poll::{poll, PollFd, PollFlags};
     use std::os::fd::AsFd;
     wake.asleep.store(true, Ordering::SeqCst);
@@ -1224,7 +1219,7 @@ fn io_sleep(
                 Conn::Binary(b) => b.socket_fd(),
                 Conn::Fix(f) => f.socket_fd(),
             })
-            .chain(std::iter::once(wake_rx.as_fd()))
+            .chain(std::iter::once(wake.rx.as_fd()))
             .map(|fd| PollFd::new(fd, PollFlags::POLLIN))
             .collect();
         // An error (EINTR) only ends the sleep early.
@@ -1232,7 +1227,7 @@ fn io_sleep(
     }
     wake.asleep.store(false, Ordering::SeqCst);
     let mut buf = [0u8; 64];
-    while matches!((&*wake_rx).read(&mut buf), Ok(n) if n > 0) {}
+    while matches!((&wake.rx).read(&mut buf), Ok(n) if n > 0) {}
 }
 
 /// The I/O thread: sends what the generator queued, reads what the gateways answered.
@@ -1240,7 +1235,7 @@ fn io_loop(
     mut sessions: Sessions,
     commands: crossbeam_channel::Receiver<ToIo>,
     answers: crossbeam_channel::Sender<FromIo>,
-    (wake, wake_rx): (&IoWake, std::os::unix::net::UnixStream),
+    wake: &IoWake,
 ) {
     use crossbeam_channel::TryRecvError;
     let mut next: Option<ToIo> = None;
@@ -1290,7 +1285,7 @@ fn io_loop(
         }
         if !busy {
             // Nothing to read or send: sleep until a report or a command arrives.
-            io_sleep(&sessions, &commands, (wake, &wake_rx));
+            io_sleep(&sessions, &commands, wake);
         }
     }
 }
