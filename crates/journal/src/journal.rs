@@ -177,9 +177,33 @@ struct Segment {
     /// Byte offset of each record, by `index - base_index`.
     offsets: Vec<u32>,
     len_bytes: u64,
+    /// The group commit's handle on this file and its path for errors, taken at the first
+    /// [`Journal::prepare_sync`] and kept: a new descriptor per fsync cost two system calls
+    /// (dup and close) on every consensus round of every replica.
+    sync: Option<SegmentSync>,
+}
+
+/// A segment's fsync handle, shared with the [`PreparedSync`]s in flight.
+#[derive(Clone, Debug)]
+struct SegmentSync {
+    path: Arc<Path>,
+    handle: Arc<dyn SyncHandle>,
 }
 
 impl Segment {
+    /// The segment's cached fsync handle, taken from its file the first time; None when the
+    /// file cannot hand one out (the journal then fsyncs in place).
+    fn sync_handle(&mut self) -> Option<SegmentSync> {
+        if self.sync.is_none() {
+            let handle = self.file.sync_handle().ok()??;
+            self.sync = Some(SegmentSync {
+                path: Arc::from(self.path.as_path()),
+                handle: Arc::from(handle),
+            });
+        }
+        self.sync.clone()
+    }
+
     fn next_index(&self) -> u64 {
         self.base_index + self.offsets.len() as u64
     }
@@ -256,7 +280,7 @@ pub struct Journal {
 /// durable what it covered: the entries below the `next_index` captured when it was prepared.
 #[derive(Debug)]
 pub struct PreparedSync {
-    files: Vec<(PathBuf, Box<dyn SyncHandle>)>,
+    files: Vec<SegmentSync>,
     target_next_index: u64,
     bytes: u64,
     epoch: u64,
@@ -283,7 +307,7 @@ impl PreparedSync {
     pub fn run(self) -> SyncOutcome {
         let mut latencies_ns = Vec::with_capacity(self.files.len());
         let mut result = Ok(());
-        for (path, handle) in &self.files {
+        for SegmentSync { path, handle } in &self.files {
             let start = Instant::now();
             if let Err(error) = handle.sync_data() {
                 result = Err(JournalError::io("fsync", path, error));
@@ -892,11 +916,11 @@ impl Journal {
             return Ok(None);
         };
         let mut files = Vec::with_capacity(self.segments.len() - first);
-        for segment in &self.segments[first..] {
-            match segment.file.sync_handle() {
-                Ok(Some(handle)) => files.push((segment.path.clone(), handle)),
+        for segment in &mut self.segments[first..] {
+            match segment.sync_handle() {
+                Some(sync) => files.push(sync),
                 // No separate handle (or no descriptor to spare): fsync in place instead.
-                Ok(None) | Err(_) => {
+                None => {
                     self.sync().map_err(|error| self.poison(error))?;
                     return Ok(None);
                 }
@@ -1008,6 +1032,7 @@ impl Journal {
             file,
             offsets: Vec::new(),
             len_bytes: SEGMENT_HEADER_SIZE_BYTES,
+            sync: None,
         });
         Ok(())
     }
@@ -1385,6 +1410,7 @@ fn open_segment(scanned: &ScannedSegment, file: Box<dyn SegmentFile>) -> Result<
         file,
         offsets,
         len_bytes: scanned.valid_len_bytes,
+        sync: None,
     })
 }
 

@@ -179,6 +179,7 @@ pub struct Faults {
     plan: Mutex<FaultPlan>,
     bytes_written: AtomicU64,
     syncs: AtomicU64,
+    sync_handles: AtomicU64,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -229,6 +230,11 @@ impl Faults {
 
     pub fn syncs(&self) -> u64 {
         self.syncs.load(Ordering::Relaxed)
+    }
+
+    /// How many fsync handles the files handed out (each a descriptor of its own).
+    pub fn sync_handles(&self) -> u64 {
+        self.sync_handles.load(Ordering::Relaxed)
     }
 
     fn plan(&self) -> FaultPlan {
@@ -355,6 +361,7 @@ impl SegmentFile for FaultyFile {
     }
 
     fn sync_handle(&self) -> io::Result<Option<Box<dyn SyncHandle>>> {
+        self.faults.sync_handles.fetch_add(1, Ordering::Relaxed);
         Ok(self.inner.sync_handle()?.map(|inner| {
             Box::new(FaultySyncHandle {
                 inner,

@@ -289,6 +289,28 @@ fn batch_group_commit_syncs_at_once_and_covers_only_what_it_captured() {
     assert!(journal.prepare_sync().unwrap().is_none(), "nothing left");
 }
 
+/// Every group commit of a segment fsyncs through the one handle taken at its first: a
+/// descriptor dup'ed and closed per fsync cost two system calls per consensus round.
+#[test]
+fn batch_group_commits_of_a_segment_share_one_fsync_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut journal, faults) = open_faulty(
+        dir.path(),
+        Fsync::Batch {
+            interval_ms: 10_000,
+            bytes_max: 1 << 30,
+        },
+    );
+    journal.set_batch_flusher(true);
+    for round in 0..10u64 {
+        journal.append(&entries(round..round + 1, 1)).unwrap();
+        let outcome = journal_prepare(&mut journal);
+        journal.finish_sync(outcome).unwrap();
+        assert_eq!(journal.durable_next_index(), round + 1);
+    }
+    assert_eq!(faults.sync_handles(), 1, "a handle per group commit");
+}
+
 /// A sync prepared before a truncation must not vouch for entries written after it under the
 /// same indexes.
 #[test]
