@@ -626,21 +626,11 @@ impl Session {
     ) {
         let raw = inbound.raw;
         let gap_fill = raw.get(tags::GAP_FILL_FLAG) == Some(b"Y");
-        if gap_fill && self.is_late_gap_fill(raw) {
-            // A resent gap fill whose own number we already passed (the
-            // queued messages got there first) still covers numbers we have
-            // not seen: dropping it would make us ask for them again. Its
-            // number is not checked, the rest of it is.
-            if self.verify(now_ms, inbound, false, false, app) {
-                let new_seq = raw.get_u64(tags::NEW_SEQ_NO).unwrap_or(0);
-                self.event(format!(
-                    "Received late SequenceReset-GapFill {} TO: {new_seq}",
-                    inbound.seq_num()
-                ));
-                self.advance_target_to(new_seq, app);
-            }
-            return;
-        }
+        // A gap fill numbered below what we expect is a duplicate whatever
+        // its NewSeqNo says: verify ignores it when it carries PossDupFlag=Y
+        // and logs out otherwise. Applying it would skip numbers on the word
+        // of a stale message, and the real messages it jumped over would
+        // then be refused as too low.
         if !self.verify(now_ms, inbound, gap_fill, gap_fill, app) {
             return;
         }
@@ -660,16 +650,6 @@ impl Session {
                 );
             }
         }
-    }
-
-    /// A gap fill sent as a possible duplicate, numbered below what we
-    /// expect, whose NewSeqNo is beyond it: a resend the queued messages
-    /// overtook, which still skips numbers forward.
-    fn is_late_gap_fill(&self, raw: &RawMessage<'_>) -> bool {
-        let expected = self.store.next_target_seq_num();
-        let seq = raw.get_u64(tags::MSG_SEQ_NUM).unwrap_or(0);
-        let new_seq = raw.get_u64(tags::NEW_SEQ_NO).unwrap_or(0);
-        raw.get(tags::POSS_DUP_FLAG) == Some(b"Y") && seq < expected && new_seq > expected
     }
 
     /// Moves the expected inbound number forward to `new_seq` (a sequence

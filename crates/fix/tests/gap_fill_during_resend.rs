@@ -4,10 +4,13 @@
 //! ResendRequest; the peer then replays. A gap fill in that replay can come
 //! before the queued messages are reached, while they are being worked
 //! through, or after all of them, and it can be numbered above, at or below
-//! what the acceptor expects. Whatever the order, a gap fill that skips
-//! numbers forward must be honoured once, and the acceptor must never ask
-//! again for what it covered. The test plays the peer with hand-built
-//! messages so that every number is chosen.
+//! what the acceptor expects. A gap fill numbered at or above the expected
+//! number is honoured once, in turn, and the acceptor never asks again for
+//! what it covered. One numbered below is a duplicate and is ignored, as
+//! FIX requires of any PossDupFlag=Y message numbered too low: what it would
+//! have skipped is asked for again when the next message shows the gap. The
+//! test plays the peer with hand-built messages so that every number is
+//! chosen.
 
 mod common;
 
@@ -148,35 +151,34 @@ fn gap_fill_before_the_queued_messages_leads_straight_to_them() {
 }
 
 #[test]
-fn gap_fill_overtaken_by_the_queued_messages_still_skips_forward() {
+fn gap_fill_overtaken_by_the_queued_messages_is_ignored_and_the_gap_asked_for_again() {
     // 3 and 4 were queued; the replayed 2 releases them, so the replay's gap
-    // fill numbered 3 arrives after the acceptor moved on to 5. It covers
-    // 3..=6, and 7 is waiting in the queue.
+    // fill numbered 3 arrives after the acceptor moved on to 5. Numbered too
+    // low, it is a duplicate and skips nothing, so 7 waits in the queue.
     let mut a = Acceptor::with_queued_orders(&[3, 4, 7]);
     a.order("o2", 2, Dup::Yes);
     assert_eq!(a.delivered(), [2, 3, 4]);
     assert_eq!(a.session.next_target_seq_num(), 5);
     a.gap_fill(3, 7, Dup::Yes);
-    assert_eq!(a.delivered(), [2, 3, 4, 7]);
+    assert_eq!(a.session.next_target_seq_num(), 5);
     assert_eq!(a.sent_types(), Vec::<String>::new());
-    a.assert_in_sequence_at(8);
+    // The peer's next message shows the gap again: the acceptor asks for 5
+    // onwards, and the peer's gap fill numbered 5 releases the queue.
+    a.order("o8", 8, Dup::No);
+    let sent = a.sent();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].0, "2");
+    assert!(sent[0].1.contains(&(tags::BEGIN_SEQ_NO, "5".into())));
+    a.gap_fill(5, 7, Dup::Yes);
+    assert_eq!(a.delivered(), [2, 3, 4, 7, 8]);
+    assert_eq!(a.sent_types(), Vec::<String>::new());
+    a.assert_in_sequence_at(9);
 }
 
 #[test]
-fn gap_fill_after_every_queued_message_still_skips_forward() {
-    let mut a = Acceptor::with_queued_orders(&[3]);
-    a.order("o2", 2, Dup::Yes);
-    assert_eq!(a.delivered(), [2, 3]);
-    assert_eq!(a.session.next_target_seq_num(), 4);
-    a.gap_fill(3, 6, Dup::Yes);
-    assert_eq!(a.session.next_target_seq_num(), 6);
-    assert_eq!(a.sent_types(), Vec::<String>::new());
-    a.assert_in_sequence_at(6);
-}
-
-#[test]
-fn late_gap_fill_at_or_below_the_expected_number_is_a_harmless_duplicate() {
-    for new_seq_no in [3, 4] {
+fn late_gap_fill_with_poss_dup_is_ignored_whatever_its_new_seq_no() {
+    // Below, at and beyond the expected 4: none of them moves the sequence.
+    for new_seq_no in [3, 4, 6] {
         let mut a = Acceptor::with_queued_orders(&[3]);
         a.order("o2", 2, Dup::Yes);
         assert_eq!(a.session.next_target_seq_num(), 4);
