@@ -162,9 +162,7 @@ impl ClearingConfig {
         if let Some(i) = self.cores.iter().position(|c| c.is_empty()) {
             return Err(format!("core {i} lists no node"));
         }
-        if !self.listen.ip().is_loopback() && self.operators.is_empty() {
-            return Err("listen: a clearing node on a non-loopback address needs operators".into());
-        }
+        self.check_open_only_on_loopback()?;
         if let Some(fees) = &self.fees {
             fees.check()?;
         }
@@ -192,6 +190,21 @@ impl ClearingConfig {
             return Err("schedule.poll_ms must be > 0".into());
         }
         Ok(())
+    }
+
+    /// Without `[[operators]]` the node has no credentials to check, so it answers everyone
+    /// who reaches it, clearing runs and takeovers included: that is safe only where the
+    /// only ones who can reach it are this host's own programs, on a loopback address.
+    fn check_open_only_on_loopback(&self) -> Result<(), String> {
+        if !self.operators.is_empty() || self.listen.ip().is_loopback() {
+            return Ok(());
+        }
+        Err(format!(
+            "listen = \"{}\" is not a loopback address, and without [[operators]] a clearing \
+             node answers everyone who reaches it, clearing runs included: listen on \
+             127.0.0.1 or [::1], or add [[operators]] (hashes from `bourse auth hash-password`)",
+            self.listen
+        ))
     }
 
     fn runs_dir(&self) -> PathBuf {
@@ -1322,15 +1335,61 @@ mod tests {
         assert!(bad.unwrap_err().to_string().contains("market"));
     }
 
-    #[test]
-    fn a_configuration_with_an_empty_core_or_open_without_operators_is_refused() {
+    fn example() -> ClearingConfig {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/clearing.toml");
-        let mut c = ClearingConfig::load(Path::new(path)).unwrap();
+        ClearingConfig::load(Path::new(path)).unwrap()
+    }
+
+    #[test]
+    fn without_operators_a_listen_address_off_the_loopback_is_refused_and_the_reason_named() {
+        for listen in ["0.0.0.0:9460", "[::]:9460", "192.0.2.7:9460"] {
+            let mut c = example();
+            c.listen = listen.parse().unwrap();
+            let why = c.validate().unwrap_err();
+            assert!(why.contains("is not a loopback address"), "{listen}: {why}");
+            assert!(why.contains("without [[operators]]"), "{listen}: {why}");
+            assert!(why.contains("answers everyone"), "{listen}: {why}");
+        }
+    }
+
+    #[test]
+    fn a_node_without_operators_off_the_loopback_refuses_to_start_before_binding_or_writing() {
+        let mut c = example();
+        // Port 0 would bind if the check came too late; the state directory would be created.
+        c.listen = "0.0.0.0:0".parse().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        c.state_dir = dir.path().join("state");
+        let why = match ClearingNode::start(c, Vec::new()) {
+            Ok(_) => panic!("a node open to everyone off the loopback started"),
+            Err(why) => why,
+        };
+        assert!(why.contains("without [[operators]]"), "{why}");
+        assert!(!dir.path().join("state").exists(), "nothing was written");
+    }
+
+    #[test]
+    fn a_loopback_listen_address_needs_no_operators_and_any_address_is_open_to_operators() {
+        for listen in ["127.0.0.1:9460", "[::1]:9460"] {
+            let mut c = example();
+            c.listen = listen.parse().unwrap();
+            assert_eq!(c.validate(), Ok(()), "{listen}");
+        }
+        let mut c = example();
+        c.listen = "0.0.0.0:9460".parse().unwrap();
+        c.operators.push(CredentialEntry {
+            name: "admin".into(),
+            password_hash: bourse_auth::hash_password_with("pw", bourse_auth::HashCost::TEST_ONLY)
+                .unwrap(),
+            roles: vec!["operator".into()],
+        });
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_configuration_with_an_empty_core_or_an_unknown_key_is_refused() {
+        let mut c = example();
         c.cores.push(Vec::new());
         assert!(c.validate().unwrap_err().contains("core 1 lists no node"));
-        c.cores.pop();
-        c.listen = "0.0.0.0:9460".parse().unwrap();
-        assert!(c.validate().unwrap_err().contains("needs operators"));
         let unknown =
             "name = \"x\"\ncores = []\ninstruments = \"i\"\nstate_dir = \"s\"\ncolour = 1\n";
         assert!(toml::from_str::<ClearingConfig>(unknown)

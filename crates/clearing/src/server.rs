@@ -24,7 +24,9 @@
 //!
 //! Operator actions (HTTP Basic, role `operator`, checked against the node's credential
 //! store off the runtime's workers): `POST /v1/runs` (a [`RunRequest`]; a known `run_id`
-//! resumes that run) and `POST /v1/takeover` (a standby becomes the primary). Errors are
+//! resumes that run) and `POST /v1/takeover` (a standby becomes the primary). A node without
+//! credentials (on loopback) takes them from any program of its host without credentials,
+//! but not from a web page (a request with an `Origin` header: 403). Errors are
 //! `{"error":{"code":..,"message":..}}` with 400, 401, 403, 404, 409 or 503.
 
 use std::collections::BTreeMap;
@@ -599,8 +601,38 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
         .into_response()
 }
 
-/// The operator's name if the credentials are right and hold the operator role.
-async fn authenticate(s: &Shared, headers: &HeaderMap) -> Result<String, Response> {
+/// Whether the request may act as an operator (run a clearing, take over). With credentials
+/// in the config, it must carry an operator's (HTTP Basic). Without any, validation has kept
+/// the node on a loopback address, so everyone who reaches it is a process of this host and
+/// may act, except a web page (see [`web_page_refusal`]).
+async fn operator(s: &Shared, headers: &HeaderMap) -> Result<(), Response> {
+    if s.credentials.is_empty() {
+        return web_page_refusal(headers).map_or(Ok(()), Err);
+    }
+    authenticate(s, headers).await
+}
+
+/// The refusal of an operator action sent by a web browser to a node without credentials.
+/// A page from anywhere, open in a browser on this host, can post to a loopback address (a
+/// cross-site form, or a host name rebound to 127.0.0.1), and nothing else would stop it
+/// running a clearing. Browsers put an `Origin` header on every POST and let no page remove
+/// it, while the command line and other programs send none, so its presence marks a page.
+fn web_page_refusal(headers: &HeaderMap) -> Option<Response> {
+    let origin = headers.get(header::ORIGIN)?;
+    Some(error(
+        StatusCode::FORBIDDEN,
+        "refused",
+        format!(
+            "a request with an Origin header ({}) comes from a web page: this node has no \
+             [[operators]], so it takes runs and takeovers only from programs on its host \
+             (the command line, curl), never from a browser",
+            String::from_utf8_lossy(origin.as_bytes())
+        ),
+    ))
+}
+
+/// Accepts the request if its credentials are right and hold the operator role.
+async fn authenticate(s: &Shared, headers: &HeaderMap) -> Result<(), Response> {
     let Some((name, password)) = bourse_admin::server::basic_credentials(headers) else {
         return Err(unauthenticated("credentials required (HTTP Basic)"));
     };
@@ -613,7 +645,7 @@ async fn authenticate(s: &Shared, headers: &HeaderMap) -> Result<String, Respons
     })
     .await;
     match check {
-        Ok(Ok(true)) => Ok(name),
+        Ok(Ok(true)) => Ok(()),
         Ok(Ok(false)) => Err(error(
             StatusCode::FORBIDDEN,
             "refused",
@@ -633,7 +665,7 @@ fn unauthenticated(message: &str) -> Response {
 }
 
 async fn run(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(refusal) = authenticate(&s, &headers).await {
+    if let Err(refusal) = operator(&s, &headers).await {
         return refusal;
     }
     let request: RunRequest = match serde_json::from_slice(&body) {
@@ -659,7 +691,7 @@ async fn run(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> R
 }
 
 async fn takeover(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
-    if let Err(refusal) = authenticate(&s, &headers).await {
+    if let Err(refusal) = operator(&s, &headers).await {
         return refusal;
     }
     let was = s.is_standby();

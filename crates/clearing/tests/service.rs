@@ -439,6 +439,36 @@ fn the_service_answers_clearing_data_and_runs_on_an_operators_request() {
 }
 
 #[test]
+fn a_service_without_operators_on_loopback_runs_a_clearing_asked_without_credentials() {
+    let (core, mut trader) = core_with_trades();
+    let dir = tempfile::tempdir().unwrap();
+    let mut open = config(&core, dir.path(), None);
+    open.operators.clear();
+    assert!(open.listen.ip().is_loopback());
+    let node = start(open);
+    assert!(node.wait_for_cut(&[core.end()], WAIT), "the feed follows");
+
+    let (status, report) = post_run(&node, None, json!({ "kind": "intermediate" }));
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["run_id"], 1);
+    assert_eq!(report["movements"], 4);
+    assert_eq!(report["pending"], 0);
+    for a in 1..=4 {
+        assert_eq!(
+            core.cash(&mut trader, a),
+            CASH_START + vm_of(a),
+            "account {a} was paid or debited its variation margin"
+        );
+    }
+    // The run's report and the accounts are read without credentials too.
+    let get = |path: &str| client(&node, None).get(path).unwrap().status;
+    assert_eq!(get("/v1/runs/1"), 200);
+    assert_eq!(get("/v1/runs/1/plan"), 200);
+    assert_eq!(get("/v1/accounts/3"), 200);
+    node.stop().unwrap();
+}
+
+#[test]
 fn a_restarted_service_reaches_the_state_a_fresh_one_rebuilds_from_the_streams() {
     let (core, mut trader) = core_with_trades();
     let dir = tempfile::tempdir().unwrap();
