@@ -253,3 +253,41 @@ fn bench_venue_measures_the_demo_s_venue_per_transaction_by_thread_group() {
         "the generator is not the venue"
     );
 }
+
+/// `bench round` runs the openraft group and the loop group at the same rate: each answers
+/// every command, and the loop group's three replicas end on the same applied index and
+/// state hash (the bench fails otherwise), so the floor it measures is a group that really
+/// replicates and applies.
+#[test]
+fn bench_round_measures_both_groups_and_the_loop_group_s_replicas_agree() {
+    let out = Command::new(BOURSE)
+        .args([
+            "bench",
+            "round",
+            "--rates",
+            "300",
+            "--seconds",
+            "1",
+            "--json",
+        ])
+        .output()
+        .expect("run bourse bench round");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench round failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<Value> = stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("JSON"))
+        .collect();
+    assert_eq!(rows.len(), 2, "one row per group: {stdout}");
+    for (row, group) in rows.iter().zip(["openraft", "loop"]) {
+        assert_eq!(row["group"], group);
+        assert_eq!(row["acked"], row["sent"], "{row}");
+        assert!(row["acked"].as_u64().unwrap() > 0, "{row}");
+        assert!(row["group_cpu_ns_per_entry"].as_u64().unwrap() > 0, "{row}");
+    }
+}

@@ -64,7 +64,7 @@ pub struct ClusterBenchArgs {
 /// The most commands one scenario offers (bounds memory and time).
 const BENCH_COMMANDS_MAX: u64 = 5_000_000;
 
-fn bench_flow() -> FlowConfig {
+pub(super) fn bench_flow() -> FlowConfig {
     let mut f = FlowConfig::exchange_core(42);
     f.accounts = 100;
     f
@@ -408,15 +408,15 @@ pub fn bench(args: ClusterBenchArgs) -> Result<()> {
 
 /// One node of the benchmark on a tokio runtime of its own, on a thread of its own: the
 /// nodes share no scheduler, as if each were its own `bourse node` process.
-struct BenchNode {
-    node: Option<Node>,
+pub(super) struct BenchNode {
+    pub(super) node: Option<Node>,
     /// Dropping it lets the node's thread end its runtime.
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl BenchNode {
-    fn start(config: &ClusterConfig, id: u64, threads: usize) -> Result<BenchNode> {
+    pub(super) fn start(config: &ClusterConfig, id: u64, threads: usize) -> Result<BenchNode> {
         let (node_tx, node_rx) = mpsc::channel::<Result<Node>>();
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let config = config.clone();
@@ -466,7 +466,7 @@ impl BenchNode {
         })
     }
 
-    fn node(&self) -> &Node {
+    pub(super) fn node(&self) -> &Node {
         self.node.as_ref().expect("node running")
     }
 }
@@ -483,17 +483,17 @@ impl Drop for BenchNode {
 /// Where one scenario's CPU went: per command for the leader's threads, one follower's (the
 /// mean of the followers) and the load client's, and voluntary context switches per batch.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
-struct CpuSplit {
-    leader_cpu_ns_per_command: u64,
-    follower_cpu_ns_per_command: u64,
+pub(super) struct CpuSplit {
+    pub(super) leader_cpu_ns_per_command: u64,
+    pub(super) follower_cpu_ns_per_command: u64,
     client_cpu_ns_per_command: u64,
     /// Time the leader's threads were ready to run but waited for a CPU (the machine's load).
     leader_wait_ns_per_command: u64,
-    leader_switches_per_batch: f64,
-    follower_switches_per_batch: f64,
+    pub(super) leader_switches_per_batch: f64,
+    pub(super) follower_switches_per_batch: f64,
 }
 
-fn cpu_split(
+pub(super) fn cpu_split(
     before: &std::collections::BTreeMap<u64, (String, ThreadCpu)>,
     after: &std::collections::BTreeMap<u64, (String, ThreadCpu)>,
     leader_id: u64,
@@ -604,12 +604,12 @@ const DUE_RING_SLOTS: usize = 1 << 16;
 /// A writer flushes its buffer when it holds this much.
 const CLIENT_WRITE_BYTES: usize = 64 * 1024;
 
-struct ScenarioRun {
+pub(super) struct ScenarioRun {
     offered_per_s: Option<u64>,
-    sent: u64,
-    acked: u64,
-    elapsed: Duration,
-    latency: Histogram<u64>,
+    pub(super) sent: u64,
+    pub(super) acked: u64,
+    pub(super) elapsed: Duration,
+    pub(super) latency: Histogram<u64>,
     send_lag: Histogram<u64>,
 }
 
@@ -707,7 +707,7 @@ fn relay(leader: SocketAddr) -> Result<SocketAddr> {
     Ok(addr)
 }
 
-fn open_loop(
+pub(super) fn open_loop(
     leader: SocketAddr,
     mut stream_in: bourse_cluster::Subscription,
     client_id: u64,

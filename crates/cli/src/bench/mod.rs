@@ -15,7 +15,9 @@ mod engine;
 mod gateway;
 mod journal;
 mod marketdata;
+mod node_loop;
 mod recovery;
+mod round;
 mod t2t;
 mod venue;
 
@@ -53,6 +55,9 @@ pub enum BenchCommand {
     /// An intermediate clearing of N accounts × M positions in process: positions/s of the
     /// run and memory per position of the clearing state.
     Clearing(clearing::ClearingBenchArgs),
+    /// One replica group's CPU time and context switches per replication round, as it runs
+    /// (openraft) and as one loop per node (the floor of that design), side by side.
+    Round(round::RoundBenchArgs),
     /// The whole demo venue at fixed rates: CPU time and context switches per transaction by
     /// thread group and in total, beside the round trip through the gateway.
     Venue(venue::VenueBenchArgs),
@@ -72,6 +77,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Recovery(args) => recovery::recovery(args),
         BenchCommand::T2t(args) => t2t::bench(args),
         BenchCommand::Clearing(args) => clearing::bench(args),
+        BenchCommand::Round(args) => round::bench(args),
         BenchCommand::Venue(args) => venue::bench(args),
     }
 }
