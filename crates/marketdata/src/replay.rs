@@ -7,9 +7,12 @@
 //! the range in a packet frame (PossDupFlag set) and a final ReplayResponse, then closes.
 //! Requests are bounded: `count` must be in `1..=REPLAY_COUNT_MAX` (else TooManyRequested or
 //! InvalidRequest) and the whole range must still be kept (else OutOfRange, with no packets).
-//! The server serves one connection at a time, gives every connection at most
-//! `CONNECTION_TIMEOUT_MS`, and answers a client address past
-//! `REQUESTS_PER_CLIENT_PER_S_MAX` requests per second with Throttled.
+//! The server's one thread serves up to `CONNECTIONS_MAX` connections at once, each as its
+//! bytes arrive (mio), gives every connection at most `CONNECTION_TIMEOUT_MS`, lets one
+//! address hold at most `CONNECTIONS_PER_ADDRESS_MAX`, and makes room for a new connection by
+//! closing the oldest one still waiting for its request, so idle sockets cannot keep a
+//! subscriber that lost packets from its replay. A client address past
+//! `REQUESTS_PER_CLIENT_PER_S_MAX` requests per second is answered Throttled.
 
 use crate::history::History;
 use crate::{Channel, Publisher};
@@ -21,8 +24,11 @@ use bourse_wire::market_data::codec::{
 use bourse_wire::market_data::{
     Message, MsgFlags, ReplayFrame, ReplayFrameDecoder, REPLAY_COUNT_MAX, REPLAY_FRAME_BYTES_MAX,
 };
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -34,9 +40,12 @@ pub const CONNECTION_TIMEOUT_MS: u64 = 2_000;
 pub const REQUESTS_PER_CLIENT_PER_S_MAX: u32 = 200;
 /// Client addresses remembered for throttling; the table is cleared when it fills.
 const THROTTLE_CLIENTS_MAX: usize = 4_096;
-/// The longest pause between two polls of the listeners while no request comes (the most a
-/// first request after a quiet spell waits to be accepted).
-const IDLE_POLL_MS_MAX: u64 = 16;
+/// Connections served at once, over all channels.
+pub const CONNECTIONS_MAX: usize = 256;
+/// Connections one client address may hold at once.
+pub const CONNECTIONS_PER_ADDRESS_MAX: usize = 16;
+/// The largest request read (a ReplayRequest frame is far smaller).
+const REQUEST_BYTES_MAX: usize = 64;
 
 /// The packets `from .. from+count` with PossDupFlag set, or why not.
 pub fn collect(
@@ -79,12 +88,19 @@ pub struct ReplayServerStats {
     pub requests: AtomicU64,
     pub rejected: AtomicU64,
     pub packets_sent: AtomicU64,
+    /// Connections closed unanswered to make room for a newer one.
+    pub displaced: AtomicU64,
+    /// Connections closed because their time (`CONNECTION_TIMEOUT_MS`) ran out.
+    pub timed_out: AtomicU64,
+    /// Connections closed at once: no room could be made (every slot was being answered).
+    pub refused: AtomicU64,
 }
 
 /// A replay server on its own thread: one listening port per channel served.
 pub struct ReplayServer {
     local_addrs: Vec<(Channel, SocketAddr)>,
     stop: Arc<AtomicBool>,
+    waker: Arc<Waker>,
     stats: Arc<ReplayServerStats>,
     thread: Option<JoinHandle<()>>,
 }
@@ -139,64 +155,46 @@ impl ReplayServer {
                 "a replay server needs at least one channel to serve",
             ));
         }
+        assert!(
+            services.len() <= CONN_FIRST - LISTENER_FIRST,
+            "a listener per channel"
+        );
+        let poll = Poll::new()?;
         let mut listeners = Vec::with_capacity(services.len());
         let mut local_addrs = Vec::with_capacity(services.len());
-        for (channel, addr, history) in services {
-            let listener = TcpListener::bind(addr).map_err(|e| {
+        for (i, (channel, addr, history)) in services.into_iter().enumerate() {
+            let mut listener = TcpListener::bind(addr).map_err(|e| {
                 io::Error::new(
                     e.kind(),
                     format!("replay service of {} on {addr}: {e}", channel.name()),
                 )
             })?;
-            listener.set_nonblocking(true)?;
+            poll.registry().register(
+                &mut listener,
+                Token(LISTENER_FIRST + i),
+                Interest::READABLE,
+            )?;
             local_addrs.push((channel, listener.local_addr()?));
             listeners.push((listener, history));
         }
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(ReplayServerStats::default());
-        let (stop2, stats2) = (Arc::clone(&stop), Arc::clone(&stats));
+        let mut server = Server {
+            poll,
+            listeners,
+            conns: (0..CONNECTIONS_MAX).map(|_| None).collect(),
+            clients: HashMap::new(),
+            stats: Arc::clone(&stats),
+        };
+        let stop2 = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("md-replay".into())
-            .spawn(move || {
-                // Per client address: (start of the current one-second window, requests in it).
-                let mut clients: std::collections::HashMap<std::net::IpAddr, (Instant, u32)> =
-                    std::collections::HashMap::new();
-                // Polls every millisecond while requests come, backing off to
-                // IDLE_POLL_MS_MAX when none do, so that an idle service costs next to nothing.
-                let mut pause_ms = 1u64;
-                while !stop2.load(Ordering::Relaxed) {
-                    let mut idle = true;
-                    for (listener, history) in &listeners {
-                        match listener.accept() {
-                            Ok((stream, peer)) => {
-                                idle = false;
-                                if clients.len() >= THROTTLE_CLIENTS_MAX {
-                                    clients.clear();
-                                }
-                                let now = Instant::now();
-                                let entry = clients.entry(peer.ip()).or_insert((now, 0));
-                                if now.duration_since(entry.0) >= Duration::from_secs(1) {
-                                    *entry = (now, 0);
-                                }
-                                entry.1 += 1;
-                                let throttled = entry.1 > REQUESTS_PER_CLIENT_PER_S_MAX;
-                                let _ = serve(stream, history, &stats2, throttled);
-                            }
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                            Err(_) => std::thread::sleep(Duration::from_millis(10)),
-                        }
-                    }
-                    if idle {
-                        std::thread::sleep(Duration::from_millis(pause_ms));
-                        pause_ms = (pause_ms * 2).min(IDLE_POLL_MS_MAX);
-                    } else {
-                        pause_ms = 1;
-                    }
-                }
-            })?;
+            .spawn(move || server.run(&stop2))?;
         Ok(ReplayServer {
             local_addrs,
             stop,
+            waker,
             stats,
             thread: Some(thread),
         })
@@ -223,55 +221,272 @@ impl ReplayServer {
 impl Drop for ReplayServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        let _ = self.waker.wake();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
 }
 
-fn serve(
-    mut stream: TcpStream,
+const WAKER: Token = Token(0);
+/// Listener tokens from here (one per channel served, at most `Channel::ALL.len()`).
+const LISTENER_FIRST: usize = 1;
+/// Connection tokens from here: slot `i` is `Token(CONN_FIRST + i)`.
+const CONN_FIRST: usize = 64;
+
+/// One replay connection: its request as it arrives, then its answer as it leaves.
+struct ReplayConn {
+    stream: TcpStream,
+    peer: IpAddr,
+    /// The listener (channel) it came through.
+    listener: usize,
+    opened: Instant,
+    request: [u8; REQUEST_BYTES_MAX],
+    request_len: usize,
+    /// The answer, once the request is complete; the connection closes when it is written.
+    answer: Option<(Vec<u8>, usize)>,
+}
+
+/// The replay server's loop: every connection served as its bytes arrive, none waiting for
+/// another's.
+struct Server {
+    poll: Poll,
+    listeners: Vec<(TcpListener, Arc<Mutex<History>>)>,
+    conns: Vec<Option<ReplayConn>>,
+    /// Per client address: (start of the current one-second window, requests in it).
+    clients: HashMap<IpAddr, (Instant, u32)>,
+    stats: Arc<ReplayServerStats>,
+}
+
+impl Server {
+    fn run(&mut self, stop: &AtomicBool) {
+        let mut events = Events::with_capacity(256);
+        while !stop.load(Ordering::Relaxed) {
+            let timeout = self
+                .next_deadline()
+                .map(|d| d.saturating_duration_since(Instant::now()));
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return;
+                }
+            }
+            for event in events.iter() {
+                match event.token() {
+                    WAKER => {}
+                    Token(t) if t < CONN_FIRST => self.accept(t - LISTENER_FIRST),
+                    Token(t) => self.on_ready(t - CONN_FIRST),
+                }
+            }
+            self.close_expired();
+        }
+    }
+
+    /// When the oldest connection's time runs out.
+    fn next_deadline(&self) -> Option<Instant> {
+        self.conns
+            .iter()
+            .flatten()
+            .map(|c| c.opened + Duration::from_millis(CONNECTION_TIMEOUT_MS))
+            .min()
+    }
+
+    fn close_expired(&mut self) {
+        let now = Instant::now();
+        for slot in 0..self.conns.len() {
+            let expired = self.conns[slot].as_ref().is_some_and(|c| {
+                now.duration_since(c.opened) >= Duration::from_millis(CONNECTION_TIMEOUT_MS)
+            });
+            if expired {
+                self.stats.timed_out.fetch_add(1, Ordering::Relaxed);
+                self.close(slot);
+            }
+        }
+    }
+
+    fn accept(&mut self, listener: usize) {
+        loop {
+            let (stream, peer) = match self.listeners[listener].0.accept() {
+                Ok(accepted) => accepted,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // Out of descriptors or a connection reset before accept: the next event
+                // tries again.
+                Err(_) => return,
+            };
+            let Some(slot) = self.slot_for(peer.ip()) else {
+                self.stats.refused.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            let mut conn = ReplayConn {
+                stream,
+                peer: peer.ip(),
+                listener,
+                opened: Instant::now(),
+                request: [0; REQUEST_BYTES_MAX],
+                request_len: 0,
+                answer: None,
+            };
+            let _ = conn.stream.set_nodelay(true);
+            let token = Token(CONN_FIRST + slot);
+            if self
+                .poll
+                .registry()
+                .register(&mut conn.stream, token, Interest::READABLE)
+                .is_ok()
+            {
+                self.conns[slot] = Some(conn);
+            }
+        }
+    }
+
+    /// A free slot for a connection from `peer`, making one when needed: an address already
+    /// holding its share gives up its own oldest waiting connection, and a full server its
+    /// oldest waiting connection. A connection waiting for its request is the only kind
+    /// displaced (one being answered finishes), so idle sockets cannot hold a request out:
+    /// a client sends its request as it connects, and is served before it could be displaced.
+    fn slot_for(&mut self, peer: IpAddr) -> Option<usize> {
+        let of_peer = self
+            .conns
+            .iter()
+            .flatten()
+            .filter(|c| c.peer == peer)
+            .count();
+        let victim = if of_peer >= CONNECTIONS_PER_ADDRESS_MAX {
+            self.oldest_waiting(|c| c.peer == peer)
+        } else if let Some(free) = self.conns.iter().position(Option::is_none) {
+            return Some(free);
+        } else {
+            self.oldest_waiting(|_| true)
+        }?;
+        self.stats.displaced.fetch_add(1, Ordering::Relaxed);
+        self.close(victim);
+        Some(victim)
+    }
+
+    fn oldest_waiting(&self, filter: impl Fn(&ReplayConn) -> bool) -> Option<usize> {
+        (0..self.conns.len())
+            .filter_map(|i| self.conns[i].as_ref().map(|c| (i, c)))
+            .filter(|(_, c)| c.answer.is_none() && filter(c))
+            .min_by_key(|(_, c)| c.opened)
+            .map(|(i, _)| i)
+    }
+
+    fn close(&mut self, slot: usize) {
+        if let Some(mut conn) = self.conns[slot].take() {
+            let _ = self.poll.registry().deregister(&mut conn.stream);
+        }
+    }
+
+    fn on_ready(&mut self, slot: usize) {
+        let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        let done = if conn.answer.is_none() {
+            match read_request(conn) {
+                Ok(Some(request)) => {
+                    let throttled = throttle(&mut self.clients, conn.peer);
+                    let history = &self.listeners[conn.listener].1;
+                    conn.answer = Some((answer(request, history, &self.stats, throttled), 0));
+                    let token = Token(CONN_FIRST + slot);
+                    let _ = self.poll.registry().reregister(
+                        &mut conn.stream,
+                        token,
+                        Interest::READABLE | Interest::WRITABLE,
+                    );
+                    write_answer(conn)
+                }
+                Ok(None) => false,
+                Err(_) => true,
+            }
+        } else {
+            write_answer(conn)
+        };
+        if done {
+            self.close(slot);
+        }
+    }
+}
+
+/// Counts a request against its address's one-second window; true past the bound.
+fn throttle(clients: &mut HashMap<IpAddr, (Instant, u32)>, peer: IpAddr) -> bool {
+    if clients.len() >= THROTTLE_CLIENTS_MAX {
+        clients.clear();
+    }
+    let now = Instant::now();
+    let entry = clients.entry(peer).or_insert((now, 0));
+    if now.duration_since(entry.0) >= Duration::from_secs(1) {
+        *entry = (now, 0);
+    }
+    entry.1 += 1;
+    entry.1 > REQUESTS_PER_CLIENT_PER_S_MAX
+}
+
+/// Reads what the connection holds: `Some(request)` once it is complete (`None` inside for a
+/// frame that is not a valid ReplayRequest), `Ok(None)` while it is not, an error when the
+/// peer closed or broke the connection before.
+fn read_request(conn: &mut ReplayConn) -> io::Result<Option<Option<(u32, u32)>>> {
+    let decoder = ReplayFrameDecoder::default();
+    loop {
+        match decoder.decode(&conn.request[..conn.request_len]) {
+            Ok(Some(f)) => {
+                return Ok(Some(match f.frame {
+                    ReplayFrame::Message(Message::ReplayRequest(r)) => {
+                        Some((r.from_msg_seq_num(), r.count()))
+                    }
+                    _ => None,
+                }))
+            }
+            Ok(None) if conn.request_len == REQUEST_BYTES_MAX => return Ok(Some(None)),
+            Ok(None) => {}
+            Err(_) => return Ok(Some(None)),
+        }
+        match conn.stream.read(&mut conn.request[conn.request_len..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => conn.request_len += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Writes what the socket takes of the answer; true once all of it is written (or the
+/// connection failed), when the connection is to be closed.
+fn write_answer(conn: &mut ReplayConn) -> bool {
+    let Some((bytes, written)) = conn.answer.as_mut() else {
+        return false;
+    };
+    while *written < bytes.len() {
+        match conn.stream.write(&bytes[*written..]) {
+            Ok(0) => return true,
+            Ok(n) => *written += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return true,
+        }
+    }
+    true
+}
+
+/// The whole answer to one request: each packet of the range in a packet frame, then the
+/// ReplayResponse.
+fn answer(
+    request: Option<(u32, u32)>,
     history: &Mutex<History>,
     stats: &ReplayServerStats,
     throttled: bool,
-) -> io::Result<()> {
-    stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(Duration::from_millis(CONNECTION_TIMEOUT_MS)))?;
-    stream.set_write_timeout(Some(Duration::from_millis(CONNECTION_TIMEOUT_MS)))?;
-    stream.set_nodelay(true)?;
+) -> Vec<u8> {
     stats.requests.fetch_add(1, Ordering::Relaxed);
-    let mut buf = [0u8; 64];
-    let mut len = 0;
-    let decoder = ReplayFrameDecoder::default();
-    let request = loop {
-        match decoder.decode(&buf[..len]) {
-            Ok(Some(f)) => match f.frame {
-                ReplayFrame::Message(Message::ReplayRequest(r)) => {
-                    break Some((r.from_msg_seq_num(), r.count()))
-                }
-                _ => break None,
-            },
-            Ok(None) => {}
-            Err(_) => break None,
-        }
-        if len == buf.len() {
-            break None;
-        }
-        let n = stream.read(&mut buf[len..])?;
-        if n == 0 {
-            return Ok(());
-        }
-        len += n;
-    };
     let (from, result) = match request {
         Some((from, _)) if throttled => (from, Err(ReplayStatus::Throttled)),
         Some((from, count)) => (from, collect(history, from, count)),
         None => (0, Err(ReplayStatus::InvalidRequest)),
     };
     let mut frame = vec![0u8; REPLAY_FRAME_BYTES_MAX];
+    let mut out = Vec::new();
     let (sent, status) = match result {
         Ok(packets) => {
-            let mut out = Vec::with_capacity(packets.len() * 256);
+            out.reserve(packets.len() * 256);
             for p in &packets {
                 let Ok(n) = write_frame_header(&mut frame, Encoding::MarketDataPacket, p.len())
                 else {
@@ -281,7 +496,6 @@ fn serve(
                 out.extend_from_slice(p);
                 debug_assert_eq!(n, FRAME_HEADER_BYTES + p.len());
             }
-            stream.write_all(&out)?;
             stats
                 .packets_sent
                 .fetch_add(packets.len() as u64, Ordering::Relaxed);
@@ -296,9 +510,9 @@ fn serve(
         e.from_msg_seq_num(from).count(sent).status(status);
         e
     })
-    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-    stream.write_all(&frame[..n])?;
-    stream.flush()
+    .expect("a ReplayResponse fits its frame");
+    out.extend_from_slice(&frame[..n]);
+    out
 }
 
 /// What a replay request returned.
@@ -317,7 +531,7 @@ pub fn request(
     timeout: Duration,
 ) -> io::Result<ReplayReply> {
     let deadline = Instant::now() + timeout;
-    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)?;
     stream.set_nodelay(true)?;
     let mut frame = [0u8; 64];
     let n = encode_frame(&mut frame, |mut e: ReplayRequestEncoder| {

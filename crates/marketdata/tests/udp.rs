@@ -98,6 +98,56 @@ fn udp_feeds_on_loopback_with_loss_on_both_feeds_recover_by_tcp_replay() {
     run_over_udp(addrs, SendRoutes::loopback(), sub, 3_000);
 }
 
+/// An idle connection to `addr` from the loopback address `from` (127.0.0.0/8 only).
+fn idle_from(from: Ipv4Addr, addr: SocketAddr) -> std::net::TcpStream {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.bind(&SocketAddr::from((from, 0)).into()).unwrap();
+    socket.connect(&addr.into()).unwrap();
+    socket.into()
+}
+
+/// Hundreds of idle sockets, from the requester's own address and from others, reopened
+/// between requests, do not keep a subscriber that lost packets from its replay: the server
+/// serves connections side by side and makes room by closing the oldest still waiting.
+#[test]
+fn replay_service_serves_every_request_beside_hundreds_of_idle_sockets() {
+    let mut h = Harness::new(11, test_publisher_config());
+    let mut sink = VecSink::default();
+    for _ in 0..50 {
+        h.step(20, &mut sink);
+    }
+    let last = h.publisher.next_seq(Channel::Orders) - 1;
+    let server = ReplayServer::spawn(
+        SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        h.publisher.history(),
+    )
+    .unwrap();
+    let addr = server.local_addr();
+    let sources: Vec<Ipv4Addr> = (1..=20u8).map(|i| Ipv4Addr::new(127, 0, 0, i)).collect();
+    let mut idle: Vec<std::net::TcpStream> = (0..400)
+        .map(|i| idle_from(sources[i % sources.len()], addr))
+        .collect();
+    for round in 0..10 {
+        // A wave of fresh idle sockets before each request, as a hostile client reopens them.
+        for i in 0..60 {
+            idle.push(idle_from(sources[(round + i) % sources.len()], addr));
+        }
+        let reply = replay::request(addr, 1, last, Duration::from_secs(10)).unwrap();
+        assert_eq!(reply.status, ReplayStatus::Complete, "round {round}");
+        assert_eq!(reply.packets.len(), last as usize, "round {round}");
+    }
+    let stats = server.stats();
+    assert_eq!(
+        stats.requests.load(std::sync::atomic::Ordering::Relaxed),
+        10
+    );
+    assert!(
+        stats.displaced.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "the idle sockets were more than the server holds"
+    );
+    drop(idle);
+}
+
 #[test]
 fn replay_service_refuses_ranges_past_its_bound_or_its_history() {
     let mut h = Harness::new(9, test_publisher_config());
