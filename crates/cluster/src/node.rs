@@ -84,6 +84,15 @@ fn d_election_ms_min() -> u64 {
 fn d_election_ms_max() -> u64 {
     300
 }
+fn d_connections_max() -> usize {
+    1_024
+}
+fn d_first_frame_timeout_ms() -> u64 {
+    10_000
+}
+/// Bounds on `connections_max`: a group's peers, gateways, services and tools fit in the
+/// lowest; the highest stays far under a process's usual descriptor limit of 65,536.
+const CONNECTIONS_MAX_RANGE: std::ops::RangeInclusive<usize> = 16..=16_384;
 fn d_append_in_flight_max() -> usize {
     // Pipelined: a commit at distance costs one round trip instead of two to three
     // (BENCHMARKS.md, "Pipelined replication"). 16 keeps a follower's queue short under load.
@@ -175,6 +184,15 @@ pub struct ClusterConfig {
     /// [`crate::append_stream::APPEND_STREAM_IN_FLIGHT_MAX`].
     #[serde(default = "d_append_in_flight_max")]
     pub append_in_flight_max: usize,
+    /// Connections the node's port holds at once (peers, gateways' links, services, tools).
+    /// A connection arriving when all are taken displaces the oldest one that has not yet
+    /// sent a whole frame; if every one has, the newcomer is closed (`transport::Refusal`).
+    #[serde(default = "d_connections_max")]
+    pub connections_max: usize,
+    /// A connection that sends no whole frame (after its TLS handshake) this long after it
+    /// opened is closed: a real peer speaks at once.
+    #[serde(default = "d_first_frame_timeout_ms")]
+    pub first_frame_timeout_ms: u64,
     /// A snapshot is taken every this many log entries (and on demand).
     #[serde(default = "d_snapshot_every")]
     pub snapshot_every_entries: u64,
@@ -251,6 +269,8 @@ impl ClusterConfig {
             election_timeout_ms_min: d_election_ms_min(),
             election_timeout_ms_max: d_election_ms_max(),
             append_in_flight_max: d_append_in_flight_max(),
+            connections_max: d_connections_max(),
+            first_frame_timeout_ms: d_first_frame_timeout_ms(),
             snapshot_every_entries: d_snapshot_every(),
             log_kept_below_snapshot_entries: d_log_kept_below_snapshot(),
             hash_checkpoint_every_entries: d_hash_every(),
@@ -301,6 +321,20 @@ impl ClusterConfig {
                  (each node draws its timeout from a slot of its own), not {} ms for {} nodes",
                 self.election_timeout_ms_max - self.election_timeout_ms_min,
                 self.nodes.len()
+            ));
+        }
+        if !CONNECTIONS_MAX_RANGE.contains(&self.connections_max) {
+            return Err(format!(
+                "connections_max must be {} to {}, not {}",
+                CONNECTIONS_MAX_RANGE.start(),
+                CONNECTIONS_MAX_RANGE.end(),
+                self.connections_max
+            ));
+        }
+        if !(100..=600_000).contains(&self.first_frame_timeout_ms) {
+            return Err(format!(
+                "first_frame_timeout_ms must be 100 to 600000, not {}",
+                self.first_frame_timeout_ms
             ));
         }
         let in_flight_max = crate::append_stream::APPEND_STREAM_IN_FLIGHT_MAX;
@@ -725,7 +759,7 @@ impl Node {
             ),
             None => None,
         };
-        let acceptor = Acceptor::new(id, server_tls, config.node_hosts());
+        let acceptor = Acceptor::new(id, server_tls, config.node_hosts(), config.connections_max);
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|e| format!("node {id}: bind {addr}: {e}"))?;
@@ -963,13 +997,23 @@ async fn accept_loop(
     loop {
         match listener.accept().await {
             Ok((tcp, from)) => {
+                // A place first (`connections_max`, the oldest silent connection displaced
+                // when all are taken), then the handshake on the connection's own task,
+                // bounded in time and in number, so a slow or hostile peer holds up no one.
+                let Some(slot) = shared.acceptor.admit(from) else {
+                    continue;
+                };
                 let shared = shared.clone();
                 let closing = closing.clone();
-                // The handshake runs on the connection's own task, bounded in time and in
-                // number (`transport::Acceptor`), so a slow or hostile peer holds up no one.
                 tokio::spawn(async move {
-                    if let Some((stream, role)) = shared.acceptor.accept(tcp, from).await {
-                        serve_connection(stream, role, from, shared, closing).await;
+                    let opened = tokio::time::Instant::now();
+                    let accepted = tokio::select! {
+                        accepted = shared.acceptor.accept(tcp, from) => accepted,
+                        _ = slot.displaced() => None,
+                    };
+                    if let Some((stream, role)) = accepted {
+                        let door = Door { slot, opened };
+                        serve_connection(stream, role, from, door, shared, closing).await;
                     }
                 });
             }
@@ -1218,13 +1262,23 @@ fn is_raft(request: &Request) -> bool {
     )
 }
 
+/// A connection's place at the node's port and when it opened: until its first whole frame
+/// it may be displaced, and it must send one within `first_frame_timeout_ms`.
+struct Door {
+    slot: crate::transport::Slot,
+    opened: tokio::time::Instant,
+}
+
 async fn serve_connection(
     stream: NodeStream,
     role: PeerRole,
     from: SocketAddr,
+    door: Door,
     shared: Arc<Shared>,
     mut closing: tokio::sync::watch::Receiver<bool>,
 ) {
+    let silent_until = door.opened + Duration::from_millis(shared.config.first_frame_timeout_ms);
+    let mut spoke = false;
     let _open = shared.stages.connection_opened();
     let (reader, writer) = stream.into_split();
     // Buffered: a burst of pipelined requests is read in one system call, not two per frame.
@@ -1249,6 +1303,20 @@ async fn serve_connection(
                 }
             },
             _ = closing.changed() => break,
+            _ = door.slot.displaced(), if !spoke => break,
+            _ = tokio::time::sleep_until(silent_until), if !spoke => {
+                shared.acceptor.refusals().count(
+                    shared.id,
+                    Refusal::Silent,
+                    from,
+                    "no whole frame in time",
+                );
+                break;
+            }
+        }
+        if !spoke {
+            door.slot.spoke();
+            spoke = true;
         }
         let request = match decode_message::<Tagged<Request>>(&frame) {
             Ok(request) => request,

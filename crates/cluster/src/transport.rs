@@ -9,7 +9,10 @@
 //!   the committed stream's consumers, status and admin calls) goes through it. A process
 //!   names the nodes it reaches over TLS once ([`use_tls_for`]); a node off the loopback not
 //!   so named is refused before any byte is sent, since plain TCP is for the loopback only.
-//! - [`Acceptor`]: a node's side. With TLS, every connection must complete a handshake with a
+//! - [`Acceptor`]: a node's side. Every connection takes a [`Slot`] first: at most
+//!   `connections_max`, the oldest connection that has not yet sent a whole frame displaced
+//!   for a newcomer, and a silent one closed after `first_frame_timeout_ms` (the node's
+//!   connection task enforces both). With TLS, every connection must complete a handshake with a
 //!   certificate of the venue's authority within [`HANDSHAKE_TIMEOUT_MS`], at most
 //!   [`HANDSHAKES_MAX`] at once; every refusal is counted by [`Refusal`] and logged with its
 //!   reason (the first few of each kind, then one in [`REFUSALS_LOGGED_EVERY`]).
@@ -260,10 +263,18 @@ pub enum Refusal {
     /// A peer whose certificate names no node of the group sent a raft request (append
     /// entries, vote, install snapshot): a client's identity cannot act as a replica.
     NotANode,
+    /// `connections_max` connections were open and every one had spoken: the newcomer was
+    /// closed at once.
+    Full,
+    /// Closed unheard to make room for a newer connection: it was the oldest of those that
+    /// had not yet sent a whole frame.
+    Displaced,
+    /// No whole frame within `first_frame_timeout_ms` of opening.
+    Silent,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 7] = [
+    pub const ALL: [Refusal; 10] = [
         Refusal::NoCertificate,
         Refusal::UntrustedCertificate,
         Refusal::NotTls,
@@ -271,6 +282,9 @@ impl Refusal {
         Refusal::HandshakeTimeout,
         Refusal::Busy,
         Refusal::NotANode,
+        Refusal::Full,
+        Refusal::Displaced,
+        Refusal::Silent,
     ];
 
     /// The reason's name in logs and metrics.
@@ -283,6 +297,9 @@ impl Refusal {
             Refusal::HandshakeTimeout => "handshake_timeout",
             Refusal::Busy => "busy",
             Refusal::NotANode => "not_a_node",
+            Refusal::Full => "full",
+            Refusal::Displaced => "displaced",
+            Refusal::Silent => "silent",
         }
     }
 
@@ -343,9 +360,58 @@ pub struct Acceptor {
     tls: Option<TlsAcceptor>,
     handshakes: Arc<Semaphore>,
     refusals: Arc<Refusals>,
+    slots: Arc<Slots>,
     /// The hosts of the group's nodes (IP addresses or DNS names, lower case), as their
     /// advertised addresses give them: a certificate naming one of them is a node's.
     node_hosts: Arc<Vec<String>>,
+}
+
+/// The places of a node's connections, by the order they were admitted in.
+struct Slots {
+    open: std::sync::Mutex<BTreeMap<u64, SlotState>>,
+    next_id: AtomicU64,
+    max: usize,
+}
+
+struct SlotState {
+    from: SocketAddr,
+    /// It has sent a whole frame: it is never displaced.
+    spoke: bool,
+    /// Told when the connection must close to make room.
+    close: Arc<tokio::sync::Notify>,
+}
+
+/// A connection's place ([`Acceptor::admit`]); freed when dropped.
+pub struct Slot {
+    id: u64,
+    slots: Arc<Slots>,
+    close: Arc<tokio::sync::Notify>,
+}
+
+impl Slot {
+    /// The connection sent a whole frame: from now on it keeps its place.
+    pub fn spoke(&self) {
+        if let Some(s) = self
+            .slots
+            .open
+            .lock()
+            .expect("slots lock")
+            .get_mut(&self.id)
+        {
+            s.spoke = true;
+        }
+    }
+
+    /// Resolves when the connection was displaced and must close.
+    pub async fn displaced(&self) {
+        self.close.notified().await;
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.slots.open.lock().expect("slots lock").remove(&self.id);
+    }
 }
 
 /// Whom an accepted connection speaks for (see the module documentation).
@@ -366,12 +432,19 @@ impl Acceptor {
         node: u64,
         tls: Option<Arc<rustls::ServerConfig>>,
         node_hosts: Vec<String>,
+        connections_max: usize,
     ) -> Acceptor {
+        assert!(connections_max > 0, "a node holds at least one connection");
         Acceptor {
             node,
             tls: tls.map(TlsAcceptor::from),
             handshakes: Arc::new(Semaphore::new(HANDSHAKES_MAX)),
             refusals: Arc::new(Refusals::default()),
+            slots: Arc::new(Slots {
+                open: std::sync::Mutex::new(BTreeMap::new()),
+                next_id: AtomicU64::new(0),
+                max: connections_max,
+            }),
             node_hosts: Arc::new(
                 node_hosts
                     .into_iter()
@@ -405,6 +478,61 @@ impl Acceptor {
 
     pub fn is_tls(&self) -> bool {
         self.tls.is_some()
+    }
+
+    /// A place for a connection just accepted from `from`, before its handshake: when all
+    /// `connections_max` are taken, the oldest connection that has not yet sent a whole frame
+    /// is told to close (counted `displaced`) and its place given; if every connection has
+    /// spoken, `None` (counted `full`), and the newcomer is dropped. Idle or slow sockets
+    /// therefore never keep a real peer out: it speaks at once and so is never the oldest
+    /// silent one for long.
+    pub fn admit(&self, from: SocketAddr) -> Option<Slot> {
+        let mut open = self.slots.open.lock().expect("slots lock");
+        if open.len() >= self.slots.max {
+            let silent = open
+                .iter()
+                .filter(|(_, s)| !s.spoke)
+                .min_by_key(|(id, _)| **id)
+                .map(|(id, _)| *id);
+            let Some(victim) = silent else {
+                drop(open);
+                self.refusals.count(
+                    self.node,
+                    Refusal::Full,
+                    from,
+                    "every connection is taken and each has spoken",
+                );
+                return None;
+            };
+            let state = open.remove(&victim).expect("victim is open");
+            state.close.notify_one();
+            self.refusals.count(
+                self.node,
+                Refusal::Displaced,
+                state.from,
+                "the oldest silent connection, to make room",
+            );
+        }
+        let id = self.slots.next_id.fetch_add(1, Ordering::Relaxed);
+        let close = Arc::new(tokio::sync::Notify::new());
+        open.insert(
+            id,
+            SlotState {
+                from,
+                spoke: false,
+                close: Arc::clone(&close),
+            },
+        );
+        Some(Slot {
+            id,
+            slots: Arc::clone(&self.slots),
+            close,
+        })
+    }
+
+    /// Connections holding a place now.
+    pub fn connections_open(&self) -> usize {
+        self.slots.open.lock().expect("slots lock").len()
     }
 
     /// The accepted connection, after its handshake, and whom it speaks for; `None` if it was

@@ -2,7 +2,8 @@
 //! commits, streams and fails over; a peer without a certificate of the venue's authority (one
 //! of another authority, none, plain bytes, a handshake never finished) is refused before any
 //! frame is read, counted by reason, and changes nothing. Certificates are made here (rcgen),
-//! never committed.
+//! never committed. On the loopback's plain TCP, idle sockets beyond `connections_max` are
+//! displaced and silent ones closed, so they never keep a real peer out.
 
 mod common;
 
@@ -283,4 +284,57 @@ async fn a_client_certificate_cannot_speak_raft_as_a_node() {
     assert!(matches!(answer, Ok(Response::Vote(_))), "{answer:?}");
     assert_eq!(node.refusals().get(Refusal::NotANode), 1);
     node.shutdown().await;
+}
+
+/// A node's port bounds its connections and closes silent ones: a hundred idle sockets (and
+/// more opened while the test works) against `connections_max = 32` displace one another,
+/// never a peer that speaks, and are closed once `first_frame_timeout_ms` passes; status
+/// calls and the group's commits go on throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_sockets_never_keep_a_peer_out_of_a_node_s_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = ClusterConfig::local(33, dir.path().join("data"), free_ports());
+    config.fsync = bourse_cluster::FsyncSetting::Never;
+    config.orders_max = 4096;
+    config.accounts_max = 1024;
+    config.connections_max = 32;
+    config.first_frame_timeout_ms = 500;
+    let nodes = start_all(&config).await;
+    converged(&nodes.iter().collect::<Vec<_>>(), CONVERGE_LIMIT).await;
+    let addr = addrs(&config)[0].1;
+    let mut idle = Vec::new();
+    for _ in 0..100 {
+        idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    let mut client = Client::new(addrs(&config), 7, 1);
+    let mut flow = Flow::new(small_flow(33));
+    let mut acked = drive(&mut client, &mut flow, true, 5).await;
+    for round in 0..10 {
+        for _ in 0..20 {
+            idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        assert!(
+            status_with(addr, None).await,
+            "round {round}: node 1 did not answer"
+        );
+        acked += drive(&mut client, &mut flow, false, 2).await;
+    }
+    refused(&nodes[0], Refusal::Displaced, 100).await;
+    // The idle sockets still held are closed when their time runs out.
+    refused(&nodes[0], Refusal::Silent, 1).await;
+    assert_eq!(
+        nodes[0].refusals().get(Refusal::Full),
+        0,
+        "{:?}",
+        nodes[0].refusals().all()
+    );
+    let statuses = converged(&nodes.iter().collect::<Vec<_>>(), CONVERGE_LIMIT).await;
+    assert!(
+        statuses[0].last_applied_index.unwrap_or(0) >= acked,
+        "{statuses:?}"
+    );
+    drop(idle);
+    for n in nodes {
+        n.shutdown().await;
+    }
 }
