@@ -109,7 +109,8 @@ pub struct RunArgs {
     #[arg(long)]
     end_of_day: bool,
     /// Ask the clearing service at this address (http://host:port) to run; the operator's
-    /// name is --user, the password comes from BOURSE_CLEARING_PASSWORD.
+    /// name is --user, the password comes from BOURSE_CLEARING_PASSWORD (unset: no
+    /// credentials, as a service without [[operators]] takes from its own host).
     #[arg(long, conflicts_with_all = ["nodes", "instruments", "out"])]
     service: Option<String>,
     /// The operator's name for --service.
@@ -288,11 +289,13 @@ fn serve(args: ServeArgs) -> Result<()> {
 /// Asks a running clearing service to run (or resume `--run-id`) and prints its report.
 fn run_on_service(args: &RunArgs) -> Result<()> {
     let url = args.service.as_deref().expect("--service");
-    let password = std::env::var("BOURSE_CLEARING_PASSWORD")
-        .context("set BOURSE_CLEARING_PASSWORD to the operator's password")?;
-    let client = bourse_admin::AdminClient::new(url)
-        .map_err(|e| anyhow!(e))?
-        .with_credentials(&args.user, &password);
+    let mut client = bourse_admin::AdminClient::new(url).map_err(|e| anyhow!(e))?;
+    // A service without [[operators]] takes runs from its own host without credentials; one
+    // with operators answers 401 to a request without them, which names what is missing.
+    let password = std::env::var("BOURSE_CLEARING_PASSWORD").ok();
+    if let Some(password) = &password {
+        client = client.with_credentials(&args.user, password);
+    }
     let request = RunRequest {
         kind: Some(if args.end_of_day {
             RunKind::EndOfDay
@@ -308,6 +311,14 @@ fn run_on_service(args: &RunArgs) -> Result<()> {
     let reply = client
         .post_json("/v1/runs", None, &serde_json::to_value(&request)?)
         .map_err(|e| anyhow!(e))?;
+    if reply.status == 401 && password.is_none() {
+        bail!(
+            "the clearing service answered 401 (it has operators): set BOURSE_CLEARING_PASSWORD \
+             to the password of --user {}: {}",
+            args.user,
+            reply.body
+        );
+    }
     if reply.status != 200 {
         bail!(
             "the clearing service answered {}: {}",

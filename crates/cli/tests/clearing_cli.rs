@@ -272,6 +272,26 @@ fn clearing_serve_runs_when_the_cli_asks_and_answers_clearing_data() {
     let refused = run_intermediate(&url, "wrong");
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("401"));
+    // No password at all: the service has operators, and the refusal says what to set.
+    let bare = Process::new(BOURSE)
+        .args([
+            "clearing",
+            "run",
+            "--intermediate",
+            "--service",
+            &url,
+            "--user",
+            "op",
+        ])
+        .env_remove("BOURSE_CLEARING_PASSWORD")
+        .output()
+        .unwrap();
+    assert!(!bare.status.success());
+    let why = String::from_utf8_lossy(&bare.stderr).to_string();
+    assert!(
+        why.contains("401") && why.contains("BOURSE_CLEARING_PASSWORD"),
+        "{why}"
+    );
     // Clearing data: account 1 holds 6 lots and was paid 1,200 x 4 at 100,200.
     // (A node with credentials answers clearing data to them alone.)
     assert_eq!(admin.get("/v1/accounts/1").unwrap().status, 401);
