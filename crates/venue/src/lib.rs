@@ -8,8 +8,10 @@
 //! cluster client, then the gateways, whose links count what they pass on (`links`);
 //! [`LocalDeployment::stop`] takes it down in reverse. It implements
 //! `bourse_loadgen::Deployment`, so a profile runs against it, and checks itself: each core
-//! applied what the gateways forwarded, the replicas' hashes agree, the feed carried every
-//! trade (`feed`), and each stage of the path is timed (`timing`).
+//! applied what the gateways forwarded, and every other command it applied came from a source
+//! it knows, the admin API or a clearing run (`sources`, by client id), the replicas' hashes
+//! agree, the feed carried every trade (`feed`), and each stage of the path is timed
+//! (`timing`).
 //!
 //! [`heap::Counting`]: a global allocator that counts the heap's live bytes, for the
 //! steady-memory test and the `bourse` binary's `count-alloc` feature.
