@@ -695,6 +695,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             report::count(c.actual)
         );
     }
+    print_sources(&results);
     println!(
         "  report: {} (also report.md and results.json)",
         out.join(report::REPORT_HTML).display()
@@ -722,7 +723,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
             report::count(other)
         );
         let exact = |name: &str| {
-            name.contains("market data") || name.contains("replica") || name.contains("forwarded")
+            name.contains("market data")
+                || name.contains("replica")
+                || name.contains("forwarded")
+                || name.contains("known source")
         };
         if results.checks.iter().any(|c| exact(&c.name) && !c.ok) {
             bail!("a cross-check failed (see above)");
@@ -731,6 +735,19 @@ pub fn run(args: DemoArgs) -> Result<()> {
         bail!("a cross-check failed (see above)");
     }
     Ok(())
+}
+
+/// The commands the cores applied by source, a source per line: an operator's actions and
+/// a clearing run's movements show apart from the participants' commands.
+fn print_sources(results: &bourse_loadgen::Results) {
+    let lines = report::sources_lines(results);
+    if lines.is_empty() {
+        return;
+    }
+    println!("  commands the cores applied, by source:");
+    for line in lines {
+        println!("    {line}");
+    }
 }
 
 fn print_layout(

@@ -178,6 +178,13 @@ pub fn loadtest(args: LoadtestArgs) -> Result<()> {
         report::ns(l.p99 as f64),
         report::ns(l.p999 as f64),
     );
+    let sources = report::sources_lines(&results);
+    if !sources.is_empty() {
+        println!("commands the cores applied, by source:");
+        for line in sources {
+            println!("  {line}");
+        }
+    }
     if let Some(s) = results.sustainable_per_s {
         println!(
             "highest sustainable rate: {} commands/s",

@@ -52,7 +52,9 @@ pub mod target;
 pub use generator::Record;
 pub use profile::{Profile, ProfileError};
 pub use results::Results;
-pub use target::{Answer, CoreTotals, InProcess, StageFigure, Stages, SubmitError, Target};
+pub use target::{
+    Answer, AppliedBySource, CoreTotals, InProcess, StageFigure, Stages, SubmitError, Target,
+};
 
 use generator::{Live, Worker};
 use std::io::IsTerminal;

@@ -320,6 +320,52 @@ fn clearing_runs_section(runs: &[crate::results::ClearingRunFigures]) -> Section
     section
 }
 
+/// What the cores applied during the run by who sent it, a source per row and a core per
+/// column (`None`: the cores cannot tell their sources apart).
+fn sources_section(r: &Results) -> Option<Section> {
+    let all = crate::results::applied_by_source(&r.cores)?;
+    let mut headers = vec!["source"];
+    headers.extend(r.cores.iter().map(|c| c.market.as_str()));
+    headers.push("all cores");
+    let rows = all
+        .named()
+        .iter()
+        .enumerate()
+        .map(|(i, (name, total))| {
+            let mut row = vec![name.to_string()];
+            row.extend(r.cores.iter().map(|c| {
+                c.applied_by_source
+                    .map_or_else(|| "-".to_string(), |s| count(s.named()[i].1))
+            }));
+            row.push(count(*total));
+            row
+        })
+        .collect();
+    Some(
+        Section::new("Commands applied by source")
+            .text(
+                "The commands each core applied during the run, told apart by the client id they \
+                 arrived under: the gateways' links (the generator's sessions and anyone trading \
+                 beside them), the admin API (an operator's actions, the schedule's phase \
+                 changes), clearing runs (cash movements) and the venue's setup. The cross-checks \
+                 compare the gateways' forwarded count with the first row alone; the last row \
+                 must be 0.",
+            )
+            .table(&headers, rows),
+    )
+}
+
+/// The commands the cores applied by source, one line per source (`admin          3`), for
+/// a summary printed at the end of a run (empty: the cores cannot tell their sources apart).
+pub fn sources_lines(r: &Results) -> Vec<String> {
+    crate::results::applied_by_source(&r.cores).map_or_else(Vec::new, |all| {
+        all.named()
+            .iter()
+            .map(|(name, n)| format!("{name:<9}{:>12}", count(*n)))
+            .collect()
+    })
+}
+
 fn sections(r: &Results, baseline: Option<&Results>, with_charts: bool) -> Vec<Section> {
     let t = &r.totals;
     let mut out = Vec::new();
@@ -472,6 +518,10 @@ fn sections(r: &Results, baseline: Option<&Results>, with_charts: bool) -> Vec<S
                     .collect(),
             ),
     );
+
+    if let Some(section) = sources_section(r) {
+        out.push(section);
+    }
 
     let mut rates = Section::new("Rates over time").text(
         "Per second: commands offered by the schedule, and what the cores answered (successful transactions, orders registered, cancels, trades), by the second the answer arrived.",

@@ -1037,6 +1037,15 @@ fn first_calm_run(
     None
 }
 
+/// What every core applied during the run by source, added up (`None`: no core tells its
+/// sources apart).
+pub fn applied_by_source(cores: &[CoreTotals]) -> Option<crate::AppliedBySource> {
+    cores
+        .iter()
+        .filter_map(|t| t.applied_by_source)
+        .reduce(|a, b| a.plus(&b))
+}
+
 fn checks(c: &crate::generator::Counts, cores: &[CoreTotals]) -> Vec<Check> {
     let sum = |f: fn(&CoreTotals) -> u64| cores.iter().map(f).sum::<u64>();
     let check = |name: &str, expected: u64, actual: u64| Check {
@@ -1069,7 +1078,7 @@ fn checks(c: &crate::generator::Counts, cores: &[CoreTotals]) -> Vec<Check> {
             Some(f) => check(
                 "the cores applied every command the gateways forwarded",
                 f + other,
-                sum(|t| t.commands),
+                sum(|t| t.applied_by_source.map_or(t.commands, |s| s.gateways)),
             ),
         },
         check(
@@ -1088,6 +1097,16 @@ fn checks(c: &crate::generator::Counts, cores: &[CoreTotals]) -> Vec<Check> {
             sum(|t| t.live_orders_at_end) + c.order_log_delete,
         ),
     ];
+    if let Some(sources) = applied_by_source(cores) {
+        // The cores also apply what the admin API and clearing runs send: those are counted
+        // on their own, and only a command no known source sent is a fault.
+        v.push(check(
+            "every command the cores applied came from a known source (gateways, admin, \
+             clearing, setup)",
+            0,
+            sources.unknown,
+        ));
+    }
     if let Some(md) = md_trades {
         v.push(check(
             "trades on the market data feed = trades the cores executed",
@@ -1127,6 +1146,72 @@ mod tests {
             p99_ns: 0,
             kept_up,
         }
+    }
+
+    /// A core that applied `gateways` commands from the gateways' links, all forwarded, and
+    /// what the admin, clearing and an unknown source sent beside them.
+    fn core_with_sources(gateways: u64, (admin, clearing, unknown): (u64, u64, u64)) -> CoreTotals {
+        CoreTotals {
+            commands: gateways,
+            commands_forwarded: Some(gateways),
+            applied_by_source: Some(crate::AppliedBySource {
+                gateways,
+                admin,
+                clearing,
+                setup: 0,
+                unknown,
+            }),
+            ..CoreTotals::default()
+        }
+    }
+
+    fn sent_and_answered(n: u64) -> crate::generator::Counts {
+        crate::generator::Counts {
+            sent: n,
+            answered: n,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_operator_s_and_a_clearing_run_s_commands_are_counted_apart_and_the_checks_hold() {
+        let cores = [
+            core_with_sources(30_000, (3, 600, 0)),
+            core_with_sources(24_921, (0, 326, 0)),
+        ];
+        let v = checks(&sent_and_answered(54_921), &cores);
+        let failed: Vec<&Check> = v.iter().filter(|c| !c.ok).collect();
+        assert!(failed.is_empty(), "{failed:?}");
+        let forwarded = v
+            .iter()
+            .find(|c| c.name == "the cores applied every command the gateways forwarded")
+            .expect("the forwarding check");
+        assert_eq!((forwarded.expected, forwarded.actual), (54_921, 54_921));
+        let sources = applied_by_source(&cores).expect("the cores tell their sources apart");
+        assert_eq!((sources.admin, sources.clearing), (3, 926));
+        assert_eq!(sources.total(), 54_921 + 3 + 926);
+    }
+
+    #[test]
+    fn a_command_from_an_unknown_source_fails_its_own_check_only() {
+        let cores = [core_with_sources(100, (0, 0, 2))];
+        let v = checks(&sent_and_answered(100), &cores);
+        let failed: Vec<&str> = v
+            .iter()
+            .filter(|c| !c.ok)
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        assert!(failed[0].starts_with("every command the cores applied came from a known source"));
+    }
+
+    #[test]
+    fn cores_that_cannot_tell_sources_apart_are_checked_on_all_they_applied() {
+        let mut core = core_with_sources(10, (0, 0, 0));
+        core.applied_by_source = None;
+        let v = checks(&sent_and_answered(10), &[core]);
+        assert!(v.iter().all(|c| c.ok), "{v:?}");
+        assert!(!v.iter().any(|c| c.name.contains("known source")));
     }
 
     #[test]

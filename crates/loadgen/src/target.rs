@@ -73,6 +73,8 @@ pub trait Target: Send {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct CoreTotals {
     pub market: String,
+    /// Commands the core applied during the run: those from the gateways' links when the
+    /// deployment tells sources apart (`applied_by_source`), else all of them.
     pub commands: u64,
     pub orders_accepted: u64,
     pub orders_rejected: u64,
@@ -95,6 +97,14 @@ pub struct CoreTotals {
     /// so the checks that compare the generator's view with the cores' cannot hold exactly.
     #[serde(default)]
     pub commands_other: u64,
+    /// The commands this core applied during the run by who sent them, told apart by the
+    /// client id each arrived under (`None`: the deployment cannot tell them apart; then
+    /// `commands` is everything the core applied). The cores take commands from more than the
+    /// gateways: an operator's deposit through the admin API, a clearing run's cash
+    /// movements. The checks compare the gateways' forwarded count with what came from the
+    /// gateways' links alone, and want every other command attributed to a known source.
+    #[serde(default)]
+    pub applied_by_source: Option<AppliedBySource>,
     /// Trades a market data subscriber of this core saw on the feed during the run (`None`:
     /// no feed in this deployment).
     #[serde(default)]
@@ -114,6 +124,54 @@ pub struct CoreTotals {
     /// second of the run, indexed as the generator's seconds (empty: not timed per second).
     #[serde(default)]
     pub md_delay_by_second: Vec<crate::generator::HistogramWire>,
+}
+
+/// The commands a core applied during a run, by source (see
+/// [`CoreTotals::applied_by_source`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppliedBySource {
+    /// Through the gateways' links: the generator's sessions and anyone trading beside them.
+    pub gateways: u64,
+    /// The admin API's clients: an operator's actions (a deposit, a halt, added accounts)
+    /// and the schedule driver's phase changes.
+    pub admin: u64,
+    /// Clearing runs: their cash movements.
+    pub clearing: u64,
+    /// The deployment's setup clients (instruments, funded accounts); they finish before the
+    /// run, so this stays 0 unless one was still applying.
+    pub setup: u64,
+    /// Under a client id that no source of the deployment uses: a program the deployment
+    /// does not know reached the core.
+    pub unknown: u64,
+}
+
+impl AppliedBySource {
+    /// Each source with its name as reports print it, in report order.
+    pub fn named(&self) -> [(&'static str, u64); 5] {
+        [
+            ("gateways", self.gateways),
+            ("admin", self.admin),
+            ("clearing", self.clearing),
+            ("setup", self.setup),
+            ("unknown", self.unknown),
+        ]
+    }
+
+    /// Every source's count added up.
+    pub fn total(&self) -> u64 {
+        self.named().iter().map(|(_, n)| n).sum()
+    }
+
+    /// The sum of `self` and `other`, source by source.
+    pub fn plus(&self, other: &AppliedBySource) -> AppliedBySource {
+        AppliedBySource {
+            gateways: self.gateways + other.gateways,
+            admin: self.admin + other.admin,
+            clearing: self.clearing + other.clearing,
+            setup: self.setup + other.setup,
+            unknown: self.unknown + other.unknown,
+        }
+    }
 }
 
 /// One stage a deployment timed (see [`CoreTotals::stage_figures`]).

@@ -59,9 +59,6 @@ struct Replica {
 }
 
 struct AdminCore {
-    /// Commands this core answered to the admin (applied, or refused by the engine): the
-    /// venue's accounting of the generator's commands leaves them out.
-    answered: std::sync::atomic::AtomicU64,
     nodes: Vec<(u64, SocketAddr)>,
     /// The replicas in this process; empty for a core of separate node processes, which is
     /// read over the network.
@@ -86,7 +83,6 @@ impl VenueAdmin {
         for (index, (name, nodes)) in cores.into_iter().enumerate() {
             markets.push(name);
             admin_cores.push(AdminCore {
-                answered: std::sync::atomic::AtomicU64::new(0),
                 nodes: nodes.iter().map(|n| (n.id(), n.addr)).collect(),
                 replicas: nodes
                     .iter()
@@ -98,7 +94,7 @@ impl VenueAdmin {
                     .collect(),
                 ordered: tokio::sync::Mutex::new(None),
                 pipelined: tokio::sync::Mutex::new(None),
-                client_base: ADMIN_CLIENT_ID_BASE + 1_000 * index as u64,
+                client_base: ADMIN_CLIENT_ID_BASE + crate::CLIENT_IDS_PER_CORE * index as u64,
             });
         }
         VenueAdmin {
@@ -117,7 +113,6 @@ impl VenueAdmin {
         for (name, addrs, client_base) in cores {
             markets.push(name);
             admin_cores.push(AdminCore {
-                answered: std::sync::atomic::AtomicU64::new(0),
                 // The ids a client needs only to follow a leader hint; a node's place in the
                 // list, as the gateway's links number them.
                 nodes: addrs
@@ -152,15 +147,6 @@ impl VenueAdmin {
             let r = c.local_leader().await?;
             Ok(r.state.with_state(|s| read(s.engine())).await)
         })
-    }
-}
-
-impl VenueAdmin {
-    /// Commands the admin had applied in core `core` so far.
-    pub fn commands_applied(&self, core: usize) -> u64 {
-        self.cores
-            .get(core)
-            .map_or(0, |c| c.answered.load(std::sync::atomic::Ordering::Relaxed))
     }
 }
 
@@ -213,13 +199,7 @@ impl AdminCore {
                 .submit_audited_for_events(c, Some(audit), ADMIN_COMMAND_DEADLINE)
                 .await
             {
-                Ok((ack, events)) => {
-                    if !ack.duplicate {
-                        self.answered
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    out.push(events)
-                }
+                Ok((_, events)) => out.push(events),
                 Err(e) => {
                     // The request may or may not have applied; a new client continues from
                     // the group's numbering next time.
@@ -350,7 +330,7 @@ impl AdminCore {
         let first_seq = client.next_seq();
         let n = commands.len();
         let submit = async {
-            let (mut sent, mut answered, mut applied) = (0usize, 0usize, 0u64);
+            let (mut sent, mut answered) = (0usize, 0usize);
             while answered < n {
                 while sent < n {
                     match client.try_submit(&commands[sent]) {
@@ -370,19 +350,14 @@ impl AdminCore {
                     // (a resend after a rewind, under load): `Stale` when the group no longer
                     // keeps its answer because a later request of this client applied since.
                     // Its events are on the stream at that first application, where `read`
-                    // finds them. It applied once all the same, and counts once: the lane's
-                    // numbering resumes past every request applied before this call, so only
-                    // this call's own attempts can have applied it. (Counting `Applied` alone
-                    // left the venue's cross-check with thousands of unexplained commands
-                    // after a loaded run whose client re-sent its window.)
-                    OutcomeKind::Applied | OutcomeKind::Duplicate | OutcomeKind::Stale => {
-                        applied += 1
-                    }
+                    // finds them: the lane's numbering resumes past every request applied
+                    // before this call, so only this call's own attempts can have applied it.
+                    OutcomeKind::Applied | OutcomeKind::Duplicate | OutcomeKind::Stale => {}
                     other => return Err(format!("request {}: {other:?}", answer.request_seq)),
                 }
                 answered += 1;
             }
-            Ok::<u64, String>(applied)
+            Ok::<(), String>(())
         };
         let read = async {
             let mut found: Vec<Option<Vec<Event>>> = vec![None; n];
@@ -410,9 +385,7 @@ impl AdminCore {
             }
             Ok::<_, String>(found)
         };
-        let (applied, found) = tokio::try_join!(submit, read)?;
-        self.answered
-            .fetch_add(applied, std::sync::atomic::Ordering::Relaxed);
+        let ((), found) = tokio::try_join!(submit, read)?;
         Ok(found
             .into_iter()
             .map(|e| e.expect("every command's events were read"))
@@ -470,7 +443,6 @@ mod tests {
     use super::*;
     use bourse_cluster::{ClusterConfig, FsyncSetting, Node};
     use bourse_core::{AccountId, AccountSpec, CommandBody, FirmId, StpMode, StpScope};
-    use std::sync::atomic::Ordering;
 
     fn add_account(account: u32) -> Command {
         Command::new(
@@ -488,8 +460,9 @@ mod tests {
     /// What a rewind of the pipelined lane does under load, made deterministic: an earlier
     /// attempt applied requests 1 and 2 of the lane, and the pipelined client then sends 1,
     /// 2 and 3. The group answers 1 `Stale` (2 applied since, so it no longer keeps 1's
-    /// answer), 2 `Duplicate`, and applies 3; the admin takes all three as applied (and counts
-    /// each once), with the events of their first application read from the committed stream.
+    /// answer), 2 `Duplicate`, and applies 3; the admin takes all three as applied (each
+    /// applied once, as the core's table says), with the events of their first application
+    /// read from the committed stream.
     #[test]
     fn a_request_resent_after_a_later_one_applied_is_answered_with_its_first_events() {
         let dir = tempfile::tempdir().unwrap();
@@ -537,9 +510,14 @@ mod tests {
                 });
                 assert!(added, "request {}: {events:?}", n + 1);
             }
+            let applied = core
+                .stream_replica()
+                .state
+                .with_state(|s| s.applied_by_client().find(|(c, _)| *c == id))
+                .await;
             assert_eq!(
-                core.answered.load(Ordering::Relaxed),
-                3,
+                applied,
+                Some((id, 3)),
                 "each of the three requests applied once, whichever attempt applied it"
             );
             drop(client);

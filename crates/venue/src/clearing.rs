@@ -12,7 +12,6 @@ use bourse_loadgen::results::ClearingRunDone;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,8 +23,6 @@ pub(crate) struct ClearingUnderLoad {
     pub node: Arc<ClearingNode>,
     pub runs: Vec<ClearingRunSpec>,
     pub running: Option<std::thread::JoinHandle<Vec<ClearingRunDone>>>,
-    /// Per core, the commands clearing runs applied there (they are not the generator's).
-    pub commands: Arc<Vec<AtomicU64>>,
 }
 
 /// Starts a clearing service on `cores` (their nodes, in the venue's core order) keeping its
@@ -80,7 +77,6 @@ fn kind_of(k: ClearingRunKind) -> RunKind {
 pub(crate) fn start(
     node: Arc<ClearingNode>,
     runs: Vec<ClearingRunSpec>,
-    commands: Arc<Vec<AtomicU64>>,
     run_start_unix_ns: u64,
 ) -> std::io::Result<std::thread::JoinHandle<Vec<ClearingRunDone>>> {
     std::thread::Builder::new()
@@ -93,7 +89,7 @@ pub(crate) fn start(
                     if due > now {
                         std::thread::sleep(Duration::from_nanos(due - now));
                     }
-                    run_one(&node, spec, &commands)
+                    run_one(&node, spec)
                 })
                 .collect()
         })
@@ -124,7 +120,7 @@ pub(crate) fn not_run(spec: &ClearingRunSpec, at_unix_ns: u64, why: String) -> C
 }
 
 /// Asks the service for one run and describes it.
-fn run_one(node: &ClearingNode, spec: &ClearingRunSpec, commands: &[AtomicU64]) -> ClearingRunDone {
+fn run_one(node: &ClearingNode, spec: &ClearingRunSpec) -> ClearingRunDone {
     let request = RunRequest {
         kind: Some(kind_of(spec.kind)),
         ..RunRequest::default()
@@ -156,12 +152,6 @@ fn run_one(node: &ClearingNode, spec: &ClearingRunSpec, commands: &[AtomicU64]) 
         done.error = Some(format!("run {}'s plan is unknown", report.run_id));
         return done;
     };
-    // Every command of a finished run was answered (applied or refused) by its core once.
-    if report.pending == 0 {
-        for (core, n) in commands.iter().enumerate() {
-            n.fetch_add(plan.commands(core).len() as u64, Ordering::Relaxed);
-        }
-    }
     // Margin lines and the rounding kept sum to zero per instrument (the clearing house
     // neither gains nor loses); an instrument where they do not is named.
     let mut sums: BTreeMap<u32, i128> = BTreeMap::new();

@@ -8,8 +8,10 @@
 //! cluster client, then the gateways, whose links count what they pass on (`links`);
 //! [`LocalDeployment::stop`] takes it down in reverse. It implements
 //! `bourse_loadgen::Deployment`, so a profile runs against it, and checks itself: each core
-//! applied what the gateways forwarded, the replicas' hashes agree, the feed carried every
-//! trade (`feed`), and each stage of the path is timed (`timing`).
+//! applied what the gateways forwarded, and every other command it applied came from a source
+//! it knows, the admin API or a clearing run (`sources`, by client id), the replicas' hashes
+//! agree, the feed carried every trade (`feed`), and each stage of the path is timed
+//! (`timing`).
 //!
 //! [`heap::Counting`]: a global allocator that counts the heap's live bytes, for the
 //! steady-memory test and the `bourse` binary's `count-alloc` feature.
@@ -23,6 +25,7 @@ mod feed;
 pub mod heap;
 mod host;
 mod links;
+mod sources;
 mod spec;
 mod timing;
 mod under_load;
@@ -34,6 +37,7 @@ pub use under_load::ACCOUNTS_UNDER_LOAD_ID_BASE;
 
 use feed::MdCounter;
 use links::{cluster_link, CountingLink};
+use sources::gateway_client_id;
 use timing::{stage_figures, time_entries, EntryLegs};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -46,6 +50,7 @@ use bourse_gateway::config::CoreEntry;
 use bourse_gateway::{CoreLink, GatewayConfig, GatewayHandle};
 use bourse_loadgen::gateway::{SessionPlan, SessionProtocol, WorkerPlan};
 use bourse_loadgen::{Connection, CoreTotals, Deployment};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,6 +67,10 @@ const CONVERGE_DEADLINE: Duration = Duration::from_secs(10);
 const LEADER_DEADLINE: Duration = Duration::from_secs(10);
 /// Client ids of the setup clients start here (gateways use 1..=gateways).
 const SETUP_CLIENT_ID_BASE: u64 = 1 << 32;
+/// Client ids each core has in the setup's and the admin's ranges: core `c`'s ids of a range
+/// start at its base plus `CLIENT_IDS_PER_CORE c`, so a core's ids tell the source apart
+/// (`sources`).
+const CLIENT_IDS_PER_CORE: u64 = 1_000;
 
 /// A running core.
 enum CoreRun {
@@ -76,6 +85,9 @@ struct Core {
     name: String,
     run: CoreRun,
     base: bourse_engine::Counters,
+    /// Requests applied per client id when the setup was done (replicated cores; empty for an
+    /// in-process engine, which has no clients): what `totals` counts each source from.
+    base_by_client: HashMap<u64, u64>,
     forwarded: Arc<AtomicU64>,
     other: Arc<AtomicU64>,
     setup_commands: u64,
@@ -275,6 +287,7 @@ impl LocalDeployment {
                         name: m.name.clone(),
                         base: *engine.counters(),
                         run: CoreRun::Engine(Arc::new(Mutex::new(engine))),
+                        base_by_client: HashMap::new(),
                         forwarded: Arc::new(AtomicU64::new(0)),
                         other: Arc::new(AtomicU64::new(0)),
                         setup_commands: m.setup.len() as u64,
@@ -375,11 +388,11 @@ impl LocalDeployment {
         let (commands, rejected) = rt.block_on(apply_setup(&addrs, &m.setup, index))?;
         // The counters after the setup, once every replica has applied all of it (the
         // acknowledgements came from the leader; a follower may still be behind).
-        let base = rt.block_on(async {
+        let (base, base_by_client) = rt.block_on(async {
             converge(&nodes).await;
             nodes[0]
                 .state_machine()
-                .with_state(|s| *s.engine().counters())
+                .with_state(|s| (*s.engine().counters(), s.applied_by_client().collect()))
                 .await
         });
         // The stage figures count from here: the journals' fsyncs so far were the setup's.
@@ -431,6 +444,7 @@ impl LocalDeployment {
             name: m.name.clone(),
             run: CoreRun::Cluster { nodes, feeds },
             base,
+            base_by_client,
             forwarded: Arc::new(AtomicU64::new(0)),
             other: Arc::new(AtomicU64::new(0)),
             setup_commands: commands,
@@ -517,7 +531,7 @@ impl LocalDeployment {
                         CoreRun::Engine(_) => Vec::new(),
                     },
                     client_id: match spec.backend {
-                        Backend::Cluster => Some(1 + g as u64),
+                        Backend::Cluster => Some(gateway_client_id(g)),
                         Backend::InProcess => None,
                     },
                     bootstrap: Some(false),
@@ -571,8 +585,11 @@ impl LocalDeployment {
                         ))
                     }
                     CoreRun::Cluster { nodes, .. } => {
-                        let (link, watch) =
-                            cluster_link(nodes, 1 + g as u64, config.gateway.core_queue_depth)?;
+                        let (link, watch) = cluster_link(
+                            nodes,
+                            gateway_client_id(g),
+                            config.gateway.core_queue_depth,
+                        )?;
                         core.links.push(watch);
                         link
                     }
@@ -733,18 +750,14 @@ impl LocalDeployment {
     /// Each core's counts since the setup, read from every replica (which must agree).
     pub fn totals(&mut self) -> Result<Vec<CoreTotals>> {
         let rt = self.runtime.as_ref().ok_or_else(|| anyhow!("stopped"))?;
+        let gateways = self.gateways.len();
         let mut out = Vec::new();
         for (index, core) in self.cores.iter().enumerate() {
-            let admin_commands = self.admin.get().map_or(0, |a| a.commands_applied(index))
-                + self.clearing.as_ref().map_or(0, |c| {
-                    c.commands
-                        .get(index)
-                        .map_or(0, |n| n.load(Ordering::Relaxed))
-                });
-            let (c, live, hash, replicas) = match &core.run {
+            let (c, live, hash, replicas, by_client) = match &core.run {
                 CoreRun::Engine(engine) => {
                     let e = engine.lock().map_err(|_| anyhow!("engine lock poisoned"))?;
-                    (*e.counters(), e.live_orders() as u64, e.state_hash(), None)
+                    let (c, live, hash) = (*e.counters(), e.live_orders() as u64, e.state_hash());
+                    (c, live, hash, None, None)
                 }
                 CoreRun::Cluster { nodes, .. } => rt.block_on(async {
                     converge(nodes).await;
@@ -764,25 +777,36 @@ impl LocalDeployment {
                             (most, most_applied) = (i, applied);
                         }
                     }
-                    let (c, live, hash) = nodes[most]
+                    let (c, live, hash, by_client) = nodes[most]
                         .state_machine()
                         .with_state(|s| {
                             (
                                 *s.engine().counters(),
                                 s.engine().live_orders() as u64,
                                 s.state_hash(),
+                                s.applied_by_client().collect::<Vec<_>>(),
                             )
                         })
                         .await;
-                    (c, live, hash, Some(hashes))
+                    (c, live, hash, Some(hashes), Some(by_client))
                 }),
             };
             let b = core.base;
+            let sources = match by_client {
+                Some(now) => sources::applied_since(&core.base_by_client, now, index, gateways),
+                // An in-process engine takes commands from its one gateway alone: the admin
+                // API and clearing serve replicated cores only.
+                None => bourse_loadgen::AppliedBySource {
+                    gateways: c.commands - b.commands,
+                    ..Default::default()
+                },
+            };
             out.push(CoreTotals {
                 market: core.name.clone(),
-                // The admin's commands (a halt, a kill switch) and a clearing run's movements
-                // are not the generator's.
-                commands: c.commands - b.commands - admin_commands,
+                // The admin's commands (a deposit, a halt) and a clearing run's movements are
+                // not the generator's: they are counted apart, in `applied_by_source`.
+                commands: sources.gateways,
+                applied_by_source: Some(sources),
                 orders_accepted: c.orders_accepted - b.orders_accepted,
                 orders_rejected: c.orders_rejected - b.orders_rejected,
                 trades: c.trades - b.trades,
@@ -900,8 +924,8 @@ impl Deployment for LocalDeployment {
         Ok(Connection::Local(Box::new(target)))
     }
     fn finish(&mut self) -> Result<Vec<CoreTotals>, String> {
-        // The admin's and clearing's commands are left out of the counts: all of them must
-        // have applied.
+        // The admin's and clearing's commands are counted apart from the gateways': all of
+        // them must have applied before the counts are read.
         self.join_under_load();
         self.join_clearing();
         // Let the gateways hand over what is still in flight before the counts are read.
@@ -927,12 +951,7 @@ impl Deployment for LocalDeployment {
             }
         }
         if let Some(c) = self.clearing.as_mut() {
-            match clearing::start(
-                Arc::clone(&c.node),
-                c.runs.clone(),
-                Arc::clone(&c.commands),
-                start_unix_ns,
-            ) {
+            match clearing::start(Arc::clone(&c.node), c.runs.clone(), start_unix_ns) {
                 Ok(thread) => c.running = Some(thread),
                 Err(e) => {
                     self.clearing_done = c
@@ -1003,14 +1022,12 @@ impl LocalDeployment {
                 ),
             }
         }
-        let commands = Arc::new((0..cores.len()).map(|_| AtomicU64::new(0)).collect());
         let node = clearing::start_node(cores, self.instruments.clone(), state_dir)
             .map_err(|e| anyhow!("clearing service: {e}"))?;
         self.clearing = Some(clearing::ClearingUnderLoad {
             node: Arc::new(node),
             runs,
             running: None,
-            commands,
         });
         Ok(())
     }
@@ -1194,7 +1211,7 @@ pub async fn apply_setup(
         .partition(|b| matches!(b, CommandBody::AddInstrument(_)));
     let ts = unix_ns();
     let mut rejected = 0u64;
-    let client_base = SETUP_CLIENT_ID_BASE + (core_index as u64) * 1_000;
+    let client_base = SETUP_CLIENT_ID_BASE + (core_index as u64) * CLIENT_IDS_PER_CORE;
     let mut c = Client::new(nodes.to_vec(), client_base, 1);
     for b in first.iter() {
         let (_, events) = c

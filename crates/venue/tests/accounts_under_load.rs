@@ -159,6 +159,14 @@ fn accounts_added_under_load_are_in_their_market_on_every_replica_and_reported()
     assert_eq!(section.added.market, "derivatives");
     let failed: Vec<_> = results.checks.iter().filter(|c| !c.ok).collect();
     assert!(failed.is_empty(), "cross-checks failed: {failed:?}");
+    // The additions went through the admin path to the derivatives core alone, and its
+    // table counts each once as the admin's.
+    let admin_by_core: Vec<u64> = results
+        .cores
+        .iter()
+        .map(|c| c.applied_by_source.expect("replicated cores").admin)
+        .collect();
+    assert_eq!(admin_by_core, [0, ADDED]);
 
     // The last account is funded in derivatives (core 1) and absent from spot (core 0).
     let admin = deployment.admin_venue().unwrap();

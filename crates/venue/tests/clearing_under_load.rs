@@ -205,13 +205,27 @@ fn an_intermediate_clearing_under_load_runs_once_pays_once_conserves_cash_and_is
         assert_eq!(seen, expected, "core {name}");
     }
 
-    // The load's own cross-checks hold with clearing's commands left out of the counts.
+    // The load's own cross-checks hold with clearing's commands counted apart: each core
+    // says it applied the run's movements there as clearing's, and nothing it cannot place.
     let failed: Vec<_> = results.checks.iter().filter(|c| !c.ok).collect();
     assert!(failed.is_empty(), "cross-checks failed: {failed:?}");
+    for (core, totals) in results.cores.iter().enumerate() {
+        let sources = totals
+            .applied_by_source
+            .expect("replicated cores tell sources apart");
+        assert_eq!(
+            (sources.clearing, sources.unknown),
+            (plan.commands(core).len() as u64, 0),
+            "core {}: {sources:?}",
+            totals.market
+        );
+        assert_eq!(sources.gateways, totals.commands);
+    }
     deployment.stop();
 
     let md = bourse_loadgen::report::markdown(&results, None);
     assert!(md.contains("Clearing under load"), "{md}");
+    assert!(md.contains("Commands applied by source"), "{md}");
     assert!(md.contains("intermediate (run 1)"), "{md}");
     // The run's time is split into its steps, as the clearing service measured them.
     assert!(

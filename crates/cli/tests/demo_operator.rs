@@ -1,0 +1,166 @@
+//! An operator acts through the demo's admin API while the participants trade: the cores
+//! apply the operator's deposits beside the gateways' commands, and the demo's report counts
+//! them as the admin's, apart from what the gateways forwarded, so its cross-checks still hold
+//! and it exits 0.
+//!
+//! The demo runs until it is interrupted, and is interrupted only once every deposit has
+//! been answered: the counts asserted do not depend on how fast anything ran.
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const BOURSE: &str = env!("CARGO_BIN_EXE_bourse");
+/// The demo's markets: one deposit goes to each, so every core applies an admin command.
+const MARKETS: [&str; 3] = ["equities", "fx", "futures"];
+
+/// Kills the child if the test fails before it ends.
+struct Proc(std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_for(lines: &Arc<Mutex<Vec<String>>>, needle: &str, timeout: Duration) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(l) = lines.lock().unwrap().iter().find(|l| l.contains(needle)) {
+            return l.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no line with {needle:?} within {timeout:?}: {:?}",
+            lines.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The value after `name=` in the line the demo prints for the operator's shell.
+fn exported(line: &str, name: &str) -> String {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+        .to_string()
+}
+
+/// A source's count on one core of the demo's results.
+fn source(core: &Value, name: &str) -> u64 {
+    core["applied_by_source"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {name} count in {core}"))
+}
+
+#[test]
+fn an_operator_s_deposits_during_the_demo_are_counted_as_the_admin_s_and_the_checks_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("report");
+    let mut child = Command::new(BOURSE)
+        .args(["demo", "--rate", "200", "--accounts", "50"])
+        .args(["--no-dashboard", "--no-delivery", "--admin-port", "0"])
+        .arg("--out")
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("bourse demo starts");
+    let stdout = child.stdout.take().unwrap();
+    let mut proc = Proc(child);
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let sink = lines.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            sink.lock().unwrap().push(line);
+        }
+    });
+    let export = wait_for(&lines, "export BOURSE_ADMIN_URL=", Duration::from_secs(60));
+    let url = exported(&export, "BOURSE_ADMIN_URL");
+    let password = exported(&export, "BOURSE_ADMIN_PASSWORD");
+    // The participants trade (the ticker's first second) before the operator acts.
+    wait_for(&lines, "     1  ", Duration::from_secs(30));
+
+    for market in MARKETS {
+        // Account 1 is one of the accounts the demo funds on every market.
+        let o = Command::new(BOURSE)
+            .args(["admin", "deposit", "--market", market])
+            .args(["--account", "1", "--amount", "1000"])
+            .env("BOURSE_ADMIN_URL", &url)
+            .env("BOURSE_ADMIN_PASSWORD", &password)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "the deposit on {market} failed: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+
+    // Ctrl-C ends the demo, which then writes its report and checks it.
+    let kill = Command::new("kill")
+        .args(["-INT", &proc.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let status = proc.0.wait().unwrap();
+    let printed = lines.lock().unwrap().clone();
+    assert!(status.success(), "the demo failed: {printed:?}");
+    assert!(
+        !printed.iter().any(|l| l.contains("FAIL")),
+        "a cross-check failed: {printed:?}"
+    );
+    let by_source = printed
+        .iter()
+        .position(|l| l.contains("commands the cores applied, by source"))
+        .unwrap_or_else(|| panic!("no sources in the summary: {printed:?}"));
+    let shown: Vec<&str> = printed[by_source + 1..]
+        .iter()
+        .take(5)
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        shown,
+        ["gateways", "admin", "clearing", "setup", "unknown"],
+        "{printed:?}"
+    );
+
+    let r: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    for c in r["checks"].as_array().unwrap() {
+        assert_eq!(c["ok"], Value::Bool(true), "check failed: {c}");
+    }
+    assert!(
+        r["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["name"].as_str().unwrap().contains("known source")),
+        "{}",
+        r["checks"]
+    );
+    let cores = r["cores"].as_array().unwrap();
+    assert_eq!(cores.len(), MARKETS.len());
+    for core in cores {
+        assert!(source(core, "admin") >= 1, "the core's deposit: {core}");
+        assert_eq!(source(core, "unknown"), 0, "{core}");
+        // What the core applied from the gateways' links is what the gateway forwarded.
+        assert_eq!(
+            source(core, "gateways"),
+            core["commands_forwarded"].as_u64().unwrap() + core["commands_other"].as_u64().unwrap(),
+            "{core}"
+        );
+        assert!(
+            source(core, "gateways") > 0,
+            "the participants traded: {core}"
+        );
+    }
+    let admin: u64 = cores.iter().map(|c| source(c, "admin")).sum();
+    assert!(admin >= MARKETS.len() as u64, "admin {admin}");
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("Commands applied by source"), "{md}");
+}
