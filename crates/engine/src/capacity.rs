@@ -72,6 +72,7 @@ impl Preallocation {
 /// the largest of them and says how large its value may be, given what the others take, for
 /// the sum to fit.
 pub fn check_fits(preallocations: &[Preallocation], available_bytes: u64) -> Result<(), String> {
+    let preallocations = merged(preallocations);
     if sum_bytes(preallocations.iter()) <= available_bytes {
         return Ok(());
     }
@@ -88,6 +89,23 @@ pub fn check_fits(preallocations: &[Preallocation], available_bytes: u64) -> Res
         .filter(|(i, _)| *i != largest_index)
         .map(|(_, p)| p);
     Err(refusal(largest, sum_bytes(others), available_bytes))
+}
+
+/// The preallocations with the copies of one setting (several cores configured alike) made
+/// one entry, so that the largest value that fits is the value all of them may share.
+fn merged(preallocations: &[Preallocation]) -> Vec<Preallocation> {
+    let mut list: Vec<Preallocation> = Vec::with_capacity(preallocations.len());
+    for p in preallocations {
+        let alike = list.iter_mut().find(|q| {
+            (&q.setting, q.value, q.unit_bytes, &q.what)
+                == (&p.setting, p.value, p.unit_bytes, &p.what)
+        });
+        match alike {
+            Some(q) => q.copies = q.copies.saturating_add(p.copies),
+            None => list.push(p.clone()),
+        }
+    }
+    list
 }
 
 /// The bytes of the preallocations together, saturating.
@@ -261,6 +279,15 @@ mod tests {
         assert_eq!(orders.bytes(), 4 << 40);
         let text = check_fits(&[orders], 4 * GIB).unwrap_err();
         assert!(text.contains("(4 copies)"), "{text}");
+        assert!(text.ends_with("at most 1,048,576 fit"), "{text}");
+    }
+
+    #[test]
+    fn the_same_setting_of_several_cores_is_counted_as_copies_of_one() {
+        let core = Preallocation::new("orders_max", 1 << 30, 1024, "the order table");
+        let text = check_fits(&[core.clone(), core.clone(), core], 3 * GIB).unwrap_err();
+        assert!(text.contains("(3 copies)"), "{text}");
+        assert!(!text.contains("besides"), "{text}");
         assert!(text.ends_with("at most 1,048,576 fit"), "{text}");
     }
 
