@@ -5,7 +5,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use bourse_core::{Command, Event};
-use bourse_engine::capacity::{self, Preallocation};
+use bourse_engine::capacity::Preallocation;
 use bourse_engine::{Engine, EngineConfig};
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
@@ -59,7 +59,7 @@ pub fn run(input: &Path, output: &Path, summary: bool, orders_max: u32) -> Resul
 /// `orders_max` is the one limit set on the command line, so the refusal names its flag.
 pub fn check_engines_fit(config: &EngineConfig, cores: u64) -> Result<()> {
     let preallocations = engine_preallocations(config, cores);
-    capacity::check_fits_machine(&preallocations).map_err(|why| anyhow!(why))
+    bourse_cluster::machine::check_fits_machine(&preallocations).map_err(|why| anyhow!(why))
 }
 
 /// The memory `cores` engines with `config` set aside, `orders_max` named by its flag.

@@ -309,7 +309,7 @@ fn check_limits_fit(limits: &Limits) -> Result<()> {
         .into_iter()
         .map(|p| p.as_flag())
         .collect();
-    bourse_engine::capacity::check_fits_machine(&flags).map_err(|why| anyhow!(why))
+    bourse_cluster::machine::check_fits_machine(&flags).map_err(|why| anyhow!(why))
 }
 
 fn client_cmd(a: ClientArgs) -> Result<()> {

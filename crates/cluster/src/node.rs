@@ -669,7 +669,7 @@ impl Node {
         config.validate()?;
         // Before the journal and the engine allocate: a capacity the machine cannot hold
         // would abort the process rather than fail.
-        bourse_engine::capacity::check_fits_machine(&config.preallocations())
+        crate::machine::check_fits_machine(&config.preallocations())
             .map_err(|why| format!("node {id}: {why}"))?;
         let addr = config
             .listen_of(id)

@@ -5,13 +5,13 @@
 //! reservation is larger than the machine can give, the allocator does not return an error:
 //! it aborts the process with a backtrace (`memory allocation of N bytes failed`, exit 134).
 //! Every entry point that turns a configured capacity into memory therefore lists what it
-//! will set aside as [`Preallocation`]s and calls [`check_fits`] (or
-//! [`check_fits_machine`]) first, so that a capacity too large for the machine is refused
-//! with the setting's name, the bytes it needs, the memory available and the largest value
-//! that would fit.
+//! will set aside as [`Preallocation`]s and calls [`check_fits`] (through
+//! `bourse_cluster::machine::check_fits_machine`, which reads what the machine can give)
+//! first, so that a capacity too large for the machine is refused with the setting's name,
+//! the bytes it needs, the memory available and the largest value that would fit.
 //!
-//! The engine's state machine never calls into this module: reading the machine's memory is
-//! I/O, and the engine stays deterministic. Only the code that starts a core does.
+//! This module is arithmetic and text only: the engine does no I/O, so reading the machine's
+//! memory is left to the processes that start cores.
 
 use std::fmt::Write as _;
 
@@ -144,28 +144,6 @@ fn refusal(largest: &Preallocation, others_bytes: u64, available_bytes: u64) -> 
     text
 }
 
-/// As [`check_fits`] against the memory this machine can give ([`available_bytes`]); without
-/// a figure for it (not Linux, or /proc unreadable) nothing is refused, as before the check.
-pub fn check_fits_machine(preallocations: &[Preallocation]) -> Result<(), String> {
-    match available_bytes() {
-        Some(available) => check_fits(preallocations, available),
-        None => Ok(()),
-    }
-}
-
-/// The memory this process can count on now, in bytes: the kernel's estimate of what can be
-/// given without swapping (`MemAvailable`, or `MemTotal` on kernels before 3.14), lowered to
-/// the limit of the process's memory cgroup when one is set. `None` off Linux or when
-/// /proc/meminfo cannot be read.
-pub fn available_bytes() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let machine = meminfo_available_bytes(&meminfo)?;
-    Some(match cgroup_limit_bytes() {
-        Some(limit) => machine.min(limit),
-        None => machine,
-    })
-}
-
 /// `MemAvailable` of a /proc/meminfo text, else its `MemTotal`, in bytes.
 pub fn meminfo_available_bytes(meminfo: &str) -> Option<u64> {
     meminfo_field_bytes(meminfo, "MemAvailable:")
@@ -182,20 +160,6 @@ fn meminfo_field_bytes(meminfo: &str, name: &str) -> Option<u64> {
         None => Some(number),
         Some(_) => None,
     }
-}
-
-/// The memory limit of the process's cgroup, v2 (`memory.max`) or v1
-/// (`memory/memory.limit_in_bytes`), as the container sees its own cgroup at the root. The
-/// limit is used whole, not less the group's current usage: that usage counts page cache
-/// the kernel reclaims on demand, and subtracting it would refuse sizes that fit.
-fn cgroup_limit_bytes() -> Option<u64> {
-    [
-        "/sys/fs/cgroup/memory.max",
-        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
-    ]
-    .iter()
-    .find_map(|path| std::fs::read_to_string(path).ok())
-    .and_then(|text| cgroup_limit_of(&text))
 }
 
 /// The limit a cgroup limit file holds: `max` (v2) or a figure near 2^63 (v1's "none") means

@@ -1126,7 +1126,7 @@ fn in_process_engine_config(spec: &DeploymentSpec, index: usize) -> EngineConfig
 /// too large for the machine aborts the process instead of failing.
 fn check_capacities_fit(spec: &DeploymentSpec) -> Result<()> {
     let preallocations = deployment_preallocations(spec)?;
-    bourse_engine::capacity::check_fits_machine(&preallocations).map_err(|why| anyhow!(why))
+    bourse_cluster::machine::check_fits_machine(&preallocations).map_err(|why| anyhow!(why))
 }
 
 /// The memory every core of `spec` sets aside in this process, by the setting that sizes it.
