@@ -5,6 +5,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use bourse_core::{Command, Event};
+use bourse_engine::capacity::Preallocation;
 use bourse_engine::{Engine, EngineConfig};
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
@@ -21,6 +22,7 @@ pub fn run(input: &Path, output: &Path, summary: bool, orders_max: u32) -> Resul
     config
         .check()
         .map_err(|why| anyhow!("--orders-max: {why}"))?;
+    check_engines_fit(&config, 1)?;
     let reader: Box<dyn BufRead> = if input == Path::new("-") {
         Box::new(BufReader::new(io::stdin()))
     } else {
@@ -50,6 +52,27 @@ pub fn run(input: &Path, output: &Path, summary: bool, orders_max: u32) -> Resul
         );
     }
     Ok(())
+}
+
+/// Refuses to start `cores` engines with `config` when the memory they set aside exceeds
+/// what this machine can give: the allocator would abort the process instead of failing.
+/// `orders_max` is the one limit set on the command line, so the refusal names its flag.
+pub fn check_engines_fit(config: &EngineConfig, cores: u64) -> Result<()> {
+    let preallocations = engine_preallocations(config, cores);
+    bourse_cluster::machine::check_fits_machine(&preallocations).map_err(|why| anyhow!(why))
+}
+
+/// The memory `cores` engines with `config` set aside, `orders_max` named by its flag.
+fn engine_preallocations(config: &EngineConfig, cores: u64) -> Vec<Preallocation> {
+    config
+        .preallocations()
+        .into_iter()
+        .map(|p| match p.setting.as_str() {
+            "orders_max" => p.as_flag(),
+            _ => p,
+        })
+        .map(|p| p.times(cores))
+        .collect()
 }
 
 /// Applies every command line of `reader` to `engine` and writes the events to `writer`.
@@ -162,6 +185,20 @@ mod tests {
         let text = format!("{err:#}");
         assert!(text.contains("line 2"), "{text}");
         assert!(text.contains("unknown field `display_qtty`"), "{text}");
+    }
+
+    #[test]
+    fn the_refusal_names_the_orders_max_flag_and_counts_the_cores() {
+        let config = EngineConfig {
+            orders_max: 4_294_967_294,
+            ..EngineConfig::default()
+        };
+        let preallocations = engine_preallocations(&config, 3);
+        let text = capacity::check_fits(&preallocations, 23 << 30).unwrap_err();
+        assert!(text.starts_with("--orders-max 4294967294 needs "), "{text}");
+        assert!(text.contains("(3 copies)"), "{text}");
+        let one = capacity::check_fits(&engine_preallocations(&config, 1), 23 << 30).unwrap_err();
+        assert!(!one.contains("copies"), "{one}");
     }
 
     #[test]

@@ -33,6 +33,18 @@ pub struct GatewayArgs {
 pub fn core_links(config: &GatewayConfig, orders_max: u32) -> Result<Vec<Box<dyn CoreLink>>> {
     let depth = config.gateway.core_queue_depth;
     let mut links: Vec<Box<dyn CoreLink>> = Vec::new();
+    let engine = EngineConfig {
+        orders_max,
+        ..EngineConfig::default()
+    };
+    let in_process_cores = config.core_plan().iter().filter(|c| c.in_process).count();
+    if in_process_cores > 0 {
+        engine
+            .check()
+            .map_err(|why| anyhow!("--orders-max: {why}"))?;
+        // Every in-process core sets aside its own tables, so they must fit together.
+        crate::engine_run::check_engines_fit(&engine, in_process_cores as u64)?;
+    }
     let recovery = if config.core_plan().iter().any(|c| !c.in_process) {
         Some(bourse_gateway::recovery::Recovery::open(config).map_err(|e| anyhow!(e))?)
     } else {
@@ -40,13 +52,6 @@ pub fn core_links(config: &GatewayConfig, orders_max: u32) -> Result<Vec<Box<dyn
     };
     for (index, core) in config.core_plan().iter().enumerate() {
         if core.in_process {
-            let engine = EngineConfig {
-                orders_max,
-                ..EngineConfig::default()
-            };
-            engine
-                .check()
-                .map_err(|why| anyhow!("--orders-max: {why}"))?;
             links.push(Box::new(InProcessCore::engine(index, engine, depth)));
         } else {
             let client_id = core

@@ -267,14 +267,16 @@ pub fn client_config(a: &ClientArgs) -> Result<ClientConfig> {
         Some(p) => instrument_names(p)?,
         None => Vec::new(),
     };
+    let limits = Limits {
+        instruments_max: a.instruments_max,
+        orders_max: a.orders_max,
+        levels_per_side_max: a.levels_max,
+    };
+    check_limits_fit(&limits)?;
     Ok(ClientConfig {
         reactor: ReactorConfig {
             feed: a.feed,
-            limits: Limits {
-                instruments_max: a.instruments_max,
-                orders_max: a.orders_max,
-                levels_per_side_max: a.levels_max,
-            },
+            limits,
             order: OrderSpec {
                 sender_comp_id: a.sender_comp_id.clone(),
                 target_comp_id: a.target_comp_id.clone(),
@@ -292,6 +294,22 @@ pub fn client_config(a: &ClientArgs) -> Result<ClientConfig> {
         await_answers_ms: a.await_answers_ms,
         ..ClientConfig::new(a.fix)
     })
+}
+
+/// Refuses book limits the client cannot number or this machine cannot hold: the books
+/// allocate and write all their memory at start, and an allocation too large aborts the
+/// process instead of failing. The refusal names the flag that was typed.
+fn check_limits_fit(limits: &Limits) -> Result<()> {
+    limits.check().map_err(|why| {
+        let (key, rest) = why.split_once(' ').unwrap_or((&why, ""));
+        anyhow!("--{} {rest}", key.replace('_', "-"))
+    })?;
+    let flags: Vec<_> = limits
+        .preallocations()
+        .into_iter()
+        .map(|p| p.as_flag())
+        .collect();
+    bourse_cluster::machine::check_fits_machine(&flags).map_err(|why| anyhow!(why))
 }
 
 fn client_cmd(a: ClientArgs) -> Result<()> {

@@ -153,3 +153,32 @@ fn bad_input_is_refused_by_name() {
         String::from_utf8_lossy(&drive.stderr)
     );
 }
+
+#[test]
+fn a_client_limit_beyond_the_memory_is_refused_by_its_flag_not_by_an_abort() {
+    let client = |extra: &[&str]| {
+        let run = Command::new(BOURSE)
+            .args(["t2t", "client", "--md", "0", "--fix", "127.0.0.1:9"])
+            .args(extra)
+            .output()
+            .unwrap();
+        (
+            run.status.code(),
+            String::from_utf8_lossy(&run.stderr).into_owned(),
+        )
+    };
+    // Some 280 GiB of books, allocated and written at start, used to abort the process.
+    let (code, stderr) = client(&["--orders-max", "4000000000"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--orders-max 4000000000 needs "),
+        "{stderr}"
+    );
+    assert!(stderr.contains("available; at most "), "{stderr}");
+    let (code, stderr) = client(&["--orders-max", &usize::MAX.to_string()]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--orders-max 18446744073709551615 is out of range"),
+        "{stderr}"
+    );
+}

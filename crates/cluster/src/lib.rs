@@ -79,6 +79,7 @@ pub mod client;
 pub mod consumer;
 pub mod hooks;
 pub mod link;
+pub mod machine;
 pub mod marketdata;
 pub mod net;
 pub mod node;

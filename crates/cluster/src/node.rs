@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bourse_engine::capacity::Preallocation;
 use bourse_engine::EngineConfig;
 use bourse_journal::{
     Config as JournalConfig, Fsync, Journal, RealStorage, SnapshotStore, Storage,
@@ -503,6 +504,42 @@ impl ClusterConfig {
         self.data_dir.join(format!("node-{id}"))
     }
 
+    /// The memory one node of this group sets aside or fills up to, by the key that sizes
+    /// it: the engine's tables ([`EngineConfig::preallocations`]), the committed stream's
+    /// ring and the log's in-memory tail at their byte bounds (their entry bounds cap only
+    /// the count, the bytes cap the memory), and the stream archive's index, which keeps a
+    /// u32 record offset per archived entry in memory.
+    pub fn preallocations(&self) -> Vec<Preallocation> {
+        let mut list = self.engine_config().preallocations();
+        list.extend([
+            Preallocation::new(
+                "stream_bytes_kept",
+                self.stream_bytes_kept as u64,
+                1,
+                "the committed stream's ring",
+            ),
+            Preallocation::new(
+                "log_tail_bytes_kept",
+                self.log_tail_bytes_kept as u64,
+                1,
+                "the log's in-memory tail",
+            ),
+            Preallocation::new(
+                "stream_archive_entries",
+                self.stream_archive_entries,
+                std::mem::size_of::<u32>() as u64,
+                "the stream archive's index",
+            ),
+        ]);
+        list
+    }
+
+    /// Refuses a configuration whose [`preallocations`](Self::preallocations) exceed
+    /// `available_bytes`, naming the key to lower and the largest value that fits.
+    pub fn check_fits(&self, available_bytes: u64) -> Result<(), String> {
+        bourse_engine::capacity::check_fits(&self.preallocations(), available_bytes)
+    }
+
     fn engine_config(&self) -> EngineConfig {
         EngineConfig {
             orders_max: self.orders_max,
@@ -664,6 +701,10 @@ impl Node {
         N::Network: openraft::network::NetSnapshot<crate::TypeConfig, SnapshotData = Vec<u8>>,
     {
         config.validate()?;
+        // Before the journal and the engine allocate: a capacity the machine cannot hold
+        // would abort the process rather than fail.
+        crate::machine::check_fits_machine(&config.preallocations())
+            .map_err(|why| format!("node {id}: {why}"))?;
         let addr = config
             .listen_of(id)
             .ok_or_else(|| format!("node {id} is not in the configuration"))?;
@@ -1932,6 +1973,50 @@ async fn hash_check_proposer(shared: Arc<Shared>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn the_default_node_fits_in_a_hundred_mebibytes() {
+        let config = ClusterConfig::local(1, PathBuf::from("/tmp/unused"), [7001, 7002, 7003]);
+        let total_bytes: u64 = config.preallocations().iter().map(|p| p.bytes()).sum();
+        assert!(total_bytes < 100 << 20, "{total_bytes}");
+        assert_eq!(config.check_fits(GIB), Ok(()));
+    }
+
+    #[test]
+    fn an_orders_max_beyond_the_memory_is_refused_by_its_key() {
+        let mut config = ClusterConfig::local(1, PathBuf::from("/tmp/unused"), [7001, 7002, 7003]);
+        config.orders_max = 4_294_967_294;
+        assert_eq!(config.validate(), Ok(()));
+        let text = config.check_fits(23 * GIB).unwrap_err();
+        assert!(text.starts_with("orders_max 4294967294 needs "), "{text}");
+        assert!(text.contains("23.0 GiB available; at most "), "{text}");
+    }
+
+    #[test]
+    fn a_log_tail_byte_bound_beyond_the_memory_is_refused_by_its_key() {
+        let mut config = ClusterConfig::local(1, PathBuf::from("/tmp/unused"), [7001, 7002, 7003]);
+        config.log_tail_bytes_kept = 1 << 40;
+        let text = config.check_fits(23 * GIB).unwrap_err();
+        assert!(
+            text.starts_with("log_tail_bytes_kept 1099511627776 needs 1.0 TiB"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_archive_index_is_charged_a_u32_per_entry() {
+        let mut config = ClusterConfig::local(1, PathBuf::from("/tmp/unused"), [7001, 7002, 7003]);
+        config.stream_archive_entries = STREAM_ARCHIVE_ENTRIES_LIMIT;
+        let archive = config.preallocations().pop().unwrap();
+        assert_eq!(archive.setting, "stream_archive_entries");
+        assert_eq!(archive.bytes(), 16 * GIB);
+        assert!(config
+            .check_fits(8 * GIB)
+            .unwrap_err()
+            .starts_with("stream_archive_entries"));
+    }
 
     #[test]
     fn election_windows_are_disjoint_slots_in_the_order_of_node_ids() {

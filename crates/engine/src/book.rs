@@ -75,6 +75,12 @@ pub struct OrderPool {
 }
 
 impl OrderPool {
+    /// Bytes [`with_capacity`](Self::with_capacity) reserves per order: the slot, its digest
+    /// entry and its room in the free list.
+    pub const BYTES_PER_ORDER: usize = std::mem::size_of::<Order>()
+        + std::mem::size_of::<(u64, u64)>()
+        + std::mem::size_of::<u32>();
+
     pub fn with_capacity(capacity: usize) -> OrderPool {
         assert!(capacity > 0 && capacity < NIL as usize);
         OrderPool {
@@ -233,6 +239,10 @@ pub struct Ladder {
 const LADDER_EMPTY_MIN: usize = 64;
 
 impl Ladder {
+    /// Bytes [`with_capacity`](Self::with_capacity) reserves per level: the level and its
+    /// price in the dense array.
+    pub const BYTES_PER_LEVEL: usize = std::mem::size_of::<Level>() + std::mem::size_of::<i64>();
+
     fn with_capacity(levels: usize) -> Ladder {
         Ladder {
             prices: Vec::with_capacity(levels),

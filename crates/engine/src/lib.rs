@@ -30,6 +30,7 @@
 #![forbid(unsafe_code)]
 
 pub mod book;
+pub mod capacity;
 mod digest;
 pub mod fixtures;
 pub mod in_process;
@@ -40,8 +41,9 @@ pub mod workload;
 
 pub use snapshot::RestoreError;
 
-use book::{crosses, expires_at_end_of_day, Book, Order, OrderPool, NIL};
+use book::{crosses, expires_at_end_of_day, Book, Ladder, Order, OrderPool, NIL};
 use bourse_core::*;
+use capacity::Preallocation;
 use risk::{cash_required, futures_margin, is_self_trade, Account, Holding};
 use rustc_hash::FxHashMap;
 
@@ -52,6 +54,24 @@ pub const ICEBERG_PARTS_MAX: i64 = 1_000;
 
 /// Entries the order lookup tables hold before their first growth.
 const LOOKUP_CAPACITY_INITIAL: usize = 1024;
+
+/// The most price levels per book side a core reserves up front: each instrument added
+/// reserves this many for both sides, so a larger hint is a typo that would make the first
+/// instrument ask for gigabytes. Snapshots are held to the same bound.
+pub const LEVELS_PER_SIDE_HINT_MAX: u32 = 1 << 20;
+
+/// Bytes the order lookup tables take per live order once they have grown to hold
+/// `orders_max` orders: each table's entry and its control byte, at the hash table's load
+/// factor of 7/8. Growth rounds a table up to a power of two, so a full table may take up to
+/// twice this; the figure is the floor the check holds a configuration to, not a ceiling.
+const LOOKUP_BYTES_PER_ORDER: usize =
+    (std::mem::size_of::<(OrderId, u32)>() + std::mem::size_of::<((u32, ClOrdId), u32)>() + 2) * 8
+        / 7;
+
+/// Bytes a core sets aside per order of `orders_max`: what the order pool reserves, the
+/// sweep buffer's room (`Engine::scratch`), and the lookup tables at their full size.
+pub const ORDER_BYTES: usize =
+    OrderPool::BYTES_PER_ORDER + std::mem::size_of::<u32>() + LOOKUP_BYTES_PER_ORDER;
 
 /// Fixed limits of one core. Every table is sized from these once, at start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,10 +108,47 @@ impl EngineConfig {
         if self.accounts_max == 0 {
             return Err("accounts_max 0: a core needs room for at least one account".into());
         }
+        if self.levels_per_side_hint > LEVELS_PER_SIDE_HINT_MAX {
+            return Err(format!(
+                "levels_per_side_hint {} is out of range: it must be at most {LEVELS_PER_SIDE_HINT_MAX}",
+                self.levels_per_side_hint
+            ));
+        }
         if self.first_order_id == 0 {
             return Err("first_order_id 0: order id 0 means no order".into());
         }
         Ok(())
+    }
+
+    /// The memory a core with these limits sets aside, by the setting that sizes it (named by
+    /// its configuration key): the order table, reserved at start for `orders_max` orders,
+    /// and the price ladders each instrument reserves when it is added, for
+    /// `instruments_max` instruments. Accounts are not listed: their table grows one account
+    /// at a time and reserves nothing ahead.
+    pub fn preallocations(&self) -> Vec<Preallocation> {
+        let ladders_bytes_per_instrument =
+            2 * u64::from(self.levels_per_side_hint) * Ladder::BYTES_PER_LEVEL as u64;
+        vec![
+            Preallocation::new(
+                "orders_max",
+                u64::from(self.orders_max),
+                ORDER_BYTES as u64,
+                "the order table",
+            ),
+            Preallocation::new(
+                "instruments_max",
+                u64::from(self.instruments_max),
+                ladders_bytes_per_instrument,
+                "the price ladders of the instruments",
+            ),
+        ]
+    }
+
+    /// Refuses limits whose [`preallocations`](Self::preallocations) exceed
+    /// `available_bytes`, naming the setting to lower and how far
+    /// ([`capacity::check_fits`]).
+    pub fn check_fits(&self, available_bytes: u64) -> Result<(), String> {
+        capacity::check_fits(&self.preallocations(), available_bytes)
     }
 }
 
@@ -1805,4 +1862,84 @@ pub struct AccountView {
     pub cash_reserved: Cash,
     pub margin_locked: Cash,
     pub cash_free: Cash,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn an_order_costs_its_slot_its_bookkeeping_and_its_lookup_entries() {
+        // The slot, the digest entry (two u64), the free list's and the sweep buffer's u32s.
+        let reserved = std::mem::size_of::<Order>() + 16 + 4 + 4;
+        assert!(ORDER_BYTES > reserved, "{ORDER_BYTES} <= {reserved}");
+        assert_eq!(ORDER_BYTES, reserved + LOOKUP_BYTES_PER_ORDER);
+    }
+
+    #[test]
+    fn the_default_limits_fit_in_under_a_gibibyte() {
+        let config = EngineConfig::default();
+        let total_bytes: u64 = config.preallocations().iter().map(|p| p.bytes()).sum();
+        assert!(total_bytes < GIB, "{total_bytes}");
+        assert_eq!(config.check_fits(GIB), Ok(()));
+    }
+
+    #[test]
+    fn orders_max_too_large_for_the_memory_is_refused_with_the_largest_that_fits() {
+        let config = EngineConfig {
+            orders_max: 4_294_967_294,
+            ..EngineConfig::default()
+        };
+        assert_eq!(config.check(), Ok(()));
+        let text = config.check_fits(23 * GIB).unwrap_err();
+        assert!(text.starts_with("orders_max 4294967294 needs "), "{text}");
+        assert!(text.contains("for the order table"), "{text}");
+        assert!(
+            text.contains("this machine has 23.0 GiB available"),
+            "{text}"
+        );
+        let ladders_bytes = config.preallocations()[1].bytes();
+        let fit = (23 * GIB - ladders_bytes) / ORDER_BYTES as u64;
+        assert!(
+            text.ends_with(&format!("at most {} fit", capacity::format_count(fit))),
+            "{text}"
+        );
+        let largest = EngineConfig {
+            orders_max: fit as u32,
+            ..config
+        };
+        assert_eq!(largest.check_fits(23 * GIB), Ok(()));
+        let one_more = EngineConfig {
+            orders_max: fit as u32 + 1,
+            ..config
+        };
+        assert!(one_more.check_fits(23 * GIB).is_err());
+    }
+
+    #[test]
+    fn instruments_max_is_charged_the_ladders_its_hint_reserves() {
+        let config = EngineConfig {
+            instruments_max: u32::MAX,
+            levels_per_side_hint: LEVELS_PER_SIDE_HINT_MAX,
+            ..EngineConfig::default()
+        };
+        let text = config.check_fits(23 * GIB).unwrap_err();
+        assert!(
+            text.starts_with("instruments_max 4294967295 needs "),
+            "{text}"
+        );
+        assert!(text.contains("price ladders"), "{text}");
+    }
+
+    #[test]
+    fn a_levels_hint_above_its_bound_is_refused_before_any_book_reserves_it() {
+        let config = EngineConfig {
+            levels_per_side_hint: LEVELS_PER_SIDE_HINT_MAX + 1,
+            ..EngineConfig::default()
+        };
+        let text = config.check().unwrap_err();
+        assert!(text.starts_with("levels_per_side_hint "), "{text}");
+    }
 }

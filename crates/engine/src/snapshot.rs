@@ -243,7 +243,7 @@ impl Engine {
             || config.instruments_max == 0
             || config.accounts_max == 0
             || config.first_order_id == 0
-            || config.levels_per_side_hint > 1 << 20
+            || config.levels_per_side_hint > crate::LEVELS_PER_SIDE_HINT_MAX
         {
             return Err(RestoreError::Inconsistent(
                 "impossible engine limits".into(),

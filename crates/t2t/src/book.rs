@@ -13,6 +13,8 @@
 //! and counted by the caller, never grown into.
 
 use bourse_core::Side;
+use bourse_engine::capacity::Preallocation;
+use std::mem::size_of;
 
 const NIL: u32 = u32::MAX;
 
@@ -32,6 +34,55 @@ impl Default for Limits {
             orders_max: 1 << 16,
             levels_per_side_max: 1_024,
         }
+    }
+}
+
+impl Limits {
+    /// Refuses limits the books cannot number: order slots and instruments are u32 indexes,
+    /// with `u32::MAX` meaning none.
+    pub fn check(&self) -> Result<(), String> {
+        let index_max = (NIL - 1) as usize;
+        if self.orders_max > index_max {
+            return Err(format!(
+                "orders_max {} is out of range: it must be at most {index_max}",
+                self.orders_max
+            ));
+        }
+        if self.instruments_max > index_max {
+            return Err(format!(
+                "instruments_max {} is out of range: it must be at most {index_max}",
+                self.instruments_max
+            ));
+        }
+        Ok(())
+    }
+
+    /// The memory [`Books::new`] allocates and writes, by the limit that sizes it: per order
+    /// a node, a free-list entry and two hash table entries (the table is rounded up to a
+    /// power of two, up to twice that), and per instrument its two spare ladders of
+    /// `levels_per_side_max` levels.
+    pub fn preallocations(&self) -> Vec<Preallocation> {
+        let order_bytes = size_of::<Node>() + size_of::<u32>() + 2 * size_of::<Entry>();
+        let instrument_bytes = (2 * size_of::<Level>() as u64)
+            .saturating_mul(self.levels_per_side_max as u64)
+            .saturating_add(2 * size_of::<Instrument>() as u64);
+        vec![
+            Preallocation::new(
+                "orders_max",
+                self.orders_max as u64,
+                order_bytes as u64,
+                "the order table",
+            ),
+            Preallocation::new(
+                "instruments_max",
+                self.instruments_max as u64,
+                instrument_bytes,
+                &format!(
+                    "the books' price levels, {} per side",
+                    self.levels_per_side_max
+                ),
+            ),
+        ]
     }
 }
 
@@ -520,6 +571,44 @@ mod tests {
     use super::*;
     use bourse_marketdata::book::{BookOrder, OrderBook};
     use proptest::prelude::*;
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn the_default_limits_pass_and_fit_in_a_gibibyte() {
+        let limits = Limits::default();
+        assert_eq!(limits.check(), Ok(()));
+        let list = limits.preallocations();
+        assert_eq!(bourse_engine::capacity::check_fits(&list, GIB), Ok(()));
+    }
+
+    #[test]
+    fn an_orders_max_past_the_u32_slots_is_refused_before_any_arithmetic() {
+        let limits = Limits {
+            orders_max: usize::MAX,
+            ..Limits::default()
+        };
+        let text = limits.check().unwrap_err();
+        assert!(
+            text.starts_with("orders_max 18446744073709551615 is out of range"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn huge_levels_are_charged_to_the_instruments_without_overflow() {
+        let limits = Limits {
+            levels_per_side_max: usize::MAX,
+            ..Limits::default()
+        };
+        let list = limits.preallocations();
+        let text = bourse_engine::capacity::check_fits(&list, GIB).unwrap_err();
+        assert!(
+            text.starts_with("instruments_max 64 needs 16.0 EiB"),
+            "{text}"
+        );
+        assert!(text.contains(&format!("{} per side", usize::MAX)), "{text}");
+    }
 
     fn small() -> Books {
         Books::new(Limits {

@@ -44,6 +44,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use bourse_cluster::tokio;
 use bourse_cluster::{Client, ClusterConfig, FsyncSetting, Node};
 use bourse_core::*;
+use bourse_engine::capacity::Preallocation;
 use bourse_engine::in_process::InProcessCore;
 use bourse_engine::{Engine, EngineConfig, ORDER_ID_CORE_SHIFT};
 use bourse_gateway::config::CoreEntry;
@@ -224,6 +225,7 @@ impl LocalDeployment {
         if spec.backend == Backend::InProcess && spec.gateways != 1 {
             bail!("in-process cores serve one gateway; use the cluster backend for more");
         }
+        check_capacities_fit(&spec)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -265,16 +267,10 @@ impl LocalDeployment {
         std::fs::create_dir_all(&spec.data_dir)
             .with_context(|| format!("create {}", spec.data_dir.display()))?;
         for (index, m) in spec.markets.iter().enumerate() {
-            let first_order_id = ((index as u64) << ORDER_ID_CORE_SHIFT).max(1);
             let t0 = Instant::now();
             let core = match spec.backend {
                 Backend::InProcess => {
-                    let mut engine = Engine::new(EngineConfig {
-                        orders_max: spec.orders_max,
-                        accounts_max: spec.accounts_max.max(1),
-                        first_order_id,
-                        ..EngineConfig::default()
-                    });
+                    let mut engine = Engine::new(in_process_engine_config(spec, index));
                     let mut rejected = 0;
                     let mut events = Vec::new();
                     let ts = unix_ns();
@@ -1131,6 +1127,47 @@ impl LocalDeployment {
     }
 }
 
+/// The limits of the in-process engine of core `index` (the deployment's sizes).
+fn in_process_engine_config(spec: &DeploymentSpec, index: usize) -> EngineConfig {
+    EngineConfig {
+        orders_max: spec.orders_max,
+        accounts_max: spec.accounts_max.max(1),
+        first_order_id: ((index as u64) << ORDER_ID_CORE_SHIFT).max(1),
+        ..EngineConfig::default()
+    }
+}
+
+/// Refuses a deployment whose cores, all hosted in this process, would together set aside
+/// more memory than the machine can give: an in-process engine per market, or three nodes
+/// per market on the cluster backend. Checked before anything starts, since an allocation
+/// too large for the machine aborts the process instead of failing.
+fn check_capacities_fit(spec: &DeploymentSpec) -> Result<()> {
+    let preallocations = deployment_preallocations(spec)?;
+    bourse_cluster::machine::check_fits_machine(&preallocations).map_err(|why| anyhow!(why))
+}
+
+/// The memory every core of `spec` sets aside in this process, by the setting that sizes it.
+fn deployment_preallocations(spec: &DeploymentSpec) -> Result<Vec<Preallocation>> {
+    let mut preallocations = Vec::new();
+    for (index, m) in spec.markets.iter().enumerate() {
+        match spec.backend {
+            Backend::InProcess => {
+                let config = in_process_engine_config(spec, index);
+                config
+                    .check()
+                    .map_err(|why| anyhow!("core {index}: {why}"))?;
+                preallocations.extend(config.preallocations());
+            }
+            Backend::Cluster => {
+                let config = core_cluster_config(spec, index, m, [0; 3], None);
+                let nodes = config.nodes.len() as u64;
+                preallocations.extend(config.preallocations().into_iter().map(|p| p.times(nodes)));
+            }
+        }
+    }
+    Ok(preallocations)
+}
+
 /// The replica group configuration of core `index` (market `m`) of `spec`: its nodes on
 /// 127.0.0.1 at `ports`, its journals under the spec's data directory, its sizes and bounds,
 /// and its market data from `md_base_port` when it publishes. The deployment starts its nodes
@@ -1250,4 +1287,70 @@ pub async fn apply_setup(
             .map_err(|e| anyhow!(e))?;
     }
     Ok((setup.len() as u64, rejected))
+}
+
+#[cfg(test)]
+mod capacity_tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn spec(backend: Backend, markets: usize, orders_max: u32) -> DeploymentSpec {
+        DeploymentSpec {
+            markets: (0..markets)
+                .map(|i| MarketSpec {
+                    name: format!("market{i}"),
+                    instruments: Vec::new(),
+                    setup: Vec::new(),
+                })
+                .collect(),
+            backend,
+            protocol: SessionProtocol::Binary,
+            gateways: 1,
+            worker_sessions: Vec::new(),
+            data_dir: PathBuf::from("/tmp/unused"),
+            orders_max,
+            accounts_max: 16,
+            fsync: FsyncSetting::Never,
+            market_data: false,
+            core_in_flight_max: None,
+            monitor: None,
+            extra_fix_sessions: Vec::new(),
+            verbose: false,
+            bounds: None,
+        }
+    }
+
+    #[test]
+    fn every_node_of_every_market_is_charged_its_order_table() {
+        let spec = spec(Backend::Cluster, 2, 4_294_967_294);
+        let list = deployment_preallocations(&spec).unwrap();
+        let text = bourse_engine::capacity::check_fits(&list, 23 * GIB).unwrap_err();
+        assert!(text.starts_with("orders_max 4294967294 needs "), "{text}");
+        assert!(text.contains("(6 copies)"), "{text}");
+    }
+
+    #[test]
+    fn every_in_process_market_is_charged_one_engine() {
+        let spec = spec(Backend::InProcess, 3, 4_294_967_294);
+        let list = deployment_preallocations(&spec).unwrap();
+        let text = bourse_engine::capacity::check_fits(&list, 23 * GIB).unwrap_err();
+        assert!(text.contains("(3 copies)"), "{text}");
+    }
+
+    #[test]
+    fn an_in_process_orders_max_of_zero_is_refused_rather_than_a_panic() {
+        let text = deployment_preallocations(&spec(Backend::InProcess, 1, 0))
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("orders_max 0 is out of range"), "{text}");
+    }
+
+    #[test]
+    fn a_small_deployment_fits_in_a_gibibyte() {
+        for backend in [Backend::InProcess, Backend::Cluster] {
+            let list = deployment_preallocations(&spec(backend, 3, 1 << 16)).unwrap();
+            assert_eq!(bourse_engine::capacity::check_fits(&list, GIB), Ok(()));
+        }
+    }
 }
