@@ -194,10 +194,11 @@ mod tests {
             ..EngineConfig::default()
         };
         let preallocations = engine_preallocations(&config, 3);
-        let text = capacity::check_fits(&preallocations, 23 << 30).unwrap_err();
+        let text = bourse_engine::capacity::check_fits(&preallocations, 23 << 30).unwrap_err();
         assert!(text.starts_with("--orders-max 4294967294 needs "), "{text}");
         assert!(text.contains("(3 copies)"), "{text}");
-        let one = capacity::check_fits(&engine_preallocations(&config, 1), 23 << 30).unwrap_err();
+        let one = bourse_engine::capacity::check_fits(&engine_preallocations(&config, 1), 23 << 30)
+            .unwrap_err();
         assert!(!one.contains("copies"), "{one}");
     }
 
