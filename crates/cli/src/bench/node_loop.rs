@@ -441,12 +441,14 @@ impl LoopNode {
         let quorum = durable[1];
         if quorum > self.commit {
             self.commit = quorum;
-            self.apply_leader()?;
+            self.apply_committed();
         }
         Ok(())
     }
 
-    fn apply_leader(&mut self) -> Result<()> {
+    /// Applies every entry the commit index covers, answers its requests' clients (a
+    /// follower's entries name none) and publishes it on the committed stream.
+    fn apply_committed(&mut self) {
         while self.pending.front().is_some_and(|p| p.index <= self.commit) {
             let p = self.pending.pop_front().expect("front");
             self.applied_out.clear();
@@ -472,7 +474,6 @@ impl LoopNode {
             });
             self.committed_entries.fetch_add(1, Ordering::Relaxed);
         }
-        Ok(())
     }
 
     /// Builds the next entry from every request the clients sent; appends it, sends it to
@@ -621,19 +622,7 @@ impl LoopNode {
             }
         }
         self.commit = commit.min(self.last_index);
-        while self.pending.front().is_some_and(|p| p.index <= self.commit) {
-            let p = self.pending.pop_front().expect("front");
-            self.applied_out.clear();
-            self.state
-                .apply_batch(&p.batch, p.index, &mut self.applied_out);
-            self.state.entry_applied(p.index);
-            self.applied.store(p.index, Ordering::Release);
-            self.stream.publish(CommittedEntry {
-                index: p.index,
-                requests: std::mem::take(&mut self.applied_out),
-                market_data_flush_ns: None,
-            });
-        }
+        self.apply_committed();
         Ok(())
     }
 
