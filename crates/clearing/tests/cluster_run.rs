@@ -39,6 +39,7 @@ async fn submit(client: &mut Client, body: CommandBody) -> Vec<Event> {
 
 fn order(account: u32, id: u64, side: Side, price: i64, qty: i64) -> CommandBody {
     CommandBody::NewOrder(NewOrder {
+        firm: None,
         account: AccountId(account),
         cl_ord_id: ClOrdId(id),
         instrument: InstrumentId(FUT),

@@ -112,6 +112,7 @@ fn order_in(
     qty: i64,
 ) -> CommandBody {
     CommandBody::NewOrder(NewOrder {
+        firm: None,
         account: AccountId(account),
         cl_ord_id: ClOrdId(id),
         instrument: InstrumentId(instrument),

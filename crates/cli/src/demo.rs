@@ -510,7 +510,9 @@ impl DemoVenue {
         let t0 = Instant::now();
         let mut spec = crate::loadtest_cmd::deployment_spec(profile, data_dir.to_path_buf(), false);
         spec.monitor = dashboard.as_ref().map(|(m, _)| Arc::clone(m));
-        spec.extra_fix_sessions = vec![("DEMO".into(), (1..=HUMAN_ACCOUNTS).collect())];
+        // Entitled by firm (no account list): every account of firm 1 trades through it,
+        // those an operator adds during the run included.
+        spec.extra_fix_sessions = vec![("DEMO".into(), Vec::new())];
         let deployment = LocalDeployment::start(spec).context("starting the deployment")?;
         if verbose {
             println!(
@@ -806,8 +808,8 @@ fn print_layout(
         if let Some(i) = first.first() {
             let price = i.reference_price.0 as f64 / 10f64.powi(i.price_scale as i32);
             println!(
-                "  trade beside the participants (FIX session DEMO, accounts 1-{HUMAN_ACCOUNTS}):\n    \
-                 bourse order --fix {fix} --sender DEMO send --symbol {} --side buy --qty {} --price {:.*}",
+                "  trade beside the participants (FIX session DEMO, any account of firm 1):\n    \
+                 bourse order --fix {fix} --sender DEMO send --account 1 --symbol {} --side buy --qty {} --price {:.*}",
                 i.symbol,
                 i.lot_size,
                 i.price_scale as usize,

@@ -175,6 +175,7 @@ fn new_order(cl: u64, price: i64) -> Command {
     Command::new(
         1,
         CommandBody::NewOrder(NewOrder {
+            firm: None,
             account: AccountId(900_001),
             cl_ord_id: ClOrdId(cl),
             instrument: InstrumentId(1),

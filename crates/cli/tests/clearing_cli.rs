@@ -27,6 +27,7 @@ async fn submit(client: &mut Client, body: CommandBody) -> Vec<Event> {
 
 fn order(account: u32, id: u64, side: Side, price: i64, qty: i64) -> CommandBody {
     CommandBody::NewOrder(NewOrder {
+        firm: None,
         account: AccountId(account),
         cl_ord_id: ClOrdId(id),
         instrument: InstrumentId(1),
@@ -366,6 +367,7 @@ fn clearing_serve_runs_when_the_cli_asks_and_answers_clearing_data() {
         )
         .await;
         let sell = CommandBody::NewOrder(NewOrder {
+            firm: None,
             account: AccountId(3),
             cl_ord_id: ClOrdId(10),
             instrument: InstrumentId(2),

@@ -1,7 +1,9 @@
 //! An operator acts through the demo's admin API while the participants trade: the cores
 //! apply the operator's deposits beside the gateways' commands, and the demo's report counts
 //! them as the admin's, apart from what the gateways forwarded, so its cross-checks still hold
-//! and it exits 0.
+//! and it exits 0. An account the operator adds to firm 1 during the run trades at once
+//! through the demo's `DEMO` session, which is entitled by firm; another firm's account is
+//! refused by the core (`AccountNotOfFirm`).
 //!
 //! The demo runs until it is interrupted, and is interrupted only once every deposit has
 //! been answered: the counts asserted do not depend on how fast anything ran.
@@ -15,6 +17,14 @@ use std::time::{Duration, Instant};
 const BOURSE: &str = env!("CARGO_BIN_EXE_bourse");
 /// The demo's markets: one deposit goes to each, so every core applies an admin command.
 const MARKETS: [&str; 3] = ["equities", "fx", "futures"];
+
+/// The checks whose core-side counts include what sessions other than the generator's did
+/// (the demo marks them n/a once someone traded beside the participants, as DEMO does here).
+const COUNTING_OTHERS: [&str; 3] = [
+    "trades in the report",
+    "orders acknowledged",
+    "every acknowledged order accounted for",
+];
 
 /// Kills the child if the test fails before it ends.
 struct Proc(std::process::Child);
@@ -47,6 +57,37 @@ fn exported(line: &str, name: &str) -> String {
         .find_map(|w| w.strip_prefix(&format!("{name}=")))
         .unwrap_or_else(|| panic!("no {name} in {line:?}"))
         .to_string()
+}
+
+/// Sends the order of the demo's hint (`bourse order --fix ADDR --sender DEMO send ...`) for
+/// `account` with client id `id`, and returns what `bourse order` printed.
+fn demo_order(hint: &str, store: &std::path::Path, account: &str, id: &str) -> String {
+    let words: Vec<&str> = hint.split_whitespace().collect();
+    let from = words
+        .iter()
+        .position(|w| *w == "--fix")
+        .expect("the hint names --fix");
+    let mut args: Vec<String> = words[from..].iter().map(|w| w.to_string()).collect();
+    let at = args
+        .iter()
+        .position(|w| w == "--account")
+        .expect("the hint names an account");
+    args[at + 1] = account.to_string();
+    let o = Command::new(BOURSE)
+        .arg("order")
+        .arg("--store")
+        .arg(store)
+        .args(&args[..])
+        .args(["--cl-ord-id", id])
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        o.status.success(),
+        "bourse order failed: {printed}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    printed
 }
 
 /// A source's count on one core of the demo's results.
@@ -101,6 +142,34 @@ fn an_operator_s_deposits_during_the_demo_are_counted_as_the_admin_s_and_the_che
         );
     }
 
+    // The session DEMO trades every account of firm 1: one added a moment ago included.
+    let o = Command::new(BOURSE)
+        .args(["admin", "add-account", "--account", "900002", "--firm", "1"])
+        .args(["--cash", "100000000000"])
+        .env("BOURSE_ADMIN_URL", &url)
+        .env("BOURSE_ADMIN_PASSWORD", &password)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "add-account failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let hint = wait_for(&lines, "--sender DEMO send", Duration::from_secs(1));
+    let store = dir.path().join("demo-session");
+    let added = demo_order(&hint, &store, "900002", "added1");
+    assert!(
+        added.contains("exec new       added1"),
+        "the added account's order was not accepted: {added}"
+    );
+    // Account 10 belongs to firm 2 (the demo's accounts are in firms of ten).
+    let foreign = demo_order(&hint, &store, "10", "foreign1");
+    assert!(
+        foreign.contains("exec rejected  foreign1") && foreign.contains("(AccountNotOfFirm)"),
+        "another firm's account was not refused by the core: {foreign}"
+    );
+
     // Ctrl-C ends the demo, which then writes its report and checks it.
     let kill = Command::new("kill")
         .args(["-INT", &proc.0.id().to_string()])
@@ -132,7 +201,13 @@ fn an_operator_s_deposits_during_the_demo_are_counted_as_the_admin_s_and_the_che
     let r: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
     for c in r["checks"].as_array().unwrap() {
-        assert_eq!(c["ok"], Value::Bool(true), "check failed: {c}");
+        let name = c["name"].as_str().unwrap();
+        if name.starts_with("no other session traded") {
+            // The two orders sent as DEMO, and nothing else.
+            assert_eq!(c["actual"], 2, "{c}");
+        } else if !COUNTING_OTHERS.iter().any(|p| name.starts_with(p)) {
+            assert_eq!(c["ok"], Value::Bool(true), "check failed: {c}");
+        }
     }
     assert!(
         r["checks"]

@@ -129,6 +129,7 @@ fn itch_packets() -> Vec<Vec<u8>> {
     feed.define(&def, d.ts_ns, &mut send);
     let sell = |cl: u64, price: i64| {
         CommandBody::NewOrder(NewOrder {
+            firm: None,
             account: AccountId(2),
             cl_ord_id: ClOrdId(cl),
             instrument: InstrumentId(SBER),

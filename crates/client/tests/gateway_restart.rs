@@ -310,6 +310,7 @@ fn submit_orders(link: &mut bourse_cluster::link::ClusterLink, first: u64, n: u6
         let cmd = Command::new(
             1,
             CommandBody::NewOrder(NewOrder {
+                firm: None,
                 account: AccountId(101),
                 cl_ord_id: ClOrdId(first + i),
                 instrument: InstrumentId(1),

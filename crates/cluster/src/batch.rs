@@ -599,6 +599,7 @@ mod tests {
         )
             .prop_map(|(account, cl, instrument, buy, price, qty)| {
                 CommandBody::NewOrder(NewOrder {
+                    firm: None,
                     account: AccountId(account),
                     cl_ord_id: ClOrdId(cl),
                     instrument: InstrumentId(instrument),

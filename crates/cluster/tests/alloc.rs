@@ -16,6 +16,7 @@ fn new_order(k: u64) -> Command {
     Command::new(
         k,
         CommandBody::NewOrder(NewOrder {
+            firm: None,
             account: AccountId(1 + (k % 7) as u32),
             cl_ord_id: ClOrdId(k),
             instrument: InstrumentId(1),

@@ -270,6 +270,7 @@ fn losing_the_leader_mid_stream_loses_and_doubles_no_output() {
 
 fn order(cl: u64, account: u32, side: Side, price: i64, qty: i64) -> CommandBody {
     CommandBody::NewOrder(NewOrder {
+        firm: None,
         account: bourse_core::AccountId(account),
         cl_ord_id: ClOrdId(cl),
         instrument: flow_config(1).instruments[0].instrument,

@@ -272,6 +272,7 @@ fn next_command(sim: &Sim, client_id: u64, seq: u64, open: &mut Vec<OrderId>) ->
             })
         }
         _ => CommandBody::NewOrder(NewOrder {
+            firm: None,
             account,
             cl_ord_id: ClOrdId(seq),
             instrument: InstrumentId(INSTRUMENT),

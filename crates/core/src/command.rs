@@ -73,6 +73,12 @@ pub struct NewOrder {
     /// For iceberg orders: the quantity shown in the book at a time (0 = all of it).
     #[serde(default)]
     pub display_qty: Qty,
+    /// The firm the account must belong to, or none: a gateway session entitled by firm
+    /// (rather than by a list of accounts) sends its firm, so that an account added at run
+    /// time trades at once and another firm's account is refused with `AccountNotOfFirm` by
+    /// the core, which alone knows every account's firm.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub firm: Option<FirmId>,
 }
 
 /// Identifies an existing order either by the exchange's id or by the client's id.
@@ -428,6 +434,7 @@ mod strict {
                     display_qty,
                 } => {
                     let order = NewOrder {
+                        firm: None,
                         account,
                         cl_ord_id,
                         instrument,
@@ -649,6 +656,7 @@ mod tests {
         };
         let bodies = vec![
             CommandBody::NewOrder(NewOrder {
+                firm: None,
                 account: AccountId(1),
                 cl_ord_id: ClOrdId(2),
                 instrument: InstrumentId(3),

@@ -77,6 +77,9 @@ pub enum RejectReason {
     /// margin): only orders that reduce its exposure, and cancels, are accepted until a
     /// deposit covers the call or the next clearing run closes it.
     MarginCallOpen = 36,
+    /// The order names an account of another firm than the one it was sent for (a session
+    /// entitled by firm trades its own firm's accounts only).
+    AccountNotOfFirm = 37,
 }
 
 impl RejectReason {

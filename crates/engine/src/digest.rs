@@ -517,6 +517,7 @@ mod tests {
 
     fn order(account: u32, cl: u64, side: Side, price: i64, qty: i64) -> CommandBody {
         CommandBody::NewOrder(NewOrder {
+            firm: None,
             account: AccountId(account),
             cl_ord_id: ClOrdId(cl),
             instrument: InstrumentId(1),

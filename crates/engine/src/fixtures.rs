@@ -122,6 +122,7 @@ impl Driver {
         qty: i64,
     ) -> Vec<Event> {
         self.order(NewOrder {
+            firm: None,
             account: AccountId(account),
             cl_ord_id: ClOrdId(cl_ord_id),
             instrument: InstrumentId(instrument),

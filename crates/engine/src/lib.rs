@@ -547,6 +547,11 @@ impl Engine {
             .account_index
             .get(&o.account)
             .ok_or(RejectReason::UnknownAccount)?;
+        if o.firm
+            .is_some_and(|f| f != self.accounts[acct_idx as usize].firm)
+        {
+            return Err(RejectReason::AccountNotOfFirm);
+        }
         self.check_not_suspended(acct_idx)?;
         let book = &self.books[book_idx as usize];
         phase_admits(book.phase)?;

@@ -418,6 +418,7 @@ impl Flow {
         let cl = self.next_cl_ord_id;
         self.next_cl_ord_id += 1;
         CommandBody::NewOrder(NewOrder {
+            firm: None,
             account,
             cl_ord_id: ClOrdId(cl),
             instrument: self.config.instruments[i].instrument,
@@ -454,6 +455,7 @@ impl Flow {
         let cl = self.next_cl_ord_id;
         self.next_cl_ord_id += 1;
         CommandBody::NewOrder(NewOrder {
+            firm: None,
             account,
             cl_ord_id: ClOrdId(cl),
             instrument: self.config.instruments[i].instrument,

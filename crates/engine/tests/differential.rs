@@ -371,6 +371,7 @@ fn fill_or_kill_does_not_count_iceberg_refills_behind_a_self_order() {
     }
     let order = |account: u32, cl: u64, side, qty, tif, display| {
         CommandBody::NewOrder(NewOrder {
+            firm: None,
             account: AccountId(account),
             cl_ord_id: ClOrdId(cl),
             instrument: InstrumentId(1),

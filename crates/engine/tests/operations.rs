@@ -469,3 +469,33 @@ fn an_unpaid_clearing_debit_is_refused_and_added_to_the_margin_call() {
     assert_eq!(restored.margin_called(AccountId(3)), 2 * cash + 11);
     check(&d);
 }
+
+/// A limit buy of account `account` on SBER sent for `firm` (a session entitled by firm).
+fn order_for_firm(account: u32, cl_ord_id: u64, firm: Option<u32>) -> NewOrder {
+    NewOrder {
+        account: AccountId(account),
+        cl_ord_id: ClOrdId(cl_ord_id),
+        instrument: InstrumentId(SBER),
+        side: Side::Buy,
+        ord_type: OrdType::Limit,
+        price: Price(9_900),
+        qty: Qty(5),
+        tif: TimeInForce::Day,
+        expire_ts_ns: 0,
+        display_qty: Qty(0),
+        firm: firm.map(FirmId),
+    }
+}
+
+#[test]
+fn an_order_sent_for_a_firm_is_refused_for_another_firm_s_account() {
+    let mut d = driver();
+    let ev = d.order(order_for_firm(3, 1, Some(7)));
+    assert_eq!(reject_reason(&ev), Some(RejectReason::AccountNotOfFirm));
+    assert_eq!(accepted_id(&ev), None);
+    // The firm's own accounts, and any account when no firm is named, are taken.
+    assert!(accepted_id(&d.order(order_for_firm(2, 2, Some(7)))).is_some());
+    assert!(accepted_id(&d.order(order_for_firm(3, 3, Some(8)))).is_some());
+    assert!(accepted_id(&d.order(order_for_firm(3, 4, None))).is_some());
+    check(&d);
+}

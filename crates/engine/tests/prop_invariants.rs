@@ -407,6 +407,7 @@ fn concrete(e: &Engine, op: &Op, ts: u64) -> Option<CommandBody> {
             expire,
             display,
         } => CommandBody::NewOrder(NewOrder {
+            firm: None,
             account: AccountId(*account),
             cl_ord_id: ClOrdId(*cl),
             instrument: InstrumentId(*instrument),
@@ -1202,6 +1203,7 @@ fn the_checker_catches_a_trade_that_does_not_add_up() {
     let sell = Command::new(
         ts + 1,
         CommandBody::NewOrder(NewOrder {
+            firm: None,
             account: AccountId(1),
             cl_ord_id: ClOrdId(1),
             instrument: InstrumentId(1),
@@ -1254,6 +1256,7 @@ fn an_iceberg_cannot_be_cut_into_more_than_a_thousand_parts() {
         ts_ns: ts,
     };
     let iceberg = |qty, display| NewOrder {
+        firm: None,
         account: AccountId(1),
         cl_ord_id: ClOrdId(qty as u64),
         instrument: InstrumentId(1),
@@ -1325,6 +1328,7 @@ fn an_order_whose_trade_value_cannot_be_computed_is_refused_not_a_panic() {
     def.band_bps = 10;
     d.add_instrument(def.clone());
     let order = |account, side| NewOrder {
+        firm: None,
         account: AccountId(account),
         cl_ord_id: ClOrdId(900),
         instrument: InstrumentId(9),

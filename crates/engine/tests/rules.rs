@@ -93,6 +93,7 @@ fn a_replace_that_keeps_its_price_is_not_checked_against_a_band_that_moved() {
 fn the_first_check_in_the_documented_order_decides_the_reason() {
     let mut d = driver();
     let bad = |instrument: u32, account: u32, price: i64, qty: i64, display: i64| NewOrder {
+        firm: None,
         account: AccountId(account),
         cl_ord_id: ClOrdId(99),
         instrument: InstrumentId(instrument),
@@ -140,6 +141,7 @@ fn display_qty_zero_means_no_iceberg_on_every_order_and_any_other_is_refused_whe
         for (ord_type, price) in [(OrdType::Limit, REF), (OrdType::Market, 0)] {
             let mut d = driver();
             let order = |display: i64| NewOrder {
+                firm: None,
                 account: AccountId(1),
                 cl_ord_id: ClOrdId(1 + display as u64),
                 instrument: InstrumentId(SBER),

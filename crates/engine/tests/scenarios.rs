@@ -128,6 +128,7 @@ fn market_orders_trade_within_the_band_and_cancel_the_rest() {
     // Band is ±20% around 10_000: 12_000 is inside, a resting order can't be beyond it.
     d.limit(1, 2, EQ, Side::Sell, 11_900, 2);
     let ev = d.order(NewOrder {
+        firm: None,
         account: AccountId(2),
         cl_ord_id: ClOrdId(1),
         instrument: InstrumentId(EQ),
@@ -173,6 +174,7 @@ fn ioc_cancels_what_does_not_trade_at_once() {
 
 fn ioc(account: u32, cl: u64, side: Side, price: i64, qty: i64) -> NewOrder {
     NewOrder {
+        firm: None,
         account: AccountId(account),
         cl_ord_id: ClOrdId(cl),
         instrument: InstrumentId(EQ),

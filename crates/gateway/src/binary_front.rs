@@ -59,6 +59,7 @@ pub fn order_reject_reason(cause: RejectCause) -> OrderRejectReason {
             CapacityExceeded => OrderRejectReason::TooManyOpenOrders,
             ReplaceQtyNotAboveFilled => OrderRejectReason::TooLateToReplace,
             MarginCallOpen => OrderRejectReason::MarginCallOpen,
+            AccountNotOfFirm => OrderRejectReason::NotAuthorized,
             _ => OrderRejectReason::Other,
         },
         RejectCause::Gateway(g) => match g {
@@ -68,6 +69,7 @@ pub fn order_reject_reason(cause: RejectCause) -> OrderRejectReason {
             GatewayReject::InvalidQty => OrderRejectReason::QtyNotMultipleOfLot,
             GatewayReject::DuplicateClOrdId => OrderRejectReason::DuplicateClOrdId,
             GatewayReject::UnknownOrder => OrderRejectReason::UnknownOrder,
+            GatewayReject::AccountRequired => OrderRejectReason::UnknownAccount,
             _ => OrderRejectReason::Other,
         },
     }

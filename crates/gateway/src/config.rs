@@ -215,7 +215,9 @@ pub struct FixSessionConfig {
     #[serde(default = "default_gateway_comp_id")]
     pub gateway_comp_id: String,
     pub firm: FirmId,
-    /// Accounts the session may trade; the first is used when a message names none.
+    /// Accounts the session may trade; the first is used when a message names none. None
+    /// listed: the session trades every account of its `firm`, accounts added at run time
+    /// included (the core checks the firm), and each order must name its account.
     #[serde(default)]
     pub accounts: Vec<AccountId>,
     /// A drop-copy session receives every execution report of its firm and may not trade.
@@ -244,6 +246,9 @@ pub struct BinarySessionConfig {
     /// Sent in Establish (at most 32 ASCII bytes).
     pub credentials: String,
     pub firm: FirmId,
+    /// As a FIX session's `accounts`: a restriction to these, or, empty, every account of
+    /// the firm (each order then names its account).
+    #[serde(default)]
     pub accounts: Vec<AccountId>,
     pub throttle_msgs_per_s: Option<u32>,
     /// Source addresses the session may establish from; empty: any.
@@ -475,9 +480,6 @@ impl GatewayConfig {
             if !comp_ids.insert((s.client_comp_id.clone(), s.gateway_comp_id.clone())) {
                 return Err(format!("fix session {} defined twice", s.client_comp_id));
             }
-            if !s.drop_copy && s.accounts.is_empty() {
-                return Err(format!("fix session {}: no accounts", s.client_comp_id));
-            }
             if s.accounts.len() > ACCOUNTS_PER_SESSION_MAX {
                 return Err(format!(
                     "fix session {}: too many accounts",
@@ -507,9 +509,9 @@ impl GatewayConfig {
             if !creds.insert(s.credentials.clone()) {
                 return Err(format!("binary session {} defined twice", s.credentials));
             }
-            if s.accounts.is_empty() || s.accounts.len() > ACCOUNTS_PER_SESSION_MAX {
+            if s.accounts.len() > ACCOUNTS_PER_SESSION_MAX {
                 return Err(format!(
-                    "binary session {}: 1 to 255 accounts",
+                    "binary session {}: at most 255 accounts",
                     s.credentials
                 ));
             }
@@ -718,15 +720,20 @@ password_hash = "secret"
     }
 
     #[test]
-    fn a_trading_session_without_accounts_is_refused() {
+    fn a_trading_session_without_accounts_trades_for_its_whole_firm() {
         let text = r#"
 [gateway]
 fix_listen = "127.0.0.1:0"
+binary_listen = "127.0.0.1:0"
 [[fix_sessions]]
 client_comp_id = "X"
 firm = 1
+[[binary_sessions]]
+credentials = "B"
+firm = 2
 "#;
-        let err = GatewayConfig::from_toml(text).unwrap_err();
-        assert!(err.contains("no accounts"), "{err}");
+        let c = GatewayConfig::from_toml(text).expect("a session entitled by firm is valid");
+        assert!(c.fix_sessions[0].accounts.is_empty());
+        assert!(c.binary_sessions[0].accounts.is_empty());
     }
 }

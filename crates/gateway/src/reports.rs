@@ -11,6 +11,8 @@ use bourse_core::*;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GatewayReject {
     NotAuthorized,
+    /// A session entitled by firm (no account list) sent an order that names no account.
+    AccountRequired,
     UnknownSymbol,
     InvalidPrice,
     InvalidQty,
@@ -31,6 +33,9 @@ impl GatewayReject {
     pub fn text(self) -> &'static str {
         match self {
             GatewayReject::NotAuthorized => "not authorized for this account or session",
+            GatewayReject::AccountRequired => {
+                "an account is required: the session trades every account of its firm"
+            }
             GatewayReject::UnknownSymbol => "unknown symbol",
             GatewayReject::InvalidPrice => "invalid price for the instrument's scale and type",
             GatewayReject::InvalidQty => "quantity must be a positive multiple of the lot size",

@@ -172,8 +172,12 @@ impl MassFilters {
     }
 }
 
-/// Each account a session may trade, as mass cancel parties.
+/// Each account a session may trade, as mass cancel parties: its listed accounts, or its
+/// whole firm for a session entitled by firm.
 fn meta_accounts(meta: &SessionMeta) -> Vec<(Option<AccountId>, Option<FirmId>)> {
+    if meta.accounts.is_empty() {
+        return vec![(None, Some(meta.firm))];
+    }
     meta.accounts.iter().map(|a| (Some(*a), None)).collect()
 }
 
@@ -759,11 +763,25 @@ impl Router {
         }
     }
 
-    fn resolve_account(&self, sref: SessionRef, account: Option<AccountId>) -> Option<AccountId> {
+    /// The account a new order trades and the firm the core must find it in. A session that
+    /// lists accounts trades those only (the first when the message names none); a session
+    /// that lists none is entitled by firm: it trades any account of its firm, those added at
+    /// run time included, which only the core can check (`NewOrder::firm`), and must name one.
+    fn resolve_account(
+        &self,
+        sref: SessionRef,
+        account: Option<AccountId>,
+    ) -> Result<(AccountId, Option<FirmId>), GatewayReject> {
         let meta = &self.sessions[sref.0 as usize];
+        if meta.accounts.is_empty() {
+            return account
+                .map(|a| (a, Some(meta.firm)))
+                .ok_or(GatewayReject::AccountRequired);
+        }
         match account {
-            Some(a) => meta.accounts.contains(&a).then_some(a),
-            None => meta.accounts.first().copied(),
+            Some(a) if meta.accounts.contains(&a) => Ok((a, None)),
+            Some(_) => Err(GatewayReject::NotAuthorized),
+            None => Ok((meta.accounts[0], None)),
         }
     }
 
@@ -855,13 +873,9 @@ impl Router {
                 ts_ns,
             );
         }
-        let Some(account) = self.resolve_account(sref, req.account) else {
-            return self.reject_new(
-                sref,
-                &req,
-                RejectCause::Gateway(GatewayReject::NotAuthorized),
-                ts_ns,
-            );
+        let (account, firm) = match self.resolve_account(sref, req.account) {
+            Ok(entitled) => entitled,
+            Err(why) => return self.reject_new(sref, &req, RejectCause::Gateway(why), ts_ns),
         };
         req.account = Some(account);
         if meta.live.contains_key(&req.client) {
@@ -885,6 +899,7 @@ impl Router {
         let cmd = Command::new(
             ts_ns,
             CommandBody::NewOrder(NewOrder {
+                firm,
                 account,
                 cl_ord_id: internal,
                 instrument: req.instrument,
@@ -1095,7 +1110,12 @@ impl Router {
     ) {
         self.counters.mass_cancels += 1;
         let meta = &self.sessions[sref.0 as usize];
-        let allowed = !meta.drop_copy && filters.account.is_none_or(|a| meta.accounts.contains(&a));
+        // A session entitled by firm may name any account: the core's mass cancel is then
+        // limited to the session's firm too, so another firm's account matches nothing.
+        let allowed = !meta.drop_copy
+            && filters
+                .account
+                .is_none_or(|a| meta.accounts.is_empty() || meta.accounts.contains(&a));
         let firm = meta.firm;
         let report_now = |router: &mut Router, reject: Option<RejectCause>| {
             router.outbox.push((
@@ -1122,7 +1142,10 @@ impl Router {
             MassCancelScope::Account | MassCancelScope::Firm => {
                 let parties: Vec<(Option<AccountId>, Option<FirmId>)> =
                     match (scope, filters.account) {
-                        (MassCancelScope::Account, Some(a)) => vec![(Some(a), None)],
+                        (MassCancelScope::Account, Some(a)) => {
+                            let meta = &self.sessions[sref.0 as usize];
+                            vec![(Some(a), meta.accounts.is_empty().then_some(firm))]
+                        }
                         (MassCancelScope::Account, None) => {
                             meta_accounts(&self.sessions[sref.0 as usize])
                         }

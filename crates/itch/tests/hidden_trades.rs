@@ -27,6 +27,7 @@ fn account(id: u32, firm: u32) -> AccountSpec {
 
 fn new_order(cl: u64, side: Side, price: i64, qty: i64, display: i64) -> CommandBody {
     CommandBody::NewOrder(NewOrder {
+        firm: None,
         account: AccountId(if side == Side::Buy { 1 } else { 2 }),
         cl_ord_id: ClOrdId(cl),
         instrument: InstrumentId(1),

@@ -226,6 +226,7 @@ fn replaces_icebergs_and_cancels_become_cancel_replace_trade_and_delete() {
     };
     let new = |cl: u64, side, price, qty, display| {
         CommandBody::NewOrder(NewOrder {
+            firm: None,
             account: AccountId(if side == Side::Buy { 1 } else { 2 }),
             cl_ord_id: ClOrdId(cl),
             instrument: InstrumentId(1),

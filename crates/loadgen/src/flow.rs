@@ -440,6 +440,7 @@ impl MarketFlow {
         let account = self.account();
         let cl_ord_id = self.cl_ord_id();
         CommandBody::NewOrder(NewOrder {
+            firm: None,
             account,
             cl_ord_id,
             instrument: self.instruments[i].instrument,

@@ -422,6 +422,7 @@ mod tests {
                         qty: None,
                     }),
                     2 => CommandBody::NewOrder(NewOrder {
+                        firm: None,
                         account: AccountId(1),
                         cl_ord_id: ClOrdId(i),
                         instrument: InstrumentId(999_999),

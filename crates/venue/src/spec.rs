@@ -45,7 +45,8 @@ pub struct DeploymentSpec {
     pub core_in_flight_max: Option<usize>,
     /// Gateway 0 reports into this monitor (its owner serves the dashboard and `/metrics`).
     pub monitor: Option<Arc<bourse_monitor::Monitor>>,
-    /// FIX sessions for people (`bourse order`) on gateway 0: (CompID, accounts).
+    /// FIX sessions for people (`bourse order`) on gateway 0, of firm 1: (CompID, accounts;
+    /// none: entitled by firm, every account of firm 1).
     pub extra_fix_sessions: Vec<(String, Vec<u32>)>,
     /// Print what starts, as it starts.
     pub verbose: bool,

@@ -66,6 +66,7 @@ pub fn order(e: &mut Engine, account: u32, cl: u64, price: i64) -> Vec<Event> {
         &Command::new(
             1,
             CommandBody::NewOrder(NewOrder {
+                firm: None,
                 account: AccountId(account),
                 cl_ord_id: ClOrdId(cl),
                 instrument: InstrumentId(1),

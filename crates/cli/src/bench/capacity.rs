@@ -92,6 +92,7 @@ pub fn capacity(args: CapacityArgs) -> Result<()> {
             apply(
                 &mut engine,
                 CommandBody::NewOrder(NewOrder {
+                    firm: None,
                     account: AccountId(a + 1),
                     cl_ord_id: ClOrdId(1),
                     instrument,
@@ -128,6 +129,7 @@ pub fn capacity(args: CapacityArgs) -> Result<()> {
         apply(
             &mut engine,
             CommandBody::NewOrder(NewOrder {
+                firm: None,
                 account: AccountId(a + 1),
                 cl_ord_id: ClOrdId(10 + n as u64),
                 instrument: InstrumentId(n % args.instruments + 1),

@@ -637,6 +637,7 @@ fn build_state(args: &RecoveryBenchArgs) -> Result<ReplicatedState> {
             let instrument = InstrumentId((a + p) % args.instruments + 1);
             let cl_ord_id = ClOrdId(u64::from(p) + 1);
             b.push(CommandBody::NewOrder(NewOrder {
+                firm: None,
                 account: AccountId(a + 1),
                 cl_ord_id,
                 instrument,

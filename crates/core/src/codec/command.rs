@@ -4,7 +4,8 @@
 //! ```text
 //! command := form u8, the body's fields (fixed width, little-endian), ts_ns u64
 //!   form 1  new order      account u32, cl_ord_id u64, instrument u32, side u8, ord_type u8,
-//!                          price i64, qty i64, tif u8, expire_ts_ns u64, display_qty i64
+//!                          price i64, qty i64, tif u8, expire_ts_ns u64, display_qty i64,
+//!                          firm opt_u32
 //!   form 2  cancel         account u32, cl_ord_id u64, order_ref
 //!   form 3  replace        account u32, cl_ord_id u64, order_ref, price opt_i64, qty opt_i64
 //!   form 4  mass cancel    cl_ord_id u64, account opt_u32, firm opt_u32, instrument opt_u32,
@@ -229,6 +230,7 @@ fn new_order(w: &mut Writer, o: &NewOrder) {
     w.u8(code_of(&TIFS, &o.tif));
     w.u64(o.expire_ts_ns);
     w.i64(o.display_qty.0);
+    opt_u32(w, o.firm.map(|f| f.0));
 }
 
 fn mass_cancel(w: &mut Writer, m: &MassCancel) {
@@ -343,6 +345,7 @@ fn decode_body(r: &mut Reader) -> Result<CommandBody, DecodeError> {
             tif: r.code(&TIFS, "invalid time in force")?,
             expire_ts_ns: r.u64()?,
             display_qty: Qty(r.i64()?),
+            firm: read_opt_u32(r)?.map(FirmId),
         }),
         FORM_CANCEL => CommandBody::Cancel(Cancel {
             account: AccountId(r.u32()?),
@@ -448,10 +451,15 @@ pub(crate) mod tests {
                 any::<i64>(),
                 prop::sample::select(TIFS.to_vec()),
             ),
-            (any::<u64>(), any::<i64>()),
+            (any::<u64>(), any::<i64>(), any::<Option<u32>>()),
         )
             .prop_map(
-                |((account, cl, instrument, side), ord_type, (price, qty, tif), (exp, disp))| {
+                |(
+                    (account, cl, instrument, side),
+                    ord_type,
+                    (price, qty, tif),
+                    (exp, disp, firm),
+                )| {
                     CommandBody::NewOrder(NewOrder {
                         account: AccountId(account),
                         cl_ord_id: ClOrdId(cl),
@@ -463,6 +471,7 @@ pub(crate) mod tests {
                         tif,
                         expire_ts_ns: exp,
                         display_qty: Qty(disp),
+                        firm: firm.map(FirmId),
                     })
                 },
             )
@@ -646,6 +655,7 @@ pub(crate) mod tests {
         let order = Command::new(
             7,
             CommandBody::NewOrder(NewOrder {
+                firm: None,
                 account: AccountId(3),
                 cl_ord_id: ClOrdId(4),
                 instrument: InstrumentId(5),
@@ -660,7 +670,7 @@ pub(crate) mod tests {
         );
         let bytes = encode_command(&order);
         // form 1, account 4, cl_ord_id 8, instrument 4, then the side at offset 17.
-        assert_eq!(bytes.len(), 60);
+        assert_eq!(bytes.len(), 61);
         assert_eq!(decode_command(&bytes), Ok(order));
         let err = |offset, what| Err(DecodeError { offset, what });
         assert_eq!(
@@ -672,7 +682,7 @@ pub(crate) mod tests {
         assert_eq!(decode_command(&bad), err(18, "invalid side"));
         let mut longer = bytes.clone();
         longer.push(0);
-        assert_eq!(decode_command(&longer), err(60, "trailing bytes"));
+        assert_eq!(decode_command(&longer), err(61, "trailing bytes"));
         assert_eq!(decode_command(&[99]), err(1, "unknown command form"));
         assert_eq!(decode_command(&[0]), err(1, "unknown command form"));
         assert_eq!(

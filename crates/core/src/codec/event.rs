@@ -60,7 +60,7 @@ const K_KILL_SWITCH_SET: u8 = 16;
 const K_MARGIN_CALL_SET: u8 = 18;
 
 /// Every reject reason, to map codes back (the codes are the enum's discriminants).
-const REJECT_REASONS: [RejectReason; 36] = [
+const REJECT_REASONS: [RejectReason; 37] = [
     RejectReason::UnknownInstrument,
     RejectReason::UnknownAccount,
     RejectReason::UnknownOrder,
@@ -97,6 +97,7 @@ const REJECT_REASONS: [RejectReason; 36] = [
     RejectReason::TradingSuspended,
     RejectReason::KillSwitchTargetInvalid,
     RejectReason::MarginCallOpen,
+    RejectReason::AccountNotOfFirm,
 ];
 
 fn side(w: &mut Writer, s: Side) {

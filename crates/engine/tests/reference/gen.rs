@@ -474,6 +474,7 @@ impl Gen {
             _ => (self.account(), self.cl()),
         };
         CommandBody::NewOrder(NewOrder {
+            firm: None,
             account: AccountId(account),
             cl_ord_id: ClOrdId(cl_ord_id),
             instrument: InstrumentId(instrument),

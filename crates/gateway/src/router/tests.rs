@@ -1054,3 +1054,90 @@ fn an_instrument_added_on_a_core_stream_is_routed_to_that_core_from_then_on() {
     );
     assert_eq!(f.router.instrument(InstrumentId(8)).unwrap().core, 0);
 }
+
+/// The router's configuration with a session of firm 1 that lists no accounts.
+fn with_firm_session() -> Fixture {
+    let config = format!("{CONFIG}\n[[fix_sessions]]\nclient_comp_id = \"FIRM1\"\nfirm = 1\n");
+    Fixture::with_config(&config)
+}
+
+/// The fourth session of [`with_firm_session`]'s configuration.
+const FIRM1: SessionRef = SessionRef(3);
+
+fn order_for(client: u64, account: Option<u32>) -> Request {
+    Request::New(NewOrderRequest {
+        client: ClientId::Num(client),
+        account: account.map(AccountId),
+        instrument: InstrumentId(1),
+        side: Side::Buy,
+        ord_type: OrdType::Limit,
+        price: Price(25_000),
+        qty_lots: 1,
+        tif: TimeInForce::Day,
+        expire_ts_ns: 0,
+        display_lots: 0,
+    })
+}
+
+#[test]
+fn a_session_entitled_by_firm_sends_any_account_with_its_firm_for_the_core_to_check() {
+    let mut f = with_firm_session();
+    // An account the gateway has never heard of (added at run time): the core decides.
+    f.router.handle(FIRM1, order_for(1, Some(900_002)), 1);
+    let sent = f.take_submitted(0);
+    assert_eq!(sent.len(), 1);
+    let CommandBody::NewOrder(order) = sent[0].1.body else {
+        panic!("not a new order: {:?}", sent[0].1);
+    };
+    assert_eq!(
+        (order.account, order.firm),
+        (AccountId(900_002), Some(FirmId(1)))
+    );
+    // A session that lists its accounts keeps the list and sends no firm.
+    let (_, listed) = f.new_order(ALPHA, 2, 1, Side::Buy, 25_000, 1);
+    assert_eq!((listed.account, listed.firm), (AccountId(101), None));
+}
+
+#[test]
+fn a_session_entitled_by_firm_must_name_the_account_of_each_order() {
+    let mut f = with_firm_session();
+    f.router.handle(FIRM1, order_for(1, None), 1);
+    assert!(f.take_submitted(0).is_empty());
+    let reports = f.reports();
+    assert!(
+        matches!(
+            &reports[..],
+            [(FIRM1, Report::Exec(r))]
+                if r.kind == ExecKind::Rejected(RejectCause::Gateway(GatewayReject::AccountRequired))
+        ),
+        "{reports:?}"
+    );
+}
+
+#[test]
+fn a_session_entitled_by_firm_mass_cancels_within_its_firm_only() {
+    let mut f = with_firm_session();
+    // Every account: the firm's, on every core.
+    f.router.handle(FIRM1, all_accounts_mass_cancel(), 6);
+    for core in 0..2 {
+        let sent = f.take_submitted(core);
+        assert!(
+            matches!(&sent[..], [(_, c)] if matches!(c.body,
+                CommandBody::MassCancel(m) if m.account.is_none() && m.firm == Some(FirmId(1)))),
+            "{sent:?}"
+        );
+    }
+    // One named account: the core cancels it only if it is the firm's.
+    let mut one = all_accounts_mass_cancel();
+    if let Request::MassCancel { account, .. } = &mut one {
+        *account = Some(AccountId(201));
+    }
+    f.router.handle(FIRM1, one, 7);
+    let sent = f.take_submitted(0);
+    assert!(
+        matches!(&sent[..], [(_, c)] if matches!(c.body,
+            CommandBody::MassCancel(m)
+                if m.account == Some(AccountId(201)) && m.firm == Some(FirmId(1)))),
+        "{sent:?}"
+    );
+}
