@@ -19,7 +19,7 @@
 //! name = "equities"                    # the market's name in actions and answers
 //! instruments = [1, 2]                 # optional; each instrument in one core at most
 //! nodes = ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"]
-//! client_id = 12884901888              # optional: the admin's first client id (it uses two)
+//! client_id = 4611686018427387904      # optional: the admin's first client id (it uses two)
 //! tls = { ca_path = "venue-ca.crt", cert_path = "admin.crt", key_path = "admin.key" }
 //!                                      # optional; required for nodes off the loopback
 //! [schedule]                           # optional: bourse_admin::schedule::ScheduleConfig
@@ -150,6 +150,7 @@ impl ServeConfig {
                 return Err(format!("{at}.instruments: instrument {i} is in two cores"));
             }
             let id = self.client_base(n);
+            // TOML's integers end at i64::MAX, below clearing runs' ids (`0xC1EA << 48` on).
             if id < BULK_CLIENT_ID_MIN || id.checked_add(ADMIN_LANES as u64).is_none() {
                 return Err(format!(
                     "{at}.client_id: {id} is not an admin client id ({BULK_CLIENT_ID_MIN} on)"
@@ -296,14 +297,14 @@ nodes = ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"]
 [[cores]]
 name = "fx"
 nodes = ["127.0.0.1:7101"]
-client_id = 12884905000
+client_id = 4611686018427392000
 "#;
 
     #[test]
     fn a_good_config_reads_with_default_and_given_client_ids() {
         let c = ServeConfig::parse(GOOD).unwrap();
         assert_eq!(c.client_base(0), ADMIN_CLIENT_ID_BASE);
-        assert_eq!(c.client_base(1), 12_884_905_000);
+        assert_eq!(c.client_base(1), 4_611_686_018_427_392_000);
         assert!(c.schedule.is_none());
     }
 
@@ -326,8 +327,8 @@ client_id = 12884905000
             "tls = { ca_path = \"ca.crt\", cert_path = \"admin.crt\", key_path = \"admin.key\" }";
         let remote = GOOD.replace("127.0.0.1:7101", "10.1.1.1:7101");
         let with_tls = remote.replace(
-            "client_id = 12884905000",
-            &format!("client_id = 12884905000\n{tls}"),
+            "client_id = 4611686018427392000",
+            &format!("client_id = 4611686018427392000\n{tls}"),
         );
         let c = ServeConfig::parse(&with_tls).unwrap();
         assert_eq!(
@@ -348,8 +349,8 @@ client_id = 12884905000
             (GOOD.replace("127.0.0.1:0", "10.0.0.1:80"), "listen: 10.0.0.1:80"),
             (GOOD.replace("127.0.0.1:7101", "10.1.1.1:7101"), "cores[1].nodes"),
             (GOOD.replace("name = \"fx\"", "name = \"equities\""), "cores[1].name"),
-            (GOOD.replace("12884905000", "5"), "cores[1].client_id"),
-            (GOOD.replace("12884905000", "12884901889"), "cores[1].client_id"),
+            (GOOD.replace("4611686018427392000", "5"), "cores[1].client_id"),
+            (GOOD.replace("4611686018427392000", "4611686018427387905"), "cores[1].client_id"),
             (
                 GOOD.replace("nodes = [\"127.0.0.1:7101\"]", "nodes = [\"127.0.0.1:7101\"]\ninstruments = [2]"),
                 "cores[1].instruments",

@@ -32,9 +32,12 @@ pub const BULK_BATCHES_IN_FLIGHT_MAX: usize = 2;
 /// the addition rate stays as it was; at 512 it fell to 83,000-98,000 accounts/s
 /// (BENCHMARKS.md, "Market operations").
 pub const BULK_REQUESTS_PER_BATCH_MAX: usize = 2048;
-/// Clients with ids from here on are bulk clients (the admin's: `bourse_venue::admin`).
-/// Gateways, the load generator and the venue's setup use ids below.
-pub const BULK_CLIENT_ID_MIN: u64 = 3 << 32;
+/// Clients with ids from here on are bulk clients (the admin's: `bourse_venue::admin`, and
+/// clearing runs'). Gateways (whose links carry a restart epoch in bits 32 to 60 of their id,
+/// `bourse_gateway::recovery`), the load generator and the venue's setup (from `1 << 61`) use
+/// ids below, so no number of gateway restarts makes a gateway a bulk client or gives it an
+/// operator's idempotency keys.
+pub const BULK_CLIENT_ID_MIN: u64 = 1 << 62;
 
 /// Whether a client's requests take the bulk lane.
 pub fn is_bulk_client(client_id: u64) -> bool {

@@ -62,8 +62,14 @@ const ORDERS_MAX: u32 = 4_000_000;
 const POSITIONS_MAX: u32 = 64;
 const TEXT_BYTES_MAX: usize = 256;
 
+/// The largest restart epoch: a link's id (`epoch << 32 | configured`) then stays below
+/// `1 << 61`, under the ids the venue's setup (`1 << 61` on) and the bulk clients (the
+/// admin's and clearing's, `1 << 62` on: `bourse_cluster::admission::BULK_CLIENT_ID_MIN`) use.
+pub const LINK_EPOCH_MAX: u32 = (1 << 29) - 1;
+
 /// The client id a link uses at its core in `epoch`: see the module documentation.
 pub fn link_client_id(configured: u64, epoch: u32) -> u64 {
+    assert!(epoch <= LINK_EPOCH_MAX, "link epoch {epoch} out of range");
     (u64::from(epoch) << 32) | (configured & 0xffff_ffff)
 }
 
@@ -81,12 +87,19 @@ pub fn next_link_epoch(dir: &Path) -> io::Result<u32> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
         Err(e) => return Err(e),
     };
-    let next = previous.checked_add(1).ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            "link epoch exhausted (2^32 starts)",
-        )
-    })?;
+    let next = previous
+        .checked_add(1)
+        .filter(|&n| n <= LINK_EPOCH_MAX)
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{}: link epoch exhausted ({LINK_EPOCH_MAX} starts); give the gateway a \
+                     new state directory",
+                    path.display()
+                ),
+            )
+        })?;
     write_atomically(dir, EPOCH_FILE, format!("{next}\n").as_bytes())?;
     Ok(next)
 }

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 /// (unordered commands, pipelined).
 pub const ADMIN_LANES: usize = 2;
 /// Client ids of the admin's clients start here (gateways use 1..=gateways, the setup
-/// `1 << 32` on): core `c`'s lane `l` is `ADMIN_CLIENT_ID_BASE + 1000 c + l`. They are the
+/// `1 << 61` on): core `c`'s lane `l` is `ADMIN_CLIENT_ID_BASE + 1000 c + l`. They are the
 /// nodes' bulk clients, batched after trading (`bourse_cluster::admission`).
 pub const ADMIN_CLIENT_ID_BASE: u64 = bourse_cluster::admission::BULK_CLIENT_ID_MIN;
 /// Unordered admin commands in flight to one core at most (the pipelined client's window:

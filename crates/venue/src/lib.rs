@@ -66,8 +66,9 @@ const SETUP_COMMAND_DEADLINE: Duration = Duration::from_secs(10);
 const CONVERGE_DEADLINE: Duration = Duration::from_secs(10);
 /// How long a new group may take to elect its first leader.
 const LEADER_DEADLINE: Duration = Duration::from_secs(10);
-/// Client ids of the setup clients start here (gateways use 1..=gateways).
-const SETUP_CLIENT_ID_BASE: u64 = 1 << 32;
+/// Client ids of the setup clients start here (gateways use 1..=gateways, and a standalone
+/// gateway's links at most `LINK_EPOCH_MAX << 32 | u32::MAX`, below this).
+const SETUP_CLIENT_ID_BASE: u64 = 1 << 61;
 /// Client ids each core has in the setup's and the admin's ranges: core `c`'s ids of a range
 /// start at its base plus `CLIENT_IDS_PER_CORE c`, so a core's ids tell the source apart
 /// (`sources`).

@@ -116,6 +116,22 @@ mod tests {
     }
 
     #[test]
+    fn no_gateway_restart_reaches_the_setup_s_or_the_bulk_clients_ids() {
+        use bourse_gateway::recovery::{link_client_id, LINK_EPOCH_MAX};
+        let highest_link = link_client_id(u64::from(u32::MAX), LINK_EPOCH_MAX);
+        assert!(highest_link < SETUP_CLIENT_ID_BASE);
+        let highest_setup = SETUP_CLIENT_ID_BASE + CLIENT_IDS_PER_CORE * 1_000_000;
+        assert!(highest_setup < bourse_cluster::admission::BULK_CLIENT_ID_MIN);
+        assert!(bourse_cluster::admission::is_bulk_client(
+            ADMIN_CLIENT_ID_BASE
+        ));
+        assert!(bourse_cluster::admission::is_bulk_client(
+            bourse_clearing::run_client_id(1, 0)
+        ));
+        assert!(!bourse_cluster::admission::is_bulk_client(highest_link));
+    }
+
+    #[test]
     fn a_core_s_commands_since_the_setup_are_counted_by_source() {
         let clearing = bourse_clearing::run_client_id(4, 1);
         let admin = ADMIN_CLIENT_ID_BASE + CLIENT_IDS_PER_CORE + 1;
