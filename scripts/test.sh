@@ -32,7 +32,7 @@ cargo clippy --workspace --all-targets --profile ci -- -D warnings
 
 step "unit, property, differential and conformance tests (the ci profile: release without LTO)"
 cargo test --workspace --profile ci
-bin=./target/ci
+bin="${CARGO_TARGET_DIR:-target}/ci"
 
 step "the batch interface replays the example trading day"
 "$bin"/bourse engine run --input examples/trading-day.jsonl --output /tmp/bourse-events.jsonl --summary

@@ -4,7 +4,7 @@
 //!
 //! # How a run becomes a function of its seed
 //!
-//! The simulation test (`tests/simulation.rs`) runs three real nodes (openraft, the journal
+//! The simulation test (`tests/it/simulation.rs`) runs three real nodes (openraft, the journal
 //! on temporary directories, the replicated state machine, the node's batcher) and their
 //! clients in ONE current-thread tokio runtime whose clock is paused: time only moves when
 //! every task waits, and then jumps to the next timer, so "time" is a pure function of what

@@ -1,3 +1,4 @@
+// Its own binary, outside tests/it: its #[global_allocator] would become every test's there.
 //! A request's audit trailer costs the trading path nothing: reading the requests of a log
 //! entry (what every replica does for every request it applies) allocates nothing, for
 //! requests without a trailer and with one alike. A counting global allocator watches this

@@ -1,7 +1,9 @@
+// Its own binary, outside tests/it: its #[global_allocator] would become every test's there.
 //! The publisher's encoding path allocates nothing per event in steady state. A counting
 //! global allocator watches `Publisher::publish` after a warm-up; what remains is the books'
 //! own growth (a B-tree node when price levels split, a slab slot past the peak).
 
+#[path = "it/common/mod.rs"]
 mod common;
 
 use bourse_marketdata::{Channel, PacketSink};

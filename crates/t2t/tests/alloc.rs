@@ -1,3 +1,4 @@
+// Its own binary, outside tests/it: its #[global_allocator] would become every test's there.
 //! The reaction allocates nothing: once every instrument has been seen (its order template is
 //! encoded at first sight), thousands of packets, damaged ones included, go through
 //! `Reactor::on_datagram` without one allocation. A counting global allocator watches this

@@ -1,3 +1,4 @@
+// Its own binary, outside tests/it: its #[global_allocator] would become every test's there.
 //! The counting allocator counts what a closure allocates on this thread, and nothing of
 //! other threads.
 

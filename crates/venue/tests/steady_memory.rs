@@ -1,3 +1,4 @@
+// Its own binary, outside tests/it: its #[global_allocator] counts the whole process's heap.
 //! Steady memory: a replicated venue (three nodes, their market data feeds, a gateway) whose
 //! bounded structures are sized small ([`MemoryBounds::SMALL`]) takes a fixed number of
 //! commands, and the bytes its heap holds stop growing once the bounds are reached.

@@ -1,0 +1,157 @@
+//! After a seeded load run, the subscriber's books equal the core's; with loss injected between
+//! publisher and subscriber they equal it again after recovery.
+
+use crate::common;
+
+use bourse_core::Side;
+use bourse_marketdata::{
+    Channel, Feed, PublicationMode, Subscriber, SubscriberConfig, VecSink, CHANNEL_COUNT,
+};
+use common::*;
+
+#[test]
+fn books_equal_the_engine_after_a_load_run_without_loss() {
+    let mut h = Harness::new(7, test_publisher_config());
+    let mut sub = Subscriber::new(SubscriberConfig::default());
+    let mut sink = VecSink::default();
+    for _ in 0..20_000 {
+        h.step(20, &mut sink);
+        for (c, p) in &sink.packets {
+            sub.on_packet(*c, Feed::A, p, h.now_ns);
+            sub.on_packet(*c, Feed::B, p, h.now_ns);
+        }
+        sink.packets.clear();
+    }
+    assert!(h.engine.counters().trades > 100, "the flow traded");
+    assert_eq!(h.publisher.anomalies().book_errors, 0);
+    let s = *sub.stats();
+    assert_eq!(s.gaps_detected, 0, "{s:?}");
+    assert_eq!(s.book_errors + s.rpt_gaps + s.skipped(), 0, "{s:?}");
+    assert!(s.duplicates > 0, "feed B's copies are dropped");
+    assert_books_equal(&h.engine, &sub, &h.defs);
+    // The aggregated book channel carries the same top 20.
+    for def in &h.defs {
+        let inst = sub.instrument(def.instrument.0).unwrap();
+        let bids: Vec<_> = inst.book.levels(Side::Buy).take(20).collect();
+        let asks: Vec<_> = inst.book.levels(Side::Sell).take(20).collect();
+        assert_eq!(
+            inst.published_bids, bids,
+            "published bids of {}",
+            def.symbol
+        );
+        assert_eq!(
+            inst.published_asks, asks,
+            "published asks of {}",
+            def.symbol
+        );
+        assert_eq!(inst.symbol, def.symbol);
+    }
+    // Publisher's own view equals the engine too.
+    for def in &h.defs {
+        let pb: Vec<_> = h
+            .publisher
+            .book(def.instrument.0)
+            .unwrap()
+            .orders()
+            .map(|o| (o.order_id, o.side, o.price, o.qty))
+            .collect();
+        assert_eq!(pb, engine_orders(&h.engine, def.instrument));
+    }
+    assert!(h.publisher.counters(Channel::Orders).packets_sent > 0);
+}
+
+fn lossy_run(seed: u64, loss_ppm: u64, replay: bool) -> bourse_marketdata::SubscriberStats {
+    let mut h = Harness::new(seed, test_publisher_config());
+    let mut sub = Subscriber::new(SubscriberConfig {
+        replay,
+        ..SubscriberConfig::default()
+    });
+    let mut link = LossyLink::new(seed ^ 0x5EED, loss_ppm);
+    link.burst_ppm = 1_000;
+    link.burst_packets = 8;
+    let mut sink = VecSink::default();
+    for _ in 0..8_000 {
+        h.step(20, &mut sink);
+        link.deliver(&sink.packets, &mut sub, h.now_ns);
+        sink.packets.clear();
+        serve_recovery(&h.publisher, &mut sub, h.now_ns);
+    }
+    let rounds_max = 4_000;
+    let rounds = settle(&mut h, &mut sub, &mut link, rounds_max);
+    let s = *sub.stats();
+    assert!(
+        rounds < rounds_max,
+        "seed {seed} loss {loss_ppm} ppm: not in step after {rounds_max} rounds: {s:?}"
+    );
+    assert_books_equal(&h.engine, &sub, &h.defs);
+    eprintln!("seed {seed} loss {loss_ppm} ppm replay {replay}: settled in {rounds} rounds, {s:?}");
+    s
+}
+
+#[test]
+fn books_recover_from_drop_reorder_duplicate_and_bursts_on_both_feeds() {
+    // BOURSE_MD_SEEDS raises the number of seeds per loss rate for a longer soak.
+    let seeds: u64 = std::env::var("BOURSE_MD_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    for loss_ppm in [1_000, 10_000, 100_000] {
+        for seed in 1..=seeds {
+            let s = lossy_run(seed * 31 + loss_ppm, loss_ppm, true);
+            assert!(s.gaps_detected > 0, "bursts make gaps: {s:?}");
+            assert!(s.replays_requested > 0, "{s:?}");
+        }
+    }
+}
+
+#[test]
+fn books_recover_from_snapshots_alone_when_replay_is_off() {
+    for loss_ppm in [10_000, 100_000] {
+        let s = lossy_run(99 + loss_ppm, loss_ppm, false);
+        assert_eq!(s.replays_requested, 0);
+        assert!(s.gaps_skipped > 0 && s.snapshots_applied > 0, "{s:?}");
+    }
+}
+
+#[test]
+fn books_equal_the_engine_in_the_1ms_and_15ms_publication_modes() {
+    for mode in [PublicationMode::Every1Ms, PublicationMode::Every15Ms] {
+        let config = bourse_marketdata::PublisherConfig {
+            modes: [mode; CHANNEL_COUNT],
+            ..test_publisher_config()
+        };
+        let mut h = Harness::new(17, config);
+        let mut sub = Subscriber::new(SubscriberConfig::default());
+        let mut link = LossyLink::new(19, 10_000);
+        let mut sink = VecSink::default();
+        let mut flushes = 0;
+        for _ in 0..5_000 {
+            h.step(20, &mut sink);
+            if !sink.packets.is_empty() {
+                flushes += 1;
+            }
+            link.deliver(&sink.packets, &mut sub, h.now_ns);
+            sink.packets.clear();
+            serve_recovery(&h.publisher, &mut sub, h.now_ns);
+        }
+        // Batches come every ~20 µs of simulated time; packets leave only at the interval.
+        let interval_ms = mode.interval_ns() / 1_000_000;
+        assert!(flushes < 5_000 / 2, "{mode:?}: {flushes} flushes");
+        let rounds = settle(&mut h, &mut sub, &mut link, 2_000);
+        assert!(
+            rounds < 2_000,
+            "{mode:?} ({interval_ms} ms): {:?}",
+            sub.stats()
+        );
+        assert_books_equal(&h.engine, &sub, &h.defs);
+        for def in &h.defs {
+            let inst = sub.instrument(def.instrument.0).unwrap();
+            let bids: Vec<_> = inst.book.levels(Side::Buy).take(20).collect();
+            assert_eq!(
+                inst.published_bids, bids,
+                "{mode:?}: coalesced top 20 of {}",
+                def.symbol
+            );
+        }
+    }
+}

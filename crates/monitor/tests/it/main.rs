@@ -1,0 +1,6 @@
+//! The integration tests of `bourse-monitor`, one binary (the dependency graph
+//! linked once, not once per file); each module was a test binary of its own under `tests/`.
+//! To run one module:
+//! `cargo test -p bourse-monitor --test it MODULE::`.
+
+mod server;
