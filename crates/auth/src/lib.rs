@@ -258,7 +258,7 @@ impl PasswordHashString {
 }
 
 /// One entry of a credential store as configs write it (`[[operators]]`, a session's fields).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CredentialEntry {
     pub name: String,
@@ -413,7 +413,10 @@ pub fn http_basic(value: &str) -> Option<(String, String)> {
 /// The `Authorization` header value that carries these credentials as HTTP Basic.
 pub fn http_basic_value(name: &str, password: &str) -> String {
     use base64ct::{Base64, Encoding};
-    format!("Basic {}", Base64::encode_string(format!("{name}:{password}").as_bytes()))
+    format!(
+        "Basic {}",
+        Base64::encode_string(format!("{name}:{password}").as_bytes())
+    )
 }
 
 /// A hash of a random password at the default cost, made once per process on first use.
@@ -568,7 +571,10 @@ mod tests {
         assert_eq!(http_basic(&v), Some(("firm-2".into(), "a:b c".into())));
         assert_eq!(http_basic("Bearer abc"), None);
         assert_eq!(http_basic("Basic !!!"), None);
-        assert_eq!(http_basic(&http_basic_value("", "")), Some((String::new(), String::new())));
+        assert_eq!(
+            http_basic(&http_basic_value("", "")),
+            Some((String::new(), String::new()))
+        );
         assert_eq!(http_basic(&format!("Basic {}", "A".repeat(600))), None);
     }
 
