@@ -1005,6 +1005,18 @@ async fn follow(
             got = client.poll(&request) => got,
         };
         let why = match got {
+            Ok(_) if client.logon().is_some_and(|l| !l.all_firms) => {
+                // A firm's credentials would give the replica a firm's picture, withheld
+                // sides and all, and its readers a wrong one.
+                shared.set_feed_error(
+                    0,
+                    Some(format!(
+                        "stopped: follow.login reads some firms' records only at primary \
+                         {primary}; a replica needs a viewer's or operator's credentials there"
+                    )),
+                );
+                return;
+            }
             Ok(answer) if learning => match learn_identity(&shared, &answer, &name) {
                 Ok(id) => {
                     identity = Some(id);

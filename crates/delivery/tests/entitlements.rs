@@ -272,6 +272,46 @@ async fn a_firms_reader_never_sees_another_firms_order_by_any_route() {
         );
     }
 
+    // A replica logged on with a firm's credentials would hold a firm's picture: it stops,
+    // saying why, and never gets ready.
+    let mut firm_replica_config = replica.shared().limits.clone();
+    firm_replica_config.records_per_core_max = 1 << 20;
+    let firm_replica = start_delivery(DeliveryConfig {
+        name: config.name.clone(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        binary_listen: None,
+        state_dir: None,
+        persist_interval_ms: 1_000,
+        threads: 2,
+        cores: Vec::new(),
+        follow: Some(Follow {
+            primary: node.binary_addr().unwrap(),
+            cores: vec![0],
+            secondary_indexes: true,
+            login: Some(FollowLogin {
+                name: "ours".into(),
+                password: "opw".into(),
+            }),
+            tls: None,
+        }),
+        cold: None,
+        limits: firm_replica_config,
+        access: readers(),
+    })
+    .await;
+    let started = Instant::now();
+    loop {
+        let why = firm_replica.shared().feed_errors.lock().unwrap()[0].clone();
+        if why.as_deref().is_some_and(|w| w.starts_with("stopped")) {
+            assert!(why.unwrap().contains("viewer's or operator's"));
+            break;
+        }
+        assert!(started.elapsed() < LIMIT, "the firm's replica went on");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!firm_replica.shared().is_ready());
+    stop_delivery(firm_replica, false).await;
+
     // No credentials, wrong ones, a role that reads nothing, a poll before the Logon.
     let req = PollRequest::default();
     let mut anonymous = AnyClient::http(node.addr());
