@@ -7,11 +7,22 @@ first, so it could ask again before decoding the body. On a `cursor_too_old` or
 `cursor_foreign` error it does what the error says: starts again with no cursor, which reads a
 snapshot of the current state first.
 
-    python3 examples/delivery_client.py --url http://127.0.0.1:8700 --firm 2 --count 100
+A node with readers' credentials (`[access]` in its TOML; the demo's, which `bourse demo`
+prints) answers only to them: give the reader's name with --user and its password in the
+environment variable BOURSE_DELIVERY_PASSWORD; they go as HTTP Basic with every request (the
+node checks them once and remembers the result). A firm's reader gets its own firm's records
+only. Off the loopback the node speaks HTTPS: use an https:// URL and --ca-file with the
+venue's authority.
+
+    export BOURSE_DELIVERY_PASSWORD=...   # as `bourse demo` prints it
+    python3 examples/delivery_client.py --url http://127.0.0.1:8700 --user firm-1 --count 100
 """
 
 import argparse
+import base64
 import json
+import os
+import ssl
 import sys
 import time
 import urllib.error
@@ -19,12 +30,15 @@ import urllib.parse
 import urllib.request
 
 
-def poll(url, cursor, params, timeout_s):
+def poll(url, cursor, params, timeout_s, authorization=None, context=None):
     query = dict(params)
     if cursor:
         query["cursor"] = cursor
     full = url.rstrip("/") + "/v1/orders?" + urllib.parse.urlencode(query)
-    with urllib.request.urlopen(full, timeout=timeout_s) as answer:
+    request = urllib.request.Request(full)
+    if authorization:
+        request.add_header("Authorization", authorization)
+    with urllib.request.urlopen(request, timeout=timeout_s, context=context) as answer:
         next_cursor = answer.headers["x-bourse-next-cursor"]
         body = json.loads(answer.read())
     return next_cursor, body["header"], body["records"]
@@ -42,7 +56,19 @@ def main():
     p.add_argument("--min-rows", type=int, default=1)
     p.add_argument("--count", type=int, help="stop after this many records")
     p.add_argument("--seconds", type=float, help="stop after this many seconds")
+    p.add_argument("--user", help="log on as this reader (password: BOURSE_DELIVERY_PASSWORD)")
+    p.add_argument("--ca-file", help="trust this authority (PEM) for an https:// URL")
     args = p.parse_args()
+
+    authorization = None
+    if args.user:
+        password = os.environ.get("BOURSE_DELIVERY_PASSWORD")
+        if password is None:
+            print("set BOURSE_DELIVERY_PASSWORD to the reader's password", file=sys.stderr)
+            return 2
+        token = base64.b64encode(f"{args.user}:{password}".encode()).decode()
+        authorization = "Basic " + token
+    context = ssl.create_default_context(cafile=args.ca_file) if args.ca_file else None
 
     params = {"limit": args.limit, "wait_us": args.wait_us, "min_rows": args.min_rows}
     for name in ("firm", "account", "instrument"):
@@ -59,12 +85,17 @@ def main():
         if args.seconds is not None and time.monotonic() - started >= args.seconds:
             break
         try:
-            cursor, header, records = poll(args.url, cursor, params, timeout_s=10)
+            cursor, header, records = poll(
+                args.url, cursor, params, 10, authorization=authorization, context=context
+            )
         except urllib.error.HTTPError as e:
             error = json.loads(e.read()).get("error", {})
             print(f"{e.code} {error.get('code')}: {error.get('message')}", file=sys.stderr)
             if error.get("code") in ("cursor_too_old", "cursor_foreign"):
                 cursor = None  # as the error says: start again from a snapshot
+                continue
+            if error.get("code") == "cursor_ahead":
+                time.sleep(0.5)  # the node has not got this far yet: retry the same cursor
                 continue
             if e.code == 503:
                 time.sleep(float(e.headers.get("Retry-After", "1")))

@@ -24,7 +24,6 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use base64ct::{Base64, Encoding};
 use bourse_auth::CredentialStore;
 use bourse_core::{AccountId, InstrumentId};
 use std::net::SocketAddr;
@@ -40,8 +39,6 @@ pub const ROLE_VIEWER: &str = "viewer";
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 /// The largest body of one action.
 pub const ACTION_BODY_BYTES_MAX: usize = 64 * 1024;
-/// The longest `Authorization` header value read.
-const AUTHORIZATION_BYTES_MAX: usize = 512;
 
 /// The listener's limits.
 #[derive(Clone, Debug)]
@@ -179,16 +176,7 @@ fn respond(answer: Answer) -> Response {
 /// Reads HTTP Basic credentials: (name, password). Public for the other operator APIs
 /// (clearing's run API) that check the same credential store.
 pub fn basic_credentials(headers: &HeaderMap) -> Option<(String, String)> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    if value.len() > AUTHORIZATION_BYTES_MAX {
-        return None;
-    }
-    let encoded = value.strip_prefix("Basic ")?.trim();
-    let mut buf = [0u8; AUTHORIZATION_BYTES_MAX];
-    let decoded = Base64::decode(encoded, &mut buf).ok()?;
-    let text = std::str::from_utf8(decoded).ok()?;
-    let (name, password) = text.split_once(':')?;
-    Some((name.to_string(), password.to_string()))
+    bourse_auth::http_basic(headers.get(header::AUTHORIZATION)?.to_str().ok()?)
 }
 
 /// The operator's name if the credentials are right and hold one of `roles`; otherwise the

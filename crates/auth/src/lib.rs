@@ -19,13 +19,18 @@
 //! on one core), so a server that must not stall runs it off its event loop. Hash costs above
 //! [`HashCost::MAX`] are refused when a hash is read, so a config cannot make a check unbounded.
 //!
+//! [`cache`]: check results remembered under a keyed hash of the credentials, so that a
+//! server checks each credential once, not on every request. [`http_basic`] reads HTTP Basic
+//! credentials; [`random_bytes`] and [`random_u64`] draw from the operating system's source.
+//!
 //! [`tls`]: the venue's TLS identities from PEM files (a gateway's certificate; the mutual TLS
 //! of the links between the venue's own processes, signed by the venue's authority).
 
+pub mod cache;
 pub mod tls;
 
 use argon2::{Algorithm, Argon2, Params, Version};
-use password_hash::rand_core::OsRng;
+use password_hash::rand_core::{OsRng, RngCore};
 use password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -253,7 +258,7 @@ impl PasswordHashString {
 }
 
 /// One entry of a credential store as configs write it (`[[operators]]`, a session's fields).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CredentialEntry {
     pub name: String,
@@ -374,6 +379,44 @@ impl CredentialStore {
             })
         }
     }
+}
+
+/// Fills `out` from the operating system's random source (salts, cache keys, identities).
+pub fn random_bytes(out: &mut [u8]) {
+    OsRng.fill_bytes(out);
+}
+
+/// A random `u64` from the operating system's random source.
+pub fn random_u64() -> u64 {
+    OsRng.next_u64()
+}
+
+/// The longest `Authorization` header value [`http_basic`] reads.
+pub const AUTHORIZATION_BYTES_MAX: usize = 512;
+
+/// Reads an HTTP `Authorization: Basic ...` header value: (name, password); `None` for any
+/// other scheme, bad base64, text that is not UTF-8 or has no `:`, or a value longer than
+/// [`AUTHORIZATION_BYTES_MAX`]. The one reader for every HTTP API of the venue.
+pub fn http_basic(value: &str) -> Option<(String, String)> {
+    use base64ct::{Base64, Encoding};
+    if value.len() > AUTHORIZATION_BYTES_MAX {
+        return None;
+    }
+    let encoded = value.strip_prefix("Basic ")?.trim();
+    let mut buf = [0u8; AUTHORIZATION_BYTES_MAX];
+    let decoded = Base64::decode(encoded, &mut buf).ok()?;
+    let text = std::str::from_utf8(decoded).ok()?;
+    let (name, password) = text.split_once(':')?;
+    Some((name.to_string(), password.to_string()))
+}
+
+/// The `Authorization` header value that carries these credentials as HTTP Basic.
+pub fn http_basic_value(name: &str, password: &str) -> String {
+    use base64ct::{Base64, Encoding};
+    format!(
+        "Basic {}",
+        Base64::encode_string(format!("{name}:{password}").as_bytes())
+    )
 }
 
 /// A hash of a random password at the default cost, made once per process on first use.
@@ -520,6 +563,24 @@ mod tests {
         let bad = text.replace("$argon2id$", "$argon2i$");
         let e = toml::from_str::<File>(&bad).unwrap_err().to_string();
         assert!(e.contains("only argon2id"), "{e}");
+    }
+
+    #[test]
+    fn http_basic_reads_back_what_it_writes_and_nothing_else() {
+        let v = http_basic_value("firm-2", "a:b c");
+        assert_eq!(http_basic(&v), Some(("firm-2".into(), "a:b c".into())));
+        assert_eq!(http_basic("Bearer abc"), None);
+        assert_eq!(http_basic("Basic !!!"), None);
+        assert_eq!(
+            http_basic(&http_basic_value("", "")),
+            Some((String::new(), String::new()))
+        );
+        assert_eq!(http_basic(&format!("Basic {}", "A".repeat(600))), None);
+    }
+
+    #[test]
+    fn random_values_differ() {
+        assert_ne!(random_u64(), random_u64());
     }
 
     proptest::proptest! {

@@ -104,6 +104,16 @@ pub struct TailArgs {
     /// Stop at the first empty answer (everything so far was printed).
     #[arg(long)]
     until_empty: bool,
+    /// Log on as this reader (the password is read from BOURSE_DELIVERY_PASSWORD): needed
+    /// at a node with `[[access.readers]]`.
+    #[arg(long)]
+    user: Option<String>,
+    /// Speak TLS, trusting the authorities of this PEM file (a node with `access.tls`).
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+    /// The name the node's certificate carries (default: the address's IP).
+    #[arg(long, requires = "tls_ca")]
+    tls_name: Option<String>,
 }
 
 pub fn run(command: DeliveryCommand) -> Result<()> {
@@ -149,6 +159,8 @@ fn serve(args: ServeArgs) -> Result<()> {
                 primary,
                 cores: args.follow_cores.clone(),
                 secondary_indexes: false,
+                login: None,
+                tls: None,
             }),
             cold: args.cold_retain_seconds.map(|retain_seconds| {
                 bourse_delivery::cold::ColdConfig {
@@ -157,6 +169,7 @@ fn serve(args: ServeArgs) -> Result<()> {
                 }
             }),
             limits: Limits::default(),
+            access: Default::default(),
         },
     };
     let stop = crate::cluster_cmd::stop_flag();
@@ -219,17 +232,37 @@ fn tail(args: TailArgs) -> Result<()> {
     if args.limit == 0 {
         bail!("--limit must be at least 1");
     }
+    let credentials = match &args.user {
+        Some(name) => {
+            let password = std::env::var("BOURSE_DELIVERY_PASSWORD")
+                .context("set BOURSE_DELIVERY_PASSWORD to the reader's password")?;
+            Some((name.clone(), password))
+        }
+        None => None,
+    };
+    let tls = match &args.tls_ca {
+        Some(ca) => {
+            let name = args
+                .tls_name
+                .clone()
+                .unwrap_or_else(|| args.addr.ip().to_string());
+            Some(bourse_client::TlsClient::from_ca_file(ca, &name).map_err(|e| anyhow!(e))?)
+        }
+        None => None,
+    };
+    let access = bourse_delivery::Access { tls, credentials };
     let stop = crate::cluster_cmd::stop_flag();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("tokio runtime")?;
     rt.block_on(async move {
-        let mut client = if args.binary {
+        let client = if args.binary {
             AnyClient::binary(args.addr)
         } else {
             AnyClient::http(args.addr)
         };
+        let mut client = client.with_access(access);
         let mut req = PollRequest {
             cursor: args.cursor.clone(),
             filter: Filter {

@@ -234,12 +234,21 @@ const DELIVERY_PORT_DEFAULT: u16 = 8700;
 /// Records the demo's delivery node keeps in memory per core; older ones go to disk.
 const DEMO_DELIVERY_RECORDS_PER_CORE_MAX: usize = 100_000;
 
-/// A delivery node over every replicated core of the deployment (none for in-process cores).
+/// The demo's delivery readers: one that reads every firm, one that reads firm 1's records.
+const DEMO_DELIVERY_VIEWER: &str = "viewer";
+const DEMO_DELIVERY_FIRM: &str = "firm-1";
+const DEMO_DELIVERY_FIRM_ID: u32 = 1;
+
+/// The demo's delivery node and its readers' passwords (viewer, firm 1), made up at start.
+type DemoDelivery = (bourse_delivery::DeliveryNode, String, String);
+
+/// A delivery node over every replicated core of the deployment (none for in-process cores),
+/// with two readers: the node asks for credentials as a venue's would, on the loopback too.
 fn start_delivery(
     args: &DemoArgs,
     deployment: &LocalDeployment,
     data_dir: &std::path::Path,
-) -> Result<Option<bourse_delivery::DeliveryNode>> {
+) -> Result<Option<DemoDelivery>> {
     let cores: Vec<bourse_delivery::CoreSource> = deployment
         .node_addrs()
         .into_iter()
@@ -254,6 +263,29 @@ fn start_delivery(
     if args.no_delivery || cores.is_empty() {
         return Ok(None);
     }
+    let (viewer_password, firm_password) = (demo_password(), demo_password());
+    let reader = |name: &str, password: &str, role: String| -> Result<_> {
+        Ok(bourse_auth::CredentialEntry {
+            name: name.into(),
+            password_hash: bourse_auth::hash_password(password)?,
+            roles: vec![role],
+        })
+    };
+    let readers = vec![
+        reader(
+            DEMO_DELIVERY_VIEWER,
+            &viewer_password,
+            bourse_delivery::access::ROLE_VIEWER.into(),
+        )?,
+        reader(
+            DEMO_DELIVERY_FIRM,
+            &firm_password,
+            format!(
+                "{}{DEMO_DELIVERY_FIRM_ID}",
+                bourse_delivery::access::ROLE_FIRM_PREFIX
+            ),
+        )?,
+    ];
     let config = |port: u16| bourse_delivery::DeliveryConfig {
         name: "bourse-demo".into(),
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
@@ -271,6 +303,10 @@ fn start_delivery(
             records_per_core_max: DEMO_DELIVERY_RECORDS_PER_CORE_MAX,
             ..bourse_delivery::Limits::default()
         },
+        access: bourse_delivery::AccessConfig {
+            readers: readers.clone(),
+            ..Default::default()
+        },
     };
     let node = match args.delivery_port {
         Some(port) => bourse_delivery::DeliveryNode::start(config(port)),
@@ -278,7 +314,7 @@ fn start_delivery(
             .or_else(|_| bourse_delivery::DeliveryNode::start(config(0))),
     }
     .map_err(|e| anyhow!("delivery node: {e} (try --delivery-port 0 or --no-delivery)"))?;
-    Ok(Some(node))
+    Ok(Some((node, viewer_password, firm_password)))
 }
 
 /// With `--itch-port`: an ITCH feed per replicated core, fed from its committed stream from
@@ -476,7 +512,7 @@ fn start_dashboard(args: &DemoArgs) -> Result<Option<(Arc<Monitor>, DashboardSer
 pub(crate) struct DemoVenue {
     pub(crate) deployment: LocalDeployment,
     dashboard: Option<(Arc<Monitor>, DashboardServer)>,
-    delivery: Option<bourse_delivery::DeliveryNode>,
+    delivery: Option<DemoDelivery>,
     itch: Vec<bourse_itch::service::ItchService>,
     admin: Option<DemoAdmin>,
 }
@@ -523,21 +559,26 @@ impl DemoVenue {
             print_layout(&deployment, profile, &dashboard);
         }
         let delivery = start_delivery(args, &deployment, data_dir)?;
-        if let (Some(d), Some((monitor, _))) = (&delivery, &dashboard) {
+        if let (Some((d, _, _)), Some((monitor, _))) = (&delivery, &dashboard) {
             let shared = Arc::clone(d.shared());
             monitor
                 .delivery()
                 .set_source(move || shared.counters.totals());
         }
         let itch = start_itch(args, &deployment, profile)?;
-        if let (Some(d), true) = (&delivery, verbose) {
+        if let (Some((d, viewer, firm)), true) = (&delivery, verbose) {
             println!(
-                "  delivery: {}/v1/orders (every order's latest state by cursor); follow it with: \
-                 bourse delivery tail --addr {}; what changed in the last minute, from memory and \
-                 disk: bourse delivery tail --addr {} --since-seconds 60 --until-empty",
+                "  delivery: {}/v1/orders (every order's latest state by cursor), readers \
+                 {DEMO_DELIVERY_VIEWER} (password {viewer}: every firm) and {DEMO_DELIVERY_FIRM} \
+                 (password {firm}: firm {DEMO_DELIVERY_FIRM_ID}'s records only)\n\
+                 \x20   export BOURSE_DELIVERY_PASSWORD={firm}\n\
+                 \x20   bourse delivery tail --addr {} --user {DEMO_DELIVERY_FIRM}; what changed in \
+                 the last minute, from memory and disk: add --since-seconds 60 --until-empty\n\
+                 \x20   python3 examples/delivery_client.py --url {} --user {DEMO_DELIVERY_FIRM} \
+                 --count 20",
                 d.url(),
                 d.addr(),
-                d.addr()
+                d.url(),
             );
         }
         let admin = start_admin(
@@ -569,7 +610,7 @@ impl DemoVenue {
     /// Stops the services, then the deployment; the dashboard stays up for the caller.
     pub(crate) fn stop(mut self) -> Result<Option<(Arc<Monitor>, DashboardServer)>> {
         drop(self.admin.take());
-        if let Some(d) = self.delivery.take() {
+        if let Some((d, _, _)) = self.delivery.take() {
             d.stop().map_err(|e| anyhow!(e))?;
         }
         for s in self.itch.drain(..) {

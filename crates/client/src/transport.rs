@@ -56,6 +56,16 @@ impl TlsClient {
         Ok(StreamOwned::new(conn, tcp))
     }
 
+    /// The rustls configuration (for an async connector: the delivery clients).
+    pub fn config(&self) -> Arc<ClientConfig> {
+        Arc::clone(&self.config)
+    }
+
+    /// The name the server's certificate must carry.
+    pub fn server_name(&self) -> ServerName<'static> {
+        self.server_name.clone()
+    }
+
     /// A client configuration made elsewhere, and the gateway's name.
     pub fn new(config: Arc<ClientConfig>, server_name: &str) -> Result<TlsClient, String> {
         let server_name = ServerName::try_from(server_name.to_string())

@@ -9,7 +9,16 @@
 //! busy) gets DeliveryError and the connection stays open; bytes that are not a valid frame
 //! get DeliveryError(BadRequest) and the connection is closed, since its framing is lost. A
 //! connection must send its next request within `header_read_timeout_ms`.
+//!
+//! A node with readers' credentials (`[access]`) wants a Logon first on each connection: it
+//! checks the credentials once ([`crate::access::Gate`]) and answers LogonAck, or
+//! DeliveryError(Unauthenticated) and closes; a GetOrders before a good Logon gets
+//! DeliveryError(Unauthenticated) and the connection is closed. Every poll of the connection
+//! then reads what its credentials may ([`crate::access::Reader`]). With `access.tls` the
+//! front speaks TLS only: a connection that does not finish a handshake within
+//! `header_read_timeout_ms` is closed before any byte of the protocol is read.
 
+use crate::access::Reader;
 use crate::cursor::{Cursor, CURSOR_BYTES_MAX};
 use crate::node::{Front, Shared};
 use crate::poll::{self, Asked, Refusal, RefusalKind, Selected};
@@ -22,8 +31,8 @@ use bourse_wire::delivery::{self as wire, FrameDecoder, Message, FRAME_BYTES_MAX
 use bourse_wire::frame::encode_frame;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 const _: () = assert!(CURSOR_BYTES_MAX <= wire::CURSOR_BYTES_MAX as usize);
@@ -52,10 +61,24 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watc
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
         let mut stopped = stopped.clone();
+        let tls = shared.tls.clone().map(tokio_rustls::TlsAcceptor::from);
         tokio::spawn(async move {
             let _slot = slot;
+            let idle = Duration::from_millis(shared.limits.header_read_timeout_ms);
             tokio::select! {
-                _ = connection(stream, &shared) => {}
+                _ = async {
+                    match tls {
+                        None => connection(stream, &shared).await,
+                        Some(acceptor) => {
+                            // A failed or late handshake closes the connection.
+                            if let Ok(Ok(tls)) =
+                                tokio::time::timeout(idle, acceptor.accept(stream)).await
+                            {
+                                connection(tls, &shared).await
+                            }
+                        }
+                    }
+                } => {}
                 _ = stopped.changed() => {}
             }
         });
@@ -64,7 +87,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watc
 
 /// One connection: requests in, answers out, until the peer leaves, idles past the limit or
 /// breaks the framing.
-async fn connection(mut stream: TcpStream, s: &Shared) {
+async fn connection<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, s: &Shared) {
     let idle = Duration::from_millis(s.limits.header_read_timeout_ms);
     let decoder = FrameDecoder::default();
     let mut inbuf = vec![0u8; FRAME_BYTES_MAX];
@@ -72,6 +95,9 @@ async fn connection(mut stream: TcpStream, s: &Shared) {
     let mut out = Vec::with_capacity(64 * 1024);
     let per_s = s.limits.polls_per_second_per_connection_max;
     let rate = bourse_monitor::rate::ConnectionRate::new(per_s);
+    // Who this connection reads as: everyone at a node without credentials, else whom its
+    // Logon named.
+    let mut reader: Option<Reader> = s.gate.is_open().then_some(Reader::All);
     loop {
         let frame = loop {
             match decoder.decode(&inbuf[..have]) {
@@ -87,31 +113,64 @@ async fn connection(mut stream: TcpStream, s: &Shared) {
         };
         out.clear();
         let keep = match frame {
-            Ok((Ok(req), used)) => {
+            Ok((Ok(Frame::Logon(id, name, password)), used)) => {
                 inbuf.copy_within(used..have, 0);
                 have -= used;
-                match rate.take() {
-                    Ok(()) => answer(s, req, &mut out).await,
-                    Err(wait_ms) => {
-                        s.counters.polls.inc();
-                        error_frame(req.0, &Refusal::rate_limited(s, per_s, wait_ms), &mut out);
+                match s.gate.check(&name, &password).await {
+                    Ok(r) => {
+                        logon_ack(id, &r, &mut out);
+                        reader = Some(r);
+                        true
+                    }
+                    Err(r) => {
+                        s.counters.refused(r.kind);
+                        error_frame(id, &r, &mut out);
+                        false
                     }
                 }
-                true
+            }
+            Ok((Ok(Frame::Get(req)), used)) => {
+                inbuf.copy_within(used..have, 0);
+                have -= used;
+                match (&reader, rate.take()) {
+                    (None, _) => {
+                        s.counters.polls.inc();
+                        s.counters.polls_bad_request.inc();
+                        let r = crate::access::unauthenticated(
+                            "this node has credentials: send a Logon first on the connection",
+                        );
+                        s.counters.refused(r.kind);
+                        error_frame(req.0, &r, &mut out);
+                        false
+                    }
+                    (Some(reader), Ok(())) => {
+                        answer(s, req, reader, &mut out).await;
+                        true
+                    }
+                    (Some(_), Err(wait_ms)) => {
+                        s.counters.polls.inc();
+                        let r = Refusal::rate_limited(s, per_s, wait_ms);
+                        s.counters.refused(r.kind);
+                        error_frame(req.0, &r, &mut out);
+                        true
+                    }
+                }
             }
             Ok((Err((id, why)), _)) => {
                 s.counters.polls_bad_request.inc();
+                s.counters.refused(RefusalKind::BadRequest);
                 error_frame(id, &Refusal::bad_request(why), &mut out);
                 false
             }
             Err(why) => {
                 s.counters.polls_bad_request.inc();
+                s.counters.refused(RefusalKind::BadRequest);
                 let why = format!("not a delivery frame: {why}");
                 error_frame(0, &Refusal::bad_request(why), &mut out);
                 false
             }
         };
-        if stream.write_all(&out).await.is_err() || !keep {
+        if stream.write_all(&out).await.is_err() || stream.flush().await.is_err() || !keep {
             return;
         }
     }
@@ -121,8 +180,23 @@ async fn connection(mut stream: TcpStream, s: &Shared) {
 /// refusal of the poll, after which the connection goes on).
 type Request = (u64, Asked, Result<Option<Cursor>, Refusal>);
 
+/// A request frame: a poll, or a Logon (request id, name, password).
+enum Frame {
+    Get(Request),
+    Logon(u64, String, String),
+}
+
 /// What a frame asks, or (request id, why it is not a request).
-fn request(m: &Message<'_>) -> Result<Request, (u64, String)> {
+fn request(m: &Message<'_>) -> Result<Frame, (u64, String)> {
+    if let Message::Logon(l) = m {
+        let mut l = *l;
+        let id = l.request_id();
+        let at = l.name_decoder();
+        let name = String::from_utf8_lossy(l.name_slice(at)).into_owned();
+        let at = l.password_decoder();
+        let password = String::from_utf8_lossy(l.password_slice(at)).into_owned();
+        return Ok(Frame::Logon(id, name, password));
+    }
     let Message::GetOrders(g) = m else {
         return Err((0, format!("{:?} is not a request", m.template_id())));
     };
@@ -147,18 +221,38 @@ fn request(m: &Message<'_>) -> Result<Request, (u64, String)> {
         wait_us: (g.wait_us() != WAIT_US_DEFAULT).then_some(u64::from(g.wait_us())),
         min_rows: (g.min_rows() != 0).then_some(g.min_rows() as usize),
     };
-    Ok((id, asked, cursor))
+    Ok(Frame::Get((id, asked, cursor)))
 }
 
-async fn answer(s: &Shared, (id, asked, cursor): Request, out: &mut Vec<u8>) {
+/// LogonAck: whose records the credentials read.
+fn logon_ack(id: u64, reader: &Reader, out: &mut Vec<u8>) {
+    let firms: Vec<u8> = reader
+        .firms()
+        .unwrap_or(&[])
+        .iter()
+        .take(wire::LOGON_FIRMS_MAX)
+        .flat_map(|f| f.0.to_le_bytes())
+        .collect();
+    push_frame(out, |b| {
+        encode_frame(b, |mut e: codec::logon_ack_codec::LogonAckEncoder| {
+            e.request_id(id)
+                .all_firms(u8::from(reader.firms().is_none()));
+            e.firms(&firms);
+            e
+        })
+    });
+}
+
+async fn answer(s: &Shared, (id, asked, cursor): Request, reader: &Reader, out: &mut Vec<u8>) {
     let started = Instant::now();
     s.counters.polls.inc();
     let Ok(_permit) = s.polls.try_acquire() else {
         s.counters.polls_refused_busy.inc();
+        s.counters.refused(RefusalKind::Busy);
         error_frame(id, &Refusal::busy(s), out);
         return;
     };
-    let result = match cursor.and_then(|c| poll::check(asked, c, s)) {
+    let result = match cursor.and_then(|c| poll::check(asked, c, reader, s)) {
         Ok(p) => poll::select(s, &p, started)
             .await
             .map_err(|e| Refusal::from(&e)),
@@ -168,6 +262,7 @@ async fn answer(s: &Shared, (id, asked, cursor): Request, out: &mut Vec<u8>) {
         Ok(selected) => encode_answer(id, &selected, out),
         Err(r) => {
             s.counters.polls_bad_request.inc();
+            s.counters.refused(r.kind);
             error_frame(id, &r, out);
         }
     }
@@ -183,6 +278,9 @@ fn error_code(kind: RefusalKind) -> codec::error_code::ErrorCode {
         RefusalKind::Busy | RefusalKind::RateLimited => ErrorCode::Busy,
         RefusalKind::CatchingUp => ErrorCode::CatchingUp,
         RefusalKind::FilterNotServed => ErrorCode::FilterNotServed,
+        RefusalKind::CursorAhead => ErrorCode::CursorAhead,
+        RefusalKind::Unauthenticated => ErrorCode::Unauthenticated,
+        RefusalKind::NotEntitled => ErrorCode::NotEntitled,
     }
 }
 

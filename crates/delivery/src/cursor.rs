@@ -1,8 +1,9 @@
 //! The cursor: a vector of per-core positions, opaque to clients.
 //!
 //! A client gets a cursor in every answer and hands it back to continue; it never looks
-//! inside. The text form is hex of: a version byte, the hash of the delivery deployment's
-//! name (so a cursor from another deployment is recognised as foreign), the number of parts,
+//! inside. The text form is hex of: a version byte, the deployment's *identity* (so a cursor
+//! from another deployment, or from an earlier run of this one over another store, is
+//! recognised as foreign: see [`fresh_identity`]), the number of parts,
 //! each part `(core id u32, log index u64, ordinal u32)` meaning "everything of that core
 //! before this position was delivered", and a CRC-32C of all the bytes before it (so a
 //! damaged or hand-edited cursor is refused, never misread). A core missing from a cursor is
@@ -48,6 +49,10 @@ pub enum CursorError {
     Foreign(String),
     /// The store no longer keeps everything after the cursor for that core.
     TooOld { core: u32, oldest_index: u64 },
+    /// The cursor names a position of that core past what this node has applied: it was
+    /// handed out by a node further along (the primary, to a client now at a lagging
+    /// replica; this node before it restarted from an older state file).
+    Ahead { core: u32, index: u64, applied: u64 },
 }
 
 impl fmt::Display for CursorError {
@@ -69,15 +74,45 @@ impl fmt::Display for CursorError {
                  and older changes were evicted; start again with no cursor to read a \
                  snapshot of the current state"
             ),
+            CursorError::Ahead {
+                core,
+                index,
+                applied,
+            } => write!(
+                f,
+                "cursor ahead: it names core {core} at log index {index}, and this node has \
+                 applied that core's entries before {applied} only (it was handed out by a \
+                 node further along, or by this node before it restarted from an older state \
+                 file); retry after a pause, poll the node that handed it out, or start again \
+                 with no cursor"
+            ),
         }
     }
 }
 
 impl std::error::Error for CursorError {}
 
-/// The hash of a deployment's name that every cursor of it carries.
+/// The hash of a deployment's name: the identity of a store made without a random one
+/// (tests, and every store written before identities were random), whose top 16 bits are
+/// also every identity's name tag.
 pub fn deployment_hash(name: &str) -> u64 {
     xxhash_rust::xxh3::xxh3_64(name.as_bytes())
+}
+
+/// The bits of an identity that come from the deployment's name.
+pub const NAME_TAG_MASK: u64 = 0xffff << 48;
+
+/// A new identity for a fresh, empty store of the deployment `name`: the top 16 bits of the
+/// name's hash (so a read replica can tell that its primary serves the deployment it was
+/// configured for) and 48 bits of `random`, so that two runs over two stores never issue each
+/// other's cursors (two fresh starts of one name share an identity with probability 2^-48).
+pub fn fresh_identity(name: &str, random: u64) -> u64 {
+    (deployment_hash(name) & NAME_TAG_MASK) | (random & !NAME_TAG_MASK)
+}
+
+/// Whether `identity` is one of the deployment `name`'s (its name tag matches).
+pub fn identity_names(identity: u64, name: &str) -> bool {
+    identity & NAME_TAG_MASK == deployment_hash(name) & NAME_TAG_MASK
 }
 
 impl Cursor {
@@ -252,6 +287,16 @@ mod tests {
             let changed = String::from_utf8(bytes).unwrap();
             prop_assert!(matches!(Cursor::decode(&changed), Err(CursorError::Malformed(_))));
         }
+    }
+
+    #[test]
+    fn a_fresh_identity_keeps_the_names_tag_and_differs_by_its_random_bits() {
+        let a = fresh_identity("venue", 1);
+        let b = fresh_identity("venue", 2);
+        assert_ne!(a, b);
+        assert!(identity_names(a, "venue") && identity_names(b, "venue"));
+        assert!(!identity_names(a, "other-venue"));
+        assert!(identity_names(deployment_hash("venue"), "venue"));
     }
 
     #[test]

@@ -12,9 +12,13 @@
 //!   persisted state file, and two fronts on one [`poll`] engine: [`server`], the HTTP/JSON
 //!   long poll, and [`binary`], SBE over TCP (GetOrders); or, as a read replica
 //!   ([`node::Follow`]), one task polling a primary node's binary front instead of feeds.
+//! - [`access`]: who may read what: readers log on with the venue's credential store (HTTP
+//!   Basic, a binary Logon), checked once and remembered; a firm's reader gets its own
+//!   firm's records only; fronts off the loopback need TLS and credentials.
 //! - [`client::AnyClient`]: a Rust client of either front ([`DeliveryClient`], [`BinaryClient`]),
 //!   from the SDK (`bourse_client::delivery`), as are the [`record`] types.
 
+pub mod access;
 pub mod binary;
 pub mod cold;
 pub mod cursor;
@@ -23,14 +27,19 @@ pub mod poll;
 pub mod server;
 pub mod store;
 
+pub use access::{AccessConfig, Reader, ServerTls};
 /// The client and the record types live in the SDK (`bourse_client::delivery`), which a
 /// broker's program uses without the store or the cluster; they are re-exported here.
 pub use bourse_client::delivery::{self as client, record};
 pub use bourse_client::delivery::{
-    AnyClient, BinaryClient, ClientError, DeliveryClient, PollAnswer, PollRequest,
+    Access, AnyClient, BinaryClient, ClientError, DeliveryClient, PollAnswer, PollRequest,
 };
+/// How a client trusts a node's certificate (its TLS fronts).
+pub use bourse_client::TlsClient;
 pub use cursor::{Cursor, CursorError};
-pub use node::{CoreSource, DeliveryConfig, DeliveryNode, Follow, Limits, Role};
+pub use node::{
+    CoreSource, DeliveryConfig, DeliveryNode, Follow, FollowLogin, FollowTls, Limits, Role,
+};
 pub use record::{Filter, Pos, Record};
 pub use server::{AnswerHeader, ServerTimings};
 pub use store::{Answer, Store, StoreConfig};

@@ -17,6 +17,7 @@
 //! indexes unless asked, refuses filtered polls, and refuses every poll until it has read
 //! its primary's whole picture once.
 
+use crate::access::{AccessConfig, Gate};
 use crate::cursor::Cursor;
 use crate::store::{Store, StoreConfig};
 use bourse_cluster::consumer::StreamConsumer;
@@ -94,7 +95,9 @@ impl Default for Limits {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeliveryConfig {
-    /// The deployment's name: cursors carry its hash and another deployment's are refused.
+    /// The deployment's name. Cursors carry the store's identity: the name's tag and 48
+    /// random bits drawn when the store starts empty, kept in the state file; a cursor of
+    /// another deployment, or of an earlier store of this one, is refused as foreign.
     pub name: String,
     /// The HTTP/JSON API's address.
     pub listen: SocketAddr,
@@ -124,6 +127,9 @@ pub struct DeliveryConfig {
     pub cold: Option<crate::cold::ColdConfig>,
     #[serde(default)]
     pub limits: Limits,
+    /// Who may read what (`[access]`: readers' credentials, TLS; see [`crate::access`]).
+    #[serde(default)]
+    pub access: AccessConfig,
 }
 
 /// What a read replica follows: its primary's binary front and the cores it serves (as the
@@ -139,6 +145,55 @@ pub struct Follow {
     /// polls too (off by default: replicas serve unfiltered clients, seed 003).
     #[serde(default)]
     pub secondary_indexes: bool,
+    /// The replica's credentials at its primary (a `viewer` or `operator` there: it reads
+    /// every firm's records and applies its own `[access]` to its clients).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub login: Option<FollowLogin>,
+    /// TLS to the primary's binary front (required when the primary is off the loopback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<FollowTls>,
+}
+
+/// A read replica's credentials at its primary.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FollowLogin {
+    pub name: String,
+    pub password: String,
+}
+
+/// How a read replica trusts its primary's certificate.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FollowTls {
+    /// The authorities (PEM) that signed the primary's certificate.
+    pub ca_path: PathBuf,
+    /// The name the certificate carries; the primary's IP address when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
+}
+
+impl Follow {
+    /// What the replica's client brings to its primary.
+    pub fn client_access(&self) -> Result<bourse_client::delivery::Access, String> {
+        let tls = match &self.tls {
+            Some(t) => {
+                let name = t
+                    .server_name
+                    .clone()
+                    .unwrap_or_else(|| self.primary.ip().to_string());
+                Some(bourse_client::TlsClient::from_ca_file(&t.ca_path, &name)?)
+            }
+            None => None,
+        };
+        Ok(bourse_client::delivery::Access {
+            tls,
+            credentials: self
+                .login
+                .as_ref()
+                .map(|l| (l.name.clone(), l.password.clone())),
+        })
+    }
 }
 
 /// What a node is: fed by cores, or a read replica of another node.
@@ -210,7 +265,16 @@ impl DeliveryConfig {
             }
             cold.validate()?;
         }
+        self.validate_access()?;
         self.validate_limits()
+    }
+
+    fn validate_access(&self) -> Result<(), String> {
+        let mut listeners = vec![("listen", self.listen)];
+        if let Some(b) = self.binary_listen {
+            listeners.push(("binary_listen", b));
+        }
+        self.access.validate(&listeners)
     }
 
     fn validate_replica(&self, f: &Follow) -> Result<(), String> {
@@ -242,6 +306,14 @@ impl DeliveryConfig {
         if (1..f.cores.len()).any(|i| f.cores[..i].contains(&f.cores[i])) {
             return Err("follow.cores lists a core twice".into());
         }
+        if !f.primary.ip().is_loopback() && f.tls.is_none() {
+            return Err(format!(
+                "follow.primary {} is not on the loopback, and its binary front speaks TLS \
+                 only there: set follow.tls = {{ ca_path }} (and follow.login)",
+                f.primary
+            ));
+        }
+        self.validate_access()?;
         self.validate_limits()
     }
 
@@ -329,6 +401,8 @@ pub struct ApiCounters {
     /// Per poll: time selecting under the read lock, and from arrival to answer.
     pub select: Histogram,
     pub answer: Histogram,
+    /// Refusals by reason (`RefusalKind::ALL`'s order), both fronts, logons included.
+    pub refusals: Vec<Counter>,
 }
 
 impl ApiCounters {
@@ -400,12 +474,41 @@ impl ApiCounters {
             ),
             select: stage("select"),
             answer: stage("answer"),
+            refusals: crate::poll::RefusalKind::ALL
+                .iter()
+                .map(|k| {
+                    r.counter(
+                        "bourse_delivery_refusals_total",
+                        "Requests refused, by reason (both fronts, logons included)",
+                        &[("reason", k.code())],
+                    )
+                })
+                .collect(),
             registry: r,
         }
     }
 }
 
 impl ApiCounters {
+    /// Counts one refusal under its reason.
+    pub fn refused(&self, kind: crate::poll::RefusalKind) {
+        if let Some(i) = crate::poll::RefusalKind::ALL
+            .iter()
+            .position(|k| *k == kind)
+        {
+            self.refusals[i].inc();
+        }
+    }
+
+    /// Refusals so far, by reason code.
+    pub fn refusals_by_reason(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        crate::poll::RefusalKind::ALL
+            .iter()
+            .zip(&self.refusals)
+            .map(|(k, c)| (k.code(), c.get()))
+            .collect()
+    }
+
     /// The running totals the dashboard's delivery panel reads (`bourse_monitor::delivery`).
     pub fn totals(&self) -> bourse_monitor::delivery::DeliveryTotals {
         bourse_monitor::delivery::DeliveryTotals {
@@ -459,6 +562,9 @@ pub struct Shared {
     pub store: RwLock<Store>,
     /// Bumped after every entry that wrote records; waiting polls watch it.
     pub changed: watch::Sender<u64>,
+    /// Bumped after every entry applied (records or not); polls whose cursor is ahead of
+    /// the node watch it.
+    pub applied: watch::Sender<u64>,
     pub counters: ApiCounters,
     /// Per core, why its feed is not running (or is retrying), if it is not well.
     pub feed_errors: Mutex<Vec<Option<String>>>,
@@ -466,6 +572,10 @@ pub struct Shared {
     /// Polls being answered, over both fronts, at most `limits.polls_in_flight_max`.
     pub polls: Semaphore,
     pub role: Role,
+    /// Who may read what: the readers' credentials, checked once and remembered.
+    pub gate: Gate,
+    /// Both fronts speak TLS with this certificate (`access.tls`).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
     /// A replica has read its primary's whole picture (always true on a primary).
     ready: AtomicBool,
 }
@@ -476,12 +586,26 @@ impl Shared {
     }
 
     pub fn with_role(store: Store, limits: Limits, role: Role) -> Arc<Shared> {
+        Shared::with_access(store, limits, role, Gate::open(), None)
+    }
+
+    /// A node's shared state with its readers' gate and its fronts' TLS.
+    pub fn with_access(
+        store: Store,
+        limits: Limits,
+        role: Role,
+        gate: Gate,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> Arc<Shared> {
         let cores = store.core_ids().len();
         Arc::new(Shared {
             role,
+            gate,
+            tls,
             ready: AtomicBool::new(role == Role::Primary),
             store: RwLock::new(store),
             changed: watch::channel(0).0,
+            applied: watch::channel(0).0,
             counters: ApiCounters::default(),
             feed_errors: Mutex::new(vec![None; cores]),
             polls: Semaphore::new(limits.polls_in_flight_max),
@@ -516,6 +640,14 @@ impl DeliveryNode {
     /// its own.
     pub fn start(config: DeliveryConfig) -> Result<DeliveryNode, String> {
         config.validate()?;
+        let readers = bourse_auth::CredentialStore::from_entries(&config.access.readers)
+            .map_err(|e| format!("access.readers: {e}"))?;
+        let gate = Gate::new(readers, &config.access, config.threads);
+        let tls = config.access.server_tls()?;
+        let follow_access = match &config.follow {
+            Some(f) => Some(f.client_access().map_err(|e| format!("follow.tls: {e}"))?),
+            None => None,
+        };
         let store = load_store(&config)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.threads)
@@ -535,12 +667,18 @@ impl DeliveryNode {
             Some(l) => Some(l.local_addr().map_err(|e| format!("listener: {e}"))?),
             None => None,
         };
-        let shared = Shared::with_role(store, config.limits.clone(), config.role());
+        let shared = Shared::with_access(store, config.limits.clone(), config.role(), gate, tls);
         let (stop, stopped) = watch::channel(false);
         {
             let _guard = runtime.enter();
-            if let Some(f) = &config.follow {
-                tokio::spawn(follow(shared.clone(), f.primary, stopped.clone()));
+            if let (Some(f), Some(access)) = (&config.follow, follow_access) {
+                tokio::spawn(follow(
+                    shared.clone(),
+                    f.primary,
+                    config.name.clone(),
+                    access,
+                    stopped.clone(),
+                ));
             }
             for (slot, core) in config.cores.iter().enumerate() {
                 bourse_cluster::transport::configure_client(&core.nodes, core.tls.as_ref())
@@ -659,9 +797,22 @@ fn load_store(config: &DeliveryConfig) -> Result<Store, String> {
     Ok(store)
 }
 
+/// A new, empty store: a primary's gets a fresh random identity (a replica's is its
+/// primary's, learnt on its first answer).
+fn fresh_store(config: &DeliveryConfig) -> Store {
+    let mut store = Store::new(&config.store_config());
+    if config.follow.is_none() {
+        store.set_identity(crate::cursor::fresh_identity(
+            &config.name,
+            bourse_auth::random_u64(),
+        ));
+    }
+    store
+}
+
 fn load_state(config: &DeliveryConfig) -> Result<Store, String> {
     let Some(file) = config.state_file() else {
-        return Ok(Store::new(&config.store_config()));
+        return Ok(fresh_store(config));
     };
     match std::fs::read(&file) {
         Ok(bytes) => Store::decode(&config.store_config(), &bytes).map_err(|e| {
@@ -671,9 +822,23 @@ fn load_state(config: &DeliveryConfig) -> Result<Store, String> {
             )
         }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(file.parent().expect("a state dir"))
-                .map_err(|e| format!("state dir: {e}"))?;
-            Ok(Store::new(&config.store_config()))
+            let dir = file.parent().expect("a state dir");
+            std::fs::create_dir_all(dir).map_err(|e| format!("state dir: {e}"))?;
+            // Cold data of an earlier store carries that store's identity: keep it aside.
+            let cold = dir.join("cold");
+            if cold.exists() {
+                let secs = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                let aside = dir.join(format!("cold.before-{secs}"));
+                std::fs::rename(&cold, &aside).map_err(|e| format!("{}: {e}", cold.display()))?;
+                eprintln!(
+                    "bourse delivery: no state file, so this is a new store with a new identity; \
+                     the earlier store's cold data is set aside as {}",
+                    aside.display()
+                );
+            }
+            Ok(fresh_store(config))
         }
         Err(e) => Err(format!("{}: {e}", file.display())),
     }
@@ -734,6 +899,7 @@ async fn feed(
                         .expect("store")
                         .apply_entry(slot, &entry);
                     shared.counters.entries_applied.inc();
+                    shared.applied.send_modify(|v| *v += 1);
                     match applied {
                         Ok(0) => {}
                         Ok(n) => {
@@ -783,12 +949,24 @@ const FOLLOW_ROWS_PER_POLL: usize = 4_096;
 const FOLLOW_WAIT_US: u64 = 200_000;
 
 /// A read replica's one feed: polls the primary's binary front, unfiltered, from the cursor
-/// the store has read up to, and applies each answer. A primary that is down is retried
-/// from the same cursor; one that no longer keeps what the replica needs (the cursor is too
-/// old) makes the replica start over from the primary's current picture, refusing polls
-/// until it has it again; a primary of another deployment or other cores stops the feed.
-async fn follow(shared: Arc<Shared>, primary: SocketAddr, mut stopped: watch::Receiver<bool>) {
-    let mut client = crate::BinaryClient::new(primary);
+/// the store has read up to, and applies each answer. It first learns the primary's
+/// identity (one poll without a cursor), which its store and its cursors take. A primary
+/// that is down is retried from the same cursor, as is one that calls the cursor ahead (it
+/// restarted from an older state file and is catching up); one that no longer keeps what the
+/// replica needs (the cursor is too old) makes the replica start over from the primary's
+/// current picture, and one that calls the cursor foreign (it started over from an empty
+/// store, with a new identity) makes it start over from the origin, refusing polls until it
+/// has the picture again; a primary of another deployment or other cores, or one that
+/// refuses the replica's credentials, stops the feed.
+async fn follow(
+    shared: Arc<Shared>,
+    primary: SocketAddr,
+    name: String,
+    access: bourse_client::delivery::Access,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let mut client = crate::BinaryClient::new(primary).with_access(access);
+    let mut identity: Option<u64> = None;
     // First from the origin (exact, when the primary evicted nothing); after the primary
     // refused that, from its current picture (the horizon is then the first record read).
     let mut from_origin = true;
@@ -796,28 +974,59 @@ async fn follow(shared: Arc<Shared>, primary: SocketAddr, mut stopped: watch::Re
     // included).
     let mut resume: Option<String> = None;
     loop {
-        let cursor = match &resume {
-            Some(text) => Some(text.clone()),
-            None if from_origin => {
-                let mut store = shared.store.write().expect("store");
-                store.read_from_origin();
-                let origin = vec![crate::record::Pos::START; store.core_ids().len()];
-                Some(store.cursor(&origin).encode())
+        let learning = identity.is_none();
+        let request = if learning {
+            crate::client::PollRequest {
+                limit: Some(1),
+                wait_us: Some(0),
+                ..Default::default()
             }
-            None => None,
-        };
-        let request = crate::client::PollRequest {
-            cursor,
-            limit: Some(FOLLOW_ROWS_PER_POLL),
-            wait_us: Some(FOLLOW_WAIT_US),
-            min_rows: Some(1),
-            ..Default::default()
+        } else {
+            let cursor = match &resume {
+                Some(text) => Some(text.clone()),
+                None if from_origin => {
+                    let mut store = shared.store.write().expect("store");
+                    store.read_from_origin();
+                    let origin = vec![crate::record::Pos::START; store.core_ids().len()];
+                    Some(store.cursor(&origin).encode())
+                }
+                None => None,
+            };
+            crate::client::PollRequest {
+                cursor,
+                limit: Some(FOLLOW_ROWS_PER_POLL),
+                wait_us: Some(FOLLOW_WAIT_US),
+                min_rows: Some(1),
+                ..Default::default()
+            }
         };
         let got = tokio::select! {
             _ = stopped.changed() => return,
             got = client.poll(&request) => got,
         };
         let why = match got {
+            Ok(_) if client.logon().is_some_and(|l| !l.all_firms) => {
+                // A firm's credentials would give the replica a firm's picture, withheld
+                // sides and all, and its readers a wrong one.
+                shared.set_feed_error(
+                    0,
+                    Some(format!(
+                        "stopped: follow.login reads some firms' records only at primary \
+                         {primary}; a replica needs a viewer's or operator's credentials there"
+                    )),
+                );
+                return;
+            }
+            Ok(answer) if learning => match learn_identity(&shared, &answer, &name) {
+                Ok(id) => {
+                    identity = Some(id);
+                    continue;
+                }
+                Err(why) => {
+                    shared.set_feed_error(0, Some(format!("stopped: {why}")));
+                    return;
+                }
+            },
             Ok(answer) => match apply_answer(&shared, &answer) {
                 Ok(()) => {
                     resume = Some(answer.header.next_cursor);
@@ -833,10 +1042,7 @@ async fn follow(shared: Arc<Shared>, primary: SocketAddr, mut stopped: watch::Re
             },
             Err(crate::ClientError::Api { status: 410, error }) => {
                 // The primary evicted past this replica's place: start over from its picture.
-                let mut store = shared.store.write().expect("store");
-                let config = store.config();
-                *store = Store::new(&config);
-                shared.ready.store(false, Ordering::Release);
+                start_over(&shared, identity);
                 from_origin = false;
                 resume = None;
                 format!(
@@ -844,7 +1050,31 @@ async fn follow(shared: Arc<Shared>, primary: SocketAddr, mut stopped: watch::Re
                     error.message
                 )
             }
-            Err(e @ crate::ClientError::Api { status: 409, .. }) => {
+            Err(crate::ClientError::Api { status: 409, error })
+                if error.code == crate::poll::RefusalKind::CursorForeign.code() =>
+            {
+                // The primary's identity changed: it is a new store; read it from the origin.
+                start_over(&shared, None);
+                identity = None;
+                from_origin = true;
+                resume = None;
+                format!(
+                    "starting over: the primary no longer knows this replica's cursor \
+                     ({}); it started over from an empty store",
+                    error.message
+                )
+            }
+            Err(crate::ClientError::Api { status: 409, error })
+                if error.code == crate::poll::RefusalKind::CursorAhead.code() =>
+            {
+                format!("retrying: primary {primary}: {}", error.message)
+            }
+            Err(
+                e @ crate::ClientError::Api {
+                    status: 401 | 403 | 409,
+                    ..
+                },
+            ) => {
                 shared.set_feed_error(0, Some(format!("stopped: primary {primary}: {e}")));
                 return;
             }
@@ -858,6 +1088,39 @@ async fn follow(shared: Arc<Shared>, primary: SocketAddr, mut stopped: watch::Re
     }
 }
 
+/// Empties a replica's store (keeping `identity`, when known) and refuses polls until it has
+/// read its primary's picture again.
+fn start_over(shared: &Shared, identity: Option<u64>) {
+    let mut store = shared.store.write().expect("store");
+    let config = store.config();
+    let old = store.deployment();
+    *store = Store::new(&config);
+    store.set_identity(identity.unwrap_or(old));
+    shared.ready.store(false, Ordering::Release);
+}
+
+/// Takes the primary's identity from its answer's cursor, after checking that the primary
+/// serves this deployment (the identity's name tag) and these cores.
+fn learn_identity(shared: &Shared, answer: &crate::PollAnswer, name: &str) -> Result<u64, String> {
+    let next = Cursor::decode(&answer.header.next_cursor)
+        .map_err(|e| format!("the primary's cursor: {e}"))?;
+    if !crate::cursor::identity_names(next.deployment, name) {
+        return Err(format!(
+            "the primary serves another deployment than `{name}` (its `name` differs)"
+        ));
+    }
+    let mut store = shared.store.write().expect("store");
+    let ids: Vec<u32> = next.parts.iter().map(|(c, _)| *c).collect();
+    if ids != store.core_ids() {
+        return Err(format!(
+            "the primary serves cores {ids:?}, this replica's follow.cores are {:?}",
+            store.core_ids()
+        ));
+    }
+    store.set_identity(next.deployment);
+    Ok(next.deployment)
+}
+
 /// Applies one answer of the primary to a replica's store; checks that the primary serves
 /// this deployment and these cores.
 fn apply_answer(shared: &Shared, answer: &crate::PollAnswer) -> Result<(), String> {
@@ -865,7 +1128,7 @@ fn apply_answer(shared: &Shared, answer: &crate::PollAnswer) -> Result<(), Strin
         .map_err(|e| format!("the primary's cursor: {e}"))?;
     let mut store = shared.store.write().expect("store");
     if next.deployment != store.deployment() {
-        return Err("the primary serves another deployment (its `name` differs)".into());
+        return Err("the primary's identity changed between two answers".into());
     }
     let ids: Vec<u32> = next.parts.iter().map(|(c, _)| *c).collect();
     if ids != store.core_ids() {
@@ -887,6 +1150,7 @@ fn apply_answer(shared: &Shared, answer: &crate::PollAnswer) -> Result<(), Strin
     if n > 0 {
         shared.changed.send_modify(|v| *v += 1);
     }
+    shared.applied.send_modify(|v| *v += 1);
     Ok(())
 }
 
@@ -929,6 +1193,7 @@ mod tests {
             follow: None,
             cold: None,
             limits: Limits::default(),
+            access: Default::default(),
         };
         assert!(c.validate().unwrap_err().contains("at least one core"));
         let core = CoreSource {

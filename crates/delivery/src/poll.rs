@@ -7,6 +7,7 @@
 //! waking on every entry the feeds write. It holds no lock while it waits: the read lock is
 //! taken only to copy out at most `limit` records.
 
+use crate::access::Reader;
 use crate::cursor::{Cursor, CursorError};
 use crate::node::Shared;
 use crate::record::{Filter, Record};
@@ -71,6 +72,7 @@ impl From<&CursorError> for Refusal {
             CursorError::Malformed(_) => RefusalKind::CursorMalformed,
             CursorError::Foreign(_) => RefusalKind::CursorForeign,
             CursorError::TooOld { .. } => RefusalKind::CursorTooOld,
+            CursorError::Ahead { .. } => RefusalKind::CursorAhead,
         };
         Refusal {
             kind,
@@ -83,15 +85,24 @@ impl From<&CursorError> for Refusal {
 #[derive(Clone, Debug)]
 pub struct Poll {
     pub cursor: Option<Cursor>,
+    /// What was asked, narrowed to what the reader may read ([`Reader::entitle`]).
     pub filter: Filter,
+    /// A firm's reader: the firms whose side of a trade it sees in full.
+    pub firms: Option<Vec<bourse_core::FirmId>>,
     pub limit: usize,
     pub wait: Duration,
     pub min_rows: usize,
 }
 
-/// Checks what a client asked against the node's limits.
-pub fn check(asked: Asked, cursor: Option<Cursor>, s: &Shared) -> Result<Poll, Refusal> {
+/// Checks what a client asked against the node's limits and what `reader` may read.
+pub fn check(
+    asked: Asked,
+    cursor: Option<Cursor>,
+    reader: &Reader,
+    s: &Shared,
+) -> Result<Poll, Refusal> {
     let l = &s.limits;
+    let filter = reader.entitle(asked.filter)?;
     let limit = asked.limit.unwrap_or(l.rows_per_answer_default);
     if limit == 0 || limit > l.rows_per_answer_max {
         return Err(Refusal::bad_request(format!(
@@ -106,7 +117,7 @@ pub fn check(asked: Asked, cursor: Option<Cursor>, s: &Shared) -> Result<Poll, R
             l.wait_us_max
         )));
     }
-    if !s.role.serves_filters() && !asked.filter.is_empty() {
+    if !s.role.serves_filters() && !filter.is_empty() {
         return Err(Refusal {
             kind: RefusalKind::FilterNotServed,
             message: "this node is a read replica without secondary indexes: it answers \
@@ -130,7 +141,8 @@ pub fn check(asked: Asked, cursor: Option<Cursor>, s: &Shared) -> Result<Poll, R
     }
     Ok(Poll {
         cursor,
-        filter: asked.filter,
+        filter,
+        firms: reader.firms().map(<[_]>::to_vec),
         limit,
         wait: Duration::from_micros(wait_us),
         min_rows,
@@ -170,21 +182,40 @@ fn count_answer(s: &Shared, records: &[Record], total: Duration) {
 }
 
 /// Selects, and while fewer than `min_rows` are ready and the deadline has not passed, waits
-/// for the feeds' next write and selects again. Counts the answer.
+/// for the feeds' next write and selects again. A cursor ahead of what the node has applied
+/// waits the same way for the node to get there, and is refused at the deadline. Counts the
+/// answer; a firm's reader gets each trade with the other side withheld.
 pub async fn select(s: &Shared, poll: &Poll, started: Instant) -> Result<Selected, CursorError> {
     let deadline = tokio::time::Instant::from_std(started + poll.wait);
     let mut changed: watch::Receiver<u64> = s.changed.subscribe();
+    let mut applied: watch::Receiver<u64> = s.applied.subscribe();
     let mut timings = ServerTimings::default();
     loop {
         changed.borrow_and_update();
+        applied.borrow_and_update();
         let t = Instant::now();
-        let (answer, next) = {
+        let resolved = {
             let store = s.store.read().expect("store");
-            let start = store.resolve(poll.cursor.as_ref())?;
-            let a = store.query_start(&start, &poll.filter, poll.limit);
-            let next = store.cursor_after(&start, &a.next);
-            (a, next)
+            store.resolve(poll.cursor.as_ref()).map(|start| {
+                let a = store.query_start(&start, &poll.filter, poll.limit);
+                let next = store.cursor_after(&start, &a.next);
+                (a, next)
+            })
         };
+        let (mut answer, next) = match resolved {
+            Ok(got) => got,
+            Err(CursorError::Ahead { .. }) if tokio::time::Instant::now() < deadline => {
+                // Entries that write no record move the node along too.
+                let _ = tokio::time::timeout_at(deadline, applied.changed()).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        if let Some(firms) = &poll.firms {
+            for r in &mut answer.records {
+                *r = r.seen_by(firms);
+            }
+        }
         let select = t.elapsed();
         s.counters.select.observe(select);
         timings.select_us += select.as_micros() as u64;

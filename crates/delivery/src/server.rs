@@ -11,18 +11,26 @@
 //! more often than `polls_per_second_per_connection_max`), 503 with `Retry-After` (too many
 //! polls at once).
 //!
+//! A node with readers' credentials (`[access]`) answers every route only to them, as HTTP
+//! Basic on each request (checked once and remembered: [`crate::access::Gate`]): 401
+//! `unauthenticated` without them or with wrong ones, 403 `not_entitled` for a credential
+//! that reads no delivery data or a poll naming a firm it does not read. A firm's reader gets
+//! its own firm's records only ([`crate::access`]). With `access.tls` the front speaks HTTPS
+//! only.
+//!
 //! Instead of a cursor a poll may name `since_ns`, a time: it then starts at each core's
 //! first record at or after that time, from the cold data on disk where memory no longer
 //! holds it (`[cold]`, [`crate::cold`]); 410 when nothing that old is kept. Its next cursor
 //! is an ordinary one, good on the binary front too.
 
+use crate::access::Reader;
 use crate::cursor::Cursor;
 use crate::node::{Front, Shared};
-use crate::poll::{self, Asked, Refusal, Selected};
+use crate::poll::{self, Asked, Refusal, RefusalKind, Selected};
 use crate::record::Filter;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Extension;
@@ -72,7 +80,36 @@ fn error(status: StatusCode, code: &str, message: String) -> Response {
 
 fn refused(r: &Refusal) -> Response {
     let status = StatusCode::from_u16(r.kind.http_status()).expect("refusal statuses are valid");
-    error(status, r.kind.code(), r.message.clone())
+    let mut response = error(status, r.kind.code(), r.message.clone());
+    if r.kind == RefusalKind::Unauthenticated {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"bourse delivery\""),
+        );
+    }
+    response
+}
+
+/// The reader the request's credentials make (everyone reads everything at a node without
+/// credentials); a refusal is counted.
+async fn reader(s: &Shared, headers: &HeaderMap) -> Result<Reader, Refusal> {
+    if s.gate.is_open() {
+        return Ok(Reader::All);
+    }
+    let checked = match basic_credentials(headers) {
+        Some((name, password)) => s.gate.check(&name, &password).await,
+        None => Err(crate::access::unauthenticated(
+            "credentials required (HTTP Basic)",
+        )),
+    };
+    if let Err(r) = &checked {
+        s.counters.refused(r.kind);
+    }
+    checked
+}
+
+fn basic_credentials(headers: &HeaderMap) -> Option<(String, String)> {
+    bourse_auth::http_basic(headers.get(header::AUTHORIZATION)?.to_str().ok()?)
 }
 
 pub fn router(shared: Arc<Shared>) -> Router {
@@ -90,7 +127,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
-fn checked(p: PollParams, s: &Shared) -> Result<poll::Poll, Refusal> {
+fn checked(p: PollParams, reader: &Reader, s: &Shared) -> Result<poll::Poll, Refusal> {
     let cursor = match (p.cursor.as_deref(), p.since_ns) {
         (Some(text), Some(_)) if !text.is_empty() => {
             return Err(Refusal::bad_request(
@@ -114,12 +151,13 @@ fn checked(p: PollParams, s: &Shared) -> Result<poll::Poll, Refusal> {
         wait_us: p.wait_us,
         min_rows: p.min_rows,
     };
-    poll::check(asked, cursor, s)
+    poll::check(asked, cursor, reader, s)
 }
 
 async fn orders(
     State(s): State<Arc<Shared>>,
     rate: Option<Extension<ConnectionRate>>,
+    headers: HeaderMap,
     query: Result<Query<PollParams>, QueryRejection>,
 ) -> Response {
     let started = Instant::now();
@@ -127,15 +165,24 @@ async fn orders(
     if let Some(Extension(rate)) = rate {
         if let Err(wait_ms) = rate.take() {
             let r = Refusal::rate_limited(&s, rate.requests_per_s(), wait_ms);
+            s.counters.refused(r.kind);
             return refused(&r);
         }
     }
+    let reader = match reader(&s, &headers).await {
+        Ok(r) => r,
+        Err(r) => {
+            s.counters.polls_bad_request.inc();
+            return refused(&r);
+        }
+    };
     let Ok(_permit) = s.polls.try_acquire() else {
         s.counters.polls_refused_busy.inc();
+        s.counters.refused(RefusalKind::Busy);
         return refused(&Refusal::busy(&s));
     };
     let checked = match query {
-        Ok(Query(p)) => checked(p, &s),
+        Ok(Query(p)) => checked(p, &reader, &s),
         Err(e) => Err(Refusal::bad_request(e.body_text())),
     };
     let result = match checked {
@@ -148,6 +195,7 @@ async fn orders(
         Ok(selected) => respond(selected),
         Err(r) => {
             s.counters.polls_bad_request.inc();
+            s.counters.refused(r.kind);
             refused(&r)
         }
     }
@@ -186,7 +234,10 @@ fn respond(selected: Selected) -> Response {
         .into_response()
 }
 
-async fn status(State(s): State<Arc<Shared>>) -> Response {
+async fn status(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    if let Err(r) = reader(&s, &headers).await {
+        return refused(&r);
+    }
     let cores = s.store.read().expect("store").stats();
     let feeds = s.feed_errors.lock().expect("feed errors").clone();
     let c = &s.counters;
@@ -206,6 +257,10 @@ async fn status(State(s): State<Arc<Shared>>) -> Response {
         "polls_refused_busy": c.polls_refused_busy.get(),
         "polls_refused_rate": c.polls_refused_rate.get(),
         "polls_bad_request": c.polls_bad_request.get(),
+        "refusals": c.refusals_by_reason(),
+        "identity": format!("{:016x}", s.store.read().expect("store").deployment()),
+        "credentials": !s.gate.is_open(),
+        "tls": s.tls.is_some(),
         "records_written": c.records_written.get(),
         "connections": {"http": c.connections_http.get(), "binary": c.connections_binary.get()},
         "limits": s.limits,
@@ -214,7 +269,10 @@ async fn status(State(s): State<Arc<Shared>>) -> Response {
 }
 
 /// The node's figures in the Prometheus text format.
-async fn metrics(State(s): State<Arc<Shared>>) -> Response {
+async fn metrics(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    if let Err(r) = reader(&s, &headers).await {
+        return refused(&r);
+    }
     let mut text = String::with_capacity(8 * 1024);
     s.counters.registry.render(&mut text);
     (
@@ -232,12 +290,27 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>, stopped: watch::Receiver<bool>) {
     let slots = shared.counters.slots(Front::Http, &shared.limits);
     let header_read_timeout_ms = shared.limits.header_read_timeout_ms;
-    bourse_monitor::server::serve_with_slots(
-        listener,
-        router(shared),
-        slots,
-        header_read_timeout_ms,
-        stopped,
-    )
-    .await
+    match shared.tls.clone() {
+        Some(tls) => {
+            bourse_monitor::server::serve_with_slots_tls(
+                listener,
+                router(shared),
+                slots,
+                header_read_timeout_ms,
+                tls,
+                stopped,
+            )
+            .await
+        }
+        None => {
+            bourse_monitor::server::serve_with_slots(
+                listener,
+                router(shared),
+                slots,
+                header_read_timeout_ms,
+                stopped,
+            )
+            .await
+        }
+    }
 }

@@ -22,7 +22,8 @@ use std::ops::Bound;
 /// What a store is asked to hold.
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
-    /// The deployment's name; its hash is in every cursor (see `cursor`).
+    /// The deployment's name: the tag of its identity, which every cursor carries (see
+    /// `cursor`; a new store's identity is the name's hash until [`Store::set_identity`]).
     pub deployment: String,
     /// The ids of the cores it follows, in the order cursors list them.
     pub cores: Vec<u32>,
@@ -454,8 +455,23 @@ impl Store {
         self.config.clone()
     }
 
+    /// The identity every cursor of this store carries (see [`crate::cursor::fresh_identity`]).
     pub fn deployment(&self) -> u64 {
         self.deployment
+    }
+
+    /// Gives this store its identity: a fresh random one for a new, empty store, or its
+    /// primary's for a read replica (before it hands out a cursor, and before
+    /// [`Store::attach_cold`], whose files carry it).
+    pub fn set_identity(&mut self, identity: u64) {
+        self.deployment = identity;
+    }
+
+    /// The first position of the core at `slot` this store does not hold yet: a cursor past
+    /// it is ahead of this node.
+    fn end_of(&self, slot: usize) -> Pos {
+        let c = &self.cores[slot];
+        Pos::entry_start(c.applied).max(c.received.unwrap_or(Pos::START))
     }
 
     pub fn core_ids(&self) -> Vec<u32> {
@@ -671,6 +687,15 @@ impl Store {
             start.floors[slot_of(*core)?] = Some(*floor);
         }
         for (slot, core) in self.cores.iter().enumerate() {
+            if start.from[slot] > self.end_of(slot) {
+                return Err(CursorError::Ahead {
+                    core: core.id,
+                    index: start.from[slot].index,
+                    applied: core.applied,
+                });
+            }
+        }
+        for (slot, core) in self.cores.iter().enumerate() {
             let inside_snapshot = start.floors[slot].is_some_and(|f| core.horizon <= f);
             let from = start.from[slot];
             if from < core.horizon && !inside_snapshot {
@@ -833,15 +858,25 @@ impl Store {
         }
         let e = |e: DecodeError| format!("state file: {e}");
         let mut r = Reader::new(body);
-        if r.u32().map_err(e)? != STATE_MAGIC {
-            return Err("not a delivery state file".into());
-        }
-        if r.u64().map_err(e)? != store.deployment {
+        // A version 1 file's identity is the name's hash; version 2 keeps a random one.
+        let legacy = match r.u32().map_err(e)? {
+            STATE_MAGIC => false,
+            STATE_MAGIC_V1 => true,
+            _ => return Err("not a delivery state file".into()),
+        };
+        let identity = r.u64().map_err(e)?;
+        let ours = if legacy {
+            identity == store.deployment
+        } else {
+            crate::cursor::identity_names(identity, &config.deployment)
+        };
+        if !ours {
             return Err(format!(
                 "state file of another deployment than `{}`",
                 config.deployment
             ));
         }
+        store.deployment = identity;
         let n = r.count(40).map_err(e)?;
         for _ in 0..n {
             let id = r.u32().map_err(e)?;
@@ -875,7 +910,10 @@ impl Store {
     }
 }
 
-const STATE_MAGIC: u32 = u32::from_le_bytes(*b"BDS1");
+/// The state file's first bytes: version 2 holds the store's random identity after them.
+const STATE_MAGIC: u32 = u32::from_le_bytes(*b"BDS2");
+/// A version 1 file (read, never written): the identity was the name's hash.
+const STATE_MAGIC_V1: u32 = u32::from_le_bytes(*b"BDS1");
 
 /// One record as the state file and the cold log write it: position, firms, the event.
 pub(crate) fn encode_record(w: &mut Writer, r: &Record) {
@@ -1552,6 +1590,72 @@ pub(crate) mod tests {
             .unwrap()
             .contains("another deployment"));
         let _ = rest;
+    }
+
+    #[test]
+    fn a_stores_identity_is_kept_in_its_persisted_form_and_a_version_1_file_still_reads() {
+        let entries = flow_entries(8, 200, 4);
+        let mut store = Store::new(&config(vec![0], 1 << 20));
+        let identity = crate::cursor::fresh_identity("test", 0x1234_5678_9abc);
+        store.set_identity(identity);
+        for e in &entries {
+            store.apply_entry(0, e).unwrap();
+        }
+        let bytes = store.encode();
+        let restored = Store::decode(&config(vec![0], 1 << 20), &bytes).unwrap();
+        assert_eq!(restored.deployment(), identity);
+        let end = restored.cursor(&[Pos::entry_start(restored.applied_index(0))]);
+        assert!(restored.resolve(Some(&end)).is_ok());
+        // Another deployment's fresh identity is not this one's, even in a file of this name.
+        let other = crate::cursor::fresh_identity("other", 0x1234_5678_9abc);
+        let mut forged = bytes.clone();
+        forged[4..12].copy_from_slice(&other.to_le_bytes());
+        let n = forged.len() - 4;
+        let crc = crc32c::crc32c(&forged[..n]);
+        forged[n..].copy_from_slice(&crc.to_le_bytes());
+        let e = Store::decode(&config(vec![0], 100), &forged).err().unwrap();
+        assert!(e.contains("another deployment"), "{e}");
+        // A version 1 file (identity: the name's hash) reads back with that identity, so
+        // the cursors handed out before the upgrade hold.
+        let mut v1 = Store::new(&config(vec![0], 1 << 20));
+        for e in &entries {
+            v1.apply_entry(0, e).unwrap();
+        }
+        let mut old = v1.encode();
+        old[..4].copy_from_slice(b"BDS1");
+        let n = old.len() - 4;
+        let crc = crc32c::crc32c(&old[..n]);
+        old[n..].copy_from_slice(&crc.to_le_bytes());
+        let read = Store::decode(&config(vec![0], 1 << 20), &old).unwrap();
+        assert_eq!(read.deployment(), crate::cursor::deployment_hash("test"));
+    }
+
+    #[test]
+    fn a_cursor_past_what_the_store_applied_is_ahead() {
+        let entries = flow_entries(9, 100, 4);
+        let mut store = Store::new(&config(vec![0, 1], 1 << 20));
+        for e in &entries {
+            store.apply_entry(0, e).unwrap();
+        }
+        let applied = store.applied_index(0);
+        let at = |index: u64, ord: u32| store.cursor(&[Pos { index, ord }, Pos::START]);
+        assert!(store.resolve(Some(&at(applied, 0))).is_ok());
+        assert!(store.resolve(Some(&at(applied - 1, 7))).is_ok());
+        assert_eq!(
+            store.resolve(Some(&at(applied, 1))).unwrap_err(),
+            CursorError::Ahead {
+                core: 0,
+                index: applied,
+                applied
+            }
+        );
+        let e = store.resolve(Some(&at(applied + 100, 0))).unwrap_err();
+        assert!(e.to_string().contains("cursor ahead"), "{e}");
+        let other = store.cursor(&[Pos::START, Pos::entry_start(1)]);
+        assert!(matches!(
+            store.resolve(Some(&other)),
+            Err(CursorError::Ahead { core: 1, .. })
+        ));
     }
 
     #[test]

@@ -231,6 +231,29 @@ pub async fn serve_with_slots(
     serve_accepted(listener, app, slots, header_read_timeout_ms, None, stopped).await
 }
 
+/// [`serve_with_slots`] over TLS (`tls`: the server's certificate), the handshake within
+/// `header_read_timeout_ms` as in [`serve_limited_tls`]: for an API with limits per peer
+/// address whose requests carry passwords (data delivery off the loopback).
+pub async fn serve_with_slots_tls(
+    listener: TcpListener,
+    app: Router,
+    slots: ConnectionSlots,
+    header_read_timeout_ms: u64,
+    tls: Arc<tokio_rustls::rustls::ServerConfig>,
+    stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    let tls = tokio_rustls::TlsAcceptor::from(tls);
+    serve_accepted(
+        listener,
+        app,
+        slots,
+        header_read_timeout_ms,
+        Some(tls),
+        stopped,
+    )
+    .await
+}
+
 /// The accept loop of [`serve_with_slots`] and [`serve_limited_tls`]: plain HTTP, or HTTP
 /// after a TLS handshake with `tls`.
 async fn serve_accepted(

@@ -3,7 +3,8 @@
 //! messages.
 //!
 //! A client sends GetOrders; the server answers with OrdersHeader and then exactly `count`
-//! record messages (OrderState, TradeRecord, RejectRecord), or with DeliveryError. Records
+//! record messages (OrderState, TradeRecord, RejectRecord), or with DeliveryError. A node
+//! with credentials wants a Logon first (answered LogonAck or DeliveryError). Records
 //! are fixed blocks; the cursor (GetOrders, OrdersHeader) and the error text are the only
 //! variable-length fields, each checked against [`CURSOR_BYTES_MAX`] or
 //! [`ERROR_TEXT_BYTES_MAX`] before any generated decoder sees them.
@@ -47,6 +48,13 @@ pub const CURSOR_BYTES_MAX: u16 = 2_100;
 /// The longest error text, in bytes; longer texts are cut by the encoder.
 pub const ERROR_TEXT_BYTES_MAX: u16 = 1_100;
 
+/// The longest name and password of a Logon (`bourse_auth`'s limits).
+pub const LOGON_NAME_BYTES_MAX: u16 = 64;
+pub const LOGON_PASSWORD_BYTES_MAX: u16 = 128;
+/// The most firms a LogonAck lists, and their bytes.
+pub const LOGON_FIRMS_MAX: usize = 16;
+pub const LOGON_FIRMS_BYTES_MAX: u16 = 4 * LOGON_FIRMS_MAX as u16;
+
 /// Largest frame either side accepts: the longest GetOrders or OrdersHeader with the longest
 /// cursor, with room for fields later versions append.
 pub const FRAME_BYTES_MAX: usize = 4_096;
@@ -64,6 +72,10 @@ schema_messages! {
     RejectRecord => reject_record_codec::RejectRecordDecoder / RejectRecordEncoder [],
     DeliveryError => delivery_error_codec::DeliveryErrorDecoder / DeliveryErrorEncoder []
         data [ERROR_TEXT_BYTES_MAX],
+    Logon => logon_codec::LogonDecoder / LogonEncoder []
+        data [LOGON_NAME_BYTES_MAX, LOGON_PASSWORD_BYTES_MAX],
+    LogonAck => logon_ack_codec::LogonAckDecoder / LogonAckEncoder []
+        data [LOGON_FIRMS_BYTES_MAX],
 }
 
 /// A message decoded from a stream, with the number of bytes to consume.

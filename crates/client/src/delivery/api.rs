@@ -26,9 +26,31 @@ pub enum RefusalKind {
     /// A filtered poll at a read replica that keeps no secondary indexes; filtered reads go
     /// to the primary.
     FilterNotServed,
+    /// The cursor names a position past what the node has applied (after waiting `wait_us`
+    /// for it to get there).
+    CursorAhead,
+    /// No credentials, or wrong ones, at a node that has credentials.
+    Unauthenticated,
+    /// The poll names a firm the credentials do not read (or they read none).
+    NotEntitled,
 }
 
 impl RefusalKind {
+    /// Every kind, in a fixed order (a server counts refusals per kind).
+    pub const ALL: [RefusalKind; 11] = [
+        RefusalKind::BadRequest,
+        RefusalKind::CursorMalformed,
+        RefusalKind::CursorForeign,
+        RefusalKind::CursorTooOld,
+        RefusalKind::Busy,
+        RefusalKind::RateLimited,
+        RefusalKind::CatchingUp,
+        RefusalKind::FilterNotServed,
+        RefusalKind::CursorAhead,
+        RefusalKind::Unauthenticated,
+        RefusalKind::NotEntitled,
+    ];
+
     /// The code both fronts name the refusal by (`error.code` in JSON).
     pub fn code(self) -> &'static str {
         match self {
@@ -40,6 +62,9 @@ impl RefusalKind {
             RefusalKind::RateLimited => "rate_limited",
             RefusalKind::CatchingUp => "catching_up",
             RefusalKind::FilterNotServed => "filter_not_served",
+            RefusalKind::CursorAhead => "cursor_ahead",
+            RefusalKind::Unauthenticated => "unauthenticated",
+            RefusalKind::NotEntitled => "not_entitled",
         }
     }
 
@@ -49,7 +74,9 @@ impl RefusalKind {
             RefusalKind::BadRequest
             | RefusalKind::CursorMalformed
             | RefusalKind::FilterNotServed => 400,
-            RefusalKind::CursorForeign => 409,
+            RefusalKind::CursorForeign | RefusalKind::CursorAhead => 409,
+            RefusalKind::Unauthenticated => 401,
+            RefusalKind::NotEntitled => 403,
             RefusalKind::CursorTooOld => 410,
             RefusalKind::RateLimited => 429,
             RefusalKind::Busy | RefusalKind::CatchingUp => 503,

@@ -6,6 +6,7 @@ use super::api::{
     hex_bytes, hex_text, AnswerHeader, ApiError, ClientError, PollAnswer, PollRequest, RefusalKind,
     ServerTimings, WAIT_US_DEFAULT,
 };
+use super::conn::{connect, Access, Conn};
 use super::record::Record;
 use bourse_core::{
     AccountId, ClOrdId, Event, Fill, FirmId, InstrumentId, OrderId, OrderLog, OrderLogAction,
@@ -17,7 +18,6 @@ use bourse_wire::frame::encode_frame;
 use bourse_wire::Error as WireError;
 use std::net::SocketAddr;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// Appends one frame to `out`, written by `encode` (an `encode_frame` call) into room for the
 /// largest frame.
@@ -33,9 +33,20 @@ pub fn push_frame(out: &mut Vec<u8>, encode: impl FnOnce(&mut [u8]) -> Result<us
 /// hex), so a program can switch fronts without other change.
 pub struct BinaryClient {
     addr: SocketAddr,
-    stream: Option<TcpStream>,
+    stream: Option<Conn>,
     next_request_id: u64,
     inbuf: Vec<u8>,
+    access: Access,
+    logon: Option<Logon>,
+}
+
+/// What a node's LogonAck said: whose records the credentials read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Logon {
+    /// Every firm's (roles `viewer`, `operator`).
+    pub all_firms: bool,
+    /// Otherwise these firms' only.
+    pub firms: Vec<FirmId>,
 }
 
 /// The most bytes of records one answer may hold before the client refuses it.
@@ -48,6 +59,103 @@ impl BinaryClient {
             stream: None,
             next_request_id: 1,
             inbuf: Vec::with_capacity(64 * 1024),
+            access: Access::default(),
+            logon: None,
+        }
+    }
+
+    /// The same client over TLS and/or with credentials: each connection then opens with a
+    /// Logon, checked once by the node.
+    pub fn with_access(mut self, access: Access) -> BinaryClient {
+        self.access = access;
+        self.stream = None;
+        self
+    }
+
+    /// What the last Logon's LogonAck said (`None` before one, or without credentials).
+    pub fn logon(&self) -> Option<&Logon> {
+        self.logon.as_ref()
+    }
+
+    /// Connects (TLS if asked) and logs on if the client has credentials.
+    async fn connect(&mut self) -> Result<(), ClientError> {
+        let s = connect(self.addr, self.access.tls.as_ref()).await?;
+        self.stream = Some(s);
+        self.inbuf.clear();
+        self.logon = None;
+        let Some((name, password)) = self.access.credentials.clone() else {
+            return Ok(());
+        };
+        let id = self.next_request_id;
+        self.next_request_id += 1;
+        let mut out = Vec::with_capacity(FRAME_BYTES_MAX);
+        let (name, password) = (name.as_bytes(), password.as_bytes());
+        if name.len() > usize::from(wire::LOGON_NAME_BYTES_MAX)
+            || password.len() > usize::from(wire::LOGON_PASSWORD_BYTES_MAX)
+        {
+            self.stream = None;
+            return Err(ClientError::Protocol(
+                "a name of at most 64 bytes and a password of at most 128".into(),
+            ));
+        }
+        push_frame(&mut out, |b| {
+            encode_frame(b, |mut e: codec::logon_codec::LogonEncoder| {
+                e.request_id(id);
+                e.name(name);
+                e.password(password);
+                e
+            })
+        });
+        let result = self.logon_exchange(&out, id).await;
+        match result {
+            Ok(l) => {
+                self.logon = Some(l);
+                Ok(())
+            }
+            Err(e) => {
+                self.stream = None;
+                Err(e)
+            }
+        }
+    }
+
+    async fn logon_exchange(&mut self, request: &[u8], id: u64) -> Result<Logon, ClientError> {
+        let stream = self.stream.as_mut().expect("connected");
+        stream.write_all(request).await?;
+        stream.flush().await?;
+        let decoder = FrameDecoder::default();
+        loop {
+            if let Some(d) = decoder
+                .decode(&self.inbuf)
+                .map_err(|e| ClientError::Protocol(e.to_string()))?
+            {
+                let used = d.frame_bytes;
+                let answer = match d.message {
+                    Message::LogonAck(mut a) if a.request_id() == id => {
+                        let all_firms = a.all_firms() == 1;
+                        let at = a.firms_decoder();
+                        let firms = a
+                            .firms_slice(at)
+                            .chunks_exact(4)
+                            .map(|c| FirmId(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                            .collect();
+                        Ok(Logon { all_firms, firms })
+                    }
+                    Message::DeliveryError(e) => Err(read_error(e)),
+                    m => Err(ClientError::Protocol(format!(
+                        "{:?} in answer to a Logon",
+                        m.template_id()
+                    ))),
+                };
+                self.inbuf.drain(..used);
+                return answer;
+            }
+            let mut chunk = [0u8; 4096];
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(ClientError::Protocol("the server closed".into()));
+            }
+            self.inbuf.extend_from_slice(&chunk[..n]);
         }
     }
 
@@ -89,13 +197,16 @@ impl BinaryClient {
             })
         });
         if self.stream.is_none() {
-            let s = TcpStream::connect(self.addr).await?;
-            s.set_nodelay(true)?;
-            self.stream = Some(s);
-            self.inbuf.clear();
+            self.connect().await?;
         }
         let result = self.exchange(&out, id).await;
-        if matches!(result, Err(ClientError::Io(_) | ClientError::Protocol(_))) {
+        // A refused Logon or poll for want of credentials closes the connection too.
+        if matches!(
+            result,
+            Err(ClientError::Io(_)
+                | ClientError::Protocol(_)
+                | ClientError::Api { status: 401, .. })
+        ) {
             self.stream = None;
         }
         result
@@ -104,6 +215,7 @@ impl BinaryClient {
     async fn exchange(&mut self, request: &[u8], id: u64) -> Result<PollAnswer, ClientError> {
         let stream = self.stream.as_mut().expect("connected");
         stream.write_all(request).await?;
+        stream.flush().await?;
         let decoder = FrameDecoder::default();
         let mut consumed = 0;
         let mut header: Option<AnswerHeader> = None;
@@ -190,6 +302,9 @@ fn read_error(mut e: codec::delivery_error_codec::DeliveryErrorDecoder<'_>) -> C
         ErrorCode::Busy => RefusalKind::Busy,
         ErrorCode::CatchingUp => RefusalKind::CatchingUp,
         ErrorCode::FilterNotServed => RefusalKind::FilterNotServed,
+        ErrorCode::CursorAhead => RefusalKind::CursorAhead,
+        ErrorCode::Unauthenticated => RefusalKind::Unauthenticated,
+        ErrorCode::NotEntitled => RefusalKind::NotEntitled,
         _ => RefusalKind::BadRequest,
     };
     let at = e.message_decoder();

@@ -4,10 +4,10 @@
 
 use super::api::{ApiError, ClientError, PollAnswer, PollRequest};
 use super::binary::BinaryClient;
+use super::conn::{connect, Access, Conn};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
 
 /// The largest answer the client reads; a longer one is refused.
 pub const ANSWER_BYTES_MAX: usize = 256 << 20;
@@ -17,12 +17,32 @@ const HEAD_BYTES_MAX: usize = 16 * 1024;
 /// A client of one delivery node.
 pub struct DeliveryClient {
     addr: SocketAddr,
-    conn: Option<BufReader<TcpStream>>,
+    conn: Option<BufReader<Conn>>,
+    access: Access,
+    /// The `Authorization` header value of `access.credentials`.
+    authorization: Option<String>,
 }
 
 impl DeliveryClient {
     pub fn new(addr: SocketAddr) -> DeliveryClient {
-        DeliveryClient { addr, conn: None }
+        DeliveryClient {
+            addr,
+            conn: None,
+            access: Access::default(),
+            authorization: None,
+        }
+    }
+
+    /// The same client over TLS and/or with credentials (sent as HTTP Basic with every
+    /// request; the node checks them once and remembers the result for a while).
+    pub fn with_access(mut self, access: Access) -> DeliveryClient {
+        self.authorization = access
+            .credentials
+            .as_ref()
+            .map(|(n, p)| bourse_auth::http_basic_value(n, p));
+        self.access = access;
+        self.conn = None;
+        self
     }
 
     /// One GetOrders poll.
@@ -59,12 +79,11 @@ impl DeliveryClient {
 
     async fn exchange(&mut self, path: &str) -> Result<(u16, Vec<u8>), ClientError> {
         if self.conn.is_none() {
-            let s = TcpStream::connect(self.addr).await?;
-            s.set_nodelay(true)?;
+            let s = connect(self.addr, self.access.tls.as_ref()).await?;
             self.conn = Some(BufReader::new(s));
         }
         let conn = self.conn.as_mut().expect("connected");
-        let result = request(conn, self.addr, path).await;
+        let result = request(conn, self.addr, path, self.authorization.as_deref()).await;
         if result.is_err() {
             self.conn = None;
         }
@@ -90,12 +109,17 @@ fn api_error(status: u16, body: &[u8]) -> ClientError {
 }
 
 async fn request(
-    conn: &mut BufReader<TcpStream>,
+    conn: &mut BufReader<Conn>,
     addr: SocketAddr,
     path: &str,
+    authorization: Option<&str>,
 ) -> Result<(u16, Vec<u8>), ClientError> {
-    let head = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    let head = match authorization {
+        Some(a) => format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: {a}\r\n\r\n"),
+        None => format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n"),
+    };
     conn.get_mut().write_all(head.as_bytes()).await?;
+    conn.get_mut().flush().await?;
     let mut line = String::new();
     let mut status = None;
     let mut length = None;
@@ -159,6 +183,14 @@ impl AnyClient {
     /// A client of the binary front at `addr`.
     pub fn binary(addr: SocketAddr) -> AnyClient {
         AnyClient::Binary(BinaryClient::new(addr))
+    }
+
+    /// The same client over TLS and/or with credentials (see [`Access`]).
+    pub fn with_access(self, access: Access) -> AnyClient {
+        match self {
+            AnyClient::Http(c) => AnyClient::Http(c.with_access(access)),
+            AnyClient::Binary(c) => AnyClient::Binary(c.with_access(access)),
+        }
     }
 
     /// One GetOrders poll.

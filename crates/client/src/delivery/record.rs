@@ -7,7 +7,7 @@
 //! every node of the core, after any failover, and after the delivery node rebuilt its store
 //! from the stream: that is what makes a cursor valid across both.
 
-use bourse_core::{AccountId, Event, FirmId, InstrumentId, OrderId, OrderLogAction};
+use bourse_core::{AccountId, ClOrdId, Event, FirmId, InstrumentId, OrderId, OrderLogAction};
 use serde::{Deserialize, Serialize};
 
 /// A record's place in its core's ordered index: the committed entry's log index, then the
@@ -50,6 +50,12 @@ pub struct Record {
     #[serde(flatten)]
     pub event: Event,
 }
+
+/// The account a trade's withheld side carries: to a firm's reader, the counterparty's
+/// account, client order id and firm are withheld (the firm is `None` in `firms`).
+pub const WITHHELD_ACCOUNT: AccountId = AccountId(u32::MAX);
+/// The client order id a trade's withheld side carries.
+pub const WITHHELD_CL_ORD_ID: ClOrdId = ClOrdId(u64::MAX);
 
 /// What a client may ask for: every field given must match (a trade matches a firm or an
 /// account on either side).
@@ -116,6 +122,24 @@ impl Record {
         }
     }
 
+    /// This trade as a reader of `firms` may see it: a side of another firm (or of no firm
+    /// known) keeps its order id and quantities, but its account, client order id and firm
+    /// are withheld ([`WITHHELD_ACCOUNT`], [`WITHHELD_CL_ORD_ID`], `None`). Orders and
+    /// rejects are returned unchanged: a reader gets only its own firms' (the caller's
+    /// filter sees to that).
+    pub fn seen_by(mut self, firms: &[FirmId]) -> Record {
+        if let Event::Trade { buy, sell, .. } = &mut self.event {
+            for (side, firm) in [buy, sell].into_iter().zip(self.firms.iter_mut()) {
+                if !firm.is_some_and(|f| firms.contains(&f)) {
+                    side.account = WITHHELD_ACCOUNT;
+                    side.cl_ord_id = WITHHELD_CL_ORD_ID;
+                    *firm = None;
+                }
+            }
+        }
+        self
+    }
+
     pub fn matches(&self, f: &Filter) -> bool {
         f.firm.is_none_or(|firm| self.firms.contains(&Some(firm)))
             && f.account.is_none_or(|a| self.accounts().contains(&a))
@@ -178,6 +202,24 @@ mod tests {
         assert!(!t.matches(&f(Some(30), None, None)));
         assert!(!t.matches(&f(None, Some(3), None)));
         assert!(!t.matches(&f(Some(10), None, Some(4))));
+    }
+
+    #[test]
+    fn a_firms_reader_sees_its_own_side_in_full_and_the_other_withheld() {
+        let t = trade(1, 2).seen_by(&[FirmId(10)]);
+        let Event::Trade { buy, sell, .. } = t.event else {
+            unreachable!()
+        };
+        assert_eq!((buy.account, buy.cl_ord_id), (AccountId(1), ClOrdId(1)));
+        assert_eq!(
+            (sell.account, sell.cl_ord_id),
+            (WITHHELD_ACCOUNT, WITHHELD_CL_ORD_ID)
+        );
+        assert_eq!((sell.order_id, sell.qty_filled), (OrderId(1), Qty(1)));
+        assert_eq!(t.firms, [Some(FirmId(10)), None]);
+        assert_eq!(trade(1, 2).seen_by(&[FirmId(10), FirmId(20)]), trade(1, 2));
+        let neither = trade(1, 2).seen_by(&[FirmId(30)]);
+        assert_eq!(neither.firms, [None, None]);
     }
 
     #[test]

@@ -485,9 +485,12 @@ fn replica_config(primary: &bourse_delivery::DeliveryNode, cores: Vec<u32>) -> D
             primary: primary.binary_addr().unwrap(),
             cores,
             secondary_indexes: false,
+            login: None,
+            tls: None,
         }),
         cold: None,
         limits: bourse_delivery::Limits::default(),
+        access: Default::default(),
     }
 }
 
@@ -591,9 +594,12 @@ fn a_replica_configuration_names_what_is_wrong() {
             primary: "127.0.0.1:1".parse().unwrap(),
             cores: vec![0, 1],
             secondary_indexes: false,
+            login: None,
+            tls: None,
         }),
         cold: None,
         limits: bourse_delivery::Limits::default(),
+        access: Default::default(),
     };
     assert!(base.validate().is_ok());
     let with_state = DeliveryConfig {

@@ -234,6 +234,7 @@ pub fn delivery_config(cores: &[&Core], state_dir: Option<std::path::PathBuf>) -
         follow: None,
         cold: None,
         limits: Limits::default(),
+        access: Default::default(),
     }
 }
 

@@ -10,6 +10,9 @@ pub enum ErrorCode {
     Busy = 0x5_u8,
     CatchingUp = 0x6_u8,
     FilterNotServed = 0x7_u8,
+    CursorAhead = 0x8_u8,
+    Unauthenticated = 0x9_u8,
+    NotEntitled = 0xa_u8,
     #[default]
     NullVal = 0xff_u8,
 }
@@ -24,6 +27,9 @@ impl From<u8> for ErrorCode {
             0x5_u8 => Self::Busy,
             0x6_u8 => Self::CatchingUp,
             0x7_u8 => Self::FilterNotServed,
+            0x8_u8 => Self::CursorAhead,
+            0x9_u8 => Self::Unauthenticated,
+            0xa_u8 => Self::NotEntitled,
             _ => Self::NullVal,
         }
     }
@@ -39,6 +45,9 @@ impl From<ErrorCode> for u8 {
             ErrorCode::Busy => 0x5_u8,
             ErrorCode::CatchingUp => 0x6_u8,
             ErrorCode::FilterNotServed => 0x7_u8,
+            ErrorCode::CursorAhead => 0x8_u8,
+            ErrorCode::Unauthenticated => 0x9_u8,
+            ErrorCode::NotEntitled => 0xa_u8,
             ErrorCode::NullVal => 0xff_u8,
         }
     }
@@ -56,6 +65,9 @@ impl core::str::FromStr for ErrorCode {
             "Busy" => Ok(Self::Busy),
             "CatchingUp" => Ok(Self::CatchingUp),
             "FilterNotServed" => Ok(Self::FilterNotServed),
+            "CursorAhead" => Ok(Self::CursorAhead),
+            "Unauthenticated" => Ok(Self::Unauthenticated),
+            "NotEntitled" => Ok(Self::NotEntitled),
             _ => Ok(Self::NullVal),
         }
     }
@@ -71,6 +83,9 @@ impl core::fmt::Display for ErrorCode {
             Self::Busy => write!(f, "Busy"),
             Self::CatchingUp => write!(f, "CatchingUp"),
             Self::FilterNotServed => write!(f, "FilterNotServed"),
+            Self::CursorAhead => write!(f, "CursorAhead"),
+            Self::Unauthenticated => write!(f, "Unauthenticated"),
+            Self::NotEntitled => write!(f, "NotEntitled"),
             Self::NullVal => write!(f, "NullVal"),
         }
     }

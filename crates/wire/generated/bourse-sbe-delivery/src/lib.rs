@@ -10,6 +10,8 @@ use ::core::convert::TryInto;
 pub mod delivery_error_codec;
 pub mod error_code;
 pub mod get_orders_codec;
+pub mod logon_ack_codec;
+pub mod logon_codec;
 pub mod message_header_codec;
 pub mod order_log_action;
 pub mod order_state_codec;
@@ -21,8 +23,8 @@ pub mod trade_record_codec;
 pub mod var_data_encoding_codec;
 
 pub const SBE_SCHEMA_ID: u16 = 3;
-pub const SBE_SCHEMA_VERSION: u16 = 1;
-pub const SBE_SEMANTIC_VERSION: &str = "1.0.0";
+pub const SBE_SCHEMA_VERSION: u16 = 2;
+pub const SBE_SEMANTIC_VERSION: &str = "2.0.0";
 
 pub type SbeResult<T> = core::result::Result<T, SbeErr>;
 
