@@ -5,3 +5,4 @@
 
 mod common;
 mod delivery;
+mod entitlements;
