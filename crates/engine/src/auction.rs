@@ -572,3 +572,18 @@ fn choose(c: &[(i64, i64, i64)], reference: i64) -> Uncross {
         surplus,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn of_two_prices_equally_near_the_reference_the_higher_wins() {
+        // Rule 5 cannot arise from a book (the reference price is a candidate itself when it
+        // lies between two), but the rule is total: here the reference is no candidate.
+        let c = [(9_990, 10, 0), (10_010, 10, 0)];
+        assert_eq!(choose(&c, 10_000).price, 10_010);
+        assert_eq!(choose(&c, 9_999).price, 9_990);
+        assert_eq!(choose(&[(9_990, 0, 5)], 10_000), Uncross::default());
+    }
+}

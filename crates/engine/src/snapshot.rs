@@ -125,11 +125,18 @@ where
 impl Engine {
     /// The whole state as canonical bytes.
     pub fn snapshot(&self) -> Vec<u8> {
+        self.snapshot_in(FORMAT_VERSION)
+    }
+
+    /// The state in format `version`: the current one, or the one before the call auctions
+    /// (for the test that such a snapshot still restores; the state must not use them).
+    fn snapshot_in(&self, version: u32) -> Vec<u8> {
+        let auctions = version == FORMAT_VERSION;
         let mut w = Writer::with_capacity(
             64 + self.books.len() * 128 + self.accounts.len() * 96 + self.pool.live() * 128,
         );
         w.buf.extend_from_slice(MAGIC);
-        w.u32(FORMAT_VERSION);
+        w.u32(version);
         let c = &self.config;
         w.u32(c.orders_max);
         w.u32(c.instruments_max);
@@ -168,6 +175,9 @@ impl Engine {
             w.u32(d.band_bps);
             w.i64(d.reference_price.0);
             w.u8(phase_code(book.phase));
+            if !auctions {
+                continue;
+            }
             let g = &d.volatility;
             w.u32(g.dynamic_bps);
             w.u32(g.static_bps);
@@ -212,7 +222,7 @@ impl Engine {
                     let mut slot = level.head;
                     while slot != NIL {
                         let o = self.pool.get(slot);
-                        write_order(&mut w, o);
+                        write_order(&mut w, o, auctions);
                         slot = o.next;
                     }
                 }
@@ -634,7 +644,7 @@ fn read_sorted_ids<T>(
     Ok(ids.into_iter().map(make).collect())
 }
 
-fn write_order(w: &mut Writer, o: &Order) {
+fn write_order(w: &mut Writer, o: &Order, auctions: bool) {
     w.u32(o.book);
     w.u8(side_code(o.side));
     w.i64(o.price);
@@ -651,7 +661,35 @@ fn write_order(w: &mut Writer, o: &Order) {
     w.u64(o.rec);
     w.i128(o.reserved_cash);
     w.i64(o.reserved_pos);
-    w.bool(o.market);
+    if auctions {
+        w.bool(o.market);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::fixtures::{self, Driver};
+    use crate::{Engine, EngineConfig};
+    use bourse_core::Side;
+
+    #[test]
+    fn a_snapshot_of_the_format_before_the_auctions_still_restores() {
+        let mut d = Driver::new(EngineConfig {
+            orders_max: 64,
+            instruments_max: 2,
+            accounts_max: 4,
+            levels_per_side_hint: 4,
+            first_order_id: 1,
+        });
+        d.add_instrument(fixtures::equity(1, "EQA", 10_000));
+        d.add_account(1, 1, 1_000_000_000_000);
+        d.limit(1, 1, 1, Side::Buy, 9_990, 5);
+        d.limit(1, 2, 1, Side::Buy, 9_995, 5);
+        let old = d.engine.snapshot_in(super::FORMAT_VERSION_BEFORE_AUCTIONS);
+        let restored = Engine::restore(&old).expect("a format 5 snapshot restores");
+        assert_eq!(restored.snapshot(), d.engine.snapshot());
+        assert_eq!(restored.state_digest(), d.engine.state_digest());
+    }
 }
 
 fn read_order(r: &mut Reader, auctions: bool) -> Result<Order, DecodeError> {
