@@ -31,11 +31,6 @@ use bourse_core::*;
 /// The reused buffers of the uncrossing.
 #[derive(Default)]
 pub(crate) struct Buffers {
-    /// The crossed region's levels as (price, open quantity, has a limit order), best first.
-    bids: Vec<(i64, i64, bool)>,
-    asks: Vec<(i64, i64, bool)>,
-    /// Candidate prices, ascending, with their volume and surplus.
-    candidates: Vec<(i64, i64, i64)>,
     /// The orders that execute and how much, in priority order.
     buys: Vec<(u32, i64)>,
     sells: Vec<(u32, i64)>,
@@ -105,8 +100,7 @@ impl Engine {
     /// executable quantity and surplus (positive: buys left over); None without a cross.
     pub fn indicative_uncross(&self, id: InstrumentId) -> Option<(Price, Qty, i64)> {
         let &b = self.book_index.get(&id)?;
-        let mut bufs = Buffers::default();
-        let u = uncross_price(&self.books[b as usize], &mut bufs);
+        let u = uncross_price(&self.books[b as usize]);
         (u.qty > 0).then_some((Price(u.price), Qty(u.qty), u.surplus))
     }
 
@@ -152,7 +146,7 @@ impl Engine {
     /// Publishes the indicative uncrossing of book `b` (in a call auction) if it differs from
     /// the one last published.
     pub(crate) fn publish_indicative(&mut self, b: u32, ts: u64, out: &mut Vec<Event>) {
-        let u = uncross_price(&self.books[b as usize], &mut self.auction_bufs);
+        let u = uncross_price(&self.books[b as usize]);
         let book = &mut self.books[b as usize];
         if u == book.auction.indicative {
             return;
@@ -246,7 +240,7 @@ impl Engine {
                 i += 1;
                 continue;
             }
-            let u = uncross_price(book, &mut self.auction_bufs);
+            let u = uncross_price(book);
             if u.qty == 0 || within_guard(book, u.price) {
                 // `uncross` takes the book off the list.
                 self.change_phase(b, Phase::Open, ts, out);
@@ -275,7 +269,7 @@ impl Engine {
     /// Leaves the phase to the caller.
     fn uncross(&mut self, b: u32, ts: u64, out: &mut Vec<Event>) {
         let mut bufs = std::mem::take(&mut self.auction_bufs);
-        let u = uncross_price(&self.books[b as usize], &mut bufs);
+        let u = uncross_price(&self.books[b as usize]);
         if u.qty > 0 {
             self.allocate(b, u, &mut bufs);
             let (mut i, mut j) = (0, 0);
@@ -471,14 +465,16 @@ pub(crate) fn check_state(book: &Book, a: &AuctionState) -> Result<(), String> {
         ));
     }
     if !book.phase.is_auction() && a.indicative != Uncross::default() {
-        return Err(format!("instrument {id}: an indicative price outside a call"));
+        return Err(format!(
+            "instrument {id}: an indicative price outside a call"
+        ));
     }
     Ok(())
 }
 
 /// The uncrossing of a book as it stands (see the module documentation); all 0 without a
 /// cross. Reads only the crossed region, level by level.
-pub(crate) fn uncross_price(book: &Book, bufs: &mut Buffers) -> Uncross {
+pub(crate) fn uncross_price(book: &Book) -> Uncross {
     let (Some(best_bid), Some(best_ask)) = (book.bids.last(), book.asks.last()) else {
         return Uncross::default();
     };
@@ -486,91 +482,154 @@ pub(crate) fn uncross_price(book: &Book, bufs: &mut Buffers) -> Uncross {
     if bb < ba {
         return Uncross::default();
     }
-    bufs.bids.clear();
-    bufs.asks.clear();
-    for level in book.bids.iter().rev() {
-        if level.price < ba {
-            break;
-        }
-        if level.orders > 0 {
-            bufs.bids
-                .push((level.price, level.qty_leaves, level.orders > level.market));
-        }
-    }
-    for level in book.asks.iter().rev() {
-        if level.price > bb {
-            break;
-        }
-        if level.orders > 0 {
-            bufs.asks
-                .push((level.price, level.qty_leaves, level.orders > level.market));
-        }
-    }
-    let c = &mut bufs.candidates;
-    c.clear();
-    for &(price, _, limit) in bufs.bids.iter().chain(bufs.asks.iter()) {
-        if limit {
-            c.push((price, 0, 0));
-        }
-    }
+    // The crossed region, ascending: the bid levels at or above the best ask (the end of the
+    // bid ladder, which is sorted worst to best, so ascending) and the ask levels at or below
+    // the best bid (the end of the ask ladder, descending, read backwards). Placeholders (no
+    // orders) are skipped.
+    let bid_from = book.bids.find(Side::Buy, ba).unwrap_or_else(|i| i);
+    let ask_from = book.asks.find(Side::Sell, bb).unwrap_or_else(|i| i);
+    let bids = &book.bids[bid_from..];
+    let asks = &book.asks[ask_from..];
+    // The candidates ascending, by merging bids, asks and the reference price; with each, the
+    // demand (bids at or above it) and the supply (asks at or below it). Linear in the
+    // region's levels.
     let reference = book.def.reference_price.0;
-    if (ba..=bb).contains(&reference) {
-        c.push((reference, 0, 0));
-    }
-    c.sort_unstable_by_key(|x| x.0);
-    c.dedup_by_key(|x| x.0);
-    // Ascending prices: demand (bids at or above) falls, supply (asks at or below) rises.
-    let demand_total: i64 = bufs.bids.iter().map(|l| l.1).sum();
-    let mut bid_i = bufs.bids.len(); // bids[bid_i..] are below the current price
-    let mut below = 0i64;
-    let mut ask_i = 0; // asks[..ask_i] are at or below the current price
-    let mut supply = 0i64;
-    for cand in c.iter_mut() {
-        let p = cand.0;
-        while bid_i > 0 && bufs.bids[bid_i - 1].0 < p {
-            bid_i -= 1;
-            below += bufs.bids[bid_i].1;
+    let mut rule = Rule::new(reference);
+    let demand_total: i64 = bids.iter().map(|l| l.qty_leaves).sum();
+    let mut below = 0i64; // bids below the current price
+    let mut supply = 0i64; // asks at or below the current price
+    let (mut bi, mut ai) = (0, asks.len()); // next bid, next ask (from the back)
+    let mut reference_left = (ba..=bb).contains(&reference);
+    loop {
+        // The next price: the smallest of the next bid, the next ask and the reference.
+        let mut p = i64::MAX;
+        if bi < bids.len() {
+            p = p.min(bids[bi].price);
         }
-        while ask_i < bufs.asks.len() && bufs.asks[ask_i].0 <= p {
-            supply += bufs.asks[ask_i].1;
-            ask_i += 1;
+        if ai > 0 {
+            p = p.min(asks[ai - 1].price);
         }
-        let demand = demand_total - below;
-        cand.1 = demand.min(supply);
-        cand.2 = demand - supply;
+        if reference_left {
+            p = p.min(reference);
+        }
+        if p == i64::MAX {
+            break;
+        }
+        let mut candidate = reference_left && reference == p;
+        if candidate {
+            reference_left = false;
+        }
+        // Bids at p stay in the demand at p; they leave it above p.
+        let mut bid_here = 0;
+        if bi < bids.len() && bids[bi].price == p {
+            bid_here = bids[bi].qty_leaves;
+            candidate |= bids[bi].orders > bids[bi].market;
+            bi += 1;
+        }
+        if ai > 0 && asks[ai - 1].price == p {
+            ai -= 1;
+            supply += asks[ai].qty_leaves;
+            candidate |= asks[ai].orders > asks[ai].market;
+        }
+        if candidate {
+            let demand = demand_total - below;
+            rule.offer(p, demand.min(supply), demand - supply);
+        }
+        below += bid_here;
     }
-    choose(c, reference)
+    rule.result()
+}
+
+/// The price rule applied in one pass over candidates offered in ascending price order: it
+/// keeps the largest volume, then the least surplus, and for the candidates tied on both
+/// whether all leave buys (then the highest wins), all leave sells (the lowest), or else the
+/// one nearest the reference (of two equally near, the higher: the later one).
+struct Rule {
+    reference: i64,
+    found: bool,
+    volume: i64,
+    least: i64,
+    all_buys: bool,
+    all_sells: bool,
+    lowest: Uncross,
+    highest: Uncross,
+    nearest: Uncross,
+    distance: u64,
+}
+
+impl Rule {
+    fn new(reference: i64) -> Rule {
+        Rule {
+            reference,
+            found: false,
+            volume: 0,
+            least: 0,
+            all_buys: false,
+            all_sells: false,
+            lowest: Uncross::default(),
+            highest: Uncross::default(),
+            nearest: Uncross::default(),
+            distance: 0,
+        }
+    }
+
+    #[inline]
+    fn offer(&mut self, price: i64, qty: i64, surplus: i64) {
+        if qty <= 0 {
+            return;
+        }
+        let u = Uncross {
+            price,
+            qty,
+            surplus,
+        };
+        let distance = (price - self.reference).unsigned_abs();
+        let least = surplus.abs();
+        if !self.found || qty > self.volume || (qty == self.volume && least < self.least) {
+            *self = Rule {
+                reference: self.reference,
+                found: true,
+                volume: qty,
+                least,
+                all_buys: surplus > 0,
+                all_sells: surplus < 0,
+                lowest: u,
+                highest: u,
+                nearest: u,
+                distance,
+            };
+        } else if qty == self.volume && least == self.least {
+            self.all_buys &= surplus > 0;
+            self.all_sells &= surplus < 0;
+            self.highest = u;
+            if distance <= self.distance {
+                self.nearest = u;
+                self.distance = distance;
+            }
+        }
+    }
+
+    fn result(&self) -> Uncross {
+        if !self.found {
+            Uncross::default()
+        } else if self.all_buys {
+            self.highest
+        } else if self.all_sells {
+            self.lowest
+        } else {
+            self.nearest
+        }
+    }
 }
 
 /// Applies the price rule to candidates (price, volume, surplus), ascending by price.
+#[cfg(test)]
 fn choose(c: &[(i64, i64, i64)], reference: i64) -> Uncross {
-    let Some(volume) = c.iter().map(|x| x.1).max() else {
-        return Uncross::default();
-    };
-    if volume <= 0 {
-        return Uncross::default();
+    let mut rule = Rule::new(reference);
+    for &(price, qty, surplus) in c {
+        rule.offer(price, qty, surplus);
     }
-    let least = c
-        .iter()
-        .filter(|x| x.1 == volume)
-        .map(|x| x.2.abs())
-        .min()
-        .expect("one candidate has the volume");
-    let tied = || c.iter().filter(|x| x.1 == volume && x.2.abs() == least);
-    let pick = if tied().all(|x| x.2 > 0) {
-        tied().last()
-    } else if tied().all(|x| x.2 < 0) {
-        tied().next()
-    } else {
-        // Nearest the reference; of two equally near, the higher (the later one ascending).
-        tied().min_by_key(|x| ((x.0 - reference).unsigned_abs(), std::cmp::Reverse(x.0)))
-    };
-    let &(price, qty, surplus) = pick.expect("a tied candidate");
-    Uncross {
-        price,
-        qty,
-        surplus,
-    }
+    rule.result()
 }
 
 #[cfg(test)]

@@ -225,8 +225,7 @@ pub struct Engine {
     /// The books in a volatility auction with an end time, by index (derived from the books;
     /// `auction`). Empty in the common case: one length test per command.
     vi_books: Vec<u32>,
-    /// Reused buffers of the uncrossing (`auction`): the levels of the crossed region, the
-    /// candidate prices with their volume and surplus, and the orders that execute.
+    /// Reused buffers of the uncrossing (`auction`): the orders that execute.
     auction_bufs: auction::Buffers,
 }
 
