@@ -144,7 +144,8 @@ impl Engine {
             }
             crate::auction::check_state(book, &book.auction)?;
             let listed = self.vi_books.binary_search(&(b as u32)).is_ok();
-            if listed != (book.phase == bourse_core::Phase::VolatilityAuction && book.auction.end_ns != 0)
+            if listed
+                != (book.phase == bourse_core::Phase::VolatilityAuction && book.auction.end_ns != 0)
             {
                 return Err(format!("book {b}: volatility auction timer list disagrees"));
             }

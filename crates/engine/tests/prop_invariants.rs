@@ -855,10 +855,7 @@ impl Checker {
                         // an iceberg refills at the back after its last fill (its log record).
                         if auction {
                             t.display -= qty.0.min(t.display);
-                        } else if side != aggressor
-                            && qty.0 == t.display
-                            && fill.qty_leaves.0 > 0
-                        {
+                        } else if side != aggressor && qty.0 == t.display && fill.qty_leaves.0 > 0 {
                             // A resting iceberg whose visible part is used up refills at the back.
                             t.stamp = refill_stamp;
                             self.next_stamp += 1;

@@ -80,8 +80,8 @@ pub fn setup() -> Vec<CommandBody> {
     narrow.band_bps = 40; // +-20 ticks around the reference
     let mut guarded = fixtures::equity(1, "EQA", 10_000);
     guarded.volatility = VolatilityGuard {
-        dynamic_bps: 10,       // +-10 ticks around the last trade price
-        static_bps: 60,        // +-60 ticks around the last auction price
+        dynamic_bps: 10,        // +-10 ticks around the last trade price
+        static_bps: 60,         // +-60 ticks around the last auction price
         auction_ns: 30 * 1_000, // about 30 commands of the flow
     };
     let mut v = vec![

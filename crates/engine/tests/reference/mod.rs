@@ -438,7 +438,8 @@ enum End {
 
 /// Is `price` within `bps` basis points of `reference` (always, for a band of 0)?
 fn within(bps: u32, reference: i64, price: i64) -> bool {
-    bps == 0 || (price as i128 - reference as i128).abs() * 10_000 <= reference as i128 * bps as i128
+    bps == 0
+        || (price as i128 - reference as i128).abs() * 10_000 <= reference as i128 * bps as i128
 }
 
 #[derive(Clone, Debug, Default)]
