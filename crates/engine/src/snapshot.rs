@@ -666,32 +666,6 @@ fn write_order(w: &mut Writer, o: &Order, auctions: bool) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use crate::fixtures::{self, Driver};
-    use crate::{Engine, EngineConfig};
-    use bourse_core::Side;
-
-    #[test]
-    fn a_snapshot_of_the_format_before_the_auctions_still_restores() {
-        let mut d = Driver::new(EngineConfig {
-            orders_max: 64,
-            instruments_max: 2,
-            accounts_max: 4,
-            levels_per_side_hint: 4,
-            first_order_id: 1,
-        });
-        d.add_instrument(fixtures::equity(1, "EQA", 10_000));
-        d.add_account(1, 1, 1_000_000_000_000);
-        d.limit(1, 1, 1, Side::Buy, 9_990, 5);
-        d.limit(1, 2, 1, Side::Buy, 9_995, 5);
-        let old = d.engine.snapshot_in(super::FORMAT_VERSION_BEFORE_AUCTIONS);
-        let restored = Engine::restore(&old).expect("a format 5 snapshot restores");
-        assert_eq!(restored.snapshot(), d.engine.snapshot());
-        assert_eq!(restored.state_digest(), d.engine.state_digest());
-    }
-}
-
 fn read_order(r: &mut Reader, auctions: bool) -> Result<Order, DecodeError> {
     Ok(Order {
         book: r.u32()?,
@@ -719,4 +693,30 @@ fn read_order(r: &mut Reader, auctions: bool) -> Result<Order, DecodeError> {
         resting: false,
         market: auctions && r.bool()?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::fixtures::{self, Driver};
+    use crate::{Engine, EngineConfig};
+    use bourse_core::Side;
+
+    #[test]
+    fn a_snapshot_of_the_format_before_the_auctions_still_restores() {
+        let mut d = Driver::new(EngineConfig {
+            orders_max: 64,
+            instruments_max: 2,
+            accounts_max: 4,
+            levels_per_side_hint: 4,
+            first_order_id: 1,
+        });
+        d.add_instrument(fixtures::equity(1, "EQA", 10_000));
+        d.add_account(1, 1, 1_000_000_000_000);
+        d.limit(1, 1, 1, Side::Buy, 9_990, 5);
+        d.limit(1, 2, 1, Side::Buy, 9_995, 5);
+        let old = d.engine.snapshot_in(super::FORMAT_VERSION_BEFORE_AUCTIONS);
+        let restored = Engine::restore(&old).expect("a format 5 snapshot restores");
+        assert_eq!(restored.snapshot(), d.engine.snapshot());
+        assert_eq!(restored.state_digest(), d.engine.state_digest());
+    }
 }
