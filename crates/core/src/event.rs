@@ -413,3 +413,13 @@ impl Event {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_event_stays_two_cache_lines() {
+        // The engine copies every event it emits into its caller's buffer: the auction flag
+        // on trades and the volatility guard in an instrument's definition fit the padding.
+        assert!(std::mem::size_of::<super::Event>() <= 128);
+    }
+}
