@@ -571,6 +571,7 @@ mod tests {
                         initial_margin: Cash(margin),
                         band_bps: band,
                         reference_price: Price(reference),
+                        volatility: Default::default(),
                     }
                 },
             )
@@ -640,6 +641,7 @@ mod tests {
             initial_margin: Cash(5_000),
             band_bps: 1_000,
             reference_price: Price(110_000),
+            volatility: Default::default(),
         }
     }
 

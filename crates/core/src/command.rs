@@ -50,6 +50,26 @@ pub enum TimeInForce {
     Ioc,
     /// Fill or kill: trades in full at once, or not at all.
     Fok,
+    /// At the opening (FIX OPG): only in the opening auction; what the uncrossing does not
+    /// execute is cancelled (`AuctionUnexecuted`).
+    AtOpening,
+    /// At the close (FIX ATC): only in the closing auction; cancelled after its uncrossing as
+    /// at the opening.
+    AtClose,
+    /// Good for auction: in any call auction (opening, closing, volatility); cancelled after
+    /// that auction's uncrossing as at the opening.
+    GoodForAuction,
+}
+
+impl TimeInForce {
+    /// Whether the order lives for one call auction only (OPG, ATC, GFA).
+    #[inline]
+    pub fn is_auction_only(self) -> bool {
+        matches!(
+            self,
+            TimeInForce::AtOpening | TimeInForce::AtClose | TimeInForce::GoodForAuction
+        )
+    }
 }
 
 /// A new order.
@@ -274,7 +294,7 @@ impl CommandKind {
 /// fails to compile instead of being ignored on input.
 mod strict {
     use super::*;
-    use crate::instrument::{one, Market, StpMode, StpScope};
+    use crate::instrument::{one, Market, StpMode, StpScope, VolatilityGuard};
 
     #[derive(Deserialize)]
     #[serde(tag = "cmd", rename_all = "snake_case", deny_unknown_fields)]
@@ -354,6 +374,8 @@ mod strict {
             initial_margin: Cash,
             band_bps: u32,
             reference_price: Price,
+            #[serde(default)]
+            volatility: VolatilityGuard,
         },
         AddAccount {
             ts_ns: u64,
@@ -522,6 +544,7 @@ mod strict {
                     initial_margin,
                     band_bps,
                     reference_price,
+                    volatility,
                 } => {
                     let spec = Instrument {
                         instrument,
@@ -534,6 +557,7 @@ mod strict {
                         initial_margin,
                         band_bps,
                         reference_price,
+                        volatility,
                     };
                     (ts_ns, CommandBody::AddInstrument(spec))
                 }
@@ -702,6 +726,11 @@ mod tests {
                 initial_margin: Cash(100),
                 band_bps: 1000,
                 reference_price: Price(10000),
+                volatility: crate::VolatilityGuard {
+                    dynamic_bps: 200,
+                    static_bps: 500,
+                    auction_ns: 5_000,
+                },
             }),
             CommandBody::AddAccount(AccountSpec {
                 account: AccountId(1),

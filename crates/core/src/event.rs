@@ -77,9 +77,17 @@ pub enum RejectReason {
     /// margin): only orders that reduce its exposure, and cancels, are accepted until a
     /// deposit covers the call or the next clearing run closes it.
     MarginCallOpen = 36,
+    /// The time in force is not valid in the instrument's phase: at the opening only in the
+    /// opening auction, at the close only in the closing auction, good for auction only in an
+    /// auction, IOC and FOK never in an auction (nothing executes during a call).
+    TimeInForceNotInPhase = 37,
     /// The order names an account of another firm than the one it was sent for (a session
     /// entitled by firm trades its own firm's accounts only).
-    AccountNotOfFirm = 37,
+    AccountNotOfFirm = 38,
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
 }
 
 impl RejectReason {
@@ -100,8 +108,11 @@ pub enum CancelReason {
     ImmediateOrCancelRemainder,
     /// A FOK order that could not be filled in full.
     FillOrKillUnfilled,
-    /// What a market order could not trade within the band.
+    /// What a market order could not trade within the band, or at a call auction's uncrossing.
     MarketRemainder,
+    /// What an order valid for one auction only (at the opening, at the close, good for
+    /// auction) did not execute at that auction's uncrossing.
+    AuctionUnexecuted,
 }
 
 /// What answered a cancel or replace request that was refused (FIX CxlRejResponseTo).
@@ -239,9 +250,14 @@ pub enum Event {
         instrument: InstrumentId,
         price: Price,
         qty: Qty,
+        /// The incoming order's side; in an auction trade, the side of the order that arrived
+        /// later (the larger order id).
         aggressor: Side,
         buy: Fill,
         sell: Fill,
+        /// A trade of a call auction's uncrossing (absent from JSON when false).
+        #[serde(default, skip_serializing_if = "is_false")]
+        auction: bool,
         ts_ns: u64,
     },
     OrderCancelled {
@@ -322,6 +338,40 @@ pub enum Event {
         orders_cancelled: u64,
         ts_ns: u64,
     },
+    /// The indicative uncrossing of an instrument in a call auction changed (after a command
+    /// that changed its book): the price at which the book would uncross now, the quantity
+    /// that would execute, and the quantity left unmatched at that price and on which side.
+    /// No cross: price, quantity and surplus 0, no side.
+    AuctionIndicative {
+        instrument: InstrumentId,
+        price: Price,
+        qty: Qty,
+        surplus: Qty,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        surplus_side: Option<Side>,
+        ts_ns: u64,
+    },
+    /// A call auction ended: its trades (`auction: true`) come before this event. `price` is
+    /// the uncrossing price, or with nothing executed (`qty` 0) the reference price (the last
+    /// trade price, else the instrument's). For the closing auction it is the official close.
+    AuctionUncrossed {
+        instrument: InstrumentId,
+        /// The auction phase that ended.
+        auction: Phase,
+        price: Price,
+        qty: Qty,
+        ts_ns: u64,
+    },
+    /// A volatility auction started (an order would have traded at `price`, outside a band of
+    /// the instrument's volatility guard) or, `extended`, was extended because its indicative
+    /// price was still outside (`price`); it ends at `end_ns`.
+    VolatilityInterruption {
+        instrument: InstrumentId,
+        price: Price,
+        end_ns: u64,
+        extended: bool,
+        ts_ns: u64,
+    },
     /// The margin call open on an account changed: a `MarginCall` command set it, or a
     /// deposit reduced it. `amount` is what is still called (0: the call is closed).
     MarginCallSet {
@@ -359,7 +409,20 @@ impl Event {
             | Event::CashChanged { ts_ns, .. }
             | Event::EndOfDayDone { ts_ns, .. }
             | Event::KillSwitchSet { ts_ns, .. }
+            | Event::AuctionIndicative { ts_ns, .. }
+            | Event::AuctionUncrossed { ts_ns, .. }
+            | Event::VolatilityInterruption { ts_ns, .. }
             | Event::MarginCallSet { ts_ns, .. } => ts_ns,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_event_stays_two_cache_lines() {
+        // The engine copies every event it emits into its caller's buffer: the auction flag
+        // on trades and the volatility guard in an instrument's definition fit the padding.
+        assert!(std::mem::size_of::<super::Event>() <= 128);
     }
 }

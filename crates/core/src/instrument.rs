@@ -55,6 +55,82 @@ pub enum Phase {
     /// orders and replaces are rejected with `InstrumentPaused`, resting orders stay, cancels
     /// are accepted. Apart from `Halted`, which is an operator's unscheduled stop.
     Paused,
+    /// The opening call auction: orders (limit and market; Day, GTC, GTD, at the opening and
+    /// good for auction) rest without matching; leaving the phase uncrosses the book at one
+    /// price (`docs/engine-jsonl.md`, "Call auctions").
+    OpeningAuction,
+    /// The closing call auction, as the opening one (at the close instead of at the opening);
+    /// its uncrossing price is the instrument's official close.
+    ClosingAuction,
+    /// A volatility interruption: a call auction that an order entered in continuous trading
+    /// starts when it would trade outside the instrument's [`VolatilityGuard`] bands. It ends
+    /// at `ts_ns + auction_ns` (acted on by the first command at or after that time) if its
+    /// indicative price is within the bands, else it is extended; or by `SetPhase`.
+    VolatilityAuction,
+}
+
+impl Phase {
+    /// Whether the phase is a call auction (orders rest without matching).
+    #[inline]
+    pub fn is_auction(self) -> bool {
+        matches!(
+            self,
+            Phase::OpeningAuction | Phase::ClosingAuction | Phase::VolatilityAuction
+        )
+    }
+}
+
+/// The largest volatility auction length: a day.
+pub const AUCTION_NS_MAX: u64 = 86_400 * 1_000_000_000;
+
+/// An instrument's volatility interruption: bands around prices, in basis points, that a trade
+/// in continuous trading may not leave; an order that would trade outside one starts a
+/// volatility auction of `auction_ns` instead. A band of 0 is off; all 0 (the default) is no
+/// volatility interruption at all, as before it existed. Apart from the hard price band
+/// (`band_bps`), which refuses orders priced outside it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolatilityGuard {
+    /// The dynamic band around the last trade price (as it was when the incoming order arrived).
+    #[serde(default)]
+    pub dynamic_bps: u32,
+    /// The static band around the static reference price: the instrument's reference price,
+    /// then the price of each auction that executed.
+    #[serde(default)]
+    pub static_bps: u32,
+    /// The length of a volatility auction, and of each extension, in nanoseconds.
+    #[serde(default)]
+    pub auction_ns: u64,
+}
+
+impl VolatilityGuard {
+    /// True when no band is set (serde skips the field then).
+    pub fn is_off(&self) -> bool {
+        self.dynamic_bps == 0 && self.static_bps == 0
+    }
+
+    /// Checks the setting: bands of at most 10,000 bps, and a positive auction length (at most
+    /// a day) if a band is set.
+    pub fn validate(&self) -> Result<(), &'static str> {
+        if self.dynamic_bps > BAND_BPS_MAX || self.static_bps > BAND_BPS_MAX {
+            return Err("volatility bands must be at most 10000 bps");
+        }
+        if !self.is_off() && (self.auction_ns == 0 || self.auction_ns > AUCTION_NS_MAX) {
+            return Err("a volatility band needs auction_ns in 1..=86400000000000");
+        }
+        if self.is_off() && self.auction_ns != 0 {
+            return Err("auction_ns needs a volatility band");
+        }
+        Ok(())
+    }
+
+    /// Whether `price` is within `bps` basis points of `reference` (always, for a band of 0).
+    #[inline]
+    pub fn within(bps: u32, reference: Price, price: Price) -> bool {
+        bps == 0
+            || (price.0 as i128 - reference.0 as i128).abs() * BAND_BPS_MAX as i128
+                <= reference.0 as i128 * bps as i128
+    }
 }
 
 /// Self-trade prevention: what happens when an incoming order would trade against a resting
@@ -152,6 +228,8 @@ pub struct InstrumentDef {
     pub initial_margin: Cash,
     pub band_bps: u32,
     pub reference_price: Price,
+    #[serde(default, skip_serializing_if = "VolatilityGuard::is_off")]
+    pub volatility: VolatilityGuard,
 }
 
 impl InstrumentDef {
@@ -168,6 +246,7 @@ impl InstrumentDef {
             initial_margin: self.initial_margin,
             band_bps: self.band_bps,
             reference_price: self.reference_price,
+            volatility: self.volatility,
         }
     }
 }
@@ -197,6 +276,9 @@ pub struct Instrument {
     pub band_bps: u32,
     /// The reference price the band is centred on; it follows the last trade.
     pub reference_price: Price,
+    /// The volatility interruption (off unless given).
+    #[serde(default, skip_serializing_if = "VolatilityGuard::is_off")]
+    pub volatility: VolatilityGuard,
 }
 
 pub(crate) fn one() -> i64 {
@@ -230,6 +312,7 @@ impl Instrument {
         if self.reference_price.0 % self.tick.0 != 0 {
             return Err("reference_price must be on the tick");
         }
+        self.volatility.validate()?;
         match self.market {
             Market::Futures => {
                 if self.initial_margin.0 <= 0 || self.initial_margin.0 > 1_000_000_000_000_000 {
@@ -258,6 +341,7 @@ impl Instrument {
             initial_margin: self.initial_margin,
             band_bps: self.band_bps,
             reference_price: self.reference_price,
+            volatility: self.volatility,
         })
     }
 
@@ -363,6 +447,7 @@ mod tests {
             initial_margin: Cash(0),
             band_bps: 1000,
             reference_price: Price(10000),
+            volatility: VolatilityGuard::default(),
         }
     }
 
@@ -451,6 +536,7 @@ mod definition_tests {
             initial_margin: Cash(5_000_0000),
             band_bps: 700,
             reference_price: Price(80_000),
+            volatility: VolatilityGuard::default(),
         };
         let event = Event::InstrumentAdded {
             instrument: def.instrument,

@@ -344,6 +344,7 @@ fn encode_record(r: &Record, out: &mut Vec<u8>) {
             aggressor,
             buy,
             sell,
+            auction: _,
             ts_ns,
         } => push_frame(out, |b| {
             encode_frame(b, |mut e: codec::trade_record_codec::TradeRecordEncoder| {

@@ -533,6 +533,7 @@ mod tests {
                 aggressor: Side::Buy,
                 buy: fill(1),
                 sell: fill(2),
+                auction: false,
                 ts_ns: seconds * SECOND_NS,
             },
         }

@@ -42,6 +42,10 @@ pub struct Order {
     pub next: u32,
     /// True while the order sits in a level's list.
     pub resting: bool,
+    /// A market order resting in a call auction (its `price` is the band edge fixed on
+    /// arrival, its protection limit). Never set in continuous trading, where market orders
+    /// do not rest.
+    pub market: bool,
 }
 
 impl Order {
@@ -216,6 +220,9 @@ pub struct Level {
     /// Sum of the visible quantity: what the aggregated book shows.
     pub qty_display: i64,
     pub orders: u32,
+    /// How many of the level's orders are market orders (only ever in a call auction): a
+    /// level of market orders only is no candidate price of an uncrossing.
+    pub market: u32,
 }
 
 /// The levels of one side, sorted worst to best (best last), with their prices repeated in a
@@ -275,6 +282,7 @@ impl Ladder {
                         qty_leaves: 0,
                         qty_display: 0,
                         orders: 0,
+                        market: 0,
                     },
                 );
                 i
@@ -344,10 +352,39 @@ pub struct Book {
     /// Band limits derived from the reference price, kept to avoid recomputing per order.
     pub band_low: i64,
     pub band_high: i64,
+    /// The call auctions' state (all zero in continuous trading with no guard).
+    pub auction: AuctionState,
     /// The hash of the definition (all but the reference price), for the state digest.
     pub(crate) def_digest: u64,
     /// The book's item in the state digest as last added (the engine keeps it).
     pub(crate) digest_item: u64,
+    /// The hash of `auction` (`digest::auction_digest`), kept with it.
+    pub(crate) auction_digest: u64,
+}
+
+/// An uncrossing of a call auction's book: the price, the quantity that executes there, and
+/// what is left unmatched at that price (positive: buys, negative: sells).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Uncross {
+    pub price: i64,
+    pub qty: i64,
+    pub surplus: i64,
+}
+
+/// The part of a book's state the call auctions and the volatility interruption keep. In the
+/// snapshot and the state digest.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AuctionState {
+    /// The static reference of the volatility guard: the instrument's reference price, then
+    /// the price of each auction that executed (0 until the book is made).
+    pub static_ref: i64,
+    /// The official close: the price of the last closing auction (0: none yet).
+    pub close: i64,
+    /// The end of the volatility auction under way (0: none).
+    pub end_ns: u64,
+    /// The indicative uncrossing last published in the auction under way (all 0: no cross,
+    /// or none published).
+    pub indicative: Uncross,
 }
 
 /// Is `a` a better price than `b` for resting orders of `side`?
@@ -372,6 +409,7 @@ impl Book {
     pub fn new(def: Instrument, levels_per_side_hint: usize) -> Book {
         let (low, high) = def.band();
         let def_digest = digest::instrument_digest(&def);
+        let static_ref = def.reference_price.0;
         Book {
             def,
             phase: Phase::Open,
@@ -379,8 +417,13 @@ impl Book {
             asks: Ladder::with_capacity(levels_per_side_hint),
             band_low: low.0,
             band_high: high.0,
+            auction: AuctionState {
+                static_ref,
+                ..AuctionState::default()
+            },
             def_digest,
             digest_item: 0,
+            auction_digest: 0,
         }
     }
 
@@ -431,16 +474,25 @@ impl Book {
         level.qty_leaves += leaves;
         level.qty_display += display;
         level.orders += 1;
+        level.market += pool.get(slot).market as u32;
         pool.digest_link(slot);
     }
 
     /// Takes the order in `slot` out of its level (which may become a placeholder).
     /// `level_index` may be given when the caller already knows it.
     pub fn unlink(&mut self, pool: &mut OrderPool, slot: u32, level_index: Option<usize>) {
-        let (side, price, prev, next, leaves, display) = {
+        let (side, price, prev, next, leaves, display, market) = {
             let o = pool.get(slot);
             debug_assert!(o.resting);
-            (o.side, o.price, o.prev, o.next, o.qty_leaves, o.qty_display)
+            (
+                o.side,
+                o.price,
+                o.prev,
+                o.next,
+                o.qty_leaves,
+                o.qty_display,
+                o.market,
+            )
         };
         let levels = self.side_mut(side);
         let index = match level_index {
@@ -471,6 +523,7 @@ impl Book {
         level.qty_leaves -= leaves;
         level.qty_display -= display;
         level.orders -= 1;
+        level.market -= market as u32;
         if level.orders == 0 {
             debug_assert!(level.head == NIL && level.qty_leaves == 0 && level.qty_display == 0);
             levels.emptied(index);
@@ -491,7 +544,11 @@ impl Book {
 /// Whether a day-end sweep expires an order with this time in force and expiry.
 pub fn expires_at_end_of_day(tif: TimeInForce, expire_ts_ns: u64, now_ns: u64) -> bool {
     match tif {
-        TimeInForce::Day => true,
+        // Orders for one auction are day orders too.
+        TimeInForce::Day
+        | TimeInForce::AtOpening
+        | TimeInForce::AtClose
+        | TimeInForce::GoodForAuction => true,
         TimeInForce::Gtd => expire_ts_ns <= now_ns,
         _ => false,
     }

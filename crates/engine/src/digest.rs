@@ -18,7 +18,7 @@
 //! items:
 //! - **Resting order** (the pool keeps these, [`crate::book::OrderPool`]): key over its id,
 //!   owner, book, side, time in force, iceberg display size, expiry and `rec` (hashed once,
-//!   when it is admitted); values: client order id, price, total, filled and visible
+//!   when it is admitted); values: client order id, price (with the market flag), total, filled and visible
 //!   quantities, the position it holds back. Its time priority enters as the id of the order
 //!   ahead of it in its queue (0 at the head), times a second coefficient drawn from the key:
 //!   the set of (order, predecessor) pairs fixes every queue's order, survives snapshot and
@@ -72,6 +72,7 @@ const TAG_BOOK: u64 = 0x629a_292a_367c_d507;
 const TAG_ENGINE: u64 = 0x9159_015a_3070_dd17;
 const TAG_SUSPENDED: u64 = 0x152f_ecd8_f70e_5939;
 const TAG_MARGIN_CALLS: u64 = 0x7a3c_51e9_0b6d_24f1;
+const TAG_AUCTION: u64 = 0x2d4f_8e17_c3a9_6b05;
 
 /// The murmur3 64-bit finalizer: a bijection that spreads every input bit over the output.
 #[inline(always)]
@@ -157,7 +158,9 @@ pub(crate) fn order_item(key: u64, o: &Order, prev_id: u64) -> u64 {
         key | 1,
         [
             o.cl_ord_id.0,
-            o.price as u64,
+            // A price is positive, so its top bit is free for the market flag (which a
+            // replace with a price clears, so it is a value, not part of the key).
+            o.price as u64 | (o.market as u64) << 63,
             o.qty_total as u64,
             o.qty_filled as u64,
             o.qty_display as u64,
@@ -260,19 +263,38 @@ pub(crate) fn instrument_digest(d: &Instrument) -> u64 {
             d.multiplier as u64,
             lo(d.initial_margin.0),
             hi(d.initial_margin.0),
+            d.volatility.dynamic_bps as u64 | (d.volatility.static_bps as u64) << 32,
+            d.volatility.auction_ns,
         ],
     )
 }
 
-/// A book: its index, its instrument (`def_digest`, from [`instrument_digest`]), its phase and
-/// its reference price.
+/// A book's call auction state (static reference, official close, volatility auction end,
+/// indicative uncrossing last published). Cached in the book (`Book::auction_digest`) and
+/// folded into its item, so that the item of a trade's book costs what it did.
+pub(crate) fn auction_digest(a: &crate::book::AuctionState) -> u64 {
+    mix(
+        TAG_AUCTION,
+        [
+            a.static_ref as u64,
+            a.close as u64,
+            a.end_ns,
+            a.indicative.price as u64,
+            a.indicative.qty as u64,
+            a.indicative.surplus as u64,
+        ],
+    )
+}
+
+/// A book: its index, its instrument (`def_digest`, from [`instrument_digest`]), its call
+/// auction state ([`auction_digest`], cached), its phase and its reference price.
 #[inline]
-pub(crate) fn book_item(index: u32, b: &Book, def_digest: u64) -> u64 {
+pub(crate) fn book_item(index: u32, b: &Book, def_digest: u64, auction: u64) -> u64 {
     mix(
         TAG_BOOK,
         [
             index as u64 | (phase_code(b.phase) as u64) << 32,
-            def_digest,
+            def_digest ^ auction,
             b.def.reference_price.0 as u64,
         ],
     )
@@ -382,7 +404,12 @@ impl Engine {
     pub(crate) fn recompute_other_items(&self) -> u64 {
         let mut sum = 0u64;
         for (b, book) in self.books.iter().enumerate() {
-            let item = book_item(b as u32, book, instrument_digest(&book.def));
+            let item = book_item(
+                b as u32,
+                book,
+                instrument_digest(&book.def),
+                auction_digest(&book.auction),
+            );
             sum = sum.wrapping_add(item);
         }
         for (a, acc) in self.accounts.iter().enumerate() {
@@ -404,7 +431,8 @@ impl Engine {
     pub(crate) fn rebuild_digest(&mut self) {
         for (b, book) in self.books.iter_mut().enumerate() {
             book.def_digest = instrument_digest(&book.def);
-            book.digest_item = book_item(b as u32, book, book.def_digest);
+            book.auction_digest = auction_digest(&book.auction);
+            book.digest_item = book_item(b as u32, book, book.def_digest, book.auction_digest);
         }
         for (a, acc) in self.accounts.iter_mut().enumerate() {
             acc.digest_key = account_key(a as u32, acc);
@@ -418,7 +446,9 @@ impl Engine {
     pub(crate) fn check_digest(&self) -> Result<(), String> {
         for (b, book) in self.books.iter().enumerate() {
             if book.def_digest != instrument_digest(&book.def)
-                || book.digest_item != book_item(b as u32, book, book.def_digest)
+                || book.auction_digest != auction_digest(&book.auction)
+                || book.digest_item
+                    != book_item(b as u32, book, book.def_digest, book.auction_digest)
             {
                 return Err(format!("book {b}: cached digest item is stale"));
             }
@@ -445,11 +475,19 @@ impl Engine {
 
     // ----- maintenance, called where the state changes -----
 
+    /// Rehashes book `b` after its call auction state changed (and its phase or reference
+    /// price, if they did too).
+    pub(crate) fn digest_auction(&mut self, b: u32) {
+        let book = &mut self.books[b as usize];
+        book.auction_digest = auction_digest(&book.auction);
+        self.digest_book(b);
+    }
+
     /// Rehashes book `b` after its phase or reference price changed.
     #[inline]
     pub(crate) fn digest_book(&mut self, b: u32) {
         let book = &mut self.books[b as usize];
-        let new = book_item(b, book, book.def_digest);
+        let new = book_item(b, book, book.def_digest, book.auction_digest);
         self.digest_items = self
             .digest_items
             .wrapping_sub(book.digest_item)

@@ -17,6 +17,7 @@ pub fn equity(id: u32, symbol: &str, reference_price: i64) -> Instrument {
         initial_margin: Cash(0),
         band_bps: 2000,
         reference_price: Price(reference_price),
+        volatility: VolatilityGuard::default(),
     }
 }
 
@@ -33,6 +34,7 @@ pub fn fx(id: u32, symbol: &str, reference_price: i64) -> Instrument {
         initial_margin: Cash(0),
         band_bps: 500,
         reference_price: Price(reference_price),
+        volatility: VolatilityGuard::default(),
     }
 }
 
@@ -50,6 +52,7 @@ pub fn future(id: u32, symbol: &str, reference_price: i64) -> Instrument {
         initial_margin: Cash(5_000_0000),
         band_bps: 1000,
         reference_price: Price(reference_price),
+        volatility: VolatilityGuard::default(),
     }
 }
 

@@ -10,7 +10,8 @@ impl Engine {
     /// Checks every invariant of the state; returns a description of the first violation.
     ///
     /// - Books: levels strictly sorted, the best level of each side live (placeholders only
-    ///   behind it), best bid below best ask (never crossed), level totals
+    ///   behind it), best bid below best ask (never crossed, but in a call auction), level
+    ///   totals (market orders counted too)
     ///   equal to the sums over their queues, queues doubly linked without breaks.
     /// - Orders: open quantity positive, visible quantity within the open quantity and the
     ///   iceberg's display size, total = filled + open, no IOC or FOK order resting, each
@@ -38,7 +39,7 @@ impl Engine {
                     if i > 0 && !better(side, level.price, levels[i - 1].price) {
                         return Err(format!("book {b} {side:?}: levels not strictly sorted"));
                     }
-                    let (mut leaves, mut display, mut count) = (0i64, 0i64, 0u32);
+                    let (mut leaves, mut display, mut count, mut market) = (0i64, 0i64, 0u32, 0u32);
                     let mut prev = NIL;
                     let mut slot = level.head;
                     while slot != NIL {
@@ -66,6 +67,10 @@ impl Engine {
                         if matches!(o.tif, TimeInForce::Ioc | TimeInForce::Fok) {
                             return Err(format!("order {}: IOC/FOK order resting", o.id));
                         }
+                        if o.market && !book.phase.is_auction() {
+                            return Err(format!("order {}: market order outside a call", o.id));
+                        }
+                        market += o.market as u32;
                         if self.order_index.get(&o.id) != Some(&slot)
                             || self.clord_index.get(&(o.account, o.cl_ord_id)) != Some(&slot)
                         {
@@ -128,6 +133,7 @@ impl Engine {
                     if leaves != level.qty_leaves
                         || display != level.qty_display
                         || count != level.orders
+                        || market != level.market
                     {
                         return Err(format!("book {b} level {}: totals disagree", level.price));
                     }
@@ -136,7 +142,19 @@ impl Engine {
                     return Err(format!("book {b} {side:?}: placeholder count disagrees"));
                 }
             }
-            if let (Some(bid), Some(ask)) = (book.best(Side::Buy), book.best(Side::Sell)) {
+            crate::auction::check_state(book, &book.auction)?;
+            let listed = self.vi_books.binary_search(&(b as u32)).is_ok();
+            if listed
+                != (book.phase == bourse_core::Phase::VolatilityAuction && book.auction.end_ns != 0)
+            {
+                return Err(format!("book {b}: volatility auction timer list disagrees"));
+            }
+            // A call auction's book may be crossed; any other is not.
+            if let (Some(bid), Some(ask), false) = (
+                book.best(Side::Buy),
+                book.best(Side::Sell),
+                book.phase.is_auction(),
+            ) {
                 if bid.price >= ask.price {
                     return Err(format!(
                         "book {b}: crossed ({} >= {})",

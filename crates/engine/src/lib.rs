@@ -29,6 +29,7 @@
 
 #![forbid(unsafe_code)]
 
+mod auction;
 pub mod book;
 pub mod capacity;
 mod digest;
@@ -187,6 +188,9 @@ enum MatchEnd {
     Done,
     /// Self-trade prevention cancels the incoming remainder.
     StpCancelIncoming,
+    /// The next trade would have been at this price, outside a band of the instrument's
+    /// volatility guard: the instrument goes into a volatility auction.
+    Interrupted(i64),
 }
 
 /// One trading core's state machine.
@@ -218,6 +222,11 @@ pub struct Engine {
     /// The margin calls open (clearing's `MarginCall`), as (account, amount still called),
     /// sorted by account, amounts positive. Few entries: searched by bisection, never hashed.
     margin_calls: Vec<(AccountId, i128)>,
+    /// The books in a volatility auction with an end time, by index (derived from the books;
+    /// `auction`). Empty in the common case: one length test per command.
+    vi_books: Vec<u32>,
+    /// Reused buffers of the uncrossing (`auction`): the orders that execute.
+    auction_bufs: auction::Buffers,
 }
 
 impl Engine {
@@ -255,6 +264,8 @@ impl Engine {
             suspended_firms: Vec::new(),
             suspended_accounts: Vec::new(),
             margin_calls: Vec::new(),
+            vi_books: Vec::new(),
+            auction_bufs: auction::Buffers::default(),
         }
     }
 
@@ -278,6 +289,9 @@ impl Engine {
     pub fn apply(&mut self, cmd: &Command, out: &mut Vec<Event>) {
         self.counters.commands += 1;
         let ts = cmd.ts_ns;
+        if !self.vi_books.is_empty() {
+            self.volatility_timers(ts, out);
+        }
         match &cmd.body {
             CommandBody::NewOrder(o) => self.new_order(o, ts, out),
             CommandBody::Cancel(c) => self.cancel(c, ts, out),
@@ -496,6 +510,7 @@ impl Engine {
             qty_display: Qty(o.qty_display),
             tif: o.tif,
             rec: o.rec,
+            market: o.market,
         }
     }
 
@@ -526,6 +541,11 @@ impl Engine {
                     qty: o.qty,
                     ts_ns: ts,
                 });
+                if self.books[order.book as usize].phase != Phase::Open {
+                    // A call auction (admission lets no other phase through): the order rests.
+                    self.rest_in_call(slot, true, ts, out);
+                    return;
+                }
                 let end = if o.tif == TimeInForce::Fok && !self.fok_fillable(slot) {
                     None
                 } else {
@@ -555,6 +575,10 @@ impl Engine {
         self.check_not_suspended(acct_idx)?;
         let book = &self.books[book_idx as usize];
         phase_admits(book.phase)?;
+        let in_call = book.phase != Phase::Open;
+        if in_call || o.tif.is_auction_only() {
+            auction::tif_admits(book.phase, o.tif)?;
+        }
         if o.qty.0 <= 0 {
             return Err(RejectReason::QtyNotPositive);
         }
@@ -635,7 +659,9 @@ impl Engine {
             account: acct_idx,
             book: book_idx,
             side: o.side,
-            tif: if o.ord_type == OrdType::Market && o.tif == TimeInForce::Day {
+            // A market order does not rest in continuous trading: Day reads as IOC there. In a
+            // call auction it rests until the uncrossing.
+            tif: if o.ord_type == OrdType::Market && o.tif == TimeInForce::Day && !in_call {
                 TimeInForce::Ioc
             } else {
                 o.tif
@@ -653,6 +679,7 @@ impl Engine {
             prev: NIL,
             next: NIL,
             resting: false,
+            market: in_call && o.ord_type == OrdType::Market,
         };
         self.next_order_id += 1;
         self.next_rec += 1;
@@ -670,8 +697,13 @@ impl Engine {
         let book = &self.books[o.book as usize];
         let incoming_acct = &self.accounts[o.account as usize];
         let mut needed = o.qty_leaves;
+        // A trade outside the volatility guard's bands would interrupt instead.
+        let (vi_low, vi_high) = auction::guard_bounds(book);
         for level in book.side(o.side.opposite()).iter().rev() {
-            if !crosses(o.side, o.price, level.price) {
+            if !crosses(o.side, o.price, level.price)
+                || level.price < vi_low
+                || level.price > vi_high
+            {
                 break;
             }
             if incoming_acct.stp == StpMode::None {
@@ -716,6 +748,8 @@ impl Engine {
             (o.book, o.side, o.price, o.account)
         };
         let opposite = side.opposite();
+        // The volatility guard's bounds, fixed as the order arrives (no bounds: the widest).
+        let (vi_low, vi_high) = auction::guard_bounds(&self.books[book_idx as usize]);
         loop {
             let leaves = self.pool.get(slot).qty_leaves;
             if leaves == 0 {
@@ -731,6 +765,9 @@ impl Engine {
             }
             let level_index = levels.len() - 1;
             let level_price = level.price;
+            if level_price < vi_low || level_price > vi_high {
+                return MatchEnd::Interrupted(level_price);
+            }
             let resting = level.head;
             debug_assert!(resting != NIL);
             let resting_acct = self.pool.get(resting).account;
@@ -821,6 +858,7 @@ impl Engine {
             aggressor,
             buy,
             sell,
+            auction: false,
             ts_ns: ts,
         });
 
@@ -952,11 +990,16 @@ impl Engine {
             self.forget(slot);
             return;
         }
+        if let Some(MatchEnd::Interrupted(price)) = end {
+            self.start_volatility_auction(book, price, ts, out);
+        }
         let reason = match end {
             None => Some(CancelReason::FillOrKillUnfilled),
             Some(MatchEnd::StpCancelIncoming) => Some(CancelReason::SelfTradePrevention),
-            Some(MatchEnd::Done) if is_market => Some(CancelReason::MarketRemainder),
-            Some(MatchEnd::Done) => match tif {
+            Some(MatchEnd::Done | MatchEnd::Interrupted(_)) if is_market => {
+                Some(CancelReason::MarketRemainder)
+            }
+            Some(MatchEnd::Done | MatchEnd::Interrupted(_)) => match tif {
                 TimeInForce::Ioc => Some(CancelReason::ImmediateOrCancelRemainder),
                 TimeInForce::Fok => Some(CancelReason::FillOrKillUnfilled),
                 _ => None,
@@ -980,6 +1023,9 @@ impl Engine {
                 };
                 self.order_log(slot, action, status, ts, out);
             }
+        }
+        if matches!(end, Some(MatchEnd::Interrupted(_))) {
+            self.publish_indicative(book, ts, out);
         }
     }
 
@@ -1159,7 +1205,13 @@ impl Engine {
 
     fn cancel(&mut self, c: &Cancel, ts: u64, out: &mut Vec<Event>) {
         match self.lookup(c.account, &c.target) {
-            Ok(slot) => self.cancel_order(slot, CancelReason::Requested, ts, out),
+            Ok(slot) => {
+                let book = self.pool.get(slot).book;
+                self.cancel_order(slot, CancelReason::Requested, ts, out);
+                if self.books[book as usize].phase.is_auction() {
+                    self.publish_indicative(book, ts, out);
+                }
+            }
             Err(reason) => out.push(Event::CancelRejected {
                 account: c.account,
                 cl_ord_id: c.cl_ord_id,
@@ -1290,6 +1342,8 @@ impl Engine {
             };
             x.reserved_cash = new_reserved_cash;
             x.reserved_pos = new_reserved_pos;
+            // A market order given a price is a limit order from then on.
+            x.market &= new_price == o.price;
         }
         if priority_kept {
             // Still resting, changed in place (an order that lost priority is out of its
@@ -1315,6 +1369,12 @@ impl Engine {
                 OrderStatus::Replaced
             };
             self.order_log(slot, OrderLogAction::Change, status, ts, out);
+            if self.books[book_idx as usize].phase != Phase::Open {
+                self.publish_indicative(book_idx, ts, out);
+            }
+        } else if self.books[book_idx as usize].phase != Phase::Open {
+            // In a call auction nothing matches: the order rests at its new place.
+            self.rest_in_call(slot, false, ts, out);
         } else {
             // A new price may cross: the order trades as an aggressor, then rests.
             let end = self.match_incoming(slot, ts, out);
@@ -1400,6 +1460,7 @@ impl Engine {
             self.cancel_order(slot, CancelReason::MassCancel, ts, out);
         }
         self.scratch = slots;
+        self.publish_all_indicative(ts, out);
         out.push(Event::MassCancelDone {
             cl_ord_id: m.cl_ord_id,
             orders_cancelled: self.scratch.len() as u64,
@@ -1428,11 +1489,12 @@ impl Engine {
             self.order_log(slot, OrderLogAction::Delete, OrderStatus::Expired, ts, out);
             self.forget(slot);
         }
+        self.scratch = slots;
+        self.publish_all_indicative(ts, out);
         out.push(Event::EndOfDayDone {
-            orders_expired: slots.len() as u64,
+            orders_expired: self.scratch.len() as u64,
             ts_ns: ts,
         });
-        self.scratch = slots;
     }
 
     // ----- administration -----
@@ -1499,6 +1561,7 @@ impl Engine {
                 }
                 orders_cancelled = slots.len() as u64;
                 self.scratch = slots;
+                self.publish_all_indicative(ts, out);
             }
         }
         out.push(Event::KillSwitchSet {
@@ -1519,15 +1582,7 @@ impl Engine {
     ) {
         match instrument {
             Some(id) => match self.book_index.get(&id) {
-                Some(&b) => {
-                    self.books[b as usize].phase = phase;
-                    self.digest_book(b);
-                    out.push(Event::PhaseChanged {
-                        instrument: id,
-                        phase,
-                        ts_ns: ts,
-                    });
-                }
+                Some(&b) => self.change_phase(b, phase, ts, out),
                 None => out.push(Event::CommandRejected {
                     reason: RejectReason::UnknownInstrument,
                     ts_ns: ts,
@@ -1535,13 +1590,7 @@ impl Engine {
             },
             None => {
                 for b in 0..self.books.len() {
-                    self.books[b].phase = phase;
-                    self.digest_book(b as u32);
-                    out.push(Event::PhaseChanged {
-                        instrument: self.books[b].def.instrument,
-                        phase,
-                        ts_ns: ts,
-                    });
+                    self.change_phase(b as u32, phase, ts, out);
                 }
             }
         }
@@ -1562,7 +1611,8 @@ impl Engine {
             let b = self.books.len() as u32;
             self.book_index.insert(def.instrument, b);
             let mut book = Book::new(def.clone(), self.config.levels_per_side_hint as usize);
-            book.digest_item = digest::book_item(b, &book, book.def_digest);
+            book.auction_digest = digest::auction_digest(&book.auction);
+            book.digest_item = digest::book_item(b, &book, book.def_digest, book.auction_digest);
             self.digest_items = self.digest_items.wrapping_add(book.digest_item);
             self.books.push(book);
             out.push(Event::InstrumentAdded {
@@ -1813,7 +1863,9 @@ fn set_member<T: Ord + Copy>(list: &mut Vec<T>, v: T, present: bool) {
 /// has a reject reason of its own.
 fn phase_admits(phase: Phase) -> Result<(), RejectReason> {
     match phase {
-        Phase::Open => Ok(()),
+        Phase::Open | Phase::OpeningAuction | Phase::ClosingAuction | Phase::VolatilityAuction => {
+            Ok(())
+        }
         Phase::Halted => Err(RejectReason::InstrumentHalted),
         Phase::Closed => Err(RejectReason::InstrumentClosed),
         Phase::Paused => Err(RejectReason::InstrumentPaused),
@@ -1856,6 +1908,8 @@ pub struct OrderView {
     pub qty_display: Qty,
     pub tif: TimeInForce,
     pub rec: u64,
+    /// A market order resting in a call auction (`price` is its band edge).
+    pub market: bool,
 }
 
 /// A read-only copy of an account's balances.

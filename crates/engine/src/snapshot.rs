@@ -16,8 +16,11 @@ use std::fmt;
 
 const MAGIC: &[u8; 8] = b"BOURSE01";
 /// Version 2 added the checksum trailer; version 4 the kill switches (and the paused phase);
-/// version 5 the margin calls.
-const FORMAT_VERSION: u32 = 5;
+/// version 5 the margin calls; version 6 the call auctions (the auction phases and times in
+/// force, each book's volatility guard and auction state, each order's market flag).
+/// Version 5 snapshots still restore (as books without guard or auction state).
+const FORMAT_VERSION: u32 = 6;
+const FORMAT_VERSION_BEFORE_AUCTIONS: u32 = 5;
 /// Bytes of the trailer: xxh3-64 of everything before it.
 const CHECKSUM_BYTES: usize = 8;
 
@@ -60,14 +63,39 @@ pub(crate) fn tif_code(t: TimeInForce) -> u8 {
         TimeInForce::Gtd => 2,
         TimeInForce::Ioc => 3,
         TimeInForce::Fok => 4,
+        TimeInForce::AtOpening => 5,
+        TimeInForce::AtClose => 6,
+        TimeInForce::GoodForAuction => 7,
     }
 }
+const TIFS: [TimeInForce; 8] = [
+    TimeInForce::Day,
+    TimeInForce::Gtc,
+    TimeInForce::Gtd,
+    TimeInForce::Ioc,
+    TimeInForce::Fok,
+    TimeInForce::AtOpening,
+    TimeInForce::AtClose,
+    TimeInForce::GoodForAuction,
+];
+const PHASES: [Phase; 7] = [
+    Phase::Open,
+    Phase::Halted,
+    Phase::Closed,
+    Phase::Paused,
+    Phase::OpeningAuction,
+    Phase::ClosingAuction,
+    Phase::VolatilityAuction,
+];
 pub(crate) fn phase_code(p: Phase) -> u8 {
     match p {
         Phase::Open => 0,
         Phase::Halted => 1,
         Phase::Closed => 2,
         Phase::Paused => 3,
+        Phase::OpeningAuction => 4,
+        Phase::ClosingAuction => 5,
+        Phase::VolatilityAuction => 6,
     }
 }
 pub(crate) fn market_code(m: Market) -> u8 {
@@ -97,11 +125,18 @@ where
 impl Engine {
     /// The whole state as canonical bytes.
     pub fn snapshot(&self) -> Vec<u8> {
+        self.snapshot_in(FORMAT_VERSION)
+    }
+
+    /// The state in format `version`: the current one, or the one before the call auctions
+    /// (for the test that such a snapshot still restores; the state must not use them).
+    fn snapshot_in(&self, version: u32) -> Vec<u8> {
+        let auctions = version == FORMAT_VERSION;
         let mut w = Writer::with_capacity(
             64 + self.books.len() * 128 + self.accounts.len() * 96 + self.pool.live() * 128,
         );
         w.buf.extend_from_slice(MAGIC);
-        w.u32(FORMAT_VERSION);
+        w.u32(version);
         let c = &self.config;
         w.u32(c.orders_max);
         w.u32(c.instruments_max);
@@ -140,6 +175,20 @@ impl Engine {
             w.u32(d.band_bps);
             w.i64(d.reference_price.0);
             w.u8(phase_code(book.phase));
+            if !auctions {
+                continue;
+            }
+            let g = &d.volatility;
+            w.u32(g.dynamic_bps);
+            w.u32(g.static_bps);
+            w.u64(g.auction_ns);
+            let a = &book.auction;
+            w.i64(a.static_ref);
+            w.i64(a.close);
+            w.u64(a.end_ns);
+            w.i64(a.indicative.price);
+            w.i64(a.indicative.qty);
+            w.i64(a.indicative.surplus);
         }
 
         w.u64(self.accounts.len() as u64);
@@ -173,7 +222,7 @@ impl Engine {
                     let mut slot = level.head;
                     while slot != NIL {
                         let o = self.pool.get(slot);
-                        write_order(&mut w, o);
+                        write_order(&mut w, o, auctions);
                         slot = o.next;
                     }
                 }
@@ -228,9 +277,11 @@ impl Engine {
         for _ in 0..MAGIC.len() {
             r.u8()?;
         }
-        if r.u32()? != FORMAT_VERSION {
+        let version = r.u32()?;
+        if version != FORMAT_VERSION && version != FORMAT_VERSION_BEFORE_AUCTIONS {
             return Err(r.error("unsupported snapshot format version").into());
         }
+        let auctions = version == FORMAT_VERSION;
         let config = EngineConfig {
             orders_max: r.u32()?,
             instruments_max: r.u32()?,
@@ -314,7 +365,7 @@ impl Engine {
             let instrument = InstrumentId(r.u32()?);
             let symbol = String::from_utf8(r.bytes(SYMBOL_LEN_MAX)?.to_vec())
                 .map_err(|_| r.error("symbol is not UTF-8"))?;
-            let def = Instrument {
+            let mut def = Instrument {
                 instrument,
                 symbol,
                 market: read_enum(
@@ -329,12 +380,28 @@ impl Engine {
                 initial_margin: Cash(r.i128()?),
                 band_bps: r.u32()?,
                 reference_price: Price(r.i64()?),
+                volatility: VolatilityGuard::default(),
             };
-            let phase = read_enum(
-                &mut r,
-                &[Phase::Open, Phase::Halted, Phase::Closed, Phase::Paused],
-                "bad phase",
-            )?;
+            let phases = if auctions { &PHASES[..] } else { &PHASES[..4] };
+            let phase = read_enum(&mut r, phases, "bad phase")?;
+            let mut state = None;
+            if auctions {
+                def.volatility = VolatilityGuard {
+                    dynamic_bps: r.u32()?,
+                    static_bps: r.u32()?,
+                    auction_ns: r.u64()?,
+                };
+                state = Some(crate::book::AuctionState {
+                    static_ref: r.i64()?,
+                    close: r.i64()?,
+                    end_ns: r.u64()?,
+                    indicative: crate::book::Uncross {
+                        price: r.i64()?,
+                        qty: r.i64()?,
+                        surplus: r.i64()?,
+                    },
+                });
+            }
             def.validate().map_err(|why| {
                 RestoreError::Inconsistent(format!("instrument {instrument}: {why}"))
             })?;
@@ -348,6 +415,10 @@ impl Engine {
             }
             let mut book = Book::new(def, config.levels_per_side_hint as usize);
             book.phase = phase;
+            if let Some(state) = state {
+                crate::auction::check_state(&book, &state).map_err(RestoreError::Inconsistent)?;
+                book.auction = state;
+            }
             e.books.push(book);
         }
 
@@ -444,7 +515,7 @@ impl Engine {
             });
         }
 
-        let orders = r.count(100)?;
+        let orders = r.count(if auctions { 101 } else { 100 })?;
         if orders > config.orders_max as usize {
             return Err(RestoreError::Inconsistent(
                 "more orders than orders_max".into(),
@@ -452,7 +523,7 @@ impl Engine {
         }
         let mut previous: Option<(u32, Side, i64)> = None;
         for _ in 0..orders {
-            let o = read_order(&mut r)?;
+            let o = read_order(&mut r, auctions)?;
             if o.book as usize >= e.books.len() || o.account as usize >= e.accounts.len() {
                 return Err(RestoreError::Inconsistent(format!(
                     "order {}: unknown book or account",
@@ -522,6 +593,7 @@ impl Engine {
         r.expect_end()?;
         // The digest is not in the snapshot: it is a function of the state, recomputed here.
         e.rebuild_digest();
+        e.rebuild_vi_books();
         e.check_invariants().map_err(RestoreError::Inconsistent)?;
         Ok(e)
     }
@@ -572,7 +644,7 @@ fn read_sorted_ids<T>(
     Ok(ids.into_iter().map(make).collect())
 }
 
-fn write_order(w: &mut Writer, o: &Order) {
+fn write_order(w: &mut Writer, o: &Order, auctions: bool) {
     w.u32(o.book);
     w.u8(side_code(o.side));
     w.i64(o.price);
@@ -589,9 +661,12 @@ fn write_order(w: &mut Writer, o: &Order) {
     w.u64(o.rec);
     w.i128(o.reserved_cash);
     w.i64(o.reserved_pos);
+    if auctions {
+        w.bool(o.market);
+    }
 }
 
-fn read_order(r: &mut Reader) -> Result<Order, DecodeError> {
+fn read_order(r: &mut Reader, auctions: bool) -> Result<Order, DecodeError> {
     Ok(Order {
         book: r.u32()?,
         side: read_enum(r, &[Side::Buy, Side::Sell], "bad side")?,
@@ -601,13 +676,7 @@ fn read_order(r: &mut Reader) -> Result<Order, DecodeError> {
         account: r.u32()?,
         tif: read_enum(
             r,
-            &[
-                TimeInForce::Day,
-                TimeInForce::Gtc,
-                TimeInForce::Gtd,
-                TimeInForce::Ioc,
-                TimeInForce::Fok,
-            ],
+            if auctions { &TIFS[..] } else { &TIFS[..5] },
             "bad time in force",
         )?,
         qty_total: r.i64()?,
@@ -622,5 +691,32 @@ fn read_order(r: &mut Reader) -> Result<Order, DecodeError> {
         prev: NIL,
         next: NIL,
         resting: false,
+        market: auctions && r.bool()?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::fixtures::{self, Driver};
+    use crate::{Engine, EngineConfig};
+    use bourse_core::Side;
+
+    #[test]
+    fn a_snapshot_of_the_format_before_the_auctions_still_restores() {
+        let mut d = Driver::new(EngineConfig {
+            orders_max: 64,
+            instruments_max: 2,
+            accounts_max: 4,
+            levels_per_side_hint: 4,
+            first_order_id: 1,
+        });
+        d.add_instrument(fixtures::equity(1, "EQA", 10_000));
+        d.add_account(1, 1, 1_000_000_000_000);
+        d.limit(1, 1, 1, Side::Buy, 9_990, 5);
+        d.limit(1, 2, 1, Side::Buy, 9_995, 5);
+        let old = d.engine.snapshot_in(super::FORMAT_VERSION_BEFORE_AUCTIONS);
+        let restored = Engine::restore(&old).expect("a format 5 snapshot restores");
+        assert_eq!(restored.snapshot(), d.engine.snapshot());
+        assert_eq!(restored.state_digest(), d.engine.state_digest());
+    }
 }

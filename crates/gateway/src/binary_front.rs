@@ -105,6 +105,8 @@ fn cancel_reason(reason: CancelReason) -> BinCancelReason {
         CancelReason::ImmediateOrCancelRemainder => BinCancelReason::ImmediateOrCancelRemainder,
         CancelReason::FillOrKillUnfilled => BinCancelReason::FillOrKillNotFilled,
         CancelReason::MarketRemainder => BinCancelReason::MarketOrderNoLiquidity,
+        // The order's validity (one auction) ran out: the schema's nearest reason.
+        CancelReason::AuctionUnexecuted => BinCancelReason::Expired,
     }
 }
 

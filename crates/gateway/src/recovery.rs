@@ -221,6 +221,9 @@ fn tif_code(t: TimeInForce) -> u8 {
         TimeInForce::Gtd => 3,
         TimeInForce::Ioc => 4,
         TimeInForce::Fok => 5,
+        TimeInForce::AtOpening => 6,
+        TimeInForce::AtClose => 7,
+        TimeInForce::GoodForAuction => 8,
     }
 }
 fn finished_code(f: Option<Finished>) -> u8 {
@@ -385,6 +388,9 @@ fn get_order(r: &mut Reader<'_>) -> Result<SavedOrder, String> {
         3 => TimeInForce::Gtd,
         4 => TimeInForce::Ioc,
         5 => TimeInForce::Fok,
+        6 => TimeInForce::AtOpening,
+        7 => TimeInForce::AtClose,
+        8 => TimeInForce::GoodForAuction,
         k => return Err(format!("order {}: time in force {k}", order_id.0)),
     };
     let price = Price(r.i64("price")?);
@@ -613,6 +619,7 @@ mod tests {
                 initial_margin: bourse_core::Cash(5_000),
                 band_bps: 1_000,
                 reference_price: Price(110_000),
+                volatility: Default::default(),
             },
         }
     }

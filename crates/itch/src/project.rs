@@ -291,6 +291,7 @@ impl Projection {
                 aggressor,
                 buy,
                 sell,
+                auction: _,
                 ts_ns,
             } => {
                 self.flush_pending(out);

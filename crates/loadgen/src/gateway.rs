@@ -839,6 +839,7 @@ impl Sessions {
                         aggressor: o.side,
                         buy,
                         sell,
+                        auction: false,
                         ts_ns: 0,
                     });
                 }

@@ -135,6 +135,10 @@ fn wire_status(phase: Phase) -> SecurityTradingStatus {
         // A scheduled clearing pause: the feed's one status for "not trading now, resting
         // orders kept, back by schedule".
         Phase::Paused => SecurityTradingStatus::Suspended,
+        // A call auction: orders are taken, nothing trades until the uncrossing.
+        Phase::OpeningAuction | Phase::ClosingAuction | Phase::VolatilityAuction => {
+            SecurityTradingStatus::PreOpen
+        }
     }
 }
 
@@ -587,6 +591,9 @@ fn encode_instrument(inst: &InstrumentOut, w: &mut Writer) {
         Some(Phase::Halted) => 2,
         Some(Phase::Closed) => 3,
         Some(Phase::Paused) => 4,
+        Some(Phase::OpeningAuction) => 5,
+        Some(Phase::ClosingAuction) => 6,
+        Some(Phase::VolatilityAuction) => 7,
     });
     let s = &inst.stats;
     opt_i64(w, s.last_px);
@@ -658,6 +665,9 @@ fn decode_instrument(r: &mut Reader<'_>) -> Result<InstrumentOut, DecodeError> {
         2 => Some(Phase::Halted),
         3 => Some(Phase::Closed),
         4 => Some(Phase::Paused),
+        5 => Some(Phase::OpeningAuction),
+        6 => Some(Phase::ClosingAuction),
+        7 => Some(Phase::VolatilityAuction),
         _ => return Err(r.error("bad phase in the publisher state")),
     };
     inst.stats = Stats {
@@ -691,6 +701,7 @@ fn decode_instrument(r: &mut Reader<'_>) -> Result<InstrumentOut, DecodeError> {
             initial_margin: Cash(r.i128()?),
             band_bps: r.u32()?,
             reference_price: Price(r.i64()?),
+            volatility: Default::default(),
         });
     }
     let (nb, na) = (r.u8()? as usize, r.u8()? as usize);

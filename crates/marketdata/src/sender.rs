@@ -299,6 +299,7 @@ mod tests {
             initial_margin: bourse_core::Cash(0),
             band_bps: 1_000,
             reference_price: bourse_core::Price(10_000),
+            volatility: Default::default(),
         }
         .def()
         .unwrap();

@@ -32,6 +32,7 @@ fn fine_future() -> Instrument {
         initial_margin: Cash(10_0000),
         band_bps: 1000,
         reference_price: Price(1_000_006),
+        volatility: Default::default(),
     }
 }
 
@@ -513,6 +514,7 @@ fn the_settlement_price_is_the_vwap_of_the_last_trades_on_the_tick() {
                 aggressor: Side::Buy,
                 buy: fill(1),
                 sell: fill(2),
+                auction: false,
                 ts_ns: ts * 1_000_000_000,
             },
         )
@@ -1185,6 +1187,7 @@ fn huge_future() -> Instrument {
         initial_margin: Cash(1),
         band_bps: 1000,
         reference_price: Price(1_000_000_000_000_000),
+        volatility: Default::default(),
     }
 }
 
@@ -1204,6 +1207,7 @@ fn trade_of(instrument: u32, n: u64, buyer: u32, seller: u32, price: i64, lots: 
         aggressor: Side::Buy,
         buy: fill(buyer),
         sell: fill(seller),
+        auction: false,
         ts_ns: n,
     }
 }

@@ -47,6 +47,7 @@ fn instrument(id: u32) -> Instrument {
         initial_margin: Cash(5_000_0000),
         band_bps: 1000,
         reference_price: Price(100_000),
+        volatility: Default::default(),
     }
 }
 
@@ -66,6 +67,7 @@ fn trade(n: u64, account: AccountId, instrument: u32, price: i64, ts_ns: u64) ->
         aggressor: Side::Buy,
         buy: fill(account),
         sell: fill(HOUSE),
+        auction: false,
         ts_ns,
     }
 }

@@ -55,6 +55,14 @@ pub struct EngineBenchArgs {
     /// compared.
     #[arg(long, default_value_t = 7)]
     monitor_runs: usize,
+    /// Instead of the scenarios: a call auction of this many orders (half bids, half asks,
+    /// crossed over 100 price levels) entered into one instrument, then its uncrossing; prints
+    /// the time per order entered (the indicative price included) and the time of the
+    /// uncrossing, medians of `--uncross-runs`.
+    #[arg(long, default_value_t = 0)]
+    uncross_orders: u32,
+    #[arg(long, default_value_t = 5)]
+    uncross_runs: usize,
 }
 
 /// A recorded stream: the starting snapshot and the measured commands.
@@ -249,6 +257,9 @@ fn clock_read_ns() -> u64 {
 }
 
 pub fn engine(args: EngineBenchArgs) -> Result<()> {
+    if args.uncross_orders > 0 {
+        return uncross(&args);
+    }
     let scenarios: Vec<(&'static str, FlowConfig)> = match args.scenario.as_str() {
         "exchange-core" | "a" => vec![("exchange-core", FlowConfig::exchange_core(args.seed))],
         "moex" | "b" => vec![("moex", FlowConfig::moex(args.seed))],
@@ -559,6 +570,160 @@ fn compare_monitoring(
             p99_change_pct,
             p_lo,
             p_hi
+        );
+    }
+    Ok(())
+}
+
+/// `--uncross-orders`: the cost of a call auction's order entry (each order publishes the
+/// indicative uncrossing when it changes) and of its uncrossing.
+fn uncross(args: &EngineBenchArgs) -> Result<()> {
+    let n = args.uncross_orders;
+    if args.uncross_runs == 0 || args.uncross_runs > 101 {
+        bail!("--uncross-runs must be between 1 and 101");
+    }
+    let accounts = 1_000u32;
+    let mut engine = Engine::new(EngineConfig {
+        orders_max: n + 16,
+        instruments_max: 1,
+        accounts_max: accounts,
+        levels_per_side_hint: 256,
+        first_order_id: 1,
+    });
+    let mut events = Vec::with_capacity(1 << 16);
+    let mut ts = 1_000_000_000u64;
+    let mut run = |engine: &mut Engine, events: &mut Vec<Event>, body: CommandBody| {
+        ts += 1_000;
+        events.clear();
+        engine.apply(&Command::new(ts, body), events);
+        ts
+    };
+    run(
+        &mut engine,
+        &mut events,
+        CommandBody::AddInstrument(bourse_engine::fixtures::equity(1, "AUCT", 10_000)),
+    );
+    for a in 1..=accounts {
+        run(
+            &mut engine,
+            &mut events,
+            CommandBody::AddFundedAccount {
+                spec: AccountSpec {
+                    account: AccountId(a),
+                    firm: FirmId(a),
+                    may_short: true,
+                    stp: StpMode::None,
+                    stp_scope: StpScope::Account,
+                },
+                cash: Cash(CASH_AMOUNT_MAX),
+            },
+        );
+    }
+    run(
+        &mut engine,
+        &mut events,
+        CommandBody::SetPhase {
+            instrument: Some(InstrumentId(1)),
+            phase: Phase::OpeningAuction,
+        },
+    );
+    let start = engine.snapshot();
+    // The orders, drawn beforehand (splitmix64): prices over 9950..10049 on both sides.
+    let mut x = args.seed;
+    let mut next = || {
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let orders: Vec<Command> = (0..n)
+        .map(|i| {
+            let r = next();
+            Command::new(
+                2_000_000_000 + u64::from(i),
+                CommandBody::NewOrder(NewOrder {
+                    firm: None,
+                    account: AccountId(1 + (r % u64::from(accounts)) as u32),
+                    cl_ord_id: ClOrdId(u64::from(i) + 1),
+                    instrument: InstrumentId(1),
+                    side: if i % 2 == 0 { Side::Buy } else { Side::Sell },
+                    ord_type: OrdType::Limit,
+                    price: Price(9_950 + ((r >> 16) % 100) as i64),
+                    qty: Qty(1 + ((r >> 32) % 100) as i64),
+                    tif: TimeInForce::Day,
+                    expire_ts_ns: 0,
+                    display_qty: Qty(0),
+                }),
+            )
+        })
+        .collect();
+    let open = Command::new(
+        3_000_000_000,
+        CommandBody::SetPhase {
+            instrument: Some(InstrumentId(1)),
+            phase: Phase::Open,
+        },
+    );
+    let (mut entry_ns, mut uncross_ns) = (Vec::new(), Vec::new());
+    let (mut trades, mut indicative, mut hash) = (0usize, 0usize, None);
+    for _ in 0..args.uncross_runs {
+        let mut e = Engine::restore(&start)?;
+        indicative = 0;
+        let t0 = Instant::now();
+        for cmd in &orders {
+            events.clear();
+            e.apply(cmd, &mut events);
+            indicative += events
+                .iter()
+                .filter(|ev| matches!(ev, Event::AuctionIndicative { .. }))
+                .count();
+        }
+        entry_ns.push(t0.elapsed().as_nanos() as f64 / f64::from(n));
+        events.clear();
+        let t1 = Instant::now();
+        e.apply(&open, &mut events);
+        uncross_ns.push(t1.elapsed().as_nanos() as f64);
+        trades = events
+            .iter()
+            .filter(|ev| matches!(ev, Event::Trade { .. }))
+            .count();
+        let h = e.state_hash();
+        if *hash.get_or_insert(h) != h {
+            bail!("the runs of the uncrossing ended in different states");
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (entry, uncross) = (median(&mut entry_ns), median(&mut uncross_ns));
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "mode": "uncross",
+                "orders": n,
+                "runs": args.uncross_runs,
+                "entry_ns_per_order": entry,
+                "indicative_events": indicative,
+                "uncross_ms": uncross / 1e6,
+                "trades": trades,
+            })
+        );
+    } else {
+        println!(
+            "bourse bench engine --uncross-orders {n}: one instrument in an opening auction, \
+             {n} orders over 100 crossed price levels, medians of {} runs",
+            args.uncross_runs
+        );
+        println!(
+            "  order entry in the call: {entry:.0} ns per order (indicative price included; \
+             {indicative} indicative events)"
+        );
+        println!(
+            "  uncrossing (set_phase open): {:.2} ms, {trades} trades",
+            uncross / 1e6
         );
     }
     Ok(())

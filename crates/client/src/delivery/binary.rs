@@ -367,6 +367,7 @@ fn read_record(m: &Message<'_>) -> Result<Record, ClientError> {
                         t.sell_qty_leaves(),
                         t.sell_qty_filled(),
                     ),
+                    auction: false,
                     ts_ns: t.ts_ns(),
                 },
             })

@@ -184,6 +184,7 @@ mod tests {
                 aggressor: Side::Buy,
                 buy: fill(buy),
                 sell: fill(sell),
+                auction: false,
                 ts_ns: 7,
             },
         }

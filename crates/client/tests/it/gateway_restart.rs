@@ -458,6 +458,7 @@ fn a_gateway_restarted_on_its_saved_state_still_routes_an_instrument_added_at_ru
         initial_margin: Cash(5_000),
         band_bps: 1_000,
         reference_price: Price(110_000),
+        volatility: Default::default(),
     };
     let key = bourse_gateway::RequestKey { session: 1, seq: 1 };
     let events = submit_and_wait(

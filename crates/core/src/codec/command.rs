@@ -23,6 +23,10 @@
 //!   form 13 add funded     account u32, firm u32, may_short u8, stp u8, stp_scope u8,
 //!           account        cash i128
 //!   form 14 margin call    account u32, amount i128
+//!   form 15 clearing debit account u32, amount i128
+//!   form 16 add instrument form 10's fields, then the volatility guard: dynamic_bps u32,
+//!           with a guard      static_bps u32, auction_ns u64 (an instrument without one is
+//!                          form 10, as before)
 //! order_ref := order_id opt_u64, orig_cl_ord_id opt_u64
 //! opt_X    := flag u8 (0 absent, 1 present) [, X]
 //! ```
@@ -36,7 +40,7 @@ use super::{DecodeError, Reader, Writer};
 use crate::{
     AccountId, AccountSpec, Cancel, Cash, ClOrdId, Command, CommandBody, FirmId, Instrument,
     InstrumentId, Market, MassCancel, NewOrder, OrdType, OrderId, OrderRef, Phase, Price, Qty,
-    Replace, Side, StpMode, StpScope, TimeInForce,
+    Replace, Side, StpMode, StpScope, TimeInForce, VolatilityGuard,
 };
 
 /// The largest encoded command (an `AddInstrument` with the longest symbol the codec takes is
@@ -66,19 +70,32 @@ const FORM_ADD_FUNDED_ACCOUNT: u8 = 13;
 const FORM_MARGIN_CALL: u8 = 14;
 /// Added like form 13: no other form's layout changed.
 const FORM_CLEARING_DEBIT: u8 = 15;
+/// Added like form 13: an instrument with a volatility guard; without one it stays form 10.
+const FORM_ADD_INSTRUMENT_GUARDED: u8 = 16;
 /// The last form byte in use: the form check accepts `FORM_NEW_ORDER..=FORM_LAST`.
-const FORM_LAST: u8 = FORM_CLEARING_DEBIT;
+const FORM_LAST: u8 = FORM_ADD_INSTRUMENT_GUARDED;
 
 pub(super) const SIDES: [Side; 2] = [Side::Buy, Side::Sell];
 const ORD_TYPES: [OrdType; 2] = [OrdType::Limit, OrdType::Market];
-const TIFS: [TimeInForce; 5] = [
+const TIFS: [TimeInForce; 8] = [
     TimeInForce::Day,
     TimeInForce::Gtc,
     TimeInForce::Gtd,
     TimeInForce::Ioc,
     TimeInForce::Fok,
+    TimeInForce::AtOpening,
+    TimeInForce::AtClose,
+    TimeInForce::GoodForAuction,
 ];
-pub(super) const PHASES: [Phase; 4] = [Phase::Open, Phase::Halted, Phase::Closed, Phase::Paused];
+pub(super) const PHASES: [Phase; 7] = [
+    Phase::Open,
+    Phase::Halted,
+    Phase::Closed,
+    Phase::Paused,
+    Phase::OpeningAuction,
+    Phase::ClosingAuction,
+    Phase::VolatilityAuction,
+];
 pub(super) const MARKETS: [Market; 3] = [Market::Equity, Market::Fx, Market::Futures];
 const STP_MODES: [StpMode; 4] = [
     StpMode::None,
@@ -278,7 +295,12 @@ fn add_instrument(w: &mut Writer, i: &Instrument) {
         "an instrument symbol of {} bytes is over the codec's limit",
         i.symbol.len()
     );
-    w.u8(FORM_ADD_INSTRUMENT);
+    let guarded = !i.volatility.is_off();
+    w.u8(if guarded {
+        FORM_ADD_INSTRUMENT_GUARDED
+    } else {
+        FORM_ADD_INSTRUMENT
+    });
     w.u32(i.instrument.0);
     w.bytes(i.symbol.as_bytes());
     w.u8(code_of(&MARKETS, &i.market));
@@ -289,6 +311,11 @@ fn add_instrument(w: &mut Writer, i: &Instrument) {
     w.i128(i.initial_margin.0);
     w.u32(i.band_bps);
     w.i64(i.reference_price.0);
+    if guarded {
+        w.u32(i.volatility.dynamic_bps);
+        w.u32(i.volatility.static_bps);
+        w.u64(i.volatility.auction_ns);
+    }
 }
 
 /// Checks what a relay of a command must know without decoding it: its length is within
@@ -387,7 +414,8 @@ fn decode_body(r: &mut Reader) -> Result<CommandBody, DecodeError> {
             instrument: read_opt_u32(r)?.map(InstrumentId),
             phase: r.code(&PHASES, "invalid phase")?,
         },
-        FORM_ADD_INSTRUMENT => CommandBody::AddInstrument(read_instrument(r)?),
+        FORM_ADD_INSTRUMENT => CommandBody::AddInstrument(read_instrument(r, false)?),
+        FORM_ADD_INSTRUMENT_GUARDED => CommandBody::AddInstrument(read_instrument(r, true)?),
         FORM_ADD_ACCOUNT => CommandBody::AddAccount(read_account_spec(r)?),
         FORM_ADD_FUNDED_ACCOUNT => CommandBody::AddFundedAccount {
             spec: read_account_spec(r)?,
@@ -407,7 +435,7 @@ fn decode_body(r: &mut Reader) -> Result<CommandBody, DecodeError> {
     })
 }
 
-fn read_instrument(r: &mut Reader) -> Result<Instrument, DecodeError> {
+fn read_instrument(r: &mut Reader, guarded: bool) -> Result<Instrument, DecodeError> {
     let instrument = InstrumentId(r.u32()?);
     let symbol = std::str::from_utf8(r.bytes(SYMBOL_CODEC_BYTES_MAX)?)
         .map_err(|_| r.error("symbol is not UTF-8"))?
@@ -423,6 +451,19 @@ fn read_instrument(r: &mut Reader) -> Result<Instrument, DecodeError> {
         initial_margin: Cash(r.i128()?),
         band_bps: r.u32()?,
         reference_price: Price(r.i64()?),
+        volatility: if guarded {
+            let guard = VolatilityGuard {
+                dynamic_bps: r.u32()?,
+                static_bps: r.u32()?,
+                auction_ns: r.u64()?,
+            };
+            if guard.is_off() {
+                return Err(r.error("a guarded instrument without a volatility band"));
+            }
+            guard
+        } else {
+            VolatilityGuard::default()
+        },
     })
 }
 
@@ -485,10 +526,19 @@ pub(crate) mod tests {
                 prop::sample::select(MARKETS.to_vec()),
             ),
             (any::<u8>(), any::<i64>(), any::<i64>(), any::<i64>()),
-            (any::<i128>(), any::<u32>(), any::<i64>()),
+            (
+                any::<i128>(),
+                any::<u32>(),
+                any::<i64>(),
+                any::<Option<(u32, u32, u64)>>(),
+            ),
         )
             .prop_map(
-                |((id, symbol, market), (scale, tick, lot, mult), (margin, band, reference))| {
+                |(
+                    (id, symbol, market),
+                    (scale, tick, lot, mult),
+                    (margin, band, reference, guard),
+                )| {
                     Instrument {
                         instrument: InstrumentId(id),
                         symbol,
@@ -500,6 +550,13 @@ pub(crate) mod tests {
                         initial_margin: Cash(margin),
                         band_bps: band,
                         reference_price: Price(reference),
+                        volatility: guard.map_or(VolatilityGuard::default(), |(d, s, n)| {
+                            VolatilityGuard {
+                                dynamic_bps: d.max(1),
+                                static_bps: s,
+                                auction_ns: n,
+                            }
+                        }),
                     }
                 },
             )

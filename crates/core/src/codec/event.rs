@@ -12,7 +12,9 @@
 //! The kinds are the `K_*` constants. A change to a kind's fields takes a new kind number
 //! and retires the old one, so that a consumer never misreads a stream written by another
 //! build: instruments added (with their definition) are kind 17 since kind 11 carried only
-//! the id.
+//! the id. Two fields of the call auctions are carried by the kind instead: an auction trade
+//! (`auction: true`) is kind 19 with kind 5's layout, and an instrument with a volatility
+//! guard kind 20 (kind 17 and the guard), so that everything else encodes as before.
 //!
 //! Every applied request's events are encoded on every replica, so this sits on the apply
 //! path; serde formats either wrote each variant's name (MessagePack) or cannot read the
@@ -26,7 +28,7 @@ use super::{DecodeError, Reader, Writer};
 use crate::{
     AccountId, CancelReason, CancelRejectTo, Cash, CashReason, ClOrdId, Event, Fill, FirmId,
     InstrumentDef, InstrumentId, OrderId, OrderLog, OrderLogAction, OrderStatus, Price, Qty,
-    RejectReason, Side, Symbol, TradeId, SYMBOL_LEN_MAX,
+    RejectReason, Side, Symbol, TradeId, VolatilityGuard, SYMBOL_LEN_MAX,
 };
 
 /// The largest encoded event list of one command (a sweep such as a mass cancel may emit many).
@@ -34,9 +36,10 @@ pub const EVENTS_SIZE_BYTES_MAX: usize = 16 * 1024 * 1024;
 
 /// The smallest encoded event (a kind byte and a u64 timestamp at least).
 const EVENT_SIZE_BYTES_MIN: usize = 9;
-/// The largest encoded event (a trade: kind, id, instrument, price, quantity, aggressor, two
-/// fills and a timestamp). Only a capacity hint: a larger event would still encode.
-const EVENT_SIZE_BYTES_MAX: usize = 110;
+/// The largest encoded event (an instrument added with a volatility guard and the longest
+/// symbol; a trade, the largest common one, takes 110). Only a capacity hint: a larger event
+/// would still encode.
+const EVENT_SIZE_BYTES_MAX: usize = 120;
 
 const K_ORDER_ACCEPTED: u8 = 1;
 const K_ORDER_REJECTED: u8 = 2;
@@ -58,9 +61,19 @@ const K_CASH_CHANGED: u8 = 14;
 const K_END_OF_DAY_DONE: u8 = 15;
 const K_KILL_SWITCH_SET: u8 = 16;
 const K_MARGIN_CALL_SET: u8 = 18;
+/// A trade of a call auction's uncrossing (`auction: true`): the layout of kind 5, so that a
+/// continuous trade encodes as before.
+const K_AUCTION_TRADE: u8 = 19;
+/// An instrument added with a volatility guard: kind 17's fields, then the guard's dynamic
+/// and static bands (u32 each) and auction length (u64). Without a guard the instrument
+/// encodes as kind 17, as before.
+const K_INSTRUMENT_ADDED_GUARDED: u8 = 20;
+const K_AUCTION_INDICATIVE: u8 = 21;
+const K_AUCTION_UNCROSSED: u8 = 22;
+const K_VOLATILITY_INTERRUPTION: u8 = 23;
 
 /// Every reject reason, to map codes back (the codes are the enum's discriminants).
-const REJECT_REASONS: [RejectReason; 37] = [
+const REJECT_REASONS: [RejectReason; 38] = [
     RejectReason::UnknownInstrument,
     RejectReason::UnknownAccount,
     RejectReason::UnknownOrder,
@@ -97,6 +110,7 @@ const REJECT_REASONS: [RejectReason; 37] = [
     RejectReason::TradingSuspended,
     RejectReason::KillSwitchTargetInvalid,
     RejectReason::MarginCallOpen,
+    RejectReason::TimeInForceNotInPhase,
     RejectReason::AccountNotOfFirm,
 ];
 
@@ -116,7 +130,7 @@ impl RejectReason {
     }
 }
 
-fn read_definition(r: &mut Reader) -> Result<InstrumentDef, DecodeError> {
+fn read_definition(r: &mut Reader, guarded: bool) -> Result<InstrumentDef, DecodeError> {
     let symbol = std::str::from_utf8(r.bytes(SYMBOL_LEN_MAX)?)
         .ok()
         .and_then(Symbol::new)
@@ -131,6 +145,19 @@ fn read_definition(r: &mut Reader) -> Result<InstrumentDef, DecodeError> {
         initial_margin: Cash(r.i128()?),
         band_bps: r.u32()?,
         reference_price: Price(r.i64()?),
+        volatility: if guarded {
+            let guard = VolatilityGuard {
+                dynamic_bps: r.u32()?,
+                static_bps: r.u32()?,
+                auction_ns: r.u64()?,
+            };
+            if guard.is_off() {
+                return Err(r.error("a guarded instrument without a volatility band"));
+            }
+            guard
+        } else {
+            VolatilityGuard::default()
+        },
     })
 }
 
@@ -139,13 +166,14 @@ fn read_reason(r: &mut Reader) -> Result<RejectReason, DecodeError> {
     RejectReason::from_code(code).ok_or_else(|| r.error("unknown reject reason"))
 }
 
-const CANCEL_REASONS: [CancelReason; 6] = [
+const CANCEL_REASONS: [CancelReason; 7] = [
     CancelReason::Requested,
     CancelReason::MassCancel,
     CancelReason::SelfTradePrevention,
     CancelReason::ImmediateOrCancelRemainder,
     CancelReason::FillOrKillUnfilled,
     CancelReason::MarketRemainder,
+    CancelReason::AuctionUnexecuted,
 ];
 const CANCEL_REJECT_TO: [CancelRejectTo; 2] = [CancelRejectTo::Cancel, CancelRejectTo::Replace];
 const ORDER_STATUSES: [OrderStatus; 6] = [
@@ -256,9 +284,10 @@ fn encode_event(w: &mut Writer, e: &Event) {
             aggressor,
             buy,
             sell,
+            auction,
             ts_ns,
         } => {
-            w.u8(K_TRADE);
+            w.u8(if auction { K_AUCTION_TRADE } else { K_TRADE });
             w.u64(trade_id.0);
             w.u32(instrument.0);
             w.i64(price.0);
@@ -362,7 +391,12 @@ fn encode_event(w: &mut Writer, e: &Event) {
             definition: d,
             ts_ns,
         } => {
-            w.u8(K_INSTRUMENT_ADDED);
+            let guarded = !d.volatility.is_off();
+            w.u8(if guarded {
+                K_INSTRUMENT_ADDED_GUARDED
+            } else {
+                K_INSTRUMENT_ADDED
+            });
             w.u32(instrument.0);
             w.bytes(d.symbol.as_str().as_bytes());
             w.u8(code_of(&MARKETS, &d.market));
@@ -373,6 +407,11 @@ fn encode_event(w: &mut Writer, e: &Event) {
             w.i128(d.initial_margin.0);
             w.u32(d.band_bps);
             w.i64(d.reference_price.0);
+            if guarded {
+                w.u32(d.volatility.dynamic_bps);
+                w.u32(d.volatility.static_bps);
+                w.u64(d.volatility.auction_ns);
+            }
             w.u64(ts_ns);
         }
         Event::AccountAdded {
@@ -443,6 +482,56 @@ fn encode_event(w: &mut Writer, e: &Event) {
             w.i128(amount.0);
             w.u64(ts_ns);
         }
+        Event::AuctionIndicative {
+            instrument,
+            price,
+            qty,
+            surplus,
+            surplus_side,
+            ts_ns,
+        } => {
+            w.u8(K_AUCTION_INDICATIVE);
+            w.u32(instrument.0);
+            w.i64(price.0);
+            w.i64(qty.0);
+            w.i64(surplus.0);
+            match surplus_side {
+                Some(s) => {
+                    w.u8(1);
+                    side(w, s);
+                }
+                None => w.u8(0),
+            }
+            w.u64(ts_ns);
+        }
+        Event::AuctionUncrossed {
+            instrument,
+            auction,
+            price,
+            qty,
+            ts_ns,
+        } => {
+            w.u8(K_AUCTION_UNCROSSED);
+            w.u32(instrument.0);
+            w.u8(code_of(&PHASES, &auction));
+            w.i64(price.0);
+            w.i64(qty.0);
+            w.u64(ts_ns);
+        }
+        Event::VolatilityInterruption {
+            instrument,
+            price,
+            end_ns,
+            extended,
+            ts_ns,
+        } => {
+            w.u8(K_VOLATILITY_INTERRUPTION);
+            w.u32(instrument.0);
+            w.i64(price.0);
+            w.u64(end_ns);
+            w.bool(extended);
+            w.u64(ts_ns);
+        }
     }
 }
 
@@ -482,7 +571,7 @@ pub fn decode_event(r: &mut Reader) -> Result<Event, DecodeError> {
             reason: read_reason(r)?,
             ts_ns: r.u64()?,
         },
-        K_TRADE => Event::Trade {
+        kind @ (K_TRADE | K_AUCTION_TRADE) => Event::Trade {
             trade_id: TradeId(r.u64()?),
             instrument: InstrumentId(r.u32()?),
             price: Price(r.i64()?),
@@ -490,6 +579,7 @@ pub fn decode_event(r: &mut Reader) -> Result<Event, DecodeError> {
             aggressor: read_side(r)?,
             buy: read_fill(r)?,
             sell: read_fill(r)?,
+            auction: kind == K_AUCTION_TRADE,
             ts_ns: r.u64()?,
         },
         K_ORDER_CANCELLED => Event::OrderCancelled {
@@ -545,9 +635,9 @@ pub fn decode_event(r: &mut Reader) -> Result<Event, DecodeError> {
             qty_total: Qty(r.i64()?),
             ts_ns: r.u64()?,
         }),
-        K_INSTRUMENT_ADDED => Event::InstrumentAdded {
+        kind @ (K_INSTRUMENT_ADDED | K_INSTRUMENT_ADDED_GUARDED) => Event::InstrumentAdded {
             instrument: InstrumentId(r.u32()?),
-            definition: read_definition(r)?,
+            definition: read_definition(r, kind == K_INSTRUMENT_ADDED_GUARDED)?,
             ts_ns: r.u64()?,
         },
         K_ACCOUNT_ADDED => Event::AccountAdded {
@@ -582,6 +672,32 @@ pub fn decode_event(r: &mut Reader) -> Result<Event, DecodeError> {
         K_MARGIN_CALL_SET => Event::MarginCallSet {
             account: AccountId(r.u32()?),
             amount: Cash(r.i128()?),
+            ts_ns: r.u64()?,
+        },
+        K_AUCTION_INDICATIVE => Event::AuctionIndicative {
+            instrument: InstrumentId(r.u32()?),
+            price: Price(r.i64()?),
+            qty: Qty(r.i64()?),
+            surplus: Qty(r.i64()?),
+            surplus_side: match r.u8()? {
+                0 => None,
+                1 => Some(read_side(r)?),
+                _ => return Err(r.error("invalid option flag")),
+            },
+            ts_ns: r.u64()?,
+        },
+        K_AUCTION_UNCROSSED => Event::AuctionUncrossed {
+            instrument: InstrumentId(r.u32()?),
+            auction: r.code(&PHASES, "invalid phase")?,
+            price: Price(r.i64()?),
+            qty: Qty(r.i64()?),
+            ts_ns: r.u64()?,
+        },
+        K_VOLATILITY_INTERRUPTION => Event::VolatilityInterruption {
+            instrument: InstrumentId(r.u32()?),
+            price: Price(r.i64()?),
+            end_ns: r.u64()?,
+            extended: r.bool()?,
             ts_ns: r.u64()?,
         },
         _ => return Err(r.error("unknown event kind")),
@@ -654,7 +770,7 @@ pub fn decode_events_into(bytes: &[u8], out: &mut Vec<Event>) -> Result<(), Deco
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Market;
+    use crate::{Market, Phase};
     use proptest::prelude::*;
 
     fn every_kind() -> Vec<Event> {
@@ -700,7 +816,69 @@ mod tests {
                 aggressor: Side::Buy,
                 buy: fill,
                 sell: fill,
+                auction: false,
                 ts_ns: 5,
+            },
+            Event::Trade {
+                trade_id: TradeId(2),
+                instrument: InstrumentId(2),
+                price: Price(3),
+                qty: Qty(4),
+                aggressor: Side::Sell,
+                buy: fill,
+                sell: fill,
+                auction: true,
+                ts_ns: 5,
+            },
+            Event::InstrumentAdded {
+                instrument: InstrumentId(9),
+                definition: InstrumentDef {
+                    symbol: Symbol::new(&"G".repeat(SYMBOL_LEN_MAX)).unwrap(),
+                    market: Market::Equity,
+                    price_scale: 2,
+                    tick: Price(1),
+                    lot_size: 1,
+                    multiplier: 1,
+                    initial_margin: Cash(0),
+                    band_bps: 1_000,
+                    reference_price: Price(10_000),
+                    volatility: VolatilityGuard {
+                        dynamic_bps: 200,
+                        static_bps: 0,
+                        auction_ns: u64::MAX,
+                    },
+                },
+                ts_ns: 2,
+            },
+            Event::AuctionIndicative {
+                instrument: InstrumentId(1),
+                price: Price(2),
+                qty: Qty(3),
+                surplus: Qty(4),
+                surplus_side: Some(Side::Sell),
+                ts_ns: 5,
+            },
+            Event::AuctionIndicative {
+                instrument: InstrumentId(1),
+                price: Price(0),
+                qty: Qty(0),
+                surplus: Qty(0),
+                surplus_side: None,
+                ts_ns: 5,
+            },
+            Event::AuctionUncrossed {
+                instrument: InstrumentId(1),
+                auction: Phase::ClosingAuction,
+                price: Price(2),
+                qty: Qty(3),
+                ts_ns: 4,
+            },
+            Event::VolatilityInterruption {
+                instrument: InstrumentId(1),
+                price: Price(2),
+                end_ns: 3,
+                extended: true,
+                ts_ns: 4,
             },
             Event::OrderReplaced {
                 order_id: OrderId(1),
@@ -740,6 +918,7 @@ mod tests {
                     initial_margin: Cash(i128::MAX),
                     band_bps: u32::MAX,
                     reference_price: Price(i64::MIN),
+                    volatility: VolatilityGuard::default(),
                 },
                 ts_ns: 2,
             },
@@ -898,11 +1077,15 @@ mod tests {
                 any::<u8>(),
             ),
             (id::<i64>(), id::<i64>(), id::<i64>(), id::<i128>()),
-            (id::<u32>(), id::<i64>()),
+            (id::<u32>(), id::<i64>(), any::<Option<(u32, u32, u64)>>()),
         )
             .prop_filter_map(
                 "a symbol of 1 to 32 bytes",
-                |((symbol, market, price_scale), (tick, lot, mult, margin), (band, reference))| {
+                |(
+                    (symbol, market, price_scale),
+                    (tick, lot, mult, margin),
+                    (band, reference, guard),
+                )| {
                     Some(InstrumentDef {
                         symbol: Symbol::new(&symbol)?,
                         market,
@@ -913,6 +1096,14 @@ mod tests {
                         initial_margin: Cash(margin),
                         band_bps: band,
                         reference_price: Price(reference),
+                        // A guard has a band (or it is off, and encodes without one).
+                        volatility: guard.map_or(VolatilityGuard::default(), |(d, s, n)| {
+                            VolatilityGuard {
+                                dynamic_bps: d.max(1),
+                                static_bps: s,
+                                auction_ns: n,
+                            }
+                        }),
                     })
                 },
             )
@@ -1041,9 +1232,9 @@ mod tests {
             (reason(), ts()).prop_map(|(reason, ts_ns)| Event::CommandRejected { reason, ts_ns }),
             (
                 (id::<u64>(), id::<u32>(), id::<i64>(), id::<i64>()),
-                (side(), any_fill(), any_fill(), ts())
+                (side(), any_fill(), any_fill(), any::<bool>(), ts())
             )
-                .prop_map(|((t, i, p, q), (aggressor, buy, sell, ts_ns))| {
+                .prop_map(|((t, i, p, q), (aggressor, buy, sell, auction, ts_ns))| {
                     Event::Trade {
                         trade_id: TradeId(t),
                         instrument: InstrumentId(i),
@@ -1052,6 +1243,7 @@ mod tests {
                         aggressor,
                         buy,
                         sell,
+                        auction,
                         ts_ns,
                     }
                 }),
@@ -1180,6 +1372,38 @@ mod tests {
                     ts_ns,
                 }
             }),
+            (
+                (id::<u32>(), id::<i64>(), id::<i64>(), id::<i64>()),
+                (any::<Option<bool>>(), ts())
+            )
+                .prop_map(|((i, p, q, s), (side, ts_ns))| Event::AuctionIndicative {
+                    instrument: InstrumentId(i),
+                    price: Price(p),
+                    qty: Qty(q),
+                    surplus: Qty(s),
+                    surplus_side: side.map(|b| if b { Side::Buy } else { Side::Sell }),
+                    ts_ns,
+                }),
+            (
+                (id::<u32>(), prop::sample::select(PHASES.to_vec())),
+                (id::<i64>(), id::<i64>(), ts())
+            )
+                .prop_map(|((i, auction), (p, q, ts_ns))| Event::AuctionUncrossed {
+                    instrument: InstrumentId(i),
+                    auction,
+                    price: Price(p),
+                    qty: Qty(q),
+                    ts_ns,
+                }),
+            (id::<u32>(), id::<i64>(), id::<u64>(), any::<bool>(), ts()).prop_map(
+                |(i, p, end_ns, extended, ts_ns)| Event::VolatilityInterruption {
+                    instrument: InstrumentId(i),
+                    price: Price(p),
+                    end_ns,
+                    extended,
+                    ts_ns,
+                }
+            ),
         ]
     }
 

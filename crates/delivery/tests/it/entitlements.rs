@@ -3,6 +3,7 @@
 //! gets one; credentials are checked once and refusals counted by reason; a fresh store's
 //! cursors are another store's strangers; a cursor ahead of the node waits or is refused.
 
+use crate::common::*;
 use bourse_auth::{hash_password_with, CredentialEntry, HashCost};
 use bourse_core::{AccountId, Event, FirmId};
 use bourse_delivery::record::{WITHHELD_ACCOUNT, WITHHELD_CL_ORD_ID};
@@ -10,7 +11,6 @@ use bourse_delivery::{
     Access, AccessConfig, AnyClient, BinaryClient, ClientError, Cursor, DeliveryClient,
     DeliveryConfig, Filter, Follow, FollowLogin, PollRequest, Pos, Record, ServerTls,
 };
-use crate::common::*;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 

@@ -3,6 +3,7 @@
 //! To run one module:
 //! `cargo test -p bourse-engine --test it MODULE::`.
 
+mod auction;
 mod determinism;
 mod differential;
 mod operations;

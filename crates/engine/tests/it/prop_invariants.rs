@@ -195,6 +195,9 @@ fn tif() -> impl Strategy<Value = TimeInForce> {
         1 => Just(TimeInForce::Gtd),
         2 => Just(TimeInForce::Ioc),
         1 => Just(TimeInForce::Fok),
+        1 => Just(TimeInForce::AtOpening),
+        1 => Just(TimeInForce::AtClose),
+        1 => Just(TimeInForce::GoodForAuction),
     ]
 }
 
@@ -229,10 +232,16 @@ fn instrument_def() -> impl Strategy<Value = Instrument> {
                 3 => Just(300_000_000_000_000),
                 1 => Just(0),
             ],
+            // A volatility guard now and then, valid or not.
+            prop::option::of((0u32..=300, 0u32..=10_001, 0u64..=20_000)),
         ),
     )
         .prop_map(
-            |((id, market, price_scale, tick), (lot, mult, margin_fits, margin), (band, reference))| {
+            |(
+                (id, market, price_scale, tick),
+                (lot, mult, margin_fits, margin),
+                (band, reference, guard),
+            )| {
                 let futures = market == Market::Futures;
                 Instrument {
                     instrument: InstrumentId(id),
@@ -245,6 +254,13 @@ fn instrument_def() -> impl Strategy<Value = Instrument> {
                     initial_margin: Cash(if futures == margin_fits { margin } else { 0 }),
                     band_bps: band,
                     reference_price: Price(reference),
+                    volatility: guard.map_or(VolatilityGuard::default(), |(d, s, n)| {
+                        VolatilityGuard {
+                            dynamic_bps: d,
+                            static_bps: s,
+                            auction_ns: n,
+                        }
+                    }),
                 }
             },
         )
@@ -306,7 +322,14 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(account, firm, instrument, side)| Op::Mass { account, firm, instrument, side }),
         1 => (
             prop::option::of(0u32..=6),
-            prop_oneof![5 => Just(Phase::Open), 1 => Just(Phase::Halted), 1 => Just(Phase::Closed)]
+            prop_oneof![
+                5 => Just(Phase::Open),
+                1 => Just(Phase::Halted),
+                1 => Just(Phase::Closed),
+                2 => Just(Phase::OpeningAuction),
+                2 => Just(Phase::ClosingAuction),
+                1 => Just(Phase::VolatilityAuction)
+            ]
         )
             .prop_map(|(instrument, phase)| Op::Phase { instrument, phase }),
         2 => (account(), amount()).prop_map(|(account, amount)| Op::Deposit { account, amount }),
@@ -553,6 +576,9 @@ struct Observed {
     accounts: Vec<Option<bourse_engine::AccountView>>,
     positions: Vec<(AccountId, InstrumentId, Qty, Cash)>,
     live: usize,
+    /// The ends of the volatility auctions under way: one due when a command arrives ends
+    /// (or is extended) before the command applies, whatever the command's own answer.
+    volatility_ends: Vec<u64>,
 }
 
 const ACCOUNT_IDS: std::ops::RangeInclusive<u32> = 0..=8;
@@ -579,6 +605,10 @@ fn observe(e: &Engine) -> Observed {
         accounts: ACCOUNT_IDS.map(|a| e.account(AccountId(a))).collect(),
         positions: e.positions().collect(),
         live: e.live_orders(),
+        volatility_ends: e
+            .instruments()
+            .filter_map(|i| e.volatility_auction_end(i.instrument))
+            .collect(),
     }
 }
 
@@ -663,7 +693,21 @@ impl Checker {
                     | Event::CommandRejected { .. }
             )
         });
-        if rejected {
+        // A volatility auction that came due ended or was extended first: its events come
+        // before the command's own, which is then checked as the walk below checks any events.
+        let timer_due = before.volatility_ends.iter().any(|&end| end <= cmd.ts_ns);
+        if rejected && timer_due {
+            if !matches!(
+                events.last(),
+                Some(
+                    Event::OrderRejected { .. }
+                        | Event::CancelRejected { .. }
+                        | Event::CommandRejected { .. }
+                )
+            ) {
+                return Err(format!("a reject after a timer is not last: {events:?}"));
+            }
+        } else if rejected {
             // The one reject that changes something: a clearing debit left unpaid adds the
             // amount to the account's margin call (nothing else moves).
             let unpaid_call = match (&cmd.body, events) {
@@ -756,6 +800,7 @@ impl Checker {
                     aggressor,
                     buy,
                     sell,
+                    auction,
                     ..
                 } => {
                     if trade_id.0 != self.last_trade_id + 1 {
@@ -807,8 +852,12 @@ impl Checker {
                                 fill.order_id, fill.qty_filled, fill.qty_leaves, t.filled, t.total
                             ));
                         }
-                        // A resting iceberg whose visible part is used up refills at the back.
-                        if side != aggressor && qty.0 == t.display && fill.qty_leaves.0 > 0 {
+                        // At an uncrossing both orders rest and the visible part goes first;
+                        // an iceberg refills at the back after its last fill (its log record).
+                        if auction {
+                            t.display -= qty.0.min(t.display);
+                        } else if side != aggressor && qty.0 == t.display && fill.qty_leaves.0 > 0 {
+                            // A resting iceberg whose visible part is used up refills at the back.
                             t.stamp = refill_stamp;
                             self.next_stamp += 1;
                         } else if side != aggressor {
@@ -884,7 +933,12 @@ impl Checker {
                             l.order_id
                         ));
                     }
-                    if l.action == OrderLogAction::New {
+                    if l.action == OrderLogAction::New
+                        || (l.action == OrderLogAction::Change
+                            && t.display == 0
+                            && l.qty_leaves.0 > 0)
+                    {
+                        // Entered the book, or (an uncrossing's iceberg) refilled at the back.
                         t.stamp = stamp;
                         self.next_stamp += 1;
                     }

@@ -238,6 +238,7 @@ fn trade(id: u64, price: i64, qty: i64, buy: Fill, sell: Fill) -> Event {
         aggressor: Side::Buy,
         buy,
         sell,
+        auction: false,
         ts_ns: 3,
     }
 }
@@ -983,6 +984,7 @@ fn announce(f: &mut Fixture, core: usize, id: u32, symbol: &str) {
         initial_margin: Cash(0),
         band_bps: 500,
         reference_price: Price(9_000),
+        volatility: Default::default(),
     };
     let event = Event::InstrumentAdded {
         instrument: def.instrument,

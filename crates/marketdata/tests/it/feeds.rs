@@ -264,6 +264,7 @@ fn an_instrument_added_at_run_time_is_defined_from_its_event() {
         initial_margin: Cash(15_000),
         band_bps: 500,
         reference_price: Price(110_000),
+        volatility: Default::default(),
     };
     h.now_ns += 1_000;
     let mut events = Vec::new();

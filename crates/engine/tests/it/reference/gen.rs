@@ -71,14 +71,21 @@ pub const ACCOUNTS: [(u32, u32, StpMode, StpScope); 8] = [
 pub const UNKNOWN_INSTRUMENT: u32 = 77;
 pub const UNKNOWN_ACCOUNT: u32 = 99;
 
-/// The set-up: four instruments (an equity, a narrow-band equity where the band really bites,
-/// an FX pair, a future with a 10-point tick) and the accounts, each with more cash than the
-/// flow can use and permission to short, so that the engine's risk checks never refuse.
+/// The set-up: four instruments (an equity with a volatility guard that interrupts often, a
+/// narrow-band equity where the band really bites, an FX pair, a future with a 10-point tick)
+/// and the accounts, each with more cash than the flow can use and permission to short, so
+/// that the engine's risk checks never refuse.
 pub fn setup() -> Vec<CommandBody> {
     let mut narrow = fixtures::equity(2, "NARROW", 5_000);
     narrow.band_bps = 40; // +-20 ticks around the reference
+    let mut guarded = fixtures::equity(1, "EQA", 10_000);
+    guarded.volatility = VolatilityGuard {
+        dynamic_bps: 10,        // +-10 ticks around the last trade price
+        static_bps: 60,         // +-60 ticks around the last auction price
+        auction_ns: 30 * 1_000, // about 30 commands of the flow
+    };
     let mut v = vec![
-        CommandBody::AddInstrument(fixtures::equity(1, "EQA", 10_000)),
+        CommandBody::AddInstrument(guarded),
         CommandBody::AddInstrument(narrow),
         CommandBody::AddInstrument(fixtures::fx(3, "EURUSD", 108_345)),
         CommandBody::AddInstrument(fixtures::future(4, "FUT", 100_000)),
@@ -216,9 +223,11 @@ impl Gen {
         if self.rng.below(3_000) == 0 {
             return self.stamp(CommandBody::EndOfDay);
         }
-        // Halts and closes are short: reopen soon.
+        // Halts and closes are short: reopen soon. Call auctions last longer, so that a call
+        // book builds up (and some volatility auctions come due and end or extend by time).
         if let Some(b) = m.books.iter().find(|b| b.phase != Phase::Open) {
-            if self.rng.chance(30) {
+            let per_mille = if b.phase.is_auction() { 8 } else { 30 };
+            if self.rng.chance(per_mille) {
                 let body = CommandBody::SetPhase {
                     instrument: Some(InstrumentId(b.id)),
                     phase: Phase::Open,
@@ -295,9 +304,17 @@ impl Gen {
         } else {
             Some(InstrumentId(self.instrument(m)))
         };
-        let phase = self
-            .rng
-            .pick(&[Phase::Open, Phase::Halted, Phase::Closed, Phase::Paused]);
+        let phase = self.rng.pick(&[
+            Phase::Open,
+            Phase::Halted,
+            Phase::Closed,
+            Phase::Paused,
+            Phase::OpeningAuction,
+            Phase::ClosingAuction,
+            Phase::VolatilityAuction,
+            Phase::OpeningAuction,
+            Phase::ClosingAuction,
+        ]);
         CommandBody::SetPhase { instrument, phase }
     }
 
@@ -435,6 +452,18 @@ impl Gen {
             62..=71 => TimeInForce::Gtd,
             72..=87 => TimeInForce::Ioc,
             _ => TimeInForce::Fok,
+        };
+        // The auction times in force, from a draw of their own so that the rest of the flow
+        // stays as it was; mostly while some instrument is in a call.
+        let in_call = m.books.iter().any(|b| b.phase.is_auction());
+        let tif = if self.aside.chance(if in_call { 150 } else { 10 }) {
+            self.aside.pick(&[
+                TimeInForce::AtOpening,
+                TimeInForce::AtClose,
+                TimeInForce::GoodForAuction,
+            ])
+        } else {
+            tif
         };
         let qty = self.qty();
         let side = if self.rng.chance(500) {

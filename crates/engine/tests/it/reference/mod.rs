@@ -11,7 +11,10 @@
 //! Everything else is modelled: validation (in the engine's documented order; an iceberg shows at least 1/1000 of its total, an order's value must fit the arithmetic), limit and
 //! market orders (a market order is a limit at the band edge fixed on arrival, the remainder
 //! cancelled), Day/GTC/GTD/IOC/FOK, icebergs, self-trade prevention, the price band following
-//! the last trade, replace, cancel, mass cancel, phases and end of day.
+//! the last trade, replace, cancel, mass cancel, phases and end of day, and the call auctions:
+//! orders resting without matching, the indicative price, the uncrossing (found by trying
+//! every limit price in the book and the reference price, the rule applied step by step), the
+//! auction times in force and the volatility interruption.
 //!
 //! The model speaks in [`Out`], a projection of the engine's events that keeps what the
 //! differential test compares (outcomes, trades, cancels) and drops what the model does not
@@ -44,6 +47,23 @@ pub enum Out {
         buy: u64,
         sell: u64,
         aggressor: Side,
+        auction: bool,
+    },
+    /// An indicative uncrossing: price, volume, surplus (positive: buys; all 0: no cross).
+    Indicative {
+        price: i64,
+        qty: i64,
+        surplus: i64,
+    },
+    Uncrossed {
+        auction: Phase,
+        price: i64,
+        qty: i64,
+    },
+    Interruption {
+        price: i64,
+        end_ns: u64,
+        extended: bool,
     },
     Cancelled {
         order_id: u64,
@@ -118,6 +138,7 @@ pub fn project(events: &[Event]) -> Vec<Out> {
                     aggressor,
                     buy,
                     sell,
+                    auction,
                     ..
                 } => Out::Trade {
                     price: price.0,
@@ -125,6 +146,45 @@ pub fn project(events: &[Event]) -> Vec<Out> {
                     buy: buy.order_id.0,
                     sell: sell.order_id.0,
                     aggressor,
+                    auction,
+                },
+                Event::AuctionIndicative {
+                    price,
+                    qty,
+                    surplus,
+                    surplus_side,
+                    ..
+                } => Out::Indicative {
+                    price: price.0,
+                    qty: qty.0,
+                    surplus: match surplus_side {
+                        Some(Side::Buy) => surplus.0,
+                        Some(Side::Sell) => -surplus.0,
+                        None => {
+                            assert_eq!(surplus.0, 0, "a surplus without a side");
+                            0
+                        }
+                    },
+                },
+                Event::AuctionUncrossed {
+                    auction,
+                    price,
+                    qty,
+                    ..
+                } => Out::Uncrossed {
+                    auction,
+                    price: price.0,
+                    qty: qty.0,
+                },
+                Event::VolatilityInterruption {
+                    price,
+                    end_ns,
+                    extended,
+                    ..
+                } => Out::Interruption {
+                    price: price.0,
+                    end_ns,
+                    extended,
                 },
                 Event::OrderCancelled {
                     order_id,
@@ -231,6 +291,8 @@ pub struct ROrder {
     pub expire: u64,
     /// Arrival stamp: the only source of time priority.
     pub stamp: u64,
+    /// A market order resting in a call auction (its price is the band edge).
+    pub market: bool,
 }
 
 impl ROrder {
@@ -256,6 +318,13 @@ pub struct RBook {
     pub phase: Phase,
     /// Resting orders in no particular order.
     pub resting: Vec<ROrder>,
+    /// The volatility guard, its static reference, the volatility auction's end (0: none),
+    /// the official close (0: none) and the indicative uncrossing last published.
+    pub guard: VolatilityGuard,
+    pub static_ref: i64,
+    pub end_ns: u64,
+    pub close: i64,
+    pub indicative: (i64, i64, i64),
 }
 
 impl RBook {
@@ -363,6 +432,14 @@ pub struct RAccount {
 enum End {
     Done,
     Stp,
+    /// The next trade would have been at this price, outside the volatility guard.
+    Interrupted(i64),
+}
+
+/// Is `price` within `bps` basis points of `reference` (always, for a band of 0)?
+fn within(bps: u32, reference: i64, price: i64) -> bool {
+    bps == 0
+        || (price as i128 - reference as i128).abs() * 10_000 <= reference as i128 * bps as i128
 }
 
 #[derive(Clone, Debug, Default)]
@@ -371,6 +448,8 @@ pub struct Model {
     pub accounts: Vec<RAccount>,
     next_order_id: u64,
     next_stamp: u64,
+    /// The time of the command being applied (a volatility auction's end is counted from it).
+    now: u64,
     /// Firms and accounts whose kill switch is engaged.
     suspended_firms: std::collections::BTreeSet<u32>,
     suspended_accounts: std::collections::BTreeSet<u32>,
@@ -421,8 +500,10 @@ impl Model {
                     tif: v.tif,
                     expire: 0,
                     stamp: m.next_stamp,
+                    market: v.market,
                 });
             }
+            let id = def.instrument;
             m.books.push(RBook {
                 id: def.instrument.0,
                 price_scale: def.price_scale,
@@ -433,6 +514,14 @@ impl Model {
                 reference: def.reference_price.0,
                 phase: e.phase(def.instrument).expect("listed instrument"),
                 resting,
+                guard: def.volatility,
+                static_ref: e.static_reference(id).expect("listed").0,
+                end_ns: e.volatility_auction_end(id).unwrap_or(0),
+                close: e.closing_price(id).map_or(0, |p| p.0),
+                indicative: e
+                    .indicative_uncross(id)
+                    .filter(|_| e.phase(id).is_some_and(Phase::is_auction))
+                    .map_or((0, 0, 0), |(p, q, s)| (p.0, q.0, s)),
             });
         }
         m
@@ -480,6 +569,8 @@ impl Model {
     pub fn apply(&mut self, cmd: &Command) -> Vec<Out> {
         let mut out = Vec::new();
         let ts = cmd.ts_ns;
+        self.now = ts;
+        self.volatility_timers(ts, &mut out);
         match &cmd.body {
             CommandBody::NewOrder(o) => self.new_order(o, ts, &mut out),
             CommandBody::Cancel(c) => match self.lookup(c.account, &c.target) {
@@ -494,6 +585,7 @@ impl Model {
                         qty: o.leaves,
                         reason: CancelReason::Requested,
                     });
+                    self.publish(b, &mut out);
                 }
             },
             CommandBody::Replace(r) => {
@@ -537,24 +629,14 @@ impl Model {
             }
             CommandBody::SetPhase { instrument, phase } => match instrument {
                 Some(id) => match self.book_index(*id) {
-                    Some(b) => {
-                        self.books[b].phase = *phase;
-                        out.push(Out::PhaseChanged {
-                            instrument: id.0,
-                            phase: *phase,
-                        });
-                    }
+                    Some(b) => self.change_phase(b, *phase, &mut out),
                     None => out.push(Out::CommandRejected {
                         reason: RejectReason::UnknownInstrument,
                     }),
                 },
                 None => {
-                    for b in &mut self.books {
-                        b.phase = *phase;
-                        out.push(Out::PhaseChanged {
-                            instrument: b.id,
-                            phase: *phase,
-                        });
+                    for b in 0..self.books.len() {
+                        self.change_phase(b, *phase, &mut out);
                     }
                 }
             },
@@ -578,6 +660,11 @@ impl Model {
                         reference: def.reference_price.0,
                         phase: Phase::Open,
                         resting: Vec::new(),
+                        guard: def.volatility,
+                        static_ref: def.reference_price.0,
+                        end_ns: 0,
+                        close: 0,
+                        indicative: (0, 0, 0),
                     });
                     out.push(Out::InstrumentAdded {
                         instrument: def.instrument.0,
@@ -695,7 +782,10 @@ impl Model {
                     .iter()
                     .flat_map(|b| b.in_priority())
                     .filter(|o| match o.tif {
-                        TimeInForce::Day => true,
+                        TimeInForce::Day
+                        | TimeInForce::AtOpening
+                        | TimeInForce::AtClose
+                        | TimeInForce::GoodForAuction => true,
                         TimeInForce::Gtd => o.expire <= ts,
                         _ => false,
                     })
@@ -709,6 +799,7 @@ impl Model {
                         qty: o.leaves,
                     });
                 }
+                self.publish_all(&mut out);
                 out.push(Out::EndOfDayDone {
                     n: expired.len() as u64,
                 });
@@ -777,11 +868,16 @@ impl Model {
             .ok_or(RejectReason::UnknownAccount)?;
         self.check_not_suspended(o.account.0)?;
         let book = &self.books[b];
-        match book.phase {
-            Phase::Open => {}
-            Phase::Halted => return Err(RejectReason::InstrumentHalted),
-            Phase::Closed => return Err(RejectReason::InstrumentClosed),
-            Phase::Paused => return Err(RejectReason::InstrumentPaused),
+        Self::phase_admits(book.phase)?;
+        let ok = match o.tif {
+            TimeInForce::AtOpening => book.phase == Phase::OpeningAuction,
+            TimeInForce::AtClose => book.phase == Phase::ClosingAuction,
+            TimeInForce::GoodForAuction => book.phase.is_auction(),
+            TimeInForce::Ioc | TimeInForce::Fok => !book.phase.is_auction(),
+            _ => true,
+        };
+        if !ok {
+            return Err(RejectReason::TimeInForceNotInPhase);
         }
         if o.qty.0 <= 0 {
             return Err(RejectReason::QtyNotPositive);
@@ -851,6 +947,7 @@ impl Model {
         self.next_order_id += 1;
         out.push(Out::Accepted { order_id: id });
         let is_market = o.ord_type == OrdType::Market;
+        let in_call = self.books[b].phase.is_auction();
         let mut order = ROrder {
             id,
             cl: o.cl_ord_id.0,
@@ -862,16 +959,24 @@ impl Model {
             leaves: o.qty.0,
             display_size: o.display_qty.0,
             display: 0,
-            // A market order is never resting; Day reads as IOC.
-            tif: if is_market && o.tif == TimeInForce::Day {
+            // A market order is never resting in continuous trading: Day reads as IOC. In a
+            // call it rests until the uncrossing.
+            tif: if is_market && o.tif == TimeInForce::Day && !in_call {
                 TimeInForce::Ioc
             } else {
                 o.tif
             },
             expire: o.expire_ts_ns,
             stamp: 0,
+            market: is_market && in_call,
         };
         order.display = order.show(order.leaves);
+        if in_call {
+            order.stamp = self.stamp();
+            self.books[b].resting.push(order);
+            self.publish(b, out);
+            return;
+        }
         if order.tif == TimeInForce::Fok {
             // Fill or kill: try the whole match on a copy; if it would not fill completely,
             // nothing at all happens.
@@ -895,6 +1000,11 @@ impl Model {
     /// Matches `inc` (not resting) against the opposite side of book `b`.
     fn match_incoming(&mut self, b: usize, inc: &mut ROrder, out: &mut Vec<Out>) -> End {
         let me = self.account(AccountId(inc.account)).expect("known account");
+        // The volatility guard's references as the order arrives.
+        let (guard, dynamic_ref, static_ref) = {
+            let book = &self.books[b];
+            (book.guard, book.reference, book.static_ref)
+        };
         loop {
             if inc.leaves == 0 {
                 return End::Done;
@@ -903,6 +1013,11 @@ impl Model {
                 return End::Done;
             };
             let r = self.books[b].resting[i].clone();
+            if !within(guard.dynamic_bps, dynamic_ref, r.price)
+                || !within(guard.static_bps, static_ref, r.price)
+            {
+                return End::Interrupted(r.price);
+            }
             let same = match me.stp {
                 StpMode::None => false,
                 _ => match me.scope {
@@ -943,6 +1058,7 @@ impl Model {
                 buy,
                 sell,
                 aggressor: inc.side,
+                auction: false,
             });
             let (buyer, seller) = match inc.side {
                 Side::Buy => (inc.account, r.account),
@@ -971,6 +1087,20 @@ impl Model {
         if o.leaves == 0 {
             return;
         }
+        if let End::Interrupted(price) = end {
+            let book = &mut self.books[b];
+            book.phase = Phase::VolatilityAuction;
+            book.end_ns = self.now.saturating_add(book.guard.auction_ns);
+            out.push(Out::PhaseChanged {
+                instrument: book.id,
+                phase: Phase::VolatilityAuction,
+            });
+            out.push(Out::Interruption {
+                price,
+                end_ns: book.end_ns,
+                extended: false,
+            });
+        }
         let reason = if end == End::Stp {
             Some(CancelReason::SelfTradePrevention)
         } else if is_market {
@@ -993,18 +1123,16 @@ impl Model {
                 self.books[b].resting.push(o);
             }
         }
+        if matches!(end, End::Interrupted(_)) {
+            self.publish(b, out);
+        }
     }
 
     fn replace(&mut self, r: &Replace, out: &mut Vec<Out>) -> Result<(), RejectReason> {
         let (b, i) = self.lookup(r.account, &r.target)?;
         self.check_not_suspended(r.account.0)?;
         let book = &self.books[b];
-        match book.phase {
-            Phase::Open => {}
-            Phase::Halted => return Err(RejectReason::InstrumentHalted),
-            Phase::Closed => return Err(RejectReason::InstrumentClosed),
-            Phase::Paused => return Err(RejectReason::InstrumentPaused),
-        }
+        Self::phase_admits(book.phase)?;
         let o = &book.resting[i];
         let new_price = r.price.map_or(o.price, |p| p.0);
         let new_total = r.qty.map_or(o.total, |q| q.0);
@@ -1061,13 +1189,24 @@ impl Model {
             };
             o.leaves = new_leaves;
             self.books[b].resting.push(o);
+            if self.books[b].phase.is_auction() {
+                self.publish(b, out);
+            }
         } else {
-            // Priority lost: the order re-enters as an aggressor at its new price.
+            // Priority lost: the order re-enters as an aggressor at its new price (a market
+            // order given a price is a limit order from then on). In a call it just rests.
+            o.market &= new_price == o.price;
             o.price = new_price;
             o.leaves = new_leaves;
             o.display = o.show(new_leaves);
-            let end = self.match_incoming(b, &mut o, out);
-            self.finish(b, o, end, false, out);
+            if self.books[b].phase.is_auction() {
+                o.stamp = self.stamp();
+                self.books[b].resting.push(o);
+                self.publish(b, out);
+            } else {
+                let end = self.match_incoming(b, &mut o, out);
+                self.finish(b, o, end, false, out);
+            }
         }
         Ok(())
     }
@@ -1116,6 +1255,7 @@ impl Model {
                 reason: CancelReason::MassCancel,
             });
         }
+        self.publish_all(out);
         out.push(Out::MassCancelDone {
             n: victims.len() as u64,
         });
@@ -1192,7 +1332,261 @@ impl Model {
                 });
             }
             n = victims.len() as u64;
+            self.publish_all(out);
         }
         out.push(Out::KillSwitchSet { engaged, n });
+    }
+}
+
+/// The call auctions, as simply as they can be said.
+impl Model {
+    fn phase_admits(phase: Phase) -> Result<(), RejectReason> {
+        match phase {
+            Phase::Halted => Err(RejectReason::InstrumentHalted),
+            Phase::Closed => Err(RejectReason::InstrumentClosed),
+            Phase::Paused => Err(RejectReason::InstrumentPaused),
+            _ => Ok(()),
+        }
+    }
+
+    /// The uncrossing of book `b` as it stands: (price, volume, surplus), all 0 without a
+    /// cross. Every limit price of the book and the reference price are tried, each against
+    /// every resting order, and the rule is applied step by step.
+    pub fn uncross_price(&self, b: usize) -> (i64, i64, i64) {
+        let book = &self.books[b];
+        let mut candidates: Vec<i64> = book
+            .resting
+            .iter()
+            .filter(|o| !o.market)
+            .map(|o| o.price)
+            .collect();
+        candidates.push(book.reference);
+        candidates.sort();
+        candidates.dedup();
+        // (price, volume, surplus)
+        let evaluated: Vec<(i64, i64, i64)> = candidates
+            .iter()
+            .map(|&p| {
+                let demand: i64 = book
+                    .resting
+                    .iter()
+                    .filter(|o| o.side == Side::Buy && o.price >= p)
+                    .map(|o| o.leaves)
+                    .sum();
+                let supply: i64 = book
+                    .resting
+                    .iter()
+                    .filter(|o| o.side == Side::Sell && o.price <= p)
+                    .map(|o| o.leaves)
+                    .sum();
+                (p, demand.min(supply), demand - supply)
+            })
+            .collect();
+        // (a) the largest volume
+        let volume = evaluated.iter().map(|c| c.1).max().unwrap_or(0);
+        if volume == 0 {
+            return (0, 0, 0);
+        }
+        let left: Vec<_> = evaluated.into_iter().filter(|c| c.1 == volume).collect();
+        // (b) the least surplus
+        let least = left.iter().map(|c| c.2.abs()).min().unwrap();
+        let left: Vec<_> = left.into_iter().filter(|c| c.2.abs() == least).collect();
+        // (c) market pressure
+        if left.iter().all(|c| c.2 > 0) {
+            return *left.iter().max_by_key(|c| c.0).unwrap();
+        }
+        if left.iter().all(|c| c.2 < 0) {
+            return *left.iter().min_by_key(|c| c.0).unwrap();
+        }
+        // (d) nearest the reference price, (e) then the higher
+        let nearest = left
+            .iter()
+            .map(|c| (c.0 - book.reference).abs())
+            .min()
+            .unwrap();
+        *left
+            .iter()
+            .filter(|c| (c.0 - book.reference).abs() == nearest)
+            .max_by_key(|c| c.0)
+            .unwrap()
+    }
+
+    /// Publishes the indicative uncrossing of book `b`, if it is in a call and it changed.
+    fn publish(&mut self, b: usize, out: &mut Vec<Out>) {
+        if !self.books[b].phase.is_auction() {
+            return;
+        }
+        let u = self.uncross_price(b);
+        if u != self.books[b].indicative {
+            self.books[b].indicative = u;
+            out.push(Out::Indicative {
+                price: u.0,
+                qty: u.1,
+                surplus: u.2,
+            });
+        }
+    }
+
+    fn publish_all(&mut self, out: &mut Vec<Out>) {
+        for b in 0..self.books.len() {
+            self.publish(b, out);
+        }
+    }
+
+    fn change_phase(&mut self, b: usize, phase: Phase, out: &mut Vec<Out>) {
+        let old = self.books[b].phase;
+        if old.is_auction() && phase != old {
+            self.uncross(b, out);
+        }
+        self.books[b].phase = phase;
+        out.push(Out::PhaseChanged {
+            instrument: self.books[b].id,
+            phase,
+        });
+    }
+
+    /// The volatility auctions due at `ts`, in book order: uncrossed if the indicative price
+    /// is within the guard (or there is no cross), else extended from `ts`.
+    fn volatility_timers(&mut self, ts: u64, out: &mut Vec<Out>) {
+        for b in 0..self.books.len() {
+            let book = &self.books[b];
+            if book.phase != Phase::VolatilityAuction || book.end_ns == 0 || book.end_ns > ts {
+                continue;
+            }
+            let (price, qty, _) = self.uncross_price(b);
+            let book = &self.books[b];
+            let inside = within(book.guard.dynamic_bps, book.reference, price)
+                && within(book.guard.static_bps, book.static_ref, price);
+            if qty == 0 || inside {
+                self.change_phase(b, Phase::Open, out);
+            } else {
+                let book = &mut self.books[b];
+                book.end_ns = ts.saturating_add(book.guard.auction_ns);
+                out.push(Out::Interruption {
+                    price,
+                    end_ns: book.end_ns,
+                    extended: true,
+                });
+            }
+        }
+    }
+
+    /// The uncrossing: trades in price-time priority at the price, the auction's end, then
+    /// the cancels of market orders and orders for one auction.
+    fn uncross(&mut self, b: usize, out: &mut Vec<Out>) {
+        let (price, volume, _) = self.uncross_price(b);
+        if volume > 0 {
+            let book = &self.books[b];
+            let mut buys: Vec<&ROrder> = book
+                .resting
+                .iter()
+                .filter(|o| o.side == Side::Buy && o.price >= price)
+                .collect();
+            buys.sort_by_key(|o| (std::cmp::Reverse(o.price), o.stamp));
+            let mut sells: Vec<&ROrder> = book
+                .resting
+                .iter()
+                .filter(|o| o.side == Side::Sell && o.price <= price)
+                .collect();
+            sells.sort_by_key(|o| (o.price, o.stamp));
+            let take = |list: Vec<&ROrder>| {
+                let mut left = volume;
+                let mut v = Vec::new();
+                for o in list {
+                    if left == 0 {
+                        break;
+                    }
+                    let q = o.leaves.min(left);
+                    v.push((o.id, q));
+                    left -= q;
+                }
+                v
+            };
+            let (mut buys, mut sells) = (take(buys), take(sells));
+            let (mut i, mut j) = (0, 0);
+            while i < buys.len() && j < sells.len() {
+                let q = buys[i].1.min(sells[j].1);
+                let (buy, sell) = (buys[i].0, sells[j].0);
+                out.push(Out::Trade {
+                    price,
+                    qty: q,
+                    buy,
+                    sell,
+                    aggressor: if buy > sell { Side::Buy } else { Side::Sell },
+                    auction: true,
+                });
+                for id in [buy, sell] {
+                    let (_, k) = self.find(id).expect("live");
+                    let o = &mut self.books[b].resting[k];
+                    o.filled += q;
+                    o.leaves -= q;
+                    o.display -= q.min(o.display);
+                }
+                let (buyer, seller) = (
+                    self.books[b].resting[self.find(buy).unwrap().1].account,
+                    self.books[b].resting[self.find(sell).unwrap().1].account,
+                );
+                *self.positions.entry((buyer, b)).or_default() += q;
+                *self.positions.entry((seller, b)).or_default() -= q;
+                buys[i].1 -= q;
+                sells[j].1 -= q;
+                if buys[i].1 == 0 {
+                    self.after_auction_fill(b, buy);
+                    i += 1;
+                }
+                if sells[j].1 == 0 {
+                    self.after_auction_fill(b, sell);
+                    j += 1;
+                }
+            }
+            self.books[b].reference = price;
+            self.books[b].static_ref = price;
+        }
+        let book = &mut self.books[b];
+        let shown = if volume > 0 { price } else { book.reference };
+        if book.phase == Phase::ClosingAuction {
+            book.close = shown;
+        }
+        book.end_ns = 0;
+        book.indicative = (0, 0, 0);
+        out.push(Out::Uncrossed {
+            auction: book.phase,
+            price: shown,
+            qty: volume,
+        });
+        let gone: Vec<(u64, bool)> = book
+            .in_priority()
+            .into_iter()
+            .filter(|o| o.market || o.tif.is_auction_only())
+            .map(|o| (o.id, o.market))
+            .collect();
+        for (id, market) in gone {
+            let (_, k) = self.find(id).expect("live");
+            let o = self.books[b].resting.remove(k);
+            out.push(Out::Cancelled {
+                order_id: o.id,
+                qty: o.leaves,
+                reason: if market {
+                    CancelReason::MarketRemainder
+                } else {
+                    CancelReason::AuctionUnexecuted
+                },
+            });
+        }
+    }
+
+    /// After its last fill of an uncrossing: filled orders leave, an iceberg whose visible
+    /// part executed shows its next part at the back of its level.
+    fn after_auction_fill(&mut self, b: usize, id: u64) {
+        let (_, k) = self.find(id).expect("live");
+        let o = &self.books[b].resting[k];
+        if o.leaves == 0 {
+            self.books[b].resting.remove(k);
+        } else if o.display == 0 {
+            let stamp = self.stamp();
+            let o = &mut self.books[b].resting[k];
+            o.display = o.show(o.leaves);
+            o.stamp = stamp;
+        }
     }
 }
