@@ -44,7 +44,7 @@ pub fn order_reject_reason(cause: RejectCause) -> OrderRejectReason {
             PriceNotPositive | PriceTooLarge => OrderRejectReason::InvalidPrice,
             PriceOffTick => OrderRejectReason::PriceNotOnTick,
             PriceOutsideBand => OrderRejectReason::PriceOutOfBand,
-            InvalidTimeInForce => OrderRejectReason::InvalidTimeInForce,
+            InvalidTimeInForce | TimeInForceNotInPhase => OrderRejectReason::InvalidTimeInForce,
             ExpireTimeMissing | ExpireTimeInPast | ExpireTimeUnexpected => {
                 OrderRejectReason::InvalidExpireTime
             }

@@ -546,7 +546,11 @@ fn ord_rej_reason(cause: RejectCause) -> u32 {
             UnknownOrder => 5,
             DuplicateClOrdId => 6,
             QtyNotPositive | QtyTooLarge => 13,
-            InvalidTimeInForce | DisplayQtyInvalid | ExpireTimeMissing | ExpireTimeInPast
+            InvalidTimeInForce
+            | TimeInForceNotInPhase
+            | DisplayQtyInvalid
+            | ExpireTimeMissing
+            | ExpireTimeInPast
             | ExpireTimeUnexpected => 11,
             _ => 99,
         },
