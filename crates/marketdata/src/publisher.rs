@@ -434,6 +434,9 @@ struct InstrumentOut {
     stats_dirty: bool,
     /// EmptyBook not yet published (a newly added instrument).
     announce: bool,
+    /// A trade in this batch moved the reference price, and with it the price band, since the
+    /// last SecurityStatus: one is due at the end of the batch.
+    band_moved: bool,
 }
 
 impl InstrumentOut {
@@ -453,6 +456,7 @@ impl InstrumentOut {
             book_dirty: false,
             stats_dirty: false,
             announce: true,
+            band_moved: false,
         }
     }
 }
@@ -1094,6 +1098,7 @@ impl Publisher {
                 self.touch(i);
                 self.instruments[i].stats.on_trade(price.0, qty.0);
                 self.instruments[i].traded = true;
+                self.follow_reference(i, price.0);
                 let resting = match aggressor {
                     Side::Buy => sell.order_id,
                     Side::Sell => buy.order_id,
@@ -1146,18 +1151,56 @@ impl Publisher {
             } => {
                 let i = self.instrument_index(instrument);
                 self.instruments[i].phase = Some(phase);
-                let id = self.instruments[i].id;
-                let band = self.instruments[i].def.as_ref().map(|d| d.band());
-                self.reserve(Channel::Orders, SECURITY_STATUS_BYTES, now_ns);
-                self.channels[Channel::Orders.index()].put(|mut e: SecurityStatusEncoder| {
-                    e.security_id(id)
-                        .low_limit_px_opt(band.map(|b| b.0 .0))
-                        .high_limit_px_opt(band.map(|b| b.1 .0));
-                    e.trading_status(wire_status(phase));
-                    e
-                });
+                self.emit_status(i, phase, now_ns);
             }
             _ => {}
+        }
+    }
+
+    /// Moves the instrument's reference price to a trade's price, as the core does
+    /// (`bourse_engine`'s `Book::set_reference`), so that the band this feed states is the band
+    /// the core enforces on the next order.
+    fn follow_reference(&mut self, i: usize, price: i64) {
+        let inst = &mut self.instruments[i];
+        if let Some(def) = inst.def.as_mut() {
+            if def.reference_price.0 != price {
+                def.reference_price = Price(price);
+                inst.band_moved = true;
+                // The instrument loop's SecurityDefinitions state the band too; the node's
+                // loop copies the definitions again at its next pass (not per batch).
+                self.definitions_version += 1;
+            }
+        }
+    }
+
+    /// SecurityStatus for instrument `i`: its phase and the price band in force now.
+    fn emit_status(&mut self, i: usize, phase: Phase, now_ns: u64) {
+        let inst = &mut self.instruments[i];
+        inst.band_moved = false;
+        let id = inst.id;
+        let band = inst.def.as_ref().map(|d| d.band());
+        self.reserve(Channel::Orders, SECURITY_STATUS_BYTES, now_ns);
+        self.channels[Channel::Orders.index()].put(|mut e: SecurityStatusEncoder| {
+            e.security_id(id)
+                .low_limit_px_opt(band.map(|b| b.0 .0))
+                .high_limit_px_opt(band.map(|b| b.1 .0));
+            e.trading_status(wire_status(phase));
+            e
+        });
+    }
+
+    /// A SecurityStatus for every instrument whose band a trade of this batch moved (one per
+    /// instrument and batch, however many trades moved it), so the order log's subscribers
+    /// learn the new band before the next batch can be refused against it.
+    fn emit_moved_bands(&mut self, now_ns: u64) {
+        for k in 0..self.touched.len() {
+            let i = self.touched[k];
+            if self.instruments[i].band_moved {
+                // A trade implies a phase that trades; a feed that has seen no phase change
+                // yet is in the phase every instrument starts the session in.
+                let phase = self.instruments[i].phase.unwrap_or(Phase::Open);
+                self.emit_status(i, phase, now_ns);
+            }
         }
     }
 
@@ -1293,6 +1336,7 @@ impl Publisher {
     /// After a batch: mark transaction ends, find instruments whose top 20 or statistics
     /// changed, and send what is online.
     fn end_batch(&mut self, now_ns: u64, sink: &mut dyn PacketSink) {
+        self.emit_moved_bands(now_ns);
         for c in [Channel::Orders, Channel::Trades] {
             let ch = &mut self.channels[c.index()];
             if ch.len > 0 && ch.msgs > 0 {

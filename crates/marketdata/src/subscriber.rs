@@ -187,6 +187,11 @@ pub struct InstrumentView {
     pub published_rpt_seq: u32,
     pub stats: Option<StatsView>,
     pub status: Option<SecurityTradingStatus>,
+    /// The price band (lowest, highest acceptable limit price) the core enforces, as the
+    /// latest SecurityStatus or SecurityDefinition stated it (a status after each move; a
+    /// subscriber that recovered a gap from a snapshot learns it again at the next pass of
+    /// the instruments loop).
+    pub band: Option<(i64, i64)>,
     pending: VecDeque<Pending>,
     assembly: Option<(u32, Vec<BookOrder>)>,
 }
@@ -579,6 +584,9 @@ impl Subscriber {
             Message::SecurityStatus(d) => {
                 if let Some(inst) = self.inst(d.security_id()) {
                     inst.status = Some(d.trading_status());
+                    if let (Some(low), Some(high)) = (d.low_limit_px(), d.high_limit_px()) {
+                        inst.band = Some((low, high));
+                    }
                 }
             }
             Message::Trade(d) => {
@@ -660,6 +668,9 @@ impl Subscriber {
         inst.symbol = symbol;
         inst.price_scale = d.price_scale();
         inst.tick = d.tick_size();
+        if let (Some(low), Some(high)) = (d.low_limit_px(), d.high_limit_px()) {
+            inst.band = Some((low, high));
+        }
     }
 
     fn order_msg(&mut self, id: u32, rpt: u32, ts_ns: u64, msg: OrderMsg) {

@@ -45,6 +45,14 @@ fn books_equal_the_engine_after_a_load_run_without_loss() {
             def.symbol
         );
         assert_eq!(inst.symbol, def.symbol);
+        // The band the subscriber read is the one the core will check the next order against.
+        let band = h.engine.instrument(def.instrument).unwrap().band();
+        assert_eq!(
+            inst.band,
+            Some((band.0 .0, band.1 .0)),
+            "band of {}",
+            def.symbol
+        );
     }
     // Publisher's own view equals the engine too.
     for def in &h.defs {

@@ -438,6 +438,8 @@ struct Client {
     statistics: BTreeMap<i128, Values>,
     definitions: BTreeMap<i128, Values>,
     statuses: Vec<(i128, i128)>,
+    /// The price band each instrument's latest SecurityStatus or SecurityDefinition states.
+    limits: BTreeMap<i128, (i128, i128)>,
     top20_checked: u64,
     /// The snapshot being collected: its first message's root and every entry so far.
     snapshot: Option<(Values, Vec<Values>)>,
@@ -539,10 +541,15 @@ impl Client {
                 let mut v = r.clone();
                 v.text.extend(r.text.clone());
                 self.definitions.insert(r.get("securityId"), v);
+                let band = (r.get("lowLimitPx"), r.get("highLimitPx"));
+                self.limits.insert(r.get("securityId"), band);
             }
-            "SecurityStatus" => self
-                .statuses
-                .push((r.get("securityId"), r.get("tradingStatus"))),
+            "SecurityStatus" => {
+                self.statuses
+                    .push((r.get("securityId"), r.get("tradingStatus")));
+                let band = (r.get("lowLimitPx"), r.get("highLimitPx"));
+                self.limits.insert(r.get("securityId"), band);
+            }
             _ => {}
         }
     }
@@ -647,6 +654,7 @@ fn a_client_written_from_the_document_builds_the_cores_books() {
     let mut client = Client::default();
     let mut sink = VecSink::default();
     let last_fragment = doc.flag("LastFragment") as i128;
+    let mut bands_checked = 0u64;
     for _ in 0..6_000 {
         // The first command of the batch takes the next 2 µs step (see `Harness::batch`).
         let batch_ts = h.now_ns + 2_000;
@@ -671,8 +679,16 @@ fn a_client_written_from_the_document_builds_the_cores_books() {
             );
         }
         sink.packets.clear();
+        bands_checked += check_bands(&client, &h);
     }
     assert!(h.engine.counters().trades > 100, "the flow traded");
+    // The band moves with the last trade's price; a feed that stated only the band of the
+    // morning's reference would have been caught above as soon as a trade moved it.
+    assert!(
+        client.statuses.len() > 10,
+        "SecurityStatus when trades moved the band"
+    );
+    assert!(bands_checked > 1_000, "bands compared: {bands_checked}");
 
     // The books, order by order, in lots (the core counts quantities in lots).
     for def in &h.defs {
@@ -740,6 +756,81 @@ fn a_client_written_from_the_document_builds_the_cores_books() {
                 "{n} on the {channel} channel, which the document does not list"
             );
         }
+    }
+    // Last, as it changes the core's book behind the client (the first instrument is halted).
+    the_stated_band_is_the_band_the_core_enforces(&client, &mut h, 1);
+}
+
+/// After a transaction, the band a client read last for each instrument (SecurityStatus or
+/// SecurityDefinition, whichever came later) is the core's band: the one it will check the
+/// next order against. Returns how many instruments it compared.
+fn check_bands(client: &Client, h: &Harness) -> u64 {
+    let mut compared = 0;
+    for def in &h.defs {
+        let Some(&(low, high)) = client.limits.get(&(def.instrument.0 as i128)) else {
+            continue;
+        };
+        let core = h.engine.instrument(def.instrument).expect("defined").band();
+        assert_eq!(
+            (low, high),
+            (core.0 .0 as i128, core.1 .0 as i128),
+            "{}: the feed's band against the core's",
+            def.symbol
+        );
+        compared += 1;
+    }
+    compared
+}
+
+/// The core refuses a limit order a tick below the stated low limit as outside the band and
+/// takes one at it (the operator's report: a feed that said 80.00 while the core refused it).
+fn the_stated_band_is_the_band_the_core_enforces(client: &Client, h: &mut Harness, k: usize) {
+    let account = h
+        .flow
+        .setup()
+        .into_iter()
+        .find_map(|b| match b {
+            CommandBody::AddAccount(spec) => Some(spec.account),
+            _ => None,
+        })
+        .expect("the flow adds accounts");
+    let def = h.defs[k].clone();
+    let (low, _) = client.limits[&(def.instrument.0 as i128)];
+    for (k, price) in [low as i64 - def.tick.0, low as i64]
+        .into_iter()
+        .enumerate()
+    {
+        h.now_ns += 2_000;
+        let order = bourse_core::NewOrder {
+            account,
+            cl_ord_id: bourse_core::ClOrdId(u64::MAX - k as u64),
+            instrument: def.instrument,
+            side: Side::Buy,
+            ord_type: bourse_core::OrdType::Limit,
+            price: bourse_core::Price(price),
+            qty: bourse_core::Qty(1),
+            tif: bourse_core::TimeInForce::Day,
+            expire_ts_ns: 0,
+            display_qty: bourse_core::Qty(0),
+            firm: None,
+        };
+        let mut events = Vec::new();
+        let command = Command::new(h.now_ns, CommandBody::NewOrder(order));
+        h.engine.apply(&command, &mut events);
+        let outside = events.iter().any(|e| {
+            matches!(
+                e,
+                Event::OrderRejected {
+                    reason: bourse_core::RejectReason::PriceOutsideBand,
+                    ..
+                }
+            )
+        });
+        assert_eq!(
+            outside,
+            k == 0,
+            "order at {price} (stated low {low}): {events:?}"
+        );
     }
 }
 
