@@ -7,10 +7,11 @@ What it checks:
      the repository root, from `crates/`, and from the crate the section or table row is about.
   2. Every `file.rs::Item::item` names items defined in that very file (a method defined in a
      submodule file is a stale reference: name that file).
-  3. Every backticked `Type::item` after a file in the same table row or paragraph is defined
+  3. Every backticked constant (`LOG_TAIL_ENTRIES_MAX`) is defined under crates/.
+  4. Every backticked `Type::item` after a file in the same table row or paragraph is defined
      in that file; elsewhere, `Type::item` is defined in a file that defines `Type`, in the
      crate the section is about or anywhere under crates/.
-  4. The table in "Dependencies between crates" lists exactly each crate's `bourse-*`
+  5. The table in "Dependencies between crates" lists exactly each crate's `bourse-*`
      [dependencies] in its Cargo.toml.
 Fails listing every reference it could not find.
 
@@ -147,6 +148,7 @@ def blocks(text):
 PATH_RE = re.compile(r"(?<![\w./<>-])((?:[\w.<>-]+/)+[\w.-]+\.(?:%s)|(?:[\w.<>-]+/)+)(?![\w/])" % "|".join(EXTS))
 TICK_RE = re.compile(r"`([^`]+)`")
 FILEREF_RE = re.compile(r"^((?:[\w-]+/)*[\w-]+\.rs)((?:::\w+)+)?(?:\(\))?$")
+CONST_RE = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$")
 ITEMREF_RE = re.compile(r"^([A-Z]\w*|[a-z_]\w*)((?:::\w+)+)(?:\(\))?$")
 
 
@@ -196,6 +198,11 @@ def main():
                     missing = check_items(fpath, items)
                     if missing:
                         bad(line, f"`{tok}`: {', '.join(missing)} not defined in {os.path.relpath(fpath, ROOT)}")
+                continue
+            if CONST_RE.match(tok):  # a constant: defined somewhere under crates/
+                checked["items"] += 1
+                if not any(defines(read(f), tok) for f in ALL_RS):
+                    bad(line, f"`{tok}`: no constant of that name under crates/")
                 continue
             im = ITEMREF_RE.match(tok)
             if not im or tok.startswith(("std::", "tokio::", "openraft::", "crossbeam")):
