@@ -12,7 +12,7 @@ What it checks:
      in that file; elsewhere, `Type::item` is defined in a file that defines `Type`, in the
      crate the section is about or anywhere under crates/.
   5. The table in "Dependencies between crates" lists exactly each crate's `bourse-*`
-     [dependencies] in its Cargo.toml.
+     [dependencies] in its Cargo.toml, and the crates that use it.
 Fails listing every reference it could not find.
 
 Usage: scripts/check-architecture.py [ARCHITECTURE.md]
