@@ -24,6 +24,9 @@ if [ -x scripts/gen-sbe.sh ]; then
   scripts/gen-sbe.sh --check
 fi
 
+step "ARCHITECTURE.md names only files, items and dependencies that exist (scripts/check-architecture.py)"
+python3 scripts/check-architecture.py
+
 step "lints (cargo clippy, [workspace.lints] in Cargo.toml; warnings are errors)"
 if ! cargo clippy --version >/dev/null 2>&1 && command -v rustup >/dev/null 2>&1; then
   rustup component add clippy

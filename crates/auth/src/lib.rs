@@ -1,30 +1,14 @@
-//! Credentials for everyone who logs on to the venue: trading sessions (FIX Logon's Password,
-//! the binary Establish's password) and operators (the admin API).
+//! Credentials for everyone who logs on to the venue: trading sessions and operators.
 //!
-//! Principal items:
+//! [`hash_password`] makes a salted Argon2id hash as a PHC string (what configs store; `bourse
+//! auth hash-password` prints one); [`PasswordHashString`] is one checked for algorithm and
+//! cost ([`HashCost::MAX`]); [`CredentialStore`] maps names to hashes and roles and answers one
+//! [`AuthError::Denied`] for an unknown name and a wrong password, spending the same work. A
+//! check costs 20-50 ms by design, so servers run it off their event loop. [`cache`] remembers
+//! checked credentials, [`http_basic`] reads HTTP Basic, [`tls`] loads the venue's TLS
+//! identities from PEM files.
 //!
-//! - [`hash_password`] (and [`hash_password_with`] for explicit [`HashCost`]) turns a password
-//!   into a salted Argon2id hash written as a PHC string (`$argon2id$v=19$m=...,t=..,p=..$salt$hash`),
-//!   the form configs store; `bourse auth hash-password` prints one.
-//! - [`PasswordHashString`]: a PHC string checked once (algorithm, cost bounds), with
-//!   [`PasswordHashString::verify`], which compares in constant time.
-//! - [`CredentialStore`]: name → hash and allowed roles; [`CredentialStore::verify`] answers
-//!   the same [`AuthError::Denied`] for an unknown name and a wrong password, and spends the same
-//!   work on both, so a caller cannot tell which names exist.
-//! - [`CredentialEntry`]: the TOML/JSON form of one store entry (`name`, `password_hash`,
-//!   `roles`), refusing unknown fields.
-//! - [`AuthError`]: every way a hash, a password or a check can fail, each naming what.
-//!
-//! Verification costs what the hash's parameters say (about 20–50 ms at [`HashCost::DEFAULT`]
-//! on one core), so a server that must not stall runs it off its event loop. Hash costs above
-//! [`HashCost::MAX`] are refused when a hash is read, so a config cannot make a check unbounded.
-//!
-//! [`cache`]: check results remembered under a keyed hash of the credentials, so that a
-//! server checks each credential once, not on every request. [`http_basic`] reads HTTP Basic
-//! credentials; [`random_bytes`] and [`random_u64`] draw from the operating system's source.
-//!
-//! [`tls`]: the venue's TLS identities from PEM files (a gateway's certificate; the mutual TLS
-//! of the links between the venue's own processes, signed by the venue's authority).
+//! Invariants: ARCHITECTURE.md, `crates/auth`.
 
 pub mod cache;
 pub mod tls;

@@ -1,27 +1,13 @@
-//! # bourse-client: order entry SDK
+//! # bourse-client: the SDK for bourse's order entry and data delivery
 //!
-//! Rust clients for bourse's two order entry protocols, used by the tests, the `bourse order`
-//! command and the load generator:
+//! [`FixClient`] (a FIX 4.4 initiator over `bourse_fix::Session`: orders, cancels, replaces,
+//! mass cancel, status; [`FixClient::send`] for any other message) and [`BinaryClient`] (the
+//! SBE protocol, every response decoded into a [`binary::Response`]) are the blocking clients
+//! of the tests, `bourse order` and the load generator; [`TlsClient`] runs either over TLS.
+//! [`delivery`] is the data-delivery client (HTTP/JSON and SBE, async). No client panics on
+//! what a server sends: a malformed stream ends the connection with an error.
 //!
-//! - [`FixClient`]: a FIX 4.4 initiator. It drives `bourse_fix::Session` (sequence numbers,
-//!   heartbeats, resend, optional durable store) over a blocking `std::net::TcpStream` and
-//!   hands back verified application messages ([`FixMessage`]). [`FixClient::new_order`],
-//!   [`FixClient::cancel`], [`FixClient::replace`], [`FixClient::mass_cancel`],
-//!   [`FixClient::order_status`] and [`FixClient::mass_status`] build the gateway's messages
-//!   ([`FixClient::live_orders`] also collects the answers); [`FixClient::send`] sends any
-//!   other.
-//! - [`BinaryClient`]: the binary (SBE) protocol: Establish, requests, and every server
-//!   response decoded into an owned [`binary::Response`] with its sequence number;
-//!   retransmission on request.
-//!
-//! - [`delivery`]: the data-delivery client ([`delivery::DeliveryClient`] over HTTP/JSON,
-//!   [`delivery::BinaryClient`] over SBE/TCP, [`delivery::AnyClient`] over both): the latest
-//!   state of every order and trade by cursor (async, tokio).
-//! - [`TlsClient`]: either client over TLS to a gateway's TLS listeners (`FixClientConfig::tls`,
-//!   [`BinaryClient::connect_tls`]), trusting the authorities of a PEM file.
-//!
-//! Both read with a timeout the caller chooses (or without blocking) and never panic on what
-//! the server sends: a malformed byte stream ends the connection with an error.
+//! Design: ARCHITECTURE.md, `crates/gateway` and `crates/client`.
 
 #![forbid(unsafe_code)]
 

@@ -1,22 +1,14 @@
 //! Data delivery (seed 003): the latest state of every order and trade of one or more trading
-//! cores, for thousands of polling clients, by cursor, filtered, across cores.
+//! cores, for many polling clients, by cursor, filtered, across cores.
 //!
-//! - [`store::Store`]: fed only by committed entries; per core an ordered index by
-//!   [`record::Pos`] (log index, ordinal in the entry) holding each order's latest state
-//!   (the core's `OrderLog` record), each trade and each rejected new order, with secondary
-//!   indexes by firm, account and instrument; bounded, evicting the oldest final records.
-//! - [`cursor::Cursor`]: a vector of per-core positions, opaque to clients (versioned,
-//!   deployment-bound, checksummed; hex over HTTP, bytes over SBE); valid across a
-//!   delivery-node restart and a core failover because positions are log indexes.
-//! - [`node::DeliveryNode`]: the store, one feed per core (a remote `StreamConsumer`), the
-//!   persisted state file, and two fronts on one [`poll`] engine: [`server`], the HTTP/JSON
-//!   long poll, and [`binary`], SBE over TCP (GetOrders); or, as a read replica
-//!   ([`node::Follow`]), one task polling a primary node's binary front instead of feeds.
-//! - [`access`]: who may read what: readers log on with the venue's credential store (HTTP
-//!   Basic, a binary Logon), checked once and remembered; a firm's reader gets its own
-//!   firm's records only; fronts off the loopback need TLS and credentials.
-//! - [`client::AnyClient`]: a Rust client of either front ([`DeliveryClient`], [`BinaryClient`]),
-//!   from the SDK (`bourse_client::delivery`), as are the [`record`] types.
+//! Start at [`node::DeliveryNode`]: a [`store::Store`] fed only by committed entries (one feed
+//! per core), its state file, and two fronts on one [`poll`] engine, [`server`] (HTTP/JSON long
+//! poll) and [`binary`] (SBE over TCP); or a read replica ([`node::Follow`]). A
+//! [`cursor::Cursor`] is a vector of per-core positions, valid across failovers and restarts;
+//! [`access`] says who may read what. [`client::AnyClient`] and the [`record`] types come from
+//! the SDK.
+//!
+//! Design and invariants: ARCHITECTURE.md, `crates/delivery`.
 
 pub mod access;
 pub mod binary;

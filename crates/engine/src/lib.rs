@@ -1,31 +1,14 @@
 //! # bourse-engine: one trading core
 //!
-//! [`Engine`] is the state machine of one trading core: the order books of a set of
-//! instruments, the accounts that trade them, their cash, reservations and positions. It is
-//! fed [`Command`]s one at a time by [`Engine::apply`] and answers with [`Event`]s written
-//! into a caller-owned buffer.
+//! [`Engine`] is the deterministic state machine of one trading core: books, accounts, cash,
+//! reservations and positions. Start at [`Engine::apply`]: one [`Command`] in, [`Event`]s into
+//! a caller-owned buffer. [`book`] holds the levels and the order pool, [`risk`] accounts and
+//! positions, `auction` the call auctions, `snapshot` and `digest` the state hash
+//! ([`Engine::state_hash`]) and its O(1) digest ([`Engine::state_digest`]); [`in_process`] runs
+//! an engine on a thread of its own behind `bourse_core::link::CoreLink`.
 //!
-//! The engine is deterministic: it reads no clock (time comes on the command), does no I/O,
-//! never iterates a hash map (they are used for lookups only; every sweep walks the books or
-//! the account table in their fixed order), uses no randomness and no floating point. The
-//! same commands in the same order therefore give the same events and the same
-//! [`Engine::state_hash`] on every replica, on replay, and after [`Engine::snapshot`] and
-//! [`Engine::restore`].
-//!
-//! In steady state it allocates nothing per order: orders live in a pre-sized
-//! [`book::OrderPool`], price levels in pre-sized vectors, and the lookup tables are reserved
-//! up front for the configured capacity ([`EngineConfig`]).
-//!
-//! [`Engine::state_digest`] is a hash of the same state at O(1) cost: a multiset hash that
-//! every change updates (subtract the changed item's old hash, add its new one), which
-//! replicas compare at their checkpoints; [`Engine::recompute_state_digest`] rebuilds it
-//! from scratch, and `check_invariants` checks that the two agree.
-//!
-//! Modules: [`book`] (levels and the order pool), [`risk`] (accounts, positions,
-//! reservations), `snapshot` (bytes and hash), `digest` (the incremental state digest),
-//! `invariants` (a full consistency check used by the tests), [`in_process`] (an engine on a
-//! thread of its own behind `bourse_core::link::CoreLink`, for a gateway that runs its cores
-//! in process; the one module here that spawns a thread).
+//! Determinism, no allocation per order and the other invariants: ARCHITECTURE.md,
+//! `crates/engine`.
 
 #![forbid(unsafe_code)]
 

@@ -1,27 +1,15 @@
 //! bourse-fix: FIX 4.4 for bourse, written to stand alone.
 //!
-//! Principal types, bottom up:
+//! Bottom up: [`codec`] ([`FrameBuffer`] cuts frames, [`decode`] gives a [`RawMessage`] of
+//! borrowed [`Field`]s, [`OutMessage`] encodes); [`dictionary`] ([`Dictionary`]: a
+//! QuickFIX-format XML dictionary, the message's [`Structure`], and validation into the
+//! [`Reject`] a QuickFIX peer would send); [`store`] ([`MemoryStore`] and the durable
+//! [`FileStore`]); [`session`] ([`Session`]: the session layer sans I/O, fed bytes and `now_ms`,
+//! emitting [`Action`]s to its driver and verified messages to an [`Application`]). [`echo`]
+//! and [`acceptor`] run the QuickFIX acceptance scripts; [`testing`] is a small dictionary for
+//! tests. Start at [`Session`].
 //!
-//! - [`codec`]: [`FrameBuffer`] cuts a TCP byte stream into frames;
-//!   [`decode`] splits a frame into a [`RawMessage`] of borrowed
-//!   [`Field`]s and checks BodyLength (9) and CheckSum (10);
-//!   [`OutMessage`] builds and encodes outbound messages.
-//! - [`dictionary`]: [`Dictionary`] loads a QuickFIX-format data dictionary
-//!   (XML) at run time, sorts a message into header, body, trailer and
-//!   repeating groups ([`Structure`]) and validates it, producing the
-//!   [`Reject`] (reason, RefTagID, Text) a QuickFIX peer would send.
-//! - [`store`]: [`MessageStore`] with [`MemoryStore`] and the durable
-//!   [`FileStore`] (sequence numbers and outbound messages in a directory).
-//! - [`session`]: [`Session`], the session layer as a sans-I/O state machine
-//!   fed bytes, ticks and connection events with `now_ms`, emitting
-//!   [`Action`]s; [`Application`] receives verified messages.
-//! - [`echo`]: [`EchoApplication`], QuickFIX's acceptance-test server
-//!   application, for conformance runs; [`QueueingApplication`], which
-//!   queues owned copies of application messages for a driver.
-//! - [`acceptor`]: [`run_acceptor`] / [`spawn_acceptor`], a blocking
-//!   std::net driver for one acceptor session, configured by
-//!   [`AcceptorConfig`].
-//! - [`testing`]: a small FIX 4.4 dictionary for tests that drive a session.
+//! Design: ARCHITECTURE.md, `crates/fix`.
 
 #![forbid(unsafe_code)]
 

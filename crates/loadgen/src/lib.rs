@@ -1,42 +1,15 @@
 //! # bourse-loadgen: load testing as the seeds do it
 //!
-//! A load test is a [`Profile`] (TOML: markets, command mix, phases with rate shapes, the
-//! target), run by an open-loop generator against a [`Deployment`], summarised as
-//! [`Results`] (every figure, as `results.json`) and rendered by [`report`] as Markdown and
-//! HTML with inline SVG charts, in the shape of the Moscow Exchange load-test reports (seeds
-//! 000 and 001) and LTP's latency table (seed 002).
+//! A [`Profile`] (TOML, parsed strictly) runs on an open-loop generator against a
+//! [`Deployment`] and ends as [`Results`] (`results.json`), rendered by [`report`] as Markdown
+//! and HTML in the shape of the MOEX reports (seeds 000, 001) and LTP's table (seed 002).
+//! Start at [`run`] and [`run_on`]. A [`generator::Worker`] sends on schedule whatever the
+//! answers (latency from the scheduled time); a [`Target`] is what it drives ([`InProcess`] or
+//! [`gateway::GatewayTarget`]) and never blocks ([`SubmitError::Full`]); [`CoreTotals`] are the
+//! cores' own counts the cross-checks compare with. Workers are threads or `bourse
+//! loadgen-worker` processes ([`Connection`]).
 //!
-//! Principal types:
-//!
-//! - [`Profile`] ([`profile`]): parsed strictly; unknown keys, impossible rates and negative
-//!   counts fail before anything starts, with the line and the reason.
-//! - [`Target`] ([`target`]): what one generator worker drives. `submit(tag, market,
-//!   command)` never blocks (a full queue says [`SubmitError::Full`] and the generator holds
-//!   the command, its wait counting in its latency), and `poll(out, wait)` hands back
-//!   [`Answer`]s: the tag, the [`bourse_core::Event`]s, the instant the answer reached the
-//!   client and, where the target can see them, the [`Stages`]. Notifications (tag
-//!   [`target::NOTIFY_TAG`]) carry events about the worker's orders that no answer carried;
-//!   every trade and order-log record reaches a worker exactly once. Two implementations:
-//!   [`InProcess`] (one `bourse_engine::Engine` per market on its own thread behind bounded
-//!   queues) and [`gateway::GatewayTarget`] (binary SBE or FIX 4.4 sessions on the gateways
-//!   through the client SDK, translating execution reports back into events).
-//! - [`Deployment`]: what a run connects its workers to and asks for the cores' own counts at
-//!   the end ([`CoreTotals`]: commands, orders, trades, live orders, the commands the gateways
-//!   forwarded, trades seen on the market data feed and their publication delay, every
-//!   replica's state hash, the stages the deployment timed). [`run`]
-//!   starts the in-process one; the `bourse` binary starts the local venue (gateways in front
-//!   of in-process or replicated cores) and calls [`run_on`]. A worker is a thread here
-//!   ([`Connection::Local`]) or a `bourse loadgen-worker` process ([`Connection::Remote`]).
-//! - [`generator::Worker`]: one generator worker. Commands leave on schedule whatever the
-//!   answers; latency counts from the *scheduled* time (no coordinated omission). Workers own
-//!   disjoint slices of the accounts and share the rate; their [`Record`]s merge, also across
-//!   processes ([`generator::RecordWire`]).
-//! - [`Results`] ([`results`]): totals, maximum per second, rates over time, latency per
-//!   command type and per load range, stage table, recovery after peaks, the search for the
-//!   peak rate, the cores' own counts and the cross-checks between the two.
-//!
-//! Every run is bounded by its phases plus a drain timeout (and, for worker processes, a
-//! kill after that); sockets are opened only by the gateway target, on 127.0.0.1.
+//! Design: ARCHITECTURE.md, `crates/loadgen`.
 
 #![forbid(unsafe_code)]
 

@@ -1,40 +1,14 @@
 //! # bourse-marketdata: the market data feeds of one trading core
 //!
-//! What the core says (committed [`bourse_core::Event`] batches) goes out as SIMBA-like SBE
-//! packets over UDP, in two identical copies (feeds A and B), on six channels
-//! ([`Channel`]): the full order log, trades, the aggregated top-20 book, statistics,
-//! instrument definitions and the snapshot loop. The wire format is `bourse-wire`'s
-//! (`docs/protocol-market-data.md`); this crate decides what to say and when.
+//! Committed event batches go out as SIMBA-like SBE packets over UDP, feeds A and B, on six
+//! [`Channel`]s (the wire format is `bourse-wire`'s, `docs/protocol-market-data.md`). Start at
+//! [`Publisher`] (sans-I/O: its own books, packets in reused buffers handed to a
+//! [`PacketSink`]; a standby numbers exactly as the leader) and [`FeedSender`] (the sending
+//! half on a node's market data thread). [`History`] and [`replay::ReplayServer`] serve
+//! retransmission over TCP; [`udp::UdpSink`] sends; [`Subscriber`] (sans-I/O) arbitrates A and
+//! B, recovers and builds books; [`pcap`] and [`describe`] serve recordings.
 //!
-//! Principal types:
-//!
-//! - [`Publisher`] (sans-I/O): fed committed event batches, builds its own view of every book
-//!   ([`OrderBook`]) and encodes packets into reused buffers; hands finished packets to a
-//!   [`PacketSink`]. In the 1 ms / 15 ms modes packets close when the commands' own `ts_ns`
-//!   enters a new interval, so numbering depends on the batches alone; [`Publisher::tick`]
-//!   flushes idle channels and drives heartbeats, the snapshot loop and the instrument loop.
-//!   A standby publisher (not active) does all the same work without sending, which is how a
-//!   new leader continues the sequence ([`Publisher::set_active`], [`Publisher::state`],
-//!   [`Publisher::from_state`]); on activation it renumbers its loops with SequenceReset.
-//!   `bourse_cluster::marketdata` runs one inside every node's replicated state, fed by the
-//!   state machine as it applies each entry, so numbering is a function of the log.
-//! - [`FeedSender`]: the sending half for such a publisher, on the node's market data
-//!   thread: takes the packets it closed, stamps SendingTime, keeps the replay history, sends
-//!   while the node leads, and runs the loops and heartbeats on the wall clock from
-//!   definitions and book snapshots taken from the publisher.
-//! - [`History`]: the recent packets of one incremental channel; a [`replay::ReplayServer`]
-//!   resends them over TCP, one port per incremental channel.
-//! - [`udp::UdpSink`] / [`udp::UdpFeeds`]: sockets for feeds A and B (127.0.0.1 by default;
-//!   any multicast group or host through configured [`udp::SendRoutes`]).
-//! - [`Subscriber`] (sans-I/O): A/B arbitration, gap detection, recovery by replay or from the
-//!   snapshot loop, per-instrument books, late join, and counting of everything it skipped
-//!   ([`SubscriberStats`]). [`udp::UdpSubscriber`] runs one over real sockets.
-//! - [`pcap`]: a classic pcap writer (Ethernet/IPv4/UDP) so tshark and Wireshark read a
-//!   recorded feed; [`describe`] prints decoded messages one per line.
-//!
-//! Nothing here panics on input from the network: every datagram passes
-//! `bourse_wire::market_data::parse_packet` before any field is read, and everything the
-//! subscriber cannot use is counted and skipped.
+//! Nothing here panics on input from the network. Design: ARCHITECTURE.md, `crates/marketdata`.
 
 #![forbid(unsafe_code)]
 

@@ -1,43 +1,14 @@
 //! # bourse-monitor: probes, Prometheus metrics and the live dashboard
 //!
-//! One [`Monitor`] per process holds everything the other crates report into:
+//! One [`Monitor`] per process holds what the other crates report into: a
+//! [`metrics::Registry`] exported at `/metrics` (families and labels in [`names`]); sampled
+//! stage probes t0..t7 ([`probe::ProbeHub`], per-thread [`probe::StageRecorder`]s, no lock or
+//! allocation on the hot path); a core's counts ([`core_probe::CoreMonitor`]) and a replica's
+//! ([`node::NodeMetrics`]); the cluster view and alerts ([`cluster::ClusterView`]); LTP's split
+//! ([`ltp`]); the dashboard ([`server::DashboardServer`]). [`slots::ConnectionSlots`] and
+//! [`rate::TokenBucket`] are the admission limits every service's listener shares.
 //!
-//! - [`metrics::Registry`]: counters, gauges and histograms behind cheap atomic handles,
-//!   exported at `/metrics` in the Prometheus text format. Well-known families have helper
-//!   constructors here ([`Monitor::marketdata_channel`], [`Monitor::journal`],
-//!   [`Monitor::sessions`], [`Monitor::queue_depth`], [`Monitor::errors`]) so that every crate
-//!   uses the same names and labels (listed in [`names`]).
-//! - [`probe::ProbeHub`] and per-thread [`probe::StageRecorder`]s: sampled stage timestamps
-//!   t0..t7 (plus market data published and delivery stored) along an order's life, recorded
-//!   into HDR histograms per stage and per command kind without locks or allocation on the hot
-//!   path, merged on the control plane.
-//! - [`core_probe::CoreMonitor`]: what a trading core's thread carries: the seeds' counts
-//!   (transactions, orders, trades) tallied locally (from every event, or from the engine's
-//!   own counters plus the events of commands other than new orders) and published
-//!   periodically, plus its recorder.
-//! - [`cluster::ClusterView`]: nodes, leader, term, commit index, health, divergence alarms;
-//!   replication lag and alerts (thresholds from [`AlertThresholds`]) derive from it.
-//! - [`node::NodeMetrics`]: what a replica node exports (applied commands and entries, commit
-//!   and applied index, term, leader, peer lag, journal bytes/records/fsync latency, snapshots,
-//!   hash checks, divergence alarm, entry stage legs t2→t3→t4→t5, batcher queue depth,
-//!   snapshot build time, and the node's own per-batch stages from queue to reply plus the
-//!   market data publication delay as `bourse_node_stage_seconds{stage}`), fed by the `bourse node` glue from the node's brief status,
-//!   openraft's metrics, its hooks, its committed stream and the journal's counters.
-//! - [`ltp`]: the cross-process breakdown (network, gateway, IPC, replication, matching) from
-//!   a gateway's and a node's stage histograms by LTP's T1 = T7 = (T0,7 − T1,6) / 2.
-//! - [`admin::AdminFeed`]: the admin API's newest audit entries; with the admin counters it
-//!   makes the dashboard's admin panel (actions per second, refusals by reason, who did what).
-//! - [`delivery::DeliveryFeed`]: a data-delivery node's counters, read once per tick into the
-//!   dashboard's delivery panel (writes, readers, empty answers, records per answer, lag).
-//! - [`server::DashboardServer`]: an HTTP server on its own thread (tokio, current-thread
-//!   runtime) serving the self-contained dashboard at `/`, live frames over server-sent events at
-//!   `/events`, `/metrics`, and `/api/frame`. Slow event-stream clients are cut off rather than
-//!   buffered; clients and connections are capped. [`slots::ConnectionSlots`] and
-//!   [`rate::TokenBucket`] are the admission limits every service's listener shares
-//!   (connections in all and per address; requests per second per session or connection).
-//!
-//! The hot path never waits for the control plane: it writes atomics, its own histograms, and
-//! hands full batches over a bounded channel without blocking.
+//! The hot path never waits for the control plane. Design: ARCHITECTURE.md, `crates/monitor`.
 
 #![forbid(unsafe_code)]
 

@@ -1,22 +1,13 @@
 //! # bourse-t2t: tick-to-trade, measured as seed 004 measures it
 //!
-//! A driver replays a recorded order-log feed packet by packet to a reacting client and times
-//! each reaction from the last byte of the packet it sent to the first byte of the order it
-//! gets back. Principal types:
+//! A [`driver`] replays a recorded feed packet by packet to a reacting [`client`] and times each
+//! reaction, last byte sent to first byte back, checking every order against its model. Start at
+//! [`reactor::Reactor`] (sans-I/O: a datagram in, SBE or ITCH, orders for every best-ask change
+//! out), over [`book::Books`] (allocated once) and [`order::OrderTemplate`] (a NewOrderSingle
+//! patched in place). [`capture`] reads pcap, [`gen`] makes captures, [`stats`] reports, and
+//! [`floor`] measures the loopback floors of the same run.
 //!
-//! - [`capture`]: reads a classic pcap (what `bourse md record` writes) into memory.
-//! - [`book::Books`]: the client's books, allocated once, updated without allocation.
-//! - [`order::OrderTemplate`]: a FIX NewOrderSingle encoded once and patched in place
-//!   (MsgSeqNum, ClOrdID, Price, SendingTime, TransactTime, CheckSum).
-//! - [`reactor::Reactor`] (sans-I/O): one datagram in (bourse's SBE, validated by the
-//!   subscriber's decoder, or MoldUDP64/ITCH 5.0 read by `bourse_itch`'s, see [`itch`]), the
-//!   orders for every best-ask change out.
-//! - [`client`]: the reference reacting client around a reactor (UDP in, FIX over TCP out).
-//! - [`driver`]: the replay driver playing the exchange's side (feed out, FIX session in), its
-//!   reference model of the expected orders, and its report ([`stats`]).
-//! - [`gen`]: captures with packets of 1 to 128 updates, synthetic or repacked from a
-//!   recording.
-//! - [`floor`]: the loopback floors of the same run (UDP one way, TCP echo, a null reactor).
+//! Design and invariants: ARCHITECTURE.md, `crates/t2t`.
 
 #![forbid(unsafe_code)]
 

@@ -1,24 +1,12 @@
-//! Free ports on 127.0.0.1 for tests, benchmarks and local deployments: one rule for all.
+//! Test instruments: free ports, certificates, a counting allocator, the bed's netem.
 //!
-//! [`try_free_port_block`] finds `n` consecutive ports that are free for both TCP and UDP; the
-//! panicking [`free_port`], [`free_ports`] and [`free_port_block`] wrap it for tests.
+//! [`try_free_port_block`] (and the panicking [`free_port`], [`free_ports`] and
+//! [`free_port_block`]) hands out ports below Linux's ephemeral range, never the same twice in
+//! a process; [`certs::Authority`] makes throw-away certificates; [`alloc::CountingAllocator`]
+//! and [`alloc::count_allocations`] prove a path allocates nothing; [`netem::Impairment`] and
+//! [`netem::Held`] are the decisions of `bourse-netem` (src/bin).
 //!
-//! The ports come from below Linux's default ephemeral range (32768-60999), never from a bind
-//! to port 0: a port the kernel hands out can be taken by an outgoing connection of a test
-//! running beside this one (a node's peer link, a client) between the probe and the bind,
-//! which happened in CI. Within one process every call takes the next block after the last
-//! one handed out, so parallel tests in one binary never get the same port; separate
-//! processes start at a place drawn from their process id and the time.
-//!
-//! [`certs::Authority`]: a certificate authority and the certificates it signs, for the tests
-//! and benchmarks of the venue's mutual TLS.
-//!
-//! [`alloc::CountingAllocator`] and [`alloc::count_allocations`]: the one counting global
-//! allocator of the tests that prove a path allocates nothing.
-//!
-//! [`netem::Impairment`] and [`netem::Held`]: the decisions of `bourse-netem` (src/bin), the
-//! userspace netem of the namespace bed (scripts/netbed.sh `impair`): loss, delay with jitter,
-//! reordering, and the bounded set of held packets.
+//! Why ports come from below the ephemeral range: ARCHITECTURE.md, `crates/testkit`.
 
 pub mod alloc;
 pub mod certs;

@@ -1,23 +1,13 @@
-//! The whole venue deployed on one machine, in this process: per market a trading core (a
-//! replica group of three `bourse_cluster::Node`s on a tokio runtime, or an in-process
-//! engine) with its market data, gateways in front of every core, and the sessions the load
-//! generator or the demo's participants trade through.
+//! The whole venue on one machine, in this process: per market a trading core (a replica group
+//! of three `bourse_cluster::Node`s, or an in-process engine) with its market data, and gateways
+//! in front of every core.
 //!
-//! [`LocalDeployment::start`] takes a [`DeploymentSpec`] (`spec`) and brings it up on
-//! 127.0.0.1 with free ports: the nodes, then the instruments and funded accounts through the
-//! cluster client, then the gateways, whose links count what they pass on (`links`);
-//! [`LocalDeployment::stop`] takes it down in reverse. It implements
-//! `bourse_loadgen::Deployment`, so a profile runs against it, and checks itself: each core
-//! applied what the gateways forwarded, and every other command it applied came from a source
-//! it knows, the admin API or a clearing run (`sources`, by client id), the replicas' hashes
-//! agree, the feed carried every trade (`feed`), and each stage of the path is timed
-//! (`timing`).
+//! Start at [`LocalDeployment::start`]: it brings a [`DeploymentSpec`] up on 127.0.0.1,
+//! implements `bourse_loadgen::Deployment`, and checks itself (every command accounted for by
+//! its source, equal replica hashes, every trade on the feed). [`heap::Counting`] counts live
+//! heap bytes. Core `i` numbers its orders from `i << ORDER_ID_CORE_SHIFT`.
 //!
-//! [`heap::Counting`]: a global allocator that counts the heap's live bytes, for the
-//! steady-memory test and the `bourse` binary's `count-alloc` feature.
-//!
-//! Order ids: core `i` numbers its orders from `i << ORDER_ID_CORE_SHIFT` (at least 1), so one
-//! gateway serves every core and an order id names one order across the venue.
+//! Modules and checks: ARCHITECTURE.md, `crates/venue`.
 
 mod admin;
 mod clearing;

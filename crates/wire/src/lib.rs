@@ -1,39 +1,14 @@
-//! bourse's wire formats: SBE schemas, the Rust codecs Real Logic's sbe-tool generates from
-//! them, and the thin safe layer that stands between those codecs and untrusted bytes.
+//! bourse-wire: the SBE schemas, the codecs Real Logic's sbe-tool generates from them, and the
+//! safe layer between those codecs and untrusted bytes.
 //!
-//! Three protocols, one schema each (in `schemas/` at the repository root):
-//!
-//! - [`order_entry`]: binary order entry, TWIME-like, SBE over TCP. Session messages
-//!   (Establish, Sequence, RetransmitRequest, Terminate, ...) and application messages
-//!   (NewOrder, CancelOrder, ReplaceOrder, MassCancel and their responses). Every message is a
-//!   fixed block. Spec: `docs/protocol-binary-order-entry.md`.
-//! - [`market_data`]: market data, SIMBA-like, SBE over UDP. A packet header, an incremental
-//!   header on incremental feeds, then messages (OrderUpdate, OrderExecution,
-//!   OrderBookSnapshot, AggregatedBook, Statistics, Trade, SecurityDefinition, ...), plus the
-//!   two messages of the TCP replay service. Spec: `docs/protocol-market-data.md`.
-//! - [`delivery`]: data delivery's GetOrders, SBE over TCP: a request, then a header and
-//!   fixed-block records (order states, trades, rejects). Spec: `docs/delivery.md`.
-//!
-//! Principal types:
-//!
-//! - [`frame::FrameReader`] finds length-prefixed frames in a TCP byte stream;
-//!   [`order_entry::FrameDecoder`] and [`market_data::ReplayFrameDecoder`] build on it.
-//! - [`market_data::PacketParser`] validates a whole datagram; [`market_data::PacketWriter`]
-//!   builds one.
-//! - `order_entry::Message` and `market_data::Message` are enums of the generated decoders, one
-//!   variant per template; they exist only after the bytes under them were bounds-checked.
-//! - [`frame::encode_frame`] and [`sbe::encode_message`] start any generated encoder.
-//! - [`Error`] is the single error type; nothing in this crate panics on any input.
-//!
-//! The generated code lives in `crates/wire/generated/` as three crates, re-exported here as
-//! [`order_entry::codec`], [`market_data::codec`] and [`delivery::codec`]. It is written by `scripts/gen-sbe.sh`
-//! and must not be edited by hand; CI runs `scripts/gen-sbe.sh --check`.
-//!
-//! The generated decoders index their buffer without checks and panic on short input, which
-//! is why they are never handed raw bytes: [`order_entry::decode_message`],
-//! [`market_data::decode_message`] and the decoders above first check the schema id, the
-//! version (a version newer than this build is refused), the template, the block length and
-//! every repeating group against the buffer.
+//! One module per protocol and schema (`schemas/`): [`order_entry`] (binary order entry,
+//! TWIME-like, over TCP), [`market_data`] (SIMBA-like, over UDP, with the TCP replay messages)
+//! and [`delivery`] (GetOrders over TCP); each spec is in `docs/`. Start at
+//! [`market_data::PacketParser`] and [`order_entry::decode_message`]: generated decoders get
+//! bytes only after the header, schema, version, template, block length and every group were
+//! checked, so nothing here panics on any input ([`Error`]). [`frame::FrameReader`] finds frames
+//! in a TCP stream; [`sbe::encode_message`] starts any encoder. The generated code is in
+//! `crates/wire/generated/` (written by `scripts/gen-sbe.sh`, never by hand).
 
 #![forbid(unsafe_code)]
 
