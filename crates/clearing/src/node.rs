@@ -588,6 +588,14 @@ impl Shared {
         out
     }
 
+    /// Returns once no run is in progress (one runs at a time; a run waits at most
+    /// `limits.run_wait_ms` for the state, then executes its movements): a caller that
+    /// counts the cores' commands waits here so that a run the schedule started is counted
+    /// whole.
+    pub async fn wait_idle(&self) {
+        let _one = self.run_lock.lock().await;
+    }
+
     /// Runs (or resumes) a clearing: see the module documentation.
     pub async fn run(&self, request: RunRequest) -> Result<Report, RunError> {
         self.run_with(request, ExecuteOptions::default()).await
@@ -600,8 +608,12 @@ impl Shared {
         options: ExecuteOptions,
     ) -> Result<Report, RunError> {
         let started = Instant::now();
+        let asked_unix_ns = unix_now_ns();
         let _one = self.run_lock.lock().await;
-        let mut timing = RunTiming::default();
+        let mut timing = RunTiming {
+            asked_unix_ns,
+            ..RunTiming::default()
+        };
         let wait = Duration::from_millis(self.config.limits.run_wait_ms);
         let known = request
             .run_id
@@ -748,6 +760,7 @@ impl Shared {
             .map_err(|e| run_error(503, format!("run {}: {e}", plan.run_id)))?;
         report.set_results(plan, &results);
         timing.execute_ms = millis(executing.elapsed());
+        timing.done_unix_ns = unix_now_ns();
         report.timing = Some(timing);
         report
             .write(&self.config.report_dir(plan.run_id))
@@ -1213,6 +1226,11 @@ async fn snapshot_every(
             Err(_) => {}
         }
     }
+}
+
+/// The system's time in nanoseconds since the Unix epoch, for the run's timing.
+fn unix_now_ns() -> u64 {
+    SystemClock.now_ns()
 }
 
 /// Reads the clock every `poll_ms` and asks for the runs the schedule has due.

@@ -148,6 +148,14 @@ pub struct RunTiming {
     /// Submitting the run's commands to the cores (pipelined) until each was answered, and
     /// reading their results back from the committed streams.
     pub execute_ms: u64,
+    /// When the run was asked and when its last step ended, in nanoseconds since the Unix
+    /// epoch by the node's system clock (not the schedule's clock, which a demo compresses):
+    /// what a report of trading around the run lines its latency up with. 0 in a report of
+    /// an older build.
+    #[serde(default)]
+    pub asked_unix_ns: u64,
+    #[serde(default)]
+    pub done_unix_ns: u64,
 }
 
 impl RunTiming {

@@ -63,6 +63,13 @@ pub struct DemoArgs {
     /// Run without the data-delivery node.
     #[arg(long)]
     no_delivery: bool,
+    /// Port of the clearing service's HTTP API on 127.0.0.1 (0: any free port). Without it,
+    /// 8095, or any free port if 8095 is taken.
+    #[arg(long)]
+    clearing_port: Option<u16>,
+    /// Run without the clearing service.
+    #[arg(long)]
+    no_clearing: bool,
     /// Also publish each replicated core's order log as TotalView-ITCH 5.0 over MoldUDP64 to
     /// 127.0.0.1:PORT+2i (core i), with its retransmission server on PORT+2i+1.
     #[arg(long)]
@@ -104,6 +111,11 @@ impl DemoArgs {
             linger_seconds: 0,
             delivery_port: Some(0),
             no_delivery: false,
+            // The venue whose cost `bench venue` measures has no clearing service following
+            // its streams (its figures stay comparable with earlier sessions'); a run of
+            // `bourse demo` has one.
+            clearing_port: Some(0),
+            no_clearing: true,
             itch_port: None,
             admin_port: Some(0),
             no_admin: false,
@@ -120,18 +132,15 @@ impl DemoArgs {
 fn play_day(
     deployment: &LocalDeployment,
     service: Arc<bourse_admin::AdminService>,
-    (speed, config): (u64, Option<bourse_admin::schedule::ScheduleConfig>),
+    day: &DemoDay,
     stop: Arc<AtomicBool>,
 ) -> Result<()> {
-    use bourse_admin::schedule::{Schedule, ScheduleConfig, ScheduleDriver};
-    let markets: Vec<&str> = service.markets().iter().map(String::as_str).collect();
-    let config_given = config.is_some();
-    let config = config.unwrap_or_else(|| ScheduleConfig::moex_derivatives(&markets));
-    let schedule = Schedule::new(&config).map_err(|e| anyhow!(e))?;
-    // Monday 2026-11-23 (day 20,780 since 1970-01-01), 09:58 in UTC+3.
-    const MIN_NS: u64 = 60_000_000_000;
-    let start_ns = (20_780 * 24 * 60 + 9 * 60 + 58 - 180) * MIN_NS;
-    let mut driver = ScheduleDriver::new(schedule, service, start_ns);
+    use bourse_admin::schedule::{Schedule, ScheduleDriver};
+    use bourse_clearing::Clock as _;
+    let (speed, config_given) = (day.clock.speed, day.given);
+    let schedule = Schedule::new(&day.config).map_err(|e| anyhow!(e))?;
+    let clock = Arc::clone(&day.clock);
+    let mut driver = ScheduleDriver::new(schedule, service, clock.start_ns);
     let rt = deployment
         .runtime_handle()
         .context("the deployment is stopped")?;
@@ -151,11 +160,9 @@ fn play_day(
                 due.local, due.market, due.transition
             );
         }
-        let t0 = Instant::now();
         while !stop.load(Ordering::Relaxed) {
             tokio_sleep_ms(100).await;
-            let simulated = start_ns + t0.elapsed().as_nanos() as u64 * speed;
-            for (due, outcome) in driver.step(simulated).await {
+            for (due, outcome) in driver.step(clock.now_ns()).await {
                 println!(
                     "  schedule {} {:<9} {:?}: {outcome}",
                     &due.local[11..],
@@ -166,6 +173,145 @@ fn play_day(
         }
     });
     Ok(())
+}
+
+/// The day `--day` plays: its schedule, whether `--schedule` gave it, the file the clearing
+/// service reads it from, and the compressed clock both follow.
+struct DemoDay {
+    config: bourse_admin::schedule::ScheduleConfig,
+    given: bool,
+    file: PathBuf,
+    clock: Arc<DayClock>,
+}
+
+/// A clock that runs `speed` times faster than the wall clock from a Monday 09:58 Moscow
+/// time (2026-11-23): the schedule driver and the clearing service read the same day.
+struct DayClock {
+    start_ns: u64,
+    t0: Instant,
+    speed: u64,
+}
+
+impl DayClock {
+    fn monday_morning(speed: u64) -> DayClock {
+        // Monday 2026-11-23 (day 20,780 since 1970-01-01), 09:58 in UTC+3.
+        const MIN_NS: u64 = 60_000_000_000;
+        DayClock {
+            start_ns: (20_780 * 24 * 60 + 9 * 60 + 58 - 180) * MIN_NS,
+            t0: Instant::now(),
+            speed,
+        }
+    }
+}
+
+impl bourse_clearing::Clock for DayClock {
+    fn now_ns(&self) -> u64 {
+        self.start_ns + self.t0.elapsed().as_nanos() as u64 * self.speed
+    }
+}
+
+impl DemoDay {
+    /// The day of `--schedule` (its file as given), else MOEX's derivatives day on every
+    /// market, written into `out` for the clearing service to read.
+    fn new(
+        args: &DemoArgs,
+        given: Option<bourse_admin::schedule::ScheduleConfig>,
+        markets: &[&str],
+        out: &std::path::Path,
+    ) -> Result<DemoDay> {
+        let clock = Arc::new(DayClock::monday_morning(args.day_speed));
+        if let (Some(config), Some(file)) = (given, &args.schedule) {
+            return Ok(DemoDay {
+                config,
+                given: true,
+                file: file.clone(),
+                clock,
+            });
+        }
+        let config = bourse_admin::schedule::ScheduleConfig::moex_derivatives(markets);
+        std::fs::create_dir_all(out).with_context(|| format!("{}", out.display()))?;
+        let file = out.join("venue-schedule.toml");
+        std::fs::write(&file, schedule_toml(&config))
+            .with_context(|| format!("{}", file.display()))?;
+        Ok(DemoDay {
+            config,
+            given: false,
+            file,
+            clock,
+        })
+    }
+}
+
+/// A schedule as a venue config's `[schedule]` (the format docs/admin.md describes).
+fn schedule_toml(config: &bourse_admin::schedule::ScheduleConfig) -> String {
+    let quoted = |v: &[String]| {
+        v.iter()
+            .map(|d| format!("{d:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut text = format!(
+        "# The day `bourse demo --day` plays (written by the demo for its clearing service).\n\
+         [schedule]\nutc_offset_minutes = {}\nbusiness_days = [{}]\nholidays = [{}]\n",
+        config.utc_offset_minutes,
+        quoted(&config.business_days),
+        quoted(&config.holidays),
+    );
+    for m in &config.markets {
+        let sessions: Vec<String> = m
+            .sessions
+            .iter()
+            .map(|s| format!("{{ from = {:?}, to = {:?} }}", s.from, s.to))
+            .collect();
+        text.push_str(&format!(
+            "\n[[schedule.markets]]\nmarket = {:?}\nsessions = [{}]\nend_of_day = {:?}\n",
+            m.market,
+            sessions.join(", "),
+            m.end_of_day
+        ));
+    }
+    text
+}
+
+/// Default clearing port when none is given.
+const CLEARING_PORT_DEFAULT: u16 = 8095;
+
+/// The demo's clearing service on every replicated core (none for in-process cores or with
+/// `--no-clearing`): the demo's operator (`password`) asks it for runs, and with `--day` it
+/// runs by itself at the day's clearing pauses.
+fn start_clearing(
+    args: &DemoArgs,
+    deployment: &mut LocalDeployment,
+    out: &std::path::Path,
+    password: &str,
+    day: Option<&DemoDay>,
+) -> Result<bool> {
+    if args.no_clearing || args.in_process_cores {
+        return Ok(false);
+    }
+    let operator = bourse_auth::CredentialEntry {
+        name: DEMO_OPERATOR.into(),
+        password_hash: bourse_auth::hash_password(password)?,
+        roles: vec![bourse_clearing::server::ROLE_OPERATOR.into()],
+    };
+    let options = |port: u16| bourse_venue::ClearingOptions {
+        state_dir: out.join("clearing"),
+        listen: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        operators: vec![operator.clone()],
+        schedule: day.map(|d| {
+            let clock: Arc<dyn bourse_clearing::Clock> = d.clock.clone();
+            (d.file.clone(), clock)
+        }),
+    };
+    match args.clearing_port {
+        Some(port) => deployment
+            .start_clearing(options(port))
+            .map_err(|e| anyhow!("{e:#} (try --clearing-port 0 or --no-clearing)"))?,
+        None => deployment
+            .start_clearing(options(CLEARING_PORT_DEFAULT))
+            .or_else(|_| deployment.start_clearing(options(0)))?,
+    }
+    Ok(true)
 }
 
 async fn tokio_sleep_ms(ms: u64) {
@@ -666,14 +812,42 @@ pub fn run(args: DemoArgs) -> Result<()> {
     });
     let data_dir = std::env::temp_dir().join(format!("bourse-demo-{}", std::process::id()));
     let mut venue = DemoVenue::start(&args, &profile, &out, &data_dir, true)?;
-    if args.day {
+    let markets: Vec<&str> = profile.markets.iter().map(|m| m.name.as_str()).collect();
+    let day = if args.day {
+        Some(DemoDay::new(&args, schedule, &markets, &out)?)
+    } else {
+        None
+    };
+    let password = match &venue.admin {
+        Some((_, password, _, _)) => password.clone(),
+        None => demo_password(),
+    };
+    if start_clearing(&args, &mut venue.deployment, &out, &password, day.as_ref())? {
+        if let Some(node) = venue.deployment.clearing_node() {
+            println!(
+                "  clearing: {} (operator {DEMO_OPERATOR}, the admin's password){}\n\
+                 \x20   export BOURSE_CLEARING_PASSWORD={password}\n\
+                 \x20   bourse clearing run --intermediate --service {}; reports under {} \
+                 (docs/clearing.md)",
+                node.url(),
+                if day.is_some() {
+                    ": runs at the day's clearing pauses (14:00 intermediate, 18:50 end of day)"
+                } else {
+                    ""
+                },
+                node.url(),
+                out.join("clearing").display(),
+            );
+        }
+    }
+    if let Some(day) = &day {
         let Some((_, _, _, service)) = &venue.admin else {
             bail!("--day needs the admin API (replicated cores, without --no-admin)");
         };
         play_day(
             &venue.deployment,
             Arc::clone(service),
-            (args.day_speed, schedule.clone()),
+            day,
             Arc::clone(&stop),
         )?;
     }
@@ -739,6 +913,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         );
     }
     print_sources(&results);
+    let clearing_failed = print_clearing_runs(&results.clearing_runs);
     println!(
         "  report: {} (also report.md and results.json)",
         out.join(report::REPORT_HTML).display()
@@ -777,7 +952,49 @@ pub fn run(args: DemoArgs) -> Result<()> {
     } else if !results.checks_pass() {
         bail!("a cross-check failed (see above)");
     }
+    if clearing_failed {
+        bail!("a clearing run failed or did not balance (see above)");
+    }
     Ok(())
+}
+
+/// One line per clearing run (the schedule's or an operator's): what it cleared, how long it
+/// took and trading's 99th percentile before, during and after it. True when one failed or
+/// its margin did not sum to zero; a run the demo's end cut short is only said to be.
+fn print_clearing_runs(runs: &[bourse_loadgen::results::ClearingRunFigures]) -> bool {
+    let mut failed = false;
+    for f in runs {
+        let r = &f.run;
+        let bad = r.outcome == "failed" || !r.unbalanced_instruments.is_empty();
+        failed |= bad;
+        let p99 = |l: &bourse_loadgen::results::Latency| {
+            if l.count == 0 {
+                "-".to_string()
+            } else {
+                report::ns(l.p99 as f64)
+            }
+        };
+        println!(
+            "  {} clearing run {} ({}) at {:.1} s: {}{}, {} positions, {} movements in {:.2} s; \
+             trading p99 before {}, during {}, after {}",
+            if bad { "FAIL" } else { "ok  " },
+            r.run_id,
+            r.kind,
+            f.started_s,
+            r.outcome,
+            r.error
+                .as_deref()
+                .map(|e| format!(" ({e})"))
+                .unwrap_or_default(),
+            report::count(r.positions),
+            report::count(r.movements),
+            f.elapsed_s,
+            p99(&f.latency_before),
+            p99(&f.latency_during),
+            p99(&f.latency_after),
+        );
+    }
+    failed
 }
 
 /// The commands the cores applied by source, a source per line: an operator's actions and

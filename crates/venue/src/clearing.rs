@@ -5,7 +5,10 @@
 //! profile's time and records what the run did, for the load test's report.
 
 use bourse_clearing::node::Limits;
-use bourse_clearing::{ClearingConfig, ClearingNode, RunKind, RunRequest};
+use bourse_clearing::schedule::ScheduleSection;
+use bourse_clearing::{
+    ClearingConfig, ClearingNode, Clock, Report, RunKind, RunRequest, SystemClock,
+};
 use bourse_core::Instrument;
 use bourse_loadgen::profile::{ClearingRunKind, ClearingRunSpec};
 use bourse_loadgen::results::ClearingRunDone;
@@ -25,13 +28,43 @@ pub(crate) struct ClearingUnderLoad {
     pub running: Option<std::thread::JoinHandle<Vec<ClearingRunDone>>>,
 }
 
-/// Starts a clearing service on `cores` (their nodes, in the venue's core order) keeping its
-/// runs, reports and snapshots in `state_dir`.
+/// How a deployment's clearing service is reached and when it runs by itself.
+pub struct ClearingOptions {
+    /// Its runs, reports and snapshots.
+    pub state_dir: PathBuf,
+    /// Its HTTP listener (port 0: any free port).
+    pub listen: SocketAddr,
+    /// Who may ask for runs (none: anyone on the loopback, docs/clearing.md).
+    pub operators: Vec<bourse_auth::CredentialEntry>,
+    /// A venue config file whose `[schedule]` gives the trading day, and the clock the
+    /// service reads it by: it then runs an intermediate clearing at each pause between
+    /// sessions and the end of day's at the end of day, as `bourse clearing serve` does.
+    pub schedule: Option<(PathBuf, Arc<dyn Clock>)>,
+}
+
+impl ClearingOptions {
+    /// A service on any free loopback port that runs only when asked (a load test's).
+    pub fn asked_only(state_dir: PathBuf) -> ClearingOptions {
+        ClearingOptions {
+            state_dir,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            operators: Vec::new(),
+            schedule: None,
+        }
+    }
+}
+
+/// How often a scheduled service reads its clock. A demo's day runs up to an hour a second,
+/// so a pause of five minutes lasts about 80 ms of real time.
+const SCHEDULE_POLL_MS: u64 = 20;
+
+/// Starts a clearing service on `cores` (their nodes, in the venue's core order).
 pub(crate) fn start_node(
     cores: Vec<Vec<SocketAddr>>,
     instruments: Vec<Instrument>,
-    state_dir: PathBuf,
+    options: ClearingOptions,
 ) -> Result<ClearingNode, String> {
+    let state_dir = options.state_dir;
     std::fs::create_dir_all(&state_dir).map_err(|e| format!("{}: {e}", state_dir.display()))?;
     // The definitions the service clears with, beside its state, as `bourse clearing serve`
     // would read them.
@@ -39,9 +72,23 @@ pub(crate) fn start_node(
     let json = serde_json::to_vec_pretty(&instruments).map_err(|e| e.to_string())?;
     std::fs::write(&instruments_path, json)
         .map_err(|e| format!("{}: {e}", instruments_path.display()))?;
+    let (schedule, clock) = match options.schedule {
+        Some((file, clock)) => (
+            Some(ScheduleSection {
+                file,
+                markets: Vec::new(),
+                // The clock may run thousands of times faster than the wall clock: a run
+                // found due a whole day ago is still run, never skipped as missed.
+                catch_up_ms: 24 * 3_600 * 1_000,
+                poll_ms: SCHEDULE_POLL_MS,
+            }),
+            clock,
+        ),
+        None => (None, Arc::new(SystemClock) as Arc<dyn Clock>),
+    };
     let config = ClearingConfig {
-        name: "loadtest-clearing".into(),
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        name: "venue-clearing".into(),
+        listen: options.listen,
         cores,
         tls: None,
         instruments: instruments_path,
@@ -52,17 +99,17 @@ pub(crate) fn start_node(
         settlement: Default::default(),
         standby_of: None,
         standby_login: None,
-        operators: Vec::new(),
+        operators: options.operators,
         limits: Limits {
             run_wait_ms: RUN_WAIT_MS,
             ..Limits::default()
         },
-        schedule: None,
+        schedule,
         fix: None,
         fees: None,
         settlement_cycle: Default::default(),
     };
-    ClearingNode::start(config, instruments)
+    ClearingNode::start_with_clock(config, instruments, clock)
 }
 
 fn kind_of(k: ClearingRunKind) -> RunKind {
@@ -137,6 +184,11 @@ fn run_one(node: &ClearingNode, spec: &ClearingRunSpec) -> ClearingRunDone {
             return done;
         }
     };
+    describe(node, &report, done)
+}
+
+/// What `report`'s run did, into `done` (which says when it was asked and of what kind).
+fn describe(node: &ClearingNode, report: &Report, mut done: ClearingRunDone) -> ClearingRunDone {
     done.outcome = "done".into();
     done.error = None;
     let plan = node
@@ -188,4 +240,43 @@ fn run_one(node: &ClearingNode, spec: &ClearingRunSpec) -> ClearingRunDone {
         done.outcome = "incomplete".into();
     }
     done
+}
+
+/// The runs the service made on its schedule by itself, in order, described as a load test's
+/// asked runs are (`at_s` counted from `run_start_unix_ns`); a run the schedule started that
+/// has no report yet is `incomplete`.
+pub(crate) fn scheduled_runs(node: &ClearingNode, run_start_unix_ns: u64) -> Vec<ClearingRunDone> {
+    let records: Vec<_> = {
+        let inner = node.shared().inner.read().expect("clearing state");
+        inner
+            .runs
+            .values()
+            .filter(|r| r.plan.scheduled_ns.is_some())
+            .map(|r| (r.plan.kind, r.report.clone()))
+            .collect()
+    };
+    records
+        .into_iter()
+        .map(|(kind, report)| {
+            let kind = match kind {
+                RunKind::Intermediate => ClearingRunKind::Intermediate,
+                RunKind::EndOfDay => ClearingRunKind::EndOfDay,
+            };
+            let timing = report.as_ref().and_then(|r| r.timing).unwrap_or_default();
+            let asked = timing.asked_unix_ns.max(run_start_unix_ns);
+            let spec = ClearingRunSpec {
+                at_s: (asked - run_start_unix_ns) as f64 / 1e9,
+                kind,
+            };
+            let mut done = not_run(&spec, asked, "started by the schedule, not finished".into());
+            done.end_unix_ns = timing.done_unix_ns.max(asked);
+            match report {
+                Some(r) => describe(node, &r, done),
+                None => {
+                    done.outcome = "incomplete".into();
+                    done
+                }
+            }
+        })
+        .collect()
 }

@@ -21,6 +21,7 @@ mod timing;
 mod under_load;
 
 pub use admin::{VenueAdmin, ADMIN_CLIENT_ID_BASE, ADMIN_LANES};
+pub use clearing::ClearingOptions;
 pub use host::{sample_of, tune_allocator};
 pub use spec::{Backend, DeploymentSpec, MarketSpec, MemoryBounds};
 pub use under_load::ACCOUNTS_UNDER_LOAD_ID_BASE;
@@ -122,6 +123,8 @@ pub struct LocalDeployment {
     /// The clearing service and the runs asked of it while the load runs, then what they did.
     clearing: Option<clearing::ClearingUnderLoad>,
     clearing_done: Vec<bourse_loadgen::results::ClearingRunDone>,
+    /// When the load started (set by `run_starts_at`): the clearing runs' times count from it.
+    run_start_unix_ns: Option<u64>,
 }
 
 /// How often the demo's dashboard takes the counts and the nodes' status of a core.
@@ -244,6 +247,7 @@ impl LocalDeployment {
                 .collect(),
             clearing: None,
             clearing_done: Vec::new(),
+            run_start_unix_ns: None,
         };
         match d.start_inner(&spec) {
             Ok(()) => Ok(d),
@@ -915,6 +919,10 @@ impl Deployment for LocalDeployment {
         // them must have applied before the counts are read.
         self.join_under_load();
         self.join_clearing();
+        if let Some(c) = self.clearing.as_ref() {
+            // A run the service's schedule started is counted whole.
+            c.node.block_on(c.node.shared().wait_idle());
+        }
         // Let the gateways hand over what is still in flight before the counts are read.
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline
@@ -930,6 +938,7 @@ impl Deployment for LocalDeployment {
         self.totals().map_err(|e| format!("{e:#}"))
     }
     fn run_starts_at(&mut self, start_unix_ns: u64, series_seconds_max: u32) {
+        self.run_start_unix_ns = Some(start_unix_ns);
         for core in &self.cores {
             if let Some(m) = &core.md_counter {
                 let mut d = m.delay.lock().expect("publication delay lock");
@@ -968,7 +977,12 @@ impl Deployment for LocalDeployment {
     }
     fn clearing_runs(&mut self) -> Vec<bourse_loadgen::results::ClearingRunDone> {
         self.join_clearing();
-        std::mem::take(&mut self.clearing_done)
+        let mut runs = std::mem::take(&mut self.clearing_done);
+        if let (Some(c), Some(start)) = (self.clearing.as_ref(), self.run_start_unix_ns) {
+            runs.extend(clearing::scheduled_runs(&c.node, start));
+        }
+        runs.sort_by_key(|r| r.start_unix_ns);
+        runs
     }
     fn accounts_added(&mut self) -> Option<bourse_loadgen::results::AccountsAdded> {
         self.join_under_load();
@@ -997,6 +1011,18 @@ impl LocalDeployment {
         runs: Vec<bourse_loadgen::profile::ClearingRunSpec>,
         state_dir: PathBuf,
     ) -> Result<()> {
+        self.start_clearing(ClearingOptions::asked_only(state_dir))?;
+        if let Some(c) = self.clearing.as_mut() {
+            c.runs = runs;
+        }
+        Ok(())
+    }
+
+    /// Starts a clearing service (as `bourse clearing serve` runs it, in this process) on
+    /// every core: operators ask it for runs over HTTP, and with a schedule it runs by itself
+    /// at the day's pauses; the load test's results say what every run did and trading
+    /// latency around it. Replicated cores only.
+    pub fn start_clearing(&mut self, options: ClearingOptions) -> Result<()> {
         let mut cores = Vec::new();
         for c in &self.cores {
             match &c.run {
@@ -1009,17 +1035,17 @@ impl LocalDeployment {
                 ),
             }
         }
-        let node = clearing::start_node(cores, self.instruments.clone(), state_dir)
+        let node = clearing::start_node(cores, self.instruments.clone(), options)
             .map_err(|e| anyhow!("clearing service: {e}"))?;
         self.clearing = Some(clearing::ClearingUnderLoad {
             node: Arc::new(node),
-            runs,
+            runs: Vec::new(),
             running: None,
         });
         Ok(())
     }
 
-    /// The clearing service started by [`LocalDeployment::clear_under_load`].
+    /// The clearing service started by [`LocalDeployment::start_clearing`].
     pub fn clearing_node(&self) -> Option<&bourse_clearing::ClearingNode> {
         self.clearing.as_ref().map(|c| &*c.node)
     }

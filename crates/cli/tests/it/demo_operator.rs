@@ -239,3 +239,108 @@ fn an_operator_s_deposits_during_the_demo_are_counted_as_the_admin_s_and_the_che
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("Commands applied by source"), "{md}");
 }
+
+/// The instant of `hh:mm` Moscow time on the Monday `bourse demo --day` plays (2026-11-23,
+/// day 20,780 since 1970-01-01, UTC+3), in nanoseconds since the Unix epoch.
+fn demo_day_at(hh: u64, mm: u64) -> u64 {
+    (20_780 * 24 * 60 + hh * 60 + mm - 180) * 60_000_000_000
+}
+
+/// `bourse demo --day` plays a day an hour a second. The clearing service the demo runs
+/// reads the same day on the same clock and starts the intermediate clearing at the 14:00
+/// pause and the end of day's at 18:50 by itself; the summary and the report show both with
+/// trading's latency around them, and the cross-checks still hold. The demo is interrupted
+/// only once the clearing service said the end of day's run is done.
+#[test]
+fn the_day_s_clearing_pauses_start_the_intermediate_and_the_evening_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("report");
+    let mut child = Command::new(BOURSE)
+        .args(["demo", "--rate", "200", "--accounts", "50"])
+        .args(["--day", "--day-speed", "3600"])
+        .args(["--no-dashboard", "--no-delivery", "--admin-port", "0"])
+        .args(["--clearing-port", "0"])
+        .arg("--out")
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("bourse demo starts");
+    let (stdout, stderr) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let mut proc = Proc(child);
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let (a, b) = (lines.clone(), lines.clone());
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            a.lock().unwrap().push(line);
+        }
+    });
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            b.lock().unwrap().push(line);
+        }
+    });
+    wait_for(&lines, "clearing: http://", Duration::from_secs(60));
+    // The service reports each scheduled run as it ends (its log, on stderr).
+    wait_for(&lines, "EndOfDay: Done", Duration::from_secs(180));
+
+    let kill = Command::new("kill")
+        .args(["-INT", &proc.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let status = proc.0.wait().unwrap();
+    let printed = lines.lock().unwrap().clone();
+    assert!(status.success(), "the demo failed: {printed:?}");
+    assert!(
+        !printed.iter().any(|l| l.contains("FAIL")),
+        "a cross-check failed: {printed:?}"
+    );
+    for (id, kind) in [(1, "intermediate"), (2, "end_of_day")] {
+        let said = format!("clearing run {id} ({kind}) at ");
+        assert!(
+            printed
+                .iter()
+                .any(|l| l.contains(&said) && l.contains(": done,") && l.contains("during")),
+            "no {said:?} in the summary: {printed:?}"
+        );
+    }
+
+    let r: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    let runs = r["clearing_runs"].as_array().expect("clearing runs");
+    let kinds: Vec<&str> = runs
+        .iter()
+        .map(|f| f["run"]["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["intermediate", "end_of_day"], "{runs:?}");
+    for f in runs {
+        assert_eq!(f["run"]["outcome"], "done", "{f}");
+        assert_eq!(
+            f["run"]["unbalanced_instruments"],
+            serde_json::json!([]),
+            "{f}"
+        );
+    }
+    assert!(
+        runs[1]["run"]["positions"].as_u64().unwrap() > 0,
+        "{}",
+        runs[1]
+    );
+    // Each run was made for its slot of the day: the pause's start, the end of day.
+    for (id, at) in [(1, demo_day_at(14, 0)), (2, demo_day_at(18, 50))] {
+        let plan = out.join("clearing/runs").join(format!("run-{id:06}.json"));
+        let plan: Value = serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+        assert_eq!(plan["scheduled_ns"].as_u64(), Some(at), "run {id}: {plan}");
+    }
+    for core in r["cores"].as_array().unwrap() {
+        assert_eq!(source(core, "unknown"), 0, "{core}");
+    }
+    let clearing: u64 = r["cores"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| source(c, "clearing"))
+        .sum();
+    assert!(clearing > 0, "the runs' movements reached the cores");
+}
