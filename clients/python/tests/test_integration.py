@@ -29,7 +29,9 @@ import fakes  # noqa: F401  (puts ../src on sys.path)
 import bourse_client as bc
 from bourse_client import errors
 
-BIN = os.environ.get("BOURSE_BIN")
+_BIN = os.environ.get("BOURSE_BIN")
+#: Absolute: the processes start in directories of their own.
+BIN = os.path.abspath(_BIN) if _BIN else None
 T = TypeVar("T")
 
 #: Generous bounds: the machine may be busy with builds.
@@ -104,6 +106,8 @@ class Process:
                 self.proc.kill()
                 self.proc.wait(timeout=30)
         self.thread.join(timeout=10)
+        if self.proc.stdout is not None and not self.thread.is_alive():
+            self.proc.stdout.close()
 
 
 class Venue:

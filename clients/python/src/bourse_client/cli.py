@@ -58,6 +58,7 @@ def _follow(args: argparse.Namespace) -> int:
         instrument=args.instrument,
         limit=args.limit,
         wait_us=args.wait_us,
+        min_rows=args.min_rows,
         restart_on_lost_cursor=args.restart_on_lost_cursor,
     )
     printed = 0
@@ -176,6 +177,7 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--instrument", type=int)
     f.add_argument("--limit", type=int)
     f.add_argument("--wait-us", type=int, default=1_000_000, help="long-poll wait (µs)")
+    f.add_argument("--min-rows", type=int, help="answer at once when this many are ready")
     f.add_argument("--count", type=int, help="stop after this many records")
     f.add_argument("--seconds", type=float, help="stop after this many seconds")
     f.add_argument("--until-idle", action="store_true",

@@ -186,6 +186,7 @@ class DeliveryClient:
         instrument: Optional[int] = None,
         limit: Optional[int] = None,
         wait_us: int = 1_000_000,
+        min_rows: Optional[int] = None,
         restart_on_lost_cursor: bool = False,
         cursor_ahead_retries: int = 10,
         reconnect: bool = True,
@@ -200,7 +201,8 @@ class DeliveryClient:
             cursor,
             store=store,
             params=dict(
-                firm=firm, account=account, instrument=instrument, limit=limit, wait_us=wait_us
+                firm=firm, account=account, instrument=instrument, limit=limit,
+                wait_us=wait_us, min_rows=min_rows,
             ),
             restart_on_lost_cursor=restart_on_lost_cursor,
             cursor_ahead_retries=cursor_ahead_retries,
