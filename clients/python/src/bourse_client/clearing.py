@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import ssl
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional, Type
 
 from . import errors
 from ._http import Http, Response, basic_authorization
@@ -32,8 +32,9 @@ def refusal(r: Response, body: Any) -> errors.ApiError:
     message = str(err.get("message")) if isinstance(err, dict) else r.body[:200].decode(
         "utf-8", "replace"
     )
+    cls: Type[errors.ClearingError]
     if r.status == 401:
-        cls: type = errors.ClearingUnauthenticated
+        cls = errors.ClearingUnauthenticated
     elif r.status == 403:
         cls = errors.ClearingForbidden
     else:
@@ -88,16 +89,24 @@ class ClearingClient:
             raise refusal(r, body)
         return body
 
+    def get_object(self, path: str, query: Optional[Dict[str, Any]] = None
+                   ) -> Dict[str, Any]:
+        """A ``GET`` whose answer is a JSON object."""
+        body = self.get(path, query)
+        if not isinstance(body, dict):
+            raise errors.TransportError(f"{self.url}{path}: the answer is not a JSON object")
+        return body
+
     def account(self, account: int) -> Dict[str, Any]:
         """``GET /v1/accounts/{id}``: cash per core, positions, P&L, margin, obligations,
         fees, ``as_of``."""
-        return self.get(f"/v1/accounts/{int(account)}")
+        return self.get_object(f"/v1/accounts/{int(account)}")
 
     def firm(self, firm: int, *, after: Optional[int] = None, limit: Optional[int] = None
              ) -> Dict[str, Any]:
         """``GET /v1/firms/{id}``: one page of the firm's accounts (``next_after`` names the
         next page's start)."""
-        return self.get(f"/v1/firms/{int(firm)}", {"after": after, "limit": limit})
+        return self.get_object(f"/v1/firms/{int(firm)}", {"after": after, "limit": limit})
 
     def firm_accounts(self, firm: int, *, page: Optional[int] = None
                       ) -> Iterator[Dict[str, Any]]:
@@ -112,7 +121,7 @@ class ClearingClient:
 
     def settlements(self, date: str, *, firm: Optional[int] = None) -> Dict[str, Any]:
         """``GET /v1/settlements/{YYYY-MM-DD}``: the obligations that settle that day."""
-        return self.get(f"/v1/settlements/{date}", {"firm": firm})
+        return self.get_object(f"/v1/settlements/{date}", {"firm": firm})
 
     def runs(self) -> Any:
         """``GET /v1/runs``: the runs' ids, kinds and counts."""
@@ -120,15 +129,15 @@ class ClearingClient:
 
     def report(self, run_id: int) -> Dict[str, Any]:
         """``GET /v1/runs/{id}``: a run's report (operators and viewers)."""
-        return self.get(f"/v1/runs/{int(run_id)}")
+        return self.get_object(f"/v1/runs/{int(run_id)}")
 
     def plan(self, run_id: int) -> Dict[str, Any]:
         """``GET /v1/runs/{id}/plan``: what the run computed at its cut."""
-        return self.get(f"/v1/runs/{int(run_id)}/plan")
+        return self.get_object(f"/v1/runs/{int(run_id)}/plan")
 
     def status(self) -> Dict[str, Any]:
         """``GET /v1/status``: the cut, the cores' ends, pending runs, feed errors."""
-        return self.get("/v1/status")
+        return self.get_object("/v1/status")
 
     def run(
         self,

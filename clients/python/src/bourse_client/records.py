@@ -151,7 +151,7 @@ class OtherRecord(_Base):
     raw: Dict[str, Any] = field(compare=False, repr=False, hash=False)
 
     @property
-    def event(self) -> str:  # type: ignore[override]
+    def event(self) -> str:
         return self.kind
 
 
@@ -160,17 +160,12 @@ Record = Union[OrderState, Trade, OrderRejected, OtherRecord]
 
 def record_from_dict(d: Dict[str, Any]) -> Record:
     """One record of a ``GET /v1/orders`` answer as a dataclass; ``raw`` is ``d`` itself."""
-    place = dict(
-        core=int(d["core"]),
-        index=int(d["index"]),
-        ord=int(d["ord"]),
-        firms=_firms(d),
-        ts_ns=int(d.get("ts_ns", 0)),
-    )
+    core, index, ord_ = int(d["core"]), int(d["index"]), int(d["ord"])
+    firms, ts_ns = _firms(d), int(d.get("ts_ns", 0))
     kind = d.get("event")
     if kind == "order_log":
         return OrderState(
-            **place,
+            core=core, index=index, ord=ord_, firms=firms, ts_ns=ts_ns,
             rec=int(d["rec"]),
             seq=int(d["seq"]),
             action=str(d["action"]),
@@ -190,7 +185,7 @@ def record_from_dict(d: Dict[str, Any]) -> Record:
         )
     if kind == "trade":
         return Trade(
-            **place,
+            core=core, index=index, ord=ord_, firms=firms, ts_ns=ts_ns,
             trade_id=int(d["trade_id"]),
             instrument=int(d["instrument"]),
             price=int(d["price"]),
@@ -203,11 +198,12 @@ def record_from_dict(d: Dict[str, Any]) -> Record:
         )
     if kind == "order_rejected":
         return OrderRejected(
-            **place,
+            core=core, index=index, ord=ord_, firms=firms, ts_ns=ts_ns,
             account=int(d["account"]),
             cl_ord_id=int(d["cl_ord_id"]),
             instrument=int(d["instrument"]),
             reason=str(d["reason"]),
             raw=d,
         )
-    return OtherRecord(**place, kind=str(kind), raw=d)
+    return OtherRecord(core=core, index=index, ord=ord_, firms=firms, ts_ns=ts_ns,
+                       kind=str(kind), raw=d)
