@@ -10,7 +10,7 @@ import threading
 import time
 import unittest
 from pathlib import Path
-from typing import List
+from typing import List, Tuple
 
 import fakes  # noqa: F401  (puts ../src on sys.path)
 from fakes import DELIVERY_REFUSALS, FakeDelivery, order, refusal
@@ -313,9 +313,12 @@ class FollowTest(unittest.TestCase):
             refusal(503, "catching_up", "replica", {"Retry-After": "1"}),
         )
         sleeps = Sleeps()
-        follower = self.client.follow(sleep=sleeps)
+        told: List[Tuple[str, float]] = []
+        follower = self.client.follow(
+            sleep=sleeps, on_retry=lambda e, s: told.append((getattr(e, "code", ""), s)))
         self.assertEqual(next(iter(follower)).raw["rec"], 1)
         self.assertEqual(sleeps.asked, [1.0, 0.25, 1.0])
+        self.assertEqual(told, [("busy", 1.0), ("rate_limited", 0.25), ("catching_up", 1.0)])
         self.assertEqual(follower.retries, 3)
 
     def test_cursor_ahead_is_retried_then_raised(self) -> None:

@@ -60,6 +60,10 @@ def _follow(args: argparse.Namespace) -> int:
         wait_us=args.wait_us,
         min_rows=args.min_rows,
         restart_on_lost_cursor=args.restart_on_lost_cursor,
+        on_retry=lambda e, pause: print(
+            f"{e}; {'starting again from a snapshot' if pause == 0 else f'retrying in {pause:g} s'}",
+            file=sys.stderr,
+        ),
     )
     printed = 0
     started = time.monotonic()

@@ -190,6 +190,7 @@ class DeliveryClient:
         restart_on_lost_cursor: bool = False,
         cursor_ahead_retries: int = 10,
         reconnect: bool = True,
+        on_retry: Optional[Callable[[errors.BourseError, float], None]] = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> "Follower":
         """A ``Follower`` from ``cursor``, or from the cursor ``store`` holds (a snapshot
@@ -207,6 +208,7 @@ class DeliveryClient:
             restart_on_lost_cursor=restart_on_lost_cursor,
             cursor_ahead_retries=cursor_ahead_retries,
             reconnect=reconnect,
+            on_retry=on_retry,
             sleep=sleep,
         )
 
@@ -231,9 +233,12 @@ class Follower:
       which case it starts again with no cursor (a snapshot of the current state first:
       records between the lost cursor and now that are no longer live are not seen) and
       counts it in ``restarts``;
-    - a connection failure: reconnects with a growing pause (up to 5 s) when ``reconnect``;
+    - a connection failure: reconnects with a growing pause (0.1 s doubling up to 5 s, for
+      as long as it takes) when ``reconnect``;
     - anything else (``unauthenticated``, ``not_entitled``, ``bad_request``,
       ``cursor_malformed``, ``filter_not_served``): raises.
+
+    ``on_retry(error, pause)`` is called before each pause and each restart (to log them).
 
     ``cursor`` is the cursor after every batch handed out so far. With a ``store``, it is
     saved there once the caller has taken the whole batch (when it asks for the record after
@@ -253,6 +258,7 @@ class Follower:
         cursor_ahead_retries: int,
         reconnect: bool,
         sleep: Callable[[float], None],
+        on_retry: Optional[Callable[[errors.BourseError, float], None]] = None,
     ) -> None:
         self.client = client
         self.cursor = cursor
@@ -262,6 +268,7 @@ class Follower:
         self.cursor_ahead_retries = cursor_ahead_retries
         self.reconnect = reconnect
         self.sleep = sleep
+        self.on_retry = on_retry
         self.restarts = 0
         self.retries = 0
         self.last_answer: Optional[Answer] = None
@@ -275,32 +282,37 @@ class Follower:
             try:
                 answer = self.client.poll(self.cursor, **self.params)
             except (errors.Busy, errors.RateLimited, errors.CatchingUp) as e:
-                self.retries += 1
-                self.sleep(e.retry_after if e.retry_after is not None else 1.0)
+                self._pause(e, e.retry_after if e.retry_after is not None else 1.0)
                 continue
-            except errors.CursorAhead:
+            except errors.CursorAhead as e:
                 ahead += 1
                 if ahead > self.cursor_ahead_retries:
                     raise
-                self.retries += 1
-                self.sleep(0.5)
+                self._pause(e, 0.5)
                 continue
-            except (errors.CursorTooOld, errors.CursorForeign):
+            except (errors.CursorTooOld, errors.CursorForeign) as e:
                 if not self.restart_on_lost_cursor:
                     raise
+                if self.on_retry is not None:
+                    self.on_retry(e, 0.0)
                 self.restarts += 1
                 self.cursor = None
                 continue
-            except errors.TransportError:
+            except errors.TransportError as e:
                 if not self.reconnect:
                     raise
-                self.retries += 1
-                self.sleep(pause)
+                self._pause(e, pause)
                 pause = min(pause * 2, 5.0)
                 continue
             self.cursor = answer.next_cursor
             self.last_answer = answer
             return answer
+
+    def _pause(self, e: errors.BourseError, seconds: float) -> None:
+        self.retries += 1
+        if self.on_retry is not None:
+            self.on_retry(e, seconds)
+        self.sleep(seconds)
 
     def batches(self) -> Iterator[Answer]:
         """Every answer, empty ones included (one per long poll), for ever. With a store,
