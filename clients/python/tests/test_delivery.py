@@ -292,6 +292,27 @@ class FollowTest(unittest.TestCase):
         self.assertEqual(sorted(set(first) | set(second)), list(range(40)))
         self.assertEqual(os.listdir(path.parent), ["reader.cursor"])  # no temporary left
 
+    def test_the_store_is_written_only_when_the_cursor_moves(self) -> None:
+        class Counting(bc.CursorStore):
+            def __init__(self) -> None:
+                self.saved: List[str] = []
+
+            def load(self) -> None:
+                return None
+
+            def save(self, cursor: str) -> None:
+                self.saved.append(cursor)
+
+        store = Counting()
+        self.node.append(order(0))
+        batches = self.client.follow(store=store, wait_us=0).batches()
+        for _ in range(4):  # one batch, then three empty answers
+            next(batches)
+        self.node.append(order(1))
+        next(batches)
+        next(batches)
+        self.assertEqual(store.saved, [self.node.cursor(1), self.node.cursor(2)])
+
     def test_a_cursor_file_is_written_whole_and_refuses_what_is_no_cursor(self) -> None:
         store = bc.CursorFile(Path(self.dir.name) / "c")
         self.assertIsNone(store.load())

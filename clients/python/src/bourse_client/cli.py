@@ -90,8 +90,7 @@ def _follow(args: argparse.Namespace) -> int:
                 or (args.until_idle and not answer.records)
             )
             if done:
-                if store is not None:
-                    store.save(answer.next_cursor)
+                follower.save()
                 break
     except BrokenPipeError:
         return 0

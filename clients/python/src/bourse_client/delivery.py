@@ -272,10 +272,18 @@ class Follower:
         self.restarts = 0
         self.retries = 0
         self.last_answer: Optional[Answer] = None
+        self._saved = cursor
+
+    def save(self) -> None:
+        """Writes ``cursor`` to the store (if it changed since the last save)."""
+        if self.store is not None and self.cursor is not None and self.cursor != self._saved:
+            self.store.save(self.cursor)
+            self._saved = self.cursor
 
     def next_answer(self) -> Answer:
         """One answer (possibly empty, after its long poll), retrying as above; moves
-        ``cursor`` past it and saves it in the store."""
+        ``cursor`` past it (``batches()`` saves it in the store; here call ``save()`` once
+        the answer is processed)."""
         ahead = 0
         pause = 0.1
         while True:
@@ -320,8 +328,7 @@ class Follower:
         while True:
             answer = self.next_answer()
             yield answer
-            if self.store is not None:
-                self.store.save(answer.next_cursor)
+            self.save()
 
     def __iter__(self) -> Iterator[Record]:
         for answer in self.batches():
@@ -332,7 +339,6 @@ class Follower:
         found nothing more), then stops, the cursor saved."""
         for answer in self.batches():
             if not answer.records:
-                if self.store is not None:
-                    self.store.save(answer.next_cursor)
+                self.save()
                 return
             yield from answer.records
