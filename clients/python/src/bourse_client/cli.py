@@ -40,7 +40,8 @@ def _password(var: str, user: Optional[str]) -> Optional[str]:
         return None
     password = os.environ.get(var)
     if password is None:
-        raise SystemExit(f"set {var} to {user}'s password")
+        print(f"set {var} to {user}'s password", file=sys.stderr)
+        raise SystemExit(2)
     return password
 
 
