@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -53,8 +54,9 @@ class FakeServer:
     """A threading HTTP/1.1 server (kept-alive connections) whose answers come from
     ``route``; ``force`` queues answers given before any routing."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, tls: Optional[ssl.SSLContext] = None) -> None:
         self.lock = threading.Lock()
+        self.tls = tls
         self.requests: List[Request] = []
         self.forced: List[Reply] = []
         self.connections = 0
@@ -96,6 +98,8 @@ class FakeServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
+        if tls is not None:
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
         self.thread = threading.Thread(
             target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
         )
@@ -104,7 +108,8 @@ class FakeServer:
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{host}:{port}"
 
     def force(self, *replies: Reply) -> None:
         with self.lock:
@@ -159,12 +164,12 @@ class FakeDelivery(FakeServer):
     IDENTITY = "0badcafe"
 
     def __init__(self, readers: Optional[Dict[str, Tuple[str, Optional[int]]]] = None,
-                 port: int = 0) -> None:
+                 port: int = 0, tls: Optional[ssl.SSLContext] = None) -> None:
         self.records: List[Dict[str, Any]] = []
         self.readers = readers or {}
         self.horizon = 0
         self.changed = threading.Condition()
-        super().__init__(port)
+        super().__init__(port, tls)
 
     def append(self, *records: Dict[str, Any]) -> None:
         with self.changed:
@@ -387,3 +392,31 @@ class FakeClearing(FakeServer):
                 return refusal(400, "bad_request", "a date is YYYY-MM-DD")
             return json_reply(200, {"date": parts[2], "lines": []})
         return refusal(404, "not_found", "unknown path")
+
+
+def make_certificates(directory: str) -> Optional[Tuple[str, str, str]]:
+    """A test authority and a certificate it signed for 127.0.0.1, made with the openssl
+    command as docs/deploy.md makes the venue's: (ca.crt, server.crt, server.key), or None
+    when there is no openssl."""
+    import shutil
+    import subprocess
+
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        return None
+    d = Path(directory)
+    run = lambda *a: subprocess.run([openssl, *a], cwd=d, check=True,  # noqa: E731
+                                    capture_output=True)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    run("req", "-x509", *ec, "-days", "2", "-subj", "/CN=bourse test authority",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        "-keyout", "ca.key", "-out", "ca.crt")
+    run("req", *ec, "-subj", "/CN=127.0.0.1", "-keyout", "server.key", "-out", "server.csr")
+    (d / "ext").write_text(
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
+        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+        "authorityKeyIdentifier=keyid\nsubjectKeyIdentifier=hash\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-days", "2", "-extfile", "ext", "-out", "server.crt")
+    return str(d / "ca.crt"), str(d / "server.crt"), str(d / "server.key")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import os
+import ssl
 import tempfile
 import threading
 import time
@@ -231,6 +232,35 @@ class AuthTest(unittest.TestCase):
     def test_a_user_without_a_password_is_refused_before_sending(self) -> None:
         with self.assertRaises(ValueError):
             bc.DeliveryClient(self.node.url, user="viewer")
+
+
+class TlsTest(unittest.TestCase):
+    """An https:// node (as off the loopback): the client checks its certificate against the
+    authority it is given, before any credential is sent."""
+
+    def setUp(self) -> None:
+        self.dir = tempfile.TemporaryDirectory()
+        self.addCleanup(self.dir.cleanup)
+        made = fakes.make_certificates(self.dir.name)
+        if made is None:
+            self.skipTest("no openssl command to make a test authority")
+        self.ca, cert, key = made
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        self.node = FakeDelivery(readers={"firm-1": ("pw", 1)}, tls=ctx)
+        self.addCleanup(self.node.close)
+        self.node.append(order(1))
+
+    def test_the_venues_authority_is_trusted_and_no_other(self) -> None:
+        self.assertTrue(self.node.url.startswith("https://"))
+        with bc.DeliveryClient(self.node.url, user="firm-1", password="pw",
+                               ca_file=self.ca) as c:
+            self.assertEqual([r.raw["rec"] for r in c.poll().records], [1])
+        with bc.DeliveryClient(self.node.url, user="firm-1", password="pw") as c:
+            with self.assertRaises(errors.TransportError) as caught:
+                c.poll()
+            self.assertIn("CERTIFICATE_VERIFY_FAILED", str(caught.exception))
+        self.assertEqual(len(self.node.requests), 1)  # the untrusted one never sent a request
 
 
 class FollowTest(unittest.TestCase):
