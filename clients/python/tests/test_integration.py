@@ -362,6 +362,11 @@ class AdminAndClearingAgainstTheDemo(unittest.TestCase):
         self.assertTrue(again.retried)
         with self.assertRaises(errors.AdminConflict):
             admin.add_account(900002, 3, request_id=rid)
+        bulk = admin.add_accounts([{"account": 900201 + i, "firm": 4, "cash": 100}
+                                   for i in range(2)])
+        self.assertEqual(bulk.outcome, "applied", bulk.raw)
+        for m in admin.account(900202)["markets"]:
+            self.assertEqual((m["state"]["firm"], m["state"]["cash"]), (4, 100), m)
         self.assertEqual(len(admin.instruments()["markets"]), 3)
         with self.assertRaises(errors.AdminInvalid):
             admin.kill_switch(engaged=True)
