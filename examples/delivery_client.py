@@ -1,50 +1,37 @@
 #!/usr/bin/env python3
-"""Follow a bourse delivery node (`bourse delivery serve`) from Python: the standard library only.
+"""Follow a bourse delivery node (`bourse delivery serve`) from Python with the bourse_client
+package (clients/python; `pip install ./clients/python`, or run from the repository as is).
 
-Polls GetOrders (`GET /v1/orders`) in a loop, keeps the cursor of each answer, and prints the
-records as JSON lines. It reads the next cursor from the response header `x-bourse-next-cursor`
-first, so it could ask again before decoding the body. On a `cursor_too_old` or
-`cursor_foreign` error it does what the error says: starts again with no cursor, which reads a
-snapshot of the current state first.
-
-A node with readers' credentials (`[access]` in its TOML; the demo's, which `bourse demo`
-prints) answers only to them: give the reader's name with --user and its password in the
-environment variable BOURSE_DELIVERY_PASSWORD; they go as HTTP Basic with every request (the
-node checks them once and remembers the result). A firm's reader gets its own firm's records
-only. Off the loopback the node speaks HTTPS: use an https:// URL and --ca-file with the
-venue's authority.
+Prints the records as JSON lines, following the node's cursor with long polls; on
+`cursor_too_old` or `cursor_foreign` starts again with no cursor (a snapshot of the current
+state first), and retries what the node says to retry (`busy`, `rate_limited`,
+`catching_up`, `cursor_ahead`). A node with readers' credentials (the demo's, which
+`bourse demo` prints) answers only to them: --user names the reader, BOURSE_DELIVERY_PASSWORD
+holds its password; a firm's reader gets its own firm's records only. Off the loopback the
+node speaks HTTPS: an https:// URL and --ca-file with the venue's authority.
 
     export BOURSE_DELIVERY_PASSWORD=...   # as `bourse demo` prints it
     python3 examples/delivery_client.py --url http://127.0.0.1:8700 --user firm-1 --count 100
+
+The package's own command does the same, and keeps the cursor in a file across restarts:
+`python3 -m bourse_client follow --cursor-file F ...` (clients/python/README.md).
 """
 
 import argparse
-import base64
 import json
 import os
-import ssl
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
+from pathlib import Path
+
+try:
+    import bourse_client
+except ImportError:  # not installed: the package's source beside this file
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "clients" / "python" / "src"))
+    import bourse_client
 
 
-def poll(url, cursor, params, timeout_s, authorization=None, context=None):
-    query = dict(params)
-    if cursor:
-        query["cursor"] = cursor
-    full = url.rstrip("/") + "/v1/orders?" + urllib.parse.urlencode(query)
-    request = urllib.request.Request(full)
-    if authorization:
-        request.add_header("Authorization", authorization)
-    with urllib.request.urlopen(request, timeout=timeout_s, context=context) as answer:
-        next_cursor = answer.headers["x-bourse-next-cursor"]
-        body = json.loads(answer.read())
-    return next_cursor, body["header"], body["records"]
-
-
-def main():
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", default="http://127.0.0.1:8700")
     p.add_argument("--cursor", help="continue from this cursor (default: a snapshot first)")
@@ -60,56 +47,49 @@ def main():
     p.add_argument("--ca-file", help="trust this authority (PEM) for an https:// URL")
     args = p.parse_args()
 
-    authorization = None
+    password = None
     if args.user:
         password = os.environ.get("BOURSE_DELIVERY_PASSWORD")
         if password is None:
             print("set BOURSE_DELIVERY_PASSWORD to the reader's password", file=sys.stderr)
             return 2
-        token = base64.b64encode(f"{args.user}:{password}".encode()).decode()
-        authorization = "Basic " + token
-    context = ssl.create_default_context(cafile=args.ca_file) if args.ca_file else None
-
-    params = {"limit": args.limit, "wait_us": args.wait_us, "min_rows": args.min_rows}
-    for name in ("firm", "account", "instrument"):
-        value = getattr(args, name)
-        if value is not None:
-            params[name] = value
-
-    cursor = args.cursor
+    client = bourse_client.DeliveryClient(
+        args.url, user=args.user, password=password, ca_file=args.ca_file
+    )
+    follower = client.follow(
+        args.cursor,
+        firm=args.firm,
+        account=args.account,
+        instrument=args.instrument,
+        limit=args.limit,
+        wait_us=args.wait_us,
+        min_rows=args.min_rows,
+        restart_on_lost_cursor=True,
+    )
     printed = 0
     started = time.monotonic()
-    while True:
-        if args.count is not None and printed >= args.count:
-            break
-        if args.seconds is not None and time.monotonic() - started >= args.seconds:
-            break
-        try:
-            cursor, header, records = poll(
-                args.url, cursor, params, 10, authorization=authorization, context=context
-            )
-        except urllib.error.HTTPError as e:
-            error = json.loads(e.read()).get("error", {})
-            print(f"{e.code} {error.get('code')}: {error.get('message')}", file=sys.stderr)
-            if error.get("code") in ("cursor_too_old", "cursor_foreign"):
-                cursor = None  # as the error says: start again from a snapshot
-                continue
-            if error.get("code") == "cursor_ahead":
-                time.sleep(0.5)  # the node has not got this far yet: retry the same cursor
-                continue
-            if e.code == 503:
-                time.sleep(float(e.headers.get("Retry-After", "1")))
-                continue
-            return 1
-        except urllib.error.URLError as e:
-            print(f"{args.url}: {e.reason}; retrying", file=sys.stderr)
-            time.sleep(0.5)
-            continue
-        for record in records:
-            print(json.dumps(record))
-            printed += 1
-        sys.stdout.flush()
-    print(f"{printed} records; continue with --cursor {cursor}", file=sys.stderr)
+    resume = args.cursor  # the cursor after the last batch printed whole
+    try:
+        for answer in follower.batches():
+            for record in answer.records:  # dataclasses; .raw is the node's JSON object
+                if args.count is not None and printed >= args.count:
+                    break
+                print(json.dumps(record.raw))
+                printed += 1
+            else:
+                resume = answer.next_cursor
+            sys.stdout.flush()
+            if args.count is not None and printed >= args.count:
+                break
+            if args.seconds is not None and time.monotonic() - started >= args.seconds:
+                break
+    except bourse_client.ApiError as e:
+        print(f"{e.status} {e.code}: {e.message}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    tail = f"; continue with --cursor {resume}" if resume else ""
+    print(f"{printed} records{tail}", file=sys.stderr)
     return 0
 
 

@@ -14,7 +14,7 @@ TOOLS=(
   "tshark tshark"                      # marketdata: reads the pcap `bourse md record` writes
   "java default-jdk-headless"         # gateway: QuickFIX/J initiators; wire: sbe-tool
   "mvn maven"                          # gateway: builds the QuickFIX/J test client; wire: fetches sbe-tool
-  "python3 python3"                    # delivery: the example client examples/delivery_client.py
+  "python3 python3"                    # delivery, clients/python: the Python client's tests, examples/delivery_client.py
   "ip iproute2"                        # cli: the namespace test bed (scripts/netbed.sh)
   "iptables iptables"                  # cli: the bed's impairments (NFQUEUE, TEE rules)
   "losetup mount"                      # cli: the bed's small disks (a loop device each)

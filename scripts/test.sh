@@ -44,6 +44,9 @@ grep -q '"event":"trade"' /tmp/bourse-events.jsonl
 step "the main job runs end to end (bourse demo on the replicated venue, 5 seconds)"
 "$bin"/bourse demo --seconds 5 --rate 2000 --accounts 1000 --dashboard-port 0
 
+step "the Python client (clients/python): unit tests on fake services, then against bourse demo"
+BOURSE_BIN="$(cd "$bin" && pwd)/bourse" python3 -m unittest discover -s clients/python/tests
+
 step "benchmarks run (smoke sizes; figures are in BENCHMARKS.md)"
 "$bin"/bourse bench engine --ops 20000 --warmup 2000 --rates 100000 --open-loop-seconds 1 --json >/dev/null
 "$bin"/bourse bench capacity --accounts 10000 --positions-per-account 3 --instruments 10 --orders 10000 --json >/dev/null
