@@ -1,8 +1,8 @@
 //! Scenarios with a fixed shape: what pre-vote, the lease and recovery promise.
 
-use bourse_consensus::Role;
+use bourse_consensus::{LogStore, Role};
 
-use crate::sim::{Faults, Sim};
+use crate::sim::{Faults, Fsync, Sim};
 
 /// Runs until a leader is followed by everyone; returns (leader, term).
 fn settle(sim: &mut Sim) -> (u64, u64) {
@@ -157,4 +157,67 @@ fn a_group_without_faults_elects_once_and_commits_every_proposal() {
         );
         sim.check_converged();
     }
+}
+
+#[test]
+fn a_follower_restarting_with_less_than_it_acknowledged_is_caught_up_by_the_same_leader() {
+    let mut reverted = 0;
+    for seed in 1..=20 {
+        let mut faults = Faults::none();
+        faults.fsync = Fsync::Never;
+        let mut sim = Sim::new(seed, 3, faults);
+        // Nothing is written back on its own: only the syncs below.
+        sim.never_sync_every_ticks = u64::MAX;
+        let (leader, term) = settle(&mut sim);
+        let follower = if leader == 1 { 2 } else { 1 };
+        let other = 6 - leader - follower;
+        sim.sync(follower);
+        for _ in 0..60 {
+            sim.step();
+        }
+        // The follower acknowledged entries it never synced; the other two hold them durably.
+        let acked = sim.core(leader).progress(follower).unwrap().match_index;
+        let synced = sim.nodes[(follower - 1) as usize]
+            .durable_log
+            .last_log_id()
+            .index;
+        assert!(
+            acked > synced,
+            "seed {seed}: acknowledged {acked}, synced {synced}"
+        );
+        for _ in 0..6 {
+            sim.step();
+        }
+        sim.sync(leader);
+        sim.sync(other);
+        sim.crash_losing(follower);
+        sim.restart(follower);
+        let restarted_last = sim.core(follower).last_log_id().index;
+        if restarted_last < sim.core(leader).progress(follower).unwrap().match_index {
+            reverted += 1;
+        }
+        for _ in 0..200 {
+            sim.step();
+        }
+        assert_eq!(sim.leader(), Some(leader), "seed {seed}: the same leader");
+        assert_eq!(
+            sim.core(leader).soft_state().term,
+            term,
+            "seed {seed}: no election"
+        );
+        let commit = sim.core(leader).commit_index();
+        assert!(
+            sim.core(follower).commit_index() + 16 >= commit,
+            "seed {seed}: the follower caught up"
+        );
+        assert!(
+            sim.core(leader).progress(follower).unwrap().match_index + 16 >= commit,
+            "seed {seed}: its match found again"
+        );
+        sim.check_converged();
+    }
+    assert!(
+        reverted >= 15,
+        "the follower's log was shorter than its acknowledged match in {reverted} of 20 runs"
+    );
 }

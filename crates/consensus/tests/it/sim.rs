@@ -51,7 +51,8 @@ impl Faults {
             restart_per_mille: 0,
             pause_per_mille: 0,
             propose_per_mille: 300,
-            snapshot_per_mille: 0,
+            // Snapshots keep the logs (and the checks' walk over them) short.
+            snapshot_per_mille: 20,
             fsync: Fsync::Always,
         }
     }
@@ -153,6 +154,8 @@ pub struct Sim {
     entries_seen: HashMap<(Index, Term), (u64, Term)>,
     pub proposed: u64,
     pub stats: Stats,
+    /// Under `Fsync::Never`, how often the operating system writes a node's log back.
+    pub never_sync_every_ticks: u64,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -232,6 +235,7 @@ impl Sim {
             entries_seen: HashMap::new(),
             proposed: 0,
             stats: Stats::default(),
+            never_sync_every_ticks: 40,
         }
     }
 
@@ -290,15 +294,39 @@ impl Sim {
     }
 
     pub fn crash(&mut self, id: NodeId) {
+        let lossy = match self.faults.fsync {
+            Fsync::Always => true,
+            Fsync::Batch | Fsync::Never => {
+                self.nodes[self.ix(id)].core.is_some() && self.may_lose_unsynced(self.ix(id))
+            }
+        };
+        self.crash_as(id, lossy);
+    }
+
+    /// Syncs node `id`'s log now (as its periodic sync would).
+    pub fn sync(&mut self, id: NodeId) {
+        let i = self.ix(id);
+        let node = &mut self.nodes[i];
+        if let Some(core) = &node.core {
+            node.durable_log = core.store().clone();
+        }
+    }
+
+    /// Crashes node `id` losing its unsynced tail, which the caller knows to be safe (checked).
+    pub fn crash_losing(&mut self, id: NodeId) {
+        assert!(
+            self.may_lose_unsynced(self.ix(id)),
+            "the others hold what node {id} acknowledged"
+        );
+        self.crash_as(id, true);
+    }
+
+    fn crash_as(&mut self, id: NodeId, lossy: bool) {
         let i = self.ix(id);
         if self.nodes[i].core.is_none() {
             return;
         }
         self.stats.crashes += 1;
-        let lossy = match self.faults.fsync {
-            Fsync::Always => true,
-            Fsync::Batch | Fsync::Never => self.may_lose_unsynced(i),
-        };
         let node = &mut self.nodes[i];
         if lossy {
             self.stats.lossy_crashes += 1;
@@ -540,7 +568,7 @@ impl Sim {
         let periodic = match self.faults.fsync {
             Fsync::Always => None,
             Fsync::Batch => Some(5),
-            Fsync::Never => Some(40),
+            Fsync::Never => Some(self.never_sync_every_ticks),
         };
         for node in self.nodes.iter_mut() {
             let Some(core) = node.core.as_mut() else {
@@ -612,7 +640,15 @@ impl Sim {
         if let Some(log_id) = ready.sync_to {
             match self.faults.fsync {
                 Fsync::Always => {
-                    let due = self.step + self.rng.below(3);
+                    // A sync takes 0-5 ticks, long enough that entries are often sent,
+                    // acknowledged by others and even committed before the leader's own is
+                    // done; one in ten takes 20-40 (a slow disk), which leaves a crash a
+                    // wide window to take what was written but not synced.
+                    let due = if self.rng.chance(1, 10) {
+                        self.step + 20 + self.rng.below(21)
+                    } else {
+                        self.step + self.rng.below(6)
+                    };
                     self.nodes[i].syncs.push((due, log_id));
                 }
                 Fsync::Batch | Fsync::Never => core.persisted(log_id),
