@@ -795,6 +795,11 @@ impl<S: LogStore> Core<S> {
         let mut appended = false;
         for entry in entries {
             let index = entry.log_id.index;
+            if appended {
+                // Past the first new entry every one is new: no lookups.
+                self.store.append(entry);
+                continue;
+            }
             if index <= self.commit {
                 // Committed entries are the same in every log.
                 continue;

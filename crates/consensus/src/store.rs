@@ -102,11 +102,12 @@ impl LogStore for MemStore {
             lo > self.base.index && lo <= hi && hi <= self.last_log_id().index,
             "entries {lo}..={hi} outside the log"
         );
+        let start = (lo - self.base.index - 1) as usize;
+        let end = (hi - self.base.index) as usize;
         let mut bytes = 0usize;
-        for index in lo..=hi {
-            let entry = &self.entries[(index - self.base.index - 1) as usize];
+        for (n, entry) in self.entries.range(start..end).enumerate() {
             bytes += entry.size_bytes();
-            if bytes > bytes_max && index > lo {
+            if bytes > bytes_max && n > 0 {
                 break;
             }
             out.push(entry.clone());
