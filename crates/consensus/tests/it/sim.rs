@@ -578,7 +578,7 @@ impl Sim {
                 continue;
             }
             if let Some(every) = periodic {
-                if (step + node.id) % every == 0 {
+                if (step + node.id).is_multiple_of(every) {
                     node.durable_log = core.store().clone();
                 }
                 continue;
