@@ -4,11 +4,11 @@
 //!
 //! ```text
 //! message  := version:u8 kind:u8 from:u64 to:u64 term:u64 body
-//! PreVote, Vote            := last_term:u64 last_index:u64
+//! PreVote, Vote            := last_term:u64 hint_index:u64
 //! PreVoteReply, VoteReply  := granted:u8 (0 or 1)
 //! Append        := seq:u64 prev_term:u64 prev_index:u64 commit:u64 count:u32 entry*count
 //! entry         := term:u64 kind:u8 len:u32 payload:len
-//! AppendReply   := seq:u64 0:u8 match_index:u64 | seq:u64 1:u8 prev_index:u64 last_index:u64
+//! AppendReply   := seq:u64 0:u8 match_index:u64 | seq:u64 1:u8 prev_index:u64 hint_index:u64
 //! Heartbeat     := commit:u64
 //! HeartbeatReply:= (nothing)
 //! Snapshot      := seq:u64 term:u64 index:u64 len:u32 data:len
@@ -158,11 +158,11 @@ pub fn encode(message: &Message, out: &mut Vec<u8>) {
                 }
                 AppendResult::Rejected {
                     prev_index,
-                    last_index,
+                    hint_index,
                 } => {
                     out.put_u8(1);
                     out.put_u64_le(*prev_index);
-                    out.put_u64_le(*last_index);
+                    out.put_u64_le(*hint_index);
                 }
             }
         }
@@ -336,7 +336,7 @@ pub fn decode(buf: &Bytes, limits: &DecodeLimits) -> Result<Message, DecodeError
                 },
                 1 => AppendResult::Rejected {
                     prev_index: r.u64("prev_index")?,
-                    last_index: r.u64("last_index")?,
+                    hint_index: r.u64("hint_index")?,
                 },
                 value => return Err(DecodeError::BadAppendResult { value }),
             };
@@ -435,12 +435,12 @@ mod tests {
                 seq,
                 result: AppendResult::Accepted { match_index }
             }),
-            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(seq, prev_index, last_index)| {
+            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(seq, prev_index, hint_index)| {
                 Body::AppendReply {
                     seq,
                     result: AppendResult::Rejected {
                         prev_index,
-                        last_index,
+                        hint_index,
                     },
                 }
             }),

@@ -779,13 +779,18 @@ impl<S: LogStore> Core<S> {
         let last = self.store.last_log_id().index;
         let prev_held = prev.index <= self.commit || self.store.term(prev.index) == Some(prev.term);
         if prev.index > last || !prev_held {
+            let hint_index = if prev.index > last {
+                last
+            } else {
+                self.conflict_hint(prev.index)
+            };
             self.push(
                 from,
                 Body::AppendReply {
                     seq,
                     result: AppendResult::Rejected {
                         prev_index: prev.index,
-                        last_index: last,
+                        hint_index,
                     },
                 },
             );
@@ -835,6 +840,17 @@ impl<S: LogStore> Core<S> {
             // `persisted` once the sync covers it.
             self.ack_owed = true;
         }
+    }
+
+    /// The index before the first entry of the term this log holds at `index` (which
+    /// conflicts with the leader's), never below the commit index.
+    fn conflict_hint(&self, index: Index) -> Index {
+        let term = self.store.term(index);
+        let mut first = index;
+        while first - 1 > self.commit && self.store.term(first - 1) == term {
+            first -= 1;
+        }
+        first - 1
     }
 
     fn send_ack(&mut self, to: NodeId, seq: u64) {
@@ -916,19 +932,19 @@ impl<S: LogStore> Core<S> {
             }
             AppendResult::Rejected {
                 prev_index,
-                last_index,
+                hint_index,
             } => {
                 if seq < pr.seq_accepted || pr.state == ProgressState::Snapshot {
                     return;
                 }
-                if last_index < pr.match_index {
+                if hint_index < pr.match_index {
                     // The follower restarted with less than it acknowledged (possible when
                     // entries are not synced before acknowledging): find the match again,
                     // and ignore every answer to what was sent before now.
-                    pr.match_index = last_index;
+                    pr.match_index = hint_index;
                     pr.seq_floor = pr.seq_next;
                 }
-                let next = prev_index.min(last_index + 1).max(pr.match_index + 1);
+                let next = prev_index.min(hint_index + 1).max(pr.match_index + 1);
                 pr.become_probe(next);
             }
         }

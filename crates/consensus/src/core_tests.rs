@@ -419,7 +419,7 @@ fn progress_moves_from_probe_to_replicate_and_pipelines_up_to_its_limit() {
             seq: s_last,
             result: AppendResult::Rejected {
                 prev_index: 5,
-                last_index: 4,
+                hint_index: 4,
             },
         },
     ))
@@ -477,7 +477,7 @@ fn a_stale_rejection_is_ignored_and_a_reverted_log_lowers_the_match() {
             seq: newest - 1,
             result: AppendResult::Rejected {
                 prev_index: 1,
-                last_index: 0,
+                hint_index: 0,
             },
         },
     ))
@@ -496,7 +496,7 @@ fn a_stale_rejection_is_ignored_and_a_reverted_log_lowers_the_match() {
             seq: newer,
             result: AppendResult::Rejected {
                 prev_index: 5,
-                last_index: 2,
+                hint_index: 2,
             },
         },
     ))
@@ -646,7 +646,7 @@ fn a_leader_asks_for_a_snapshot_for_a_follower_behind_its_compacted_log() {
             seq: s2,
             result: AppendResult::Rejected {
                 prev_index: 4,
-                last_index: 0,
+                hint_index: 0,
             },
         },
     ))
@@ -716,5 +716,50 @@ fn messages_from_strangers_are_refused() {
     assert_eq!(
         c.step(msg(2, 3, 1, Body::HeartbeatReply)),
         Err(StepError::NotForMe { to: 3 })
+    );
+}
+
+#[test]
+fn a_rejection_of_a_conflicting_term_points_before_that_term() {
+    // Node 2 holds a tail of term 2 (indexes 3-6) that the leader of term 3 does not have.
+    let mut c = core(2, 2, &[1, 1, 2, 2, 2, 2]);
+    let probe = Body::Append {
+        seq: 4,
+        prev: LogId::new(3, 6),
+        commit: 0,
+        entries: Vec::new(),
+    };
+    c.step(msg(1, 2, 3, probe)).unwrap();
+    let out = drain(&mut c);
+    let rejected = AppendResult::Rejected {
+        prev_index: 6,
+        hint_index: 2,
+    };
+    assert_eq!(
+        out[0].body,
+        Body::AppendReply {
+            seq: 4,
+            result: rejected
+        }
+    );
+    // A prev beyond the log's end is answered with the end.
+    let probe = Body::Append {
+        seq: 5,
+        prev: LogId::new(3, 9),
+        commit: 0,
+        entries: Vec::new(),
+    };
+    c.step(msg(1, 2, 3, probe)).unwrap();
+    let out = drain(&mut c);
+    let rejected = AppendResult::Rejected {
+        prev_index: 9,
+        hint_index: 6,
+    };
+    assert_eq!(
+        out[0].body,
+        Body::AppendReply {
+            seq: 5,
+            result: rejected
+        }
     );
 }

@@ -61,10 +61,14 @@ pub enum AppendResult {
     /// The follower's log matches the leader's through `match_index`, durably.
     Accepted { match_index: Index },
     /// The follower does not hold the entry `prev_index` named (or holds another term
-    /// there); `last_index` is its log's end, where the leader looks for the match again.
+    /// there). `hint_index` is where the leader looks for the match again: the follower's
+    /// log's end if it is shorter, else the index before the conflicting term's first entry
+    /// in its log (so a divergent tail costs a round trip per term, not per entry). A hint
+    /// below what the leader recorded as matching means the follower lost acknowledged
+    /// entries (log reversion).
     Rejected {
         prev_index: Index,
-        last_index: Index,
+        hint_index: Index,
     },
 }
 
