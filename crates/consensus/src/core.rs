@@ -157,8 +157,10 @@ impl<S: LogStore> Core<S> {
         if let Err(e) = config.validate() {
             panic!("consensus config refused: {e:?}");
         }
+        // Entries are compacted only below a durable snapshot, so a log compacted past the
+        // snapshot it is given was paired with the wrong one.
         assert!(
-            store.base().index <= snapshot.index || snapshot == LogId::default(),
+            store.base().index <= snapshot.index,
             "the log was compacted past the snapshot"
         );
         if store.term(snapshot.index) != Some(snapshot.term) {
