@@ -11,6 +11,7 @@
 //! AppendReply   := seq:u64 0:u8 match_index:u64 | seq:u64 1:u8 prev_index:u64 hint_index:u64
 //! Heartbeat     := commit:u64
 //! HeartbeatReply:= (nothing)
+//! Commit        := commit:u64
 //! Snapshot      := seq:u64 term:u64 index:u64 len:u32 data:len
 //! ```
 
@@ -32,6 +33,7 @@ const KIND_APPEND_REPLY: u8 = 6;
 const KIND_HEARTBEAT: u8 = 7;
 const KIND_HEARTBEAT_REPLY: u8 = 8;
 const KIND_SNAPSHOT: u8 = 9;
+const KIND_COMMIT: u8 = 10;
 
 /// What a receiver accepts; anything beyond is refused before it is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,6 +120,7 @@ pub fn encode(message: &Message, out: &mut Vec<u8>) {
         Body::AppendReply { .. } => KIND_APPEND_REPLY,
         Body::Heartbeat { .. } => KIND_HEARTBEAT,
         Body::HeartbeatReply => KIND_HEARTBEAT_REPLY,
+        Body::Commit { .. } => KIND_COMMIT,
         Body::Snapshot { .. } => KIND_SNAPSHOT,
     };
     out.put_u8(kind);
@@ -166,7 +169,7 @@ pub fn encode(message: &Message, out: &mut Vec<u8>) {
                 }
             }
         }
-        Body::Heartbeat { commit } => out.put_u64_le(*commit),
+        Body::Heartbeat { commit } | Body::Commit { commit } => out.put_u64_le(*commit),
         Body::HeartbeatReply => {}
         Body::Snapshot {
             seq,
@@ -346,6 +349,9 @@ pub fn decode(buf: &Bytes, limits: &DecodeLimits) -> Result<Message, DecodeError
             commit: r.u64("commit")?,
         },
         KIND_HEARTBEAT_REPLY => Body::HeartbeatReply,
+        KIND_COMMIT => Body::Commit {
+            commit: r.u64("commit")?,
+        },
         KIND_SNAPSHOT => {
             let seq = r.u64("seq")?;
             let snapshot = r.log_id("snapshot")?;
@@ -446,6 +452,7 @@ mod tests {
             }),
             any::<u64>().prop_map(|commit| Body::Heartbeat { commit }),
             Just(Body::HeartbeatReply),
+            any::<u64>().prop_map(|commit| Body::Commit { commit }),
             (
                 any::<u64>(),
                 log_id(),

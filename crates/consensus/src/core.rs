@@ -452,6 +452,9 @@ impl<S: LogStore> Core<S> {
             Body::AppendReply { seq, result } => self.on_append_reply(from, term, seq, result),
             Body::Heartbeat { commit } => self.on_heartbeat(from, term, commit),
             Body::HeartbeatReply => self.on_heartbeat_reply(from, term),
+            Body::Commit { commit } => {
+                self.on_commit(from, term, commit);
+            }
             Body::Snapshot {
                 seq,
                 snapshot,
@@ -477,7 +480,7 @@ impl<S: LogStore> Core<S> {
                     let to = self.progress[position].id;
                     self.push(
                         to,
-                        Body::Heartbeat {
+                        Body::Commit {
                             commit: self.commit,
                         },
                     );
@@ -868,14 +871,22 @@ impl<S: LogStore> Core<S> {
     }
 
     fn on_heartbeat(&mut self, from: NodeId, term: Term, commit: Index) {
+        if self.on_commit(from, term, commit) {
+            self.push(from, Body::HeartbeatReply);
+        }
+    }
+
+    /// Follows the leader's commit index as far as this log is known to match the leader's;
+    /// false if the message was stale.
+    fn on_commit(&mut self, from: NodeId, term: Term, commit: Index) -> bool {
         if !self.accept_leader(from, term) {
-            return;
+            return false;
         }
         let commit_now = commit.min(self.matched_upto);
         if commit_now > self.commit {
             self.commit = commit_now;
         }
-        self.push(from, Body::HeartbeatReply);
+        true
     }
 
     fn on_snapshot(&mut self, from: NodeId, term: Term, seq: u64, snapshot: LogId, data: Bytes) {

@@ -763,3 +763,71 @@ fn a_rejection_of_a_conflicting_term_points_before_that_term() {
         }
     );
 }
+
+#[test]
+fn a_commit_carrier_is_not_answered_and_is_followed_within_the_match() {
+    let mut c = core(2, 1, &[1]);
+    let entries = vec![Entry::normal(LogId::new(2, 2), Bytes::from_static(b"a"))];
+    c.step(msg(
+        1,
+        2,
+        2,
+        Body::Append {
+            seq: 1,
+            prev: LogId::new(1, 1),
+            commit: 0,
+            entries,
+        },
+    ))
+    .unwrap();
+    c.persisted(LogId::new(2, 2));
+    drain(&mut c);
+    c.step(msg(1, 2, 2, Body::Commit { commit: 5 })).unwrap();
+    assert!(drain(&mut c).is_empty(), "no answer to a commit carrier");
+    assert_eq!(
+        c.commit_index(),
+        2,
+        "only as far as the log matches the leader's"
+    );
+}
+
+#[test]
+fn a_leader_carries_an_advanced_commit_to_a_follower_with_nothing_to_receive() {
+    let mut c = core(1, 1, &[]);
+    elect(&mut c);
+    let seq = |out: &[Message], to| {
+        out.iter()
+            .find_map(|m| match m.body {
+                Body::Append { seq, .. } if m.to == to => Some(seq),
+                _ => None,
+            })
+            .unwrap()
+    };
+    let out = drain(&mut c);
+    let (s2, s3) = (seq(&out, 2), seq(&out, 3));
+    c.persisted(LogId::new(2, 1));
+    c.step(msg(
+        2,
+        1,
+        2,
+        Body::AppendReply {
+            seq: s2,
+            result: AppendResult::Accepted { match_index: 1 },
+        },
+    ))
+    .unwrap();
+    c.step(msg(
+        3,
+        1,
+        2,
+        Body::AppendReply {
+            seq: s3,
+            result: AppendResult::Accepted { match_index: 1 },
+        },
+    ))
+    .unwrap();
+    assert_eq!(c.commit_index(), 1);
+    let out = drain(&mut c);
+    assert_eq!(out.len(), 2);
+    assert!(out.iter().all(|m| m.body == Body::Commit { commit: 1 }));
+}

@@ -48,6 +48,12 @@ pub enum Body {
         commit: Index,
     },
     HeartbeatReply,
+    /// A commit index that advanced, sent to a follower that had no entries to receive: a
+    /// heartbeat without an answer (the follower's next acknowledgement or heartbeat answer
+    /// keeps the leader's lease), so a round costs two messages fewer.
+    Commit {
+        commit: Index,
+    },
     /// The application's snapshot as of `snapshot` (answered with an `AppendReply`).
     Snapshot {
         seq: u64,
