@@ -148,6 +148,8 @@ pub struct Sim {
     pub leaders: HashMap<Term, NodeId>,
     /// (term, payload hash) of every committed index, as first seen.
     committed: Vec<(Term, u64)>,
+    /// The term each index was committed in (index 0 unused).
+    commit_terms: Vec<Term>,
     /// The application's hash after each applied index, as first seen.
     chain: Vec<u64>,
     /// (index, term) -> (payload hash, term of the entry before): log matching.
@@ -156,6 +158,7 @@ pub struct Sim {
     pub stats: Stats,
     /// Under `Fsync::Never`, how often the operating system writes a node's log back.
     pub never_sync_every_ticks: u64,
+    trace: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -231,11 +234,13 @@ impl Sim {
             encode_buf: Vec::new(),
             leaders: HashMap::new(),
             committed: vec![(0, 0)],
+            commit_terms: vec![0],
             chain: vec![0],
             entries_seen: HashMap::new(),
             proposed: 0,
             stats: Stats::default(),
             never_sync_every_ticks: 40,
+            trace: std::env::var_os("BOURSE_CONSENSUS_TRACE").is_some(),
         }
     }
 
@@ -427,7 +432,35 @@ impl Sim {
         for i in 0..self.nodes.len() {
             self.handle_ready(i);
         }
+        if self.trace {
+            self.print_state();
+        }
         self.check();
+    }
+
+    /// One line per step (`BOURSE_CONSENSUS_TRACE=1`), to follow a failing seed.
+    fn print_state(&self) {
+        let mut line = format!("step {:>5}:", self.step);
+        for n in &self.nodes {
+            match &n.core {
+                None => line.push_str(&format!(" | {} down", n.id)),
+                Some(c) => {
+                    let s = c.soft_state();
+                    line.push_str(&format!(
+                        " | {}{} {:?} t{} l{:?} c{} last{:?} dur{}",
+                        n.id,
+                        if n.paused { "(p)" } else { "" },
+                        s.role,
+                        s.term,
+                        s.leader,
+                        c.commit_index(),
+                        c.last_log_id(),
+                        n.durable_log.last_log_id().index
+                    ))
+                }
+            }
+        }
+        eprintln!("{line} | committed {}", self.max_commit());
     }
 
     fn random_faults(&mut self) {
@@ -709,8 +742,20 @@ impl Sim {
 
     fn check(&mut self) {
         let seed = self.seed;
-        // Record what commit indexes say is committed, from the log of the node that says so.
-        for n in &self.nodes {
+        // Record what commit indexes say is committed, from the log of the node that says so,
+        // leaders first: the term of the leader that first shows an index committed is the
+        // term it was committed in (a follower learns it a message later).
+        let leaders_first = self.nodes.iter().filter(|n| {
+            n.core
+                .as_ref()
+                .is_some_and(|c| c.soft_state().role == Role::Leader)
+        });
+        let others = self.nodes.iter().filter(|n| {
+            n.core
+                .as_ref()
+                .is_some_and(|c| c.soft_state().role != Role::Leader)
+        });
+        for n in leaders_first.chain(others) {
             let Some(core) = &n.core else { continue };
             let commit = core.commit_index();
             while (self.committed.len() as Index) <= commit {
@@ -725,9 +770,25 @@ impl Sim {
                 };
                 self.committed
                     .push((entry.log_id.term, payload_hash(entry)));
+                self.commit_terms.push(core.soft_state().term);
             }
         }
         self.stats.committed = self.max_commit();
+        if self.faults.fsync == Fsync::Always && self.max_commit() > 0 {
+            // With every acknowledgement durable, whatever is committed is durable on a
+            // quorum: a crash of any minority, at any moment, loses none of it.
+            let index = self.max_commit();
+            let term = self.committed[index as usize].0;
+            let holders = self
+                .nodes
+                .iter()
+                .filter(|n| n.durable_log.term(index) == Some(term) || n.snapshot.0.index >= index)
+                .count();
+            assert!(
+                holders >= self.nodes[0].config.quorum(),
+                "seed {seed}: committed {index} is durable on {holders} nodes only"
+            );
+        }
         for n in self.nodes.iter_mut() {
             let Some(core) = &n.core else { continue };
             let soft = core.soft_state();
@@ -742,15 +803,24 @@ impl Sim {
                 if n.was_leader_in != Some(soft.term) {
                     n.was_leader_in = Some(soft.term);
                     self.stats.elections += 1;
-                    // Leader completeness: a new leader holds every committed entry.
+                    // Leader completeness: a new leader holds every entry committed in an earlier
+                    // term. (A leader of an old term can still appear late: a candidate paused
+                    // with its votes in flight wins its old term when it resumes.)
                     let store = core.store();
                     let last = store.last_log_id().index;
-                    let committed_len = self.committed.len() as Index;
+                    let committed_len = self
+                        .commit_terms
+                        .iter()
+                        .rposition(|&t| t < soft.term)
+                        .map_or(1, |i| i + 1) as Index;
                     assert!(
                         last >= committed_len - 1,
-                        "seed {seed}: leader {} of term {} lacks committed entries",
+                        "seed {seed}: leader {} of term {} lacks committed entries (last {}, committed through {}, step {})",
                         n.id,
-                        soft.term
+                        soft.term,
+                        last,
+                        committed_len - 1,
+                        self.step
                     );
                     for index in store.first_index()..committed_len {
                         assert_eq!(
