@@ -2,7 +2,8 @@
 //! safety property checked after every tick, then heals it and requires a leader and a new
 //! commit within a bounded number of ticks.
 //!
-//! `BOURSE_CONSENSUS_SEEDS=N` runs N seeds per case instead of the few CI runs;
+//! `BOURSE_CONSENSUS_SEEDS=N` runs N seeds per case instead of the few CI runs (from
+//! `BOURSE_CONSENSUS_SEEDS_FROM`, 1 by default);
 //! `BOURSE_CONSENSUS_SEED=S` runs that one seed (to replay a failure).
 
 use crate::sim::{Faults, Fsync, Sim};
@@ -20,7 +21,11 @@ fn seeds() -> Vec<u64> {
     let count = std::env::var("BOURSE_CONSENSUS_SEEDS").map_or(SEEDS_CI, |s| {
         s.parse().expect("BOURSE_CONSENSUS_SEEDS is a number")
     });
-    (1..=count).collect()
+    // A long run split in parts starts each part where the last ended.
+    let first = std::env::var("BOURSE_CONSENSUS_SEEDS_FROM").map_or(1, |s| {
+        s.parse().expect("BOURSE_CONSENSUS_SEEDS_FROM is a number")
+    });
+    (first..first + count).collect()
 }
 
 fn run(voters: usize, fsync: Fsync, salt: u64) {
