@@ -484,11 +484,17 @@ fn an_uncrossing_is_published_as_noii_executions_with_price_and_a_cross_trade() 
         let orders: Vec<_> = stock
             .book
             .orders()
-            .map(|o| (o.side, o.price as u32, o.qty as u32))
+            .map(|o| {
+                (
+                    o.side == bourse_core::Side::Buy,
+                    o.price as u32,
+                    o.qty as u32,
+                )
+            })
             .collect();
         let core: Vec<_> = engine_shown(&rec.engine, defs[&id])
             .into_iter()
-            .map(|o| (o.1, o.2, o.3))
+            .map(|o| (o.1 == bourse_core::Side::Buy, o.2, o.3))
             .collect();
         let (mut a, mut b) = (orders, core);
         a.sort();
