@@ -163,6 +163,12 @@ fn play_day(
         while !stop.load(Ordering::Relaxed) {
             tokio_sleep_ms(100).await;
             let simulated = start_ns + t0.elapsed().as_nanos() as u64 * speed;
+            // The board stamps what it reads with the schedule's local time (Moscow, UTC+3)
+            // of the step that issued it: within one step (100 ms of real time) of the event.
+            let minute = (simulated / MIN_NS + 180) % (24 * 60);
+            if let Ok(mut b) = board.lock() {
+                b.clock = format!("{:02}:{:02}", minute / 60, minute % 60);
+            }
             for (due, outcome) in driver.step(simulated).await {
                 println!(
                     "  schedule {} {:<9} {:?}: {outcome}",
@@ -170,9 +176,6 @@ fn play_day(
                     due.market,
                     due.transition
                 );
-                if let Ok(mut b) = board.lock() {
-                    b.clock = due.local[11..].to_string();
-                }
             }
             if let (Some(m), Ok(b)) = (&monitor, board.lock()) {
                 for (name, text) in b.figures() {
@@ -198,7 +201,7 @@ pub(crate) struct AuctionBoard {
     trades: BTreeMap<u32, u64>,
     /// Every uncrossing: the schedule's clock, instrument, auction, price, quantity, trades.
     uncrossings: Vec<(String, u32, Phase, i64, i64, u64)>,
-    /// The schedule's local time of its last transition.
+    /// The schedule's local time (HH:MM) of the driver's current step.
     clock: String,
 }
 
@@ -293,8 +296,7 @@ impl AuctionBoard {
             let (phase, price, qty, surplus, side) = self.indicative[&id];
             let text = if qty > 0 {
                 format!(
-                    "{} in the call; {symbol} indicative {} x {} lots, imbalance {surplus}{}",
-                    count,
+                    "{count} in the call; {symbol} indicative {} x {} lots, imbalance {surplus}{}",
                     price_text(price, scale),
                     report::count(qty as u64),
                     side.map_or(String::new(), |s| format!(" {s:?}").to_lowercase())
@@ -333,8 +335,8 @@ impl AuctionBoard {
     fn markdown(&self) -> String {
         let mut s = String::from(
             "\n## Call auctions\n\nThe uncrossings of the day (`demo --day`), from each core's \
-             committed stream: the schedule's time, the auction, its price and what it \
-             executed.\n\n",
+             committed stream: the schedule's time (to the driver's step), the auction, its \
+             price and what it executed.\n\n",
         );
         if self.uncrossings.is_empty() {
             s.push_str("None: the run ended before the first auction ended.\n");
