@@ -1,8 +1,12 @@
 //! The trading day's schedule: a calendar (a fixed UTC offset, business days, holidays) and
 //! per market its sessions, from which the phases follow by one rule (docs/admin.md, "The
-//! trading day"): inside a session `open`; between two sessions of the day `paused` (a
-//! clearing pause: new orders refused, resting orders stay); before the first and after the
-//! last `closed`; and the end of day at its own time.
+//! trading day"): inside a session its phase (`open`, or a call auction:
+//! `opening_auction`, `closing_auction`); between two sessions of the day that do not touch
+//! `paused` (a clearing pause: new orders refused, resting orders stay); before the first and
+//! after the last `closed`; and the end of day at its own time. Leaving an auction session
+//! uncrosses its book (the engine does, on the phase change); an auction session may end at a
+//! random instant within a window after its `to`, drawn from the schedule's seed, the market
+//! and the date, so the same config gives the same day everywhere and on every replay.
 //!
 //! [`Schedule::transitions`] lists what is due in a time interval, a pure function of the
 //! config, so it is tested with any instants; [`ScheduleDriver::step`] issues what became due
@@ -35,6 +39,10 @@ pub struct ScheduleConfig {
     /// Dates that do not trade, `YYYY-MM-DD` in local time.
     #[serde(default)]
     pub holidays: Vec<String>,
+    /// The seed of the auctions' random ends (`random_end_seconds`): the same seed gives the
+    /// same ends.
+    #[serde(default)]
+    pub random_end_seed: u64,
     pub markets: Vec<MarketSchedule>,
 }
 
@@ -54,6 +62,35 @@ pub struct MarketSchedule {
 pub struct Session {
     pub from: String,
     pub to: String,
+    /// The session's phase: `open` (continuous trading, the default), `opening_auction` or
+    /// `closing_auction` (a call; its book uncrosses when the session ends).
+    #[serde(default = "open")]
+    pub phase: Phase,
+    /// An auction session only: it ends at `to` plus a random whole number of seconds below
+    /// this (as LSE's and Xetra's random ends), and the next session starts then.
+    #[serde(default)]
+    pub random_end_seconds: u32,
+}
+
+fn open() -> Phase {
+    Phase::Open
+}
+
+impl Session {
+    /// A continuous session.
+    pub fn open(from: &str, to: &str) -> Session {
+        Session::of(Phase::Open, from, to)
+    }
+
+    /// A session in `phase`, without a random end.
+    pub fn of(phase: Phase, from: &str, to: &str) -> Session {
+        Session {
+            from: from.into(),
+            to: to.into(),
+            phase,
+            random_end_seconds: 0,
+        }
+    }
 }
 
 fn moscow() -> i32 {
@@ -107,23 +144,39 @@ impl ScheduleConfig {
     /// evening clearing 18:50–19:05 (the trading day ends at 18:50), evening session to 23:50;
     /// Moscow time (UTC+3), Monday to Friday.
     pub fn moex_derivatives(markets: &[&str]) -> ScheduleConfig {
-        let s = |from: &str, to: &str| Session {
-            from: from.into(),
-            to: to.into(),
-        };
+        ScheduleConfig::moex(&markets.iter().map(|m| (*m, false)).collect::<Vec<_>>())
+    }
+
+    /// MOEX's day per market, `(market, auctions)`: a market without auctions has the
+    /// derivatives day (SPECTRA has no call auctions); one with auctions (equities and FX)
+    /// MOEX equities' opening auction 09:50–10:00, the main session to 18:40, the closing
+    /// auction 18:40–18:50 (its price the official close), the pause to 19:05 and the evening
+    /// session to 23:50; the trading day ends at 18:50, after the closing auction.
+    pub fn moex(markets: &[(&str, bool)]) -> ScheduleConfig {
+        let s = Session::open;
         ScheduleConfig {
             utc_offset_minutes: moscow(),
             business_days: weekdays(),
             holidays: Vec::new(),
+            random_end_seed: 0,
             markets: markets
                 .iter()
-                .map(|m| MarketSchedule {
-                    market: (*m).into(),
-                    sessions: vec![
-                        s("10:00", "14:00"),
-                        s("14:05", "18:45"),
-                        s("19:05", "23:50"),
-                    ],
+                .map(|&(m, auctions)| MarketSchedule {
+                    market: m.into(),
+                    sessions: if auctions {
+                        vec![
+                            Session::of(Phase::OpeningAuction, "09:50", "10:00"),
+                            s("10:00", "18:40"),
+                            Session::of(Phase::ClosingAuction, "18:40", "18:50"),
+                            s("19:05", "23:50"),
+                        ]
+                    } else {
+                        vec![
+                            s("10:00", "14:00"),
+                            s("14:05", "18:45"),
+                            s("19:05", "23:50"),
+                        ]
+                    },
                     end_of_day: "18:50".into(),
                 })
                 .collect(),
@@ -148,6 +201,15 @@ pub struct Due {
     pub local: String,
 }
 
+/// One of a market's daily transitions: its minute of the local day, what it does, and the
+/// window (seconds) of its random delay, 0 for none.
+#[derive(Clone, Copy, Debug)]
+struct Step {
+    minute: u64,
+    transition: Transition,
+    random_end_seconds: u32,
+}
+
 /// A checked schedule.
 #[derive(Clone, Debug)]
 pub struct Schedule {
@@ -156,8 +218,30 @@ pub struct Schedule {
     days: u8,
     /// Holidays as days since 1970-01-01, local.
     holidays: Vec<i64>,
-    /// Per market: its name and its day's transitions by minute of the local day, sorted.
-    markets: Vec<(String, Vec<(u64, Transition)>)>,
+    random_end_seed: u64,
+    /// Per market: its name and its day's transitions, sorted by minute.
+    markets: Vec<(String, Vec<Step>)>,
+}
+
+/// The delay of a random end in `[0, window_s)` whole seconds, in ns: a SplitMix64 of the
+/// seed, the market's name, the day and the minute, so it is the same on every replay.
+fn random_end_ns(seed: u64, market: &str, day: i64, minute: u64, window_s: u32) -> u64 {
+    if window_s == 0 {
+        return 0;
+    }
+    let mix = |mut z: u64| {
+        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let mut h = mix(seed);
+    for b in market.bytes() {
+        h = mix(h ^ u64::from(b));
+    }
+    h = mix(h ^ day as u64);
+    h = mix(h ^ minute);
+    (h % u64::from(window_s)) * 1_000_000_000
 }
 
 fn minute_of(hhmm: &str, what: &str) -> Result<u64, String> {
@@ -259,35 +343,99 @@ impl Schedule {
             if m.sessions.is_empty() {
                 return Err(format!("{what}: no sessions"));
             }
+            let times = m
+                .sessions
+                .iter()
+                .map(|s| Ok((minute_of(&s.from, &what)?, minute_of(&s.to, &what)?)))
+                .collect::<Result<Vec<_>, String>>()?;
             let mut steps = Vec::new();
-            let mut last_end = None;
-            for (i, s) in m.sessions.iter().enumerate() {
-                let from = minute_of(&s.from, &what)?;
-                let to = minute_of(&s.to, &what)?;
-                if to <= from || last_end.is_some_and(|e| from <= e) {
+            for (i, (s, &(from, to))) in m.sessions.iter().zip(&times).enumerate() {
+                let next_from = times.get(i + 1).map(|t| t.0);
+                // Sessions may touch (an auction and the session it opens or closes), never
+                // overlap.
+                if to <= from || next_from.is_some_and(|n| n < to) {
                     return Err(format!(
                         "{what}: sessions must be in order, each ending after it starts and \
-                         before the next ({} - {})",
+                         no later than the next starts ({} - {})",
                         s.from, s.to
                     ));
                 }
-                steps.push((from, Transition::Phase(Phase::Open)));
-                let after = if i + 1 == m.sessions.len() {
-                    Phase::Closed
-                } else {
-                    Phase::Paused
+                if !matches!(
+                    s.phase,
+                    Phase::Open | Phase::OpeningAuction | Phase::ClosingAuction
+                ) {
+                    return Err(format!(
+                        "{what}: session {} - {}: phase {:?} is not a session's (open, \
+                         opening_auction, closing_auction)",
+                        s.from, s.to, s.phase
+                    ));
+                }
+                if s.random_end_seconds > 0 && !s.phase.is_auction() {
+                    return Err(format!(
+                        "{what}: session {} - {}: random_end_seconds is for auction sessions",
+                        s.from, s.to
+                    ));
+                }
+                let touches_previous = i > 0 && times[i - 1].1 == from;
+                if touches_previous && m.sessions[i - 1].phase == s.phase {
+                    return Err(format!(
+                        "{what}: sessions {} and {} touch in the same phase: make them one",
+                        m.sessions[i - 1].to,
+                        s.from
+                    ));
+                }
+                // A session that starts where the previous ended takes over at that step (which
+                // carries the previous session's random end).
+                if !touches_previous {
+                    steps.push(Step {
+                        minute: from,
+                        transition: Transition::Phase(s.phase),
+                        random_end_seconds: 0,
+                    });
+                }
+                let after = match next_from {
+                    Some(n) if n == to => m.sessions[i + 1].phase,
+                    Some(_) => Phase::Paused,
+                    None => Phase::Closed,
                 };
-                steps.push((to, Transition::Phase(after)));
-                last_end = Some(to);
+                steps.push(Step {
+                    minute: to,
+                    transition: Transition::Phase(after),
+                    random_end_seconds: s.random_end_seconds,
+                });
             }
-            steps.push((minute_of(&m.end_of_day, &what)?, Transition::EndOfDay));
-            steps.sort_by_key(|(minute, _)| *minute);
+            steps.push(Step {
+                minute: minute_of(&m.end_of_day, &what)?,
+                transition: Transition::EndOfDay,
+                random_end_seconds: 0,
+            });
+            // Stable: at one minute, the phase change comes before the end of day.
+            steps.sort_by_key(|s| s.minute);
+            // A random end must stay before the market's next step, so the order of the day
+            // is the same whatever is drawn.
+            for pair in steps.windows(2) {
+                let (a, b) = (pair[0], pair[1]);
+                if a.random_end_seconds > 0
+                    && a.minute * 60 + u64::from(a.random_end_seconds) > b.minute * 60
+                {
+                    return Err(format!(
+                        "{what}: the random end of the session ending {:02}:{:02} (up to {} s) \
+                         would reach the next step at {:02}:{:02}",
+                        a.minute / 60,
+                        a.minute % 60,
+                        a.random_end_seconds,
+                        b.minute / 60,
+                        b.minute % 60
+                    ));
+                }
+            }
             markets.push((m.market.clone(), steps));
         }
         Ok(Schedule {
             offset_min: i64::from(config.utc_offset_minutes),
             days,
             holidays,
+            random_end_seed: config.random_end_seed,
             markets,
         })
     }
@@ -347,9 +495,18 @@ impl Schedule {
             let (y, mo, d) = civil_from_days(day);
             let mut today = Vec::new();
             for (name, steps) in &self.markets {
-                for &(minute, transition) in steps {
-                    let local_ns =
-                        day * (MIN_PER_DAY * NS_PER_MIN) as i64 + (minute * NS_PER_MIN) as i64;
+                for step in steps {
+                    let (minute, transition) = (step.minute, step.transition);
+                    let delay = random_end_ns(
+                        self.random_end_seed,
+                        name,
+                        day,
+                        minute,
+                        step.random_end_seconds,
+                    );
+                    let local_ns = day * (MIN_PER_DAY * NS_PER_MIN) as i64
+                        + (minute * NS_PER_MIN) as i64
+                        + delay as i64;
                     let at = local_ns - offset_ns;
                     if at <= after_ns as i64 || at > until_ns as i64 {
                         continue;
@@ -586,6 +743,120 @@ end_of_day = "18:45"
         let e = ScheduleConfig::from_venue_toml(&text.replace("19:05", "18:00"), &["equities"])
             .unwrap_err();
         assert!(e.contains("in order"), "{e}");
+    }
+
+    #[test]
+    fn equities_and_fx_open_and_close_with_call_auctions_and_futures_do_not() {
+        let s = Schedule::new(&ScheduleConfig::moex(&[
+            ("equities", true),
+            ("futures", false),
+        ]))
+        .unwrap();
+        let day = s.transitions(msk(2026, 11, 23, 0, 0), msk(2026, 11, 24, 0, 0));
+        let of = |market: &str| -> Vec<(String, Transition)> {
+            day.iter()
+                .filter(|d| d.market == market)
+                .map(|d| (d.local[11..].to_string(), d.transition))
+                .collect()
+        };
+        let p = Transition::Phase;
+        let want: Vec<(String, Transition)> = [
+            ("09:50", p(Phase::OpeningAuction)),
+            ("10:00", p(Phase::Open)),
+            ("18:40", p(Phase::ClosingAuction)),
+            ("18:50", p(Phase::Paused)),
+            ("18:50", Transition::EndOfDay),
+            ("19:05", p(Phase::Open)),
+            ("23:50", p(Phase::Closed)),
+        ]
+        .iter()
+        .map(|(t, x)| (t.to_string(), *x))
+        .collect();
+        assert_eq!(of("equities"), want);
+        assert!(of("futures")
+            .iter()
+            .all(|(_, t)| !matches!(t, Transition::Phase(p) if p.is_auction())));
+        assert_eq!(of("futures").len(), 7);
+        // At 09:55 the equities market is in its opening auction, futures still closed.
+        let force = s.in_force(msk(2026, 11, 23, 9, 55));
+        assert_eq!(force[0].transition, p(Phase::OpeningAuction));
+        assert_eq!(force[1].transition, p(Phase::Closed));
+    }
+
+    #[test]
+    fn a_random_end_is_within_its_window_the_same_for_one_seed_and_moves_the_next_session() {
+        let with_seed = |seed: u64| {
+            let mut c = ScheduleConfig::moex(&[("equities", true)]);
+            c.random_end_seed = seed;
+            c.markets[0].sessions[0].random_end_seconds = 30;
+            Schedule::new(&c).unwrap()
+        };
+        let opens = |s: &Schedule| -> Vec<u64> {
+            s.transitions(msk(2026, 11, 23, 0, 0), msk(2026, 11, 28, 0, 0))
+                .into_iter()
+                .filter(|d| d.local.ends_with("10:00"))
+                .map(|d| d.at_ns)
+                .collect()
+        };
+        let (a, b) = (opens(&with_seed(7)), opens(&with_seed(7)));
+        assert_eq!(a, b, "one seed, one day");
+        assert_eq!(a.len(), 5);
+        let mut delays = Vec::new();
+        for (i, at) in a.iter().enumerate() {
+            let nominal = msk(2026, 11, 23 + i as i64, 10, 0);
+            let delay = at - nominal;
+            assert!(
+                delay < 30 * 1_000_000_000 && delay.is_multiple_of(1_000_000_000),
+                "{delay}"
+            );
+            delays.push(delay);
+        }
+        assert!(delays.iter().any(|d| *d != delays[0]), "{delays:?}");
+        assert_ne!(opens(&with_seed(8)), a, "another seed, other ends");
+        // The request id keeps the nominal minute, so a restarted driver finds it.
+        let due = with_seed(7).transitions(msk(2026, 11, 23, 9, 59), msk(2026, 11, 23, 10, 1));
+        assert_eq!(due[0].local, "2026-11-23 10:00");
+    }
+
+    #[test]
+    fn auction_sessions_are_refused_where_they_cannot_be() {
+        let mut c = ScheduleConfig::moex(&[("equities", true)]);
+        c.markets[0].sessions[0].random_end_seconds = 9 * 3600;
+        let e = Schedule::new(&c).unwrap_err();
+        assert!(e.contains("ending 10:00") && e.contains("18:40"), "{e}");
+        let mut c = ScheduleConfig::moex(&[("equities", true)]);
+        c.markets[0].sessions[1].random_end_seconds = 5;
+        assert!(Schedule::new(&c).unwrap_err().contains("auction sessions"));
+        let mut c = ScheduleConfig::moex(&[("equities", true)]);
+        c.markets[0].sessions[2].phase = Phase::Halted;
+        assert!(Schedule::new(&c).unwrap_err().contains("not a session's"));
+        let mut c = ScheduleConfig::moex(&[("equities", true)]);
+        c.markets[0].sessions[0].phase = Phase::Open;
+        assert!(Schedule::new(&c).unwrap_err().contains("make them one"));
+        // The closing auction's random end may not pass the end of day at 18:50.
+        let mut c = ScheduleConfig::moex(&[("equities", true)]);
+        c.markets[0].sessions[2].random_end_seconds = 10;
+        assert!(Schedule::new(&c).unwrap_err().contains("18:50"));
+        let text = r#"
+[schedule]
+random_end_seed = 3
+[[schedule.markets]]
+market = "equities"
+sessions = [
+  { from = "09:50", to = "10:00", phase = "opening_auction", random_end_seconds = 30 },
+  { from = "10:00", to = "18:40" },
+  { from = "18:40", to = "18:50", phase = "closing_auction" },
+]
+end_of_day = "18:55"
+"#;
+        let c = ScheduleConfig::from_venue_toml(text, &["equities"]).unwrap();
+        assert_eq!(c.markets[0].sessions[0].phase, Phase::OpeningAuction);
+        let e = ScheduleConfig::from_venue_toml(
+            &text.replace("\"closing_auction\"", "\"closing_auktion\""),
+            &["equities"],
+        )
+        .unwrap_err();
+        assert!(e.contains("closing_auktion"), "{e}");
     }
 
     #[test]

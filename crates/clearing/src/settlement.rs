@@ -112,6 +112,7 @@ pub fn default_calendar() -> Schedule {
             .map(String::from)
             .to_vec(),
         holidays: Vec::new(),
+        random_end_seed: 0,
         markets: Vec::new(),
     };
     Schedule::new(&config).expect("the default calendar is valid")
@@ -154,6 +155,7 @@ mod tests {
                 .map(String::from)
                 .to_vec(),
             holidays: vec!["2026-11-30".into()],
+            random_end_seed: 0,
             markets: Vec::new(),
         };
         Schedule::new(&config).unwrap()

@@ -16,15 +16,17 @@
 //! replicated cores, for a machine where the three replica groups are too much.
 
 use anyhow::{anyhow, bail, Context, Result};
+use bourse_core::{Event, Phase, Side};
 use bourse_loadgen::profile::{Profile, PHASE_DURATION_S_MAX};
 use bourse_loadgen::{report, RunOptions};
 use bourse_monitor::{DashboardServer, Monitor, MonitorConfig};
 use bourse_venue::{Backend, LocalDeployment};
 use clap::Args;
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(Args)]
@@ -81,9 +83,10 @@ pub struct DemoArgs {
     /// Run without the admin API.
     #[arg(long)]
     no_admin: bool,
-    /// Play a MOEX derivatives trading day on every market, compressed: the schedule driver
-    /// issues the phases (open, the clearing pauses, closed) and the end of day through the
-    /// admin path, from 09:58 Moscow time of a Monday on (docs/admin.md, "The trading day").
+    /// Play a MOEX trading day, compressed: the schedule driver issues the phases (the
+    /// opening and closing auctions on equities and FX, open, the clearing pauses, closed)
+    /// and the end of day through the admin path, from 09:48 Moscow time of a Monday on
+    /// (docs/admin.md, "The trading day").
     #[arg(long)]
     day: bool,
     /// With --day: scheduled seconds per real second (60: a minute per hour).
@@ -91,7 +94,7 @@ pub struct DemoArgs {
     day_speed: u64,
     /// With --day: the venue config whose `[schedule]` the day follows (calendar, and per
     /// market its sessions and end of day; docs/admin.md, "The trading day"). Without it,
-    /// MOEX's derivatives day on every market.
+    /// MOEX's day: equities and FX with their call auctions, futures without.
     #[arg(long)]
     schedule: Option<PathBuf>,
 }
@@ -127,12 +130,13 @@ impl DemoArgs {
 }
 
 /// With `--day`: drives the schedule on the deployment's runtime over a clock that runs
-/// `speed` times faster than the wall clock from a Monday 09:58 Moscow time, printing each
+/// `speed` times faster than the wall clock from a Monday 09:48 Moscow time, printing each
 /// transition as it is issued, until `stop` is set.
 fn play_day(
     deployment: &LocalDeployment,
     service: Arc<bourse_admin::AdminService>,
     day: &DemoDay,
+    (board, monitor): (Arc<Mutex<AuctionBoard>>, Option<Arc<Monitor>>),
     stop: Arc<AtomicBool>,
 ) -> Result<()> {
     use bourse_admin::schedule::{Schedule, ScheduleDriver};
@@ -145,15 +149,16 @@ fn play_day(
         .runtime_handle()
         .context("the deployment is stopped")?;
     println!(
-        "  trading day: {} from 09:58 Moscow time, {speed}x faster",
+        "  trading day: {} from 09:48 Moscow time, {speed}x faster",
         if config_given {
             "the --schedule day"
         } else {
-            "a MOEX derivatives day"
+            "a MOEX day (call auctions on equities and FX)"
         }
     );
+    watch_auctions(deployment, &rt, &board, &stop);
     rt.spawn(async move {
-        // The day starts before the first session: every market is closed until 10:00.
+        // The day starts before the first session: every market is closed until 09:50.
         for (due, outcome) in driver.enter_phase_in_force().await {
             println!(
                 "  schedule in force since {} {:<9} {:?}: {outcome}",
@@ -162,7 +167,14 @@ fn play_day(
         }
         while !stop.load(Ordering::Relaxed) {
             tokio_sleep_ms(100).await;
-            for (due, outcome) in driver.step(clock.now_ns()).await {
+            let simulated = clock.now_ns();
+            // The board stamps what it reads with the schedule's local time (Moscow, UTC+3)
+            // of the step that issued it: within one step (100 ms of real time) of the event.
+            let minute = (simulated / MIN_NS + 180) % (24 * 60);
+            if let Ok(mut b) = board.lock() {
+                b.clock = format!("{:02}:{:02}", minute / 60, minute % 60);
+            }
+            for (due, outcome) in driver.step(simulated).await {
                 println!(
                     "  schedule {} {:<9} {:?}: {outcome}",
                     &due.local[11..],
@@ -170,10 +182,18 @@ fn play_day(
                     due.transition
                 );
             }
+            if let (Some(m), Ok(b)) = (&monitor, board.lock()) {
+                for (name, text) in b.figures() {
+                    m.set_figure(&name, text);
+                }
+            }
         }
     });
     Ok(())
 }
+
+/// A minute in nanoseconds.
+const MIN_NS: u64 = 60_000_000_000;
 
 /// The day `--day` plays: its schedule, whether `--schedule` gave it, the file the clearing
 /// service reads it from, and the compressed clock both follow.
@@ -184,8 +204,9 @@ struct DemoDay {
     clock: Arc<DayClock>,
 }
 
-/// A clock that runs `speed` times faster than the wall clock from a Monday 09:58 Moscow
-/// time (2026-11-23): the schedule driver and the clearing service read the same day.
+/// A clock that runs `speed` times faster than the wall clock from a Monday 09:48 Moscow
+/// time (2026-11-23, two minutes before the opening auction): the schedule driver and the
+/// clearing service read the same day.
 struct DayClock {
     start_ns: u64,
     t0: Instant,
@@ -194,10 +215,9 @@ struct DayClock {
 
 impl DayClock {
     fn monday_morning(speed: u64) -> DayClock {
-        // Monday 2026-11-23 (day 20,780 since 1970-01-01), 09:58 in UTC+3.
-        const MIN_NS: u64 = 60_000_000_000;
+        // Monday 2026-11-23 (day 20,780 since 1970-01-01), 09:48 in UTC+3.
         DayClock {
-            start_ns: (20_780 * 24 * 60 + 9 * 60 + 58 - 180) * MIN_NS,
+            start_ns: (20_780 * 24 * 60 + 9 * 60 + 48 - 180) * MIN_NS,
             t0: Instant::now(),
             speed,
         }
@@ -211,8 +231,9 @@ impl bourse_clearing::Clock for DayClock {
 }
 
 impl DemoDay {
-    /// The day of `--schedule` (its file as given), else MOEX's derivatives day on every
-    /// market, written into `out` for the clearing service to read.
+    /// The day of `--schedule` (its file as given), else MOEX's day (call auctions on the
+    /// equities and FX markets, none on futures, as SPECTRA), written into `out` for the
+    /// clearing service to read.
     fn new(
         args: &DemoArgs,
         given: Option<bourse_admin::schedule::ScheduleConfig>,
@@ -228,7 +249,9 @@ impl DemoDay {
                 clock,
             });
         }
-        let config = bourse_admin::schedule::ScheduleConfig::moex_derivatives(markets);
+        let with_auctions: Vec<(&str, bool)> =
+            markets.iter().map(|m| (*m, *m != "futures")).collect();
+        let config = bourse_admin::schedule::ScheduleConfig::moex(&with_auctions);
         std::fs::create_dir_all(out).with_context(|| format!("{}", out.display()))?;
         let file = out.join("venue-schedule.toml");
         std::fs::write(&file, schedule_toml(&config))
@@ -252,16 +275,25 @@ fn schedule_toml(config: &bourse_admin::schedule::ScheduleConfig) -> String {
     };
     let mut text = format!(
         "# The day `bourse demo --day` plays (written by the demo for its clearing service).\n\
-         [schedule]\nutc_offset_minutes = {}\nbusiness_days = [{}]\nholidays = [{}]\n",
+         [schedule]\nutc_offset_minutes = {}\nbusiness_days = [{}]\nholidays = [{}]\n\
+         random_end_seed = {}\n",
         config.utc_offset_minutes,
         quoted(&config.business_days),
         quoted(&config.holidays),
+        config.random_end_seed,
     );
     for m in &config.markets {
         let sessions: Vec<String> = m
             .sessions
             .iter()
-            .map(|s| format!("{{ from = {:?}, to = {:?} }}", s.from, s.to))
+            .map(|s| {
+                // A phase's name as the config spells it (a JSON string is a TOML string).
+                let phase = serde_json::to_string(&s.phase).unwrap_or_default();
+                format!(
+                    "{{ from = {:?}, to = {:?}, phase = {phase}, random_end_seconds = {} }}",
+                    s.from, s.to, s.random_end_seconds
+                )
+            })
             .collect();
         text.push_str(&format!(
             "\n[[schedule.markets]]\nmarket = {:?}\nsessions = [{}]\nend_of_day = {:?}\n",
@@ -312,6 +344,246 @@ fn start_clearing(
             .or_else(|_| deployment.start_clearing(options(0)))?,
     }
     Ok(true)
+}
+
+/// What `--day` shows of the call auctions, read from each core's committed stream (the
+/// events the feeds publish): per instrument in a call its latest indicative uncrossing, and
+/// every uncrossing with its trades. The dashboard lists it as figures and the report ends
+/// with the uncrossings.
+#[derive(Default)]
+pub(crate) struct AuctionBoard {
+    /// Instrument id -> (market, symbol, price scale).
+    names: BTreeMap<u32, (String, String, u8)>,
+    /// Instrument id -> (auction phase, price, quantity, surplus, surplus side).
+    indicative: BTreeMap<u32, (Phase, i64, i64, i64, Option<Side>)>,
+    /// Instrument id -> auction trades since its last uncrossing.
+    trades: BTreeMap<u32, u64>,
+    /// Every uncrossing: the schedule's clock, instrument, auction, price, quantity, trades.
+    uncrossings: Vec<(String, u32, Phase, i64, i64, u64)>,
+    /// The schedule's local time (HH:MM) of the driver's current step.
+    clock: String,
+}
+
+impl AuctionBoard {
+    pub(crate) fn new(profile: &Profile) -> AuctionBoard {
+        let mut names = BTreeMap::new();
+        for (i, m) in profile.markets.iter().enumerate() {
+            for inst in bourse_loadgen::flow::instruments(m, i) {
+                names.insert(
+                    inst.instrument.0,
+                    (m.name.clone(), inst.symbol.clone(), inst.price_scale),
+                );
+            }
+        }
+        AuctionBoard {
+            names,
+            ..AuctionBoard::default()
+        }
+    }
+
+    fn on_event(&mut self, e: &Event) {
+        match *e {
+            Event::PhaseChanged {
+                instrument, phase, ..
+            } if phase.is_auction() => {
+                self.indicative.insert(instrument.0, (phase, 0, 0, 0, None));
+            }
+            Event::AuctionIndicative {
+                instrument,
+                price,
+                qty,
+                surplus,
+                surplus_side,
+                ..
+            } => {
+                if let Some(x) = self.indicative.get_mut(&instrument.0) {
+                    *x = (x.0, price.0, qty.0, surplus.0, surplus_side);
+                }
+            }
+            Event::Trade {
+                instrument,
+                auction: true,
+                ..
+            } => *self.trades.entry(instrument.0).or_insert(0) += 1,
+            Event::AuctionUncrossed {
+                instrument,
+                auction,
+                price,
+                qty,
+                ..
+            } => {
+                self.indicative.remove(&instrument.0);
+                let trades = self.trades.remove(&instrument.0).unwrap_or(0);
+                self.uncrossings.push((
+                    self.clock.clone(),
+                    instrument.0,
+                    auction,
+                    price.0,
+                    qty.0,
+                    trades,
+                ));
+            }
+            _ => {}
+        }
+    }
+
+    fn name(&self, id: u32) -> (&str, &str, u8) {
+        self.names
+            .get(&id)
+            .map_or(("?", "?", 0), |(m, s, p)| (m.as_str(), s.as_str(), *p))
+    }
+
+    /// The dashboard's figures: per market in a call, its instruments in the call and the
+    /// one with the most paired quantity; per market, its last uncrossing.
+    fn figures(&self) -> Vec<(String, String)> {
+        let mut by_market: BTreeMap<&str, (usize, Option<u32>)> = BTreeMap::new();
+        for (&id, x) in &self.indicative {
+            let (market, _, _) = self.name(id);
+            let e = by_market.entry(market).or_insert((0, None));
+            e.0 += 1;
+            let best =
+                e.1.and_then(|b| self.indicative.get(&b))
+                    .map_or(-1, |b| b.2);
+            if x.2 > best {
+                e.1 = Some(id);
+            }
+        }
+        let mut out = Vec::new();
+        for (market, (count, best)) in by_market {
+            let Some(id) = best else { continue };
+            let (_, symbol, scale) = self.name(id);
+            let (phase, price, qty, surplus, side) = self.indicative[&id];
+            let text = if qty > 0 {
+                format!(
+                    "{count} in the call; {symbol} indicative {} x {} lots, imbalance {surplus}{}",
+                    price_text(price, scale),
+                    report::count(qty as u64),
+                    side.map_or(String::new(), |s| format!(" {s:?}").to_lowercase())
+                )
+            } else {
+                format!("{count} in the call; no cross yet")
+            };
+            out.push((format!("{} {market}", phase_name(phase)), text));
+        }
+        let mut last: BTreeMap<&str, (Phase, &str, usize, i64, u64)> = BTreeMap::new();
+        for (clock, id, phase, _, qty, trades) in &self.uncrossings {
+            let (market, _, _) = self.name(*id);
+            let e = last.entry(market).or_insert((*phase, clock, 0, 0, 0));
+            if e.0 != *phase || e.1 != clock {
+                *e = (*phase, clock, 0, 0, 0);
+            }
+            e.2 += 1;
+            e.3 += qty;
+            e.4 += trades;
+        }
+        for (market, (phase, clock, n, qty, trades)) in last {
+            out.push((
+                format!("uncrossed {market}"),
+                format!(
+                    "{} at {clock}: {n} instruments, {} lots in {} trades",
+                    phase_name(phase),
+                    report::count(qty as u64),
+                    report::count(trades)
+                ),
+            ));
+        }
+        out
+    }
+
+    /// The report's section: every uncrossing, or none.
+    fn markdown(&self) -> String {
+        let mut s = String::from(
+            "\n## Call auctions\n\nThe uncrossings of the day (`demo --day`), from each core's \
+             committed stream: the schedule's time (to the driver's step), the auction, its \
+             price and what it executed.\n\n",
+        );
+        if self.uncrossings.is_empty() {
+            s.push_str("None: the run ended before the first auction ended.\n");
+            return s;
+        }
+        s.push_str("| time | market | instrument | auction | price | lots | trades |\n");
+        s.push_str("|---|---|---|---|---:|---:|---:|\n");
+        for (clock, id, phase, price, qty, trades) in &self.uncrossings {
+            let (market, symbol, scale) = self.name(*id);
+            s.push_str(&format!(
+                "| {clock} | {market} | {symbol} | {} | {} | {} | {} |\n",
+                phase_name(*phase),
+                price_text(*price, scale),
+                report::count(*qty as u64),
+                report::count(*trades)
+            ));
+        }
+        s
+    }
+}
+
+fn phase_name(phase: Phase) -> &'static str {
+    match phase {
+        Phase::OpeningAuction => "opening auction",
+        Phase::ClosingAuction => "closing auction",
+        Phase::VolatilityAuction => "volatility auction",
+        _ => "phase",
+    }
+}
+
+/// A fixed-point price as text with its scale's decimals.
+fn price_text(price: i64, scale: u8) -> String {
+    let d = 10i64.pow(u32::from(scale));
+    let sign = if price < 0 { "-" } else { "" };
+    let p = price.unsigned_abs();
+    if scale == 0 {
+        return format!("{sign}{p}");
+    }
+    format!(
+        "{sign}{}.{:0w$}",
+        p / d as u64,
+        p % d as u64,
+        w = usize::from(scale)
+    )
+}
+
+/// Follows one replica's committed stream per core (every replica applies the same entries)
+/// and feeds the auction events into `board`, until `stop`.
+fn watch_auctions(
+    deployment: &LocalDeployment,
+    rt: &bourse_cluster::tokio::runtime::Handle,
+    board: &Arc<Mutex<AuctionBoard>>,
+    stop: &Arc<AtomicBool>,
+) {
+    let mut seen = std::collections::BTreeSet::new();
+    for (name, ring) in deployment.stream_rings() {
+        let core = name.split('/').next().unwrap_or("").to_string();
+        if !seen.insert(core) {
+            continue;
+        }
+        let (board, stop) = (Arc::clone(board), Arc::clone(stop));
+        rt.spawn(async move {
+            let mut from = ring.next_index();
+            while !stop.load(Ordering::Relaxed) {
+                let Ok(mut sub) = ring.subscribe(from) else {
+                    // Fell behind the ring: go on from what it keeps now.
+                    from = ring.next_index();
+                    continue;
+                };
+                while let Ok(entry) = sub.recv().await {
+                    from = entry.index + 1;
+                    let Ok(mut b) = board.lock() else { return };
+                    for r in &entry.requests {
+                        if r.kind != bourse_cluster::OutcomeKind::Applied {
+                            continue;
+                        }
+                        if let Ok(events) = bourse_core::codec::decode_events(&r.events) {
+                            for e in &events {
+                                b.on_event(e);
+                            }
+                        }
+                    }
+                }
+                tokio_sleep_ms(100).await;
+                from = from.max(ring.oldest_kept());
+            }
+        });
+    }
 }
 
 async fn tokio_sleep_ms(ms: u64) {
@@ -840,6 +1112,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             );
         }
     }
+    let auctions = Arc::new(Mutex::new(AuctionBoard::new(&profile)));
     if let Some(day) = &day {
         let Some((_, _, _, service)) = &venue.admin else {
             bail!("--day needs the admin API (replicated cores, without --no-admin)");
@@ -848,6 +1121,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
             &venue.deployment,
             Arc::clone(service),
             day,
+            (
+                Arc::clone(&auctions),
+                venue.dashboard.as_ref().map(|(m, _)| Arc::clone(m)),
+            ),
             Arc::clone(&stop),
         )?;
     }
@@ -876,6 +1153,23 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let results = result.map_err(|e| anyhow!(e))?;
     report::write(&out, &results, None, true)
         .map_err(|e| anyhow!("cannot write the report into {}: {e}", out.display()))?;
+    if args.day {
+        // The uncrossings end the report, and the summary names them.
+        let section = auctions.lock().map(|b| b.markdown()).unwrap_or_default();
+        let path = out.join(bourse_loadgen::report::REPORT_MD);
+        let mut md = std::fs::read_to_string(&path).unwrap_or_default();
+        md.push_str(&section);
+        std::fs::write(&path, md)
+            .with_context(|| format!("cannot add the auctions to {}", path.display()))?;
+        if let Ok(b) = auctions.lock() {
+            println!("\ncall auctions: {} uncrossings", b.uncrossings.len());
+            for (name, text) in b.figures() {
+                if name.starts_with("uncrossed") {
+                    println!("  {name}: {text}");
+                }
+            }
+        }
+    }
     let t = &results.totals;
     let l = &results.latency_all;
     println!("\nsummary after {:.1} s", results.elapsed_s);

@@ -481,6 +481,9 @@ fn parse_new_order(router: &Router, m: &NewOrderDecoder<'_>) -> Parsed {
         BinTif::ImmediateOrCancel => Some(TimeInForce::Ioc),
         BinTif::FillOrKill => Some(TimeInForce::Fok),
         BinTif::GoodTillDate => Some(TimeInForce::Gtd),
+        BinTif::AtTheOpening => Some(TimeInForce::AtOpening),
+        BinTif::AtTheClose => Some(TimeInForce::AtClose),
+        BinTif::GoodForAuction => Some(TimeInForce::GoodForAuction),
         _ => None,
     };
     let mut req = NewOrderRequest {

@@ -204,9 +204,14 @@ impl FixApp<'_> {
         let tif = match f.time_in_force {
             None | Some(b"0") => Some(TimeInForce::Day),
             Some(b"1") => Some(TimeInForce::Gtc),
+            Some(b"2") => Some(TimeInForce::AtOpening),
             Some(b"3") => Some(TimeInForce::Ioc),
             Some(b"4") => Some(TimeInForce::Fok),
             Some(b"6") => Some(TimeInForce::Gtd),
+            Some(b"7") => Some(TimeInForce::AtClose),
+            // Good for auction: FIX 4.4 has no value for it; 'B' is the one later FIX
+            // versions gave it.
+            Some(b"B") => Some(TimeInForce::GoodForAuction),
             _ => None,
         };
         let instrument = self

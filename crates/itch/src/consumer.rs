@@ -49,6 +49,11 @@ impl GapRequest {
 pub struct Stock {
     pub stock: [u8; 8],
     pub book: OrderBook,
+    /// During a call auction, its last NOII: paired shares, imbalance shares, imbalance
+    /// direction (`B`, `S`, `N`) and the indicative price; cleared by the Cross Trade.
+    pub imbalance: Option<(u64, u64, u8, u32)>,
+    /// The last Cross Trade: shares, price and cross type.
+    pub last_cross: Option<(u64, u32, u8)>,
 }
 
 /// See the module documentation.
@@ -190,6 +195,11 @@ impl Consumer {
                 executed_shares: n,
                 ..
             }
+            | Body::OrderExecutedWithPrice {
+                order_ref,
+                executed_shares: n,
+                ..
+            }
             | Body::OrderCancel {
                 order_ref,
                 cancelled_shares: n,
@@ -217,6 +227,32 @@ impl Consumer {
                         ts_ns: m.header.timestamp_ns,
                     })
                 })
+            }
+            Body::Noii {
+                paired_shares,
+                imbalance_shares,
+                imbalance_direction,
+                near_price,
+                ..
+            } => {
+                self.stocks.entry(locate).or_default().imbalance = Some((
+                    paired_shares,
+                    imbalance_shares,
+                    imbalance_direction,
+                    near_price,
+                ));
+                Ok(())
+            }
+            Body::CrossTrade {
+                shares,
+                cross_price,
+                cross_type,
+                ..
+            } => {
+                let stock = self.stocks.entry(locate).or_default();
+                stock.imbalance = None;
+                stock.last_cross = Some((shares, cross_price, cross_type));
+                Ok(())
             }
             Body::SystemEvent { .. } | Body::Trade { .. } => Ok(()),
         };

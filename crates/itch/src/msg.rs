@@ -9,8 +9,8 @@ use std::fmt;
 
 /// Bytes of the header every message starts with.
 pub const HEADER_BYTES: usize = 11;
-/// Largest message bourse writes (Trade, 44 bytes).
-pub const MESSAGE_BYTES_MAX: usize = 44;
+/// Largest message bourse writes (Net Order Imbalance Indicator, 50 bytes).
+pub const MESSAGE_BYTES_MAX: usize = 50;
 /// Nanoseconds in a day: ITCH time stamps count from midnight.
 pub const DAY_NS: u64 = 86_400_000_000_000;
 
@@ -22,6 +22,14 @@ pub mod event_code {
     pub const END_OF_MARKET_HOURS: u8 = b'M';
     pub const END_OF_SYSTEM_HOURS: u8 = b'E';
     pub const END_OF_MESSAGES: u8 = b'C';
+}
+
+/// The cross types of Cross Trade (`Q`) and NOII (`I`) messages: the opening auction, the
+/// closing auction, and a halt's cross (bourse's volatility auction).
+pub mod cross_type {
+    pub const OPENING: u8 = b'O';
+    pub const CLOSING: u8 = b'C';
+    pub const HALT: u8 = b'H';
 }
 
 /// The header fields every message carries.
@@ -98,6 +106,38 @@ pub enum Body {
         price: u32,
         match_number: u64,
     },
+    /// `C`: part or all of a resting order executed at a price of its own: bourse's form of
+    /// an execution in a call auction's uncrossing, `printable` `N` because the Cross Trade
+    /// that follows carries the print.
+    OrderExecutedWithPrice {
+        order_ref: u64,
+        executed_shares: u32,
+        match_number: u64,
+        printable: u8,
+        price: u32,
+    },
+    /// `Q`: a call auction uncrossed: every share it executed at one price.
+    CrossTrade {
+        shares: u64,
+        stock: [u8; 8],
+        cross_price: u32,
+        match_number: u64,
+        cross_type: u8,
+    },
+    /// `I` (NOII): a call auction's indicative uncrossing: the shares that would pair off,
+    /// the imbalance and its side (`B`, `S`, or `N` for none), and the indicative price as
+    /// the far, near and reference price alike (bourse has one indicative price).
+    Noii {
+        paired_shares: u64,
+        imbalance_shares: u64,
+        imbalance_direction: u8,
+        stock: [u8; 8],
+        far_price: u32,
+        near_price: u32,
+        reference_price: u32,
+        cross_type: u8,
+        price_variation: u8,
+    },
 }
 
 /// A message: header and body.
@@ -157,6 +197,9 @@ impl Body {
             Body::OrderDelete { .. } => b'D',
             Body::OrderReplace { .. } => b'U',
             Body::Trade { .. } => b'P',
+            Body::OrderExecutedWithPrice { .. } => b'C',
+            Body::CrossTrade { .. } => b'Q',
+            Body::Noii { .. } => b'I',
         }
     }
 }
@@ -172,6 +215,9 @@ pub fn length_of(kind: u8) -> Option<usize> {
         b'D' => 19,
         b'U' => 35,
         b'P' => 44,
+        b'C' => 36,
+        b'Q' => 40,
+        b'I' => 50,
         _ => return None,
     })
 }
@@ -279,6 +325,53 @@ impl Message {
                 out.extend_from_slice(&price.to_be_bytes());
                 out.extend_from_slice(&match_number.to_be_bytes());
             }
+            Body::OrderExecutedWithPrice {
+                order_ref,
+                executed_shares,
+                match_number,
+                printable,
+                price,
+            } => {
+                out.extend_from_slice(&order_ref.to_be_bytes());
+                out.extend_from_slice(&executed_shares.to_be_bytes());
+                out.extend_from_slice(&match_number.to_be_bytes());
+                out.push(printable);
+                out.extend_from_slice(&price.to_be_bytes());
+            }
+            Body::CrossTrade {
+                shares,
+                stock,
+                cross_price,
+                match_number,
+                cross_type,
+            } => {
+                out.extend_from_slice(&shares.to_be_bytes());
+                out.extend_from_slice(&stock);
+                out.extend_from_slice(&cross_price.to_be_bytes());
+                out.extend_from_slice(&match_number.to_be_bytes());
+                out.push(cross_type);
+            }
+            Body::Noii {
+                paired_shares,
+                imbalance_shares,
+                imbalance_direction,
+                stock,
+                far_price,
+                near_price,
+                reference_price,
+                cross_type,
+                price_variation,
+            } => {
+                out.extend_from_slice(&paired_shares.to_be_bytes());
+                out.extend_from_slice(&imbalance_shares.to_be_bytes());
+                out.push(imbalance_direction);
+                out.extend_from_slice(&stock);
+                out.extend_from_slice(&far_price.to_be_bytes());
+                out.extend_from_slice(&near_price.to_be_bytes());
+                out.extend_from_slice(&reference_price.to_be_bytes());
+                out.push(cross_type);
+                out.push(price_variation);
+            }
         }
         debug_assert_eq!(out.len() - start, self.len());
     }
@@ -348,6 +441,31 @@ impl Message {
                 new_ref: r.u64(19),
                 shares: r.u32(27),
                 price: r.u32(31),
+            },
+            b'C' => Body::OrderExecutedWithPrice {
+                order_ref: r.u64(11),
+                executed_shares: r.u32(19),
+                match_number: r.u64(23),
+                printable: bytes[31],
+                price: r.u32(32),
+            },
+            b'Q' => Body::CrossTrade {
+                shares: r.u64(11),
+                stock: r.stock(19),
+                cross_price: r.u32(27),
+                match_number: r.u64(31),
+                cross_type: bytes[39],
+            },
+            b'I' => Body::Noii {
+                paired_shares: r.u64(11),
+                imbalance_shares: r.u64(19),
+                imbalance_direction: bytes[27],
+                stock: r.stock(28),
+                far_price: r.u32(36),
+                near_price: r.u32(40),
+                reference_price: r.u32(44),
+                cross_type: bytes[48],
+                price_variation: bytes[49],
             },
             _ => Body::Trade {
                 order_ref: r.u64(11),
@@ -487,6 +605,68 @@ mod tests {
                         match_number,
                     }
                 }),
+            (
+                any::<u64>(),
+                any::<u32>(),
+                any::<u64>(),
+                any::<u8>(),
+                any::<u32>()
+            )
+                .prop_map(
+                    |(order_ref, executed_shares, match_number, printable, price)| {
+                        Body::OrderExecutedWithPrice {
+                            order_ref,
+                            executed_shares,
+                            match_number,
+                            printable,
+                            price,
+                        }
+                    }
+                ),
+            (
+                any::<u64>(),
+                any::<[u8; 8]>(),
+                any::<u32>(),
+                any::<u64>(),
+                any::<u8>()
+            )
+                .prop_map(|(shares, stock, cross_price, match_number, cross_type)| {
+                    Body::CrossTrade {
+                        shares,
+                        stock,
+                        cross_price,
+                        match_number,
+                        cross_type,
+                    }
+                }),
+            (
+                (any::<u64>(), any::<u64>(), any::<u8>(), any::<[u8; 8]>()),
+                (
+                    any::<u32>(),
+                    any::<u32>(),
+                    any::<u32>(),
+                    any::<u8>(),
+                    any::<u8>()
+                )
+            )
+                .prop_map(
+                    |(
+                        (paired, imbalance, direction, stock),
+                        (far, near, reference, cross, variation),
+                    )| {
+                        Body::Noii {
+                            paired_shares: paired,
+                            imbalance_shares: imbalance,
+                            imbalance_direction: direction,
+                            stock,
+                            far_price: far,
+                            near_price: near,
+                            reference_price: reference,
+                            cross_type: cross,
+                            price_variation: variation,
+                        }
+                    }
+                ),
         ]
     }
 

@@ -7,8 +7,8 @@
 //! (a replace that lost priority, an iceberg refill) gets a fresh reference from
 //! [`REPLACEMENT_REF_BASE`] up, as ITCH wants a new reference for every entry into the book.
 
-use crate::msg::{event_code, stock_of, Body, Header, Message, StockDirectory, DAY_NS};
-use bourse_core::{Event, Instrument, OrderLog, OrderLogAction, Side};
+use crate::msg::{cross_type, event_code, stock_of, Body, Header, Message, StockDirectory, DAY_NS};
+use bourse_core::{Event, Instrument, OrderLog, OrderLogAction, Phase, Side};
 use bourse_marketdata::{BookOrder, OrderBook};
 use std::collections::{BTreeMap, HashMap};
 
@@ -43,6 +43,8 @@ struct Inst {
     /// ITCH price = core price × this; `None` if the scale exceeds four decimals.
     price_mul: Option<u32>,
     book: OrderBook,
+    /// The phase the instrument is in: a call auction's NOII names its cross type.
+    phase: Phase,
 }
 
 #[derive(Clone, Copy)]
@@ -54,6 +56,18 @@ struct PendingExec {
     price: i64,
     qty: i64,
     ts_ns: u64,
+    /// An execution in a call auction's uncrossing: published as a non-printable Order
+    /// Executed With Price, its hidden part not at all (the Cross Trade prints the whole).
+    auction: bool,
+}
+
+/// The uncrossing being published: its match number (its first trade's id), its price, and
+/// per order what it executed in it, until the order's order-log record comes.
+#[derive(Default)]
+struct Cross {
+    match_number: Option<u64>,
+    price: i64,
+    fills: BTreeMap<u64, i64>,
 }
 
 #[derive(Clone, Copy)]
@@ -74,6 +88,7 @@ pub struct Projection {
     next_replacement_ref: u64,
     pending_exec: Option<PendingExec>,
     pending_replace: Option<PendingReplace>,
+    cross: Cross,
     stats: ProjectionStats,
 }
 
@@ -96,6 +111,7 @@ impl Projection {
             next_replacement_ref: REPLACEMENT_REF_BASE,
             pending_exec: None,
             pending_replace: None,
+            cross: Cross::default(),
             stats: ProjectionStats::default(),
         }
     }
@@ -171,6 +187,7 @@ impl Projection {
                 stock,
                 price_mul,
                 book: OrderBook::new(),
+                phase: Phase::Open,
             },
         );
         let dir = StockDirectory {
@@ -246,6 +263,10 @@ impl Projection {
     }
 
     fn hidden_trade(&mut self, x: PendingExec, qty: i64, out: &mut Vec<Message>) {
+        if x.auction {
+            // The uncrossing's Cross Trade prints every share of it.
+            return;
+        }
         let Some(inst) = self.instruments.get(&x.instrument) else {
             return;
         };
@@ -285,13 +306,32 @@ impl Projection {
             }
             Event::Trade {
                 trade_id,
+                price,
+                qty,
+                buy,
+                sell,
+                auction: true,
+                ..
+            } => {
+                // Both orders of an auction trade rest; each executes in the uncrossing and
+                // its order-log record comes once it has had all its fills.
+                self.flush_pending(out);
+                let cross = &mut self.cross;
+                cross.match_number.get_or_insert(trade_id.0);
+                cross.price = price.0;
+                for id in [buy.order_id, sell.order_id] {
+                    *cross.fills.entry(id.0).or_insert(0) += qty.0;
+                }
+            }
+            Event::Trade {
+                trade_id,
                 instrument,
                 price,
                 qty,
                 aggressor,
                 buy,
                 sell,
-                auction: _,
+                auction: false,
                 ts_ns,
             } => {
                 self.flush_pending(out);
@@ -307,7 +347,82 @@ impl Projection {
                     price: price.0,
                     qty: qty.0,
                     ts_ns,
+                    auction: false,
                 });
+            }
+            Event::PhaseChanged {
+                instrument, phase, ..
+            } => {
+                if let Some(inst) = self.instruments.get_mut(&instrument.0) {
+                    inst.phase = phase;
+                }
+            }
+            Event::AuctionIndicative {
+                instrument,
+                price,
+                qty,
+                surplus,
+                surplus_side,
+                ts_ns,
+            } => {
+                self.flush_pending(out);
+                let Some(inst) = self.instruments.get(&instrument.0) else {
+                    return;
+                };
+                if inst.price_mul.is_none() {
+                    return;
+                }
+                let (locate, stock) = (inst.locate, inst.stock);
+                let cross = cross_type_of(inst.phase);
+                let Some(price) = itch_price(inst.price_mul, price.0) else {
+                    self.stats.unrepresentable += 1;
+                    return;
+                };
+                let body = Body::Noii {
+                    paired_shares: qty.0.max(0) as u64,
+                    imbalance_shares: surplus.0.max(0) as u64,
+                    imbalance_direction: surplus_side.map_or(b'N', side_byte),
+                    stock,
+                    far_price: price,
+                    near_price: price,
+                    reference_price: price,
+                    cross_type: cross,
+                    // Not computed: ITCH's "cannot be calculated".
+                    price_variation: b' ',
+                };
+                self.emit(locate, ts_ns, body, out);
+            }
+            Event::AuctionUncrossed {
+                instrument,
+                auction,
+                price,
+                qty,
+                ts_ns,
+            } => {
+                self.flush_pending(out);
+                let cross = std::mem::take(&mut self.cross);
+                debug_assert!(cross.fills.is_empty(), "an auction fill without its record");
+                let Some(inst) = self.instruments.get(&instrument.0) else {
+                    return;
+                };
+                if inst.price_mul.is_none() {
+                    return;
+                }
+                let (locate, stock) = (inst.locate, inst.stock);
+                let Some(cross_price) = itch_price(inst.price_mul, price.0) else {
+                    self.stats.unrepresentable += 1;
+                    return;
+                };
+                // Sent for every uncrossing, with 0 shares when nothing executed, as NASDAQ
+                // does.
+                let body = Body::CrossTrade {
+                    shares: qty.0.max(0) as u64,
+                    stock,
+                    cross_price,
+                    match_number: cross.match_number.unwrap_or(0),
+                    cross_type: cross_type_of(auction),
+                };
+                self.emit(locate, ts_ns, body, out);
             }
             Event::OrderReplaced {
                 order_id,
@@ -353,7 +468,16 @@ impl Projection {
         }
         let exec = match self.pending_exec {
             Some(p) if p.resting_order == id => self.pending_exec.take(),
-            _ => None,
+            _ => self.cross.fills.remove(&id).map(|qty| PendingExec {
+                resting_order: id,
+                resting_side: l.side,
+                instrument,
+                match_number: self.cross.match_number.unwrap_or(0),
+                price: self.cross.price,
+                qty,
+                ts_ns: l.ts_ns,
+                auction: true,
+            }),
         };
         // A replace that lost priority continues here only for the same order.
         let replaced = match self.pending_replace {
@@ -525,10 +649,24 @@ impl Projection {
         };
         let shown = x.qty.min(p.qty);
         if shown > 0 {
-            let body = Body::OrderExecuted {
-                order_ref,
-                executed_shares: u32::try_from(shown).unwrap_or(u32::MAX),
-                match_number: x.match_number,
+            let executed_shares = u32::try_from(shown).unwrap_or(u32::MAX);
+            let price_mul = self
+                .instruments
+                .get(&x.instrument)
+                .and_then(|i| i.price_mul);
+            let body = match (x.auction, itch_price(price_mul, x.price)) {
+                (true, Some(price)) => Body::OrderExecutedWithPrice {
+                    order_ref,
+                    executed_shares,
+                    match_number: x.match_number,
+                    printable: b'N',
+                    price,
+                },
+                _ => Body::OrderExecuted {
+                    order_ref,
+                    executed_shares,
+                    match_number: x.match_number,
+                },
             };
             self.emit(locate, ts, body, out);
         }
@@ -608,6 +746,15 @@ impl Projection {
 }
 
 /// A core price as ITCH's Price(4), if it fits.
+/// The cross type of a call auction phase (a volatility auction is a halt's cross).
+fn cross_type_of(phase: Phase) -> u8 {
+    match phase {
+        Phase::ClosingAuction => cross_type::CLOSING,
+        Phase::VolatilityAuction => cross_type::HALT,
+        _ => cross_type::OPENING,
+    }
+}
+
 fn itch_price(price_mul: Option<u32>, price: i64) -> Option<u32> {
     let v = price.checked_mul(i64::from(price_mul?))?;
     u32::try_from(v).ok()

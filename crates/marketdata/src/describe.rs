@@ -127,12 +127,21 @@ pub fn message(m: &Message<'_>) -> String {
             d.number_of_trades()
         ),
         Message::Trade(d) => format!(
-            "Trade sec={} id={} {}x{} aggressor={:?}",
+            "Trade sec={} id={} {}x{} aggressor={:?} {:?}",
             d.security_id(),
             d.trade_id(),
             d.qty(),
             d.price(),
-            d.aggressor_side()
+            d.aggressor_side(),
+            d.trade_type()
+        ),
+        Message::AuctionIndicative(d) => format!(
+            "AuctionIndicative sec={} {}x{:?} surplus={} {:?}",
+            d.security_id(),
+            d.qty(),
+            d.price(),
+            d.surplus(),
+            d.surplus_side()
         ),
         Message::ReplayRequest(d) => format!(
             "ReplayRequest from={} count={}",

@@ -23,6 +23,11 @@
 //!   aggressor and, if it rests, comes back as New).
 //! - `Delete` for an order in the book: OrderUpdate Delete, or OrderExecution Delete after a
 //!   trade; for an order never in the book: nothing.
+//! - In a call auction's uncrossing both orders of a trade rest and an order may trade several
+//!   times before its record: its `Change` or `Delete` is an OrderUpdate (in place when it
+//!   kept its place), and its trades are on the trades channel, `tradeType` Auction.
+//! - `AuctionIndicative`: an AuctionIndicative message on the same channel, in order with
+//!   the order log that moved it.
 //!
 //! # Failover
 //!
@@ -47,13 +52,14 @@ use bourse_core::{
     Cash, Event, Instrument, InstrumentId, Market, OrderLog, OrderLogAction, Phase, Price, Side,
 };
 use bourse_wire::market_data::codec::{
-    aggregated_book_codec, empty_book_codec::EmptyBookEncoder, heartbeat_codec::HeartbeatEncoder,
+    aggregated_book_codec, auction_indicative_codec::AuctionIndicativeEncoder,
+    empty_book_codec::EmptyBookEncoder, heartbeat_codec::HeartbeatEncoder,
     market::Market as WireMarket, md_update_action::MdUpdateAction, order_book_snapshot_codec,
     order_execution_codec::OrderExecutionEncoder, order_update_codec::OrderUpdateEncoder,
     security_definition_codec::SecurityDefinitionEncoder,
     security_status_codec::SecurityStatusEncoder, security_trading_status::SecurityTradingStatus,
-    sequence_reset_codec::SequenceResetEncoder, side::Side as WireSide,
-    statistics_codec::StatisticsEncoder, trade_codec::TradeEncoder,
+    sequence_reset_codec::SequenceResetEncoder, side::Side as WireSide, side_opt::SideOpt,
+    statistics_codec::StatisticsEncoder, trade_codec::TradeEncoder, trade_type::TradeType,
     trading_session_state::TradingSessionState,
     trading_session_status_codec::TradingSessionStatusEncoder,
 };
@@ -95,7 +101,8 @@ const GROUP_HEADER_BYTES: usize = 3;
 const ORDER_UPDATE_BYTES: usize = MESSAGE_HEADER_BYTES + 34;
 const ORDER_EXECUTION_BYTES: usize = MESSAGE_HEADER_BYTES + 58;
 const EMPTY_BOOK_BYTES: usize = MESSAGE_HEADER_BYTES + 8;
-const TRADE_BYTES: usize = MESSAGE_HEADER_BYTES + 29;
+const TRADE_BYTES: usize = MESSAGE_HEADER_BYTES + 30;
+const AUCTION_INDICATIVE_BYTES: usize = MESSAGE_HEADER_BYTES + 29;
 const STATISTICS_BYTES: usize = MESSAGE_HEADER_BYTES + 104;
 const SECURITY_STATUS_BYTES: usize = MESSAGE_HEADER_BYTES + 21;
 const SESSION_STATUS_BYTES: usize = MESSAGE_HEADER_BYTES + 6;
@@ -136,9 +143,9 @@ fn wire_status(phase: Phase) -> SecurityTradingStatus {
         // orders kept, back by schedule".
         Phase::Paused => SecurityTradingStatus::Suspended,
         // A call auction: orders are taken, nothing trades until the uncrossing.
-        Phase::OpeningAuction | Phase::ClosingAuction | Phase::VolatilityAuction => {
-            SecurityTradingStatus::PreOpen
-        }
+        Phase::OpeningAuction => SecurityTradingStatus::OpeningAuction,
+        Phase::ClosingAuction => SecurityTradingStatus::ClosingAuction,
+        Phase::VolatilityAuction => SecurityTradingStatus::VolatilityAuction,
     }
 }
 
@@ -1092,6 +1099,7 @@ impl Publisher {
                 aggressor,
                 buy,
                 sell,
+                auction,
                 ..
             } => {
                 let i = self.instrument_index(instrument);
@@ -1103,7 +1111,10 @@ impl Publisher {
                     Side::Buy => sell.order_id,
                     Side::Sell => buy.order_id,
                 };
-                self.pending_exec = Some(PendingExec {
+                // In an uncrossing both orders rest and one may trade several times before its
+                // order-log record comes, so its record is an OrderUpdate of what is left and
+                // the trades are on the trades channel alone (tradeType Auction).
+                self.pending_exec = (!auction).then_some(PendingExec {
                     resting_order: resting.0,
                     trade_id: trade_id.0,
                     price: price.0,
@@ -1116,7 +1127,40 @@ impl Publisher {
                         .price(price.0)
                         .qty(qty.0)
                         .security_id(id)
-                        .aggressor_side(wire_side(aggressor));
+                        .aggressor_side(wire_side(aggressor))
+                        .trade_type(if auction {
+                            TradeType::Auction
+                        } else {
+                            TradeType::Continuous
+                        });
+                    e
+                });
+            }
+            Event::AuctionIndicative {
+                instrument,
+                price,
+                qty,
+                surplus,
+                surplus_side,
+                ..
+            } => {
+                // On the incremental channel, in order with the order log that moved it, so a
+                // subscriber sees the indicative uncrossing of the book it just rebuilt.
+                let i = self.instrument_index(instrument);
+                let id = self.instruments[i].id;
+                let side = match surplus_side {
+                    None => SideOpt::None,
+                    Some(Side::Buy) => SideOpt::Buy,
+                    Some(Side::Sell) => SideOpt::Sell,
+                };
+                let price = (qty.0 > 0).then_some(price.0);
+                self.reserve(Channel::Orders, AUCTION_INDICATIVE_BYTES, now_ns);
+                self.channels[Channel::Orders.index()].put(|mut e: AuctionIndicativeEncoder| {
+                    e.security_id(id)
+                        .price_opt(price)
+                        .qty(qty.0)
+                        .surplus(surplus.0)
+                        .surplus_side(side);
                     e
                 });
             }

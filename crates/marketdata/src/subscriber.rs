@@ -28,7 +28,7 @@ use crate::{Channel, Feed, CHANNEL_COUNT};
 use bourse_core::Side;
 use bourse_wire::market_data::codec::{
     md_update_action::MdUpdateAction, security_trading_status::SecurityTradingStatus,
-    side::Side as WireSide,
+    side::Side as WireSide, side_opt::SideOpt, trade_type::TradeType,
 };
 use bourse_wire::market_data::{parse_packet, Message, MsgFlags, Packet, REPLAY_COUNT_MAX};
 use bourse_wire::Error as WireError;
@@ -169,6 +169,18 @@ pub struct StatsView {
     pub trades: u32,
 }
 
+/// An instrument's indicative uncrossing during a call auction, as last published.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IndicativeView {
+    /// Where the book would uncross now; none when it does not cross.
+    pub price: Option<i64>,
+    /// What would execute at `price`.
+    pub qty: i64,
+    /// What would be left unmatched at `price` (the imbalance), and on which side.
+    pub surplus: i64,
+    pub surplus_side: Option<Side>,
+}
+
 /// What the subscriber knows of one instrument.
 #[derive(Clone, Debug, Default)]
 pub struct InstrumentView {
@@ -192,6 +204,11 @@ pub struct InstrumentView {
     /// subscriber that recovered a gap from a snapshot learns it again at the next pass of
     /// the instruments loop).
     pub band: Option<(i64, i64)>,
+    /// During a call auction, its indicative uncrossing; none outside one (cleared when the
+    /// instrument's status leaves the auction).
+    pub indicative: Option<IndicativeView>,
+    /// Trades of call auctions' uncrossings seen on the trades channel.
+    pub auction_trades: u32,
     pending: VecDeque<Pending>,
     assembly: Option<(u32, Vec<BookOrder>)>,
 }
@@ -217,6 +234,16 @@ impl ChannelIn {
         };
         (end > exp).then_some(end)
     }
+}
+
+/// Whether a published trading status is one of the call auctions'.
+fn is_auction(status: SecurityTradingStatus) -> bool {
+    matches!(
+        status,
+        SecurityTradingStatus::OpeningAuction
+            | SecurityTradingStatus::ClosingAuction
+            | SecurityTradingStatus::VolatilityAuction
+    )
 }
 
 /// A market data subscriber. See the module documentation.
@@ -583,16 +610,40 @@ impl Subscriber {
             },
             Message::SecurityStatus(d) => {
                 if let Some(inst) = self.inst(d.security_id()) {
-                    inst.status = Some(d.trading_status());
+                    let status = d.trading_status();
+                    inst.status = Some(status);
+                    if !is_auction(status) {
+                        inst.indicative = None;
+                    }
                     if let (Some(low), Some(high)) = (d.low_limit_px(), d.high_limit_px()) {
                         inst.band = Some((low, high));
                     }
                 }
             }
+            Message::AuctionIndicative(d) => {
+                let view = IndicativeView {
+                    price: d.price(),
+                    qty: d.qty(),
+                    surplus: d.surplus(),
+                    surplus_side: match d.surplus_side() {
+                        SideOpt::Buy => Some(Side::Buy),
+                        SideOpt::Sell => Some(Side::Sell),
+                        SideOpt::None | SideOpt::NullVal => None,
+                    },
+                };
+                if let Some(inst) = self.inst(d.security_id()) {
+                    inst.indicative = Some(view);
+                }
+            }
             Message::Trade(d) => {
                 self.stats.trades += 1;
-                self.last_trade
-                    .insert(d.security_id(), (d.price(), d.qty()));
+                let id = d.security_id();
+                self.last_trade.insert(id, (d.price(), d.qty()));
+                if d.trade_type() == TradeType::Auction {
+                    if let Some(inst) = self.inst(id) {
+                        inst.auction_trades += 1;
+                    }
+                }
             }
             Message::AggregatedBook(d) => {
                 let id = d.security_id();

@@ -128,6 +128,11 @@ pub fn item_of(m: &Message) -> Item {
             executed_shares: by,
             ..
         }
+        | Body::OrderExecutedWithPrice {
+            order_ref,
+            executed_shares: by,
+            ..
+        }
         | Body::OrderCancel {
             order_ref,
             cancelled_shares: by,
@@ -158,7 +163,10 @@ pub fn item_of(m: &Message) -> Item {
                 stock: d.stock,
             }
         }
-        Body::SystemEvent { .. } | Body::Trade { .. } => return Item::Other,
+        Body::SystemEvent { .. }
+        | Body::Trade { .. }
+        | Body::CrossTrade { .. }
+        | Body::Noii { .. } => return Item::Other,
     })
 }
 

@@ -72,10 +72,21 @@ pub const REPLAY_FRAME_BYTES_MAX: usize = FRAME_HEADER_BYTES + PACKET_BYTES_MAX;
 
 const GROUP_HEADER_BYTES: usize = 3;
 
+/// Root block length of a version 1 Trade: version 2 appended `tradeType`.
+pub const TRADE_V1_BLOCK_LENGTH: u16 = 29;
+
+/// Root block lengths of older versions: version 2 appended `tradeType` to Trade (a version 1
+/// Trade reads as a continuous trade); no other template changed.
+fn older_block_length(template: TemplateId, version: u16) -> Option<u16> {
+    match template {
+        TemplateId::Trade if version < 2 => Some(TRADE_V1_BLOCK_LENGTH),
+        _ => None,
+    }
+}
+
 schema_messages! {
     sbe = bourse_sbe_market_data;
-    // Every message of the market data schema is as version 1 defined it.
-    older_block_length = crate::sbe::no_older_block_length;
+    older_block_length = older_block_length;
     Heartbeat => heartbeat_codec::HeartbeatDecoder / HeartbeatEncoder [],
     SequenceReset => sequence_reset_codec::SequenceResetDecoder / SequenceResetEncoder [],
     BestPrices => best_prices_codec::BestPricesDecoder / BestPricesEncoder [GroupLayout {
@@ -112,6 +123,8 @@ schema_messages! {
         }],
     Statistics => statistics_codec::StatisticsDecoder / StatisticsEncoder [],
     Trade => trade_codec::TradeDecoder / TradeEncoder [],
+    AuctionIndicative =>
+        auction_indicative_codec::AuctionIndicativeDecoder / AuctionIndicativeEncoder [],
     ReplayRequest => replay_request_codec::ReplayRequestDecoder / ReplayRequestEncoder [],
     ReplayResponse => replay_response_codec::ReplayResponseDecoder / ReplayResponseEncoder [],
 }

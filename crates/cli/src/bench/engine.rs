@@ -665,25 +665,27 @@ fn uncross(args: &EngineBenchArgs) -> Result<()> {
             phase: Phase::Open,
         },
     );
-    let (mut entry_ns, mut uncross_ns) = (Vec::new(), Vec::new());
+    // Every order's entry and every run's uncrossing go into HDR histograms, as in every
+    // other bench; the clock read per order costs the same in every run.
+    let (mut entry_h, mut uncross_h) = (histogram(), histogram());
     let (mut trades, mut indicative, mut hash) = (0usize, 0usize, None);
     for _ in 0..args.uncross_runs {
         let mut e = Engine::restore(&start)?;
         indicative = 0;
-        let t0 = Instant::now();
         for cmd in &orders {
             events.clear();
+            let t0 = Instant::now();
             e.apply(cmd, &mut events);
+            record(&mut entry_h, t0.elapsed().as_nanos() as u64);
             indicative += events
                 .iter()
                 .filter(|ev| matches!(ev, Event::AuctionIndicative { .. }))
                 .count();
         }
-        entry_ns.push(t0.elapsed().as_nanos() as f64 / f64::from(n));
         events.clear();
         let t1 = Instant::now();
         e.apply(&open, &mut events);
-        uncross_ns.push(t1.elapsed().as_nanos() as f64);
+        record(&mut uncross_h, t1.elapsed().as_nanos() as u64);
         trades = events
             .iter()
             .filter(|ev| matches!(ev, Event::Trade { .. }))
@@ -693,11 +695,7 @@ fn uncross(args: &EngineBenchArgs) -> Result<()> {
             bail!("the runs of the uncrossing ended in different states");
         }
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (entry, uncross) = (median(&mut entry_ns), median(&mut uncross_ns));
+    let (entry, uncross) = (Latency::of(&entry_h), Latency::of(&uncross_h));
     if args.json {
         println!(
             "{}",
@@ -705,26 +703,25 @@ fn uncross(args: &EngineBenchArgs) -> Result<()> {
                 "mode": "uncross",
                 "orders": n,
                 "runs": args.uncross_runs,
-                "entry_ns_per_order": entry,
+                "entry_latency_ns": entry,
                 "indicative_events": indicative,
-                "uncross_ms": uncross / 1e6,
+                "uncross_latency_ns": uncross,
                 "trades": trades,
             })
         );
     } else {
         println!(
             "bourse bench engine --uncross-orders {n}: one instrument in an opening auction, \
-             {n} orders over 100 crossed price levels, medians of {} runs",
+             {n} orders over 100 crossed price levels, {} runs",
             args.uncross_runs
         );
         println!(
-            "  order entry in the call: {entry:.0} ns per order (indicative price included; \
-             {indicative} indicative events)"
+            "  order entry in the call includes the indicative price ({indicative} indicative \
+             events a run); the uncrossing is set_phase open, {trades} trades"
         );
-        println!(
-            "  uncrossing (set_phase open): {:.2} ms, {trades} trades",
-            uncross / 1e6
-        );
+        println!("{}", common::latency_header());
+        println!("{}", common::latency_row("entry", &entry));
+        println!("{}", common::latency_row("uncross", &uncross));
     }
     Ok(())
 }

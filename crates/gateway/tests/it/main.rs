@@ -4,6 +4,7 @@
 //! `cargo test -p bourse-gateway --test it MODULE::`.
 
 mod admission;
+mod auction_tif;
 mod bad_input;
 mod binary_orders;
 mod client_tls;

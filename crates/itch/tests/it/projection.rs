@@ -357,3 +357,148 @@ fn an_instrument_added_at_run_time_gets_its_stock_directory_from_its_event() {
     assert_eq!(stocks, vec![*b"SBER    ", *b"GAZP    "]);
     assert_eq!(projection.locate(2), Some(2));
 }
+
+/// A day with an opening auction, read by `itchy`: NOII while the books are called, each
+/// executed order's non-printable Order Executed With Price at the uncrossing, one Cross Trade
+/// per instrument with every share of it, and the books the core's after it; bourse's own
+/// consumer agrees.
+#[test]
+fn an_uncrossing_is_published_as_noii_executions_with_price_and_a_cross_trade() {
+    use bourse_core::Phase;
+    let rec = record_phases(
+        5,
+        &[
+            (None, 1_000),
+            (Some(Phase::OpeningAuction), 1_500),
+            (Some(Phase::Open), 500),
+        ],
+    );
+    let (feed, packets) = itch_packets(&rec, FeedLimits::default());
+    let mut books = IndependentBooks::default();
+    for (_, m) in messages_of(&packets) {
+        books.apply(&itchy_decode(&m));
+    }
+    assert_books_equal_engine(&rec, &books, |id| feed.projection().locate(id).unwrap());
+
+    // What the core said of the uncrossing, per published instrument.
+    let mut uncrossed: BTreeMap<u32, (i64, i64)> = BTreeMap::new();
+    let mut last_indicative: BTreeMap<u32, (i64, i64, i64)> = BTreeMap::new();
+    let mut auction_trades: BTreeMap<u64, u64> = BTreeMap::new();
+    let defs: BTreeMap<u32, &bourse_core::Instrument> =
+        rec.defs.iter().map(|d| (d.instrument.0, d)).collect();
+    for e in rec.batches.iter().flatten() {
+        match *e {
+            Event::AuctionUncrossed {
+                instrument,
+                price,
+                qty,
+                ..
+            } if published(defs[&instrument.0]) => {
+                uncrossed.insert(instrument.0, (price.0, qty.0));
+            }
+            Event::AuctionIndicative {
+                instrument,
+                price,
+                qty,
+                surplus,
+                ..
+            } if published(defs[&instrument.0]) => {
+                last_indicative.insert(instrument.0, (price.0, qty.0, surplus.0));
+            }
+            Event::Trade {
+                trade_id,
+                qty,
+                auction: true,
+                instrument,
+                ..
+            } if published(defs[&instrument.0]) => {
+                auction_trades.insert(trade_id.0, qty.0 as u64);
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        uncrossed.values().any(|u| u.1 > 0),
+        "some instrument uncrossed with trades"
+    );
+    let mut cross_matches = BTreeMap::new();
+    for (&id, &(price, qty)) in &uncrossed {
+        let def = defs[&id];
+        let locate = feed.projection().locate(id).unwrap();
+        let crosses = &books.crosses[&locate];
+        assert_eq!(crosses.len(), 1, "one cross of {}", def.symbol);
+        let (shares, cross_price, cross_type, match_number) = crosses[0];
+        assert_eq!(shares, qty as u64, "{}", def.symbol);
+        assert_eq!(cross_price, itch_price(price, def.price_scale));
+        assert_eq!(cross_type, itchy::CrossType::Opening);
+        if qty > 0 {
+            cross_matches.insert(match_number, qty as u64);
+        }
+        if let Some(&(price, qty, surplus)) = last_indicative.get(&id) {
+            let noii = books.imbalances[&locate].last().copied().unwrap();
+            assert_eq!(
+                (noii.0, noii.1, noii.3),
+                (
+                    qty as u64,
+                    surplus as u64,
+                    itch_price(price, def.price_scale)
+                ),
+                "the last NOII of {}",
+                def.symbol
+            );
+        }
+    }
+    // The executions in the crosses add up, per cross, to twice what it traded (both sides
+    // execute), less what icebergs did not show; none is printable, and no auction trade is
+    // published as a continuous execution.
+    for (m, shares) in &cross_matches {
+        let executed = books.cross_executed_by_match.get(m).copied().unwrap_or(0);
+        assert!(
+            executed <= 2 * shares && executed > 0,
+            "{m}: {executed} of {shares}"
+        );
+    }
+    for id in auction_trades.keys() {
+        assert!(!books.executed_by_match.contains_key(id), "trade {id}");
+    }
+
+    // bourse's consumer: the same books, and each stock's last cross.
+    let mut c = Consumer::new(1 << 16);
+    for p in &packets {
+        c.on_datagram(p);
+    }
+    let s = c.stats();
+    assert_eq!(
+        s.book_errors + s.malformed_messages + s.malformed_packets,
+        0,
+        "{s:?}"
+    );
+    for (&id, &(price, qty)) in &uncrossed {
+        let locate = feed.projection().locate(id).unwrap();
+        let stock = &c.stocks()[&locate];
+        assert_eq!(
+            stock.last_cross,
+            Some((qty as u64, itch_price(price, defs[&id].price_scale), b'O'))
+        );
+        assert_eq!(stock.imbalance, None, "the cross clears the imbalance");
+        let orders: Vec<_> = stock
+            .book
+            .orders()
+            .map(|o| {
+                (
+                    o.side == bourse_core::Side::Buy,
+                    o.price as u32,
+                    o.qty as u32,
+                )
+            })
+            .collect();
+        let core: Vec<_> = engine_shown(&rec.engine, defs[&id])
+            .into_iter()
+            .map(|o| (o.1 == bourse_core::Side::Buy, o.2, o.3))
+            .collect();
+        let (mut a, mut b) = (orders, core);
+        a.sort();
+        b.sort();
+        assert_eq!(a, b, "consumer's book of {}", defs[&id].symbol);
+    }
+}

@@ -163,3 +163,93 @@ fn books_equal_the_engine_in_the_1ms_and_15ms_publication_modes() {
         }
     }
 }
+
+#[test]
+fn books_equal_the_engine_across_a_call_auction_and_its_uncrossing() {
+    let mut h = Harness::new(23, test_publisher_config());
+    let mut sub = Subscriber::new(SubscriberConfig::default());
+    let mut sink = VecSink::default();
+    let deliver = |sub: &mut Subscriber, sink: &mut VecSink, now_ns: u64| {
+        for (c, p) in std::mem::take(&mut sink.packets) {
+            sub.on_packet(c, Feed::A, &p, now_ns);
+        }
+    };
+    let set_phase = |h: &mut Harness, sink: &mut VecSink, phase: bourse_core::Phase| {
+        let mut events = Vec::new();
+        for def in &h.defs {
+            h.now_ns += 2_000;
+            let body = bourse_core::CommandBody::SetPhase {
+                instrument: Some(def.instrument),
+                phase,
+            };
+            h.engine
+                .apply(&bourse_core::Command::new(h.now_ns, body), &mut events);
+        }
+        h.publisher.publish(&events, h.now_ns, sink);
+        h.publisher.tick(h.now_ns, sink);
+    };
+    for _ in 0..2_000 {
+        h.step(20, &mut sink);
+        deliver(&mut sub, &mut sink, h.now_ns);
+    }
+    // Every instrument into its opening auction; the flow goes on, and the books cross.
+    set_phase(&mut h, &mut sink, bourse_core::Phase::OpeningAuction);
+    for _ in 0..2_000 {
+        h.step(20, &mut sink);
+        deliver(&mut sub, &mut sink, h.now_ns);
+    }
+    assert_books_equal(&h.engine, &sub, &h.defs);
+    let mut crossed = 0;
+    for def in &h.defs {
+        let view = sub.instrument(def.instrument.0).unwrap();
+        let want = h.engine.indicative_uncross(def.instrument);
+        // A call starts with no cross and nothing published until the book crosses.
+        let got = view.indicative.map(|i| (i.price, i.qty, i.surplus));
+        match want {
+            Some((price, qty, surplus)) => {
+                crossed += 1;
+                assert_eq!(
+                    got,
+                    Some((Some(price.0), qty.0, surplus.abs())),
+                    "{}",
+                    def.symbol
+                );
+            }
+            None => assert!(
+                matches!(got, None | Some((None, 0, _))),
+                "{}: {got:?}",
+                def.symbol
+            ),
+        }
+    }
+    assert!(crossed > 0, "some book crossed in the call");
+    // The uncrossing: the subscriber's books are the core's again, queue places included.
+    let trades_before = h.engine.counters().trades;
+    set_phase(&mut h, &mut sink, bourse_core::Phase::Open);
+    deliver(&mut sub, &mut sink, h.now_ns);
+    assert!(
+        h.engine.counters().trades > trades_before,
+        "the uncrossing traded"
+    );
+    assert_books_equal(&h.engine, &sub, &h.defs);
+    let auction_trades: u32 = h
+        .defs
+        .iter()
+        .map(|d| sub.instrument(d.instrument.0).unwrap().auction_trades)
+        .sum();
+    assert_eq!(
+        u64::from(auction_trades),
+        h.engine.counters().trades - trades_before
+    );
+    for def in &h.defs {
+        assert_eq!(sub.instrument(def.instrument.0).unwrap().indicative, None);
+    }
+    let s = *sub.stats();
+    assert_eq!(s.book_errors + s.rpt_gaps + s.skipped(), 0, "{s:?}");
+    // And continuous trading goes on from there.
+    for _ in 0..500 {
+        h.step(20, &mut sink);
+        deliver(&mut sub, &mut sink, h.now_ns);
+    }
+    assert_books_equal(&h.engine, &sub, &h.defs);
+}

@@ -445,6 +445,10 @@ struct Client {
     snapshot: Option<(Values, Vec<Values>)>,
     snapshots_checked: u64,
     seen: BTreeMap<String, BTreeSet<String>>,
+    /// Trade ids of the trades whose `tradeType` is Auction.
+    auction_trades: BTreeSet<i128>,
+    /// Every AuctionIndicative's root, in order.
+    indicative: Vec<Values>,
 }
 
 impl Client {
@@ -522,6 +526,9 @@ impl Client {
             }
             "Trade" => {
                 let (sid, qty) = (r.get("securityId"), r.get("qty"));
+                if r.get("tradeType") == doc.value("TradeType", "Auction") as i128 {
+                    self.auction_trades.insert(r.get("tradeId"));
+                }
                 *self.volume.entry(sid).or_default() += qty;
                 self.trades
                     .insert(r.get("tradeId"), (sid, r.get("price"), qty));
@@ -550,6 +557,7 @@ impl Client {
                 let band = (r.get("lowLimitPx"), r.get("highLimitPx"));
                 self.limits.insert(r.get("securityId"), band);
             }
+            "AuctionIndicative" => self.indicative.push(r.clone()),
             _ => {}
         }
     }
@@ -736,6 +744,63 @@ fn a_client_written_from_the_document_builds_the_cores_books() {
         Some(&(halted.0 as i128, halted_value))
     );
     assert_eq!(client.books[&(halted.0 as i128)].rpt_seq, rpt_before);
+
+    // A call auction: its status, the indicative uncrossing on the orders channel as orders
+    // arrive, the uncrossing's trades marked Auction on the trades channel with no
+    // OrderExecution, and the book order by order as the core's after it.
+    let called = h.defs[1].instrument;
+    let sid = called.0 as i128;
+    let feed = |client: &mut Client, sink: &mut VecSink| {
+        for (c, bytes) in std::mem::take(&mut sink.packets) {
+            client.on_packet(&doc, c, &bytes);
+        }
+    };
+    publish_command(&mut h, called, Phase::OpeningAuction, &mut sink);
+    feed(&mut client, &mut sink);
+    assert_eq!(
+        client.statuses.last(),
+        Some(&(
+            sid,
+            doc.value("SecurityTradingStatus", "OpeningAuction") as i128
+        ))
+    );
+    for _ in 0..1_000 {
+        h.step(20, &mut sink);
+        feed(&mut client, &mut sink);
+    }
+    let last = client
+        .indicative
+        .iter()
+        .rev()
+        .find(|r| r.get("securityId") == sid)
+        .expect("an indicative uncrossing of the called instrument");
+    let (price, qty) = (last.get("price"), last.get("qty"));
+    assert!(qty > 0, "its book crossed: {qty}");
+    let (want_price, want_qty, _) = h.engine.indicative_uncross(called).unwrap();
+    assert_eq!((price, qty), (want_price.0 as i128, want_qty.0 as i128));
+    let executions_before = client.executions.len();
+    publish_command(&mut h, called, Phase::Open, &mut sink);
+    feed(&mut client, &mut sink);
+    assert!(!client.auction_trades.is_empty(), "the uncrossing traded");
+    for id in &client.auction_trades {
+        let (t_sid, t_price, _) = client.trades[id];
+        assert_eq!(
+            (t_sid, t_price),
+            (sid, price),
+            "at the one indicative price"
+        );
+        assert!(!client.executions.contains_key(id));
+    }
+    assert_eq!(client.executions.len(), executions_before);
+    let want: Vec<_> = engine_orders(&h.engine, called)
+        .into_iter()
+        .map(|(id, side, px, qty)| (id, side == Side::Buy, px, qty))
+        .collect();
+    assert_eq!(
+        client.books[&sid].in_priority(doc.value("Side", "Buy") as i128),
+        want,
+        "the book after the uncrossing"
+    );
 
     // The snapshot loop agrees with the order log.
     for _ in 0..200 {

@@ -134,7 +134,8 @@ fn malformed_truncated_unknown_template_and_future_version_are_counted_and_skipp
                 }
                 2 => {
                     future += 1;
-                    Some(with_header_field(p, 6, 2))
+                    let from_the_future = bourse_wire::market_data::SCHEMA_VERSION + 1;
+                    Some(with_header_field(p, 6, from_the_future))
                 }
                 3 => {
                     garbage += 1;

@@ -326,6 +326,14 @@ fn touch_market_data(m: &market_data::Message<'_>) -> u64 {
                 ^ d.qty() as u64
                 ^ u64::from(d.security_id())
                 ^ u64::from(u8::from(d.aggressor_side()))
+                ^ u64::from(u8::from(d.trade_type()))
+        }
+        AuctionIndicative(d) => {
+            acc ^= u64::from(d.security_id())
+                ^ d.price().unwrap_or(0) as u64
+                ^ d.qty() as u64
+                ^ d.surplus() as u64
+                ^ u64::from(u8::from(d.surplus_side()))
         }
         ReplayRequest(d) => acc ^= u64::from(d.from_msg_seq_num()) ^ u64::from(d.count()),
         ReplayResponse(d) => {

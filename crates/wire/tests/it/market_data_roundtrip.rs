@@ -510,12 +510,12 @@ fn header_errors_are_specific() {
     );
     // Version from the future in the first message.
     let at = PACKET_HEADER_BYTES + INCREMENTAL_HEADER_BYTES + 6;
-    buf[at..at + 2].copy_from_slice(&2u16.to_le_bytes());
+    buf[at..at + 2].copy_from_slice(&3u16.to_le_bytes());
     assert_eq!(
         parse_packet(&buf).unwrap_err(),
         Error::VersionFromFuture {
-            version: 2,
-            supported: 1
+            version: 3,
+            supported: 2
         }
     );
     // Wrong schema id.
@@ -542,7 +542,7 @@ fn header_errors_are_specific() {
 
 #[test]
 fn every_template_decodes() {
-    assert_eq!(TemplateId::ALL.len(), 15);
+    assert_eq!(TemplateId::ALL.len(), 16);
     for &t in TemplateId::ALL {
         assert_eq!(TemplateId::from_u16(t as u16), Some(t));
     }
@@ -579,7 +579,7 @@ fn order_update_packet_golden_bytes() {
     let hex: Vec<String> = buf[..n].iter().map(|b| format!("{b:02x}")).collect();
     let expected = "e8 03 00 00 46 00 09 00 08 07 06 05 04 03 02 01 \
                     00 07 06 05 04 03 02 01 05 00 00 00 \
-                    22 00 05 00 02 00 01 00 \
+                    22 00 05 00 02 00 02 00 \
                     4d 00 00 00 00 00 00 00 \
                     42 27 00 00 00 00 00 00 \
                     0a 00 00 00 00 00 00 00 \
@@ -589,5 +589,47 @@ fn order_update_packet_golden_bytes() {
     assert_eq!(
         hex.join(" "),
         expected.split_whitespace().collect::<Vec<_>>().join(" ")
+    );
+}
+
+#[test]
+fn a_version_1_trade_without_its_trade_type_is_read_by_its_own_block_length() {
+    let mut buf = vec![0u8; PACKET_BYTES_MAX];
+    let mut w = PacketWriter::new(&mut buf, header(5, MsgFlags::LAST_FRAGMENT), None).unwrap();
+    w.append(|mut e: TradeEncoder| {
+        e.trade_id(7)
+            .price(100)
+            .qty(3)
+            .security_id(42)
+            .aggressor_side(Side::Sell)
+            .trade_type(bourse_wire::market_data::codec::trade_type::TradeType::Auction);
+        e
+    })
+    .unwrap();
+    let n = w.finish().unwrap();
+    // The same message as a version 1 publisher wrote it: blockLength 29, version 1, the
+    // trailing tradeType byte gone, the packet one byte shorter.
+    let mut v1 = buf[..n - 1].to_vec();
+    let at = PACKET_HEADER_BYTES;
+    v1[at..at + 2].copy_from_slice(&29u16.to_le_bytes());
+    v1[at + 6..at + 8].copy_from_slice(&1u16.to_le_bytes());
+    v1[4..6].copy_from_slice(&((n - 1) as u16).to_le_bytes());
+    let p = parse_packet(&v1).unwrap();
+    let Some(Message::Trade(t)) = p.messages().next() else {
+        panic!("a trade")
+    };
+    assert_eq!((t.trade_id(), t.price(), t.qty()), (7, 100, 3));
+    // Not an auction trade: a version 1 feed had none.
+    assert_ne!(
+        t.trade_type(),
+        bourse_wire::market_data::codec::trade_type::TradeType::Auction
+    );
+    // And the version 2 message says Auction.
+    let Some(Message::Trade(t)) = parse_packet(&buf[..n]).unwrap().messages().next() else {
+        panic!("a trade")
+    };
+    assert_eq!(
+        t.trade_type(),
+        bourse_wire::market_data::codec::trade_type::TradeType::Auction
     );
 }

@@ -583,7 +583,7 @@ fn new_order_golden_bytes() {
     });
     let hex: Vec<String> = buf.iter().map(|b| format!("{b:02x}")).collect();
     let expected = "3f 00 50 eb \
-                    33 00 64 00 01 00 05 00 \
+                    33 00 64 00 01 00 06 00 \
                     2a 00 00 00 00 00 00 00 \
                     42 27 00 00 00 00 00 00 \
                     0a 00 00 00 00 00 00 00 \

@@ -20,6 +20,12 @@ pub struct Recording {
 }
 
 pub fn record(seed: u64, batches: usize) -> Recording {
+    record_phases(seed, &[(None, batches)])
+}
+
+/// A recorded run in segments: each first puts every instrument in its phase (if given, as
+/// one batch of `SetPhase` commands), then runs its number of batches of the flow.
+pub fn record_phases(seed: u64, segments: &[(Option<Phase>, usize)]) -> Recording {
     let mut fc = FlowConfig::three_markets(200, seed);
     fc.live_orders_target = 1_500;
     let defs = fc.instruments.clone();
@@ -39,15 +45,29 @@ pub fn record(seed: u64, batches: usize) -> Recording {
     }
     let mut out = vec![std::mem::take(&mut events)];
     let mut rng = Rng::new(seed ^ 0xABCD);
-    for _ in 0..batches {
-        let mut batch = Vec::new();
-        for _ in 0..1 + rng.below(20) {
-            now_ns += 2_000;
-            let start = batch.len();
-            engine.apply(&Command::new(now_ns, flow.next_command()), &mut batch);
-            flow.observe(&batch[start..]);
+    for &(phase, batches) in segments {
+        if let Some(phase) = phase {
+            let mut batch = Vec::new();
+            for def in &defs {
+                now_ns += 2_000;
+                let body = CommandBody::SetPhase {
+                    instrument: Some(def.instrument),
+                    phase,
+                };
+                engine.apply(&Command::new(now_ns, body), &mut batch);
+            }
+            out.push(batch);
         }
-        out.push(batch);
+        for _ in 0..batches {
+            let mut batch = Vec::new();
+            for _ in 0..1 + rng.below(20) {
+                now_ns += 2_000;
+                let start = batch.len();
+                engine.apply(&Command::new(now_ns, flow.next_command()), &mut batch);
+                flow.observe(&batch[start..]);
+            }
+            out.push(batch);
+        }
     }
     Recording {
         engine,
@@ -104,6 +124,12 @@ pub struct IndependentBooks {
     pub orders: BTreeMap<u16, Vec<ShownOrder>>,
     pub executed_by_match: BTreeMap<u64, u64>,
     pub system_events: Vec<itchy::EventCode>,
+    /// Per stock, every NOII: paired shares, imbalance shares, direction, near price.
+    pub imbalances: BTreeMap<u16, Vec<(u64, u64, itchy::ImbalanceDirection, u32)>>,
+    /// Per stock, every Cross Trade: shares, price, cross type, match number.
+    pub crosses: BTreeMap<u16, Vec<(u64, u32, itchy::CrossType, u64)>>,
+    /// Shares of non-printable executions (a cross's), by match number.
+    pub cross_executed_by_match: BTreeMap<u64, u64>,
 }
 
 impl IndependentBooks {
@@ -158,6 +184,37 @@ impl IndependentBooks {
                 let old = book.remove(k);
                 book.push((r.new_reference, old.1, r.price.raw(), r.shares));
             }
+            B::OrderExecutedWithPrice {
+                reference,
+                executed,
+                match_number,
+                printable,
+                ..
+            } => {
+                assert!(!printable, "bourse's executions with price are a cross's");
+                let k = find(book, *reference);
+                assert!(book[k].3 >= *executed, "executes at most what is shown");
+                book[k].3 -= executed;
+                if book[k].3 == 0 {
+                    book.remove(k);
+                }
+                *self
+                    .cross_executed_by_match
+                    .entry(*match_number)
+                    .or_default() += u64::from(*executed);
+            }
+            B::Imbalance(i) => self.imbalances.entry(m.stock_locate).or_default().push((
+                i.paired_shares,
+                i.imbalance_shares,
+                i.imbalance_direction,
+                i.near_price.raw(),
+            )),
+            B::CrossTrade(c) => self.crosses.entry(m.stock_locate).or_default().push((
+                c.shares,
+                c.cross_price.raw(),
+                c.cross_type,
+                c.match_number,
+            )),
             B::NonCrossTrade(t) => {
                 *self.executed_by_match.entry(t.match_number).or_default() += u64::from(t.shares);
             }

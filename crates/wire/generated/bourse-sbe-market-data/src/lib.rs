@@ -8,6 +8,7 @@
 use ::core::convert::TryInto;
 
 pub mod aggregated_book_codec;
+pub mod auction_indicative_codec;
 pub mod best_prices_codec;
 pub mod empty_book_codec;
 pub mod group_size_codec;
@@ -26,14 +27,16 @@ pub mod security_status_codec;
 pub mod security_trading_status;
 pub mod sequence_reset_codec;
 pub mod side;
+pub mod side_opt;
 pub mod statistics_codec;
 pub mod trade_codec;
+pub mod trade_type;
 pub mod trading_session_state;
 pub mod trading_session_status_codec;
 
 pub const SBE_SCHEMA_ID: u16 = 2;
-pub const SBE_SCHEMA_VERSION: u16 = 1;
-pub const SBE_SEMANTIC_VERSION: &str = "1.0.0";
+pub const SBE_SCHEMA_VERSION: u16 = 2;
+pub const SBE_SEMANTIC_VERSION: &str = "1.1.0";
 
 pub type SbeResult<T> = core::result::Result<T, SbeErr>;
 

@@ -8,6 +8,9 @@ pub enum SecurityTradingStatus {
     Halted = 0x3_u8,
     Closed = 0x4_u8,
     Suspended = 0x5_u8,
+    OpeningAuction = 0x6_u8,
+    ClosingAuction = 0x7_u8,
+    VolatilityAuction = 0x8_u8,
     #[default]
     NullVal = 0xff_u8,
 }
@@ -20,6 +23,9 @@ impl From<u8> for SecurityTradingStatus {
             0x3_u8 => Self::Halted,
             0x4_u8 => Self::Closed,
             0x5_u8 => Self::Suspended,
+            0x6_u8 => Self::OpeningAuction,
+            0x7_u8 => Self::ClosingAuction,
+            0x8_u8 => Self::VolatilityAuction,
             _ => Self::NullVal,
         }
     }
@@ -33,6 +39,9 @@ impl From<SecurityTradingStatus> for u8 {
             SecurityTradingStatus::Halted => 0x3_u8,
             SecurityTradingStatus::Closed => 0x4_u8,
             SecurityTradingStatus::Suspended => 0x5_u8,
+            SecurityTradingStatus::OpeningAuction => 0x6_u8,
+            SecurityTradingStatus::ClosingAuction => 0x7_u8,
+            SecurityTradingStatus::VolatilityAuction => 0x8_u8,
             SecurityTradingStatus::NullVal => 0xff_u8,
         }
     }
@@ -48,6 +57,9 @@ impl core::str::FromStr for SecurityTradingStatus {
             "Halted" => Ok(Self::Halted),
             "Closed" => Ok(Self::Closed),
             "Suspended" => Ok(Self::Suspended),
+            "OpeningAuction" => Ok(Self::OpeningAuction),
+            "ClosingAuction" => Ok(Self::ClosingAuction),
+            "VolatilityAuction" => Ok(Self::VolatilityAuction),
             _ => Ok(Self::NullVal),
         }
     }
@@ -61,6 +73,9 @@ impl core::fmt::Display for SecurityTradingStatus {
             Self::Halted => write!(f, "Halted"),
             Self::Closed => write!(f, "Closed"),
             Self::Suspended => write!(f, "Suspended"),
+            Self::OpeningAuction => write!(f, "OpeningAuction"),
+            Self::ClosingAuction => write!(f, "ClosingAuction"),
+            Self::VolatilityAuction => write!(f, "VolatilityAuction"),
             Self::NullVal => write!(f, "NullVal"),
         }
     }

@@ -9,7 +9,7 @@ pub use crate::SBE_SCHEMA_ID;
 pub use crate::SBE_SCHEMA_VERSION;
 pub use crate::SBE_SEMANTIC_VERSION;
 
-pub const SBE_BLOCK_LENGTH: u16 = 29;
+pub const SBE_BLOCK_LENGTH: u16 = 30;
 pub const SBE_TEMPLATE_ID: u16 = 14;
 
 pub mod encoder {
@@ -138,6 +138,14 @@ pub mod encoder {
             self.get_buf_mut().put_u8_at(offset, value as u8);
             self
         }
+
+        /// REQUIRED enum
+        #[inline]
+        pub fn trade_type(&mut self, value: trade_type::TradeType) -> &mut Self {
+            let offset = self.offset + 29;
+            self.get_buf_mut().put_u8_at(offset, value as u8);
+            self
+        }
     }
 } // end encoder
 
@@ -245,6 +253,16 @@ pub mod decoder {
         #[inline]
         pub fn aggressor_side(&self) -> side::Side {
             self.get_buf().get_u8_at(self.offset + 28).into()
+        }
+
+        /// REQUIRED enum
+        #[inline]
+        pub fn trade_type(&self) -> trade_type::TradeType {
+            if self.acting_version() < 2 {
+                return trade_type::TradeType::default();
+            }
+
+            self.get_buf().get_u8_at(self.offset + 29).into()
         }
     }
 } // end decoder

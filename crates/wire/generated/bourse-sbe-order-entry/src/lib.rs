@@ -42,8 +42,8 @@ pub mod termination_code;
 pub mod time_in_force;
 
 pub const SBE_SCHEMA_ID: u16 = 1;
-pub const SBE_SCHEMA_VERSION: u16 = 5;
-pub const SBE_SEMANTIC_VERSION: &str = "1.4.0";
+pub const SBE_SCHEMA_VERSION: u16 = 6;
+pub const SBE_SEMANTIC_VERSION: &str = "1.5.0";
 
 pub type SbeResult<T> = core::result::Result<T, SbeErr>;
 

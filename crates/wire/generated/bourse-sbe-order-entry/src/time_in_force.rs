@@ -5,9 +5,12 @@
 pub enum TimeInForce {
     Day = 0x0_u8,
     GoodTillCancel = 0x1_u8,
+    AtTheOpening = 0x2_u8,
     ImmediateOrCancel = 0x3_u8,
     FillOrKill = 0x4_u8,
     GoodTillDate = 0x6_u8,
+    AtTheClose = 0x7_u8,
+    GoodForAuction = 0xb_u8,
     #[default]
     NullVal = 0xff_u8,
 }
@@ -17,9 +20,12 @@ impl From<u8> for TimeInForce {
         match v {
             0x0_u8 => Self::Day,
             0x1_u8 => Self::GoodTillCancel,
+            0x2_u8 => Self::AtTheOpening,
             0x3_u8 => Self::ImmediateOrCancel,
             0x4_u8 => Self::FillOrKill,
             0x6_u8 => Self::GoodTillDate,
+            0x7_u8 => Self::AtTheClose,
+            0xb_u8 => Self::GoodForAuction,
             _ => Self::NullVal,
         }
     }
@@ -30,9 +36,12 @@ impl From<TimeInForce> for u8 {
         match v {
             TimeInForce::Day => 0x0_u8,
             TimeInForce::GoodTillCancel => 0x1_u8,
+            TimeInForce::AtTheOpening => 0x2_u8,
             TimeInForce::ImmediateOrCancel => 0x3_u8,
             TimeInForce::FillOrKill => 0x4_u8,
             TimeInForce::GoodTillDate => 0x6_u8,
+            TimeInForce::AtTheClose => 0x7_u8,
+            TimeInForce::GoodForAuction => 0xb_u8,
             TimeInForce::NullVal => 0xff_u8,
         }
     }
@@ -45,9 +54,12 @@ impl core::str::FromStr for TimeInForce {
         match v {
             "Day" => Ok(Self::Day),
             "GoodTillCancel" => Ok(Self::GoodTillCancel),
+            "AtTheOpening" => Ok(Self::AtTheOpening),
             "ImmediateOrCancel" => Ok(Self::ImmediateOrCancel),
             "FillOrKill" => Ok(Self::FillOrKill),
             "GoodTillDate" => Ok(Self::GoodTillDate),
+            "AtTheClose" => Ok(Self::AtTheClose),
+            "GoodForAuction" => Ok(Self::GoodForAuction),
             _ => Ok(Self::NullVal),
         }
     }
@@ -58,9 +70,12 @@ impl core::fmt::Display for TimeInForce {
         match self {
             Self::Day => write!(f, "Day"),
             Self::GoodTillCancel => write!(f, "GoodTillCancel"),
+            Self::AtTheOpening => write!(f, "AtTheOpening"),
             Self::ImmediateOrCancel => write!(f, "ImmediateOrCancel"),
             Self::FillOrKill => write!(f, "FillOrKill"),
             Self::GoodTillDate => write!(f, "GoodTillDate"),
+            Self::AtTheClose => write!(f, "AtTheClose"),
+            Self::GoodForAuction => write!(f, "GoodForAuction"),
             Self::NullVal => write!(f, "NullVal"),
         }
     }
