@@ -418,6 +418,12 @@ impl Admission {
             .map(|(since, _)| since + self.limits.stranger_timeout_ms)
     }
 
+    /// When `id` must have proven itself, if it is open and still a stranger.
+    pub fn deadline_ms(&self, id: u64) -> Option<u64> {
+        let since = self.open.get(&id)?.waiting_since_ms?;
+        Some(since + self.limits.stranger_timeout_ms)
+    }
+
     /// Whether `id` is open and still a stranger.
     pub fn is_stranger(&self, id: u64) -> bool {
         self.open

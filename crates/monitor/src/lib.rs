@@ -32,9 +32,10 @@
 //! - [`server::DashboardServer`]: an HTTP server on its own thread (tokio, current-thread
 //!   runtime) serving the self-contained dashboard at `/`, live frames over server-sent events at
 //!   `/events`, `/metrics`, and `/api/frame`. Slow event-stream clients are cut off rather than
-//!   buffered; clients and connections are capped. [`slots::ConnectionSlots`] and
-//!   [`rate::TokenBucket`] are the admission limits every service's listener shares
-//!   (connections in all and per address; requests per second per session or connection).
+//!   buffered; clients and connections are capped. [`doorkeeper::Doorkeeper`] applies the
+//!   venue's one admission policy (`bourse_admission`) to a tokio listener, and
+//!   [`server::serve_admitted`] is the accept loop of every HTTP listener;
+//!   [`rate::TokenBucket`] bounds requests per second per session or connection.
 //!
 //! The hot path never waits for the control plane: it writes atomics, its own histograms, and
 //! hands full batches over a bounded channel without blocking.
@@ -47,13 +48,13 @@ pub mod cluster;
 pub mod core_probe;
 pub mod dashboard;
 pub mod delivery;
+pub mod doorkeeper;
 pub mod ltp;
 pub mod metrics;
 pub mod node;
 pub mod probe;
 pub mod rate;
 pub mod server;
-pub mod slots;
 
 pub use cluster::{AlertThresholds, ClusterView, NodeStatus, Role};
 pub use core_probe::CoreMonitor;
@@ -103,7 +104,11 @@ pub mod names {
     pub const ALERTS_FIRING: &str = "bourse_alerts_firing";
     pub const DASHBOARD_CLIENTS: &str = "bourse_dashboard_clients";
     pub const DASHBOARD_CLIENTS_DROPPED_TOTAL: &str = "bourse_dashboard_clients_dropped_total";
-    pub const HTTP_CONNECTIONS_REFUSED_TOTAL: &str = "bourse_http_connections_refused_total";
+    /// Connections a listener refused or closed by the admission policy (labels `listener`,
+    /// `reason`: full, address_full, displaced, address_share, timeout).
+    pub const LISTENER_REFUSALS_TOTAL: &str = "bourse_listener_refusals_total";
+    /// Connections open at a listener (label `listener`).
+    pub const LISTENER_CONNECTIONS_OPEN: &str = "bourse_listener_connections_open";
     pub const BUILD_INFO: &str = "bourse_build_info";
     // A replica node's own figures (labelled `node`).
     pub const NODE_COMMANDS_APPLIED_TOTAL: &str = "bourse_node_commands_applied_total";
@@ -157,8 +162,12 @@ pub struct MonitorConfig {
     pub sse_clients_max: usize,
     /// Frames queued per event-stream client before the client is cut off as too slow.
     pub sse_queue_frames: usize,
-    /// TCP connections served at once; more are closed on accept.
+    /// TCP connections served at once; a newcomer past it displaces the connection that has
+    /// waited longest for its request, or is closed if every one is busy.
     pub connections_max: usize,
+    /// Connections from one address waiting for their request at once; a newcomer past it
+    /// displaces its own address's longest-waiting one.
+    pub waiting_per_address_max: usize,
     /// A request whose headers take longer than this is dropped (slowloris).
     pub header_read_timeout_ms: u64,
     /// Socket send buffer for dashboard connections: bounds what a non-reading client holds.
@@ -181,6 +190,7 @@ impl Default for MonitorConfig {
             sse_clients_max: 64,
             sse_queue_frames: 8,
             connections_max: 512,
+            waiting_per_address_max: 64,
             header_read_timeout_ms: 5_000,
             send_buffer_bytes: 64 * 1024,
             node_name: "bourse".into(),
@@ -223,7 +233,18 @@ impl MonitorConfig {
         if self.header_read_timeout_ms == 0 {
             return Err("header_read_timeout_ms must be positive".into());
         }
+        self.admission().validate("monitor")?;
         Ok(self)
+    }
+
+    /// The dashboard listener's admission limits: a connection proves itself with each
+    /// request head, which must come within `header_read_timeout_ms`.
+    pub fn admission(&self) -> bourse_admission::Limits {
+        bourse_admission::Limits::new(
+            self.connections_max,
+            self.waiting_per_address_max,
+            self.header_read_timeout_ms,
+        )
     }
 }
 
