@@ -24,7 +24,7 @@ pub use crate::disconnect::DisconnectReason;
 
 use crate::binary_front;
 use crate::bootstrap::{bootstrap, restore_order_state};
-use crate::config::GatewayConfig;
+use crate::config::{allowed_networks, GatewayConfig};
 use crate::fix_front::{self, FixApp};
 use crate::metrics::{GatewayMetrics, LoopCounters};
 use crate::recovery;
@@ -297,7 +297,7 @@ pub fn spawn_cores(
         .map_err(|e| format!("FIX store {}: {e}", dir.display()))?;
         fix.push(FixSlot {
             session: Session::new(sc, Arc::clone(&dictionary), Box::new(store)),
-            allowed_addresses: s.allowed_addresses.clone(),
+            allowed_addresses: allowed_networks(&s.allowed_addresses, &s.allowed_sources)?,
             sref: SessionRef(i as u32),
             client_comp_id: s.client_comp_id.clone(),
             gateway_comp_id: s.gateway_comp_id.clone(),
@@ -310,19 +310,21 @@ pub fn spawn_cores(
         .binary_sessions
         .iter()
         .enumerate()
-        .map(|(j, s)| BinSlot {
-            sref: SessionRef((fix_count + j) as u32),
-            credentials: s.credentials.clone(),
-            allowed_addresses: s.allowed_addresses.clone(),
-            conn: None,
-            next_seq: 1,
-            sent: VecDeque::new(),
-            first_kept_seq: 1,
-            keepalive_ms: 1_000,
-            last_recv_ms: 0,
-            last_sent_ms: 0,
+        .map(|(j, s)| {
+            Ok(BinSlot {
+                sref: SessionRef((fix_count + j) as u32),
+                credentials: s.credentials.clone(),
+                allowed_addresses: allowed_networks(&s.allowed_addresses, &s.allowed_sources)?,
+                conn: None,
+                next_seq: 1,
+                sent: VecDeque::new(),
+                first_kept_seq: 1,
+                keepalive_ms: 1_000,
+                last_recv_ms: 0,
+                last_sent_ms: 0,
+            })
         })
-        .collect();
+        .collect::<Result<Vec<_>, String>>()?;
     let mut router = Router::new(&config, links);
     // Before bootstrap: its polling may already hand over outputs the restored orders own.
     restore_order_state(&mut router, &config.gateway.store_dir)?;
@@ -348,7 +350,7 @@ pub fn spawn_cores(
     let stats = Arc::new(GatewayStats::default());
     let stop = Arc::new(AtomicBool::new(false));
     let checks = credentials::Checks::start(&config, Arc::clone(&waker), password_store)?;
-    let prelogon = bourse_admission::Admission::new(admission::limits(&config.gateway));
+    let prelogon = bourse_admission::Admission::new(config.admission());
     let mut server = Server {
         poll,
         fix_listener,
@@ -402,8 +404,8 @@ const STOP_DRAIN_MS: u64 = 5_000;
 
 struct FixSlot {
     session: Session,
-    /// Where the session may log on from; empty: anywhere.
-    allowed_addresses: Vec<std::net::IpAddr>,
+    /// Where the session may log on from (its registered networks); empty: anywhere.
+    allowed_addresses: Vec<bourse_admission::Cidr>,
     sref: SessionRef,
     client_comp_id: String,
     gateway_comp_id: String,
@@ -415,8 +417,8 @@ struct FixSlot {
 struct BinSlot {
     sref: SessionRef,
     credentials: String,
-    /// Where the session may establish from; empty: anywhere.
-    allowed_addresses: Vec<std::net::IpAddr>,
+    /// Where the session may establish from (its registered networks); empty: anywhere.
+    allowed_addresses: Vec<bourse_admission::Cidr>,
     conn: Option<Token>,
     next_seq: u64,
     /// Sent responses kept for retransmission; the first has `first_kept_seq`.

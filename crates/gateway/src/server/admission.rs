@@ -19,23 +19,11 @@
 use super::credentials;
 use super::*;
 use crate::prelogon::{decode_fault, scan_logon};
-use bourse_admission::Refusal;
+use bourse_admission::{Cidr, Refusal};
 use std::net::IpAddr;
 
 /// Close log lines per second at most; more closes are counted and summed up.
 pub(super) const CLOSE_LOG_LINES_PER_S: u32 = 50;
-
-/// The admission limits of the gateway's ports under `g`.
-pub(super) fn limits(g: &crate::config::Limits) -> bourse_admission::Limits {
-    bourse_admission::Limits {
-        strangers_max: g.prelogon_connections_max.min(g.connections_max),
-        ..bourse_admission::Limits::new(
-            g.connections_max,
-            g.prelogon_per_address_max,
-            g.logon_timeout_ms,
-        )
-    }
-}
 
 /// The token of the connection the admission table knows as `id`.
 fn token_of(id: u64) -> Token {
@@ -322,9 +310,10 @@ impl Server {
     }
 }
 
-/// Whether a session whose allowed addresses are `allowed` (empty: any) may log on from `peer`.
-pub(super) fn address_allowed(allowed: &[IpAddr], peer: Option<IpAddr>) -> bool {
-    allowed.is_empty() || peer.is_some_and(|p| allowed.contains(&p))
+/// Whether a session whose registered networks are `allowed` (empty: any) may log on from
+/// `peer`.
+pub(super) fn address_allowed(allowed: &[Cidr], peer: Option<IpAddr>) -> bool {
+    allowed.is_empty() || peer.is_some_and(|p| allowed.iter().any(|n| n.contains(p)))
 }
 
 impl Kind {
