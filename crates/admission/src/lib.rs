@@ -207,6 +207,8 @@ struct Conn {
     registered: bool,
     /// Since when it waits to prove itself (`None`: proven, never displaced).
     waiting_since_ms: Option<u64>,
+    /// It proved itself once (an HTTP connection kept alive between requests).
+    spoke: bool,
 }
 
 /// One listener's open connections and the policy that admits them (see the crate overview).
@@ -291,6 +293,7 @@ impl Admission {
             ip,
             registered,
             waiting_since_ms: Some(now_ms),
+            spoke: false,
         };
         self.open.insert(id, conn);
         self.waiting.insert((now_ms, id));
@@ -323,11 +326,18 @@ impl Admission {
             && self.open.len() + unfilled < self.limits.connections_max
     }
 
+    /// The stranger `pick` accepts that has waited longest, among those that never proved
+    /// themselves first: a client's connection kept alive between its requests goes only when
+    /// no stranger that never spoke is left.
     fn longest_waiting(&self, pick: impl Fn(&Conn) -> bool) -> Option<u64> {
-        self.waiting
-            .iter()
-            .map(|&(_, id)| id)
-            .find(|id| self.open.get(id).is_some_and(&pick))
+        let find = |spoke: bool| {
+            self.waiting.iter().map(|&(_, id)| id).find(|id| {
+                self.open
+                    .get(id)
+                    .is_some_and(|c| c.spoke == spoke && pick(c))
+            })
+        };
+        find(false).or_else(|| find(true))
     }
 
     fn refuse(&mut self, why: Refusal) -> Refusal {
@@ -340,6 +350,7 @@ impl Admission {
         let Some(conn) = self.open.get_mut(&id) else {
             return;
         };
+        conn.spoke = true;
         if let Some(since) = conn.waiting_since_ms.take() {
             self.waiting.remove(&(since, id));
             if let Some(counts) = self.per_address.get_mut(&conn.ip) {
@@ -478,6 +489,18 @@ mod tests {
         assert_eq!(a.refused(Refusal::Full), 1);
         assert_eq!(a.refused(Refusal::Displaced), 1);
         assert_eq!((a.open(), a.strangers()), (3, 0));
+    }
+
+    #[test]
+    fn a_connection_kept_alive_goes_only_after_every_stranger_that_never_spoke() {
+        let mut a = Admission::new(limits(2, 2, 2));
+        let kept = a.admit(ip(1), 0).unwrap().id;
+        a.proven(kept);
+        a.waiting(kept, 1);
+        let silent = a.admit(ip(1), 2).unwrap().id;
+        let newcomer = a.admit(ip(1), 3).unwrap();
+        assert_eq!(newcomer.displaced, Some((silent, Refusal::AddressShare)));
+        assert!(a.is_stranger(kept));
     }
 
     #[test]

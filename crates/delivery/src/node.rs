@@ -89,7 +89,7 @@ impl Default for Limits {
             polls_in_flight_max: 16_384,
             connections_max: 16_384,
             connections_per_address_max: 4_096,
-            waiting_per_address_max: 256,
+            waiting_per_address_max: 4_096,
             records_per_core_max: 2_000_000,
             polls_per_second_per_connection_max: 20_000,
             header_read_timeout_ms: 10_000,
