@@ -26,6 +26,8 @@ use axum::routing::{get, post};
 use axum::Router;
 use bourse_auth::CredentialStore;
 use bourse_core::{AccountId, InstrumentId};
+use bourse_monitor::doorkeeper::Doorkeeper;
+use bourse_monitor::server::{serve_admitted, ServeOptions};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -46,7 +48,12 @@ pub struct AdminServerConfig {
     /// Where to listen: a loopback address, or any with [`AdminServerConfig::tls`] (the
     /// operators' passwords cross no network in clear).
     pub listen: SocketAddr,
+    /// Connections open at once; a newcomer past it displaces the connection that has waited
+    /// longest for its request (an idle socket), so idle sockets never keep an operator out.
     pub connections_max: usize,
+    /// Connections from one address waiting for their request at once; a newcomer past it
+    /// displaces its own address's longest-waiting one.
+    pub waiting_per_address_max: usize,
     /// The time a connection has to send its request head (and, with TLS, to finish the
     /// handshake before it).
     pub header_read_timeout_ms: u64,
@@ -60,9 +67,19 @@ impl AdminServerConfig {
         AdminServerConfig {
             listen,
             connections_max: 64,
+            waiting_per_address_max: 16,
             header_read_timeout_ms: 5_000,
             tls: None,
         }
+    }
+
+    /// The listener's admission limits (`bourse_admission`).
+    pub fn admission(&self) -> bourse_admission::Limits {
+        bourse_admission::Limits::new(
+            self.connections_max,
+            self.waiting_per_address_max,
+            self.header_read_timeout_ms,
+        )
     }
 }
 
@@ -99,31 +116,21 @@ impl AdminServer {
         let addr = listener.local_addr()?;
         let (stop, stopped) = watch::channel(false);
         let app = router(Arc::new(Shared {
-            service,
+            service: Arc::clone(&service),
             credentials,
         }));
-        // Operators' connections are few; nothing exports their count.
-        let open = bourse_monitor::metrics::Gauge::default();
+        let limits = config.admission();
+        limits
+            .validate("admin API")
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        let door = Doorkeeper::new("admin", limits, service.registry());
         let https = config.tls.is_some();
-        match config.tls {
-            Some(tls) => tokio::spawn(bourse_monitor::server::serve_limited_tls(
-                listener,
-                app,
-                tls,
-                config.connections_max,
-                config.header_read_timeout_ms,
-                open,
-                stopped,
-            )),
-            None => tokio::spawn(bourse_monitor::server::serve_limited(
-                listener,
-                app,
-                config.connections_max,
-                config.header_read_timeout_ms,
-                open,
-                stopped,
-            )),
+        let options = ServeOptions {
+            header_read_timeout_ms: config.header_read_timeout_ms,
+            tls: config.tls,
+            send_buffer_bytes: None,
         };
+        tokio::spawn(serve_admitted(listener, app, door, options, stopped));
         Ok(AdminServer { addr, https, stop })
     }
 

@@ -203,6 +203,12 @@ pub fn check_request_id(id: &str) -> Result<(), String> {
 }
 
 impl AdminService {
+    /// The venue's metrics registry, if the service reports to a monitor (the admin
+    /// listener's refusals are counted there).
+    pub fn registry(&self) -> Option<&bourse_monitor::metrics::Registry> {
+        self.metrics.as_ref().map(|m| m.monitor.registry())
+    }
+
     /// A service over `venue`, auditing into `audit` (whose earlier answers it remembers).
     pub fn new(
         venue: Arc<dyn AdminVenue>,

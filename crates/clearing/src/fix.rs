@@ -41,7 +41,7 @@
 use std::collections::BTreeSet;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -54,6 +54,7 @@ use bourse_fix::{
     Action, Application, Dictionary, FrameBuffer, MemoryStore, OutMessage, OwnedMessage,
     QueueingApplication, Role, Session, SessionConfig, Tag,
 };
+use bourse_monitor::doorkeeper::{Doorkeeper, Pass};
 use serde::Deserialize;
 
 use crate::fees::FeeSchedule;
@@ -121,9 +122,14 @@ pub struct FixSection {
     /// The service's CompID: a Logon's TargetCompID must be this.
     #[serde(default = "comp_id_default")]
     pub comp_id: String,
-    /// Connections open at once; more are closed on accept.
+    /// Connections open at once; a newcomer past it displaces the connection that has waited
+    /// longest to log on, or is closed if every one is logged on.
     #[serde(default = "connections_max_default")]
     pub connections_max: usize,
+    /// Connections from one address not logged on yet at once; a newcomer past it displaces
+    /// its own address's longest-waiting one.
+    #[serde(default = "waiting_per_address_max_default")]
+    pub waiting_per_address_max: usize,
     /// PositionReports one request may produce; a request for more is refused (ask per
     /// Symbol).
     #[serde(default = "reports_per_request_max_default")]
@@ -145,6 +151,9 @@ fn comp_id_default() -> String {
 fn connections_max_default() -> usize {
     64
 }
+fn waiting_per_address_max_default() -> usize {
+    8
+}
 fn reports_per_request_max_default() -> usize {
     10_000
 }
@@ -161,6 +170,7 @@ impl Default for FixSection {
             listen: fix_listen_default(),
             comp_id: comp_id_default(),
             connections_max: connections_max_default(),
+            waiting_per_address_max: waiting_per_address_max_default(),
             reports_per_request_max: reports_per_request_max_default(),
             logon_timeout_ms: logon_timeout_ms_default(),
             message_size_max_bytes: message_size_max_bytes_default(),
@@ -169,6 +179,16 @@ impl Default for FixSection {
 }
 
 impl FixSection {
+    /// The listener's admission limits: a connection proves itself by logging on, within
+    /// `logon_timeout_ms`.
+    pub fn admission(&self) -> bourse_admission::Limits {
+        bourse_admission::Limits::new(
+            self.connections_max,
+            self.waiting_per_address_max,
+            self.logon_timeout_ms,
+        )
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         if self.comp_id.is_empty() || self.comp_id.len() > COMP_ID_BYTES_MAX {
             return Err(format!(
@@ -178,6 +198,7 @@ impl FixSection {
         if self.connections_max == 0 || self.reports_per_request_max == 0 {
             return Err("fix: connections_max and reports_per_request_max must be > 0".into());
         }
+        self.admission().validate("fix")?;
         if self.logon_timeout_ms == 0 || self.message_size_max_bytes < 1024 {
             return Err(
                 "fix: logon_timeout_ms must be > 0 and message_size_max_bytes >= 1024".into(),
@@ -228,7 +249,6 @@ struct Ctx {
     section: FixSection,
     dictionary: Arc<Dictionary>,
     stop: Arc<AtomicBool>,
-    connections: AtomicUsize,
     /// CompIDs logged on now (one connection each).
     logged_on: Mutex<BTreeSet<String>>,
 }
@@ -248,7 +268,6 @@ pub fn start(shared: Arc<Shared>, section: &FixSection) -> Result<FixServer, Str
         section: section.clone(),
         dictionary: Arc::new(dictionary()),
         stop: stop.clone(),
-        connections: AtomicUsize::new(0),
         logged_on: Mutex::new(BTreeSet::new()),
     });
     let thread = std::thread::Builder::new()
@@ -264,27 +283,27 @@ pub fn start(shared: Arc<Shared>, section: &FixSection) -> Result<FixServer, Str
 
 fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>) {
     let mut workers: Vec<JoinHandle<()>> = Vec::new();
+    let door = Doorkeeper::new(
+        "clearing_fix",
+        ctx.section.admission(),
+        Some(&ctx.shared.metrics.registry),
+    );
     while !ctx.stop.load(Ordering::SeqCst) {
         match listener.accept() {
-            Ok((stream, _)) => {
+            Ok((stream, peer)) => {
                 workers.retain(|w| !w.is_finished());
-                if ctx.connections.load(Ordering::SeqCst) >= ctx.section.connections_max {
+                // The venue's admission policy: a connection displaced for a newcomer sees
+                // it at its next read tick (`Pass::is_closed`) and leaves.
+                let Some(pass) = door.admit(peer) else {
                     let _ = stream.shutdown(Shutdown::Both);
                     continue;
-                }
-                ctx.connections.fetch_add(1, Ordering::SeqCst);
+                };
                 let c = ctx.clone();
                 let spawned = std::thread::Builder::new()
                     .name("clearing-fix-conn".into())
-                    .spawn(move || {
-                        serve_connection(&c, stream);
-                        c.connections.fetch_sub(1, Ordering::SeqCst);
-                    });
-                match spawned {
-                    Ok(w) => workers.push(w),
-                    Err(_) => {
-                        ctx.connections.fetch_sub(1, Ordering::SeqCst);
-                    }
+                    .spawn(move || serve_connection(&c, stream, &pass));
+                if let Ok(w) = spawned {
+                    workers.push(w);
                 }
             }
             // The listener is non-blocking so that a stop is seen within a few ms.
@@ -297,7 +316,12 @@ fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>) {
 }
 
 /// Reads the first frame (the Logon) within the logon timeout; `None`: the connection ends.
-fn read_logon(ctx: &Ctx, stream: &mut TcpStream, pending: &mut FrameBuffer) -> Option<Vec<u8>> {
+fn read_logon(
+    ctx: &Ctx,
+    stream: &mut TcpStream,
+    pending: &mut FrameBuffer,
+    pass: &Pass,
+) -> Option<Vec<u8>> {
     let deadline = Instant::now() + Duration::from_millis(ctx.section.logon_timeout_ms);
     let mut buf = [0u8; 4096];
     loop {
@@ -306,7 +330,7 @@ fn read_logon(ctx: &Ctx, stream: &mut TcpStream, pending: &mut FrameBuffer) -> O
             Ok(None) => {}
             Err(_) => return None,
         }
-        if Instant::now() > deadline || ctx.stop.load(Ordering::SeqCst) {
+        if pass.is_closed() || Instant::now() > deadline || ctx.stop.load(Ordering::SeqCst) {
             return None;
         }
         match stream.read(&mut buf) {
@@ -370,7 +394,7 @@ fn admit(ctx: &Ctx, logon: &[u8]) -> Result<(String, Reader), Option<(String, St
     Ok((peer, reader))
 }
 
-fn serve_connection(ctx: &Ctx, mut stream: TcpStream) {
+fn serve_connection(ctx: &Ctx, mut stream: TcpStream, pass: &Pass) {
     let tick = Duration::from_millis(TICK_MS);
     if stream.set_read_timeout(Some(tick)).is_err()
         || stream
@@ -381,12 +405,15 @@ fn serve_connection(ctx: &Ctx, mut stream: TcpStream) {
     }
     let _ = stream.set_nodelay(true);
     let mut pending = FrameBuffer::new(ctx.section.message_size_max_bytes);
-    let Some(logon) = read_logon(ctx, &mut stream, &mut pending) else {
+    let Some(logon) = read_logon(ctx, &mut stream, &mut pending, pass) else {
         let _ = stream.shutdown(Shutdown::Both);
         return;
     };
     let (peer, reader) = match admit(ctx, &logon) {
-        Ok(admitted) => admitted,
+        Ok(admitted) => {
+            pass.proven();
+            admitted
+        }
         Err(answer) => {
             if let Some((peer, text)) = answer {
                 let _ = stream.write_all(&refusal(ctx, &peer, &text));

@@ -44,8 +44,12 @@ use crate::state::ClearingState;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
-    /// Open HTTP connections; more are closed on accept.
+    /// Open HTTP connections; a newcomer past it displaces the connection that has waited
+    /// longest for its request, or is closed if every one is busy.
     pub connections_max: usize,
+    /// HTTP connections from one address waiting for their request at once; a newcomer past
+    /// it displaces its own address's longest-waiting one.
+    pub waiting_per_address_max: usize,
     /// A request head must arrive within this time.
     pub header_read_timeout_ms: u64,
     /// Accounts listed in one firm answer at most (page with `after`).
@@ -59,10 +63,23 @@ pub struct Limits {
     pub standby_poll_ms: u64,
 }
 
+impl Limits {
+    /// The HTTP listener's admission limits: a connection proves itself with each request
+    /// head, which must come within `header_read_timeout_ms`.
+    pub fn admission(&self) -> bourse_admission::Limits {
+        bourse_admission::Limits::new(
+            self.connections_max,
+            self.waiting_per_address_max,
+            self.header_read_timeout_ms,
+        )
+    }
+}
+
 impl Default for Limits {
     fn default() -> Limits {
         Limits {
             connections_max: 256,
+            waiting_per_address_max: 32,
             header_read_timeout_ms: 5_000,
             accounts_per_answer_max: 10_000,
             status_interval_ms: 500,
@@ -183,6 +200,7 @@ impl ClearingConfig {
         if l.connections_max == 0 || l.accounts_per_answer_max == 0 {
             return Err("limits: connections_max and accounts_per_answer_max must be > 0".into());
         }
+        l.admission().validate("limits")?;
         if l.status_interval_ms == 0 || l.standby_poll_ms == 0 {
             return Err("limits: status_interval_ms and standby_poll_ms must be > 0".into());
         }
@@ -317,7 +335,11 @@ impl Metrics {
                 "Positions (account, instrument) in the clearing state",
                 &[],
             ),
-            connections: r.gauge("bourse_clearing_connections", "Open HTTP connections", &[]),
+            connections: r.gauge(
+                bourse_monitor::names::LISTENER_CONNECTIONS_OPEN,
+                "Connections open at a listener.",
+                &[("listener", "clearing_http")],
+            ),
             registry: r,
         }
     }

@@ -699,18 +699,19 @@ async fn takeover(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response 
     axum::Json(json!({ "standby": false, "was_standby": was })).into_response()
 }
 
-/// Serves until `stopped` changes, on the monitor's accept loop with the node's limits.
+/// Serves until `stopped` changes, on the venue's HTTP accept loop with the node's
+/// admission limits (`bourse_monitor::server::serve_admitted`).
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>, stopped: watch::Receiver<bool>) {
-    let connections_max = shared.config.limits.connections_max;
-    let header_read_timeout_ms = shared.config.limits.header_read_timeout_ms;
-    let open = shared.metrics.connections.clone();
-    bourse_monitor::server::serve_limited(
-        listener,
-        router(shared),
-        connections_max,
-        header_read_timeout_ms,
-        open,
-        stopped,
-    )
-    .await
+    let limits = &shared.config.limits;
+    let door = bourse_monitor::doorkeeper::Doorkeeper::new(
+        "clearing_http",
+        limits.admission(),
+        Some(&shared.metrics.registry),
+    );
+    let options = bourse_monitor::server::ServeOptions {
+        header_read_timeout_ms: limits.header_read_timeout_ms,
+        tls: None,
+        send_buffer_bytes: None,
+    };
+    bourse_monitor::server::serve_admitted(listener, router(shared), door, options, stopped).await
 }

@@ -240,12 +240,7 @@ impl NodeMonitor {
         self.metrics.publish_events();
         self.metrics
             .observe_batcher_queue(node.batcher_queue_depth() as u64);
-        let refusals: Vec<_> = node
-            .refusals()
-            .all()
-            .into_iter()
-            .map(|(why, n)| (why.name(), n))
-            .collect();
+        let refusals = node.refusals().all();
         self.metrics.observe_refusals(&refusals);
         node.stages().take_interval(&mut self.stage_interval);
         self.metrics

@@ -91,6 +91,9 @@ fn d_connections_max() -> usize {
 fn d_first_frame_timeout_ms() -> u64 {
     10_000
 }
+fn d_waiting_per_address_max() -> usize {
+    256
+}
 /// Bounds on `connections_max`: a group's peers, gateways, services and tools fit in the
 /// lowest; the highest stays far under a process's usual descriptor limit of 65,536.
 const CONNECTIONS_MAX_RANGE: std::ops::RangeInclusive<usize> = 16..=16_384;
@@ -194,6 +197,10 @@ pub struct ClusterConfig {
     /// opened is closed: a real peer speaks at once.
     #[serde(default = "d_first_frame_timeout_ms")]
     pub first_frame_timeout_ms: u64,
+    /// Connections from one address that have not yet sent a whole frame, at once; a newcomer
+    /// past it displaces its own address's longest-waiting one.
+    #[serde(default = "d_waiting_per_address_max")]
+    pub waiting_per_address_max: usize,
     /// A snapshot is taken every this many log entries (and on demand).
     #[serde(default = "d_snapshot_every")]
     pub snapshot_every_entries: u64,
@@ -250,6 +257,16 @@ pub struct ClusterConfig {
 }
 
 impl ClusterConfig {
+    /// The node port's admission limits: a connection proves itself with its first whole
+    /// frame, within `first_frame_timeout_ms`.
+    pub fn admission(&self) -> bourse_admission::Limits {
+        bourse_admission::Limits::new(
+            self.connections_max,
+            self.waiting_per_address_max,
+            self.first_frame_timeout_ms,
+        )
+    }
+
     pub fn load(path: &Path) -> Result<ClusterConfig, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
@@ -272,6 +289,7 @@ impl ClusterConfig {
             append_in_flight_max: d_append_in_flight_max(),
             connections_max: d_connections_max(),
             first_frame_timeout_ms: d_first_frame_timeout_ms(),
+            waiting_per_address_max: d_waiting_per_address_max(),
             snapshot_every_entries: d_snapshot_every(),
             log_kept_below_snapshot_entries: d_log_kept_below_snapshot(),
             hash_checkpoint_every_entries: d_hash_every(),
@@ -338,6 +356,7 @@ impl ClusterConfig {
                 self.first_frame_timeout_ms
             ));
         }
+        self.admission().validate("cluster")?;
         let in_flight_max = crate::append_stream::APPEND_STREAM_IN_FLIGHT_MAX;
         if !(1..=in_flight_max).contains(&self.append_in_flight_max) {
             return Err(format!(
@@ -800,7 +819,7 @@ impl Node {
             ),
             None => None,
         };
-        let acceptor = Acceptor::new(id, server_tls, config.node_hosts(), config.connections_max);
+        let acceptor = Acceptor::new(id, server_tls, config.node_hosts(), config.admission());
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|e| format!("node {id}: bind {addr}: {e}"))?;
@@ -1047,13 +1066,12 @@ async fn accept_loop(
                 let shared = shared.clone();
                 let closing = closing.clone();
                 tokio::spawn(async move {
-                    let opened = tokio::time::Instant::now();
                     let accepted = tokio::select! {
                         accepted = shared.acceptor.accept(tcp, from) => accepted,
-                        _ = slot.displaced() => None,
+                        _ = slot.closed() => None,
                     };
                     if let Some((stream, role)) = accepted {
-                        let door = Door { slot, opened };
+                        let door = Door { slot };
                         serve_connection(stream, role, from, door, shared, closing).await;
                     }
                 });
@@ -1303,11 +1321,11 @@ fn is_raft(request: &Request) -> bool {
     )
 }
 
-/// A connection's place at the node's port and when it opened: until its first whole frame
-/// it may be displaced, and it must send one within `first_frame_timeout_ms`.
+/// A connection's place at the node's port: until its first whole frame it may be
+/// displaced, and it must send one within `first_frame_timeout_ms` (both reported by
+/// [`crate::transport::Pass::closed`]).
 struct Door {
-    slot: crate::transport::Slot,
-    opened: tokio::time::Instant,
+    slot: crate::transport::Pass,
 }
 
 async fn serve_connection(
@@ -1318,7 +1336,6 @@ async fn serve_connection(
     shared: Arc<Shared>,
     mut closing: tokio::sync::watch::Receiver<bool>,
 ) {
-    let silent_until = door.opened + Duration::from_millis(shared.config.first_frame_timeout_ms);
     let mut spoke = false;
     let _open = shared.stages.connection_opened();
     let (reader, writer) = stream.into_split();
@@ -1344,19 +1361,10 @@ async fn serve_connection(
                 }
             },
             _ = closing.changed() => break,
-            _ = door.slot.displaced(), if !spoke => break,
-            _ = tokio::time::sleep_until(silent_until), if !spoke => {
-                shared.acceptor.refusals().count(
-                    shared.id,
-                    Refusal::Silent,
-                    from,
-                    "no whole frame in time",
-                );
-                break;
-            }
+            _ = door.slot.closed(), if !spoke => break,
         }
         if !spoke {
-            door.slot.spoke();
+            door.slot.proven();
             spoke = true;
         }
         let request = match decode_message::<Tagged<Request>>(&frame) {

@@ -9,10 +9,12 @@
 //!   the committed stream's consumers, status and admin calls) goes through it. A process
 //!   names the nodes it reaches over TLS once ([`use_tls_for`]); a node off the loopback not
 //!   so named is refused before any byte is sent, since plain TCP is for the loopback only.
-//! - [`Acceptor`]: a node's side. Every connection takes a [`Slot`] first: at most
-//!   `connections_max`, the oldest connection that has not yet sent a whole frame displaced
-//!   for a newcomer, and a silent one closed after `first_frame_timeout_ms` (the node's
-//!   connection task enforces both). With TLS, every connection must complete a handshake with a
+//! - [`Acceptor`]: a node's side. Every connection takes a [`Pass`] of the venue's admission
+//!   policy first (`bourse_monitor::doorkeeper`, listener `node`): at most `connections_max`,
+//!   the connection that has waited longest for its first whole frame displaced for a
+//!   newcomer, at most `waiting_per_address_max` such from one address, and a silent one
+//!   closed after `first_frame_timeout_ms` (the node's connection task awaits
+//!   [`Pass::closed`]). With TLS, every connection must complete a handshake with a
 //!   certificate of the venue's authority within [`HANDSHAKE_TIMEOUT_MS`], at most
 //!   [`HANDSHAKES_MAX`] at once; every refusal is counted by [`Refusal`] and logged with its
 //!   reason (the first few of each kind, then one in [`REFUSALS_LOGGED_EVERY`]).
@@ -36,6 +38,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
+
+use bourse_monitor::doorkeeper::Doorkeeper;
+pub use bourse_monitor::doorkeeper::Pass;
 use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::rustls::{self, ClientConfig};
 use tokio_rustls::{TlsAcceptor, TlsConnector, TlsStream};
@@ -263,18 +268,10 @@ pub enum Refusal {
     /// A peer whose certificate names no node of the group sent a raft request (append
     /// entries, vote, install snapshot): a client's identity cannot act as a replica.
     NotANode,
-    /// `connections_max` connections were open and every one had spoken: the newcomer was
-    /// closed at once.
-    Full,
-    /// Closed unheard to make room for a newer connection: it was the oldest of those that
-    /// had not yet sent a whole frame.
-    Displaced,
-    /// No whole frame within `first_frame_timeout_ms` of opening.
-    Silent,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 10] = [
+    pub const ALL: [Refusal; 7] = [
         Refusal::NoCertificate,
         Refusal::UntrustedCertificate,
         Refusal::NotTls,
@@ -282,9 +279,6 @@ impl Refusal {
         Refusal::HandshakeTimeout,
         Refusal::Busy,
         Refusal::NotANode,
-        Refusal::Full,
-        Refusal::Displaced,
-        Refusal::Silent,
     ];
 
     /// The reason's name in logs and metrics.
@@ -297,9 +291,6 @@ impl Refusal {
             Refusal::HandshakeTimeout => "handshake_timeout",
             Refusal::Busy => "busy",
             Refusal::NotANode => "not_a_node",
-            Refusal::Full => "full",
-            Refusal::Displaced => "displaced",
-            Refusal::Silent => "silent",
         }
     }
 
@@ -319,10 +310,11 @@ impl Refusal {
     }
 }
 
-/// Connections a node refused, by reason.
-#[derive(Debug, Default)]
+/// Connections a node refused, by reason: its own (TLS and role) and its admission policy's.
+#[derive(Debug)]
 pub struct Refusals {
     counts: [AtomicU64; Refusal::ALL.len()],
+    door: Doorkeeper,
 }
 
 impl Refusals {
@@ -342,13 +334,22 @@ impl Refusals {
         self.counts[why as usize].load(Ordering::Relaxed)
     }
 
-    /// Every reason with its count, in [`Refusal::ALL`]'s order.
-    pub fn all(&self) -> Vec<(Refusal, u64)> {
-        Refusal::ALL.iter().map(|&r| (r, self.get(r))).collect()
+    /// The count of one reason of the admission policy (`full`, `displaced`, `timeout`, ...).
+    pub fn admission(&self, why: bourse_admission::Refusal) -> u64 {
+        self.door.refused(why)
+    }
+
+    /// Every reason's name with its count: [`Refusal::ALL`]'s, then the admission policy's.
+    pub fn all(&self) -> Vec<(&'static str, u64)> {
+        let own = Refusal::ALL.iter().map(|&r| (r.name(), self.get(r)));
+        let admission = bourse_admission::Refusal::ALL
+            .iter()
+            .map(|&r| (r.name(), self.door.refused(r)));
+        own.chain(admission).collect()
     }
 
     pub fn total(&self) -> u64 {
-        Refusal::ALL.iter().map(|&r| self.get(r)).sum()
+        self.all().iter().map(|(_, n)| n).sum()
     }
 }
 
@@ -360,58 +361,10 @@ pub struct Acceptor {
     tls: Option<TlsAcceptor>,
     handshakes: Arc<Semaphore>,
     refusals: Arc<Refusals>,
-    slots: Arc<Slots>,
+    door: Doorkeeper,
     /// The hosts of the group's nodes (IP addresses or DNS names, lower case), as their
     /// advertised addresses give them: a certificate naming one of them is a node's.
     node_hosts: Arc<Vec<String>>,
-}
-
-/// The places of a node's connections, by the order they were admitted in.
-struct Slots {
-    open: std::sync::Mutex<BTreeMap<u64, SlotState>>,
-    next_id: AtomicU64,
-    max: usize,
-}
-
-struct SlotState {
-    from: SocketAddr,
-    /// It has sent a whole frame: it is never displaced.
-    spoke: bool,
-    /// Told when the connection must close to make room.
-    close: Arc<tokio::sync::Notify>,
-}
-
-/// A connection's place ([`Acceptor::admit`]); freed when dropped.
-pub struct Slot {
-    id: u64,
-    slots: Arc<Slots>,
-    close: Arc<tokio::sync::Notify>,
-}
-
-impl Slot {
-    /// The connection sent a whole frame: from now on it keeps its place.
-    pub fn spoke(&self) {
-        if let Some(s) = self
-            .slots
-            .open
-            .lock()
-            .expect("slots lock")
-            .get_mut(&self.id)
-        {
-            s.spoke = true;
-        }
-    }
-
-    /// Resolves when the connection was displaced and must close.
-    pub async fn displaced(&self) {
-        self.close.notified().await;
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.slots.open.lock().expect("slots lock").remove(&self.id);
-    }
 }
 
 /// Whom an accepted connection speaks for (see the module documentation).
@@ -432,19 +385,18 @@ impl Acceptor {
         node: u64,
         tls: Option<Arc<rustls::ServerConfig>>,
         node_hosts: Vec<String>,
-        connections_max: usize,
+        admission: bourse_admission::Limits,
     ) -> Acceptor {
-        assert!(connections_max > 0, "a node holds at least one connection");
+        let door = Doorkeeper::new(&format!("bourse node {node}"), admission, None);
         Acceptor {
             node,
             tls: tls.map(TlsAcceptor::from),
             handshakes: Arc::new(Semaphore::new(HANDSHAKES_MAX)),
-            refusals: Arc::new(Refusals::default()),
-            slots: Arc::new(Slots {
-                open: std::sync::Mutex::new(BTreeMap::new()),
-                next_id: AtomicU64::new(0),
-                max: connections_max,
+            refusals: Arc::new(Refusals {
+                counts: Default::default(),
+                door: door.clone(),
             }),
+            door,
             node_hosts: Arc::new(
                 node_hosts
                     .into_iter()
@@ -480,59 +432,19 @@ impl Acceptor {
         self.tls.is_some()
     }
 
-    /// A place for a connection just accepted from `from`, before its handshake: when all
-    /// `connections_max` are taken, the oldest connection that has not yet sent a whole frame
-    /// is told to close (counted `displaced`) and its place given; if every connection has
-    /// spoken, `None` (counted `full`), and the newcomer is dropped. Idle or slow sockets
-    /// therefore never keep a real peer out: it speaks at once and so is never the oldest
-    /// silent one for long.
-    pub fn admit(&self, from: SocketAddr) -> Option<Slot> {
-        let mut open = self.slots.open.lock().expect("slots lock");
-        if open.len() >= self.slots.max {
-            let silent = open
-                .iter()
-                .filter(|(_, s)| !s.spoke)
-                .min_by_key(|(id, _)| **id)
-                .map(|(id, _)| *id);
-            let Some(victim) = silent else {
-                drop(open);
-                self.refusals.count(
-                    self.node,
-                    Refusal::Full,
-                    from,
-                    "every connection is taken and each has spoken",
-                );
-                return None;
-            };
-            let state = open.remove(&victim).expect("victim is open");
-            state.close.notify_one();
-            self.refusals.count(
-                self.node,
-                Refusal::Displaced,
-                state.from,
-                "the oldest silent connection, to make room",
-            );
-        }
-        let id = self.slots.next_id.fetch_add(1, Ordering::Relaxed);
-        let close = Arc::new(tokio::sync::Notify::new());
-        open.insert(
-            id,
-            SlotState {
-                from,
-                spoke: false,
-                close: Arc::clone(&close),
-            },
-        );
-        Some(Slot {
-            id,
-            slots: Arc::clone(&self.slots),
-            close,
-        })
+    /// A place for a connection just accepted from `from`, before its handshake (the venue's
+    /// admission policy): when all `connections_max` are taken, the connection that has waited
+    /// longest for its first whole frame is told to close (counted `displaced`) and its place
+    /// given; if every connection has spoken, `None` (counted `full`), and the newcomer is
+    /// dropped. Idle or slow sockets therefore never keep a real peer out: it speaks at once
+    /// and so is never the longest-waiting for long.
+    pub fn admit(&self, from: SocketAddr) -> Option<Pass> {
+        self.door.admit(from)
     }
 
     /// Connections holding a place now.
     pub fn connections_open(&self) -> usize {
-        self.slots.open.lock().expect("slots lock").len()
+        self.door.open()
     }
 
     /// The accepted connection, after its handshake, and whom it speaks for; `None` if it was

@@ -26,6 +26,7 @@ use crate::record::{Filter, Record};
 use bourse_core::{
     AccountId, Event, FirmId, InstrumentId, OrderLog, OrderLogAction, OrderStatus, Side,
 };
+use bourse_monitor::doorkeeper::Pass;
 use bourse_wire::delivery::codec;
 use bourse_wire::delivery::{self as wire, FrameDecoder, Message, FRAME_BYTES_MAX};
 use bourse_wire::frame::encode_frame;
@@ -40,10 +41,11 @@ const _: () = assert!(CURSOR_BYTES_MAX <= wire::CURSOR_BYTES_MAX as usize);
 pub use bourse_client::delivery::api::WAIT_US_DEFAULT;
 use bourse_client::delivery::binary::push_frame;
 
-/// Serves binary connections until `stopped` changes; connections past `connections_max`,
-/// or past `connections_per_address_max` from one address, are closed on accept.
+/// Serves binary connections until `stopped` changes, each admitted by the front's
+/// doorkeeper (the venue's admission policy): a connection proves itself with each whole
+/// request and waits again once answered, when it may be displaced for a newcomer.
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watch::Receiver<bool>) {
-    let slots = shared.counters.slots(Front::Binary, &shared.limits);
+    let door = shared.counters.doorkeeper(Front::Binary, &shared.limits);
     loop {
         let accepted = tokio::select! {
             _ = stopped.changed() => return,
@@ -54,7 +56,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watc
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
-        let Ok(slot) = slots.try_take(peer.ip()) else {
+        let Some(pass) = door.admit(peer) else {
             drop(stream);
             continue;
         };
@@ -63,31 +65,33 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watc
         let mut stopped = stopped.clone();
         let tls = shared.tls.clone().map(tokio_rustls::TlsAcceptor::from);
         tokio::spawn(async move {
-            let _slot = slot;
             let idle = Duration::from_millis(shared.limits.header_read_timeout_ms);
             tokio::select! {
                 _ = async {
                     match tls {
-                        None => connection(stream, &shared).await,
+                        None => connection(stream, &shared, &pass).await,
                         Some(acceptor) => {
                             // A failed or late handshake closes the connection.
                             if let Ok(Ok(tls)) =
                                 tokio::time::timeout(idle, acceptor.accept(stream)).await
                             {
-                                connection(tls, &shared).await
+                                connection(tls, &shared, &pass).await
                             }
                         }
                     }
                 } => {}
+                _ = pass.closed() => {}
                 _ = stopped.changed() => {}
             }
         });
+        // Lets the connections just admitted read their requests before the next accepts.
+        tokio::task::yield_now().await;
     }
 }
 
 /// One connection: requests in, answers out, until the peer leaves, idles past the limit or
 /// breaks the framing.
-async fn connection<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, s: &Shared) {
+async fn connection<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, s: &Shared, pass: &Pass) {
     let idle = Duration::from_millis(s.limits.header_read_timeout_ms);
     let decoder = FrameDecoder::default();
     let mut inbuf = vec![0u8; FRAME_BYTES_MAX];
@@ -111,6 +115,8 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, s: &Shared
                 _ => return,
             }
         };
+        // A whole request: the connection is busy, and not displaced, until it is answered.
+        let busy = pass.busy();
         out.clear();
         let keep = match frame {
             Ok((Ok(Frame::Logon(id, name, password)), used)) => {
@@ -173,6 +179,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, s: &Shared
         if stream.write_all(&out).await.is_err() || stream.flush().await.is_err() || !keep {
             return;
         }
+        drop(busy);
     }
 }
 

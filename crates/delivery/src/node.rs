@@ -22,8 +22,8 @@ use crate::cursor::Cursor;
 use crate::store::{Store, StoreConfig};
 use bourse_cluster::consumer::StreamConsumer;
 use bourse_cluster::StreamError;
+use bourse_monitor::doorkeeper::Doorkeeper;
 use bourse_monitor::metrics::{Counter, Gauge, Histogram, Registry};
-use bourse_monitor::slots::ConnectionSlots;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -59,11 +59,16 @@ pub struct Limits {
     /// Polls being answered at once (each holds no lock while it waits); more are refused
     /// with 503 and `Retry-After`.
     pub polls_in_flight_max: usize,
-    /// Open connections per front (HTTP, binary); more are closed on accept.
+    /// Open connections per front (HTTP, binary); a newcomer past it displaces the connection
+    /// that has waited longest for its next request, or is closed if every one is busy.
     pub connections_max: usize,
     /// Open connections per front from any one peer address, so that one client cannot take
-    /// every slot; more are closed on accept.
+    /// every slot; a newcomer past it displaces its address's longest-waiting connection, or
+    /// is closed if every one is busy.
     pub connections_per_address_max: usize,
+    /// Connections per front from one address waiting for their request at once; a newcomer
+    /// past it displaces its address's longest-waiting one.
+    pub waiting_per_address_max: usize,
     /// Records kept per core before the oldest final ones are evicted.
     pub records_per_core_max: usize,
     /// Polls one connection may make per second (in bursts of up to that many); more are
@@ -84,6 +89,7 @@ impl Default for Limits {
             polls_in_flight_max: 16_384,
             connections_max: 16_384,
             connections_per_address_max: 4_096,
+            waiting_per_address_max: 4_096,
             records_per_core_max: 2_000_000,
             polls_per_second_per_connection_max: 20_000,
             header_read_timeout_ms: 10_000,
@@ -339,7 +345,7 @@ impl DeliveryConfig {
                  connections_per_address_max 1..=connections_max"
                 .into());
         }
-        Ok(())
+        l.admission().validate("limits")
     }
 
     fn store_config(&self) -> StoreConfig {
@@ -389,12 +395,9 @@ pub struct ApiCounters {
     pub records_written: Counter,
     /// Committed entries applied.
     pub entries_applied: Counter,
-    /// Open connections per front: the readers.
+    /// Open connections per front: the readers (the fronts' doorkeepers keep them).
     pub connections_http: Gauge,
     pub connections_binary: Gauge,
-    /// Connections closed on accept, per front: `[per address, all slots taken]`.
-    pub connections_refused_http: [Counter; 2],
-    pub connections_refused_binary: [Counter; 2],
     /// Per record sent: the answer's time less the record's own time (the core's time of
     /// the command that changed the order), which is how late the reader learns of it.
     pub lag: Histogram,
@@ -415,21 +418,12 @@ impl ApiCounters {
                 &[("result", result)],
             )
         };
-        let connections = |front: &str| {
+        let connections = |front: Front| {
             r.gauge(
-                "bourse_delivery_connections",
-                "Open client connections per front",
-                &[("front", front)],
+                bourse_monitor::names::LISTENER_CONNECTIONS_OPEN,
+                "Connections open at a listener.",
+                &[("listener", front.listener())],
             )
-        };
-        let refused = |front: &str| {
-            ["per_address", "full"].map(|cause| {
-                r.counter(
-                    "bourse_delivery_connections_refused_total",
-                    "Connections closed on accept, per front and cause",
-                    &[("front", front), ("cause", cause)],
-                )
-            })
         };
         let stage = |stage: &str| {
             r.histogram(
@@ -463,10 +457,8 @@ impl ApiCounters {
                 "Committed entries applied",
                 &[],
             ),
-            connections_http: connections("http"),
-            connections_binary: connections("binary"),
-            connections_refused_http: refused("http"),
-            connections_refused_binary: refused("binary"),
+            connections_http: connections(Front::Http),
+            connections_binary: connections(Front::Binary),
             lag: r.histogram(
                 "bourse_delivery_lag_seconds",
                 "Per record sent: answer time less the record's time",
@@ -527,20 +519,12 @@ impl ApiCounters {
         }
     }
 
-    /// The connection slots of one front (`http` or `binary`) under `limits`, counted into
-    /// this node's gauges and counters.
-    pub fn slots(&self, front: Front, limits: &Limits) -> ConnectionSlots {
-        let (open, [per_address, full]) = match front {
-            Front::Http => (&self.connections_http, &self.connections_refused_http),
-            Front::Binary => (&self.connections_binary, &self.connections_refused_binary),
-        };
-        ConnectionSlots::counted(
-            limits.connections_max,
-            limits.connections_per_address_max,
-            open.clone(),
-            (per_address.clone(), full.clone()),
-        )
-        .with_requests_per_s(limits.polls_per_second_per_connection_max)
+    /// The doorkeeper of one front under `limits` (the venue's admission policy), its
+    /// refusals counted here as `bourse_listener_refusals_total{listener="delivery_http"}`
+    /// (or `delivery_binary`).
+    pub fn doorkeeper(&self, front: Front, limits: &Limits) -> Doorkeeper {
+        Doorkeeper::new(front.listener(), limits.admission(), Some(&self.registry))
+            .with_requests_per_s(limits.polls_per_second_per_connection_max)
     }
 }
 
@@ -549,6 +533,31 @@ impl ApiCounters {
 pub enum Front {
     Http,
     Binary,
+}
+
+impl Front {
+    /// The front's name in the `listener` label of `/metrics` and in logs.
+    pub fn listener(self) -> &'static str {
+        match self {
+            Front::Http => "delivery_http",
+            Front::Binary => "delivery_binary",
+        }
+    }
+}
+
+impl Limits {
+    /// Each front's admission limits: a connection proves itself with each request, which
+    /// must come within `header_read_timeout_ms`.
+    pub fn admission(&self) -> bourse_admission::Limits {
+        bourse_admission::Limits {
+            connections_per_address_max: self.connections_per_address_max,
+            ..bourse_admission::Limits::new(
+                self.connections_max,
+                self.waiting_per_address_max,
+                self.header_read_timeout_ms,
+            )
+        }
+    }
 }
 
 impl Default for ApiCounters {

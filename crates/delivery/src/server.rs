@@ -285,32 +285,14 @@ async fn metrics(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
         .into_response()
 }
 
-/// Serves until `stopped` changes, on the monitor's accept loop with this node's limits
-/// (`bourse_monitor::server::serve_with_slots`: in all and per peer address).
+/// Serves until `stopped` changes, on the venue's HTTP accept loop with this front's
+/// admission (`bourse_monitor::server::serve_admitted`).
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>, stopped: watch::Receiver<bool>) {
-    let slots = shared.counters.slots(Front::Http, &shared.limits);
-    let header_read_timeout_ms = shared.limits.header_read_timeout_ms;
-    match shared.tls.clone() {
-        Some(tls) => {
-            bourse_monitor::server::serve_with_slots_tls(
-                listener,
-                router(shared),
-                slots,
-                header_read_timeout_ms,
-                tls,
-                stopped,
-            )
-            .await
-        }
-        None => {
-            bourse_monitor::server::serve_with_slots(
-                listener,
-                router(shared),
-                slots,
-                header_read_timeout_ms,
-                stopped,
-            )
-            .await
-        }
-    }
+    let door = shared.counters.doorkeeper(Front::Http, &shared.limits);
+    let options = bourse_monitor::server::ServeOptions {
+        header_read_timeout_ms: shared.limits.header_read_timeout_ms,
+        tls: shared.tls.clone(),
+        send_buffer_bytes: None,
+    };
+    bourse_monitor::server::serve_admitted(listener, router(shared), door, options, stopped).await
 }

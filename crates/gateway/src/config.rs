@@ -225,15 +225,75 @@ pub struct FixSessionConfig {
     pub drop_copy: bool,
     /// Overrides the default throttle.
     pub throttle_msgs_per_s: Option<u32>,
-    /// Source addresses the session may log on from; empty: any.
+    /// Source addresses the session may log on from; with `allowed_sources`, empty: any.
     #[serde(default)]
     pub allowed_addresses: Vec<IpAddr>,
+    /// Source networks (CIDR, e.g. `"10.1.0.0/16"`) the session may log on from: the firm's
+    /// registered networks. Their connections are never displaced by strangers from
+    /// elsewhere, and keep a place of `connections_max` for the session (docs/admission.md).
+    #[serde(default)]
+    pub allowed_sources: Vec<String>,
     /// The Argon2id hash (PHC string, `bourse auth hash-password`) of the password the
     /// client must send in Logon's Password (554); none: no password is asked for.
     pub password_hash: Option<PasswordHashString>,
     /// The session logs on only over the FIX TLS listener (`fix_tls_listen`).
     #[serde(default)]
     pub tls_required: bool,
+}
+
+/// A session's registered networks: its `allowed_addresses` (each a network of one) and its
+/// `allowed_sources`; empty: it may log on from anywhere.
+pub fn allowed_networks(
+    addresses: &[IpAddr],
+    sources: &[String],
+) -> Result<Vec<bourse_admission::Cidr>, String> {
+    let one = addresses.iter().map(|a| a.to_string().parse());
+    one.chain(sources.iter().map(|s| s.parse())).collect()
+}
+
+impl GatewayConfig {
+    /// Every session's registered networks, and how many sessions have some (each keeps a
+    /// place its networks alone may take).
+    pub fn registered_networks(&self) -> (Vec<bourse_admission::Cidr>, usize) {
+        let fix = self
+            .fix_sessions
+            .iter()
+            .map(|s| (&s.allowed_addresses, &s.allowed_sources));
+        let bin = self
+            .binary_sessions
+            .iter()
+            .map(|s| (&s.allowed_addresses, &s.allowed_sources));
+        let mut networks = Vec::new();
+        let mut sessions = 0;
+        for (addresses, sources) in fix.chain(bin) {
+            let mine = allowed_networks(addresses, sources).unwrap_or_default();
+            if !mine.is_empty() {
+                sessions += 1;
+            }
+            for n in mine {
+                if !networks.contains(&n) {
+                    networks.push(n);
+                }
+            }
+        }
+        (networks, sessions)
+    }
+
+    /// The admission limits of the gateway's ports (one table for both, plain and TLS).
+    pub fn admission(&self) -> bourse_admission::Limits {
+        let g = &self.gateway;
+        let (registered, registered_reserved) = self.registered_networks();
+        bourse_admission::Limits {
+            strangers_max: g.prelogon_connections_max.min(g.connections_max),
+            registered,
+            registered_reserved,
+            ..bourse_admission::Limits::new(
+                g.connections_max,
+                g.prelogon_per_address_max,
+                g.logon_timeout_ms,
+            )
+        }
+    }
 }
 
 fn default_gateway_comp_id() -> String {
@@ -251,9 +311,12 @@ pub struct BinarySessionConfig {
     #[serde(default)]
     pub accounts: Vec<AccountId>,
     pub throttle_msgs_per_s: Option<u32>,
-    /// Source addresses the session may establish from; empty: any.
+    /// Source addresses the session may establish from; with `allowed_sources`, empty: any.
     #[serde(default)]
     pub allowed_addresses: Vec<IpAddr>,
+    /// Source networks (CIDR) the session may establish from, as a FIX session's.
+    #[serde(default)]
+    pub allowed_sources: Vec<String>,
     /// The Argon2id hash (PHC string) of the password the client must send in Establish's
     /// `password` (schema version 2; at most 32 printable ASCII bytes); none: no password.
     pub password_hash: Option<PasswordHashString>,
@@ -462,6 +525,15 @@ impl GatewayConfig {
         if self.fix_sessions.len() + self.binary_sessions.len() > SESSIONS_MAX {
             return Err(format!("at most {SESSIONS_MAX} sessions"));
         }
+        for s in &self.fix_sessions {
+            allowed_networks(&s.allowed_addresses, &s.allowed_sources)
+                .map_err(|e| format!("FIX session {}: allowed_sources: {e}", s.client_comp_id))?;
+        }
+        for s in &self.binary_sessions {
+            allowed_networks(&s.allowed_addresses, &s.allowed_sources)
+                .map_err(|e| format!("binary session {}: allowed_sources: {e}", s.credentials))?;
+        }
+        self.admission().validate("gateway")?;
         let mut symbols = HashSet::new();
         let mut ids: HashSet<InstrumentId> = HashSet::new();
         for i in &self.instruments {

@@ -24,7 +24,7 @@ pub use crate::disconnect::DisconnectReason;
 
 use crate::binary_front;
 use crate::bootstrap::{bootstrap, restore_order_state};
-use crate::config::GatewayConfig;
+use crate::config::{allowed_networks, GatewayConfig};
 use crate::fix_front::{self, FixApp};
 use crate::metrics::{GatewayMetrics, LoopCounters};
 use crate::recovery;
@@ -297,7 +297,7 @@ pub fn spawn_cores(
         .map_err(|e| format!("FIX store {}: {e}", dir.display()))?;
         fix.push(FixSlot {
             session: Session::new(sc, Arc::clone(&dictionary), Box::new(store)),
-            allowed_addresses: s.allowed_addresses.clone(),
+            allowed_addresses: allowed_networks(&s.allowed_addresses, &s.allowed_sources)?,
             sref: SessionRef(i as u32),
             client_comp_id: s.client_comp_id.clone(),
             gateway_comp_id: s.gateway_comp_id.clone(),
@@ -310,19 +310,21 @@ pub fn spawn_cores(
         .binary_sessions
         .iter()
         .enumerate()
-        .map(|(j, s)| BinSlot {
-            sref: SessionRef((fix_count + j) as u32),
-            credentials: s.credentials.clone(),
-            allowed_addresses: s.allowed_addresses.clone(),
-            conn: None,
-            next_seq: 1,
-            sent: VecDeque::new(),
-            first_kept_seq: 1,
-            keepalive_ms: 1_000,
-            last_recv_ms: 0,
-            last_sent_ms: 0,
+        .map(|(j, s)| {
+            Ok(BinSlot {
+                sref: SessionRef((fix_count + j) as u32),
+                credentials: s.credentials.clone(),
+                allowed_addresses: allowed_networks(&s.allowed_addresses, &s.allowed_sources)?,
+                conn: None,
+                next_seq: 1,
+                sent: VecDeque::new(),
+                first_kept_seq: 1,
+                keepalive_ms: 1_000,
+                last_recv_ms: 0,
+                last_sent_ms: 0,
+            })
         })
-        .collect();
+        .collect::<Result<Vec<_>, String>>()?;
     let mut router = Router::new(&config, links);
     // Before bootstrap: its polling may already hand over outputs the restored orders own.
     restore_order_state(&mut router, &config.gateway.store_dir)?;
@@ -348,6 +350,7 @@ pub fn spawn_cores(
     let stats = Arc::new(GatewayStats::default());
     let stop = Arc::new(AtomicBool::new(false));
     let checks = credentials::Checks::start(&config, Arc::clone(&waker), password_store)?;
+    let prelogon = bourse_admission::Admission::new(config.admission());
     let mut server = Server {
         poll,
         fix_listener,
@@ -356,7 +359,6 @@ pub fn spawn_cores(
         binary_tls_listener,
         tls,
         conns: HashMap::new(),
-        next_token: FIRST_CONN,
         fix,
         bin,
         router,
@@ -373,7 +375,7 @@ pub fn spawn_cores(
         counters: LoopCounters::default(),
         metrics,
         awaiting_write: Vec::new(),
-        prelogon: admission::Prelogon::default(),
+        prelogon,
         close_log: admission::CloseLog::default(),
         checks,
     };
@@ -402,8 +404,8 @@ const STOP_DRAIN_MS: u64 = 5_000;
 
 struct FixSlot {
     session: Session,
-    /// Where the session may log on from; empty: anywhere.
-    allowed_addresses: Vec<std::net::IpAddr>,
+    /// Where the session may log on from (its registered networks); empty: anywhere.
+    allowed_addresses: Vec<bourse_admission::Cidr>,
     sref: SessionRef,
     client_comp_id: String,
     gateway_comp_id: String,
@@ -415,8 +417,8 @@ struct FixSlot {
 struct BinSlot {
     sref: SessionRef,
     credentials: String,
-    /// Where the session may establish from; empty: anywhere.
-    allowed_addresses: Vec<std::net::IpAddr>,
+    /// Where the session may establish from (its registered networks); empty: anywhere.
+    allowed_addresses: Vec<bourse_admission::Cidr>,
     conn: Option<Token>,
     next_seq: u64,
     /// Sent responses kept for retransmission; the first has `first_kept_seq`.
@@ -439,7 +441,6 @@ struct Conn {
     kind: Kind,
     out: Vec<u8>,
     out_pos: usize,
-    opened_ms: u64,
     /// The FIX or binary slot this connection logged on to.
     attached: Option<usize>,
     /// FIX: the bytes before logon (at most one message); binary: bytes of an incomplete
@@ -465,7 +466,6 @@ struct Server {
     /// The TLS listeners' certificate and key.
     tls: Option<Arc<rustls::ServerConfig>>,
     conns: HashMap<Token, Conn>,
-    next_token: usize,
     fix: Vec<FixSlot>,
     bin: Vec<BinSlot>,
     router: Router,
@@ -487,7 +487,8 @@ struct Server {
     /// Sampled traces whose report is in a connection's output, waiting for the write (t7).
     awaiting_write: Vec<(Token, Trace)>,
     /// Connections not logged on yet, and how many of them each source address holds.
-    prelogon: admission::Prelogon,
+    /// The ports' admission table: every open connection, strangers first in line to go.
+    prelogon: bourse_admission::Admission,
     /// Log lines of closes this second, to keep a flood of hostile connections from
     /// flooding the log too (they are all counted on `/metrics`).
     close_log: admission::CloseLog,
@@ -506,14 +507,27 @@ fn is_session_reject(bytes: &[u8]) -> bool {
     head.windows(6).any(|w| w == b"\x0135=3\x01")
 }
 
+/// Whether `token` is one of the four listeners'.
+fn is_listener(token: Token) -> bool {
+    [
+        FIX_LISTENER,
+        BINARY_LISTENER,
+        FIX_TLS_LISTENER,
+        BINARY_TLS_LISTENER,
+    ]
+    .contains(&token)
+}
+
 impl Server {
     fn run(&mut self, stop: &AtomicBool) {
         let mut events = Events::with_capacity(1024);
         let mut last_tick_ms = 0u64;
         let mut again: Vec<Token> = Vec::new();
+        // Listeners that stopped at their turn's accepts with more connections waiting.
+        let mut accept_again: Vec<Token> = Vec::new();
         let mut scratch = vec![0u8; 64 * 1024];
         while !stop.load(Ordering::SeqCst) {
-            let timeout = if again.is_empty() {
+            let timeout = if again.is_empty() && accept_again.is_empty() {
                 Duration::from_millis(TICK_INTERVAL_MS)
             } else {
                 Duration::ZERO
@@ -527,13 +541,29 @@ impl Server {
             self.now_ns = now_ns();
             self.now_ms = self.now_ns / 1_000_000;
             let mut readable: Vec<Token> = std::mem::take(&mut again);
-            for event in events.iter() {
-                match event.token() {
-                    WAKER => {}
+            let listeners = std::mem::take(&mut accept_again);
+            let ready = events.iter().map(|e| e.token());
+            for token in listeners
+                .into_iter()
+                .chain(ready.filter(|t| is_listener(*t)))
+            {
+                if accept_again.contains(&token) {
+                    continue;
+                }
+                let more = match token {
                     FIX_LISTENER => self.accept(Kind::Fix, false),
                     BINARY_LISTENER => self.accept(Kind::Binary, false),
                     FIX_TLS_LISTENER => self.accept(Kind::Fix, true),
-                    BINARY_TLS_LISTENER => self.accept(Kind::Binary, true),
+                    _ => self.accept(Kind::Binary, true),
+                };
+                if more {
+                    accept_again.push(token);
+                }
+            }
+            for event in events.iter() {
+                match event.token() {
+                    WAKER => {}
+                    token if is_listener(token) => {}
                     token => {
                         if event.is_readable() || event.is_read_closed() || event.is_error() {
                             readable.push(token);
@@ -1004,7 +1034,7 @@ impl Server {
         };
         self.checks.parked.remove(&token);
         self.counters.disconnects[reason.index()] += 1;
-        self.prelogon.remove(token, conn.peer.ip());
+        self.prelogon.remove(admission::id_of(token));
         self.log_close(&conn, token, reason);
         self.awaiting_write.retain(|(t, _)| *t != token);
         if let Transport::Tls(_, tls) = &mut conn.stream {

@@ -10,12 +10,14 @@
 //! The server's one thread serves up to `CONNECTIONS_MAX` connections at once, each as its
 //! bytes arrive (mio), gives every connection at most `CONNECTION_TIMEOUT_MS`, lets one
 //! address hold at most `CONNECTIONS_PER_ADDRESS_MAX`, and makes room for a new connection by
-//! closing the oldest one still waiting for its request, so idle sockets cannot keep a
-//! subscriber that lost packets from its replay. A client address past
+//! closing the one that has waited longest for its request (the venue's admission policy,
+//! `bourse_admission`), so idle sockets cannot keep a subscriber that lost packets from its
+//! replay. A client address past
 //! `REQUESTS_PER_CLIENT_PER_S_MAX` requests per second is answered Throttled.
 
 use crate::history::History;
 use crate::{Channel, Publisher};
+use bourse_admission::{Admission, Limits};
 use bourse_wire::frame::{encode_frame, write_frame_header, Encoding, FRAME_HEADER_BYTES};
 use bourse_wire::market_data::codec::{
     replay_request_codec::ReplayRequestEncoder, replay_response_codec::ReplayResponseEncoder,
@@ -44,6 +46,19 @@ const THROTTLE_CLIENTS_MAX: usize = 4_096;
 pub const CONNECTIONS_MAX: usize = 256;
 /// Connections one client address may hold at once.
 pub const CONNECTIONS_PER_ADDRESS_MAX: usize = 16;
+/// The service's admission limits: `CONNECTIONS_MAX` in all, `CONNECTIONS_PER_ADDRESS_MAX`
+/// per address, `CONNECTION_TIMEOUT_MS` to send a whole request.
+fn admission_limits() -> Limits {
+    Limits {
+        connections_per_address_max: CONNECTIONS_PER_ADDRESS_MAX,
+        ..Limits::new(
+            CONNECTIONS_MAX,
+            CONNECTIONS_PER_ADDRESS_MAX,
+            CONNECTION_TIMEOUT_MS,
+        )
+    }
+}
+
 /// The largest request read (a ReplayRequest frame is far smaller).
 const REQUEST_BYTES_MAX: usize = 64;
 
@@ -183,7 +198,9 @@ impl ReplayServer {
         let mut server = Server {
             poll,
             listeners,
-            conns: (0..CONNECTIONS_MAX).map(|_| None).collect(),
+            admission: Admission::new(admission_limits()),
+            started: Instant::now(),
+            conns: HashMap::new(),
             clients: HashMap::new(),
             stats: Arc::clone(&stats),
         };
@@ -252,7 +269,12 @@ struct ReplayConn {
 struct Server {
     poll: Poll,
     listeners: Vec<(TcpListener, Arc<Mutex<History>>)>,
-    conns: Vec<Option<ReplayConn>>,
+    /// Who holds a connection, and who goes to make room (by admission id).
+    admission: Admission,
+    /// The admission table's clock starts here.
+    started: Instant,
+    /// The connections by admission id (their token is `CONN_FIRST` past it).
+    conns: HashMap<u64, ReplayConn>,
     /// Per client address: (start of the current one-second window, requests in it).
     clients: HashMap<IpAddr, (Instant, u32)>,
     stats: Arc<ReplayServerStats>,
@@ -274,7 +296,7 @@ impl Server {
                 match event.token() {
                     WAKER => {}
                     Token(t) if t < CONN_FIRST => self.accept(t - LISTENER_FIRST),
-                    Token(t) => self.on_ready(t - CONN_FIRST),
+                    Token(t) => self.on_ready((t - CONN_FIRST) as u64),
                 }
             }
             self.close_expired();
@@ -284,21 +306,28 @@ impl Server {
     /// When the oldest connection's time runs out.
     fn next_deadline(&self) -> Option<Instant> {
         self.conns
-            .iter()
-            .flatten()
+            .values()
             .map(|c| c.opened + Duration::from_millis(CONNECTION_TIMEOUT_MS))
             .min()
     }
 
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Closes the connections whose time ran out: still waiting for their request (the
+    /// admission table's deadline), or being answered for as long.
     fn close_expired(&mut self) {
+        let late = self.admission.expire(self.now_ms());
         let now = Instant::now();
-        for slot in 0..self.conns.len() {
-            let expired = self.conns[slot].as_ref().is_some_and(|c| {
-                now.duration_since(c.opened) >= Duration::from_millis(CONNECTION_TIMEOUT_MS)
-            });
-            if expired {
+        let slow = self.conns.iter().filter(|(_, c)| {
+            now.duration_since(c.opened) >= Duration::from_millis(CONNECTION_TIMEOUT_MS)
+        });
+        let slow: Vec<u64> = slow.map(|(id, _)| *id).collect();
+        for id in late.into_iter().chain(slow) {
+            if self.conns.contains_key(&id) {
                 self.stats.timed_out.fetch_add(1, Ordering::Relaxed);
-                self.close(slot);
+                self.close(id);
             }
         }
     }
@@ -313,10 +342,20 @@ impl Server {
                 // tries again.
                 Err(_) => return,
             };
-            let Some(slot) = self.slot_for(peer.ip()) else {
-                self.stats.refused.fetch_add(1, Ordering::Relaxed);
-                continue;
+            // A connection waiting for its request is the only kind displaced (one being
+            // answered finishes), so idle sockets cannot hold a request out: a client sends
+            // its request as it connects, and is served before it could be displaced.
+            let admit = match self.admission.admit(peer.ip(), self.now_ms()) {
+                Ok(admit) => admit,
+                Err(_) => {
+                    self.stats.refused.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
             };
+            if let Some((victim, _)) = admit.displaced {
+                self.stats.displaced.fetch_add(1, Ordering::Relaxed);
+                self.close(victim);
+            }
             let mut conn = ReplayConn {
                 stream,
                 peer: peer.ip(),
@@ -327,67 +366,39 @@ impl Server {
                 answer: None,
             };
             let _ = conn.stream.set_nodelay(true);
-            let token = Token(CONN_FIRST + slot);
+            let token = Token(CONN_FIRST + admit.id as usize);
             if self
                 .poll
                 .registry()
                 .register(&mut conn.stream, token, Interest::READABLE)
                 .is_ok()
             {
-                self.conns[slot] = Some(conn);
+                self.conns.insert(admit.id, conn);
+            } else {
+                self.admission.remove(admit.id);
             }
         }
     }
 
-    /// A free slot for a connection from `peer`, making one when needed: an address already
-    /// holding its share gives up its own oldest waiting connection, and a full server its
-    /// oldest waiting connection. A connection waiting for its request is the only kind
-    /// displaced (one being answered finishes), so idle sockets cannot hold a request out:
-    /// a client sends its request as it connects, and is served before it could be displaced.
-    fn slot_for(&mut self, peer: IpAddr) -> Option<usize> {
-        let of_peer = self
-            .conns
-            .iter()
-            .flatten()
-            .filter(|c| c.peer == peer)
-            .count();
-        let victim = if of_peer >= CONNECTIONS_PER_ADDRESS_MAX {
-            self.oldest_waiting(|c| c.peer == peer)
-        } else if let Some(free) = self.conns.iter().position(Option::is_none) {
-            return Some(free);
-        } else {
-            self.oldest_waiting(|_| true)
-        }?;
-        self.stats.displaced.fetch_add(1, Ordering::Relaxed);
-        self.close(victim);
-        Some(victim)
-    }
-
-    fn oldest_waiting(&self, filter: impl Fn(&ReplayConn) -> bool) -> Option<usize> {
-        (0..self.conns.len())
-            .filter_map(|i| self.conns[i].as_ref().map(|c| (i, c)))
-            .filter(|(_, c)| c.answer.is_none() && filter(c))
-            .min_by_key(|(_, c)| c.opened)
-            .map(|(i, _)| i)
-    }
-
-    fn close(&mut self, slot: usize) {
-        if let Some(mut conn) = self.conns[slot].take() {
+    fn close(&mut self, id: u64) {
+        self.admission.remove(id);
+        if let Some(mut conn) = self.conns.remove(&id) {
             let _ = self.poll.registry().deregister(&mut conn.stream);
         }
     }
 
-    fn on_ready(&mut self, slot: usize) {
-        let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+    fn on_ready(&mut self, id: u64) {
+        let Some(conn) = self.conns.get_mut(&id) else {
             return;
         };
         let done = if conn.answer.is_none() {
             match read_request(conn) {
                 Ok(Some(request)) => {
+                    self.admission.proven(id);
                     let throttled = throttle(&mut self.clients, conn.peer);
                     let history = &self.listeners[conn.listener].1;
                     conn.answer = Some((answer(request, history, &self.stats, throttled), 0));
-                    let token = Token(CONN_FIRST + slot);
+                    let token = Token(CONN_FIRST + id as usize);
                     let _ = self.poll.registry().reregister(
                         &mut conn.stream,
                         token,
@@ -402,7 +413,7 @@ impl Server {
             write_answer(conn)
         };
         if done {
-            self.close(slot);
+            self.close(id);
         }
     }
 }

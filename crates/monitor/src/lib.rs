@@ -5,8 +5,9 @@
 //! stage probes t0..t7 ([`probe::ProbeHub`], per-thread [`probe::StageRecorder`]s, no lock or
 //! allocation on the hot path); a core's counts ([`core_probe::CoreMonitor`]) and a replica's
 //! ([`node::NodeMetrics`]); the cluster view and alerts ([`cluster::ClusterView`]); LTP's split
-//! ([`ltp`]); the dashboard ([`server::DashboardServer`]). [`slots::ConnectionSlots`] and
-//! [`rate::TokenBucket`] are the admission limits every service's listener shares.
+//! ([`ltp`]); the dashboard ([`server::DashboardServer`]). [`doorkeeper::Doorkeeper`] (the
+//! venue's one admission policy on a listener), [`server::serve_admitted`] (every HTTP
+//! listener's accept loop) and [`rate::TokenBucket`] are what every service's listener shares.
 //!
 //! The hot path never waits for the control plane. Design: ARCHITECTURE.md, `crates/monitor`.
 
@@ -18,13 +19,13 @@ pub mod cluster;
 pub mod core_probe;
 pub mod dashboard;
 pub mod delivery;
+pub mod doorkeeper;
 pub mod ltp;
 pub mod metrics;
 pub mod node;
 pub mod probe;
 pub mod rate;
 pub mod server;
-pub mod slots;
 
 pub use cluster::{AlertThresholds, ClusterView, NodeStatus, Role};
 pub use core_probe::CoreMonitor;
@@ -74,7 +75,11 @@ pub mod names {
     pub const ALERTS_FIRING: &str = "bourse_alerts_firing";
     pub const DASHBOARD_CLIENTS: &str = "bourse_dashboard_clients";
     pub const DASHBOARD_CLIENTS_DROPPED_TOTAL: &str = "bourse_dashboard_clients_dropped_total";
-    pub const HTTP_CONNECTIONS_REFUSED_TOTAL: &str = "bourse_http_connections_refused_total";
+    /// Connections a listener refused or closed by the admission policy (labels `listener`,
+    /// `reason`: full, address_full, displaced, address_share, timeout).
+    pub const LISTENER_REFUSALS_TOTAL: &str = "bourse_listener_refusals_total";
+    /// Connections open at a listener (label `listener`).
+    pub const LISTENER_CONNECTIONS_OPEN: &str = "bourse_listener_connections_open";
     pub const BUILD_INFO: &str = "bourse_build_info";
     // A replica node's own figures (labelled `node`).
     pub const NODE_COMMANDS_APPLIED_TOTAL: &str = "bourse_node_commands_applied_total";
@@ -128,8 +133,12 @@ pub struct MonitorConfig {
     pub sse_clients_max: usize,
     /// Frames queued per event-stream client before the client is cut off as too slow.
     pub sse_queue_frames: usize,
-    /// TCP connections served at once; more are closed on accept.
+    /// TCP connections served at once; a newcomer past it displaces the connection that has
+    /// waited longest for its request, or is closed if every one is busy.
     pub connections_max: usize,
+    /// Connections from one address waiting for their request at once; a newcomer past it
+    /// displaces its own address's longest-waiting one.
+    pub waiting_per_address_max: usize,
     /// A request whose headers take longer than this is dropped (slowloris).
     pub header_read_timeout_ms: u64,
     /// Socket send buffer for dashboard connections: bounds what a non-reading client holds.
@@ -152,6 +161,7 @@ impl Default for MonitorConfig {
             sse_clients_max: 64,
             sse_queue_frames: 8,
             connections_max: 512,
+            waiting_per_address_max: 64,
             header_read_timeout_ms: 5_000,
             send_buffer_bytes: 64 * 1024,
             node_name: "bourse".into(),
@@ -194,7 +204,18 @@ impl MonitorConfig {
         if self.header_read_timeout_ms == 0 {
             return Err("header_read_timeout_ms must be positive".into());
         }
+        self.admission().validate("monitor")?;
         Ok(self)
+    }
+
+    /// The dashboard listener's admission limits: a connection proves itself with each
+    /// request head, which must come within `header_read_timeout_ms`.
+    pub fn admission(&self) -> bourse_admission::Limits {
+        bourse_admission::Limits::new(
+            self.connections_max,
+            self.waiting_per_address_max,
+            self.header_read_timeout_ms,
+        )
     }
 }
 

@@ -1,15 +1,15 @@
 //! The HTTP server: dashboard page, event stream, `/metrics`, `/api/frame`, `/healthz`.
 //!
 //! It runs on a thread of its own with a current-thread tokio runtime, so the control plane
-//! takes at most one core's worth of time and never runs on a hot thread. Its own accept loop
-//! (instead of `axum::serve`) is there for the limits: connections past `connections_max` are
-//! closed on accept, headers must arrive within `header_read_timeout_ms`, request heads are
-//! capped at [`REQUEST_HEAD_BYTES_MAX`], each socket's send buffer is small, and an event-stream
-//! client the dashboard cuts off as slow has its connection closed through a per-connection
-//! [`Notify`].
+//! takes at most one core's worth of time and never runs on a hot thread. [`serve_admitted`],
+//! the accept loop of every HTTP listener of the venue, is there (instead of `axum::serve`) for
+//! the limits: the venue's admission policy on accept ([`crate::doorkeeper`]), headers within
+//! `header_read_timeout_ms`, request heads capped at [`REQUEST_HEAD_BYTES_MAX`], each socket's
+//! send buffer small where asked, and an event-stream client the dashboard cuts off as slow
+//! has its connection closed through a per-connection [`Notify`].
 
 use crate::dashboard::{tick, Dashboard, Subscription};
-use crate::slots::ConnectionSlots;
+use crate::doorkeeper::{Busy, Doorkeeper};
 use crate::Monitor;
 use axum::extract::{Extension, State};
 use axum::http::{header, StatusCode};
@@ -25,7 +25,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, Notify, Semaphore};
+use tokio::sync::{oneshot, Notify};
 use tower::ServiceExt;
 
 /// The dashboard page: one self-contained file, no external resources.
@@ -36,7 +36,7 @@ pub const REQUEST_HEAD_BYTES_MAX: usize = 8 * 1024;
 
 /// Closes one connection when notified (the event stream found its client too slow).
 #[derive(Clone)]
-struct ConnKill(Arc<Notify>);
+pub struct ConnKill(Arc<Notify>);
 
 /// The running server; dropping it stops the server and joins its thread.
 pub struct DashboardServer {
@@ -120,151 +120,56 @@ pub fn router(monitor: Arc<Monitor>) -> Router {
         .with_state(monitor)
 }
 
-async fn serve(listener: TcpListener, monitor: Arc<Monitor>, mut shutdown: oneshot::Receiver<()>) {
+/// The dashboard's own listener: its connections admitted by the monitor's limits (the
+/// dashboard and `/metrics` are read by browsers and Prometheus, each sending its request
+/// right after connecting), counted as `listener="dashboard"`.
+async fn serve(listener: TcpListener, monitor: Arc<Monitor>, shutdown: oneshot::Receiver<()>) {
     let config = monitor.config().clone();
-    let connections = Arc::new(Semaphore::new(config.connections_max));
-    let refused = monitor.registry().counter(
-        crate::names::HTTP_CONNECTIONS_REFUSED_TOTAL,
-        "Connections closed on accept because the server was at its connection limit.",
-        &[],
-    );
-    let app = router(monitor);
-    loop {
-        let accepted = tokio::select! {
-            _ = &mut shutdown => break,
-            r = listener.accept() => r,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
-            Err(_) => {
-                // Out of file descriptors or similar: back off instead of spinning.
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            refused.inc();
-            drop(stream);
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        let _ = socket2::SockRef::from(&stream).set_send_buffer_size(config.send_buffer_bytes);
-        let kill = Arc::new(Notify::new());
-        let app = app.clone();
-        let conn_kill = ConnKill(kill.clone());
-        let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
-            req.extensions_mut().insert(conn_kill.clone());
-            app.clone().oneshot(req)
-        });
-        let timeout = Duration::from_millis(config.header_read_timeout_ms);
-        tokio::spawn(async move {
-            let _permit = permit;
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(timeout)
-                .max_buf_size(REQUEST_HEAD_BYTES_MAX);
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::select! {
-                _ = conn => {}
-                _ = kill.notified() => {}
-            }
-        });
-    }
+    let door = Doorkeeper::new("dashboard", config.admission(), Some(monitor.registry()));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        let _ = shutdown.await;
+        let _ = stop.send(true);
+    });
+    let options = ServeOptions {
+        header_read_timeout_ms: config.header_read_timeout_ms,
+        tls: None,
+        send_buffer_bytes: Some(config.send_buffer_bytes),
+    };
+    serve_admitted(listener, router(monitor), door, options, stopped).await
 }
 
-/// Serves `app` until `stopped` changes, on an accept loop of its own for the limits that
-/// `axum::serve` lacks: connections past `connections_max` are closed on accept, request
-/// heads must arrive within `header_read_timeout_ms` and fit [`REQUEST_HEAD_BYTES_MAX`].
-/// `connections_open` counts the connections open. The one such loop for a service's
-/// HTTP/JSON API (data delivery, the admin API); [`serve_with_slots`] adds a limit per peer
-/// address.
-pub async fn serve_limited(
-    listener: TcpListener,
-    app: Router,
-    connections_max: usize,
-    header_read_timeout_ms: u64,
-    connections_open: crate::metrics::Gauge,
-    stopped: tokio::sync::watch::Receiver<bool>,
-) {
-    let slots = ConnectionSlots::new(connections_max, connections_max, connections_open);
-    serve_with_slots(listener, app, slots, header_read_timeout_ms, stopped).await
+/// How [`serve_admitted`] serves each connection beyond its admission.
+#[derive(Clone, Default)]
+pub struct ServeOptions {
+    /// A request head must arrive within this long (and, with TLS, the handshake before it).
+    pub header_read_timeout_ms: u64,
+    /// TLS with this server certificate (`bourse_auth::tls::server_config`), for an API whose
+    /// requests carry passwords off the loopback; `None`: plain HTTP.
+    pub tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+    /// Each socket's send buffer, bounding what a client that does not read holds.
+    pub send_buffer_bytes: Option<usize>,
 }
 
-/// [`serve_limited`] over TLS: every connection must complete a handshake with `tls` (the
-/// server's certificate; `bourse_auth::tls::server_config`) within `header_read_timeout_ms`
-/// before its request head is read, so a connection that never finishes one holds its slot
-/// no longer than one that never sends a head. For an API whose requests carry passwords
-/// and may cross a network (the admin API off the loopback).
-pub async fn serve_limited_tls(
+/// Serves `app` until `stopped` changes, on the one accept loop of every HTTP listener of the
+/// venue (the dashboard and `/metrics`, the admin API, delivery's HTTP front, clearing's API),
+/// which wraps hyper instead of `axum::serve` for the limits: each connection takes a
+/// [`crate::doorkeeper::Pass`] of `door` on accept (the venue's admission policy: bounds in all and per address,
+/// the longest-waiting idle connection displaced for a newcomer), proves itself with each
+/// request head and waits again once the response is written; a request head must arrive
+/// within `header_read_timeout_ms` and fit [`REQUEST_HEAD_BYTES_MAX`]. If `door` bounds
+/// requests per second, each request carries its connection's [`crate::rate::ConnectionRate`]
+/// as an extension; every request carries a [`ConnKill`] its handler may use to close the
+/// connection.
+pub async fn serve_admitted(
     listener: TcpListener,
     app: Router,
-    tls: Arc<tokio_rustls::rustls::ServerConfig>,
-    connections_max: usize,
-    header_read_timeout_ms: u64,
-    connections_open: crate::metrics::Gauge,
-    stopped: tokio::sync::watch::Receiver<bool>,
-) {
-    let slots = ConnectionSlots::new(connections_max, connections_max, connections_open);
-    let tls = tokio_rustls::TlsAcceptor::from(tls);
-    serve_accepted(
-        listener,
-        app,
-        slots,
-        header_read_timeout_ms,
-        Some(tls),
-        stopped,
-    )
-    .await
-}
-
-/// [`serve_limited`] with the connection limits of `slots` (in all and per peer address):
-/// a connection without a slot is closed on accept. If the slots bound requests per second,
-/// each connection's requests carry its [`crate::rate::ConnectionRate`] as an extension.
-pub async fn serve_with_slots(
-    listener: TcpListener,
-    app: Router,
-    slots: ConnectionSlots,
-    header_read_timeout_ms: u64,
-    stopped: tokio::sync::watch::Receiver<bool>,
-) {
-    serve_accepted(listener, app, slots, header_read_timeout_ms, None, stopped).await
-}
-
-/// [`serve_with_slots`] over TLS (`tls`: the server's certificate), the handshake within
-/// `header_read_timeout_ms` as in [`serve_limited_tls`]: for an API with limits per peer
-/// address whose requests carry passwords (data delivery off the loopback).
-pub async fn serve_with_slots_tls(
-    listener: TcpListener,
-    app: Router,
-    slots: ConnectionSlots,
-    header_read_timeout_ms: u64,
-    tls: Arc<tokio_rustls::rustls::ServerConfig>,
-    stopped: tokio::sync::watch::Receiver<bool>,
-) {
-    let tls = tokio_rustls::TlsAcceptor::from(tls);
-    serve_accepted(
-        listener,
-        app,
-        slots,
-        header_read_timeout_ms,
-        Some(tls),
-        stopped,
-    )
-    .await
-}
-
-/// The accept loop of [`serve_with_slots`] and [`serve_limited_tls`]: plain HTTP, or HTTP
-/// after a TLS handshake with `tls`.
-async fn serve_accepted(
-    listener: TcpListener,
-    app: Router,
-    slots: ConnectionSlots,
-    header_read_timeout_ms: u64,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    door: Doorkeeper,
+    options: ServeOptions,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
-    let timeout = Duration::from_millis(header_read_timeout_ms);
+    let timeout = Duration::from_millis(options.header_read_timeout_ms);
+    let tls = options.tls.clone().map(tokio_rustls::TlsAcceptor::from);
     loop {
         let accepted = tokio::select! {
             _ = stopped.changed() => return,
@@ -275,45 +180,97 @@ async fn serve_accepted(
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
-        let Ok(slot) = slots.try_take(peer.ip()) else {
+        let Some(pass) = door.admit(peer) else {
             drop(stream);
             continue;
         };
         let _ = stream.set_nodelay(true);
+        if let Some(bytes) = options.send_buffer_bytes {
+            let _ = socket2::SockRef::from(&stream).set_send_buffer_size(bytes);
+        }
+        let pass = Arc::new(pass);
+        let kill = Arc::new(Notify::new());
         let app = app.clone();
-        let rate = slots.requests_per_s().map(crate::rate::ConnectionRate::new);
-        let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
-            if let Some(rate) = &rate {
-                req.extensions_mut().insert(rate.clone());
-            }
-            app.clone().oneshot(req)
-        });
+        let rate = door.requests_per_s().map(crate::rate::ConnectionRate::new);
+        let service = {
+            let pass = Arc::clone(&pass);
+            let conn_kill = ConnKill(kill.clone());
+            hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+                // The connection is busy from its request head until its response's body is
+                // written, and may not be displaced meanwhile.
+                let busy = pass.busy();
+                req.extensions_mut().insert(conn_kill.clone());
+                if let Some(rate) = &rate {
+                    req.extensions_mut().insert(rate.clone());
+                }
+                let app = app.clone();
+                async move {
+                    let response = app.oneshot(req).await?;
+                    Ok::<_, Infallible>(
+                        response.map(|body| axum::body::Body::new(HeldBody { body, _busy: busy })),
+                    )
+                }
+            })
+        };
         let stopped = stopped.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            let _slot = slot;
-            match tls {
-                None => serve_connection(stream, service, timeout, stopped).await,
-                Some(acceptor) => {
-                    // A failed or late handshake closes the connection: nothing was read.
-                    if let Ok(Ok(stream)) =
-                        tokio::time::timeout(timeout, acceptor.accept(stream)).await
-                    {
-                        serve_connection(stream, service, timeout, stopped).await
+            let served = async {
+                match tls {
+                    None => serve_connection(stream, service, timeout).await,
+                    Some(acceptor) => {
+                        // A failed or late handshake closes the connection: nothing was read.
+                        if let Ok(Ok(stream)) =
+                            tokio::time::timeout(timeout, acceptor.accept(stream)).await
+                        {
+                            serve_connection(stream, service, timeout).await
+                        }
                     }
                 }
+            };
+            let mut stopped = stopped;
+            tokio::select! {
+                _ = served => {}
+                _ = pass.closed() => {}
+                _ = kill.notified() => {}
+                _ = stopped.changed() => {}
             }
         });
+        // Lets the connections just admitted read their requests before the next accepts,
+        // so a flood of connections cannot displace a client that already sent its request.
+        tokio::task::yield_now().await;
     }
 }
 
-/// Serves HTTP/1.1 on one connection until it ends or `stopped` changes.
-async fn serve_connection<S, Svc>(
-    stream: S,
-    service: Svc,
-    timeout: Duration,
-    mut stopped: tokio::sync::watch::Receiver<bool>,
-) where
+/// A response's body holding its connection busy until it is written (or dropped).
+struct HeldBody {
+    body: axum::body::Body,
+    _busy: Busy,
+}
+
+impl http_body::Body for HeldBody {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Serves HTTP/1.1 on one connection until it ends.
+async fn serve_connection<S, Svc>(stream: S, service: Svc, timeout: Duration)
+where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     Svc: hyper::service::Service<hyper::Request<Incoming>, Response = Response, Error = Infallible>
         + Send
@@ -325,11 +282,9 @@ async fn serve_connection<S, Svc>(
         .timer(TokioTimer::new())
         .header_read_timeout(timeout)
         .max_buf_size(REQUEST_HEAD_BYTES_MAX);
-    let conn = builder.serve_connection(TokioIo::new(stream), service);
-    tokio::select! {
-        _ = conn => {}
-        _ = stopped.changed() => {}
-    }
+    let _ = builder
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
 }
 
 async fn page() -> Response {

@@ -6,5 +6,6 @@
 mod admin_tls;
 mod bulk_early_answers;
 mod common;
+mod hostile_clients;
 mod margin_call;
 mod schedule_driver;

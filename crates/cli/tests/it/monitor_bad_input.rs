@@ -155,7 +155,14 @@ fn abuse_of_a_nodes_dashboard_leaves_the_group_committing() {
     let exposition = assert_serving_and_capped(addr);
     let dropped =
         metric_value(&exposition, "bourse_dashboard_clients_dropped_total").unwrap_or(0.0);
-    let refused = metric_value(&exposition, "bourse_http_connections_refused_total").unwrap_or(0.0);
+    let refused: f64 = ["full", "displaced", "address_share", "timeout"]
+        .iter()
+        .filter_map(|r| {
+            let series =
+                format!("bourse_listener_refusals_total{{listener=\"dashboard\",reason=\"{r}\"}}");
+            metric_value(&exposition, &series)
+        })
+        .sum();
     drop(idle);
     std::thread::sleep(Duration::from_millis(500));
     assert_event_stream_served(addr);

@@ -1,13 +1,16 @@
 //! Who gets a connection, and what a connection must do before it is a session.
 //!
-//! Connections that have not logged on (established) yet are strangers: they get their own
+//! The venue's admission policy (`bourse_admission::Admission`, one table for both ports):
+//! connections that have not logged on (established) yet are strangers: they get their own
 //! small quota (`prelogon_connections_max`), at most `prelogon_per_address_max` per source
-//! address, and `logon_timeout_ms` to log on. When the quota is full, a new connection
-//! displaces the oldest stranger rather than being turned away, and a logged-on session
+//! address (a newcomer past it displaces its own address's longest-waiting stranger), and
+//! `logon_timeout_ms` to log on. When the quota is full, a new connection displaces the
+//! stranger that has waited longest rather than being turned away, and a logged-on session
 //! never counts against the quota: so idle or trickling sockets, however many, cannot keep a
 //! configured session from logging on (its Logon arrives right after its connect; the
 //! strangers before it are older). `connections_max` bounds everything open at once; only
-//! when every open connection is a logged-on session is a new one refused.
+//! when every open connection is a logged-on session is a new one refused. A connection's
+//! mio token is its admission id past [`FIRST_CONN`].
 //!
 //! A FIX stranger's bytes are judged as they arrive (`crate::prelogon`); every close is
 //! counted by reason and logged once, with the peer (at most [`CLOSE_LOG_LINES_PER_S`] lines
@@ -16,44 +19,29 @@
 use super::credentials;
 use super::*;
 use crate::prelogon::{decode_fault, scan_logon};
-use std::collections::BTreeSet;
+use bourse_admission::{Cidr, Refusal};
 use std::net::IpAddr;
 
 /// Close log lines per second at most; more closes are counted and summed up.
 pub(super) const CLOSE_LOG_LINES_PER_S: u32 = 50;
 
-/// The connections not logged on yet, oldest first (tokens grow with each accept).
-#[derive(Default)]
-pub(super) struct Prelogon {
-    tokens: BTreeSet<Token>,
-    per_address: HashMap<IpAddr, usize>,
+/// The token of the connection the admission table knows as `id`.
+fn token_of(id: u64) -> Token {
+    Token(FIRST_CONN + id as usize)
 }
 
-impl Prelogon {
-    fn insert(&mut self, token: Token, ip: IpAddr) {
-        if self.tokens.insert(token) {
-            *self.per_address.entry(ip).or_insert(0) += 1;
-        }
-    }
+/// The admission id of the connection at `token`.
+pub(super) fn id_of(token: Token) -> u64 {
+    (token.0 - FIRST_CONN) as u64
+}
 
-    /// Forgets `token` (it logged on or closed).
-    pub(super) fn remove(&mut self, token: Token, ip: IpAddr) {
-        if self.tokens.remove(&token) {
-            if let Some(n) = self.per_address.get_mut(&ip) {
-                *n -= 1;
-                if *n == 0 {
-                    self.per_address.remove(&ip);
-                }
-            }
-        }
-    }
-
-    fn held_by(&self, ip: IpAddr) -> usize {
-        self.per_address.get(&ip).copied().unwrap_or(0)
-    }
-
-    pub(super) fn len(&self) -> usize {
-        self.tokens.len()
+/// How the gateway names (and counts) a closing by the admission policy.
+fn reason_of(why: Refusal) -> DisconnectReason {
+    match why {
+        Refusal::Full => DisconnectReason::ConnectionsMax,
+        Refusal::AddressFull | Refusal::AddressShare => DisconnectReason::AddressQuota,
+        Refusal::Displaced => DisconnectReason::PrelogonQuota,
+        Refusal::Timeout => DisconnectReason::LogonTimeout,
     }
 }
 
@@ -66,51 +54,41 @@ pub(super) struct CloseLog {
 }
 
 impl Server {
-    pub(super) fn accept(&mut self, kind: Kind, tls: bool) {
-        for _ in 0..ACCEPTS_PER_EVENT_MAX {
+    /// Accepts what waits at one listener; `true` if it stopped at its turn's share with more
+    /// perhaps waiting (the loop comes back to it without a new readiness event).
+    pub(super) fn accept(&mut self, kind: Kind, tls: bool) -> bool {
+        // At most a quarter of the strangers' quota per turn: a connection accepted in this
+        // turn reads its Logon in a later one, and must not have been displaced by then.
+        let quarter = self.config.gateway.prelogon_connections_max / 4;
+        for _ in 0..quarter.clamp(1, ACCEPTS_PER_EVENT_MAX) {
             let listener = match (kind, tls) {
                 (Kind::Fix, false) => self.fix_listener.as_ref(),
                 (Kind::Binary, false) => self.binary_listener.as_ref(),
                 (Kind::Fix, true) => self.fix_tls_listener.as_ref(),
                 (Kind::Binary, true) => self.binary_tls_listener.as_ref(),
             };
-            let Some(listener) = listener else { return };
+            let Some(listener) = listener else {
+                return false;
+            };
             match listener.accept() {
                 Ok((stream, peer)) => {
                     self.stats
                         .connections_accepted
                         .fetch_add(1, Ordering::Relaxed);
-                    if let Err(reason) = self.make_room(peer.ip()) {
-                        self.refuse(stream, peer, kind, reason);
-                        continue;
+                    match self.prelogon.admit(peer.ip(), self.now_ms) {
+                        Err(why) => self.refuse(stream, peer, kind, reason_of(why)),
+                        Ok(admit) => {
+                            if let Some((victim, why)) = admit.displaced {
+                                self.close(token_of(victim), reason_of(why));
+                            }
+                            self.admit(stream, peer, kind, tls, token_of(admit.id));
+                        }
                     }
-                    self.admit(stream, peer, kind, tls);
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
-                Err(_) => return,
+                Err(_) => return false,
             }
         }
-    }
-
-    /// Makes room for a new stranger from `ip`: displaces the oldest stranger when the
-    /// quota or `connections_max` is reached; refuses when `ip` already has its share or
-    /// every open connection is a session.
-    fn make_room(&mut self, ip: IpAddr) -> Result<(), DisconnectReason> {
-        let g = &self.config.gateway;
-        if self.prelogon.held_by(ip) >= g.prelogon_per_address_max {
-            return Err(DisconnectReason::AddressQuota);
-        }
-        let quota = g.prelogon_connections_max.min(g.connections_max);
-        if self.prelogon.len() < quota && self.conns.len() < g.connections_max {
-            return Ok(());
-        }
-        match self.prelogon.tokens.first().copied() {
-            Some(oldest) => {
-                self.close(oldest, DisconnectReason::PrelogonQuota);
-                Ok(())
-            }
-            None => Err(DisconnectReason::ConnectionsMax),
-        }
+        true
     }
 
     fn refuse(
@@ -136,25 +114,32 @@ impl Server {
         ));
     }
 
-    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, kind: Kind, tls: bool) {
+    fn admit(
+        &mut self,
+        mut stream: TcpStream,
+        peer: SocketAddr,
+        kind: Kind,
+        tls: bool,
+        token: Token,
+    ) {
         let _ = stream.set_nodelay(true);
-        let token = Token(self.next_token);
-        self.next_token += 1;
-        if self
-            .poll
-            .registry()
-            .register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)
-            .is_err()
-        {
+        let registered = self.poll.registry().register(
+            &mut stream,
+            token,
+            Interest::READABLE | Interest::WRITABLE,
+        );
+        let stream = match (registered, tls, &self.tls) {
+            (Err(_), _, _) => None,
+            (Ok(()), false, _) => Some(Transport::Plain(stream)),
+            (Ok(()), true, Some(config)) => rustls::ServerConnection::new(Arc::clone(config))
+                .ok()
+                .map(|c| Transport::Tls(stream, Box::new(c))),
+            (Ok(()), true, None) => None,
+        };
+        let Some(stream) = stream else {
+            // Never served: its place is given back at once.
+            self.prelogon.remove(id_of(token));
             return;
-        }
-        let stream = match (tls, &self.tls) {
-            (false, _) => Transport::Plain(stream),
-            (true, Some(config)) => match rustls::ServerConnection::new(Arc::clone(config)) {
-                Ok(c) => Transport::Tls(stream, Box::new(c)),
-                Err(_) => return,
-            },
-            (true, None) => return,
         };
         self.conns.insert(
             token,
@@ -163,7 +148,6 @@ impl Server {
                 kind,
                 out: Vec::new(),
                 out_pos: 0,
-                opened_ms: self.now_ms,
                 attached: None,
                 inbuf: Vec::new(),
                 closing: false,
@@ -173,7 +157,6 @@ impl Server {
                 wire_version: oe::SCHEMA_VERSION,
             },
         );
-        self.prelogon.insert(token, peer.ip());
         self.stats
             .connections_open
             .store(self.conns.len(), Ordering::Relaxed);
@@ -184,31 +167,14 @@ impl Server {
         if let Some(conn) = self.conns.get_mut(&token) {
             conn.attached = Some(slot);
             conn.inbuf = Vec::new();
-            let ip = conn.peer.ip();
-            self.prelogon.remove(token, ip);
+            self.prelogon.proven(id_of(token));
         }
     }
 
-    /// Closes the strangers that did not log on within `logon_timeout_ms` (the oldest come
-    /// first, so the scan stops at the first one still in time).
+    /// Closes the strangers that did not log on within `logon_timeout_ms`.
     pub(super) fn close_stale_prelogon(&mut self, now_ms: u64) {
-        let timeout = self.config.gateway.logon_timeout_ms;
-        let stale: Vec<Token> = self
-            .prelogon
-            .tokens
-            .iter()
-            .copied()
-            .take_while(|t| {
-                self.conns
-                    .get(t)
-                    .is_none_or(|c| now_ms.saturating_sub(c.opened_ms) >= timeout)
-            })
-            .collect();
-        for t in stale {
-            let closing = self.conns.get(&t).is_some_and(|c| c.closing);
-            if !closing {
-                self.close(t, DisconnectReason::LogonTimeout);
-            }
+        for id in self.prelogon.expire(now_ms) {
+            self.close(token_of(id), DisconnectReason::LogonTimeout);
         }
     }
 
@@ -344,9 +310,10 @@ impl Server {
     }
 }
 
-/// Whether a session whose allowed addresses are `allowed` (empty: any) may log on from `peer`.
-pub(super) fn address_allowed(allowed: &[IpAddr], peer: Option<IpAddr>) -> bool {
-    allowed.is_empty() || peer.is_some_and(|p| allowed.contains(&p))
+/// Whether a session whose registered networks are `allowed` (empty: any) may log on from
+/// `peer`.
+pub(super) fn address_allowed(allowed: &[Cidr], peer: Option<IpAddr>) -> bool {
+    allowed.is_empty() || peer.is_some_and(|p| allowed.iter().any(|n| n.contains(p)))
 }
 
 impl Kind {
