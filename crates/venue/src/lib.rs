@@ -503,6 +503,7 @@ impl LocalDeployment {
                             drop_copy: false,
                             throttle_msgs_per_s: None,
                             allowed_addresses: Vec::new(),
+                            allowed_sources: Vec::new(),
                             password_hash: None,
                             tls_required: false,
                         });
@@ -541,6 +542,7 @@ impl LocalDeployment {
                                 accounts: accounts.iter().map(|&a| AccountId(a)).collect(),
                                 throttle_msgs_per_s: None,
                                 allowed_addresses: Vec::new(),
+                                allowed_sources: Vec::new(),
                                 password_hash: None,
                                 tls_required: false,
                             })
@@ -556,6 +558,7 @@ impl LocalDeployment {
                                 drop_copy: false,
                                 throttle_msgs_per_s: None,
                                 allowed_addresses: Vec::new(),
+                                allowed_sources: Vec::new(),
                                 password_hash: None,
                                 tls_required: false,
                             })

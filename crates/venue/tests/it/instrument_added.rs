@@ -309,6 +309,7 @@ fn start_own_gateway(
         drop_copy: false,
         throttle_msgs_per_s: None,
         allowed_addresses: Vec::new(),
+        allowed_sources: Vec::new(),
         password_hash: None,
         tls_required: false,
     });
@@ -318,6 +319,7 @@ fn start_own_gateway(
         accounts: vec![AccountId(1)],
         throttle_msgs_per_s: None,
         allowed_addresses: Vec::new(),
+        allowed_sources: Vec::new(),
         password_hash: None,
         tls_required: false,
     });
