@@ -30,6 +30,10 @@ pub use bourse_itch::msg::Message as ItchMessage;
 
 /// Bytes one message takes in a packet at most: its length prefix and the largest message.
 pub const BLOCK_BYTES_MAX: usize = 2 + msg::MESSAGE_BYTES_MAX;
+/// The largest message the synthetic generator writes (Stock Directory, 39 bytes; its order
+/// flow is Add Order, Order Executed, Order Cancel, Order Delete, Order Replace), with its
+/// length prefix: a call auction's Cross Trade, the largest of the feed's, is never generated.
+pub const GENERATED_BLOCK_BYTES_MAX: usize = 2 + 39;
 /// ITCH prices carry four decimals.
 pub const PRICE_SCALE: u8 = 4;
 /// The session name the generator writes.
@@ -175,9 +179,9 @@ pub fn stock_text(stock: &[u8; 8]) -> &str {
     std::str::from_utf8(stock).map_or("", |s| s.trim_end())
 }
 
-/// Packet bytes `messages` blocks of the largest message need.
+/// Packet bytes `messages` blocks of the largest message the synthetic generator writes need.
 pub fn packet_bytes(messages: usize) -> usize {
-    HEADER_BYTES + messages * BLOCK_BYTES_MAX
+    HEADER_BYTES + messages * GENERATED_BLOCK_BYTES_MAX
 }
 
 struct Book {
@@ -296,7 +300,7 @@ pub fn synthetic(cfg: &GenConfig) -> Result<Vec<Vec<u8>>, String> {
             "{largest} ITCH messages per packet may take {} bytes, above the packet limit of {} (the feed's is 1472, so at most {} messages fit); raise --packet-bytes-max for a loopback-only capture and give the client and driver the same",
             packet_bytes(largest),
             cfg.packet_bytes_max,
-            cfg.packet_bytes_max.saturating_sub(HEADER_BYTES) / BLOCK_BYTES_MAX
+            cfg.packet_bytes_max.saturating_sub(HEADER_BYTES) / GENERATED_BLOCK_BYTES_MAX
         ));
     }
     let instruments = u16::try_from(cfg.instruments)
@@ -347,6 +351,11 @@ pub fn synthetic(cfg: &GenConfig) -> Result<Vec<Vec<u8>>, String> {
                 body,
             }
             .encode(&mut encoded);
+            assert!(
+                2 + encoded.len() <= GENERATED_BLOCK_BYTES_MAX,
+                "a generated message of {} bytes is beyond the packet budget",
+                encoded.len()
+            );
             builder.push(sequence, &encoded);
             sequence += 1;
         }

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
-use bourse_cluster::net::{decode_message, encode_frame, Request, Response, Tagged};
+use bourse_cluster::net::{decode_message, encode_frame, Request, Response, SubmitError, Tagged};
 use bourse_cluster::tokio;
 use bourse_cluster::{ClusterConfig, FsyncSetting, OutcomeKind};
 use bourse_core::codec::encode_command;
@@ -350,22 +350,50 @@ impl Running {
     }
 }
 
-/// Submits one setup command as client `client_id` and waits for its answer (setup only).
+/// How long a setup command is retried while a new leader waits for a quorum to confirm it.
+const SETUP_LEADER_UNCONFIRMED_WAIT_MS: u64 = 10_000;
+
+/// Submits one setup command as client `client_id` and waits for its answer (setup only). A
+/// leader elected a moment ago answers `LeaderUnconfirmed` until a quorum acknowledged it
+/// (nothing was proposed): the same request is sent again, for at most
+/// `SETUP_LEADER_UNCONFIRMED_WAIT_MS`.
 fn submit_blocking(
     addr: std::net::SocketAddr,
     client_id: u64,
     command: &Command,
     seq: &mut u64,
 ) -> Result<()> {
-    use std::io::{Read, Write};
     *seq += 1;
+    let deadline =
+        std::time::Instant::now() + Duration::from_millis(SETUP_LEADER_UNCONFIRMED_WAIT_MS);
+    loop {
+        match submit_once(addr, client_id, command, *seq)? {
+            Response::Submitted(Ok(o)) if o.kind == OutcomeKind::Applied => return Ok(()),
+            Response::Submitted(Err(SubmitError::LeaderUnconfirmed))
+                if std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => return Err(anyhow!("setup command {seq}: {other:?}")),
+        }
+    }
+}
+
+/// One setup request on a connection of its own, and its answer.
+fn submit_once(
+    addr: std::net::SocketAddr,
+    client_id: u64,
+    command: &Command,
+    seq: u64,
+) -> Result<Response> {
+    use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     s.write_all(&encode_frame(&Tagged {
-        tag: *seq,
+        tag: seq,
         body: Request::Submit {
             client_id,
-            request_seq: *seq,
+            request_seq: seq,
             command: encode_command(command),
         },
     }))?;
@@ -374,8 +402,5 @@ fn submit_blocking(
     let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
     s.read_exact(&mut body)?;
     let answer: Tagged<Response> = decode_message(&body)?;
-    match answer.body {
-        Response::Submitted(Ok(o)) if o.kind == OutcomeKind::Applied => Ok(()),
-        other => Err(anyhow!("setup command {seq}: {other:?}")),
-    }
+    Ok(answer.body)
 }
