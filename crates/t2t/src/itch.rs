@@ -423,10 +423,14 @@ mod tests {
                 Message::decode(m).unwrap();
             }
         }
+        // One message more than the feed's packet holds of the generator's largest.
+        let fit = (1472 - HEADER_BYTES) / GENERATED_BLOCK_BYTES_MAX;
         let too_big = GenConfig {
-            sizes: Sizes::parse("32").unwrap(),
+            sizes: Sizes::parse(&(fit + 1).to_string()).unwrap(),
             ..cfg
         };
-        assert!(synthetic(&too_big).unwrap_err().contains("31 messages fit"));
+        assert!(synthetic(&too_big)
+            .unwrap_err()
+            .contains(&format!("{fit} messages fit")));
     }
 }
